@@ -1,0 +1,38 @@
+"""relaybox: reliable webhooks in both directions, inside your application's database."""
+
+from relaybox import sources
+from relaybox.app import Relaybox
+from relaybox.clock import Clock, FrozenClock, SystemClock
+from relaybox.errors import (
+    BadSignature,
+    ConfigurationError,
+    OperationConflict,
+    PermanentError,
+    RejectedDelivery,
+    RelayboxError,
+    StoreUnavailable,
+)
+from relaybox.retry import Backoff
+from relaybox.sources.base import Secret
+from relaybox.worker import Context, Worker
+
+__all__ = [
+    "Backoff",
+    "BadSignature",
+    "Clock",
+    "ConfigurationError",
+    "Context",
+    "FrozenClock",
+    "OperationConflict",
+    "PermanentError",
+    "RejectedDelivery",
+    "Relaybox",
+    "RelayboxError",
+    "Secret",
+    "StoreUnavailable",
+    "SystemClock",
+    "Worker",
+    "sources",
+]
+
+__version__ = "0.1.0.dev0"

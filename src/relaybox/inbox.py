@@ -1,0 +1,102 @@
+"""Accepting deliveries into the inbox, with group commit.
+
+A request hands its row and a future to a queue and waits. Committer tasks take
+everything queued, insert it in one transaction and COMMIT once, then answer every
+future of that batch. At low load a request gets a commit of its own at once; at
+high load many requests share one fsync. No answer is given before the COMMIT that
+holds its row; any error fails the whole batch (the receiver answers 503 and the
+sender retries: a row that did commit is then found as a duplicate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+
+from relaybox.errors import StoreUnavailable
+from relaybox.store import AcceptOutcome, NewDelivery, Store
+
+__all__ = ["Acceptor"]
+
+log = structlog.get_logger("relaybox.inbox")
+
+
+class Acceptor:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        committers: int | None = None,
+        max_batch: int = 256,
+        timeout: float = 10.0,
+    ) -> None:
+        self.store = store
+        # SQLite has one writer: a second committer would only queue behind the first.
+        self.committers = committers or (1 if store.backend == "sqlite" else 4)
+        self.max_batch = max_batch
+        self.timeout = timeout
+        self._queue: asyncio.Queue[tuple[NewDelivery, asyncio.Future[AcceptOutcome]]] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _start(self) -> asyncio.Queue[tuple[NewDelivery, asyncio.Future[AcceptOutcome]]]:
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            self._tasks = [
+                asyncio.create_task(self._commit_loop(self._queue), name=f"relaybox-accept-{i}")
+                for i in range(self.committers)
+            ]
+        return self._queue
+
+    async def accept(self, delivery: NewDelivery) -> AcceptOutcome:
+        """Return once the row (or its duplicate/quarantine record) is committed.
+
+        Raises :class:`StoreUnavailable` when the batch failed or its commit did not
+        answer within ``timeout`` (the outcome is then uncertain: not acknowledged).
+        """
+        fut: asyncio.Future[AcceptOutcome] = asyncio.get_running_loop().create_future()
+        self._start().put_nowait((delivery, fut))
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+        except TimeoutError:
+            raise StoreUnavailable("the database did not confirm the commit in time") from None
+
+    async def _commit_loop(
+        self, queue: asyncio.Queue[tuple[NewDelivery, asyncio.Future[AcceptOutcome]]]
+    ) -> None:
+        while True:
+            batch = [await queue.get()]
+            while len(batch) < self.max_batch and not queue.empty():
+                batch.append(queue.get_nowait())
+            try:
+                outcomes = await self.store.inbox_accept([d for d, _ in batch])
+            except asyncio.CancelledError:
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(StoreUnavailable("relaybox is shutting down"))
+                raise
+            except Exception as exc:
+                log.warning("accept_batch_failed", size=len(batch), error=_describe(exc))
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(StoreUnavailable("the database is unavailable"))
+                continue
+            for (_, fut), outcome in zip(batch, outcomes, strict=True):
+                if not fut.done():
+                    fut.set_result(outcome)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        self._queue = None
+
+
+def _describe(exc: BaseException) -> str:
+    """An error's class and first line, without payloads or parameters."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first[:200]}"

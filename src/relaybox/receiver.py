@@ -1,0 +1,170 @@
+"""The receiving endpoint: ``POST /{source}`` → limits → verify → tenant → inbox → 2xx.
+
+A plain ASGI app (mount it anywhere: ``app.mount("/webhooks", box.receiver)``).
+Every answer is a small JSON document; no request ever gets a traceback, and no
+2xx is sent before the COMMIT that holds the delivery:
+
+    401 bad or missing signature, timestamp outside tolerance
+    400 malformed headers or JSON, missing event id
+    404 unknown source          405 not POST          413 body over the limit
+    503 database unreachable or commit outcome uncertain (the sender retries)
+    200 accepted | duplicate | quarantined | ignored
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from relaybox.errors import PayloadTooLarge, RejectedDelivery, StoreUnavailable
+from relaybox.store import NewDelivery
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = ["Receiver"]
+
+log = structlog.get_logger("relaybox.receiver")
+
+# Not kept with the delivery: credentials of the hop, not part of the provider's message.
+_DROP_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+
+
+class Receiver:
+    """ASGI app answering ``POST /{source}`` relative to where it is mounted."""
+
+    def __init__(self, box: Relaybox) -> None:
+        self.box = box
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self.box.lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        started = time.perf_counter()
+        status, body, extra = await self._handle(scope, receive)
+        await _send_json(send, status, body, extra)
+        self.box.metrics.observe_accept(status, time.perf_counter() - started)
+
+    async def _handle(
+        self, scope: dict[str, Any], receive: Any
+    ) -> tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]:
+        name = _source_name(scope)
+        source = self.box.sources.get(name) if name else None
+        if source is None:
+            return 404, _error("unknown_source", f"no source named {name!r}"), []
+        if scope["method"] != "POST":
+            return 405, _error("method_not_allowed", "use POST"), [(b"allow", b"POST")]
+        headers = _headers(scope)
+        try:
+            body = await _read_body(receive, headers, source.max_body)
+            verified = source.verify(headers, body, self.box.clock.now())
+        except RejectedDelivery as exc:
+            log.info("delivery_rejected", source=name, status=exc.status, reason=exc.code)
+            return exc.status, _error(exc.code, exc.message), []
+        if verified.event_type == "url_verification" and source.provider == "slack":
+            return 200, {"challenge": verified.payload.get("challenge")}, []
+
+        delivery = NewDelivery(
+            source=verified.source,
+            account=verified.account,
+            event_id=verified.event_id,
+            event_type=verified.event_type,
+            tenant=verified.tenant,
+            fingerprint=verified.fingerprint,
+            payload=body,
+            headers=json.dumps({k: v for k, v in headers.items() if k not in _DROP_HEADERS}),
+            version=verified.version,
+            received_at=self.box.clock.now(),
+            ignored=source.ignores(verified.event_type),
+        )
+        bound = log.bind(
+            source=delivery.source,
+            account=delivery.account,
+            event_id=delivery.event_id,
+            event_type=delivery.event_type,
+        )
+        try:
+            if source.inline and not delivery.ignored:
+                outcome = await self.box.accept_inline(delivery)
+            else:
+                outcome = await self.box.acceptor.accept(delivery)
+        except StoreUnavailable as exc:
+            bound.warning("delivery_not_committed", error=str(exc))
+            return 503, _error("unavailable", str(exc)), [(b"retry-after", b"5")]
+        except Exception as exc:  # a bug must still not leak a traceback or ack
+            bound.exception("delivery_failed", error=type(exc).__name__)
+            return 503, _error("unavailable", "the delivery was not stored"), [
+                (b"retry-after", b"5")
+            ]
+        bound.info("delivery_" + outcome.status, inbox_id=outcome.inbox_id)
+        return 200, {"status": outcome.status, "event_id": delivery.event_id}, []
+
+
+def _source_name(scope: dict[str, Any]) -> str | None:
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    name = path.strip("/")
+    if name.startswith("webhooks/"):  # served at the top level: /webhooks/{source}
+        name = name[len("webhooks/") :]
+    return name if name and "/" not in name else None
+
+
+def _headers(scope: dict[str, Any]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]},{value}" if name in headers else value
+    return headers
+
+
+async def _read_body(receive: Any, headers: dict[str, str], limit: int) -> bytes:
+    """Read the body, refusing it as soon as it is known to exceed ``limit``."""
+    declared = headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise RejectedDelivery("content-length is not a number", code="malformed_headers")
+        if int(declared) > limit:
+            raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise RejectedDelivery("client disconnected", code="disconnected")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"error": code, "message": message}
+
+
+async def _send_json(
+    send: Any, status: int, body: dict[str, Any], extra: list[tuple[bytes, bytes]]
+) -> None:
+    payload = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *extra,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})

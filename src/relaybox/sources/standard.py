@@ -1,0 +1,230 @@
+"""Standard Webhooks (https://www.standardwebhooks.com), also sent by Svix.
+
+What is signed: ``f"{webhook-id}.{webhook-timestamp}.".encode() + body``, the raw
+body bytes. ``webhook-signature`` holds space-separated ``<version>,<base64>``
+entries so a sender can sign with an old and a new key during rotation:
+
+* ``v1``: HMAC-SHA256 with a symmetric secret ``whsec_<base64 key>`` (a bare
+  base64 key without the prefix is accepted too, as the reference library does);
+* ``v1a``: Ed25519, verified with ``whpk_<base64 32-byte raw public key>``. A
+  ``whsk_<base64 32-byte raw private key>`` secret can sign (``send-test``, tests)
+  and verifies with the public key derived from it.
+
+Svix sends the same scheme under ``svix-id``/``svix-timestamp``/``svix-signature``.
+
+The timestamp is checked in both directions (the reference library does so too);
+it is checked only after a signature matched, so an unauthenticated sender only
+ever learns "bad signature". The event id is the ``webhook-id`` header (stable
+across retries per the spec) and the type is the envelope's ``"type"``. The
+scheme carries no account: it comes from the secret that matched or the config.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from relaybox.errors import BadSignature, ConfigurationError, MalformedHeaders, MalformedPayload
+from relaybox.sources.base import (
+    Headers,
+    Identity,
+    Secret,
+    Source,
+    check_timestamp,
+    parse_int_timestamp,
+)
+
+__all__ = ["StandardSource", "standard"]
+
+_NAME_SETS = (
+    ("webhook-id", "webhook-timestamp", "webhook-signature"),
+    ("svix-id", "svix-timestamp", "svix-signature"),
+)
+
+
+@dataclass(frozen=True)
+class _Key:
+    """A secret decoded once at configuration time."""
+
+    hmac_key: bytes | None = None
+    public: Ed25519PublicKey | None = None
+    private: Ed25519PrivateKey | None = None
+
+
+def _b64(text: str, what: str) -> bytes:
+    # Svix and the reference library accept unpadded base64: pad before strict decoding.
+    text = text.strip()
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except ValueError:
+        raise ConfigurationError(f"standard source: {what} secret is not valid base64") from None
+
+
+def _parse_key(secret: Secret) -> _Key:
+    value = secret.value.strip()
+    if value.startswith("whpk_"):
+        raw = _b64(value[5:], "whpk_")
+        if len(raw) != 32:
+            raise ConfigurationError("standard source: whpk_ key must be a 32-byte Ed25519 key")
+        return _Key(public=Ed25519PublicKey.from_public_bytes(raw))
+    if value.startswith("whsk_"):
+        raw = _b64(value[5:], "whsk_")
+        # 64 bytes is libsodium's seed+public layout; the halves must agree.
+        if len(raw) not in (32, 64):
+            raise ConfigurationError("standard source: whsk_ key must be a 32-byte Ed25519 key")
+        private = Ed25519PrivateKey.from_private_bytes(raw[:32])
+        public = private.public_key()
+        if len(raw) == 64 and not hmac.compare_digest(raw[32:], public.public_bytes_raw()):
+            raise ConfigurationError("standard source: whsk_ key halves do not match")
+        return _Key(public=public, private=private)
+    if value.startswith("whsec_"):
+        value = value[6:]
+    key = _b64(value, "whsec_")
+    if not key:
+        raise ConfigurationError("standard source: empty secret")
+    return _Key(hmac_key=key)
+
+
+def _header_names(headers: Headers) -> tuple[str, str, str]:
+    for names in _NAME_SETS:
+        if any(name in headers for name in names):
+            return names
+    return _NAME_SETS[0]
+
+
+def _signatures(header: str) -> list[tuple[str, bytes]]:
+    """``(version, raw signature)`` pairs; unknown versions and garbage entries are
+    skipped so a future scheme next to ``v1`` does not break verification."""
+    found: list[tuple[str, bytes]] = []
+    for entry in header.split():
+        version, sep, encoded = entry.partition(",")
+        if not sep or version not in ("v1", "v1a"):
+            continue
+        try:
+            found.append((version, base64.b64decode(encoded, validate=True)))
+        except ValueError:
+            continue
+    return found
+
+
+def _signed_content(msg_id: str, timestamp: int, body: bytes) -> bytes:
+    return f"{msg_id}.{timestamp}.".encode() + body
+
+
+class StandardSource(Source):
+    """Standard Webhooks / Svix: ``v1`` HMAC-SHA256 and ``v1a`` Ed25519."""
+
+    provider = "standard"
+
+    def __init__(
+        self, *, secrets: Iterable[Secret | str] | Secret | str = (), **options: Any
+    ) -> None:
+        if isinstance(secrets, (str, Secret)):
+            secrets = (secrets,)
+        super().__init__(secrets=secrets, **options)
+        self._keys = {secret: _parse_key(secret) for secret in self.secrets}
+
+    def _key(self, secret: Secret) -> _Key:
+        return self._keys.get(secret) or _parse_key(secret)
+
+    def authenticate(
+        self, headers: Headers, body: bytes, now: float, check_time: bool
+    ) -> tuple[Secret, float | None]:
+        id_name, ts_name, sig_name = _header_names(headers)
+        raw_signature = (headers.get(sig_name) or "").strip()
+        if not raw_signature:
+            raise BadSignature(f"missing {sig_name} header", code="missing_signature")
+        msg_id = (headers.get(id_name) or "").strip()
+        if not msg_id:
+            raise MalformedHeaders(f"missing {id_name} header")
+        timestamp = parse_int_timestamp(headers.get(ts_name), ts_name)
+        signatures = _signatures(raw_signature)
+        if not signatures:
+            raise BadSignature(f"no v1 or v1a signature in {sig_name} header")
+        # The reference library signs the re-formatted integer, not the raw header text.
+        content = _signed_content(msg_id, timestamp, body)
+
+        def matches(secret: Secret) -> bool:
+            key = self._key(secret)
+            if key.hmac_key is not None:
+                expected = hmac.new(key.hmac_key, content, hashlib.sha256).digest()
+                return any(
+                    hmac.compare_digest(expected, sig) for ver, sig in signatures if ver == "v1"
+                )
+            for ver, sig in signatures:
+                if ver != "v1a" or key.public is None:
+                    continue
+                try:
+                    key.public.verify(sig, content)
+                except InvalidSignature:
+                    continue
+                return True
+            return False
+
+        secret = self.try_secrets(matches)
+        if check_time:
+            check_timestamp(timestamp, now, self.tolerance)
+        return secret, float(timestamp)
+
+    def identify(self, headers: Headers, payload: Any) -> Identity:
+        id_name = _header_names(headers)[0]
+        msg_id = (headers.get(id_name) or "").strip()
+        if not msg_id:
+            raise MalformedHeaders(f"missing {id_name} header")
+        if not isinstance(payload, Mapping):
+            raise MalformedPayload("standard webhook payload must be a JSON object")
+        event_type = payload.get("type")
+        if not isinstance(event_type, str) or not event_type:
+            raise MalformedPayload('payload has no "type"', code="missing_event_type")
+        return Identity(event_id=msg_id, event_type=event_type)
+
+    def sign(
+        self,
+        body: bytes,
+        *,
+        event_id: str,
+        event_type: str,
+        now: float,
+        secret: Secret | None = None,
+    ) -> dict[str, str]:
+        key = self._key(secret or self.secrets[0])
+        timestamp = int(now)
+        content = _signed_content(event_id, timestamp, body)
+        if key.hmac_key is not None:
+            mac = hmac.new(key.hmac_key, content, hashlib.sha256).digest()
+            signature = "v1," + base64.b64encode(mac).decode()
+        elif key.private is not None:
+            signature = "v1a," + base64.b64encode(key.private.sign(content)).decode()
+        else:
+            raise ConfigurationError(
+                "standard source: cannot sign with a whpk_ public key; use the whsk_ private key"
+            )
+        return {
+            "webhook-id": event_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": signature,
+        }
+
+    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
+        stamp = datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")
+        envelope = {
+            "type": event_type or "test.event",
+            "timestamp": stamp.replace("+00:00", "Z"),
+            "data": {"id": event_id, "message": "relaybox test event"},
+        }
+        return json.dumps(envelope, separators=(",", ":")).encode()
+
+
+def standard(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> StandardSource:
+    """A Standard Webhooks / Svix source. ``options`` are :class:`Source` arguments
+    (``tolerance``, ``verify_timestamp``, ``account``, ``tenant``, ``tenants``, ...)."""
+    return StandardSource(secrets=secrets, **options)

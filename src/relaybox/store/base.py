@@ -1,0 +1,417 @@
+"""The store interface shared by the SQLite and PostgreSQL backends.
+
+A backend owns an SQLAlchemy 2 async engine (aiosqlite / asyncpg). Every query it
+runs is a named block of its SQL file (``sql/<backend>.sql``), executed as driver
+SQL on the connection of the current transaction, so the handler's
+``AsyncConnection`` and relaybox's own statements share one transaction.
+
+Methods are noun-then-verb (``inbox_accept``, ``inbox_claim``); the ones that take a
+``conn`` run inside a transaction the caller opened with :meth:`Store.transaction`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, ClassVar, Literal
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+__all__ = [
+    "AcceptOutcome",
+    "Claim",
+    "InboxEvent",
+    "NewDelivery",
+    "Stats",
+    "Store",
+    "load_queries",
+]
+
+AcceptStatus = Literal["accepted", "duplicate", "quarantined", "ignored"]
+
+
+@dataclass(frozen=True)
+class NewDelivery:
+    """A verified delivery on its way into the inbox."""
+
+    source: str
+    account: str
+    event_id: str
+    event_type: str
+    tenant: str | None
+    fingerprint: bytes
+    payload: bytes
+    headers: str | None
+    version: str | None
+    received_at: float
+    ignored: bool = False
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.source, self.account, self.event_id)
+
+
+@dataclass(frozen=True)
+class AcceptOutcome:
+    status: AcceptStatus
+    inbox_id: int
+
+
+@dataclass(frozen=True)
+class InboxEvent:
+    """An inbox row as a handler or an operator sees it."""
+
+    id: int
+    source: str
+    account: str
+    event_id: str
+    event_type: str
+    tenant: str | None
+    payload: bytes | None
+    headers: dict[str, str]
+    version: str | None
+    attempts: int
+    received_at: float
+    status: str = "pending"
+    dead_reason: str | None = None
+    last_error: str | None = None
+    next_attempt_at: float | None = None
+    done_at: float | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.source, self.account, self.event_id)
+
+    def json(self) -> Any:
+        """The payload parsed as JSON (``None`` when it was purged)."""
+        return None if self.payload is None else json.loads(self.payload)
+
+    @classmethod
+    def from_row(cls, row: Any) -> InboxEvent:
+        m = row._mapping
+        return cls(
+            id=m["id"],
+            source=m["source"],
+            account=m["account"],
+            event_id=m["event_id"],
+            event_type=m["event_type"],
+            tenant=m["tenant"],
+            payload=bytes(m["payload"]) if m["payload"] is not None else None,
+            headers=json.loads(m["headers"]) if m["headers"] else {},
+            version=m["version"],
+            attempts=m["attempts"],
+            received_at=m["received_at"],
+            status=m.get("status", "pending"),
+            dead_reason=m.get("dead_reason"),
+            last_error=m.get("last_error"),
+            next_attempt_at=m.get("next_attempt_at"),
+            done_at=m.get("done_at"),
+        )
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Result of one claim: rows to process now, and rows just dead-lettered because
+    their attempts were used up by workers that died."""
+
+    ids: list[int]
+    exhausted: list[tuple[int, str, str, str, int]]
+
+
+@dataclass(frozen=True)
+class Stats:
+    pending: int
+    done: int
+    ignored: int
+    dead_invalid: int
+    dead_exhausted: int
+    dead_other: int
+    quarantined: int
+    oldest_pending_at: float | None
+
+    @property
+    def dead(self) -> int:
+        return self.dead_invalid + self.dead_exhausted + self.dead_other
+
+
+_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def load_queries(backend: str) -> dict[str, str]:
+    """Named SQL blocks of ``sql/<backend>.sql`` (comment lines dropped)."""
+    text = resources.files("relaybox.store").joinpath(f"sql/{backend}.sql").read_text()
+    parts = _BLOCK.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("--")]
+        queries[name] = "\n".join(lines).strip()
+    return queries
+
+
+def load_migrations(backend: str) -> list[tuple[int, str, list[str]]]:
+    """(version, name, statements) for every migration file of ``backend``, in order."""
+    folder = resources.files("relaybox.store").joinpath(f"migrations/{backend}")
+    found = []
+    for entry in folder.iterdir():
+        m = re.fullmatch(r"(\d{4})_(\w+)\.sql", entry.name)
+        if not m:
+            continue
+        body = "\n".join(
+            ln for ln in entry.read_text().splitlines() if not ln.lstrip().startswith("--")
+        )
+        statements = [s.strip() for s in body.split(";") if s.strip()]
+        found.append((int(m.group(1)), m.group(2), statements))
+    return sorted(found)
+
+
+class Store:
+    """Base class of the backends. Subclasses set ``backend`` and build ``engine``."""
+
+    backend: ClassVar[str]
+    float_type: ClassVar[str] = "DOUBLE PRECISION"
+    engine: AsyncEngine
+    url: str
+
+    def __init__(self) -> None:
+        self.q = load_queries(self.backend)
+
+    # -- lifecycle --------------------------------------------------------------
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[AsyncConnection]:
+        """A connection with an open transaction, committed on success."""
+        async with self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    transaction = connect
+
+    async def migrate(self) -> list[str]:
+        """Apply the migrations not yet applied; return their names."""
+        applied: list[str] = []
+        async with self.connect() as conn:
+            await self._lock_migrations(conn)
+            await conn.exec_driver_sql(
+                "CREATE TABLE IF NOT EXISTS relaybox_migrations (version INTEGER PRIMARY KEY,"
+                f" name TEXT NOT NULL, applied_at {self.float_type} NOT NULL)"
+            )
+            done = {
+                r[0] for r in await conn.exec_driver_sql("SELECT version FROM relaybox_migrations")
+            }
+            for version, name, statements in load_migrations(self.backend):
+                if version in done:
+                    continue
+                for statement in statements:
+                    await conn.exec_driver_sql(statement)
+                await conn.exec_driver_sql(
+                    self._sql_insert_migration(), (version, name, _now())
+                )
+                applied.append(f"{version:04d}_{name}")
+        return applied
+
+    async def schema_version(self) -> tuple[int, int]:
+        """(applied, latest known) migration versions; applied is 0 on an empty database."""
+        latest = max(v for v, _, _ in load_migrations(self.backend))
+        async with self.connect() as conn:
+            try:
+                row = (
+                    await conn.exec_driver_sql("SELECT max(version) FROM relaybox_migrations")
+                ).first()
+            except Exception:
+                return (0, latest)
+        return ((row[0] or 0) if row else 0, latest)
+
+    async def _lock_migrations(self, conn: AsyncConnection) -> None:
+        """Serialise concurrent migrators (PostgreSQL: advisory lock)."""
+
+    def _sql_insert_migration(self) -> str:
+        raise NotImplementedError
+
+    # -- accept -----------------------------------------------------------------
+
+    async def inbox_accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
+        """Insert a batch in one transaction, committed once (group commit).
+        See :meth:`inbox_insert` for the outcomes."""
+        async with self.connect() as conn:
+            return await self.inbox_insert(conn, batch)
+
+    async def inbox_insert(
+        self, conn: AsyncConnection, batch: Sequence[NewDelivery]
+    ) -> list[AcceptOutcome]:
+        """Insert deliveries in the caller's transaction.
+
+        For each delivery: ``accepted`` (a new row), ``duplicate`` (the key exists
+        with the same fingerprint: nothing changes), ``quarantined`` (the key exists
+        with another fingerprint: the newcomer is stored apart), or ``ignored``
+        (a new row recorded as ignored). Raises on any database error: the caller
+        answers 503 to every delivery of the batch.
+        """
+        raise NotImplementedError
+
+    # -- reads --------------------------------------------------------------------
+
+    async def inbox_get(self, inbox_id: int) -> InboxEvent | None:
+        async with self.connect() as conn:
+            row = (await conn.exec_driver_sql(self.q["inbox_get"], (inbox_id,))).first()
+        return InboxEvent.from_row(row) if row else None
+
+    async def inbox_get_by_key(self, source: str, account: str, event_id: str) -> InboxEvent | None:
+        async with self.connect() as conn:
+            row = (
+                await conn.exec_driver_sql(self.q["inbox_get_by_key"], (source, account, event_id))
+            ).first()
+        return InboxEvent.from_row(row) if row else None
+
+    async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Rows of an ad-hoc read as dicts (tests and operator tools)."""
+        async with self.connect() as conn:
+            result = await conn.exec_driver_sql(sql, tuple(params))
+            return [dict(r._mapping) for r in result]
+
+    async def stats(self) -> Stats:
+        counts: dict[tuple[str, str | None], int] = {}
+        oldest: float | None = None
+        async with self.connect() as conn:
+            for status, reason, n, old in await conn.exec_driver_sql(self.q["stats_inbox"]):
+                counts[(status, reason)] = n
+                if old is not None:
+                    oldest = old if oldest is None else min(oldest, old)
+            quarantined = (await conn.exec_driver_sql(self.q["stats_quarantine"])).scalar_one()
+
+        def total(status: str) -> int:
+            return sum(n for (s, _), n in counts.items() if s == status)
+
+        return Stats(
+            pending=total("pending"),
+            done=total("done"),
+            ignored=total("ignored"),
+            dead_invalid=counts.get(("dead", "invalid"), 0),
+            dead_exhausted=counts.get(("dead", "exhausted"), 0),
+            dead_other=total("dead")
+            - counts.get(("dead", "invalid"), 0)
+            - counts.get(("dead", "exhausted"), 0),
+            quarantined=quarantined,
+            oldest_pending_at=oldest,
+        )
+
+    # -- processing -----------------------------------------------------------------
+
+    def _ids(self, ids: Sequence[int]) -> Any:
+        """How a list of ids is passed to the driver."""
+        return list(ids)
+
+    async def inbox_claim(
+        self, *, now: float, limit: int, max_attempts: int, hold: float
+    ) -> Claim:
+        """Phase 1 of processing, its own short transaction: dead-letter rows whose
+        attempts were used up by crashed workers, then count one more attempt on up
+        to ``limit`` due rows and hold them back ``hold`` seconds."""
+        async with self.connect() as conn:
+            exhausted = [
+                (r[0], r[1], r[2], r[3], r[4])
+                for r in await conn.exec_driver_sql(
+                    self.q["inbox_exhaust_crashed"], (now, max_attempts, limit)
+                )
+            ]
+            ids = [
+                r[0]
+                for r in await conn.exec_driver_sql(
+                    self.q["inbox_claim"], (now, limit, hold, max_attempts)
+                )
+            ]
+        return Claim(ids=sorted(ids), exhausted=exhausted)
+
+    async def inbox_lock(self, conn: AsyncConnection, ids: Sequence[int]) -> list[InboxEvent]:
+        """Phase 2: lock claimed rows still pending, until the caller's COMMIT."""
+        rows = await conn.exec_driver_sql(self.q["inbox_lock"], (self._ids(ids),))
+        return [InboxEvent.from_row(r) for r in rows]
+
+    async def inbox_complete(self, conn: AsyncConnection, ids: Sequence[int], now: float) -> None:
+        await conn.exec_driver_sql(self.q["inbox_complete"], (self._ids(ids), now))
+
+    async def inbox_retry_later(
+        self, conn: AsyncConnection, inbox_id: int, *, at: float, error: str, now: float
+    ) -> None:
+        await conn.exec_driver_sql(self.q["inbox_retry_later"], (inbox_id, at, error, now))
+
+    async def inbox_kill(
+        self, conn: AsyncConnection, inbox_id: int, *, reason: str, error: str, now: float
+    ) -> None:
+        await conn.exec_driver_sql(self.q["inbox_kill"], (inbox_id, reason, error, now))
+
+    async def attempt_insert(
+        self,
+        conn: AsyncConnection,
+        *,
+        inbox_id: int,
+        attempt: int,
+        outcome: str,
+        error: str | None,
+        worker: str,
+        started_at: float,
+        finished_at: float,
+    ) -> None:
+        await conn.exec_driver_sql(
+            self.q["attempt_insert"],
+            (inbox_id, attempt, outcome, error, worker, started_at, finished_at),
+        )
+
+    async def operation_insert(
+        self,
+        conn: AsyncConnection,
+        *,
+        business_key: str,
+        fingerprint: str,
+        inbox_id: int | None,
+        source: str | None,
+        tenant: str | None,
+        now: float,
+    ) -> tuple[bool, str]:
+        """Insert a business key; return (created, stored fingerprint)."""
+        row = (
+            await conn.exec_driver_sql(
+                self.q["operation_insert"],
+                (business_key, fingerprint, inbox_id, source, tenant, now),
+            )
+        ).first()
+        if row is not None:
+            return True, fingerprint
+        existing = (
+            await conn.exec_driver_sql(self.q["operation_get"], (business_key,))
+        ).first()
+        assert existing is not None  # the conflicting row is committed and visible
+        return False, existing._mapping["fingerprint"]
+
+    async def outbox_insert(
+        self,
+        conn: AsyncConnection,
+        *,
+        channel: str,
+        key: str,
+        payload: str,
+        tenant: str | None,
+        inbox_id: int | None,
+        now: float,
+    ) -> int | None:
+        """Record an outgoing action; ``None`` when (channel, key) already exists."""
+        row = (
+            await conn.exec_driver_sql(
+                self.q["outbox_insert"], (channel, key, payload, tenant, inbox_id, now)
+            )
+        ).first()
+        return row[0] if row else None
+
+    async def notify(self, conn: AsyncConnection, channel: str) -> None:
+        """Wake listeners of ``channel`` when the transaction commits (PostgreSQL)."""
+
+
+def _now() -> float:
+    import time
+
+    return time.time()

@@ -1,0 +1,124 @@
+-- Named queries for PostgreSQL. Each block starts with "-- name: NAME" and a line on
+-- what it guarantees. Parameters are asyncpg's $n. Loaded once by relaybox.store.sql.
+
+-- name: inbox_insert_batch
+-- One statement for a whole group-commit batch. ON CONFLICT DO NOTHING lets the
+-- unique event key decide who is first, even inside the batch; rows that already
+-- existed are not returned and are looked up by inbox_existing.
+INSERT INTO relaybox_inbox
+    (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
+     version, status, attempts, next_attempt_at, received_at, updated_at)
+SELECT u.source, u.account, u.event_id, u.event_type, u.tenant, u.fingerprint, u.payload,
+       u.headers, u.version, u.status, 0, $11, $11, $11
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
+            $7::bytea[], $8::text[], $9::text[], $10::text[])
+     AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
+          version, status)
+ON CONFLICT (source, account, event_id) DO NOTHING
+RETURNING id, source, account, event_id
+
+-- name: inbox_existing
+-- The committed rows behind keys that were not inserted (a duplicate or a conflict).
+SELECT i.id, i.source, i.account, i.event_id, i.fingerprint
+FROM relaybox_inbox i
+JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(source, account, event_id)
+  ON i.source = k.source AND i.account = k.account AND i.event_id = k.event_id
+
+-- name: quarantine_insert
+-- The newcomer is stored once per distinct content; the original row is not touched.
+INSERT INTO relaybox_quarantine
+    (inbox_id, source, account, event_id, event_type, tenant, fingerprint, payload,
+     headers, received_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+ON CONFLICT (inbox_id, fingerprint) DO NOTHING
+
+-- name: notify_inbox
+-- One notification per committed batch, not per row (NOTIFY serialises commits).
+SELECT pg_notify('relaybox_inbox', '')
+
+-- name: notify_outbox
+SELECT pg_notify('relaybox_outbox', '')
+
+-- name: inbox_get
+SELECT * FROM relaybox_inbox WHERE id = $1
+
+-- name: inbox_get_by_key
+SELECT * FROM relaybox_inbox WHERE source = $1 AND account = $2 AND event_id = $3
+
+-- name: inbox_exhaust_crashed
+-- Due rows that already used their whole attempt budget without recording an
+-- outcome: their last attempt killed its worker (poison event). Dead, not retried.
+UPDATE relaybox_inbox SET status = 'dead', dead_reason = 'exhausted', updated_at = $1,
+       last_error = 'attempt ' || attempts || ' did not finish: the worker process died'
+WHERE id IN (SELECT id FROM relaybox_inbox
+             WHERE status = 'pending' AND next_attempt_at <= $1 AND attempts >= $2
+             ORDER BY next_attempt_at LIMIT $3
+             FOR NO KEY UPDATE SKIP LOCKED)
+RETURNING id, source, account, event_id, attempts
+
+-- name: inbox_claim
+-- Counts the attempt durably before any handler runs and holds the row back for
+-- $3 seconds: a worker killed mid-handler has still used an attempt, and its row
+-- comes back after the hold. SKIP LOCKED passes over rows a running worker holds.
+UPDATE relaybox_inbox i SET attempts = i.attempts + 1, next_attempt_at = $1 + $3,
+       updated_at = $1
+FROM (SELECT id FROM relaybox_inbox
+      WHERE status = 'pending' AND next_attempt_at <= $1 AND attempts < $4
+      ORDER BY next_attempt_at LIMIT $2
+      FOR NO KEY UPDATE SKIP LOCKED) due
+WHERE i.id = due.id
+RETURNING i.id
+
+-- name: inbox_lock
+-- Locks claimed rows until COMMIT; the handler's effect and the completion commit
+-- together. A row completed meanwhile by a late worker is no longer pending.
+SELECT id, source, account, event_id, event_type, tenant, payload, headers, version,
+       attempts, received_at
+FROM relaybox_inbox
+WHERE id = ANY($1::bigint[]) AND status = 'pending'
+ORDER BY id
+FOR NO KEY UPDATE SKIP LOCKED
+
+-- name: inbox_complete
+UPDATE relaybox_inbox SET status = 'done', done_at = $2, updated_at = $2
+WHERE id = ANY($1::bigint[]) AND status = 'pending'
+
+-- name: inbox_retry_later
+-- Only a row still pending is rescheduled: a completion is never overwritten.
+UPDATE relaybox_inbox SET next_attempt_at = $2, last_error = $3, updated_at = $4
+WHERE id = $1 AND status = 'pending'
+
+-- name: inbox_kill
+UPDATE relaybox_inbox SET status = 'dead', dead_reason = $2, last_error = $3, updated_at = $4
+WHERE id = $1 AND status = 'pending'
+
+-- name: attempt_insert
+INSERT INTO relaybox_inbox_attempts
+    (inbox_id, attempt, outcome, error, worker, started_at, finished_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+
+-- name: operation_insert
+-- The UNIQUE business key decides whether this operation already happened.
+INSERT INTO relaybox_operations (business_key, fingerprint, inbox_id, source, tenant, created_at)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (business_key) DO NOTHING
+RETURNING business_key
+
+-- name: operation_get
+SELECT business_key, fingerprint, inbox_id, source, tenant, created_at
+FROM relaybox_operations WHERE business_key = $1
+
+-- name: outbox_insert
+-- One outgoing action per (channel, key), recorded with the change that causes it.
+INSERT INTO relaybox_outbox
+    (channel, key, payload, tenant, inbox_id, status, next_attempt_at, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)
+ON CONFLICT (channel, key) DO NOTHING
+RETURNING id
+
+-- name: stats_inbox
+SELECT status, dead_reason, count(*) AS n, min(CASE WHEN status = 'pending' THEN received_at END) AS oldest
+FROM relaybox_inbox GROUP BY status, dead_reason
+
+-- name: stats_quarantine
+SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL

@@ -1,0 +1,101 @@
+-- Named queries for SQLite. Parameters are qmark (?). One writer at a time: the
+-- claim needs no SKIP LOCKED, because BEGIN IMMEDIATE already excludes every other
+-- writer until COMMIT. Loaded once by relaybox.store.sql.
+
+-- name: inbox_insert
+-- Per row inside the batch's single transaction (in-process, no round trips).
+INSERT INTO relaybox_inbox
+    (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
+     version, status, attempts, next_attempt_at, received_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)
+ON CONFLICT (source, account, event_id) DO NOTHING
+RETURNING id
+
+-- name: inbox_existing_one
+SELECT id, source, account, event_id, fingerprint FROM relaybox_inbox
+WHERE source = ? AND account = ? AND event_id = ?
+
+-- name: quarantine_insert
+-- The newcomer is stored once per distinct content; the original row is not touched.
+INSERT INTO relaybox_quarantine
+    (inbox_id, source, account, event_id, event_type, tenant, fingerprint, payload,
+     headers, received_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (inbox_id, fingerprint) DO NOTHING
+
+-- name: inbox_get
+SELECT * FROM relaybox_inbox WHERE id = ?
+
+-- name: inbox_get_by_key
+SELECT * FROM relaybox_inbox WHERE source = ? AND account = ? AND event_id = ?
+
+-- name: inbox_exhaust_crashed
+-- Due rows that used their whole attempt budget without recording an outcome:
+-- their last attempt killed the worker (poison event). Dead, not retried.
+UPDATE relaybox_inbox SET status = 'dead', dead_reason = 'exhausted', updated_at = ?1,
+       last_error = 'attempt ' || attempts || ' did not finish: the worker process died'
+WHERE id IN (SELECT id FROM relaybox_inbox
+             WHERE status = 'pending' AND next_attempt_at <= ?1 AND attempts >= ?2
+             ORDER BY next_attempt_at LIMIT ?3)
+RETURNING id, source, account, event_id, attempts
+
+-- name: inbox_claim
+-- Counts the attempt durably before any handler runs and holds the row back for
+-- ?3 seconds, so a worker killed mid-handler has still used an attempt.
+UPDATE relaybox_inbox SET attempts = attempts + 1, next_attempt_at = ?1 + ?3, updated_at = ?1
+WHERE id IN (SELECT id FROM relaybox_inbox
+             WHERE status = 'pending' AND next_attempt_at <= ?1 AND attempts < ?4
+             ORDER BY next_attempt_at LIMIT ?2)
+RETURNING id
+
+-- name: inbox_lock
+-- BEGIN IMMEDIATE already holds the database's write lock until COMMIT.
+SELECT id, source, account, event_id, event_type, tenant, payload, headers, version,
+       attempts, received_at
+FROM relaybox_inbox
+WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'
+ORDER BY id
+
+-- name: inbox_complete
+UPDATE relaybox_inbox SET status = 'done', done_at = ?2, updated_at = ?2
+WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'
+
+-- name: inbox_retry_later
+-- Only a row still pending is rescheduled: a completion is never overwritten.
+UPDATE relaybox_inbox SET next_attempt_at = ?2, last_error = ?3, updated_at = ?4
+WHERE id = ?1 AND status = 'pending'
+
+-- name: inbox_kill
+UPDATE relaybox_inbox SET status = 'dead', dead_reason = ?2, last_error = ?3, updated_at = ?4
+WHERE id = ?1 AND status = 'pending'
+
+-- name: attempt_insert
+INSERT INTO relaybox_inbox_attempts
+    (inbox_id, attempt, outcome, error, worker, started_at, finished_at)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+
+-- name: operation_insert
+-- The UNIQUE business key decides whether this operation already happened.
+INSERT INTO relaybox_operations (business_key, fingerprint, inbox_id, source, tenant, created_at)
+VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (business_key) DO NOTHING
+RETURNING business_key
+
+-- name: operation_get
+SELECT business_key, fingerprint, inbox_id, source, tenant, created_at
+FROM relaybox_operations WHERE business_key = ?
+
+-- name: outbox_insert
+-- One outgoing action per (channel, key), recorded with the change that causes it.
+INSERT INTO relaybox_outbox
+    (channel, key, payload, tenant, inbox_id, status, next_attempt_at, created_at, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?6)
+ON CONFLICT (channel, key) DO NOTHING
+RETURNING id
+
+-- name: stats_inbox
+SELECT status, dead_reason, count(*) AS n, min(CASE WHEN status = 'pending' THEN received_at END) AS oldest
+FROM relaybox_inbox GROUP BY status, dead_reason
+
+-- name: stats_quarantine
+SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL

@@ -1,0 +1,339 @@
+"""Processing the inbox: claim due rows, run handlers, commit effect and completion together.
+
+One batch is two short phases:
+
+1. **claim** (its own transaction): count one more attempt on up to ``batch`` due rows
+   and hold them back ``claim_hold`` seconds. The attempt is durable *before* any
+   handler runs, so an event that kills its worker (segfault, SIGKILL, OOM) still uses
+   its budget; its row comes back after the hold, and once the budget is used up the
+   next claim dead-letters it as ``exhausted`` instead of running it again.
+2. **process** (one transaction holding the rows' locks until COMMIT): each event runs
+   in a SAVEPOINT; the handler's own writes, its business keys, its outbox rows and
+   the row's completion commit together, or roll back together. A failing event rolls
+   back only its savepoint: transient errors reschedule it (backoff + jitter), a
+   :class:`~relaybox.errors.PermanentError` sends it to dead letters as ``invalid``.
+
+No remote call happens inside phase 2: handlers record outgoing actions in the outbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import socket
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.errors import OperationConflict, PermanentError
+from relaybox.retry import Backoff
+from relaybox.store import InboxEvent
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = ["Context", "Handler", "Outbox", "Worker"]
+
+log = structlog.get_logger("relaybox.worker")
+
+Handler = Callable[["Context"], Awaitable[None]]
+
+
+class Outbox:
+    """Outgoing actions recorded in the handler's transaction."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+
+    async def add(self, channel: str, key: str, payload: Any) -> bool:
+        """Record an outgoing action once per ``(channel, key)``; return whether it
+        was new. It is delivered after COMMIT by the dispatcher, never before."""
+        ctx = self._ctx
+        created = await ctx.box.store.outbox_insert(
+            ctx.conn,
+            channel=channel,
+            key=key,
+            payload=json.dumps(payload),
+            tenant=ctx.event.tenant,
+            inbox_id=ctx.event.id,
+            now=ctx.box.clock.now(),
+        )
+        ctx.outbox_keys.append(f"{channel}:{key}")
+        if created is not None:
+            await ctx.box.store.notify(ctx.conn, "outbox")
+        return created is not None
+
+
+@dataclass
+class Context:
+    """What a handler gets: the event and the transaction it runs in."""
+
+    box: Relaybox
+    conn: AsyncConnection
+    event: InboxEvent
+    business_keys: list[str] = field(default_factory=list)
+    outbox_keys: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.outbox = Outbox(self)
+        self._payload: Any = None
+
+    @property
+    def payload(self) -> Any:
+        """The delivery's JSON body."""
+        if self._payload is None:
+            self._payload = self.event.json()
+        return self._payload
+
+    @property
+    def tenant(self) -> str | None:
+        return self.event.tenant
+
+    async def once(self, business_key: str, *, fingerprint: str = "") -> bool:
+        """Record that the operation named by ``business_key`` happens now.
+
+        Returns ``True`` the first time (apply the effect), ``False`` when the
+        operation already happened (skip it). The UNIQUE key in the operations table
+        decides, so two workers racing on one key cannot both get ``True``. Raises
+        :class:`OperationConflict` when the key exists with another ``fingerprint``
+        (a different operation is reusing this key). Keys are kept forever.
+        """
+        created, stored = await self.box.store.operation_insert(
+            self.conn,
+            business_key=business_key,
+            fingerprint=fingerprint,
+            inbox_id=self.event.id,
+            source=self.event.source,
+            tenant=self.event.tenant,
+            now=self.box.clock.now(),
+        )
+        self.business_keys.append(business_key)
+        if not created and stored != fingerprint:
+            raise OperationConflict(business_key, stored, fingerprint)
+        return created
+
+
+@dataclass
+class _Outcome:
+    kind: str  # done | retry | invalid | exhausted | conflict | unhandled
+    error: str | None = None
+
+
+class Worker:
+    """Runs handlers for due inbox rows. ``run()`` loops until stopped;
+    ``run_once()`` processes one batch (tests drive it with a frozen clock)."""
+
+    def __init__(
+        self,
+        box: Relaybox,
+        *,
+        name: str | None = None,
+        concurrency: int | None = None,
+        batch: int | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        s = box.settings.worker
+        self.box = box
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        sqlite = box.store.backend == "sqlite"
+        # SQLite has one writer: concurrent transactions would only queue.
+        self.concurrency = 1 if sqlite else (concurrency or s.concurrency)
+        self.batch = batch or s.batch
+        self.poll_interval = s.poll_interval
+        self.claim_hold = s.claim_hold
+        self.backoff = Backoff(
+            base=s.backoff_base,
+            factor=s.backoff_factor,
+            cap=s.backoff_cap,
+            jitter=s.backoff_jitter,
+            max_attempts=s.max_attempts,
+            max_age=s.max_age,
+        )
+        self.rng = rng or random.Random()
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+
+    # -- loop -----------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Finish the batches in hand, then return from :meth:`run`."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        listener = await self._listen()
+        try:
+            await asyncio.gather(*(self._loop() for _ in range(self.concurrency)))
+        finally:
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    await listener.close()
+
+    async def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                n = await self.run_once()
+            except Exception as exc:  # the database went away: back off and retry
+                log.warning("worker_batch_failed", worker=self.name, error=_short(exc))
+                n = 0
+            if n == 0 and not self._stopping.is_set():
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+
+    async def _listen(self) -> Any:
+        """Wake up on new rows: PostgreSQL LISTEN, or SQLite's in-process signal."""
+        store = self.box.store
+        if store.backend == "sqlite":
+            signal = store.wakeup("inbox")  # type: ignore[attr-defined]
+
+            async def relay() -> None:
+                while True:
+                    await signal.wait()
+                    signal.clear()
+                    self._wake.set()
+
+            task = asyncio.create_task(relay())
+
+            class _Closer:
+                async def close(self) -> None:
+                    task.cancel()
+
+            return _Closer()
+        try:
+            import asyncpg
+
+            from relaybox.store.postgres import dsn
+
+            conn = await asyncpg.connect(dsn(store.url), timeout=5)
+            await conn.add_listener("relaybox_inbox", lambda *_: self._wake.set())
+            return conn
+        except Exception as exc:  # polling still finds the rows
+            log.warning("worker_listen_failed", error=_short(exc))
+            return None
+
+    # -- one batch ------------------------------------------------------------
+
+    async def run_once(self) -> int:
+        """Claim and process one batch; return how many rows were claimed."""
+        store = self.box.store
+        now = self.box.clock.now()
+        claim = await store.inbox_claim(
+            now=now, limit=self.batch, max_attempts=self.backoff.max_attempts, hold=self.claim_hold
+        )
+        for inbox_id, source, account, event_id, attempts in claim.exhausted:
+            self.box.metrics.processed.labels(source, "dead_exhausted").inc()
+            log.error(
+                "event_dead",
+                reason="exhausted",
+                inbox_id=inbox_id,
+                event_key=[source, account, event_id],
+                attempts=attempts,
+                error="the worker died during its last attempt",
+            )
+        if not claim.ids:
+            return len(claim.exhausted)
+        try:
+            async with store.transaction() as conn:
+                events = await store.inbox_lock(conn, claim.ids)
+                done: list[int] = []
+                for event in events:
+                    outcome = await self.process(conn, event)
+                    if outcome.kind == "done":
+                        done.append(event.id)
+                if done:
+                    await store.inbox_complete(conn, done, self.box.clock.now())
+        except Exception as exc:
+            # The COMMIT's answer may be lost: nothing is applied again here. The
+            # rows come back after the hold, and their business keys say what
+            # already happened.
+            log.warning("worker_commit_uncertain", worker=self.name, ids=claim.ids, error=_short(exc))
+            raise
+        return len(claim.ids)
+
+    async def process(self, conn: AsyncConnection, event: InboxEvent) -> _Outcome:
+        """Run the handler for one locked event inside a savepoint, then record a
+        failure (if any) in the enclosing transaction. Returns the outcome; the caller
+        marks ``done`` rows complete."""
+        started = self.box.clock.now()
+        handler = self.box.handler_for(event.source, event.event_type)
+        ctx = Context(self.box, conn, event)
+        if handler is None:
+            outcome = _Outcome("unhandled", f"no handler for {event.source}/{event.event_type}")
+        else:
+            try:
+                async with conn.begin_nested():
+                    await handler(ctx)
+                outcome = _Outcome("done")
+            except OperationConflict as exc:
+                outcome = _Outcome("conflict", str(exc))
+            except PermanentError as exc:
+                outcome = _Outcome("invalid", str(exc) or type(exc).__name__)
+            except Exception as exc:
+                outcome = _Outcome("retry", _error_text(exc))
+        await self._record(conn, event, ctx, outcome, started)
+        return outcome
+
+    async def _record(
+        self, conn: AsyncConnection, event: InboxEvent, ctx: Context, outcome: _Outcome, started: float
+    ) -> None:
+        store = self.box.store
+        now = self.box.clock.now()
+        fields: dict[str, Any] = {
+            "inbox_id": event.id,
+            "event_key": list(event.key),
+            "event_type": event.event_type,
+            "attempt": event.attempts,
+            "business_keys": ctx.business_keys,
+        }
+        if ctx.outbox_keys and outcome.kind == "done":
+            fields["outbox_keys"] = ctx.outbox_keys
+        kind = outcome.kind
+        if kind == "retry":
+            at = self.backoff.next_attempt(
+                attempt=event.attempts, received_at=event.received_at, now=now, rng=self.rng
+            )
+            if at is None:
+                kind = "exhausted"
+            else:
+                await store.inbox_retry_later(conn, event.id, at=at, error=outcome.error or "", now=now)
+                fields["next_attempt_in"] = round(at - now, 3)
+        if kind in ("invalid", "exhausted", "conflict", "unhandled"):
+            await store.inbox_kill(conn, event.id, reason=kind, error=outcome.error or "", now=now)
+        await store.attempt_insert(
+            conn,
+            inbox_id=event.id,
+            attempt=event.attempts,
+            outcome=kind,
+            error=outcome.error,
+            worker=self.name,
+            started_at=started,
+            finished_at=now,
+        )
+        label = "done" if kind == "done" else ("retry" if kind == "retry" else f"dead_{kind}")
+        self.box.metrics.processed.labels(event.source, label).inc()
+        if kind == "done":
+            log.info("event_done", **fields)
+        elif kind == "retry":
+            log.warning("event_retry", error=outcome.error, **fields)
+        else:
+            log.error("event_dead", reason=kind, error=outcome.error, **fields)
+
+
+def _error_text(exc: BaseException) -> str:
+    """The exception and where it was raised; no local variables, no payload."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
+    return f"{type(exc).__name__}: {str(exc)[:500]}{where}"
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text[:200]}"

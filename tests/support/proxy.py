@@ -1,0 +1,63 @@
+"""A TCP proxy the tests put between relaybox and PostgreSQL, to cut the database
+off mid-test without touching the shared server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+
+class TcpProxy:
+    def __init__(self, *, host: str | None = None, port: int | None = None, unix: str | None = None):
+        self.target_host, self.target_port, self.target_unix = host, port, unix
+        self.server: asyncio.base_events.Server | None = None
+        self.port = 0
+        self._conns: set[asyncio.StreamWriter] = set()
+        self._cut = False
+
+    async def start(self) -> TcpProxy:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._cut:
+            writer.close()
+            return
+        try:
+            if self.target_unix:
+                up_r, up_w = await asyncio.open_unix_connection(self.target_unix)
+            else:
+                up_r, up_w = await asyncio.open_connection(self.target_host, self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self._conns.update((writer, up_w))
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            with contextlib.suppress(Exception):
+                w.close()
+
+        await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
+        self._conns.difference_update((writer, up_w))
+
+    def cut(self) -> None:
+        """Drop every open connection and refuse new ones."""
+        self._cut = True
+        for w in list(self._conns):
+            with contextlib.suppress(Exception):
+                w.transport.abort()
+        self._conns.clear()
+
+    def restore(self) -> None:
+        self._cut = False
+
+    async def close(self) -> None:
+        self.cut()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
