@@ -40,7 +40,9 @@ def configure(box: Relaybox) -> Relaybox:
     return box
 
 
-def std_delivery(msg_id: str, payload: dict[str, Any], *, when: float | None = None) -> tuple[bytes, dict[str, str]]:
+def std_delivery(
+    msg_id: str, payload: dict[str, Any], *, when: float | None = None
+) -> tuple[bytes, dict[str, str]]:
     body = json.dumps(payload).encode()
     ts = datetime.fromtimestamp(when if when is not None else time.time(), tz=UTC)
     signature = Webhook(STD_SECRET).sign(msg_id, ts, body.decode())
@@ -53,7 +55,9 @@ def std_delivery(msg_id: str, payload: dict[str, Any], *, when: float | None = N
     return body, headers
 
 
-def stripe_delivery(event: dict[str, Any], *, when: int | None = None) -> tuple[bytes, dict[str, str]]:
+def stripe_delivery(
+    event: dict[str, Any], *, when: int | None = None
+) -> tuple[bytes, dict[str, str]]:
     body = json.dumps(event).encode()
     t = when if when is not None else int(time.time())
     sig = stripe.WebhookSignature._compute_signature(f"{t}.{body.decode()}", STRIPE_SECRET)
@@ -80,7 +84,9 @@ async def inbox_rows(box: Relaybox) -> list[dict[str, Any]]:
     )
 
 
-async def post(http: aiohttp.ClientSession, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+async def post(
+    http: aiohttp.ClientSession, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, Any]:
     async with http.post(path, data=body, headers=headers) as r:
         return r.status, await r.json()
 
@@ -92,7 +98,11 @@ async def test_stripe_delivery_signed_by_official_sdk_is_accepted(live: Any) -> 
     assert (status, answer["status"]) == (200, "accepted")
     [row] = await inbox_rows(box)
     assert (row["source"], row["account"], row["event_id"]) == ("stripe", "acct_1", "evt_1")
-    assert (row["event_type"], row["tenant"], row["status"]) == ("invoice.paid", "workspace-1", "pending")
+    assert (row["event_type"], row["tenant"], row["status"]) == (
+        "invoice.paid",
+        "workspace-1",
+        "pending",
+    )
     assert bytes(row["payload"]) == body  # the exact bytes, for re-verification and replay
 
 

@@ -907,8 +907,11 @@ def test_from_config_builds_every_provider() -> None:
         ("stripe", {"secrets": [{"value": "whsec_x", "owner": "y"}]}, "unknown key 'owner'"),
         ("stripe", {"secrets": [{"account": "y"}]}, "'value'"),
         ("stripe", {"secrets": [5]}, "must be a string or a table"),
-        ("stripe", {"secrets": ["whsec_x"], "tolerance": "300"}, "tolerance"),
+        ("stripe", {"secrets": ["whsec_x"], "tolerance": "soon"}, "tolerance"),
+        ("stripe", {"secrets": ["whsec_x"], "tolerance": True}, "tolerance"),
+        ("stripe", {"secrets": ["whsec_x"], "max_body": 0}, "max_body"),
         ("stripe", {"secrets": ["whsec_x"], "verify_timestamp": 1}, "verify_timestamp"),
+        (5, {"secrets": ["whsec_x"]}, "unknown source provider"),
         ("stripe", {"secrets": ["whsec_x"], "tenants": {"a": 1}}, "tenants"),
         ("github", {"secrets": ["x"], "header": "X-Sig"}, "unknown option 'header'"),
         ("hmac", {"secrets": ["x"], "header": "X-Sig"}, "id_path"),
@@ -926,6 +929,33 @@ def test_from_config_single_secret_string() -> None:
     assert [s.value for s in source.secrets] == ["only-one"]
     source = sources.from_config("github", {"secret": {"value": "v", "tenant": "t"}})
     assert source.secrets == (Secret("v", tenant="t"),)
+
+
+def test_from_config_table_naming_its_provider() -> None:
+    # Relaybox passes each [sources.NAME] table as is.
+    source = sources.from_config({"provider": "slack", "secrets": ["s"], "tolerance": 60})
+    assert isinstance(source, sources.SlackSource)
+    with pytest.raises(ConfigurationError, match="needs provider"):
+        sources.from_config({"secrets": ["s"]})
+    with pytest.raises(ConfigurationError, match="does not match"):
+        sources.from_config("slack", {"provider": "github", "secrets": ["s"]})
+
+
+def test_from_config_reads_environment_strings() -> None:
+    # RELAYBOX_SOURCES__X__OPTION variables arrive as text.
+    source = sources.from_config(
+        "stripe",
+        {
+            "secrets": "whsec_env",
+            "tolerance": "600",
+            "max_body": "2048",
+            "verify_timestamp": "false",
+            "ignore_types": "customer.*, charge.refunded",
+        },
+    )
+    assert (source.tolerance, source.max_body, source.verify_timestamp) == (600.0, 2048, False)
+    assert source.ignore_types == ("customer.*", "charge.refunded")
+    assert len(source.secrets) == 1
 
 
 def test_package_exports() -> None:

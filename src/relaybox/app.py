@@ -29,7 +29,7 @@ from relaybox.metrics import Metrics
 from relaybox.receiver import Receiver
 from relaybox.sources.base import Source
 from relaybox.store import AcceptOutcome, NewDelivery, Store, open_store
-from relaybox.worker import Handler, Worker
+from relaybox.worker import Handler, Hooks, Worker
 
 __all__ = ["Relaybox"]
 
@@ -50,6 +50,7 @@ class Relaybox:
             self.settings = self.settings.model_copy(update={"database_url": database_url})
         self.clock: Clock = clock or SystemClock()
         self.metrics = Metrics()
+        self.hooks = Hooks()
         self.sources: dict[str, Source] = {}
         self._handlers: list[tuple[str, str, Handler]] = []
         self._store: Store | None = None

@@ -52,8 +52,12 @@ def load_box(app: str | None, config: str | None, database_url: str | None) -> R
 
 
 def app_options(fn: Any) -> Any:
-    fn = click.option("--database-url", envvar="RELAYBOX_DATABASE_URL", help="overrides the settings")(fn)
-    fn = click.option("--config", "config", type=click.Path(dir_okay=False), help="TOML settings file")(fn)
+    fn = click.option(
+        "--database-url", envvar="RELAYBOX_DATABASE_URL", help="overrides the settings"
+    )(fn)
+    fn = click.option(
+        "--config", "config", type=click.Path(dir_okay=False), help="TOML settings file"
+    )(fn)
     fn = click.option("--app", help="module:attribute of your Relaybox (default: the demo)")(fn)
     return fn
 
@@ -74,7 +78,9 @@ def main() -> None:
     show_default=True,
     help="comma-separated: receiver, worker",
 )
-@click.option("--migrate/--no-migrate", default=True, show_default=True, help="apply migrations first")
+@click.option(
+    "--migrate/--no-migrate", default=True, show_default=True, help="apply migrations first"
+)
 @click.option(
     "--postgres-embedded",
     is_flag=True,
@@ -127,7 +133,9 @@ def serve(
 @main.command()
 @app_options
 @click.option("--concurrency", type=int, default=None, help="transactions at once (PostgreSQL)")
-def worker(app: str | None, config: str | None, database_url: str | None, concurrency: int | None) -> None:
+def worker(
+    app: str | None, config: str | None, database_url: str | None, concurrency: int | None
+) -> None:
     """Process the inbox until SIGTERM/SIGINT (finishing what it holds)."""
     box = load_box(app, config, database_url)
     configure_logging(box.settings.log_level, json=box.settings.log_json)

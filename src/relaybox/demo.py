@@ -20,7 +20,9 @@ box.source(
 )
 box.source(
     "demo",
-    sources.standard(secrets=[Secret("whsec_cmVsYXlib3gtZGVtby1zZWNyZXQ=", tenant="workspace_demo")]),
+    sources.standard(
+        secrets=[Secret("whsec_cmVsYXlib3gtZGVtby1zZWNyZXQ=", tenant="workspace_demo")]
+    ),
 )
 
 

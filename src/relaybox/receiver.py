@@ -98,9 +98,11 @@ class Receiver:
             return 503, _error("unavailable", str(exc)), [(b"retry-after", b"5")]
         except Exception as exc:  # a bug must still not leak a traceback or ack
             bound.exception("delivery_failed", error=type(exc).__name__)
-            return 503, _error("unavailable", "the delivery was not stored"), [
-                (b"retry-after", b"5")
-            ]
+            return (
+                503,
+                _error("unavailable", "the delivery was not stored"),
+                [(b"retry-after", b"5")],
+            )
         bound.info("delivery_" + outcome.status, inbox_id=outcome.inbox_id)
         return 200, {"status": outcome.status, "event_id": delivery.event_id}, []
 

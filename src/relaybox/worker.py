@@ -39,7 +39,7 @@ from relaybox.store import InboxEvent
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
-__all__ = ["Context", "Handler", "Outbox", "Worker"]
+__all__ = ["Context", "Handler", "Hooks", "Outbox", "Worker"]
 
 log = structlog.get_logger("relaybox.worker")
 
@@ -120,6 +120,19 @@ class Context:
         return created
 
 
+class Hooks:
+    """Points where tests wait or inject faults (a SIGKILL before or after COMMIT,
+    a lost commit answer). Empty, and free, in production."""
+
+    def __init__(self) -> None:
+        self.before_commit: list[Callable[[list[int]], Awaitable[None]]] = []
+        self.after_commit: list[Callable[[list[int]], Awaitable[None]]] = []
+
+    async def fire(self, name: str, ids: list[int]) -> None:
+        for hook in getattr(self, name):
+            await hook(ids)
+
+
 @dataclass
 class _Outcome:
     kind: str  # done | retry | invalid | exhausted | conflict | unhandled
@@ -157,6 +170,7 @@ class Worker:
             max_age=s.max_age,
         )
         self.rng = rng or random.Random()
+        self.hooks = box.hooks
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
 
@@ -250,11 +264,15 @@ class Worker:
                         done.append(event.id)
                 if done:
                     await store.inbox_complete(conn, done, self.box.clock.now())
+                await self.hooks.fire("before_commit", [e.id for e in events])
+            await self.hooks.fire("after_commit", [e.id for e in events])
         except Exception as exc:
             # The COMMIT's answer may be lost: nothing is applied again here. The
             # rows come back after the hold, and their business keys say what
             # already happened.
-            log.warning("worker_commit_uncertain", worker=self.name, ids=claim.ids, error=_short(exc))
+            log.warning(
+                "worker_commit_uncertain", worker=self.name, ids=claim.ids, error=_short(exc)
+            )
             raise
         return len(claim.ids)
 
@@ -282,7 +300,12 @@ class Worker:
         return outcome
 
     async def _record(
-        self, conn: AsyncConnection, event: InboxEvent, ctx: Context, outcome: _Outcome, started: float
+        self,
+        conn: AsyncConnection,
+        event: InboxEvent,
+        ctx: Context,
+        outcome: _Outcome,
+        started: float,
     ) -> None:
         store = self.box.store
         now = self.box.clock.now()
@@ -303,7 +326,9 @@ class Worker:
             if at is None:
                 kind = "exhausted"
             else:
-                await store.inbox_retry_later(conn, event.id, at=at, error=outcome.error or "", now=now)
+                await store.inbox_retry_later(
+                    conn, event.id, at=at, error=outcome.error or "", now=now
+                )
                 fields["next_attempt_in"] = round(at - now, 3)
         if kind in ("invalid", "exhausted", "conflict", "unhandled"):
             await store.inbox_kill(conn, event.id, reason=kind, error=outcome.error or "", now=now)

@@ -8,7 +8,9 @@ import contextlib
 
 
 class TcpProxy:
-    def __init__(self, *, host: str | None = None, port: int | None = None, unix: str | None = None):
+    def __init__(
+        self, *, host: str | None = None, port: int | None = None, unix: str | None = None
+    ):
         self.target_host, self.target_port, self.target_unix = host, port, unix
         self.server: asyncio.base_events.Server | None = None
         self.port = 0

@@ -58,21 +58,22 @@ PROVIDERS: dict[str, type[Source]] = {
     "stripe": StripeSource,
 }
 
-_NUMBER = (int, float)
 # Source.__init__ options as they can appear in TOML, with what they must be.
-_BASE_OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
-    "tolerance": (_NUMBER, "a number of seconds"),
-    "verify_timestamp": ((bool,), "true or false"),
-    "max_body": ((int,), "a whole number of bytes"),
-    "account": ((str,), "a string"),
-    "tenant": ((str,), "a string"),
-    "tenants": ((Mapping,), "a table of account = tenant strings"),
-    "ignore_types": ((list, tuple), "a list of event type patterns"),
-    "inline": ((bool,), "true or false"),
-    "fingerprint_path": ((str,), "a dotted JSON path"),
-    "version_path": ((str,), "a path (header:Name or dotted JSON path)"),
-    "name": ((str,), "a string"),
+_BASE_OPTIONS: dict[str, str] = {
+    "tolerance": "a positive number of seconds",
+    "verify_timestamp": "true or false",
+    "max_body": "a whole number of bytes",
+    "account": "a string",
+    "tenant": "a string",
+    "tenants": "a table of account = tenant strings",
+    "ignore_types": "a list of event type patterns",
+    "inline": "true or false",
+    "fingerprint_path": "a dotted JSON path",
+    "version_path": "a path (header:Name or dotted JSON path)",
+    "name": "a string",
 }
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
 _SECRET_KEYS = ("value", "account", "tenant")
 
 
@@ -131,44 +132,82 @@ def _secrets(provider: str, options: dict[str, Any]) -> list[Secret]:
     return [_secret(item, f"{provider} source: secrets[{i}]") for i, item in enumerate(items)]
 
 
-def _check_base_option(provider: str, name: str, value: Any) -> None:
-    types, expected = _BASE_OPTIONS[name]
-    # bool is an int: `tolerance = true` is a mistake, not one second.
-    if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
-        raise ConfigurationError(f"{provider} source: {name} must be {expected}")
-    if name == "tenants" and not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise ConfigurationError(f"{provider} source: {name} must be {expected}")
-    if name == "ignore_types" and not all(isinstance(v, str) for v in value):
-        raise ConfigurationError(f"{provider} source: {name} must be {expected}")
+def _base_option(name: str, value: Any) -> Any:
+    """Check (and coerce) one :class:`Source` option; ``None`` when invalid.
+
+    ``RELAYBOX_SOURCES__NAME__OPTION`` environment variables arrive as strings, so
+    numbers, booleans and comma-separated lists are also read from text.
+    """
+    if name == "tolerance" or name == "max_body":
+        if isinstance(value, str):
+            try:
+                value = float(value) if name == "tolerance" else int(value)
+            except ValueError:
+                return None
+        # bool is an int: `tolerance = true` is a mistake, not one second.
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        if name == "max_body" and not isinstance(value, int):
+            return None
+        return value if value > 0 else None
+    if name in ("verify_timestamp", "inline"):
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        return value if isinstance(value, bool) else None
+    if name == "tenants":
+        ok = isinstance(value, Mapping) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        )
+        return dict(value) if ok else None
+    if name == "ignore_types":
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        ok = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+        return list(value) if ok else None
+    return value if isinstance(value, str) else None
 
 
-def from_config(provider: str, options: Mapping[str, Any]) -> Source:
+def from_config(
+    provider: str | Mapping[str, Any], options: Mapping[str, Any] | None = None
+) -> Source:
     """Build a source from a plain dict, as read from a TOML config file.
 
+    Called as ``from_config("stripe", {...})``, or with the table alone when it
+    names its provider (``from_config({"provider": "stripe", ...})``).
     ``secrets`` is a list of strings or tables ``{value, account, tenant}`` (a
-    single ``secret`` is accepted too). Unknown providers and options raise
-    :class:`ConfigurationError` naming what is accepted; messages never include
-    secret values.
+    single string, or ``secret``, gives one secret). Unknown providers and options
+    raise :class:`ConfigurationError` naming what is accepted; messages never
+    include secret values.
     """
-    cls = PROVIDERS.get(provider)
+    if options is None:
+        if not isinstance(provider, Mapping):
+            raise ConfigurationError("source options must be a table")
+        options = provider
+        provider = options.get("provider", "")
+        if not isinstance(provider, str) or not provider:
+            raise ConfigurationError(
+                f"source table needs provider = one of: {', '.join(PROVIDERS)}"
+            )
+    cls = PROVIDERS.get(provider) if isinstance(provider, str) else None
     if cls is None:
         raise ConfigurationError(
             f"unknown source provider {provider!r}; expected one of: {', '.join(PROVIDERS)}"
         )
+    if not isinstance(options, Mapping):
+        raise ConfigurationError(f"{provider} source options must be a table")
     remaining = dict(options)
     # Tolerate the table's own `provider = "..."` key when it agrees.
-    if remaining.get("provider", provider) != provider:
+    if remaining.pop("provider", provider) != provider:
         raise ConfigurationError(
-            f"source provider {remaining['provider']!r} does not match {provider!r}"
+            f"source provider {options['provider']!r} does not match {provider!r}"
         )
-    remaining.pop("provider", None)
     secrets = _secrets(provider, remaining)
     own = _provider_options(cls)
     for name, value in remaining.items():
         if name in _BASE_OPTIONS:
-            _check_base_option(provider, name, value)
+            remaining[name] = _base_option(name, value)
+            if remaining[name] is None:
+                raise ConfigurationError(f"{provider} source: {name} must be {_BASE_OPTIONS[name]}")
         elif name not in own:
             accepted = sorted({"secrets", "secret", *_BASE_OPTIONS, *own})
             raise ConfigurationError(

@@ -209,9 +209,7 @@ class Store:
                     continue
                 for statement in statements:
                     await conn.exec_driver_sql(statement)
-                await conn.exec_driver_sql(
-                    self._sql_insert_migration(), (version, name, _now())
-                )
+                await conn.exec_driver_sql(self._sql_insert_migration(), (version, name, _now()))
                 applied.append(f"{version:04d}_{name}")
         return applied
 
@@ -306,9 +304,7 @@ class Store:
         """How a list of ids is passed to the driver."""
         return list(ids)
 
-    async def inbox_claim(
-        self, *, now: float, limit: int, max_attempts: int, hold: float
-    ) -> Claim:
+    async def inbox_claim(self, *, now: float, limit: int, max_attempts: int, hold: float) -> Claim:
         """Phase 1 of processing, its own short transaction: dead-letter rows whose
         attempts were used up by crashed workers, then count one more attempt on up
         to ``limit`` due rows and hold them back ``hold`` seconds."""
@@ -382,9 +378,7 @@ class Store:
         ).first()
         if row is not None:
             return True, fingerprint
-        existing = (
-            await conn.exec_driver_sql(self.q["operation_get"], (business_key,))
-        ).first()
+        existing = (await conn.exec_driver_sql(self.q["operation_get"], (business_key,))).first()
         assert existing is not None  # the conflicting row is committed and visible
         return False, existing._mapping["fingerprint"]
 

@@ -61,8 +61,18 @@ class PostgresStore(Store):
         cols: list[list[Any]] = [[] for _ in range(10)]
         for d in batch:
             for i, v in enumerate(
-                (d.source, d.account, d.event_id, d.event_type, d.tenant, d.fingerprint,
-                 d.payload, d.headers, d.version, "ignored" if d.ignored else "pending")
+                (
+                    d.source,
+                    d.account,
+                    d.event_id,
+                    d.event_type,
+                    d.tenant,
+                    d.fingerprint,
+                    d.payload,
+                    d.headers,
+                    d.version,
+                    "ignored" if d.ignored else "pending",
+                )
             ):
                 cols[i].append(v)
         inserted = {
@@ -83,8 +93,18 @@ class PostgresStore(Store):
             if o.status == "quarantined":
                 await conn.exec_driver_sql(
                     self.q["quarantine_insert"],
-                    (o.inbox_id, d.source, d.account, d.event_id, d.event_type, d.tenant,
-                     d.fingerprint, d.payload, d.headers, d.received_at),
+                    (
+                        o.inbox_id,
+                        d.source,
+                        d.account,
+                        d.event_id,
+                        d.event_type,
+                        d.tenant,
+                        d.fingerprint,
+                        d.payload,
+                        d.headers,
+                        d.received_at,
+                    ),
                 )
         if any(o.status == "accepted" for o in outcomes):
             await self.notify(conn, "inbox")

@@ -83,24 +83,44 @@ class SQLiteStore(Store):
             row = (
                 await conn.exec_driver_sql(
                     self.q["inbox_insert"],
-                    (d.source, d.account, d.event_id, d.event_type, d.tenant, d.fingerprint,
-                     d.payload, d.headers, d.version, "ignored" if d.ignored else "pending",
-                     d.received_at, d.received_at, d.received_at),
+                    (
+                        d.source,
+                        d.account,
+                        d.event_id,
+                        d.event_type,
+                        d.tenant,
+                        d.fingerprint,
+                        d.payload,
+                        d.headers,
+                        d.version,
+                        "ignored" if d.ignored else "pending",
+                        d.received_at,
+                        d.received_at,
+                        d.received_at,
+                    ),
                 )
             ).first()
             if row is not None:
                 outcomes.append(AcceptOutcome("ignored" if d.ignored else "accepted", row[0]))
                 continue
-            existing = (
-                await conn.exec_driver_sql(self.q["inbox_existing_one"], d.key)
-            ).one()
+            existing = (await conn.exec_driver_sql(self.q["inbox_existing_one"], d.key)).one()
             if bytes(existing[4]) == d.fingerprint:
                 outcomes.append(AcceptOutcome("duplicate", existing[0]))
                 continue
             await conn.exec_driver_sql(
                 self.q["quarantine_insert"],
-                (existing[0], d.source, d.account, d.event_id, d.event_type, d.tenant,
-                 d.fingerprint, d.payload, d.headers, d.received_at),
+                (
+                    existing[0],
+                    d.source,
+                    d.account,
+                    d.event_id,
+                    d.event_type,
+                    d.tenant,
+                    d.fingerprint,
+                    d.payload,
+                    d.headers,
+                    d.received_at,
+                ),
             )
             outcomes.append(AcceptOutcome("quarantined", existing[0]))
         if any(o.status == "accepted" for o in outcomes):
