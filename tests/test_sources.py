@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac as std_hmac
+import inspect
 import json
 import time
 from collections.abc import Callable
@@ -377,6 +378,17 @@ def test_example_round_trip(case: Case) -> None:
     verified = source.verify(headers, body, NOW)
     assert verified.event_id == "evt_example_1"
     assert verified.event_type == case.event_type
+
+
+@cases()
+def test_example_without_type_round_trip(case: Case) -> None:
+    # `relaybox send-test` without --type: example(None) then sign(event_type="").
+    source = case.make(secrets=[case.new])
+    body = source.example(None, "evt_example_2", NOW)
+    headers = source.sign(body, event_id="evt_example_2", event_type="", now=NOW)
+    verified = source.verify(headers, body, NOW)
+    assert verified.event_id == "evt_example_2"
+    assert verified.event_type
 
 
 @cases()
@@ -918,7 +930,7 @@ def test_from_config_builds_every_provider() -> None:
         ("hmac", {"secrets": ["x"], "header": 5, "id_path": "id"}, "header"),
     ],
 )
-def test_from_config_errors(provider: str, options: dict[str, Any], message: str) -> None:
+def test_from_config_errors(provider: Any, options: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message) as info:
         sources.from_config(provider, options)
     assert "whsec_x" not in str(info.value)
@@ -956,6 +968,12 @@ def test_from_config_reads_environment_strings() -> None:
     assert (source.tolerance, source.max_body, source.verify_timestamp) == (600.0, 2048, False)
     assert source.ignore_types == ("customer.*", "charge.refunded")
     assert len(source.secrets) == 1
+
+
+def test_from_config_knows_every_source_option() -> None:
+    parameters = inspect.signature(Source.__init__).parameters
+    expected = {name for name, p in parameters.items() if p.kind is p.KEYWORD_ONLY}
+    assert set(sources._BASE_OPTIONS) == expected - {"secrets"}
 
 
 def test_package_exports() -> None:

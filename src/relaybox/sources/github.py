@@ -38,6 +38,7 @@ _SIGNATURE = "x-hub-signature-256"
 _DELIVERY = "x-github-delivery"
 _EVENT = "x-github-event"
 _PREFIX = "sha256="
+_DEFAULT_TYPE = "ping"  # what example() builds and sign() announces when no type is given
 
 
 def _key(secret: Secret) -> bytes:
@@ -112,11 +113,11 @@ class GitHubSource(Source):
             _SIGNATURE: _PREFIX + signature,
             _DELIVERY: event_id,
             # The action travels in the body: the header carries the bare event name.
-            _EVENT: event_type.partition(".")[0],
+            _EVENT: event_type.partition(".")[0] or _DEFAULT_TYPE,
         }
 
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        event, _, action = (event_type or "ping").partition(".")
+        event, _, action = (event_type or _DEFAULT_TYPE).partition(".")
         owner = {"login": self.account or "octo-org", "id": 1, "type": "Organization"}
         payload: dict[str, Any] = {}
         if action:

@@ -59,6 +59,7 @@ _ALGORITHMS = {"sha256": hashlib.sha256, "sha512": hashlib.sha512}
 _ENCODINGS = ("hex", "base64")
 _FIELDS = ("body", "timestamp", "id")
 _MILLISECONDS_ABOVE = 10**12
+_DEFAULT_TYPE = "test.event"  # example() and sign() agree when no type is given
 
 # A compiled template: literal bytes, or the name of a field to insert.
 _Segment = bytes | str
@@ -278,7 +279,7 @@ class HmacSource(Source):
         # Whatever identity is read from headers has to be sent in headers.
         for path, value in (
             (self.id_path, event_id),
-            (self.type_path, event_type),
+            (self.type_path, event_type or _DEFAULT_TYPE),
             (self.account_path, secret.account or self.account),
         ):
             name = _header_name(path)
@@ -291,7 +292,7 @@ class HmacSource(Source):
         account = self.account or "acct_example"
         for path, value in (
             (self.id_path, event_id),
-            (self.type_path, event_type or "test.event"),
+            (self.type_path, event_type or _DEFAULT_TYPE),
             (self.account_path, account),
         ):
             if path is not None and _header_name(path) is None:

@@ -44,6 +44,7 @@ _API_VERSION = "x-shopify-api-version"
 _TRIGGERED_AT = "x-shopify-triggered-at"
 
 _EXAMPLE_API_VERSION = "2024-10"
+_DEFAULT_TOPIC = "orders/create"  # example() builds an order when no topic is given
 
 
 def _key(secret: Secret) -> bytes:
@@ -112,7 +113,7 @@ class ShopifySource(Source):
             _SIGNATURE: _compute(_key(secret), body),
             _EVENT_ID: event_id,
             _WEBHOOK_ID: event_id,
-            _TOPIC: event_type,
+            _TOPIC: event_type or _DEFAULT_TOPIC,
             _SHOP: shop,
             _API_VERSION: _EXAMPLE_API_VERSION,
             _TRIGGERED_AT: triggered.replace("+00:00", "Z"),

@@ -1,0 +1,274 @@
+"""The worker in-process with a frozen clock, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+from contextlib import redirect_stderr
+from typing import Any
+
+import aiohttp
+import stripe
+from sqlalchemy import text
+
+from relaybox import (
+    Backoff,
+    Context,
+    FrozenClock,
+    OperationConflict,
+    PermanentError,
+    Relaybox,
+    Secret,
+    sources,
+)
+from relaybox.log import configure_logging
+from relaybox.store import NewDelivery
+from tests.conftest import Served
+
+
+def delivery(clock: FrozenClock, event_id: str, event_type: str, body: Any) -> NewDelivery:
+    raw = json.dumps(body).encode()
+    return NewDelivery(
+        source="s",
+        account="a",
+        event_id=event_id,
+        event_type=event_type,
+        tenant="t",
+        fingerprint=hashlib.sha256(raw).digest(),
+        payload=raw,
+        headers=None,
+        version=None,
+        received_at=clock.now(),
+    )
+
+
+async def rows(box: Relaybox) -> dict[str, dict[str, Any]]:
+    found = await box.store.fetch_all(
+        "SELECT event_id, status, dead_reason, attempts, last_error FROM relaybox_inbox"
+    )
+    return {r["event_id"]: r for r in found}
+
+
+async def test_failing_event_rolls_back_only_its_savepoint(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    async with box.store.transaction() as conn:
+        await conn.execute(text("CREATE TABLE effects (name TEXT PRIMARY KEY)"))
+
+    @box.handler("s", "*")
+    async def handler(ctx: Context) -> None:
+        await ctx.conn.execute(text("INSERT INTO effects VALUES (:n)"), {"n": ctx.event.event_id})
+        await ctx.once(f"op:{ctx.event.event_id}")
+        await ctx.outbox.add("email", f"op:{ctx.event.event_id}", {"n": 1})
+        if ctx.event.event_type == "fail":
+            raise RuntimeError("transient")
+
+    await box.store.inbox_accept(
+        [
+            delivery(clock, "ok1", "ok", {}),
+            delivery(clock, "bad", "fail", {}),
+            delivery(clock, "ok2", "ok", {}),
+        ]
+    )
+    assert await box.worker().run_once() == 3
+    state = await rows(box)
+    assert [state[k]["status"] for k in ("ok1", "bad", "ok2")] == ["done", "pending", "done"]
+    assert "RuntimeError: transient" in state["bad"]["last_error"]
+    effects = await box.store.fetch_all("SELECT name FROM effects ORDER BY name")
+    assert [e["name"] for e in effects] == ["ok1", "ok2"]
+    ops = await box.store.fetch_all("SELECT business_key FROM relaybox_operations ORDER BY 1")
+    assert [o["business_key"] for o in ops] == ["op:ok1", "op:ok2"]
+    outbox = await box.store.fetch_all("SELECT key FROM relaybox_outbox ORDER BY 1")
+    assert [o["key"] for o in outbox] == ["op:ok1", "op:ok2"]
+
+
+async def test_backoff_schedule_follows_the_settings(box: Relaybox, clock: FrozenClock) -> None:
+    box.settings.worker.backoff_jitter = 0.0
+    box.settings.worker.backoff_base = 2.0
+    box.settings.worker.max_attempts = 4
+    calls = 0
+
+    @box.handler("s")
+    async def flaky(ctx: Context) -> None:
+        nonlocal calls
+        calls += 1
+        raise ConnectionError("upstream down")
+
+    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
+    worker = box.worker()
+    expected_delays = [2.0, 4.0, 8.0]
+    for delay in expected_delays:
+        await worker.run_once()
+        [row] = await box.store.fetch_all("SELECT next_attempt_at, status FROM relaybox_inbox")
+        assert row["status"] == "pending"
+        assert row["next_attempt_at"] == clock.now() + delay
+        clock.advance(delay - 0.001)
+        assert await worker.run_once() == 0  # not due yet: nothing claimed
+        clock.advance(0.001)
+    await worker.run_once()
+    state = (await rows(box))["e"]
+    assert (state["status"], state["dead_reason"], state["attempts"]) == ("dead", "exhausted", 4)
+    assert calls == 4
+    attempts = await box.store.fetch_all(
+        "SELECT attempt, outcome FROM relaybox_inbox_attempts ORDER BY attempt"
+    )
+    assert [(a["attempt"], a["outcome"]) for a in attempts] == [
+        (1, "retry"),
+        (2, "retry"),
+        (3, "retry"),
+        (4, "exhausted"),
+    ]
+
+
+async def test_permanent_error_and_conflict_go_to_dead_letters(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    @box.handler("s", "invalid")
+    async def invalid(ctx: Context) -> None:
+        raise PermanentError("invoice is not eligible")
+
+    @box.handler("s", "op")
+    async def op(ctx: Context) -> None:
+        await ctx.once("shared-key", fingerprint=ctx.payload["fp"])
+
+    await box.store.inbox_accept(
+        [
+            delivery(clock, "i", "invalid", {}),
+            delivery(clock, "o1", "op", {"fp": "amount=100"}),
+            delivery(clock, "o2", "op", {"fp": "amount=100"}),
+            delivery(clock, "o3", "op", {"fp": "amount=999"}),
+            delivery(clock, "u", "unknown", {}),
+        ]
+    )
+    box.handler("t")(op)  # unrelated registration must not match source "s"
+    await box.worker().run_once()
+    state = await rows(box)
+    assert (state["i"]["status"], state["i"]["dead_reason"]) == ("dead", "invalid")
+    assert state["i"]["last_error"] == "invoice is not eligible"
+    assert state["o1"]["status"] == state["o2"]["status"] == "done"
+    assert (state["o3"]["status"], state["o3"]["dead_reason"]) == ("dead", "conflict")
+    assert "amount=999" in state["o3"]["last_error"]
+    assert (state["u"]["status"], state["u"]["dead_reason"]) == ("dead", "unhandled")
+
+
+async def test_once_raises_a_clear_conflict(box: Relaybox, clock: FrozenClock) -> None:
+    seen: list[BaseException] = []
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        await ctx.once("k", fingerprint="a")
+        try:
+            await ctx.once("k", fingerprint="b")
+        except OperationConflict as exc:
+            seen.append(exc)
+
+    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
+    await box.worker().run_once()
+    assert "'k'" in str(seen[0]) and "different operation" in str(seen[0])
+
+
+async def test_a_completed_row_is_never_overwritten(box: Relaybox, clock: FrozenClock) -> None:
+    """A late worker that still holds a claim finds the row done and leaves it."""
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        await ctx.once("grant")
+
+    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
+    claim = await box.store.inbox_claim(now=clock.now(), limit=10, max_attempts=5, hold=30)
+    await box.worker().run_once()  # nothing due: the row is held by the first claim
+    clock.advance(31)
+    await box.worker().run_once()  # the hold expired: a second worker completes it
+    async with box.store.transaction() as conn:  # the first (late) worker resumes
+        assert await box.store.inbox_lock(conn, claim.ids) == []
+        await box.store.inbox_retry_later(conn, claim.ids[0], at=0, error="late", now=clock.now())
+        await box.store.inbox_kill(
+            conn, claim.ids[0], reason="invalid", error="late", now=clock.now()
+        )
+    state = (await rows(box))["e"]
+    assert (state["status"], state["last_error"]) == ("done", None)
+
+
+async def test_handler_resolution_prefers_the_most_specific(box: Relaybox) -> None:
+    async def a(ctx: Context) -> None: ...
+    async def b(ctx: Context) -> None: ...
+    async def c(ctx: Context) -> None: ...
+
+    box.handler("*")(a)
+    box.handler("stripe", "invoice.*")(b)
+    box.handler("stripe", "invoice.paid")(c)
+    assert box.handler_for("stripe", "invoice.paid") is c
+    assert box.handler_for("stripe", "invoice.voided") is b
+    assert box.handler_for("github", "push") is a
+
+
+def test_backoff_caps_and_jitters() -> None:
+    b = Backoff(base=1, factor=2, cap=10, jitter=0.2, max_attempts=20, max_age=1000)
+    import random
+
+    rng = random.Random(7)
+    delays = [b.delay(n, rng) for n in range(1, 10)]
+    assert all(
+        0.8 * min(10, 2 ** (n - 1)) <= d <= 1.2 * min(10, 2 ** (n - 1))
+        for n, d in zip(range(1, 10), delays, strict=True)
+    )
+    assert max(delays) <= 12
+    assert b.next_attempt(attempt=20, received_at=0, now=0) is None
+    assert b.next_attempt(attempt=1, received_at=0, now=999.5, rng=rng) is None  # time budget
+
+
+async def test_logs_carry_keys_and_never_the_payload(box: Relaybox, clock: FrozenClock) -> None:
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        await ctx.once("s:a:inv_1:initial-credit-grant")
+
+    await box.store.inbox_accept([delivery(clock, "evt_log", "x", {"card": "4242-SECRET"})])
+    out = io.StringIO()
+    with redirect_stderr(out):
+        configure_logging("info", json=True)
+        await box.worker().run_once()
+    configure_logging("info", json=False)
+    lines = [json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
+    [done] = [line for line in lines if line["event"] == "event_done"]
+    assert done["event_key"] == ["s", "a", "evt_log"]
+    assert done["business_keys"] == ["s:a:inv_1:initial-credit-grant"]
+    assert "4242-SECRET" not in out.getvalue()
+
+
+async def test_inline_source_answers_after_the_handler_committed(box: Relaybox) -> None:
+    secret = "whsec_inline"
+    box.clock = __import__("relaybox").SystemClock()
+    box.source("inline", sources.stripe(secrets=[Secret(secret, account="acct")], inline=True))
+    async with box.store.transaction() as conn:
+        await conn.execute(text("CREATE TABLE grants (invoice TEXT PRIMARY KEY)"))
+
+    @box.handler("inline", "invoice.paid")
+    async def grant(ctx: Context) -> None:
+        invoice = ctx.payload["data"]["object"]["id"]
+        if await ctx.once(f"inline:{invoice}"):
+            await ctx.conn.execute(text("INSERT INTO grants VALUES (:i)"), {"i": invoice})
+        if invoice == "in_fail":
+            raise RuntimeError("handler failed inline")
+
+    async def send(event_id: str, invoice: str) -> int:
+        body = json.dumps(
+            {"id": event_id, "type": "invoice.paid", "data": {"object": {"id": invoice}}}
+        ).encode()
+        t = int(time.time())
+        sig = stripe.WebhookSignature._compute_signature(f"{t}.{body.decode()}", secret)
+        async with http.post(
+            "/inline", data=body, headers={"stripe-signature": f"t={t},v1={sig}"}
+        ) as r:
+            return r.status
+
+    async with Served(box.receiver) as server, aiohttp.ClientSession(server.url) as http:
+        assert await send("evt_1", "in_ok") == 200
+        assert await send("evt_2", "in_fail") == 200  # nothing lost: stored as pending
+    state = await rows(box)
+    assert state["evt_1"]["status"] == "done"  # no worker ran: the handler ran inline
+    assert state["evt_2"]["status"] == "pending"
+    assert "handler failed inline" in state["evt_2"]["last_error"]
+    grants = await box.store.fetch_all("SELECT invoice FROM grants")
+    assert [g["invoice"] for g in grants] == ["in_ok"]  # the failed effect rolled back
