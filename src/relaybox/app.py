@@ -31,7 +31,10 @@ from relaybox.sources.base import Source
 from relaybox.store import AcceptOutcome, NewDelivery, Store, open_store
 from relaybox.worker import Handler, Hooks, Worker
 
-__all__ = ["Relaybox"]
+__all__ = ["ROLES", "Relaybox"]
+
+ROLES = ("receiver", "api", "admin", "worker", "dispatcher")
+"""Every role ``relaybox serve`` can run; all are on by default."""
 
 log = structlog.get_logger("relaybox")
 
@@ -57,7 +60,7 @@ class Relaybox:
         self._acceptor: Acceptor | None = None
         self._inline_worker: Worker | None = None
         self._background: list[asyncio.Task[None]] = []
-        self._workers: list[Worker] = []
+        self._workers: list[Any] = []
         self.receiver = Receiver(self)
         if self.settings.sources:
             from relaybox import sources as _sources
@@ -110,6 +113,31 @@ class Relaybox:
     def worker(self, **options: Any) -> Worker:
         return Worker(self, **options)
 
+    def dispatcher(self, **options: Any) -> Any:
+        """The outbox dispatcher (``relaybox dispatch``)."""
+        from relaybox.outbound.dispatcher import Dispatcher
+
+        return Dispatcher(self, **options)
+
+    async def publish(
+        self,
+        conn: Any,
+        event_type: str,
+        data: Any,
+        *,
+        tenant: str,
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """Publish an outbound event inside the caller's transaction (``conn``): one
+        message row plus one outbox row per subscribed, enabled endpoint, committed
+        with the caller's change or not at all."""
+        from relaybox.outbound.publish import publish
+
+        return await publish(
+            self, conn, event_type, data, tenant=tenant, idempotency_key=idempotency_key, **options
+        )
+
     async def migrate(self) -> list[str]:
         return await self.store.migrate()
 
@@ -134,9 +162,11 @@ class Relaybox:
 
     # -- running --------------------------------------------------------------
 
-    def asgi(self, *, roles: tuple[str, ...] = ("receiver", "worker")) -> Any:
-        """The app served by ``relaybox serve``: ``/webhooks/{source}``, ``/healthz``,
-        ``/metrics``; the worker runs in the same process when its role is on."""
+    def asgi(self, *, roles: tuple[str, ...] = ROLES) -> Any:
+        """The app served by ``relaybox serve``. HTTP roles: ``receiver``
+        (``/webhooks/{source}``), ``api`` (tenant-facing ``/api/v1``), ``admin``
+        (``/admin``: operator API and dashboard); background roles: ``worker``,
+        ``dispatcher``. ``/healthz`` and ``/metrics`` are always there."""
         from starlette.applications import Starlette
         from starlette.requests import Request
         from starlette.responses import JSONResponse, Response
@@ -170,14 +200,25 @@ class Relaybox:
         ]
         if "receiver" in roles:
             routes.append(Mount("/webhooks", app=self.receiver))
+        if "api" in roles:
+            from relaybox.outbound.api import build_api
+
+            routes.append(Mount("/api/v1", app=build_api(self)))
+        if "admin" in roles:
+            from relaybox.admin import build_admin
+
+            routes.append(Mount("/admin", app=build_admin(self)))
         return Starlette(routes=routes, lifespan=lifespan)
 
     async def start(self, roles: tuple[str, ...] = ("worker",)) -> None:
-        """Start background roles in the running event loop."""
-        if "worker" in roles:
-            worker = self.worker()
-            self._workers.append(worker)
-            self._background.append(asyncio.create_task(worker.run(), name="relaybox-worker"))
+        """Start background roles (``worker``, ``dispatcher``) in the running loop.
+        Each runner has ``run()`` (until stopped) and ``stop()`` (finish what it holds)."""
+        factories = {"worker": self.worker, "dispatcher": self.dispatcher}
+        for role in roles:
+            if role in factories:
+                runner = factories[role]()
+                self._workers.append(runner)
+                self._background.append(asyncio.create_task(runner.run(), name=f"relaybox-{role}"))
 
     async def lifespan(self, receive: Any, send: Any) -> None:
         """ASGI lifespan for the bare receiver (when it is the whole app)."""

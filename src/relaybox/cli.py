@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from relaybox.app import Relaybox
+from relaybox.app import ROLES, Relaybox
 from relaybox.errors import ConfigurationError
 from relaybox.log import configure_logging
 
@@ -76,7 +76,7 @@ def main() -> None:
     "--roles",
     default="receiver,worker",
     show_default=True,
-    help="comma-separated: receiver, worker",
+    help="comma-separated: " + ", ".join(ROLES),
 )
 @click.option(
     "--migrate/--no-migrate", default=True, show_default=True, help="apply migrations first"
@@ -107,7 +107,7 @@ def serve(
     box = load_box(app, config, database_url)
     configure_logging(box.settings.log_level, json=box.settings.log_json)
     role_set = tuple(r.strip() for r in roles.split(",") if r.strip())
-    unknown = set(role_set) - {"receiver", "worker"}
+    unknown = set(role_set) - set(ROLES)
     if unknown:
         raise click.UsageError(f"unknown role(s): {', '.join(sorted(unknown))}")
     if migrate:
@@ -271,3 +271,23 @@ def _safe_url(box: Relaybox) -> str:
         return make_url(box.settings.database_url).render_as_string(hide_password=True)
     except Exception:
         return "<unparsable url>"
+
+
+# Commands of each area live in their own module (``COMMANDS``: a list of click
+# commands), so areas grow without editing this file.
+_AREA_MODULES = ("relaybox.cli_outbound", "relaybox.cli_ordering", "relaybox.cli_ops")
+
+
+def _register_area_commands() -> None:
+    for module_name in _AREA_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue
+            raise
+        for command in module.COMMANDS:
+            main.add_command(command)
+
+
+_register_area_commands()

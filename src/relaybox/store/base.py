@@ -142,13 +142,20 @@ _BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 def load_queries(backend: str) -> dict[str, str]:
-    """Named SQL blocks of ``sql/<backend>.sql`` (comment lines dropped)."""
-    text = resources.files("relaybox.store").joinpath(f"sql/{backend}.sql").read_text()
-    parts = _BLOCK.split(text)
+    """Named SQL blocks of ``sql/<backend>.sql`` and ``sql/<backend>_<area>.sql``
+    (one file per area: core, outbound, ordering, operations), comment lines dropped.
+    A name defined twice is an error."""
+    folder = resources.files("relaybox.store").joinpath("sql")
     queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("--")]
-        queries[name] = "\n".join(lines).strip()
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not re.fullmatch(rf"{backend}(_\w+)?\.sql", entry.name):
+            continue
+        parts = _BLOCK.split(entry.read_text())
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in queries:
+                raise RuntimeError(f"query {name!r} is defined twice ({entry.name})")
+            lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("--")]
+            queries[name] = "\n".join(lines).strip()
     return queries
 
 

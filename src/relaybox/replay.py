@@ -1,0 +1,113 @@
+"""Replay: send finished inbox rows (done, dead, ignored) through the worker again.
+
+A replayed event runs the same handler with the same business keys, so it can never
+grant twice: ``ctx.once()`` finds the operation already recorded. The row goes back
+to ``pending`` with a fresh attempt budget; each replay is recorded (who, when, why,
+the previous status). A row whose payload was purged by retention cannot be replayed
+and is reported as such.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = ["ReplayResult", "Selection", "replay"]
+
+log = structlog.get_logger("relaybox.replay")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which rows to replay; unset fields do not filter. At least one must be set."""
+
+    ids: Sequence[int] | None = None
+    source: str | None = None
+    since: float | None = None
+    until: float | None = None
+    statuses: Sequence[str] | None = None
+    limit: int = 10_000
+
+    def __post_init__(self) -> None:
+        if (
+            self.ids is None
+            and self.source is None
+            and self.statuses is None
+            and self.since is None
+        ):
+            raise ValueError("a replay needs ids, a source, a status or a time range")
+        bad = set(self.statuses or ()) - {"done", "dead", "ignored"}
+        if bad:
+            raise ValueError(f"cannot replay status {sorted(bad)}: use done, dead or ignored")
+
+
+@dataclass
+class ReplayResult:
+    replayed: list[int] = field(default_factory=list)
+    purged: list[int] = field(default_factory=list)  # payload gone: cannot replay
+    skipped: list[int] = field(default_factory=list)  # changed status meanwhile
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"replayed": self.replayed, "purged": self.purged, "skipped": self.skipped}
+
+
+async def replay(box: Relaybox, selection: Selection, *, actor: str, reason: str) -> ReplayResult:
+    """Put the selected rows back to pending, in one transaction, and record why."""
+    if not actor or not reason:
+        raise ValueError("a replay needs an actor and a reason")
+    store = box.store
+    sqlite = store.backend == "sqlite"
+
+    def arr(values: Sequence[Any] | None) -> Any:
+        if values is None:
+            return None
+        return json.dumps(list(values)) if sqlite else list(values)
+
+    result = ReplayResult()
+    now = box.clock.now()
+    async with store.transaction() as conn:
+        rows = (
+            await conn.exec_driver_sql(
+                store.q["replay_select"],
+                (
+                    arr(selection.ids),
+                    selection.source,
+                    selection.since,
+                    selection.until,
+                    arr(selection.statuses),
+                    selection.limit,
+                ),
+            )
+        ).all()
+        for inbox_id, status, dead_reason, purged in rows:
+            if purged:
+                result.purged.append(inbox_id)
+                continue
+            marked = (
+                await conn.exec_driver_sql(store.q["replay_mark"], (inbox_id, now, status))
+            ).first()
+            if marked is None:
+                result.skipped.append(inbox_id)
+                continue
+            await conn.exec_driver_sql(
+                store.q["replay_record"], (inbox_id, actor, reason, status, dead_reason, now)
+            )
+            result.replayed.append(inbox_id)
+        if result.replayed:
+            await store.notify(conn, "inbox")
+    log.info(
+        "replay",
+        actor=actor,
+        reason=reason,
+        replayed=len(result.replayed),
+        purged=result.purged,
+        skipped=result.skipped,
+    )
+    return result
