@@ -8,10 +8,19 @@ import sys
 
 import structlog
 
-__all__ = ["configure_logging"]
+__all__ = ["configure_logging", "debug_enabled"]
+
+_debug = False
+
+
+def debug_enabled() -> bool:
+    """Whether debug lines are wanted: hot paths skip building them otherwise."""
+    return _debug
 
 
 def configure_logging(level: str = "info", *, json: bool = True) -> None:
+    global _debug
+    _debug = level.lower() == "debug"
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
     )

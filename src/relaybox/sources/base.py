@@ -82,7 +82,7 @@ class Identity:
     version: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Verified:
     """A delivery whose signature matched: safe to store under its event key."""
 

@@ -34,7 +34,7 @@ __all__ = [
 AcceptStatus = Literal["accepted", "duplicate", "quarantined", "ignored"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class NewDelivery:
     """A verified delivery on its way into the inbox."""
 
@@ -55,7 +55,7 @@ class NewDelivery:
         return (self.source, self.account, self.event_id)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class AcceptOutcome:
     status: AcceptStatus
     inbox_id: int

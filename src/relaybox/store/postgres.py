@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import asyncpg
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
@@ -29,10 +30,19 @@ class PostgresStore(Store):
     backend: ClassVar[str] = "postgres"
 
     def __init__(
-        self, url: str, *, pool_size: int = 10, max_overflow: int = 10, connect_timeout: float = 5
+        self,
+        url: str,
+        *,
+        pool_size: int = 10,
+        max_overflow: int = 10,
+        connect_timeout: float = 5,
+        raw_pool_size: int = 8,
     ) -> None:
         super().__init__()
         self.url = url
+        self._raw_pool: asyncpg.Pool | None = None
+        self._raw_pool_size = raw_pool_size
+        self._connect_timeout = connect_timeout
         self.engine = create_async_engine(
             async_url(url),
             pool_size=pool_size,
@@ -51,6 +61,71 @@ class PostgresStore(Store):
     def _sql_insert_migration(self) -> str:
         return "INSERT INTO relaybox_migrations (version, name, applied_at) VALUES ($1, $2, $3)"
 
+    async def raw_pool(self) -> asyncpg.Pool:
+        """asyncpg pool for relaybox's own hot paths (accept): no SQLAlchemy layer,
+        prepared statements cached per connection. Handlers keep SQLAlchemy."""
+        if self._raw_pool is None:
+            self._raw_pool = await asyncpg.create_pool(
+                dsn(self.url),
+                min_size=1,
+                max_size=self._raw_pool_size,
+                timeout=self._connect_timeout,
+                command_timeout=60,
+                server_settings={"application_name": "relaybox"},
+                # These connections never LISTEN, SET or leave a transaction open, so
+                # the default reset (one more round trip per release) buys nothing.
+                reset=_no_reset,
+            )
+        return self._raw_pool
+
+    async def close(self) -> None:
+        if self._raw_pool is not None:
+            pool, self._raw_pool = self._raw_pool, None
+            await pool.close()
+        await super().close()
+
+    async def inbox_accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
+        """Group commit on the raw driver: the batch insert is one autocommit
+        statement; only keys that already existed need a second, transactional step
+        (look up the stored fingerprint, quarantine a conflicting newcomer)."""
+        now = max(d.received_at for d in batch)
+        pool = await self.raw_pool()
+        async with pool.acquire() as conn:
+            rows = await conn.fetch(self.q["inbox_accept_fast"], *_columns(batch), now)
+            inserted = {(r[1], r[2], r[3]): r[0] for r in rows}
+            counts = Counter(d.key for d in batch)
+            keys = [k for k in counts if k not in inserted or counts[k] > 1]
+            if not keys:
+                return self._classify(batch, inserted, {})
+            async with conn.transaction():
+                found = await conn.fetch(
+                    self.q["inbox_existing"],
+                    [k[0] for k in keys],
+                    [k[1] for k in keys],
+                    [k[2] for k in keys],
+                )
+                existing = {(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in found}
+                outcomes = self._classify(batch, inserted, existing)
+                quarantine = [
+                    (
+                        o.inbox_id,
+                        d.source,
+                        d.account,
+                        d.event_id,
+                        d.event_type,
+                        d.tenant,
+                        d.fingerprint,
+                        d.payload,
+                        d.headers,
+                        d.received_at,
+                    )
+                    for d, o in zip(batch, outcomes, strict=True)
+                    if o.status == "quarantined"
+                ]
+                if quarantine:
+                    await conn.executemany(self.q["quarantine_insert"], quarantine)
+            return outcomes
+
     async def notify(self, conn: AsyncConnection, channel: str) -> None:
         await conn.exec_driver_sql(self.q[f"notify_{channel}"])
 
@@ -58,23 +133,7 @@ class PostgresStore(Store):
         self, conn: AsyncConnection, batch: Sequence[NewDelivery]
     ) -> list[AcceptOutcome]:
         now = max(d.received_at for d in batch)
-        cols: list[list[Any]] = [[] for _ in range(10)]
-        for d in batch:
-            for i, v in enumerate(
-                (
-                    d.source,
-                    d.account,
-                    d.event_id,
-                    d.event_type,
-                    d.tenant,
-                    d.fingerprint,
-                    d.payload,
-                    d.headers,
-                    d.version,
-                    "ignored" if d.ignored else "pending",
-                )
-            ):
-                cols[i].append(v)
+        cols = _columns(batch)
         inserted = {
             (r[1], r[2], r[3]): r[0]
             for r in await conn.exec_driver_sql(self.q["inbox_insert_batch"], (*cols, now))
@@ -130,6 +189,26 @@ class PostgresStore(Store):
             same = stored_fp == d.fingerprint
             outcomes.append(AcceptOutcome("duplicate" if same else "quarantined", inbox_id))
         return outcomes
+
+
+async def _no_reset(_conn: asyncpg.Connection) -> None:
+    return None
+
+
+def _columns(batch: Sequence[NewDelivery]) -> list[list[Any]]:
+    """The batch as one array per column, for ``unnest``."""
+    return [
+        [d.source for d in batch],
+        [d.account for d in batch],
+        [d.event_id for d in batch],
+        [d.event_type for d in batch],
+        [d.tenant for d in batch],
+        [d.fingerprint for d in batch],
+        [d.payload for d in batch],
+        [d.headers for d in batch],
+        [d.version for d in batch],
+        ["ignored" if d.ignored else "pending" for d in batch],
+    ]
 
 
 def dsn(url: str) -> str:

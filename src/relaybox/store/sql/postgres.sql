@@ -122,3 +122,25 @@ FROM relaybox_inbox GROUP BY status, dead_reason
 
 -- name: stats_quarantine
 SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL
+
+-- name: inbox_accept_fast
+-- The group-commit fast path: one autocommit statement inserts the whole batch and
+-- commits it (one round trip, one fsync, synchronous_commit unchanged). pg_notify
+-- runs once per inserted row; PostgreSQL folds identical notifications of one
+-- transaction into one. Keys not returned existed already (committed: ON CONFLICT
+-- waited for any concurrent inserter) and are resolved by inbox_existing.
+WITH ins AS (
+    INSERT INTO relaybox_inbox
+        (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
+         version, status, attempts, next_attempt_at, received_at, updated_at)
+    SELECT u.source, u.account, u.event_id, u.event_type, u.tenant, u.fingerprint, u.payload,
+           u.headers, u.version, u.status, 0, $11, $11, $11
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
+                $7::bytea[], $8::text[], $9::text[], $10::text[])
+         AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
+              version, status)
+    ON CONFLICT (source, account, event_id) DO NOTHING
+    RETURNING id, source, account, event_id
+)
+SELECT id, source, account, event_id, pg_notify('relaybox_inbox', '') IS NULL AS notified
+FROM ins

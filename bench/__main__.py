@@ -1,0 +1,41 @@
+"""python -m bench accept|process|dispatch|growth|all [--quick] [--seconds N]"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("which", choices=["accept", "process", "dispatch", "growth", "all"])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"relaybox bench, {stamp}, {platform.node()}, {platform.python_version()}")
+    tables = []
+    if args.which in ("accept", "all"):
+        from bench import accept
+
+        tables.append(accept.main(seconds=args.seconds, rounds=args.rounds, quick=args.quick))
+    if args.which in ("process", "all"):
+        from bench import process
+
+        tables.append(process.main(quick=args.quick))
+    if args.which in ("dispatch", "all"):
+        from bench import dispatch
+
+        tables.append(dispatch.main(quick=args.quick))
+    if args.which in ("growth", "all"):
+        from bench import growth
+
+        tables.append(growth.main(quick=args.quick))
+    print()
+    print("\n\n".join(tables))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""Accept: signed POSTs from wrk (another process, its own core), 64 connections,
+unique event ids with 10 % duplicates, against relaybox and its peers, alternating."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.apps import SECRET
+from bench.common import ROOT, free_port, fresh_pg_database, median, pg_scalar, serve, table
+
+WRK_THREADS = 2
+
+
+def make_requests(path: Path, count: int, dup_ratio: float = 0.1) -> list[str]:
+    """Pre-signed deliveries; every 10th repeats an earlier one (same id, same bytes)."""
+    key = base64.b64decode(SECRET.removeprefix("whsec_"))
+    ts = str(int(time.time()))
+    ids: list[str] = []
+    lines: list[str] = []
+    for i in range(count):
+        if i and i % round(1 / dup_ratio) == 0:
+            lines.append(lines[i // 2])
+            ids.append(ids[i // 2])
+            continue
+        msg_id = f"msg_{i:08d}"
+        body = json.dumps({"id": msg_id, "type": "invoice.paid", "data": {"amount": i}})
+        mac = hmac.new(key, f"{msg_id}.{ts}.{body}".encode(), hashlib.sha256).digest()
+        sig = "v1," + base64.b64encode(mac).decode()
+        lines.append(f"{msg_id}\t{ts}\t{sig}\t{body}")
+        ids.append(msg_id)
+    path.write_text("\n".join(lines) + "\n")
+    return ids
+
+
+def distinct_sent(ids: list[str], per_thread: list[int]) -> int:
+    """Distinct ids among the requests wrk issued (thread t sends ids[t::T] in order)."""
+    seen: set[str] = set()
+    for t, n in enumerate(per_thread):
+        mine = ids[t :: len(per_thread)]
+        for k in range(n):
+            seen.add(mine[k % len(mine)])
+    return len(seen)
+
+
+def run_wrk(url: str, requests_file: Path, seconds: int, connections: int) -> dict[str, Any]:
+    out = subprocess.run(
+        [
+            "taskset",
+            "-c",
+            "1",
+            "wrk",
+            "-t",
+            str(WRK_THREADS),
+            "-c",
+            str(connections),
+            "-d",
+            f"{seconds}s",
+            "--latency",
+            "-s",
+            str(ROOT / "bench/wrk_signed.lua"),
+            url,
+        ],
+        env={**os.environ, "BENCH_REQUESTS": str(requests_file), "BENCH_THREADS": str(WRK_THREADS)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    m = re.search(
+        r"BENCH_RESULT sent=(\d+) ok=(\d+) bad=(\d+) p50_us=(\d+) p99_us=(\d+) per_thread=([\d,]+)",
+        out,
+    )
+    if not m:
+        raise RuntimeError(f"wrk printed no result:\n{out}")
+    sent, ok, bad, p50, p99 = (int(m.group(i)) for i in range(1, 6))
+    return {
+        "sent": sent,
+        "ok": ok,
+        "bad": bad,
+        "p50_ms": p50 / 1000,
+        "p99_ms": p99 / 1000,
+        "per_thread": [int(x) for x in m.group(6).split(",")],
+        "rate": ok / seconds,
+    }
+
+
+def setup_peer(name: str, backend: str, tmp: Path, run: int) -> tuple[dict[str, str], Any]:
+    """Environment for the server, and a function counting stored rows afterwards."""
+    if backend == "sqlite":
+        db = tmp / f"{name}-{run}.db"
+        if name == "relaybox":
+            url = f"sqlite:///{db}"
+            _migrate(url)
+            return {"BENCH_APP": name, "BENCH_DB_URL": url}, lambda: _sqlite_count(
+                db, "relaybox_inbox"
+            )
+        if name == "hookrelay":
+            url = f"sqlite+aiosqlite:///{db}"
+            _hookrelay_schema(url)
+            return {"BENCH_APP": name, "BENCH_SQLALCHEMY_URL": url}, lambda: _sqlite_count(
+                db, "hookrelay_events"
+            )
+        return {"BENCH_APP": name}, lambda: None
+    url = fresh_pg_database(f"bench_accept_{name}_{run}")
+    if name == "relaybox":
+        _migrate(url)
+        return {"BENCH_APP": name, "BENCH_DB_URL": url}, lambda: pg_scalar(
+            url, "SELECT count(*) FROM relaybox_inbox"
+        )
+    if name == "naive":
+        pg_scalar(url, "CREATE TABLE naive_events (event_id TEXT PRIMARY KEY, payload JSONB)")
+        return {"BENCH_APP": name, "BENCH_DSN": url}, lambda: pg_scalar(
+            url, "SELECT count(*) FROM naive_events"
+        )
+    if name == "hookrelay":
+        sa = url.replace("postgresql://", "postgresql+asyncpg://")
+        _hookrelay_schema(sa)
+        return {"BENCH_APP": name, "BENCH_SQLALCHEMY_URL": sa}, lambda: pg_scalar(
+            url, "SELECT count(*) FROM hookrelay_events"
+        )
+    return {"BENCH_APP": name}, lambda: None
+
+
+def _migrate(url: str) -> None:
+    subprocess.run(
+        ["relaybox", "migrate", "--database-url", url], check=True, capture_output=True, cwd=ROOT
+    )
+
+
+def _hookrelay_schema(url: str) -> None:
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    async def go() -> None:
+        engine = create_async_engine(url)
+        if url.startswith("sqlite"):
+            from hookrelay.backends.sqlite import SQLiteBackend as Backend
+        else:
+            from hookrelay.backends.postgres import PostgresBackend as Backend
+        await Backend(engine).init_schema()
+        await engine.dispose()
+
+    asyncio.run(go())
+
+
+def _sqlite_count(db: Path, table_name: str) -> int:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        return int(conn.execute(f"SELECT count(*) FROM {table_name}").fetchone()[0])
+
+
+def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bool = False) -> str:
+    if quick:
+        seconds, rounds = 2, 1
+    peers = {
+        "postgres": ["verify", "relaybox", "naive", "hookrelay"],
+        "sqlite": ["verify", "relaybox", "hookrelay"],
+    }
+    only = os.environ.get("BENCH_ONLY")  # e.g. "postgres:verify,relaybox" while iterating
+    if only:
+        db, _, names = only.partition(":")
+        peers = {db: names.split(",")}
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="relaybox-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        reqfile = tmp / "requests.tsv"
+        ids = make_requests(reqfile, 30_000 * seconds if not quick else 20_000)
+        for run in range(rounds):
+            for backend, names in peers.items():
+                for name in names:
+                    env, count_rows = setup_peer(name, backend, tmp, run)
+                    with serve(env, port=free_port()) as url:
+                        r = run_wrk(url, reqfile, seconds, connections)
+                    r["rows"] = count_rows()
+                    r["distinct"] = distinct_sent(ids, r["per_thread"])
+                    results.setdefault((backend, name), []).append(r)
+                    print(
+                        f"  {backend:8} {name:10} {r['rate']:8.0f} 2xx/s  p50 {r['p50_ms']:.1f} ms"
+                        f"  p99 {r['p99_ms']:.1f} ms  bad {r['bad']}  rows {r['rows']}"
+                        f"  distinct sent {r['distinct']}",
+                        flush=True,
+                    )
+    rows = []
+    for backend, names in peers.items():
+        floor = median([r["rate"] for r in results[(backend, "verify")]])
+        mine = median([r["rate"] for r in results[(backend, "relaybox")]])
+        for name in names:
+            rs = results[(backend, name)]
+            rate = median([r["rate"] for r in rs])
+            rows.append(
+                [
+                    backend,
+                    name,
+                    rate,
+                    median([r["p50_ms"] for r in rs]),
+                    median([r["p99_ms"] for r in rs]),
+                    f"{rate / floor:.2f}",
+                    f"{mine / rate:.2f}",
+                    rs[-1]["rows"],
+                    rs[-1]["distinct"],
+                    sum(r["bad"] for r in rs),
+                ]
+            )
+    return table(
+        f"accept: wrk -t{WRK_THREADS} -c{connections} -d{seconds}s, 10 % duplicates, "
+        f"{rounds} round(s), medians",
+        [
+            "db",
+            "peer",
+            "2xx/s",
+            "p50 ms",
+            "p99 ms",
+            "x verify",
+            "relaybox x",
+            "rows",
+            "distinct ids sent",
+            "non-2xx",
+        ],
+        rows,
+    )

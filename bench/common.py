@@ -1,0 +1,112 @@
+"""Shared bench plumbing: databases, server processes, tables of ratios."""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg  # procrastinate's driver, installed with the bench extra
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_ADMIN = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pg_url(name: str) -> str:
+    base, _, _ = PG_ADMIN.rpartition("/")
+    return f"{base}/{name}"
+
+
+def fresh_pg_database(name: str) -> str:
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return pg_url(name)
+
+
+def pg_scalar(url: str, sql: str) -> Any:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(sql)
+        if cur.description is None:
+            return None
+        row = cur.fetchone()
+        return row[0] if row else None
+
+
+@contextmanager
+def serve(env: dict[str, str], *, port: int, cpu: int | None = 0) -> Iterator[str]:
+    """uvicorn (httptools + uvloop, one process) serving ``bench.apps:app``."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "bench.apps:app",
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+        "--http",
+        "httptools",
+        "--loop",
+        "uvloop",
+    ]
+    if cpu is not None:
+        cmd = ["taskset", "-c", str(cpu), *cmd]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                urllib.request.urlopen(url + "/webhooks/bench", timeout=1)
+            except urllib.error.HTTPError:
+                break  # it answered (405/401): up
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"server {env.get('BENCH_APP')} did not start") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [list(map(str, header))] + [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = [title, "  ".join(h.ljust(w) for h, w in zip(cells[0], widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in cells[1:]:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+    return str(value)

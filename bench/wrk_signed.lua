@@ -1,0 +1,52 @@
+-- Replays pre-signed Standard Webhooks deliveries from BENCH_REQUESTS (one per line:
+-- id TAB timestamp TAB signature TAB body). Thread n sends lines n, n+T, n+2T, ...
+-- so ids are unique across threads except the planned duplicates. Counts 2xx.
+local threads = {}
+local counter = 0
+
+function setup(thread)
+  thread:set("tid", counter)
+  counter = counter + 1
+  table.insert(threads, thread)
+end
+
+function init(args)
+  tid = tonumber(wrk.thread:get("tid"))
+  nthreads = tonumber(os.getenv("BENCH_THREADS") or "1")
+  reqs = {}
+  local i = 0
+  for line in io.lines(os.getenv("BENCH_REQUESTS")) do
+    if i % nthreads == tid then
+      local id, ts, sig, body = line:match("^([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$")
+      reqs[#reqs + 1] = wrk.format("POST", "/webhooks/bench", {
+        ["webhook-id"] = id, ["webhook-timestamp"] = ts, ["webhook-signature"] = sig,
+        ["content-type"] = "application/json"}, body)
+    end
+    i = i + 1
+  end
+  idx = 0
+  ok = 0
+  bad = 0
+end
+
+function request()
+  idx = idx + 1
+  return reqs[((idx - 1) % #reqs) + 1]
+end
+
+function response(status, headers, body)
+  if status >= 200 and status < 300 then ok = ok + 1 else bad = bad + 1 end
+end
+
+function done(summary, latency, requests)
+  local sent, good, failed = 0, 0, 0
+  local per = {}
+  for _, t in ipairs(threads) do
+    sent = sent + t:get("idx")
+    good = good + t:get("ok")
+    failed = failed + t:get("bad")
+    per[#per + 1] = tostring(t:get("idx"))
+  end
+  io.write(string.format("BENCH_RESULT sent=%d ok=%d bad=%d p50_us=%d p99_us=%d per_thread=%s\n",
+    sent, good, failed, latency:percentile(50), latency:percentile(99), table.concat(per, ",")))
+end
