@@ -7,8 +7,10 @@ Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error,
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import importlib
 import json
+import re
 import signal
 import sys
 import time
@@ -48,7 +50,13 @@ def load_box(app: str | None, config: str | None, database_url: str | None) -> R
             box.settings = box.settings.model_copy(update={"database_url": database_url})
         return box
     except ConfigurationError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise _ConfigError(str(exc)) from exc
+
+
+class _ConfigError(click.ClickException):
+    """Invalid settings: reported like any click error, with the usage exit code."""
+
+    exit_code = EXIT_USAGE
 
 
 def app_options(fn: Any) -> Any:
@@ -62,7 +70,26 @@ def app_options(fn: Any) -> Any:
     return fn
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _AreaGroup(click.Group):
+    """Registers the area modules' commands on first use."""
+
+    _areas_loaded = False
+
+    def _load_areas(self) -> None:
+        if not self._areas_loaded:
+            self._areas_loaded = True
+            _register_area_commands(self)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load_areas()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._load_areas()
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_AreaGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="relaybox")
 def main() -> None:
     """relaybox: reliable webhooks in both directions, inside your own database."""
@@ -111,7 +138,9 @@ def serve(
     if unknown:
         raise click.UsageError(f"unknown role(s): {', '.join(sorted(unknown))}")
     if migrate:
-        _run_db(box, box.migrate())
+        # Closed again at once: its pooled connections belong to this event loop, not
+        # to the one uvicorn runs (asyncpg connections cannot move between loops).
+        _run_db(box, _migrate_and_close(box))
     host = host or box.settings.host
     port = port if port is not None else box.settings.port
     base = f"http://{host}:{port}"
@@ -211,8 +240,12 @@ def stats(app: str | None, config: str | None, database_url: str | None, as_json
 @main.command("send-test")
 @app_options
 @click.argument("source_name", metavar="SOURCE")
-@click.option("--event-type", default=None, help="event type (default: the provider's example)")
-@click.option("--event-id", default=None, help="event id (default: a new one)")
+@click.option(
+    "--event-type",
+    default=None,
+    help="event type (default: the first one the app handles, else the provider's example)",
+)
+@click.option("--event-id", default=None, help="event id (default: a new one; a given one resends)")
 @click.option("--body", "body_file", type=click.File("rb"), default=None, help="JSON body file")
 @click.option("--url", default=None, help="receiver base URL (default: settings host:port)")
 def send_test(
@@ -232,8 +265,12 @@ def send_test(
         names = ", ".join(box.sources) or "none"
         raise click.UsageError(f"no source named {source_name!r} (configured: {names})")
     now = time.time()
+    event_type = event_type or _handled_type(box, source_name)
+    # A given --event-id gets the same body every time, as a provider's retry does, so
+    # that sending it again is a duplicate (not other content under a known id).
+    body_time = now if event_id is None else _EXAMPLE_TIME
     event_id = event_id or f"evt_test_{uuid.uuid4().hex[:16]}"
-    body = body_file.read() if body_file else source.example(event_type, event_id, now)
+    body = body_file.read() if body_file else source.example(event_type, event_id, body_time)
     headers = source.sign(body, event_id=event_id, event_type=event_type or "", now=now)
     headers.setdefault("Content-Type", "application/json")
     base = (url or f"http://{box.settings.host}:{box.settings.port}").rstrip("/")
@@ -251,15 +288,35 @@ def send_test(
     sys.exit(0 if 200 <= status < 300 else EXIT_FAILED)
 
 
+# Body time of send-test examples with a given --event-id (2023-11-14T22:13:20Z).
+_EXAMPLE_TIME = 1_700_000_000.0
+
+
+def _handled_type(box: Relaybox, source_name: str) -> str | None:
+    """The first event type the app has a handler for on this source (no wildcard), so
+    that ``send-test`` exercises a handler; ``None`` leaves the provider's example."""
+    for src, typ, _ in getattr(box, "_handlers", ()):
+        if fnmatch.fnmatchcase(source_name, src) and not any(c in typ for c in "*?["):
+            return str(typ)
+    return None
+
+
 def _run_db(box: Relaybox, coro: Any) -> Any:
     try:
         return asyncio.run(coro)
+    except ConfigurationError as exc:  # e.g. an unsupported database URL
+        raise _ConfigError(str(exc)) from exc
     except (OSError, ConnectionError) as exc:
         click.echo(f"database unreachable ({_safe_url(box)}): {exc}", err=True)
         sys.exit(EXIT_DATABASE)
     except Exception as exc:
         if type(exc).__module__.startswith(("sqlalchemy", "asyncpg", "sqlite3")):
-            click.echo(f"database error ({_safe_url(box)}): {str(exc).splitlines()[0]}", err=True)
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            click.echo(f"database error ({_safe_url(box)}): {first}", err=True)
+            if re.search(r"relaybox_\w+", first) and re.search(
+                r"no such table|does not exist", first
+            ):
+                click.echo("relaybox's tables are missing: run `relaybox migrate`", err=True)
             sys.exit(EXIT_DATABASE)
         raise
 
@@ -274,11 +331,12 @@ def _safe_url(box: Relaybox) -> str:
 
 
 # Commands of each area live in their own module (``COMMANDS``: a list of click
-# commands), so areas grow without editing this file.
+# commands), loaded when the command line is parsed, so areas grow without editing
+# this file and ``python -m relaybox.cli`` does not import this module twice over.
 _AREA_MODULES = ("relaybox.cli_outbound", "relaybox.cli_ordering", "relaybox.cli_ops")
 
 
-def _register_area_commands() -> None:
+def _register_area_commands(group: click.Group) -> None:
     for module_name in _AREA_MODULES:
         try:
             module = importlib.import_module(module_name)
@@ -287,7 +345,8 @@ def _register_area_commands() -> None:
                 continue
             raise
         for command in module.COMMANDS:
-            main.add_command(command)
+            group.add_command(command)
 
 
-_register_area_commands()
+if __name__ == "__main__":
+    main()
