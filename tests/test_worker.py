@@ -143,7 +143,7 @@ async def test_permanent_error_and_conflict_go_to_dead_letters(
         ]
     )
     box.handler("t")(op)  # unrelated registration must not match source "s"
-    await box.worker().run_once()
+    await box.worker(concurrency=1).run_once()  # in id order: o1 records the key first
     state = await rows(box)
     assert (state["i"]["status"], state["i"]["dead_reason"]) == ("dead", "invalid")
     assert state["i"]["last_error"] == "invoice is not eligible"

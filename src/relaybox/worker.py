@@ -66,7 +66,8 @@ class Outbox:
             now=ctx.box.clock.now(),
         )
         ctx.outbox_keys.append(f"{channel}:{key}")
-        if created is not None:
+        if created is not None and ctx.box.store.backend == "sqlite":
+            # PostgreSQL notifies within outbox_insert itself; SQLite wakes in-process.
             await ctx.box.store.notify(ctx.conn, "outbox")
         return created is not None
 
@@ -139,6 +140,14 @@ class _Outcome:
     error: str | None = None
 
 
+class _RolledBack(Exception):
+    """Leaves the event's transaction so that its effect rolls back."""
+
+    def __init__(self, ctx: Context, outcome: _Outcome) -> None:
+        self.ctx = ctx
+        self.outcome = outcome
+
+
 class Worker:
     """Runs handlers for due inbox rows. ``run()`` loops until stopped;
     ``run_once()`` processes one batch (tests drive it with a frozen clock)."""
@@ -150,6 +159,7 @@ class Worker:
         name: str | None = None,
         concurrency: int | None = None,
         batch: int | None = None,
+        group: int | None = None,
         rng: random.Random | None = None,
     ) -> None:
         s = box.settings.worker
@@ -159,6 +169,13 @@ class Worker:
         # SQLite has one writer: concurrent transactions would only queue.
         self.concurrency = 1 if sqlite else (concurrency or s.concurrency)
         self.batch = batch or s.batch
+        # Events per transaction. PostgreSQL: one, so an event's row locks (a shared
+        # balance, say) are held only for its own handler; a batch transaction holds
+        # every event's locks until COMMIT and serialises (or deadlocks) concurrent
+        # batches on hot rows (bench/README.md). SQLite: the whole claim, since its
+        # single writer serialises anyway and one COMMIT (fsync) serves the batch.
+        self.group = group or s.group or (self.batch if sqlite else 1)
+        self._slots = asyncio.Semaphore(self.concurrency)
         self.poll_interval = s.poll_interval
         self.claim_hold = s.claim_hold
         self.backoff = Backoff(
@@ -184,7 +201,8 @@ class Worker:
     async def run(self) -> None:
         listener = await self._listen()
         try:
-            await asyncio.gather(*(self._loop() for _ in range(self.concurrency)))
+            # Two claimers: one claims the next batch while the other's events run.
+            await asyncio.gather(*(self._loop() for _ in range(2)))
         finally:
             if listener is not None:
                 with contextlib.suppress(Exception):
@@ -254,9 +272,61 @@ class Worker:
             )
         if not claim.ids:
             return len(claim.exhausted)
+        groups = [claim.ids[i : i + self.group] for i in range(0, len(claim.ids), self.group)]
+        results = await asyncio.gather(
+            *(self._process_group(ids) for ids in groups), return_exceptions=True
+        )
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
+        return len(claim.ids)
+
+    async def _process_group(self, ids: list[int]) -> None:
+        """At most ``concurrency`` of these run at once."""
+        async with self._slots:
+            if self.group == 1:
+                await self._process_alone(ids[0])
+            else:
+                await self._process_batch(ids)
+
+    async def _process_alone(self, inbox_id: int) -> None:
+        """One event, one transaction, no savepoint: a failure rolls the whole
+        transaction back (the effect), then a second short transaction records the
+        outcome, only while the row is still pending (seed 000's retry rule)."""
+        store = self.box.store
+        started = self.box.clock.now()
         try:
             async with store.transaction() as conn:
-                events = await store.inbox_lock(conn, claim.ids)
+                events = await store.inbox_lock(conn, [inbox_id])
+                if not events:
+                    return  # completed meanwhile by a late worker: nothing to do
+                event = events[0]
+                ctx, outcome = await self._run(conn, event, savepoint=False)
+                if outcome.kind != "done":
+                    raise _RolledBack(ctx, outcome)
+                await self._record(conn, event, ctx, outcome, started)
+                await store.inbox_complete(conn, [event.id], self.box.clock.now())
+                await self.hooks.fire("before_commit", [event.id])
+            await self.hooks.fire("after_commit", [event.id])
+        except _RolledBack as failed:
+            async with store.transaction() as conn:
+                for event in await store.inbox_lock(conn, [inbox_id]):
+                    await self._record(conn, event, failed.ctx, failed.outcome, started)
+        except Exception as exc:
+            # The COMMIT's answer may be lost: nothing is applied again here. The row
+            # comes back after the hold, and its business keys say what happened.
+            log.warning(
+                "worker_commit_uncertain", worker=self.name, ids=[inbox_id], error=_short(exc)
+            )
+            raise
+
+    async def _process_batch(self, ids: list[int]) -> None:
+        """Several events in one transaction, each in a savepoint (SQLite: one
+        COMMIT, one fsync, for the whole group)."""
+        store = self.box.store
+        try:
+            async with store.transaction() as conn:
+                events = await store.inbox_lock(conn, ids)
                 done: list[int] = []
                 for event in events:
                     outcome = await self.process(conn, event)
@@ -267,37 +337,37 @@ class Worker:
                 await self.hooks.fire("before_commit", [e.id for e in events])
             await self.hooks.fire("after_commit", [e.id for e in events])
         except Exception as exc:
-            # The COMMIT's answer may be lost: nothing is applied again here. The
-            # rows come back after the hold, and their business keys say what
-            # already happened.
-            log.warning(
-                "worker_commit_uncertain", worker=self.name, ids=claim.ids, error=_short(exc)
-            )
+            log.warning("worker_commit_uncertain", worker=self.name, ids=ids, error=_short(exc))
             raise
-        return len(claim.ids)
 
     async def process(self, conn: AsyncConnection, event: InboxEvent) -> _Outcome:
-        """Run the handler for one locked event inside a savepoint, then record a
-        failure (if any) in the enclosing transaction. Returns the outcome; the caller
-        marks ``done`` rows complete."""
+        """Run the handler for one locked event inside a savepoint, then record its
+        outcome in the enclosing transaction. The caller marks ``done`` rows complete."""
         started = self.box.clock.now()
+        ctx, outcome = await self._run(conn, event, savepoint=True)
+        await self._record(conn, event, ctx, outcome, started)
+        return outcome
+
+    async def _run(
+        self, conn: AsyncConnection, event: InboxEvent, *, savepoint: bool
+    ) -> tuple[Context, _Outcome]:
         handler = self.box.handler_for(event.source, event.event_type)
         ctx = Context(self.box, conn, event)
         if handler is None:
-            outcome = _Outcome("unhandled", f"no handler for {event.source}/{event.event_type}")
-        else:
-            try:
+            return ctx, _Outcome("unhandled", f"no handler for {event.source}/{event.event_type}")
+        try:
+            if savepoint:
                 async with conn.begin_nested():
                     await handler(ctx)
-                outcome = _Outcome("done")
-            except OperationConflict as exc:
-                outcome = _Outcome("conflict", str(exc))
-            except PermanentError as exc:
-                outcome = _Outcome("invalid", str(exc) or type(exc).__name__)
-            except Exception as exc:
-                outcome = _Outcome("retry", _error_text(exc))
-        await self._record(conn, event, ctx, outcome, started)
-        return outcome
+            else:
+                await handler(ctx)
+            return ctx, _Outcome("done")
+        except OperationConflict as exc:
+            return ctx, _Outcome("conflict", str(exc))
+        except PermanentError as exc:
+            return ctx, _Outcome("invalid", str(exc) or type(exc).__name__)
+        except Exception as exc:
+            return ctx, _Outcome("retry", _error_text(exc))
 
     async def _record(
         self,
@@ -332,16 +402,19 @@ class Worker:
                 fields["next_attempt_in"] = round(at - now, 3)
         if kind in ("invalid", "exhausted", "conflict", "unhandled"):
             await store.inbox_kill(conn, event.id, reason=kind, error=outcome.error or "", now=now)
-        await store.attempt_insert(
-            conn,
-            inbox_id=event.id,
-            attempt=event.attempts,
-            outcome=kind,
-            error=outcome.error,
-            worker=self.name,
-            started_at=started,
-            finished_at=now,
-        )
+        # The row itself records a first-try success (done_at, attempts = 1); the
+        # attempts table keeps the history of events that needed more than one.
+        if kind != "done" or event.attempts > 1:
+            await store.attempt_insert(
+                conn,
+                inbox_id=event.id,
+                attempt=event.attempts,
+                outcome=kind,
+                error=outcome.error,
+                worker=self.name,
+                started_at=started,
+                finished_at=now,
+            )
         label = "done" if kind == "done" else ("retry" if kind == "retry" else f"dead_{kind}")
         self.box.metrics.processed.labels(event.source, label).inc()
         if kind == "done":

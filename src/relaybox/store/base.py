@@ -92,7 +92,7 @@ class InboxEvent:
 
     @classmethod
     def from_row(cls, row: Any) -> InboxEvent:
-        m = row._mapping
+        m = row._mapping if hasattr(row, "_mapping") else row  # SQLAlchemy Row or asyncpg Record
         return cls(
             id=m["id"],
             source=m["source"],
@@ -307,6 +307,16 @@ class Store:
 
     # -- processing -----------------------------------------------------------------
 
+    async def rows(self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Run the named query in ``conn``'s transaction; rows support ``row[i]`` and
+        ``row["column"]``. Backends may run it below SQLAlchemy (same transaction)."""
+        result = await conn.exec_driver_sql(self.q[name], tuple(params))
+        return list(result.all()) if result.returns_rows else []
+
+    async def first(self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()) -> Any:
+        found = await self.rows(conn, name, params)
+        return found[0] if found else None
+
     def _ids(self, ids: Sequence[int]) -> Any:
         """How a list of ids is passed to the driver."""
         return list(ids)
@@ -332,21 +342,22 @@ class Store:
 
     async def inbox_lock(self, conn: AsyncConnection, ids: Sequence[int]) -> list[InboxEvent]:
         """Phase 2: lock claimed rows still pending, until the caller's COMMIT."""
-        rows = await conn.exec_driver_sql(self.q["inbox_lock"], (self._ids(ids),))
-        return [InboxEvent.from_row(r) for r in rows]
+        return [
+            InboxEvent.from_row(r) for r in await self.rows(conn, "inbox_lock", (self._ids(ids),))
+        ]
 
     async def inbox_complete(self, conn: AsyncConnection, ids: Sequence[int], now: float) -> None:
-        await conn.exec_driver_sql(self.q["inbox_complete"], (self._ids(ids), now))
+        await self.rows(conn, "inbox_complete", (self._ids(ids), now))
 
     async def inbox_retry_later(
         self, conn: AsyncConnection, inbox_id: int, *, at: float, error: str, now: float
     ) -> None:
-        await conn.exec_driver_sql(self.q["inbox_retry_later"], (inbox_id, at, error, now))
+        await self.rows(conn, "inbox_retry_later", (inbox_id, at, error, now))
 
     async def inbox_kill(
         self, conn: AsyncConnection, inbox_id: int, *, reason: str, error: str, now: float
     ) -> None:
-        await conn.exec_driver_sql(self.q["inbox_kill"], (inbox_id, reason, error, now))
+        await self.rows(conn, "inbox_kill", (inbox_id, reason, error, now))
 
     async def attempt_insert(
         self,
@@ -360,8 +371,9 @@ class Store:
         started_at: float,
         finished_at: float,
     ) -> None:
-        await conn.exec_driver_sql(
-            self.q["attempt_insert"],
+        await self.rows(
+            conn,
+            "attempt_insert",
             (inbox_id, attempt, outcome, error, worker, started_at, finished_at),
         )
 
@@ -377,17 +389,14 @@ class Store:
         now: float,
     ) -> tuple[bool, str]:
         """Insert a business key; return (created, stored fingerprint)."""
-        row = (
-            await conn.exec_driver_sql(
-                self.q["operation_insert"],
-                (business_key, fingerprint, inbox_id, source, tenant, now),
-            )
-        ).first()
+        row = await self.first(
+            conn, "operation_insert", (business_key, fingerprint, inbox_id, source, tenant, now)
+        )
         if row is not None:
             return True, fingerprint
-        existing = (await conn.exec_driver_sql(self.q["operation_get"], (business_key,))).first()
+        existing = await self.first(conn, "operation_get", (business_key,))
         assert existing is not None  # the conflicting row is committed and visible
-        return False, existing._mapping["fingerprint"]
+        return False, existing[1]
 
     async def outbox_insert(
         self,
@@ -401,11 +410,9 @@ class Store:
         now: float,
     ) -> int | None:
         """Record an outgoing action; ``None`` when (channel, key) already exists."""
-        row = (
-            await conn.exec_driver_sql(
-                self.q["outbox_insert"], (channel, key, payload, tenant, inbox_id, now)
-            )
-        ).first()
+        row = await self.first(
+            conn, "outbox_insert", (channel, key, payload, tenant, inbox_id, now)
+        )
         return row[0] if row else None
 
     async def notify(self, conn: AsyncConnection, channel: str) -> None:

@@ -110,11 +110,16 @@ FROM relaybox_operations WHERE business_key = $1
 
 -- name: outbox_insert
 -- One outgoing action per (channel, key), recorded with the change that causes it.
-INSERT INTO relaybox_outbox
-    (channel, key, payload, tenant, inbox_id, status, next_attempt_at, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)
-ON CONFLICT (channel, key) DO NOTHING
-RETURNING id
+-- The dispatchers' wake-up rides on the same statement (delivered at COMMIT).
+WITH ins AS (
+    INSERT INTO relaybox_outbox
+        (channel, key, payload, tenant, inbox_id, status, next_attempt_at, created_at,
+         updated_at)
+    VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)
+    ON CONFLICT (channel, key) DO NOTHING
+    RETURNING id
+)
+SELECT id, pg_notify('relaybox_outbox', '') IS NULL AS notified FROM ins
 
 -- name: stats_inbox
 SELECT status, dead_reason, count(*) AS n, min(CASE WHEN status = 'pending' THEN received_at END) AS oldest

@@ -1,0 +1,216 @@
+"""Process: N pending events whose handler does the credits example (business key,
+balance increment, outbox row, done), against procrastinate (no-op jobs, concurrency
+10), hookrelay's worker (no-op handler) and the limit: the same SQL in a tight asyncpg
+loop, one transaction per event, at 1/4/16 connections."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import asyncpg
+
+from bench.common import ROOT, fresh_pg_database, table
+
+WORKSPACES = 100
+
+
+async def seed_relaybox(url: str, n: int) -> None:
+    """``n`` pending inbox rows (distinct invoices) and the app's balance table."""
+    subprocess.run(
+        [sys.executable, "-m", "relaybox", "migrate", "--database-url", url],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(
+            "CREATE TABLE bench_balances (workspace TEXT PRIMARY KEY, credits BIGINT NOT NULL)"
+        )
+        await conn.executemany(
+            "INSERT INTO bench_balances VALUES ($1, 0)", [(f"ws{i}",) for i in range(WORKSPACES)]
+        )
+        now = time.time()
+        for start in range(0, n, 5000):
+            ids = list(range(start, min(n, start + 5000)))
+            bodies = [
+                json.dumps({"invoice": f"in_{i}", "workspace": f"ws{i % WORKSPACES}"}).encode()
+                for i in ids
+            ]
+            await conn.execute(
+                "INSERT INTO relaybox_inbox (source, account, event_id, event_type, fingerprint,"
+                " payload, status, next_attempt_at, received_at, updated_at)"
+                " SELECT 'bench', 'acct', e, 'invoice.paid', '\\x00', p, 'pending', $3, $3, $3"
+                " FROM unnest($1::text[], $2::bytea[]) AS u(e, p)",
+                [f"evt_{i}" for i in ids],
+                bodies,
+                now,
+            )
+        await conn.execute("ANALYZE")
+    finally:
+        await conn.close()
+
+
+async def relaybox_run(n: int, processes: int) -> dict[str, Any]:
+    url = fresh_pg_database(f"bench_process_rb_{processes}")
+    await seed_relaybox(url, n)
+    env = {**os.environ, "RELAYBOX_DATABASE_URL": url, "RELAYBOX_LOG_LEVEL": "warning"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "relaybox", "worker", "--app", "bench.process_app:box"],
+            cwd=ROOT,
+            env=env,
+        )
+        for _ in range(processes)
+    ]
+    conn = await asyncpg.connect(url)
+    try:
+        deadline = time.time() + 600
+        while await conn.fetchval("SELECT count(*) FROM relaybox_inbox WHERE status = 'pending'"):
+            if time.time() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError("relaybox workers did not drain the inbox")
+            await asyncio.sleep(0.2)
+        span = await conn.fetchval(
+            "SELECT max(done_at) - min(done_at) FROM relaybox_inbox WHERE status = 'done'"
+        )
+        done = await conn.fetchval("SELECT count(*) FROM relaybox_inbox WHERE status = 'done'")
+        credits = await conn.fetchval("SELECT sum(credits) FROM bench_balances")
+        outbox = await conn.fetchval("SELECT count(*) FROM relaybox_outbox")
+    finally:
+        await conn.close()
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(30)
+    assert done == n and credits == 100 * n and outbox == n, (done, credits, outbox)
+    return {"rate": n / span, "note": f"{done} done, credits exact, {outbox} outbox rows"}
+
+
+RAW_STEPS = (
+    """SELECT id, payload FROM relaybox_inbox WHERE status = 'pending' AND next_attempt_at <= $1
+       ORDER BY next_attempt_at LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED""",
+    """INSERT INTO relaybox_operations (business_key, fingerprint, inbox_id, source, created_at)
+       VALUES ($1, 'credits=100', $2, 'bench', $3) ON CONFLICT DO NOTHING RETURNING 1""",
+    "UPDATE bench_balances SET credits = credits + 100 WHERE workspace = $1",
+    """INSERT INTO relaybox_outbox (channel, key, payload, inbox_id, next_attempt_at,
+       created_at, updated_at) VALUES ('email', $1, $2, $3, $4, $4, $4)
+       ON CONFLICT DO NOTHING""",
+    "UPDATE relaybox_inbox SET status = 'done', done_at = $2, updated_at = $2 WHERE id = $1",
+)
+
+
+async def raw_run(n: int, connections: int) -> dict[str, Any]:
+    """The limit: the same statements, prepared, one transaction per event."""
+    url = fresh_pg_database(f"bench_process_raw_{connections}")
+    await seed_relaybox(url, n)
+
+    async def loop(conn: asyncpg.Connection) -> int:
+        claim, op, grant, outbox, done = [await conn.prepare(s) for s in RAW_STEPS]
+        count = 0
+        while True:
+            now = time.time()
+            async with conn.transaction():
+                row = await claim.fetchrow(now)
+                if row is None:
+                    return count
+                body = json.loads(row["payload"])
+                key = f"bench:acct:{body['invoice']}:initial-credit-grant"
+                if await op.fetchval(key, row["id"], now):
+                    await grant.fetch(body["workspace"])
+                    await outbox.fetch(key + ":confirmation", json.dumps(body), row["id"], now)
+                await done.fetch(row["id"], now)
+            count += 1
+
+    conns = [await asyncpg.connect(url) for _ in range(connections)]
+    started = time.perf_counter()
+    counts = await asyncio.gather(*(loop(c) for c in conns))
+    elapsed = time.perf_counter() - started
+    for c in conns:
+        await c.close()
+    assert sum(counts) == n
+    return {"rate": n / elapsed, "note": f"{connections} connection(s)"}
+
+
+async def procrastinate_run(n: int) -> dict[str, Any]:
+    import procrastinate
+
+    url = fresh_pg_database("bench_process_procrastinate")
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    @app.task(name="noop")
+    async def noop(i: int) -> None:
+        return None
+
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        for start in range(0, n, 5000):
+            await noop.batch_defer_async(*({"i": i} for i in range(start, min(n, start + 5000))))
+        started = time.perf_counter()
+        await app.run_worker_async(concurrency=10, wait=False, install_signal_handlers=False)
+        elapsed = time.perf_counter() - started
+    return {"rate": n / elapsed, "note": "no-op jobs, concurrency 10"}
+
+
+async def hookrelay_run(n: int) -> dict[str, Any]:
+    from hookrelay.backends.postgres import PostgresBackend
+    from hookrelay.worker import Worker
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    url = fresh_pg_database("bench_process_hookrelay")
+    engine = create_async_engine(
+        url.replace("postgresql://", "postgresql+asyncpg://"), pool_size=12
+    )
+    backend = PostgresBackend(engine)
+    await backend.init_schema()
+    conn = await asyncpg.connect(url)
+    await conn.execute(
+        "INSERT INTO hookrelay_events (id, source, payload, headers, status, attempts,"
+        " max_attempts, next_retry_at, created_at, updated_at)"
+        " SELECT 'e' || g, 'bench', '{}'::jsonb, '{}'::jsonb, 'pending', 0, 5, now(), now(), now()"
+        " FROM generate_series(1, $1) g",
+        n,
+    )
+    await conn.close()
+
+    async def handler(event: Any) -> None:
+        return None
+
+    worker = Worker(backend, handler, batch_size=100, concurrency=10, poll_interval=0.01)
+    started = time.perf_counter()
+    while await worker.run_once():
+        pass
+    elapsed = time.perf_counter() - started
+    await engine.dispose()
+    return {"rate": n / elapsed, "note": "no-op handler, batch 100, concurrency 10"}
+
+
+def main(*, quick: bool = False) -> str:
+    n = 2_000 if quick else int(os.environ.get("BENCH_PROCESS_EVENTS", "50000"))
+    results: dict[str, dict[str, Any]] = {}
+
+    def record(name: str, r: dict[str, Any]) -> None:
+        results[name] = r
+        print(f"  process {name:28} {r['rate']:8.0f} events/s  {r['note']}", flush=True)
+
+    record("relaybox, 1 worker process", asyncio.run(relaybox_run(n, 1)))
+    for c in (1, 4, 16):
+        record(f"raw asyncpg, {c} conn", asyncio.run(raw_run(n, c)))
+    record("relaybox, 2 worker processes", asyncio.run(relaybox_run(n, 2)))
+    record("procrastinate", asyncio.run(procrastinate_run(n)))
+    record("hookrelay worker", asyncio.run(hookrelay_run(n)))
+    best = max(
+        results["relaybox, 1 worker process"]["rate"],
+        results["relaybox, 2 worker processes"]["rate"],
+    )
+    rows = [[name, r["rate"], f"{best / r['rate']:.2f}", r["note"]] for name, r in results.items()]
+    return table(
+        f"process: {n:,} pending events, credits handler (relaybox, raw) / no-op (peers)",
+        ["runner", "events/s", "best relaybox x", "note"],
+        rows,
+    )
