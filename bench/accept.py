@@ -33,7 +33,14 @@ def make_requests(path: Path, count: int, dup_ratio: float = 0.1) -> list[str]:
             ids.append(ids[i // 2])
             continue
         msg_id = f"msg_{i:08d}"
-        body = json.dumps({"id": msg_id, "type": "invoice.paid", "data": {"amount": i}})
+        body = json.dumps(
+            {
+                "id": msg_id,
+                "type": "invoice.paid",
+                "invoice": f"in_{msg_id}",
+                "workspace": f"ws{i % 100}",
+            }
+        )
         mac = hmac.new(key, f"{msg_id}.{ts}.{body}".encode(), hashlib.sha256).digest()
         sig = "v1," + base64.b64encode(mac).decode()
         lines.append(f"{msg_id}\t{ts}\t{sig}\t{body}")

@@ -121,6 +121,14 @@ class Claim:
     ids: list[int]
     exhausted: list[tuple[int, str, str, str, int]]
 
+    @classmethod
+    def from_rows(cls, rows: Sequence[Any]) -> Claim:
+        """Rows of ``inbox_claim``: (id, status, source, account, event_id, attempts)."""
+        return cls(
+            ids=sorted(r[0] for r in rows if r[1] == "pending"),
+            exhausted=[(r[0], r[2], r[3], r[4], r[5]) for r in rows if r[1] == "dead"],
+        )
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -322,23 +330,12 @@ class Store:
         return list(ids)
 
     async def inbox_claim(self, *, now: float, limit: int, max_attempts: int, hold: float) -> Claim:
-        """Phase 1 of processing, its own short transaction: dead-letter rows whose
-        attempts were used up by crashed workers, then count one more attempt on up
-        to ``limit`` due rows and hold them back ``hold`` seconds."""
+        """Phase 1 of processing, its own short transaction: count one more attempt on
+        up to ``limit`` due rows and hold them back ``hold`` seconds; dead-letter the
+        ones whose attempts were already used up by workers that died."""
         async with self.connect() as conn:
-            exhausted = [
-                (r[0], r[1], r[2], r[3], r[4])
-                for r in await conn.exec_driver_sql(
-                    self.q["inbox_exhaust_crashed"], (now, max_attempts, limit)
-                )
-            ]
-            ids = [
-                r[0]
-                for r in await conn.exec_driver_sql(
-                    self.q["inbox_claim"], (now, limit, hold, max_attempts)
-                )
-            ]
-        return Claim(ids=sorted(ids), exhausted=exhausted)
+            rows = await self.rows(conn, "inbox_claim", (now, limit, hold, max_attempts))
+        return Claim.from_rows(rows)
 
     async def inbox_lock(self, conn: AsyncConnection, ids: Sequence[int]) -> list[InboxEvent]:
         """Phase 2: lock claimed rows still pending, until the caller's COMMIT."""

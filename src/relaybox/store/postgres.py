@@ -128,16 +128,9 @@ class PostgresStore(Store):
 
     async def inbox_claim(self, *, now: float, limit: int, max_attempts: int, hold: float) -> Claim:
         pool = await self.raw_pool()
-        async with pool.acquire() as conn, conn.transaction():
-            exhausted = [
-                (r[0], r[1], r[2], r[3], r[4])
-                for r in await conn.fetch(self.q["inbox_exhaust_crashed"], now, max_attempts, limit)
-            ]
-            ids = [
-                r[0]
-                for r in await conn.fetch(self.q["inbox_claim"], now, limit, hold, max_attempts)
-            ]
-        return Claim(ids=sorted(ids), exhausted=exhausted)
+        async with pool.acquire() as conn:  # one statement: its own transaction
+            rows = await conn.fetch(self.q["inbox_claim"], now, limit, hold, max_attempts)
+        return Claim.from_rows(rows)
 
     async def rows(self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()) -> list[Any]:
         """relaybox's own statements run on the asyncpg connection beneath ``conn``, in

@@ -45,29 +45,7 @@ SELECT * FROM relaybox_inbox WHERE id = $1
 -- name: inbox_get_by_key
 SELECT * FROM relaybox_inbox WHERE source = $1 AND account = $2 AND event_id = $3
 
--- name: inbox_exhaust_crashed
--- Due rows that already used their whole attempt budget without recording an
--- outcome: their last attempt killed its worker (poison event). Dead, not retried.
-UPDATE relaybox_inbox SET status = 'dead', dead_reason = 'exhausted', updated_at = $1,
-       last_error = 'attempt ' || attempts || ' did not finish: the worker process died'
-WHERE id IN (SELECT id FROM relaybox_inbox
-             WHERE status = 'pending' AND next_attempt_at <= $1 AND attempts >= $2
-             ORDER BY next_attempt_at LIMIT $3
-             FOR NO KEY UPDATE SKIP LOCKED)
-RETURNING id, source, account, event_id, attempts
 
--- name: inbox_claim
--- Counts the attempt durably before any handler runs and holds the row back for
--- $3 seconds: a worker killed mid-handler has still used an attempt, and its row
--- comes back after the hold. SKIP LOCKED passes over rows a running worker holds.
-UPDATE relaybox_inbox i SET attempts = i.attempts + 1, next_attempt_at = $1 + $3,
-       updated_at = $1
-FROM (SELECT id FROM relaybox_inbox
-      WHERE status = 'pending' AND next_attempt_at <= $1 AND attempts < $4
-      ORDER BY next_attempt_at LIMIT $2
-      FOR NO KEY UPDATE SKIP LOCKED) due
-WHERE i.id = due.id
-RETURNING i.id
 
 -- name: inbox_lock
 -- Locks claimed rows until COMMIT; the handler's effect and the completion commit
@@ -149,3 +127,26 @@ WITH ins AS (
 )
 SELECT id, source, account, event_id, pg_notify('relaybox_inbox', '') IS NULL AS notified
 FROM ins
+
+-- name: inbox_claim
+-- One statement over one index range (the partial index on due pending rows):
+-- counts the attempt durably before any handler runs and holds the row back for $3
+-- seconds, so a worker killed mid-handler has still used an attempt and its row comes
+-- back after the hold. A due row whose budget ($4 attempts) is already used up was
+-- being processed when its worker died (a poison event): it goes to dead letters,
+-- not round again. SKIP LOCKED passes over rows a running worker holds.
+UPDATE relaybox_inbox i SET
+    attempts = CASE WHEN i.attempts >= $4 THEN i.attempts ELSE i.attempts + 1 END,
+    status = CASE WHEN i.attempts >= $4 THEN 'dead' ELSE 'pending' END,
+    dead_reason = CASE WHEN i.attempts >= $4 THEN 'exhausted' END,
+    last_error = CASE WHEN i.attempts >= $4
+        THEN 'attempt ' || i.attempts || ' did not finish: the worker process died'
+        ELSE i.last_error END,
+    next_attempt_at = CASE WHEN i.attempts >= $4 THEN i.next_attempt_at ELSE $1 + $3 END,
+    updated_at = $1
+FROM (SELECT id FROM relaybox_inbox
+      WHERE status = 'pending' AND next_attempt_at <= $1
+      ORDER BY next_attempt_at LIMIT $2
+      FOR NO KEY UPDATE SKIP LOCKED) due
+WHERE i.id = due.id
+RETURNING i.id, i.status, i.source, i.account, i.event_id, i.attempts

@@ -29,24 +29,7 @@ SELECT * FROM relaybox_inbox WHERE id = ?
 -- name: inbox_get_by_key
 SELECT * FROM relaybox_inbox WHERE source = ? AND account = ? AND event_id = ?
 
--- name: inbox_exhaust_crashed
--- Due rows that used their whole attempt budget without recording an outcome:
--- their last attempt killed the worker (poison event). Dead, not retried.
-UPDATE relaybox_inbox SET status = 'dead', dead_reason = 'exhausted', updated_at = ?1,
-       last_error = 'attempt ' || attempts || ' did not finish: the worker process died'
-WHERE id IN (SELECT id FROM relaybox_inbox
-             WHERE status = 'pending' AND next_attempt_at <= ?1 AND attempts >= ?2
-             ORDER BY next_attempt_at LIMIT ?3)
-RETURNING id, source, account, event_id, attempts
 
--- name: inbox_claim
--- Counts the attempt durably before any handler runs and holds the row back for
--- ?3 seconds, so a worker killed mid-handler has still used an attempt.
-UPDATE relaybox_inbox SET attempts = attempts + 1, next_attempt_at = ?1 + ?3, updated_at = ?1
-WHERE id IN (SELECT id FROM relaybox_inbox
-             WHERE status = 'pending' AND next_attempt_at <= ?1 AND attempts < ?4
-             ORDER BY next_attempt_at LIMIT ?2)
-RETURNING id
 
 -- name: inbox_lock
 -- BEGIN IMMEDIATE already holds the database's write lock until COMMIT.
@@ -99,3 +82,21 @@ FROM relaybox_inbox GROUP BY status, dead_reason
 
 -- name: stats_quarantine
 SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL
+
+-- name: inbox_claim
+-- One statement over one index range: counts the attempt before any handler runs and
+-- holds the row back ?3 seconds; a due row whose budget (?4) is used up was being
+-- processed when its worker died (poison): dead letters, not round again.
+UPDATE relaybox_inbox SET
+    attempts = CASE WHEN attempts >= ?4 THEN attempts ELSE attempts + 1 END,
+    status = CASE WHEN attempts >= ?4 THEN 'dead' ELSE 'pending' END,
+    dead_reason = CASE WHEN attempts >= ?4 THEN 'exhausted' END,
+    last_error = CASE WHEN attempts >= ?4
+        THEN 'attempt ' || attempts || ' did not finish: the worker process died'
+        ELSE last_error END,
+    next_attempt_at = CASE WHEN attempts >= ?4 THEN next_attempt_at ELSE ?1 + ?3 END,
+    updated_at = ?1
+WHERE id IN (SELECT id FROM relaybox_inbox
+             WHERE status = 'pending' AND next_attempt_at <= ?1
+             ORDER BY next_attempt_at LIMIT ?2)
+RETURNING id, status, source, account, event_id, attempts

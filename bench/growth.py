@@ -1,0 +1,171 @@
+"""Memory and growth: does cost grow with the table? Accept and process rates with
+10k, 100k and 1M rows already in the inbox; the worker's RSS while it works through
+a 1M-row backlog (flat, not growing with it); EXPLAIN of the claim queries (index
+scans on the partial index, no sequential scan)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import psutil
+
+from bench.accept import make_requests, run_wrk
+from bench.common import ROOT, free_port, fresh_pg_database, serve, table
+from bench.process import WORKSPACES
+
+
+async def seed(url: str, done: int, pending: int) -> None:
+    """``done`` finished rows (history) and ``pending`` due rows, plus the app table."""
+    subprocess.run(
+        [sys.executable, "-m", "relaybox", "migrate", "--database-url", url],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(
+            "CREATE TABLE bench_balances (workspace TEXT PRIMARY KEY, credits BIGINT NOT NULL)"
+        )
+        await conn.execute(
+            "INSERT INTO bench_balances SELECT 'ws' || g, 0 FROM generate_series(0, $1) g",
+            WORKSPACES - 1,
+        )
+        now = time.time()
+        for status, count, offset in (("done", done, 0), ("pending", pending, done)):
+            for start in range(0, count, 100_000):
+                n = min(100_000, count - start)
+                await conn.execute(
+                    "INSERT INTO relaybox_inbox (source, account, event_id, event_type,"
+                    " fingerprint, payload, status, next_attempt_at, received_at, updated_at,"
+                    " done_at)"
+                    " SELECT 'bench', 'acct', 'evt_' || g, 'invoice.paid', '\\x00',"
+                    " convert_to(json_build_object('invoice', 'in_' || g, 'workspace',"
+                    " 'ws' || (g % $4))::text, 'UTF8'), $3::text, $5::float8, $5::float8,"
+                    " $5::float8, CASE WHEN $3::text = 'done' THEN $5::float8 END"
+                    " FROM generate_series($1::bigint, $2::bigint) g",
+                    offset + start,
+                    offset + start + n - 1,
+                    status,
+                    WORKSPACES,
+                    now,
+                )
+        await conn.execute("VACUUM ANALYZE")
+    finally:
+        await conn.close()
+
+
+async def explain(url: str) -> list[str]:
+    conn = await asyncpg.connect(url)
+    try:
+        plans = []
+        for name, sql in (
+            (
+                "claim",
+                "SELECT id FROM relaybox_inbox WHERE status = 'pending' AND"
+                " next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT 32"
+                " FOR NO KEY UPDATE SKIP LOCKED",
+            ),
+            (
+                "exhaust",
+                "SELECT id FROM relaybox_inbox WHERE status = 'pending' AND"
+                " next_attempt_at <= $1 AND attempts >= 10 ORDER BY next_attempt_at"
+                " LIMIT 32 FOR NO KEY UPDATE SKIP LOCKED",
+            ),
+        ):
+            rows = await conn.fetch("EXPLAIN " + sql, time.time())
+            plans.append(f"{name}: " + " / ".join(r[0].strip() for r in rows))
+        return plans
+    finally:
+        await conn.close()
+
+
+async def process_rate(url: str, pending: int) -> float:
+    env = {**os.environ, "RELAYBOX_DATABASE_URL": url, "RELAYBOX_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relaybox", "worker", "--app", "bench.process_app:box"],
+        cwd=ROOT,
+        env=env,
+    )
+    conn = await asyncpg.connect(url)
+    try:
+        while await conn.fetchval("SELECT count(*) FROM relaybox_inbox WHERE status = 'pending'"):
+            await asyncio.sleep(0.2)
+        span = await conn.fetchval(
+            "SELECT max(done_at) - min(done_at) FROM relaybox_inbox"
+            " WHERE status = 'done' AND event_id LIKE 'evt_%' AND attempts > 0"
+        )
+    finally:
+        await conn.close()
+        proc.terminate()
+        proc.wait(30)
+    return pending / span
+
+
+async def worker_rss(url: str, seconds: float) -> tuple[float, float]:
+    """RSS (MiB) of a worker over ``seconds`` of a large backlog: first and last sample."""
+    env = {**os.environ, "RELAYBOX_DATABASE_URL": url, "RELAYBOX_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relaybox", "worker", "--app", "bench.process_app:box"],
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        await asyncio.sleep(3)
+        first = psutil.Process(proc.pid).memory_info().rss / 2**20
+        await asyncio.sleep(seconds)
+        last = psutil.Process(proc.pid).memory_info().rss / 2**20
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return first, last
+
+
+def main(*, quick: bool = False) -> str:
+    sizes = [1_000, 10_000] if quick else [10_000, 100_000, 1_000_000]
+    pending = 1_000 if quick else 5_000
+    rows: list[list[Any]] = []
+    plans: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="relaybox-growth-") as tmp:
+        reqfile = Path(tmp) / "requests.tsv"
+        ids = make_requests(reqfile, 100_000 if not quick else 10_000)
+        del ids
+        for size in sizes:
+            url = fresh_pg_database(f"bench_growth_{size}")
+            asyncio.run(seed(url, size, pending))
+            with serve({"BENCH_APP": "relaybox", "BENCH_DB_URL": url}, port=free_port()) as base:
+                accept = run_wrk(base, reqfile, 3 if quick else 5, 64)["rate"]
+            rate = asyncio.run(process_rate(url, pending))
+            plans = asyncio.run(explain(url))
+            rows.append([f"{size:,}", accept, rate])
+            print(
+                f"  growth {size:>9,} rows: accept {accept:,.0f}/s process {rate:,.0f}/s",
+                flush=True,
+            )
+        big = sizes[-1]
+        url = fresh_pg_database("bench_growth_rss")
+        asyncio.run(seed(url, 0, big))
+        first, last = asyncio.run(worker_rss(url, 5 if quick else 20))
+    base_accept, base_process = rows[0][1], rows[0][2]
+    for r in rows:
+        r.extend([f"{r[1] / base_accept:.2f}", f"{r[2] / base_process:.2f}"])
+    out = table(
+        f"growth: rows already in the inbox; {pending:,} pending processed each time",
+        ["rows", "accept/s", "process/s", "accept vs first", "process vs first"],
+        rows,
+    )
+    out += (
+        f"\nworker RSS with {big:,} pending rows: {first:.0f} MiB after 3 s, {last:.0f} MiB later"
+    )
+    out += "\nEXPLAIN at the largest size:\n  " + "\n  ".join(plans)
+    json.dumps(rows)
+    return out
