@@ -66,7 +66,10 @@ class Relaybox:
             from relaybox import sources as _sources
 
             for name, options in self.settings.sources.items():
-                self.source(name, _sources.from_config(dict(options)))
+                try:
+                    self.source(name, _sources.from_config(dict(options)))
+                except ConfigurationError as exc:
+                    raise ConfigurationError(f"[sources.{name}]: {exc}") from None
 
     # -- configuration --------------------------------------------------------
 

@@ -19,7 +19,7 @@ import structlog
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
-__all__ = ["ReplayResult", "Selection", "replay"]
+__all__ = ["Candidate", "ReplayResult", "Selection", "replay", "select"]
 
 log = structlog.get_logger("relaybox.replay")
 
@@ -58,34 +58,54 @@ class ReplayResult:
         return {"replayed": self.replayed, "purged": self.purged, "skipped": self.skipped}
 
 
-async def replay(box: Relaybox, selection: Selection, *, actor: str, reason: str) -> ReplayResult:
-    """Put the selected rows back to pending, in one transaction, and record why."""
-    if not actor or not reason:
-        raise ValueError("a replay needs an actor and a reason")
-    store = box.store
-    sqlite = store.backend == "sqlite"
+@dataclass(frozen=True)
+class Candidate:
+    """A row a selection matches, as it is now."""
+
+    inbox_id: int
+    status: str
+    dead_reason: str | None
+    purged: bool
+
+
+def _params(box: Relaybox, selection: Selection) -> tuple[Any, ...]:
+    sqlite = box.store.backend == "sqlite"
 
     def arr(values: Sequence[Any] | None) -> Any:
         if values is None:
             return None
         return json.dumps(list(values)) if sqlite else list(values)
 
+    return (
+        arr(selection.ids),
+        selection.source,
+        selection.since,
+        selection.until,
+        arr(selection.statuses),
+        selection.limit,
+    )
+
+
+async def select(box: Relaybox, selection: Selection) -> list[Candidate]:
+    """The rows ``selection`` matches now, changing nothing (``relaybox replay
+    --dry-run``, and the CLI's progress over long ranges)."""
+    store = box.store
+    async with store.transaction() as conn:
+        result = await conn.exec_driver_sql(store.q["replay_select"], _params(box, selection))
+        rows: list[Any] = list(result)
+        return [Candidate(r[0], r[1], r[2], bool(r[3])) for r in rows]
+
+
+async def replay(box: Relaybox, selection: Selection, *, actor: str, reason: str) -> ReplayResult:
+    """Put the selected rows back to pending, in one transaction, and record why."""
+    if not actor or not reason:
+        raise ValueError("a replay needs an actor and a reason")
+    store = box.store
     result = ReplayResult()
     now = box.clock.now()
     async with store.transaction() as conn:
-        rows = (
-            await conn.exec_driver_sql(
-                store.q["replay_select"],
-                (
-                    arr(selection.ids),
-                    selection.source,
-                    selection.since,
-                    selection.until,
-                    arr(selection.statuses),
-                    selection.limit,
-                ),
-            )
-        ).all()
+        selected = await conn.exec_driver_sql(store.q["replay_select"], _params(box, selection))
+        rows: list[Any] = list(selected)
         for inbox_id, status, dead_reason, purged in rows:
             if purged:
                 result.purged.append(inbox_id)
@@ -96,6 +116,8 @@ async def replay(box: Relaybox, selection: Selection, *, actor: str, reason: str
             if marked is None:
                 result.skipped.append(inbox_id)
                 continue
+            # Judged again: a projection may now accept or refuse it anew.
+            await conn.exec_driver_sql(store.q["inbox_clear_superseded"], (inbox_id,))
             await conn.exec_driver_sql(
                 store.q["replay_record"], (inbox_id, actor, reason, status, dead_reason, now)
             )

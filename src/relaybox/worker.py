@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox import projections
 from relaybox.errors import OperationConflict, PermanentError
 from relaybox.retry import Backoff
 from relaybox.store import InboxEvent
@@ -119,6 +120,14 @@ class Context:
         if not created and stored != fingerprint:
             raise OperationConflict(business_key, stored, fingerprint)
         return created
+
+    async def project(
+        self, resource_key: str, version: str | int | None, state: Any, **options: Any
+    ) -> bool:
+        """Write ``state`` as ``resource_key``'s current state only if ``version`` is
+        newer than the stored one; a stale event is marked superseded and still
+        completes (:mod:`relaybox.projections`)."""
+        return await projections.project(self, resource_key, version, state, **options)
 
 
 class Hooks:

@@ -232,13 +232,20 @@ class Store:
         """(applied, latest known) migration versions; applied is 0 on an empty database."""
         latest = max(v for v, _, _ in load_migrations(self.backend))
         async with self.connect() as conn:
-            try:
-                row = (
-                    await conn.exec_driver_sql("SELECT max(version) FROM relaybox_migrations")
-                ).first()
-            except Exception:
+            if not await self._has_migrations_table(conn):
                 return (0, latest)
+            row = (
+                await conn.exec_driver_sql("SELECT max(version) FROM relaybox_migrations")
+            ).first()
         return ((row[0] or 0) if row else 0, latest)
+
+    async def _has_migrations_table(self, conn: AsyncConnection) -> bool:
+        """Whether ``migrate`` ever ran (other errors must surface, not read as 0)."""
+        from sqlalchemy import inspect
+
+        return bool(
+            await conn.run_sync(lambda sync: inspect(sync).has_table("relaybox_migrations"))
+        )
 
     async def _lock_migrations(self, conn: AsyncConnection) -> None:
         """Serialise concurrent migrators (PostgreSQL: advisory lock)."""

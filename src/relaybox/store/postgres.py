@@ -88,6 +88,17 @@ class PostgresStore(Store):
         """Group commit on the raw driver: the batch insert is one autocommit
         statement; only keys that already existed need a second, transactional step
         (look up the stored fingerprint, quarantine a conflicting newcomer)."""
+        # Rows go in key order: two batches inserting the same keys in different orders
+        # would each wait for the other's row locks (a deadlock fails both batches).
+        order = sorted(range(len(batch)), key=lambda i: batch[i].key)
+        in_order = [batch[i] for i in order]
+        outcomes = await self._accept_sorted(in_order)
+        result: list[AcceptOutcome] = [outcomes[0]] * len(batch)
+        for position, i in enumerate(order):
+            result[i] = outcomes[position]
+        return result
+
+    async def _accept_sorted(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
         now = max(d.received_at for d in batch)
         pool = await self.raw_pool()
         async with pool.acquire() as conn:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,6 +24,22 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 from relaybox.store.base import AcceptOutcome, NewDelivery, Store
 
 __all__ = ["SQLiteStore"]
+
+
+def _switch_to_wal(cur: Any, timeout: float) -> None:
+    """SQLite does not call its busy handler for a journal-mode change, so a file that
+    another connection is writing refuses the switch at once: retry until the busy
+    timeout. This runs once, on the first connection to a file not yet in WAL mode
+    (the mode is persistent), and blocks only while another writer holds the file."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except Exception as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 class SQLiteStore(Store):
@@ -50,9 +67,13 @@ class SQLiteStore(Store):
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=FULL")
+            # busy_timeout first: switching the journal mode needs the lock and would
+            # otherwise fail at once when another process holds it.
             cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            cur.execute("PRAGMA journal_mode")
+            if str(cur.fetchone()[0]).lower() != "wal":
+                _switch_to_wal(cur, busy_timeout_ms / 1000)
+            cur.execute("PRAGMA synchronous=FULL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
 
