@@ -411,19 +411,29 @@ async def test_claim_counts_attempts_holds_and_skips_rows_not_due(store: Store) 
     first = await store.inbox_claim(now=T0 + 1, limit=10, max_attempts=5, hold=30)
     assert first.ids == [a.inbox_id]  # b is not due yet, the ignored row never is
     r = await row(store, a.inbox_id)
-    assert r["attempts"] == 1
+    assert r["attempts"] == 0  # claimed, not started: a crash now charges nothing
     assert r["next_attempt_at"] == T0 + 1 + 30
     assert r["status"] == "pending"
+    assert await store.inbox_start(first.ids, T0 + 1) == {a.inbox_id: 1}
+    assert (await row(store, a.inbox_id))["started_at"] == T0 + 1
 
     # Held back: not claimed again before the hold runs out (a worker may hold it).
     held = await store.inbox_claim(now=T0 + 20, limit=10, max_attempts=5, hold=30)
     assert held.ids == [b.inbox_id]
+    await store.inbox_start(held.ids, T0 + 20)
     assert (await store.inbox_claim(now=T0 + 30, limit=10, max_attempts=5, hold=30)).ids == []
 
+    # a started and never recorded an outcome (its worker died): it comes back as a
+    # suspect, to run alone; its attempts are counted when it starts again.
     again = await store.inbox_claim(now=T0 + 31, limit=10, max_attempts=5, hold=30)
-    assert again.ids == [a.inbox_id]
-    assert (await row(store, a.inbox_id))["attempts"] == 2
+    assert (again.ids, again.suspects) == ([], [a.inbox_id])
+    assert await store.inbox_start(again.suspects, T0 + 31) == {a.inbox_id: 2}
     assert (await row(store, b.inbox_id))["attempts"] == 1
+    # Recording an outcome clears the mark: a retried row is not a suspect.
+    async with store.transaction() as conn:
+        await store.inbox_retry_later(conn, a.inbox_id, at=T0 + 40, error="x", now=T0 + 32)
+    retried = await store.inbox_claim(now=T0 + 40, limit=10, max_attempts=5, hold=30)
+    assert (retried.ids, retried.suspects) == ([a.inbox_id], [])
 
 
 async def test_claim_respects_limit_and_due_order(store: Store) -> None:
@@ -441,8 +451,8 @@ async def test_claim_dead_letters_exhausted_rows(store: Store) -> None:
     now = T0
     for attempt in (1, 2):
         claim = await store.inbox_claim(now=now, limit=10, max_attempts=2, hold=30)
-        assert claim.ids == [poison.inbox_id]
-        assert (await row(store, poison.inbox_id))["attempts"] == attempt
+        assert claim.ids + claim.suspects == [poison.inbox_id]
+        assert await store.inbox_start([poison.inbox_id], now) == {poison.inbox_id: attempt}
         now += 30  # the worker died each time: the hold ran out
     fresh = await accept_one(store, delivery("fresh", at=T0))
 
@@ -524,9 +534,8 @@ async def test_pg_concurrent_claims_never_return_the_same_row(pg_url: str) -> No
         assert len(claimed) == len(set(claimed))
         assert len(claimed) <= 120
         rows = await inbox_rows(stores[0])
-        attempts = {r["id"]: r["attempts"] for r in rows}
-        assert all(attempts[i] == 1 for i in claimed)
-        assert sum(attempts.values()) == len(claimed)
+        held = {r["id"] for r in rows if r["next_attempt_at"] == T0 + 1 + 30}
+        assert held == set(claimed)  # every claimed row is held, no other row is
     finally:
         for s in stores:
             await s.close()
@@ -817,6 +826,7 @@ async def test_stats_counts_each_status(store: Store) -> None:
     assert (await store.inbox_claim(now=T0 + 1, limit=10, max_attempts=1, hold=1)).ids == [
         ids["poison"]
     ]
+    await store.inbox_start([ids["poison"]], T0 + 1)
     exhausted = await store.inbox_claim(now=T0 + 2, limit=10, max_attempts=1, hold=1)
     assert [e[0] for e in exhausted.exhausted] == [ids["poison"]]
 

@@ -116,6 +116,13 @@ class Relaybox:
     def worker(self, **options: Any) -> Worker:
         return Worker(self, **options)
 
+    @property
+    def outbound(self) -> Any:
+        """The sending side: settings, SSRF guard, channels (:mod:`relaybox.outbound`)."""
+        from relaybox.outbound import outbound
+
+        return outbound(self)
+
     def dispatcher(self, **options: Any) -> Any:
         """The outbox dispatcher (``relaybox dispatch``)."""
         from relaybox.outbound.dispatcher import Dispatcher

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from relaybox.errors import ConfigurationError
+from relaybox.outbound.settings import OutboundSettings
 
 __all__ = ["AdminSettings", "RetentionSettings", "Settings", "WorkerSettings", "load_settings"]
 
@@ -92,6 +93,7 @@ class Settings(BaseModel):
     admin: AdminSettings = Field(default_factory=AdminSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    outbound: OutboundSettings = Field(default_factory=OutboundSettings)
     sources: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("admin_token")

@@ -16,6 +16,7 @@ import contextlib
 import structlog
 
 from relaybox.errors import StoreUnavailable
+from relaybox.log import short_error
 from relaybox.store import AcceptOutcome, NewDelivery, Store
 
 __all__ = ["Acceptor"]
@@ -83,7 +84,7 @@ class Acceptor:
                         fut.set_exception(StoreUnavailable("relaybox is shutting down"))
                 raise
             except Exception as exc:
-                log.warning("accept_batch_failed", size=len(batch), error=_describe(exc))
+                log.warning("accept_batch_failed", size=len(batch), error=short_error(exc))
                 for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(StoreUnavailable("the database is unavailable"))
@@ -105,9 +106,3 @@ class Acceptor:
 def _expire(fut: asyncio.Future[AcceptOutcome]) -> None:
     if not fut.done():
         fut.set_exception(StoreUnavailable("the database did not confirm the commit in time"))
-
-
-def _describe(exc: BaseException) -> str:
-    """An error's class and first line, without payloads or parameters."""
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {first[:200]}"

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 import sys
+import traceback
 
 import structlog
 
-__all__ = ["configure_logging", "debug_enabled"]
+__all__ = ["configure_logging", "debug_enabled", "error_text", "short_error"]
 
 _debug = False
 
@@ -37,3 +38,17 @@ def configure_logging(level: str = "info", *, json: bool = True) -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+def error_text(exc: BaseException) -> str:
+    """An exception and where it was raised, for an event's ``last_error``: no local
+    variables, no payload."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
+    return f"{type(exc).__name__}: {str(exc)[:500]}{where}"
+
+
+def short_error(exc: BaseException) -> str:
+    """An error's class and first line (no parameters, payloads or secrets), for logs."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first[:200]}"

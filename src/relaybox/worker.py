@@ -24,7 +24,6 @@ import json
 import os
 import random
 import socket
-import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox import projections
 from relaybox.errors import OperationConflict, PermanentError
+from relaybox.log import error_text, short_error
 from relaybox.retry import Backoff
 from relaybox.store import InboxEvent
 
@@ -185,6 +185,7 @@ class Worker:
         # single writer serialises anyway and one COMMIT (fsync) serves the batch.
         self.group = group or s.group or (self.batch if sqlite else 1)
         self._slots = asyncio.Semaphore(self.concurrency)
+        self._isolation = asyncio.Lock()
         self.poll_interval = s.poll_interval
         self.claim_hold = s.claim_hold
         self.backoff = Backoff(
@@ -222,7 +223,7 @@ class Worker:
             try:
                 n = await self.run_once()
             except Exception as exc:  # the database went away: back off and retry
-                log.warning("worker_batch_failed", worker=self.name, error=_short(exc))
+                log.warning("worker_batch_failed", worker=self.name, error=short_error(exc))
                 n = 0
             if n == 0 and not self._stopping.is_set():
                 self._wake.clear()
@@ -257,7 +258,7 @@ class Worker:
             await conn.add_listener("relaybox_inbox", lambda *_: self._wake.set())
             return conn
         except Exception as exc:  # polling still finds the rows
-            log.warning("worker_listen_failed", error=_short(exc))
+            log.warning("worker_listen_failed", error=short_error(exc))
             return None
 
     # -- one batch ------------------------------------------------------------
@@ -279,24 +280,49 @@ class Worker:
                 attempts=attempts,
                 error="the worker died during its last attempt",
             )
-        if not claim.ids:
+        if not claim.ids and not claim.suspects:
             return len(claim.exhausted)
         groups = [claim.ids[i : i + self.group] for i in range(0, len(claim.ids), self.group)]
         results = await asyncio.gather(
-            *(self._process_group(ids) for ids in groups), return_exceptions=True
+            *(self._process_group(ids) for ids in groups),
+            *(self._process_suspect(inbox_id) for inbox_id in claim.suspects),
+            return_exceptions=True,
         )
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             raise failures[0]
-        return len(claim.ids)
+        return len(claim.ids) + len(claim.suspects) + len(claim.exhausted)
 
     async def _process_group(self, ids: list[int]) -> None:
         """At most ``concurrency`` of these run at once."""
         async with self._slots:
-            if self.group == 1:
-                await self._process_alone(ids[0])
-            else:
-                await self._process_batch(ids)
+            await self._start_and_process(ids)
+
+    async def _process_suspect(self, inbox_id: int) -> None:
+        """A row whose last attempt never finished may be what killed its worker: run
+        it with nothing else in flight in this process, so that if it kills this one
+        too, only its own attempt is charged."""
+        async with self._isolation:
+            for _ in range(self.concurrency):
+                await self._slots.acquire()
+            try:
+                await self._start_and_process([inbox_id])
+            finally:
+                for _ in range(self.concurrency):
+                    self._slots.release()
+
+    async def _start_and_process(self, ids: list[int]) -> None:
+        # The attempt is counted as the events start, not at the claim: rows still
+        # waiting for a slot are not charged if the process dies meanwhile.
+        started = await self.box.store.inbox_start(ids, self.box.clock.now())
+        ids = [i for i in ids if i in started]
+        if not ids:
+            return
+        if self.group == 1:
+            for inbox_id in ids:
+                await self._process_alone(inbox_id)
+        else:
+            await self._process_batch(ids)
 
     async def _process_alone(self, inbox_id: int) -> None:
         """One event, one transaction, no savepoint: a failure rolls the whole
@@ -325,7 +351,7 @@ class Worker:
             # The COMMIT's answer may be lost: nothing is applied again here. The row
             # comes back after the hold, and its business keys say what happened.
             log.warning(
-                "worker_commit_uncertain", worker=self.name, ids=[inbox_id], error=_short(exc)
+                "worker_commit_uncertain", worker=self.name, ids=[inbox_id], error=short_error(exc)
             )
             raise
 
@@ -346,7 +372,9 @@ class Worker:
                 await self.hooks.fire("before_commit", [e.id for e in events])
             await self.hooks.fire("after_commit", [e.id for e in events])
         except Exception as exc:
-            log.warning("worker_commit_uncertain", worker=self.name, ids=ids, error=_short(exc))
+            log.warning(
+                "worker_commit_uncertain", worker=self.name, ids=ids, error=short_error(exc)
+            )
             raise
 
     async def process(self, conn: AsyncConnection, event: InboxEvent) -> _Outcome:
@@ -376,7 +404,7 @@ class Worker:
         except PermanentError as exc:
             return ctx, _Outcome("invalid", str(exc) or type(exc).__name__)
         except Exception as exc:
-            return ctx, _Outcome("retry", _error_text(exc))
+            return ctx, _Outcome("retry", error_text(exc))
 
     async def _record(
         self,
@@ -432,15 +460,3 @@ class Worker:
             log.warning("event_retry", error=outcome.error, **fields)
         else:
             log.error("event_dead", reason=kind, error=outcome.error, **fields)
-
-
-def _error_text(exc: BaseException) -> str:
-    """The exception and where it was raised; no local variables, no payload."""
-    tb = traceback.extract_tb(exc.__traceback__)
-    where = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
-    return f"{type(exc).__name__}: {str(exc)[:500]}{where}"
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text[:200]}"

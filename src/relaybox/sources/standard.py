@@ -69,7 +69,7 @@ def _b64(text: str, what: str) -> bytes:
         raise ConfigurationError(f"standard source: {what} secret is not valid base64") from None
 
 
-def _parse_key(secret: Secret) -> _Key:
+def parse_key(secret: Secret) -> _Key:
     value = secret.value.strip()
     if value.startswith("whpk_"):
         raw = _b64(value[5:], "whpk_")
@@ -116,7 +116,7 @@ def _signatures(header: str) -> list[tuple[str, bytes]]:
     return found
 
 
-def _signed_content(msg_id: str, timestamp: int, body: bytes) -> bytes:
+def signed_content(msg_id: str, timestamp: int, body: bytes) -> bytes:
     return f"{msg_id}.{timestamp}.".encode() + body
 
 
@@ -131,10 +131,10 @@ class StandardSource(Source):
         if isinstance(secrets, (str, Secret)):
             secrets = (secrets,)
         super().__init__(secrets=secrets, **options)
-        self._keys = {secret: _parse_key(secret) for secret in self.secrets}
+        self._keys = {secret: parse_key(secret) for secret in self.secrets}
 
     def _key(self, secret: Secret) -> _Key:
-        return self._keys.get(secret) or _parse_key(secret)
+        return self._keys.get(secret) or parse_key(secret)
 
     def authenticate(
         self, headers: Headers, body: bytes, now: float, check_time: bool
@@ -151,7 +151,7 @@ class StandardSource(Source):
         if not signatures:
             raise BadSignature(f"no v1 or v1a signature in {sig_name} header")
         # The reference library signs the re-formatted integer, not the raw header text.
-        content = _signed_content(msg_id, timestamp, body)
+        content = signed_content(msg_id, timestamp, body)
 
         def matches(secret: Secret) -> bool:
             key = self._key(secret)
@@ -198,7 +198,7 @@ class StandardSource(Source):
     ) -> dict[str, str]:
         key = self._key(secret or self.secrets[0])
         timestamp = int(now)
-        content = _signed_content(event_id, timestamp, body)
+        content = signed_content(event_id, timestamp, body)
         if key.hmac_key is not None:
             mac = hmac.new(key.hmac_key, content, hashlib.sha256).digest()
             signature = "v1," + base64.b64encode(mac).decode()

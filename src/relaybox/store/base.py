@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, ClassVar, Literal
 
@@ -120,13 +120,17 @@ class Claim:
 
     ids: list[int]
     exhausted: list[tuple[int, str, str, str, int]]
+    suspects: list[int] = field(default_factory=list)
+    """Rows whose previous attempt started and never finished: run them alone."""
 
     @classmethod
     def from_rows(cls, rows: Sequence[Any]) -> Claim:
-        """Rows of ``inbox_claim``: (id, status, source, account, event_id, attempts)."""
+        """Rows of ``inbox_claim``: (id, status, source, account, event_id, attempts,
+        suspect)."""
         return cls(
-            ids=sorted(r[0] for r in rows if r[1] == "pending"),
+            ids=sorted(r[0] for r in rows if r[1] == "pending" and not r[6]),
             exhausted=[(r[0], r[2], r[3], r[4], r[5]) for r in rows if r[1] == "dead"],
+            suspects=sorted(r[0] for r in rows if r[1] == "pending" and r[6]),
         )
 
 
@@ -343,6 +347,13 @@ class Store:
         async with self.connect() as conn:
             rows = await self.rows(conn, "inbox_claim", (now, limit, hold, max_attempts))
         return Claim.from_rows(rows)
+
+    async def inbox_start(self, ids: Sequence[int], now: float) -> dict[int, int]:
+        """Count an attempt on ``ids`` as they start, in its own short transaction
+        (durable before any handler runs); return each row's attempt number."""
+        async with self.connect() as conn:
+            rows = await self.rows(conn, "inbox_start", (self._ids(ids), now))
+        return {r[0]: r[1] for r in rows}
 
     async def inbox_lock(self, conn: AsyncConnection, ids: Sequence[int]) -> list[InboxEvent]:
         """Phase 2: lock claimed rows still pending, until the caller's COMMIT."""

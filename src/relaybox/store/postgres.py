@@ -7,6 +7,7 @@ that a worker is processing.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -41,6 +42,8 @@ class PostgresStore(Store):
         super().__init__()
         self.url = url
         self._raw_pool: asyncpg.Pool | None = None
+        self._start_pool: asyncpg.Pool | None = None
+        self._pool_lock = asyncio.Lock()
         self._raw_pool_size = raw_pool_size
         self._connect_timeout = connect_timeout
         self.engine = create_async_engine(
@@ -64,24 +67,42 @@ class PostgresStore(Store):
     async def raw_pool(self) -> asyncpg.Pool:
         """asyncpg pool for relaybox's own hot paths (accept): no SQLAlchemy layer,
         prepared statements cached per connection. Handlers keep SQLAlchemy."""
-        if self._raw_pool is None:
-            self._raw_pool = await asyncpg.create_pool(
-                dsn(self.url),
-                min_size=1,
-                max_size=self._raw_pool_size,
-                timeout=self._connect_timeout,
-                command_timeout=60,
-                server_settings={"application_name": "relaybox"},
-                # These connections never LISTEN, SET or leave a transaction open, so
-                # the default reset (one more round trip per release) buys nothing.
-                reset=_no_reset,
-            )
+        async with self._pool_lock:  # two first callers must not create two pools
+            if self._raw_pool is None:
+                self._raw_pool = await self._create_pool({})
         return self._raw_pool
 
+    async def start_pool(self) -> asyncpg.Pool:
+        """Connections with ``synchronous_commit`` off, for attempt-start marks only."""
+        async with self._pool_lock:
+            if self._start_pool is None:
+                self._start_pool = await self._create_pool({"synchronous_commit": "off"})
+        return self._start_pool
+
+    async def inbox_start(self, ids: Sequence[int], now: float) -> dict[int, int]:
+        pool = await self.start_pool()
+        async with pool.acquire() as conn:
+            rows = await conn.fetch(self.q["inbox_start"], list(ids), now)
+        return {r[0]: r[1] for r in rows}
+
+    async def _create_pool(self, settings: dict[str, str]) -> asyncpg.Pool:
+        return await asyncpg.create_pool(
+            dsn(self.url),
+            min_size=1,
+            max_size=self._raw_pool_size,
+            timeout=self._connect_timeout,
+            command_timeout=60,
+            server_settings={"application_name": "relaybox", **settings},
+            # These connections never LISTEN, SET or leave a transaction open, so
+            # the default reset (one more round trip per release) buys nothing.
+            reset=_no_reset,
+        )
+
     async def close(self) -> None:
-        if self._raw_pool is not None:
-            pool, self._raw_pool = self._raw_pool, None
-            await pool.close()
+        for pool in (self._raw_pool, self._start_pool):
+            if pool is not None:
+                await pool.close()
+        self._raw_pool = self._start_pool = None
         await super().close()
 
     async def inbox_accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:

@@ -58,16 +58,18 @@ ORDER BY id
 FOR NO KEY UPDATE SKIP LOCKED
 
 -- name: inbox_complete
-UPDATE relaybox_inbox SET status = 'done', done_at = $2, updated_at = $2
+UPDATE relaybox_inbox SET status = 'done', done_at = $2, updated_at = $2, started_at = NULL
 WHERE id = ANY($1::bigint[]) AND status = 'pending'
 
 -- name: inbox_retry_later
 -- Only a row still pending is rescheduled: a completion is never overwritten.
-UPDATE relaybox_inbox SET next_attempt_at = $2, last_error = $3, updated_at = $4
+UPDATE relaybox_inbox SET next_attempt_at = $2, last_error = $3, updated_at = $4,
+    started_at = NULL
 WHERE id = $1 AND status = 'pending'
 
 -- name: inbox_kill
-UPDATE relaybox_inbox SET status = 'dead', dead_reason = $2, last_error = $3, updated_at = $4
+UPDATE relaybox_inbox SET status = 'dead', dead_reason = $2, last_error = $3, updated_at = $4,
+    started_at = NULL
 WHERE id = $1 AND status = 'pending'
 
 -- name: attempt_insert
@@ -129,24 +131,33 @@ SELECT id, source, account, event_id, pg_notify('relaybox_inbox', '') IS NULL AS
 FROM ins
 
 -- name: inbox_claim
--- One statement over one index range (the partial index on due pending rows):
--- counts the attempt durably before any handler runs and holds the row back for $3
--- seconds, so a worker killed mid-handler has still used an attempt and its row comes
--- back after the hold. A due row whose budget ($4 attempts) is already used up was
--- being processed when its worker died (a poison event): it goes to dead letters,
--- not round again. SKIP LOCKED passes over rows a running worker holds.
+-- Holds up to $2 due rows back for $3 seconds: nobody else claims them while this
+-- worker starts them. Attempts are counted when an event starts (inbox_start), not
+-- here, so rows waiting their turn are not charged if the process dies. A row whose
+-- last attempt started but never recorded an outcome (started_at still set) was being
+-- processed when its worker died: with its budget ($4) used up it goes to dead
+-- letters; otherwise it comes back flagged as a suspect and runs alone.
+-- One statement over one range of the partial index on due pending rows.
 UPDATE relaybox_inbox i SET
-    attempts = CASE WHEN i.attempts >= $4 THEN i.attempts ELSE i.attempts + 1 END,
-    status = CASE WHEN i.attempts >= $4 THEN 'dead' ELSE 'pending' END,
-    dead_reason = CASE WHEN i.attempts >= $4 THEN 'exhausted' END,
-    last_error = CASE WHEN i.attempts >= $4
+    status = CASE WHEN i.started_at IS NOT NULL AND i.attempts >= $4 THEN 'dead' ELSE 'pending' END,
+    dead_reason = CASE WHEN i.started_at IS NOT NULL AND i.attempts >= $4 THEN 'exhausted' END,
+    last_error = CASE WHEN i.started_at IS NOT NULL AND i.attempts >= $4
         THEN 'attempt ' || i.attempts || ' did not finish: the worker process died'
         ELSE i.last_error END,
-    next_attempt_at = CASE WHEN i.attempts >= $4 THEN i.next_attempt_at ELSE $1 + $3 END,
+    next_attempt_at = CASE WHEN i.started_at IS NOT NULL AND i.attempts >= $4 THEN i.next_attempt_at ELSE $1 + $3 END,
     updated_at = $1
 FROM (SELECT id FROM relaybox_inbox
       WHERE status = 'pending' AND next_attempt_at <= $1
       ORDER BY next_attempt_at LIMIT $2
       FOR NO KEY UPDATE SKIP LOCKED) due
 WHERE i.id = due.id
-RETURNING i.id, i.status, i.source, i.account, i.event_id, i.attempts
+RETURNING i.id, i.status, i.source, i.account, i.event_id, i.attempts,
+          i.started_at IS NOT NULL AS suspect
+
+-- name: inbox_start
+-- An attempt starts: counted durably before the handler runs (a worker killed in the
+-- handler has used it). Sent on a connection with synchronous_commit off: losing the
+-- mark in a crash of the database server costs at most one extra attempt.
+UPDATE relaybox_inbox SET attempts = attempts + 1, started_at = $2
+WHERE id = ANY($1::bigint[]) AND status = 'pending'
+RETURNING id, attempts

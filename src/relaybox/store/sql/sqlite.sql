@@ -40,16 +40,18 @@ WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'
 ORDER BY id
 
 -- name: inbox_complete
-UPDATE relaybox_inbox SET status = 'done', done_at = ?2, updated_at = ?2
+UPDATE relaybox_inbox SET status = 'done', done_at = ?2, updated_at = ?2, started_at = NULL
 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'
 
 -- name: inbox_retry_later
 -- Only a row still pending is rescheduled: a completion is never overwritten.
-UPDATE relaybox_inbox SET next_attempt_at = ?2, last_error = ?3, updated_at = ?4
+UPDATE relaybox_inbox SET next_attempt_at = ?2, last_error = ?3, updated_at = ?4,
+    started_at = NULL
 WHERE id = ?1 AND status = 'pending'
 
 -- name: inbox_kill
-UPDATE relaybox_inbox SET status = 'dead', dead_reason = ?2, last_error = ?3, updated_at = ?4
+UPDATE relaybox_inbox SET status = 'dead', dead_reason = ?2, last_error = ?3, updated_at = ?4,
+    started_at = NULL
 WHERE id = ?1 AND status = 'pending'
 
 -- name: attempt_insert
@@ -84,19 +86,25 @@ FROM relaybox_inbox GROUP BY status, dead_reason
 SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL
 
 -- name: inbox_claim
--- One statement over one index range: counts the attempt before any handler runs and
--- holds the row back ?3 seconds; a due row whose budget (?4) is used up was being
--- processed when its worker died (poison): dead letters, not round again.
+-- Holds up to ?2 due rows back ?3 seconds. Attempts are counted when an event starts
+-- (inbox_start), not here. A row whose last attempt never recorded an outcome
+-- (started_at still set) was running when its worker died: dead once its budget (?4)
+-- is used up, otherwise returned as a suspect to run alone.
 UPDATE relaybox_inbox SET
-    attempts = CASE WHEN attempts >= ?4 THEN attempts ELSE attempts + 1 END,
-    status = CASE WHEN attempts >= ?4 THEN 'dead' ELSE 'pending' END,
-    dead_reason = CASE WHEN attempts >= ?4 THEN 'exhausted' END,
-    last_error = CASE WHEN attempts >= ?4
+    status = CASE WHEN started_at IS NOT NULL AND attempts >= ?4 THEN 'dead' ELSE 'pending' END,
+    dead_reason = CASE WHEN started_at IS NOT NULL AND attempts >= ?4 THEN 'exhausted' END,
+    last_error = CASE WHEN started_at IS NOT NULL AND attempts >= ?4
         THEN 'attempt ' || attempts || ' did not finish: the worker process died'
         ELSE last_error END,
-    next_attempt_at = CASE WHEN attempts >= ?4 THEN next_attempt_at ELSE ?1 + ?3 END,
+    next_attempt_at = CASE WHEN started_at IS NOT NULL AND attempts >= ?4 THEN next_attempt_at ELSE ?1 + ?3 END,
     updated_at = ?1
 WHERE id IN (SELECT id FROM relaybox_inbox
              WHERE status = 'pending' AND next_attempt_at <= ?1
              ORDER BY next_attempt_at LIMIT ?2)
-RETURNING id, status, source, account, event_id, attempts
+RETURNING id, status, source, account, event_id, attempts, started_at IS NOT NULL AS suspect
+
+-- name: inbox_start
+-- An attempt starts: counted durably before the handler runs.
+UPDATE relaybox_inbox SET attempts = attempts + 1, started_at = ?2
+WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'
+RETURNING id, attempts

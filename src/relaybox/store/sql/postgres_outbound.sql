@@ -1,0 +1,274 @@
+-- Named queries of the sending side (PostgreSQL). Parameters are asyncpg's $n; lists
+-- are arrays. The same names, with the same parameters in the same order, are in
+-- sqlite_outbound.sql.
+
+-- name: endpoint_insert
+INSERT INTO relaybox_endpoints
+    (id, tenant, url, description, event_types, status, signature, timeout, schedule,
+     created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, 'enabled', $6, $7, $8, $9, $9)
+
+-- name: endpoint_update
+-- Every mutable field at once: the caller merged the patch into the current row.
+UPDATE relaybox_endpoints
+SET url = $3, description = $4, event_types = $5, signature = $6, timeout = $7,
+    schedule = $8, updated_at = $9
+WHERE id = $1 AND tenant = $2
+RETURNING id
+
+-- name: endpoint_get
+-- One endpoint with its lane settings; $2 NULL reads any tenant (operators).
+SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
+       e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
+       l.max_in_flight, l.rate_limit
+FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
+WHERE e.id = $1 AND ($2::text IS NULL OR e.tenant = $2)
+
+-- name: endpoint_list
+SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
+       e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
+       l.max_in_flight, l.rate_limit
+FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
+WHERE ($1::text IS NULL OR e.tenant = $1)
+ORDER BY e.created_at, e.id
+LIMIT $2
+
+-- name: endpoint_delete
+DELETE FROM relaybox_endpoints WHERE id = $1 AND tenant = $2 RETURNING id
+
+-- name: endpoint_subscribers
+-- Publish fans out to these (read in the publisher's own transaction).
+SELECT id, event_types FROM relaybox_endpoints WHERE tenant = $1 AND status = 'enabled'
+ORDER BY id
+
+-- name: endpoint_set_status
+-- Enabling clears the failure streak: the disable clock starts again.
+UPDATE relaybox_endpoints
+SET status = $2, disabled_reason = $3, updated_at = $4,
+    failing_since = CASE WHEN $2 = 'enabled' THEN NULL ELSE failing_since END
+WHERE id = $1 AND status <> $2
+RETURNING id, tenant, url, failing_since
+
+-- name: endpoint_failed
+-- Starts the failure streak at the first failure after a success.
+UPDATE relaybox_endpoints SET failing_since = COALESCE(failing_since, $2)
+WHERE id = $1
+RETURNING status, failing_since
+
+-- name: endpoint_succeeded
+UPDATE relaybox_endpoints SET failing_since = NULL WHERE id = $1 AND failing_since IS NOT NULL
+
+-- name: endpoint_secret_insert
+INSERT INTO relaybox_endpoint_secrets (endpoint_id, secret, created_at) VALUES ($1, $2, $3)
+
+-- name: endpoint_secret_expire
+-- Rotation: every secret still active keeps signing until $2, no longer.
+UPDATE relaybox_endpoint_secrets SET expires_at = $2
+WHERE endpoint_id = $1 AND (expires_at IS NULL OR expires_at > $2)
+
+-- name: endpoint_secrets_active
+-- Newest first: the order in which they sign.
+SELECT endpoint_id, secret, created_at, expires_at FROM relaybox_endpoint_secrets
+WHERE endpoint_id = ANY($1::text[]) AND (expires_at IS NULL OR expires_at > $2)
+ORDER BY endpoint_id, id DESC
+
+-- name: lane_upsert
+-- Lane settings come from the endpoint (API) or the channel (code); flow state stays.
+INSERT INTO relaybox_lanes (lane, max_in_flight, rate_limit) VALUES ($1, $2, $3)
+ON CONFLICT (lane) DO UPDATE
+SET max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit
+
+-- name: lane_delete
+DELETE FROM relaybox_lanes WHERE lane = $1
+
+-- name: message_insert
+-- The (tenant, idempotency_key) UNIQUE constraint decides which publish is first.
+INSERT INTO relaybox_messages (id, tenant, event_type, idempotency_key, body, created_at)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (tenant, idempotency_key) DO NOTHING
+RETURNING id
+
+-- name: message_get_by_key
+SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+WHERE tenant = $1 AND idempotency_key = $2
+
+-- name: message_get
+SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
+
+-- name: message_list
+-- Newest first, keyset-paginated on (created_at, id) below $3/$4.
+SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR event_type = $2)
+  AND ($3::double precision IS NULL OR (created_at, id) < ($3, $4::text))
+ORDER BY created_at DESC, id DESC
+LIMIT $5
+
+-- name: delivery_insert
+-- One outbox row per subscribed endpoint, in the publisher's transaction. The lane
+-- is the endpoint, so each endpoint has its own in-flight cap and rate limit.
+INSERT INTO relaybox_outbox
+    (channel, key, payload, tenant, status, next_attempt_at, created_at, updated_at,
+     lane, endpoint_id, message_id)
+SELECT 'webhook', $1 || ':' || e.id, 'null', $2, 'pending', $3, $3, $3, e.id, e.id, $1
+FROM unnest($4::text[]) AS e(id)
+ON CONFLICT (channel, key) DO NOTHING
+RETURNING id
+
+-- name: delivery_list
+-- Deliveries of one message, or the undelivered ones (not sent) of a tenant or an
+-- endpoint. Any NULL parameter does not filter.
+SELECT o.id, o.message_id, o.endpoint_id, o.channel, o.key, o.tenant, o.status, o.dead_reason,
+       o.attempts, o.next_attempt_at, o.last_error, o.last_status, o.created_at,
+       o.updated_at, o.sent_at, m.event_type
+FROM relaybox_outbox o LEFT JOIN relaybox_messages m ON m.id = o.message_id
+WHERE ($1::text IS NULL OR o.tenant = $1) AND ($2::text IS NULL OR o.message_id = $2)
+  AND ($3::text IS NULL OR o.endpoint_id = $3)
+  AND (NOT $4::boolean OR o.status <> 'sent')
+ORDER BY o.created_at DESC, o.id DESC
+LIMIT $5
+
+-- name: delivery_redeliver
+-- A finished delivery (sent, dead or held) of the message goes back to pending with
+-- a fresh attempt budget and the same webhook-id; pending rows are already on their
+-- way. Only to endpoints still enabled.
+UPDATE relaybox_outbox o
+SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = $4,
+    lease_owner = NULL, lease_until = NULL, uncertain = false, sent_at = NULL, updated_at = $4
+FROM relaybox_endpoints e
+WHERE e.id = o.endpoint_id AND e.status = 'enabled' AND o.message_id = $1
+  AND ($2::text IS NULL OR o.tenant = $2) AND ($3::text IS NULL OR o.endpoint_id = $3)
+  AND o.status IN ('sent', 'dead', 'held')
+RETURNING o.id
+
+-- name: delivery_recover
+-- Recover: every dead delivery of an endpoint created since $2 (until $3) is retried.
+UPDATE relaybox_outbox
+SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = $4,
+    lease_owner = NULL, lease_until = NULL, uncertain = false, updated_at = $4
+WHERE endpoint_id = $1 AND status = 'dead' AND created_at >= $2
+  AND ($3::double precision IS NULL OR created_at < $3)
+RETURNING id
+
+-- name: delivery_kill_endpoint
+-- An endpoint disabled or deleted: its waiting rows go to dead letters (recoverable).
+-- Rows under a live lease, or locked by a dispatcher recording them, are left to it
+-- (SKIP LOCKED: no lock-order deadlock with a concurrent record).
+UPDATE relaybox_outbox SET status = 'dead', dead_reason = $2, updated_at = $3
+WHERE id IN (SELECT id FROM relaybox_outbox
+             WHERE endpoint_id = $1 AND status = 'pending'
+               AND (lease_until IS NULL OR lease_until <= $3)
+             FOR NO KEY UPDATE SKIP LOCKED)
+
+-- name: delivery_attempts
+SELECT a.outbox_id, o.endpoint_id, a.attempt, a.started_at, a.duration, a.outcome,
+       a.status_code, a.error, a.response
+FROM relaybox_outbox_attempts a JOIN relaybox_outbox o ON o.id = a.outbox_id
+WHERE o.message_id = $1 AND ($2::text IS NULL OR o.tenant = $2)
+ORDER BY a.id
+
+-- name: event_type_upsert
+INSERT INTO relaybox_event_types (name, description, schema, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $4)
+ON CONFLICT (name) DO UPDATE
+SET description = excluded.description, schema = excluded.schema, updated_at = excluded.updated_at
+
+-- name: event_type_get
+SELECT name, description, schema FROM relaybox_event_types WHERE name = $1
+
+-- name: event_type_list
+SELECT name, description, schema FROM relaybox_event_types ORDER BY name
+
+-- name: api_key_insert
+INSERT INTO relaybox_api_keys (id, tenant, name, key_hash, created_at) VALUES ($1, $2, $3, $4, $5)
+
+-- name: api_key_lookup
+SELECT id, tenant FROM relaybox_api_keys WHERE key_hash = $1 AND revoked_at IS NULL
+
+-- name: api_key_list
+SELECT id, tenant, name, created_at, revoked_at FROM relaybox_api_keys
+WHERE ($1::text IS NULL OR tenant = $1) ORDER BY created_at, id
+
+-- name: api_key_revoke
+UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL RETURNING id
+
+-- name: outbox_lease_lanes
+-- Lanes with due, unleased rows and room under their in-flight cap and rate limit,
+-- least recently served first (round robin). Locked until the lease commits, so two
+-- dispatchers never lease one lane at once (no cap overshoot); SKIP LOCKED lets the
+-- other dispatcher take other lanes. A lane at capacity is not returned at all, so a
+-- hanging endpoint's backlog never fills a lease. $3: the channels this dispatcher
+-- has (endpoint lanes need "webhook"); a disabled endpoint's lane is skipped.
+SELECT l.lane, l.max_in_flight, l.rate_limit, l.tokens, l.refilled_at, busy.n AS in_flight
+FROM relaybox_lanes l
+LEFT JOIN relaybox_endpoints e ON e.id = l.lane
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM relaybox_outbox f
+    WHERE COALESCE(f.lane, f.channel) = l.lane AND f.status = 'pending'
+      AND f.lease_until IS NOT NULL AND f.lease_until > $1) busy
+WHERE ((e.id IS NULL AND l.lane = ANY($3::text[]))
+       OR (e.status = 'enabled' AND 'webhook' = ANY($3::text[])))
+  AND busy.n < l.max_in_flight
+  AND (l.rate_limit IS NULL OR l.tokens + ($1 - l.refilled_at) * l.rate_limit >= 1)
+  AND EXISTS (SELECT 1 FROM relaybox_outbox o
+              WHERE COALESCE(o.lane, o.channel) = l.lane AND o.status = 'pending'
+                AND o.next_attempt_at <= $1 AND (o.lease_until IS NULL OR o.lease_until <= $1))
+ORDER BY l.leased_at, l.lane
+LIMIT $2
+FOR UPDATE OF l SKIP LOCKED
+
+-- name: outbox_lease_rows
+-- Lease up to $5[i] due rows of lane $4[i]: owner, a fencing token incremented on
+-- every lease, and the attempt counted before any remote call. A row whose previous
+-- lease expired unrecorded is marked uncertain (its outcome is unknown).
+UPDATE relaybox_outbox o
+SET lease_owner = $2, lease_token = COALESCE(o.lease_token, 0) + 1, lease_until = $3,
+    uncertain = (o.lease_until IS NOT NULL), attempts = o.attempts + 1, updated_at = $1
+FROM (SELECT x.id
+      FROM unnest($4::text[], $5::int[]) AS q(lane, n)
+      CROSS JOIN LATERAL (
+          SELECT f.id FROM relaybox_outbox f
+          WHERE COALESCE(f.lane, f.channel) = q.lane AND f.status = 'pending'
+            AND f.next_attempt_at <= $1 AND (f.lease_until IS NULL OR f.lease_until <= $1)
+          ORDER BY f.next_attempt_at, f.id
+          LIMIT q.n
+          FOR NO KEY UPDATE SKIP LOCKED) x) due
+WHERE o.id = due.id
+RETURNING o.id, o.channel, o.key, o.payload, o.tenant, o.lane, o.endpoint_id, o.message_id,
+          o.attempts, o.lease_token, o.uncertain
+
+-- name: lane_mark
+-- Served lanes go to the back of the round robin; their token buckets are debited.
+UPDATE relaybox_lanes l SET leased_at = $1, refilled_at = $1, tokens = u.tokens
+FROM unnest($2::text[], $3::double precision[]) AS u(lane, tokens)
+WHERE l.lane = u.lane
+
+-- name: delivery_messages
+SELECT id, event_type, body FROM relaybox_messages WHERE id = ANY($1::text[])
+
+-- name: delivery_endpoints
+SELECT id, tenant, url, signature, timeout, schedule FROM relaybox_endpoints
+WHERE id = ANY($1::text[])
+
+-- name: outbox_mark_final
+-- Fenced: only the holder of the current lease token records an outcome, so a late
+-- dispatcher whose lease expired (and was taken over) changes nothing.
+UPDATE relaybox_outbox
+SET status = $4, dead_reason = $5, last_error = $6, last_status = $7, updated_at = $3,
+    sent_at = CASE WHEN $4 = 'sent' THEN $3 ELSE sent_at END,
+    lease_owner = NULL, lease_until = NULL
+WHERE id = $1 AND lease_token = $2 AND status = 'pending'
+RETURNING id
+
+-- name: outbox_mark_retry
+UPDATE relaybox_outbox
+SET next_attempt_at = $4, last_error = $5, last_status = $6, updated_at = $3,
+    lease_owner = NULL, lease_until = NULL
+WHERE id = $1 AND lease_token = $2 AND status = 'pending'
+RETURNING id
+
+-- name: outbox_attempt_insert
+INSERT INTO relaybox_outbox_attempts
+    (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
+     error, response)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)

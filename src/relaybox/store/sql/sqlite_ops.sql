@@ -1,0 +1,220 @@
+-- Operating relaybox (SQLite; numbered ?n parameters, same names and order as
+-- postgres_ops.sql): the admin API, the dashboard, `relaybox stats`, /metrics and
+-- retention. Read-mostly; every write is guarded by the state it expects, so two
+-- operators acting at once cannot both discard, resolve or purge the same row.
+
+-- name: ops_inbox_list
+-- Newest first, keyset-paginated on id (?7: the last id of the previous page): a deep
+-- page costs what the first one does, and new arrivals never shift a page.
+SELECT id, source, account, event_id, event_type, tenant, status, dead_reason, attempts,
+       received_at, updated_at, done_at, next_attempt_at, last_error,
+       payload IS NULL AS purged, discarded_at
+FROM relaybox_inbox
+WHERE (?1 IS NULL OR source = ?1)
+  AND (?2 IS NULL OR event_type = ?2)
+  AND (?3 IS NULL OR status = ?3)
+  AND (?4 IS NULL OR tenant = ?4)
+  AND (?5 IS NULL OR received_at >= ?5)
+  AND (?6 IS NULL OR received_at < ?6)
+  AND (?7 IS NULL OR id < ?7)
+ORDER BY id DESC
+LIMIT ?8
+
+-- name: ops_dead_list
+-- Dead letters still waiting for an operator (discarded ones have left the queue).
+SELECT id, source, account, event_id, event_type, tenant, status, dead_reason, attempts,
+       received_at, updated_at, done_at, next_attempt_at, last_error,
+       payload IS NULL AS purged, discarded_at
+FROM relaybox_inbox
+WHERE status = 'dead' AND discarded_at IS NULL
+  AND (?1 IS NULL OR source = ?1)
+  AND (?2 IS NULL OR event_type = ?2)
+  AND (?3 IS NULL OR dead_reason = ?3)
+  AND (?4 IS NULL OR tenant = ?4)
+  AND (?5 IS NULL OR received_at >= ?5)
+  AND (?6 IS NULL OR received_at < ?6)
+  AND (?7 IS NULL OR id < ?7)
+ORDER BY id DESC
+LIMIT ?8
+
+-- name: ops_dead_discard
+-- Only an undiscarded dead letter is discarded; the row, its error and attempts stay.
+UPDATE relaybox_inbox
+SET discarded_at = ?2, discarded_by = ?3, discard_reason = ?4, updated_at = ?2
+WHERE id = ?1 AND status = 'dead' AND discarded_at IS NULL
+RETURNING id
+
+-- name: ops_inbox_attempts
+SELECT attempt, outcome, error, worker, started_at, finished_at
+FROM relaybox_inbox_attempts WHERE inbox_id = ?1 ORDER BY attempt, id
+
+-- name: ops_inbox_operations
+-- Business keys recorded while processing this event (kept forever).
+SELECT business_key, fingerprint, created_at
+FROM relaybox_operations WHERE inbox_id = ?1 ORDER BY created_at, business_key
+
+-- name: ops_inbox_outbox
+SELECT id, channel, key, status, attempts, last_error, created_at, sent_at
+FROM relaybox_outbox WHERE inbox_id = ?1 ORDER BY id
+
+-- name: ops_inbox_replays
+SELECT actor, reason, previous_status, previous_reason, replayed_at
+FROM relaybox_replays WHERE inbox_id = ?1 ORDER BY id
+
+-- name: ops_inbox_quarantine
+SELECT id, received_at, resolved_at, resolution
+FROM relaybox_quarantine WHERE inbox_id = ?1 ORDER BY id
+
+-- name: ops_quarantine_list
+-- ?2: NULL any, true resolved only, false open only.
+SELECT q.id, q.inbox_id, q.source, q.account, q.event_id, q.event_type, q.tenant,
+       q.received_at, q.resolved_at, q.resolution, q.resolved_by, q.resolution_reason,
+       i.status AS original_status
+FROM relaybox_quarantine q JOIN relaybox_inbox i ON i.id = q.inbox_id
+WHERE (?1 IS NULL OR q.source = ?1)
+  AND (?2 IS NULL OR (q.resolved_at IS NOT NULL) = ?2)
+  AND (?3 IS NULL OR q.id < ?3)
+ORDER BY q.id DESC
+LIMIT ?4
+
+-- name: ops_quarantine_get
+-- A quarantined delivery next to the original it collided with.
+SELECT q.id, q.inbox_id, q.source, q.account, q.event_id, q.event_type, q.tenant,
+       q.received_at, q.resolved_at, q.resolution, q.resolved_by, q.resolution_reason,
+       q.payload, q.headers, q.purged_at,
+       i.status AS original_status, i.event_type AS original_event_type,
+       i.received_at AS original_received_at, i.payload AS original_payload,
+       i.headers AS original_headers, i.purged_at AS original_purged_at
+FROM relaybox_quarantine q JOIN relaybox_inbox i ON i.id = q.inbox_id
+WHERE q.id = ?1
+
+-- name: ops_quarantine_resolve
+-- Records the operator's decision once; the original inbox row is not touched.
+UPDATE relaybox_quarantine
+SET resolved_at = ?2, resolution = ?3, resolved_by = ?4, resolution_reason = ?5
+WHERE id = ?1 AND resolved_at IS NULL
+RETURNING id
+
+-- name: ops_stats_inbox
+-- One row per (source, status, reason, discarded), in three parts so each reads an
+-- index: finished rows from (status, source), pending rows from the partial "due"
+-- index (they are few: oldest, retrying and attempts cost nothing), dead rows from
+-- the partial "dead" index. Nothing here scans the payloads.
+SELECT source, status, '' AS reason, false AS discarded, count(*) AS n,
+       NULL AS oldest, 0 AS retrying, 0 AS attempts
+FROM relaybox_inbox WHERE status IN ('done', 'ignored')
+GROUP BY source, status
+UNION ALL
+SELECT source, 'pending', '', false, count(*), min(received_at),
+       sum(CASE WHEN attempts > 0 THEN 1 ELSE 0 END), sum(attempts)
+FROM relaybox_inbox WHERE status = 'pending'
+GROUP BY source
+UNION ALL
+SELECT source, 'dead', coalesce(dead_reason, ''), discarded_at IS NOT NULL, count(*),
+       NULL, 0, 0
+FROM relaybox_inbox WHERE status = 'dead'
+GROUP BY source, coalesce(dead_reason, ''), discarded_at IS NOT NULL
+
+-- name: ops_stats_quarantine
+SELECT source, count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL GROUP BY 1
+
+-- name: ops_stats_outbox
+-- The outbox queue by channel (its "source"), same shape as the inbox rows.
+SELECT channel AS source, status, coalesce(dead_reason, '') AS reason, false AS discarded,
+       count(*) AS n,
+       min(CASE WHEN status = 'pending' THEN created_at END) AS oldest,
+       sum(CASE WHEN status = 'pending' AND attempts > 0 THEN 1 ELSE 0 END) AS retrying,
+       sum(CASE WHEN status = 'pending' THEN attempts ELSE 0 END) AS attempts
+FROM relaybox_outbox
+GROUP BY 1, 2, 3
+
+-- name: ops_throughput
+-- Deliveries accepted per minute since ?1, by their status now (the overview chart).
+SELECT CAST(received_at / 60 AS INTEGER) AS minute, status, count(*) AS n
+FROM relaybox_inbox
+WHERE received_at >= ?1
+GROUP BY 1, 2
+
+-- name: ops_purge_count
+-- What ops_purge_inbox would drop for cutoff ?1: finished rows (done, ignored, dead
+-- and discarded) whose payload is still there, unless an open quarantine entry needs
+-- the original for comparison. Pending and undiscarded dead rows are never candidates.
+SELECT count(*) FROM relaybox_inbox i
+WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
+  AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
+  AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
+                  WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+
+-- name: ops_purge_inbox
+-- One batch: drop payload and headers, keep key, fingerprint, status and outcome.
+-- No SKIP LOCKED: BEGIN IMMEDIATE already makes this the only writer until COMMIT.
+UPDATE relaybox_inbox SET payload = NULL, headers = NULL, purged_at = ?2
+WHERE id IN (SELECT i.id FROM relaybox_inbox i
+             WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
+               AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
+               AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
+                               WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+             ORDER BY i.updated_at LIMIT ?3)
+  AND payload IS NOT NULL AND status <> 'pending'
+RETURNING id
+
+-- name: ops_purge_quarantine_count
+SELECT count(*) FROM relaybox_quarantine
+WHERE payload IS NOT NULL AND resolved_at IS NOT NULL AND resolved_at < ?1
+
+-- name: ops_purge_quarantine
+-- Resolved quarantine entries lose their payload like finished events do.
+UPDATE relaybox_quarantine SET payload = NULL, headers = NULL, purged_at = ?2
+WHERE id IN (SELECT id FROM relaybox_quarantine
+             WHERE payload IS NOT NULL AND resolved_at IS NOT NULL AND resolved_at < ?1
+             ORDER BY resolved_at LIMIT ?3)
+RETURNING id
+
+-- name: ops_maintenance_try_lock
+-- SQLite runs one process per database file; each purge batch is its own write
+-- transaction (BEGIN IMMEDIATE) and purging twice is harmless, so no lock is needed.
+SELECT 1
+
+-- name: ops_maintenance_unlock
+SELECT 1
+
+-- name: ops_db_now
+-- The database server's clock (doctor compares it with this machine's).
+-- In-process on SQLite: the same clock as this machine's, read through SQLite.
+SELECT (julianday('now') - 2440587.5) * 86400.0
+
+-- name: ops_migrations_applied
+SELECT version FROM relaybox_migrations ORDER BY version
+
+-- name: ops_table_exists
+SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1
+
+-- name: ops_endpoint_health
+-- Delivery attempts per endpoint since ?1: how many, how many were accepted (outcome
+-- sent), the last one. The overview's success rate and the endpoints page read it.
+SELECT o.endpoint_id, count(*) AS attempts,
+       sum(CASE WHEN a.outcome = 'sent' THEN 1 ELSE 0 END) AS succeeded,
+       max(a.started_at) AS last_attempt_at
+FROM relaybox_outbox_attempts a JOIN relaybox_outbox o ON o.id = a.outbox_id
+WHERE a.started_at >= ?1 AND o.endpoint_id IS NOT NULL
+GROUP BY o.endpoint_id
+
+-- name: ops_endpoint_backlog
+-- Undelivered rows per endpoint (the partial index on status <> 'sent' serves it).
+SELECT endpoint_id,
+       sum(CASE WHEN status = 'pending' THEN 1 ELSE 0 END) AS pending,
+       sum(CASE WHEN status = 'dead' THEN 1 ELSE 0 END) AS dead,
+       sum(CASE WHEN status = 'held' THEN 1 ELSE 0 END) AS held,
+       min(CASE WHEN status = 'pending' THEN created_at END) AS oldest
+FROM relaybox_outbox
+WHERE endpoint_id IS NOT NULL AND status <> 'sent'
+GROUP BY endpoint_id
+
+-- name: ops_endpoint_attempts
+-- An endpoint's most recent attempts, newest first.
+SELECT a.outbox_id, o.message_id, a.attempt, a.started_at, a.duration, a.outcome,
+       a.status_code, a.error
+FROM relaybox_outbox_attempts a JOIN relaybox_outbox o ON o.id = a.outbox_id
+WHERE o.endpoint_id = ?1
+ORDER BY a.id DESC
+LIMIT ?2

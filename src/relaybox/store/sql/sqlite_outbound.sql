@@ -1,0 +1,246 @@
+-- Named queries of the sending side (SQLite). Parameters are numbered (?n) in the
+-- same order as postgres_outbound.sql; lists come as JSON arrays (json_each). One
+-- writer at a time: BEGIN IMMEDIATE already excludes other leasers until COMMIT, so
+-- no SKIP LOCKED is needed.
+
+-- name: endpoint_insert
+INSERT INTO relaybox_endpoints
+    (id, tenant, url, description, event_types, status, signature, timeout, schedule,
+     created_at, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, 'enabled', ?6, ?7, ?8, ?9, ?9)
+
+-- name: endpoint_update
+UPDATE relaybox_endpoints
+SET url = ?3, description = ?4, event_types = ?5, signature = ?6, timeout = ?7,
+    schedule = ?8, updated_at = ?9
+WHERE id = ?1 AND tenant = ?2
+RETURNING id
+
+-- name: endpoint_get
+SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
+       e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
+       l.max_in_flight, l.rate_limit
+FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
+WHERE e.id = ?1 AND (?2 IS NULL OR e.tenant = ?2)
+
+-- name: endpoint_list
+SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
+       e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
+       l.max_in_flight, l.rate_limit
+FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
+WHERE (?1 IS NULL OR e.tenant = ?1)
+ORDER BY e.created_at, e.id
+LIMIT ?2
+
+-- name: endpoint_delete
+DELETE FROM relaybox_endpoints WHERE id = ?1 AND tenant = ?2 RETURNING id
+
+-- name: endpoint_subscribers
+SELECT id, event_types FROM relaybox_endpoints WHERE tenant = ?1 AND status = 'enabled'
+ORDER BY id
+
+-- name: endpoint_set_status
+UPDATE relaybox_endpoints
+SET status = ?2, disabled_reason = ?3, updated_at = ?4,
+    failing_since = CASE WHEN ?2 = 'enabled' THEN NULL ELSE failing_since END
+WHERE id = ?1 AND status <> ?2
+RETURNING id, tenant, url, failing_since
+
+-- name: endpoint_failed
+UPDATE relaybox_endpoints SET failing_since = COALESCE(failing_since, ?2)
+WHERE id = ?1
+RETURNING status, failing_since
+
+-- name: endpoint_succeeded
+UPDATE relaybox_endpoints SET failing_since = NULL WHERE id = ?1 AND failing_since IS NOT NULL
+
+-- name: endpoint_secret_insert
+INSERT INTO relaybox_endpoint_secrets (endpoint_id, secret, created_at) VALUES (?1, ?2, ?3)
+
+-- name: endpoint_secret_expire
+UPDATE relaybox_endpoint_secrets SET expires_at = ?2
+WHERE endpoint_id = ?1 AND (expires_at IS NULL OR expires_at > ?2)
+
+-- name: endpoint_secrets_active
+SELECT endpoint_id, secret, created_at, expires_at FROM relaybox_endpoint_secrets
+WHERE endpoint_id IN (SELECT value FROM json_each(?1)) AND (expires_at IS NULL OR expires_at > ?2)
+ORDER BY endpoint_id, id DESC
+
+-- name: lane_upsert
+INSERT INTO relaybox_lanes (lane, max_in_flight, rate_limit) VALUES (?1, ?2, ?3)
+ON CONFLICT (lane) DO UPDATE
+SET max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit
+
+-- name: lane_delete
+DELETE FROM relaybox_lanes WHERE lane = ?1
+
+-- name: message_insert
+INSERT INTO relaybox_messages (id, tenant, event_type, idempotency_key, body, created_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+ON CONFLICT (tenant, idempotency_key) DO NOTHING
+RETURNING id
+
+-- name: message_get_by_key
+SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+WHERE tenant = ?1 AND idempotency_key = ?2
+
+-- name: message_get
+SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
+
+-- name: message_list
+SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR event_type = ?2)
+  AND (?3 IS NULL OR (created_at, id) < (?3, ?4))
+ORDER BY created_at DESC, id DESC
+LIMIT ?5
+
+-- name: delivery_insert
+-- "WHERE true" keeps SQLite from reading ON CONFLICT as part of the SELECT's join.
+INSERT INTO relaybox_outbox
+    (channel, key, payload, tenant, status, next_attempt_at, created_at, updated_at,
+     lane, endpoint_id, message_id)
+SELECT 'webhook', ?1 || ':' || e.value, 'null', ?2, 'pending', ?3, ?3, ?3, e.value, e.value, ?1
+FROM json_each(?4) AS e WHERE true
+ON CONFLICT (channel, key) DO NOTHING
+RETURNING id
+
+-- name: delivery_list
+SELECT o.id, o.message_id, o.endpoint_id, o.channel, o.key, o.tenant, o.status, o.dead_reason,
+       o.attempts, o.next_attempt_at, o.last_error, o.last_status, o.created_at,
+       o.updated_at, o.sent_at, m.event_type
+FROM relaybox_outbox o LEFT JOIN relaybox_messages m ON m.id = o.message_id
+WHERE (?1 IS NULL OR o.tenant = ?1) AND (?2 IS NULL OR o.message_id = ?2)
+  AND (?3 IS NULL OR o.endpoint_id = ?3)
+  AND (NOT ?4 OR o.status <> 'sent')
+ORDER BY o.created_at DESC, o.id DESC
+LIMIT ?5
+
+-- name: delivery_redeliver
+UPDATE relaybox_outbox
+SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = ?4,
+    lease_owner = NULL, lease_until = NULL, uncertain = 0, sent_at = NULL, updated_at = ?4
+WHERE message_id = ?1 AND (?2 IS NULL OR tenant = ?2) AND (?3 IS NULL OR endpoint_id = ?3)
+  AND status IN ('sent', 'dead', 'held')
+  AND endpoint_id IN (SELECT id FROM relaybox_endpoints WHERE status = 'enabled')
+RETURNING id
+
+-- name: delivery_recover
+UPDATE relaybox_outbox
+SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = ?4,
+    lease_owner = NULL, lease_until = NULL, uncertain = 0, updated_at = ?4
+WHERE endpoint_id = ?1 AND status = 'dead' AND created_at >= ?2
+  AND (?3 IS NULL OR created_at < ?3)
+RETURNING id
+
+-- name: delivery_kill_endpoint
+UPDATE relaybox_outbox SET status = 'dead', dead_reason = ?2, updated_at = ?3
+WHERE endpoint_id = ?1 AND status = 'pending' AND (lease_until IS NULL OR lease_until <= ?3)
+
+-- name: delivery_attempts
+SELECT a.outbox_id, o.endpoint_id, a.attempt, a.started_at, a.duration, a.outcome,
+       a.status_code, a.error, a.response
+FROM relaybox_outbox_attempts a JOIN relaybox_outbox o ON o.id = a.outbox_id
+WHERE o.message_id = ?1 AND (?2 IS NULL OR o.tenant = ?2)
+ORDER BY a.id
+
+-- name: event_type_upsert
+INSERT INTO relaybox_event_types (name, description, schema, created_at, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?4)
+ON CONFLICT (name) DO UPDATE
+SET description = excluded.description, schema = excluded.schema, updated_at = excluded.updated_at
+
+-- name: event_type_get
+SELECT name, description, schema FROM relaybox_event_types WHERE name = ?1
+
+-- name: event_type_list
+SELECT name, description, schema FROM relaybox_event_types ORDER BY name
+
+-- name: api_key_insert
+INSERT INTO relaybox_api_keys (id, tenant, name, key_hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5)
+
+-- name: api_key_lookup
+SELECT id, tenant FROM relaybox_api_keys WHERE key_hash = ?1 AND revoked_at IS NULL
+
+-- name: api_key_list
+SELECT id, tenant, name, created_at, revoked_at FROM relaybox_api_keys
+WHERE (?1 IS NULL OR tenant = ?1) ORDER BY created_at, id
+
+-- name: api_key_revoke
+UPDATE relaybox_api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL RETURNING id
+
+-- name: outbox_lease_lanes
+-- Lanes with due, unleased rows and room under their in-flight cap and rate limit,
+-- least recently served first (round robin). A lane at capacity is not returned, so
+-- a hanging endpoint's backlog never fills a lease.
+SELECT lane, max_in_flight, rate_limit, tokens, refilled_at, in_flight FROM (
+    SELECT l.lane, l.max_in_flight, l.rate_limit, l.tokens, l.refilled_at, l.leased_at,
+           (SELECT count(*) FROM relaybox_outbox f
+            WHERE COALESCE(f.lane, f.channel) = l.lane AND f.status = 'pending'
+              AND f.lease_until IS NOT NULL AND f.lease_until > ?1) AS in_flight
+    FROM relaybox_lanes l
+    LEFT JOIN relaybox_endpoints e ON e.id = l.lane
+    WHERE ((e.id IS NULL AND l.lane IN (SELECT value FROM json_each(?3)))
+           OR (e.status = 'enabled' AND 'webhook' IN (SELECT value FROM json_each(?3))))
+      AND (l.rate_limit IS NULL OR l.tokens + (?1 - l.refilled_at) * l.rate_limit >= 1)
+      AND EXISTS (SELECT 1 FROM relaybox_outbox o
+                  WHERE COALESCE(o.lane, o.channel) = l.lane AND o.status = 'pending'
+                    AND o.next_attempt_at <= ?1
+                    AND (o.lease_until IS NULL OR o.lease_until <= ?1)))
+WHERE in_flight < max_in_flight
+ORDER BY leased_at, lane
+LIMIT ?2
+
+-- name: outbox_lease_rows
+-- Lease up to ?5[i] due rows of lane ?4[i] (see postgres_outbound.sql). SET reads the
+-- row's values from before the update, so uncertain says "a lease expired unrecorded".
+UPDATE relaybox_outbox
+SET lease_owner = ?2, lease_token = COALESCE(lease_token, 0) + 1, lease_until = ?3,
+    uncertain = (lease_until IS NOT NULL), attempts = attempts + 1, updated_at = ?1
+WHERE id IN (
+    SELECT id FROM (
+        SELECT o.id, q.n,
+               row_number() OVER (PARTITION BY q.lane ORDER BY o.next_attempt_at, o.id) AS rn
+        FROM (SELECT l.value AS lane, n.value AS n
+              FROM json_each(?4) AS l JOIN json_each(?5) AS n ON n.key = l.key) AS q
+        JOIN relaybox_outbox o ON COALESCE(o.lane, o.channel) = q.lane
+        WHERE o.status = 'pending' AND o.next_attempt_at <= ?1
+          AND (o.lease_until IS NULL OR o.lease_until <= ?1))
+    WHERE rn <= n)
+RETURNING id, channel, key, payload, tenant, lane, endpoint_id, message_id, attempts,
+          lease_token, uncertain
+
+-- name: lane_mark
+UPDATE relaybox_lanes
+SET leased_at = ?1, refilled_at = ?1,
+    tokens = (SELECT t.value FROM json_each(?2) AS l JOIN json_each(?3) AS t ON t.key = l.key
+              WHERE l.value = relaybox_lanes.lane)
+WHERE lane IN (SELECT value FROM json_each(?2))
+
+-- name: delivery_messages
+SELECT id, event_type, body FROM relaybox_messages WHERE id IN (SELECT value FROM json_each(?1))
+
+-- name: delivery_endpoints
+SELECT id, tenant, url, signature, timeout, schedule FROM relaybox_endpoints
+WHERE id IN (SELECT value FROM json_each(?1))
+
+-- name: outbox_mark_final
+UPDATE relaybox_outbox
+SET status = ?4, dead_reason = ?5, last_error = ?6, last_status = ?7, updated_at = ?3,
+    sent_at = CASE WHEN ?4 = 'sent' THEN ?3 ELSE sent_at END,
+    lease_owner = NULL, lease_until = NULL
+WHERE id = ?1 AND lease_token = ?2 AND status = 'pending'
+RETURNING id
+
+-- name: outbox_mark_retry
+UPDATE relaybox_outbox
+SET next_attempt_at = ?4, last_error = ?5, last_status = ?6, updated_at = ?3,
+    lease_owner = NULL, lease_until = NULL
+WHERE id = ?1 AND lease_token = ?2 AND status = 'pending'
+RETURNING id
+
+-- name: outbox_attempt_insert
+INSERT INTO relaybox_outbox_attempts
+    (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
+     error, response)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
