@@ -1,0 +1,551 @@
+"""``relaybox`` commands of the sending side: ``dispatch``, ``endpoints``, ``messages``,
+``api-keys`` and ``event-types``.
+
+The CLI is the operator's: it may act on any tenant's endpoint or message by id.
+Times (``--since``) are ISO 8601 (``2026-03-13T10:30:00Z``) or epoch seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from relaybox import log
+from relaybox.app import Relaybox
+from relaybox.cli import EXIT_FAILED, _run_db, app_options, load_box
+from relaybox.outbound import apikeys, catalog, deliveries, endpoints
+from relaybox.outbound.catalog import InvalidMessage
+from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
+from relaybox.outbound.publish import publish
+
+__all__ = ["COMMANDS"]
+
+
+def _run(box: Relaybox, work: Callable[[], Awaitable[Any]]) -> Any:
+    """Run ``work`` on ``box`` and close it; database trouble exits 3, a refused
+    input exits 2 with its message."""
+
+    # Logs go to stderr so that JSON on stdout stays parseable. Looked up at call time
+    # (not bound at import): tests that silence logging patch relaybox.log.
+    log.configure_logging(box.settings.log_level, json=box.settings.log_json)
+
+    async def run() -> Any:
+        try:
+            return await work()
+        finally:
+            await box.close()
+
+    try:
+        return _run_db(box, run())
+    except (InvalidEndpoint, InvalidMessage, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _model(cls: type[EndpointPatch], **fields: Any) -> Any:
+    try:
+        return cls(**fields)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise click.UsageError(problems) from None
+
+
+def _echo(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def cell(column: str, value: Any) -> str:
+        if value is None:
+            return "-"
+        if column.endswith("_at") and isinstance(value, (int, float)):
+            return datetime.fromtimestamp(value, UTC).isoformat(timespec="seconds")
+        return str(value)
+
+    table = Table(*columns, title=title)
+    for row in rows:
+        table.add_row(*(cell(c, row.get(c)) for c in columns))
+    Console().print(table)
+
+
+def _when(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither ISO 8601 nor epoch seconds") from None
+
+
+def _split(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+async def _endpoint(box: Relaybox, endpoint_id: str) -> endpoints.Endpoint:
+    found = await endpoints.get_endpoint(box, endpoint_id, None)
+    if found is None:
+        raise click.ClickException(f"no endpoint {endpoint_id}")
+    return found
+
+
+# -- dispatch ----------------------------------------------------------------------------
+
+
+@click.command()
+@app_options
+@click.option("--concurrency", type=int, default=None, help="attempts in flight (default 64)")
+def dispatch(
+    app: str | None, config: str | None, database_url: str | None, concurrency: int | None
+) -> None:
+    """Deliver the outbox until SIGTERM/SIGINT (finishing the attempts in flight)."""
+    box = load_box(app, config, database_url)
+    log.configure_logging(box.settings.log_level, json=box.settings.log_json)
+
+    async def run() -> None:
+        dispatcher = box.dispatcher(concurrency=concurrency)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, dispatcher.stop)
+        try:
+            await dispatcher.run()
+        finally:
+            await box.close()
+
+    _run_db(box, run())
+
+
+# -- endpoints -----------------------------------------------------------------------------
+
+_ENDPOINT_COLUMNS = ("id", "tenant", "url", "event_types", "status", "disabled_reason")
+
+
+@click.group("endpoints")
+def endpoints_group() -> None:
+    """Tenants' webhook endpoints."""
+
+
+def _endpoint_options(fn: Any) -> Any:
+    for option in reversed(
+        (
+            click.option("--events", help="comma-separated event types (wildcards: pet.*)"),
+            click.option("--description", default=None),
+            click.option("--signature", type=click.Choice(["standard", "sha256"]), default=None),
+            click.option("--timeout", type=float, default=None, help="seconds per attempt"),
+            click.option("--max-in-flight", type=int, default=None),
+            click.option("--rate-limit", type=float, default=None, help="deliveries per second"),
+        )
+    ):
+        fn = option(fn)
+    return fn
+
+
+@endpoints_group.command("list")
+@app_options
+@click.option("--tenant", default=None, help="only this tenant's")
+@click.option("--json", "as_json", is_flag=True)
+def endpoints_list(
+    app: str | None, config: str | None, database_url: str | None, tenant: str | None, as_json: bool
+) -> None:
+    """List endpoints."""
+    box = load_box(app, config, database_url)
+    found = _run(box, lambda: endpoints.list_endpoints(box, tenant, limit=1000))
+    rows = [{**e.to_json(), "tenant": e.tenant, "status": e.status} for e in found]
+    if as_json:
+        _echo(rows)
+    else:
+        _table(rows, _ENDPOINT_COLUMNS, "endpoints")
+
+
+@endpoints_group.command("create")
+@app_options
+@click.option("--tenant", required=True)
+@click.option("--url", required=True)
+@_endpoint_options
+@click.option("--secret-type", type=click.Choice(["hmac", "ed25519"]), default="hmac")
+def endpoints_create(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    tenant: str,
+    url: str,
+    secret_type: str,
+    **fields: Any,
+) -> None:
+    """Create an endpoint; prints it with its secret (shown to its owner)."""
+    box = load_box(app, config, database_url)
+    spec = _model(
+        EndpointSpec,
+        url=url,
+        secret_type=secret_type,
+        event_types=_split(fields.pop("events")),
+        **fields,
+    )
+    created, secret = _run(box, lambda: endpoints.create_endpoint(box, tenant, spec))
+    _echo({**created.to_json(), "tenant": created.tenant, "secret": secret})
+
+
+@endpoints_group.command("show")
+@app_options
+@click.argument("endpoint_id")
+def endpoints_show(
+    app: str | None, config: str | None, database_url: str | None, endpoint_id: str
+) -> None:
+    """An endpoint, its active secrets and its undelivered rows."""
+    box = load_box(app, config, database_url)
+
+    async def read() -> dict[str, Any]:
+        found = await _endpoint(box, endpoint_id)
+        return {
+            **found.to_json(),
+            "tenant": found.tenant,
+            "secrets": await endpoints.endpoint_secrets(box, endpoint_id, None),
+            "undelivered": await deliveries.list_deliveries(
+                box, None, endpoint_id=endpoint_id, undelivered=True, limit=20
+            ),
+        }
+
+    _echo(_run(box, read))
+
+
+@endpoints_group.command("update")
+@app_options
+@click.argument("endpoint_id")
+@click.option("--url", default=None)
+@_endpoint_options
+def endpoints_update(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    endpoint_id: str,
+    url: str | None,
+    **fields: Any,
+) -> None:
+    """Change an endpoint's settings."""
+    box = load_box(app, config, database_url)
+    patch = _model(EndpointPatch, url=url, event_types=_split(fields.pop("events")), **fields)
+
+    async def update() -> Any:
+        found = await _endpoint(box, endpoint_id)
+        return await endpoints.update_endpoint(box, endpoint_id, found.tenant, patch)
+
+    _echo(_run(box, update).to_json())
+
+
+def _switch(name: str, help_text: str, action: Callable[[Relaybox, str], Awaitable[bool]]) -> Any:
+    @endpoints_group.command(name, help=help_text)
+    @app_options
+    @click.argument("endpoint_id")
+    def command(
+        app: str | None, config: str | None, database_url: str | None, endpoint_id: str
+    ) -> None:
+        box = load_box(app, config, database_url)
+
+        async def act() -> bool:
+            await _endpoint(box, endpoint_id)
+            return await action(box, endpoint_id)
+
+        changed = _run(box, act)
+        click.echo(f"{endpoint_id}: {name}d" if changed else f"{endpoint_id}: unchanged")
+
+    return command
+
+
+async def _delete(box: Relaybox, endpoint_id: str) -> bool:
+    found = await _endpoint(box, endpoint_id)
+    return await endpoints.delete_endpoint(box, endpoint_id, found.tenant)
+
+
+_switch(
+    "enable",
+    "Enable an endpoint (dead letters stay dead: see recover).",
+    lambda box, eid: endpoints.enable_endpoint(box, eid, tenant=None),
+)
+_switch(
+    "disable",
+    "Disable an endpoint; its waiting deliveries become dead letters.",
+    lambda box, eid: endpoints.disable_endpoint(box, eid, tenant=None),
+)
+_switch("delete", "Delete an endpoint and its secrets.", _delete)
+
+
+@endpoints_group.command("rotate-secret")
+@app_options
+@click.argument("endpoint_id")
+@click.option("--grace", type=float, default=None, help="seconds the old secret keeps signing")
+def endpoints_rotate(
+    app: str | None, config: str | None, database_url: str | None, endpoint_id: str, grace: float
+) -> None:
+    """Add a new secret; the old one signs too until the grace period ends."""
+    box = load_box(app, config, database_url)
+
+    async def rotate() -> str | None:
+        await _endpoint(box, endpoint_id)
+        return await endpoints.rotate_secret(box, endpoint_id, None, grace=grace)
+
+    _echo({"endpoint": endpoint_id, "secret": _run(box, rotate)})
+
+
+@endpoints_group.command("recover")
+@app_options
+@click.argument("endpoint_id")
+@click.option("--since", required=True, help="ISO 8601 or epoch seconds")
+@click.option("--until", default=None)
+def endpoints_recover(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    endpoint_id: str,
+    since: str,
+    until: str | None,
+) -> None:
+    """Retry every dead delivery of an endpoint created since a time."""
+    box = load_box(app, config, database_url)
+    start, end = _when(since) or 0.0, _when(until)
+    count = _run(
+        box, lambda: deliveries.recover(box, endpoint_id, since=start, until=end, tenant=None)
+    )
+    if count is None:
+        raise click.ClickException(f"no endpoint {endpoint_id}")
+    click.echo(f"{count} deliveries queued again")
+
+
+# -- messages ------------------------------------------------------------------------------
+
+
+@click.group("messages")
+def messages_group() -> None:
+    """Published messages and their deliveries."""
+
+
+@messages_group.command("publish")
+@app_options
+@click.option("--tenant", required=True)
+@click.option("--type", "event_type", required=True)
+@click.option("--data", default="{}", help="JSON")
+@click.option("--idempotency-key", default=None)
+def messages_publish(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    tenant: str,
+    event_type: str,
+    data: str,
+    idempotency_key: str | None,
+) -> None:
+    """Publish a message (its own transaction)."""
+    box = load_box(app, config, database_url)
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        raise click.BadParameter("--data is not valid JSON") from None
+
+    async def send() -> Any:
+        async with box.store.transaction() as conn:
+            return await publish(
+                box, conn, event_type, payload, tenant=tenant, idempotency_key=idempotency_key
+            )
+
+    message = _run(box, send)
+    _echo({**message.to_json(), "created": message.created, "endpoints": message.endpoints})
+
+
+@messages_group.command("list")
+@app_options
+@click.option("--tenant", default=None)
+@click.option("--event-type", default=None)
+@click.option("--limit", type=int, default=50)
+@click.option("--json", "as_json", is_flag=True)
+def messages_list(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    tenant: str | None,
+    event_type: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Messages, newest first."""
+    box = load_box(app, config, database_url)
+    found = _run(
+        box, lambda: deliveries.list_messages(box, tenant, event_type=event_type, limit=limit)
+    )
+    rows = [{**m.to_json(), "tenant": m.tenant} for m in found]
+    if as_json:
+        _echo(rows)
+    else:
+        _table(rows, ("id", "tenant", "event_type", "created_at"), "messages")
+
+
+@messages_group.command("show")
+@app_options
+@click.argument("message_id")
+def messages_show(
+    app: str | None, config: str | None, database_url: str | None, message_id: str
+) -> None:
+    """A message, its deliveries and every attempt."""
+    box = load_box(app, config, database_url)
+
+    async def read() -> dict[str, Any]:
+        message = await deliveries.get_message(box, message_id, None)
+        if message is None:
+            raise click.ClickException(f"no message {message_id}")
+        return {
+            **message.to_json(),
+            "tenant": message.tenant,
+            "deliveries": await deliveries.list_deliveries(box, None, message_id=message_id),
+            "attempts": await deliveries.list_attempts(box, message_id, None),
+        }
+
+    _echo(_run(box, read))
+
+
+@messages_group.command("redeliver")
+@app_options
+@click.argument("message_id")
+@click.option("--endpoint", "endpoint_id", default=None, help="only to this endpoint")
+def messages_redeliver(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    message_id: str,
+    endpoint_id: str | None,
+) -> None:
+    """Send a message again (same webhook-id) to endpoints whose delivery finished."""
+    box = load_box(app, config, database_url)
+    count = _run(
+        box, lambda: deliveries.redeliver(box, message_id, tenant=None, endpoint_id=endpoint_id)
+    )
+    click.echo(f"{count} deliveries queued again")
+    if count == 0:
+        raise SystemExit(EXIT_FAILED)
+
+
+@messages_group.command("undelivered")
+@app_options
+@click.option("--tenant", default=None)
+@click.option("--endpoint", "endpoint_id", default=None)
+@click.option("--limit", type=int, default=100)
+@click.option("--json", "as_json", is_flag=True)
+def messages_undelivered(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    tenant: str | None,
+    endpoint_id: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Deliveries not sent yet: pending, dead (with the reason) and held."""
+    box = load_box(app, config, database_url)
+    rows = _run(
+        box,
+        lambda: deliveries.list_deliveries(
+            box, tenant, endpoint_id=endpoint_id, undelivered=True, limit=limit
+        ),
+    )
+    if as_json:
+        _echo(rows)
+    else:
+        columns = ("id", "message_id", "endpoint_id", "channel", "status", "dead_reason")
+        _table(rows, (*columns, "attempts", "last_error"), "undelivered")
+
+
+# -- API keys and the event-type catalog ---------------------------------------------------
+
+
+@click.group("api-keys")
+def api_keys_group() -> None:
+    """Tenant keys for /api/v1."""
+
+
+@api_keys_group.command("create")
+@app_options
+@click.option("--tenant", required=True)
+@click.option("--name", default="", help="a label for the key")
+def api_keys_create(
+    app: str | None, config: str | None, database_url: str | None, tenant: str, name: str
+) -> None:
+    """Create a key; it is printed once and stored only as a hash."""
+    box = load_box(app, config, database_url)
+    key_id, key = _run(box, lambda: apikeys.create_api_key(box, tenant, name))
+    _echo({"id": key_id, "tenant": tenant, "key": key})
+
+
+@api_keys_group.command("list")
+@app_options
+@click.option("--tenant", default=None)
+@click.option("--json", "as_json", is_flag=True)
+def api_keys_list(
+    app: str | None, config: str | None, database_url: str | None, tenant: str | None, as_json: bool
+) -> None:
+    """Keys (never the keys themselves)."""
+    box = load_box(app, config, database_url)
+    rows = _run(box, lambda: apikeys.list_api_keys(box, tenant))
+    if as_json:
+        _echo(rows)
+    else:
+        _table(rows, ("id", "tenant", "name", "created_at", "revoked_at"), "API keys")
+
+
+@api_keys_group.command("revoke")
+@app_options
+@click.argument("key_id")
+def api_keys_revoke(
+    app: str | None, config: str | None, database_url: str | None, key_id: str
+) -> None:
+    """Revoke a key at once."""
+    box = load_box(app, config, database_url)
+    if not _run(box, lambda: apikeys.revoke_api_key(box, key_id)):
+        raise click.ClickException(f"no active key {key_id}")
+    click.echo(f"{key_id}: revoked")
+
+
+@click.group("event-types")
+def event_types_group() -> None:
+    """The catalog of published event types."""
+
+
+@event_types_group.command("define")
+@app_options
+@click.argument("name")
+@click.option("--description", default="")
+@click.option("--schema", "schema_file", type=click.File("r"), default=None, help="JSON Schema")
+def event_types_define(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    name: str,
+    description: str,
+    schema_file: Any,
+) -> None:
+    """Add or replace an event type; publishing checks data against its schema."""
+    box = load_box(app, config, database_url)
+    schema = json.load(schema_file) if schema_file else None
+    defined = _run(
+        box, lambda: catalog.define_event_type(box, name, description=description, schema=schema)
+    )
+    _echo(defined.to_json())
+
+
+@event_types_group.command("list")
+@app_options
+def event_types_list(app: str | None, config: str | None, database_url: str | None) -> None:
+    """The catalog."""
+    box = load_box(app, config, database_url)
+    _echo([t.to_json() for t in _run(box, lambda: catalog.list_event_types(box))])
+
+
+COMMANDS = [dispatch, endpoints_group, messages_group, api_keys_group, event_types_group]

@@ -1,0 +1,344 @@
+"""The tenant-facing API, mounted at ``/api/v1`` (``serve`` role ``api``).
+
+Every request carries ``Authorization: Bearer rbk_…``; the key decides the tenant,
+and every query is scoped to it (another tenant's ids answer 404). Answers are JSON;
+errors are ``{"error": code, "message": text}``.
+
+    GET/POST          /endpoints                 list, create (201, with the secret)
+    GET/PATCH/DELETE  /endpoints/{id}
+    GET               /endpoints/{id}/secret     active secrets (rotation: several)
+    POST              /endpoints/{id}/secret/rotate
+    POST              /endpoints/{id}/test       send a test event to this endpoint
+    POST              /endpoints/{id}/recover    retry dead deliveries since a time
+    GET               /endpoints/{id}/deliveries
+    POST/GET          /webhooks                  seed 003: {"url", "events"}
+    POST/GET          /messages                  publish (202) / list
+    GET               /messages/{id}             with its deliveries
+    GET               /messages/{id}/attempts
+    POST              /messages/{id}/redeliver
+    GET               /undelivered               pending, dead and held deliveries
+    GET               /event-types               the catalog, with JSON Schemas
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from relaybox.outbound import apikeys, deliveries, endpoints
+from relaybox.outbound.catalog import InvalidMessage, list_event_types
+from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
+from relaybox.outbound.publish import Message, publish
+from relaybox.outbound.registry import outbound
+from relaybox.outbound.signing import SecretKind
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = ["build_api"]
+
+Handler = Callable[[Request, str], Awaitable[Response]]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class NewMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    event_type: str
+    data: Any = None
+    idempotency_key: str | None = Field(None, max_length=256)
+
+
+class Rotation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    grace_seconds: float | None = Field(None, ge=0, le=7 * 24 * 3600)
+    secret_type: SecretKind | None = None
+
+
+class TestEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    event_type: str = "relaybox.test"
+    data: Any = None
+
+
+class Recovery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    since: float | datetime
+    until: float | datetime | None = None
+
+
+class Redelivery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint_id: str | None = None
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": code, "message": message}, status_code=status)
+
+
+def _epoch(value: float | datetime | None) -> float | None:
+    return value.timestamp() if isinstance(value, datetime) else value
+
+
+def _not_found(what: str) -> ApiError:
+    return ApiError(404, "not_found", f"no such {what}")
+
+
+def build_api(box: Relaybox) -> Starlette:
+    """The ``/api/v1`` Starlette app for ``box``."""
+    max_body = outbound(box).settings.max_payload + 64 * 1024
+
+    def route(path: str, fn: Handler, methods: list[str]) -> Route:
+        async def endpoint(request: Request) -> Response:
+            try:
+                tenant = await _tenant(request)
+                return await fn(request, tenant)
+            except ApiError as exc:
+                return _error(exc.status, exc.code, exc.message)
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+                    for e in exc.errors()
+                )
+                return _error(422, "invalid_request", problems)
+            except InvalidEndpoint as exc:
+                return _error(422, "invalid_endpoint", str(exc))
+            except InvalidMessage as exc:
+                status = 413 if exc.code == "too_large" else 422
+                return _error(status, f"invalid_{exc.code}", str(exc))
+
+        return Route(path, endpoint, methods=methods)
+
+    async def _tenant(request: Request) -> str:
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        tenant = None
+        if scheme.lower() == "bearer":
+            tenant = await apikeys.authenticate(box, key.strip())
+        if tenant is None:
+            raise ApiError(401, "unauthorized", "a valid API key is required (Bearer rbk_…)")
+        return tenant
+
+    async def body(request: Request) -> Any:
+        raw = await request.body()
+        if len(raw) > max_body:
+            raise ApiError(413, "too_large", "the request body is too large")
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError(400, "malformed_json", "the body is not valid JSON") from None
+
+    async def endpoint_of(request: Request, tenant: str) -> endpoints.Endpoint:
+        found = await endpoints.get_endpoint(box, request.path_params["id"], tenant)
+        if found is None:
+            raise _not_found("endpoint")
+        return found
+
+    # -- endpoints -------------------------------------------------------------------
+
+    async def list_endpoints(request: Request, tenant: str) -> Response:
+        found = await endpoints.list_endpoints(box, tenant, limit=_limit(request, 100, 500))
+        return JSONResponse({"data": [e.to_json() for e in found]})
+
+    async def create_endpoint(request: Request, tenant: str) -> Response:
+        spec = EndpointSpec.model_validate(await body(request))
+        created, secret = await endpoints.create_endpoint(box, tenant, spec)
+        return JSONResponse({**created.to_json(), "secret": secret}, status_code=201)
+
+    async def get_endpoint(request: Request, tenant: str) -> Response:
+        return JSONResponse((await endpoint_of(request, tenant)).to_json())
+
+    async def patch_endpoint(request: Request, tenant: str) -> Response:
+        patch = EndpointPatch.model_validate(await body(request))
+        updated = await endpoints.update_endpoint(box, request.path_params["id"], tenant, patch)
+        if updated is None:
+            raise _not_found("endpoint")
+        return JSONResponse(updated.to_json())
+
+    async def delete_endpoint(request: Request, tenant: str) -> Response:
+        if not await endpoints.delete_endpoint(box, request.path_params["id"], tenant):
+            raise _not_found("endpoint")
+        return Response(status_code=204)
+
+    async def get_secret(request: Request, tenant: str) -> Response:
+        found = await endpoints.endpoint_secrets(box, request.path_params["id"], tenant)
+        if found is None:
+            raise _not_found("endpoint")
+        return JSONResponse({"data": found})
+
+    async def rotate_secret(request: Request, tenant: str) -> Response:
+        rotation = Rotation.model_validate(await body(request))
+        secret = await endpoints.rotate_secret(
+            box,
+            request.path_params["id"],
+            tenant,
+            grace=rotation.grace_seconds,
+            kind=rotation.secret_type,
+        )
+        if secret is None:
+            raise _not_found("endpoint")
+        return JSONResponse({"secret": secret}, status_code=201)
+
+    async def send_test(request: Request, tenant: str) -> Response:
+        found = await endpoint_of(request, tenant)
+        if found.status != "enabled":
+            raise ApiError(409, "endpoint_disabled", "enable the endpoint first")
+        test = TestEvent.model_validate(await body(request))
+        data = test.data if test.data is not None else {"message": "relaybox test event"}
+        async with box.store.transaction() as conn:
+            message = await publish(
+                box, conn, test.event_type, data, tenant=tenant, endpoint_ids=[found.id]
+            )
+        return JSONResponse(message.to_json(), status_code=202)
+
+    async def recover(request: Request, tenant: str) -> Response:
+        recovery = Recovery.model_validate(await body(request))
+        count = await deliveries.recover(
+            box,
+            request.path_params["id"],
+            since=_epoch(recovery.since) or 0.0,
+            until=_epoch(recovery.until),
+            tenant=tenant,
+        )
+        if count is None:
+            raise _not_found("endpoint")
+        return JSONResponse({"recovered": count}, status_code=202)
+
+    async def endpoint_deliveries(request: Request, tenant: str) -> Response:
+        found = await endpoint_of(request, tenant)
+        rows = await deliveries.list_deliveries(
+            box,
+            tenant,
+            endpoint_id=found.id,
+            undelivered=request.query_params.get("undelivered") in ("1", "true"),
+            limit=_limit(request, 100, 1000),
+        )
+        return JSONResponse({"data": rows})
+
+    # -- seed 003 ------------------------------------------------------------------------
+
+    async def create_webhook(request: Request, tenant: str) -> Response:
+        spec = EndpointSpec.model_validate(await body(request))
+        created, secret = await endpoints.create_endpoint(box, tenant, spec)
+        answer = {"id": created.id, "url": created.url, "events": created.event_types}
+        return JSONResponse({**answer, "secret": secret}, status_code=201)
+
+    async def list_webhooks(request: Request, tenant: str) -> Response:
+        found = await endpoints.list_endpoints(box, tenant, limit=_limit(request, 100, 500))
+        return JSONResponse(
+            {"data": [{"id": e.id, "url": e.url, "events": e.event_types} for e in found]}
+        )
+
+    # -- messages --------------------------------------------------------------------
+
+    async def create_message(request: Request, tenant: str) -> Response:
+        new = NewMessage.model_validate(await body(request))
+        key = new.idempotency_key or request.headers.get("idempotency-key")
+        async with box.store.transaction() as conn:
+            message = await publish(
+                box, conn, new.event_type, new.data, tenant=tenant, idempotency_key=key
+            )
+        return JSONResponse(message.to_json(), status_code=202 if message.created else 200)
+
+    async def list_messages(request: Request, tenant: str) -> Response:
+        before = None
+        if cursor := request.query_params.get("before"):
+            last = await deliveries.get_message(box, cursor, tenant)
+            if last is None:
+                raise _not_found("message")
+            before = (last.created_at, last.id)
+        found = await deliveries.list_messages(
+            box,
+            tenant,
+            event_type=request.query_params.get("event_type"),
+            before=before,
+            limit=_limit(request, 50, 500),
+        )
+        return JSONResponse({"data": [m.to_json() for m in found]})
+
+    async def message_of(request: Request, tenant: str) -> Message:
+        found = await deliveries.get_message(box, request.path_params["id"], tenant)
+        if found is None:
+            raise _not_found("message")
+        return found
+
+    async def get_message(request: Request, tenant: str) -> Response:
+        message = await message_of(request, tenant)
+        rows = await deliveries.list_deliveries(box, tenant, message_id=message.id)
+        return JSONResponse({**message.to_json(), "deliveries": rows})
+
+    async def get_attempts(request: Request, tenant: str) -> Response:
+        message = await message_of(request, tenant)
+        return JSONResponse({"data": await deliveries.list_attempts(box, message.id, tenant)})
+
+    async def redeliver(request: Request, tenant: str) -> Response:
+        message = await message_of(request, tenant)
+        which = Redelivery.model_validate(await body(request))
+        count = await deliveries.redeliver(
+            box, message.id, tenant=tenant, endpoint_id=which.endpoint_id
+        )
+        return JSONResponse({"redelivered": count}, status_code=202)
+
+    async def undelivered(request: Request, tenant: str) -> Response:
+        rows = await deliveries.list_deliveries(
+            box,
+            tenant,
+            endpoint_id=request.query_params.get("endpoint_id"),
+            undelivered=True,
+            limit=_limit(request, 100, 1000),
+        )
+        return JSONResponse({"data": rows})
+
+    async def event_types(request: Request, tenant: str) -> Response:
+        return JSONResponse({"data": [t.to_json() for t in await list_event_types(box)]})
+
+    return Starlette(
+        routes=[
+            route("/endpoints", list_endpoints, ["GET"]),
+            route("/endpoints", create_endpoint, ["POST"]),
+            route("/endpoints/{id}", get_endpoint, ["GET"]),
+            route("/endpoints/{id}", patch_endpoint, ["PATCH"]),
+            route("/endpoints/{id}", delete_endpoint, ["DELETE"]),
+            route("/endpoints/{id}/secret", get_secret, ["GET"]),
+            route("/endpoints/{id}/secret/rotate", rotate_secret, ["POST"]),
+            route("/endpoints/{id}/test", send_test, ["POST"]),
+            route("/endpoints/{id}/recover", recover, ["POST"]),
+            route("/endpoints/{id}/deliveries", endpoint_deliveries, ["GET"]),
+            route("/webhooks", create_webhook, ["POST"]),
+            route("/webhooks", list_webhooks, ["GET"]),
+            route("/messages", create_message, ["POST"]),
+            route("/messages", list_messages, ["GET"]),
+            route("/messages/{id}", get_message, ["GET"]),
+            route("/messages/{id}/attempts", get_attempts, ["GET"]),
+            route("/messages/{id}/redeliver", redeliver, ["POST"]),
+            route("/undelivered", undelivered, ["GET"]),
+            route("/event-types", event_types, ["GET"]),
+        ]
+    )
+
+
+def _limit(request: Request, default: int, most: int) -> int:
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= most:
+        raise ApiError(422, "invalid_request", f"limit is an integer from 1 to {most}")
+    return int(raw)

@@ -1,0 +1,114 @@
+"""The event-type catalog: the types an application publishes, with JSON Schemas.
+
+The application (not each tenant) owns its event types, so the catalog is one list
+that every tenant reads (``GET /api/v1/event-types``) and subscribes from. A type with
+a schema is checked on publish: a producer bug is refused in the producer's own
+transaction instead of reaching every customer's endpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.errors import RelayboxError
+from relaybox.outbound import db
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = [
+    "EventType",
+    "InvalidMessage",
+    "check_event_type_name",
+    "define_event_type",
+    "list_event_types",
+    "validate_data",
+]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
+
+
+class InvalidMessage(RelayboxError):
+    """A message relaybox refuses to publish; ``code`` says why (``event_type``,
+    ``schema``, ``too_large``, ``idempotency_key``)."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class EventType:
+    name: str
+    description: str
+    schema: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "schema": self.schema}
+
+
+def check_event_type_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidMessage(
+            "an event type is 1-200 characters of letters, digits and . _ : -",
+            code="event_type",
+        )
+    return name
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_text: str) -> Any:
+    schema = json.loads(schema_text)
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema)
+
+
+async def define_event_type(
+    box: Relaybox, name: str, *, description: str = "", schema: dict[str, Any] | None = None
+) -> EventType:
+    """Add or replace a catalog entry. The schema itself is checked first."""
+    check_event_type_name(name)
+    text = None
+    if schema is not None:
+        cls = jsonschema.validators.validator_for(schema)
+        try:
+            cls.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise InvalidMessage(f"not a valid JSON Schema: {exc.message}", code="schema") from None
+        text = json.dumps(schema, sort_keys=True)
+    store = box.store
+    async with store.transaction() as conn:
+        await db.execute(conn, store, "event_type_upsert", name, description, text, box.clock.now())
+    return EventType(name, description, schema)
+
+
+async def list_event_types(box: Relaybox) -> list[EventType]:
+    store = box.store
+    async with store.transaction() as conn:
+        found = await db.rows(conn, store, "event_type_list")
+    return [
+        EventType(r["name"], r["description"], json.loads(r["schema"]) if r["schema"] else None)
+        for r in found
+    ]
+
+
+async def validate_data(box: Relaybox, conn: AsyncConnection, event_type: str, data: Any) -> None:
+    """Raise :class:`InvalidMessage` when the catalog has a schema for ``event_type``
+    and ``data`` does not match it. Types outside the catalog are not checked."""
+    row = await db.first(conn, box.store, "event_type_get", event_type)
+    if row is None or not row["schema"]:
+        return
+    error = jsonschema.exceptions.best_match(_validator(row["schema"]).iter_errors(data))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+        raise InvalidMessage(
+            f"data does not match the schema of {event_type} at {where}: {error.message}",
+            code="schema",
+        )

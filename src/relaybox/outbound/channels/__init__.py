@@ -1,0 +1,27 @@
+"""Channels: the ways out of the outbox. See :mod:`relaybox.outbound.channels.base`
+for the extension point."""
+
+from relaybox.outbound.channels.base import (
+    Channel,
+    Delivery,
+    MessageBody,
+    Outcome,
+    Result,
+    Target,
+)
+from relaybox.outbound.channels.email import EmailChannel, render_message
+from relaybox.outbound.channels.http import HttpChannel
+from relaybox.outbound.channels.webhook import WebhookChannel
+
+__all__ = [
+    "Channel",
+    "Delivery",
+    "EmailChannel",
+    "HttpChannel",
+    "MessageBody",
+    "Outcome",
+    "Result",
+    "Target",
+    "WebhookChannel",
+    "render_message",
+]

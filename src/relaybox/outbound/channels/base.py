@@ -1,0 +1,147 @@
+"""What a channel is: one way out of the outbox (a webhook, an e-mail, a POST).
+
+The dispatcher leases a row, hands the channel a :class:`Delivery` and records the
+:class:`Result` it returns. A channel never touches the database and never retries by
+itself: retries, dead letters and the attempt log belong to the dispatcher, so every
+channel gets them the same way.
+
+Adding a channel (the extension point)::
+
+    class SmsChannel(Channel):
+        uncertain = "review"          # a duplicate SMS costs money: a human decides
+        max_in_flight = 2             # per lane (= per channel for handler rows)
+
+        async def deliver(self, delivery: Delivery) -> Result:
+            ...                       # one attempt; classify what happened
+            return Result("sent")
+
+    relaybox.outbound.outbound(box).channel("sms", SmsChannel())
+
+``uncertain`` is the channel's answer to "my dispatcher died after sending and before
+recording": ``resend`` (the destination deduplicates on ``delivery.key``),
+``review`` (hold the row as ``held`` for a human) or ``accept`` (count it as sent).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from relaybox.outbound.settings import UncertainPolicy
+
+if TYPE_CHECKING:
+    from relaybox.outbound.registry import Outbound
+
+__all__ = ["Channel", "Delivery", "MessageBody", "Outcome", "Result", "Target"]
+
+Outcome = Literal["sent", "retry", "failed", "gone"]
+"""``sent``: done. ``retry``: transient, try again on the schedule. ``failed``:
+permanent, dead letter now. ``gone``: the destination said it no longer exists (410);
+the endpoint is disabled."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A webhook endpoint as the dispatcher loaded it for one attempt."""
+
+    id: str
+    tenant: str
+    url: str
+    signature: Literal["standard", "sha256"]
+    timeout: float | None
+    schedule: tuple[float, ...] | None
+    secrets: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:  # never print secret material
+        return f"Target(id={self.id!r}, tenant={self.tenant!r}, secrets=<{len(self.secrets)}>)"
+
+
+@dataclass(frozen=True)
+class MessageBody:
+    """A published message: its id (the ``webhook-id``) and the exact bytes to send."""
+
+    id: str
+    event_type: str
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One attempt of one outbox row, handed to :meth:`Channel.deliver`."""
+
+    id: int
+    channel: str
+    key: str
+    """Stable across attempts: the idempotency key the destination deduplicates on."""
+    payload: Any
+    tenant: str | None
+    attempt: int
+    lease_token: int
+    uncertain: bool
+    deadline: float
+    """Seconds this attempt may take: the channel's timeout, capped so the result is
+    recorded before the lease runs out."""
+    message: MessageBody | None = None
+    endpoint: Target | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    outcome: Outcome
+    status_code: int | None = None
+    error: str | None = None
+    response: str | None = None
+    """The first bytes of the answer (for the attempt log)."""
+    retry_after: float | None = None
+    """Seconds the destination asked us to wait (``Retry-After``), if any."""
+    timed_out: bool = False
+    """No answer within the timeout (metrics tell timeouts from network errors)."""
+
+
+class Channel(abc.ABC):
+    """Base class of channels. Subclasses implement :meth:`deliver`; the class
+    attributes are defaults that subclasses or constructor arguments override."""
+
+    uncertain: UncertainPolicy = "resend"
+    max_in_flight: int = 4
+    rate_limit: float | None = None
+    """Deliveries per second across all dispatchers; ``None``: no limit."""
+    schedule: Sequence[float] | None = None
+    """Retry delays; ``None``: the outbound settings' schedule."""
+
+    def __init__(
+        self,
+        *,
+        uncertain: UncertainPolicy | None = None,
+        max_in_flight: int | None = None,
+        rate_limit: float | None = None,
+        schedule: Sequence[float] | None = None,
+    ) -> None:
+        if uncertain is not None:
+            self.uncertain = uncertain
+        if max_in_flight is not None:
+            self.max_in_flight = max_in_flight
+        if rate_limit is not None:
+            self.rate_limit = rate_limit
+        if schedule is not None:
+            self.schedule = tuple(schedule)
+        if self.uncertain not in ("resend", "review", "accept"):
+            raise ValueError(f"uncertain must be resend, review or accept, not {self.uncertain!r}")
+        self.name = ""
+        self.outbound: Outbound | None = None
+
+    def bind(self, outbound: Outbound, name: str) -> None:
+        """Called once when the channel is registered under ``name``."""
+        self.outbound = outbound
+        self.name = name
+
+    @abc.abstractmethod
+    async def deliver(self, delivery: Delivery) -> Result:
+        """Make one attempt and classify it. Must return within
+        ``delivery.deadline`` seconds and should not raise: an exception is recorded as
+        a transient failure."""
+
+    async def close(self) -> None:  # noqa: B027 (optional hook, nothing to release here)
+        """Release connections (the dispatcher calls it when it stops)."""

@@ -1,0 +1,215 @@
+"""HTTP out: the guarded client every HTTP channel uses, and the plain POST channel.
+
+:class:`HttpClient` makes one POST per attempt through the SSRF guard and connects only
+to the addresses the guard checked (:class:`VettedResolver`), never follows redirects,
+keeps no cookies between destinations, ignores proxy environment variables and
+reads at most the first bytes of the answer. :func:`classify` turns what happened into
+a :class:`~relaybox.outbound.channels.base.Result`:
+
+    2xx                              sent
+    408, 429, 5xx                    retry (Retry-After honoured within the clamp)
+    timeout, connection, DNS error   retry
+    SSRF guard refused               retry (DNS may change; attempts still run out)
+    410                              gone (the endpoint is disabled)
+    3xx                              failed: a redirect is not followed
+    other 4xx, 1xx                   failed: the receiver rejected it; retrying won't help
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from relaybox.outbound.channels.base import Channel, Delivery, Result
+from relaybox.outbound.schedule import parse_retry_after
+from relaybox.outbound.settings import UncertainPolicy
+from relaybox.outbound.ssrf import Guard, UnsafeDestination, Vetted
+
+__all__ = ["HttpBase", "HttpChannel", "HttpClient", "VettedResolver", "classify"]
+
+USER_AGENT = "relaybox-webhooks/1"
+
+
+def classify(status: int, retry_after: str | None, snippet: bytes) -> Result:
+    text = snippet.decode("utf-8", errors="replace")
+    if 200 <= status < 300:
+        return Result("sent", status_code=status, response=text)
+    if status == 410:
+        return Result("gone", status_code=status, error="410 Gone", response=text)
+    if status in (408, 429) or status >= 500:
+        wait = parse_retry_after(retry_after, time.time())
+        return Result(
+            "retry", status_code=status, error=f"HTTP {status}", response=text, retry_after=wait
+        )
+    if 300 <= status < 400:
+        return Result(
+            "failed", status_code=status, error=f"HTTP {status}: redirects are not followed"
+        )
+    return Result("failed", status_code=status, error=f"HTTP {status}", response=text)
+
+
+class VettedResolver(AbstractResolver):
+    """An aiohttp resolver that answers only with addresses the guard checked, so the
+    connection goes where the check said (no DNS rebinding between check and connect).
+    An unchecked host fails closed."""
+
+    def __init__(self) -> None:
+        self._vetted: dict[str, tuple[str, ...]] = {}
+
+    def vet(self, vetted: Vetted) -> None:
+        self._vetted[vetted.host] = vetted.addresses
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        addresses = self._vetted.get(host)
+        if not addresses:
+            raise OSError(f"{host} was not checked by the SSRF guard")
+        return [
+            ResolveResult(
+                hostname=host,
+                host=address,
+                port=port,
+                family=socket.AF_INET6 if ":" in address else socket.AF_INET,
+                proto=0,
+                flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+            )
+            for address in addresses
+        ]
+
+    async def close(self) -> None:
+        self._vetted.clear()
+
+
+class HttpClient:
+    """One aiohttp session (created in the running loop) behind the SSRF guard."""
+
+    def __init__(self, guard: Guard, *, connect_timeout: float, response_bytes: int) -> None:
+        self.guard = guard
+        self.connect_timeout = connect_timeout
+        self.response_bytes = response_bytes
+        self._resolver = VettedResolver()
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(resolver=self._resolver, use_dns_cache=False, limit=0)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,
+                auto_decompress=False,
+                headers={"User-Agent": USER_AGENT},
+            )
+        return self._session
+
+    async def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], *, seconds: float
+    ) -> Result:
+        try:
+            vetted = await self.guard.check(url)
+        except UnsafeDestination as exc:
+            return Result("retry", error=f"refused by the SSRF guard: {exc}")
+        except OSError as exc:
+            return Result("retry", error=f"DNS: {_short(exc)}")
+        self._resolver.vet(vetted)
+        limits = aiohttp.ClientTimeout(total=seconds, connect=min(self.connect_timeout, seconds))
+        try:
+            async with self._open().post(
+                url, data=body, headers=dict(headers), allow_redirects=False, timeout=limits
+            ) as response:
+                snippet = await response.content.read(self.response_bytes)
+                return classify(response.status, response.headers.get("Retry-After"), snippet)
+        except TimeoutError:
+            return Result("retry", error=f"timed out after {seconds:g} s", timed_out=True)
+        except aiohttp.ClientConnectorError as exc:
+            return Result("retry", error=f"connection failed: {_short(exc)}")
+        except (aiohttp.ClientError, OSError) as exc:
+            return Result("retry", error=f"{type(exc).__name__}: {_short(exc)}")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _short(exc: BaseException) -> str:
+    return (str(exc) or type(exc).__name__).splitlines()[0][:300]
+
+
+class HttpBase(Channel):
+    """A channel speaking HTTP through the outbound's guard (one client per channel)."""
+
+    _client: HttpClient | None = None
+
+    def client(self) -> HttpClient:
+        if self._client is None:
+            assert self.outbound is not None, "register the channel first"
+            s = self.outbound.settings
+            self._client = HttpClient(
+                self.outbound.guard,
+                connect_timeout=s.connect_timeout,
+                response_bytes=s.response_bytes,
+            )
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
+class HttpChannel(HttpBase):
+    """A plain JSON POST with an ``Idempotency-Key`` header (the outbox key, stable
+    across attempts), for APIs that deduplicate on it (Stripe-style).
+
+    With ``url`` the payload is the JSON body; without it the payload is
+    ``{"url": ..., "body": ...}``. The URL passes the same SSRF guard as webhooks.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        uncertain: UncertainPolicy | None = None,
+        max_in_flight: int | None = None,
+        rate_limit: float | None = None,
+        schedule: list[float] | None = None,
+    ) -> None:
+        super().__init__(
+            uncertain=uncertain,
+            max_in_flight=max_in_flight,
+            rate_limit=rate_limit,
+            schedule=schedule,
+        )
+        self.url = url
+        self.headers = dict(headers or {})
+        self.timeout = timeout
+
+    async def deliver(self, delivery: Delivery) -> Result:
+        payload: Any = delivery.payload
+        if self.url is not None:
+            url, body = self.url, payload
+        elif isinstance(payload, Mapping) and isinstance(payload.get("url"), str):
+            url, body = payload["url"], payload.get("body")
+        else:
+            return Result("failed", error='payload needs "url" (the channel has no url)')
+        headers = {
+            "Content-Type": "application/json",
+            "Idempotency-Key": delivery.key,
+            **self.headers,
+        }
+        assert self.outbound is not None
+        timeout = min(self.timeout or self.outbound.settings.timeout, delivery.deadline)
+        data = json.dumps(body, separators=(",", ":")).encode()
+        result = await self.client().post(url, data, headers, seconds=timeout)
+        if result.outcome == "gone":  # no endpoint to disable: a plain permanent failure
+            return Result("failed", status_code=410, error="410 Gone", response=result.response)
+        return result

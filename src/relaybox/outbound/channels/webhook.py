@@ -1,0 +1,47 @@
+"""The webhook channel: a published message, signed, POSTed to a tenant's endpoint.
+
+Each attempt sends the message's stored body (the same bytes every time) with
+``webhook-id`` = the message id (stable: receivers deduplicate on it, also after an
+uncertain resend), a new ``webhook-timestamp`` and a signature by every active secret.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from relaybox.outbound.channels.base import Delivery, Result
+from relaybox.outbound.channels.http import HttpBase
+from relaybox.outbound.signing import sign
+
+if TYPE_CHECKING:
+    from relaybox.outbound.registry import Outbound
+
+__all__ = ["WebhookChannel"]
+
+
+class WebhookChannel(HttpBase):
+    """Standard Webhooks delivery (or seed 003's ``X-Webhook-Signature``) per endpoint.
+    Its uncertain-outcome policy is the outbound setting ``webhook_uncertain``
+    (default ``resend``: the receiver sees the same ``webhook-id`` twice)."""
+
+    def bind(self, outbound: Outbound, name: str) -> None:
+        super().bind(outbound, name)
+        self.uncertain = outbound.settings.webhook_uncertain
+
+    async def deliver(self, delivery: Delivery) -> Result:
+        endpoint, message = delivery.endpoint, delivery.message
+        if endpoint is None or message is None:
+            return Result("failed", error="the endpoint or the message no longer exists")
+        if not endpoint.secrets:
+            return Result("retry", error="the endpoint has no active secret")
+        assert self.outbound is not None
+        headers = sign(
+            msg_id=message.id,
+            timestamp=int(self.outbound.box.clock.now()),
+            body=message.body,
+            secrets=endpoint.secrets,
+            scheme=endpoint.signature,
+        )
+        headers["Content-Type"] = "application/json"
+        timeout = min(endpoint.timeout or self.outbound.settings.timeout, delivery.deadline)
+        return await self.client().post(endpoint.url, message.body, headers, seconds=timeout)

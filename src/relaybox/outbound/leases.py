@@ -1,0 +1,168 @@
+"""Leasing due outbox rows, lane by lane, in one short transaction.
+
+A *lane* is where a row goes: its endpoint (webhook rows) or its channel (rows from
+``ctx.outbox.add``). Each lane has an in-flight cap and an optional rate limit (a
+token bucket). One lease:
+
+1. picks lanes that have due rows *and* room (in-flight below the cap, a token in the
+   bucket), least recently served first, locking them (``SKIP LOCKED``) so that two
+   dispatchers never lease one lane at once and overshoot its cap;
+2. shares the free slots among those lanes round robin, one row each, then a second
+   each, ...;
+3. leases that many rows per lane: owner, a fencing token incremented on every lease,
+   the lease's end, one more attempt counted, ``uncertain`` when the row's previous
+   lease expired without a recorded outcome;
+4. debits the token buckets and sends the served lanes to the back of the queue;
+5. loads what the channels need (message bodies, endpoints, active secrets).
+
+A lane at capacity (a hanging endpoint) is never selected, so its backlog cannot
+crowd out other lanes; its in-flight rows only hold their own slots until timeout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from relaybox.outbound import db
+from relaybox.outbound.channels.base import Delivery, MessageBody, Target
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = ["LEASE_MARGIN", "Lane", "allocate", "lease"]
+
+LEASE_MARGIN = 5.0
+"""Seconds kept between the end of an attempt and the end of its lease, to record."""
+
+
+@dataclass(frozen=True)
+class Lane:
+    lane: str
+    max_in_flight: int
+    rate_limit: float | None
+    tokens: float
+    refilled_at: float
+    in_flight: int
+
+    def room(self, now: float) -> tuple[int, float]:
+        """(rows it may take now, tokens in its bucket now). The bucket holds at most
+        one second of its rate (at least one token): bursts stay small."""
+        room = self.max_in_flight - self.in_flight
+        if self.rate_limit is None:
+            return room, 1.0
+        refill = (now - self.refilled_at) * self.rate_limit
+        tokens = min(max(1.0, self.rate_limit), self.tokens + refill)
+        return min(room, int(tokens)), tokens
+
+
+def allocate(lanes: Sequence[Lane], slots: int, now: float) -> dict[str, int]:
+    """Share ``slots`` among ``lanes`` in order, one row per lane per round."""
+    room = {lane.lane: lane.room(now)[0] for lane in lanes}
+    plan: dict[str, int] = {}
+    while slots > 0:
+        progressed = False
+        for lane in lanes:
+            if slots == 0:
+                break
+            if room[lane.lane] > plan.get(lane.lane, 0):
+                plan[lane.lane] = plan.get(lane.lane, 0) + 1
+                slots -= 1
+                progressed = True
+        if not progressed:
+            break
+    return plan
+
+
+async def lease(
+    box: Relaybox, *, owner: str, slots: int, channels: Sequence[str], lease_ttl: float
+) -> list[Delivery]:
+    """Lease up to ``slots`` due rows of the given channels; see the module docstring."""
+    store = box.store
+    now = box.clock.now()
+    until = now + lease_ttl
+    async with store.transaction() as conn:
+        found = await db.rows(
+            conn, store, "outbox_lease_lanes", now, slots, db.array(store, channels)
+        )
+        lanes = [Lane(**dict(r)) for r in found]
+        plan = allocate(lanes, slots, now)
+        if not plan:
+            return []
+        names = list(plan)
+        leased = await db.rows(
+            conn,
+            store,
+            "outbox_lease_rows",
+            now,
+            owner,
+            until,
+            db.array(store, names),
+            db.array(store, [plan[n] for n in names]),
+        )
+        if not leased:
+            return []
+        taken = Counter(r["lane"] or r["channel"] for r in leased)
+        served = [lane for lane in lanes if taken[lane.lane]]
+        await db.execute(
+            conn,
+            store,
+            "lane_mark",
+            now,
+            db.array(store, [lane.lane for lane in served]),
+            db.array(store, [lane.room(now)[1] - taken[lane.lane] for lane in served]),
+        )
+        messages, endpoints = await _load(box, conn, leased, now)
+    deadline = lease_ttl - LEASE_MARGIN
+    return sorted(
+        (
+            Delivery(
+                id=r["id"],
+                channel=r["channel"],
+                key=r["key"],
+                payload=json.loads(r["payload"]),
+                tenant=r["tenant"],
+                attempt=r["attempts"],
+                lease_token=r["lease_token"],
+                uncertain=bool(r["uncertain"]),
+                deadline=deadline,
+                message=messages.get(r["message_id"]),
+                endpoint=endpoints.get(r["endpoint_id"]),
+            )
+            for r in leased
+        ),
+        key=lambda d: d.id,
+    )
+
+
+async def _load(
+    box: Relaybox, conn: Any, leased: Sequence[Any], now: float
+) -> tuple[dict[str, MessageBody], dict[str, Target]]:
+    store = box.store
+    message_ids = sorted({r["message_id"] for r in leased if r["message_id"]})
+    endpoint_ids = sorted({r["endpoint_id"] for r in leased if r["endpoint_id"]})
+    messages: dict[str, MessageBody] = {}
+    endpoints: dict[str, Target] = {}
+    if message_ids:
+        for r in await db.rows(conn, store, "delivery_messages", db.array(store, message_ids)):
+            messages[r["id"]] = MessageBody(r["id"], r["event_type"], r["body"].encode())
+    if endpoint_ids:
+        secrets: dict[str, list[str]] = {}
+        for r in await db.rows(
+            conn, store, "endpoint_secrets_active", db.array(store, endpoint_ids), now
+        ):
+            secrets.setdefault(r["endpoint_id"], []).append(r["secret"])
+        for r in await db.rows(conn, store, "delivery_endpoints", db.array(store, endpoint_ids)):
+            endpoints[r["id"]] = Target(
+                id=r["id"],
+                tenant=r["tenant"],
+                url=r["url"],
+                signature=r["signature"],
+                timeout=r["timeout"],
+                schedule=tuple(json.loads(r["schedule"])) if r["schedule"] else None,
+                secrets=tuple(secrets.get(r["id"], ())),
+            )
+    return messages, endpoints

@@ -1,0 +1,152 @@
+"""Publishing: one message plus one outbox row per subscribed endpoint, written in the
+caller's own transaction.
+
+    async with box.store.transaction() as conn:          # or the app's own connection
+        await conn.execute(text("UPDATE pets SET status = 'adopted' ..."))
+        await box.publish(conn, "pet.adopted", {"petId": ...}, tenant="client-42")
+
+Either the adoption and its webhooks commit together, or neither exists: no webhook
+for a change that rolled back, no change whose webhook was lost (seed 000's outbox).
+Nothing is sent here; the dispatcher delivers after COMMIT.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.outbound import db
+from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, validate_data
+from relaybox.outbound.registry import outbound
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = ["Message", "envelope_time", "matches", "publish"]
+
+
+@dataclass(frozen=True)
+class Message:
+    """A published message. ``created`` is ``False`` when an earlier publish with the
+    same idempotency key already created it (nothing new was written)."""
+
+    id: str
+    tenant: str
+    event_type: str
+    idempotency_key: str | None
+    body: bytes
+    created_at: float
+    created: bool = True
+    endpoints: tuple[str, ...] = ()
+
+    @property
+    def envelope(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.body)
+        return result
+
+    @classmethod
+    def from_row(cls, row: Any, *, created: bool = False) -> Message:
+        return cls(
+            id=row["id"],
+            tenant=row["tenant"],
+            event_type=row["event_type"],
+            idempotency_key=row["idempotency_key"],
+            body=row["body"].encode(),
+            created_at=row["created_at"],
+            created=created,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "event_type": self.event_type,
+            "idempotency_key": self.idempotency_key,
+            "created_at": self.created_at,
+            "payload": self.envelope,
+        }
+
+
+def envelope_time(now: float) -> str:
+    stamp = datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
+
+
+def matches(event_type: str, patterns: Sequence[str]) -> bool:
+    """Does an endpoint subscribed to ``patterns`` (``*`` wildcards) get this type?"""
+    return any(fnmatch.fnmatchcase(event_type, p) for p in patterns)
+
+
+async def publish(
+    box: Relaybox,
+    conn: AsyncConnection,
+    event_type: str,
+    data: Any,
+    *,
+    tenant: str,
+    idempotency_key: str | None = None,
+    endpoint_ids: Sequence[str] | None = None,
+    api_version: str | None = None,
+) -> Message:
+    """Publish ``data`` as ``event_type`` to ``tenant``'s subscribed, enabled
+    endpoints (or only to ``endpoint_ids`` among them, subscribed or not: test sends)
+    in ``conn``'s transaction. Raises :class:`InvalidMessage` (bad type, data not
+    matching the catalog's schema, body over ``max_payload``)."""
+    ob = outbound(box)
+    store = box.store
+    check_event_type_name(event_type)
+    if not tenant:
+        raise InvalidMessage("a message needs a tenant", code="tenant")
+    if idempotency_key is not None:
+        if not 0 < len(idempotency_key) <= 256:
+            raise InvalidMessage("an idempotency key is 1-256 characters", code="idempotency_key")
+        existing = await db.first(conn, store, "message_get_by_key", tenant, idempotency_key)
+        if existing is not None:
+            return Message.from_row(existing)
+    await validate_data(box, conn, event_type, data)
+    now = box.clock.now()
+    msg_id = db.new_id("msg", now)
+    envelope = {
+        "id": msg_id,
+        "type": event_type,
+        "timestamp": envelope_time(now),
+        "data": data,
+        "apiVersion": api_version or ob.settings.api_version,
+    }
+    text = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
+    if len(text.encode()) > ob.settings.max_payload:
+        raise InvalidMessage(
+            f"the message is over {ob.settings.max_payload} bytes", code="too_large"
+        )
+    inserted = await db.first(
+        conn, store, "message_insert", msg_id, tenant, event_type, idempotency_key, text, now
+    )
+    if inserted is None:  # a concurrent publish with this key committed first
+        existing = await db.first(conn, store, "message_get_by_key", tenant, idempotency_key)
+        return Message.from_row(existing)
+    subscribers = await db.rows(conn, store, "endpoint_subscribers", tenant)
+    if endpoint_ids is not None:
+        wanted = set(endpoint_ids)
+        targets = [r["id"] for r in subscribers if r["id"] in wanted]
+    else:
+        targets = [
+            r["id"] for r in subscribers if matches(event_type, json.loads(r["event_types"]))
+        ]
+    if targets:
+        ids = db.array(store, targets)
+        await db.execute(conn, store, "delivery_insert", msg_id, tenant, now, ids)
+        await store.notify(conn, "outbox")
+    return Message(
+        id=msg_id,
+        tenant=tenant,
+        event_type=event_type,
+        idempotency_key=idempotency_key,
+        body=text.encode(),
+        created_at=now,
+        endpoints=tuple(targets),
+    )

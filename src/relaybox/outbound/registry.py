@@ -1,0 +1,103 @@
+"""The sending side of one :class:`~relaybox.app.Relaybox`: settings, the SSRF guard,
+the registered channels and their metrics.
+
+    from relaybox.outbound import configure, EmailChannel
+
+    outbound = configure(box, timeout=5)                 # settings (see OutboundSettings)
+    outbound.channel("email", EmailChannel(host="smtp.internal", sender="no-reply@x"))
+
+State is kept per box in a weak mapping, so the facade needs no attribute for it and
+a box that goes away takes its channels with it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter
+
+from relaybox.outbound.channels.base import Channel
+from relaybox.outbound.channels.webhook import WebhookChannel
+from relaybox.outbound.schedule import Schedule
+from relaybox.outbound.settings import OutboundSettings
+from relaybox.outbound.ssrf import Guard, Resolver
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = ["Outbound", "configure", "outbound"]
+
+_boxes: weakref.WeakKeyDictionary[Relaybox, Outbound] = weakref.WeakKeyDictionary()
+
+
+class Outbound:
+    """Everything the dispatcher, the API and :func:`publish` share for one box."""
+
+    def __init__(self, box: Relaybox, settings: OutboundSettings) -> None:
+        self.box = box
+        self.settings = settings
+        self.guard = Guard(
+            allow_networks=settings.allow_networks,
+            allow_insecure_loopback=settings.allow_insecure_loopback,
+        )
+        self.channels: dict[str, Channel] = {}
+        # Latency and HTTP status per endpoint are Metrics.observe_delivery's; this
+        # counts what the dispatcher decided (sent, retry, exhausted, held, fenced, ...).
+        self.attempts = Counter(
+            "relaybox_outbound_attempts",
+            "Outbound attempts by channel and the dispatcher's decision.",
+            ["channel", "outcome"],
+            registry=box.metrics.registry,
+        )
+        self.channel("webhook", WebhookChannel())
+
+    def channel(self, name: str, channel: Channel) -> Channel:
+        """Register ``channel`` for outbox rows whose channel is ``name``."""
+        if not name or name.startswith("ep_"):
+            raise ValueError(f"invalid channel name {name!r}")
+        channel.bind(self, name)
+        self.channels[name] = channel
+        return channel
+
+    def update(self, *, resolver: Resolver | None = None, **changes: Any) -> Outbound:
+        """Change settings (validated as a whole) and, for tests, the DNS resolver."""
+        merged = {**self.settings.model_dump(), **changes}
+        self.settings = OutboundSettings.model_validate(merged)
+        # The guard is shared by every channel's client: change it in place.
+        self.guard.configure(
+            allow_networks=self.settings.allow_networks,
+            allow_insecure_loopback=self.settings.allow_insecure_loopback,
+            resolver=resolver,
+        )
+        for name, channel in self.channels.items():
+            channel.bind(self, name)
+        return self
+
+    def schedule(self, delays: Sequence[float] | None = None) -> Schedule:
+        """The retry schedule for ``delays`` (an endpoint's or a channel's), or the
+        default one, with the configured jitter and Retry-After clamp."""
+        s = self.settings
+        return Schedule.of(
+            s.schedule if delays is None else delays,
+            jitter=s.jitter,
+            retry_after_cap=s.retry_after_cap,
+        )
+
+
+def outbound(box: Relaybox) -> Outbound:
+    """The box's sending side, created on first use from ``box.settings.outbound``
+    when the settings carry one, else from the defaults."""
+    found = _boxes.get(box)
+    if found is None:
+        configured = getattr(box.settings, "outbound", None)
+        settings = configured if isinstance(configured, OutboundSettings) else OutboundSettings()
+        found = _boxes[box] = Outbound(box, settings)
+    return found
+
+
+def configure(box: Relaybox, *, resolver: Resolver | None = None, **settings: Any) -> Outbound:
+    """Set outbound settings for ``box`` (see :class:`OutboundSettings`); returns the
+    :class:`Outbound` to register channels on."""
+    return outbound(box).update(resolver=resolver, **settings)

@@ -1,0 +1,88 @@
+"""Settings of the sending side, one validated model.
+
+Kept free of relaybox imports so that ``relaybox.config`` can embed it as
+``Settings.outbound`` (``[outbound]`` in the TOML file, ``RELAYBOX_OUTBOUND__*`` in the
+environment) without an import cycle. Until it does, :func:`relaybox.outbound.configure`
+is where an application sets them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["DEFAULT_SCHEDULE", "OutboundSettings", "UncertainPolicy"]
+
+UncertainPolicy = Literal["resend", "review", "accept"]
+"""What to do when a lease expired before its outcome was recorded: send again under
+the same idempotency key, hold the row for a human, or count it as sent."""
+
+DEFAULT_SCHEDULE: tuple[float, ...] = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
+"""Delays before attempts 2..8 (the first is immediate): 5 s, 5 min, 30 min, 2 h, 5 h,
+10 h, 10 h. About 27.6 hours end to end: a receiver down for a day still gets it."""
+
+
+class OutboundSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: int = Field(default=64, ge=1, description="deliveries in flight per dispatcher")
+    batch: int = Field(default=64, ge=1, le=1000, description="rows leased by one run_once()")
+    poll_interval: float = Field(default=1.0, gt=0, description="seconds between polls when idle")
+    lease_ttl: float = Field(
+        default=60.0, gt=0, description="seconds a leased row is ours; longer than any timeout"
+    )
+    timeout: float = Field(default=15.0, gt=0, description="default total seconds per attempt")
+    connect_timeout: float = Field(default=5.0, gt=0, description="seconds to open a connection")
+    min_timeout: float = Field(default=5.0, gt=0, description="lowest endpoint timeout")
+    max_timeout: float = Field(default=30.0, gt=0, description="highest endpoint timeout")
+    schedule: list[float] = Field(default_factory=lambda: list(DEFAULT_SCHEDULE))
+    jitter: float = Field(default=0.2, ge=0, lt=1, description="±fraction applied to each delay")
+    retry_after_cap: float = Field(
+        default=3600.0, ge=0, description="longest Retry-After honoured, seconds"
+    )
+    disable_after: float = Field(
+        default=5 * 24 * 3600.0, gt=0, description="disable an endpoint failing this long, seconds"
+    )
+    max_payload: int = Field(default=256 * 1024, ge=1024, description="largest message body, bytes")
+    response_bytes: int = Field(default=1024, ge=0, le=65536, description="answer bytes kept")
+    max_in_flight: int = Field(default=4, ge=1, description="default per-endpoint in-flight cap")
+    allow_insecure_loopback: bool = Field(
+        default=False, description="development only: allow http:// to loopback addresses"
+    )
+    allow_networks: list[str] = Field(
+        default_factory=list, description="networks the SSRF guard lets through (CIDR)"
+    )
+    api_version: str = Field(default="v1", description="apiVersion written in every envelope")
+    rotation_grace: float = Field(
+        default=24 * 3600.0, ge=0, description="seconds an old secret still signs"
+    )
+    operational_tenant: str = Field(
+        default="relaybox", min_length=1, description="tenant that receives relaybox.* events"
+    )
+    webhook_uncertain: UncertainPolicy = "resend"
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: list[float]) -> list[float]:
+        if any(d < 0 for d in value):
+            raise ValueError("schedule delays are seconds >= 0")
+        return value
+
+    @field_validator("allow_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for net in value:
+            ipaddress.ip_network(net, strict=False)
+        return value
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if not self.min_timeout <= self.timeout <= self.max_timeout:
+            raise ValueError("timeout must lie within [min_timeout, max_timeout]")
+        # A live dispatcher must always record before its lease runs out, or every
+        # slow attempt would look like a crash.
+        if self.lease_ttl < self.max_timeout + 5:
+            raise ValueError("lease_ttl must exceed max_timeout by at least 5 seconds")
+        return self

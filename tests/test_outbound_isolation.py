@@ -1,0 +1,104 @@
+"""One endpoint that hangs must not slow the others: per-endpoint in-flight caps, lanes
+leased round robin, and a loop that refills free slots without waiting for a batch."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from relaybox import Relaybox
+from relaybox.outbound.leases import Lane, allocate
+from tests.support.outbound_app import endpoint, local, publish_one
+from tests.support.receivers import HttpReceiver, Reply
+
+HANG_TIMEOUT = 5.0
+
+
+async def test_a_hanging_endpoint_does_not_delay_twenty_healthy_ones(box: Relaybox) -> None:
+    local(box)
+    async with HttpReceiver(Reply(hang=True)) as stuck, HttpReceiver() as healthy:
+        hanging, _ = await endpoint(box, stuck.url, timeout=HANG_TIMEOUT, max_in_flight=2)
+        # Its backlog is older than everything else: a FIFO dispatcher would fill
+        # every slot with it and wait for the timeouts.
+        for _ in range(10):
+            await publish_one(box, "order.created", endpoint_ids=[hanging])
+        for i in range(20):
+            await endpoint(box, f"{healthy.url}/{i}")
+        for _ in range(3):
+            await publish_one(box, "order.created")
+
+        dispatcher = box.dispatcher(concurrency=6)
+        started = time.monotonic()
+        running = asyncio.create_task(dispatcher.run())
+        try:
+            await healthy.wait_for(60, within=HANG_TIMEOUT)
+            elapsed = time.monotonic() - started
+            # Well before the first hanging attempt could even time out.
+            assert elapsed < HANG_TIMEOUT / 2, f"healthy deliveries took {elapsed:.2f} s"
+            assert 1 <= stuck.peak_in_flight <= 2  # its cap, not the dispatcher's 6 slots
+            assert {r.path for r in healthy.requests} == {f"/hook/{i}" for i in range(20)}
+        finally:
+            stuck.release()
+            dispatcher.stop()
+            await asyncio.wait_for(running, 10)
+    sent = await box.store.fetch_all(
+        "SELECT endpoint_id FROM relaybox_outbox WHERE status = 'sent'"
+    )
+    healthy_sent = [r for r in sent if r["endpoint_id"] != hanging]
+    assert len(healthy_sent) == 60  # the stuck ones were released at the end: at most 2
+
+
+def test_slots_are_shared_round_robin_within_caps_and_rate_limits() -> None:
+    lanes = [
+        Lane("a", max_in_flight=4, rate_limit=None, tokens=1, refilled_at=0, in_flight=3),
+        Lane("b", max_in_flight=4, rate_limit=None, tokens=1, refilled_at=0, in_flight=0),
+        Lane("c", max_in_flight=10, rate_limit=2.0, tokens=0.0, refilled_at=99.0, in_flight=0),
+    ]
+    # a has 1 free slot, b 4, c's bucket holds 2 tokens after a second at 2/s.
+    assert allocate(lanes, 5, now=100.0) == {"a": 1, "b": 2, "c": 2}
+    assert allocate(lanes, 100, now=100.0) == {"a": 1, "b": 4, "c": 2}
+    assert allocate(lanes, 2, now=100.0) == {"a": 1, "b": 1}
+    room, tokens = lanes[2].room(now=99.2)
+    assert room == 0 and tokens == pytest.approx(0.4)  # no whole token yet
+
+
+async def test_the_rate_limit_spaces_deliveries_across_leases(box: Relaybox) -> None:
+    local(box)
+    clock = box.clock
+    async with HttpReceiver() as receiver:
+        await endpoint(box, receiver.url, rate_limit=2.0)
+        for _ in range(5):
+            await publish_one(box)
+        dispatcher = box.dispatcher()
+        try:
+            # A new lane starts with a full bucket: one second's worth, no more.
+            assert await dispatcher.run_once() == 2
+            assert await dispatcher.run_once() == 0
+            clock.advance(0.5)  # type: ignore[attr-defined]
+            assert await dispatcher.run_once() == 1
+            clock.advance(10)  # type: ignore[attr-defined]
+            assert await dispatcher.run_once() == 2  # ten quiet seconds still allow only 2
+        finally:
+            await dispatcher.close()
+        assert len(receiver.requests) == 5
+
+
+async def test_two_dispatchers_share_a_lane_without_overshooting_its_cap(box: Relaybox) -> None:
+    """Each row is delivered once, and the lane lock keeps the endpoint's in-flight cap
+    across dispatchers (not per dispatcher)."""
+    local(box)
+    async with HttpReceiver(Reply(delay=0.05)) as receiver:
+        await endpoint(box, receiver.url, max_in_flight=2)
+        messages = [await publish_one(box) for _ in range(12)]
+        dispatchers = [box.dispatcher(concurrency=8) for _ in range(2)]
+        running = [asyncio.create_task(d.run()) for d in dispatchers]
+        try:
+            await receiver.wait_for(12, within=10)
+        finally:
+            for d in dispatchers:
+                d.stop()
+            await asyncio.wait_for(asyncio.gather(*running), 10)
+        assert sorted(r.webhook_id for r in receiver.requests) == sorted(m.id for m in messages)
+        assert receiver.peak_in_flight <= 2
