@@ -1,0 +1,238 @@
+"""Dispatch: N outbox rows (20 endpoints, 5 in flight each = 100 in flight) delivered
+by ``relaybox dispatch`` to a local sink answering 200 (aiohttp, its own process and
+core), against a bare aiohttp loop posting the same bodies with 100 in flight, and
+httpx at the same concurrency; then the same with 1 of the 20 endpoints hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from bench.common import ROOT, free_port, fresh_pg_database, table
+
+ENDPOINTS = 20
+IN_FLIGHT = 5
+
+
+def start_sink(port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        ["taskset", "-c", "1", sys.executable, "-m", "bench.sink", str(port)], cwd=ROOT
+    )
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            import urllib.request
+
+            urllib.request.urlopen(
+                urllib.request.Request(f"http://127.0.0.1:{port}/ok/x", data=b"{}"), timeout=1
+            )
+            return proc
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("sink did not start")
+
+
+async def seed(url: str, port: int, n: int, hanging: bool) -> None:
+    os.environ["RELAYBOX_DATABASE_URL"] = url
+    subprocess.run(
+        [sys.executable, "-m", "relaybox", "migrate", "--database-url", url],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
+    from bench.dispatch_app import box
+    from relaybox.outbound.endpoints import EndpointSpec, create_endpoint
+
+    box.settings = box.settings.model_copy(update={"database_url": url})
+    for i in range(ENDPOINTS):
+        path = "hang" if hanging and i == 0 else "ok"
+        await create_endpoint(
+            box,
+            "bench",
+            EndpointSpec(
+                url=f"http://127.0.0.1:{port}/{path}/{i}",
+                event_types=[f"bench.e{i}"],
+                max_in_flight=IN_FLIGHT,
+                timeout=5.0,
+            ),
+        )
+    per = n // ENDPOINTS
+    for start in range(0, per, 250):
+        async with box.store.transaction() as conn:
+            for j in range(start, min(per, start + 250)):
+                for i in range(ENDPOINTS):
+                    await box.publish(conn, f"bench.e{i}", {"n": j, "endpoint": i}, tenant="bench")
+    await box.close()
+
+
+async def relaybox_run(n: int, hanging: bool) -> dict[str, Any]:
+    port = free_port()
+    sink = start_sink(port)
+    url = fresh_pg_database(f"bench_dispatch_{int(hanging)}")
+    try:
+        await seed(url, port, n, hanging)
+        healthy = n - (n // ENDPOINTS if hanging else 0)
+        env = {**os.environ, "RELAYBOX_DATABASE_URL": url, "RELAYBOX_LOG_LEVEL": "warning"}
+        proc = subprocess.Popen(
+            [
+                "taskset",
+                "-c",
+                "0",
+                sys.executable,
+                "-m",
+                "relaybox",
+                "dispatch",
+                "--app",
+                "bench.dispatch_app:box",
+                "--concurrency",
+                "100",
+            ],
+            cwd=ROOT,
+            env=env,
+        )
+        conn = await asyncpg.connect(url)
+        try:
+            deadline = time.time() + 600
+            while (
+                await conn.fetchval("SELECT count(*) FROM relaybox_outbox WHERE status = 'sent'")
+                < healthy
+            ):
+                if time.time() > deadline or proc.poll() is not None:
+                    raise RuntimeError("dispatcher did not deliver everything")
+                await asyncio.sleep(0.2)
+            span = await conn.fetchval(
+                "SELECT max(sent_at) - min(sent_at) FROM relaybox_outbox WHERE status = 'sent'"
+            )
+        finally:
+            await conn.close()
+            proc.terminate()
+            proc.wait(30)
+    finally:
+        sink.kill()  # hanging handlers would hold a graceful stop for a minute
+        sink.wait(10)
+    return {"rate": healthy / span, "note": f"{healthy} delivered to healthy endpoints"}
+
+
+def bodies(n: int) -> list[bytes]:
+    return [
+        json.dumps(
+            {
+                "id": f"msg_{j}",
+                "type": "bench.e",
+                "timestamp": "2026-11-30T00:00:00Z",
+                "data": {"n": j},
+                "apiVersion": "v1",
+            }
+        ).encode()
+        for j in range(n)
+    ]
+
+
+async def aiohttp_run(n: int) -> dict[str, Any]:
+    port = free_port()
+    sink = start_sink(port)
+    try:
+        payloads = bodies(n)
+        sem = asyncio.Semaphore(100)
+        connector = aiohttp.TCPConnector(limit=100)
+        async with aiohttp.ClientSession(connector=connector) as http:
+
+            async def post(j: int, body: bytes) -> None:
+                async with (
+                    sem,
+                    http.post(
+                        f"http://127.0.0.1:{port}/ok/{j % ENDPOINTS}",
+                        data=body,
+                        headers={"content-type": "application/json"},
+                    ) as r,
+                ):
+                    await r.read()
+                    assert r.status == 200
+
+            started = time.perf_counter()
+            await asyncio.gather(*(post(j, b) for j, b in enumerate(payloads)))
+            elapsed = time.perf_counter() - started
+    finally:
+        sink.kill()  # hanging handlers would hold a graceful stop for a minute
+        sink.wait(10)
+    return {"rate": n / elapsed, "note": "bare aiohttp, 100 in flight"}
+
+
+async def httpx_run(n: int) -> dict[str, Any]:
+    import httpx
+
+    port = free_port()
+    sink = start_sink(port)
+    try:
+        payloads = bodies(n)
+        sem = asyncio.Semaphore(100)
+        limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+        async with httpx.AsyncClient(limits=limits) as http:
+
+            async def post(j: int, body: bytes) -> None:
+                async with sem:
+                    r = await http.post(f"http://127.0.0.1:{port}/ok/{j % ENDPOINTS}", content=body)
+                    assert r.status_code == 200
+
+            started = time.perf_counter()
+            await asyncio.gather(*(post(j, b) for j, b in enumerate(payloads)))
+            elapsed = time.perf_counter() - started
+    finally:
+        sink.kill()  # hanging handlers would hold a graceful stop for a minute
+        sink.wait(10)
+    return {"rate": n / elapsed, "note": f"bare httpx, 100 in flight ({n} requests)"}
+
+
+def run_child(which: str, n: int, hanging: bool) -> dict[str, Any]:
+    """Each measurement in its own process, pinned to core 0 (the sink has core 1)."""
+    out = subprocess.run(
+        [
+            "taskset",
+            "-c",
+            "0",
+            sys.executable,
+            "-c",
+            "import asyncio, json, sys; from bench import dispatch as d; "
+            f"print('RESULT', json.dumps(asyncio.run(d.{which}(*json.loads(sys.argv[1])))))",
+            json.dumps([n, hanging] if which == "relaybox_run" else [n]),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out.rsplit("RESULT ", 1)[1])
+
+
+def main(*, quick: bool = False) -> str:
+    n = 2_000 if quick else 20_000
+    results: dict[str, dict[str, Any]] = {}
+    for name, which, count, hanging in (
+        ("bare aiohttp loop", "aiohttp_run", n, False),
+        ("relaybox dispatch", "relaybox_run", n, False),
+        ("relaybox, 1 of 20 endpoints hanging", "relaybox_run", n, True),
+        ("bare httpx loop", "httpx_run", max(500, n // 10), False),
+    ):
+        r = run_child(which, count, hanging)
+        results[name] = r
+        print(f"  dispatch {name:38} {r['rate']:8.0f}/s  {r['note']}", flush=True)
+    base = results["bare aiohttp loop"]["rate"]
+    mine = results["relaybox dispatch"]["rate"]
+    rows = [
+        [k, r["rate"], f"{r['rate'] / base:.2f}", f"{r['rate'] / mine:.2f}", r["note"]]
+        for k, r in results.items()
+    ]
+    return table(
+        f"dispatch: {n:,} deliveries to a local 200 sink, {ENDPOINTS} endpoints x "
+        f"{IN_FLIGHT} in flight",
+        ["sender", "deliveries/s", "x aiohttp loop", "x relaybox", "note"],
+        rows,
+    )
