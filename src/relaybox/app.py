@@ -33,7 +33,7 @@ from relaybox.worker import Handler, Hooks, Worker
 
 __all__ = ["ROLES", "Relaybox"]
 
-ROLES = ("receiver", "api", "admin", "worker", "dispatcher")
+ROLES = ("receiver", "api", "admin", "worker", "dispatcher", "maintenance")
 """Every role ``relaybox serve`` can run; all are on by default."""
 
 log = structlog.get_logger("relaybox")
@@ -129,6 +129,12 @@ class Relaybox:
 
         return Dispatcher(self, **options)
 
+    def maintenance(self, **options: Any) -> Any:
+        """The scheduled maintenance loop (retention purge; ``relaybox maintenance``)."""
+        from relaybox.retention import Maintenance
+
+        return Maintenance(self, **options)
+
     async def publish(
         self,
         conn: Any,
@@ -194,7 +200,8 @@ class Relaybox:
             )
 
         async def metrics(_: Request) -> Response:
-            return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+            body = await self.metrics.scrape(self)
+            return Response(body, media_type="text/plain; version=0.0.4")
 
         @contextlib.asynccontextmanager
         async def lifespan(_: Any) -> Any:
@@ -221,9 +228,13 @@ class Relaybox:
         return Starlette(routes=routes, lifespan=lifespan)
 
     async def start(self, roles: tuple[str, ...] = ("worker",)) -> None:
-        """Start background roles (``worker``, ``dispatcher``) in the running loop.
+        """Start background roles (``worker``, ``dispatcher``, ``maintenance``) in the running loop.
         Each runner has ``run()`` (until stopped) and ``stop()`` (finish what it holds)."""
-        factories = {"worker": self.worker, "dispatcher": self.dispatcher}
+        factories = {
+            "worker": self.worker,
+            "dispatcher": self.dispatcher,
+            "maintenance": self.maintenance,
+        }
         for role in roles:
             if role in factories:
                 runner = factories[role]()

@@ -100,7 +100,7 @@ def main() -> None:
 @click.option("--port", default=None, type=int, help="default: settings (8000)")
 @click.option(
     "--roles",
-    default="receiver,worker",
+    default=",".join(ROLES),
     show_default=True,
     help="comma-separated: " + ", ".join(ROLES),
 )

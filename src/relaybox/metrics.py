@@ -1,22 +1,285 @@
-"""Prometheus metrics. Each Relaybox has its own registry, so several boxes (tests,
-embedded apps) never collide; ``/metrics`` exposes it."""
+"""Prometheus metrics, and the numbers every operator surface shares.
+
+Each Relaybox has its own registry, so several boxes (tests, embedded apps) never
+collide; ``/metrics`` exposes it. Two kinds of series live in it:
+
+* **process counters and histograms** that the code paths update as they run
+  (accept latency, processing outcomes, outbound delivery latency and results,
+  reconciliation divergences, purged payloads);
+* **queue gauges read from the database at scrape time** (:class:`QueueCollector`):
+  pending rows and the age of the oldest one per queue and source, retrying rows,
+  unresolved dead letters by reason, open quarantine entries. They are read from the
+  tables rather than counted in memory because several processes share one database
+  and a restart must not reset "how stuck are we". A snapshot is reused for up to
+  :attr:`Metrics.cache_seconds`, so a scrape storm costs one query per second.
+
+:func:`read_ops_stats` is that snapshot; ``relaybox stats`` and the dashboard
+overview show the same :class:`OpsStats`, so the three never disagree.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+import asyncio
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Metrics"]
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+    from relaybox.store import Store
+
+__all__ = [
+    "DEAD_REASONS",
+    "Metrics",
+    "OpsStats",
+    "QueueCollector",
+    "QueueGroup",
+    "read_ops_stats",
+    "status_class",
+]
+
+log = structlog.get_logger("relaybox.metrics")
+
+DEAD_REASONS = ("invalid", "exhausted", "conflict", "unhandled")
+"""Dead-letter reasons of the inbox, always exported (as 0 when none), so an alert on
+``relaybox_dead_letters{reason="exhausted"} > 0`` has a series before the first one."""
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+_DELIVERY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+def status_class(status: int | None, error: str | None = None) -> str:
+    """``2xx``…``5xx`` for an HTTP answer; ``timeout`` or ``network`` when none came."""
+    if status is None:
+        return "timeout" if error == "timeout" else "network"
+    return f"{status // 100}xx"
+
+
+@dataclass(frozen=True)
+class QueueGroup:
+    """Rows of one queue sharing (source, status, reason); outbox "source" is the channel."""
+
+    queue: str
+    source: str
+    status: str
+    reason: str
+    discarded: bool
+    count: int
+    oldest: float | None
+    retrying: int
+    attempts: int
+
+
+@dataclass(frozen=True)
+class OpsStats:
+    """One consistent read of the queues, taken at ``taken_at`` (the box's clock)."""
+
+    taken_at: float
+    groups: tuple[QueueGroup, ...]
+    quarantined_by_source: dict[str, int] = field(default_factory=dict)
+
+    def _sum(self, queue: str, *, status: str, **match: Any) -> int:
+        return sum(
+            g.count
+            for g in self.groups
+            if g.queue == queue
+            and g.status == status
+            and all(getattr(g, k) == v for k, v in match.items())
+        )
+
+    def sources(self, queue: str) -> list[str]:
+        return sorted({g.source for g in self.groups if g.queue == queue})
+
+    def pending(self, queue: str, source: str | None = None) -> int:
+        return sum(
+            g.count
+            for g in self.groups
+            if g.queue == queue and g.status == "pending" and source in (None, g.source)
+        )
+
+    def oldest_pending_age(self, queue: str, source: str | None = None) -> float | None:
+        """Seconds since the oldest pending row was received (``None``: none pending).
+        The seed's first signal: it grows when anything is stuck, whatever the cause."""
+        oldest = [
+            g.oldest
+            for g in self.groups
+            if g.queue == queue and g.oldest is not None and source in (None, g.source)
+        ]
+        return None if not oldest else max(0.0, self.taken_at - min(oldest))
+
+    def dead_by_reason(self, queue: str = "inbox") -> dict[str, int]:
+        """Unresolved dead letters (discarded ones excluded) per reason."""
+        out = dict.fromkeys(DEAD_REASONS, 0) if queue == "inbox" else {}
+        for g in self.groups:
+            if g.queue == queue and g.status == "dead" and not g.discarded:
+                key = g.reason or "unspecified"
+                out[key] = out.get(key, 0) + g.count
+        return out
+
+    @property
+    def quarantined(self) -> int:
+        return sum(self.quarantined_by_source.values())
+
+    def summary(self) -> dict[str, Any]:
+        """The numbers ``relaybox stats --json`` prints and the overview shows."""
+        dead = self.dead_by_reason("inbox")
+        age = self.oldest_pending_age("inbox")
+        out_age = self.oldest_pending_age("outbox")
+        return {
+            "pending": self.pending("inbox"),
+            "oldest_pending_age_seconds": None if age is None else round(age, 3),
+            "retrying": sum(
+                g.retrying for g in self.groups if g.queue == "inbox" and g.status == "pending"
+            ),
+            "done": self._sum("inbox", status="done"),
+            "ignored": self._sum("inbox", status="ignored"),
+            "dead": sum(dead.values()),
+            "dead_invalid": dead["invalid"],
+            "dead_exhausted": dead["exhausted"],
+            "dead_by_reason": dead,
+            "discarded": self._sum("inbox", status="dead", discarded=True),
+            "quarantined": self.quarantined,
+            "outbox": {
+                "pending": self.pending("outbox"),
+                "oldest_pending_age_seconds": None if out_age is None else round(out_age, 3),
+                "sent": self._sum("outbox", status="sent"),
+                "held": self._sum("outbox", status="held"),
+                "dead": self._sum("outbox", status="dead"),
+            },
+        }
+
+
+async def read_ops_stats(store: Store, now: float) -> OpsStats:
+    """Read the queue snapshot in one transaction (one consistent view on PostgreSQL)."""
+    groups: list[QueueGroup] = []
+    quarantined: dict[str, int] = {}
+    async with store.connect() as conn:
+        for queue, name in (("inbox", "ops_stats_inbox"), ("outbox", "ops_stats_outbox")):
+            for row in await conn.exec_driver_sql(store.q[name]):
+                m = row._mapping
+                groups.append(
+                    QueueGroup(
+                        queue=queue,
+                        source=m["source"],
+                        status=m["status"],
+                        reason=m["reason"] or "",
+                        discarded=bool(m["discarded"]),
+                        count=int(m["n"]),
+                        oldest=m["oldest"],
+                        retrying=int(m["retrying"] or 0),
+                        attempts=int(m["attempts"] or 0),
+                    )
+                )
+        for source, n in await conn.exec_driver_sql(store.q["ops_stats_quarantine"]):
+            quarantined[source] = int(n)
+    return OpsStats(taken_at=now, groups=tuple(groups), quarantined_by_source=quarantined)
+
+
+class QueueCollector(Collector):
+    """Yields the database gauges from the snapshot that :meth:`Metrics.scrape` took.
+
+    ``collect()`` is synchronous (prometheus_client's contract) and runs inside the
+    event loop, so it never touches the database itself: the async scrape refreshes
+    the snapshot first, then renders."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._metrics.snapshot
+        up = GaugeMetricFamily(
+            "relaybox_database_up",
+            "1 when the last scrape read the queue tables, 0 when the database failed.",
+            value=0.0 if snap is None or self._metrics.snapshot_error else 1.0,
+        )
+        yield up
+        if snap is None:
+            return
+        labels = ["queue", "source"]
+        pending = GaugeMetricFamily(
+            "relaybox_queue_pending", "Rows waiting to be processed or sent.", labels=labels
+        )
+        oldest = GaugeMetricFamily(
+            "relaybox_queue_oldest_pending_age_seconds",
+            "Seconds since the oldest pending row was received (0 when none is pending).",
+            labels=labels,
+        )
+        retrying = GaugeMetricFamily(
+            "relaybox_queue_retrying",
+            "Pending rows that already failed at least once.",
+            labels=labels,
+        )
+        attempts = GaugeMetricFamily(
+            "relaybox_queue_pending_attempts",
+            "Attempts already used by the rows still pending.",
+            labels=labels,
+        )
+        rows = GaugeMetricFamily(
+            "relaybox_queue_rows",
+            "Rows per status (done, ignored, sent, held …), kept until retention.",
+            labels=[*labels, "status"],
+        )
+        dead = GaugeMetricFamily(
+            "relaybox_dead_letters",
+            "Dead letters waiting for an operator (discarded ones excluded), by reason.",
+            labels=[*labels, "reason"],
+        )
+        quarantined = GaugeMetricFamily(
+            "relaybox_quarantined",
+            "Deliveries in quarantine (an accepted event id with other content), unresolved.",
+            labels=["source"],
+        )
+        for queue in ("inbox", "outbox"):
+            for source in snap.sources(queue):
+                key = [queue, source]
+                pending.add_metric(key, snap.pending(queue, source))
+                oldest.add_metric(key, snap.oldest_pending_age(queue, source) or 0.0)
+                mine = [g for g in snap.groups if g.queue == queue and g.source == source]
+                retrying.add_metric(key, sum(g.retrying for g in mine if g.status == "pending"))
+                attempts.add_metric(key, sum(g.attempts for g in mine if g.status == "pending"))
+                statuses: dict[str, int] = {}
+                reasons = dict.fromkeys(DEAD_REASONS, 0) if queue == "inbox" else {}
+                for g in mine:
+                    if g.status == "dead" and not g.discarded:
+                        reason = g.reason or "unspecified"
+                        reasons[reason] = reasons.get(reason, 0) + g.count
+                    elif g.status not in ("pending", "dead"):
+                        statuses[g.status] = statuses.get(g.status, 0) + g.count
+                for status, n in sorted(statuses.items()):
+                    rows.add_metric([*key, status], n)
+                for reason, n in sorted(reasons.items()):
+                    dead.add_metric([*key, reason], n)
+        for source, n in sorted(snap.quarantined_by_source.items()):
+            quarantined.add_metric([source], n)
+        yield from (pending, oldest, retrying, attempts, rows, dead, quarantined)
 
 
 class Metrics:
+    """The registry of one Relaybox, with the metrics its parts update.
+
+    Names other parts call (each one a method, so label order lives here):
+    :meth:`observe_accept` (receiver), ``processed`` (worker),
+    :meth:`observe_delivery` (outbound dispatcher), :meth:`observe_divergence`
+    (reconciliation), :meth:`observe_purge` (retention).
+    """
+
+    cache_seconds = 1.0
+
     def __init__(self) -> None:
+        self._accept_children: dict[int, tuple[Any, Any]] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         self.accept_seconds = Histogram(
             "relaybox_accept_seconds",
             "Time to answer an inbound delivery, by HTTP status class.",
             ["status_class"],
             registry=self.registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+            buckets=_LATENCY_BUCKETS,
         )
         self.deliveries = Counter(
             "relaybox_inbound_deliveries",
@@ -30,10 +293,90 @@ class Metrics:
             ["source", "outcome"],
             registry=self.registry,
         )
+        self.delivery_seconds = Histogram(
+            "relaybox_delivery_seconds",
+            "Duration of one outbound delivery attempt (request sent to answer read).",
+            ["endpoint", "status_class"],
+            registry=self.registry,
+            buckets=_DELIVERY_BUCKETS,
+        )
+        self.delivery_results = Counter(
+            "relaybox_delivery_results",
+            "Outbound delivery attempts by endpoint and result (2xx…5xx, timeout, network).",
+            ["endpoint", "status_class"],
+            registry=self.registry,
+        )
+        self.reconcile_divergences = Counter(
+            "relaybox_reconcile_divergences",
+            "Reconciliation found the local state differing from the provider's.",
+            ["source"],
+            registry=self.registry,
+        )
+        self.purged_payloads = Counter(
+            "relaybox_purged_payloads",
+            "Payloads dropped by retention (inbox events and resolved quarantine entries).",
+            ["table"],
+            registry=self.registry,
+        )
+        self.snapshot: OpsStats | None = None
+        self.snapshot_error: str | None = None
+        self._snapshot_read_at = -math.inf
+        self._refresh_lock = asyncio.Lock()
+        self.registry.register(QueueCollector(self))
+
+    # -- observations -----------------------------------------------------------
 
     def observe_accept(self, status: int, seconds: float) -> None:
-        self.accept_seconds.labels(f"{status // 100}xx").observe(seconds)
-        self.deliveries.labels(str(status)).inc()
+        # Labelled children are looked up once per status, not per request.
+        children = self._accept_children.get(status)
+        if children is None:
+            children = (
+                self.accept_seconds.labels(f"{status // 100}xx"),
+                self.deliveries.labels(str(status)),
+            )
+            self._accept_children[status] = children
+        children[0].observe(seconds)
+        children[1].inc()
+
+    def observe_delivery(
+        self, endpoint: str, status: int | None, seconds: float, *, error: str | None = None
+    ) -> None:
+        """One outbound attempt: ``status`` is the HTTP answer, or ``None`` with
+        ``error="timeout"`` / any other error (counted as ``network``)."""
+        cls = status_class(status, error)
+        self.delivery_seconds.labels(endpoint, cls).observe(seconds)
+        self.delivery_results.labels(endpoint, cls).inc()
+
+    def observe_divergence(self, source: str, count: int = 1) -> None:
+        self.reconcile_divergences.labels(source).inc(count)
+
+    def observe_purge(self, table: str, count: int) -> None:
+        self.purged_payloads.labels(table).inc(count)
+
+    # -- exposition -------------------------------------------------------------
+
+    async def refresh(self, box: Relaybox) -> OpsStats | None:
+        """Re-read the queue snapshot unless the last one is fresher than
+        :attr:`cache_seconds`. A database failure is reported as
+        ``relaybox_database_up 0`` instead of failing the whole scrape."""
+        async with self._refresh_lock:
+            loop = asyncio.get_running_loop()
+            if loop.time() - self._snapshot_read_at < self.cache_seconds:
+                return self.snapshot
+            try:
+                self.snapshot = await read_ops_stats(box.store, box.clock.now())
+                self.snapshot_error = None
+            except Exception as exc:
+                first_line = str(exc).splitlines()[0] if str(exc) else ""
+                self.snapshot_error = f"{type(exc).__name__}: {first_line[:200]}"
+                log.warning("metrics_snapshot_failed", error=self.snapshot_error)
+            self._snapshot_read_at = loop.time()
+            return self.snapshot
+
+    async def scrape(self, box: Relaybox) -> bytes:
+        """What ``GET /metrics`` answers: a fresh (≤ 1 s old) snapshot, rendered."""
+        await self.refresh(box)
+        return self.render()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -36,6 +36,9 @@ FAST_WORKER = {
     "RELAYBOX_WORKER__MAX_ATTEMPTS": "3",
     "RELAYBOX_WORKER__BACKOFF_BASE": "0.05",
     "RELAYBOX_WORKER__BACKOFF_CAP": "0.2",
+    # Several worker processes run at once next to parallel tests: keep each one's
+    # connections few, within the server's max_connections (100 by default).
+    "RELAYBOX_WORKER__CONCURRENCY": "4",
 }
 
 

@@ -233,15 +233,22 @@ class Store:
         return applied
 
     async def schema_version(self) -> tuple[int, int]:
-        """(applied, latest known) migration versions; applied is 0 on an empty database."""
-        latest = max(v for v, _, _ in load_migrations(self.backend))
+        """(applied, latest known) migration versions; applied is 0 on an empty database
+        and is reported as the highest version below which every migration is applied
+        (a database missing 0003 but carrying 0005 is not up to date)."""
+        known = sorted(v for v, _, _ in load_migrations(self.backend))
         async with self.connect() as conn:
             if not await self._has_migrations_table(conn):
-                return (0, latest)
-            row = (
-                await conn.exec_driver_sql("SELECT max(version) FROM relaybox_migrations")
-            ).first()
-        return ((row[0] or 0) if row else 0, latest)
+                return (0, known[-1])
+            done = {
+                r[0] for r in await conn.exec_driver_sql("SELECT version FROM relaybox_migrations")
+            }
+        applied = 0
+        for version in known:
+            if version not in done:
+                break
+            applied = version
+        return (applied, known[-1])
 
     async def _has_migrations_table(self, conn: AsyncConnection) -> bool:
         """Whether ``migrate`` ever ran (other errors must surface, not read as 0)."""

@@ -272,3 +272,67 @@ INSERT INTO relaybox_outbox_attempts
     (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
      error, response)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+
+-- name: outbox_record
+-- Group commit of outcomes: element i of the arrays is one finished attempt. Fenced per
+-- row like outbox_mark_final / outbox_mark_retry: only the holder of the current lease
+-- token, only a pending row. $4[i] is the new status ('pending' = retry at $5[i]).
+-- Returns the (id, lease_token) pairs written; the others were fenced.
+UPDATE relaybox_outbox o
+SET status = u.status,
+    dead_reason = CASE WHEN u.status = 'pending' THEN o.dead_reason ELSE u.reason END,
+    next_attempt_at = CASE WHEN u.status = 'pending' THEN u.next_at ELSE o.next_attempt_at END,
+    last_error = u.error, last_status = u.code, updated_at = $1,
+    sent_at = CASE WHEN u.status = 'sent' THEN $1 ELSE o.sent_at END,
+    lease_owner = NULL, lease_until = NULL
+FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::double precision[], $6::text[],
+            $7::text[], $8::int[]) AS u(id, token, status, next_at, reason, error, code)
+WHERE o.id = u.id AND o.lease_token = u.token AND o.status = 'pending'
+RETURNING o.id, o.lease_token
+
+-- name: outbox_attempts_insert
+-- The attempt log of a recorded batch, one multi-row insert (array order = id order).
+INSERT INTO relaybox_outbox_attempts
+    (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
+     error, response)
+SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::double precision[],
+                     $6::double precision[], $7::text[], $8::int[], $9::text[], $10::text[])
+
+-- name: endpoints_succeeded
+-- Clears the failure streak of every endpoint in $1 (a recorded batch's successes).
+UPDATE relaybox_endpoints SET failing_since = NULL
+WHERE id = ANY($1::text[]) AND failing_since IS NOT NULL
+
+-- name: outbox_record_sent
+-- The common case of a recorded batch, every attempt a success, in ONE autocommit
+-- statement (one round trip, one commit): rows marked sent, fenced per row; the attempt
+-- log (``fenced`` where the lease token no longer matched), in array order; the failure
+-- streaks of the endpoints that answered cleared. $11: the dispatcher.
+WITH u AS (
+    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::int[], $5::text[],
+                         $6::double precision[], $7::double precision[], $8::int[],
+                         $9::text[], $10::text[])
+        WITH ORDINALITY AS u(id, token, attempt, endpoint, started, duration, code, error,
+                             response, ord)
+), done AS (
+    UPDATE relaybox_outbox o
+    SET status = 'sent', dead_reason = NULL, last_error = u.error, last_status = u.code,
+        updated_at = $1, sent_at = $1, lease_owner = NULL, lease_until = NULL
+    FROM u
+    WHERE o.id = u.id AND o.lease_token = u.token AND o.status = 'pending'
+    RETURNING o.id, o.lease_token
+), logged AS (
+    INSERT INTO relaybox_outbox_attempts
+        (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome,
+         status_code, error, response)
+    SELECT u.id, u.attempt, u.token, $11, u.started, u.duration,
+           CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code, u.error, u.response
+    FROM u LEFT JOIN done d ON d.id = u.id AND d.lease_token = u.token
+    ORDER BY u.ord
+), healthy AS (
+    UPDATE relaybox_endpoints e SET failing_since = NULL
+    FROM (SELECT DISTINCT u.endpoint FROM u JOIN done d ON d.id = u.id AND d.lease_token = u.token
+          WHERE u.endpoint IS NOT NULL) s
+    WHERE e.id = s.endpoint AND e.failing_since IS NOT NULL
+)
+SELECT id, lease_token FROM done

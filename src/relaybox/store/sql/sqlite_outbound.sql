@@ -244,3 +244,47 @@ INSERT INTO relaybox_outbox_attempts
     (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
      error, response)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+
+-- name: outbox_record
+-- Group commit of outcomes (see postgres_outbound.sql): element i of the JSON arrays
+-- ?2..?8 is one finished attempt, fenced on its lease token.
+UPDATE relaybox_outbox
+SET status = u.status,
+    dead_reason = CASE WHEN u.status = 'pending' THEN dead_reason ELSE u.reason END,
+    next_attempt_at = CASE WHEN u.status = 'pending' THEN u.next_at ELSE next_attempt_at END,
+    last_error = u.error, last_status = u.code, updated_at = ?1,
+    sent_at = CASE WHEN u.status = 'sent' THEN ?1 ELSE sent_at END,
+    lease_owner = NULL, lease_until = NULL
+FROM (SELECT i.value AS id, t.value AS token, s.value AS status, n.value AS next_at,
+             r.value AS reason, e.value AS error, c.value AS code
+      FROM json_each(?2) AS i
+      JOIN json_each(?3) AS t ON t.key = i.key JOIN json_each(?4) AS s ON s.key = i.key
+      JOIN json_each(?5) AS n ON n.key = i.key JOIN json_each(?6) AS r ON r.key = i.key
+      JOIN json_each(?7) AS e ON e.key = i.key JOIN json_each(?8) AS c ON c.key = i.key) AS u
+WHERE relaybox_outbox.id = u.id AND relaybox_outbox.lease_token = u.token
+  AND relaybox_outbox.status = 'pending'
+RETURNING id, lease_token
+
+-- name: outbox_attempts_insert
+INSERT INTO relaybox_outbox_attempts
+    (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
+     error, response)
+SELECT i.value, a.value, t.value, w.value, s.value, d.value, o.value, c.value, e.value, r.value
+FROM json_each(?1) AS i
+JOIN json_each(?2) AS a ON a.key = i.key JOIN json_each(?3) AS t ON t.key = i.key
+JOIN json_each(?4) AS w ON w.key = i.key JOIN json_each(?5) AS s ON s.key = i.key
+JOIN json_each(?6) AS d ON d.key = i.key JOIN json_each(?7) AS o ON o.key = i.key
+JOIN json_each(?8) AS c ON c.key = i.key JOIN json_each(?9) AS e ON e.key = i.key
+JOIN json_each(?10) AS r ON r.key = i.key
+ORDER BY i.key
+
+-- name: endpoints_succeeded
+UPDATE relaybox_endpoints SET failing_since = NULL
+WHERE id IN (SELECT value FROM json_each(?1)) AND failing_since IS NOT NULL
+
+-- name: outbox_record_sent
+-- Not used on SQLite: PostgreSQL records a batch of successes in one statement with
+-- data-modifying CTEs, which SQLite lacks, so the dispatcher records every SQLite batch
+-- with outbox_record + outbox_attempts_insert + endpoints_succeeded in one transaction.
+-- Defined because shared code names it (tests/test_store.py checks both backends).
+SELECT NULL AS id, NULL AS lease_token WHERE 0

@@ -17,7 +17,8 @@ LIMIT ?6
 -- name: replay_mark
 -- Only a row still in the status it was selected in is replayed (no double replay).
 UPDATE relaybox_inbox
-SET status = 'pending', dead_reason = NULL, attempts = 0, started_at = NULL, next_attempt_at = ?2,
+SET status = 'pending', dead_reason = NULL, attempts = 0, started_at = NULL,
+    discarded_at = NULL, discarded_by = NULL, discard_reason = NULL, next_attempt_at = ?2,
     updated_at = ?2, done_at = NULL
 WHERE id = ?1 AND status = ?3 AND payload IS NOT NULL
 RETURNING id

@@ -1,0 +1,342 @@
+"""The admin JSON API (``/admin/api/v1``): inbox events, replay, dead letters,
+quarantine and stats, for operators and their scripts. Kept apart from the
+tenant-facing ``/api/v1``: a different audience, token and blast radius.
+
+Each operation is an :class:`~relaybox.admin.sections.Operation`; :func:`build_api`
+turns the registered ones into routes that validate the request with the operation's
+models, call its handler, and answer JSON. Every error is ``{"error", "message"}``
+(400 invalid request, 401 no token, 404 unknown, 409 the row is not in the state the
+action needs); authentication happens before routing (:mod:`relaybox.admin.auth`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from relaybox.admin import models as m
+from relaybox.admin import ops
+from relaybox.admin.sections import Call, Operation, Section
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = [
+    "DEAD_OPERATIONS",
+    "INBOX_OPERATIONS",
+    "QUARANTINE_OPERATIONS",
+    "STATS_OPERATIONS",
+    "TablesCheck",
+    "build_api",
+    "error_response",
+]
+
+log = structlog.get_logger("relaybox.admin")
+
+
+def error_response(status: int, code: str, message: str, details: Any = None) -> Response:
+    body: dict[str, Any] = {"error": code, "message": message}
+    if details is not None:
+        body["details"] = details
+    return JSONResponse(body, status_code=status)
+
+
+# -- handlers -------------------------------------------------------------------
+
+
+async def _inbox_list(c: Call) -> BaseModel:
+    return await ops.inbox_list(c.box, c.query)
+
+
+async def _inbox_get(c: Call) -> BaseModel:
+    return await ops.event_get(c.box, c.path["id"])
+
+
+async def _inbox_replay(c: Call) -> BaseModel:
+    return await ops.replay_event(c.box, c.path["id"], actor=c.actor, reason=c.body.reason)
+
+
+async def _replay_many(c: Call) -> BaseModel:
+    b: m.ReplaySelectionRequest = c.body
+    return await ops.replay_selection(
+        c.box,
+        source=b.source,
+        since=b.since,
+        until=b.until,
+        statuses=b.statuses,
+        limit=b.limit,
+        actor=c.actor,
+        reason=b.reason,
+    )
+
+
+async def _dead_list(c: Call) -> BaseModel:
+    return await ops.dead_list(c.box, c.query)
+
+
+async def _dead_retry(c: Call) -> BaseModel:
+    return await ops.dead_retry(c.box, c.path["id"], actor=c.actor, reason=c.body.reason)
+
+
+async def _dead_retry_many(c: Call) -> BaseModel:
+    return await ops.dead_retry_many(c.box, c.body, actor=c.actor)
+
+
+async def _dead_discard(c: Call) -> BaseModel:
+    return await ops.dead_discard(c.box, c.path["id"], actor=c.actor, reason=c.body.reason)
+
+
+async def _quarantine_list(c: Call) -> BaseModel:
+    return await ops.quarantine_list(c.box, c.query)
+
+
+async def _quarantine_get(c: Call) -> BaseModel:
+    return await ops.quarantine_get(c.box, c.path["id"])
+
+
+async def _quarantine_resolve(c: Call) -> BaseModel:
+    b: m.ResolveRequest = c.body
+    return await ops.quarantine_resolve(
+        c.box, c.path["id"], resolution=b.resolution, actor=c.actor, reason=b.reason
+    )
+
+
+async def _stats(c: Call) -> BaseModel:
+    return await ops.stats(c.box)
+
+
+INBOX_OPERATIONS = (
+    Operation(
+        "GET",
+        "/inbox",
+        "listInboxEvents",
+        "List inbox events, newest first",
+        _inbox_list,
+        m.EventPage,
+        query=m.InboxFilter,
+        errors=(400,),
+        description="Filter by source, type, status, tenant and receipt time; follow "
+        "next_cursor for the next page.",
+    ),
+    Operation(
+        "GET",
+        "/inbox/{id}",
+        "getInboxEvent",
+        "One event with its attempts, errors, business keys, outbox rows and replays",
+        _inbox_get,
+        m.EventDetail,
+        errors=(404,),
+    ),
+    Operation(
+        "POST",
+        "/inbox/{id}/replay",
+        "replayInboxEvent",
+        "Run a finished event through its handler again",
+        _inbox_replay,
+        m.ReplayResult,
+        body=m.ReplayRequest,
+        errors=(400, 404, 409),
+        description="Business keys still hold, so a replay never repeats an operation. "
+        "409 payload_purged when retention dropped the payload.",
+    ),
+    Operation(
+        "POST",
+        "/replay",
+        "replayEvents",
+        "Replay finished events matching a selection",
+        _replay_many,
+        m.ReplayResult,
+        body=m.ReplaySelectionRequest,
+        errors=(400,),
+    ),
+)
+
+DEAD_OPERATIONS = (
+    Operation(
+        "GET",
+        "/dead",
+        "listDeadLetters",
+        "Dead letters waiting for an operator",
+        _dead_list,
+        m.EventPage,
+        query=m.DeadFilter,
+        errors=(400,),
+    ),
+    Operation(
+        "POST",
+        "/dead/{id}/retry",
+        "retryDeadLetter",
+        "Retry one dead letter",
+        _dead_retry,
+        m.ReplayResult,
+        body=m.ReplayRequest,
+        errors=(400, 404, 409),
+    ),
+    Operation(
+        "POST",
+        "/dead/retry",
+        "retryDeadLetters",
+        "Retry every dead letter matching a filter",
+        _dead_retry_many,
+        m.DeadRetryResult,
+        body=m.DeadRetryRequest,
+        errors=(400,),
+    ),
+    Operation(
+        "POST",
+        "/dead/{id}/discard",
+        "discardDeadLetter",
+        "Take a dead letter out of the queue, with a reason",
+        _dead_discard,
+        m.DiscardResult,
+        body=m.DiscardRequest,
+        errors=(400, 404, 409),
+    ),
+)
+
+QUARANTINE_OPERATIONS = (
+    Operation(
+        "GET",
+        "/quarantine",
+        "listQuarantine",
+        "Deliveries that reused an event id",
+        _quarantine_list,
+        m.QuarantinePage,
+        query=m.QuarantineFilter,
+        errors=(400,),
+    ),
+    Operation(
+        "GET",
+        "/quarantine/{id}",
+        "getQuarantineEntry",
+        "A quarantined delivery next to the original, with their differences",
+        _quarantine_get,
+        m.QuarantineDetail,
+        errors=(404,),
+    ),
+    Operation(
+        "POST",
+        "/quarantine/{id}/resolve",
+        "resolveQuarantineEntry",
+        "Record the operator's decision on a quarantined delivery",
+        _quarantine_resolve,
+        m.ResolveResult,
+        body=m.ResolveRequest,
+        errors=(400, 404, 409),
+    ),
+)
+
+STATS_OPERATIONS = (
+    Operation(
+        "GET",
+        "/stats",
+        "getStats",
+        "Queue numbers (the same as /metrics and the overview)",
+        _stats,
+        m.StatsResponse,
+    ),
+)
+
+
+# -- plumbing -------------------------------------------------------------------
+
+
+class TablesCheck:
+    """Whether a section's tables exist. A yes is remembered; a no is re-checked
+    after a few seconds, so running the migration brings the section up without a
+    restart."""
+
+    def __init__(self, box: Relaybox, retry_after: float = 5.0) -> None:
+        self.box = box
+        self.retry_after = retry_after
+        self._present: set[str] = set()
+        self._missing_until: dict[str, float] = {}
+
+    async def missing(self, tables: Sequence[str]) -> list[str]:
+        out = []
+        for table in tables:
+            if table in self._present:
+                continue
+            if self._missing_until.get(table, 0) > time.monotonic():
+                out.append(table)
+            elif await ops.table_exists(self.box, table):
+                self._present.add(table)
+            else:
+                self._missing_until[table] = time.monotonic() + self.retry_after
+                out.append(table)
+        return out
+
+
+def _details(exc: ValidationError) -> list[dict[str, Any]]:
+    return [
+        {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_context=False, include_input=False)
+    ]
+
+
+def _endpoint(box: Relaybox, op: Operation, section: Section, tables: TablesCheck) -> Any:
+    async def endpoint(request: Request) -> Response:
+        missing = await tables.missing(section.requires_tables)
+        if missing:
+            return error_response(
+                404, "not_migrated", f"tables {', '.join(missing)} do not exist: run migrations"
+            )
+        path: dict[str, Any] = {}
+        for name, kind in op.path_params:
+            raw = str(request.path_params[name])
+            bad_int = kind == "int" and (not raw.isdigit() or len(raw) > 18)
+            if bad_int or "\x00" in raw or len(raw) > 200:
+                return error_response(404, "not_found", f"{name} {raw[:40]!r} is not a known id")
+            path[name] = int(raw) if kind == "int" else raw
+        try:
+            query = op.query.model_validate(dict(request.query_params)) if op.query else None
+            if op.query is None and request.query_params:
+                return error_response(400, "invalid_request", "this operation takes no query")
+            body = None
+            if op.body is not None:
+                raw_body = await request.body()
+                try:
+                    data = json.loads(raw_body or b"null")
+                except ValueError:
+                    return error_response(400, "invalid_request", "the body is not JSON")
+                body = op.body.model_validate(data)
+        except ValidationError as exc:
+            return error_response(400, "invalid_request", "invalid request", _details(exc))
+        actor = getattr(body, "actor", None) or "admin-api"
+        try:
+            result = await op.handler(Call(box, path, query, body, actor))
+        except ops.OpsError as exc:
+            return error_response(exc.status, exc.code, exc.message)
+        if op.method != "GET":
+            log.info("admin_action", operation=op.operation_id, actor=actor, path=path)
+        return JSONResponse(result.model_dump(mode="json", by_alias=True), status_code=op.status)
+
+    endpoint.__name__ = op.operation_id
+    return endpoint
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(exc.status_code, code, str(exc.detail))
+
+
+def build_api(box: Relaybox, sections: Sequence[Section]) -> Starlette:
+    """The routes of every section's operations (mounted at ``/api/v1``)."""
+    tables = TablesCheck(box)
+    routes = [
+        Route(op.path, _endpoint(box, op, section, tables), methods=[op.method])
+        for section in sections
+        for op in section.operations
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})

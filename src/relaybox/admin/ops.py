@@ -1,0 +1,461 @@
+"""Operator reads and actions: the one place that runs the ``ops_*`` queries and maps
+rows to :mod:`relaybox.admin.models`. The JSON API, the dashboard and the CLI all call
+these functions, so a dead letter retried from any of them goes the same way: through
+:func:`relaybox.replay.replay`, the worker and the handler's business keys.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from relaybox.admin.models import (
+    Attempt,
+    BusinessKey,
+    DeadFilter,
+    DeadRetryRequest,
+    DeadRetryResult,
+    Difference,
+    DiscardResult,
+    EventDetail,
+    EventPage,
+    EventSummary,
+    InboxFilter,
+    OutboxRow,
+    QuarantineDetail,
+    QuarantineFilter,
+    QuarantinePage,
+    QuarantineRef,
+    QuarantineSide,
+    QuarantineSummary,
+    ReplayRecord,
+    ReplayResult,
+    ResolveResult,
+    StatsResponse,
+)
+from relaybox.metrics import read_ops_stats
+from relaybox.replay import Selection, replay
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = [
+    "Conflict",
+    "InvalidRequest",
+    "NotFound",
+    "OpsError",
+    "age_text",
+    "dead_discard",
+    "dead_list",
+    "dead_retry",
+    "dead_retry_many",
+    "decode_cursor",
+    "decode_payload",
+    "encode_cursor",
+    "event_get",
+    "inbox_list",
+    "json_differences",
+    "quarantine_get",
+    "quarantine_list",
+    "quarantine_resolve",
+    "replay_event",
+    "replay_selection",
+    "stats",
+    "table_exists",
+    "throughput",
+    "when",
+]
+
+
+class OpsError(Exception):
+    """An operator request that cannot be carried out; ``code`` and ``status`` are
+    what the API answers."""
+
+    status = 400
+    code = "invalid_request"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(OpsError):
+    pass
+
+
+class NotFound(OpsError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(OpsError):
+    status = 409
+    code = "conflict"
+
+    def __init__(self, message: str, *, code: str = "conflict") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- cursors --------------------------------------------------------------------
+
+
+def encode_cursor(last_id: int) -> str:
+    """Opaque so clients do not build them; versioned so the format can change."""
+    return base64.urlsafe_b64encode(f"v1:{last_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> int | None:
+    if cursor is None or cursor == "":
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        version, _, value = raw.partition(":")
+        if version == "v1" and value.isdigit():
+            return int(value)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        pass
+    raise InvalidRequest("cursor is not one this API returned")
+
+
+def _page_ids(rows: Sequence[Any], limit: int) -> str | None:
+    return encode_cursor(rows[-1]["id"]) if len(rows) == limit else None
+
+
+# -- helpers --------------------------------------------------------------------
+
+
+def when(ts: float | None) -> str:
+    """ISO 8601 in UTC, for messages people read."""
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def age_text(seconds: float | None) -> str:
+    """``3d 4h``, ``12m 5s``: two units are what a person reads at a glance."""
+    if seconds is None:
+        return "-"
+    s = round(seconds)
+    if s >= 86400:
+        return f"{s // 86400}d {s % 86400 // 3600}h"
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    if s >= 60:
+        return f"{s // 60}m {s % 60}s"
+    return f"{s}s"
+
+
+def decode_payload(raw: bytes | memoryview | None) -> Any:
+    """The body as JSON when it is JSON, else as text (an operator can still read a
+    form-encoded provider's body), ``None`` when purged."""
+    if raw is None:
+        return None
+    data = bytes(raw)
+    try:
+        return json.loads(data)
+    except ValueError:
+        return data.decode("utf-8", errors="replace")
+
+
+def _headers(raw: str | None) -> dict[str, str] | None:
+    return json.loads(raw) if raw else None
+
+
+def _summary(m: Any) -> EventSummary:
+    return EventSummary(
+        id=m["id"],
+        source=m["source"],
+        account=m["account"],
+        event_id=m["event_id"],
+        event_type=m["event_type"],
+        tenant=m["tenant"],
+        status=m["status"],
+        dead_reason=m["dead_reason"],
+        attempts=m["attempts"],
+        received_at=m["received_at"],
+        updated_at=m["updated_at"],
+        done_at=m["done_at"],
+        next_attempt_at=m["next_attempt_at"],
+        last_error=m["last_error"],
+        purged=bool(m["purged"]),
+        discarded_at=m["discarded_at"],
+    )
+
+
+async def _rows(box: Relaybox, name: str, params: Sequence[Any]) -> list[Any]:
+    store = box.store
+    async with store.connect() as conn:
+        result = await conn.exec_driver_sql(store.q[name], tuple(params))
+        return [r._mapping for r in result]
+
+
+async def table_exists(box: Relaybox, table: str) -> bool:
+    """Whether a migration created ``table`` (outbound sections plug in on this)."""
+    store = box.store
+    async with store.connect() as conn:
+        return bool((await conn.exec_driver_sql(store.q["ops_table_exists"], (table,))).scalar())
+
+
+# -- inbox ----------------------------------------------------------------------
+
+
+async def inbox_list(box: Relaybox, f: InboxFilter) -> EventPage:
+    params = (f.source, f.type, f.status, f.tenant, f.since, f.until, decode_cursor(f.cursor))
+    rows = await _rows(box, "ops_inbox_list", (*params, f.limit))
+    return EventPage(items=[_summary(r) for r in rows], next_cursor=_page_ids(rows, f.limit))
+
+
+async def event_get(box: Relaybox, inbox_id: int) -> EventDetail:
+    """One event with everything an operator asks about it, read in one transaction."""
+    store = box.store
+    async with store.connect() as conn:
+
+        async def rows(name: str) -> list[Any]:
+            return [r._mapping for r in await conn.exec_driver_sql(store.q[name], (inbox_id,))]
+
+        found = await rows("inbox_get")
+        if not found:
+            raise NotFound(f"no inbox event {inbox_id}")
+        m = dict(found[0])
+        m["purged"] = m["payload"] is None
+        attempts = await rows("ops_inbox_attempts")
+        keys = await rows("ops_inbox_operations")
+        outbox = await rows("ops_inbox_outbox")
+        replays = await rows("ops_inbox_replays")
+        quarantine = await rows("ops_inbox_quarantine")
+    return EventDetail(
+        **_summary(m).model_dump(),
+        payload=decode_payload(m["payload"]),
+        headers=_headers(m["headers"]),
+        version=m["version"],
+        purged_at=m["purged_at"],
+        discarded_by=m["discarded_by"],
+        discard_reason=m["discard_reason"],
+        attempt_log=[Attempt(**a) for a in attempts],
+        business_keys=[BusinessKey(**k) for k in keys],
+        outbox=[OutboxRow(**o) for o in outbox],
+        replays=[ReplayRecord(**r) for r in replays],
+        quarantine=[QuarantineRef(**q) for q in quarantine],
+    )
+
+
+def _replay_message(result: Any, purged_at: dict[int, float | None]) -> str:
+    parts = []
+    if result.replayed:
+        parts.append(f"{len(result.replayed)} event(s) back to pending")
+    for inbox_id in result.purged:
+        parts.append(
+            f"event {inbox_id} cannot be replayed: its payload was purged by retention "
+            f"on {when(purged_at.get(inbox_id))} (its keys and outcome are kept)"
+        )
+    if result.skipped:
+        parts.append(f"{len(result.skipped)} skipped (status changed meanwhile)")
+    return "; ".join(parts) or "nothing matched"
+
+
+async def _purged_at(box: Relaybox, ids: Sequence[int]) -> dict[int, float | None]:
+    out: dict[int, float | None] = {}
+    for inbox_id in ids:
+        event = await _rows(box, "inbox_get", (inbox_id,))
+        out[inbox_id] = event[0]["purged_at"] if event else None
+    return out
+
+
+async def _replay(box: Relaybox, selection: Selection, actor: str, reason: str) -> ReplayResult:
+    result = await replay(box, selection, actor=actor, reason=reason)
+    purged = await _purged_at(box, result.purged)
+    return ReplayResult(**result.as_dict(), message=_replay_message(result, purged))
+
+
+async def replay_event(box: Relaybox, inbox_id: int, *, actor: str, reason: str) -> ReplayResult:
+    """Replay one finished event. A purged one is a 409 naming the purge: replaying
+    without the payload would run the handler on nothing."""
+    event = await event_get(box, inbox_id)
+    if event.status == "pending":
+        raise Conflict(f"event {inbox_id} is pending: it is already on its way", code="pending")
+    result = await _replay(box, Selection(ids=[inbox_id]), actor, reason)
+    if result.purged:
+        raise Conflict(result.message, code="payload_purged")
+    return result
+
+
+async def replay_selection(
+    box: Relaybox,
+    *,
+    source: str | None,
+    since: float | None,
+    until: float | None,
+    statuses: Sequence[str] | None,
+    limit: int,
+    actor: str,
+    reason: str,
+) -> ReplayResult:
+    try:
+        selection = Selection(
+            source=source, since=since, until=until, statuses=statuses, limit=limit
+        )
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    return await _replay(box, selection, actor, reason)
+
+
+# -- dead letters ---------------------------------------------------------------
+
+
+async def dead_list(box: Relaybox, f: DeadFilter) -> EventPage:
+    params = (f.source, f.type, f.reason, f.tenant, f.since, f.until, decode_cursor(f.cursor))
+    rows = await _rows(box, "ops_dead_list", (*params, f.limit))
+    return EventPage(items=[_summary(r) for r in rows], next_cursor=_page_ids(rows, f.limit))
+
+
+async def dead_retry(box: Relaybox, inbox_id: int, *, actor: str, reason: str) -> ReplayResult:
+    event = await event_get(box, inbox_id)
+    if event.status != "dead" or event.discarded_at is not None:
+        state = "discarded" if event.discarded_at is not None else event.status
+        raise Conflict(f"event {inbox_id} is not a dead letter (it is {state})", code="not_dead")
+    result = await _replay(box, Selection(ids=[inbox_id], statuses=["dead"]), actor, reason)
+    if result.purged:
+        raise Conflict(result.message, code="payload_purged")
+    return result
+
+
+async def dead_retry_many(box: Relaybox, req: DeadRetryRequest, *, actor: str) -> DeadRetryResult:
+    """Select the matching dead letters first (the same filter as the list, so what an
+    operator saw is what is retried), then replay exactly those ids."""
+    rows = await _rows(
+        box,
+        "ops_dead_list",
+        (req.source, req.type, req.dead_reason, req.tenant, req.since, req.until, None, req.limit),
+    )
+    ids = sorted(r["id"] for r in rows)
+    if not ids:
+        return DeadRetryResult(
+            replayed=[], purged=[], skipped=[], message="no dead letter matched", matched=0
+        )
+    result = await _replay(box, Selection(ids=ids, statuses=["dead"]), actor, req.reason)
+    return DeadRetryResult(**result.model_dump(), matched=len(ids))
+
+
+async def dead_discard(box: Relaybox, inbox_id: int, *, actor: str, reason: str) -> DiscardResult:
+    now = box.clock.now()
+    rows = await _rows(box, "ops_dead_discard", (inbox_id, now, actor, reason))
+    if rows:
+        return DiscardResult(id=inbox_id, discarded_at=now)
+    event = await event_get(box, inbox_id)
+    state = "already discarded" if event.discarded_at is not None else event.status
+    raise Conflict(f"event {inbox_id} is not a dead letter (it is {state})", code="not_dead")
+
+
+# -- quarantine -----------------------------------------------------------------
+
+
+async def quarantine_list(box: Relaybox, f: QuarantineFilter) -> QuarantinePage:
+    resolved: bool | int | None = f.resolved
+    if resolved is not None and box.store.backend == "sqlite":
+        resolved = int(resolved)  # SQLite compares the IS NOT NULL result, an integer
+    rows = await _rows(
+        box, "ops_quarantine_list", (f.source, resolved, decode_cursor(f.cursor), f.limit)
+    )
+    return QuarantinePage(
+        items=[QuarantineSummary(**r) for r in rows], next_cursor=_page_ids(rows, f.limit)
+    )
+
+
+def json_differences(original: Any, quarantined: Any, path: str = "$") -> list[Difference]:
+    """Leaf-level differences between two JSON documents, in document order: what an
+    operator needs to decide whether the newcomer is an attack, a bug or a change."""
+    if isinstance(original, dict) and isinstance(quarantined, dict):
+        out: list[Difference] = []
+        for key in [*original, *(k for k in quarantined if k not in original)]:
+            sub = f"{path}.{key}"
+            if key not in quarantined:
+                out.append(Difference(path=sub, original=original[key], change="removed"))
+            elif key not in original:
+                out.append(Difference(path=sub, quarantined=quarantined[key], change="added"))
+            else:
+                out.extend(json_differences(original[key], quarantined[key], sub))
+        return out
+    if isinstance(original, list) and isinstance(quarantined, list):
+        out = []
+        for i in range(max(len(original), len(quarantined))):
+            sub = f"{path}[{i}]"
+            if i >= len(quarantined):
+                out.append(Difference(path=sub, original=original[i], change="removed"))
+            elif i >= len(original):
+                out.append(Difference(path=sub, quarantined=quarantined[i], change="added"))
+            else:
+                out.extend(json_differences(original[i], quarantined[i], sub))
+        return out
+    if original == quarantined and type(original) is type(quarantined):
+        return []
+    return [Difference(path=path, original=original, quarantined=quarantined, change="changed")]
+
+
+async def quarantine_get(box: Relaybox, quarantine_id: int) -> QuarantineDetail:
+    rows = await _rows(box, "ops_quarantine_get", (quarantine_id,))
+    if not rows:
+        raise NotFound(f"no quarantine entry {quarantine_id}")
+    m = rows[0]
+    original = QuarantineSide(
+        event_type=m["original_event_type"],
+        received_at=m["original_received_at"],
+        payload=decode_payload(m["original_payload"]),
+        headers=_headers(m["original_headers"]),
+        purged=m["original_payload"] is None,
+    )
+    newcomer = QuarantineSide(
+        event_type=m["event_type"],
+        received_at=m["received_at"],
+        payload=decode_payload(m["payload"]),
+        headers=_headers(m["headers"]),
+        purged=m["payload"] is None,
+    )
+    summary = {k: m[k] for k in QuarantineSummary.model_fields}
+    return QuarantineDetail(
+        **summary,
+        original=original,
+        quarantined=newcomer,
+        differences=json_differences(original.payload, newcomer.payload),
+    )
+
+
+async def quarantine_resolve(
+    box: Relaybox, quarantine_id: int, *, resolution: str, actor: str, reason: str
+) -> ResolveResult:
+    now = box.clock.now()
+    rows = await _rows(
+        box, "ops_quarantine_resolve", (quarantine_id, now, resolution, actor, reason)
+    )
+    if rows:
+        return ResolveResult(id=quarantine_id, resolved_at=now, resolution=resolution)  # type: ignore[arg-type]
+    await quarantine_get(box, quarantine_id)  # 404 when it does not exist
+    raise Conflict(f"quarantine entry {quarantine_id} is already resolved", code="resolved")
+
+
+# -- numbers --------------------------------------------------------------------
+
+
+async def stats(box: Relaybox) -> StatsResponse:
+    """The same snapshot ``/metrics`` exports, read now."""
+    snapshot = await read_ops_stats(box.store, box.clock.now())
+    return StatsResponse(**snapshot.summary())
+
+
+async def throughput(box: Relaybox, *, minutes: int = 60) -> list[dict[str, Any]]:
+    """Deliveries accepted per minute over the last ``minutes``, by status now; every
+    minute present (zeros included) so a chart has no gaps."""
+    now = box.clock.now()
+    first = int(now // 60) - minutes + 1
+    rows = await _rows(box, "ops_throughput", (first * 60.0,))
+    buckets = [{"minute": first + i, "total": 0, "by_status": {}} for i in range(minutes)]
+    for r in rows:
+        i = int(r["minute"]) - first
+        if 0 <= i < minutes:
+            buckets[i]["total"] += int(r["n"])
+            buckets[i]["by_status"][r["status"]] = int(r["n"])
+    return buckets

@@ -1,0 +1,539 @@
+"""The sending side in the admin app: endpoints with their health and recent attempts,
+messages with their deliveries and attempts, and Redeliver.
+
+Rows are read through :mod:`relaybox.outbound` (the area that owns those tables), so
+the admin shows what the tenant API shows; only the health figures (success rate and
+backlog per endpoint) are operator-specific queries (``ops_endpoint_*``). The section
+names its tables in ``requires_tables``: on a database without them it stays hidden
+and its routes answer 404 ``not_migrated``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from relaybox.admin import dashboard, ops
+from relaybox.admin.models import RequestModel
+from relaybox.admin.sections import Call, Operation, OverviewPanel, Section, register_section
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = [
+    "EndpointDetail",
+    "EndpointList",
+    "EndpointSummary",
+    "EventTypeList",
+    "MessageDetail",
+    "MessagePage",
+    "MessageSummary",
+    "RedeliverResult",
+    "register",
+]
+
+HEALTH_WINDOW = 24 * 3600.0
+"""Seconds of attempts an endpoint's success rate is computed over."""
+
+TABLES = ("relaybox_endpoints", "relaybox_messages", "relaybox_outbox_attempts")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EndpointFilter(RequestModel):
+    tenant: str | None = Field(None, max_length=200)
+    limit: int = Field(100, ge=1, le=1000)
+
+
+class Health(_Model):
+    attempts: int = Field(description="delivery attempts in the last 24 h")
+    succeeded: int
+    success_rate: float | None = Field(description="succeeded / attempts; null without attempts")
+    last_attempt_at: float | None
+    pending: int
+    dead: int
+    held: int
+    oldest_pending_age_seconds: float | None
+
+
+class EndpointSummary(_Model):
+    id: str
+    tenant: str
+    url: str
+    description: str
+    event_types: list[str]
+    status: str
+    disabled_reason: str | None
+    failing_since: float | None
+    created_at: float
+    health: Health
+
+
+class EndpointList(_Model):
+    items: list[EndpointSummary]
+
+
+class EndpointAttempt(_Model):
+    outbox_id: int
+    message_id: str | None
+    attempt: int
+    started_at: float
+    duration: float
+    outcome: str
+    status_code: int | None
+    error: str | None
+
+
+class EndpointDetail(EndpointSummary):
+    recent_attempts: list[EndpointAttempt]
+
+
+class MessageFilter(RequestModel):
+    tenant: str | None = Field(None, max_length=200)
+    type: str | None = Field(None, max_length=200, description="event type, exact")
+    limit: int = Field(50, ge=1, le=500)
+    cursor: str | None = Field(None, max_length=200)
+
+
+class MessageSummary(_Model):
+    id: str
+    tenant: str
+    event_type: str
+    idempotency_key: str | None
+    created_at: float
+
+
+class MessagePage(_Model):
+    items: list[MessageSummary]
+    next_cursor: str | None
+
+
+class Delivery(_Model):
+    id: int
+    endpoint_id: str | None
+    channel: str
+    status: str
+    dead_reason: str | None
+    attempts: int
+    next_attempt_at: float | None
+    last_error: str | None
+    last_status: int | None
+    created_at: float
+    sent_at: float | None
+
+
+class MessageAttempt(_Model):
+    outbox_id: int
+    endpoint_id: str | None
+    attempt: int
+    started_at: float
+    duration: float
+    outcome: str
+    status_code: int | None
+    error: str | None
+    response: str | None
+
+
+class MessageDetail(MessageSummary):
+    payload: Any = Field(description="the envelope every endpoint receives")
+    deliveries: list[Delivery]
+    attempts: list[MessageAttempt]
+
+
+class EventTypeInfo(_Model):
+    name: str
+    description: str
+    schema_: dict[str, Any] | None = Field(
+        alias="schema", serialization_alias="schema", description="JSON Schema of data"
+    )
+
+
+class EventTypeList(_Model):
+    items: list[EventTypeInfo]
+
+
+class RedeliverRequest(RequestModel):
+    reason: str = Field(min_length=1, max_length=2000)
+    endpoint_id: str | None = Field(None, max_length=200, description="only this endpoint")
+    actor: str | None = Field(None, min_length=1, max_length=200)
+
+
+class RedeliverResult(_Model):
+    message_id: str
+    redelivered: int = Field(description="finished deliveries sent again")
+
+
+# -- reads ------------------------------------------------------------------------
+
+
+def _encode(created_at: float, message_id: str) -> str:
+    raw = json.dumps([created_at, message_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode(cursor: str | None) -> tuple[float, str] | None:
+    if not cursor:
+        return None
+    try:
+        created_at, message_id = json.loads(
+            base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        )
+        return float(created_at), str(message_id)
+    except (binascii.Error, ValueError, TypeError):
+        raise ops.InvalidRequest("cursor is not one this API returned") from None
+
+
+async def _health(box: Relaybox) -> tuple[dict[str, Any], dict[str, Any]]:
+    store = box.store
+    now = box.clock.now()
+    async with store.connect() as conn:
+        health = {
+            r._mapping["endpoint_id"]: r._mapping
+            for r in await conn.exec_driver_sql(
+                store.q["ops_endpoint_health"], (now - HEALTH_WINDOW,)
+            )
+        }
+        backlog = {
+            r._mapping["endpoint_id"]: r._mapping
+            for r in await conn.exec_driver_sql(store.q["ops_endpoint_backlog"])
+        }
+    return health, backlog
+
+
+def _summary(box: Relaybox, e: Any, health: Any, backlog: Any) -> EndpointSummary:
+    attempts = int(health["attempts"]) if health else 0
+    succeeded = int(health["succeeded"] or 0) if health else 0
+    oldest = backlog["oldest"] if backlog else None
+    return EndpointSummary(
+        id=e.id,
+        tenant=e.tenant,
+        url=e.url,
+        description=e.description,
+        event_types=list(e.event_types),
+        status=e.status,
+        disabled_reason=e.disabled_reason,
+        failing_since=e.failing_since,
+        created_at=e.created_at,
+        health=Health(
+            attempts=attempts,
+            succeeded=succeeded,
+            success_rate=round(succeeded / attempts, 4) if attempts else None,
+            last_attempt_at=health["last_attempt_at"] if health else None,
+            pending=int(backlog["pending"] or 0) if backlog else 0,
+            dead=int(backlog["dead"] or 0) if backlog else 0,
+            held=int(backlog["held"] or 0) if backlog else 0,
+            oldest_pending_age_seconds=None if oldest is None else box.clock.now() - oldest,
+        ),
+    )
+
+
+async def endpoint_list(box: Relaybox, f: EndpointFilter) -> EndpointList:
+    from relaybox.outbound.endpoints import list_endpoints
+
+    endpoints = await list_endpoints(box, f.tenant, limit=f.limit)
+    health, backlog = await _health(box)
+    return EndpointList(
+        items=[_summary(box, e, health.get(e.id), backlog.get(e.id)) for e in endpoints]
+    )
+
+
+async def endpoint_get(box: Relaybox, endpoint_id: str) -> EndpointDetail:
+    from relaybox.outbound.endpoints import get_endpoint
+
+    e = await get_endpoint(box, endpoint_id, None)
+    if e is None:
+        raise ops.NotFound(f"no endpoint {endpoint_id}")
+    health, backlog = await _health(box)
+    store = box.store
+    async with store.connect() as conn:
+        rows = await conn.exec_driver_sql(store.q["ops_endpoint_attempts"], (endpoint_id, 50))
+        recent = [EndpointAttempt(**r._mapping) for r in rows]
+    summary = _summary(box, e, health.get(e.id), backlog.get(e.id))
+    return EndpointDetail(**summary.model_dump(), recent_attempts=recent)
+
+
+async def message_list(box: Relaybox, f: MessageFilter) -> MessagePage:
+    from relaybox.outbound.deliveries import list_messages
+
+    found = await list_messages(
+        box, f.tenant, event_type=f.type, before=_decode(f.cursor), limit=f.limit
+    )
+    items = [
+        MessageSummary(
+            id=m.id,
+            tenant=m.tenant,
+            event_type=m.event_type,
+            idempotency_key=m.idempotency_key,
+            created_at=m.created_at,
+        )
+        for m in found
+    ]
+    last = found[-1] if len(found) == f.limit else None
+    return MessagePage(items=items, next_cursor=_encode(last.created_at, last.id) if last else None)
+
+
+async def message_get(box: Relaybox, message_id: str) -> MessageDetail:
+    from relaybox.outbound.deliveries import get_message, list_attempts, list_deliveries
+
+    m = await get_message(box, message_id, None)
+    if m is None:
+        raise ops.NotFound(f"no message {message_id}")
+    deliveries = await list_deliveries(box, None, message_id=message_id, limit=1000)
+    attempts = await list_attempts(box, message_id, None)
+    return MessageDetail(
+        id=m.id,
+        tenant=m.tenant,
+        event_type=m.event_type,
+        idempotency_key=m.idempotency_key,
+        created_at=m.created_at,
+        payload=ops.decode_payload(m.body),
+        deliveries=[Delivery(**{k: d[k] for k in Delivery.model_fields}) for d in deliveries],
+        attempts=[
+            MessageAttempt(**{k: a[k] for k in MessageAttempt.model_fields}) for a in attempts
+        ],
+    )
+
+
+async def message_redeliver(
+    box: Relaybox, message_id: str, *, endpoint_id: str | None
+) -> RedeliverResult:
+    from relaybox.outbound.deliveries import get_message, redeliver
+
+    if await get_message(box, message_id, None) is None:
+        raise ops.NotFound(f"no message {message_id}")
+    n = await redeliver(box, message_id, tenant=None, endpoint_id=endpoint_id)
+    if n == 0:
+        raise ops.Conflict(
+            f"message {message_id} has no finished delivery to send again (still pending?)",
+            code="nothing_to_redeliver",
+        )
+    return RedeliverResult(message_id=message_id, redelivered=n)
+
+
+async def event_types(box: Relaybox) -> EventTypeList:
+    from relaybox.outbound.catalog import list_event_types
+
+    return EventTypeList(
+        items=[
+            EventTypeInfo(name=t.name, description=t.description, schema=t.schema)
+            for t in await list_event_types(box)
+        ]
+    )
+
+
+async def overview_panel(box: Relaybox) -> OverviewPanel | None:
+    """Delivery success rate per endpoint over the last 24 hours."""
+    summaries = (await endpoint_list(box, EndpointFilter(limit=50))).items
+    if not summaries:
+        return None
+    rows = [
+        (
+            e.id,
+            e.status,
+            e.health.attempts,
+            "-" if e.health.success_rate is None else f"{e.health.success_rate:.1%}",
+            e.health.pending,
+            e.health.dead,
+        )
+        for e in summaries
+    ]
+    return OverviewPanel(
+        title="Delivery success rate per endpoint (24 h)",
+        columns=("endpoint", "status", "attempts", "success rate", "pending", "dead"),
+        rows=rows,
+        metric="endpoints",
+    )
+
+
+# -- API --------------------------------------------------------------------------
+
+
+async def _endpoint_list(c: Call) -> BaseModel:
+    return await endpoint_list(c.box, c.query)
+
+
+async def _endpoint_get(c: Call) -> BaseModel:
+    return await endpoint_get(c.box, c.path["id"])
+
+
+async def _message_list(c: Call) -> BaseModel:
+    return await message_list(c.box, c.query)
+
+
+async def _message_get(c: Call) -> BaseModel:
+    return await message_get(c.box, c.path["id"])
+
+
+async def _event_types(c: Call) -> BaseModel:
+    return await event_types(c.box)
+
+
+async def _message_redeliver(c: Call) -> BaseModel:
+    return await message_redeliver(c.box, c.path["id"], endpoint_id=c.body.endpoint_id)
+
+
+OPERATIONS = (
+    Operation(
+        "GET",
+        "/endpoints",
+        "listEndpoints",
+        "Webhook endpoints of every tenant, with their health",
+        _endpoint_list,
+        EndpointList,
+        query=EndpointFilter,
+        errors=(400,),
+    ),
+    Operation(
+        "GET",
+        "/endpoints/{id:str}",
+        "getEndpoint",
+        "One endpoint with its health and most recent attempts",
+        _endpoint_get,
+        EndpointDetail,
+        errors=(404,),
+    ),
+    Operation(
+        "GET",
+        "/messages",
+        "listMessages",
+        "Published messages, newest first",
+        _message_list,
+        MessagePage,
+        query=MessageFilter,
+        errors=(400,),
+    ),
+    Operation(
+        "GET",
+        "/messages/{id:str}",
+        "getMessage",
+        "One message with its deliveries and attempts",
+        _message_get,
+        MessageDetail,
+        errors=(404,),
+    ),
+    Operation(
+        "GET",
+        "/event-types",
+        "listEventTypes",
+        "The event-type catalog tenants subscribe to",
+        _event_types,
+        EventTypeList,
+    ),
+    Operation(
+        "POST",
+        "/messages/{id:str}/redeliver",
+        "redeliverMessage",
+        "Send a message again to every endpoint whose delivery finished",
+        _message_redeliver,
+        RedeliverResult,
+        body=RedeliverRequest,
+        errors=(400, 404, 409),
+        description="Reuses the delivery row and so the webhook-id: a receiver that "
+        "already processed the message recognises it.",
+    ),
+)
+
+
+# -- pages ------------------------------------------------------------------------
+
+
+def _text_id(request: Request) -> str:
+    raw = str(request.path_params["id"])
+    if "\x00" in raw or len(raw) > 200:
+        raise ops.NotFound(f"{raw[:40]!r} is not a known id")
+    return raw
+
+
+@dashboard.page
+async def endpoints_page(request: Request) -> Response:
+    f = EndpointFilter.model_validate(
+        {k: v for k, v in request.query_params.items() if v and k in EndpointFilter.model_fields}
+    )
+    result = await endpoint_list(dashboard.box_of(request), f)
+    return await dashboard.render(request, "endpoints.html", active="endpoints", f=f, page=result)
+
+
+@dashboard.page
+async def endpoint_page(request: Request) -> Response:
+    detail = await endpoint_get(dashboard.box_of(request), _text_id(request))
+    return await dashboard.render(request, "endpoint.html", active="endpoints", e=detail)
+
+
+@dashboard.page
+async def messages_page(request: Request) -> Response:
+    f = MessageFilter.model_validate(
+        {k: v for k, v in request.query_params.items() if v and k in MessageFilter.model_fields}
+    )
+    result = await message_list(dashboard.box_of(request), f)
+    next_url = None
+    if result.next_cursor:
+        next_url = f"{request.url.path}?cursor={result.next_cursor}"
+    return await dashboard.render(
+        request, "messages.html", active="messages", f=f, page=result, next_url=next_url
+    )
+
+
+@dashboard.page
+async def message_page(request: Request) -> Response:
+    detail = await message_get(dashboard.box_of(request), _text_id(request))
+    return await dashboard.render(request, "message.html", active="messages", m=detail)
+
+
+@dashboard.action
+async def message_redeliver_action(request: Request, form: dict[str, str]) -> str:
+    RedeliverRequest.model_validate(
+        {"reason": form.get("reason") or "redelivered from the dashboard"}
+    )
+    result = await message_redeliver(
+        dashboard.box_of(request),
+        request.path_params["id"],
+        endpoint_id=form.get("endpoint_id") or None,
+    )
+    return f"{result.redelivered} deliver(ies) of {result.message_id} sent again"
+
+
+PAGES = (
+    Route("/endpoints", endpoints_page, methods=["GET"]),
+    Route("/endpoints/{id:str}", endpoint_page, methods=["GET"]),
+    Route("/messages", messages_page, methods=["GET"]),
+    Route("/messages/{id:str}", message_page, methods=["GET"]),
+    Route("/messages/{id:str}/redeliver", message_redeliver_action, methods=["POST"]),
+)
+
+
+def register() -> None:
+    """Add the endpoints and messages sections (shown once their tables exist)."""
+    register_section(
+        Section(
+            "endpoints",
+            "Endpoints",
+            40,
+            nav_path="/endpoints",
+            operations=OPERATIONS[:2],
+            pages=PAGES[:2],
+            requires_tables=TABLES,
+            overview=overview_panel,
+            tag_description="Tenants' webhook endpoints, their health and recent attempts.",
+        )
+    )
+    register_section(
+        Section(
+            "messages",
+            "Messages",
+            50,
+            nav_path="/messages",
+            operations=OPERATIONS[2:],
+            pages=PAGES[2:],
+            requires_tables=TABLES,
+            tag_description="Published messages, their deliveries, attempts and redelivery.",
+        )
+    )

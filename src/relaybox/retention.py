@@ -1,0 +1,171 @@
+"""Retention: what relaybox forgets, when, and what it never forgets.
+
+The seed asks to "retain only what is necessary": a payload is needed while its event
+can still run (pending), while an operator may still act on it (an undiscarded dead
+letter, the original of an open quarantine entry), and for a while after it finished
+(``retention.payload_max_age``, for replays and investigations). After that the purge
+drops the **payload and headers** and keeps the rest:
+
+* the event key and fingerprint, so a resend of a purged event is still answered as a
+  duplicate (or quarantined), never processed again;
+* status, outcome, attempts and errors, so the history stays readable;
+* business keys (``relaybox_operations``): never purged, because "did this operation
+  already happen?" has no expiry.
+
+A purged event cannot be replayed; :func:`relaybox.replay.replay` reports it apart and
+the admin API answers 409 ``payload_purged`` naming the purge date.
+
+The scheduled job (:class:`Maintenance`) runs in the ``maintenance`` role (or
+``relaybox maintenance``). With several processes on one PostgreSQL, one runs it at a
+time: a session-level advisory lock (``pg_try_advisory_lock``) on a connection of its
+own, released when the run ends or when that connection dies with its process. SQLite
+has one process per database file, and purging is idempotent anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+    from relaybox.store import Store
+
+__all__ = ["Maintenance", "PurgeResult", "maintenance_lock", "purge", "purge_candidates"]
+
+log = structlog.get_logger("relaybox.retention")
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    """What one purge did (or, with ``dry_run``, would do)."""
+
+    cutoff: float
+    inbox: int
+    quarantine: int
+    dry_run: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def _scalar(store: Store, name: str, params: tuple[Any, ...]) -> int:
+    async with store.connect() as conn:
+        return int((await conn.exec_driver_sql(store.q[name], params)).scalar_one())
+
+
+async def purge_candidates(box: Relaybox, cutoff: float) -> tuple[int, int]:
+    """(inbox rows, quarantine entries) whose payload a purge at ``cutoff`` drops."""
+    store = box.store
+    return (
+        await _scalar(store, "ops_purge_count", (cutoff,)),
+        await _scalar(store, "ops_purge_quarantine_count", (cutoff,)),
+    )
+
+
+async def purge(
+    box: Relaybox,
+    *,
+    older_than: float | None = None,
+    batch: int | None = None,
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> PurgeResult:
+    """Drop payloads of rows that finished more than ``older_than`` seconds ago
+    (default: ``retention.payload_max_age``), ``batch`` rows per transaction so a
+    large purge never holds locks for long. ``progress`` is called with the number of
+    rows each batch purged."""
+    settings = box.settings.retention
+    age = settings.payload_max_age if older_than is None else older_than
+    if age < 0:
+        raise ValueError("older_than must not be negative")
+    size = batch or settings.batch
+    now = box.clock.now()
+    cutoff = now - age
+    if dry_run:
+        inbox, quarantine = await purge_candidates(box, cutoff)
+        return PurgeResult(cutoff, inbox, quarantine, dry_run=True)
+    store = box.store
+    totals = {"ops_purge_inbox": 0, "ops_purge_quarantine": 0}
+    for name in totals:
+        while True:
+            async with store.connect() as conn:
+                rows = (await conn.exec_driver_sql(store.q[name], (cutoff, now, size))).all()
+            if not rows:
+                break
+            totals[name] += len(rows)
+            if progress is not None:
+                progress(len(rows))
+    result = PurgeResult(cutoff, totals["ops_purge_inbox"], totals["ops_purge_quarantine"])
+    box.metrics.observe_purge("inbox", result.inbox)
+    box.metrics.observe_purge("quarantine", result.quarantine)
+    log.info("purge", **result.as_dict())
+    return result
+
+
+@contextlib.asynccontextmanager
+async def maintenance_lock(store: Store) -> AsyncIterator[bool]:
+    """Yield whether this process is the maintenance runner now.
+
+    PostgreSQL: ``pg_try_advisory_lock`` on a dedicated connection outside the pool
+    (a pooled connection would carry the session lock to its next user); closing it
+    releases the lock even if the unlock is never reached."""
+    if store.backend != "postgres":
+        async with store.connect() as conn:
+            got = bool((await conn.exec_driver_sql(store.q["ops_maintenance_try_lock"])).scalar())
+        yield got
+        return
+    import asyncpg
+
+    from relaybox.store.postgres import dsn
+
+    conn = await asyncpg.connect(dsn(store.url), timeout=10)
+    try:
+        got = bool(await conn.fetchval(store.q["ops_maintenance_try_lock"]))
+        try:
+            yield got
+        finally:
+            if got:
+                await conn.fetchval(store.q["ops_maintenance_unlock"])
+    finally:
+        await conn.close()
+
+
+class Maintenance:
+    """The scheduled maintenance loop: every ``retention.interval`` seconds, if no
+    other process holds the maintenance lock, purge. Same shape as the worker:
+    ``run()`` until :meth:`stop`, ``run_once()`` for one pass (tests)."""
+
+    def __init__(self, box: Relaybox, *, interval: float | None = None) -> None:
+        self.box = box
+        self.interval = interval or box.settings.retention.interval
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run_once(self) -> PurgeResult | None:
+        """One pass; ``None`` when another process holds the lock (it is purging)."""
+        async with maintenance_lock(self.box.store) as mine:
+            if not mine:
+                log.info("maintenance_skipped", reason="another process holds the lock")
+                return None
+            return await purge(self.box)
+
+    async def run(self) -> None:
+        if not self.box.settings.retention.enabled:
+            log.info("maintenance_disabled", setting="retention.enabled")
+            await self._stopping.wait()
+            return
+        while not self._stopping.is_set():
+            try:
+                await self.run_once()
+            except Exception as exc:  # the database went away: try again next time
+                log.warning("maintenance_failed", error=f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.interval)
