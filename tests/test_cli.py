@@ -385,3 +385,54 @@ def test_serve_with_an_unreachable_database_exits_3(tmp_path: Path) -> None:
     assert "database unreachable" in result.stderr
     assert "127.0.0.1:1/x" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_postgres_embedded_from_an_empty_folder(tmp_path: Path) -> None:
+    """`relaybox serve --postgres-embedded` starts a throwaway PostgreSQL under
+    ./.relaybox/pg (creating the folder) and serves the demo on it."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *relaybox_command(),
+            "serve",
+            "--postgres-embedded",
+            "--port",
+            str(port),
+            "--roles",
+            "receiver,worker",
+        ],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                    assert json.loads(r.read())["status"] == "ok"
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+                assert time.time() < deadline, "serve --postgres-embedded did not come up"
+                time.sleep(0.2)
+        sent = subprocess.run(
+            [*relaybox_command(), "send-test", "stripe", "--url", f"http://127.0.0.1:{port}"],
+            cwd=tmp_path,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert sent.returncode == 0 and '"accepted"' in sent.stdout, sent.stdout + sent.stderr
+        assert (tmp_path / ".relaybox" / "pg" / "PG_VERSION").exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()

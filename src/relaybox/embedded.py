@@ -21,6 +21,7 @@ def start_embedded_postgres(
     ``max_connections`` is raised from PostgreSQL's 100: a test run starts several
     worker processes, each with its own pools, next to parallel tests."""
     datadir = Path(datadir)
+    datadir.parent.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("XDG_RUNTIME_DIR", str(datadir.parent))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
