@@ -130,6 +130,10 @@ def serve(
         from relaybox.embedded import start_embedded_postgres
 
         database_url, server_handle = start_embedded_postgres(Path(".relaybox/pg").resolve())
+        # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown; with Python's
+        # default handler that ends the process before atexit stops the server.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: sys.exit(0))
     box = load_box(app, config, database_url)
     configure_logging(box.settings.log_level, json=box.settings.log_json)
     role_set = tuple(r.strip() for r in roles.split(",") if r.strip())

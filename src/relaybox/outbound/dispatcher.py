@@ -6,9 +6,11 @@ three short steps and no transaction is open while a channel talks to the world:
 1. **lease** (:mod:`relaybox.outbound.leases`): owner, fencing token, lease end,
    attempt counted; per-lane caps decide how many rows of each destination;
 2. **deliver**: the channel makes one attempt, bounded by its timeout and the lease;
-3. **record**: one transaction writes the outcome ``WHERE id = ? AND lease_token = ?``
-   plus the attempt log. A dispatcher whose lease expired and was taken over writes
-   nothing (its attempt is still logged, as ``fenced``).
+3. **record**: finished attempts are gathered and written together (group commit):
+   one short transaction updates every outcome fenced per row (``id`` and
+   ``lease_token`` from ``unnest`` arrays) plus one multi-row insert of the attempt
+   log, while leasing keeps the next rows flowing. A dispatcher whose lease expired
+   and was taken over writes nothing (its attempt is still logged, as ``fenced``).
 
 A lease that expires unrecorded (the dispatcher died, or lost the database) makes the
 outcome uncertain: the row comes back flagged and its channel's policy decides —
@@ -24,17 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import secrets
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from relaybox.log import error_text, short_error
+from relaybox.log import debug_enabled, error_text, short_error
 from relaybox.outbound import db
 from relaybox.outbound.channels.base import Channel, Delivery, Result
 from relaybox.outbound.endpoints import disable_in
@@ -49,6 +52,8 @@ __all__ = ["Decision", "Dispatcher"]
 
 log = structlog.get_logger("relaybox.dispatcher")
 
+_LEASES_IN_FLIGHT = 4
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -59,6 +64,19 @@ class Decision:
     label: str
     reason: str | None = None
     at: float | None = None
+
+
+@dataclass
+class _Finished:
+    """One attempt waiting for the recorder: its outcome, and the future its
+    :meth:`Dispatcher.handle` awaits (resolved with the attempt log's label)."""
+
+    d: Delivery
+    result: Result | None
+    decision: Decision
+    started: float
+    duration: float
+    done: asyncio.Future[str] = field(repr=False)
 
 
 class Dispatcher:
@@ -84,6 +102,8 @@ class Dispatcher:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._lanes_ready = False
+        self._finished: list[_Finished] = []
+        self._recorder: asyncio.Task[None] | None = None
 
     # -- loop -------------------------------------------------------------------
 
@@ -95,25 +115,51 @@ class Dispatcher:
     async def run(self) -> None:
         listener = await self._listen()
         tasks: set[asyncio.Task[None]] = set()
+        leasing: set[asyncio.Task[list[Delivery]]] = set()
+        reserved = 0  # slots promised to leases still running
+        deferred = False  # slots were free while every lease slot was busy: lease again after
+
+        def freed(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            self._wake.set()  # a freed slot: its lane may have more
+
+        def leased(lease_task: asyncio.Task[list[Delivery]], asked: int) -> None:
+            nonlocal reserved, deferred
+            reserved -= asked
+            leasing.discard(lease_task)
+            found = [] if lease_task.cancelled() else lease_task.result()
+            for delivery in found:
+                task = asyncio.create_task(self.handle(delivery))
+                tasks.add(task)
+                task.add_done_callback(freed)
+            if len(found) == asked or deferred:
+                deferred = False
+                self._wake.set()  # more may be due, or slots freed meanwhile
+            # else nothing more is due or no lane has room: a freed slot, a NOTIFY or
+            # the poll interval wakes the loop (no busy loop on an empty outbox).
+
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
-                free = self.concurrency - len(tasks)
-                for delivery in await self._lease_safely(free) if free > 0 else []:
-                    task = asyncio.create_task(self.handle(delivery))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                if self._stopping.is_set():
-                    break
-                # Wake on new rows, on a freed slot (its lane may have more), or poll.
-                waiter = asyncio.create_task(self._wake.wait())
-                await asyncio.wait(
-                    {waiter, *tasks},
-                    timeout=self.outbound.settings.poll_interval,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                waiter.cancel()
+                free = self.concurrency - len(tasks) - reserved
+                # Up to _LEASES_IN_FLIGHT leases in flight: the next rows are leased while the
+                # previous lease's round trips are still running, so freed slots do not
+                # wait for a whole lease to refill.
+                if free > 0 and len(leasing) < _LEASES_IN_FLIGHT:
+                    reserved += free
+                    lease_task = asyncio.create_task(self._lease_safely(free))
+                    leasing.add(lease_task)
+                    lease_task.add_done_callback(functools.partial(leased, asked=free))
+                elif free > 0:
+                    deferred = True
+                # Wake on new rows, on a freed slot, on a lease done, or poll. (Done
+                # callbacks set the event: waiting on every task costs O(tasks).)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.outbound.settings.poll_interval):
+                        await self._wake.wait()
         finally:
+            if leasing:
+                await asyncio.gather(*leasing, return_exceptions=True)
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
             await self.close()
@@ -224,7 +270,8 @@ class Dispatcher:
             return
         started, t0 = self.box.clock.now(), time.perf_counter()
         try:
-            result = await asyncio.wait_for(channel.deliver(d), d.deadline)
+            async with asyncio.timeout(d.deadline):  # no extra task, unlike wait_for
+                result = await channel.deliver(d)
         except TimeoutError:
             result = Result("retry", error=f"no answer within {d.deadline:g} s", timed_out=True)
         except Exception as exc:  # a channel bug is a transient failure, with its trace
@@ -257,39 +304,124 @@ class Dispatcher:
         started: float,
         duration: float,
     ) -> None:
+        """Hand the outcome to the recorder and wait until it is committed.
+
+        Outcomes are written in batches, one transaction per batch (group commit: one
+        COMMIT, one fsync, for every attempt that finished meanwhile). Durability is
+        unchanged: an attempt whose outcome is not yet committed when the process dies
+        is exactly the uncertain outcome the lease already covers; its lease expires and
+        the channel's policy decides (``resend`` under the same webhook-id /
+        idempotency key, ``review`` or ``accept``). The row's slot (and its lane's
+        in-flight count) is held until the outcome is committed.
+        """
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._finished.append(_Finished(d, result, decision, started, duration, done))
+        if self._recorder is None or self._recorder.done():
+            self._recorder = asyncio.create_task(self._record_batches())
+        await done
+
+    async def _record_batches(self) -> None:
+        """Write what finished, in batches, until nothing waits: attempts that finish
+        while a batch is being written form the next one."""
+        while self._finished:
+            await asyncio.sleep(0)  # attempts finishing in this turn join the batch
+            batch, self._finished = self._finished, []
+            try:
+                try:
+                    labels = await self._write(batch)
+                except Exception:
+                    if len(batch) == 1:
+                        raise
+                    # E.g. a deadlock with another dispatcher's batch: the transaction
+                    # rolled back, writing it again is safe.
+                    labels = await self._write(batch)
+            except Exception as exc:
+                for f in batch:
+                    if not f.done.done():
+                        f.done.set_exception(exc)
+                continue
+            for f, label in zip(batch, labels, strict=True):
+                self._observe(f.d, f.result, f.decision, label, f.duration)
+                if not f.done.done():
+                    f.done.set_result(label)
+
+    async def _write(self, batch: list[_Finished]) -> list[str]:
+        """One transaction: every outcome (fenced per row), the attempt log, the
+        endpoints' failure streaks. Returns each attempt's label."""
         store, now = self.box.store, self.box.clock.now()
-        error = result.error if result else None
-        status = result.status_code if result else None
+        if store.backend == "postgres" and all(_plain_success(f) for f in batch):
+            return await self._write_sent(batch, now)
+        marks: list[tuple[Any, ...]] = []
+        for f in batch:
+            d, result, decision = f.d, f.result, f.decision
+            error = result.error if result else None
+            code = result.status_code if result else None
+            if decision.status == "held":
+                error = "outcome unknown: a dispatcher's lease expired; review, then redeliver"
+            elif decision.status != "retry" and decision.label == "exhausted" and result is None:
+                error = f"attempt {d.attempt - 1} did not finish: the dispatcher died"
+            status = "pending" if decision.status == "retry" else decision.status
+            marks.append((d.id, d.lease_token, status, decision.at, decision.reason, error, code))
         async with store.transaction() as conn:
-            if d.uncertain:
-                await db.execute(
-                    conn, store, "outbox_attempt_insert", d.id, d.attempt - 1, d.lease_token - 1,
-                    None, now, 0.0, "uncertain", None,
-                    "the lease expired before the outcome was recorded", None,
-                )  # fmt: skip
-            if decision.status == "retry":
-                row = await db.first(
-                    conn, store, "outbox_mark_retry", d.id, d.lease_token, now, decision.at,
-                    error, status,
-                )  # fmt: skip
-            else:
-                if decision.status == "held":
-                    error = "outcome unknown: a dispatcher's lease expired; review, then redeliver"
-                elif decision.label == "exhausted" and result is None:
-                    error = f"attempt {d.attempt - 1} did not finish: the dispatcher died"
-                row = await db.first(
-                    conn, store, "outbox_mark_final", d.id, d.lease_token, now, decision.status,
-                    decision.reason, error, status,
-                )  # fmt: skip
-            label = decision.label if row is not None else "fenced"
-            if result is not None:
-                await db.execute(
-                    conn, store, "outbox_attempt_insert", d.id, d.attempt, d.lease_token,
-                    self.name, started, duration, label, status, error, result.response,
-                )  # fmt: skip
-            if row is not None and d.endpoint is not None and result is not None:
-                await self._endpoint_health(conn, d, result, now)
-        self._observe(d, result, decision, label, duration)
+            found = await db.rows(conn, store, "outbox_record", now, *_columns(store, marks))
+            written = {(r["id"], r["lease_token"]) for r in found}
+            labels: list[str] = []
+            log_rows: list[tuple[Any, ...]] = []
+            for f, mark in zip(batch, marks, strict=True):
+                d, result = f.d, f.result
+                label = f.decision.label if (d.id, d.lease_token) in written else "fenced"
+                labels.append(label)
+                if d.uncertain:
+                    log_rows.append(
+                        (d.id, d.attempt - 1, d.lease_token - 1, None, now, 0.0, "uncertain",
+                         None, "the lease expired before the outcome was recorded", None)
+                    )  # fmt: skip
+                if result is not None:
+                    log_rows.append(
+                        (d.id, d.attempt, d.lease_token, self.name, f.started, f.duration,
+                         label, mark[6], mark[5], result.response)
+                    )  # fmt: skip
+            if log_rows:
+                await db.execute(conn, store, "outbox_attempts_insert", *_columns(store, log_rows))
+            await self._endpoints_health(conn, batch, labels, now)
+        return labels
+
+    async def _write_sent(self, batch: list[_Finished], now: float) -> list[str]:
+        """PostgreSQL, a batch of plain successes (the common case): one autocommit
+        statement on the raw driver writes the rows, the attempt log and the endpoints'
+        streaks (``outbox_record_sent``): one round trip, one commit."""
+        store = self.box.store
+        rows = [
+            (f.d.id, f.d.lease_token, f.d.attempt, f.d.endpoint.id if f.d.endpoint else None,
+             f.started, f.duration, f.result.status_code, f.result.error, f.result.response)
+            for f in batch
+            if f.result is not None
+        ]  # fmt: skip
+        pool = await store.raw_pool()  # type: ignore[attr-defined]
+        async with pool.acquire() as conn:
+            found = await conn.fetch(
+                store.q["outbox_record_sent"], now, *_columns(store, rows), self.name
+            )
+        written = {(r["id"], r["lease_token"]) for r in found}
+        return ["sent" if (f.d.id, f.d.lease_token) in written else "fenced" for f in batch]
+
+    async def _endpoints_health(
+        self, conn: Any, batch: list[_Finished], labels: list[str], now: float
+    ) -> None:
+        """Endpoints that only succeeded in this batch: one statement clears their
+        streaks; an endpoint with a failure in it gets its outcomes applied in order."""
+        mixed: dict[str, list[tuple[Delivery, Result]]] = {}
+        for f, label in zip(batch, labels, strict=True):
+            if label != "fenced" and f.d.endpoint is not None and f.result is not None:
+                mixed.setdefault(f.d.endpoint.id, []).append((f.d, f.result))
+        clean = sorted(e for e, rs in mixed.items() if all(r.outcome == "sent" for _, r in rs))
+        if clean:
+            store = self.box.store
+            await db.execute(conn, store, "endpoints_succeeded", db.array(store, clean))
+        for endpoint_id in sorted(mixed):
+            if endpoint_id not in clean:
+                for d, result in mixed[endpoint_id]:
+                    await self._endpoint_health(conn, d, result, now)
 
     async def _endpoint_health(self, conn: Any, d: Delivery, result: Result, now: float) -> None:
         """Track the endpoint's failure streak; disable it on 410, or once it has failed
@@ -320,6 +452,8 @@ class Dispatcher:
                 duration,
                 error="timeout" if result.timed_out else result.error,
             )
+        if decision.status == "sent" and label != "fenced" and not debug_enabled():
+            return  # the attempt log is the audit trail; a line per success costs CPU
         fields: dict[str, Any] = {
             "outbox_id": d.id,
             "channel": d.channel,
@@ -341,8 +475,22 @@ class Dispatcher:
         if label == "fenced":
             log.warning("outbox_record_refused", reason="lease taken over", **fields)
         elif decision.status == "sent":
-            log.info("outbox_sent", **fields)
+            log.debug("outbox_sent", **fields)
         elif decision.status == "retry":
             log.warning("outbox_retry", **fields)
         else:
             log.error("outbox_" + decision.status, reason=decision.reason, **fields)
+
+
+def _plain_success(f: _Finished) -> bool:
+    return (
+        f.result is not None
+        and f.result.outcome == "sent"
+        and f.decision.status == "sent"
+        and not f.d.uncertain
+    )
+
+
+def _columns(store: Any, rows: list[tuple[Any, ...]]) -> list[Any]:
+    """Rows as one array per column (``unnest`` / ``json_each``)."""
+    return [db.array(store, [row[i] for row in rows]) for i in range(len(rows[0]))]
