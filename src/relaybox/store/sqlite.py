@@ -109,94 +109,50 @@ class SQLiteStore(Store):
         return outcomes
 
     def _accept_sync(self, db: Any, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
-        q = self.q
-        outcomes: list[AcceptOutcome] = []
         db.execute("BEGIN IMMEDIATE")
         try:
-            for d in batch:
-                row = db.execute(
-                    q["inbox_insert"],
-                    (
-                        d.source,
-                        d.account,
-                        d.event_id,
-                        d.event_type,
-                        d.tenant,
-                        d.fingerprint,
-                        d.payload,
-                        d.headers,
-                        d.version,
-                        "ignored" if d.ignored else "pending",
-                        d.received_at,
-                        d.received_at,
-                        d.received_at,
-                    ),
-                ).fetchone()
-                if row is not None:
-                    outcomes.append(AcceptOutcome("ignored" if d.ignored else "accepted", row[0]))
-                    continue
-                inbox_id, *_, stored_fp = db.execute(q["inbox_existing_one"], d.key).fetchone()
-                if bytes(stored_fp) == d.fingerprint:
-                    outcomes.append(AcceptOutcome("duplicate", inbox_id))
-                    continue
-                db.execute(
-                    q["quarantine_insert"],
-                    (
-                        inbox_id,
-                        d.source,
-                        d.account,
-                        d.event_id,
-                        d.event_type,
-                        d.tenant,
-                        d.fingerprint,
-                        d.payload,
-                        d.headers,
-                        d.received_at,
-                    ),
-                )
-                outcomes.append(AcceptOutcome("quarantined", inbox_id))
+            outcomes = self._insert_rows(db, batch)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
         return outcomes
 
-    async def inbox_insert(
-        self, conn: AsyncConnection, batch: Sequence[NewDelivery]
-    ) -> list[AcceptOutcome]:
+    def _insert_rows(self, db: Any, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
+        """Insert each delivery in the open transaction of ``db`` (sqlite3, on the
+        connection's own thread): new row, duplicate, or quarantined newcomer."""
+        q = self.q
         outcomes: list[AcceptOutcome] = []
         for d in batch:
-            row = (
-                await conn.exec_driver_sql(
-                    self.q["inbox_insert"],
-                    (
-                        d.source,
-                        d.account,
-                        d.event_id,
-                        d.event_type,
-                        d.tenant,
-                        d.fingerprint,
-                        d.payload,
-                        d.headers,
-                        d.version,
-                        "ignored" if d.ignored else "pending",
-                        d.received_at,
-                        d.received_at,
-                        d.received_at,
-                    ),
-                )
-            ).first()
+            row = db.execute(
+                q["inbox_insert"],
+                (
+                    d.source,
+                    d.account,
+                    d.event_id,
+                    d.event_type,
+                    d.tenant,
+                    d.fingerprint,
+                    d.payload,
+                    d.headers,
+                    d.version,
+                    "ignored" if d.ignored else "pending",
+                    d.received_at,
+                    d.received_at,
+                    d.received_at,
+                ),
+            ).fetchone()
             if row is not None:
                 outcomes.append(AcceptOutcome("ignored" if d.ignored else "accepted", row[0]))
                 continue
-            existing = (await conn.exec_driver_sql(self.q["inbox_existing_one"], d.key)).one()
-            if bytes(existing[4]) == d.fingerprint:
-                outcomes.append(AcceptOutcome("duplicate", existing[0]))
+            inbox_id, *_, stored_fp = db.execute(q["inbox_existing_one"], d.key).fetchone()
+            if bytes(stored_fp) == d.fingerprint:
+                outcomes.append(AcceptOutcome("duplicate", inbox_id))
                 continue
-            await conn.exec_driver_sql(
-                self.q["quarantine_insert"],
+            db.execute(
+                q["quarantine_insert"],
                 (
-                    existing[0],
+                    inbox_id,
                     d.source,
                     d.account,
                     d.event_id,
@@ -208,7 +164,16 @@ class SQLiteStore(Store):
                     d.received_at,
                 ),
             )
-            outcomes.append(AcceptOutcome("quarantined", existing[0]))
+            outcomes.append(AcceptOutcome("quarantined", inbox_id))
+        return outcomes
+
+    async def inbox_insert(
+        self, conn: AsyncConnection, batch: Sequence[NewDelivery]
+    ) -> list[AcceptOutcome]:
+        """The same rows inside the caller's transaction (inline mode)."""
+        # The transaction is open: the "begin" event issued BEGIN IMMEDIATE.
+        aio = (await conn.get_raw_connection()).driver_connection
+        outcomes: list[AcceptOutcome] = await aio._execute(self._insert_rows, aio._conn, batch)
         if any(o.status == "accepted" for o in outcomes):
             self.wakeup("inbox").set()
         return outcomes
