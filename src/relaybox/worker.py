@@ -231,35 +231,9 @@ class Worker:
                     await asyncio.wait_for(self._wake.wait(), self.poll_interval)
 
     async def _listen(self) -> Any:
-        """Wake up on new rows: PostgreSQL LISTEN, or SQLite's in-process signal."""
-        store = self.box.store
-        if store.backend == "sqlite":
-            signal = store.wakeup("inbox")  # type: ignore[attr-defined]
-
-            async def relay() -> None:
-                while True:
-                    await signal.wait()
-                    signal.clear()
-                    self._wake.set()
-
-            task = asyncio.create_task(relay())
-
-            class _Closer:
-                async def close(self) -> None:
-                    task.cancel()
-
-            return _Closer()
-        try:
-            import asyncpg
-
-            from relaybox.store.postgres import dsn
-
-            conn = await asyncpg.connect(dsn(store.url), timeout=5)
-            await conn.add_listener("relaybox_inbox", lambda *_: self._wake.set())
-            return conn
-        except Exception as exc:  # polling still finds the rows
-            log.warning("worker_listen_failed", error=short_error(exc))
-            return None
+        """Wake up on new rows (PostgreSQL LISTEN, SQLite's in-process signal); polling
+        finds them anyway."""
+        return await self.box.store.listen("inbox", self._wake)
 
     # -- one batch ------------------------------------------------------------
 

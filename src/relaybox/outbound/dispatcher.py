@@ -209,36 +209,9 @@ class Dispatcher:
         self._lanes_ready = True
 
     async def _listen(self) -> Any:
-        """Wake up on published rows: PostgreSQL LISTEN, or SQLite's in-process signal.
-        Polling finds the rows anyway; this only shortens the wait."""
-        store = self.box.store
-        if store.backend == "sqlite":
-            signal = store.wakeup("outbox")  # type: ignore[attr-defined]
-
-            async def relay() -> None:
-                while True:
-                    await signal.wait()
-                    signal.clear()
-                    self._wake.set()
-
-            task = asyncio.create_task(relay())
-
-            class _Closer:
-                async def close(self) -> None:
-                    task.cancel()
-
-            return _Closer()
-        try:
-            import asyncpg
-
-            from relaybox.store.postgres import dsn
-
-            conn = await asyncpg.connect(dsn(store.url), timeout=5)
-            await conn.add_listener("relaybox_outbox", lambda *_: self._wake.set())
-            return conn
-        except Exception as exc:
-            log.warning("dispatcher_listen_failed", error=short_error(exc))
-            return None
+        """Wake up on new rows (PostgreSQL LISTEN, SQLite's in-process signal); polling
+        finds them anyway."""
+        return await self.box.store.listen("outbox", self._wake)
 
     # -- one row ------------------------------------------------------------------
 

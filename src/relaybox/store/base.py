@@ -11,13 +11,14 @@ Methods are noun-then-verb (``inbox_accept``, ``inbox_claim``); the ones that ta
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -25,11 +26,17 @@ __all__ = [
     "AcceptOutcome",
     "Claim",
     "InboxEvent",
+    "Listener",
     "NewDelivery",
     "Stats",
     "Store",
     "load_queries",
 ]
+
+
+class Listener(Protocol):
+    async def close(self) -> None: ...
+
 
 AcceptStatus = Literal["accepted", "duplicate", "quarantined", "ignored"]
 
@@ -439,6 +446,12 @@ class Store:
 
     async def notify(self, conn: AsyncConnection, channel: str) -> None:
         """Wake listeners of ``channel`` when the transaction commits (PostgreSQL)."""
+
+    async def listen(self, channel: str, wake: asyncio.Event) -> Listener | None:
+        """Set ``wake`` whenever rows for ``channel`` (``inbox``, ``outbox``) commit.
+        Returns something to ``close()``, or ``None`` when listening is not possible:
+        callers poll anyway, this only shortens their wait."""
+        return None
 
 
 def _now() -> float:

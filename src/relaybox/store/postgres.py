@@ -13,12 +13,16 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import asyncpg
+import structlog
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
-from relaybox.store.base import AcceptOutcome, Claim, NewDelivery, Store
+from relaybox.log import short_error
+from relaybox.store.base import AcceptOutcome, Claim, Listener, NewDelivery, Store
 
 __all__ = ["PostgresStore"]
+
+log = structlog.get_logger("relaybox.store")
 
 
 def async_url(url: str) -> str:
@@ -171,6 +175,16 @@ class PostgresStore(Store):
         SQLAlchemy."""
         driver = await _driver(conn)
         return await driver.fetch(self.q[name], *params)
+
+    async def listen(self, channel: str, wake: asyncio.Event) -> Listener | None:
+        """LISTEN on a connection of its own (outside every pool)."""
+        try:
+            conn = await asyncpg.connect(dsn(self.url), timeout=self._connect_timeout)
+            await conn.add_listener(f"relaybox_{channel}", lambda *_: wake.set())
+        except Exception as exc:  # polling still finds the rows
+            log.warning("listen_failed", channel=channel, error=short_error(exc))
+            return None
+        return conn
 
     async def notify(self, conn: AsyncConnection, channel: str) -> None:
         await conn.exec_driver_sql(self.q[f"notify_{channel}"])

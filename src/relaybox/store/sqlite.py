@@ -21,9 +21,17 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
-from relaybox.store.base import AcceptOutcome, NewDelivery, Store
+from relaybox.store.base import AcceptOutcome, Listener, NewDelivery, Store
 
 __all__ = ["SQLiteStore"]
+
+
+class _TaskListener:
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self._task = task
+
+    async def close(self) -> None:
+        self._task.cancel()
 
 
 def _switch_to_wal(cur: Any, timeout: float) -> None:
@@ -90,6 +98,18 @@ class SQLiteStore(Store):
     def wakeup(self, channel: str) -> asyncio.Event:
         """In-process signal set when rows for ``channel`` were committed."""
         return self.wakeups.setdefault(channel, asyncio.Event())
+
+    async def listen(self, channel: str, wake: asyncio.Event) -> Listener | None:
+        """Relay the in-process signal (SQLite's writers are all in this process)."""
+        signal = self.wakeup(channel)
+
+        async def relay() -> None:
+            while True:
+                await signal.wait()
+                signal.clear()
+                wake.set()
+
+        return _TaskListener(asyncio.create_task(relay()))
 
     async def notify(self, conn: AsyncConnection, channel: str) -> None:
         # The only other writer is in this process and waits for our write lock,
