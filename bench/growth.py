@@ -65,24 +65,19 @@ async def seed(url: str, done: int, pending: int) -> None:
 
 
 async def explain(url: str) -> list[str]:
+    """EXPLAIN (not executed) of the statements a worker runs per claim and per event,
+    exactly as relaybox sends them."""
+    from relaybox.store.base import load_queries
+
+    q = load_queries("postgres")
     conn = await asyncpg.connect(url)
     try:
         plans = []
-        for name, sql in (
-            (
-                "claim",
-                "SELECT id FROM relaybox_inbox WHERE status = 'pending' AND"
-                " next_attempt_at <= $1 ORDER BY next_attempt_at LIMIT 32"
-                " FOR NO KEY UPDATE SKIP LOCKED",
-            ),
-            (
-                "exhaust",
-                "SELECT id FROM relaybox_inbox WHERE status = 'pending' AND"
-                " next_attempt_at <= $1 AND attempts >= 10 ORDER BY next_attempt_at"
-                " LIMIT 32 FOR NO KEY UPDATE SKIP LOCKED",
-            ),
+        for name, params in (
+            ("inbox_claim", (time.time(), 32, 30.0, 10)),
+            ("inbox_lock", ([1, 2, 3],)),
         ):
-            rows = await conn.fetch("EXPLAIN " + sql, time.time())
+            rows = await conn.fetch("EXPLAIN " + q[name], *params)
             plans.append(f"{name}: " + " / ".join(r[0].strip() for r in rows))
         return plans
     finally:
