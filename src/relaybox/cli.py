@@ -158,6 +158,13 @@ def serve(
         elif config:
             hint += f" --config {config}"
         click.echo(f"Send a signed test delivery:  {hint}", err=True)
+    if "admin" in role_set:
+        if box.settings.admin_token is None:
+            click.echo(
+                f"Dashboard: {base}/admin/  (closed: set RELAYBOX_ADMIN_TOKEN to log in)", err=True
+            )
+        else:
+            click.echo(f"Dashboard: {base}/admin/  (log in with the admin token)", err=True)
     uvicorn.run(box.asgi(roles=role_set), host=host, port=port, log_level="warning")
     del server_handle
 
