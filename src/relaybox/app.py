@@ -110,7 +110,11 @@ class Relaybox:
     @property
     def acceptor(self) -> Acceptor:
         if self._acceptor is None:
-            self._acceptor = Acceptor(self.store, timeout=self.settings.accept_timeout)
+            self._acceptor = Acceptor(
+                self.store,
+                timeout=self.settings.accept_timeout,
+                committers=self.settings.accept_committers,
+            )
         return self._acceptor
 
     def worker(self, **options: Any) -> Worker:

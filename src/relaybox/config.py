@@ -87,6 +87,12 @@ class Settings(BaseModel):
     log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
     log_json: bool = True
     accept_timeout: float = Field(10.0, gt=0)
+    accept_committers: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="commits in flight for accepts (default: 3 PostgreSQL, 1 SQLite)",
+    )
     admin_token: SecretStr | None = Field(
         None, description="bearer token of the admin API and the dashboard login"
     )

@@ -35,9 +35,10 @@ class Acceptor:
     ) -> None:
         self.store = store
         # SQLite has one writer: a second committer would only queue behind the first.
-        # PostgreSQL: two commits in flight measured best (bench/README.md): one leaves
-        # the server idle during each fsync, more split batches into costlier pieces.
-        self.committers = committers or (1 if store.backend == "sqlite" else 2)
+        # PostgreSQL: three commits in flight measured best here (bench/README.md): one
+        # leaves the server idle during each fsync, more split batches into costlier
+        # pieces. ``accept_committers`` in the settings overrides it.
+        self.committers = committers or (1 if store.backend == "sqlite" else 3)
         self.max_batch = max_batch
         self.timeout = timeout
         self._queue: asyncio.Queue[tuple[NewDelivery, asyncio.Future[AcceptOutcome]]] | None = None
