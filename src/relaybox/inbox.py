@@ -35,9 +35,9 @@ class Acceptor:
     ) -> None:
         self.store = store
         # SQLite has one writer: a second committer would only queue behind the first.
-        # PostgreSQL: three commits in flight measured best here (bench/README.md): one
-        # leaves the server idle during each fsync, more split batches into costlier
-        # pieces. ``accept_committers`` in the settings overrides it.
+        # PostgreSQL: one commit in flight leaves the server idle during each fsync; 2
+        # and 3 measured within noise of each other here, 4 lower (bench/README.md).
+        # ``accept_committers`` in the settings overrides it.
         self.committers = committers or (1 if store.backend == "sqlite" else 3)
         self.max_batch = max_batch
         self.timeout = timeout
