@@ -61,6 +61,22 @@ class NewDelivery:
     def key(self) -> tuple[str, str, str]:
         return (self.source, self.account, self.event_id)
 
+    def quarantine_row(self, inbox_id: int) -> tuple[Any, ...]:
+        """Parameters of ``quarantine_insert``: this delivery, kept apart from the
+        original row ``inbox_id`` it conflicts with."""
+        return (
+            inbox_id,
+            self.source,
+            self.account,
+            self.event_id,
+            self.event_type,
+            self.tenant,
+            self.fingerprint,
+            self.payload,
+            self.headers,
+            self.received_at,
+        )
+
 
 @dataclass(slots=True)
 class AcceptOutcome:

@@ -143,18 +143,7 @@ class PostgresStore(Store):
                 existing = {(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in found}
                 outcomes = self._classify(batch, inserted, existing)
                 quarantine = [
-                    (
-                        o.inbox_id,
-                        d.source,
-                        d.account,
-                        d.event_id,
-                        d.event_type,
-                        d.tenant,
-                        d.fingerprint,
-                        d.payload,
-                        d.headers,
-                        d.received_at,
-                    )
+                    d.quarantine_row(o.inbox_id)
                     for d, o in zip(batch, outcomes, strict=True)
                     if o.status == "quarantined"
                 ]
@@ -212,18 +201,7 @@ class PostgresStore(Store):
             if o.status == "quarantined":
                 await conn.exec_driver_sql(
                     self.q["quarantine_insert"],
-                    (
-                        o.inbox_id,
-                        d.source,
-                        d.account,
-                        d.event_id,
-                        d.event_type,
-                        d.tenant,
-                        d.fingerprint,
-                        d.payload,
-                        d.headers,
-                        d.received_at,
-                    ),
+                    d.quarantine_row(o.inbox_id),
                 )
         if any(o.status == "accepted" for o in outcomes):
             await self.notify(conn, "inbox")

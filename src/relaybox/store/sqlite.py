@@ -171,18 +171,7 @@ class SQLiteStore(Store):
                 continue
             db.execute(
                 q["quarantine_insert"],
-                (
-                    inbox_id,
-                    d.source,
-                    d.account,
-                    d.event_id,
-                    d.event_type,
-                    d.tenant,
-                    d.fingerprint,
-                    d.payload,
-                    d.headers,
-                    d.received_at,
-                ),
+                d.quarantine_row(inbox_id),
             )
             outcomes.append(AcceptOutcome("quarantined", inbox_id))
         return outcomes
