@@ -20,6 +20,15 @@ from bench.common import ROOT, free_port, fresh_pg_database, table
 
 ENDPOINTS = 20
 IN_FLIGHT = 5
+N = int(os.environ.get("BENCH_DISPATCH_N", "0"))  # rows (default 20,000; 2,000 with --quick)
+ONLY = os.environ.get("BENCH_DISPATCH_ONLY", "")  # e.g. "aiohttp,relaybox": a subset of runs
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_sink(port: int) -> subprocess.Popen[bytes]:
@@ -99,15 +108,24 @@ async def relaybox_run(n: int, hanging: bool) -> dict[str, Any]:
             env=env,
         )
         conn = await asyncpg.connect(url)
+        count = "SELECT count(*) FROM relaybox_outbox WHERE status = 'sent'"
         try:
             deadline = time.time() + 600
-            while (
-                await conn.fetchval("SELECT count(*) FROM relaybox_outbox WHERE status = 'sent'")
-                < healthy
-            ):
+            # CPU of the dispatcher process (taskset execs it: same pid) from its first
+            # delivery seen to its last: startup and imports are not counted.
+            first: tuple[int, float] | None = None
+            while (sent := await conn.fetchval(count)) < healthy:
                 if time.time() > deadline or proc.poll() is not None:
                     raise RuntimeError("dispatcher did not deliver everything")
-                await asyncio.sleep(0.2)
+                if first is None and sent > 0:
+                    first = (sent, cpu_seconds(proc.pid))
+                await asyncio.sleep(0.05 if first is None else 0.2)
+            cpu = cpu_seconds(proc.pid)
+            if first is not None and sent > first[0]:
+                per = (cpu - first[1]) / (sent - first[0]) * 1e6
+                cpu_note = f", {per:.0f} µs CPU/delivery"
+            else:
+                cpu_note = ""
             span = await conn.fetchval(
                 "SELECT max(sent_at) - min(sent_at) FROM relaybox_outbox WHERE status = 'sent'"
             )
@@ -118,7 +136,10 @@ async def relaybox_run(n: int, hanging: bool) -> dict[str, Any]:
     finally:
         sink.kill()  # hanging handlers would hold a graceful stop for a minute
         sink.wait(10)
-    return {"rate": healthy / span, "note": f"{healthy} delivered to healthy endpoints"}
+    return {
+        "rate": healthy / span,
+        "note": f"{healthy} delivered to healthy endpoints{cpu_note}",
+    }
 
 
 def bodies(n: int) -> list[bytes]:
@@ -157,13 +178,14 @@ async def aiohttp_run(n: int) -> dict[str, Any]:
                     await r.read()
                     assert r.status == 200
 
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             await asyncio.gather(*(post(j, b) for j, b in enumerate(payloads)))
-            elapsed = time.perf_counter() - started
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     finally:
         sink.kill()  # hanging handlers would hold a graceful stop for a minute
         sink.wait(10)
-    return {"rate": n / elapsed, "note": "bare aiohttp, 100 in flight"}
+    per = cpu / n * 1e6
+    return {"rate": n / elapsed, "note": f"bare aiohttp, 100 in flight, {per:.0f} µs CPU/request"}
 
 
 async def httpx_run(n: int) -> dict[str, Any]:
@@ -213,7 +235,7 @@ def run_child(which: str, n: int, hanging: bool) -> dict[str, Any]:
 
 
 def main(*, quick: bool = False) -> str:
-    n = 2_000 if quick else 20_000
+    n = N or (2_000 if quick else 20_000)
     results: dict[str, dict[str, Any]] = {}
     for name, which, count, hanging in (
         ("bare aiohttp loop", "aiohttp_run", n, False),
@@ -221,11 +243,13 @@ def main(*, quick: bool = False) -> str:
         ("relaybox, 1 of 20 endpoints hanging", "relaybox_run", n, True),
         ("bare httpx loop", "httpx_run", max(500, n // 10), False),
     ):
+        if ONLY and not any(word.strip() and word.strip() in name for word in ONLY.split(",")):
+            continue
         r = run_child(which, count, hanging)
         results[name] = r
         print(f"  dispatch {name:38} {r['rate']:8.0f}/s  {r['note']}", flush=True)
-    base = results["bare aiohttp loop"]["rate"]
-    mine = results["relaybox dispatch"]["rate"]
+    base = results.get("bare aiohttp loop", {"rate": float("nan")})["rate"]
+    mine = results.get("relaybox dispatch", {"rate": float("nan")})["rate"]
     rows = [
         [k, r["rate"], f"{r['rate'] / base:.2f}", f"{r['rate'] / mine:.2f}", r["note"]]
         for k, r in results.items()
