@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 import pytest
 
 from relaybox import Relaybox
+from relaybox.outbound.channels.base import Delivery
 from relaybox.outbound.leases import Lane, allocate
 from tests.support.outbound_app import endpoint, local, publish_one
 from tests.support.receivers import HttpReceiver, Reply
@@ -102,3 +104,33 @@ async def test_two_dispatchers_share_a_lane_without_overshooting_its_cap(box: Re
             await asyncio.wait_for(asyncio.gather(*running), 10)
         assert sorted(r.webhook_id for r in receiver.requests) == sorted(m.id for m in messages)
         assert receiver.peak_in_flight <= 2
+
+
+async def test_one_lease_shares_slots_like_allocate(box: Relaybox) -> None:
+    """The lease itself (one statement on PostgreSQL, steps on SQLite) shares free slots
+    as ``allocate`` does: round robin within in-flight caps and token buckets, and it
+    sends served lanes to the back."""
+    local(box)
+    clock = box.clock
+    a, secret = await endpoint(box, "http://127.0.0.1:9/a", max_in_flight=1)
+    b, _ = await endpoint(box, "http://127.0.0.1:9/b", max_in_flight=4)
+    c, _ = await endpoint(box, "http://127.0.0.1:9/c", max_in_flight=10, rate_limit=2.0)
+    messages = [await publish_one(box) for _ in range(5)]
+    dispatcher = box.dispatcher()
+
+    def lanes(deliveries: list[Delivery]) -> dict[str, int]:
+        return dict(Counter(d.endpoint.id for d in deliveries if d.endpoint is not None))
+
+    first = await dispatcher._lease(5)
+    assert lanes(first) == {a: 1, b: 2, c: 2}  # c's new bucket holds 2 tokens
+    assert [d.id for d in first] == sorted(d.id for d in first)
+    one = next(d for d in first if d.endpoint is not None and d.endpoint.id == a)
+    assert one.message is not None and one.message.id == messages[0].id  # oldest first
+    assert one.endpoint is not None and one.endpoint.secrets == (secret,)
+    assert one.endpoint.url == "http://127.0.0.1:9/a" and one.endpoint.tenant == "t1"
+    assert (one.attempt, one.lease_token, one.uncertain) == (1, 1, False)
+    # a is at its cap, c's bucket is empty: only b has room (2 more of its 4).
+    assert lanes(await dispatcher._lease(100)) == {b: 2}
+    clock.advance(0.5)  # type: ignore[attr-defined]
+    assert lanes(await dispatcher._lease(100)) == {c: 1}  # half a second at 2/s
+    await dispatcher.close()

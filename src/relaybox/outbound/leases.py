@@ -84,6 +84,8 @@ async def lease(
     store = box.store
     now = box.clock.now()
     until = now + lease_ttl
+    if store.backend == "postgres":
+        return await _lease_postgres(box, owner, slots, channels, now, until, lease_ttl)
     async with store.transaction() as conn:
         found = await db.rows(
             conn, store, "outbox_lease_lanes", now, slots, db.array(store, channels)
@@ -136,6 +138,64 @@ async def lease(
         ),
         key=lambda d: d.id,
     )
+
+
+async def _lease_postgres(
+    box: Relaybox,
+    owner: str,
+    slots: int,
+    channels: Sequence[str],
+    now: float,
+    until: float,
+    lease_ttl: float,
+) -> list[Delivery]:
+    """PostgreSQL: every step in one autocommit statement (``outbox_lease``) on the
+    raw asyncpg pool: one round trip, no BEGIN / COMMIT."""
+    store = box.store
+    pool = await store.raw_pool()  # type: ignore[attr-defined]
+    async with pool.acquire() as conn:
+        leased = await conn.fetch(store.q["outbox_lease"], now, slots, list(channels), owner, until)
+    deadline = lease_ttl - LEASE_MARGIN
+    targets: dict[str, Target] = {}
+    deliveries = []
+    for r in leased:
+        endpoint_id = r["endpoint_id"]
+        target = None
+        if endpoint_id is not None and r["url"] is not None:
+            target = targets.get(endpoint_id)
+            if target is None:
+                schedule = r["schedule"]
+                target = targets[endpoint_id] = Target(
+                    id=endpoint_id,
+                    tenant=r["endpoint_tenant"],
+                    url=r["url"],
+                    signature=r["signature"],
+                    timeout=r["timeout"],
+                    schedule=tuple(json.loads(schedule)) if schedule else None,
+                    secrets=tuple(r["secrets"] or ()),
+                )
+        message_id = r["message_id"]
+        body = r["body"]
+        deliveries.append(
+            Delivery(
+                id=r["id"],
+                channel=r["channel"],
+                key=r["key"],
+                payload=json.loads(r["payload"]),
+                tenant=r["tenant"],
+                attempt=r["attempts"],
+                lease_token=r["lease_token"],
+                uncertain=r["uncertain"],
+                deadline=deadline,
+                message=(
+                    MessageBody(message_id, r["event_type"], body.encode())
+                    if message_id is not None and body is not None
+                    else None
+                ),
+                endpoint=target,
+            )
+        )
+    return deliveries
 
 
 async def _load(

@@ -192,6 +192,95 @@ WHERE ($1::text IS NULL OR tenant = $1) ORDER BY created_at, id
 -- name: api_key_revoke
 UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL RETURNING id
 
+-- name: outbox_lease
+-- The whole lease in ONE autocommit statement (one round trip, no BEGIN/COMMIT); the
+-- steps are outbox_lease_lanes, allocate() (leases.py), outbox_lease_rows, lane_mark
+-- and the delivery_* loads below, which SQLite runs one by one. $1 now, $2 free slots,
+-- $3 the dispatcher's channels, $4 owner, $5 lease end.
+-- locked: lanes with due rows and room, least recently served first, locked SKIP
+--   LOCKED (two leases never take one lane at once); lanes: minus those another
+--   lease served since this statement's snapshot (no cap overshoot); room = free
+--   in-flight slots, and with a rate limit at most the whole tokens in the bucket
+--   refilled to now (it holds at most 1 s of the rate, at least 1 token): Lane.room().
+-- plan: allocate() in SQL: the free slots shared round robin (one per lane per
+--   round, lane order) within each lane's room; picked: that many due rows per lane,
+--   oldest first, locked SKIP LOCKED (outbox_lease_rows).
+-- leased: owner, fencing token + 1, lease end, attempt counted, uncertain when the
+--   previous lease expired unrecorded. marked: served lanes to the back of the round
+--   robin, buckets debited by the rows taken.
+-- The rows come back with their message body, endpoint and active secrets (newest
+-- first: the order in which they sign), by id.
+WITH locked AS (
+    SELECT l.lane, l.xmin AS version, l.leased_at, b.tokens,
+           CASE WHEN l.rate_limit IS NULL THEN l.max_in_flight - busy.n
+                ELSE least(l.max_in_flight - busy.n, floor(b.tokens)::int) END AS room
+    FROM relaybox_lanes l
+    LEFT JOIN relaybox_endpoints e ON e.id = l.lane
+    CROSS JOIN LATERAL (
+        SELECT count(*)::int AS n FROM relaybox_outbox f
+        WHERE COALESCE(f.lane, f.channel) = l.lane AND f.status = 'pending'
+          AND f.lease_until IS NOT NULL AND f.lease_until > $1) busy
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN l.rate_limit IS NULL THEN 1.0::double precision
+                    ELSE least(greatest(1.0, l.rate_limit),
+                               l.tokens + ($1 - l.refilled_at) * l.rate_limit) END AS tokens) b
+    WHERE ((e.id IS NULL AND l.lane = ANY($3::text[]))
+           OR (e.status = 'enabled' AND 'webhook' = ANY($3::text[])))
+      AND busy.n < l.max_in_flight
+      AND (l.rate_limit IS NULL OR l.tokens + ($1 - l.refilled_at) * l.rate_limit >= 1)
+      AND EXISTS (SELECT 1 FROM relaybox_outbox o
+                  WHERE COALESCE(o.lane, o.channel) = l.lane AND o.status = 'pending'
+                    AND o.next_attempt_at <= $1
+                    AND (o.lease_until IS NULL OR o.lease_until <= $1))
+    ORDER BY l.leased_at, l.lane
+    LIMIT $2
+    FOR UPDATE OF l SKIP LOCKED
+), lanes AS (
+    -- A lane leased by a lease that committed after this statement's snapshot was
+    -- locked in its new version (READ COMMITTED), but its in-flight count above is
+    -- the snapshot's, without that lease's rows: skip it (its row version changed).
+    SELECT k.* FROM locked k JOIN relaybox_lanes s ON s.lane = k.lane AND s.xmin = k.version
+), plan AS (
+    -- allocate(): one slot per lane per round, in lane order, until $2 are shared.
+    SELECT s.lane, count(*)::int AS n
+    FROM (SELECT l.lane FROM lanes l CROSS JOIN LATERAL generate_series(1, l.room) AS k(round)
+          ORDER BY k.round, l.leased_at, l.lane
+          LIMIT $2) s
+    GROUP BY s.lane
+), picked AS (
+    SELECT r.id, p.lane
+    FROM plan p
+    CROSS JOIN LATERAL (
+        SELECT f.id FROM relaybox_outbox f
+        WHERE COALESCE(f.lane, f.channel) = p.lane AND f.status = 'pending'
+          AND f.next_attempt_at <= $1 AND (f.lease_until IS NULL OR f.lease_until <= $1)
+        ORDER BY f.next_attempt_at, f.id
+        LIMIT p.n
+        FOR NO KEY UPDATE SKIP LOCKED) r
+), leased AS (
+    UPDATE relaybox_outbox o
+    SET lease_owner = $4, lease_token = COALESCE(o.lease_token, 0) + 1, lease_until = $5,
+        uncertain = (o.lease_until IS NOT NULL), attempts = o.attempts + 1, updated_at = $1
+    FROM picked p
+    WHERE o.id = p.id
+    RETURNING o.id, o.channel, o.key, o.payload, o.tenant, o.endpoint_id, o.message_id,
+              o.attempts, o.lease_token, o.uncertain, p.lane
+), marked AS (
+    UPDATE relaybox_lanes m SET leased_at = $1, refilled_at = $1, tokens = l.tokens - t.n
+    FROM (SELECT lane, count(*) AS n FROM leased GROUP BY lane) t
+    JOIN lanes l ON l.lane = t.lane
+    WHERE m.lane = t.lane
+)
+SELECT r.id, r.channel, r.key, r.payload, r.tenant, r.endpoint_id, r.message_id,
+       r.attempts, r.lease_token, r.uncertain, m.event_type, m.body,
+       e.tenant AS endpoint_tenant, e.url, e.signature, e.timeout, e.schedule,
+       (SELECT array_agg(s.secret ORDER BY s.id DESC) FROM relaybox_endpoint_secrets s
+        WHERE s.endpoint_id = e.id AND (s.expires_at IS NULL OR s.expires_at > $1)) AS secrets
+FROM leased r
+LEFT JOIN relaybox_messages m ON m.id = r.message_id
+LEFT JOIN relaybox_endpoints e ON e.id = r.endpoint_id
+ORDER BY r.id
+
 -- name: outbox_lease_lanes
 -- Lanes with due, unleased rows and room under their in-flight cap and rate limit,
 -- least recently served first (round robin). Locked until the lease commits, so two
