@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import sqlite3
 import time
 from contextlib import redirect_stderr
 from typing import Any
 
 import aiohttp
+import asyncpg
+import pytest
 import stripe
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from relaybox import (
     Backoff,
@@ -272,3 +277,126 @@ async def test_inline_source_answers_after_the_handler_committed(box: Relaybox) 
     assert "handler failed inline" in state["evt_2"]["last_error"]
     grants = await box.store.fetch_all("SELECT invoice FROM grants")
     assert [g["invoice"] for g in grants] == ["in_ok"]  # the failed effect rolled back
+
+
+async def outside(box: Relaybox, sql: str) -> dict[str, Any]:
+    """Committed state, read on a connection of its own (SQLite's pool has one)."""
+    url = make_url(box.store.url)
+    if box.store.backend == "sqlite":
+        with contextlib.closing(sqlite3.connect(url.database)) as db:
+            found = db.execute(sql).fetchall()
+    else:
+        conn = await asyncpg.connect(url.set(drivername="postgresql").render_as_string(False))
+        try:
+            found = await conn.fetch(sql)
+        finally:
+            await conn.close()
+    return {r[0]: tuple(r[1:]) for r in found}
+
+
+@pytest.mark.parametrize("group", [1, 3])
+async def test_attempts_are_counted_as_events_start_never_while_they_wait(
+    box: Relaybox, clock: FrozenClock, group: int
+) -> None:
+    """One event at a time (concurrency 1), whatever the grouping: when a handler runs,
+    its own attempt is already committed (seen from another connection) and the
+    events after it are not charged yet. On PostgreSQL with one event per
+    transaction the next event's start mark rides on the previous COMMIT."""
+    seen: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        order.append(ctx.event.event_id)
+        seen[ctx.event.event_id] = await outside(
+            box, "SELECT event_id, attempts, started_at IS NOT NULL FROM relaybox_inbox"
+        )
+        assert ctx.event.attempts == 1
+        if ctx.event.event_id == "e2":
+            raise RuntimeError("e2 fails once")
+
+    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 4)])
+    worker = box.worker(concurrency=1, group=group)
+    assert await worker.run_once() == 3
+    assert order == ["e1", "e2", "e3"]
+    if group == 1:
+        assert seen["e1"] == {"e1": (1, True), "e2": (0, False), "e3": (0, False)}
+        assert seen["e2"] == {"e1": (1, False), "e2": (1, True), "e3": (0, False)}
+        assert seen["e3"] == {"e1": (1, False), "e2": (1, False), "e3": (1, True)}
+    else:  # one transaction for the group: the group starts together
+        assert all(s == {f"e{i}": (1, True) for i in (1, 2, 3)} for s in seen.values())
+    state = await rows(box)
+    assert {e: (r["status"], r["attempts"]) for e, r in state.items()} == {
+        "e1": ("done", 1),
+        "e2": ("pending", 1),
+        "e3": ("done", 1),
+    }
+    started = await outside(box, "SELECT event_id, started_at FROM relaybox_inbox")
+    assert started == {"e1": (None,), "e2": (None,), "e3": (None,)}  # outcomes recorded
+
+
+async def test_a_row_started_again_elsewhere_is_left_to_that_worker(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """The row's completion is fenced by the attempt this worker counted: if another
+    worker counted one more meanwhile (its hold ran out), this one does not run it."""
+    ran: list[int] = []
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        ran.append(ctx.event.attempts)
+
+    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
+    claim = await box.store.inbox_claim(now=clock.now(), limit=1, max_attempts=5, hold=0)
+    [inbox_id] = claim.ids
+    assert await box.store.inbox_start([inbox_id], clock.now()) == {inbox_id: 1}
+    async with box.store.transaction() as conn:
+        assert not await box.store.inbox_begin(conn, inbox_id, attempt=2, now=clock.now())
+    async with box.store.transaction() as conn:  # the worker that counted attempt 1
+        assert await box.store.inbox_begin(conn, inbox_id, attempt=1, now=clock.now())
+    assert (await rows(box))["e"]["status"] == "done"
+    assert await box.worker().run_once() == 0 and ran == []
+
+
+async def test_a_rolled_back_begin_leaves_the_row_pending_and_the_connection_usable(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in (1, 2)])
+    ids = (await box.store.inbox_claim(now=clock.now(), limit=2, max_attempts=5, hold=30)).ids
+    await box.store.inbox_start(ids, clock.now())
+    async with box.store.engine.connect() as conn:
+        with pytest.raises(RuntimeError):
+            async with conn.begin():
+                assert await box.store.inbox_begin(conn, ids[0], attempt=1, now=clock.now())
+                await box.store.inbox_start_on_commit(conn, ids[1], attempts=1, now=clock.now())
+                raise RuntimeError("the handler failed")
+        async with conn.begin():  # the same connection, a new transaction
+            assert await box.store.inbox_begin(conn, ids[1], attempt=1, now=clock.now())
+            await box.store.inbox_start_on_commit(conn, ids[0], attempts=1, now=clock.now())
+    state = await rows(box)
+    assert {e: (r["status"], r["attempts"]) for e, r in state.items()} == {
+        "e1": ("pending", 2),  # its start mark rode on e2's COMMIT
+        "e2": ("done", 1),
+    }
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_a_failed_statement_on_the_commit_fails_the_commit_and_frees_the_connection(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """PostgreSQL sends the next start mark in the COMMIT's own message: if it fails,
+    nothing commits and the connection is not left in an aborted transaction."""
+    from relaybox.store.postgres import _adapted
+
+    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
+    claim = await box.store.inbox_claim(now=clock.now(), limit=1, max_attempts=5, hold=30)
+    [inbox_id] = claim.ids
+    await box.store.inbox_start([inbox_id], clock.now())
+    async with box.store.engine.connect() as conn:
+        with pytest.raises(Exception, match="division by zero"):
+            async with conn.begin():
+                assert await box.store.inbox_begin(conn, inbox_id, attempt=1, now=clock.now())
+                (await _adapted(conn))._transaction.before_commit("SELECT 1/0")
+        assert not (await _adapted(conn))._connection.is_in_transaction()
+        assert (await conn.exec_driver_sql("SELECT 1")).scalar() == 1
+    assert (await rows(box))["e"]["status"] == "pending"

@@ -24,8 +24,9 @@ import json
 import os
 import random
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -149,12 +150,87 @@ class _Outcome:
     error: str | None = None
 
 
+class _NotOurs(Exception):
+    """The row is no longer pending at the attempt this worker started."""
+
+
 class _RolledBack(Exception):
     """Leaves the event's transaction so that its effect rolls back."""
 
     def __init__(self, ctx: Context, outcome: _Outcome) -> None:
         self.ctx = ctx
         self.outcome = outcome
+
+
+class _Batch:
+    """One claim's events, run by whichever chains take them: ``run_once`` returns
+    when all of them have finished, raising the first failure."""
+
+    __slots__ = ("done", "failures", "left")
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+        self.failures: list[BaseException] = []
+        self.done = asyncio.get_running_loop().create_future()
+        if n == 0:
+            self.done.set_result(None)
+
+    def finish(self, failure: BaseException | None = None) -> None:
+        if failure is not None:
+            self.failures.append(failure)
+        self.left -= 1
+        if self.left == 0 and not self.done.done():
+            self.done.set_result(None)
+
+    async def wait(self) -> None:
+        await self.done
+        if self.failures:
+            raise self.failures[0]
+
+
+@dataclass(slots=True)
+class _Job:
+    event: InboxEvent  # as claimed
+    batch: _Batch
+    attempt: int | None = None  # set once the attempt is counted (started)
+
+
+class _StartMarks:
+    """Start marks of events that start together, in one statement: whoever asks
+    while a mark is in flight goes in the next one (group commit)."""
+
+    def __init__(self, box: Relaybox) -> None:
+        self.box = box
+        self._waiting: list[tuple[int, asyncio.Future[int | None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def start(self, inbox_id: int) -> int | None:
+        """Count an attempt on ``inbox_id``; its attempt number, or ``None`` when the
+        row is no longer pending."""
+        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((inbox_id, future))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    started = await self.box.store.inbox_start(
+                        [i for i, _ in batch], self.box.clock.now()
+                    )
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for inbox_id, future in batch:
+                    if not future.done():
+                        future.set_result(started.get(inbox_id))
+        finally:
+            self._flusher = None
 
 
 class Worker:
@@ -186,6 +262,11 @@ class Worker:
         self.group = group or s.group or (self.batch if sqlite else 1)
         self._slots = asyncio.Semaphore(self.concurrency)
         self._isolation = asyncio.Lock()
+        self._isolating = 0  # suspects waiting to run alone: chains stop taking events
+        self._ready: deque[_Job] = deque()  # claimed events waiting for a chain
+        self._chains = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._marks = _StartMarks(box)
         self.poll_interval = s.poll_interval
         self.claim_hold = s.claim_hold
         self.backoff = Backoff(
@@ -256,16 +337,168 @@ class Worker:
             )
         if not claim.ids and not claim.suspects:
             return len(claim.exhausted)
-        groups = [claim.ids[i : i + self.group] for i in range(0, len(claim.ids), self.group)]
-        results = await asyncio.gather(
-            *(self._process_group(ids) for ids in groups),
-            *(self._process_suspect(inbox_id) for inbox_id in claim.suspects),
-            return_exceptions=True,
-        )
-        failures = [r for r in results if isinstance(r, BaseException)]
-        if failures:
-            raise failures[0]
+        if self.group == 1:
+            batch = _Batch(len(claim.ids) + len(claim.suspects))
+            self._ready.extend(_Job(claim.events[i], batch) for i in claim.ids)
+            self._spawn_chains()
+            for inbox_id in claim.suspects:
+                self._spawn(self._run_suspect(_Job(claim.events[inbox_id], batch)))
+            await batch.wait()
+        else:
+            groups = [claim.ids[i : i + self.group] for i in range(0, len(claim.ids), self.group)]
+            results = await asyncio.gather(
+                *(self._process_group(ids) for ids in groups),
+                *(self._process_suspect(inbox_id) for inbox_id in claim.suspects),
+                return_exceptions=True,
+            )
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                raise failures[0]
         return len(claim.ids) + len(claim.suspects) + len(claim.exhausted)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- one event per transaction (PostgreSQL) -------------------------------------
+
+    def _spawn_chains(self) -> None:
+        while self._ready and self._chains < self.concurrency and not self._isolating:
+            self._chains += 1
+            self._spawn(self._chain())
+
+    def _take(self) -> _Job | None:
+        """The next claimed event, unless a suspect is waiting to run alone."""
+        if self._isolating or not self._ready:
+            return None
+        return self._ready.popleft()
+
+    async def _chain(self) -> None:
+        """Runs claimed events one after another on one connection, at most
+        ``concurrency`` chains at once. Each event's COMMIT also counts the attempt of
+        the event this chain runs next (it starts right then): one round trip for both,
+        and no event is charged while it waits for its turn."""
+        try:
+            async with self._slots:
+                await self._run_chain(self._take())
+        finally:
+            self._chains -= 1
+            self._spawn_chains()
+
+    async def _run_chain(self, job: _Job | None) -> None:
+        while job is not None:
+            if job.attempt is None:
+                # Counted with no connection held (SQLite's pool has one connection);
+                # chains starting together share one statement.
+                try:
+                    job.attempt = await self._marks.start(job.event.id)
+                except Exception as exc:
+                    job.batch.finish(exc)
+                    return
+                if job.attempt is None:  # no longer pending: completed by a late worker
+                    job.batch.finish()
+                    job = self._take()
+                    continue
+            try:
+                async with self.box.store.engine.connect() as conn:
+                    while job is not None and job.attempt is not None:
+                        job = await self._run_job(conn, job)
+            except Exception as exc:  # no connection: the row comes back after the hold
+                if job is not None:
+                    job.batch.finish(exc)
+                return
+
+    async def _run_suspect(self, job: _Job) -> None:
+        """A row whose last attempt never finished may be what killed its worker: run
+        it with nothing else in flight in this process, so that if it kills this one
+        too, only its own attempt is charged."""
+        self._isolating += 1
+        try:
+            async with self._isolation:
+                for _ in range(self.concurrency):
+                    await self._slots.acquire()
+                try:
+                    await self._run_chain(job)  # takes no other job: _isolating is set
+                finally:
+                    for _ in range(self.concurrency):
+                        self._slots.release()
+        except Exception as exc:
+            job.batch.finish(exc)
+        finally:
+            self._isolating -= 1
+            self._spawn_chains()
+
+    async def _run_job(self, conn: AsyncConnection, job: _Job) -> _Job | None:
+        """One event, one transaction, no savepoint: a failure rolls the whole
+        transaction back (the effect), then a second short transaction records the
+        outcome, only while the row is still pending (seed 000's retry rule).
+
+        Its attempt is counted already. Returns the next job for this chain (counted
+        with this COMMIT), or ``None``. A database failure ends the chain; the job's
+        row comes back after the hold."""
+        store = self.box.store
+        clock = self.box.clock
+        attempt = job.attempt
+        assert attempt is not None
+        event = replace(job.event, attempts=attempt)
+        started = clock.now()
+        nxt: _Job | None = None
+        committed = False
+        try:
+            try:
+                async with conn.begin():
+                    if not await store.inbox_begin(conn, event.id, attempt=attempt, now=started):
+                        raise _NotOurs
+                    ctx, outcome = await self._run(conn, event, savepoint=False)
+                    if outcome.kind != "done":
+                        raise _RolledBack(ctx, outcome)
+                    await self._record(conn, event, ctx, outcome, started)
+                    await self.hooks.fire("before_commit", [event.id])
+                    nxt = await self._start_next(conn)
+                committed = True
+            except _RolledBack as failed:
+                async with conn.begin():
+                    for locked in await store.inbox_lock(conn, [event.id]):
+                        await self._record(conn, locked, failed.ctx, failed.outcome, started)
+                    nxt = await self._start_next(conn)
+                committed = True
+            except _NotOurs:
+                # Completed meanwhile, or started again by another worker whose hold
+                # ran out: nothing to do here.
+                job.batch.finish()
+                return self._take()
+            if nxt is not None:
+                nxt.attempt = nxt.event.attempts + 1
+            await self.hooks.fire("after_commit", [event.id])
+        except Exception as exc:
+            # The COMMIT's answer may be lost: nothing is applied again here. The row
+            # comes back after the hold, and its business keys say what happened.
+            log.warning(
+                "worker_commit_uncertain", worker=self.name, ids=[event.id], error=short_error(exc)
+            )
+            job.batch.finish(exc)
+            if nxt is not None:
+                if not committed:
+                    nxt.attempt = None  # counted or not: inbox_start says which
+                self._ready.appendleft(nxt)
+                self._spawn_chains()
+            return None
+        job.batch.finish()
+        return nxt
+
+    async def _start_next(self, conn: AsyncConnection) -> _Job | None:
+        """Take the next claimed event and count its attempt with this COMMIT."""
+        nxt = self._take()
+        if nxt is not None:
+            if nxt.attempt is not None:  # already counted (put back after a failure)
+                return nxt
+            await self.box.store.inbox_start_on_commit(
+                conn, nxt.event.id, attempts=nxt.event.attempts, now=self.box.clock.now()
+            )
+        return nxt
+
+    # -- several events per transaction (SQLite) --------------------------------------
 
     async def _process_group(self, ids: list[int]) -> None:
         """At most ``concurrency`` of these run at once."""
@@ -273,9 +506,7 @@ class Worker:
             await self._start_and_process(ids)
 
     async def _process_suspect(self, inbox_id: int) -> None:
-        """A row whose last attempt never finished may be what killed its worker: run
-        it with nothing else in flight in this process, so that if it kills this one
-        too, only its own attempt is charged."""
+        """A suspect runs alone (see :meth:`_run_suspect`)."""
         async with self._isolation:
             for _ in range(self.concurrency):
                 await self._slots.acquire()
@@ -290,44 +521,8 @@ class Worker:
         # waiting for a slot are not charged if the process dies meanwhile.
         started = await self.box.store.inbox_start(ids, self.box.clock.now())
         ids = [i for i in ids if i in started]
-        if not ids:
-            return
-        if self.group == 1:
-            for inbox_id in ids:
-                await self._process_alone(inbox_id)
-        else:
+        if ids:
             await self._process_batch(ids)
-
-    async def _process_alone(self, inbox_id: int) -> None:
-        """One event, one transaction, no savepoint: a failure rolls the whole
-        transaction back (the effect), then a second short transaction records the
-        outcome, only while the row is still pending (seed 000's retry rule)."""
-        store = self.box.store
-        started = self.box.clock.now()
-        try:
-            async with store.transaction() as conn:
-                events = await store.inbox_lock(conn, [inbox_id])
-                if not events:
-                    return  # completed meanwhile by a late worker: nothing to do
-                event = events[0]
-                ctx, outcome = await self._run(conn, event, savepoint=False)
-                if outcome.kind != "done":
-                    raise _RolledBack(ctx, outcome)
-                await self._record(conn, event, ctx, outcome, started)
-                await store.inbox_complete(conn, [event.id], self.box.clock.now())
-                await self.hooks.fire("before_commit", [event.id])
-            await self.hooks.fire("after_commit", [event.id])
-        except _RolledBack as failed:
-            async with store.transaction() as conn:
-                for event in await store.inbox_lock(conn, [inbox_id]):
-                    await self._record(conn, event, failed.ctx, failed.outcome, started)
-        except Exception as exc:
-            # The COMMIT's answer may be lost: nothing is applied again here. The row
-            # comes back after the hold, and its business keys say what happened.
-            log.warning(
-                "worker_commit_uncertain", worker=self.name, ids=[inbox_id], error=short_error(exc)
-            )
-            raise
 
     async def _process_batch(self, ids: list[int]) -> None:
         """Several events in one transaction, each in a savepoint (SQLite: one

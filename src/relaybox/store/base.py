@@ -145,15 +145,19 @@ class Claim:
     exhausted: list[tuple[int, str, str, str, int]]
     suspects: list[int] = field(default_factory=list)
     """Rows whose previous attempt started and never finished: run them alone."""
+    events: dict[int, InboxEvent] = field(default_factory=dict)
+    """The claimed pending rows (``ids`` and ``suspects``) as claimed: the worker does
+    not read them again."""
 
     @classmethod
     def from_rows(cls, rows: Sequence[Any]) -> Claim:
         """Rows of ``inbox_claim``: (id, status, source, account, event_id, attempts,
-        suspect)."""
+        suspect, then the other columns of :class:`InboxEvent`)."""
         return cls(
             ids=sorted(r[0] for r in rows if r[1] == "pending" and not r[6]),
             exhausted=[(r[0], r[2], r[3], r[4], r[5]) for r in rows if r[1] == "dead"],
             suspects=sorted(r[0] for r in rows if r[1] == "pending" and r[6]),
+            events={r[0]: InboxEvent.from_row(r) for r in rows if r[1] == "pending"},
         )
 
 
@@ -384,6 +388,24 @@ class Store:
         async with self.connect() as conn:
             rows = await self.rows(conn, "inbox_start", (self._ids(ids), now))
         return {r[0]: r[1] for r in rows}
+
+    async def inbox_begin(
+        self, conn: AsyncConnection, inbox_id: int, *, attempt: int, now: float
+    ) -> bool:
+        """The first statement of one event's own transaction (``conn`` has begun and
+        sent nothing yet): mark the row done, under its row lock, if it is still
+        pending at ``attempt``; the handler's failure rolls the mark back. Returns
+        whether the row is this worker's to process."""
+        return bool(await self.rows(conn, "inbox_begin_done", (inbox_id, now, attempt)))
+
+    async def inbox_start_on_commit(
+        self, conn: AsyncConnection, inbox_id: int, *, attempts: int, now: float
+    ) -> None:
+        """Count the attempt of the event that starts after ``conn``'s transaction, in
+        that transaction (last statement before COMMIT): counted only if it commits,
+        and only while the row is still pending at ``attempts`` (as claimed). The
+        next :meth:`inbox_begin` with ``attempts + 1`` tells whether it was."""
+        await self.rows(conn, "inbox_start_next", (inbox_id, now, attempts))
 
     async def inbox_lock(self, conn: AsyncConnection, ids: Sequence[int]) -> list[InboxEvent]:
         """Phase 2: lock claimed rows still pending, until the caller's COMMIT."""

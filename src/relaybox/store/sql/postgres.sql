@@ -133,7 +133,8 @@ FROM ins
 -- name: inbox_claim
 -- Holds up to $2 due rows back for $3 seconds: nobody else claims them while this
 -- worker starts them. Attempts are counted when an event starts (inbox_start), not
--- here, so rows waiting their turn are not charged if the process dies. A row whose
+-- here, so rows waiting their turn are not charged if the process dies. Rows come back
+-- with what the handler needs: the worker does not read them again. A row whose
 -- last attempt started but never recorded an outcome (started_at still set) was being
 -- processed when its worker died: with its budget ($4) used up it goes to dead
 -- letters; otherwise it comes back flagged as a suspect and runs alone.
@@ -152,7 +153,8 @@ FROM (SELECT id FROM relaybox_inbox
       FOR NO KEY UPDATE SKIP LOCKED) due
 WHERE i.id = due.id
 RETURNING i.id, i.status, i.source, i.account, i.event_id, i.attempts,
-          i.started_at IS NOT NULL AS suspect
+          i.started_at IS NOT NULL AS suspect, i.event_type, i.tenant, i.payload, i.headers,
+          i.version, i.received_at
 
 -- name: inbox_start
 -- An attempt starts: counted durably before the handler runs (a worker killed in the
@@ -161,3 +163,21 @@ RETURNING i.id, i.status, i.source, i.account, i.event_id, i.attempts,
 UPDATE relaybox_inbox SET attempts = attempts + 1, started_at = $2
 WHERE id = ANY($1::bigint[]) AND status = 'pending'
 RETURNING id, attempts
+
+-- name: inbox_begin_done
+-- The first statement of an event's transaction, sent in one round trip with its BEGIN
+-- (literals, simple query protocol): completes the row up front, taking its row lock;
+-- a failing handler rolls it back with its effect. Only the attempt this worker started
+-- ($3) matches: a row completed meanwhile, or started again by another worker after
+-- its hold ran out, is left alone (the UPDATE waits for that worker's COMMIT, then
+-- finds the row no longer matching).
+UPDATE relaybox_inbox SET status = 'done', done_at = $2, updated_at = $2, started_at = NULL
+WHERE id = $1 AND status = 'pending' AND attempts = $3
+
+-- name: inbox_start_next
+-- The next event's start mark, sent with the previous event's COMMIT on the same
+-- connection (one round trip for both): counted as that event starts, durable before
+-- its handler runs. $3 is the attempts seen at the claim: if anything started the row
+-- since, this mark does nothing and inbox_begin_done finds no match.
+UPDATE relaybox_inbox SET attempts = attempts + 1, started_at = $2
+WHERE id = $1 AND status = 'pending' AND attempts = $3

@@ -101,10 +101,24 @@ UPDATE relaybox_inbox SET
 WHERE id IN (SELECT id FROM relaybox_inbox
              WHERE status = 'pending' AND next_attempt_at <= ?1
              ORDER BY next_attempt_at LIMIT ?2)
-RETURNING id, status, source, account, event_id, attempts, started_at IS NOT NULL AS suspect
+RETURNING id, status, source, account, event_id, attempts, started_at IS NOT NULL AS suspect,
+          event_type, tenant, payload, headers, version, received_at
 
 -- name: inbox_start
 -- An attempt starts: counted durably before the handler runs.
 UPDATE relaybox_inbox SET attempts = attempts + 1, started_at = ?2
 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'
 RETURNING id, attempts
+
+-- name: inbox_begin_done
+-- The first statement of an event's own transaction: completes the row up front (a
+-- failing handler rolls it back), only for the attempt this worker started (?3).
+UPDATE relaybox_inbox SET status = 'done', done_at = ?2, updated_at = ?2, started_at = NULL
+WHERE id = ?1 AND status = 'pending' AND attempts = ?3
+RETURNING id
+
+-- name: inbox_start_next
+-- The next event's start mark, committed with the previous event (?3: attempts seen at
+-- the claim; a row started since is left alone).
+UPDATE relaybox_inbox SET attempts = attempts + 1, started_at = ?2
+WHERE id = ?1 AND status = 'pending' AND attempts = ?3
