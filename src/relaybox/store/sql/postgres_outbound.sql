@@ -261,24 +261,28 @@ WITH locked AS (
     UPDATE relaybox_outbox o
     SET lease_owner = $4, lease_token = COALESCE(o.lease_token, 0) + 1, lease_until = $5,
         uncertain = (o.lease_until IS NOT NULL), attempts = o.attempts + 1, updated_at = $1
-    FROM picked p
-    WHERE o.id = p.id
+    WHERE o.id = ANY (ARRAY(SELECT id FROM picked))  -- primary key lookups, not a join
     RETURNING o.id, o.channel, o.key, o.payload, o.tenant, o.endpoint_id, o.message_id,
-              o.attempts, o.lease_token, o.uncertain, p.lane
+              o.attempts, o.lease_token, o.uncertain, COALESCE(o.lane, o.channel) AS lane
 ), marked AS (
     UPDATE relaybox_lanes m SET leased_at = $1, refilled_at = $1, tokens = l.tokens - t.n
     FROM (SELECT lane, count(*) AS n FROM leased GROUP BY lane) t
     JOIN lanes l ON l.lane = t.lane
     WHERE m.lane = t.lane
 )
+-- (OFFSET 0 keeps each lookup a primary-key probe per leased row: a CTE's row count is
+-- unknown to the planner, which would otherwise hash whole tables.)
 SELECT r.id, r.channel, r.key, r.payload, r.tenant, r.endpoint_id, r.message_id,
        r.attempts, r.lease_token, r.uncertain, m.event_type, m.body,
-       e.tenant AS endpoint_tenant, e.url, e.signature, e.timeout, e.schedule,
-       (SELECT array_agg(s.secret ORDER BY s.id DESC) FROM relaybox_endpoint_secrets s
-        WHERE s.endpoint_id = e.id AND (s.expires_at IS NULL OR s.expires_at > $1)) AS secrets
+       e.tenant AS endpoint_tenant, e.url, e.signature, e.timeout, e.schedule, e.secrets
 FROM leased r
-LEFT JOIN relaybox_messages m ON m.id = r.message_id
-LEFT JOIN relaybox_endpoints e ON e.id = r.endpoint_id
+LEFT JOIN LATERAL (
+    SELECT event_type, body FROM relaybox_messages WHERE id = r.message_id OFFSET 0) m ON true
+LEFT JOIN LATERAL (
+    SELECT x.tenant, x.url, x.signature, x.timeout, x.schedule,
+           (SELECT array_agg(s.secret ORDER BY s.id DESC) FROM relaybox_endpoint_secrets s
+            WHERE s.endpoint_id = x.id AND (s.expires_at IS NULL OR s.expires_at > $1)) AS secrets
+    FROM relaybox_endpoints x WHERE x.id = r.endpoint_id OFFSET 0) e ON true
 ORDER BY r.id
 
 -- name: outbox_lease_lanes
