@@ -488,6 +488,63 @@ async def test_lock_returns_only_pending_rows(store: Store) -> None:
     assert events[0].json() == {"n": 1}
 
 
+async def test_pg_accept_probes_the_event_key_even_without_statistics(pg_url: str) -> None:
+    """A young inbox has no statistics, and the plan PostgreSQL caches then is kept
+    until autovacuum analyzes it. The accept statement and the existing-key lookup
+    must probe the event key per key in that plan, never scan the inbox."""
+    store = open_store(pg_url)
+    try:
+        conn = await asyncpg.connect(_dsn(pg_url))
+        try:
+            await conn.execute("SET plan_cache_mode = force_generic_plan")
+            for name, args in [
+                ("inbox_accept_fast", "'{a}','{b}','{c}','{d}',NULL,'{}','{}','{}','{}','{x}',1"),
+                ("inbox_existing", "'{a}','{b}','{c}'"),
+            ]:
+                stmt = await conn.prepare(store.q[name])
+                plan = "\n".join(
+                    r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}({args})")
+                )
+                assert "Index Scan using relaybox_inbox_event_key" in plan, plan
+                assert "Seq Scan on relaybox_inbox" not in plan, plan
+        finally:
+            await conn.close()
+    finally:
+        await store.close()
+
+
+async def test_pg_accept_resolves_a_key_committed_while_it_waited(pg_url: str) -> None:
+    """The one-statement accept returns inserted rows and rows that existed before it
+    began. A key another transaction commits while the statement waits on it (ON
+    CONFLICT) is in neither: the store looks it up again, and classifies it."""
+    first, second = open_store(pg_url), open_store(pg_url)
+    try:
+        racer, same, other = delivery("race"), delivery("race"), delivery("race", body=b"{}")
+        inserted = asyncio.Event()
+        release = asyncio.Event()
+
+        async def insert_uncommitted() -> None:
+            async with second.transaction() as conn:
+                await second.inbox_insert(conn, [racer])
+                inserted.set()
+                await release.wait()
+
+        holder = asyncio.create_task(insert_uncommitted())
+        await asyncio.wait_for(inserted.wait(), 5)
+        waiting = asyncio.create_task(first.inbox_accept([same, other, delivery("fresh")]))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # blocked on the uncommitted key
+        release.set()
+        await holder
+        outcomes = await asyncio.wait_for(waiting, 5)
+        assert statuses(outcomes) == ["duplicate", "quarantined", "accepted"]
+        assert len(await quarantine_rows(first)) == 1
+        assert len(await inbox_rows(first)) == 2
+    finally:
+        await first.close()
+        await second.close()
+
+
 async def test_pg_claim_skips_rows_locked_by_another_store(pg_url: str) -> None:
     first, second = open_store(pg_url), open_store(pg_url)
     try:

@@ -51,6 +51,7 @@ class PostgresStore(Store):
         self.url = url
         self._raw_pool: asyncpg.Pool | None = None
         self._start_pool: asyncpg.Pool | None = None
+        self._accept_pool: asyncpg.Pool | None = None
         self._pool_lock = asyncio.Lock()
         self._raw_pool_size = raw_pool_size
         self._connect_timeout = connect_timeout
@@ -80,6 +81,19 @@ class PostgresStore(Store):
                 self._raw_pool = await self._create_pool({})
         return self._raw_pool
 
+    async def accept_pool(self) -> asyncpg.Pool:
+        """Connections for the group-commit accept, with generic plans forced. With
+        arrays as parameters PostgreSQL otherwise plans every execution anew (a custom
+        plan looks cheaper for a small batch): that planning cost more backend CPU than
+        the batch's inserts (bench/README.md). The generic plan probes the event key
+        per key even on a young table (tests/test_store.py checks it)."""
+        async with self._pool_lock:
+            if self._accept_pool is None:
+                self._accept_pool = await self._create_pool(
+                    {"plan_cache_mode": "force_generic_plan"}
+                )
+        return self._accept_pool
+
     async def start_pool(self) -> asyncpg.Pool:
         """Connections with ``synchronous_commit`` off, for attempt-start marks only."""
         async with self._pool_lock:
@@ -107,10 +121,10 @@ class PostgresStore(Store):
         )
 
     async def close(self) -> None:
-        for pool in (self._raw_pool, self._start_pool):
+        for pool in (self._raw_pool, self._start_pool, self._accept_pool):
             if pool is not None:
                 await pool.close()
-        self._raw_pool = self._start_pool = None
+        self._raw_pool = self._start_pool = self._accept_pool = None
         await super().close()
 
     async def inbox_accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
@@ -129,29 +143,29 @@ class PostgresStore(Store):
 
     async def _accept_sorted(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
         now = max(d.received_at for d in batch)
-        pool = await self.raw_pool()
+        pool = await self.accept_pool()
         async with pool.acquire() as conn:
             rows = await conn.fetch(self.q["inbox_accept_fast"], *_columns(batch), now)
-            inserted = {(r[1], r[2], r[3]): r[0] for r in rows}
-            counts = Counter(d.key for d in batch)
-            keys = [k for k in counts if k not in inserted or counts[k] > 1]
-            if not keys:
-                return self._classify(batch, inserted, {})
-            async with conn.transaction():
+            inserted = {(r[1], r[2], r[3]): r[0] for r in rows if r[5]}
+            stored = {(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in rows}
+            missing = {d.key for d in batch if d.key not in stored}
+            if missing:  # committed by a concurrent inserter after this statement began
+                keys = sorted(missing)
                 found = await conn.fetch(
                     self.q["inbox_existing"],
                     [k[0] for k in keys],
                     [k[1] for k in keys],
                     [k[2] for k in keys],
                 )
-                existing = {(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in found}
-                outcomes = self._classify(batch, inserted, existing)
-                quarantine = [
-                    d.quarantine_row(o.inbox_id)
-                    for d, o in zip(batch, outcomes, strict=True)
-                    if o.status == "quarantined"
-                ]
-                if quarantine:
+                stored.update({(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in found})
+            outcomes = self._classify(batch, inserted, stored)
+            quarantine = [
+                d.quarantine_row(o.inbox_id)
+                for d, o in zip(batch, outcomes, strict=True)
+                if o.status == "quarantined"
+            ]
+            if quarantine:
+                async with conn.transaction():
                     await conn.executemany(self.q["quarantine_insert"], quarantine)
             return outcomes
 
@@ -248,16 +262,19 @@ class PostgresStore(Store):
         inserted: dict[tuple[str, str, str], int],
         existing: dict[tuple[str, str, str], tuple[int, bytes]],
     ) -> list[AcceptOutcome]:
-        """The first delivery of an inserted key is the new row; every other one is
-        compared with the stored row's fingerprint."""
+        """The first delivery of an inserted key with the stored content is the new row;
+        every other one is compared with the stored row's fingerprint. (``existing``
+        may hold the inserted rows too, with the fingerprint that was stored.)"""
         claimed: set[tuple[str, str, str]] = set()
         outcomes = []
         for d in batch:
             if d.key in inserted and d.key not in claimed:
-                claimed.add(d.key)
-                status = "ignored" if d.ignored else "accepted"
-                outcomes.append(AcceptOutcome(status, inserted[d.key]))  # type: ignore[arg-type]
-                continue
+                row = existing.get(d.key)
+                if row is None or row[1] == d.fingerprint:
+                    claimed.add(d.key)
+                    status = "ignored" if d.ignored else "accepted"
+                    outcomes.append(AcceptOutcome(status, inserted[d.key]))  # type: ignore[arg-type]
+                    continue
             inbox_id, stored_fp = existing[d.key]
             same = stored_fp == d.fingerprint
             outcomes.append(AcceptOutcome("duplicate" if same else "quarantined", inbox_id))
