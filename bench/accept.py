@@ -9,6 +9,7 @@ import hmac
 import json
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -57,6 +58,17 @@ def distinct_sent(ids: list[str], per_thread: list[int]) -> int:
         for k in range(n):
             seen.add(mine[k % len(mine)])
     return len(seen)
+
+
+def ensure_wrk() -> None:
+    """wrk is Debian's package: installed here when missing and we are root."""
+    if shutil.which("wrk"):
+        return
+    if os.geteuid() != 0:
+        raise SystemExit("bench accept needs wrk: apt-get install wrk")
+    print("  installing wrk (apt-get install wrk)", flush=True)
+    subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True, capture_output=True)
 
 
 def run_wrk(url: str, requests_file: Path, seconds: int, connections: int) -> dict[str, Any]:
@@ -170,6 +182,7 @@ def _sqlite_count(db: Path, table_name: str) -> int:
 def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bool = False) -> str:
     if quick:
         seconds, rounds = 2, 1
+    ensure_wrk()
     peers = {
         "postgres": ["verify", "relaybox", "naive", "hookrelay"],
         "sqlite": ["verify", "relaybox", "hookrelay"],
