@@ -50,6 +50,7 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _V4_COMPATIBLE = ipaddress.ip_network("::/96")
+_LITERAL_CACHE = 4096
 _NUMERIC_PART = re.compile(r"(0x[0-9a-f]*|[0-9]+)", re.IGNORECASE)
 
 
@@ -147,6 +148,10 @@ class Guard:
         self.allow_insecure_loopback = allow_insecure_loopback
         if resolver is not None:
             self.resolver = resolver
+        # URLs naming an address literally, already vetted under these rules: their
+        # answer depends on the URL and the rules only (no DNS), so the check before
+        # each delivery is a lookup. New rules, a new cache.
+        self._literal: dict[str, Vetted] = {}
 
     def allowed(self, ip: IPAddress) -> bool:
         return any(ip in net for net in self.allow_networks)
@@ -181,11 +186,17 @@ class Guard:
 
     async def check(self, url: str) -> Vetted:
         """Everything, including DNS; returns the addresses to connect to."""
+        vetted = self._literal.get(url)
+        if vetted is not None:
+            return vetted
         parsed, literal = self.check_static(url)
         host = str(parsed.raw_host)
         port = parsed.explicit_port or (443 if parsed.scheme == "https" else 80)
         if literal is not None:
-            return Vetted(url, host, port, (str(literal),))
+            if len(self._literal) >= _LITERAL_CACHE:
+                self._literal.clear()
+            vetted = self._literal[url] = Vetted(url, host, port, (str(literal),))
+            return vetted
         found = await self.resolver(host, port)
         if not found:
             raise OSError(f"{host} did not resolve")
