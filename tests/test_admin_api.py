@@ -27,7 +27,7 @@ from relaybox.admin.openapi import REGENERATE, openapi_document, render
 from relaybox.config import Settings
 from relaybox.outbound.catalog import define_event_type
 from relaybox.store import NewDelivery
-from tests.support.outbound_app import endpoint, local, publish_one
+from tests.support.outbound_app import endpoint, local, outbox_rows, publish_one
 from tests.support.receivers import HttpReceiver, Reply
 
 TOKEN = "test-admin-token-0123456789"
@@ -563,6 +563,47 @@ async def _pages(client: Any, endpoint_id: str, message_id: str) -> bool:
     )
     assert "error=" in r.headers["location"]  # redelivered by the API a moment ago: pending
     return True
+
+
+async def test_endpoint_disable_enable_recover_through_the_api(
+    admin: tuple[Relaybox, Any], clock: FrozenClock
+) -> None:
+    box, client = admin
+    local(box)
+    endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook", tenant="t1")
+    await publish_one(box, "pet.adopted", {"petId": "p1"})
+    url = f"/admin/api/v1/endpoints/{endpoint_id}"
+
+    async def act(action: str, **body: Any) -> Any:
+        return await client.post(f"{url}/{action}", json=body, headers=AUTH)
+
+    assert (await act("disable")).status_code == 400  # a reason is required
+    off = await act("disable", reason="receiver migrating", actor="alice")
+    assert off.status_code == 200, off.text
+    assert off.json()["status"] == "disabled"
+    assert off.json()["disabled_reason"] == "manual by alice: receiver migrating"
+    listed = (await client.get("/admin/api/v1/endpoints", headers=AUTH)).json()["items"]
+    assert [(e["status"], e["disabled_reason"]) for e in listed] == [
+        ("disabled", "manual by alice: receiver migrating")
+    ]
+    twice = await act("disable", reason="again")
+    assert twice.status_code == 409 and twice.json()["error"] == "already_disabled"
+    early = await act("recover", reason="fixed", since=clock.now() - 3600)
+    assert early.status_code == 409 and early.json()["error"] == "endpoint_disabled"
+    on = await act("enable", reason="receiver moved")
+    assert on.status_code == 200 and on.json()["status"] == "enabled"
+    assert on.json()["disabled_reason"] is None
+    assert (await act("enable", reason="x")).json()["error"] == "already_enabled"
+    window = await act("recover", reason="fixed", since=clock.now() + 1)
+    assert window.status_code == 200 and window.json()["recovered"] == 0  # created before
+    back = await act("recover", reason="fixed", since=clock.now() - 3600)
+    assert back.status_code == 200 and back.json()["recovered"] == 1
+    assert [r["status"] for r in await outbox_rows(box)] == ["pending"]
+    for action, body in (("disable", {}), ("enable", {}), ("recover", {"since": 0})):
+        gone = await client.post(
+            f"/admin/api/v1/endpoints/ep_nope/{action}", json={"reason": "x", **body}, headers=AUTH
+        )
+        assert gone.status_code == 404 and gone.json()["error"] == "not_found"
 
 
 async def test_outbound_sections_wait_for_their_tables(tmp_path: Any) -> None:

@@ -1,11 +1,13 @@
 """The dashboard: login and sessions, CSRF on every action, escaping, the quarantine
-diff; and the end-to-end run in a real headless Chromium (Debian's ``chromium``
-driven by Playwright): log in, find a dead event, press Retry, see it done, with a
+diff, endpoint Disable / Enable / Recover over real HTTP; and the end-to-end run in a
+real headless Chromium (Debian's ``chromium`` driven by Playwright): log in, find a
+dead event, press Retry, see it done, disable an endpoint and enable it again, with a
 screenshot of every page in ``test-artifacts/screenshots/``."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +23,7 @@ from relaybox import Context, FrozenClock, PermanentError, Relaybox
 from relaybox.admin import build_admin
 from relaybox.config import Settings
 from tests.conftest import Served
+from tests.support.outbound_app import endpoint, local, outbox_rows, publish_one
 from tests.test_admin_api import TOKEN, delivery, seed
 from tests.test_metrics import make_box, post
 
@@ -152,6 +155,82 @@ async def test_quarantine_side_by_side_and_resolve(dash: Any, clock: FrozenClock
     assert "kept_original" in (await client.get(r.headers["location"])).text
 
 
+# -- endpoint actions ---------------------------------------------------------------
+
+
+async def test_endpoint_disable_enable_recover_over_http(
+    database_url: str, clock: FrozenClock
+) -> None:
+    """The three endpoint buttons, against a real server: CSRF, the flash notice or
+    error after the redirect, the status and disabled reason on both pages, and what
+    each did to the deliveries (the same functions the CLI and the tenant API call)."""
+    box = Relaybox(settings=Settings(database_url=database_url, admin_token=TOKEN), clock=clock)
+    local(box)
+    endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook")
+    await publish_one(box, data={"petId": "p1"})
+    await publish_one(box, data={"petId": "p2"})
+    app = Starlette(routes=[Mount("/admin", app=build_admin(box))])
+    page_url = f"/admin/endpoints/{endpoint_id}"
+    try:
+        async with Served(app) as server, httpx.AsyncClient(base_url=server.url) as client:
+            csrf = await login(client)
+            page = (await client.get(page_url)).text
+            assert 'data-endpoint-status="enabled"' in page
+            assert 'name="disable"' in page and 'name="enable"' not in page
+
+            async def post(action: str, **form: str) -> str:
+                r = await client.post(f"{page_url}/{action}", data={"back": page_url, **form})
+                assert r.status_code == 303, r.text
+                assert r.headers["location"].startswith(page_url + "?")
+                return (await client.get(r.headers["location"])).text
+
+            forged = await client.post(f"{page_url}/disable", data={"back": page_url})
+            assert forged.status_code == 403
+            assert [r["status"] for r in await outbox_rows(box)] == ["pending", "pending"]
+
+            page = await post("disable", csrf=csrf, reason="receiver migrating")
+            assert 'class="notice"' in page and f"endpoint {endpoint_id} disabled" in page
+            assert 'data-endpoint-status="disabled"' in page and 'name="enable"' in page
+            reason = "manual by dashboard: receiver migrating"
+            assert reason in page
+            listing = (await client.get("/admin/endpoints")).text
+            assert 'data-endpoint-status="disabled"' in listing and reason in listing
+            rows = await outbox_rows(box)
+            assert {(r["status"], r["dead_reason"]) for r in rows} == {
+                ("dead", "endpoint_disabled")
+            }
+            [event] = await box.store.fetch_all(
+                "SELECT body FROM relaybox_messages WHERE event_type = 'relaybox.endpoint.disabled'"
+            )
+            assert json.loads(event["body"])["data"]["reason"] == reason
+
+            again = await post("disable", csrf=csrf)
+            assert 'class="error"' in again and "already disabled" in again
+            early = await post("recover", csrf=csrf, since="1h")
+            assert "enable it first" in early
+            assert {r["status"] for r in await outbox_rows(box)} == {"dead"}
+
+            page = await post("enable", csrf=csrf, reason="receiver moved")
+            assert f"endpoint {endpoint_id} enabled" in page
+            assert 'data-endpoint-status="enabled"' in page and "data-disabled-reason" not in page
+            bad = await post("recover", csrf=csrf, since="last tuesday")
+            assert 'class="error"' in bad and "not a time" in bad
+            later = await post("recover", csrf=csrf, since="1h", until="2h")
+            assert "until must be after since" in later
+            page = await post("recover", csrf=csrf, since="1h", reason="receiver fixed")
+            assert f"2 dead deliver(ies) of {endpoint_id} created since" in page
+            assert {(r["status"], r["attempts"]) for r in await outbox_rows(box)} == {
+                ("pending", 0)
+            }
+            assert "already enabled" in await post("enable", csrf=csrf)
+            missing = await client.post(
+                "/admin/endpoints/ep_nope/disable", data={"csrf": csrf, "back": page_url}
+            )
+            assert "error=" in missing.headers["location"]
+    finally:
+        await box.close()
+
+
 # -- end to end in a real browser -------------------------------------------------
 
 
@@ -168,6 +247,8 @@ async def test_browser_login_find_dead_event_retry_and_see_it_done(database_url:
         await ctx.once(f"std:{ctx.payload['data']['id']}:grant")
 
     backend = box.store.backend
+    local(box)
+    endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     try:
         async with Served(box.asgi(roles=("receiver", "admin"))) as server:
@@ -229,6 +310,17 @@ async def test_browser_login_find_dead_event_retry_and_see_it_done(database_url:
                     await page.wait_for_selector("h1")
                     assert await page.inner_text("h1") == section
                     await shot(section.lower())
+                await page.click("nav >> text=Endpoints")
+                await page.click(f"tr[data-endpoint-id='{endpoint_id}'] a")
+                await page.fill("input[name=reason]", "receiver migrating")
+                await page.click("button[name=disable]")
+                await page.wait_for_selector("[data-endpoint-status=disabled]")
+                reason = await page.inner_text("[data-disabled-reason]")
+                assert reason == "manual by dashboard: receiver migrating"
+                await shot("endpoint-disabled")
+                await page.click("button[name=enable]")
+                await page.wait_for_selector("[data-endpoint-status=enabled]")
+                assert "enabled (was disabled" in await page.inner_text("[role=status]")
                 await browser.close()
     finally:
         await box.close()

@@ -38,6 +38,7 @@ __all__ = [
     "OVERVIEW_PAGES",
     "QUARANTINE_PAGES",
     "action",
+    "actor_of",
     "box_of",
     "form_of",
     "login_page",
@@ -184,7 +185,7 @@ def _path_id(request: Request) -> int:
     return int(raw)
 
 
-def _actor(request: Request) -> str:
+def actor_of(request: Request) -> str:
     """Every dashboard user holds the same token, so the record says where, not who."""
     return "dashboard"
 
@@ -319,7 +320,7 @@ async def event(request: Request) -> Response:
 async def event_replay(request: Request, form: dict[str, str]) -> str:
     r = m.ReplayRequest(reason=form.get("reason") or "replayed from the dashboard")
     result = await ops.replay_event(
-        box_of(request), _path_id(request), actor=_actor(request), reason=r.reason
+        box_of(request), _path_id(request), actor=actor_of(request), reason=r.reason
     )
     return result.message
 
@@ -345,7 +346,7 @@ async def dead(request: Request) -> Response:
 async def dead_retry(request: Request, form: dict[str, str]) -> str:
     r = m.ReplayRequest(reason=form.get("reason") or "retried from the dashboard")
     result = await ops.dead_retry(
-        box_of(request), _path_id(request), actor=_actor(request), reason=r.reason
+        box_of(request), _path_id(request), actor=actor_of(request), reason=r.reason
     )
     return result.message
 
@@ -355,7 +356,7 @@ async def dead_retry_all(request: Request, form: dict[str, str]) -> str:
     fields = {k: v for k, v in form.items() if v and k in m.DeadRetryRequest.model_fields}
     fields.setdefault("reason", "retried from the dashboard (all matching)")
     result = await ops.dead_retry_many(
-        box_of(request), m.DeadRetryRequest.model_validate(fields), actor=_actor(request)
+        box_of(request), m.DeadRetryRequest.model_validate(fields), actor=actor_of(request)
     )
     return result.message
 
@@ -364,7 +365,7 @@ async def dead_retry_all(request: Request, form: dict[str, str]) -> str:
 async def dead_discard(request: Request, form: dict[str, str]) -> str:
     r = m.DiscardRequest.model_validate({"reason": form.get("reason", "")})
     inbox_id = _path_id(request)
-    await ops.dead_discard(box_of(request), inbox_id, actor=_actor(request), reason=r.reason)
+    await ops.dead_discard(box_of(request), inbox_id, actor=actor_of(request), reason=r.reason)
     return f"event {inbox_id} discarded"
 
 
@@ -412,7 +413,7 @@ async def quarantine_resolve(request: Request, form: dict[str, str]) -> str:
     )
     qid = _path_id(request)
     await ops.quarantine_resolve(
-        box_of(request), qid, resolution=r.resolution, actor=_actor(request), reason=r.reason
+        box_of(request), qid, resolution=r.resolution, actor=actor_of(request), reason=r.reason
     )
     return f"quarantine entry {qid} resolved ({r.resolution})"
 

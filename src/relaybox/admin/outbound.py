@@ -1,11 +1,18 @@
 """The sending side in the admin app: endpoints with their health and recent attempts,
-messages with their deliveries and attempts, and Redeliver.
+Disable, Enable and Recover; messages with their deliveries and attempts, and Redeliver.
 
 Rows are read through :mod:`relaybox.outbound` (the area that owns those tables), so
 the admin shows what the tenant API shows; only the health figures (success rate and
 backlog per endpoint) are operator-specific queries (``ops_endpoint_*``). The section
 names its tables in ``requires_tables``: on a database without them it stays hidden
 and its routes answer 404 ``not_migrated``.
+
+The endpoint actions call what the CLI and the tenant API call
+(:func:`relaybox.outbound.endpoints.disable_endpoint`, ``enable_endpoint``,
+:func:`relaybox.outbound.deliveries.recover`). Who acted and why go into the log
+(``endpoint_action``) and, for a disable, into the endpoint's ``disabled_reason``
+(``manual by dashboard: …``), which the endpoint's pages, ``relaybox endpoints list``
+and the ``relaybox.endpoint.disabled`` operational event show.
 """
 
 from __future__ import annotations
@@ -13,8 +20,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import click
+import structlog
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,6 +38,8 @@ if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
 __all__ = [
+    "EndpointActionRequest",
+    "EndpointActionResult",
     "EndpointDetail",
     "EndpointList",
     "EndpointSummary",
@@ -35,9 +47,13 @@ __all__ = [
     "MessageDetail",
     "MessagePage",
     "MessageSummary",
+    "RecoverRequest",
+    "RecoverResult",
     "RedeliverResult",
     "register",
 ]
+
+log = structlog.get_logger("relaybox.admin")
 
 HEALTH_WINDOW = 24 * 3600.0
 """Seconds of attempts an endpoint's success rate is computed over."""
@@ -170,6 +186,34 @@ class RedeliverRequest(RequestModel):
 class RedeliverResult(_Model):
     message_id: str
     redelivered: int = Field(description="finished deliveries sent again")
+
+
+class EndpointActionRequest(RequestModel):
+    """Disable or enable an endpoint; ``reason`` (and ``actor``) are logged, and a
+    disable keeps them as the endpoint's ``disabled_reason``."""
+
+    reason: str = Field(min_length=1, max_length=2000, description="why: kept with the record")
+    actor: str | None = Field(
+        None, min_length=1, max_length=200, description="who asks (default: admin-api)"
+    )
+
+
+class EndpointActionResult(_Model):
+    endpoint_id: str
+    status: str = Field(description="enabled or disabled, after the action")
+    disabled_reason: str | None
+    message: str
+
+
+class RecoverRequest(EndpointActionRequest):
+    since: float = Field(description="dead deliveries created at or after (epoch seconds)")
+    until: float | None = Field(None, description="created before (epoch seconds)")
+
+
+class RecoverResult(_Model):
+    endpoint_id: str
+    recovered: int = Field(description="dead deliveries back to pending")
+    message: str
 
 
 # -- reads ------------------------------------------------------------------------
@@ -319,6 +363,122 @@ async def message_redeliver(
     return RedeliverResult(message_id=message_id, redelivered=n)
 
 
+async def _endpoint_or_404(box: Relaybox, endpoint_id: str) -> Any:
+    from relaybox.outbound.endpoints import get_endpoint
+
+    found = await get_endpoint(box, endpoint_id, None)
+    if found is None:
+        raise ops.NotFound(f"no endpoint {endpoint_id}")
+    return found
+
+
+def _disabled_reason(actor: str, reason: str) -> str:
+    """``manual`` is what the CLI and the tenant API record; an operator adds who and why."""
+    return f"manual by {actor}: {reason}"
+
+
+async def endpoint_disable(
+    box: Relaybox, endpoint_id: str, *, actor: str, reason: str
+) -> EndpointActionResult:
+    """Switch an endpoint off: its waiting deliveries become dead letters
+    (``endpoint_disabled``, recoverable) and ``relaybox.endpoint.disabled`` is
+    published, exactly as when the CLI or its tenant disables it."""
+    from relaybox.outbound.endpoints import disable_endpoint
+
+    current = await _endpoint_or_404(box, endpoint_id)
+    if current.status == "disabled":
+        raise ops.Conflict(
+            f"endpoint {endpoint_id} is already disabled ({current.disabled_reason})",
+            code="already_disabled",
+        )
+    await disable_endpoint(box, endpoint_id, tenant=None, reason=_disabled_reason(actor, reason))
+    after = await _endpoint_or_404(box, endpoint_id)
+    log.info(
+        "endpoint_action", action="disable", endpoint_id=endpoint_id, actor=actor, reason=reason
+    )
+    return EndpointActionResult(
+        endpoint_id=endpoint_id,
+        status=after.status,
+        disabled_reason=after.disabled_reason,
+        message=f"endpoint {endpoint_id} disabled; its waiting deliveries are dead letters "
+        "(endpoint_disabled) until you recover them",
+    )
+
+
+async def endpoint_enable(
+    box: Relaybox, endpoint_id: str, *, actor: str, reason: str
+) -> EndpointActionResult:
+    """Switch an endpoint back on (its failure streak starts again). Its dead
+    letters stay dead: recover them."""
+    from relaybox.outbound.endpoints import enable_endpoint
+
+    current = await _endpoint_or_404(box, endpoint_id)
+    if current.status == "enabled":
+        raise ops.Conflict(f"endpoint {endpoint_id} is already enabled", code="already_enabled")
+    await enable_endpoint(box, endpoint_id, tenant=None)
+    after = await _endpoint_or_404(box, endpoint_id)
+    log.info(
+        "endpoint_action",
+        action="enable",
+        endpoint_id=endpoint_id,
+        actor=actor,
+        reason=reason,
+        was=current.disabled_reason,
+    )
+    return EndpointActionResult(
+        endpoint_id=endpoint_id,
+        status=after.status,
+        disabled_reason=after.disabled_reason,
+        message=f"endpoint {endpoint_id} enabled (was disabled: {current.disabled_reason}); "
+        "its dead letters stay dead until you recover them",
+    )
+
+
+async def endpoint_recover(
+    box: Relaybox,
+    endpoint_id: str,
+    *,
+    since: float,
+    until: float | None,
+    actor: str,
+    reason: str,
+) -> RecoverResult:
+    """Retry every dead delivery of the endpoint created in ``[since, until)``. The
+    endpoint must be enabled: a disabled one is not leased, so they would only wait."""
+    from relaybox.outbound.deliveries import recover
+
+    current = await _endpoint_or_404(box, endpoint_id)
+    if current.status != "enabled":
+        raise ops.Conflict(
+            f"endpoint {endpoint_id} is disabled: enable it first, or the recovered "
+            "deliveries would only wait",
+            code="endpoint_disabled",
+        )
+    if until is not None and until <= since:
+        raise ops.InvalidRequest("until must be after since")
+    n = await recover(box, endpoint_id, since=since, until=until, tenant=None)
+    log.info(
+        "endpoint_action",
+        action="recover",
+        endpoint_id=endpoint_id,
+        actor=actor,
+        reason=reason,
+        since=since,
+        until=until,
+        recovered=n,
+    )
+    window = f"since {_iso(since)}" + (f" until {_iso(until)}" if until is not None else "")
+    return RecoverResult(
+        endpoint_id=endpoint_id,
+        recovered=n or 0,
+        message=f"{n or 0} dead deliver(ies) of {endpoint_id} created {window} queued again",
+    )
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
 async def event_types(box: Relaybox) -> EventTypeList:
     from relaybox.outbound.catalog import list_event_types
 
@@ -381,7 +541,22 @@ async def _message_redeliver(c: Call) -> BaseModel:
     return await message_redeliver(c.box, c.path["id"], endpoint_id=c.body.endpoint_id)
 
 
-OPERATIONS = (
+async def _endpoint_disable(c: Call) -> BaseModel:
+    return await endpoint_disable(c.box, c.path["id"], actor=c.actor, reason=c.body.reason)
+
+
+async def _endpoint_enable(c: Call) -> BaseModel:
+    return await endpoint_enable(c.box, c.path["id"], actor=c.actor, reason=c.body.reason)
+
+
+async def _endpoint_recover(c: Call) -> BaseModel:
+    b = c.body
+    return await endpoint_recover(
+        c.box, c.path["id"], since=b.since, until=b.until, actor=c.actor, reason=b.reason
+    )
+
+
+ENDPOINT_OPERATIONS = (
     Operation(
         "GET",
         "/endpoints",
@@ -401,6 +576,46 @@ OPERATIONS = (
         EndpointDetail,
         errors=(404,),
     ),
+    Operation(
+        "POST",
+        "/endpoints/{id:str}/disable",
+        "disableEndpoint",
+        "Switch an endpoint off; its waiting deliveries become dead letters",
+        _endpoint_disable,
+        EndpointActionResult,
+        body=EndpointActionRequest,
+        errors=(400, 404, 409),
+        description="The same as `relaybox endpoints disable` and the tenant API's "
+        "`PATCH {enabled: false}`: waiting deliveries become dead letters "
+        "(`endpoint_disabled`) and `relaybox.endpoint.disabled` is published. The "
+        "disabled reason records the actor and the reason. 409 `already_disabled`.",
+    ),
+    Operation(
+        "POST",
+        "/endpoints/{id:str}/enable",
+        "enableEndpoint",
+        "Switch an endpoint back on (its dead letters stay dead: recover them)",
+        _endpoint_enable,
+        EndpointActionResult,
+        body=EndpointActionRequest,
+        errors=(400, 404, 409),
+        description="409 `already_enabled`.",
+    ),
+    Operation(
+        "POST",
+        "/endpoints/{id:str}/recover",
+        "recoverEndpoint",
+        "Retry the endpoint's dead deliveries created in a time window",
+        _endpoint_recover,
+        RecoverResult,
+        body=RecoverRequest,
+        errors=(400, 404, 409),
+        description="Every dead delivery created in [since, until) goes back to pending "
+        "with a fresh attempt budget and the same webhook-id. 409 `endpoint_disabled`: "
+        "enable the endpoint first.",
+    ),
+)
+MESSAGE_OPERATIONS = (
     Operation(
         "GET",
         "/messages",
@@ -441,6 +656,7 @@ OPERATIONS = (
         "already processed the message recognises it.",
     ),
 )
+OPERATIONS = ENDPOINT_OPERATIONS + MESSAGE_OPERATIONS
 
 
 # -- pages ------------------------------------------------------------------------
@@ -501,13 +717,78 @@ async def message_redeliver_action(request: Request, form: dict[str, str]) -> st
     return f"{result.redelivered} deliver(ies) of {result.message_id} sent again"
 
 
-PAGES = (
+@dashboard.action
+async def endpoint_disable_action(request: Request, form: dict[str, str]) -> str:
+    r = EndpointActionRequest.model_validate(
+        {"reason": form.get("reason") or "disabled from the dashboard"}
+    )
+    result = await endpoint_disable(
+        dashboard.box_of(request),
+        _text_id(request),
+        actor=dashboard.actor_of(request),
+        reason=r.reason,
+    )
+    return result.message
+
+
+@dashboard.action
+async def endpoint_enable_action(request: Request, form: dict[str, str]) -> str:
+    r = EndpointActionRequest.model_validate(
+        {"reason": form.get("reason") or "enabled from the dashboard"}
+    )
+    result = await endpoint_enable(
+        dashboard.box_of(request),
+        _text_id(request),
+        actor=dashboard.actor_of(request),
+        reason=r.reason,
+    )
+    return result.message
+
+
+@dashboard.action
+async def endpoint_recover_action(request: Request, form: dict[str, str]) -> str:
+    from relaybox.cli_ops import parse_when
+
+    box = dashboard.box_of(request)
+    now = box.clock.now()
+    try:  # the CLI's forms of a time: 24h (ago), ISO 8601 (UTC unless told), epoch
+        since = parse_when(form.get("since") or None, now)
+        until = parse_when(form.get("until") or None, now)
+    except click.BadParameter as exc:
+        raise ops.InvalidRequest(exc.message) from None
+    if since is None:
+        raise ops.InvalidRequest("since is required: 24h, 2026-03-13T00:00:00Z or epoch seconds")
+    r = RecoverRequest.model_validate(
+        {
+            "since": since,
+            "until": until,
+            "reason": form.get("reason") or "recovered from the dashboard",
+        }
+    )
+    result = await endpoint_recover(
+        box,
+        _text_id(request),
+        since=r.since,
+        until=r.until,
+        actor=dashboard.actor_of(request),
+        reason=r.reason,
+    )
+    return result.message
+
+
+ENDPOINT_PAGES = (
     Route("/endpoints", endpoints_page, methods=["GET"]),
     Route("/endpoints/{id:str}", endpoint_page, methods=["GET"]),
+    Route("/endpoints/{id:str}/disable", endpoint_disable_action, methods=["POST"]),
+    Route("/endpoints/{id:str}/enable", endpoint_enable_action, methods=["POST"]),
+    Route("/endpoints/{id:str}/recover", endpoint_recover_action, methods=["POST"]),
+)
+MESSAGE_PAGES = (
     Route("/messages", messages_page, methods=["GET"]),
     Route("/messages/{id:str}", message_page, methods=["GET"]),
     Route("/messages/{id:str}/redeliver", message_redeliver_action, methods=["POST"]),
 )
+PAGES = ENDPOINT_PAGES + MESSAGE_PAGES
 
 
 def register() -> None:
@@ -518,11 +799,12 @@ def register() -> None:
             "Endpoints",
             40,
             nav_path="/endpoints",
-            operations=OPERATIONS[:2],
-            pages=PAGES[:2],
+            operations=ENDPOINT_OPERATIONS,
+            pages=ENDPOINT_PAGES,
             requires_tables=TABLES,
             overview=overview_panel,
-            tag_description="Tenants' webhook endpoints, their health and recent attempts.",
+            tag_description="Tenants' webhook endpoints, their health and recent attempts; "
+            "disable, enable, recover.",
         )
     )
     register_section(
@@ -531,8 +813,8 @@ def register() -> None:
             "Messages",
             50,
             nav_path="/messages",
-            operations=OPERATIONS[2:],
-            pages=PAGES[2:],
+            operations=MESSAGE_OPERATIONS,
+            pages=MESSAGE_PAGES,
             requires_tables=TABLES,
             tag_description="Published messages, their deliveries, attempts and redelivery.",
         )
