@@ -400,3 +400,30 @@ async def test_a_failed_statement_on_the_commit_fails_the_commit_and_frees_the_c
         assert not (await _adapted(conn))._connection.is_in_transaction()
         assert (await conn.exec_driver_sql("SELECT 1")).scalar() == 1
     assert (await rows(box))["e"]["status"] == "pending"
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_a_handler_that_swallows_a_database_error_completes_nothing(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """PostgreSQL aborts the transaction at the failed statement and answers its COMMIT
+    with ROLLBACK: the worker says so instead of counting the event done. The row comes
+    back after the hold (a suspect: its attempt never recorded an outcome)."""
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        await ctx.once("k")
+        try:
+            await ctx.conn.execute(text("SELECT 1/0"))
+        except Exception:
+            pass  # the handler's bug: the transaction is aborted all the same
+
+    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
+    with pytest.raises(Exception, match="nothing committed"):
+        await box.worker().run_once()
+    state = (await rows(box))["e"]
+    assert (state["status"], state["attempts"]) == ("pending", 1)
+    assert await box.store.fetch_all("SELECT * FROM relaybox_operations") == []
+    clock.advance(31)
+    claim = await box.store.inbox_claim(now=clock.now(), limit=10, max_attempts=5, hold=30)
+    assert (len(claim.suspects), claim.ids) == (1, [])

@@ -26,7 +26,7 @@ import random
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -279,6 +279,9 @@ class Worker:
         )
         self.rng = rng or random.Random()
         self.hooks = box.hooks
+        self._handlers: dict[tuple[str, str], Handler | None] = {}
+        self._handlers_known = -1  # registrations seen when _handlers was filled
+        self._counters: dict[tuple[str, str], Any] = {}
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
 
@@ -441,13 +444,14 @@ class Worker:
         clock = self.box.clock
         attempt = job.attempt
         assert attempt is not None
-        event = replace(job.event, attempts=attempt)
+        event = job.event
+        object.__setattr__(event, "attempts", attempt)  # this worker's own copy of the row
         started = clock.now()
         nxt: _Job | None = None
         committed = False
         try:
             try:
-                async with conn.begin():
+                async with store.event_transaction(conn):
                     if not await store.inbox_begin(conn, event.id, attempt=attempt, now=started):
                         raise _NotOurs
                     ctx, outcome = await self._run(conn, event, savepoint=False)
@@ -557,7 +561,7 @@ class Worker:
     async def _run(
         self, conn: AsyncConnection, event: InboxEvent, *, savepoint: bool
     ) -> tuple[Context, _Outcome]:
-        handler = self.box.handler_for(event.source, event.event_type)
+        handler = self._handler_for(event.source, event.event_type)
         ctx = Context(self.box, conn, event)
         if handler is None:
             return ctx, _Outcome("unhandled", f"no handler for {event.source}/{event.event_type}")
@@ -574,6 +578,27 @@ class Worker:
             return ctx, _Outcome("invalid", str(exc) or type(exc).__name__)
         except Exception as exc:
             return ctx, _Outcome("retry", error_text(exc))
+
+    def _handler_for(self, source: str, event_type: str) -> Handler | None:
+        """``box.handler_for``, remembered until a handler is registered."""
+        known = len(self.box._handlers)
+        if known != self._handlers_known:
+            self._handlers.clear()
+            self._handlers_known = known
+        key = (source, event_type)
+        try:
+            return self._handlers[key]
+        except KeyError:
+            handler = self._handlers[key] = self.box.handler_for(source, event_type)
+            return handler
+
+    def _count(self, source: str, label: str) -> None:
+        counter = self._counters.get((source, label))
+        if counter is None:
+            counter = self._counters[(source, label)] = self.box.metrics.processed.labels(
+                source, label
+            )
+        counter.inc()
 
     async def _record(
         self,
@@ -622,7 +647,7 @@ class Worker:
                 finished_at=now,
             )
         label = "done" if kind == "done" else ("retry" if kind == "retry" else f"dead_{kind}")
-        self.box.metrics.processed.labels(event.source, label).inc()
+        self._count(event.source, label)
         if kind == "done":
             log.info("event_done", **fields)
         elif kind == "retry":

@@ -15,7 +15,7 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, ClassVar, Literal, Protocol
@@ -397,6 +397,11 @@ class Store:
         pending at ``attempt``; the handler's failure rolls the mark back. Returns
         whether the row is this worker's to process."""
         return bool(await self.rows(conn, "inbox_begin_done", (inbox_id, now, attempt)))
+
+    def event_transaction(self, conn: AsyncConnection) -> AbstractAsyncContextManager[Any]:
+        """One event's own transaction on ``conn``, committed on success; its first
+        statement is :meth:`inbox_begin`."""
+        return conn.begin()
 
     async def inbox_start_on_commit(
         self, conn: AsyncConnection, inbox_id: int, *, attempts: int, now: float

@@ -12,7 +12,7 @@ import contextlib
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
 import asyncpg
@@ -194,6 +194,25 @@ class PostgresStore(Store):
                 adapted._transaction = tx
         return bool(status == "UPDATE 1")
 
+    @contextlib.asynccontextmanager
+    async def event_transaction(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        """One event's transaction without SQLAlchemy's ``begin()``: :meth:`inbox_begin`
+        sends the BEGIN, and the transaction ends here, through SQLAlchemy if the handler
+        used it (SQLAlchemy then began its own, lazily, on the same driver transaction),
+        directly on the driver otherwise. Saves SQLAlchemy's begin and, for handlers
+        that only use relaybox's calls, its commit (a greenlet hop each)."""
+        adapted = await _adapted(conn)
+        if conn.in_transaction() or adapted._transaction is not None or not _plain(adapted):
+            async with conn.begin():
+                yield
+            return
+        try:
+            yield
+        except BaseException:
+            await _end(conn, adapted, commit=False)
+            raise
+        await _end(conn, adapted, commit=True)
+
     async def inbox_start_on_commit(
         self, conn: AsyncConnection, inbox_id: int, *, attempts: int, now: float
     ) -> None:
@@ -290,6 +309,15 @@ async def _adapted(conn: AsyncConnection) -> Any:
     return (await conn.get_raw_connection()).dbapi_connection
 
 
+async def _end(conn: AsyncConnection, adapted: Any, *, commit: bool) -> None:
+    if conn.in_transaction():
+        await (conn.commit() if commit else conn.rollback())
+        return
+    tx, adapted._transaction = adapted._transaction, None
+    if tx is not None:
+        await (tx.commit() if commit else tx.rollback())
+
+
 def _plain(adapted: Any) -> bool:
     """Whether the adapter begins plain transactions (no isolation level, read-only or
     deferrable option that relaybox's own BEGIN would have to repeat)."""
@@ -362,15 +390,17 @@ class _FoldedTransaction(asyncpg.transaction.Transaction):
 
     async def commit(self) -> None:
         sql, self._then = self._then, None
-        if sql is None or self._state is not _STARTED:
-            await super().commit()
+        if self._state is not _STARTED:
+            await super().commit()  # raises asyncpg's error for the state
             return
         self._check_conn_validity("commit")
         con: Any = self._connection
         if con._top_xact is self:
             con._top_xact = None
         try:
-            await con.execute(sql + ";COMMIT;")
+            status = await con.execute("COMMIT;" if sql is None else sql + ";COMMIT;")
+            if status != "COMMIT":  # a failed transaction "commits" as a ROLLBACK
+                raise asyncpg.InterfaceError(f"COMMIT answered {status}: nothing committed")
         except BaseException:
             self._state = _FAILED
             # A failed statement before the COMMIT leaves an aborted transaction open.
@@ -390,21 +420,28 @@ _STARTED = asyncpg.transaction.TransactionState.STARTED
 _COMMITTED = asyncpg.transaction.TransactionState.COMMITTED
 _FAILED = asyncpg.transaction.TransactionState.FAILED
 _PARAM = re.compile(r"\$(\d+)")
+_TEMPLATES: dict[str, tuple[list[str], list[int]]] = {}
 
 
 def _inline(sql: str, params: Sequence[int | float]) -> str:
     """``sql`` with ``$n`` replaced by literals, for the simple query protocol. Only
     integers and finite floats: nothing a caller passes can become SQL."""
-
-    def literal(match: re.Match[str]) -> str:
-        value = params[int(match.group(1)) - 1]
+    template = _TEMPLATES.get(sql)
+    if template is None:
+        split = _PARAM.split(sql)
+        template = _TEMPLATES[sql] = (split[0::2], [int(n) - 1 for n in split[1::2]])
+    texts, slots = template
+    out = [texts[0]]
+    for text, slot in zip(texts[1:], slots, strict=True):
+        value = params[slot]
         if type(value) is int:
-            return str(value)
-        if type(value) is float and math.isfinite(value):
-            return repr(value)
-        raise TypeError(f"not inlined: {type(value).__name__}")
-
-    return _PARAM.sub(literal, sql)
+            out.append(str(value))
+        elif type(value) is float and math.isfinite(value):
+            out.append(repr(value))
+        else:
+            raise TypeError(f"not inlined: {type(value).__name__}")
+        out.append(text)
+    return "".join(out)
 
 
 async def _no_reset(_conn: asyncpg.Connection) -> None:
