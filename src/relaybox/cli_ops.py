@@ -634,7 +634,10 @@ def stats(app: str | None, config: str | None, database_url: str | None, as_json
 
 @click.command()
 @app_options
-@click.option("--older-than", help="finished longer ago than this (default: the setting)")
+@click.option(
+    "--older-than",
+    help="finished longer ago than this, inbox and outbox alike (default: the settings)",
+)
 @click.option("--batch", type=int, help="rows per transaction (default: the setting)")
 @click.option("--dry-run", is_flag=True, help="count what would be purged, change nothing")
 @_json_option
@@ -647,8 +650,9 @@ def purge(
     dry_run: bool,
     as_json: bool,
 ) -> None:
-    """Drop payloads of events that finished long ago (keys, outcome and business keys
-    stay; pending, dead and quarantined events keep theirs until resolved)."""
+    """Drop payloads of events and deliveries that finished long ago (keys, outcome and
+    business keys stay; pending, dead and quarantined events, pending and held
+    deliveries keep theirs)."""
     from relaybox import retention
 
     age = None if older_than is None else parse_duration(older_than)
@@ -657,10 +661,11 @@ def purge(
     box = load_box(app, config, database_url)
 
     async def go() -> retention.PurgeResult:
-        effective = box.settings.retention.payload_max_age if age is None else age
         if dry_run or as_json:
             return await retention.purge(box, older_than=age, batch=batch, dry_run=dry_run)
-        inbox_n, quarantine_n = await retention.purge_candidates(box, box.clock.now() - effective)
+        cutoff, outbox_cutoff = retention.cutoffs(box, age)
+        inbox_n, quarantine_n = await retention.purge_candidates(box, cutoff)
+        outbox_n, messages_n = await retention.outbox_purge_candidates(box, outbox_cutoff)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         with Progress(
@@ -670,7 +675,7 @@ def purge(
             console=_err_console(),
             transient=False,
         ) as bar:
-            task = bar.add_task("purge", total=inbox_n + quarantine_n)
+            task = bar.add_task("purge", total=inbox_n + quarantine_n + outbox_n + messages_n)
             return await retention.purge(
                 box, older_than=age, batch=batch, progress=lambda n: bar.advance(task, n)
             )
@@ -682,7 +687,9 @@ def purge(
         as_json,
         lambda: click.echo(
             f"{verb} {result.inbox} event payload(s) and {result.quarantine} quarantine "
-            f"payload(s) finished before {_iso(result.cutoff)}"
+            f"payload(s) finished before {_iso(result.cutoff)}; {result.outbox} delivery "
+            f"payload(s) finished and {result.messages} message body(ies) published before "
+            f"{_iso(result.outbox_cutoff)}"
         ),
     )
 
@@ -718,7 +725,8 @@ def maintenance(
             lambda: click.echo(
                 "another process holds the maintenance lock: skipped"
                 if result is None
-                else f"purged {result.inbox} event and {result.quarantine} quarantine payload(s)"
+                else f"purged {result.inbox} event, {result.quarantine} quarantine, "
+                f"{result.outbox} delivery payload(s) and {result.messages} message body(ies)"
             ),
         )
         return

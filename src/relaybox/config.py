@@ -63,7 +63,9 @@ class AdminSettings(BaseModel):
 class RetentionSettings(BaseModel):
     """What the maintenance job keeps. Keys and outcomes are kept for good: a purged
     event is still a duplicate when its provider resends it, and business keys are
-    never purged, because "did this operation already happen?" has no expiry."""
+    never purged, because "did this operation already happen?" has no expiry. On the
+    sending side, deliveries keep their status, attempts and errors; a purged delivery
+    can no longer be redelivered or recovered."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -73,6 +75,13 @@ class RetentionSettings(BaseModel):
         gt=0,
         description="seconds after an event finished (done, ignored, discarded) before its "
         "payload and headers are dropped",
+    )
+    outbox_payload_max_age: float = Field(
+        30 * 24 * 3600.0,
+        gt=0,
+        description="seconds after a delivery finished (sent, dead) before its payload and "
+        "its attempts' response bytes are dropped, and its message's body once every "
+        "delivery of it is purged",
     )
     interval: float = Field(3600.0, gt=0, description="seconds between maintenance runs")
     batch: int = Field(1000, ge=1, le=100_000, description="rows purged per transaction")

@@ -15,6 +15,18 @@ drops the **payload and headers** and keeps the rest:
 A purged event cannot be replayed; :func:`relaybox.replay.replay` reports it apart and
 the admin API answers 409 ``payload_purged`` naming the purge date.
 
+The sending side has its own age (``retention.outbox_payload_max_age``):
+
+* a delivery (``relaybox_outbox``) that finished — ``sent``, or ``dead`` — that long ago
+  loses its payload (JSON ``null``, what webhook rows carry anyway) and the response
+  bytes its attempts stored; status, attempts, errors and keys stay. Pending rows
+  (leased or not) and ``held`` rows (waiting for a person) are never purged;
+* a message (``relaybox_messages``) published that long ago loses its body once every
+  delivery of it is purged (or it had none): the body is what a retry signs.
+
+A purged delivery is never sent again: redeliver and recover skip it, and the admin
+API answers 409 ``payload_purged`` for a purged message.
+
 The scheduled job (:class:`Maintenance`) runs in the ``maintenance`` role (or
 ``relaybox maintenance``). With several processes on one PostgreSQL, one runs it at a
 time: a session-level advisory lock (``pg_try_advisory_lock``) on a connection of its
@@ -32,11 +44,21 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from relaybox.outbound.db import array
+
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
     from relaybox.store import Store
 
-__all__ = ["Maintenance", "PurgeResult", "maintenance_lock", "purge", "purge_candidates"]
+__all__ = [
+    "Maintenance",
+    "PurgeResult",
+    "cutoffs",
+    "maintenance_lock",
+    "outbox_purge_candidates",
+    "purge",
+    "purge_candidates",
+]
 
 log = structlog.get_logger("relaybox.retention")
 
@@ -49,6 +71,9 @@ class PurgeResult:
     inbox: int
     quarantine: int
     dry_run: bool = False
+    outbox_cutoff: float | None = None
+    outbox: int = 0
+    messages: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +93,27 @@ async def purge_candidates(box: Relaybox, cutoff: float) -> tuple[int, int]:
     )
 
 
+async def outbox_purge_candidates(box: Relaybox, cutoff: float) -> tuple[int, int]:
+    """(deliveries, messages) whose payload or body a purge at ``cutoff`` drops."""
+    store = box.store
+    return (
+        await _scalar(store, "ops_purge_outbox_count", (cutoff,)),
+        await _scalar(store, "ops_purge_messages_count", (cutoff,)),
+    )
+
+
+def cutoffs(box: Relaybox, older_than: float | None = None) -> tuple[float, float]:
+    """(inbox and quarantine, outbox and messages) cutoffs of a purge now: each side's
+    setting, or ``older_than`` for both."""
+    settings = box.settings.retention
+    if older_than is not None and older_than < 0:
+        raise ValueError("older_than must not be negative")
+    now = box.clock.now()
+    if older_than is not None:
+        return now - older_than, now - older_than
+    return now - settings.payload_max_age, now - settings.outbox_payload_max_age
+
+
 async def purge(
     box: Relaybox,
     *,
@@ -77,33 +123,52 @@ async def purge(
     progress: Callable[[int], None] | None = None,
 ) -> PurgeResult:
     """Drop payloads of rows that finished more than ``older_than`` seconds ago
-    (default: ``retention.payload_max_age``), ``batch`` rows per transaction so a
-    large purge never holds locks for long. ``progress`` is called with the number of
-    rows each batch purged."""
-    settings = box.settings.retention
-    age = settings.payload_max_age if older_than is None else older_than
-    if age < 0:
-        raise ValueError("older_than must not be negative")
-    size = batch or settings.batch
+    (default: ``retention.payload_max_age`` for events and quarantine entries,
+    ``retention.outbox_payload_max_age`` for deliveries and messages), ``batch`` rows
+    per transaction so a large purge never holds locks for long. ``progress`` is
+    called with the number of rows each batch purged."""
+    cutoff, outbox_cutoff = cutoffs(box, older_than)
+    size = batch or box.settings.retention.batch
     now = box.clock.now()
-    cutoff = now - age
     if dry_run:
         inbox, quarantine = await purge_candidates(box, cutoff)
-        return PurgeResult(cutoff, inbox, quarantine, dry_run=True)
+        outbox, messages = await outbox_purge_candidates(box, outbox_cutoff)
+        return PurgeResult(
+            cutoff, inbox, quarantine, True, outbox_cutoff, outbox=outbox, messages=messages
+        )
     store = box.store
-    totals = {"ops_purge_inbox": 0, "ops_purge_quarantine": 0}
-    for name in totals:
+    # Deliveries before messages: a message's body goes once its deliveries went.
+    steps = (
+        ("ops_purge_inbox", cutoff),
+        ("ops_purge_quarantine", cutoff),
+        ("ops_purge_outbox", outbox_cutoff),
+        ("ops_purge_messages", outbox_cutoff),
+    )
+    totals = dict.fromkeys((name for name, _ in steps), 0)
+    for name, when in steps:
         while True:
             async with store.connect() as conn:
-                rows = (await conn.exec_driver_sql(store.q[name], (cutoff, now, size))).all()
+                rows = (await conn.exec_driver_sql(store.q[name], (when, now, size))).all()
+                if rows and name == "ops_purge_outbox":
+                    ids = array(store, [r[0] for r in rows])
+                    await conn.exec_driver_sql(store.q["ops_purge_outbox_responses"], (ids,))
             if not rows:
                 break
             totals[name] += len(rows)
             if progress is not None:
                 progress(len(rows))
-    result = PurgeResult(cutoff, totals["ops_purge_inbox"], totals["ops_purge_quarantine"])
+    result = PurgeResult(
+        cutoff,
+        totals["ops_purge_inbox"],
+        totals["ops_purge_quarantine"],
+        outbox_cutoff=outbox_cutoff,
+        outbox=totals["ops_purge_outbox"],
+        messages=totals["ops_purge_messages"],
+    )
     box.metrics.observe_purge("inbox", result.inbox)
     box.metrics.observe_purge("quarantine", result.quarantine)
+    box.metrics.observe_purge("outbox", result.outbox)
+    box.metrics.observe_purge("messages", result.messages)
     log.info("purge", **result.as_dict())
     return result
 

@@ -160,7 +160,10 @@ class MessageAttempt(_Model):
 
 
 class MessageDetail(MessageSummary):
-    payload: Any = Field(description="the envelope every endpoint receives")
+    payload: Any = Field(description="the envelope every endpoint receives; null once purged")
+    purged_at: float | None = Field(
+        description="when retention dropped the body (it can no longer be redelivered)"
+    )
     deliveries: list[Delivery]
     attempts: list[MessageAttempt]
 
@@ -333,18 +336,27 @@ async def message_get(box: Relaybox, message_id: str) -> MessageDetail:
         raise ops.NotFound(f"no message {message_id}")
     deliveries = await list_deliveries(box, None, message_id=message_id, limit=1000)
     attempts = await list_attempts(box, message_id, None)
+    purged_at = await _purged_at(box, message_id)
     return MessageDetail(
         id=m.id,
         tenant=m.tenant,
         event_type=m.event_type,
         idempotency_key=m.idempotency_key,
         created_at=m.created_at,
-        payload=ops.decode_payload(m.body),
+        payload=None if purged_at is not None else ops.decode_payload(m.body),
+        purged_at=purged_at,
         deliveries=[Delivery(**{k: d[k] for k in Delivery.model_fields}) for d in deliveries],
         attempts=[
             MessageAttempt(**{k: a[k] for k in MessageAttempt.model_fields}) for a in attempts
         ],
     )
+
+
+async def _purged_at(box: Relaybox, message_id: str) -> float | None:
+    store = box.store
+    async with store.connect() as conn:
+        row = (await conn.exec_driver_sql(store.q["ops_message_purged_at"], (message_id,))).first()
+    return None if row is None else row[0]
 
 
 async def message_redeliver(
@@ -354,6 +366,13 @@ async def message_redeliver(
 
     if await get_message(box, message_id, None) is None:
         raise ops.NotFound(f"no message {message_id}")
+    purged_at = await _purged_at(box, message_id)
+    if purged_at is not None:
+        raise ops.Conflict(
+            f"message {message_id} cannot be redelivered: its body was purged by retention "
+            f"on {_iso(purged_at)} (its deliveries and attempts are kept)",
+            code="payload_purged",
+        )
     n = await redeliver(box, message_id, tenant=None, endpoint_id=endpoint_id)
     if n == 0:
         raise ops.Conflict(
@@ -653,7 +672,8 @@ MESSAGE_OPERATIONS = (
         body=RedeliverRequest,
         errors=(400, 404, 409),
         description="Reuses the delivery row and so the webhook-id: a receiver that "
-        "already processed the message recognises it.",
+        "already processed the message recognises it. 409 `payload_purged` once retention "
+        "dropped the body.",
     ),
 )
 OPERATIONS = ENDPOINT_OPERATIONS + MESSAGE_OPERATIONS

@@ -171,6 +171,62 @@ WHERE id IN (SELECT id FROM relaybox_quarantine
              FOR UPDATE SKIP LOCKED)
 RETURNING id
 
+-- name: ops_purge_outbox_count
+-- What ops_purge_outbox would drop for cutoff $1: deliveries that finished (sent, or
+-- dead) before the cutoff and still have their payload. Pending rows (leased or not)
+-- and held rows (waiting for a person) are never candidates.
+SELECT count(*) FROM relaybox_outbox
+WHERE purged_at IS NULL AND status IN ('sent', 'dead') AND updated_at < $1
+
+-- name: ops_purge_outbox
+-- One batch: the payload becomes JSON null (webhook rows carry that already: their
+-- body is the message's) and purged_at is set; key, status, attempts and errors stay.
+-- SKIP LOCKED: a row a dispatcher or a redelivery holds right now is left to the next
+-- run, and the outer conditions re-read the row once it is locked.
+UPDATE relaybox_outbox SET payload = 'null', purged_at = $2
+WHERE id IN (SELECT id FROM relaybox_outbox
+             WHERE purged_at IS NULL AND status IN ('sent', 'dead') AND updated_at < $1
+             ORDER BY updated_at LIMIT $3
+             FOR NO KEY UPDATE SKIP LOCKED)
+  AND purged_at IS NULL AND status IN ('sent', 'dead')
+RETURNING id
+
+-- name: ops_purge_outbox_responses
+-- The first bytes of the receivers' answers to the deliveries ops_purge_outbox just
+-- purged ($1: their ids), in the same transaction. Outcome, status code, error and
+-- timing stay.
+UPDATE relaybox_outbox_attempts SET response = NULL
+WHERE outbox_id = ANY($1::bigint[]) AND response IS NOT NULL
+
+-- name: ops_purge_messages_count
+-- Messages a purge at cutoff $1 empties: published before the cutoff, body still
+-- there, and no delivery that keeps its payload after the outbox purge (one that has
+-- not finished, is held, or finished after the cutoff).
+SELECT count(*) FROM relaybox_messages m
+WHERE m.purged_at IS NULL AND m.created_at < $1
+  AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
+                  WHERE o.message_id = m.id AND o.purged_at IS NULL
+                    AND NOT (o.status IN ('sent', 'dead') AND o.updated_at < $1))
+
+-- name: ops_purge_messages
+-- One batch: the body becomes JSON null once every delivery of the message is purged
+-- (or it had none). The body is what a retry signs, so it stays while any delivery
+-- may still be sent. Deliveries are only written with their message, so none can
+-- appear after this check.
+UPDATE relaybox_messages SET body = 'null', purged_at = $2
+WHERE id IN (SELECT m.id FROM relaybox_messages m
+             WHERE m.purged_at IS NULL AND m.created_at < $1
+               AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
+                               WHERE o.message_id = m.id AND o.purged_at IS NULL)
+             ORDER BY m.created_at LIMIT $3
+             FOR UPDATE SKIP LOCKED)
+  AND purged_at IS NULL
+RETURNING id
+
+-- name: ops_message_purged_at
+-- When retention emptied a message's body (NULL: it is there).
+SELECT purged_at FROM relaybox_messages WHERE id = $1
+
 -- name: ops_maintenance_try_lock
 -- One maintenance runner across every process: a session-level advisory lock, freed
 -- by ops_maintenance_unlock or by the connection's end if the process dies.

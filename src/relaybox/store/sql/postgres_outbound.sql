@@ -131,22 +131,23 @@ LIMIT $5
 -- name: delivery_redeliver
 -- A finished delivery (sent, dead or held) of the message goes back to pending with
 -- a fresh attempt budget and the same webhook-id; pending rows are already on their
--- way. Only to endpoints still enabled.
+-- way. Only to endpoints still enabled, never a row retention purged (its bytes are gone).
 UPDATE relaybox_outbox o
 SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = $4,
     lease_owner = NULL, lease_until = NULL, uncertain = false, sent_at = NULL, updated_at = $4
 FROM relaybox_endpoints e
 WHERE e.id = o.endpoint_id AND e.status = 'enabled' AND o.message_id = $1
   AND ($2::text IS NULL OR o.tenant = $2) AND ($3::text IS NULL OR o.endpoint_id = $3)
-  AND o.status IN ('sent', 'dead', 'held')
+  AND o.status IN ('sent', 'dead', 'held') AND o.purged_at IS NULL
 RETURNING o.id
 
 -- name: delivery_recover
--- Recover: every dead delivery of an endpoint created since $2 (until $3) is retried.
+-- Recover: every dead delivery of an endpoint created since $2 (until $3) is retried,
+-- unless retention purged it.
 UPDATE relaybox_outbox
 SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = $4,
     lease_owner = NULL, lease_until = NULL, uncertain = false, updated_at = $4
-WHERE endpoint_id = $1 AND status = 'dead' AND created_at >= $2
+WHERE endpoint_id = $1 AND status = 'dead' AND purged_at IS NULL AND created_at >= $2
   AND ($3::double precision IS NULL OR created_at < $3)
 RETURNING id
 

@@ -121,7 +121,7 @@ UPDATE relaybox_outbox
 SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = ?4,
     lease_owner = NULL, lease_until = NULL, uncertain = 0, sent_at = NULL, updated_at = ?4
 WHERE message_id = ?1 AND (?2 IS NULL OR tenant = ?2) AND (?3 IS NULL OR endpoint_id = ?3)
-  AND status IN ('sent', 'dead', 'held')
+  AND status IN ('sent', 'dead', 'held') AND purged_at IS NULL
   AND endpoint_id IN (SELECT id FROM relaybox_endpoints WHERE status = 'enabled')
 RETURNING id
 
@@ -129,7 +129,7 @@ RETURNING id
 UPDATE relaybox_outbox
 SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = ?4,
     lease_owner = NULL, lease_until = NULL, uncertain = 0, updated_at = ?4
-WHERE endpoint_id = ?1 AND status = 'dead' AND created_at >= ?2
+WHERE endpoint_id = ?1 AND status = 'dead' AND purged_at IS NULL AND created_at >= ?2
   AND (?3 IS NULL OR created_at < ?3)
 RETURNING id
 
