@@ -427,3 +427,24 @@ async def test_a_handler_that_swallows_a_database_error_completes_nothing(
     clock.advance(31)
     claim = await box.store.inbox_claim(now=clock.now(), limit=10, max_attempts=5, hold=30)
     assert (len(claim.suspects), claim.ids) == (1, [])
+
+
+async def test_a_handler_cannot_begin_a_second_transaction(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """The handler's connection is already in the event's transaction when it starts:
+    ``ctx.conn.begin()`` fails (the event is retried), it never commits part of it."""
+    async with box.store.transaction() as conn:
+        await conn.execute(text("CREATE TABLE effects (name TEXT PRIMARY KEY)"))
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        assert ctx.conn.in_transaction()
+        async with ctx.conn.begin():
+            await ctx.conn.execute(text("INSERT INTO effects VALUES ('half')"))
+
+    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
+    await box.worker().run_once()
+    state = (await rows(box))["e"]
+    assert state["status"] == "pending" and "InvalidRequestError" in state["last_error"]
+    assert await box.store.fetch_all("SELECT name FROM effects") == []

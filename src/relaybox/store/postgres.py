@@ -196,22 +196,31 @@ class PostgresStore(Store):
 
     @contextlib.asynccontextmanager
     async def event_transaction(self, conn: AsyncConnection) -> AsyncIterator[None]:
-        """One event's transaction without SQLAlchemy's ``begin()``: :meth:`inbox_begin`
-        sends the BEGIN, and the transaction ends here, through SQLAlchemy if the handler
-        used it (SQLAlchemy then began its own, lazily, on the same driver transaction),
-        directly on the driver otherwise. Saves SQLAlchemy's begin and, for handlers
-        that only use relaybox's calls, its commit (a greenlet hop each)."""
+        """One event's transaction, begun without a greenlet hop: SQLAlchemy's side of
+        ``begin()`` does no I/O here (the asyncpg dialect's ``do_begin`` does nothing;
+        :meth:`inbox_begin` sends the BEGIN), so it runs as a plain call. The handler
+        sees ``conn`` in its transaction as with ``conn.begin()`` (its own ``begin()``
+        fails the same way); commit and rollback go through SQLAlchemy."""
+        sync = conn.sync_connection
         adapted = await _adapted(conn)
-        if conn.in_transaction() or adapted._transaction is not None or not _plain(adapted):
+        if (
+            sync is None
+            or conn.in_transaction()
+            or adapted._transaction is not None
+            or not _plain(adapted)
+            or sync._has_events  # a "begin" listener may run SQL: it needs the greenlet
+            or sync.engine._has_events
+        ):
             async with conn.begin():
                 yield
             return
+        sync.begin()
         try:
             yield
         except BaseException:
-            await _end(conn, adapted, commit=False)
+            await conn.rollback()
             raise
-        await _end(conn, adapted, commit=True)
+        await conn.commit()
 
     async def inbox_start_on_commit(
         self, conn: AsyncConnection, inbox_id: int, *, attempts: int, now: float
@@ -307,15 +316,6 @@ async def _adapted(conn: AsyncConnection) -> Any:
     if sync is not None and not sync.closed and not sync.invalidated:
         return sync.connection.dbapi_connection
     return (await conn.get_raw_connection()).dbapi_connection
-
-
-async def _end(conn: AsyncConnection, adapted: Any, *, commit: bool) -> None:
-    if conn.in_transaction():
-        await (conn.commit() if commit else conn.rollback())
-        return
-    tx, adapted._transaction = adapted._transaction, None
-    if tx is not None:
-        await (tx.commit() if commit else tx.rollback())
 
 
 def _plain(adapted: Any) -> bool:
