@@ -120,8 +120,8 @@ SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL
 -- with their fingerprint). The outer SELECT does not see the rows ins inserts (one
 -- snapshot per statement). A key in neither set was committed by a concurrent inserter
 -- after that snapshot (ON CONFLICT waited for it): inbox_existing resolves it.
--- pg_notify runs once per inserted row; PostgreSQL folds identical notifications of
--- one transaction into one.
+-- pg_notify runs once per statement that inserted a row (an uncorrelated subquery
+-- is an InitPlan: evaluated once, when the first inserted row is returned).
 WITH u AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[])
@@ -138,7 +138,7 @@ WITH u AS MATERIALIZED (
     RETURNING id, source, account, event_id, fingerprint
 )
 SELECT id, source, account, event_id, fingerprint,
-       pg_notify('relaybox_inbox', '') IS NOT NULL AS inserted  -- void is not null: true
+       (SELECT pg_notify('relaybox_inbox', '')) IS NOT NULL AS inserted  -- void: true
 FROM ins
 UNION ALL
 -- One probe of the event key per key, whatever the statistics say. A plain join was
