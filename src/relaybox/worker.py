@@ -1,19 +1,27 @@
 """Processing the inbox: claim due rows, run handlers, commit effect and completion together.
 
-One batch is two short phases:
+1. **claim** (one autocommit statement): hold up to ``batch`` due rows back
+   ``claim_hold`` seconds, returning their columns; the same statement dead-letters
+   rows whose budget was used up by workers that died (``exhausted``). Nothing is
+   charged yet: a claimed row waiting for its turn costs no attempt if the process dies.
+2. **start**: an attempt is counted (``attempts + 1``, ``started_at``) and committed as
+   the event starts, before its handler runs, so an event that kills its worker
+   (segfault, SIGKILL, OOM) still uses its budget. Events that start together share one
+   statement; on PostgreSQL the next event of a connection is started by the previous
+   event's COMMIT itself (the same round trip), right as it starts.
+3. **process**, PostgreSQL: one transaction per event, at most ``concurrency`` at once.
+   Its BEGIN carries the row's completion (fenced by the attempt counted in 2, taking
+   the row lock); the handler's writes, business keys and outbox rows commit with it or
+   roll back with it. A failing handler rolls its whole transaction back, then a short
+   second transaction records the outcome: transient errors reschedule it (backoff +
+   jitter), a :class:`~relaybox.errors.PermanentError` sends it to dead letters as
+   ``invalid``. SQLite: the claimed batch in one transaction (one writer, one fsync),
+   each event in a SAVEPOINT.
 
-1. **claim** (its own transaction): count one more attempt on up to ``batch`` due rows
-   and hold them back ``claim_hold`` seconds. The attempt is durable *before* any
-   handler runs, so an event that kills its worker (segfault, SIGKILL, OOM) still uses
-   its budget; its row comes back after the hold, and once the budget is used up the
-   next claim dead-letters it as ``exhausted`` instead of running it again.
-2. **process** (one transaction holding the rows' locks until COMMIT): each event runs
-   in a SAVEPOINT; the handler's own writes, its business keys, its outbox rows and
-   the row's completion commit together, or roll back together. A failing event rolls
-   back only its savepoint: transient errors reschedule it (backoff + jitter), a
-   :class:`~relaybox.errors.PermanentError` sends it to dead letters as ``invalid``.
-
-No remote call happens inside phase 2: handlers record outgoing actions in the outbox.
+A row whose attempt started and never recorded an outcome comes back as a *suspect*
+and runs with nothing else in flight in its process: a poison event charges only itself.
+No remote call happens inside a transaction: handlers record outgoing actions in the
+outbox.
 """
 
 from __future__ import annotations
@@ -448,7 +456,7 @@ class Worker:
         object.__setattr__(event, "attempts", attempt)  # this worker's own copy of the row
         started = clock.now()
         nxt: _Job | None = None
-        committed = False
+        folded = committed = False  # nxt's start rides on this COMMIT; it went through
         try:
             try:
                 async with store.event_transaction(conn):
@@ -459,20 +467,20 @@ class Worker:
                         raise _RolledBack(ctx, outcome)
                     await self._record(conn, event, ctx, outcome, started)
                     await self.hooks.fire("before_commit", [event.id])
-                    nxt = await self._start_next(conn)
+                    nxt, folded = await self._start_next(conn)
                 committed = True
             except _RolledBack as failed:
                 async with conn.begin():
                     for locked in await store.inbox_lock(conn, [event.id]):
                         await self._record(conn, locked, failed.ctx, failed.outcome, started)
-                    nxt = await self._start_next(conn)
+                    nxt, folded = await self._start_next(conn)
                 committed = True
             except _NotOurs:
                 # Completed meanwhile, or started again by another worker whose hold
                 # ran out: nothing to do here.
                 job.batch.finish()
                 return self._take()
-            if nxt is not None:
+            if nxt is not None and folded:
                 nxt.attempt = nxt.event.attempts + 1
             await self.hooks.fire("after_commit", [event.id])
         except Exception as exc:
@@ -483,7 +491,7 @@ class Worker:
             )
             job.batch.finish(exc)
             if nxt is not None:
-                if not committed:
+                if folded and not committed:
                     nxt.attempt = None  # counted or not: inbox_start says which
                 self._ready.appendleft(nxt)
                 self._spawn_chains()
@@ -491,16 +499,16 @@ class Worker:
         job.batch.finish()
         return nxt
 
-    async def _start_next(self, conn: AsyncConnection) -> _Job | None:
-        """Take the next claimed event and count its attempt with this COMMIT."""
+    async def _start_next(self, conn: AsyncConnection) -> tuple[_Job | None, bool]:
+        """Take the next claimed event and count its attempt with this COMMIT; returns
+        it and whether its count rides on this COMMIT."""
         nxt = self._take()
-        if nxt is not None:
-            if nxt.attempt is not None:  # already counted (put back after a failure)
-                return nxt
-            await self.box.store.inbox_start_on_commit(
-                conn, nxt.event.id, attempts=nxt.event.attempts, now=self.box.clock.now()
-            )
-        return nxt
+        if nxt is None or nxt.attempt is not None:  # counted already (put back)
+            return nxt, False
+        await self.box.store.inbox_start_on_commit(
+            conn, nxt.event.id, attempts=nxt.event.attempts, now=self.box.clock.now()
+        )
+        return nxt, True
 
     # -- several events per transaction (SQLite) --------------------------------------
 
