@@ -1,4 +1,5 @@
-"""Leasing due outbox rows, lane by lane, in one short transaction.
+"""Leasing due outbox rows, lane by lane: one statement on PostgreSQL, one short
+transaction on SQLite.
 
 A *lane* is where a row goes: its endpoint (webhook rows) or its channel (rows from
 ``ctx.outbox.add``). Each lane has an in-flight cap and an optional rate limit (a
@@ -17,6 +18,14 @@ token bucket). One lease:
 
 A lane at capacity (a hanging endpoint) is never selected, so its backlog cannot
 crowd out other lanes; its in-flight rows only hold their own slots until timeout.
+
+On PostgreSQL the five steps are one autocommit statement (``outbox_lease`` in
+``postgres_outbound.sql``, data-modifying CTEs, on the raw asyncpg pool): one round
+trip per lease instead of eight. ``allocate`` is done in SQL there (same round robin;
+``tests/test_outbound_isolation.py`` checks both backends agree). One statement has
+one snapshot: a lane that another lease served after it was taken is locked in its
+new version but would be counted with the old in-flight rows, so such a lane (its
+row version changed) is left for the next lease rather than overshoot its cap.
 """
 
 from __future__ import annotations
