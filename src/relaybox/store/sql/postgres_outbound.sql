@@ -194,10 +194,11 @@ WHERE ($1::text IS NULL OR tenant = $1) ORDER BY created_at, id
 UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL RETURNING id
 
 -- name: outbox_lease
--- The whole lease in ONE autocommit statement (one round trip, no BEGIN/COMMIT); the
--- steps are outbox_lease_lanes, allocate() (leases.py), outbox_lease_rows, lane_mark
--- and the delivery_* loads below, which SQLite runs one by one. $1 now, $2 free slots,
--- $3 the dispatcher's channels, $4 owner, $5 lease end.
+-- The whole lease in ONE autocommit statement (one round trip, no BEGIN/COMMIT); SQLite
+-- runs the same steps one by one (sqlite_outbound.sql: outbox_lease_lanes, allocate()
+-- in leases.py, outbox_lease_rows, lane_mark, then delivery_messages,
+-- endpoint_secrets_active, delivery_endpoints). $1 now, $2 free slots, $3 the
+-- dispatcher's channels, $4 owner, $5 lease end.
 -- locked: lanes with due rows and room, least recently served first, locked SKIP
 --   LOCKED (two leases never take one lane at once); lanes: minus those another
 --   lease served since this statement's snapshot (no cap overshoot); room = free
@@ -259,10 +260,13 @@ WITH locked AS (
         LIMIT p.n
         FOR NO KEY UPDATE SKIP LOCKED) r
 ), leased AS (
+    -- Primary-key probes (not a join the planner may hash), bounded by the picked ids'
+    -- range so that the generic plan made on a young, empty outbox probes too.
     UPDATE relaybox_outbox o
     SET lease_owner = $4, lease_token = COALESCE(o.lease_token, 0) + 1, lease_until = $5,
         uncertain = (o.lease_until IS NOT NULL), attempts = o.attempts + 1, updated_at = $1
-    WHERE o.id = ANY (ARRAY(SELECT id FROM picked))  -- primary key lookups, not a join
+    WHERE o.id = ANY (ARRAY(SELECT id FROM picked))
+      AND o.id BETWEEN (SELECT min(id) FROM picked) AND (SELECT max(id) FROM picked)
     RETURNING o.id, o.channel, o.key, o.payload, o.tenant, o.endpoint_id, o.message_id,
               o.attempts, o.lease_token, o.uncertain, COALESCE(o.lane, o.channel) AS lane
 ), marked AS (
@@ -287,55 +291,23 @@ LEFT JOIN LATERAL (
 ORDER BY r.id
 
 -- name: outbox_lease_lanes
--- Lanes with due, unleased rows and room under their in-flight cap and rate limit,
--- least recently served first (round robin). Locked until the lease commits, so two
--- dispatchers never lease one lane at once (no cap overshoot); SKIP LOCKED lets the
--- other dispatcher take other lanes. A lane at capacity is not returned at all, so a
--- hanging endpoint's backlog never fills a lease. $3: the channels this dispatcher
--- has (endpoint lanes need "webhook"); a disabled endpoint's lane is skipped.
-SELECT l.lane, l.max_in_flight, l.rate_limit, l.tokens, l.refilled_at, busy.n AS in_flight
-FROM relaybox_lanes l
-LEFT JOIN relaybox_endpoints e ON e.id = l.lane
-CROSS JOIN LATERAL (
-    SELECT count(*) AS n FROM relaybox_outbox f
-    WHERE COALESCE(f.lane, f.channel) = l.lane AND f.status = 'pending'
-      AND f.lease_until IS NOT NULL AND f.lease_until > $1) busy
-WHERE ((e.id IS NULL AND l.lane = ANY($3::text[]))
-       OR (e.status = 'enabled' AND 'webhook' = ANY($3::text[])))
-  AND busy.n < l.max_in_flight
-  AND (l.rate_limit IS NULL OR l.tokens + ($1 - l.refilled_at) * l.rate_limit >= 1)
-  AND EXISTS (SELECT 1 FROM relaybox_outbox o
-              WHERE COALESCE(o.lane, o.channel) = l.lane AND o.status = 'pending'
-                AND o.next_attempt_at <= $1 AND (o.lease_until IS NULL OR o.lease_until <= $1))
-ORDER BY l.leased_at, l.lane
-LIMIT $2
-FOR UPDATE OF l SKIP LOCKED
+-- Not used on PostgreSQL: outbox_lease does this step within its one statement. The
+-- SQLite lease runs it (sqlite_outbound.sql); defined because shared code names it
+-- (tests/test_store.py checks both backends).
+SELECT NULL AS lane, NULL::int AS max_in_flight, NULL::float8 AS rate_limit,
+       NULL::float8 AS tokens, NULL::float8 AS refilled_at, NULL::int AS in_flight WHERE false
 
 -- name: outbox_lease_rows
--- Lease up to $5[i] due rows of lane $4[i]: owner, a fencing token incremented on
--- every lease, and the attempt counted before any remote call. A row whose previous
--- lease expired unrecorded is marked uncertain (its outcome is unknown).
-UPDATE relaybox_outbox o
-SET lease_owner = $2, lease_token = COALESCE(o.lease_token, 0) + 1, lease_until = $3,
-    uncertain = (o.lease_until IS NOT NULL), attempts = o.attempts + 1, updated_at = $1
-FROM (SELECT x.id
-      FROM unnest($4::text[], $5::int[]) AS q(lane, n)
-      CROSS JOIN LATERAL (
-          SELECT f.id FROM relaybox_outbox f
-          WHERE COALESCE(f.lane, f.channel) = q.lane AND f.status = 'pending'
-            AND f.next_attempt_at <= $1 AND (f.lease_until IS NULL OR f.lease_until <= $1)
-          ORDER BY f.next_attempt_at, f.id
-          LIMIT q.n
-          FOR NO KEY UPDATE SKIP LOCKED) x) due
-WHERE o.id = due.id
-RETURNING o.id, o.channel, o.key, o.payload, o.tenant, o.lane, o.endpoint_id, o.message_id,
-          o.attempts, o.lease_token, o.uncertain
+-- Not used on PostgreSQL: outbox_lease does this step within its one statement. The
+-- SQLite lease runs it (sqlite_outbound.sql); defined because shared code names it
+-- (tests/test_store.py checks both backends).
+SELECT NULL::bigint AS id WHERE false
 
 -- name: lane_mark
--- Served lanes go to the back of the round robin; their token buckets are debited.
-UPDATE relaybox_lanes l SET leased_at = $1, refilled_at = $1, tokens = u.tokens
-FROM unnest($2::text[], $3::double precision[]) AS u(lane, tokens)
-WHERE l.lane = u.lane
+-- Not used on PostgreSQL: outbox_lease does this step within its one statement. The
+-- SQLite lease runs it (sqlite_outbound.sql); defined because shared code names it
+-- (tests/test_store.py checks both backends).
+SELECT NULL WHERE false
 
 -- name: delivery_messages
 SELECT id, event_type, body FROM relaybox_messages WHERE id = ANY($1::text[])

@@ -200,7 +200,8 @@ ORDER BY leased_at, lane
 LIMIT ?2
 
 -- name: outbox_lease_rows
--- Lease up to ?5[i] due rows of lane ?4[i] (see postgres_outbound.sql). SET reads the
+-- Lease up to ?5[i] due rows of lane ?4[i] (see outbox_lease in postgres_outbound.sql):
+-- owner, fencing token + 1, lease end, attempt counted. SET reads the
 -- row's values from before the update, so uncertain says "a lease expired unrecorded".
 UPDATE relaybox_outbox
 SET lease_owner = ?2, lease_token = COALESCE(lease_token, 0) + 1, lease_until = ?3,
