@@ -284,7 +284,7 @@ def _handled_type(box: Relaybox, source_name: str) -> str | None:
 
 def _run_db(box: Relaybox, coro: Any) -> Any:
     try:
-        return asyncio.run(coro)
+        return run_async(coro)  # `relaybox dispatch` runs here: uvloop too
     except ConfigurationError as exc:  # e.g. an unsupported database URL
         raise _ConfigError(str(exc)) from exc
     except (OSError, ConnectionError) as exc:
