@@ -311,3 +311,20 @@ def test_database_url_argument_overrides_the_file(tmp_path: Path) -> None:
     box = Relaybox("sqlite:///arg.db", config=path)
     assert box.settings.database_url == "sqlite:///arg.db"
     assert box.settings.port == 9002
+
+
+def test_gc_freeze_is_on_by_default_and_can_be_turned_off() -> None:
+    import gc
+
+    before = gc.get_freeze_count()
+    try:
+        Relaybox(settings=Settings(gc_freeze=False)).freeze_startup_heap()
+        assert gc.get_freeze_count() == before
+        box = Relaybox(settings=Settings())
+        box.freeze_startup_heap()
+        frozen = gc.get_freeze_count()
+        assert frozen > before
+        box.freeze_startup_heap()  # once per box
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -189,6 +189,7 @@ def worker(
         finally:
             await box.close()
 
+    box.freeze_startup_heap()
     run_async(run())
 
 

@@ -124,6 +124,7 @@ def dispatch(
         finally:
             await box.close()
 
+    box.freeze_startup_heap()
     _run_db(box, run())
 
 

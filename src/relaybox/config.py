@@ -102,6 +102,12 @@ class Settings(BaseModel):
         le=64,
         description="commits in flight for accepts (default: 3 PostgreSQL, 1 SQLite)",
     )
+    gc_freeze: bool = Field(
+        True,
+        description="at start, move the objects alive then out of the cyclic garbage "
+        "collector's reach (gc.freeze): its full passes over the startup heap stalled "
+        "requests 30-50 ms",
+    )
     admin_token: SecretStr | None = Field(
         None, description="bearer token of the admin API and the dashboard login"
     )
