@@ -737,32 +737,28 @@ async def message_redeliver_action(request: Request, form: dict[str, str]) -> st
     return f"{result.redelivered} deliver(ies) of {result.message_id} sent again"
 
 
-@dashboard.action
-async def endpoint_disable_action(request: Request, form: dict[str, str]) -> str:
+async def _endpoint_switch(request: Request, form: dict[str, str], switch: Any, done: str) -> str:
+    """Disable or enable from the dashboard: the form's reason, or what was done."""
     r = EndpointActionRequest.model_validate(
-        {"reason": form.get("reason") or "disabled from the dashboard"}
+        {"reason": form.get("reason") or f"{done} from the dashboard"}
     )
-    result = await endpoint_disable(
+    result = await switch(
         dashboard.box_of(request),
         _text_id(request),
         actor=dashboard.actor_of(request),
         reason=r.reason,
     )
-    return result.message
+    return str(result.message)
+
+
+@dashboard.action
+async def endpoint_disable_action(request: Request, form: dict[str, str]) -> str:
+    return await _endpoint_switch(request, form, endpoint_disable, "disabled")
 
 
 @dashboard.action
 async def endpoint_enable_action(request: Request, form: dict[str, str]) -> str:
-    r = EndpointActionRequest.model_validate(
-        {"reason": form.get("reason") or "enabled from the dashboard"}
-    )
-    result = await endpoint_enable(
-        dashboard.box_of(request),
-        _text_id(request),
-        actor=dashboard.actor_of(request),
-        reason=r.reason,
-    )
-    return result.message
+    return await _endpoint_switch(request, form, endpoint_enable, "enabled")
 
 
 @dashboard.action

@@ -130,22 +130,29 @@ async def lease(
     deadline = lease_ttl - LEASE_MARGIN
     return sorted(
         (
-            Delivery(
-                id=r["id"],
-                channel=r["channel"],
-                key=r["key"],
-                payload=json.loads(r["payload"]),
-                tenant=r["tenant"],
-                attempt=r["attempts"],
-                lease_token=r["lease_token"],
-                uncertain=bool(r["uncertain"]),
-                deadline=deadline,
-                message=messages.get(r["message_id"]),
-                endpoint=endpoints.get(r["endpoint_id"]),
-            )
+            _delivery(r, deadline, messages.get(r["message_id"]), endpoints.get(r["endpoint_id"]))
             for r in leased
         ),
         key=lambda d: d.id,
+    )
+
+
+def _delivery(
+    r: Any, deadline: float, message: MessageBody | None, endpoint: Target | None
+) -> Delivery:
+    """A leased row as the channels take it (both backends' lease rows)."""
+    return Delivery(
+        id=r["id"],
+        channel=r["channel"],
+        key=r["key"],
+        payload=json.loads(r["payload"]),
+        tenant=r["tenant"],
+        attempt=r["attempts"],
+        lease_token=r["lease_token"],
+        uncertain=bool(r["uncertain"]),
+        deadline=deadline,
+        message=message,
+        endpoint=endpoint,
     )
 
 
@@ -185,25 +192,12 @@ async def _lease_postgres(
                 )
         message_id = r["message_id"]
         body = r["body"]
-        deliveries.append(
-            Delivery(
-                id=r["id"],
-                channel=r["channel"],
-                key=r["key"],
-                payload=json.loads(r["payload"]),
-                tenant=r["tenant"],
-                attempt=r["attempts"],
-                lease_token=r["lease_token"],
-                uncertain=r["uncertain"],
-                deadline=deadline,
-                message=(
-                    MessageBody(message_id, r["event_type"], body.encode())
-                    if message_id is not None and body is not None
-                    else None
-                ),
-                endpoint=target,
-            )
+        message = (
+            MessageBody(message_id, r["event_type"], body.encode())
+            if message_id is not None and body is not None
+            else None
         )
+        deliveries.append(_delivery(r, deadline, message, target))
     return deliveries
 
 
