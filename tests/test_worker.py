@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import io
@@ -448,3 +449,45 @@ async def test_a_handler_cannot_begin_a_second_transaction(
     state = (await rows(box))["e"]
     assert state["status"] == "pending" and "InvalidRequestError" in state["last_error"]
     assert await box.store.fetch_all("SELECT name FROM effects") == []
+
+
+async def test_listeners_wake_after_the_rows_commit(box: Relaybox, clock: FrozenClock) -> None:
+    """Accept wakes the workers and a handler's outbox row wakes the dispatchers, once
+    the rows are committed: a listener woken by either finds them (PostgreSQL sends the
+    NOTIFY after COMMIT, not inside the transaction whose COMMIT it would serialise)."""
+    store = box.store
+    inbox_woken, outbox_woken = asyncio.Event(), asyncio.Event()
+    inbox_listener = await store.listen("inbox", inbox_woken)
+    outbox_listener = await store.listen("outbox", outbox_woken)
+    assert inbox_listener is not None and outbox_listener is not None
+
+    @box.handler("s", "wake.test")
+    async def handle(ctx: Context) -> None:
+        await ctx.outbox.add("email", f"wake:{ctx.event.event_id}", {"n": 1})
+
+    try:
+        inbox_woken.clear()
+        [outcome] = await store.inbox_accept([delivery(clock, "w1", "wake.test", {})])
+        assert outcome.status == "accepted"
+        async with asyncio.timeout(5):
+            await inbox_woken.wait()
+        assert (await rows(box))["w1"]["status"] == "pending"
+
+        outbox_woken.clear()
+        assert await box.worker().run_once() == 1
+        async with asyncio.timeout(5):
+            await outbox_woken.wait()
+        found = await store.fetch_all("SELECT key FROM relaybox_outbox")
+        assert [r["key"] for r in found] == ["wake:w1"]
+
+        # A duplicate commits nothing and wakes nobody.
+        inbox_woken.clear()
+        [again] = await store.inbox_accept([delivery(clock, "w1", "wake.test", {})])
+        assert again.status == "duplicate"
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await inbox_woken.wait()
+        assert not inbox_woken.is_set()
+    finally:
+        await inbox_listener.close()
+        await outbox_listener.close()

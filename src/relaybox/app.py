@@ -180,6 +180,8 @@ class Relaybox:
                 result = await self._inline_worker.process(conn, event)
                 if result.kind == "done":
                     await store.inbox_complete(conn, [event.id], self.clock.now())
+        if outcome.status == "accepted" and result.outbox_created:
+            store.wake("outbox")
         return outcome
 
     # -- running --------------------------------------------------------------

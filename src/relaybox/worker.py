@@ -76,9 +76,8 @@ class Outbox:
             now=ctx.box.clock.now(),
         )
         ctx.outbox_keys.append(f"{channel}:{key}")
-        if created is not None and ctx.box.store.backend == "sqlite":
-            # PostgreSQL notifies within outbox_insert itself; SQLite wakes in-process.
-            await ctx.box.store.notify(ctx.conn, "outbox")
+        if created is not None:
+            ctx.outbox_created = True  # the worker wakes the dispatchers after COMMIT
         return created is not None
 
 
@@ -91,6 +90,7 @@ class Context:
     event: InboxEvent
     business_keys: list[str] = field(default_factory=list)
     outbox_keys: list[str] = field(default_factory=list)
+    outbox_created: bool = False
 
     def __post_init__(self) -> None:
         self.outbox = Outbox(self)
@@ -156,6 +156,7 @@ class Hooks:
 class _Outcome:
     kind: str  # done | retry | invalid | exhausted | conflict | unhandled
     error: str | None = None
+    outbox_created: bool = False  # wake the dispatchers once this commits
 
 
 class _NotOurs(Exception):
@@ -469,6 +470,8 @@ class Worker:
                     await self.hooks.fire("before_commit", [event.id])
                     nxt, folded = await self._start_next(conn)
                 committed = True
+                if ctx.outbox_created:
+                    store.wake("outbox")
             except _RolledBack as failed:
                 async with conn.begin():
                     for locked in await store.inbox_lock(conn, [event.id]):
@@ -544,13 +547,17 @@ class Worker:
             async with store.transaction() as conn:
                 events = await store.inbox_lock(conn, ids)
                 done: list[int] = []
+                created = False
                 for event in events:
                     outcome = await self.process(conn, event)
                     if outcome.kind == "done":
                         done.append(event.id)
+                    created = created or outcome.outbox_created
                 if done:
                     await store.inbox_complete(conn, done, self.box.clock.now())
                 await self.hooks.fire("before_commit", [e.id for e in events])
+            if created:
+                store.wake("outbox")
             await self.hooks.fire("after_commit", [e.id for e in events])
         except Exception as exc:
             log.warning(
@@ -564,6 +571,7 @@ class Worker:
         started = self.box.clock.now()
         ctx, outcome = await self._run(conn, event, savepoint=True)
         await self._record(conn, event, ctx, outcome, started)
+        outcome.outbox_created = outcome.kind == "done" and ctx.outbox_created
         return outcome
 
     async def _run(

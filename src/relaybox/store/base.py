@@ -490,6 +490,12 @@ class Store:
     async def notify(self, conn: AsyncConnection, channel: str) -> None:
         """Wake listeners of ``channel`` when the transaction commits (PostgreSQL)."""
 
+    def wake(self, channel: str) -> None:
+        """Wake listeners of ``channel`` about rows committed already. Callers that
+        commit themselves (accept, the worker) use this rather than :meth:`notify`:
+        on PostgreSQL a NOTIFY in a transaction serialises its COMMIT with every other
+        notifying COMMIT (a database-wide lock held through the WAL flush)."""
+
     async def listen(self, channel: str, wake: asyncio.Event) -> Listener | None:
         """Set ``wake`` whenever rows for ``channel`` (``inbox``, ``outbox``) commit.
         Returns something to ``close()``, or ``None`` when listening is not possible:

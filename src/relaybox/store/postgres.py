@@ -53,6 +53,8 @@ class PostgresStore(Store):
         self._start_pool: asyncpg.Pool | None = None
         self._accept_pool: asyncpg.Pool | None = None
         self._pool_lock = asyncio.Lock()
+        self._wakes: set[str] = set()  # channels to NOTIFY about committed rows
+        self._waker: asyncio.Task[None] | None = None
         self._raw_pool_size = raw_pool_size
         self._connect_timeout = connect_timeout
         self.engine = create_async_engine(
@@ -121,6 +123,9 @@ class PostgresStore(Store):
         )
 
     async def close(self) -> None:
+        if self._waker is not None:
+            with contextlib.suppress(Exception):
+                await self._waker
         for pool in (self._raw_pool, self._start_pool, self._accept_pool):
             if pool is not None:
                 await pool.close()
@@ -147,6 +152,8 @@ class PostgresStore(Store):
         async with pool.acquire() as conn:
             rows = await conn.fetch(self.q["inbox_accept_fast"], *_columns(batch), now)
             inserted = {(r[1], r[2], r[3]): r[0] for r in rows if r[5]}
+            if inserted:
+                self.wake("inbox")
             stored = {(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in rows}
             missing = {d.key for d in batch if d.key not in stored}
             if missing:  # committed by a concurrent inserter after this statement began
@@ -254,6 +261,27 @@ class PostgresStore(Store):
 
     async def notify(self, conn: AsyncConnection, channel: str) -> None:
         await conn.exec_driver_sql(self.q[f"notify_{channel}"])
+
+    def wake(self, channel: str) -> None:
+        """NOTIFY after COMMIT, coalesced: one statement at a time per process, on the
+        ``synchronous_commit=off`` pool, names every channel woken meanwhile. A NOTIFY
+        inside a data transaction takes a database-wide lock from its COMMIT until
+        the WAL flush ends, so notifying COMMITs never share a flush (bench/README.md:
+        backends queued on it, 2.6 on average, in the process benchmark). If this
+        process dies before the NOTIFY, the listeners' polling finds the rows."""
+        self._wakes.add(channel)
+        if self._waker is None or self._waker.done():
+            self._waker = asyncio.get_running_loop().create_task(self._send_wakes())
+
+    async def _send_wakes(self) -> None:
+        while self._wakes:
+            channels, self._wakes = sorted(self._wakes), set()
+            try:
+                pool = await self.start_pool()
+                async with pool.acquire() as conn:
+                    await conn.execute(self.q["notify_channels"], channels)
+            except Exception as exc:  # polling finds the rows
+                log.warning("notify_failed", channels=channels, error=short_error(exc))
 
     async def inbox_insert(
         self, conn: AsyncConnection, batch: Sequence[NewDelivery]

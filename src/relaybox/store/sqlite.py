@@ -116,6 +116,9 @@ class SQLiteStore(Store):
         # so setting the signal before COMMIT cannot make it miss the rows.
         self.wakeup(channel).set()
 
+    def wake(self, channel: str) -> None:
+        self.wakeup(channel).set()
+
     async def inbox_accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
         """Group commit in one hop to the connection's thread: BEGIN IMMEDIATE, every
         insert, COMMIT, without a thread round trip per statement (aiosqlite runs each

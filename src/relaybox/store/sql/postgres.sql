@@ -43,6 +43,11 @@ SELECT pg_notify('relaybox_inbox', '')
 -- name: notify_outbox
 SELECT pg_notify('relaybox_outbox', '')
 
+-- name: notify_channels
+-- Store.wake: rows committed already, channels by name ('inbox', 'outbox'). Its own
+-- short transaction, on the synchronous_commit=off pool.
+SELECT pg_notify('relaybox_' || c, '') FROM unnest($1::text[]) AS c
+
 -- name: inbox_get
 SELECT * FROM relaybox_inbox WHERE id = $1
 
@@ -94,16 +99,14 @@ FROM relaybox_operations WHERE business_key = $1
 
 -- name: outbox_insert
 -- One outgoing action per (channel, key), recorded with the change that causes it.
--- The dispatchers' wake-up rides on the same statement (delivered at COMMIT).
-WITH ins AS (
-    INSERT INTO relaybox_outbox
-        (channel, key, payload, tenant, inbox_id, status, next_attempt_at, created_at,
-         updated_at)
-    VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)
-    ON CONFLICT (channel, key) DO NOTHING
-    RETURNING id
-)
-SELECT id, pg_notify('relaybox_outbox', '') IS NULL AS notified FROM ins
+-- The dispatchers are woken after COMMIT by whoever commits (Store.wake), not by a
+-- NOTIFY in this transaction (notifying COMMITs are serialised).
+INSERT INTO relaybox_outbox
+    (channel, key, payload, tenant, inbox_id, status, next_attempt_at, created_at,
+     updated_at)
+VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)
+ON CONFLICT (channel, key) DO NOTHING
+RETURNING id
 
 -- name: stats_inbox
 SELECT status, dead_reason, count(*) AS n, min(CASE WHEN status = 'pending' THEN received_at END) AS oldest
@@ -120,8 +123,7 @@ SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL
 -- with their fingerprint). The outer SELECT does not see the rows ins inserts (one
 -- snapshot per statement). A key in neither set was committed by a concurrent inserter
 -- after that snapshot (ON CONFLICT waited for it): inbox_existing resolves it.
--- pg_notify runs once per statement that inserted a row (an uncorrelated subquery
--- is an InitPlan: evaluated once, when the first inserted row is returned).
+-- The workers are woken after this COMMIT (Store.wake), not by a NOTIFY in it.
 WITH u AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[])
@@ -137,8 +139,7 @@ WITH u AS MATERIALIZED (
     ON CONFLICT (source, account, event_id) DO NOTHING
     RETURNING id, source, account, event_id, fingerprint
 )
-SELECT id, source, account, event_id, fingerprint,
-       (SELECT pg_notify('relaybox_inbox', '')) IS NOT NULL AS inserted  -- void: true
+SELECT id, source, account, event_id, fingerprint, true AS inserted
 FROM ins
 UNION ALL
 -- One probe of the event key per key, whatever the statistics say. A plain join was
