@@ -37,7 +37,8 @@ def test_defaults() -> None:
     assert (s.host, s.port) == ("127.0.0.1", 8000)
     assert (s.log_level, s.log_json, s.accept_timeout) == ("info", True, 10.0)
     assert s.worker == WorkerSettings()
-    assert s.worker.concurrency >= 1 and s.worker.batch >= 1
+    assert s.worker.concurrency >= 1
+    assert (s.worker.batch, s.worker.group) == (None, None)  # by backend: the worker's
     assert s.worker.max_attempts == 10
     assert s.worker.max_age == 3 * 24 * 3600
     assert s.sources == {}

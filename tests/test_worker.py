@@ -421,7 +421,7 @@ async def test_a_handler_that_swallows_a_database_error_completes_nothing(
 
     await box.store.inbox_accept([delivery(clock, "e", "x", {})])
     with pytest.raises(Exception, match="nothing committed"):
-        await box.worker().run_once()
+        await box.worker(group=1).run_once()
     state = (await rows(box))["e"]
     assert (state["status"], state["attempts"]) == ("pending", 1)
     assert await box.store.fetch_all("SELECT * FROM relaybox_operations") == []
@@ -491,3 +491,91 @@ async def test_listeners_wake_after_the_rows_commit(box: Relaybox, clock: Frozen
     finally:
         await inbox_listener.close()
         await outbox_listener.close()
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_in_a_group_a_handler_that_swallows_a_database_error_fails_alone(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """Several events per transaction: the aborted transaction is found at that event's
+    savepoint, rolled back to it and recorded as a failure (retried later); the events
+    around it commit."""
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        await ctx.once(f"k:{ctx.event.event_id}")
+        if ctx.event.event_id in ("e2", "e4"):  # e4 is the group's last event
+            with contextlib.suppress(Exception):
+                await ctx.conn.execute(text("SELECT 1/0"))
+
+    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 5)])
+    assert await box.worker(group=4, concurrency=1).run_once() == 4
+    state = await rows(box)
+    assert {e: (r["status"], r["attempts"]) for e, r in state.items()} == {
+        "e1": ("done", 1),
+        "e2": ("pending", 1),
+        "e3": ("done", 1),
+        "e4": ("pending", 1),
+    }
+    assert "aborted its transaction" in state["e2"]["last_error"]
+    keys = await box.store.fetch_all("SELECT business_key FROM relaybox_operations")
+    assert sorted(r["business_key"] for r in keys) == ["k:e1", "k:e3"]
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_in_a_group_a_handler_blocked_on_a_lock_runs_again_alone(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """A group holds its rows' locks until its COMMIT, so its handlers give up waiting
+    for a lock after a short time (no deadlock between groups can last): that event is
+    rolled back to its savepoint and runs again alone, where it waits as long as it
+    takes. Not a failure: no retry is recorded and the attempt is not charged twice."""
+    async with box.store.connect() as conn:
+        await conn.exec_driver_sql("CREATE TABLE balances (id TEXT PRIMARY KEY, n INT NOT NULL)")
+        await conn.exec_driver_sql("INSERT INTO balances VALUES ('hot', 0), ('cold', 0)")
+    calls: list[str] = []
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        calls.append(ctx.event.event_id)
+        row = "hot" if ctx.event.event_id == "e2" else "cold"
+        await ctx.conn.execute(text("UPDATE balances SET n = n + 1 WHERE id = :r"), {"r": row})
+
+    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 4)])
+    url = make_url(box.store.url).set(drivername="postgresql")
+    holder = await asyncpg.connect(url.render_as_string(False))
+    try:
+        await holder.execute("BEGIN")
+        await holder.execute("UPDATE balances SET n = n + 100 WHERE id = 'hot'")
+        run = asyncio.create_task(box.worker(group=3, concurrency=1).run_once())
+        await asyncio.sleep(0.5)  # the group gave up on the lock and committed e1, e3
+        state = await rows(box)
+        assert {e: r["status"] for e, r in state.items()} == {
+            "e1": "done",
+            "e2": "pending",
+            "e3": "done",
+        }
+        await holder.execute("COMMIT")
+        assert await run == 3
+    finally:
+        await holder.close()
+    state = await rows(box)
+    assert {e: (r["status"], r["attempts"], r["last_error"]) for e, r in state.items()} == {
+        "e1": ("done", 1, None),
+        "e2": ("done", 1, None),
+        "e3": ("done", 1, None),
+    }
+    assert calls == ["e1", "e2", "e3", "e2"]
+    [balance] = await box.store.fetch_all("SELECT n FROM balances WHERE id = 'hot'")
+    assert balance["n"] == 101
+
+
+async def test_batch_and_group_defaults_follow_the_backend(box: Relaybox) -> None:
+    """PostgreSQL: 8 events per transaction, claims of 128 (enough for every chain's
+    groups); SQLite (one writer): the claim of 32 is the transaction."""
+    worker = box.worker()
+    if box.store.backend == "postgres":
+        assert (worker.batch, worker.group, worker.concurrency) == (128, 8, 8)
+    else:
+        assert (worker.batch, worker.group, worker.concurrency) == (32, 32, 1)
+    assert box.worker(batch=10, group=2).batch == 10

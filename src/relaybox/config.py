@@ -26,13 +26,18 @@ __all__ = ["AdminSettings", "RetentionSettings", "Settings", "WorkerSettings", "
 class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    concurrency: int = Field(16, ge=1, description="transactions at once per process (PostgreSQL)")
-    batch: int = Field(32, ge=1, le=1000, description="rows claimed at once")
+    concurrency: int = Field(8, ge=1, description="transactions at once per process (PostgreSQL)")
+    batch: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="rows claimed at once (default: 128 on PostgreSQL, 32 on SQLite)",
+    )
     group: int | None = Field(
         None,
         ge=1,
         le=1000,
-        description="events per transaction (default: 1 on PostgreSQL, the whole batch on SQLite)",
+        description="events per transaction (default: 8 on PostgreSQL, the whole batch on SQLite)",
     )
     poll_interval: float = Field(1.0, gt=0, description="seconds between polls when idle")
     claim_hold: float = Field(

@@ -9,14 +9,17 @@
    (segfault, SIGKILL, OOM) still uses its budget. Events that start together share one
    statement; on PostgreSQL the next event of a connection is started by the previous
    event's COMMIT itself (the same round trip), right as it starts.
-3. **process**, PostgreSQL: one transaction per event, at most ``concurrency`` at once.
-   Its BEGIN carries the row's completion (fenced by the attempt counted in 2, taking
-   the row lock); the handler's writes, business keys and outbox rows commit with it or
-   roll back with it. A failing handler rolls its whole transaction back, then a short
-   second transaction records the outcome: transient errors reschedule it (backoff +
+3. **process**, PostgreSQL: a group of events (``group``, 8 by default) per
+   transaction, at most ``concurrency`` groups at once: one COMMIT, one WAL flush, for
+   the group. Its BEGIN locks the rows (fenced by the attempts counted in 2); each
+   handler runs in a savepoint. A failing handler rolls back to its savepoint and its
+   outcome is recorded in the group: transient errors reschedule it (backoff +
    jitter), a :class:`~relaybox.errors.PermanentError` sends it to dead letters as
-   ``invalid``. SQLite: the claimed batch in one transaction (one writer, one fsync),
-   each event in a SAVEPOINT.
+   ``invalid``. The group gives up waiting for a row lock after 50 ms (another group
+   holds it, or a deadlock): that event rolls back to its savepoint and runs again
+   alone. With ``group = 1`` an event is its own transaction and its BEGIN carries
+   its completion. SQLite: the claimed batch in one transaction (one writer, one
+   fsync), each event in a SAVEPOINT.
 
 A row whose attempt started and never recorded an outcome comes back as a *suspect*
 and runs with nothing else in flight in its process: a poison event charges only itself.
@@ -54,6 +57,9 @@ __all__ = ["Context", "Handler", "Hooks", "Outbox", "Worker"]
 log = structlog.get_logger("relaybox.worker")
 
 Handler = Callable[["Context"], Awaitable[None]]
+
+_PG_GROUP = 8
+"""Events per transaction on PostgreSQL by default (``worker.group``)."""
 
 
 class Outbox:
@@ -202,6 +208,36 @@ class _Job:
     event: InboxEvent  # as claimed
     batch: _Batch
     attempt: int | None = None  # set once the attempt is counted (started)
+    alone: bool = False  # its group rolled back: it runs in a transaction of its own
+
+
+class _Regroup(Exception):
+    """A group's transaction rolls back. ``failed``: the event whose handler failed
+    (its outcome is recorded, the others run again); ``None``: every event runs again,
+    each in a transaction of its own."""
+
+    def __init__(self, reason: str, failed: tuple[_Job, Context, _Outcome] | None = None):
+        super().__init__(reason)
+        self.failed = failed
+
+
+_ABORTED = "the handler went on after a database error: PostgreSQL had aborted its transaction"
+
+_CONTENDED = frozenset({"55P03", "40P01"})  # lock_not_available, deadlock_detected
+
+
+def _contended(exc: BaseException) -> bool:
+    """A lock wait gave up (a group's lock_timeout) or PostgreSQL broke a deadlock:
+    nothing is wrong with the event; it runs again in a transaction of its own."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the driver's error, wrapped by SQLAlchemy, maybe by the handler
+        if seen is None:
+            return False
+        for candidate in (seen, getattr(seen, "orig", None)):
+            if getattr(candidate, "sqlstate", None) in _CONTENDED:
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class _StartMarks:
@@ -262,13 +298,17 @@ class Worker:
         sqlite = box.store.backend == "sqlite"
         # SQLite has one writer: concurrent transactions would only queue.
         self.concurrency = 1 if sqlite else (concurrency or s.concurrency)
-        self.batch = batch or s.batch
-        # Events per transaction. PostgreSQL: one, so an event's row locks (a shared
-        # balance, say) are held only for its own handler; a batch transaction holds
-        # every event's locks until COMMIT and serialises (or deadlocks) concurrent
-        # batches on hot rows (bench/README.md). SQLite: the whole claim, since its
-        # single writer serialises anyway and one COMMIT (fsync) serves the batch.
-        self.group = group or s.group or (self.batch if sqlite else 1)
+        # A claim feeds every chain's groups: run_once waits for its whole batch, so
+        # a batch of only concurrency x group rows would leave chains idle at its end.
+        self.batch = batch or s.batch or (32 if sqlite else 128)
+        # Events per transaction. PostgreSQL: a group of 8 per chain, one COMMIT (one
+        # WAL flush) for all; a group holds its events' row locks (a shared balance,
+        # say) until that COMMIT, so it gives up after 50 ms of waiting for a lock
+        # (another group's, or a deadlock) and its events run one per transaction
+        # (_run_group). SQLite: the whole claim, since its single writer serialises
+        # anyway and one COMMIT (fsync) serves the batch.
+        self.group = group or s.group or (self.batch if sqlite else _PG_GROUP)
+        self._grouped = self.group > 1 and not sqlite  # chains run groups (PostgreSQL)
         self._slots = asyncio.Semaphore(self.concurrency)
         self._isolation = asyncio.Lock()
         self._isolating = 0  # suspects waiting to run alone: chains stop taking events
@@ -349,7 +389,7 @@ class Worker:
             )
         if not claim.ids and not claim.suspects:
             return len(claim.exhausted)
-        if self.group == 1:
+        if self.group == 1 or self._grouped:
             batch = _Batch(len(claim.ids) + len(claim.suspects))
             self._ready.extend(_Job(claim.events[i], batch) for i in claim.ids)
             self._spawn_chains()
@@ -415,7 +455,10 @@ class Worker:
             try:
                 async with self.box.store.engine.connect() as conn:
                     while job is not None and job.attempt is not None:
-                        job = await self._run_job(conn, job)
+                        if self._grouped and not job.alone:
+                            job = await self._run_group(conn, job)
+                        else:
+                            job = await self._run_job(conn, job)
             except Exception as exc:  # no connection: the row comes back after the hold
                 if job is not None:
                     job.batch.finish(exc)
@@ -502,6 +545,156 @@ class Worker:
         job.batch.finish()
         return nxt
 
+    async def _run_group(self, conn: AsyncConnection, first: _Job) -> _Job | None:
+        """Several events in one transaction (PostgreSQL, ``group`` > 1): one COMMIT
+        (one WAL flush) for all of them.
+
+        Its BEGIN locks the rows, fenced by the attempts this worker counted, with a
+        50 ms ``lock_timeout``: a group holds its events' row locks (a shared balance,
+        say) until its COMMIT, so waiting on another group gives up quickly instead of
+        deadlocking. Each handler runs in a savepoint (``RELEASE`` of the previous one
+        and the next ``SAVEPOINT`` share a round trip). A failing handler is rolled
+        back to its savepoint and its outcome recorded in the group, as in a
+        transaction of its own; a handler that gave up waiting for a lock (or lost a
+        deadlock) is rolled back and runs again alone, where nothing times out. The
+        COMMIT carries the completions and the next group's start marks. Returns the
+        next job for this chain."""
+        store: Any = self.box.store
+        jobs = [first]
+        fresh: list[_Job] = []  # taken, not started yet
+        while len(jobs) + len(fresh) < self.group:
+            job = self._take()
+            if job is None:
+                break
+            if job.alone:
+                self._ready.appendleft(job)
+                break
+            (jobs if job.attempt is not None else fresh).append(job)
+        if fresh:  # chains starting together share one start statement
+            marks = await asyncio.gather(
+                *(self._marks.start(job.event.id) for job in fresh), return_exceptions=True
+            )
+            for job, mark in zip(fresh, marks, strict=True):
+                if isinstance(mark, BaseException):
+                    job.batch.finish(mark)
+                elif mark is None:  # no longer pending
+                    job.batch.finish()
+                else:
+                    job.attempt = mark
+                    jobs.append(job)
+        started = self.box.clock.now()
+        for job in jobs:
+            object.__setattr__(job.event, "attempts", job.attempt)
+        ids = [job.event.id for job in jobs]
+        done: list[tuple[_Job, Context, _Outcome]] = []
+        alone: list[_Job] = []
+        nxt: list[_Job] = []
+        committed = False
+        try:
+            try:
+                async with store.event_transaction(conn):
+                    pairs = [(job.event.id, job.attempt) for job in jobs]
+                    try:
+                        ours = await store.inbox_lock_group(conn, pairs, now=started)
+                    except Exception as exc:
+                        if _contended(exc):
+                            raise _Regroup("the rows' locks are taken") from exc
+                        raise
+                    if not ours:
+                        raise _Regroup("a row is no longer this worker's")
+                    failed: list[tuple[_Job, Context, _Outcome]] = []
+
+                    async def savepoint(*, release: bool, again: bool = True) -> None:
+                        """Release the previous event's savepoint (it succeeded) and
+                        set the next one. A handler that went on after a database
+                        error left the transaction aborted: the RELEASE says so."""
+                        try:
+                            await store.savepoint(conn, release=release, again=again)
+                        except Exception as exc:
+                            if getattr(exc, "sqlstate", None) != "25P02" or not done:
+                                raise
+                            await store.rollback_to_savepoint(conn)
+                            job, ctx, _ = done.pop()
+                            failed.append((job, ctx, _Outcome("retry", _ABORTED)))
+
+                    for k, job in enumerate(jobs):
+                        await savepoint(release=k > 0)
+                        ctx, outcome = await self._run(
+                            conn, job.event, savepoint=False, grouped=True
+                        )
+                        if outcome.kind == "done":
+                            done.append((job, ctx, outcome))
+                            continue
+                        await store.rollback_to_savepoint(conn)
+                        if outcome.kind == "contended":
+                            alone.append(job)
+                        else:
+                            failed.append((job, ctx, outcome))
+                    if done and done[-1][0] is jobs[-1]:
+                        await savepoint(release=True, again=False)
+                    for job, ctx, outcome in failed:
+                        await self._record(conn, job.event, ctx, outcome, started)
+                    for job, ctx, outcome in done:
+                        await self._record(conn, job.event, ctx, outcome, started)
+                    await self.hooks.fire("before_commit", ids)
+                    nxt = self._take_group()
+                    await store.inbox_finish_group_on_commit(
+                        conn,
+                        [job.event.id for job, _, _ in done],
+                        [(job.event.id, job.event.attempts) for job in nxt if job.attempt is None],
+                        now=self.box.clock.now(),
+                    )
+                committed = True
+            except _Regroup as regroup:
+                log.debug("worker_group_alone", worker=self.name, ids=ids, reason=str(regroup))
+                for job in reversed(jobs):
+                    job.alone = True
+                    self._ready.appendleft(job)
+                return self._take()
+            for job in nxt:
+                if job.attempt is None:
+                    job.attempt = job.event.attempts + 1
+            if any(ctx.outbox_created for _, ctx, _ in done):
+                store.wake("outbox")
+            await self.hooks.fire("after_commit", ids)
+        except Exception as exc:
+            log.warning(
+                "worker_commit_uncertain", worker=self.name, ids=ids, error=short_error(exc)
+            )
+            for job in jobs:
+                job.batch.finish(exc)
+            for job in reversed(nxt):
+                if not committed:
+                    job.attempt = None  # counted or not: inbox_start says which
+                self._ready.appendleft(job)
+            if nxt:
+                self._spawn_chains()
+            return None
+        again = {id(job) for job in alone}
+        for job in jobs:
+            if id(job) not in again:
+                job.batch.finish()
+            else:
+                job.alone = True
+        # This chain runs next: the events that must run alone (started, locked until
+        # this COMMIT), then the group started with it.
+        for job in reversed(alone + nxt):
+            self._ready.appendleft(job)
+        return self._take()
+
+    def _take_group(self) -> list[_Job]:
+        """The next group's events (up to ``group``), stopping at one that runs alone."""
+        taken: list[_Job] = []
+        while len(taken) < self.group:
+            job = self._take()
+            if job is None:
+                break
+            if job.alone:
+                self._ready.appendleft(job)
+                break
+            taken.append(job)
+        return taken
+
     async def _start_next(self, conn: AsyncConnection) -> tuple[_Job | None, bool]:
         """Take the next claimed event and count its attempt with this COMMIT; returns
         it and whether its count rides on this COMMIT."""
@@ -575,7 +768,7 @@ class Worker:
         return outcome
 
     async def _run(
-        self, conn: AsyncConnection, event: InboxEvent, *, savepoint: bool
+        self, conn: AsyncConnection, event: InboxEvent, *, savepoint: bool, grouped: bool = False
     ) -> tuple[Context, _Outcome]:
         handler = self._handler_for(event.source, event.event_type)
         ctx = Context(self.box, conn, event)
@@ -593,6 +786,8 @@ class Worker:
         except PermanentError as exc:
             return ctx, _Outcome("invalid", str(exc) or type(exc).__name__)
         except Exception as exc:
+            if grouped and _contended(exc):
+                return ctx, _Outcome("contended", error_text(exc))
             return ctx, _Outcome("retry", error_text(exc))
 
     def _handler_for(self, source: str, event_type: str) -> Handler | None:

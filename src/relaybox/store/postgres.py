@@ -201,6 +201,75 @@ class PostgresStore(Store):
                 adapted._transaction = tx
         return bool(status == "UPDATE 1")
 
+    async def inbox_lock_group(
+        self, conn: AsyncConnection, started: Sequence[tuple[int, int]], *, now: float
+    ) -> bool:
+        """The first statement of a group's transaction, sent with its BEGIN (one round
+        trip): a short ``lock_timeout`` for the transaction, then the rows locked if
+        each is still pending at the attempt given ((id, attempt) pairs). False when a
+        row did not match (the caller rolls back)."""
+        sql = _GROUP_LOCK_TIMEOUT + _inline(
+            self.q["inbox_lock_group"], ([i for i, _ in started], [a for _, a in started])
+        )
+        status = await self._begin_with(conn, sql)
+        return bool(status == f"SELECT {len(started)}")
+
+    async def _begin_with(self, conn: AsyncConnection, sql: str) -> str:
+        adapted = await _adapted(conn)
+        if adapted._transaction is not None or not _plain(adapted):
+            driver = await _driver(conn)
+            return str(await driver.execute(sql))
+        tx = _FoldedTransaction(adapted._connection)
+        try:
+            return await tx.begin_with(sql)
+        finally:
+            if tx.started:  # also when the statement failed: SQLAlchemy's ROLLBACK ends it
+                adapted._transaction = tx
+
+    async def savepoint(self, conn: AsyncConnection, *, release: bool, again: bool = True) -> None:
+        """A group's savepoint around one event's handler; ``release``: the previous
+        event's first, in the same round trip; ``again=False``: only that."""
+        driver = await _driver(conn)
+        await driver.execute(
+            (_RELEASE_SAVEPOINT + ";" if release else "") + (_SAVEPOINT if again else "")
+        )
+
+    async def rollback_to_savepoint(self, conn: AsyncConnection) -> None:
+        driver = await _driver(conn)
+        await driver.execute("ROLLBACK TO SAVEPOINT relaybox_event")
+
+    async def inbox_finish_group_on_commit(
+        self,
+        conn: AsyncConnection,
+        done: Sequence[int],
+        claimed: Sequence[tuple[int, int]],
+        *,
+        now: float,
+    ) -> None:
+        """With a group's COMMIT (one round trip): its succeeded rows (locked by
+        :meth:`inbox_lock_group`) completed, and the next group's start marks
+        ((id, attempts as claimed) pairs; counted only while still pending so)."""
+        parts = []
+        if done:
+            parts.append(_inline(self.q["inbox_complete"], (list(done), now)))
+        if claimed:
+            parts.append(
+                _inline(
+                    self.q["inbox_start_next_group"],
+                    ([i for i, _ in claimed], [a for _, a in claimed], now),
+                )
+            )
+        if not parts:
+            return
+        sql = ";".join(parts)
+        adapted = await _adapted(conn)
+        tx = adapted._transaction
+        if isinstance(tx, _FoldedTransaction) and tx.started:
+            tx.before_commit(sql)
+            return
+        driver = await _driver(conn)
+        await driver.execute(sql)
+
     @contextlib.asynccontextmanager
     async def event_transaction(self, conn: AsyncConnection) -> AsyncIterator[None]:
         """One event's transaction, begun without a greenlet hop: SQLAlchemy's side of
@@ -451,9 +520,10 @@ _PARAM = re.compile(r"\$(\d+)")
 _TEMPLATES: dict[str, tuple[list[str], list[int]]] = {}
 
 
-def _inline(sql: str, params: Sequence[int | float]) -> str:
+def _inline(sql: str, params: Sequence[int | float | list[int]]) -> str:
     """``sql`` with ``$n`` replaced by literals, for the simple query protocol. Only
-    integers and finite floats: nothing a caller passes can become SQL."""
+    integers, finite floats and lists of integers: nothing a caller passes can become
+    SQL."""
     template = _TEMPLATES.get(sql)
     if template is None:
         split = _PARAM.split(sql)
@@ -466,10 +536,20 @@ def _inline(sql: str, params: Sequence[int | float]) -> str:
             out.append(str(value))
         elif type(value) is float and math.isfinite(value):
             out.append(repr(value))
+        elif type(value) is list and all(type(v) is int for v in value):
+            out.append(f"'{{{','.join(map(str, value))}}}'")
         else:
             raise TypeError(f"not inlined: {type(value).__name__}")
         out.append(text)
     return "".join(out)
+
+
+_SAVEPOINT = "SAVEPOINT relaybox_event"
+_RELEASE_SAVEPOINT = "RELEASE SAVEPOINT relaybox_event"
+_GROUP_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '50ms';"
+"""A group's handlers hold every event's row locks until its COMMIT: a group waiting
+longer than this for another's (a deadlock, or a long handler) falls back to one
+transaction per event, where nothing times out."""
 
 
 async def _no_reset(_conn: asyncpg.Connection) -> None:

@@ -199,6 +199,22 @@ RETURNING id, attempts
 UPDATE relaybox_inbox SET status = 'done', done_at = $2, updated_at = $2, started_at = NULL
 WHERE id = $1 AND status = 'pending' AND attempts = $3
 
+-- name: inbox_lock_group
+-- The first statement of a group's transaction, sent with its BEGIN (literals): the
+-- rows locked while still pending at the attempt this worker started ($2[i] for row
+-- $1[i]). The caller checks that every row matched; the completions of the events
+-- that succeed go with the COMMIT (inbox_complete).
+SELECT i.id FROM relaybox_inbox i
+JOIN unnest($1::bigint[], $2::bigint[]) AS g(id, attempts) ON i.id = g.id
+WHERE i.status = 'pending' AND i.attempts = g.attempts
+FOR NO KEY UPDATE OF i
+
+-- name: inbox_start_next_group
+-- inbox_start_next for the next group: $1[i] a row, $2[i] its attempts as claimed.
+UPDATE relaybox_inbox i SET attempts = i.attempts + 1, started_at = $3
+FROM unnest($1::bigint[], $2::bigint[]) AS g(id, attempts)
+WHERE i.id = g.id AND i.status = 'pending' AND i.attempts = g.attempts
+
 -- name: inbox_start_next
 -- The next event's start mark, sent with the previous event's COMMIT on the same
 -- connection (one round trip for both): counted as that event starts, durable before
