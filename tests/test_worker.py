@@ -579,3 +579,45 @@ async def test_batch_and_group_defaults_follow_the_backend(box: Relaybox) -> Non
     else:
         assert (worker.batch, worker.group, worker.concurrency) == (32, 32, 1)
     assert box.worker(batch=10, group=2).batch == 10
+
+
+@pytest.mark.parametrize("group", [1, 4])
+async def test_outcomes_are_logged_and_counted_only_once_committed(
+    box: Relaybox, clock: FrozenClock, group: int
+) -> None:
+    """A transaction that does not commit logs no ``event_done`` and counts nothing
+    processed: its events come back, and the warning says the outcome is uncertain."""
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        await ctx.once(f"k:{ctx.event.event_id}")
+
+    async def commit_fails(ids: list[int]) -> None:
+        raise RuntimeError("the COMMIT is lost")
+
+    box.hooks.before_commit.append(commit_fails)
+    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 3)])
+    counted = box.metrics.processed.labels("s", "done")
+    before = counted._value.get()
+    out = io.StringIO()
+    with redirect_stderr(out):
+        configure_logging("info", json=True)
+        with contextlib.suppress(Exception):
+            await box.worker(group=group, concurrency=1).run_once()
+    configure_logging("info", json=False)
+    events = [json.loads(x)["event"] for x in out.getvalue().splitlines() if x.startswith("{")]
+    assert "event_done" not in events
+    assert "worker_commit_uncertain" in events
+    assert counted._value.get() == before
+    assert {r["status"] for r in (await rows(box)).values()} == {"pending"}
+
+    box.hooks.before_commit.remove(commit_fails)
+    clock.advance(31)  # the hold runs out; they run again and commit
+    out = io.StringIO()
+    with redirect_stderr(out):
+        configure_logging("info", json=True)
+        await box.worker(group=group, concurrency=1).run_once()
+    configure_logging("info", json=False)
+    events = [json.loads(x)["event"] for x in out.getvalue().splitlines() if x.startswith("{")]
+    assert events.count("event_done") == 2
+    assert counted._value.get() == before + 2

@@ -211,6 +211,10 @@ class _Job:
     alone: bool = False  # its group rolled back: it runs in a transaction of its own
 
 
+_Report = tuple[str, str, str | None, dict[str, Any]]
+"""A recorded outcome's log line and metric: source, kind, error, log fields."""
+
+
 class _Regroup(Exception):
     """A group's transaction rolls back. ``failed``: the event whose handler failed
     (its outcome is recorded, the others run again); ``None``: every event runs again,
@@ -501,6 +505,7 @@ class Worker:
         started = clock.now()
         nxt: _Job | None = None
         folded = committed = False  # nxt's start rides on this COMMIT; it went through
+        reports: list[_Report] = []
         try:
             try:
                 async with store.event_transaction(conn):
@@ -509,16 +514,19 @@ class Worker:
                     ctx, outcome = await self._run(conn, event, savepoint=False)
                     if outcome.kind != "done":
                         raise _RolledBack(ctx, outcome)
-                    await self._record(conn, event, ctx, outcome, started)
+                    await self._record(conn, event, ctx, outcome, started, reports)
                     await self.hooks.fire("before_commit", [event.id])
                     nxt, folded = await self._start_next(conn)
                 committed = True
                 if ctx.outbox_created:
                     store.wake("outbox")
             except _RolledBack as failed:
+                reports.clear()
                 async with conn.begin():
                     for locked in await store.inbox_lock(conn, [event.id]):
-                        await self._record(conn, locked, failed.ctx, failed.outcome, started)
+                        await self._record(
+                            conn, locked, failed.ctx, failed.outcome, started, reports
+                        )
                     nxt, folded = await self._start_next(conn)
                 committed = True
             except _NotOurs:
@@ -526,6 +534,7 @@ class Worker:
                 # ran out: nothing to do here.
                 job.batch.finish()
                 return self._take()
+            self._report(reports)
             if nxt is not None and folded:
                 nxt.attempt = nxt.event.attempts + 1
             await self.hooks.fire("after_commit", [event.id])
@@ -589,6 +598,7 @@ class Worker:
         done: list[tuple[_Job, Context, _Outcome]] = []
         alone: list[_Job] = []
         nxt: list[_Job] = []
+        reports: list[_Report] = []
         committed = False
         try:
             try:
@@ -633,9 +643,9 @@ class Worker:
                     if done and done[-1][0] is jobs[-1]:
                         await savepoint(release=True, again=False)
                     for job, ctx, outcome in failed:
-                        await self._record(conn, job.event, ctx, outcome, started)
+                        await self._record(conn, job.event, ctx, outcome, started, reports)
                     for job, ctx, outcome in done:
-                        await self._record(conn, job.event, ctx, outcome, started)
+                        await self._record(conn, job.event, ctx, outcome, started, reports)
                     await self.hooks.fire("before_commit", ids)
                     nxt = self._take_group()
                     await store.inbox_finish_group_on_commit(
@@ -651,6 +661,7 @@ class Worker:
                     job.alone = True
                     self._ready.appendleft(job)
                 return self._take()
+            self._report(reports)
             for job in nxt:
                 if job.attempt is None:
                     job.attempt = job.event.attempts + 1
@@ -741,14 +752,16 @@ class Worker:
                 events = await store.inbox_lock(conn, ids)
                 done: list[int] = []
                 created = False
+                reports: list[_Report] = []
                 for event in events:
-                    outcome = await self.process(conn, event)
+                    outcome = await self.process(conn, event, reports)
                     if outcome.kind == "done":
                         done.append(event.id)
                     created = created or outcome.outbox_created
                 if done:
                     await store.inbox_complete(conn, done, self.box.clock.now())
                 await self.hooks.fire("before_commit", [e.id for e in events])
+            self._report(reports)
             if created:
                 store.wake("outbox")
             await self.hooks.fire("after_commit", [e.id for e in events])
@@ -758,12 +771,15 @@ class Worker:
             )
             raise
 
-    async def process(self, conn: AsyncConnection, event: InboxEvent) -> _Outcome:
+    async def process(
+        self, conn: AsyncConnection, event: InboxEvent, reports: list[_Report] | None = None
+    ) -> _Outcome:
         """Run the handler for one locked event inside a savepoint, then record its
-        outcome in the enclosing transaction. The caller marks ``done`` rows complete."""
+        outcome in the enclosing transaction. The caller marks ``done`` rows complete
+        (and emits ``reports`` after its COMMIT, when given)."""
         started = self.box.clock.now()
         ctx, outcome = await self._run(conn, event, savepoint=True)
-        await self._record(conn, event, ctx, outcome, started)
+        await self._record(conn, event, ctx, outcome, started, reports)
         outcome.outbox_created = outcome.kind == "done" and ctx.outbox_created
         return outcome
 
@@ -818,7 +834,11 @@ class Worker:
         ctx: Context,
         outcome: _Outcome,
         started: float,
+        reports: list[_Report] | None = None,
     ) -> None:
+        """Write the outcome in ``conn``'s transaction. Its log line and metric go to
+        ``reports`` when given, for the caller to emit once the transaction commits
+        (:meth:`_report`); otherwise now."""
         store = self.box.store
         now = self.box.clock.now()
         fields: dict[str, Any] = {
@@ -857,11 +877,20 @@ class Worker:
                 started_at=started,
                 finished_at=now,
             )
-        label = "done" if kind == "done" else ("retry" if kind == "retry" else f"dead_{kind}")
-        self._count(event.source, label)
-        if kind == "done":
-            log.info("event_done", **fields)
-        elif kind == "retry":
-            log.warning("event_retry", error=outcome.error, **fields)
+        report = (event.source, kind, outcome.error, fields)
+        if reports is None:
+            self._report([report])
         else:
-            log.error("event_dead", reason=kind, error=outcome.error, **fields)
+            reports.append(report)
+
+    def _report(self, reports: list[_Report]) -> None:
+        """Log lines and metrics of recorded outcomes (after their COMMIT)."""
+        for source, kind, error, fields in reports:
+            label = "done" if kind == "done" else ("retry" if kind == "retry" else f"dead_{kind}")
+            self._count(source, label)
+            if kind == "done":
+                log.info("event_done", **fields)
+            elif kind == "retry":
+                log.warning("event_retry", error=error, **fields)
+            else:
+                log.error("event_dead", reason=kind, error=error, **fields)
