@@ -364,8 +364,9 @@ class Dispatcher:
 
     async def _write_sent(self, batch: list[_Finished], now: float) -> list[str]:
         """PostgreSQL, a batch of plain successes (the common case): one autocommit
-        statement on the raw driver writes the rows, the attempt log and the endpoints'
-        streaks (``outbox_record_sent``): one round trip, one commit."""
+        statement on the driver (generic plans, like the lease) writes the rows, the
+        attempt log and the endpoints' streaks (``outbox_record_sent``): one round trip,
+        one commit."""
         store = self.box.store
         rows = [
             (f.d.id, f.d.lease_token, f.d.attempt, f.d.endpoint.id if f.d.endpoint else None,
@@ -373,7 +374,7 @@ class Dispatcher:
             for f in batch
             if f.result is not None
         ]  # fmt: skip
-        pool = await store.raw_pool()  # type: ignore[attr-defined]
+        pool = await store.accept_pool()  # type: ignore[attr-defined]  # generic plans
         async with pool.acquire() as conn:
             found = await conn.fetch(
                 store.q["outbox_record_sent"], now, *_columns(store, rows), self.name

@@ -20,8 +20,10 @@ A lane at capacity (a hanging endpoint) is never selected, so its backlog cannot
 crowd out other lanes; its in-flight rows only hold their own slots until timeout.
 
 On PostgreSQL the five steps are one autocommit statement (``outbox_lease`` in
-``postgres_outbound.sql``, data-modifying CTEs, on the raw asyncpg pool): one round
-trip per lease instead of eight. ``allocate`` is done in SQL there (same round robin;
+``postgres_outbound.sql``, data-modifying CTEs, on the accept's asyncpg connections,
+generic plans forced: with array parameters custom plans cost more backend CPU,
+bench/README.md): one round trip per lease instead of eight. ``allocate`` is done in
+SQL there (same round robin;
 ``tests/test_outbound_isolation.py`` checks both backends agree). One statement has
 one snapshot: a lane that another lease served after it was taken is locked in its
 new version but would be counted with the old in-flight rows, so such a lane (its
@@ -165,10 +167,10 @@ async def _lease_postgres(
     until: float,
     lease_ttl: float,
 ) -> list[Delivery]:
-    """PostgreSQL: every step in one autocommit statement (``outbox_lease``) on the
-    raw asyncpg pool: one round trip, no BEGIN / COMMIT."""
+    """PostgreSQL: every step in one autocommit statement (``outbox_lease``): one round
+    trip, no BEGIN / COMMIT."""
     store = box.store
-    pool = await store.raw_pool()  # type: ignore[attr-defined]
+    pool = await store.accept_pool()  # type: ignore[attr-defined]  # generic plans
     async with pool.acquire() as conn:
         leased = await conn.fetch(store.q["outbox_lease"], now, slots, list(channels), owner, until)
     deadline = lease_ttl - LEASE_MARGIN
