@@ -600,10 +600,12 @@ async def test_outcomes_are_logged_and_counted_only_once_committed(
     counted = box.metrics.processed.labels("s", "done")
     before = counted._value.get()
     out = io.StringIO()
+    worker = box.worker(group=group, concurrency=1)
     with redirect_stderr(out):
         configure_logging("info", json=True)
         with contextlib.suppress(Exception):
-            await box.worker(group=group, concurrency=1).run_once()
+            await worker.run_once()
+        await asyncio.gather(*worker._tasks)  # its chain gives its connection back
     configure_logging("info", json=False)
     events = [json.loads(x)["event"] for x in out.getvalue().splitlines() if x.startswith("{")]
     assert "event_done" not in events
@@ -614,9 +616,11 @@ async def test_outcomes_are_logged_and_counted_only_once_committed(
     box.hooks.before_commit.remove(commit_fails)
     clock.advance(31)  # the hold runs out; they run again and commit
     out = io.StringIO()
+    worker = box.worker(group=group, concurrency=1)
     with redirect_stderr(out):
         configure_logging("info", json=True)
-        await box.worker(group=group, concurrency=1).run_once()
+        await worker.run_once()
+        await asyncio.gather(*worker._tasks)
     configure_logging("info", json=False)
     events = [json.loads(x)["event"] for x in out.getvalue().splitlines() if x.startswith("{")]
     assert events.count("event_done") == 2
