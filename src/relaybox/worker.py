@@ -569,16 +569,9 @@ class Worker:
         COMMIT carries the completions and the next group's start marks. Returns the
         next job for this chain."""
         store: Any = self.box.store
-        jobs = [first]
-        fresh: list[_Job] = []  # taken, not started yet
-        while len(jobs) + len(fresh) < self.group:
-            job = self._take()
-            if job is None:
-                break
-            if job.alone:
-                self._ready.appendleft(job)
-                break
-            (jobs if job.attempt is not None else fresh).append(job)
+        taken = self._take_group(self.group - 1)
+        jobs = [first, *(job for job in taken if job.attempt is not None)]
+        fresh = [job for job in taken if job.attempt is None]  # not started yet
         if fresh:  # chains starting together share one start statement
             marks = await asyncio.gather(
                 *(self._marks.start(job.event.id) for job in fresh), return_exceptions=True
@@ -647,7 +640,7 @@ class Worker:
                     for job, ctx, outcome in done:
                         await self._record(conn, job.event, ctx, outcome, started, reports)
                     await self.hooks.fire("before_commit", ids)
-                    nxt = self._take_group()
+                    nxt = self._take_group(self.group)
                     await store.inbox_finish_group_on_commit(
                         conn,
                         [job.event.id for job, _, _ in done],
@@ -693,10 +686,10 @@ class Worker:
             self._ready.appendleft(job)
         return self._take()
 
-    def _take_group(self) -> list[_Job]:
-        """The next group's events (up to ``group``), stopping at one that runs alone."""
+    def _take_group(self, most: int) -> list[_Job]:
+        """Up to ``most`` claimed events for a group, stopping at one that runs alone."""
         taken: list[_Job] = []
-        while len(taken) < self.group:
+        while len(taken) < most:
             job = self._take()
             if job is None:
                 break
