@@ -11,7 +11,7 @@ import pytest
 
 from relaybox import Relaybox
 from relaybox.outbound.channels.base import Delivery
-from relaybox.outbound.leases import Lane, allocate
+from relaybox.outbound.leases import Lane, allocate, lease_recording
 from tests.support.outbound_app import endpoint, local, publish_one
 from tests.support.receivers import HttpReceiver, Reply
 
@@ -133,4 +133,49 @@ async def test_one_lease_shares_slots_like_allocate(box: Relaybox) -> None:
     assert lanes(await dispatcher._lease(100)) == {b: 2}
     clock.advance(0.5)  # type: ignore[attr-defined]
     assert lanes(await dispatcher._lease(100)) == {c: 1}  # half a second at 2/s
+    await dispatcher.close()
+
+
+async def test_a_lease_that_records_successes_reuses_exactly_their_slots(box: Relaybox) -> None:
+    """PostgreSQL records plain successes in the lease statement itself: its snapshot
+    still counts them in flight, so it frees the slots of those it wrote whose lease
+    was live, no more (a fenced record frees nothing, an expired lease was not
+    counted)."""
+    if box.store.backend != "postgres":
+        pytest.skip("the lease records successes in its own statement on PostgreSQL only")
+    local(box)
+    clock = box.clock
+    a, _ = await endpoint(box, "http://127.0.0.1:9/a", max_in_flight=2)
+    for _ in range(6):
+        await publish_one(box)
+    dispatcher = box.dispatcher()
+
+    def sent(d: Delivery, token: int | None = None) -> tuple[object, ...]:
+        token = d.lease_token if token is None else token
+        return (d.id, token, d.attempt, a, clock.now(), 0.01, 200, None, "ok")
+
+    async def lease_and_record(*rows: tuple[object, ...]) -> tuple[list[Delivery], set[object]]:
+        found, written = await lease_recording(
+            box, owner="other", slots=10, channels=["webhook"], lease_ttl=30.0, sent=rows
+        )
+        return found, set(written)
+
+    first = await dispatcher._lease(10)
+    assert len(first) == 2  # the cap
+    found, written = await lease_and_record(sent(first[0]))
+    assert written == {(first[0].id, first[0].lease_token)}
+    assert len(found) == 1  # first[1] is still in flight
+    assert await lease_and_record(sent(first[1], token=99)) == ([], set())  # fenced
+    clock.advance(31)  # type: ignore[attr-defined]  # every lease expired
+    found, written = await lease_and_record(sent(first[1]))
+    assert written == {(first[1].id, first[1].lease_token)}
+    assert len(found) == 2  # the cap, not 3: first[1]'s expired lease was not counted
+    outcomes = await box.store.fetch_all(
+        "SELECT outcome, count(*) AS n FROM relaybox_outbox_attempts GROUP BY outcome"
+    )
+    assert {r["outcome"]: r["n"] for r in outcomes} == {"sent": 2, "fenced": 1}
+    status = await box.store.fetch_all(
+        "SELECT id FROM relaybox_outbox WHERE status = 'sent' ORDER BY id"
+    )
+    assert [r["id"] for r in status] == sorted([first[0].id, first[1].id])
     await dispatcher.close()

@@ -11,6 +11,8 @@ three short steps and no transaction is open while a channel talks to the world:
    ``lease_token`` from ``unnest`` arrays) plus one multi-row insert of the attempt
    log, while leasing keeps the next rows flowing. A dispatcher whose lease expired
    and was taken over writes nothing (its attempt is still logged, as ``fenced``).
+   On PostgreSQL plain successes ride on the next lease instead: its one statement
+   records them and leases into their slots.
 
 A lease that expires unrecorded (the dispatcher died, or lost the database) makes the
 outcome uncertain: the row comes back flagged and its channel's policy decides —
@@ -41,7 +43,7 @@ from relaybox.log import debug_enabled, error_text, short_error
 from relaybox.outbound import db
 from relaybox.outbound.channels.base import Channel, Delivery, Result
 from relaybox.outbound.endpoints import disable_in
-from relaybox.outbound.leases import lease
+from relaybox.outbound.leases import lease, lease_recording
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.schedule import Schedule
 
@@ -108,6 +110,10 @@ class Dispatcher:
         self._lanes_ready = False
         self._finished: list[_Finished] = []
         self._recorder: asyncio.Task[None] | None = None
+        # PostgreSQL, while run() loops: plain successes ride on the next lease (one
+        # statement records them and leases into their slots), see _record.
+        self._folding = False
+        self._carry: list[_Finished] = []
 
     # -- loop -------------------------------------------------------------------
 
@@ -142,18 +148,22 @@ class Dispatcher:
             # else nothing more is due or no lane has room: a freed slot, a NOTIFY or
             # the poll interval wakes the loop (no busy loop on an empty outbox).
 
+        self._folding = self.box.store.backend == "postgres"
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
                 free = self.concurrency - len(tasks) - reserved
                 # Up to _LEASES_IN_FLIGHT leases in flight, each for every slot free
-                # when it starts; slots freed meanwhile go into the next one.
-                if free > 0 and len(leasing) < _LEASES_IN_FLIGHT:
-                    reserved += free
-                    lease_task = asyncio.create_task(self._lease_safely(free))
+                # when it starts, plus the slots of the successes it records (their
+                # tasks leave once it is done); slots freed meanwhile go into the next.
+                if (free > 0 or self._carry) and len(leasing) < _LEASES_IN_FLIGHT:
+                    carry, self._carry = self._carry, []
+                    asked = max(free, 0) + len(carry)
+                    reserved += asked
+                    lease_task = asyncio.create_task(self._lease_safely(asked, carry))
                     leasing.add(lease_task)
-                    lease_task.add_done_callback(functools.partial(leased, asked=free))
-                elif free > 0:
+                    lease_task.add_done_callback(functools.partial(leased, asked=asked))
+                elif free > 0 or self._carry:
                     deferred = True
                 # Wake on new rows, on a freed slot, on a lease done, or poll. (Done
                 # callbacks set the event: waiting on every task costs O(tasks).)
@@ -161,8 +171,12 @@ class Dispatcher:
                     async with asyncio.timeout(self.outbound.settings.poll_interval):
                         await self._wake.wait()
         finally:
+            self._folding = False
             if leasing:
                 await asyncio.gather(*leasing, return_exceptions=True)
+            if self._carry:  # finished while the loop stopped: the recorder writes them
+                self._hand_to_recorder(self._carry)
+                self._carry = []
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
             await self.close()
@@ -182,12 +196,31 @@ class Dispatcher:
             with contextlib.suppress(Exception):
                 await channel.close()
 
-    async def _lease_safely(self, slots: int) -> list[Delivery]:
+    async def _lease_safely(self, slots: int, carry: list[_Finished]) -> list[Delivery]:
         try:
-            return await self._lease(slots)
+            if not carry:
+                return await self._lease(slots)
+            if not self._lanes_ready:
+                await self._ensure_lanes()
+            found, written = await lease_recording(
+                self.box,
+                owner=self.name,
+                slots=slots,
+                channels=list(self.outbound.channels),
+                lease_ttl=self.outbound.settings.lease_ttl,
+                sent=[_sent_row(f) for f in carry],
+            )
         except Exception as exc:  # the database went away: poll again later
             log.warning("outbox_lease_failed", dispatcher=self.name, error=short_error(exc))
+            if carry:  # the statement rolled back: the recorder writes them (and retries)
+                self._hand_to_recorder(carry)
             return []
+        for f in carry:
+            label = "sent" if (f.d.id, f.d.lease_token) in written else "fenced"
+            self._observe(f.d, f.result, f.decision, label, f.duration)
+            if not f.done.done():
+                f.done.set_result(label)
+        return found
 
     async def _lease(self, slots: int) -> list[Delivery]:
         if not self._lanes_ready:
@@ -291,10 +324,20 @@ class Dispatcher:
         in-flight count) is held until the outcome is committed.
         """
         done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._finished.append(_Finished(d, result, decision, started, duration, done))
+        f = _Finished(d, result, decision, started, duration, done)
+        if self._folding and _plain_success(f):
+            # PostgreSQL: the next lease records it in its own statement (outbox_lease),
+            # leasing into its slot: no record round trip before the slot is reused.
+            self._carry.append(f)
+            self._wake.set()
+        else:
+            self._hand_to_recorder([f])
+        await done
+
+    def _hand_to_recorder(self, finished: list[_Finished]) -> None:
+        self._finished.extend(finished)
         if self._recorder is None or self._recorder.done():
             self._recorder = asyncio.create_task(self._record_batches())
-        await done
 
     async def _record_batches(self) -> None:
         """Write what finished, in batches, until nothing waits: attempts that finish
@@ -363,17 +406,12 @@ class Dispatcher:
         return labels
 
     async def _write_sent(self, batch: list[_Finished], now: float) -> list[str]:
-        """PostgreSQL, a batch of plain successes (the common case): one autocommit
-        statement on the driver (generic plans, like the lease) writes the rows, the
-        attempt log and the endpoints' streaks (``outbox_record_sent``): one round trip,
-        one commit."""
+        """PostgreSQL, a batch of plain successes outside run()'s loop (run_once, a
+        stopping loop, a lease that failed): one autocommit statement on the raw driver
+        (generic plans, like the lease) writes the rows, the attempt log and the
+        endpoints' streaks (``outbox_record_sent``): one round trip, one commit."""
         store = self.box.store
-        rows = [
-            (f.d.id, f.d.lease_token, f.d.attempt, f.d.endpoint.id if f.d.endpoint else None,
-             f.started, f.duration, f.result.status_code, f.result.error, f.result.response)
-            for f in batch
-            if f.result is not None
-        ]  # fmt: skip
+        rows = [_sent_row(f) for f in batch if f.result is not None]
         pool = await store.accept_pool()  # type: ignore[attr-defined]  # generic plans
         async with pool.acquire() as conn:
             found = await conn.fetch(
@@ -466,6 +504,14 @@ def _plain_success(f: _Finished) -> bool:
         and f.decision.status == "sent"
         and not f.d.uncertain
     )
+
+
+def _sent_row(f: _Finished) -> tuple[Any, ...]:
+    """A plain success as outbox_record_sent's (and outbox_lease's) columns."""
+    d, result = f.d, f.result
+    assert result is not None
+    return (d.id, d.lease_token, d.attempt, d.endpoint.id if d.endpoint else None,
+            f.started, f.duration, result.status_code, result.error, result.response)  # fmt: skip
 
 
 def _columns(store: Any, rows: list[tuple[Any, ...]]) -> list[Any]:

@@ -22,8 +22,10 @@ crowd out other lanes; its in-flight rows only hold their own slots until timeou
 On PostgreSQL the five steps are one autocommit statement (``outbox_lease`` in
 ``postgres_outbound.sql``, data-modifying CTEs, on the accept's asyncpg connections,
 generic plans forced: with array parameters custom plans cost more backend CPU,
-bench/README.md): one round trip per lease instead of eight. ``allocate`` is done in
-SQL there (same round robin;
+bench/README.md): one round trip per lease instead of eight. The same statement first
+records the dispatcher's plain successes that finished meanwhile
+(:func:`lease_recording`), so a finished attempt's slot is leased again without a
+record round trip in between. ``allocate`` is done in SQL there (same round robin;
 ``tests/test_outbound_isolation.py`` checks both backends agree). One statement has
 one snapshot: a lane that another lease served after it was taken is locked in its
 new version but would be counted with the old in-flight rows, so such a lane (its
@@ -44,7 +46,7 @@ from relaybox.outbound.channels.base import Delivery, MessageBody, Target
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
-__all__ = ["LEASE_MARGIN", "Lane", "allocate", "lease"]
+__all__ = ["LEASE_MARGIN", "Lane", "allocate", "lease", "lease_recording"]
 
 LEASE_MARGIN = 5.0
 """Seconds kept between the end of an attempt and the end of its lease, to record."""
@@ -96,7 +98,8 @@ async def lease(
     now = box.clock.now()
     until = now + lease_ttl
     if store.backend == "postgres":
-        return await _lease_postgres(box, owner, slots, channels, now, until, lease_ttl)
+        found, _ = await _lease_postgres(box, owner, slots, channels, now, until, lease_ttl, ())
+        return found
     async with store.transaction() as conn:
         found = await db.rows(
             conn, store, "outbox_lease_lanes", now, slots, db.array(store, channels)
@@ -158,6 +161,24 @@ def _delivery(
     )
 
 
+async def lease_recording(
+    box: Relaybox,
+    *,
+    owner: str,
+    slots: int,
+    channels: Sequence[str],
+    lease_ttl: float,
+    sent: Sequence[tuple[Any, ...]],
+) -> tuple[list[Delivery], set[tuple[int, int]]]:
+    """PostgreSQL: record the plain successes ``sent`` (rows of ``outbox_record_sent``'s
+    columns: id, lease token, attempt, endpoint id, started, duration, status code,
+    error, response) and lease up to ``slots`` due rows, their slots included, in the
+    one ``outbox_lease`` statement. Returns the deliveries and the (id, lease token)
+    pairs written (the others were fenced)."""
+    now = box.clock.now()
+    return await _lease_postgres(box, owner, slots, channels, now, now + lease_ttl, lease_ttl, sent)
+
+
 async def _lease_postgres(
     box: Relaybox,
     owner: str,
@@ -166,17 +187,26 @@ async def _lease_postgres(
     now: float,
     until: float,
     lease_ttl: float,
-) -> list[Delivery]:
+    sent: Sequence[tuple[Any, ...]],
+) -> tuple[list[Delivery], set[tuple[int, int]]]:
     """PostgreSQL: every step in one autocommit statement (``outbox_lease``): one round
     trip, no BEGIN / COMMIT."""
     store = box.store
+    columns = [[row[i] for row in sent] for i in range(9)]
     pool = await store.accept_pool()  # type: ignore[attr-defined]  # generic plans
     async with pool.acquire() as conn:
-        leased = await conn.fetch(store.q["outbox_lease"], now, slots, list(channels), owner, until)
+        leased = await conn.fetch(
+            store.q["outbox_lease"], now, slots, list(channels), owner, until, *columns
+        )
+    written: set[tuple[int, int]] = set()
+    if leased and leased[0]["recorded"] is not None:
+        written = set(zip(leased[0]["recorded"], leased[0]["tokens"], strict=True))
     deadline = lease_ttl - LEASE_MARGIN
     targets: dict[str, Target] = {}
     deliveries = []
     for r in leased:
+        if r["id"] is None:
+            continue  # nothing leased: the one row carries what was recorded
         endpoint_id = r["endpoint_id"]
         target = None
         if endpoint_id is not None and r["url"] is not None:
@@ -200,7 +230,7 @@ async def _lease_postgres(
             else None
         )
         deliveries.append(_delivery(r, deadline, message, target))
-    return deliveries
+    return deliveries, written
 
 
 async def _load(

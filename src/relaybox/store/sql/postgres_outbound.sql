@@ -198,7 +198,13 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 -- runs the same steps one by one (sqlite_outbound.sql: outbox_lease_lanes, allocate()
 -- in leases.py, outbox_lease_rows, lane_mark, then delivery_messages,
 -- endpoint_secrets_active, delivery_endpoints). $1 now, $2 free slots, $3 the
--- dispatcher's channels, $4 owner, $5 lease end.
+-- dispatcher's channels, $4 owner, $5 lease end; $6..$14 the plain successes to record
+-- first (outbox_record_sent's $2..$10, empty arrays when none): a finished attempt's
+-- slot goes into the lease that records it, no round trip in between.
+-- done/logged/healthy: outbox_record_sent. One statement has one snapshot, in which
+--   the rows done records are still leased: busy does not count them. (A row under
+--   this dispatcher's live lease and token there is written by done: no one else
+--   writes a pending row under a live lease. A fenced one has another token.)
 -- locked: lanes with due rows and room, least recently served first, locked SKIP
 --   LOCKED (two leases never take one lane at once); lanes: minus those another
 --   lease served since this statement's snapshot (no cap overshoot); room = free
@@ -212,7 +218,33 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 --   robin, buckets debited by the rows taken.
 -- The rows come back with their message body, endpoint and active secrets (newest
 -- first: the order in which they sign), by id.
-WITH locked AS (
+WITH u AS (
+    SELECT * FROM unnest($6::bigint[], $7::bigint[], $8::int[], $9::text[],
+                         $10::double precision[], $11::double precision[], $12::int[],
+                         $13::text[], $14::text[])
+        WITH ORDINALITY AS u(id, token, attempt, endpoint, started, duration, code, error,
+                             response, ord)
+), done AS (
+    UPDATE relaybox_outbox o
+    SET status = 'sent', dead_reason = NULL, last_error = u.error, last_status = u.code,
+        updated_at = $1, sent_at = $1, lease_owner = NULL, lease_until = NULL
+    FROM u
+    WHERE o.id = u.id AND o.lease_token = u.token AND o.status = 'pending'
+    RETURNING o.id, o.lease_token
+), logged AS (
+    INSERT INTO relaybox_outbox_attempts
+        (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome,
+         status_code, error, response)
+    SELECT u.id, u.attempt, u.token, $4, u.started, u.duration,
+           CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code, u.error, u.response
+    FROM u LEFT JOIN done d ON d.id = u.id AND d.lease_token = u.token
+    ORDER BY u.ord
+), healthy AS (
+    UPDATE relaybox_endpoints e SET failing_since = NULL
+    FROM (SELECT DISTINCT u.endpoint FROM u JOIN done d ON d.id = u.id AND d.lease_token = u.token
+          WHERE u.endpoint IS NOT NULL) s
+    WHERE e.id = s.endpoint AND e.failing_since IS NOT NULL
+), locked AS (
     SELECT l.lane, l.xmin AS version, l.leased_at, b.tokens,
            CASE WHEN l.rate_limit IS NULL THEN l.max_in_flight - busy.n
                 ELSE least(l.max_in_flight - busy.n, floor(b.tokens)::int) END AS room
@@ -221,7 +253,8 @@ WITH locked AS (
     CROSS JOIN LATERAL (
         SELECT count(*)::int AS n FROM relaybox_outbox f
         WHERE COALESCE(f.lane, f.channel) = l.lane AND f.status = 'pending'
-          AND f.lease_until IS NOT NULL AND f.lease_until > $1) busy
+          AND f.lease_until IS NOT NULL AND f.lease_until > $1
+          AND (f.id, f.lease_token) NOT IN (SELECT u.id, u.token FROM u)) busy
     CROSS JOIN LATERAL (
         SELECT CASE WHEN l.rate_limit IS NULL THEN 1.0::double precision
                     ELSE least(greatest(1.0, l.rate_limit),
@@ -276,19 +309,26 @@ WITH locked AS (
     WHERE m.lane = t.lane
 )
 -- (OFFSET 0 keeps each lookup a primary-key probe per leased row: a CTE's row count is
--- unknown to the planner, which would otherwise hash whole tables.)
-SELECT r.id, r.channel, r.key, r.payload, r.tenant, r.endpoint_id, r.message_id,
-       r.attempts, r.lease_token, r.uncertain, m.event_type, m.body,
-       e.tenant AS endpoint_tenant, e.url, e.signature, e.timeout, e.schedule, e.secrets
-FROM leased r
-LEFT JOIN LATERAL (
-    SELECT event_type, body FROM relaybox_messages WHERE id = r.message_id OFFSET 0) m ON true
-LEFT JOIN LATERAL (
-    SELECT x.tenant, x.url, x.signature, x.timeout, x.schedule,
-           (SELECT array_agg(s.secret ORDER BY s.id DESC) FROM relaybox_endpoint_secrets s
-            WHERE s.endpoint_id = x.id AND (s.expires_at IS NULL OR s.expires_at > $1)) AS secrets
-    FROM relaybox_endpoints x WHERE x.id = r.endpoint_id OFFSET 0) e ON true
-ORDER BY r.id
+-- unknown to the planner, which would otherwise hash whole tables.) recorded / tokens:
+-- the (id, lease_token) pairs done wrote, on every row (one row of NULLs when nothing
+-- was leased); the others were fenced.
+SELECT k.recorded, k.tokens, x.*
+FROM (SELECT array_agg(id) AS recorded, array_agg(lease_token) AS tokens FROM done) k
+LEFT JOIN (
+    SELECT r.id, r.channel, r.key, r.payload, r.tenant, r.endpoint_id, r.message_id,
+           r.attempts, r.lease_token, r.uncertain, m.event_type, m.body,
+           e.tenant AS endpoint_tenant, e.url, e.signature, e.timeout, e.schedule, e.secrets
+    FROM leased r
+    LEFT JOIN LATERAL (
+        SELECT event_type, body FROM relaybox_messages WHERE id = r.message_id OFFSET 0) m ON true
+    LEFT JOIN LATERAL (
+        SELECT x.tenant, x.url, x.signature, x.timeout, x.schedule,
+               (SELECT array_agg(s.secret ORDER BY s.id DESC) FROM relaybox_endpoint_secrets s
+                WHERE s.endpoint_id = x.id AND (s.expires_at IS NULL OR s.expires_at > $1))
+                   AS secrets
+        FROM relaybox_endpoints x WHERE x.id = r.endpoint_id OFFSET 0) e ON true
+) x ON true
+ORDER BY x.id
 
 -- name: outbox_lease_lanes
 -- Not used on PostgreSQL: outbox_lease does this step within its one statement. The
