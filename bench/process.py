@@ -7,6 +7,7 @@ worker processes' CPU per event (psutil), steadier than rates on a shared VM."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ import asyncpg
 import psutil
 
 from bench.common import ROOT, fresh_pg_database, table
+from bench.dispatch import cpu_seconds
 
 WORKSPACES = 100
 
@@ -72,7 +74,8 @@ async def relaybox_run(n: int, processes: int) -> dict[str, Any]:
         for _ in range(processes)
     ]
     workers = [psutil.Process(p.pid) for p in procs]
-    samples: list[tuple[int, float]] = []  # (rows left pending, workers' CPU seconds)
+    # (rows left pending, workers' CPU seconds, their PostgreSQL backends' CPU seconds)
+    samples: list[tuple[int, float, float]] = []
     conn = await asyncpg.connect(url)
     try:
         deadline = time.time() + 600
@@ -81,7 +84,9 @@ async def relaybox_run(n: int, processes: int) -> dict[str, Any]:
         ):
             if time.time() > deadline or any(p.poll() is not None for p in procs):
                 raise RuntimeError("relaybox workers did not drain the inbox")
-            samples.append((pending, sum(sum(w.cpu_times()[:2]) for w in workers)))
+            samples.append(
+                (pending, sum(sum(w.cpu_times()[:2]) for w in workers), await backends_cpu(conn))
+            )
             await asyncio.sleep(0.2)
         span = await conn.fetchval(
             "SELECT max(done_at) - min(done_at) FROM relaybox_inbox WHERE status = 'done'"
@@ -102,9 +107,23 @@ async def relaybox_run(n: int, processes: int) -> dict[str, Any]:
     }
 
 
-def cpu_per_event(samples: list[tuple[int, float]], n: int) -> str:
+async def backends_cpu(conn: asyncpg.Connection) -> float:
+    """CPU seconds so far of the PostgreSQL backends connected to ``conn``'s database
+    (the monitor's own excepted): the database's share of the work, on this machine."""
+    total = 0.0
+    for (pid,) in await conn.fetch(
+        "SELECT pid FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    ):
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
+
+
+def cpu_per_event(samples: list[tuple[int, float, float]], n: int) -> str:
     """The workers' CPU per event between 10 % and 90 % done (start-up and the tail
-    left out): on a shared VM a steadier figure than the rate."""
+    left out), and their PostgreSQL backends': on a shared VM steadier figures than the
+    rate."""
     try:
         lo = next(s for s in samples if s[0] <= 0.9 * n)
         hi = next(s for s in samples if s[0] <= 0.1 * n)
@@ -112,7 +131,10 @@ def cpu_per_event(samples: list[tuple[int, float]], n: int) -> str:
         return "CPU n/a"
     if hi[0] >= lo[0]:
         return "CPU n/a"
-    return f"{(hi[1] - lo[1]) / (lo[0] - hi[0]) * 1e6:.0f} us CPU/event"
+    events = lo[0] - hi[0]
+    worker = (hi[1] - lo[1]) / events * 1e6
+    database = (hi[2] - lo[2]) / events * 1e6
+    return f"{worker:.0f} us CPU/event (+ PostgreSQL {database:.0f} us)"
 
 
 RAW_STEPS = (
@@ -151,13 +173,19 @@ async def raw_run(n: int, connections: int) -> dict[str, Any]:
             count += 1
 
     conns = [await asyncpg.connect(url) for _ in range(connections)]
+    monitor = await asyncpg.connect(url)
+    me = psutil.Process()
+    cpu0, pg0 = sum(me.cpu_times()[:2]), await backends_cpu(monitor)
     started = time.perf_counter()
     counts = await asyncio.gather(*(loop(c) for c in conns))
     elapsed = time.perf_counter() - started
-    for c in conns:
+    cpu = (sum(me.cpu_times()[:2]) - cpu0) / n * 1e6
+    database = (await backends_cpu(monitor) - pg0) / n * 1e6
+    for c in (*conns, monitor):
         await c.close()
     assert sum(counts) == n
-    return {"rate": n / elapsed, "note": f"{connections} connection(s)"}
+    note = f"{connections} connection(s), {cpu:.0f} us CPU/event (+ PostgreSQL {database:.0f} us)"
+    return {"rate": n / elapsed, "note": note}
 
 
 async def procrastinate_run(n: int) -> dict[str, Any]:
