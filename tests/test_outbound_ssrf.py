@@ -83,16 +83,26 @@ async def test_hostnames_are_resolved_and_every_address_checked(
 
 
 async def test_a_host_rebinding_from_public_to_private_is_refused() -> None:
+    """The answer is kept for ``dns_ttl`` seconds (one lookup serves the deliveries
+    meanwhile); the next answer is checked again and refused."""
     answers = [["93.184.215.14"], ["169.254.169.254"]]
+    asked: list[str] = []
 
     async def rebinding(host: str, port: int) -> list[str]:
+        asked.append(host)
         return answers.pop(0)
 
     guard = Guard(resolver=rebinding)
+    now = [1000.0]
+    guard.clock = lambda: now[0]
     first = await guard.check("https://rebind.example/x")
     assert first.addresses == ("93.184.215.14",)
+    again = await guard.check("https://rebind.example/other")
+    assert again.addresses == ("93.184.215.14",) and asked == ["rebind.example"]
+    now[0] += guard.dns_ttl
     with pytest.raises(UnsafeDestination):
         await guard.check("https://rebind.example/x")
+    assert asked == ["rebind.example", "rebind.example"]
 
 
 @pytest.mark.parametrize(
@@ -174,7 +184,12 @@ async def test_the_client_connects_to_the_checked_address_only() -> None:
         asked.append(host)
         return answers.pop(0)
 
-    guard = Guard(allow_insecure_loopback=True, allow_networks=["127.0.0.0/8"], resolver=rebinding)
+    guard = Guard(
+        allow_insecure_loopback=True,
+        allow_networks=["127.0.0.0/8"],
+        resolver=rebinding,
+        dns_ttl=0,  # every delivery asks DNS: the second answer is the rebinding one
+    )
     client = HttpClient(guard, connect_timeout=1, response_bytes=100)
     async with HttpReceiver() as receiver:
         try:
@@ -190,3 +205,16 @@ async def test_the_client_connects_to_the_checked_address_only() -> None:
         assert second.outcome == "retry" and "SSRF" in (second.error or "")
         assert receiver.requests[0].headers["host"] == f"rebind.test:{receiver.port}"
     assert asked == ["rebind.test", "rebind.test"]
+
+
+async def test_a_failed_lookup_is_not_kept() -> None:
+    answers: list[list[str]] = [[], ["93.184.215.14"]]
+
+    async def flaky(host: str, port: int) -> list[str]:
+        return answers.pop(0)
+
+    guard = Guard(resolver=flaky)
+    with pytest.raises(OSError, match="did not resolve"):
+        await guard.check("https://flaky.example/x")
+    vetted = await guard.check("https://flaky.example/x")
+    assert vetted.addresses == ("93.184.215.14",) and answers == []

@@ -16,6 +16,11 @@ port on localhost, a database on 10.0.0.5). Before every connection the guard:
    (see :class:`relaybox.outbound.channels.http.VettedResolver`): a second DNS answer
    (DNS rebinding) is never asked for.
 
+A host's DNS answer is kept ``dns_ttl`` seconds (30 by default; ``getaddrinfo`` gives
+no TTL) and checked again at every use: deliveries to one endpoint do not each wait
+for a lookup in a thread, and a name that starts resolving to a forbidden address is
+refused once its kept answer expires.
+
 ``allow_networks`` (CIDR) lets chosen addresses through, e.g. a partner on a private
 link, or ``127.0.0.0/8`` in tests. The resolver is injectable for tests.
 """
@@ -26,6 +31,7 @@ import asyncio
 import ipaddress
 import re
 import socket
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
@@ -51,6 +57,7 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _V4_COMPATIBLE = ipaddress.ip_network("::/96")
 _LITERAL_CACHE = 4096
+_DNS_CACHE = 4096
 _NUMERIC_PART = re.compile(r"(0x[0-9a-f]*|[0-9]+)", re.IGNORECASE)
 
 
@@ -128,8 +135,11 @@ class Guard:
         allow_networks: Iterable[str] = (),
         allow_insecure_loopback: bool = False,
         resolver: Resolver | None = None,
+        dns_ttl: float = 30.0,
     ) -> None:
         self.resolver: Resolver = system_resolver
+        self.dns_ttl = dns_ttl
+        self.clock: Callable[[], float] = time.monotonic
         self.configure(
             allow_networks=allow_networks,
             allow_insecure_loopback=allow_insecure_loopback,
@@ -152,6 +162,8 @@ class Guard:
         # answer depends on the URL and the rules only (no DNS), so the check before
         # each delivery is a lookup. New rules, a new cache.
         self._literal: dict[str, Vetted] = {}
+        # (host, port) -> (when the answer expires, the resolver's answer).
+        self._answers: dict[tuple[str, int], tuple[float, list[str]]] = {}
 
     def allowed(self, ip: IPAddress) -> bool:
         return any(ip in net for net in self.allow_networks)
@@ -197,9 +209,7 @@ class Guard:
                 self._literal.clear()
             vetted = self._literal[url] = Vetted(url, host, port, (str(literal),))
             return vetted
-        found = await self.resolver(host, port)
-        if not found:
-            raise OSError(f"{host} did not resolve")
+        found = await self._resolve(host, port)
         addresses: list[str] = []
         for text in found:
             ip = ipaddress.ip_address(text.split("%", 1)[0])
@@ -208,3 +218,18 @@ class Guard:
                 raise UnsafeDestination("plain http is allowed to loopback addresses only")
             addresses.append(str(ip))
         return Vetted(url, host, port, tuple(addresses))
+
+    async def _resolve(self, host: str, port: int) -> list[str]:
+        """The resolver's answer, kept ``dns_ttl`` seconds (failures are not kept)."""
+        now = self.clock()
+        kept = self._answers.get((host, port))
+        if kept is not None and kept[0] > now:
+            return kept[1]
+        found = await self.resolver(host, port)
+        if not found:
+            raise OSError(f"{host} did not resolve")
+        if self.dns_ttl > 0:
+            if len(self._answers) >= _DNS_CACHE:
+                self._answers.clear()
+            self._answers[(host, port)] = (now + self.dns_ttl, found)
+        return found
