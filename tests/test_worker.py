@@ -625,3 +625,19 @@ async def test_outcomes_are_logged_and_counted_only_once_committed(
     events = [json.loads(x)["event"] for x in out.getvalue().splitlines() if x.startswith("{")]
     assert events.count("event_done") == 2
     assert counted._value.get() == before + 2
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_the_connection_pool_has_room_for_every_chain(database_url: str) -> None:
+    """``worker.concurrency`` chains each hold a connection while their events run: the
+    engine's pool is sized for them (it was a fixed 10 + 10 overflow: pool timeouts
+    above 20)."""
+    from relaybox.config import Settings, WorkerSettings
+
+    wide = Relaybox(
+        settings=Settings(database_url=database_url, worker=WorkerSettings(concurrency=40))
+    )
+    try:
+        assert wide.store.engine.pool.size() == 42  # type: ignore[attr-defined]
+    finally:
+        await wide.close()
