@@ -136,13 +136,12 @@ async def test_one_lease_shares_slots_like_allocate(box: Relaybox) -> None:
     await dispatcher.close()
 
 
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 async def test_a_lease_that_records_successes_reuses_exactly_their_slots(box: Relaybox) -> None:
-    """PostgreSQL records plain successes in the lease statement itself: its snapshot
-    still counts them in flight, so it frees the slots of those it wrote whose lease
-    was live, no more (a fenced record frees nothing, an expired lease was not
-    counted)."""
-    if box.store.backend != "postgres":
-        pytest.skip("the lease records successes in its own statement on PostgreSQL only")
+    """PostgreSQL records plain successes in the lease statement itself (SQLite records
+    them apart): its snapshot still counts them in flight, so it frees the slots of
+    those it wrote whose lease was live, no more (a fenced record frees nothing, an
+    expired lease was not counted)."""
     local(box)
     clock = box.clock
     a, _ = await endpoint(box, "http://127.0.0.1:9/a", max_in_flight=2)

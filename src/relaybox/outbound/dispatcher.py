@@ -412,7 +412,7 @@ class Dispatcher:
         endpoints' streaks (``outbox_record_sent``): one round trip, one commit."""
         store = self.box.store
         rows = [_sent_row(f) for f in batch if f.result is not None]
-        pool = await store.accept_pool()  # type: ignore[attr-defined]  # generic plans
+        pool = await store.generic_pool()  # type: ignore[attr-defined]
         async with pool.acquire() as conn:
             found = await conn.fetch(
                 store.q["outbox_record_sent"], now, *_columns(store, rows), self.name

@@ -193,7 +193,7 @@ async def _lease_postgres(
     trip, no BEGIN / COMMIT."""
     store = box.store
     columns = [[row[i] for row in sent] for i in range(9)]
-    pool = await store.accept_pool()  # type: ignore[attr-defined]  # generic plans
+    pool = await store.generic_pool()  # type: ignore[attr-defined]
     async with pool.acquire() as conn:
         leased = await conn.fetch(
             store.q["outbox_lease"], now, slots, list(channels), owner, until, *columns

@@ -51,7 +51,7 @@ class PostgresStore(Store):
         self.url = url
         self._raw_pool: asyncpg.Pool | None = None
         self._start_pool: asyncpg.Pool | None = None
-        self._accept_pool: asyncpg.Pool | None = None
+        self._generic_pool: asyncpg.Pool | None = None
         self._pool_lock = asyncio.Lock()
         self._wakes: set[str] = set()  # channels to NOTIFY about committed rows
         self._waker: asyncio.Task[None] | None = None
@@ -83,18 +83,19 @@ class PostgresStore(Store):
                 self._raw_pool = await self._create_pool({})
         return self._raw_pool
 
-    async def accept_pool(self) -> asyncpg.Pool:
-        """Connections for the group-commit accept, with generic plans forced. With
-        arrays as parameters PostgreSQL otherwise plans every execution anew (a custom
-        plan looks cheaper for a small batch): that planning cost more backend CPU than
-        the batch's inserts (bench/README.md). The generic plan probes the event key
-        per key even on a young table (tests/test_store.py checks it)."""
+    async def generic_pool(self) -> asyncpg.Pool:
+        """Connections with generic plans forced, for hot batch statements with array
+        parameters: the group-commit accept, the dispatcher's lease and records. With
+        arrays PostgreSQL otherwise plans every execution anew (a custom plan looks
+        cheaper for a small batch): that planning cost more backend CPU than the
+        batch's inserts (bench/README.md). Their generic plans reach the big tables
+        through indexes even on a young database (tests/test_plans.py checks it)."""
         async with self._pool_lock:
-            if self._accept_pool is None:
-                self._accept_pool = await self._create_pool(
+            if self._generic_pool is None:
+                self._generic_pool = await self._create_pool(
                     {"plan_cache_mode": "force_generic_plan"}
                 )
-        return self._accept_pool
+        return self._generic_pool
 
     async def start_pool(self) -> asyncpg.Pool:
         """Connections with ``synchronous_commit`` off, for attempt-start marks only."""
@@ -126,10 +127,10 @@ class PostgresStore(Store):
         if self._waker is not None:
             with contextlib.suppress(Exception):
                 await self._waker
-        for pool in (self._raw_pool, self._start_pool, self._accept_pool):
+        for pool in (self._raw_pool, self._start_pool, self._generic_pool):
             if pool is not None:
                 await pool.close()
-        self._raw_pool = self._start_pool = self._accept_pool = None
+        self._raw_pool = self._start_pool = self._generic_pool = None
         await super().close()
 
     async def inbox_accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
@@ -148,7 +149,7 @@ class PostgresStore(Store):
 
     async def _accept_sorted(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
         now = max(d.received_at for d in batch)
-        pool = await self.accept_pool()
+        pool = await self.generic_pool()
         async with pool.acquire() as conn:
             rows = await conn.fetch(self.q["inbox_accept_fast"], *_columns(batch), now)
             inserted = {(r[1], r[2], r[3]): r[0] for r in rows if r[5]}
