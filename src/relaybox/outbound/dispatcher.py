@@ -407,17 +407,17 @@ class Dispatcher:
 
     async def _write_sent(self, batch: list[_Finished], now: float) -> list[str]:
         """PostgreSQL, a batch of plain successes outside run()'s loop (run_once, a
-        stopping loop, a lease that failed): one autocommit statement on the raw driver
-        (generic plans, like the lease) writes the rows, the attempt log and the
-        endpoints' streaks (``outbox_record_sent``): one round trip, one commit."""
-        store = self.box.store
-        rows = [_sent_row(f) for f in batch if f.result is not None]
-        pool = await store.generic_pool()  # type: ignore[attr-defined]
-        async with pool.acquire() as conn:
-            found = await conn.fetch(
-                store.q["outbox_record_sent"], now, *_columns(store, rows), self.name
-            )
-        written = {(r["id"], r["lease_token"]) for r in found}
+        stopping loop, a lease that failed): ``outbox_lease`` for no slot, which only
+        records (the rows, the attempt log, the endpoints' streaks): one round trip,
+        one commit."""
+        _, written = await lease_recording(
+            self.box,
+            owner=self.name,
+            slots=0,
+            channels=[],
+            lease_ttl=self.outbound.settings.lease_ttl,
+            sent=[_sent_row(f) for f in batch if f.result is not None],
+        )
         return ["sent" if (f.d.id, f.d.lease_token) in written else "fenced" for f in batch]
 
     async def _endpoints_health(
@@ -507,7 +507,7 @@ def _plain_success(f: _Finished) -> bool:
 
 
 def _sent_row(f: _Finished) -> tuple[Any, ...]:
-    """A plain success as outbox_record_sent's (and outbox_lease's) columns."""
+    """A plain success as outbox_lease's columns of successes to record."""
     d, result = f.d, f.result
     assert result is not None
     return (d.id, d.lease_token, d.attempt, d.endpoint.id if d.endpoint else None,

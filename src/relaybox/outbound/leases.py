@@ -170,10 +170,10 @@ async def lease_recording(
     lease_ttl: float,
     sent: Sequence[tuple[Any, ...]],
 ) -> tuple[list[Delivery], set[tuple[int, int]]]:
-    """PostgreSQL: record the plain successes ``sent`` (rows of ``outbox_record_sent``'s
-    columns: id, lease token, attempt, endpoint id, started, duration, status code,
-    error, response) and lease up to ``slots`` due rows, their slots included, in the
-    one ``outbox_lease`` statement. Returns the deliveries and the (id, lease token)
+    """PostgreSQL: record the plain successes ``sent`` (rows of id, lease token,
+    attempt, endpoint id, started, duration, status code, error, response) and lease
+    up to ``slots`` due rows (none: only record), their slots included, in the one
+    ``outbox_lease`` statement. Returns the deliveries and the (id, lease token)
     pairs written (the others were fenced)."""
     now = box.clock.now()
     return await _lease_postgres(box, owner, slots, channels, now, now + lease_ttl, lease_ttl, sent)

@@ -198,10 +198,14 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 -- runs the same steps one by one (sqlite_outbound.sql: outbox_lease_lanes, allocate()
 -- in leases.py, outbox_lease_rows, lane_mark, then delivery_messages,
 -- endpoint_secrets_active, delivery_endpoints). $1 now, $2 free slots, $3 the
--- dispatcher's channels, $4 owner, $5 lease end; $6..$14 the plain successes to record
--- first (outbox_record_sent's $2..$10, empty arrays when none): a finished attempt's
--- slot goes into the lease that records it, no round trip in between.
--- done/logged/healthy: outbox_record_sent. One statement has one snapshot, in which
+-- dispatcher's channels, $4 owner, $5 lease end ($2 = 0: only record); $6..$14 the
+-- plain successes to record first (id, lease token, attempt, endpoint, started,
+-- duration, status code, error, response; empty arrays when none): a finished
+-- attempt's slot goes into the lease that records it, no round trip in between.
+-- done: the rows marked sent, fenced per row (only the holder of the lease token, only a
+--   pending row); logged: the attempt log, 'fenced' where the token no longer matched,
+--   in array order; healthy: the answering endpoints' failure streaks cleared.
+--   One statement has one snapshot, in which
 --   the rows done records are still leased: busy does not count them. (A row under
 --   this dispatcher's live lease and token there is written by done: no one else
 --   writes a pending row under a live lease. A fenced one has another token.)
@@ -408,37 +412,3 @@ SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::doub
 -- Clears the failure streak of every endpoint in $1 (a recorded batch's successes).
 UPDATE relaybox_endpoints SET failing_since = NULL
 WHERE id = ANY($1::text[]) AND failing_since IS NOT NULL
-
--- name: outbox_record_sent
--- The common case of a recorded batch, every attempt a success, in ONE autocommit
--- statement (one round trip, one commit): rows marked sent, fenced per row; the attempt
--- log (``fenced`` where the lease token no longer matched), in array order; the failure
--- streaks of the endpoints that answered cleared. $11: the dispatcher.
-WITH u AS (
-    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::int[], $5::text[],
-                         $6::double precision[], $7::double precision[], $8::int[],
-                         $9::text[], $10::text[])
-        WITH ORDINALITY AS u(id, token, attempt, endpoint, started, duration, code, error,
-                             response, ord)
-), done AS (
-    UPDATE relaybox_outbox o
-    SET status = 'sent', dead_reason = NULL, last_error = u.error, last_status = u.code,
-        updated_at = $1, sent_at = $1, lease_owner = NULL, lease_until = NULL
-    FROM u
-    WHERE o.id = u.id AND o.lease_token = u.token AND o.status = 'pending'
-    RETURNING o.id, o.lease_token
-), logged AS (
-    INSERT INTO relaybox_outbox_attempts
-        (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome,
-         status_code, error, response)
-    SELECT u.id, u.attempt, u.token, $11, u.started, u.duration,
-           CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code, u.error, u.response
-    FROM u LEFT JOIN done d ON d.id = u.id AND d.lease_token = u.token
-    ORDER BY u.ord
-), healthy AS (
-    UPDATE relaybox_endpoints e SET failing_since = NULL
-    FROM (SELECT DISTINCT u.endpoint FROM u JOIN done d ON d.id = u.id AND d.lease_token = u.token
-          WHERE u.endpoint IS NOT NULL) s
-    WHERE e.id = s.endpoint AND e.failing_since IS NOT NULL
-)
-SELECT id, lease_token FROM done

@@ -290,10 +290,3 @@ ORDER BY i.key
 -- name: endpoints_succeeded
 UPDATE relaybox_endpoints SET failing_since = NULL
 WHERE id IN (SELECT value FROM json_each(?1)) AND failing_since IS NOT NULL
-
--- name: outbox_record_sent
--- Not used on SQLite: PostgreSQL records a batch of successes in one statement with
--- data-modifying CTEs, which SQLite lacks, so the dispatcher records every SQLite batch
--- with outbox_record + outbox_attempts_insert + endpoints_succeeded in one transaction.
--- Defined because shared code names it (tests/test_store.py checks both backends).
-SELECT NULL AS id, NULL AS lease_token WHERE 0
