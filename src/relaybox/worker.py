@@ -417,7 +417,7 @@ class Worker:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # -- one event per transaction (PostgreSQL) -------------------------------------
+    # -- chains: groups or one event per transaction (PostgreSQL) ---------------------
 
     def _spawn_chains(self) -> None:
         while self._ready and self._chains < self.concurrency and not self._isolating:
@@ -630,6 +630,12 @@ class Worker:
                             continue
                         await store.rollback_to_savepoint(conn)
                         if outcome.kind == "contended":
+                            log.debug(
+                                "worker_group_alone",
+                                worker=self.name,
+                                ids=[job.event.id],
+                                reason=outcome.error,
+                            )
                             alone.append(job)
                         else:
                             failed.append((job, ctx, outcome))
