@@ -262,7 +262,9 @@ class PostgresStore(Store):
             )
         if not parts:
             return
-        sql = ";".join(parts)
+        # The group's short lock_timeout was for its handlers: a start mark must not
+        # fail the COMMIT it rides on (and with it the group) for a lock wait.
+        sql = ";".join(["SET LOCAL lock_timeout = 0", *parts])
         adapted = await _adapted(conn)
         tx = adapted._transaction
         if isinstance(tx, _FoldedTransaction) and tx.started:
