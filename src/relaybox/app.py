@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import fnmatch
 import gc
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ class Relaybox:
         self._inline_worker: Worker | None = None
         self._background: list[asyncio.Task[None]] = []
         self._workers: list[Any] = []
+        self._made: weakref.WeakSet[Worker] = weakref.WeakSet()  # box.worker()'s
         self.receiver = Receiver(self)
         if self.settings.sources:
             from relaybox import sources as _sources
@@ -126,7 +128,9 @@ class Relaybox:
         return self._acceptor
 
     def worker(self, **options: Any) -> Worker:
-        return Worker(self, **options)
+        worker = Worker(self, **options)
+        self._made.add(worker)  # close() waits for its chains to give connections back
+        return worker
 
     @property
     def outbound(self) -> Any:
@@ -286,6 +290,8 @@ class Relaybox:
                 await asyncio.wait_for(task, 30)
         self._background.clear()
         self._workers.clear()
+        for made in list(self._made):
+            await made.drain()
         if self._acceptor is not None:
             await self._acceptor.close()
             self._acceptor = None

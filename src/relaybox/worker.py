@@ -412,6 +412,14 @@ class Worker:
                 raise failures[0]
         return len(claim.ids) + len(claim.suspects) + len(claim.exhausted)
 
+    async def drain(self) -> None:
+        """Wait (30 s at most) for chains still running: :meth:`run_once` returns once
+        its batch is done, while the chain that ran its last event may still be giving
+        its connection back (:meth:`Relaybox.close` calls this before closing the
+        store)."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=30.0)
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
