@@ -188,19 +188,8 @@ class PostgresStore(Store):
     ) -> bool:
         """BEGIN and the completion in one round trip (simple query protocol, the
         parameters as literals: integers and floats only)."""
-        adapted = await _adapted(conn)
-        if adapted._transaction is not None or not _plain(adapted):
-            driver = await _driver(conn)
-            status = await driver.execute(self.q["inbox_begin_done"], inbox_id, now, attempt)
-            return bool(status == "UPDATE 1")
-        tx = _FoldedTransaction(adapted._connection)
         sql = _inline(self.q["inbox_begin_done"], (inbox_id, now, attempt))
-        try:
-            status = await tx.begin_with(sql)
-        finally:
-            if tx.started:  # also when the UPDATE failed: SQLAlchemy's ROLLBACK ends it
-                adapted._transaction = tx
-        return bool(status == "UPDATE 1")
+        return await self._begin_with(conn, sql) == "UPDATE 1"
 
     async def inbox_lock_group(
         self, conn: AsyncConnection, started: Sequence[tuple[int, int]], *, now: float
@@ -216,6 +205,9 @@ class PostgresStore(Store):
         return bool(status == f"SELECT {len(started)}")
 
     async def _begin_with(self, conn: AsyncConnection, sql: str) -> str:
+        """BEGIN and ``sql`` (literals only) in one message; ``sql``'s status. In a
+        transaction SQLAlchemy already began (or an adapted connection we do not
+        fold), just ``sql``."""
         adapted = await _adapted(conn)
         if adapted._transaction is not None or not _plain(adapted):
             driver = await _driver(conn)
