@@ -256,14 +256,7 @@ class PostgresStore(Store):
             return
         # The group's short lock_timeout was for its handlers: a start mark must not
         # fail the COMMIT it rides on (and with it the group) for a lock wait.
-        sql = ";".join(["SET LOCAL lock_timeout = 0", *parts])
-        adapted = await _adapted(conn)
-        tx = adapted._transaction
-        if isinstance(tx, _FoldedTransaction) and tx.started:
-            tx.before_commit(sql)
-            return
-        driver = await _driver(conn)
-        await driver.execute(sql)
+        await self._before_commit(conn, ";".join(["SET LOCAL lock_timeout = 0", *parts]))
 
     @contextlib.asynccontextmanager
     async def event_transaction(self, conn: AsyncConnection) -> AsyncIterator[None]:
@@ -298,12 +291,20 @@ class PostgresStore(Store):
     ) -> None:
         """Rides on the COMMIT itself (one round trip for both) when relaybox began the
         transaction; a separate statement otherwise."""
+        await self._before_commit(
+            conn, _inline(self.q["inbox_start_next"], (inbox_id, now, attempts))
+        )
+
+    async def _before_commit(self, conn: AsyncConnection, sql: str) -> None:
+        """``sql`` (literals only) sent with the COMMIT when relaybox began the
+        transaction (one round trip for both); now, on its own, otherwise."""
         adapted = await _adapted(conn)
         tx = adapted._transaction
         if isinstance(tx, _FoldedTransaction) and tx.started:
-            tx.before_commit(_inline(self.q["inbox_start_next"], (inbox_id, now, attempts)))
+            tx.before_commit(sql)
             return
-        await super().inbox_start_on_commit(conn, inbox_id, attempts=attempts, now=now)
+        driver = await _driver(conn)
+        await driver.execute(sql)
 
     async def rows(self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()) -> list[Any]:
         """relaybox's own statements run on the asyncpg connection beneath ``conn``, in
