@@ -319,7 +319,12 @@ async def test_attempts_are_counted_as_events_start_never_while_they_wait(
     await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 4)])
     worker = box.worker(concurrency=1, group=group)
     assert await worker.run_once() == 3
-    assert order == ["e1", "e2", "e3"]
+    if group > 1 and box.store.backend == "postgres":
+        # No savepoints until a handler fails: e2's failure rolls the group back and it
+        # runs again with one savepoint each, e2 keeping its outcome (not run again).
+        assert order == ["e1", "e2", "e1", "e3"]
+    else:
+        assert order == ["e1", "e2", "e3"]
     if group == 1:
         assert seen["e1"] == {"e1": (1, True), "e2": (0, False), "e3": (0, False)}
         assert seen["e2"] == {"e1": (1, False), "e2": (1, True), "e3": (0, False)}
@@ -523,13 +528,124 @@ async def test_in_a_group_a_handler_that_swallows_a_database_error_fails_alone(
 
 
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_in_a_group_the_last_handler_swallowing_a_database_error_is_found_at_commit(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """No savepoints at first, and no statement after the last handler's: the COMMIT
+    finds the transaction aborted, nothing is applied, and the group runs again with a
+    savepoint each, which names the event at fault."""
+    calls: list[str] = []
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        calls.append(ctx.event.event_id)
+        await ctx.once(f"k:{ctx.event.event_id}")
+        await ctx.outbox.add("email", f"m:{ctx.event.event_id}", {})
+        if ctx.event.event_id == "e3":
+            with contextlib.suppress(Exception):
+                await ctx.conn.execute(text("SELECT 1/0"))
+
+    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 4)])
+    assert await box.worker(group=3, concurrency=1).run_once() == 3
+    assert calls == ["e1", "e2", "e3", "e1", "e2", "e3"]
+    state = await rows(box)
+    assert {e: (r["status"], r["attempts"]) for e, r in state.items()} == {
+        "e1": ("done", 1),
+        "e2": ("done", 1),
+        "e3": ("pending", 1),
+    }
+    assert "aborted its transaction" in state["e3"]["last_error"]
+    keys = await box.store.fetch_all("SELECT business_key FROM relaybox_operations")
+    assert sorted(r["business_key"] for r in keys) == ["k:e1", "k:e2"]
+    outbox = await box.store.fetch_all("SELECT key FROM relaybox_outbox")
+    assert sorted(r["key"] for r in outbox) == ["m:e1", "m:e2"]
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+@pytest.mark.parametrize("savepoints", [False, True])
+async def test_a_group_takes_savepoints_once_a_handler_failed(
+    box: Relaybox, clock: FrozenClock, savepoints: bool
+) -> None:
+    """A group runs its handlers without savepoints (a round trip each saved). The first
+    failure rolls it back; it runs again with a savepoint per event, the failed event
+    keeping its outcome (its handler does not run twice), and so do the groups after
+    it: e5's failure costs no second run of e4. ``worker.savepoints`` takes them from
+    the start."""
+    box.settings.worker.savepoints = savepoints
+    calls: list[str] = []
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        calls.append(ctx.event.event_id)
+        await ctx.once(f"k:{ctx.event.event_id}")
+        if ctx.event.event_id in ("e2", "e5"):
+            raise RuntimeError("down")
+
+    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 7)])
+    assert await box.worker(group=3, concurrency=1).run_once() == 6
+    if savepoints:
+        assert calls == ["e1", "e2", "e3", "e4", "e5", "e6"]
+    else:
+        assert calls == ["e1", "e2", "e1", "e3", "e4", "e5", "e6"]
+    state = await rows(box)
+    assert {e: (r["status"], r["attempts"]) for e, r in state.items()} == {
+        f"e{i}": ("pending" if i in (2, 5) else "done", 1) for i in range(1, 7)
+    }
+    keys = await box.store.fetch_all("SELECT business_key FROM relaybox_operations")
+    assert sorted(r["business_key"] for r in keys) == ["k:e1", "k:e3", "k:e4", "k:e6"]
+    attempts = await box.store.fetch_all(
+        "SELECT inbox_id, attempt, outcome FROM relaybox_inbox_attempts ORDER BY inbox_id"
+    )
+    assert [(r["attempt"], r["outcome"]) for r in attempts] == [(1, "retry"), (1, "retry")]
+
+
+async def test_outbox_rows_are_written_with_the_commit_exactly_as_given(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """``ctx.outbox.add`` records the row; it is written before the COMMIT (on
+    PostgreSQL inside the COMMIT's message, its texts sent as hex). Quotes, backslashes
+    and any Unicode arrive as given; a key added twice keeps its first row; a failed
+    handler's rows are not written; a key that cannot be stored fails in the handler."""
+    odd = "it's \\ a \"quoted\" '); DROP TABLE relaybox_inbox; -- ünï 🦆 \\x00"
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        n = ctx.event.event_id
+        if n == "bad-key":
+            await ctx.outbox.add("email", "nul\x00key", {})
+        await ctx.outbox.add("email", f"{n}:{odd}", {"text": odd, "n": n})
+        await ctx.outbox.add("email", f"{n}:{odd}", {"text": "second"})
+        if n == "fails":
+            raise RuntimeError("after recording")
+
+    ids = ["a", "fails", "bad-key", "b"]
+    await box.store.inbox_accept([delivery(clock, n, "x", {}) for n in ids])
+    assert await box.worker().run_once() == 4
+    state = await rows(box)
+    assert {e: r["status"] for e, r in state.items()} == {
+        "a": "done",
+        "fails": "pending",
+        "bad-key": "pending",
+        "b": "done",
+    }
+    assert "NUL" in state["bad-key"]["last_error"]
+    found = await box.store.fetch_all(
+        "SELECT key, payload, tenant, inbox_id, status FROM relaybox_outbox ORDER BY key"
+    )
+    inbox = await box.store.fetch_all("SELECT id, event_id FROM relaybox_inbox")
+    by_event = {r["event_id"]: r["id"] for r in inbox}
+    assert [
+        (r["key"], json.loads(r["payload"]), r["tenant"], r["inbox_id"], r["status"]) for r in found
+    ] == [(f"{n}:{odd}", {"text": odd, "n": n}, "t", by_event[n], "pending") for n in ("a", "b")]
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 async def test_in_a_group_a_handler_blocked_on_a_lock_runs_again_alone(
     box: Relaybox, clock: FrozenClock
 ) -> None:
     """A group holds its rows' locks until its COMMIT, so its handlers give up waiting
     for a lock after a short time (no deadlock between groups can last): that event is
-    rolled back to its savepoint and runs again alone, where it waits as long as it
-    takes. Not a failure: no retry is recorded and the attempt is not charged twice."""
+    rolled back and runs again alone, where it waits as long as it takes. Not a failure: no retry is recorded and the attempt is not charged twice."""
     async with box.store.connect() as conn:
         await conn.exec_driver_sql("CREATE TABLE balances (id TEXT PRIMARY KEY, n INT NOT NULL)")
         await conn.exec_driver_sql("INSERT INTO balances VALUES ('hot', 0), ('cold', 0)")
@@ -565,7 +681,9 @@ async def test_in_a_group_a_handler_blocked_on_a_lock_runs_again_alone(
         "e2": ("done", 1, None),
         "e3": ("done", 1, None),
     }
-    assert calls == ["e1", "e2", "e3", "e2"]
+    # No savepoints at first: e2's lock wait rolled the group back; e1 and e3 ran again
+    # (with a savepoint each), e2 alone once the lock was free.
+    assert calls == ["e1", "e2", "e1", "e3", "e2"]
     [balance] = await box.store.fetch_all("SELECT n FROM balances WHERE id = 'hot'")
     assert balance["n"] == 101
 

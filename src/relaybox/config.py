@@ -39,6 +39,13 @@ class WorkerSettings(BaseModel):
         le=1000,
         description="events per transaction (default: 8 on PostgreSQL, the whole batch on SQLite)",
     )
+    savepoints: bool = Field(
+        False,
+        description=(
+            "PostgreSQL groups: a savepoint per event from the start, so that no handler"
+            " runs twice for one attempt; by default only after a handler failed"
+        ),
+    )
     poll_interval: float = Field(1.0, gt=0, description="seconds between polls when idle")
     claim_hold: float = Field(
         30.0, gt=0, description="seconds a claimed row is held back if its worker dies"

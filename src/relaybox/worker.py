@@ -47,7 +47,7 @@ from relaybox import projections
 from relaybox.errors import OperationConflict, PermanentError
 from relaybox.log import error_text, short_error
 from relaybox.retry import Backoff
-from relaybox.store import InboxEvent
+from relaybox.store import InboxEvent, OutboxRow
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -68,23 +68,20 @@ class Outbox:
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
 
-    async def add(self, channel: str, key: str, payload: Any) -> bool:
-        """Record an outgoing action once per ``(channel, key)``; return whether it
-        was new. It is delivered after COMMIT by the dispatcher, never before."""
+    async def add(self, channel: str, key: str, payload: Any) -> None:
+        """Record an outgoing action, once per ``(channel, key)``: a key recorded
+        before (by this event or any other) is left as it is. The row is written in
+        the handler's transaction, with its COMMIT (on PostgreSQL in the COMMIT's own
+        round trip), and delivered after it by the dispatcher, never before. A payload
+        that is not JSON, or a channel or key that is not text, fails here."""
+        for name, value in (("channel", channel), ("key", key)):
+            if not isinstance(value, str) or "\x00" in value:
+                raise TypeError(f"outbox {name} must be text without NUL characters")
+            value.encode()  # lone surrogates cannot be stored: fail in the handler
         ctx = self._ctx
-        created = await ctx.box.store.outbox_insert(
-            ctx.conn,
-            channel=channel,
-            key=key,
-            payload=json.dumps(payload),
-            tenant=ctx.event.tenant,
-            inbox_id=ctx.event.id,
-            now=ctx.box.clock.now(),
-        )
+        event = ctx.event
+        ctx.outbox_rows.append((channel, key, json.dumps(payload), event.tenant, event.id))
         ctx.outbox_keys.append(f"{channel}:{key}")
-        if created is not None:
-            ctx.outbox_created = True  # the worker wakes the dispatchers after COMMIT
-        return created is not None
 
 
 @dataclass
@@ -96,7 +93,7 @@ class Context:
     event: InboxEvent
     business_keys: list[str] = field(default_factory=list)
     outbox_keys: list[str] = field(default_factory=list)
-    outbox_created: bool = False
+    outbox_rows: list[OutboxRow] = field(default_factory=list)  # written before COMMIT
 
     def __post_init__(self) -> None:
         self.outbox = Outbox(self)
@@ -112,6 +109,11 @@ class Context:
     @property
     def tenant(self) -> str | None:
         return self.event.tenant
+
+    @property
+    def outbox_created(self) -> bool:
+        """Outbox rows were recorded: the worker wakes the dispatchers after COMMIT."""
+        return bool(self.outbox_rows)
 
     async def once(self, business_key: str, *, fingerprint: str = "") -> bool:
         """Record that the operation named by ``business_key`` happens now.
@@ -160,9 +162,10 @@ class Hooks:
 
 @dataclass
 class _Outcome:
-    kind: str  # done | retry | invalid | exhausted | conflict | unhandled
+    kind: str  # done | retry | invalid | exhausted | conflict | unhandled | contended
     error: str | None = None
     outbox_created: bool = False  # wake the dispatchers once this commits
+    aborted: bool = False  # the transaction was aborted already (maybe by another handler)
 
 
 class _NotOurs(Exception):
@@ -209,6 +212,9 @@ class _Job:
     batch: _Batch
     attempt: int | None = None  # set once the attempt is counted (started)
     alone: bool = False  # its group rolled back: it runs in a transaction of its own
+    # Its handler failed in a group that then rolled back: the outcome to record (the
+    # handler does not run again for this attempt).
+    failed: tuple[Context, _Outcome] | None = None
 
 
 _Report = tuple[str, str, str | None, dict[str, Any]]
@@ -216,32 +222,41 @@ _Report = tuple[str, str, str | None, dict[str, Any]]
 
 
 class _Regroup(Exception):
-    """A group's transaction rolls back. ``failed``: the event whose handler failed
-    (its outcome is recorded, the others run again); ``None``: every event runs again,
-    each in a transaction of its own."""
+    """A group's transaction rolls back. ``again``: the group runs again with a
+    savepoint per event (a handler failed in a group without); otherwise every event
+    runs again, each in a transaction of its own."""
 
-    def __init__(self, reason: str, failed: tuple[_Job, Context, _Outcome] | None = None):
+    def __init__(self, reason: str, *, again: bool = False):
         super().__init__(reason)
-        self.failed = failed
+        self.again = again
 
 
 _ABORTED = "the handler went on after a database error: PostgreSQL had aborted its transaction"
 
 _CONTENDED = frozenset({"55P03", "40P01"})  # lock_not_available, deadlock_detected
+_IN_FAILED_TRANSACTION = frozenset({"25P02"})
+
+_CAREFUL_GROUPS = 16
+"""Groups run with a savepoint per event after a handler failed in a group without."""
 
 
-def _contended(exc: BaseException) -> bool:
-    """A lock wait gave up (a group's lock_timeout) or PostgreSQL broke a deadlock:
-    nothing is wrong with the event; it runs again in a transaction of its own."""
+def _sqlstate_in(exc: BaseException, states: frozenset[str]) -> bool:
+    """Whether PostgreSQL's error behind ``exc`` has one of ``states``."""
     seen: BaseException | None = exc
     for _ in range(8):  # the driver's error, wrapped by SQLAlchemy, maybe by the handler
         if seen is None:
             return False
         for candidate in (seen, getattr(seen, "orig", None)):
-            if getattr(candidate, "sqlstate", None) in _CONTENDED:
+            if getattr(candidate, "sqlstate", None) in states:
                 return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _contended(exc: BaseException) -> bool:
+    """A lock wait gave up (a group's lock_timeout) or PostgreSQL broke a deadlock:
+    nothing is wrong with the event; it runs again in a transaction of its own."""
+    return _sqlstate_in(exc, _CONTENDED)
 
 
 class _StartMarks:
@@ -313,6 +328,10 @@ class Worker:
         # anyway and one COMMIT (fsync) serves the batch.
         self.group = group or s.group or (self.batch if sqlite else _PG_GROUP)
         self._grouped = self.group > 1 and not sqlite  # chains run groups (PostgreSQL)
+        # A group runs its handlers without savepoints until one fails (_run_group);
+        # then the next _CAREFUL_GROUPS groups take a savepoint per event.
+        self.savepoints = s.savepoints
+        self._careful = 0
         self._slots = asyncio.Semaphore(self.concurrency)
         self._isolation = asyncio.Lock()
         self._isolating = 0  # suspects waiting to run alone: chains stop taking events
@@ -519,9 +538,13 @@ class Worker:
                 async with store.event_transaction(conn):
                     if not await store.inbox_begin(conn, event.id, attempt=attempt, now=started):
                         raise _NotOurs
-                    ctx, outcome = await self._run(conn, event, savepoint=False)
+                    if job.failed is not None:  # failed in a group: recorded, not run again
+                        ctx, outcome = job.failed
+                    else:
+                        ctx, outcome = await self._run(conn, event, savepoint=False)
                     if outcome.kind != "done":
                         raise _RolledBack(ctx, outcome)
+                    await store.outbox_insert_rows(conn, ctx.outbox_rows, now=clock.now())
                     await self._record(conn, event, ctx, outcome, started, reports)
                     await self.hooks.fire("before_commit", [event.id])
                     nxt, folded = await self._start_next(conn)
@@ -569,18 +592,118 @@ class Worker:
         Its BEGIN locks the rows, fenced by the attempts this worker counted, with a
         50 ms ``lock_timeout``: a group holds its events' row locks (a shared balance,
         say) until its COMMIT, so waiting on another group gives up quickly instead of
-        deadlocking. Each handler runs in a savepoint (``RELEASE`` of the previous one
-        and the next ``SAVEPOINT`` share a round trip). A failing handler is rolled
-        back to its savepoint and its outcome recorded in the group, as in a
-        transaction of its own; a handler that gave up waiting for a lock (or lost a
-        deadlock) is rolled back and runs again alone, where nothing times out. The
-        COMMIT carries the completions and the next group's start marks. Returns the
-        next job for this chain."""
+        deadlocking. The handlers run one after another with no savepoint: a round trip
+        per event saved. When one fails, the group rolls back and runs again with a
+        savepoint per event (:meth:`_run_careful`), the failed event's outcome kept
+        rather than its handler run again; so do the next ``_CAREFUL_GROUPS`` groups,
+        which bounds the handlers run twice while failures go on. The COMMIT carries
+        the completions and the next group's start marks. Returns the next job for
+        this chain."""
         store: Any = self.box.store
+        jobs = await self._start_group(first)
+        careful = self.savepoints or self._careful > 0 or any(j.failed for j in jobs)
+        if careful and self._careful > 0:
+            self._careful -= 1
+        started = self.box.clock.now()
+        for job in jobs:
+            object.__setattr__(job.event, "attempts", job.attempt)
+        ids = [job.event.id for job in jobs]
+        done: list[tuple[_Job, Context, _Outcome]] = []
+        failed: list[tuple[_Job, Context, _Outcome]] = []
+        alone: list[_Job] = []
+        nxt: list[_Job] = []
+        reports: list[_Report] = []
+        try:
+            try:
+                try:
+                    async with store.event_transaction(conn):
+                        pairs = [(job.event.id, job.attempt) for job in jobs]
+                        try:
+                            ours = await store.inbox_lock_group(conn, pairs, now=started)
+                        except Exception as exc:
+                            if _contended(exc):
+                                raise _Regroup("the rows' locks are taken") from exc
+                            raise
+                        if not ours:
+                            raise _Regroup("a row is no longer this worker's")
+                        if careful:
+                            await self._run_careful(conn, jobs, done, failed, alone)
+                        else:
+                            await self._run_optimistic(conn, jobs, done)
+                        for job, ctx, outcome in failed:
+                            await self._record(conn, job.event, ctx, outcome, started, reports)
+                        for job, ctx, outcome in done:
+                            await self._record(conn, job.event, ctx, outcome, started, reports)
+                        await self.hooks.fire("before_commit", ids)
+                        nxt = self._take_group(self.group)
+                        await store.inbox_finish_group_on_commit(
+                            conn,
+                            [job.event.id for job, _, _ in done],
+                            [(j.event.id, j.event.attempts) for j in nxt if j.attempt is None],
+                            [row for _, ctx, _ in done for row in ctx.outbox_rows],
+                            now=self.box.clock.now(),
+                        )
+                except _Regroup:
+                    raise
+                except Exception as exc:
+                    # A handler without a savepoint swallowed a database error: the
+                    # COMMIT's statements find the transaction aborted, nothing applied.
+                    if careful or not _sqlstate_in(exc, _IN_FAILED_TRANSACTION):
+                        raise
+                    self._put_back(nxt)
+                    nxt = []
+                    raise _Regroup("a handler went on after a database error", again=True) from exc
+                for job in nxt:  # their start marks rode on the COMMIT
+                    if job.attempt is None:
+                        job.attempt = job.event.attempts + 1
+            except _Regroup as regroup:
+                if regroup.again:
+                    # Run again as a careful group, this chain first.
+                    log.debug("worker_group_again", worker=self.name, ids=ids, reason=str(regroup))
+                    self._careful = _CAREFUL_GROUPS
+                    self._put_back(sorted(jobs, key=lambda job: job.alone))  # alone: last
+                    return self._take()
+                log.debug("worker_group_alone", worker=self.name, ids=ids, reason=str(regroup))
+                for job in reversed(jobs):
+                    job.alone = True
+                    self._ready.appendleft(job)
+                return self._take()
+            self._report(reports)
+            if any(ctx.outbox_created for _, ctx, _ in done):
+                store.wake("outbox")
+            await self.hooks.fire("after_commit", ids)
+        except Exception as exc:
+            log.warning(
+                "worker_commit_uncertain", worker=self.name, ids=ids, error=short_error(exc)
+            )
+            for job in jobs:
+                job.batch.finish(exc)
+            # Start marks that rode on a COMMIT whose answer was lost: counted or not,
+            # inbox_start says which.
+            self._put_back(nxt)
+            if nxt:
+                self._spawn_chains()
+            return None
+        again = {id(job) for job in alone}
+        for job in jobs:
+            job.failed = None
+            if id(job) not in again:
+                job.batch.finish()
+            else:
+                job.alone = True
+        # This chain runs next: the events that must run alone (started, locked until
+        # this COMMIT), then the group started with it.
+        for job in reversed(alone + nxt):
+            self._ready.appendleft(job)
+        return self._take()
+
+    async def _start_group(self, first: _Job) -> list[_Job]:
+        """``first`` and up to ``group - 1`` more claimed events, their attempts counted
+        (chains starting together share one start statement)."""
         taken = self._take_group(self.group - 1)
         jobs = [first, *(job for job in taken if job.attempt is not None)]
         fresh = [job for job in taken if job.attempt is None]  # not started yet
-        if fresh:  # chains starting together share one start statement
+        if fresh:
             marks = await asyncio.gather(
                 *(self._marks.start(job.event.id) for job in fresh), return_exceptions=True
             )
@@ -592,113 +715,78 @@ class Worker:
                 else:
                     job.attempt = mark
                     jobs.append(job)
-        started = self.box.clock.now()
-        for job in jobs:
-            object.__setattr__(job.event, "attempts", job.attempt)
-        ids = [job.event.id for job in jobs]
-        done: list[tuple[_Job, Context, _Outcome]] = []
-        alone: list[_Job] = []
-        nxt: list[_Job] = []
-        reports: list[_Report] = []
-        committed = False
-        try:
-            try:
-                async with store.event_transaction(conn):
-                    pairs = [(job.event.id, job.attempt) for job in jobs]
-                    try:
-                        ours = await store.inbox_lock_group(conn, pairs, now=started)
-                    except Exception as exc:
-                        if _contended(exc):
-                            raise _Regroup("the rows' locks are taken") from exc
-                        raise
-                    if not ours:
-                        raise _Regroup("a row is no longer this worker's")
-                    failed: list[tuple[_Job, Context, _Outcome]] = []
+        return jobs
 
-                    async def savepoint(*, release: bool, again: bool = True) -> None:
-                        """Release the previous event's savepoint (it succeeded) and
-                        set the next one. A handler that went on after a database
-                        error left the transaction aborted: the RELEASE says so."""
-                        try:
-                            await store.savepoint(conn, release=release, again=again)
-                        except Exception as exc:
-                            if getattr(exc, "sqlstate", None) != "25P02" or not done:
-                                raise
-                            await store.rollback_to_savepoint(conn)
-                            job, ctx, _ = done.pop()
-                            failed.append((job, ctx, _Outcome("retry", _ABORTED)))
-
-                    for k, job in enumerate(jobs):
-                        await savepoint(release=k > 0)
-                        ctx, outcome = await self._run(
-                            conn, job.event, savepoint=False, grouped=True
-                        )
-                        if outcome.kind == "done":
-                            done.append((job, ctx, outcome))
-                            continue
-                        await store.rollback_to_savepoint(conn)
-                        if outcome.kind == "contended":
-                            log.debug(
-                                "worker_group_alone",
-                                worker=self.name,
-                                ids=[job.event.id],
-                                reason=outcome.error,
-                            )
-                            alone.append(job)
-                        else:
-                            failed.append((job, ctx, outcome))
-                    if done and done[-1][0] is jobs[-1]:
-                        await savepoint(release=True, again=False)
-                    for job, ctx, outcome in failed:
-                        await self._record(conn, job.event, ctx, outcome, started, reports)
-                    for job, ctx, outcome in done:
-                        await self._record(conn, job.event, ctx, outcome, started, reports)
-                    await self.hooks.fire("before_commit", ids)
-                    nxt = self._take_group(self.group)
-                    await store.inbox_finish_group_on_commit(
-                        conn,
-                        [job.event.id for job, _, _ in done],
-                        [(job.event.id, job.event.attempts) for job in nxt if job.attempt is None],
-                        now=self.box.clock.now(),
-                    )
-                committed = True
-            except _Regroup as regroup:
-                log.debug("worker_group_alone", worker=self.name, ids=ids, reason=str(regroup))
-                for job in reversed(jobs):
-                    job.alone = True
-                    self._ready.appendleft(job)
-                return self._take()
-            self._report(reports)
-            for job in nxt:
-                if job.attempt is None:
-                    job.attempt = job.event.attempts + 1
-            if any(ctx.outbox_created for _, ctx, _ in done):
-                store.wake("outbox")
-            await self.hooks.fire("after_commit", ids)
-        except Exception as exc:
-            log.warning(
-                "worker_commit_uncertain", worker=self.name, ids=ids, error=short_error(exc)
-            )
-            for job in jobs:
-                job.batch.finish(exc)
-            for job in reversed(nxt):
-                if not committed:
-                    job.attempt = None  # counted or not: inbox_start says which
-                self._ready.appendleft(job)
-            if nxt:
-                self._spawn_chains()
-            return None
-        again = {id(job) for job in alone}
-        for job in jobs:
-            if id(job) not in again:
-                job.batch.finish()
-            else:
-                job.alone = True
-        # This chain runs next: the events that must run alone (started, locked until
-        # this COMMIT), then the group started with it.
-        for job in reversed(alone + nxt):
+    def _put_back(self, jobs: list[_Job]) -> None:
+        """Return ``jobs`` to the front of the queue, in order."""
+        for job in reversed(jobs):
             self._ready.appendleft(job)
-        return self._take()
+
+    async def _run_optimistic(
+        self, conn: AsyncConnection, jobs: list[_Job], done: list[tuple[_Job, Context, _Outcome]]
+    ) -> None:
+        """The group's handlers one after another, no savepoint. The first failure
+        rolls the group back (:class:`_Regroup`): its outcome is kept for the careful
+        run unless the failure may not be its own (a transaction that an earlier
+        handler left aborted); a handler that gave up waiting for a lock runs alone."""
+        for job in jobs:
+            ctx, outcome = await self._run(conn, job.event, savepoint=False, grouped=True)
+            if outcome.kind == "done":
+                done.append((job, ctx, outcome))
+                continue
+            if outcome.kind == "contended":
+                job.alone = True  # it will wait for the lock again: no time limit there
+            elif not outcome.aborted:
+                job.failed = (ctx, outcome)
+            raise _Regroup(f"a handler failed ({outcome.kind})", again=True)
+
+    async def _run_careful(
+        self,
+        conn: AsyncConnection,
+        jobs: list[_Job],
+        done: list[tuple[_Job, Context, _Outcome]],
+        failed: list[tuple[_Job, Context, _Outcome]],
+        alone: list[_Job],
+    ) -> None:
+        """Each handler in a savepoint (``RELEASE`` of the previous one and the next
+        ``SAVEPOINT`` share a round trip). A failing handler is rolled back to its
+        savepoint and its outcome recorded in the group, as in a transaction of its
+        own; a handler that gave up waiting for a lock (or lost a deadlock) is rolled
+        back and runs again alone, where nothing times out. An event that failed in an
+        earlier run of this group keeps that outcome."""
+        store: Any = self.box.store
+        failed.extend((job, *job.failed) for job in jobs if job.failed is not None)
+        runs = [job for job in jobs if job.failed is None]
+
+        async def savepoint(*, release: bool, again: bool = True) -> None:
+            """Release the previous event's savepoint (it succeeded) and set the next
+            one. A handler that went on after a database error left the transaction
+            aborted: the RELEASE says so."""
+            try:
+                await store.savepoint(conn, release=release, again=again)
+            except Exception as exc:
+                if getattr(exc, "sqlstate", None) != "25P02" or not done:
+                    raise
+                await store.rollback_to_savepoint(conn)
+                job, ctx, _ = done.pop()
+                failed.append((job, ctx, _Outcome("retry", _ABORTED)))
+
+        for k, job in enumerate(runs):
+            await savepoint(release=k > 0)
+            ctx, outcome = await self._run(conn, job.event, savepoint=False, grouped=True)
+            if outcome.kind == "done":
+                done.append((job, ctx, outcome))
+                continue
+            await store.rollback_to_savepoint(conn)
+            if outcome.kind == "contended":
+                log.debug(
+                    "worker_group_alone", worker=self.name, ids=[job.event.id], reason=outcome.error
+                )
+                alone.append(job)
+            else:
+                failed.append((job, ctx, outcome))
+        if done and done[-1][0] is runs[-1]:
+            await savepoint(release=True, again=False)
 
     def _take_group(self, most: int) -> list[_Job]:
         """Up to ``most`` claimed events for a group, stopping at one that runs alone."""
@@ -801,6 +889,9 @@ class Worker:
             if savepoint:
                 async with conn.begin_nested():
                     await handler(ctx)
+                    await self.box.store.outbox_insert_rows(
+                        conn, ctx.outbox_rows, now=self.box.clock.now()
+                    )
             else:
                 await handler(ctx)
             return ctx, _Outcome("done")
@@ -811,7 +902,8 @@ class Worker:
         except Exception as exc:
             if grouped and _contended(exc):
                 return ctx, _Outcome("contended", error_text(exc))
-            return ctx, _Outcome("retry", error_text(exc))
+            aborted = grouped and _sqlstate_in(exc, _IN_FAILED_TRANSACTION)
+            return ctx, _Outcome("retry", error_text(exc), aborted=aborted)
 
     def _handler_for(self, source: str, event_type: str) -> Handler | None:
         """``box.handler_for``, remembered until a handler is registered."""

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from relaybox.errors import ConfigurationError
-from relaybox.store.base import AcceptOutcome, Claim, InboxEvent, NewDelivery, Stats, Store
+from relaybox.store.base import (
+    AcceptOutcome,
+    Claim,
+    InboxEvent,
+    NewDelivery,
+    OutboxRow,
+    Stats,
+    Store,
+)
 
 __all__ = [
     "AcceptOutcome",
     "Claim",
     "InboxEvent",
     "NewDelivery",
+    "OutboxRow",
     "Stats",
     "Store",
     "open_store",

@@ -28,6 +28,7 @@ __all__ = [
     "InboxEvent",
     "Listener",
     "NewDelivery",
+    "OutboxRow",
     "Stats",
     "Store",
     "load_queries",
@@ -487,6 +488,23 @@ class Store:
         )
         return row[0] if row else None
 
+    async def outbox_insert_rows(
+        self, conn: AsyncConnection, rows: Sequence[OutboxRow], *, now: float
+    ) -> None:
+        """Handlers' outbox rows ``(channel, key, payload, tenant, inbox_id)``, written
+        in ``conn``'s transaction before it commits; a (channel, key) that exists is
+        left alone."""
+        for channel, key, payload, tenant, inbox_id in rows:
+            await self.outbox_insert(
+                conn,
+                channel=channel,
+                key=key,
+                payload=payload,
+                tenant=tenant,
+                inbox_id=inbox_id,
+                now=now,
+            )
+
     async def notify(self, conn: AsyncConnection, channel: str) -> None:
         """Wake listeners of ``channel`` when the transaction commits (PostgreSQL)."""
 
@@ -501,6 +519,10 @@ class Store:
         Returns something to ``close()``, or ``None`` when listening is not possible:
         callers poll anyway, this only shortens their wait."""
         return None
+
+
+OutboxRow = tuple[str, str, str, str | None, int]
+"""A handler's outbox row: channel, key, payload (JSON text), tenant, inbox id."""
 
 
 def _now() -> float:

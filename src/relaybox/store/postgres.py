@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from relaybox.log import short_error
-from relaybox.store.base import AcceptOutcome, Claim, Listener, NewDelivery, Store
+from relaybox.store.base import AcceptOutcome, Claim, Listener, NewDelivery, OutboxRow, Store
 
 __all__ = ["PostgresStore"]
 
@@ -236,13 +236,15 @@ class PostgresStore(Store):
         conn: AsyncConnection,
         done: Sequence[int],
         claimed: Sequence[tuple[int, int]],
+        outbox: Sequence[OutboxRow] = (),
         *,
         now: float,
     ) -> None:
-        """With a group's COMMIT (one round trip): its succeeded rows (locked by
-        :meth:`inbox_lock_group`) completed, and the next group's start marks
-        ((id, attempts as claimed) pairs; counted only while still pending so)."""
-        parts = []
+        """With a group's COMMIT (one round trip): its handlers' outbox rows, its
+        succeeded rows (locked by :meth:`inbox_lock_group`) completed, and the next
+        group's start marks ((id, attempts as claimed) pairs; counted only while still
+        pending so)."""
+        parts = [self._outbox_rows_sql(outbox, now)] if outbox else []
         if done:
             parts.append(_inline(self.q["inbox_complete"], (list(done), now)))
         if claimed:
@@ -284,7 +286,14 @@ class PostgresStore(Store):
         except BaseException:
             await conn.rollback()
             raise
-        await conn.commit()
+        try:
+            await conn.commit()
+        except BaseException:
+            # A COMMIT that failed (its statements found the transaction aborted, say)
+            # leaves SQLAlchemy's transaction open: end it, so the connection is usable.
+            with contextlib.suppress(Exception):
+                await conn.rollback()
+            raise
 
     async def inbox_start_on_commit(
         self, conn: AsyncConnection, inbox_id: int, *, attempts: int, now: float
@@ -294,6 +303,26 @@ class PostgresStore(Store):
         await self._before_commit(
             conn, _inline(self.q["inbox_start_next"], (inbox_id, now, attempts))
         )
+
+    async def outbox_insert_rows(
+        self, conn: AsyncConnection, rows: Sequence[OutboxRow], *, now: float
+    ) -> None:
+        """Handlers' outbox rows, with the COMMIT when relaybox began the transaction
+        (no round trip of their own)."""
+        if rows:
+            await self._before_commit(conn, self._outbox_rows_sql(rows, now))
+
+    def _outbox_rows_sql(self, rows: Sequence[OutboxRow], now: float) -> str:
+        """One INSERT for ``rows``, its texts written as hex (literals for the simple
+        query protocol: nothing a handler passes can become SQL)."""
+        columns: list[list[Any]] = [[], [], [], [], []]
+        for channel, key, payload, tenant, inbox_id in rows:
+            columns[0].append(channel.encode())
+            columns[1].append(key.encode())
+            columns[2].append(payload.encode())
+            columns[3].append(None if tenant is None else tenant.encode())
+            columns[4].append(inbox_id)
+        return _inline(self.q["outbox_insert_rows"], (*columns, now))
 
     async def _before_commit(self, conn: AsyncConnection, sql: str) -> None:
         """``sql`` (literals only) sent with the COMMIT when relaybox began the
@@ -451,7 +480,7 @@ class _FoldedTransaction(asyncpg.transaction.Transaction):
 
     def __init__(self, connection: asyncpg.Connection) -> None:
         super().__init__(connection, None, False, False)
-        self._then: str | None = None
+        self._then: list[str] = []
 
     @property
     def started(self) -> bool:
@@ -478,11 +507,12 @@ class _FoldedTransaction(asyncpg.transaction.Transaction):
         return status
 
     def before_commit(self, sql: str) -> None:
-        """Send ``sql`` with the COMMIT (its failure fails the COMMIT)."""
-        self._then = sql
+        """Send ``sql`` with the COMMIT, after what was given before (its failure fails
+        the COMMIT)."""
+        self._then.append(sql)
 
     async def commit(self) -> None:
-        sql, self._then = self._then, None
+        sql, self._then = ";".join(self._then) or None, []
         if self._state is not _STARTED:
             await super().commit()  # raises asyncpg's error for the state
             return
@@ -504,7 +534,7 @@ class _FoldedTransaction(asyncpg.transaction.Transaction):
         self._state = _COMMITTED
 
     async def rollback(self) -> None:
-        self._then = None
+        self._then = []
         await super().rollback()
 
 
@@ -518,8 +548,8 @@ _TEMPLATES: dict[str, tuple[list[str], list[int]]] = {}
 
 def _inline(sql: str, params: Sequence[int | float | list[int]]) -> str:
     """``sql`` with ``$n`` replaced by literals, for the simple query protocol. Only
-    integers, finite floats and lists of integers: nothing a caller passes can become
-    SQL."""
+    integers, finite floats, lists of integers and lists of bytes (as hex, or NULL for
+    ``None``): nothing a caller passes can become SQL."""
     template = _TEMPLATES.get(sql)
     if template is None:
         split = _PARAM.split(sql)
@@ -534,6 +564,10 @@ def _inline(sql: str, params: Sequence[int | float | list[int]]) -> str:
             out.append(repr(value))
         elif type(value) is list and all(type(v) is int for v in value):
             out.append(f"'{{{','.join(map(str, value))}}}'")
+        elif type(value) is list and all(v is None or type(v) is bytes for v in value):
+            # bytes as hex text ('{"6869",NULL}'): the SQL decodes them
+            items = ("NULL" if v is None else f'"{v.hex()}"' for v in value)
+            out.append("'{" + ",".join(items) + "}'")
         else:
             raise TypeError(f"not inlined: {type(value).__name__}")
         out.append(text)

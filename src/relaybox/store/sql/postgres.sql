@@ -108,6 +108,19 @@ VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)
 ON CONFLICT (channel, key) DO NOTHING
 RETURNING id
 
+-- name: outbox_insert_rows
+-- A group's outbox rows, sent with its COMMIT (simple query protocol): the texts come
+-- as hex, decoded here. One row per (channel, key), the first one kept.
+INSERT INTO relaybox_outbox
+    (channel, key, payload, tenant, inbox_id, status, next_attempt_at, created_at,
+     updated_at)
+SELECT convert_from(decode(r.channel, 'hex'), 'UTF8'), convert_from(decode(r.key, 'hex'), 'UTF8'),
+       convert_from(decode(r.payload, 'hex'), 'UTF8'), convert_from(decode(r.tenant, 'hex'), 'UTF8'),
+       r.inbox_id, 'pending', $6, $6, $6
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[])
+     AS r(channel, key, payload, tenant, inbox_id)
+ON CONFLICT (channel, key) DO NOTHING
+
 -- name: stats_inbox
 SELECT status, dead_reason, count(*) AS n, min(CASE WHEN status = 'pending' THEN received_at END) AS oldest
 FROM relaybox_inbox GROUP BY status, dead_reason
