@@ -645,7 +645,8 @@ async def test_in_a_group_a_handler_blocked_on_a_lock_runs_again_alone(
 ) -> None:
     """A group holds its rows' locks until its COMMIT, so its handlers give up waiting
     for a lock after a short time (no deadlock between groups can last): that event is
-    rolled back and runs again alone, where it waits as long as it takes. Not a failure: no retry is recorded and the attempt is not charged twice."""
+    rolled back and runs again alone, where it waits as long as it takes. Not a
+    failure: no retry is recorded and the attempt is not charged twice."""
     async with box.store.connect() as conn:
         await conn.exec_driver_sql("CREATE TABLE balances (id TEXT PRIMARY KEY, n INT NOT NULL)")
         await conn.exec_driver_sql("INSERT INTO balances VALUES ('hot', 0), ('cold', 0)")
@@ -689,11 +690,11 @@ async def test_in_a_group_a_handler_blocked_on_a_lock_runs_again_alone(
 
 
 async def test_batch_and_group_defaults_follow_the_backend(box: Relaybox) -> None:
-    """PostgreSQL: 8 events per transaction, claims of 128 (enough for every chain's
-    groups); SQLite (one writer): the claim of 32 is the transaction."""
+    """PostgreSQL: 16 events per transaction, 4 at once, claims of 128 (enough for
+    every chain's groups); SQLite (one writer): the claim of 32 is the transaction."""
     worker = box.worker()
     if box.store.backend == "postgres":
-        assert (worker.batch, worker.group, worker.concurrency) == (128, 8, 8)
+        assert (worker.batch, worker.group, worker.concurrency) == (128, 16, 4)
     else:
         assert (worker.batch, worker.group, worker.concurrency) == (32, 32, 1)
     assert box.worker(batch=10, group=2).batch == 10

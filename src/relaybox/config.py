@@ -26,7 +26,7 @@ __all__ = ["AdminSettings", "RetentionSettings", "Settings", "WorkerSettings", "
 class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    concurrency: int = Field(8, ge=1, description="transactions at once per process (PostgreSQL)")
+    concurrency: int = Field(4, ge=1, description="transactions at once per process (PostgreSQL)")
     batch: int | None = Field(
         None,
         ge=1,
@@ -37,7 +37,7 @@ class WorkerSettings(BaseModel):
         None,
         ge=1,
         le=1000,
-        description="events per transaction (default: 8 on PostgreSQL, the whole batch on SQLite)",
+        description="events per transaction (default: 16 on PostgreSQL, the whole batch on SQLite)",
     )
     savepoints: bool = Field(
         False,

@@ -9,16 +9,18 @@
    (segfault, SIGKILL, OOM) still uses its budget. Events that start together share one
    statement; on PostgreSQL the next event of a connection is started by the previous
    event's COMMIT itself (the same round trip), right as it starts.
-3. **process**, PostgreSQL: a group of events (``group``, 8 by default) per
+3. **process**, PostgreSQL: a group of events (``group``, 16 by default) per
    transaction, at most ``concurrency`` groups at once: one COMMIT, one WAL flush, for
-   the group. Its BEGIN locks the rows (fenced by the attempts counted in 2); each
-   handler runs in a savepoint. A failing handler rolls back to its savepoint and its
-   outcome is recorded in the group: transient errors reschedule it (backoff +
-   jitter), a :class:`~relaybox.errors.PermanentError` sends it to dead letters as
-   ``invalid``. The group gives up waiting for a row lock after 50 ms (another group
-   holds it, or a deadlock): that event rolls back to its savepoint and runs again
-   alone. With ``group = 1`` an event is its own transaction and its BEGIN carries
-   its completion. SQLite: the claimed batch in one transaction (one writer, one
+   the group. Its BEGIN locks the rows (fenced by the attempts counted in 2); the
+   handlers run one after another, and their outbox rows, the completions and the
+   next group's start marks go with the COMMIT. When a handler fails, the group rolls
+   back and runs again with a savepoint per event (so do the next 16 groups): the
+   failed event keeps its outcome, recorded in the group: transient errors reschedule
+   it (backoff + jitter), a :class:`~relaybox.errors.PermanentError` sends it to dead
+   letters as ``invalid``. The group gives up waiting for a row lock after 50 ms
+   (another group holds it, or a deadlock): that event runs again alone. With
+   ``group = 1`` an event is its own transaction and its BEGIN carries its
+   completion. SQLite: the claimed batch in one transaction (one writer, one
    fsync), each event in a SAVEPOINT.
 
 A row whose attempt started and never recorded an outcome comes back as a *suspect*
@@ -58,7 +60,7 @@ log = structlog.get_logger("relaybox.worker")
 
 Handler = Callable[["Context"], Awaitable[None]]
 
-_PG_GROUP = 8
+_PG_GROUP = 16
 """Events per transaction on PostgreSQL by default (``worker.group``)."""
 
 
