@@ -599,6 +599,36 @@ async def test_a_group_takes_savepoints_once_a_handler_failed(
     assert [(r["attempt"], r["outcome"]) for r in attempts] == [(1, "retry"), (1, "retry")]
 
 
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_in_a_group_an_event_with_no_handler_costs_no_second_run(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """An event with no handler ran nothing in the group's transaction: it goes to dead
+    letters with the group, which neither rolls back nor takes savepoints."""
+    calls: list[str] = []
+
+    @box.handler("s", "x")
+    async def handler(ctx: Context) -> None:
+        calls.append(ctx.event.event_id)
+
+    await box.store.inbox_accept(
+        [
+            delivery(clock, "e1", "x", {}),
+            delivery(clock, "u", "y", {}),
+            delivery(clock, "e2", "x", {}),
+        ]
+    )
+    worker = box.worker(group=3, concurrency=1)
+    assert await worker.run_once() == 3
+    assert calls == ["e1", "e2"]
+    state = await rows(box)
+    assert {e: (r["status"], r["dead_reason"]) for e, r in state.items()} == {
+        "e1": ("done", None),
+        "u": ("dead", "unhandled"),
+        "e2": ("done", None),
+    }
+
+
 async def test_outbox_rows_are_written_with_the_commit_exactly_as_given(
     box: Relaybox, clock: FrozenClock
 ) -> None:

@@ -631,7 +631,7 @@ class Worker:
                         if careful:
                             await self._run_careful(conn, jobs, done, failed, alone)
                         else:
-                            await self._run_optimistic(conn, jobs, done)
+                            await self._run_optimistic(conn, jobs, done, failed)
                         for job, ctx, outcome in failed:
                             await self._record(conn, job.event, ctx, outcome, started, reports)
                         for job, ctx, outcome in done:
@@ -725,16 +725,24 @@ class Worker:
             self._ready.appendleft(job)
 
     async def _run_optimistic(
-        self, conn: AsyncConnection, jobs: list[_Job], done: list[tuple[_Job, Context, _Outcome]]
+        self,
+        conn: AsyncConnection,
+        jobs: list[_Job],
+        done: list[tuple[_Job, Context, _Outcome]],
+        failed: list[tuple[_Job, Context, _Outcome]],
     ) -> None:
         """The group's handlers one after another, no savepoint. The first failure
         rolls the group back (:class:`_Regroup`): its outcome is kept for the careful
         run unless the failure may not be its own (a transaction that an earlier
-        handler left aborted); a handler that gave up waiting for a lock runs alone."""
+        handler left aborted); a handler that gave up waiting for a lock runs alone.
+        An event with no handler ran nothing: it is recorded in the group."""
         for job in jobs:
             ctx, outcome = await self._run(conn, job.event, savepoint=False, grouped=True)
             if outcome.kind == "done":
                 done.append((job, ctx, outcome))
+                continue
+            if outcome.kind == "unhandled":
+                failed.append((job, ctx, outcome))
                 continue
             if outcome.kind == "contended":
                 job.alone = True  # it will wait for the lock again: no time limit there
