@@ -114,6 +114,9 @@ class Dispatcher:
         # statement records them and leases into their slots), see _record.
         self._folding = False
         self._carry: list[_Finished] = []
+        # run()'s loop, remembered (asyncio.get_running_loop() is a getpid() system
+        # call per delivery on Python 3.11).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- loop -------------------------------------------------------------------
 
@@ -149,6 +152,7 @@ class Dispatcher:
             # the poll interval wakes the loop (no busy loop on an empty outbox).
 
         self._folding = self.box.store.backend == "postgres"
+        self._loop = asyncio.get_running_loop()
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
@@ -172,6 +176,7 @@ class Dispatcher:
                         await self._wake.wait()
         finally:
             self._folding = False
+            self._loop = None
             if leasing:
                 await asyncio.gather(*leasing, return_exceptions=True)
             if self._carry:  # finished while the loop stopped: the recorder writes them
@@ -323,7 +328,7 @@ class Dispatcher:
         idempotency key, ``review`` or ``accept``). The row's slot (and its lane's
         in-flight count) is held until the outcome is committed.
         """
-        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[str] = (self._loop or asyncio.get_running_loop()).create_future()
         f = _Finished(d, result, decision, started, duration, done)
         if self._folding and _plain_success(f):
             # PostgreSQL: the next lease records it in its own statement (outbox_lease),
