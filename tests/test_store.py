@@ -1110,3 +1110,18 @@ def test_open_store_schemes(tmp_path: Path) -> None:
     assert make_url(pg.url).drivername == "postgresql"
     with pytest.raises(ConfigurationError, match="mysql"):
         open_store("mysql://u@h/db")
+
+
+def test_inline_writes_only_numbers_and_hex() -> None:
+    """The statements folded into BEGIN / COMMIT messages are written with literals:
+    integers, finite floats, lists of integers, and texts as hex (decoded by the SQL),
+    so that nothing a caller passes can become SQL. Anything else is refused."""
+    from relaybox.store.postgres import _inline
+
+    sql = "SELECT $1, $2, $3, $4"
+    assert _inline(sql, (7, 1.5, [1, 2], [b"it's", b"", None])) == (
+        "SELECT 7, 1.5, '{1,2}', '{\"69742773\",\"\",NULL}'"
+    )
+    for bad in ("x'; DROP TABLE t; --", ["a"], float("nan"), True, [1, "2"], [b"x", "y"]):
+        with pytest.raises(TypeError):
+            _inline("SELECT $1", (bad,))  # type: ignore[arg-type]

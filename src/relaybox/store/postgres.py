@@ -546,7 +546,9 @@ _PARAM = re.compile(r"\$(\d+)")
 _TEMPLATES: dict[str, tuple[list[str], list[int]]] = {}
 
 
-def _inline(sql: str, params: Sequence[int | float | list[int]]) -> str:
+def _inline(
+    sql: str, params: Sequence[int | float | list[int] | list[bytes | None] | list[Any]]
+) -> str:
     """``sql`` with ``$n`` replaced by literals, for the simple query protocol. Only
     integers, finite floats, lists of integers and lists of bytes (as hex, or NULL for
     ``None``): nothing a caller passes can become SQL."""
@@ -566,7 +568,7 @@ def _inline(sql: str, params: Sequence[int | float | list[int]]) -> str:
             out.append(f"'{{{','.join(map(str, value))}}}'")
         elif type(value) is list and all(v is None or type(v) is bytes for v in value):
             # bytes as hex text ('{"6869",NULL}'): the SQL decodes them
-            items = ("NULL" if v is None else f'"{v.hex()}"' for v in value)
+            items = ("NULL" if v is None else f'"{bytes(v).hex()}"' for v in value)
             out.append("'{" + ",".join(items) + "}'")
         else:
             raise TypeError(f"not inlined: {type(value).__name__}")
