@@ -322,11 +322,11 @@ class Worker:
         # A claim feeds every chain's groups: run_once waits for its whole batch, so
         # a batch of only concurrency x group rows would leave chains idle at its end.
         self.batch = batch or s.batch or (32 if sqlite else 128)
-        # Events per transaction. PostgreSQL: a group of 8 per chain, one COMMIT (one
+        # Events per transaction. PostgreSQL: a group of 16 per chain, one COMMIT (one
         # WAL flush) for all; a group holds its events' row locks (a shared balance,
         # say) until that COMMIT, so it gives up after 50 ms of waiting for a lock
-        # (another group's, or a deadlock) and its events run one per transaction
-        # (_run_group). SQLite: the whole claim, since its single writer serialises
+        # (another group's, or a deadlock) and that event runs in a transaction of its
+        # own (_run_group). SQLite: the whole claim, since its single writer serialises
         # anyway and one COMMIT (fsync) serves the batch.
         self.group = group or s.group or (self.batch if sqlite else _PG_GROUP)
         self._grouped = self.group > 1 and not sqlite  # chains run groups (PostgreSQL)
