@@ -599,8 +599,8 @@ class Worker:
         savepoint per event (:meth:`_run_careful`), the failed event's outcome kept
         rather than its handler run again; so do the next ``_CAREFUL_GROUPS`` groups,
         which bounds the handlers run twice while failures go on. The COMMIT carries
-        the completions and the next group's start marks. Returns the next job for
-        this chain."""
+        the outbox rows, the completions and the next group's start marks. Returns the
+        next job for this chain."""
         store: Any = self.box.store
         jobs = await self._start_group(first)
         careful = self.savepoints or self._careful > 0 or any(j.failed for j in jobs)
@@ -666,9 +666,9 @@ class Worker:
                     self._put_back(sorted(jobs, key=lambda job: job.alone))  # alone: last
                     return self._take()
                 log.debug("worker_group_alone", worker=self.name, ids=ids, reason=str(regroup))
-                for job in reversed(jobs):
+                for job in jobs:
                     job.alone = True
-                    self._ready.appendleft(job)
+                self._put_back(jobs)
                 return self._take()
             self._report(reports)
             if any(ctx.outbox_created for _, ctx, _ in done):
@@ -695,8 +695,7 @@ class Worker:
                 job.alone = True
         # This chain runs next: the events that must run alone (started, locked until
         # this COMMIT), then the group started with it.
-        for job in reversed(alone + nxt):
-            self._ready.appendleft(job)
+        self._put_back(alone + nxt)
         return self._take()
 
     async def _start_group(self, first: _Job) -> list[_Job]:
