@@ -233,7 +233,16 @@ WITH u AS (
     SET status = 'sent', dead_reason = NULL, last_error = u.error, last_status = u.code,
         updated_at = $1, sent_at = $1, lease_owner = NULL, lease_until = NULL
     FROM u
-    WHERE o.id = u.id AND o.lease_token = u.token AND o.status = 'pending'
+    -- Primary-key probes whatever the statistics said when the generic plan was made
+    -- (tests/test_plans.py). Planned on a freshly filled outbox before any ANALYZE,
+    -- "o.id = u.id AND o.status = 'pending'" walked a pending-only index (its predicate
+    -- matched) over every pending row, ~10 ms a lease at 20,000 pending, for the
+    -- connection's life. "Not sent, dead or held" is "pending" (the status CHECK) but
+    -- matches no partial index, so the ids decide the path.
+    WHERE o.id = ANY ($6::bigint[]) AND o.id BETWEEN (SELECT min(id) FROM u)
+                                                 AND (SELECT max(id) FROM u)
+      AND o.id = u.id AND o.lease_token = u.token
+      AND o.status NOT IN ('sent', 'dead', 'held')
     RETURNING o.id, o.lease_token
 ), logged AS (
     INSERT INTO relaybox_outbox_attempts
@@ -259,6 +268,13 @@ WITH u AS (
         WHERE COALESCE(f.lane, f.channel) = l.lane AND f.status = 'pending'
           AND f.lease_until IS NOT NULL AND f.lease_until > $1
           AND (f.id, f.lease_token) NOT IN (SELECT u.id, u.token FROM u)) busy
+    -- A due row in the lane: a probe per lane (LIMIT 1 keeps it one; as EXISTS, a plan
+    -- made before any ANALYZE joined every due row of the outbox to the lanes).
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM relaybox_outbox o
+        WHERE COALESCE(o.lane, o.channel) = l.lane AND o.status = 'pending'
+          AND o.next_attempt_at <= $1 AND (o.lease_until IS NULL OR o.lease_until <= $1)
+        LIMIT 1) due
     CROSS JOIN LATERAL (
         SELECT CASE WHEN l.rate_limit IS NULL THEN 1.0::double precision
                     ELSE least(greatest(1.0, l.rate_limit),
@@ -267,10 +283,6 @@ WITH u AS (
            OR (e.status = 'enabled' AND 'webhook' = ANY($3::text[])))
       AND busy.n < l.max_in_flight
       AND (l.rate_limit IS NULL OR l.tokens + ($1 - l.refilled_at) * l.rate_limit >= 1)
-      AND EXISTS (SELECT 1 FROM relaybox_outbox o
-                  WHERE COALESCE(o.lane, o.channel) = l.lane AND o.status = 'pending'
-                    AND o.next_attempt_at <= $1
-                    AND (o.lease_until IS NULL OR o.lease_until <= $1))
     ORDER BY l.leased_at, l.lane
     LIMIT $2
     FOR UPDATE OF l SKIP LOCKED
