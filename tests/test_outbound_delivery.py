@@ -3,6 +3,7 @@ dispatcher in-process, a frozen clock (schedules are proved without sleeping).""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -16,6 +17,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from relaybox import FrozenClock, Relaybox
 from relaybox.outbound import DEFAULT_SCHEDULE, Dispatcher, rotate_secret
+from relaybox.outbound.channels.base import Channel, Delivery, Result
+from relaybox.outbound.channels.http import HttpChannel
+from relaybox.outbound.channels.webhook import WebhookChannel
 from tests.support.outbound_app import endpoint, local, outbox_rows, publish_one
 from tests.support.receivers import HttpReceiver, Reply
 
@@ -286,3 +290,35 @@ async def test_a_late_dispatchers_write_is_refused(
     [row] = await outbox_rows(box)
     assert row["status"] == "sent"
     assert [a["outcome"] for a in await attempts(box)] == ["fenced", "uncertain", "sent"]
+
+
+class _Silent(Channel):
+    """A channel that never answers and sets no timer of its own."""
+
+    async def deliver(self, delivery: Delivery) -> Result:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+async def test_a_channel_without_its_own_timer_is_cut_at_the_lease_deadline(
+    box: Relaybox,
+) -> None:
+    """The HTTP channels time their whole attempt (``bounded``); for any other channel
+    the dispatcher sets the timer: the attempt ends by the lease's end minus the margin
+    kept for recording it, and counts as a timeout to retry."""
+    local(box, max_timeout=0.2, timeout=0.2, lease_ttl=5.3).channel("silent", _Silent())
+    assert not _Silent.bounded and WebhookChannel.bounded and HttpChannel.bounded
+    async with box.store.transaction() as conn:
+        await box.store.outbox_insert(
+            conn, channel="silent", key="k1", payload="{}", tenant=None, inbox_id=None,
+            now=box.clock.now(),
+        )  # fmt: skip
+    dispatcher = box.dispatcher()
+    started = time.monotonic()
+    try:
+        assert await dispatcher.run_once() == 1
+    finally:
+        await dispatcher.close()
+    assert 0.3 <= time.monotonic() - started < 2.0
+    [row] = await outbox_rows(box)
+    assert row["status"] == "pending" and "no answer within 0.3 s" in row["last_error"]

@@ -306,6 +306,7 @@ class Metrics:
             ["endpoint", "status_class"],
             registry=self.registry,
         )
+        self._delivery_children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self.reconcile_divergences = Counter(
             "relaybox_reconcile_divergences",
             "Reconciliation found the local state differing from the provider's.",
@@ -344,8 +345,14 @@ class Metrics:
         """One outbound attempt: ``status`` is the HTTP answer, or ``None`` with
         ``error="timeout"`` / any other error (counted as ``network``)."""
         cls = status_class(status, error)
-        self.delivery_seconds.labels(endpoint, cls).observe(seconds)
-        self.delivery_results.labels(endpoint, cls).inc()
+        pair = self._delivery_children.get((endpoint, cls))
+        if pair is None:  # labels() takes a lock and checks its arguments: once per pair
+            pair = self._delivery_children[endpoint, cls] = (
+                self.delivery_seconds.labels(endpoint, cls),
+                self.delivery_results.labels(endpoint, cls),
+            )
+        pair[0].observe(seconds)
+        pair[1].inc()
 
     def observe_divergence(self, source: str, count: int = 1) -> None:
         self.reconcile_divergences.labels(source).inc(count)

@@ -117,6 +117,7 @@ class Dispatcher:
         # run()'s loop, remembered (asyncio.get_running_loop() is a getpid() system
         # call per delivery on Python 3.11).
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._attempts: dict[tuple[str, str], Any] = {}  # labelled counters, looked up once
 
     # -- loop -------------------------------------------------------------------
 
@@ -284,8 +285,11 @@ class Dispatcher:
             return
         started, t0 = self.box.clock.now(), time.perf_counter()
         try:
-            async with asyncio.timeout(d.deadline):  # no extra task, unlike wait_for
+            if channel.bounded:
                 result = await channel.deliver(d)
+            else:
+                async with asyncio.timeout(d.deadline):  # no extra task, unlike wait_for
+                    result = await channel.deliver(d)
         except TimeoutError:
             result = Result("retry", error=f"no answer within {d.deadline:g} s", timed_out=True)
         except Exception as exc:  # a channel bug is a transient failure, with its trace
@@ -464,7 +468,12 @@ class Dispatcher:
     def _observe(
         self, d: Delivery, result: Result | None, decision: Decision, label: str, duration: float
     ) -> None:
-        self.outbound.attempts.labels(d.channel, label).inc()
+        counter = self._attempts.get((d.channel, label))
+        if counter is None:
+            counter = self._attempts[d.channel, label] = self.outbound.attempts.labels(
+                d.channel, label
+            )
+        counter.inc()
         if result is not None:
             self.box.metrics.observe_delivery(
                 d.endpoint.id if d.endpoint is not None else d.channel,

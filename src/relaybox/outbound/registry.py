@@ -43,6 +43,7 @@ class Outbound:
             allow_insecure_loopback=settings.allow_insecure_loopback,
         )
         self.channels: dict[str, Channel] = {}
+        self._schedules: dict[tuple[float, ...] | None, Schedule] = {}
         # Latency and HTTP status per endpoint are Metrics.observe_delivery's; this
         # counts what the dispatcher decided (sent, retry, exhausted, held, fenced, ...).
         self.attempts = Counter(
@@ -65,6 +66,7 @@ class Outbound:
         """Change settings (validated as a whole) and, for tests, the DNS resolver."""
         merged = {**self.settings.model_dump(), **changes}
         self.settings = OutboundSettings.model_validate(merged)
+        self._schedules.clear()
         # The guard is shared by every channel's client: change it in place.
         self.guard.configure(
             allow_networks=self.settings.allow_networks,
@@ -77,13 +79,18 @@ class Outbound:
 
     def schedule(self, delays: Sequence[float] | None = None) -> Schedule:
         """The retry schedule for ``delays`` (an endpoint's or a channel's), or the
-        default one, with the configured jitter and Retry-After clamp."""
-        s = self.settings
-        return Schedule.of(
-            s.schedule if delays is None else delays,
-            jitter=s.jitter,
-            retry_after_cap=s.retry_after_cap,
-        )
+        default one, with the configured jitter and Retry-After clamp. Made once per
+        list of delays (the dispatcher asks for one on every attempt)."""
+        key = None if delays is None else tuple(delays)
+        found = self._schedules.get(key)
+        if found is None:
+            s = self.settings
+            found = self._schedules[key] = Schedule.of(
+                s.schedule if delays is None else delays,
+                jitter=s.jitter,
+                retry_after_cap=s.retry_after_cap,
+            )
+        return found
 
 
 def outbound(box: Relaybox) -> Outbound:

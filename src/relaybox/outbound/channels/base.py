@@ -110,6 +110,9 @@ class Channel(abc.ABC):
     """Deliveries per second across all dispatchers; ``None``: no limit."""
     schedule: Sequence[float] | None = None
     """Retry delays; ``None``: the outbound settings' schedule."""
+    bounded: bool = False
+    """``True``: :meth:`deliver` ends within ``delivery.deadline`` by itself, so the
+    dispatcher sets no timer of its own (the HTTP channels time the whole attempt)."""
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ a :class:`~relaybox.outbound.channels.base.Result`:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -96,6 +97,9 @@ class HttpClient:
         self.response_bytes = response_bytes
         self._resolver = VettedResolver()
         self._session: aiohttp.ClientSession | None = None
+        # The attempt's total is post()'s one timer; aiohttp times the connecting only
+        # (and sets no timer for a pooled connection).
+        self._limits = aiohttp.ClientTimeout(total=None, connect=connect_timeout)
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -112,20 +116,22 @@ class HttpClient:
     async def post(
         self, url: str, body: bytes, headers: Mapping[str, str], *, seconds: float
     ) -> Result:
+        """One POST; the guard's check (DNS included), connecting, sending and reading
+        the answer all end within ``seconds``."""
         try:
-            vetted = await self.guard.check(url)
-        except UnsafeDestination as exc:
-            return Result("retry", error=f"refused by the SSRF guard: {exc}")
-        except OSError as exc:
-            return Result("retry", error=f"DNS: {_short(exc)}")
-        self._resolver.vet(vetted)
-        limits = aiohttp.ClientTimeout(total=seconds, connect=min(self.connect_timeout, seconds))
-        try:
-            async with self._open().post(
-                url, data=body, headers=dict(headers), allow_redirects=False, timeout=limits
-            ) as response:
-                snippet = await response.content.read(self.response_bytes)
-                return classify(response.status, response.headers.get("Retry-After"), snippet)
+            async with asyncio.timeout(seconds):
+                try:
+                    vetted = await self.guard.check(url)
+                except UnsafeDestination as exc:
+                    return Result("retry", error=f"refused by the SSRF guard: {exc}")
+                except OSError as exc:
+                    return Result("retry", error=f"DNS: {_short(exc)}")
+                self._resolver.vet(vetted)
+                async with self._open().post(
+                    url, data=body, headers=headers, allow_redirects=False, timeout=self._limits
+                ) as response:
+                    snippet = await response.content.read(self.response_bytes)
+                    return classify(response.status, response.headers.get("Retry-After"), snippet)
         except TimeoutError:
             return Result("retry", error=f"timed out after {seconds:g} s", timed_out=True)
         except aiohttp.ClientConnectorError as exc:
@@ -171,6 +177,8 @@ class HttpChannel(HttpBase):
     With ``url`` the payload is the JSON body; without it the payload is
     ``{"url": ..., "body": ...}``. The URL passes the same SSRF guard as webhooks.
     """
+
+    bounded = True  # post() times the whole attempt, within delivery.deadline
 
     def __init__(
         self,

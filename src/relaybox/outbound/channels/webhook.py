@@ -24,6 +24,8 @@ class WebhookChannel(HttpBase):
     Its uncertain-outcome policy is the outbound setting ``webhook_uncertain``
     (default ``resend``: the receiver sees the same ``webhook-id`` twice)."""
 
+    bounded = True  # post() times the whole attempt, within delivery.deadline
+
     def bind(self, outbound: Outbound, name: str) -> None:
         super().bind(outbound, name)
         self.uncertain = outbound.settings.webhook_uncertain
