@@ -76,7 +76,7 @@ async def test_lease_records_by_primary_key_on_a_filled_outbox_without_statistic
     a join on id alone was a scan of every pending row through the status index and a
     hash join, kept for the connection's life: ~10 ms per lease at 20,000 pending.
     It must probe the primary key, and find each lane's due rows through the lane's
-    index."""
+    index. The recorder's ``outbox_record`` (failures, retries) likewise."""
     queries = load_queries("postgres")
     conn = await asyncpg.connect(_dsn(pg_url))
     try:
@@ -95,10 +95,51 @@ async def test_lease_records_by_primary_key_on_a_filled_outbox_without_statistic
         plan = "\n".join(
             r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}({args})")
         )
+        # The recorder's statement (failures, retries) likewise.
+        stmt = await conn.prepare(queries["outbox_record"])
+        args = ", ".join(["1", ids, ids, *[nulls] * 5])
+        record = "\n".join(
+            r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}({args})")
+        )
     finally:
         await conn.close()
+    assert "relaybox_outbox_pkey" in record, record
+    assert "relaybox_outbox_due" not in record and "lane_due" not in record, record
     done = re.split(r"\n\s*CTE \w+\n", plan.split("CTE done\n", 1)[1], maxsplit=1)[0]
     assert "relaybox_outbox_pkey" in done, done
     # Nor does the rest of the lease walk the due rows of every lane: per lane, it
     # probes the lane's own index.
     assert "relaybox_outbox_due" not in plan, plan
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["inbox_lock", "inbox_complete", "inbox_start", "inbox_lock_group", "inbox_start_next_group"],
+)
+async def test_worker_statements_probe_ids_on_a_filled_inbox_without_statistics(
+    pg_url: str, name: str
+) -> None:
+    """The worker's statements over a list of claimed ids. Planned on a filled inbox
+    before any ANALYZE (a backlog on a young deployment), "status = 'pending'" matched
+    the pending-only due index, and the cached plan walked every pending row for each
+    group (a BitmapAnd with the ids, or a hash join). They must probe the ids."""
+    queries = load_queries("postgres")
+    conn = await asyncpg.connect(_dsn(pg_url))
+    try:
+        await conn.execute("ALTER TABLE relaybox_inbox SET (autovacuum_enabled = false)")
+        await conn.execute(
+            "INSERT INTO relaybox_inbox (source, account, event_id, event_type, fingerprint,"
+            " status, next_attempt_at, received_at, updated_at)"
+            " SELECT 's', 'a', 'e' || i, 't', '\\x00', 'pending', 0, 0, 0"
+            " FROM generate_series(1, 20000) AS i"
+        )
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        stmt = await conn.prepare(queries[name])
+        args = ", ".join(["NULL"] * len(stmt.get_parameters()))
+        plan = "\n".join(
+            r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}({args})")
+        )
+    finally:
+        await conn.close()
+    assert "relaybox_inbox_pkey" in plan, plan
+    assert "relaybox_inbox_due" not in plan and "status_source" not in plan, plan

@@ -409,7 +409,11 @@ SET status = u.status,
     lease_owner = NULL, lease_until = NULL
 FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::double precision[], $6::text[],
             $7::text[], $8::int[]) AS u(id, token, status, next_at, reason, error, code)
-WHERE o.id = u.id AND o.lease_token = u.token AND o.status = 'pending'
+-- By primary key whatever the statistics (outbox_lease's done says why).
+WHERE o.id = ANY ($2::bigint[])
+  AND o.id BETWEEN (SELECT min(i) FROM unnest($2::bigint[]) i)
+               AND (SELECT max(i) FROM unnest($2::bigint[]) i)
+  AND o.id = u.id AND o.lease_token = u.token AND o.status NOT IN ('sent', 'dead', 'held')
 RETURNING o.id, o.lease_token
 
 -- name: outbox_attempts_insert
