@@ -68,6 +68,29 @@ def test_operator_reads_are_recognised(name: str) -> None:
     assert name in load_queries("postgres")
 
 
+async def _plans_on_a_filled_table(
+    pg_url: str, table: str, fill: str, statements: dict[str, str | None]
+) -> dict[str, str]:
+    """Generic plans of ``statements`` (name: its arguments, ``None`` for NULLs) once
+    ``table`` is filled by ``fill`` and never analyzed (autovacuum off for it)."""
+    queries = load_queries("postgres")
+    conn = await asyncpg.connect(_dsn(pg_url))
+    plans = {}
+    try:
+        await conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+        await conn.execute(fill)
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        for name, args in statements.items():
+            stmt = await conn.prepare(queries[name])
+            if args is None:
+                args = ", ".join(["NULL"] * len(stmt.get_parameters()))
+            rows = await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}({args})")
+            plans[name] = "\n".join(r[0] for r in rows)
+    finally:
+        await conn.close()
+    return plans
+
+
 async def test_lease_records_by_primary_key_on_a_filled_outbox_without_statistics(
     pg_url: str,
 ) -> None:
@@ -77,32 +100,21 @@ async def test_lease_records_by_primary_key_on_a_filled_outbox_without_statistic
     hash join, kept for the connection's life: ~10 ms per lease at 20,000 pending.
     It must probe the primary key, and find each lane's due rows through the lane's
     index. The recorder's ``outbox_record`` (failures, retries) likewise."""
-    queries = load_queries("postgres")
-    conn = await asyncpg.connect(_dsn(pg_url))
-    try:
-        await conn.execute("ALTER TABLE relaybox_outbox SET (autovacuum_enabled = false)")
-        await conn.execute(
-            "INSERT INTO relaybox_outbox (channel, key, payload, next_attempt_at, created_at,"
-            " updated_at) SELECT 'webhook', 'k' || i, '{}', 0, 0, 0"
-            " FROM generate_series(1, 20000) AS i"
-        )
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
-        stmt = await conn.prepare(queries["outbox_lease"])
-        ids = "'{1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20}'"
-        nulls = "'{" + ",".join(["NULL"] * 20) + "}'"
-        sent = [ids, ids, nulls, nulls, nulls, nulls, nulls, nulls, nulls]
-        args = ", ".join(["1", "0", "'{webhook}'", "'me'", "2", *sent])
-        plan = "\n".join(
-            r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}({args})")
-        )
-        # The recorder's statement (failures, retries) likewise.
-        stmt = await conn.prepare(queries["outbox_record"])
-        args = ", ".join(["1", ids, ids, *[nulls] * 5])
-        record = "\n".join(
-            r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}({args})")
-        )
-    finally:
-        await conn.close()
+    ids = "'{1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20}'"
+    nulls = "'{" + ",".join(["NULL"] * 20) + "}'"
+    sent = [ids, ids, nulls, nulls, nulls, nulls, nulls, nulls, nulls]
+    plans = await _plans_on_a_filled_table(
+        pg_url,
+        "relaybox_outbox",
+        "INSERT INTO relaybox_outbox (channel, key, payload, next_attempt_at, created_at,"
+        " updated_at) SELECT 'webhook', 'k' || i, '{}', 0, 0, 0"
+        " FROM generate_series(1, 20000) AS i",
+        {
+            "outbox_lease": ", ".join(["1", "0", "'{webhook}'", "'me'", "2", *sent]),
+            "outbox_record": ", ".join(["1", ids, ids, *[nulls] * 5]),
+        },
+    )
+    plan, record = plans["outbox_lease"], plans["outbox_record"]
     assert "relaybox_outbox_pkey" in record, record
     assert "relaybox_outbox_due" not in record and "lane_due" not in record, record
     done = re.split(r"\n\s*CTE \w+\n", plan.split("CTE done\n", 1)[1], maxsplit=1)[0]
@@ -123,23 +135,15 @@ async def test_worker_statements_probe_ids_on_a_filled_inbox_without_statistics(
     before any ANALYZE (a backlog on a young deployment), "status = 'pending'" matched
     the pending-only due index, and the cached plan walked every pending row for each
     group (a BitmapAnd with the ids, or a hash join). They must probe the ids."""
-    queries = load_queries("postgres")
-    conn = await asyncpg.connect(_dsn(pg_url))
-    try:
-        await conn.execute("ALTER TABLE relaybox_inbox SET (autovacuum_enabled = false)")
-        await conn.execute(
-            "INSERT INTO relaybox_inbox (source, account, event_id, event_type, fingerprint,"
-            " status, next_attempt_at, received_at, updated_at)"
-            " SELECT 's', 'a', 'e' || i, 't', '\\x00', 'pending', 0, 0, 0"
-            " FROM generate_series(1, 20000) AS i"
-        )
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
-        stmt = await conn.prepare(queries[name])
-        args = ", ".join(["NULL"] * len(stmt.get_parameters()))
-        plan = "\n".join(
-            r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}({args})")
-        )
-    finally:
-        await conn.close()
+    plans = await _plans_on_a_filled_table(
+        pg_url,
+        "relaybox_inbox",
+        "INSERT INTO relaybox_inbox (source, account, event_id, event_type, fingerprint,"
+        " status, next_attempt_at, received_at, updated_at)"
+        " SELECT 's', 'a', 'e' || i, 't', '\\x00', 'pending', 0, 0, 0"
+        " FROM generate_series(1, 20000) AS i",
+        {name: None},
+    )
+    plan = plans[name]
     assert "relaybox_inbox_pkey" in plan, plan
     assert "relaybox_inbox_due" not in plan and "status_source" not in plan, plan
