@@ -110,3 +110,13 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
     return str(value)
+
+
+def merged(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Rounds of one runner as one row: the median rate, the last round's note and, when
+    there were several, every round's rate."""
+    rate = statistics.median(r["rate"] for r in runs)
+    note = runs[-1]["note"]
+    if len(runs) > 1:
+        note += " (rounds: " + ", ".join(f"{r['rate']:,.0f}" for r in runs) + "/s)"
+    return {"rate": rate, "note": note}
