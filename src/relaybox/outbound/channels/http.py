@@ -93,7 +93,6 @@ class HttpClient:
 
     def __init__(self, guard: Guard, *, connect_timeout: float, response_bytes: int) -> None:
         self.guard = guard
-        self.connect_timeout = connect_timeout
         self.response_bytes = response_bytes
         self._resolver = VettedResolver()
         self._session: aiohttp.ClientSession | None = None
