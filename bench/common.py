@@ -7,6 +7,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -90,6 +91,43 @@ def serve(env: dict[str, str], *, port: int, cpu: int | None = 0) -> Iterator[st
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextmanager
+def fsync_probe(directory: Path, every: float = 0.02) -> Iterator[dict[str, float]]:
+    """The disk's own flush latency while the body runs: a thread writes 8 KiB to a file
+    in ``directory`` and times ``fdatasync`` every ``every`` seconds. The result (filled
+    on exit) holds the p50, p99 and max in ms. A durable accept waits for a flush, so
+    its tail can be no better than the disk's (this VM's disk stalled flushes for up
+    to 345 ms under the accept's write load, 2026-12-01)."""
+    stats: dict[str, float] = {}
+    times: list[float] = []
+    stop = threading.Event()
+    path = directory / "fsync-probe"
+
+    def probe() -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            while not stop.wait(every):
+                os.pwrite(fd, b"x" * 8192, 0)
+                started = time.perf_counter()
+                os.fdatasync(fd)
+                times.append((time.perf_counter() - started) * 1000)
+        finally:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    try:
+        yield stats
+    finally:
+        stop.set()
+        thread.join()
+        if times:
+            times.sort()
+            stats.update(p50=times[len(times) // 2], p99=times[int(len(times) * 0.99)],
+                         max=times[-1])  # fmt: skip
 
 
 def median(values: Sequence[float]) -> float:
