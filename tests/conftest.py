@@ -143,9 +143,9 @@ async def box(database_url: str, clock: FrozenClock) -> AsyncIterator[Relaybox]:
 class Served:
     """A uvicorn server for an ASGI app on 127.0.0.1 and a free port."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, lifespan: str = "off") -> None:
         self.config = uvicorn.Config(
-            app, host="127.0.0.1", port=0, log_level="error", lifespan="off"
+            app, host="127.0.0.1", port=0, log_level="error", lifespan=lifespan
         )
         self.server = uvicorn.Server(self.config)
         self.task: asyncio.Task[None] | None = None

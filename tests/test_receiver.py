@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import hmac as hmac_mod
 import json
+import socket
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -244,6 +245,51 @@ async def test_wrong_method_is_405(live: Any) -> None:
         assert r.status == 405
         assert r.headers["allow"] == "POST"
         assert (await r.json())["error"] == "method_not_allowed"
+
+
+async def test_startup_opens_the_accept_connections_before_the_first_request() -> None:
+    """The server's lifespan opens one accept connection per committer (and plans the
+    accept statement on each, with an empty batch that stores nothing): the first
+    requests under load do not wait for connections opening one by one."""
+    url = await create_pg_database()
+    box = configure(Relaybox(settings=Settings(database_url=url), clock=SystemClock()))
+    try:
+        async with Served(box.receiver, lifespan="on") as server:
+            backends = await box.store.fetch_all(
+                "SELECT count(*) AS n FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = 'relaybox'"
+                " AND pid <> pg_backend_pid()"
+            )
+            assert backends[0]["n"] >= box.acceptor.committers == 3
+            assert await box.store.fetch_all("SELECT id FROM relaybox_inbox") == []
+            async with aiohttp.ClientSession(server.url) as http:
+                body, headers = stripe_delivery(invoice_paid("evt_after_warm"))
+                assert (await post(http, "/stripe", body, headers))[1]["status"] == "accepted"
+    finally:
+        await box.close()
+        await drop_pg_database(url)
+
+
+async def test_startup_with_the_database_down_still_serves_and_answers_503() -> None:
+    """Warming is best effort: with nothing listening on the database's port the
+    server starts at once and answers 503, never a 2xx."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql://postgres@127.0.0.1:{port}/nowhere"
+    box = configure(Relaybox(settings=Settings(database_url=url), clock=SystemClock()))
+    started = time.monotonic()
+    try:
+        async with (
+            Served(box.receiver, lifespan="on") as server,
+            aiohttp.ClientSession(server.url) as http,
+        ):
+            assert time.monotonic() - started < 5
+            body, headers = stripe_delivery(invoice_paid("evt_db_down_at_start"))
+            status, answer = await post(http, "/stripe", body, headers)
+            assert (status, answer["error"]) == (503, "unavailable")
+    finally:
+        await box.close()
 
 
 async def test_database_down_is_503_and_the_retry_is_accepted_once() -> None:

@@ -27,6 +27,7 @@ from relaybox.clock import Clock, SystemClock
 from relaybox.config import Settings, load_settings
 from relaybox.errors import ConfigurationError
 from relaybox.inbox import Acceptor
+from relaybox.log import short_error
 from relaybox.metrics import Metrics
 from relaybox.receiver import Receiver
 from relaybox.sources.base import Source
@@ -223,6 +224,8 @@ class Relaybox:
 
         @contextlib.asynccontextmanager
         async def lifespan(_: Any) -> Any:
+            if "receiver" in roles:
+                await self.warm_receiver()
             await self.start(roles)
             try:
                 yield
@@ -254,6 +257,16 @@ class Relaybox:
             gc.freeze()  # O(1): the generations' lists move to the permanent one
             self._heap_frozen = True
 
+    async def warm_receiver(self) -> None:
+        """Open the accept path's database connections before the first request
+        (:meth:`Store.warm_accept`). Best effort, within ``accept_timeout``: with the
+        database down the server still starts, and answers 503 until it is back."""
+        try:
+            async with asyncio.timeout(self.settings.accept_timeout):
+                await self.store.warm_accept(self.acceptor.committers)
+        except Exception as exc:  # logged; requests get 503 until the database answers
+            log.warning("receiver_warm_failed", error=short_error(exc))
+
     async def start(self, roles: tuple[str, ...] = ("worker",)) -> None:
         """Start background roles (``worker``, ``dispatcher``, ``maintenance``) in the running loop.
         Each runner has ``run()`` (until stopped) and ``stop()`` (finish what it holds)."""
@@ -274,6 +287,7 @@ class Relaybox:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                await self.warm_receiver()
                 self.freeze_startup_heap()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":

@@ -231,6 +231,11 @@ class Store:
     async def close(self) -> None:
         await self.engine.dispose()
 
+    async def warm_accept(self, connections: int) -> None:
+        """Open what the accept path uses before the first request needs it (the
+        PostgreSQL store: its connections, its statement prepared on each). Nothing
+        to do here."""
+
     @asynccontextmanager
     async def connect(self) -> AsyncIterator[AsyncConnection]:
         """A connection with an open transaction, committed on success."""

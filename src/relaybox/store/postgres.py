@@ -147,6 +147,21 @@ class PostgresStore(Store):
             result[i] = outcomes[position]
         return result
 
+    async def warm_accept(self, connections: int) -> None:
+        """The accept's pool opened with ``connections`` connections (one per committer)
+        and its statement prepared and planned on each, by running it for an empty
+        batch (it inserts nothing). Otherwise the first requests after a start wait
+        for the connections to open one by one under load: 40-120 ms at the p99 of the
+        first seconds under wrk (bench/README.md)."""
+        pool = await self.generic_pool()
+        held = [await pool.acquire() for _ in range(min(connections, self._raw_pool_size))]
+        try:
+            for conn in held:
+                await conn.fetch(self.q["inbox_accept_fast"], *_columns([]), 0.0)
+        finally:
+            for conn in held:
+                await pool.release(conn)
+
     async def _accept_sorted(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
         now = max(d.received_at for d in batch)
         pool = await self.generic_pool()
