@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import hmac as hmac_mod
 import json
-import socket
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +18,7 @@ from standardwebhooks.webhooks import Webhook
 
 from relaybox import Relaybox, Secret, SystemClock, sources
 from relaybox.config import Settings
-from tests.conftest import Served, create_pg_database, drop_pg_database
+from tests.conftest import Served, create_pg_database, drop_pg_database, free_port
 from tests.support.proxy import TcpProxy
 
 STD_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -273,10 +272,7 @@ async def test_startup_opens_the_accept_connections_before_the_first_request() -
 async def test_startup_with_the_database_down_still_serves_and_answers_503() -> None:
     """Warming is best effort: with nothing listening on the database's port the
     server starts at once and answers 503, never a 2xx."""
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"postgresql://postgres@127.0.0.1:{port}/nowhere"
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"  # nobody listens there
     box = configure(Relaybox(settings=Settings(database_url=url), clock=SystemClock()))
     started = time.monotonic()
     try:
