@@ -243,7 +243,7 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
         # connection's cycle is its latency plus the mean pause: connections / cycle is
         # the rate. Two 3 s probes on the same server set the pause so that the rate is
         # 80 % of relaybox's median peak above (a fixed pause of connections / rate
-        # ignored the latency: it ran at ~50 %); then the measured run.
+        # ignored the latency: it ran at ~48 %); then the measured run.
         for backend, names in peers.items():
             if "relaybox" not in names:
                 continue
