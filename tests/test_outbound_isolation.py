@@ -4,6 +4,7 @@ leased round robin, and a loop that refills free slots without waiting for a bat
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import Counter
 
@@ -13,7 +14,7 @@ from relaybox import Relaybox
 from relaybox.outbound.channels.base import Delivery
 from relaybox.outbound.leases import Lane, allocate, lease_recording
 from tests.support.outbound_app import endpoint, local, publish_one
-from tests.support.receivers import HttpReceiver, Reply
+from tests.support.receivers import HttpReceiver, Reply, Seen
 
 HANG_TIMEOUT = 5.0
 
@@ -50,6 +51,38 @@ async def test_a_hanging_endpoint_does_not_delay_twenty_healthy_ones(box: Relayb
     )
     healthy_sent = [r for r in sent if r["endpoint_id"] != hanging]
     assert len(healthy_sent) == 60  # the stuck ones were released at the end: at most 2
+
+
+async def test_the_dispatcher_never_has_more_attempts_in_flight_than_its_slots(
+    box: Relaybox,
+) -> None:
+    """Successes that finish during a lease are leased into again as soon as it
+    returns, before the rows it leased start: those rows' slots count as taken. Mixed
+    delays and rejections (recorded apart, freeing slots at other moments) vary how
+    many slots each lease asks for."""
+    local(box)
+    rng = random.Random(7)
+
+    def reply(_: Seen) -> Reply:
+        return Reply(status=rng.choice([200, 200, 200, 400]), delay=rng.choice([0, 0.005, 0.03]))
+
+    async with HttpReceiver(reply) as receiver:
+        for i in range(3):
+            await endpoint(box, f"{receiver.url}/{i}", max_in_flight=50)
+        for _ in range(60):
+            await publish_one(box)
+        dispatcher = box.dispatcher(concurrency=5)
+        running = asyncio.create_task(dispatcher.run())
+        try:
+            await receiver.wait_for(180, within=30)
+        finally:
+            dispatcher.stop()
+            await asyncio.wait_for(running, 10)
+        assert receiver.peak_in_flight <= 5  # 6 or 7 when the leased rows were not counted
+    done = await box.store.fetch_all(
+        "SELECT id FROM relaybox_outbox WHERE status IN ('sent', 'dead')"
+    )
+    assert len(done) == 180
 
 
 def test_slots_are_shared_round_robin_within_caps_and_rate_limits() -> None:

@@ -137,11 +137,28 @@ class Dispatcher:
             tasks.discard(task)
             self._wake.set()  # a freed slot: its lane may have more
 
+        def start_lease(pending: int = 0) -> None:
+            """Lease every free slot plus the slots of the successes it records (their
+            tasks leave once it is done); ``pending``: slots of deliveries leased but
+            not yet started."""
+            nonlocal reserved
+            carry, self._carry = self._carry, []
+            asked = max(self.concurrency - len(tasks) - reserved - pending, 0) + len(carry)
+            reserved += asked
+            lease_task = asyncio.create_task(self._lease_safely(asked, carry))
+            leasing.add(lease_task)
+            lease_task.add_done_callback(functools.partial(leased, asked=asked))
+
         def leased(lease_task: asyncio.Task[list[Delivery]], asked: int) -> None:
             nonlocal reserved, deferred
             reserved -= asked
             leasing.discard(lease_task)
             found = [] if lease_task.cancelled() else lease_task.result()
+            if self._carry and len(leasing) < _LEASES_IN_FLIGHT and not self._stopping.is_set():
+                # Successes that finished during this lease: send the next lease before
+                # the deliveries just leased start (tasks first run in the order they
+                # are created), so that PostgreSQL runs it while this loop sends them.
+                start_lease(pending=len(found))
             for delivery in found:
                 task = asyncio.create_task(self.handle(delivery))
                 tasks.add(task)
@@ -162,12 +179,7 @@ class Dispatcher:
                 # when it starts, plus the slots of the successes it records (their
                 # tasks leave once it is done); slots freed meanwhile go into the next.
                 if (free > 0 or self._carry) and len(leasing) < _LEASES_IN_FLIGHT:
-                    carry, self._carry = self._carry, []
-                    asked = max(free, 0) + len(carry)
-                    reserved += asked
-                    lease_task = asyncio.create_task(self._lease_safely(asked, carry))
-                    leasing.add(lease_task)
-                    lease_task.add_done_callback(functools.partial(leased, asked=asked))
+                    start_lease()
                 elif free > 0 or self._carry:
                     deferred = True
                 # Wake on new rows, on a freed slot, on a lease done, or poll. (Done
