@@ -29,6 +29,8 @@ from bench.common import (
 )
 
 WRK_THREADS = 2
+RESIGN_AFTER = 120.0
+"""Seconds after which the requests are signed again before a run (see main)."""
 
 
 def make_requests(path: Path, count: int, dup_ratio: float = 0.1) -> list[str]:
@@ -222,13 +224,26 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
     with tempfile.TemporaryDirectory(prefix="relaybox-bench-") as tmpdir:
         tmp = Path(tmpdir)
         reqfile = tmp / "requests.tsv"
-        ids = make_requests(reqfile, 30_000 * seconds if not quick else 20_000)
+        count = 30_000 * seconds if not quick else 20_000
+        signed = [0.0]
+
+        def signed_now() -> Path:
+            """The requests, signed again when a run could outlast the receivers'
+            5-minute timestamp tolerance (a slow VM took longer than that to reach
+            the last paced run, which then got 401 stale_timestamp)."""
+            if time.time() - signed[0] > RESIGN_AFTER:
+                make_requests(reqfile, count)  # the same ids and bodies
+                signed[0] = time.time()
+            return reqfile
+
+        ids = make_requests(reqfile, count)
+        signed[0] = time.time()
         for run in range(rounds):
             for backend, names in peers.items():
                 for name in names:
                     env, count_rows = setup_peer(name, backend, tmp, run)
                     with serve(env, port=free_port()) as url:
-                        r = run_wrk(url, reqfile, seconds, connections)
+                        r = run_wrk(url, signed_now(), seconds, connections)
                     r["rows"] = count_rows()
                     r["distinct"] = distinct_sent(ids, r["per_thread"])
                     results.setdefault((backend, name), []).append(r)
@@ -253,6 +268,7 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
             pause = max(0.1, cycle_ms - at_peak)
             env, _ = setup_peer("relaybox", backend, tmp, rounds)
             skip = 0
+            signed_now()
             with serve(env, port=free_port()) as url:
                 for _ in range(2):
                     probe = run_wrk(url, reqfile, 3, connections, delay_ms=pause, skip=skip)
