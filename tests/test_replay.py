@@ -173,8 +173,8 @@ async def test_replay_cli(box: Relaybox, clock: FrozenClock, tmp_path: Path) -> 
     code, out, err = await invoke(
         "replay", str(ids["e2"]), "999", "--reason", "again", "--json", "--config", cfg
     )
+    assert code == 1, err
     result: dict[str, Any] = json.loads(out)
-    assert code == 1
     assert (result["purged"], result["not_found_or_pending"], result["replayed"]) == (
         [ids["e2"]],
         [999],
