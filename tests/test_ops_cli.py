@@ -23,26 +23,40 @@ from tests.test_admin_api import seed
 Invoke = Callable[..., Any]
 
 
-def cli_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[Invoke]:
-    """Run ``relaybox …`` in this process, in a thread (the command runs its own
-    event loop). Logs go to the real stderr, as the CLI sends them, so ``--json``
-    output on stdout stays parseable; structlog is reset afterwards."""
+def _logs_to_real_stderr() -> None:
+    structlog.reset_defaults()
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.__stderr__))
+
+
+def cli_runner() -> Iterator[Invoke]:
+    """Run ``relaybox …`` in this process, in a thread (the command runs its own
+    event loop). The command configures logging as it does in production (to stderr,
+    here the runner's), so ``--json`` output on stdout stays parseable; then the
+    test's own logs go to the real stderr again (the runner's is closed).
+
+    (``configure_logging`` is not patched away: a command module imported for the
+    first time under such a patch kept the no-op for the rest of the worker's tests,
+    which then logged with structlog's defaults, to stdout, into their JSON.)"""
+    _logs_to_real_stderr()
     runner = CliRunner()
 
     async def invoke(*args: str, code: int = 0) -> Result:
-        result = await asyncio.to_thread(runner.invoke, main, list(args), catch_exceptions=False)
+        try:
+            result = await asyncio.to_thread(
+                runner.invoke, main, list(args), catch_exceptions=False
+            )
+        finally:
+            _logs_to_real_stderr()
         assert result.exit_code == code, (args, result.stdout, result.stderr)
         return result
 
-    monkeypatch.setattr("relaybox.log.configure_logging", lambda *a, **k: None)
     yield invoke
     structlog.reset_defaults()
 
 
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch) -> Iterator[Invoke]:
-    yield from cli_runner(monkeypatch)
+def cli() -> Iterator[Invoke]:
+    yield from cli_runner()
 
 
 @pytest.fixture

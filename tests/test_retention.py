@@ -31,8 +31,8 @@ DAY = 86400.0
 
 
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch) -> Iterator[Invoke]:
-    yield from cli_runner(monkeypatch)
+def cli() -> Iterator[Invoke]:
+    yield from cli_runner()
 
 
 TOKEN = "test-admin-token-0123456789"
