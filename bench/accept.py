@@ -225,19 +225,19 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
         tmp = Path(tmpdir)
         reqfile = tmp / "requests.tsv"
         count = 30_000 * seconds if not quick else 20_000
-        signed = [0.0]
+        ids = make_requests(reqfile, count)
+        signed_at = time.time()
 
         def signed_now() -> Path:
             """The requests, signed again when a run could outlast the receivers'
             5-minute timestamp tolerance (a slow VM took longer than that to reach
             the last paced run, which then got 401 stale_timestamp)."""
-            if time.time() - signed[0] > RESIGN_AFTER:
+            nonlocal signed_at
+            if time.time() - signed_at > RESIGN_AFTER:
                 make_requests(reqfile, count)  # the same ids and bodies
-                signed[0] = time.time()
+                signed_at = time.time()
             return reqfile
 
-        ids = make_requests(reqfile, count)
-        signed[0] = time.time()
         for run in range(rounds):
             for backend, names in peers.items():
                 for name in names:
