@@ -209,10 +209,14 @@ async def test_bad_input_gets_its_status_and_changes_nothing(
     elif case == "missing signature":
         del headers["stripe-signature"]
     elif case == "stale timestamp":
-        body, headers = stripe_delivery(invoice_paid("evt_bad"), when=int(time.time()) - OUTSIDE_TOLERANCE)
+        body, headers = stripe_delivery(
+            invoice_paid("evt_bad"), when=int(time.time()) - OUTSIDE_TOLERANCE
+        )
         data = body
     elif case == "future timestamp":
-        body, headers = stripe_delivery(invoice_paid("evt_bad"), when=int(time.time()) + OUTSIDE_TOLERANCE)
+        body, headers = stripe_delivery(
+            invoice_paid("evt_bad"), when=int(time.time()) + OUTSIDE_TOLERANCE
+        )
         data = body
     elif case == "malformed header":
         data, headers = std_delivery("m1", {"type": "x"})
