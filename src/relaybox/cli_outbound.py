@@ -24,6 +24,7 @@ from relaybox.outbound import apikeys, catalog, deliveries, endpoints
 from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
 from relaybox.outbound.publish import publish
+from relaybox.outbound.vault import SecretsLocked, new_key
 
 __all__ = ["COMMANDS"]
 
@@ -46,6 +47,8 @@ def _run(box: Relaybox, work: Callable[[], Awaitable[Any]]) -> Any:
         return _run_db(box, run())
     except (InvalidEndpoint, InvalidMessage, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
+    except SecretsLocked as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _model(cls: type[EndpointPatch], **fields: Any) -> Any:
@@ -297,6 +300,21 @@ def endpoints_rotate(
         return await endpoints.rotate_secret(box, endpoint_id, None, grace=grace)
 
     _echo({"endpoint": endpoint_id, "secret": _run(box, rotate)})
+
+
+@endpoints_group.command("new-key")
+def endpoints_new_key() -> None:
+    """Print a fresh key for outbound.secrets_key (endpoint secrets sealed at rest)."""
+    click.echo(new_key())
+
+
+@endpoints_group.command("seal-secrets")
+@app_options
+def endpoints_seal_secrets(app: str | None, config: str | None, database_url: str | None) -> None:
+    """Seal every stored endpoint secret with the first key of outbound.secrets_key
+    (after setting a key, or adding a new one in front to rotate)."""
+    box = load_box(app, config, database_url)
+    _echo(_run(box, lambda: endpoints.seal_secrets(box)))
 
 
 @endpoints_group.command("recover")

@@ -43,6 +43,7 @@ from relaybox.outbound.endpoints import (
     get_endpoint,
     list_endpoints,
     rotate_secret,
+    seal_secrets,
     update_endpoint,
 )
 from relaybox.outbound.publish import Message, publish
@@ -95,5 +96,6 @@ __all__ = [
     "redeliver",
     "revoke_api_key",
     "rotate_secret",
+    "seal_secrets",
     "update_endpoint",
 ]

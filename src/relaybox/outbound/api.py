@@ -39,6 +39,7 @@ from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndp
 from relaybox.outbound.publish import Message, publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind
+from relaybox.outbound.vault import SecretsLocked
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -123,6 +124,8 @@ def build_api(box: Relaybox) -> Starlette:
             except InvalidMessage as exc:
                 status = 413 if exc.code == "too_large" else 422
                 return _error(status, f"invalid_{exc.code}", str(exc))
+            except SecretsLocked as exc:  # the operator's key is missing or wrong
+                return _error(503, "secrets_locked", str(exc))
 
         return Route(path, endpoint, methods=methods)
 

@@ -201,7 +201,8 @@ async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tup
             spec.max_in_flight or outbound(box).settings.max_in_flight,
             spec.rate_limit,
         )
-        await db.execute(conn, store, "endpoint_secret_insert", endpoint_id, secret, now)
+        sealed = outbound(box).vault.seal(secret)
+        await db.execute(conn, store, "endpoint_secret_insert", endpoint_id, sealed, now)
         row = await db.first(conn, store, "endpoint_get", endpoint_id, tenant)
     if spec.enabled is False:
         await disable_endpoint(box, endpoint_id, tenant=tenant)
@@ -353,16 +354,39 @@ async def rotate_secret(
         return None
     store, now = box.store, box.clock.now()
     grace = outbound(box).settings.rotation_grace if grace is None else grace
+    vault = outbound(box).vault
     async with store.transaction() as conn:
         active = await db.rows(
             conn, store, "endpoint_secrets_active", db.array(store, [endpoint_id]), now
         )
-        newest = active[0]["secret"] if active else ""
+        newest = vault.open(active[0]["secret"]) if active else ""
         secret = new_secret(kind or ("ed25519" if newest.startswith("whsk_") else "hmac"))
         await db.execute(conn, store, "endpoint_secret_expire", endpoint_id, now + grace)
-        await db.execute(conn, store, "endpoint_secret_insert", endpoint_id, secret, now)
+        await db.execute(
+            conn, store, "endpoint_secret_insert", endpoint_id, vault.seal(secret), now
+        )
     log.info("endpoint_secret_rotated", endpoint_id=endpoint_id, grace=grace)
     return public_form(secret)
+
+
+async def seal_secrets(box: Relaybox) -> dict[str, int]:
+    """Seal every stored secret with the first key of ``outbound.secrets_key``:
+    plaintext ones (stored before a key was set) and ones sealed with an older key.
+    One transaction; returns how many were sealed and how many already were."""
+    vault = outbound(box).vault
+    if not vault.sealing:
+        raise InvalidEndpoint("set outbound.secrets_key (RELAYBOX_OUTBOUND__SECRETS_KEY) first")
+    store = box.store
+    sealed = 0
+    async with store.transaction() as conn:
+        found = await db.rows(conn, store, "endpoint_secrets_all")
+        for r in found:
+            again = vault.reseal(r["secret"])
+            if again is not None:
+                await db.execute(conn, store, "endpoint_secret_set", r["id"], again)
+                sealed += 1
+    log.info("endpoint_secrets_sealed", sealed=sealed, already=len(found) - sealed)
+    return {"sealed": sealed, "already": len(found) - sealed}
 
 
 async def endpoint_secrets(
@@ -371,14 +395,14 @@ async def endpoint_secrets(
     """The active secrets, newest first, in the form the owner verifies with."""
     if await get_endpoint(box, endpoint_id, tenant) is None:
         return None
-    store, now = box.store, box.clock.now()
+    store, now, vault = box.store, box.clock.now(), outbound(box).vault
     async with store.transaction() as conn:
         found = await db.rows(
             conn, store, "endpoint_secrets_active", db.array(store, [endpoint_id]), now
         )
     return [
         {
-            "secret": public_form(r["secret"]),
+            "secret": public_form(vault.open(r["secret"])),
             "created_at": r["created_at"],
             "expires_at": r["expires_at"],
         }

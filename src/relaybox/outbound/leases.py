@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 from relaybox.outbound import db
 from relaybox.outbound.channels.base import Delivery, MessageBody, Target
+from relaybox.outbound.registry import outbound
+from relaybox.outbound.vault import SecretsLocked, Vault
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -202,6 +204,7 @@ async def _lease_postgres(
     if leased and leased[0]["recorded"] is not None:
         written = set(zip(leased[0]["recorded"], leased[0]["tokens"], strict=True))
     deadline = lease_ttl - LEASE_MARGIN
+    vault = outbound(box).vault
     targets: dict[str, Target] = {}
     deliveries = []
     for r in leased:
@@ -213,6 +216,7 @@ async def _lease_postgres(
             target = targets.get(endpoint_id)
             if target is None:
                 schedule = r["schedule"]
+                opened, locked = _open(vault, r["secrets"] or ())
                 target = targets[endpoint_id] = Target(
                     id=endpoint_id,
                     tenant=r["endpoint_tenant"],
@@ -220,7 +224,8 @@ async def _lease_postgres(
                     signature=r["signature"],
                     timeout=r["timeout"],
                     schedule=tuple(json.loads(schedule)) if schedule else None,
-                    secrets=tuple(r["secrets"] or ()),
+                    secrets=opened,
+                    locked=locked,
                 )
         message_id = r["message_id"]
         body = r["body"]
@@ -250,7 +255,9 @@ async def _load(
             conn, store, "endpoint_secrets_active", db.array(store, endpoint_ids), now
         ):
             secrets.setdefault(r["endpoint_id"], []).append(r["secret"])
+        vault = outbound(box).vault
         for r in await db.rows(conn, store, "delivery_endpoints", db.array(store, endpoint_ids)):
+            opened, locked = _open(vault, secrets.get(r["id"], ()))
             endpoints[r["id"]] = Target(
                 id=r["id"],
                 tenant=r["tenant"],
@@ -258,6 +265,16 @@ async def _load(
                 signature=r["signature"],
                 timeout=r["timeout"],
                 schedule=tuple(json.loads(r["schedule"])) if r["schedule"] else None,
-                secrets=tuple(secrets.get(r["id"], ())),
+                secrets=opened,
+                locked=locked,
             )
     return messages, endpoints
+
+
+def _open(vault: Vault, stored: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
+    """An endpoint's secrets as stored, opened; or none and the reason (a sealed
+    secret that no configured key opens: its deliveries retry, never unsigned)."""
+    try:
+        return tuple(vault.open(s) for s in stored), None
+    except SecretsLocked as exc:
+        return (), str(exc)

@@ -23,6 +23,7 @@ from relaybox.outbound.channels.webhook import WebhookChannel
 from relaybox.outbound.schedule import Schedule
 from relaybox.outbound.settings import OutboundSettings
 from relaybox.outbound.ssrf import Guard, Resolver
+from relaybox.outbound.vault import Vault
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -42,6 +43,7 @@ class Outbound:
             allow_networks=settings.allow_networks,
             allow_insecure_loopback=settings.allow_insecure_loopback,
         )
+        self.vault = _vault(settings)
         self.channels: dict[str, Channel] = {}
         self._schedules: dict[tuple[float, ...] | None, Schedule] = {}
         # Latency and HTTP status per endpoint are Metrics.observe_delivery's; this
@@ -67,6 +69,7 @@ class Outbound:
         merged = {**self.settings.model_dump(), **changes}
         self.settings = OutboundSettings.model_validate(merged)
         self._schedules.clear()
+        self.vault = _vault(self.settings)
         # The guard is shared by every channel's client: change it in place.
         self.guard.configure(
             allow_networks=self.settings.allow_networks,
@@ -91,6 +94,11 @@ class Outbound:
                 retry_after_cap=s.retry_after_cap,
             )
         return found
+
+
+def _vault(settings: OutboundSettings) -> Vault:
+    key = settings.secrets_key
+    return Vault(key.get_secret_value() if key is not None else None)
 
 
 def outbound(box: Relaybox) -> Outbound:

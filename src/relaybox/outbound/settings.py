@@ -11,7 +11,9 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from relaybox.outbound.vault import parse_keys
 
 __all__ = ["DEFAULT_SCHEDULE", "OutboundSettings", "UncertainPolicy"]
 
@@ -62,6 +64,21 @@ class OutboundSettings(BaseModel):
         default="relaybox", min_length=1, description="tenant that receives relaybox.* events"
     )
     webhook_uncertain: UncertainPolicy = "resend"
+    secrets_key: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Fernet key(s), comma-separated: endpoint signing secrets are stored sealed"
+            " with the first, and any of them opens one (relaybox.outbound.vault)"
+        ),
+    )
+
+    @field_validator("secrets_key")
+    @classmethod
+    def _secrets_key(cls, value: SecretStr | None) -> SecretStr | None:
+        # An empty variable (RELAYBOX_OUTBOUND__SECRETS_KEY=) means "unset".
+        if value is None or not parse_keys(value.get_secret_value()):
+            return None
+        return value
 
     @field_validator("schedule")
     @classmethod

@@ -53,6 +53,7 @@ class Target:
     timeout: float | None
     schedule: tuple[float, ...] | None
     secrets: tuple[str, ...] = ()
+    locked: str | None = None  # why the secrets could not be opened (outbound.vault)
 
     def __repr__(self) -> str:  # never print secret material
         return f"Target(id={self.id!r}, tenant={self.tenant!r}, secrets=<{len(self.secrets)}>)"

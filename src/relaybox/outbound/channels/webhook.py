@@ -34,6 +34,8 @@ class WebhookChannel(HttpBase):
         endpoint, message = delivery.endpoint, delivery.message
         if endpoint is None or message is None:
             return Result("failed", error="the endpoint or the message no longer exists")
+        if endpoint.locked is not None:  # never sent unsigned: retried until a key opens it
+            return Result("retry", error=endpoint.locked)
         if not endpoint.secrets:
             return Result("retry", error="the endpoint has no active secret")
         assert self.outbound is not None

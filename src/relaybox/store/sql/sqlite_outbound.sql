@@ -66,6 +66,13 @@ SELECT endpoint_id, secret, created_at, expires_at FROM relaybox_endpoint_secret
 WHERE endpoint_id IN (SELECT value FROM json_each(?1)) AND (expires_at IS NULL OR expires_at > ?2)
 ORDER BY endpoint_id, id DESC
 
+-- name: endpoint_secrets_all
+-- Every stored secret, expired ones too (relaybox endpoints seal-secrets).
+SELECT id, secret FROM relaybox_endpoint_secrets ORDER BY id
+
+-- name: endpoint_secret_set
+UPDATE relaybox_endpoint_secrets SET secret = ?2 WHERE id = ?1
+
 -- name: lane_upsert
 INSERT INTO relaybox_lanes (lane, max_in_flight, rate_limit) VALUES (?1, ?2, ?3)
 ON CONFLICT (lane) DO UPDATE
