@@ -55,6 +55,13 @@ def test_the_first_key_seals_and_every_key_opens() -> None:
         new.open(sealed)
     with pytest.raises(SecretsLocked, match="secrets_key is not set"):
         Vault(None).open(sealed)
+    assert [v.state(sealed) for v in (old, both, new, Vault(None))] == [
+        "current",
+        "older",
+        "locked",
+        "locked",
+    ]
+    assert new.state("whsec_abc") == "plaintext"
     moved = both.reseal(sealed)
     assert moved is not None and new.open(moved) == "whsec_abc"
     assert both.reseal(moved) is None  # already under the first key
@@ -194,6 +201,7 @@ def test_operator_commands_make_a_key_and_seal(
         run("endpoints", "create", "--tenant", "t1", "--url", "https://hooks.example.com/x").stdout
     )
     run("endpoints", "seal-secrets", code=2)  # no key configured: says so
+    assert doctor(run, key=None) == ("warn", "1 endpoint secret(s) stored in plaintext")
     assert json.loads(run("endpoints", "seal-secrets", key=made).stdout) == {
         "sealed": 1,
         "already": 0,
@@ -202,3 +210,14 @@ def test_operator_commands_make_a_key_and_seal(
     assert [s["secret"] for s in shown["secrets"]] == [created["secret"]]
     locked = run("endpoints", "show", created["id"], code=1)  # the key is missing
     assert "secrets_key is not set" in locked.output
+    assert doctor(run, key=made) == ("ok", "1 endpoint secret(s) sealed")
+    rotated = f"{new_key()},{made}"
+    assert doctor(run, key=rotated) == ("warn", "0 in plaintext and 1 under an older key")
+    assert doctor(run, key=new_key(), code=1)[0] == "fail"
+
+
+def doctor(run: Any, *, key: str | None, code: int = 0) -> tuple[str, str]:
+    """``relaybox doctor``'s secrets check: (status, the start of its detail)."""
+    checks = json.loads(run("doctor", "--json", key=key, code=code).stdout)["checks"]
+    [found] = [c for c in checks if c["check"] == "secrets"]
+    return found["status"], found["detail"].split(":")[0]

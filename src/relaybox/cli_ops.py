@@ -800,6 +800,8 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
         )
     else:
         checks.add("migrations", "ok", f"all {len(known)} applied")
+    if not missing:
+        await _doctor_secrets(box, checks)
     skew = db_now - (before + after) / 2
     detail = f"database clock {skew:+.3f} s from this machine's"
     if abs(skew) > max_skew:
@@ -811,6 +813,40 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
         )
     else:
         checks.add("clock", "ok", detail)
+
+
+async def _doctor_secrets(box: Relaybox, checks: _Checks) -> None:
+    """Endpoint signing secrets against ``outbound.secrets_key``."""
+    from relaybox.outbound.endpoints import secrets_at_rest
+    from relaybox.outbound.registry import outbound
+
+    n = await secrets_at_rest(box)
+    if not any(n.values()):
+        return
+    if n["locked"]:
+        checks.add(
+            "secrets",
+            "fail",
+            f"{n['locked']} endpoint secret(s) sealed with a key outbound.secrets_key does"
+            " not hold: deliveries to their endpoints are held until it does",
+        )
+    elif n["plaintext"] and not outbound(box).vault.sealing:
+        checks.add(
+            "secrets",
+            "warn",
+            f"{n['plaintext']} endpoint secret(s) stored in plaintext: whoever reads the"
+            " database can sign webhooks; set outbound.secrets_key, then run"
+            " `relaybox endpoints seal-secrets`",
+        )
+    elif n["plaintext"] or n["older"]:
+        checks.add(
+            "secrets",
+            "warn",
+            f"{n['plaintext']} in plaintext and {n['older']} under an older key:"
+            " run `relaybox endpoints seal-secrets`",
+        )
+    else:
+        checks.add("secrets", "ok", f"{n['current']} endpoint secret(s) sealed")
 
 
 @click.command()

@@ -389,6 +389,18 @@ async def seal_secrets(box: Relaybox) -> dict[str, int]:
     return {"sealed": sealed, "already": len(found) - sealed}
 
 
+async def secrets_at_rest(box: Relaybox) -> dict[str, int]:
+    """How the stored secrets stand against ``outbound.secrets_key``: counts of
+    ``plaintext``, ``current``, ``older`` and ``locked`` (see :meth:`Vault.state`)."""
+    vault, store = outbound(box).vault, box.store
+    async with store.transaction() as conn:
+        found = await db.rows(conn, store, "endpoint_secrets_all")
+    counts = dict.fromkeys(("plaintext", "current", "older", "locked"), 0)
+    for r in found:
+        counts[vault.state(r["secret"])] += 1
+    return counts
+
+
 async def endpoint_secrets(
     box: Relaybox, endpoint_id: str, tenant: str | None
 ) -> list[dict[str, Any]] | None:

@@ -94,16 +94,25 @@ class Vault:
         self._opened[stored] = found
         return found
 
+    def state(self, stored: str) -> str:
+        """``plaintext``, ``current`` (sealed with the first key), ``older`` (with
+        another configured key) or ``locked`` (no configured key opens it)."""
+        if not stored.startswith(PREFIX):
+            return "plaintext"
+        if self._first is None or self._all is None:
+            return "locked"
+        token = stored[len(PREFIX) :].encode()
+        for fernet, state in ((self._first, "current"), (self._all, "older")):
+            try:
+                fernet.decrypt(token)
+                return state
+            except InvalidToken:
+                pass
+        return "locked"
+
     def reseal(self, stored: str) -> str | None:
         """``stored`` sealed with the first key, or ``None`` when it already is (or no
         key is set). Raises :class:`SecretsLocked` when no key opens it."""
-        if self._first is None:
+        if self._first is None or self.state(stored) == "current":
             return None
-        if stored.startswith(PREFIX):
-            token = stored[len(PREFIX) :].encode()
-            try:
-                self._first.decrypt(token)
-                return None  # sealed with the first key already
-            except InvalidToken:
-                pass
         return self.seal(self.open(stored))

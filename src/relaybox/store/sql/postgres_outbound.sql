@@ -73,8 +73,8 @@ WHERE endpoint_id = ANY($1::text[]) AND (expires_at IS NULL OR expires_at > $2)
 ORDER BY endpoint_id, id DESC
 
 -- name: endpoint_secrets_all
--- Every stored secret, expired ones too (relaybox endpoints seal-secrets).
-SELECT id, secret FROM relaybox_endpoint_secrets ORDER BY id FOR UPDATE
+-- Every stored secret, expired ones too (relaybox endpoints seal-secrets, doctor).
+SELECT id, secret FROM relaybox_endpoint_secrets ORDER BY id
 
 -- name: endpoint_secret_set
 UPDATE relaybox_endpoint_secrets SET secret = $2 WHERE id = $1

@@ -67,7 +67,7 @@ WHERE endpoint_id IN (SELECT value FROM json_each(?1)) AND (expires_at IS NULL O
 ORDER BY endpoint_id, id DESC
 
 -- name: endpoint_secrets_all
--- Every stored secret, expired ones too (relaybox endpoints seal-secrets).
+-- Every stored secret, expired ones too (relaybox endpoints seal-secrets, doctor).
 SELECT id, secret FROM relaybox_endpoint_secrets ORDER BY id
 
 -- name: endpoint_secret_set
