@@ -21,9 +21,9 @@ from typing import Any
 
 import click
 
+from relaybox import log
 from relaybox.app import ROLES, Relaybox
 from relaybox.errors import ConfigurationError
-from relaybox.log import configure_logging
 
 __all__ = ["main"]
 
@@ -135,7 +135,7 @@ def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: sys.exit(0))
     box = load_box(app, config, database_url)
-    configure_logging(box.settings.log_level, json=box.settings.log_json)
+    log.configure_logging(box.settings.log_level, json=box.settings.log_json)
     role_set = tuple(r.strip() for r in roles.split(",") if r.strip())
     unknown = set(role_set) - set(ROLES)
     if unknown:
@@ -177,7 +177,7 @@ def worker(
 ) -> None:
     """Process the inbox until SIGTERM/SIGINT (finishing what it holds)."""
     box = load_box(app, config, database_url)
-    configure_logging(box.settings.log_level, json=box.settings.log_json)
+    log.configure_logging(box.settings.log_level, json=box.settings.log_json)
 
     async def run() -> None:
         w = box.worker(concurrency=concurrency)

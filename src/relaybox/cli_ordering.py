@@ -19,10 +19,10 @@ from typing import Any
 
 import click
 
+from relaybox import log
 from relaybox.app import Relaybox
 from relaybox.cli import EXIT_FAILED, _run_db, app_options, load_box
 from relaybox.errors import ConfigurationError
-from relaybox.log import configure_logging
 
 __all__ = ["COMMANDS", "parse_time"]
 
@@ -55,7 +55,7 @@ def parse_time(value: str, now: float) -> float:
 def _setup(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
     box = load_box(app, config, database_url)
     # Logs go to stderr, so --json output on stdout stays parseable.
-    configure_logging(box.settings.log_level, json=box.settings.log_json)
+    log.configure_logging(box.settings.log_level, json=box.settings.log_json)
     return box
 
 
