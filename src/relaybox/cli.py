@@ -125,15 +125,17 @@ def serve(
     """Serve the receiver (POST /webhooks/{source}) and run the worker."""
     import uvicorn
 
+    # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown; Python's default
+    # handler would then end the process by the signal (exit 143, and before atexit
+    # stops an embedded PostgreSQL). A graceful stop exits 0, as `worker` and
+    # `dispatch` do.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(0))
     server_handle = None
     if postgres_embedded:
         from relaybox.embedded import start_embedded_postgres
 
         database_url, server_handle = start_embedded_postgres(Path(".relaybox/pg").resolve())
-        # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown; with Python's
-        # default handler that ends the process before atexit stops the server.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: sys.exit(0))
     box = load_box(app, config, database_url)
     log.configure_logging(box.settings.log_level, json=box.settings.log_json)
     role_set = tuple(r.strip() for r in roles.split(",") if r.strip())
