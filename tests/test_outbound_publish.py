@@ -3,6 +3,7 @@ and the repair tools (redeliver, recover, undelivered), on SQLite and PostgreSQL
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -154,6 +155,22 @@ async def test_disabling_kills_waiting_rows_and_enabling_lets_recover_resend(
         assert (row["status"], row["dead_reason"]) == ("dead", "endpoint_disabled")
         assert await redeliver(box, message.id, tenant="t1") == 0  # not to a disabled one
         await enable_endpoint(box, endpoint_id, tenant="t1")
+        await enable_endpoint(box, endpoint_id, tenant="t1")  # on already: no second event
         assert await recover(box, endpoint_id, since=0, tenant="t1") == 1
         assert await dispatcher.run_once() == 1
         assert [r.webhook_id for r in receiver.requests] == [message.id]
+    operational = await box.store.fetch_all(
+        "SELECT event_type, body FROM relaybox_messages WHERE tenant = 'relaybox'"
+    )
+    types = sorted(m["event_type"] for m in operational)
+    assert types == ["relaybox.endpoint.disabled", "relaybox.endpoint.enabled"]  # one each
+    [enabled] = [
+        json.loads(m["body"])["data"]
+        for m in operational
+        if m["event_type"] == "relaybox.endpoint.enabled"
+    ]
+    assert (enabled["endpointId"], enabled["tenant"], enabled["wasDisabled"]) == (
+        endpoint_id,
+        "t1",
+        "manual",
+    )

@@ -294,12 +294,26 @@ async def delete_endpoint(box: Relaybox, endpoint_id: str, tenant: str) -> bool:
 
 async def enable_endpoint(box: Relaybox, endpoint_id: str, *, tenant: str | None) -> bool:
     """Switch an endpoint back on (its failure streak starts again). Dead letters of
-    the time it was off are not resent: use ``recover`` for that."""
-    if await get_endpoint(box, endpoint_id, tenant) is None:
+    the time it was off are not resent: use ``recover`` for that. When it was off,
+    ``relaybox.endpoint.enabled`` is published to the operational tenant in the same
+    transaction (the counterpart of ``relaybox.endpoint.disabled``)."""
+    current = await get_endpoint(box, endpoint_id, tenant)
+    if current is None:
         return False
     store, now = box.store, box.clock.now()
     async with store.transaction() as conn:
-        await db.execute(conn, store, "endpoint_set_status", endpoint_id, "enabled", None, now)
+        row = await db.first(conn, store, "endpoint_set_status", endpoint_id, "enabled", None, now)
+        if row is not None:
+            data = {
+                "endpointId": endpoint_id,
+                "tenant": row["tenant"],
+                "url": row["url"],
+                "wasDisabled": current.disabled_reason,
+            }
+            ops = outbound(box).settings.operational_tenant
+            await publish(box, conn, "relaybox.endpoint.enabled", data, tenant=ops)
+    if row is not None:
+        log.info("endpoint_enabled", endpoint_id=endpoint_id, tenant=row["tenant"])
     return True
 
 
