@@ -14,7 +14,7 @@ import standardwebhooks
 from relaybox import FrozenClock, Relaybox
 from relaybox.outbound import create_api_key, define_event_type, revoke_api_key
 from tests.conftest import Served
-from tests.support.outbound_app import local
+from tests.support.outbound_app import dispatch_once, local
 from tests.support.receivers import HttpReceiver, Reply
 
 
@@ -49,14 +49,6 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 async def api(box: Relaybox, server: str, http: aiohttp.ClientSession) -> Api:
     _, key = await create_api_key(box, "client-42", "tests")
     return Api(http, server, key)
-
-
-async def dispatch(box: Relaybox) -> int:
-    d = box.dispatcher()
-    try:
-        return await d.run_once()
-    finally:
-        await d.close()
 
 
 async def test_every_call_needs_a_valid_key(
@@ -149,7 +141,7 @@ async def test_seed_003_flow_register_publish_deliver_redeliver(
         status, again = await api.call("POST", "/messages", body, **{"Idempotency-Key": "a-1"})
         assert (status, again["id"]) == (200, message["id"])
 
-        assert await dispatch(box) == 1
+        assert await dispatch_once(box) == 1
         [seen] = receiver.requests
         standardwebhooks.Webhook(hook["secret"]).verify(seen.body, seen.headers)
         assert seen.webhook_id == message["id"]
@@ -162,7 +154,7 @@ async def test_seed_003_flow_register_publish_deliver_redeliver(
 
         status, redone = await api.call("POST", f"/messages/{message['id']}/redeliver")
         assert (status, redone) == (202, {"redelivered": 1})
-        await dispatch(box)
+        await dispatch_once(box)
         assert [r.webhook_id for r in receiver.requests] == [message["id"]] * 2
 
         _, listed = await api.call("GET", "/messages?event_type=pet.adopted&limit=10")
@@ -187,7 +179,7 @@ async def test_rotate_test_event_undelivered_and_recover(
 
         status, test = await api.call("POST", f"/endpoints/{endpoint_id}/test")
         assert status == 202 and test["event_type"] == "relaybox.test"
-        await dispatch(box)  # 400: dead
+        await dispatch_once(box)  # 400: dead
         _, undelivered = await api.call("GET", "/undelivered")
         assert [(d["message_id"], d["dead_reason"]) for d in undelivered["data"]] == [
             (test["id"], "rejected")
@@ -196,7 +188,7 @@ async def test_rotate_test_event_undelivered_and_recover(
             "POST", f"/endpoints/{endpoint_id}/recover", {"since": "2000-01-01T00:00:00Z"}
         )
         assert (status, recovered) == (202, {"recovered": 1})
-        await dispatch(box)
+        await dispatch_once(box)
         second = receiver.requests[1]
         for secret in (old, rotated["secret"]):
             standardwebhooks.Webhook(secret).verify(second.body, second.headers)

@@ -23,7 +23,7 @@ from relaybox.outbound.endpoints import InvalidEndpoint, endpoint_secrets
 from relaybox.outbound.settings import OutboundSettings
 from relaybox.outbound.vault import PREFIX, SecretsLocked, Vault, new_key
 from tests.conftest import Served
-from tests.support.outbound_app import endpoint, local, outbox_rows, publish_one
+from tests.support.outbound_app import dispatch_once, endpoint, local, outbox_rows, publish_one
 from tests.support.receivers import HttpReceiver
 
 OLD, NEW = new_key(), new_key()
@@ -32,14 +32,6 @@ OLD, NEW = new_key(), new_key()
 async def stored(box: Relaybox) -> list[str]:
     rows = await box.store.fetch_all("SELECT secret FROM relaybox_endpoint_secrets ORDER BY id")
     return [r["secret"] for r in rows]
-
-
-async def deliver(box: Relaybox) -> int:
-    d = box.dispatcher()
-    try:
-        return await d.run_once()
-    finally:
-        await d.close()
 
 
 # -- the vault on its own ------------------------------------------------------------
@@ -97,7 +89,7 @@ async def test_sealed_secrets_sign_deliveries_that_verify(
         shown = await endpoint_secrets(box, endpoint_id, "t1")
         assert shown is not None and [s["secret"] for s in shown] == [secret]
         await publish_one(box)
-        assert await deliver(box) == 2
+        assert await dispatch_once(box) == 2
         seen = next(r for r in receiver.requests if "v1," in r.headers["webhook-signature"])
     standardwebhooks.Webhook(secret).verify(seen.body, seen.headers)
     assert [r["status"] for r in await outbox_rows(box)] == ["sent", "sent"]
@@ -114,7 +106,7 @@ async def test_a_wrong_key_holds_deliveries_until_the_right_one_returns(
         endpoint_id, secret = await endpoint(box, receiver.url)
         configure(box, secrets_key=NEW)  # the old key was lost from the configuration
         await publish_one(box)
-        assert await deliver(box) == 1
+        assert await dispatch_once(box) == 1
         assert receiver.requests == []
         [row] = await outbox_rows(box)
         assert row["status"] == "pending"
@@ -127,7 +119,7 @@ async def test_a_wrong_key_holds_deliveries_until_the_right_one_returns(
         assert await seal_secrets(box) == {"sealed": 0, "already": 1}
         configure(box, secrets_key=NEW)  # the old key can go
         clock.advance(10)  # the first retry's delay (5 s, no jitter in tests)
-        assert await deliver(box) == 1
+        assert await dispatch_once(box) == 1
         [seen] = receiver.requests
     standardwebhooks.Webhook(secret).verify(seen.body, seen.headers)
     assert [r["status"] for r in await outbox_rows(box)] == ["sent"]
@@ -145,12 +137,12 @@ async def test_secrets_stored_before_a_key_was_set_keep_working_then_get_sealed(
             await seal_secrets(box)
         configure(box, secrets_key=OLD)
         await publish_one(box)
-        assert await deliver(box) == 1
+        assert await dispatch_once(box) == 1
         assert await seal_secrets(box) == {"sealed": 1, "already": 0}
         [value] = await stored(box)
         assert value.startswith(PREFIX) and secret not in value
         await publish_one(box, data={"petId": "p2"})
-        assert await deliver(box) == 1
+        assert await dispatch_once(box) == 1
         first, second = receiver.requests
     for seen in (first, second):
         standardwebhooks.Webhook(secret).verify(seen.body, seen.headers)

@@ -23,7 +23,7 @@ from relaybox.outbound import (
     create_endpoint,
 )
 
-__all__ = ["LOCAL", "box", "endpoint", "local", "outbox_rows", "publish_one"]
+__all__ = ["LOCAL", "box", "dispatch_once", "endpoint", "local", "outbox_rows", "publish_one"]
 
 LOCAL: dict[str, Any] = {
     "allow_insecure_loopback": True,
@@ -64,6 +64,15 @@ async def publish_one(
         return await b.publish(  # type: ignore[no-any-return]
             conn, event_type, {"petId": "p1"} if data is None else data, tenant=tenant, **options
         )
+
+
+async def dispatch_once(b: Relaybox) -> int:
+    """One ``run_once`` of a fresh dispatcher, closed after: how many rows it leased."""
+    d = b.dispatcher()
+    try:
+        return await d.run_once()
+    finally:
+        await d.close()
 
 
 async def outbox_rows(b: Relaybox) -> list[dict[str, Any]]:
