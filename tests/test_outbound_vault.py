@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from relaybox import FrozenClock, Relaybox
 from relaybox.cli import main
-from relaybox.outbound import configure, seal_secrets
+from relaybox.outbound import configure, create_api_key, seal_secrets
 from relaybox.outbound.endpoints import InvalidEndpoint, endpoint_secrets
 from relaybox.outbound.settings import OutboundSettings
 from relaybox.outbound.vault import PREFIX, SecretsLocked, Vault, new_key
@@ -151,8 +151,6 @@ async def test_secrets_stored_before_a_key_was_set_keep_working_then_get_sealed(
 async def test_the_api_answers_503_when_no_key_opens_the_secret(
     box: Relaybox, clock: FrozenClock
 ) -> None:
-    from relaybox.outbound import create_api_key
-
     local(box, secrets_key=OLD)
     _, key = await create_api_key(box, "t1", "tests")
     endpoint_id, secret = await endpoint(box, "https://hooks.example.com/x")
