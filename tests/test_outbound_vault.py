@@ -18,8 +18,9 @@ from pydantic import ValidationError
 
 from relaybox import FrozenClock, Relaybox
 from relaybox.cli import main
+from relaybox.errors import ConfigurationError
 from relaybox.outbound import configure, create_api_key, seal_secrets
-from relaybox.outbound.endpoints import InvalidEndpoint, endpoint_secrets
+from relaybox.outbound.endpoints import endpoint_secrets
 from relaybox.outbound.settings import OutboundSettings
 from relaybox.outbound.vault import PREFIX, SecretsLocked, Vault, new_key
 from tests.conftest import Served
@@ -133,7 +134,7 @@ async def test_secrets_stored_before_a_key_was_set_keep_working_then_get_sealed(
     async with HttpReceiver() as receiver:
         _, secret = await endpoint(box, receiver.url)
         assert await stored(box) == [secret]  # no key: as before
-        with pytest.raises(InvalidEndpoint, match=r"set outbound\.secrets_key"):
+        with pytest.raises(ConfigurationError, match=r"set outbound\.secrets_key"):
             await seal_secrets(box)
         configure(box, secrets_key=OLD)
         await publish_one(box)

@@ -16,6 +16,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.errors import ConfigurationError
 from relaybox.outbound import db
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
@@ -389,7 +390,7 @@ async def seal_secrets(box: Relaybox) -> dict[str, int]:
     One transaction; returns how many were sealed and how many already were."""
     vault = outbound(box).vault
     if not vault.sealing:
-        raise InvalidEndpoint("set outbound.secrets_key (RELAYBOX_OUTBOUND__SECRETS_KEY) first")
+        raise ConfigurationError("set outbound.secrets_key (RELAYBOX_OUTBOUND__SECRETS_KEY) first")
     store = box.store
     sealed = 0
     async with store.transaction() as conn:
