@@ -594,6 +594,12 @@ async def test_endpoint_disable_enable_recover_through_the_api(
     assert on.status_code == 200 and on.json()["status"] == "enabled"
     assert on.json()["disabled_reason"] is None
     assert (await act("enable", reason="x")).json()["error"] == "already_enabled"
+    [enabled] = await box.store.fetch_all(
+        "SELECT body FROM relaybox_messages WHERE event_type = 'relaybox.endpoint.enabled'"
+    )
+    data = json.loads(enabled["body"])["data"]
+    assert data["reason"].startswith("manual by ") and data["reason"].endswith(": receiver moved")
+    assert data["wasDisabled"] == "manual by alice: receiver migrating"
     window = await act("recover", reason="fixed", since=clock.now() + 1)
     assert window.status_code == 200 and window.json()["recovered"] == 0  # created before
     back = await act("recover", reason="fixed", since=clock.now() - 3600)

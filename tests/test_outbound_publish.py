@@ -169,8 +169,9 @@ async def test_disabling_kills_waiting_rows_and_enabling_lets_recover_resend(
         for m in operational
         if m["event_type"] == "relaybox.endpoint.enabled"
     ]
-    assert (enabled["endpointId"], enabled["tenant"], enabled["wasDisabled"]) == (
+    assert (enabled["endpointId"], enabled["tenant"], enabled["reason"]) == (
         endpoint_id,
         "t1",
         "manual",
     )
+    assert enabled["wasDisabled"] == "manual"

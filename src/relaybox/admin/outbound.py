@@ -391,8 +391,9 @@ async def _endpoint_or_404(box: Relaybox, endpoint_id: str) -> Any:
     return found
 
 
-def _disabled_reason(actor: str, reason: str) -> str:
-    """``manual`` is what the CLI and the tenant API record; an operator adds who and why."""
+def _manual(actor: str, reason: str) -> str:
+    """The reason of an operator's disable or enable: ``manual`` is what the CLI and
+    the tenant API record; an operator adds who and why."""
     return f"manual by {actor}: {reason}"
 
 
@@ -410,7 +411,7 @@ async def endpoint_disable(
             f"endpoint {endpoint_id} is already disabled ({current.disabled_reason})",
             code="already_disabled",
         )
-    await disable_endpoint(box, endpoint_id, tenant=None, reason=_disabled_reason(actor, reason))
+    await disable_endpoint(box, endpoint_id, tenant=None, reason=_manual(actor, reason))
     after = await _endpoint_or_404(box, endpoint_id)
     log.info(
         "endpoint_action", action="disable", endpoint_id=endpoint_id, actor=actor, reason=reason
@@ -434,7 +435,7 @@ async def endpoint_enable(
     current = await _endpoint_or_404(box, endpoint_id)
     if current.status == "enabled":
         raise ops.Conflict(f"endpoint {endpoint_id} is already enabled", code="already_enabled")
-    await enable_endpoint(box, endpoint_id, tenant=None)
+    await enable_endpoint(box, endpoint_id, tenant=None, reason=_manual(actor, reason))
     after = await _endpoint_or_404(box, endpoint_id)
     log.info(
         "endpoint_action",

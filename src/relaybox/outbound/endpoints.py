@@ -293,11 +293,13 @@ async def delete_endpoint(box: Relaybox, endpoint_id: str, tenant: str) -> bool:
     return True
 
 
-async def enable_endpoint(box: Relaybox, endpoint_id: str, *, tenant: str | None) -> bool:
+async def enable_endpoint(
+    box: Relaybox, endpoint_id: str, *, tenant: str | None, reason: str = "manual"
+) -> bool:
     """Switch an endpoint back on (its failure streak starts again). Dead letters of
     the time it was off are not resent: use ``recover`` for that. When it was off,
     ``relaybox.endpoint.enabled`` is published to the operational tenant in the same
-    transaction (the counterpart of ``relaybox.endpoint.disabled``)."""
+    transaction (the counterpart of ``relaybox.endpoint.disabled``, with ``reason``)."""
     current = await get_endpoint(box, endpoint_id, tenant)
     if current is None:
         return False
@@ -309,6 +311,7 @@ async def enable_endpoint(box: Relaybox, endpoint_id: str, *, tenant: str | None
                 "endpointId": endpoint_id,
                 "tenant": row["tenant"],
                 "url": row["url"],
+                "reason": reason,
                 "wasDisabled": current.disabled_reason,
             }
             ops = outbound(box).settings.operational_tenant
