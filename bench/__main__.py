@@ -12,7 +12,9 @@ def main() -> None:
     parser.add_argument("which", choices=["accept", "process", "dispatch", "growth", "all"])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--seconds", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating rounds of accept and growth"
+    )
     args = parser.parse_args()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"relaybox bench, {stamp}, {platform.node()}, {platform.python_version()}")
@@ -32,7 +34,7 @@ def main() -> None:
     if args.which in ("growth", "all"):
         from bench import growth
 
-        tables.append(growth.main(quick=args.quick))
+        tables.append(growth.main(quick=args.quick, rounds=args.rounds))
     print()
     print("\n\n".join(tables))
 
