@@ -32,10 +32,18 @@ def pg_url(name: str) -> str:
     return f"{base}/{name}"
 
 
-def fresh_pg_database(name: str) -> str:
+def fresh_pg_database(name: str, template: str | None = None) -> str:
+    """An empty database ``name``, or a copy of database ``template`` (its files:
+    seconds for a million rows), replacing any database of that name."""
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+        if template is None:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        else:
+            try:
+                conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY')
+            except psycopg.errors.SyntaxError:  # PostgreSQL before 15 copies files anyway
+                conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     return pg_url(name)
 
 

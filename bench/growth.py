@@ -18,16 +18,7 @@ import asyncpg
 import psutil
 
 from bench.accept import make_requests, run_wrk
-from bench.common import (
-    PG_ADMIN,
-    ROOT,
-    free_port,
-    fresh_pg_database,
-    median,
-    pg_url,
-    serve,
-    table,
-)
+from bench.common import ROOT, free_port, fresh_pg_database, median, serve, table
 from bench.process import WORKSPACES
 
 
@@ -133,21 +124,7 @@ async def worker_rss(url: str, seconds: float) -> tuple[float, float]:
     return first, last
 
 
-def copy_of(template: str, name: str) -> str:
-    """A fresh database ``name`` copied from ``template`` (its files: seconds for 1M
-    rows), so that every run starts from the same table."""
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        try:
-            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY')
-        except psycopg.errors.SyntaxError:  # PostgreSQL before 15 copies files anyway
-            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    return pg_url(name)
-
-
-def main(*, quick: bool = False, rounds: int = 2) -> str:
+def main(*, quick: bool = False, rounds: int = 3) -> str:
     sizes = [1_000, 10_000] if quick else [10_000, 100_000, 1_000_000]
     # 20,000 events: ~10 s at each size (5,000 took ~2.5 s, and one autovacuum or
     # checkpoint during it swung the rate by 20 %).
@@ -159,22 +136,20 @@ def main(*, quick: bool = False, rounds: int = 2) -> str:
     with tempfile.TemporaryDirectory(prefix="relaybox-growth-") as tmp:
         reqfile = Path(tmp) / "requests.tsv"
         make_requests(reqfile, 100_000 if not quick else 10_000)
-        templates = {}
         for size in sizes:  # seeded once; every run gets a copy
-            templates[size] = fresh_pg_database(f"bench_growth_{size}_seed")
-            asyncio.run(seed(templates[size], size, pending))
+            asyncio.run(seed(fresh_pg_database(f"bench_growth_{size}_seed"), size, pending))
         # Accept alternates over the sizes, round after round (medians): a single run
         # per size let the VM's drift between runs pass for growth (2026-12-01: the
         # first size, run first, read 1.00 against 1.22 and 1.29 for the larger ones).
         for _ in range(rounds):
             for size in sizes:
-                url = copy_of(f"bench_growth_{size}_seed", f"bench_growth_{size}")
+                url = fresh_pg_database(f"bench_growth_{size}", f"bench_growth_{size}_seed")
                 app = {"BENCH_APP": "relaybox", "BENCH_DB_URL": url}
                 with serve(app, port=free_port()) as base:
                     accepts[size].append(run_wrk(base, reqfile, 3 if quick else 5, 64)["rate"])
                 print(f"  growth {size:>9,} rows: accept {accepts[size][-1]:,.0f}/s", flush=True)
         for size in sizes:
-            url = copy_of(f"bench_growth_{size}_seed", f"bench_growth_{size}")
+            url = fresh_pg_database(f"bench_growth_{size}", f"bench_growth_{size}_seed")
             processes[size] = asyncio.run(process_rate(url, pending))
             plans = asyncio.run(explain(url))
             print(f"  growth {size:>9,} rows: process {processes[size]:,.0f}/s", flush=True)
