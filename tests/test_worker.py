@@ -528,6 +528,58 @@ async def test_in_a_group_a_handler_that_swallows_a_database_error_fails_alone(
 
 
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_a_groups_statements_are_prepared_once_per_connection(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """The statements a group's BEGIN and COMMIT messages carry run as ``EXECUTE`` of
+    statements prepared on the connection before its first group. If something
+    deallocates one (``DISCARD ALL`` from elsewhere, say), the next group fails with
+    the database's error, its rows come back after the hold, and the connection
+    prepares its statements again."""
+    prepared: list[list[str]] = []
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        await ctx.once(f"k:{ctx.event.event_id}")
+        await ctx.outbox.add("email", f"m:{ctx.event.event_id}", {})
+        found = await ctx.conn.execute(
+            text("SELECT name FROM pg_prepared_statements WHERE name LIKE 'relaybox%'")
+        )
+        prepared.append(sorted(r[0] for r in found))
+        if ctx.event.event_id == "e2":
+            await ctx.conn.execute(text("DEALLOCATE relaybox_inbox_lock_group"))
+
+    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 7)])
+    worker = box.worker(group=2, concurrency=1, batch=2)
+    assert await worker.run_once() == 2  # e1, e2: committed; e2's DEALLOCATE with them
+    assert prepared[0] == [
+        "relaybox_inbox_begin_done",
+        "relaybox_inbox_complete",
+        "relaybox_inbox_lock_group",
+        "relaybox_inbox_start_next",
+        "relaybox_inbox_start_next_group",
+        "relaybox_outbox_insert_rows",
+    ]
+    with pytest.raises(asyncpg.InvalidSQLStatementNameError):
+        await worker.run_once()  # e3, e4: their group's BEGIN finds no statement
+    clock.advance(worker.claim_hold + 1)
+    while await worker.run_once():
+        pass
+    assert "relaybox_inbox_lock_group" in prepared[-1]
+    state = await rows(box)
+    assert {e: (r["status"], r["attempts"]) for e, r in state.items()} == {
+        "e1": ("done", 1),
+        "e2": ("done", 1),
+        "e3": ("done", 2),
+        "e4": ("done", 2),
+        "e5": ("done", 1),
+        "e6": ("done", 1),
+    }
+    outbox = await box.store.fetch_all("SELECT key FROM relaybox_outbox ORDER BY key")
+    assert [r["key"] for r in outbox] == [f"m:e{i}" for i in range(1, 7)]
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 async def test_in_a_group_the_last_handler_swallowing_a_database_error_is_found_at_commit(
     box: Relaybox, clock: FrozenClock
 ) -> None:
