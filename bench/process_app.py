@@ -12,11 +12,14 @@ box = Relaybox()
 GRANT = text("UPDATE bench_balances SET credits = credits + 100 WHERE workspace = :w")
 
 
-@box.handler("bench", "invoice.paid")
+def grant_key(ctx: Context) -> str:
+    return f"bench:acct:{ctx.payload['invoice']}:initial-credit-grant"
+
+
+@box.handler("bench", "invoice.paid", business_key=grant_key, fingerprint="credits=100")
 async def grant(ctx: Context) -> None:
-    invoice = ctx.payload["invoice"]
-    workspace = ctx.payload["workspace"]
-    key = f"bench:acct:{invoice}:initial-credit-grant"
+    key = grant_key(ctx)
     if await ctx.once(key, fingerprint="credits=100"):
+        workspace = ctx.payload["workspace"]
         await ctx.conn.execute(GRANT, {"w": workspace})
         await ctx.outbox.add("email", key + ":confirmation", {"workspace": workspace})

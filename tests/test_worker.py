@@ -556,8 +556,10 @@ async def test_a_groups_statements_are_prepared_once_per_connection(
         "relaybox_inbox_begin_done",
         "relaybox_inbox_complete",
         "relaybox_inbox_lock_group",
+        "relaybox_inbox_lock_group_once",
         "relaybox_inbox_start_next",
         "relaybox_inbox_start_next_group",
+        "relaybox_operations_release",
         "relaybox_outbox_insert_rows",
     ]
     with pytest.raises(asyncpg.InvalidSQLStatementNameError):
@@ -840,3 +842,210 @@ async def test_the_connection_pool_has_room_for_every_chain(database_url: str) -
         assert wide.store.engine.pool.size() == 42  # type: ignore[attr-defined]
     finally:
         await wide.close()
+
+
+# -- declared business keys ------------------------------------------------------------
+
+
+async def _balances(box: Relaybox) -> None:
+    async with box.store.transaction() as conn:
+        await conn.execute(text("CREATE TABLE grants (invoice TEXT, event TEXT)"))
+
+
+async def _grants(box: Relaybox) -> list[tuple[str, str]]:
+    found = await box.store.fetch_all("SELECT invoice, event FROM grants ORDER BY event")
+    return [(r["invoice"], r["event"]) for r in found]
+
+
+async def _operations(box: Relaybox) -> dict[str, str]:
+    found = await box.store.fetch_all("SELECT business_key, fingerprint FROM relaybox_operations")
+    return {r["business_key"]: r["fingerprint"] for r in found}
+
+
+def _declare_grant(box: Relaybox, answers: dict[str, bool] | None = None) -> None:
+    """A handler declaring ``grant:{invoice}`` (fingerprint ``v1``), granting once."""
+
+    def key(ctx: Context) -> str | None:
+        return f"grant:{ctx.payload['invoice']}" if "invoice" in ctx.payload else None
+
+    @box.handler("s", "paid", business_key=key, fingerprint="v1")
+    async def grant(ctx: Context) -> None:
+        if ctx.payload.get("skip"):
+            return  # never asks: the declared key must not be recorded
+        first = await ctx.once()
+        if answers is not None:
+            answers[ctx.event.event_id] = first
+        if first:
+            await ctx.conn.execute(
+                text("INSERT INTO grants VALUES (:i, :e)"),
+                {"i": ctx.payload["invoice"], "e": ctx.event.event_id},
+            )
+        if ctx.payload.get("fail"):
+            raise RuntimeError("after the grant")
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_a_group_claims_its_declared_business_keys_with_its_begin(
+    box: Relaybox, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: the keys that handlers declare are inserted by the group's BEGIN
+    statement, so ``ctx.once()`` answers without a round trip of its own; the keys are
+    recorded with their fingerprint, and a key its handler did not ask for is not."""
+    await _balances(box)
+    answers: dict[str, bool] = {}
+    _declare_grant(box, answers)
+    asked: list[str] = []
+    insert = box.store.operation_insert
+
+    async def counting(conn: Any, **kw: Any) -> tuple[bool, str]:
+        asked.append(kw["business_key"])
+        return await insert(conn, **kw)
+
+    monkeypatch.setattr(box.store, "operation_insert", counting)
+    bodies = [{"invoice": "in_1"}, {"invoice": "in_2"}, {"invoice": "in_3", "skip": True}]
+    await box.store.inbox_accept(
+        [delivery(clock, f"e{i}", "paid", body) for i, body in enumerate(bodies, 1)]
+    )
+    assert await box.worker(group=4, concurrency=1).run_once() == 3
+    assert asked == []  # every answer came from the BEGIN's claim
+    assert answers == {"e1": True, "e2": True}
+    assert await _grants(box) == [("in_1", "e1"), ("in_2", "e2")]
+    assert await _operations(box) == {"grant:in_1": "v1", "grant:in_2": "v1"}
+    assert {r["status"] for r in (await rows(box)).values()} == {"done"}
+    # An event whose key function says None declares no key: its ctx.once() refuses.
+    await box.store.inbox_accept([delivery(clock, "e4", "paid", {})])
+    assert await box.worker(group=4, concurrency=1).run_once() == 1
+    e4 = (await rows(box))["e4"]
+    assert e4["status"] == "pending"
+    assert "needs a business key: the handler declares none" in e4["last_error"]
+
+
+async def test_declared_keys_that_exist_or_that_two_events_name_grant_once(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """Seed 000's "different event ids, one operation" with declared keys: two events
+    in one group name one invoice, and a third names an invoice granted before. On
+    PostgreSQL the group's claim comes back short, the group runs again asking per
+    event; either way each invoice is granted once and every event completes."""
+    await _balances(box)
+    answers: dict[str, bool] = {}
+    _declare_grant(box, answers)
+    await box.store.inbox_accept([delivery(clock, "e0", "paid", {"invoice": "in_0"})])
+    await box.worker(group=4, concurrency=1).run_once()
+    await box.store.inbox_accept(
+        [
+            delivery(clock, "e1", "paid", {"invoice": "in_1"}),
+            delivery(clock, "e2", "paid", {"invoice": "in_1"}),
+            delivery(clock, "e3", "paid", {"invoice": "in_0"}),
+            delivery(clock, "e4", "paid", {"invoice": "in_4"}),
+        ]
+    )
+    assert await box.worker(group=4, concurrency=1).run_once() == 4
+    assert answers == {"e0": True, "e1": True, "e2": False, "e3": False, "e4": True}
+    assert await _grants(box) == [("in_0", "e0"), ("in_1", "e1"), ("in_4", "e4")]
+    assert set(await _operations(box)) == {"grant:in_0", "grant:in_1", "grant:in_4"}
+    assert {r["status"] for r in (await rows(box)).values()} == {"done"}
+
+
+async def test_a_declared_key_rolls_back_with_its_failing_handler(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """A handler that failed after its ``ctx.once()``: its grant and its key roll back
+    (on PostgreSQL the group runs again with a savepoint per event, where nothing is
+    claimed with the BEGIN), its neighbours commit theirs, and its retry grants."""
+    await _balances(box)
+    _declare_grant(box)
+    await box.store.inbox_accept(
+        [
+            delivery(clock, "e1", "paid", {"invoice": "in_1"}),
+            delivery(clock, "e2", "paid", {"invoice": "in_2", "fail": True}),
+            delivery(clock, "e3", "paid", {"invoice": "in_3"}),
+        ]
+    )
+    worker = box.worker(group=3, concurrency=1)
+    assert await worker.run_once() == 3
+    assert await _grants(box) == [("in_1", "e1"), ("in_3", "e3")]
+    assert set(await _operations(box)) == {"grant:in_1", "grant:in_3"}
+    state = await rows(box)
+    assert (state["e2"]["status"], state["e2"]["attempts"]) == ("pending", 1)
+    assert "after the grant" in state["e2"]["last_error"]
+
+
+async def test_a_declared_key_with_another_fingerprint_is_a_conflict(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """The key exists with another fingerprint (another operation reuses it): dead
+    letter ``conflict``, as with ``ctx.once(key, fingerprint=...)``."""
+    await _balances(box)
+    _declare_grant(box)
+    async with box.store.transaction() as conn:
+        await box.store.operation_insert(
+            conn,
+            business_key="grant:in_1",
+            fingerprint="v0",
+            inbox_id=None,
+            source=None,
+            tenant=None,
+            now=clock.now(),
+        )
+    await box.store.inbox_accept(
+        [
+            delivery(clock, "e1", "paid", {"invoice": "in_1"}),
+            delivery(clock, "e2", "paid", {"invoice": "in_2"}),
+        ]
+    )
+    assert await box.worker(group=2, concurrency=1).run_once() == 2
+    state = await rows(box)
+    assert (state["e1"]["status"], state["e1"]["dead_reason"]) == ("dead", "conflict")
+    assert state["e2"]["status"] == "done"
+    assert await _grants(box) == [("in_2", "e2")]
+    assert await _operations(box) == {"grant:in_1": "v0", "grant:in_2": "v1"}
+
+
+async def test_a_declared_key_function_that_raises_fails_the_event_at_ctx_once(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """The key function's error is raised by ``ctx.once()``, in the handler: that event
+    retries with the error, the others in its group complete."""
+    await _balances(box)
+
+    def key(ctx: Context) -> str:
+        return "grant:" + ctx.payload["invoice"]
+
+    @box.handler("s", "paid", business_key=key)
+    async def grant(ctx: Context) -> None:
+        if await ctx.once():
+            await ctx.conn.execute(text("INSERT INTO grants VALUES ('x', :e)"), {"e": "y"})
+
+    await box.store.inbox_accept(
+        [delivery(clock, "e1", "paid", {"invoice": "in_1"}), delivery(clock, "e2", "paid", {})]
+    )
+    assert await box.worker(group=2, concurrency=1).run_once() == 2
+    state = await rows(box)
+    assert state["e1"]["status"] == "done"
+    assert (state["e2"]["status"], state["e2"]["attempts"]) == ("pending", 1)
+    assert "KeyError" in state["e2"]["last_error"]
+    assert set(await _operations(box)) == {"grant:in_1"}
+
+
+async def test_ctx_once_checks_the_declared_fingerprint(box: Relaybox, clock: FrozenClock) -> None:
+    """``ctx.once(key)`` for the declared key takes its fingerprint; another one is a
+    programming error, raised in the handler."""
+    seen: list[str] = []
+
+    @box.handler("s", "x", business_key=lambda ctx: "k:" + ctx.event.event_id, fingerprint="v1")
+    async def handler(ctx: Context) -> None:
+        if ctx.event.event_id == "e1":
+            assert await ctx.once("k:e1")  # the declared key, its fingerprint
+            assert not await ctx.once("k:e1")  # asked twice: the second is not the first
+            seen.append("e1")
+        else:
+            await ctx.once("k:e2", fingerprint="v2")
+
+    await box.store.inbox_accept([delivery(clock, "e1", "x", {}), delivery(clock, "e2", "x", {})])
+    await box.worker(group=2, concurrency=1).run_once()
+    state = await rows(box)
+    assert seen == ["e1"] or seen == ["e1", "e1"]
+    assert state["e1"]["status"] == "done"
+    assert "declared with fingerprint 'v1', not 'v2'" in state["e2"]["last_error"]
+    assert await _operations(box) == {"k:e1": "v1"}

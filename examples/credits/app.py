@@ -146,6 +146,19 @@ def _workspace(ctx: Context) -> str:
     return ctx.tenant
 
 
+def initial_grant_key(ctx: Context) -> str | None:
+    """The operation an ``invoice.paid`` performs, declared with its handler so that
+    the worker can claim it with the group's BEGIN (``None``: the event names no
+    invoice; the handler refuses it)."""
+    try:
+        invoice_id = _object(ctx).get("id")
+    except PermanentError:
+        return None
+    if not isinstance(invoice_id, str) or not invoice_id:
+        return None
+    return grant_key(ctx.event.source, ctx.event.account, invoice_id)
+
+
 async def grant_initial_credits(ctx: Context) -> None:
     """``invoice.paid`` → +100 credits for the account's workspace, once per invoice.
 
@@ -169,6 +182,8 @@ async def grant_initial_credits(ctx: Context) -> None:
     event = ctx.event
     key = grant_key(event.source, event.account, invoice_id)
     credits = CREDITS_PER_INVOICE
+    # The key is declared with the handler too (initial_grant_key), so the worker may
+    # have claimed it with the group's BEGIN: then this asks nothing of the database.
     if await ctx.once(key, fingerprint=f"credits={credits}"):
         now = ctx.box.clock.now()
         await ctx.conn.execute(
@@ -315,7 +330,12 @@ def configure(box: Relaybox, env: Mapping[str, str] | None = None) -> Relaybox:
     """Add the credits integration to an existing Relaybox: the ``stripe`` source
     (configured from ``env``, default ``os.environ``) and its handlers."""
     box.source("stripe", stripe_source(env))
-    box.handler("stripe", "invoice.paid")(grant_initial_credits)
+    box.handler(
+        "stripe",
+        "invoice.paid",
+        business_key=initial_grant_key,
+        fingerprint=f"credits={CREDITS_PER_INVOICE}",
+    )(grant_initial_credits)
     box.handler("stripe", "charge.refunded")(reverse_credits)
     box.handler("stripe", "*")(record_only)
     return box

@@ -32,7 +32,7 @@ from relaybox.metrics import Metrics
 from relaybox.receiver import Receiver
 from relaybox.sources.base import Source
 from relaybox.store import AcceptOutcome, NewDelivery, Store, open_store
-from relaybox.worker import Handler, Hooks, Worker
+from relaybox.worker import Context, Handler, Hooks, Registration, Worker
 
 __all__ = ["ROLES", "Relaybox"]
 
@@ -58,7 +58,7 @@ class Relaybox:
         self.metrics = Metrics()
         self.hooks = Hooks()
         self.sources: dict[str, Source] = {}
-        self._handlers: list[tuple[str, str, Handler]] = []
+        self._handlers: list[Registration] = []
         self._store: Store | None = None
         self._acceptor: Acceptor | None = None
         self._heap_frozen = False
@@ -86,21 +86,45 @@ class Relaybox:
         self.sources[name] = source
         return source
 
-    def handler(self, source: str, event_type: str = "*") -> Callable[[Handler], Handler]:
+    def handler(
+        self,
+        source: str,
+        event_type: str = "*",
+        *,
+        business_key: Callable[[Context], str | None] | None = None,
+        fingerprint: str = "",
+    ) -> Callable[[Handler], Handler]:
         """Register a handler for ``(source, event_type)``; both accept ``*`` wildcards.
-        The most specific registration wins (fewest wildcards, then first registered)."""
+        The most specific registration wins (fewest wildcards, then first registered).
+
+        ``business_key`` declares the business key the handler will ask for with
+        ``ctx.once(key)``, computed from its context (``lambda ctx:
+        f"acct:{ctx.payload['invoice']}:grant"``; ``None``: none for this event), with
+        its ``fingerprint``. The handler's code stays the same (``ctx.once()`` without
+        arguments also means the declared key). On PostgreSQL the worker then claims a
+        group's keys with its BEGIN, so ``ctx.once()`` answers without a round trip of
+        its own; a key that is taken already, or that two events of the group name,
+        sends the group back to asking per event, and a claimed key the handler does
+        not ask for is released with the COMMIT: the key is recorded exactly when the
+        handler's ``ctx.once()`` says True, as without a declaration."""
 
         def register(fn: Handler) -> Handler:
-            self._handlers.append((source, event_type, fn))
+            self._handlers.append(Registration(source, event_type, fn, business_key, fingerprint))
             return fn
 
         return register
 
     def handler_for(self, source: str, event_type: str) -> Handler | None:
+        found = self.registration_for(source, event_type)
+        return None if found is None else found.handler
+
+    def registration_for(self, source: str, event_type: str) -> Registration | None:
+        """The registration whose handler runs for ``(source, event_type)``."""
         matches = [
-            (src.count("*") + typ.count("*"), i, fn)
-            for i, (src, typ, fn) in enumerate(self._handlers)
-            if fnmatch.fnmatchcase(source, src) and fnmatch.fnmatchcase(event_type, typ)
+            (r.source.count("*") + r.event_type.count("*"), i, r)
+            for i, r in enumerate(self._handlers)
+            if fnmatch.fnmatchcase(source, r.source)
+            and fnmatch.fnmatchcase(event_type, r.event_type)
         ]
         return min(matches, key=lambda m: (m[0], m[1]))[2] if matches else None
 

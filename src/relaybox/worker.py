@@ -40,7 +40,7 @@ import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -54,11 +54,22 @@ from relaybox.store import InboxEvent, OutboxRow
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
-__all__ = ["Context", "Handler", "Hooks", "Outbox", "Worker"]
+__all__ = ["Context", "Handler", "Hooks", "Outbox", "Registration", "Worker"]
 
 log = structlog.get_logger("relaybox.worker")
 
 Handler = Callable[["Context"], Awaitable[None]]
+
+
+class Registration(NamedTuple):
+    """A handler as registered (:meth:`Relaybox.handler`)."""
+
+    source: str
+    event_type: str
+    handler: Handler
+    business_key: Callable[[Context], str | None] | None = None
+    fingerprint: str = ""
+
 
 _PG_GROUP = 16
 """Events per transaction on PostgreSQL by default (``worker.group``)."""
@@ -100,6 +111,27 @@ class Context:
     def __post_init__(self) -> None:
         self.outbox = Outbox(self)
         self._payload: Any = None
+        # The handler's declared business key (Relaybox.handler), its fingerprint, the
+        # error its function raised, and whether the group's BEGIN inserted it and no
+        # ctx.once() has answered for it yet.
+        self._key: str | None = None
+        self._fingerprint = ""
+        self._key_error: Exception | None = None
+        self._claimed = False
+
+    def _declare(self, registration: Registration) -> None:
+        if registration.business_key is None:
+            return
+        self._fingerprint = registration.fingerprint
+        try:
+            key = registration.business_key(self)
+        except Exception as exc:  # ctx.once() raises it, inside the handler
+            self._key_error = exc
+            return
+        if key is not None and not isinstance(key, str):
+            self._key_error = TypeError(f"business_key returned {type(key).__name__}, not str")
+            return
+        self._key = key
 
     @property
     def payload(self) -> Any:
@@ -117,7 +149,9 @@ class Context:
         """Outbox rows were recorded: the worker wakes the dispatchers after COMMIT."""
         return bool(self.outbox_rows)
 
-    async def once(self, business_key: str, *, fingerprint: str = "") -> bool:
+    async def once(
+        self, business_key: str | None = None, *, fingerprint: str | None = None
+    ) -> bool:
         """Record that the operation named by ``business_key`` happens now.
 
         Returns ``True`` the first time (apply the effect), ``False`` when the
@@ -125,7 +159,31 @@ class Context:
         decides, so two workers racing on one key cannot both get ``True``. Raises
         :class:`OperationConflict` when the key exists with another ``fingerprint``
         (a different operation is reusing this key). Keys are kept forever.
+
+        Without ``business_key``: the key the handler's registration declares
+        (``business_key=``, with its ``fingerprint``), which the worker may have
+        claimed already with the group's BEGIN (then no round trip here).
         """
+        if business_key is None:
+            if self._key_error is not None:
+                raise self._key_error
+            if self._key is None:
+                raise TypeError("ctx.once() needs a business key: the handler declares none")
+            business_key = self._key
+        if business_key == self._key:
+            if fingerprint is None:
+                fingerprint = self._fingerprint
+            elif fingerprint != self._fingerprint:
+                raise ValueError(
+                    f"business key {business_key!r} is declared with fingerprint "
+                    f"{self._fingerprint!r}, not {fingerprint!r}"
+                )
+            if self._claimed:  # inserted by the group's BEGIN: the first time
+                self._claimed = False
+                self.business_keys.append(business_key)
+                return True
+        elif fingerprint is None:
+            fingerprint = ""
         created, stored = await self.box.store.operation_insert(
             self.conn,
             business_key=business_key,
@@ -217,6 +275,9 @@ class _Job:
     # Its handler failed in a group that then rolled back: the outcome to record (the
     # handler does not run again for this attempt).
     failed: tuple[Context, _Outcome] | None = None
+    # Its group's BEGIN could not claim every declared business key (one existed, or
+    # two events named one): its next group asks with a round trip per ctx.once().
+    plain: bool = False
 
 
 _Report = tuple[str, str, str | None, dict[str, Any]]
@@ -228,9 +289,10 @@ class _Regroup(Exception):
     savepoint per event (a handler failed in a group without); otherwise every event
     runs again, each in a transaction of its own."""
 
-    def __init__(self, reason: str, *, again: bool = False):
+    def __init__(self, reason: str, *, again: bool = False, plain: bool = False):
         super().__init__(reason)
         self.again = again
+        self.plain = plain
 
 
 _ABORTED = "the handler went on after a database error: PostgreSQL had aborted its transaction"
@@ -353,7 +415,7 @@ class Worker:
         )
         self.rng = rng or random.Random()
         self.hooks = box.hooks
-        self._handlers: dict[tuple[str, str], Handler | None] = {}
+        self._handlers: dict[tuple[str, str], Registration | None] = {}
         self._handlers_known = -1  # registrations seen when _handlers was filled
         self._counters: dict[tuple[str, str], Any] = {}
         self._stopping = asyncio.Event()
@@ -620,18 +682,34 @@ class Worker:
                 try:
                     async with store.event_transaction(conn):
                         pairs = [(job.event.id, job.attempt) for job in jobs]
+                        # Declared business keys are claimed with the BEGIN, all or
+                        # none; with a savepoint per event a failing event's key would
+                        # outlive its rollback, so careful groups ask per ctx.once().
+                        plain = careful or any(job.plain for job in jobs)
+                        contexts = {} if plain else self._declared(conn, jobs)
+                        claims = [
+                            (c._key, c._fingerprint, c.event.id, c.event.source, c.event.tenant)
+                            for c in contexts.values()
+                            if c._key is not None
+                        ]
                         try:
-                            ours = await store.inbox_lock_group(conn, pairs, now=started)
+                            ours = await store.inbox_lock_group(
+                                conn, pairs, now=started, claims=claims
+                            )
                         except Exception as exc:
                             if _contended(exc):
                                 raise _Regroup("the rows' locks are taken") from exc
                             raise
+                        if not ours and claims:  # a row, or a key: ask again, plainly
+                            raise _Regroup("a declared business key was taken", plain=True)
                         if not ours:
                             raise _Regroup("a row is no longer this worker's")
+                        for c in contexts.values():
+                            c._claimed = c._key is not None
                         if careful:
                             await self._run_careful(conn, jobs, done, failed, alone)
                         else:
-                            await self._run_optimistic(conn, jobs, done, failed)
+                            await self._run_optimistic(conn, jobs, done, failed, contexts)
                         for job, ctx, outcome in failed:
                             await self._record(conn, job.event, ctx, outcome, started, reports)
                         for job, ctx, outcome in done:
@@ -644,6 +722,7 @@ class Worker:
                             [(j.event.id, j.event.attempts) for j in nxt if j.attempt is None],
                             [row for _, ctx, _ in done for row in ctx.outbox_rows],
                             now=self.box.clock.now(),
+                            released=[c._key for c in contexts.values() if c._claimed and c._key],
                         )
                 except _Regroup:
                     raise
@@ -659,6 +738,12 @@ class Worker:
                     if job.attempt is None:
                         job.attempt = job.event.attempts + 1
             except _Regroup as regroup:
+                if regroup.plain:
+                    log.debug("worker_group_plain", worker=self.name, ids=ids, reason=str(regroup))
+                    for job in jobs:
+                        job.plain = True
+                    self._put_back(jobs)
+                    return self._take()
                 if regroup.again:
                     # Run again as a careful group, this chain first.
                     log.debug("worker_group_again", worker=self.name, ids=ids, reason=str(regroup))
@@ -729,14 +814,18 @@ class Worker:
         jobs: list[_Job],
         done: list[tuple[_Job, Context, _Outcome]],
         failed: list[tuple[_Job, Context, _Outcome]],
+        contexts: dict[int, Context],
     ) -> None:
         """The group's handlers one after another, no savepoint. The first failure
         rolls the group back (:class:`_Regroup`): its outcome is kept for the careful
         run unless the failure may not be its own (a transaction that an earlier
         handler left aborted); a handler that gave up waiting for a lock runs alone.
-        An event with no handler ran nothing: it is recorded in the group."""
+        An event with no handler ran nothing: it is recorded in the group.
+        ``contexts``: the events' whose declared business keys the BEGIN claimed."""
         for job in jobs:
-            ctx, outcome = await self._run(conn, job.event, savepoint=False, grouped=True)
+            ctx, outcome = await self._run(
+                conn, job.event, savepoint=False, grouped=True, ctx=contexts.get(job.event.id)
+            )
             if outcome.kind == "done":
                 done.append((job, ctx, outcome))
                 continue
@@ -888,12 +977,22 @@ class Worker:
         return outcome
 
     async def _run(
-        self, conn: AsyncConnection, event: InboxEvent, *, savepoint: bool, grouped: bool = False
+        self,
+        conn: AsyncConnection,
+        event: InboxEvent,
+        *,
+        savepoint: bool,
+        grouped: bool = False,
+        ctx: Context | None = None,
     ) -> tuple[Context, _Outcome]:
-        handler = self._handler_for(event.source, event.event_type)
-        ctx = Context(self.box, conn, event)
-        if handler is None:
+        registration = self._registration(event.source, event.event_type)
+        if ctx is None:
+            ctx = Context(self.box, conn, event)
+            if registration is not None:
+                ctx._declare(registration)
+        if registration is None:
             return ctx, _Outcome("unhandled", f"no handler for {event.source}/{event.event_type}")
+        handler = registration.handler
         try:
             if savepoint:
                 async with conn.begin_nested():
@@ -914,8 +1013,8 @@ class Worker:
             aborted = grouped and _sqlstate_in(exc, _IN_FAILED_TRANSACTION)
             return ctx, _Outcome("retry", error_text(exc), aborted=aborted)
 
-    def _handler_for(self, source: str, event_type: str) -> Handler | None:
-        """``box.handler_for``, remembered until a handler is registered."""
+    def _registration(self, source: str, event_type: str) -> Registration | None:
+        """``box.registration_for``, remembered until a handler is registered."""
         known = len(self.box._handlers)
         if known != self._handlers_known:
             self._handlers.clear()
@@ -924,8 +1023,18 @@ class Worker:
         try:
             return self._handlers[key]
         except KeyError:
-            handler = self._handlers[key] = self.box.handler_for(source, event_type)
-            return handler
+            found = self._handlers[key] = self.box.registration_for(source, event_type)
+            return found
+
+    def _declared(self, conn: AsyncConnection, jobs: list[_Job]) -> dict[int, Context]:
+        """Contexts for the events whose handler declares a business key, by id."""
+        contexts: dict[int, Context] = {}
+        for job in jobs:
+            registration = self._registration(job.event.source, job.event.event_type)
+            if registration is not None and registration.business_key is not None:
+                ctx = contexts[job.event.id] = Context(self.box, conn, job.event)
+                ctx._declare(registration)
+        return contexts
 
     def _count(self, source: str, label: str) -> None:
         counter = self._counters.get((source, label))

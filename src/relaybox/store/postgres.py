@@ -211,18 +211,34 @@ class PostgresStore(Store):
         return await self._begin_with(conn, sql) == "UPDATE 1"
 
     async def inbox_lock_group(
-        self, conn: AsyncConnection, started: Sequence[tuple[int, int]], *, now: float
+        self,
+        conn: AsyncConnection,
+        started: Sequence[tuple[int, int]],
+        *,
+        now: float,
+        claims: Sequence[tuple[str, str, int, str, str | None]] = (),
     ) -> bool:
         """The first statement of a group's transaction, sent with its BEGIN (one round
         trip): a short ``lock_timeout`` for the transaction, then the rows locked if
-        each is still pending at the attempt given ((id, attempt) pairs). False when a
-        row did not match (the caller rolls back)."""
+        each is still pending at the attempt given ((id, attempt) pairs), and the
+        ``claims`` inserted as business keys ((key, fingerprint, inbox id, source,
+        tenant)). False when a row did not match or a key was not inserted (the
+        caller rolls back)."""
         con = await self._prepare(conn)
-        sql = _GROUP_LOCK_TIMEOUT + self._sql(
-            con, "inbox_lock_group", ([i for i, _ in started], [a for _, a in started])
-        )
-        status = await self._begin_with(conn, sql)
-        return bool(status == f"SELECT {len(started)}")
+        ids, attempts = [i for i, _ in started], [a for _, a in started]
+        if not claims:
+            sql = self._sql(con, "inbox_lock_group", (ids, attempts))
+        else:
+            columns: list[list[Any]] = [[], [], [], [], []]
+            for key, fingerprint, inbox_id, source, tenant in claims:
+                columns[0].append(key.encode())
+                columns[1].append(fingerprint.encode())
+                columns[2].append(inbox_id)
+                columns[3].append(source.encode())
+                columns[4].append(None if tenant is None else tenant.encode())
+            sql = self._sql(con, "inbox_lock_group_once", (ids, attempts, *columns, now))
+        status = await self._begin_with(conn, _GROUP_LOCK_TIMEOUT + sql)
+        return bool(status == f"SELECT {len(started) + len(claims)}")
 
     async def _prepare(self, conn: AsyncConnection) -> asyncpg.Connection:
         """The asyncpg connection under ``conn``, with the statements of
@@ -292,13 +308,17 @@ class PostgresStore(Store):
         outbox: Sequence[OutboxRow] = (),
         *,
         now: float,
+        released: Sequence[str] = (),
     ) -> None:
         """With a group's COMMIT (one round trip): its handlers' outbox rows, its
-        succeeded rows (locked by :meth:`inbox_lock_group`) completed, and the next
+        succeeded rows (locked by :meth:`inbox_lock_group`) completed, the next
         group's start marks ((id, attempts as claimed) pairs; counted only while still
-        pending so)."""
+        pending so), and the business keys it claimed that no handler asked for
+        released."""
         con: asyncpg.Connection = (await _adapted(conn))._connection
         parts = [self._outbox_rows_sql(con, outbox, now)] if outbox else []
+        if released:
+            parts.append(self._sql(con, "operations_release", ([k.encode() for k in released],)))
         if done:
             parts.append(self._sql(con, "inbox_complete", (list(done), now)))
         if claimed:
@@ -641,6 +661,8 @@ _PREPARED = {
     "inbox_begin_done": "bigint, float8, integer",
     "inbox_start_next": "bigint, float8, integer",
     "inbox_lock_group": "bigint[], bigint[]",
+    "inbox_lock_group_once": "bigint[], bigint[], text[], text[], bigint[], text[], text[], float8",
+    "operations_release": "text[]",
     "inbox_complete": "bigint[], float8",
     "inbox_start_next_group": "bigint[], bigint[], float8",
     "outbox_insert_rows": "text[], text[], text[], text[], bigint[], float8",

@@ -234,6 +234,41 @@ WHERE i.id = ANY($1::bigint[]) AND i.status NOT IN ('done', 'dead', 'ignored')
   AND i.attempts = g.attempts
 FOR NO KEY UPDATE OF i
 
+-- name: inbox_lock_group_once
+-- inbox_lock_group, and in the same statement the group's declared business keys
+-- claimed ($3 keys, $4 fingerprints, $6 sources, $7 tenants as hex texts; $5 the
+-- events' inbox ids; $8 now). Its row count is the rows locked plus the keys inserted:
+-- both are complete only when it is len($1) + len($3) (a key that exists, or that two
+-- events name, inserts nothing; the caller then runs the group again without claims).
+WITH locked AS (
+  SELECT i.id FROM relaybox_inbox i
+  JOIN unnest($1::bigint[], $2::bigint[]) AS g(id, attempts) ON i.id = g.id
+  WHERE i.id = ANY($1::bigint[]) AND i.status NOT IN ('done', 'dead', 'ignored')
+    AND i.id BETWEEN (SELECT min(x) FROM unnest($1::bigint[]) x)
+                 AND (SELECT max(x) FROM unnest($1::bigint[]) x)
+    AND i.attempts = g.attempts
+  FOR NO KEY UPDATE OF i
+), claimed AS (
+  INSERT INTO relaybox_operations
+      (business_key, fingerprint, inbox_id, source, tenant, created_at)
+  SELECT convert_from(decode(k.key, 'hex'), 'UTF8'), convert_from(decode(k.fp, 'hex'), 'UTF8'),
+         k.inbox_id, convert_from(decode(k.source, 'hex'), 'UTF8'),
+         convert_from(decode(k.tenant, 'hex'), 'UTF8'), $8
+  FROM unnest($3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[])
+       AS k(key, fp, inbox_id, source, tenant)
+  ON CONFLICT (business_key) DO NOTHING
+  RETURNING 1
+)
+SELECT 1 FROM locked UNION ALL SELECT 1 FROM claimed
+
+-- name: operations_release
+-- Declared business keys the group's BEGIN claimed (inbox_lock_group_once) and no
+-- handler asked for, as hex texts: released with the COMMIT. convert_from's result
+-- takes the "C" collation of its encoding name: the key's index needs the column's.
+DELETE FROM relaybox_operations
+WHERE business_key = ANY(ARRAY(
+    SELECT convert_from(decode(k, 'hex'), 'UTF8') COLLATE "default" FROM unnest($1::text[]) k))
+
 -- name: inbox_start_next_group
 -- inbox_start_next for the next group: $1[i] a row, $2[i] its attempts as claimed.
 UPDATE relaybox_inbox i SET attempts = i.attempts + 1, started_at = $3
