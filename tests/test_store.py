@@ -8,6 +8,7 @@ import hashlib
 import random
 import re
 import sqlite3
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -979,6 +980,27 @@ async def test_acceptor_commit_that_never_answers_is_unavailable(
             *(acceptor.accept(delivery(f"e{i}")) for i in range(5)), return_exceptions=True
         )
         assert all(isinstance(r, StoreUnavailable) for r in results), results
+    finally:
+        await acceptor.close()
+
+
+async def test_acceptor_answers_requests_queued_behind_a_commit_that_never_answers(
+    store: Store, counting: CountingStore
+) -> None:
+    """One committer, stuck in a commit: the request in its batch and the one queued
+    behind it both get StoreUnavailable once they have waited ``timeout`` (give or take
+    the quarter the watch sleeps), not whenever the commit returns."""
+    acceptor = Acceptor(store, committers=1, timeout=0.4)
+    counting.stall = True
+    try:
+        started = time.monotonic()
+        first = asyncio.ensure_future(acceptor.accept(delivery("e0")))
+        await asyncio.sleep(0.05)  # the committer took it and waits for its commit
+        second = asyncio.ensure_future(acceptor.accept(delivery("e1")))
+        results = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 5)
+        assert all(isinstance(r, StoreUnavailable) for r in results), results
+        assert "in time" in str(results[1])
+        assert 0.4 <= time.monotonic() - started < 1.0
     finally:
         await acceptor.close()
 
