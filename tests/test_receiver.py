@@ -110,6 +110,21 @@ async def test_stripe_delivery_signed_by_official_sdk_is_accepted(live: Any) -> 
     assert bytes(row["payload"]) == body  # the exact bytes, for re-verification and replay
 
 
+async def test_the_headers_are_kept_without_the_hops_credentials(live: Any) -> None:
+    """The delivery's headers are stored as JSON with it, except the credentials of
+    the hop (Authorization, Cookie, Proxy-Authorization)."""
+    box, http = live
+    body, headers = stripe_delivery(invoice_paid("evt_h"))
+    extra = {"authorization": "Bearer x", "cookie": "s=1", "x-request-id": "r-1"}
+    status, _ = await post(http, "/stripe", body, {**headers, **extra})
+    assert status == 200
+    [row] = await box.store.fetch_all("SELECT headers FROM relaybox_inbox")
+    kept = json.loads(row["headers"])
+    assert kept["stripe-signature"] == headers["stripe-signature"]
+    assert kept["x-request-id"] == "r-1"
+    assert not {"authorization", "cookie"} & set(kept)
+
+
 async def test_standard_webhooks_signed_by_official_package_is_accepted(live: Any) -> None:
     box, http = live
     body, headers = std_delivery("msg_1", {"type": "user.created", "data": {"id": 1}})

@@ -980,3 +980,34 @@ def test_package_exports() -> None:
     assert sources.__all__ == sorted(sources.__all__)
     for name in sources.__all__:
         assert hasattr(sources, name)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"a": 1}',
+        b"[1, 2]",
+        b'{"a": "\xc3\xa9"}',
+        b'{"a": "\xed\xa0\x80"}',  # a lone surrogate, as json.loads(bytes) lets through
+        '{"a": "é"}'.encode("utf-16-le"),
+        '{"a": "é"}'.encode("utf-16"),
+        '{"a": "é"}'.encode("utf-8-sig"),
+        b'  {"a": 1}',
+        b"{",
+        b'{"a": "\xff"}',
+        b"{}",
+        b"[",
+        b"",
+    ],
+)
+def test_parse_reads_json_as_json_loads_does(body: bytes) -> None:
+    """``Source.parse`` decodes plain UTF-8 objects itself (the receiver's hot path)
+    and leaves everything else to ``json.loads``: same value, same refusals."""
+    source = sources.standard(secrets=[Secret("whsec_" + base64.b64encode(b"k" * 24).decode())])
+    try:
+        expected: Any = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        with pytest.raises(MalformedPayload):
+            source.parse(body)
+        return
+    assert source.parse(body) == expected

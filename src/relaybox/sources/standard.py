@@ -180,7 +180,7 @@ class StandardSource(Source):
         msg_id = (headers.get(id_name) or "").strip()
         if not msg_id:
             raise MalformedHeaders(f"missing {id_name} header")
-        if not isinstance(payload, Mapping):
+        if type(payload) is not dict and not isinstance(payload, Mapping):
             raise MalformedPayload("standard webhook payload must be a JSON object")
         event_type = payload.get("type")
         if not isinstance(event_type, str) or not event_type:
