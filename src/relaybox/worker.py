@@ -821,7 +821,8 @@ class Worker:
         run unless the failure may not be its own (a transaction that an earlier
         handler left aborted); a handler that gave up waiting for a lock runs alone.
         An event with no handler ran nothing: it is recorded in the group.
-        ``contexts``: the events' whose declared business keys the BEGIN claimed."""
+        ``contexts``: by id, the contexts of the events whose declared business keys
+        the BEGIN claimed."""
         for job in jobs:
             ctx, outcome = await self._run(
                 conn, job.event, savepoint=False, grouped=True, ctx=contexts.get(job.event.id)
