@@ -556,7 +556,6 @@ async def test_a_groups_statements_are_prepared_once_per_connection(
         "relaybox_inbox_begin_done",
         "relaybox_inbox_complete",
         "relaybox_inbox_lock_group",
-        "relaybox_inbox_lock_group_once",
         "relaybox_inbox_start_next",
         "relaybox_inbox_start_next_group",
         "relaybox_operations_release",

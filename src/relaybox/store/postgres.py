@@ -226,17 +226,14 @@ class PostgresStore(Store):
         caller rolls back)."""
         con = await self._prepare(conn)
         ids, attempts = [i for i, _ in started], [a for _, a in started]
-        if not claims:
-            sql = self._sql(con, "inbox_lock_group", (ids, attempts))
-        else:
-            columns: list[list[Any]] = [[], [], [], [], []]
-            for key, fingerprint, inbox_id, source, tenant in claims:
-                columns[0].append(key.encode())
-                columns[1].append(fingerprint.encode())
-                columns[2].append(inbox_id)
-                columns[3].append(source.encode())
-                columns[4].append(None if tenant is None else tenant.encode())
-            sql = self._sql(con, "inbox_lock_group_once", (ids, attempts, *columns, now))
+        columns: list[list[Any]] = [[], [], [], [], []]
+        for key, fingerprint, inbox_id, source, tenant in claims:
+            columns[0].append(key.encode())
+            columns[1].append(fingerprint.encode())
+            columns[2].append(inbox_id)
+            columns[3].append(source.encode())
+            columns[4].append(None if tenant is None else tenant.encode())
+        sql = self._sql(con, "inbox_lock_group", (ids, attempts, *columns, now))
         status = await self._begin_with(conn, _GROUP_LOCK_TIMEOUT + sql)
         return bool(status == f"SELECT {len(started) + len(claims)}")
 
@@ -660,8 +657,7 @@ def _literal(value: int | float | list[int] | list[bytes | None] | list[Any]) ->
 _PREPARED = {
     "inbox_begin_done": "bigint, float8, integer",
     "inbox_start_next": "bigint, float8, integer",
-    "inbox_lock_group": "bigint[], bigint[]",
-    "inbox_lock_group_once": "bigint[], bigint[], text[], text[], bigint[], text[], text[], float8",
+    "inbox_lock_group": "bigint[], bigint[], text[], text[], bigint[], text[], text[], float8",
     "operations_release": "text[]",
     "inbox_complete": "bigint[], float8",
     "inbox_start_next_group": "bigint[], bigint[], float8",

@@ -224,22 +224,13 @@ WHERE id = $1 AND status = 'pending' AND attempts = $3
 -- name: inbox_lock_group
 -- The first statement of a group's transaction, sent with its BEGIN (literals): the
 -- rows locked while still pending at the attempt this worker started ($2[i] for row
--- $1[i]). The caller checks that every row matched; the completions of the events
--- that succeed go with the COMMIT (inbox_complete).
-SELECT i.id FROM relaybox_inbox i
-JOIN unnest($1::bigint[], $2::bigint[]) AS g(id, attempts) ON i.id = g.id
-WHERE i.id = ANY($1::bigint[]) AND i.status NOT IN ('done', 'dead', 'ignored')
-  AND i.id BETWEEN (SELECT min(x) FROM unnest($1::bigint[]) x)
-               AND (SELECT max(x) FROM unnest($1::bigint[]) x)
-  AND i.attempts = g.attempts
-FOR NO KEY UPDATE OF i
-
--- name: inbox_lock_group_once
--- inbox_lock_group, and in the same statement the group's declared business keys
--- claimed ($3 keys, $4 fingerprints, $6 sources, $7 tenants as hex texts; $5 the
--- events' inbox ids; $8 now). Its row count is the rows locked plus the keys inserted:
--- both are complete only when it is len($1) + len($3) (a key that exists, or that two
--- events name, inserts nothing; the caller then runs the group again without claims).
+-- $1[i]), and in the same statement the group's declared business keys claimed ($3
+-- keys, $4 fingerprints, $6 sources, $7 tenants as hex texts; $5 the events' inbox
+-- ids; $8 now; empty arrays when none). Its row count is the rows locked plus the keys
+-- inserted: both are complete only when it is len($1) + len($3) (a key that exists,
+-- or that two events name, inserts nothing; the caller then runs the group again
+-- without claims). The completions of the events that succeed go with the COMMIT
+-- (inbox_complete).
 WITH locked AS (
   SELECT i.id FROM relaybox_inbox i
   JOIN unnest($1::bigint[], $2::bigint[]) AS g(id, attempts) ON i.id = g.id
@@ -262,7 +253,7 @@ WITH locked AS (
 SELECT 1 FROM locked UNION ALL SELECT 1 FROM claimed
 
 -- name: operations_release
--- Declared business keys the group's BEGIN claimed (inbox_lock_group_once) and no
+-- Declared business keys the group's BEGIN claimed (inbox_lock_group) and no
 -- handler asked for, as hex texts: released with the COMMIT. convert_from's result
 -- takes the "C" collation of its encoding name: the key's index needs the column's.
 DELETE FROM relaybox_operations
