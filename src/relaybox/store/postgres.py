@@ -226,13 +226,7 @@ class PostgresStore(Store):
         caller rolls back)."""
         con = await self._prepare(conn)
         ids, attempts = [i for i, _ in started], [a for _, a in started]
-        columns: list[list[Any]] = [[], [], [], [], []]
-        for key, fingerprint, inbox_id, source, tenant in claims:
-            columns[0].append(key.encode())
-            columns[1].append(fingerprint.encode())
-            columns[2].append(inbox_id)
-            columns[3].append(source.encode())
-            columns[4].append(None if tenant is None else tenant.encode())
+        columns = _literal_columns(claims, 5)
         sql = self._sql(con, "inbox_lock_group", (ids, attempts, *columns, now))
         status = await self._begin_with(conn, _GROUP_LOCK_TIMEOUT + sql)
         return bool(status == f"SELECT {len(started) + len(claims)}")
@@ -257,10 +251,10 @@ class PostgresStore(Store):
         self._prepared.add(con)
         return con
 
-    def _sql(self, con: asyncpg.Connection | None, name: str, params: Sequence[Any]) -> str:
+    def _sql(self, con: asyncpg.Connection, name: str, params: Sequence[Any]) -> str:
         """Statement ``name`` for a simple-query message: ``EXECUTE`` of its prepared
         form where ``con`` has it, else its text; the parameters as literals."""
-        if con is not None and con in self._prepared:
+        if con in self._prepared:
             return f"EXECUTE relaybox_{name}({','.join(map(_literal, params))})"
         return _inline(self.q[name], params)
 
@@ -387,18 +381,11 @@ class PostgresStore(Store):
             await self._before_commit(conn, self._outbox_rows_sql(con, rows, now))
 
     def _outbox_rows_sql(
-        self, con: asyncpg.Connection | None, rows: Sequence[OutboxRow], now: float
+        self, con: asyncpg.Connection, rows: Sequence[OutboxRow], now: float
     ) -> str:
         """One INSERT for ``rows``, its texts written as hex (literals for the simple
         query protocol: nothing a handler passes can become SQL)."""
-        columns: list[list[Any]] = [[], [], [], [], []]
-        for channel, key, payload, tenant, inbox_id in rows:
-            columns[0].append(channel.encode())
-            columns[1].append(key.encode())
-            columns[2].append(payload.encode())
-            columns[3].append(None if tenant is None else tenant.encode())
-            columns[4].append(inbox_id)
-        return self._sql(con, "outbox_insert_rows", (*columns, now))
+        return self._sql(con, "outbox_insert_rows", (*_literal_columns(rows, 5), now))
 
     async def _before_commit(self, conn: AsyncConnection, sql: str) -> None:
         """``sql`` (literals only) sent with the COMMIT when relaybox began the
@@ -635,6 +622,16 @@ def _inline(sql: str, params: Sequence[Any]) -> str:
         out.append(_literal(params[slot]))
         out.append(text)
     return "".join(out)
+
+
+def _literal_columns(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
+    """``rows`` as one list per column for :func:`_literal`: texts as UTF-8 bytes (hex
+    in the SQL, decoded there), integers and ``None`` as they are."""
+    columns: list[list[Any]] = [[] for _ in range(width)]
+    for row in rows:
+        for column, value in zip(columns, row, strict=True):
+            column.append(value.encode() if type(value) is str else value)
+    return columns
 
 
 def _literal(value: int | float | list[int] | list[bytes | None] | list[Any]) -> str:
