@@ -253,9 +253,13 @@ async def sending_history(box: Relaybox, clock: FrozenClock, receiver: HttpRecei
     rows = {r["key"].split(":", 1)[0]: r["id"] for r in await outbox_rows(box)}
     ids = {name: rows[mid] for name, mid in messages.items() if mid in rows}
     ids["channel"] = rows["crm"]
-    await _write(
-        box,  # another dispatcher's lease, still running
-        "UPDATE relaybox_outbox SET lease_owner = 'other', lease_token = 1,"
+    await _write(  # another dispatcher's lease, still running
+        box,
+        "INSERT INTO relaybox_outbox_leases (outbox_id, lane, owner, token, until, attempt)"
+        f" SELECT id, lane, 'other', 1, {time.time() + 3600}, 1 FROM relaybox_outbox"
+        f" WHERE id = {ids['leased']}"
+        if box.store.backend == "postgres"
+        else "UPDATE relaybox_outbox SET lease_owner = 'other', lease_token = 1,"
         f" lease_until = {time.time() + 3600} WHERE id = {ids['leased']}",
     )
     dispatcher = box.dispatcher()

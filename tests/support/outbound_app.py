@@ -76,6 +76,16 @@ async def dispatch_once(b: Relaybox) -> int:
 
 
 async def outbox_rows(b: Relaybox) -> list[dict[str, Any]]:
+    """The outbox rows as an operator sees them: on PostgreSQL a row under a lease (live
+    or expired) has its attempt count and token in relaybox_outbox_leases."""
+    if b.store.backend == "postgres":
+        return await b.store.fetch_all(
+            "SELECT o.id, o.channel, o.key, o.endpoint_id, o.message_id, o.status,"
+            " o.dead_reason, COALESCE(l.attempt, o.attempts) AS attempts, o.next_attempt_at,"
+            " o.last_error, o.last_status, COALESCE(l.token, o.lease_token) AS lease_token"
+            " FROM relaybox_outbox o LEFT JOIN relaybox_outbox_leases l ON l.outbox_id = o.id"
+            " ORDER BY o.id"
+        )
     return await b.store.fetch_all(
         "SELECT id, channel, key, endpoint_id, message_id, status, dead_reason, attempts,"
         " next_attempt_at, last_error, last_status, lease_token FROM relaybox_outbox ORDER BY id"

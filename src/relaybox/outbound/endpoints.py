@@ -286,9 +286,7 @@ async def delete_endpoint(box: Relaybox, endpoint_id: str, tenant: str) -> bool:
         if deleted is None:
             return False
         await db.execute(conn, store, "lane_delete", endpoint_id)
-        await db.execute(
-            conn, store, "delivery_kill_endpoint", endpoint_id, "endpoint_deleted", now
-        )
+        await kill_deliveries(box, conn, endpoint_id, "endpoint_deleted", now)
     log.info("endpoint_deleted", endpoint_id=endpoint_id, tenant=tenant)
     return True
 
@@ -343,7 +341,7 @@ async def disable_in(
     row = await db.first(conn, store, "endpoint_set_status", endpoint_id, "disabled", reason, now)
     if row is None:
         return False
-    await db.execute(conn, store, "delivery_kill_endpoint", endpoint_id, "endpoint_disabled", now)
+    await kill_deliveries(box, conn, endpoint_id, "endpoint_disabled", now)
     data = {
         "endpointId": endpoint_id,
         "tenant": row["tenant"],
@@ -355,6 +353,21 @@ async def disable_in(
     await publish(box, conn, "relaybox.endpoint.disabled", data, tenant=ops)
     log.warning("endpoint_disabled", endpoint_id=endpoint_id, tenant=row["tenant"], reason=reason)
     return True
+
+
+async def kill_deliveries(
+    box: Relaybox, conn: AsyncConnection, endpoint_id: str, reason: str, now: float
+) -> None:
+    """The endpoint's waiting deliveries become dead letters (``reason``), in the
+    caller's transaction; those under a live lease are left to their dispatcher. Two
+    statements: the rows are locked first, so that the second one's snapshot sees
+    every lease taken of them (a lease does not write the outbox row on PostgreSQL)."""
+    store = box.store
+    ids = [r["id"] for r in await db.rows(conn, store, "delivery_lock_endpoint", endpoint_id)]
+    if ids:
+        await db.execute(
+            conn, store, "delivery_kill_endpoint", endpoint_id, reason, now, db.array(store, ids)
+        )
 
 
 async def rotate_secret(

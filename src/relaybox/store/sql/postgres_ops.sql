@@ -53,8 +53,10 @@ SELECT business_key, fingerprint, created_at
 FROM relaybox_operations WHERE inbox_id = $1 ORDER BY created_at, business_key
 
 -- name: ops_inbox_outbox
-SELECT id, channel, key, status, attempts, last_error, created_at, sent_at
-FROM relaybox_outbox WHERE inbox_id = $1 ORDER BY id
+SELECT o.id, o.channel, o.key, o.status, COALESCE(l.attempt, o.attempts) AS attempts,
+       o.last_error, o.created_at, o.sent_at
+FROM relaybox_outbox o LEFT JOIN relaybox_outbox_leases l ON l.outbox_id = o.id
+WHERE o.inbox_id = $1 ORDER BY o.id
 
 -- name: ops_inbox_replays
 SELECT actor, reason, previous_status, previous_reason, replayed_at
@@ -124,7 +126,9 @@ SELECT channel AS source, status, coalesce(dead_reason, '') AS reason, false AS 
        min(CASE WHEN status = 'pending' THEN created_at END) AS oldest,
        sum(CASE WHEN status = 'pending' AND attempts > 0 THEN 1 ELSE 0 END) AS retrying,
        sum(CASE WHEN status = 'pending' THEN attempts ELSE 0 END) AS attempts
-FROM relaybox_outbox
+FROM (SELECT o.channel, o.status, o.dead_reason, o.created_at,
+             COALESCE(l.attempt, o.attempts) AS attempts
+      FROM relaybox_outbox o LEFT JOIN relaybox_outbox_leases l ON l.outbox_id = o.id) o
 GROUP BY 1, 2, 3
 
 -- name: ops_throughput

@@ -125,10 +125,12 @@ RETURNING id
 -- name: delivery_list
 -- Deliveries of one message, or the undelivered ones (not sent) of a tenant or an
 -- endpoint. Any NULL parameter does not filter.
+-- A row under a lease has its attempt, counted before it was sent, in the lease.
 SELECT o.id, o.message_id, o.endpoint_id, o.channel, o.key, o.tenant, o.status, o.dead_reason,
-       o.attempts, o.next_attempt_at, o.last_error, o.last_status, o.created_at,
-       o.updated_at, o.sent_at, m.event_type
+       COALESCE(l.attempt, o.attempts) AS attempts, o.next_attempt_at, o.last_error,
+       o.last_status, o.created_at, o.updated_at, o.sent_at, m.event_type
 FROM relaybox_outbox o LEFT JOIN relaybox_messages m ON m.id = o.message_id
+LEFT JOIN relaybox_outbox_leases l ON l.outbox_id = o.id
 WHERE ($1::text IS NULL OR o.tenant = $1) AND ($2::text IS NULL OR o.message_id = $2)
   AND ($3::text IS NULL OR o.endpoint_id = $3)
   AND (NOT $4::boolean OR o.status <> 'sent')
@@ -139,34 +141,57 @@ LIMIT $5
 -- A finished delivery (sent, dead or held) of the message goes back to pending with
 -- a fresh attempt budget and the same webhook-id; pending rows are already on their
 -- way. Only to endpoints still enabled, never a row retention purged (its bytes are gone).
-UPDATE relaybox_outbox o
-SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = $4,
-    lease_owner = NULL, lease_until = NULL, uncertain = false, sent_at = NULL, updated_at = $4
-FROM relaybox_endpoints e
-WHERE e.id = o.endpoint_id AND e.status = 'enabled' AND o.message_id = $1
-  AND ($2::text IS NULL OR o.tenant = $2) AND ($3::text IS NULL OR o.endpoint_id = $3)
-  AND o.status IN ('sent', 'dead', 'held') AND o.purged_at IS NULL
-RETURNING o.id
+WITH again AS (
+    UPDATE relaybox_outbox o
+    SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = $4,
+        sent_at = NULL, updated_at = $4
+    FROM relaybox_endpoints e
+    WHERE e.id = o.endpoint_id AND e.status = 'enabled' AND o.message_id = $1
+      AND ($2::text IS NULL OR o.tenant = $2) AND ($3::text IS NULL OR o.endpoint_id = $3)
+      AND o.status IN ('sent', 'dead', 'held') AND o.purged_at IS NULL
+    RETURNING o.id
+), stale AS (
+    -- A finished row has no lease; should one be left, it must not make the next
+    -- attempt look uncertain.
+    DELETE FROM relaybox_outbox_leases WHERE outbox_id IN (SELECT id FROM again)
+)
+SELECT id FROM again
 
 -- name: delivery_recover
 -- Recover: every dead delivery of an endpoint created since $2 (until $3) is retried,
 -- unless retention purged it.
-UPDATE relaybox_outbox
-SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = $4,
-    lease_owner = NULL, lease_until = NULL, uncertain = false, updated_at = $4
-WHERE endpoint_id = $1 AND status = 'dead' AND purged_at IS NULL AND created_at >= $2
-  AND ($3::double precision IS NULL OR created_at < $3)
-RETURNING id
+WITH again AS (
+    UPDATE relaybox_outbox
+    SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = $4,
+        updated_at = $4
+    WHERE endpoint_id = $1 AND status = 'dead' AND purged_at IS NULL AND created_at >= $2
+      AND ($3::double precision IS NULL OR created_at < $3)
+    RETURNING id
+), stale AS (
+    DELETE FROM relaybox_outbox_leases WHERE outbox_id IN (SELECT id FROM again)
+)
+SELECT id FROM again
+
+-- name: delivery_lock_endpoint
+-- An endpoint disabled or deleted, first step: lock its waiting rows, except those a
+-- dispatcher holds (leasing or recording them: SKIP LOCKED, no lock-order deadlock).
+-- A lease does not change the outbox row (it holds its lock until it commits), so the
+-- next statement, with a snapshot taken after these locks, sees every lease of them.
+SELECT id FROM relaybox_outbox
+WHERE endpoint_id = $1 AND status = 'pending'
+FOR NO KEY UPDATE SKIP LOCKED
 
 -- name: delivery_kill_endpoint
--- An endpoint disabled or deleted: its waiting rows go to dead letters (recoverable).
--- Rows under a live lease, or locked by a dispatcher recording them, are left to it
--- (SKIP LOCKED: no lock-order deadlock with a concurrent record).
-UPDATE relaybox_outbox SET status = 'dead', dead_reason = $2, updated_at = $3
-WHERE id IN (SELECT id FROM relaybox_outbox
-             WHERE endpoint_id = $1 AND status = 'pending'
-               AND (lease_until IS NULL OR lease_until <= $3)
-             FOR NO KEY UPDATE SKIP LOCKED)
+-- Second step: the rows locked ($4) go to dead letters (recoverable), except those
+-- under a live lease, left to their dispatcher; an expired lease of a killed row goes.
+WITH killed AS (
+    UPDATE relaybox_outbox SET status = 'dead', dead_reason = $2, updated_at = $3
+    WHERE id = ANY ($4::bigint[]) AND endpoint_id = $1 AND status = 'pending'
+      AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_leases l
+                      WHERE l.outbox_id = relaybox_outbox.id AND l.until > $3)
+    RETURNING id
+)
+DELETE FROM relaybox_outbox_leases WHERE outbox_id IN (SELECT id FROM killed)
 
 -- name: delivery_attempts
 SELECT a.outbox_id, o.endpoint_id, a.attempt, a.started_at, a.duration, a.outcome,
@@ -209,46 +234,58 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 -- plain successes to record first (id, lease token, attempt, endpoint, started,
 -- duration, status code, error, response; empty arrays when none): a finished
 -- attempt's slot goes into the lease that records it, no round trip in between.
--- done: the rows marked sent, fenced per row (only the holder of the lease token, only a
---   pending row); logged: the attempt log, 'fenced' where the token no longer matched,
---   in array order; healthy: the answering endpoints' failure streaks cleared.
---   One statement has one snapshot, in which
---   the rows done records are still leased: busy does not count them. (A row under
---   this dispatcher's live lease and token there is written by done: no one else
---   writes a pending row under a live lease. A fenced one has another token.)
+-- A lease is a row of relaybox_outbox_leases (migration 0011 says why), not a change
+-- of the outbox row; the outbox row is written once, by the record.
+-- freed: the successes' leases, fenced per row (only the holder of the lease token);
+--   done: their outbox rows marked sent, with the attempt and token their lease had
+--   (element i of $6..$14 by array_position: no join, whose generic plan had been a
+--   nested loop over every pair of rows); logged: the attempt log, 'fenced' where the
+--   token no longer matched, in array order; healthy: the answering endpoints' failure
+--   streaks cleared. One statement has one snapshot, in which the leases freed deletes
+--   are still there: busy does not count them, picked does not take their rows.
 -- locked: lanes with due rows and room, least recently served first, locked SKIP
 --   LOCKED (two leases never take one lane at once); lanes: minus those another
 --   lease served since this statement's snapshot (no cap overshoot); room = free
---   in-flight slots, and with a rate limit at most the whole tokens in the bucket
---   refilled to now (it holds at most 1 s of the rate, at least 1 token): Lane.room().
+--   in-flight slots (live leases), and with a rate limit at most the whole tokens in the
+--   bucket refilled to now (it holds at most 1 s of the rate, at least 1 token):
+--   Lane.room().
 -- plan: allocate() in SQL: the free slots shared round robin (one per lane per
---   round, lane order) within each lane's room; picked: that many due rows per lane,
---   oldest first, locked SKIP LOCKED (outbox_lease_rows).
--- leased: owner, fencing token + 1, lease end, attempt counted, uncertain when the
---   previous lease expired unrecorded. marked: served lanes to the back of the round
---   robin, buckets debited by the rows taken.
--- The rows come back with their message body, endpoint and active secrets (newest
--- first: the order in which they sign), by id.
+--   round, lane order) within each lane's room; picked: that many due rows per lane
+--   without a live lease, oldest first, locked SKIP LOCKED (delivery_lock_endpoint
+--   waits for nothing of ours), each with its expired lease if it has one (uncertain:
+--   its dispatcher died before recording; that attempt was counted).
+-- leased: the leases (owner, fencing token + 1, lease end, attempt + 1) replacing the
+--   expired ones. marked: served lanes to the back of the round robin, buckets debited
+--   by the rows taken.
+-- The rows come back with their message body and endpoint (its active secrets newest
+-- first: the order in which they sign; one lookup per endpoint), by id.
 WITH u AS (
     SELECT * FROM unnest($6::bigint[], $7::bigint[], $8::int[], $9::text[],
                          $10::double precision[], $11::double precision[], $12::int[],
                          $13::text[], $14::text[])
         WITH ORDINALITY AS u(id, token, attempt, endpoint, started, duration, code, error,
                              response, ord)
+), freed AS (
+    -- By primary key (bounded like done below): a lease row lives for one attempt, so
+    -- between two vacuums the table holds many dead ones, which a scan would read.
+    DELETE FROM relaybox_outbox_leases l
+    WHERE l.outbox_id = ANY ($6::bigint[])
+      AND l.outbox_id BETWEEN (SELECT min(id) FROM u) AND (SELECT max(id) FROM u)
+      AND l.token = ($7::bigint[])[array_position($6::bigint[], l.outbox_id)]
+    RETURNING l.outbox_id
 ), done AS (
-    UPDATE relaybox_outbox o
-    SET status = 'sent', dead_reason = NULL, last_error = u.error, last_status = u.code,
-        updated_at = $1, sent_at = $1, lease_owner = NULL, lease_until = NULL
-    FROM u
     -- Primary-key probes whatever the statistics said when the generic plan was made
-    -- (tests/test_plans.py). Planned on a freshly filled outbox before any ANALYZE,
-    -- "o.id = u.id AND o.status = 'pending'" walked a pending-only index (its predicate
-    -- matched) over every pending row, ~10 ms a lease at 20,000 pending, for the
-    -- connection's life. "Not sent, dead or held" is "pending" (the status CHECK) but
-    -- matches no partial index, so the ids decide the path.
-    WHERE o.id = ANY ($6::bigint[]) AND o.id BETWEEN (SELECT min(id) FROM u)
-                                                 AND (SELECT max(id) FROM u)
-      AND o.id = u.id AND o.lease_token = u.token
+    -- (tests/test_plans.py). "Not sent, dead or held" is "pending" (the status CHECK)
+    -- but matches no pending-only partial index, so the ids decide the path.
+    UPDATE relaybox_outbox o
+    SET status = 'sent', dead_reason = NULL,
+        attempts = ($8::int[])[array_position($6::bigint[], o.id)],
+        lease_token = ($7::bigint[])[array_position($6::bigint[], o.id)],
+        last_error = ($13::text[])[array_position($6::bigint[], o.id)],
+        last_status = ($12::int[])[array_position($6::bigint[], o.id)],
+        updated_at = $1, sent_at = $1
+    WHERE o.id = ANY (ARRAY(SELECT outbox_id FROM freed))
+      AND o.id BETWEEN (SELECT min(outbox_id) FROM freed) AND (SELECT max(outbox_id) FROM freed)
       AND o.status NOT IN ('sent', 'dead', 'held')
     RETURNING o.id, o.lease_token
 ), logged AS (
@@ -270,17 +307,24 @@ WITH u AS (
                 ELSE least(l.max_in_flight - busy.n, floor(b.tokens)::int) END AS room
     FROM relaybox_lanes l
     LEFT JOIN relaybox_endpoints e ON e.id = l.lane
+    -- Live leases of the lane, counted up to its cap (the LIMIT makes it an index scan,
+    -- which marks the dead entries it meets, where a bitmap scan would read them again
+    -- every time until the next vacuum).
     CROSS JOIN LATERAL (
-        SELECT count(*)::int AS n FROM relaybox_outbox f
-        WHERE COALESCE(f.lane, f.channel) = l.lane AND f.status = 'pending'
-          AND f.lease_until IS NOT NULL AND f.lease_until > $1
-          AND (f.id, f.lease_token) NOT IN (SELECT u.id, u.token FROM u)) busy
+        SELECT count(*)::int AS n FROM (
+            SELECT 1 FROM relaybox_outbox_leases f
+            WHERE f.lane = l.lane AND f.until > $1
+              AND (f.outbox_id, f.token) NOT IN (SELECT u.id, u.token FROM u)
+            ORDER BY f.lane, f.outbox_id
+            LIMIT l.max_in_flight) f) busy
     -- A due row in the lane: a probe per lane (LIMIT 1 keeps it one; as EXISTS, a plan
     -- made before any ANALYZE joined every due row of the outbox to the lanes).
     CROSS JOIN LATERAL (
         SELECT 1 FROM relaybox_outbox o
         WHERE COALESCE(o.lane, o.channel) = l.lane AND o.status = 'pending'
-          AND o.next_attempt_at <= $1 AND (o.lease_until IS NULL OR o.lease_until <= $1)
+          AND o.next_attempt_at <= $1
+          AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_leases x
+                          WHERE x.outbox_id = o.id AND x.until > $1)
         LIMIT 1) due
     CROSS JOIN LATERAL (
         SELECT CASE WHEN l.rate_limit IS NULL THEN 1.0::double precision
@@ -306,50 +350,61 @@ WITH u AS (
           LIMIT $2) s
     GROUP BY s.lane
 ), picked AS (
-    SELECT r.id, p.lane
+    SELECT r.*, p.lane,
+           COALESCE(x.token, r.lease_token, 0) + 1 AS new_token,
+           COALESCE(x.attempt, r.attempts) + 1 AS new_attempt,
+           x.token IS NOT NULL AS uncertain
     FROM plan p
     CROSS JOIN LATERAL (
-        SELECT f.id FROM relaybox_outbox f
+        SELECT f.id, f.channel, f.key, f.payload, f.tenant, f.endpoint_id, f.message_id,
+               f.attempts, f.lease_token
+        FROM relaybox_outbox f
         WHERE COALESCE(f.lane, f.channel) = p.lane AND f.status = 'pending'
-          AND f.next_attempt_at <= $1 AND (f.lease_until IS NULL OR f.lease_until <= $1)
+          AND f.next_attempt_at <= $1 AND f.id <> ALL ($6::bigint[])
+          AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_leases y
+                          WHERE y.outbox_id = f.id AND y.until > $1)
         ORDER BY f.next_attempt_at, f.id
         LIMIT p.n
         FOR NO KEY UPDATE SKIP LOCKED) r
+    LEFT JOIN LATERAL (
+        SELECT y.token, y.attempt FROM relaybox_outbox_leases y
+        WHERE y.outbox_id = r.id OFFSET 0) x ON true
 ), leased AS (
-    -- Primary-key probes (not a join the planner may hash), bounded by the picked ids'
-    -- range so that the generic plan made on a young, empty outbox probes too.
-    UPDATE relaybox_outbox o
-    SET lease_owner = $4, lease_token = COALESCE(o.lease_token, 0) + 1, lease_until = $5,
-        uncertain = (o.lease_until IS NOT NULL), attempts = o.attempts + 1, updated_at = $1
-    WHERE o.id = ANY (ARRAY(SELECT id FROM picked))
-      AND o.id BETWEEN (SELECT min(id) FROM picked) AND (SELECT max(id) FROM picked)
-    RETURNING o.id, o.channel, o.key, o.payload, o.tenant, o.endpoint_id, o.message_id,
-              o.attempts, o.lease_token, o.uncertain, COALESCE(o.lane, o.channel) AS lane
+    INSERT INTO relaybox_outbox_leases (outbox_id, lane, owner, token, until, attempt)
+    SELECT id, lane, $4, new_token, $5, new_attempt FROM picked
+    ON CONFLICT (outbox_id) DO UPDATE
+    SET lane = excluded.lane, owner = excluded.owner, token = excluded.token,
+        until = excluded.until, attempt = excluded.attempt
 ), marked AS (
     UPDATE relaybox_lanes m SET leased_at = $1, refilled_at = $1, tokens = l.tokens - t.n
-    FROM (SELECT lane, count(*) AS n FROM leased GROUP BY lane) t
+    FROM (SELECT lane, count(*) AS n FROM picked GROUP BY lane) t
     JOIN lanes l ON l.lane = t.lane
     WHERE m.lane = t.lane
+), targets AS (
+    -- Each endpoint once, however many of its rows were leased.
+    SELECT x.* FROM (SELECT DISTINCT endpoint_id FROM picked WHERE endpoint_id IS NOT NULL) p
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.tenant, x.url, x.signature, x.timeout, x.schedule,
+               (SELECT array_agg(s.secret ORDER BY s.id DESC) FROM relaybox_endpoint_secrets s
+                WHERE s.endpoint_id = x.id AND (s.expires_at IS NULL OR s.expires_at > $1))
+                   AS secrets
+        FROM relaybox_endpoints x WHERE x.id = p.endpoint_id OFFSET 0) x
 )
--- (OFFSET 0 keeps each lookup a primary-key probe per leased row: a CTE's row count is
--- unknown to the planner, which would otherwise hash whole tables.) recorded / tokens:
--- the (id, lease_token) pairs done wrote, on every row (one row of NULLs when nothing
--- was leased); the others were fenced.
+-- (OFFSET 0 keeps each message lookup a primary-key probe per leased row: a CTE's row
+-- count is unknown to the planner, which would otherwise hash the whole table.)
+-- recorded / tokens: the (id, lease_token) pairs done wrote, on every row (one row of
+-- NULLs when nothing was leased); the others were fenced.
 SELECT k.recorded, k.tokens, x.*
 FROM (SELECT array_agg(id) AS recorded, array_agg(lease_token) AS tokens FROM done) k
 LEFT JOIN (
     SELECT r.id, r.channel, r.key, r.payload, r.tenant, r.endpoint_id, r.message_id,
-           r.attempts, r.lease_token, r.uncertain, m.event_type, m.body,
-           e.tenant AS endpoint_tenant, e.url, e.signature, e.timeout, e.schedule, e.secrets
-    FROM leased r
+           r.new_attempt AS attempts, r.new_token AS lease_token, r.uncertain,
+           m.event_type, m.body, e.tenant AS endpoint_tenant, e.url, e.signature,
+           e.timeout, e.schedule, e.secrets
+    FROM picked r
     LEFT JOIN LATERAL (
         SELECT event_type, body FROM relaybox_messages WHERE id = r.message_id OFFSET 0) m ON true
-    LEFT JOIN LATERAL (
-        SELECT x.tenant, x.url, x.signature, x.timeout, x.schedule,
-               (SELECT array_agg(s.secret ORDER BY s.id DESC) FROM relaybox_endpoint_secrets s
-                WHERE s.endpoint_id = x.id AND (s.expires_at IS NULL OR s.expires_at > $1))
-                   AS secrets
-        FROM relaybox_endpoints x WHERE x.id = r.endpoint_id OFFSET 0) e ON true
+    LEFT JOIN targets e ON e.id = r.endpoint_id
 ) x ON true
 ORDER BY x.id
 
@@ -379,48 +434,37 @@ SELECT id, event_type, body FROM relaybox_messages WHERE id = ANY($1::text[])
 SELECT id, tenant, url, signature, timeout, schedule FROM relaybox_endpoints
 WHERE id = ANY($1::text[])
 
--- name: outbox_mark_final
--- Fenced: only the holder of the current lease token records an outcome, so a late
--- dispatcher whose lease expired (and was taken over) changes nothing.
-UPDATE relaybox_outbox
-SET status = $4, dead_reason = $5, last_error = $6, last_status = $7, updated_at = $3,
-    sent_at = CASE WHEN $4 = 'sent' THEN $3 ELSE sent_at END,
-    lease_owner = NULL, lease_until = NULL
-WHERE id = $1 AND lease_token = $2 AND status = 'pending'
-RETURNING id
-
--- name: outbox_mark_retry
-UPDATE relaybox_outbox
-SET next_attempt_at = $4, last_error = $5, last_status = $6, updated_at = $3,
-    lease_owner = NULL, lease_until = NULL
-WHERE id = $1 AND lease_token = $2 AND status = 'pending'
-RETURNING id
-
--- name: outbox_attempt_insert
-INSERT INTO relaybox_outbox_attempts
-    (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
-     error, response)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-
 -- name: outbox_record
 -- Group commit of outcomes: element i of the arrays is one finished attempt. Fenced per
--- row like outbox_mark_final / outbox_mark_retry: only the holder of the current lease
--- token, only a pending row. $4[i] is the new status ('pending' = retry at $5[i]).
--- Returns the (id, lease_token) pairs written; the others were fenced.
+-- row like outbox_lease's done: only the holder of the lease (its token) writes, only a
+-- pending row; its lease goes, and the row keeps the lease's attempt count and token.
+-- $4[i] is the new status ('pending' = retry at $5[i]). Returns the (id, lease_token)
+-- pairs written; the others were fenced.
+WITH u AS (
+    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::double precision[],
+                         $6::text[], $7::text[], $8::int[])
+        AS u(id, token, status, next_at, reason, error, code)
+), freed AS (
+    -- By primary key (outbox_lease's freed says why).
+    DELETE FROM relaybox_outbox_leases l
+    WHERE l.outbox_id = ANY ($2::bigint[])
+      AND l.outbox_id BETWEEN (SELECT min(id) FROM u) AND (SELECT max(id) FROM u)
+      AND l.token = ($3::bigint[])[array_position($2::bigint[], l.outbox_id)]
+    RETURNING l.outbox_id, l.token, l.attempt
+)
 UPDATE relaybox_outbox o
 SET status = u.status,
     dead_reason = CASE WHEN u.status = 'pending' THEN o.dead_reason ELSE u.reason END,
     next_attempt_at = CASE WHEN u.status = 'pending' THEN u.next_at ELSE o.next_attempt_at END,
     last_error = u.error, last_status = u.code, updated_at = $1,
     sent_at = CASE WHEN u.status = 'sent' THEN $1 ELSE o.sent_at END,
-    lease_owner = NULL, lease_until = NULL
-FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::double precision[], $6::text[],
-            $7::text[], $8::int[]) AS u(id, token, status, next_at, reason, error, code)
+    attempts = f.attempt, lease_token = f.token
+FROM u JOIN freed f ON f.outbox_id = u.id
 -- By primary key whatever the statistics (outbox_lease's done says why).
 WHERE o.id = ANY ($2::bigint[])
   AND o.id BETWEEN (SELECT min(i) FROM unnest($2::bigint[]) i)
                AND (SELECT max(i) FROM unnest($2::bigint[]) i)
-  AND o.id = u.id AND o.lease_token = u.token AND o.status NOT IN ('sent', 'dead', 'held')
+  AND o.id = u.id AND o.status NOT IN ('sent', 'dead', 'held')
 RETURNING o.id, o.lease_token
 
 -- name: outbox_attempts_insert

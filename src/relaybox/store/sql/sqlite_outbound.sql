@@ -140,9 +140,15 @@ WHERE endpoint_id = ?1 AND status = 'dead' AND purged_at IS NULL AND created_at 
   AND (?3 IS NULL OR created_at < ?3)
 RETURNING id
 
+-- name: delivery_lock_endpoint
+-- The endpoint's waiting rows (postgres_outbound.sql locks them; one writer here).
+SELECT id FROM relaybox_outbox WHERE endpoint_id = ?1 AND status = 'pending'
+
 -- name: delivery_kill_endpoint
+-- Those rows ($4) go to dead letters, except those under a live lease.
 UPDATE relaybox_outbox SET status = 'dead', dead_reason = ?2, updated_at = ?3
-WHERE endpoint_id = ?1 AND status = 'pending' AND (lease_until IS NULL OR lease_until <= ?3)
+WHERE id IN (SELECT value FROM json_each(?4)) AND endpoint_id = ?1 AND status = 'pending'
+  AND (lease_until IS NULL OR lease_until <= ?3)
 
 -- name: delivery_attempts
 SELECT a.outbox_id, o.endpoint_id, a.attempt, a.started_at, a.duration, a.outcome,
@@ -239,27 +245,6 @@ SELECT id, event_type, body FROM relaybox_messages WHERE id IN (SELECT value FRO
 -- name: delivery_endpoints
 SELECT id, tenant, url, signature, timeout, schedule FROM relaybox_endpoints
 WHERE id IN (SELECT value FROM json_each(?1))
-
--- name: outbox_mark_final
-UPDATE relaybox_outbox
-SET status = ?4, dead_reason = ?5, last_error = ?6, last_status = ?7, updated_at = ?3,
-    sent_at = CASE WHEN ?4 = 'sent' THEN ?3 ELSE sent_at END,
-    lease_owner = NULL, lease_until = NULL
-WHERE id = ?1 AND lease_token = ?2 AND status = 'pending'
-RETURNING id
-
--- name: outbox_mark_retry
-UPDATE relaybox_outbox
-SET next_attempt_at = ?4, last_error = ?5, last_status = ?6, updated_at = ?3,
-    lease_owner = NULL, lease_until = NULL
-WHERE id = ?1 AND lease_token = ?2 AND status = 'pending'
-RETURNING id
-
--- name: outbox_attempt_insert
-INSERT INTO relaybox_outbox_attempts
-    (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
-     error, response)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
 
 -- name: outbox_record
 -- Group commit of outcomes (see postgres_outbound.sql): element i of the JSON arrays
