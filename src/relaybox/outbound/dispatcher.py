@@ -61,7 +61,7 @@ leases in flight lock each other's lanes (SKIP LOCKED) and come back short or em
 4 in flight measured ~45 % empty leases and ~25 % more PostgreSQL CPU per delivery."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
     """What a row becomes: ``sent``, ``retry`` (at ``at``), ``dead`` or ``held``
     (with ``reason``); ``label`` is the attempt log's outcome."""
@@ -72,17 +72,18 @@ class Decision:
     at: float | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Finished:
     """One attempt waiting for the recorder: its outcome, and the future its
-    :meth:`Dispatcher.handle` awaits (resolved with the attempt log's label)."""
+    :meth:`Dispatcher.handle` awaits (resolved with the attempt log's label); none for
+    a plain success that rides on the next lease (see :meth:`Dispatcher._record`)."""
 
     d: Delivery
     result: Result | None
     decision: Decision
     started: float
     duration: float
-    done: asyncio.Future[str] = field(repr=False)
+    done: asyncio.Future[str] | None = field(default=None, repr=False)
 
 
 class Dispatcher:
@@ -138,12 +139,12 @@ class Dispatcher:
             self._wake.set()  # a freed slot: its lane may have more
 
         def start_lease(pending: int = 0) -> None:
-            """Lease every free slot plus the slots of the successes it records (their
-            tasks leave once it is done); ``pending``: slots of deliveries leased but
-            not yet started."""
+            """Lease every free slot, the slots of the successes it records included
+            (their tasks have left: a plain success waits for no record);
+            ``pending``: slots of deliveries leased but not yet started."""
             nonlocal reserved
             carry, self._carry = self._carry, []
-            asked = max(self.concurrency - len(tasks) - reserved - pending, 0) + len(carry)
+            asked = max(self.concurrency - len(tasks) - reserved - pending, 0)
             reserved += asked
             lease_task = asyncio.create_task(self._lease_safely(asked, carry))
             leasing.add(lease_task)
@@ -176,8 +177,8 @@ class Dispatcher:
                 self._wake.clear()
                 free = self.concurrency - len(tasks) - reserved
                 # Up to _LEASES_IN_FLIGHT leases in flight, each for every slot free
-                # when it starts, plus the slots of the successes it records (their
-                # tasks leave once it is done); slots freed meanwhile go into the next.
+                # when it starts (the successes it records freed theirs); slots freed
+                # meanwhile go into the next.
                 if (free > 0 or self._carry) and len(leasing) < _LEASES_IN_FLIGHT:
                     start_lease()
                 elif free > 0 or self._carry:
@@ -197,6 +198,8 @@ class Dispatcher:
                 self._carry = []
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+            while self._recorder is not None and not self._recorder.done():
+                await asyncio.gather(self._recorder, return_exceptions=True)
             await self.close()
             if listener is not None:
                 with contextlib.suppress(Exception):
@@ -236,7 +239,7 @@ class Dispatcher:
         for f in carry:
             label = "sent" if (f.d.id, f.d.lease_token) in written else "fenced"
             self._observe(f.d, f.result, f.decision, label, f.duration)
-            if not f.done.done():
+            if f.done is not None and not f.done.done():
                 f.done.set_result(label)
         return found
 
@@ -343,16 +346,19 @@ class Dispatcher:
         the channel's policy decides (``resend`` under the same webhook-id /
         idempotency key, ``review`` or ``accept``). The row's slot (and its lane's
         in-flight count) is held until the outcome is committed.
+
+        On PostgreSQL, while :meth:`run` loops, a plain success is not waited for: the
+        next lease records it in its own statement (``outbox_lease``) and leases into
+        its slot, whose lease the database counts until then; the task ends at once
+        (no future to resolve, no task to wake again).
         """
-        done: asyncio.Future[str] = (self._loop or asyncio.get_running_loop()).create_future()
-        f = _Finished(d, result, decision, started, duration, done)
+        f = _Finished(d, result, decision, started, duration)
         if self._folding and _plain_success(f):
-            # PostgreSQL: the next lease records it in its own statement (outbox_lease),
-            # leasing into its slot: no record round trip before the slot is reused.
             self._carry.append(f)
             self._wake.set()
-        else:
-            self._hand_to_recorder([f])
+            return
+        done = f.done = (self._loop or asyncio.get_running_loop()).create_future()
+        self._hand_to_recorder([f])
         await done
 
     def _hand_to_recorder(self, finished: list[_Finished]) -> None:
@@ -377,12 +383,19 @@ class Dispatcher:
                     labels = await self._write(batch)
             except Exception as exc:
                 for f in batch:
-                    if not f.done.done():
+                    if f.done is not None and not f.done.done():
                         f.done.set_exception(exc)
+                    elif f.done is None:  # nobody waits for it: say what was lost
+                        log.error(
+                            "outbox_record_failed",
+                            outbox_id=f.d.id,
+                            dispatcher=self.name,
+                            error=short_error(exc),
+                        )
                 continue
             for f, label in zip(batch, labels, strict=True):
                 self._observe(f.d, f.result, f.decision, label, f.duration)
-                if not f.done.done():
+                if f.done is not None and not f.done.done():
                     f.done.set_result(label)
 
     async def _write(self, batch: list[_Finished]) -> list[str]:

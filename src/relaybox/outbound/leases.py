@@ -147,19 +147,22 @@ async def lease(
 def _delivery(
     r: Any, deadline: float, message: MessageBody | None, endpoint: Target | None
 ) -> Delivery:
-    """A leased row as the channels take it (both backends' lease rows)."""
+    """A leased row as the channels take it (both backends' lease rows). Positional
+    and without parsing a webhook row's payload (``null``: the body is the message's):
+    this runs for every delivery."""
+    payload = r["payload"]
     return Delivery(
-        id=r["id"],
-        channel=r["channel"],
-        key=r["key"],
-        payload=json.loads(r["payload"]),
-        tenant=r["tenant"],
-        attempt=r["attempts"],
-        lease_token=r["lease_token"],
-        uncertain=bool(r["uncertain"]),
-        deadline=deadline,
-        message=message,
-        endpoint=endpoint,
+        r["id"],
+        r["channel"],
+        r["key"],
+        None if payload == "null" else json.loads(payload),
+        r["tenant"],
+        r["attempts"],
+        r["lease_token"],
+        bool(r["uncertain"]),
+        deadline,
+        message,
+        endpoint,
     )
 
 
@@ -205,16 +208,19 @@ async def _lease_postgres(
         written = set(zip(leased[0]["recorded"], leased[0]["tokens"], strict=True))
     deadline = lease_ttl - LEASE_MARGIN
     vault = outbound(box).vault
-    targets: dict[str, Target] = {}
+    # An endpoint's columns come with its first row (rows are in id order); None: the
+    # endpoint no longer exists.
+    targets: dict[str, Target | None] = {}
     deliveries = []
     for r in leased:
         if r["id"] is None:
             continue  # nothing leased: the one row carries what was recorded
         endpoint_id = r["endpoint_id"]
         target = None
-        if endpoint_id is not None and r["url"] is not None:
-            target = targets.get(endpoint_id)
-            if target is None:
+        if endpoint_id is not None:
+            if endpoint_id in targets:
+                target = targets[endpoint_id]
+            elif r["url"] is not None:
                 schedule = r["schedule"]
                 opened, locked = _open(vault, r["secrets"] or ())
                 target = targets[endpoint_id] = Target(
@@ -227,6 +233,8 @@ async def _lease_postgres(
                     secrets=opened,
                     locked=locked,
                 )
+            else:
+                targets[endpoint_id] = None
         message_id = r["message_id"]
         body = r["body"]
         message = (

@@ -66,7 +66,7 @@ class UnsafeDestination(RelayboxError):
     never the resolved internal address beyond what the URL already showed."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Vetted:
     """A destination that passed the guard: connect to ``addresses`` only."""
 
@@ -74,6 +74,8 @@ class Vetted:
     host: str
     port: int
     addresses: tuple[str, ...]
+    parsed: yarl.URL | None = None
+    """``url`` parsed (the HTTP client takes it as it is: no second parse per request)."""
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
@@ -164,6 +166,10 @@ class Guard:
         self._literal: dict[str, Vetted] = {}
         # (host, port) -> (when the answer expires, the resolver's answer).
         self._answers: dict[tuple[str, int], tuple[float, list[str]]] = {}
+        # URLs naming a host, vetted under these rules with a kept answer: url ->
+        # (when that answer expires, the verdict). The verdict depends on the URL, the
+        # rules and the answer only, so until the answer expires it is a lookup.
+        self._named: dict[str, tuple[float, Vetted]] = {}
 
     def allowed(self, ip: IPAddress) -> bool:
         return any(ip in net for net in self.allow_networks)
@@ -201,15 +207,18 @@ class Guard:
         vetted = self._literal.get(url)
         if vetted is not None:
             return vetted
+        named = self._named.get(url)
+        if named is not None and named[0] > self.clock():
+            return named[1]
         parsed, literal = self.check_static(url)
         host = str(parsed.raw_host)
         port = parsed.explicit_port or (443 if parsed.scheme == "https" else 80)
         if literal is not None:
             if len(self._literal) >= _LITERAL_CACHE:
                 self._literal.clear()
-            vetted = self._literal[url] = Vetted(url, host, port, (str(literal),))
+            vetted = self._literal[url] = Vetted(url, host, port, (str(literal),), parsed)
             return vetted
-        found = await self._resolve(host, port)
+        expires, found = await self._resolve(host, port)
         addresses: list[str] = []
         for text in found:
             ip = ipaddress.ip_address(text.split("%", 1)[0])
@@ -217,19 +226,26 @@ class Guard:
             if parsed.scheme == "http" and not ip.is_loopback:
                 raise UnsafeDestination("plain http is allowed to loopback addresses only")
             addresses.append(str(ip))
-        return Vetted(url, host, port, tuple(addresses))
+        vetted = Vetted(url, host, port, tuple(addresses), parsed)
+        if expires is not None:
+            if len(self._named) >= _LITERAL_CACHE:
+                self._named.clear()
+            self._named[url] = (expires, vetted)
+        return vetted
 
-    async def _resolve(self, host: str, port: int) -> list[str]:
-        """The resolver's answer, kept ``dns_ttl`` seconds (failures are not kept)."""
+    async def _resolve(self, host: str, port: int) -> tuple[float | None, list[str]]:
+        """The resolver's answer, kept ``dns_ttl`` seconds (failures are not kept),
+        and when it expires (``None``: not kept)."""
         now = self.clock()
         kept = self._answers.get((host, port))
         if kept is not None and kept[0] > now:
-            return kept[1]
+            return kept
         found = await self.resolver(host, port)
         if not found:
             raise OSError(f"{host} did not resolve")
-        if self.dns_ttl > 0:
-            if len(self._answers) >= _DNS_CACHE:
-                self._answers.clear()
-            self._answers[(host, port)] = (now + self.dns_ttl, found)
-        return found
+        if self.dns_ttl <= 0:
+            return None, found
+        if len(self._answers) >= _DNS_CACHE:
+            self._answers.clear()
+        kept = self._answers[(host, port)] = (now + self.dns_ttl, found)
+        return kept

@@ -42,7 +42,7 @@ permanent, dead letter now. ``gone``: the destination said it no longer exists (
 the endpoint is disabled."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Target:
     """A webhook endpoint as the dispatcher loaded it for one attempt."""
 
@@ -59,7 +59,7 @@ class Target:
         return f"Target(id={self.id!r}, tenant={self.tenant!r}, secrets=<{len(self.secrets)}>)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MessageBody:
     """A published message: its id (the ``webhook-id``) and the exact bytes to send."""
 
@@ -68,7 +68,7 @@ class MessageBody:
     body: bytes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Delivery:
     """One attempt of one outbox row, handed to :meth:`Channel.deliver`."""
 
@@ -88,7 +88,7 @@ class Delivery:
     endpoint: Target | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Result:
     outcome: Outcome
     status_code: int | None = None

@@ -381,8 +381,11 @@ WITH u AS (
     JOIN lanes l ON l.lane = t.lane
     WHERE m.lane = t.lane
 ), targets AS (
-    -- Each endpoint once, however many of its rows were leased.
-    SELECT x.* FROM (SELECT DISTINCT endpoint_id FROM picked WHERE endpoint_id IS NOT NULL) p
+    -- Each endpoint once, however many of its rows were leased: looked up once, and
+    -- sent with its first row only (the dispatcher keeps it for the others).
+    SELECT p.first_id, x.* FROM (
+        SELECT endpoint_id, min(id) AS first_id FROM picked
+        WHERE endpoint_id IS NOT NULL GROUP BY endpoint_id) p
     CROSS JOIN LATERAL (
         SELECT x.id, x.tenant, x.url, x.signature, x.timeout, x.schedule,
                (SELECT array_agg(s.secret ORDER BY s.id DESC) FROM relaybox_endpoint_secrets s
@@ -392,9 +395,13 @@ WITH u AS (
 )
 -- (OFFSET 0 keeps each message lookup a primary-key probe per leased row: a CTE's row
 -- count is unknown to the planner, which would otherwise hash the whole table.)
--- recorded / tokens: the (id, lease_token) pairs done wrote, on every row (one row of
--- NULLs when nothing was leased); the others were fenced.
-SELECT k.recorded, k.tokens, x.*
+-- recorded / tokens: the (id, lease_token) pairs done wrote, on the first row only (a
+-- row of NULLs when nothing was leased); the others were fenced.
+SELECT CASE WHEN x.id IS NULL OR x.id = (SELECT min(id) FROM picked) THEN k.recorded END
+           AS recorded,
+       CASE WHEN x.id IS NULL OR x.id = (SELECT min(id) FROM picked) THEN k.tokens END
+           AS tokens,
+       x.*
 FROM (SELECT array_agg(id) AS recorded, array_agg(lease_token) AS tokens FROM done) k
 LEFT JOIN (
     SELECT r.id, r.channel, r.key, r.payload, r.tenant, r.endpoint_id, r.message_id,
@@ -404,7 +411,7 @@ LEFT JOIN (
     FROM picked r
     LEFT JOIN LATERAL (
         SELECT event_type, body FROM relaybox_messages WHERE id = r.message_id OFFSET 0) m ON true
-    LEFT JOIN targets e ON e.id = r.endpoint_id
+    LEFT JOIN targets e ON e.id = r.endpoint_id AND e.first_id = r.id
 ) x ON true
 ORDER BY x.id
 
