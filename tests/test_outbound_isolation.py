@@ -187,7 +187,7 @@ async def test_a_lease_that_records_successes_reuses_exactly_their_slots(box: Re
         return (d.id, token, d.attempt, a, clock.now(), 0.01, 200, None, "ok")
 
     async def lease_and_record(*rows: tuple[object, ...]) -> tuple[list[Delivery], set[object]]:
-        found, written = await lease_recording(
+        found, written, _ = await lease_recording(
             box, owner="other", slots=10, channels=["webhook"], lease_ttl=30.0, sent=rows
         )
         return found, set(written)

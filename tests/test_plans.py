@@ -113,7 +113,9 @@ async def test_lease_records_by_primary_key_on_a_filled_outbox_without_statistic
         " updated_at) SELECT 'webhook', 'k' || i, '{}', 0, 0, 0"
         " FROM generate_series(1, 20000) AS i",
         {
-            "outbox_lease": ", ".join(["1", "0", "'{webhook}'", "'me'", "2", *sent]),
+            "outbox_lease": ", ".join(
+                ["1", "0", "'{webhook}'", "'me'", "2", *sent, "'{webhook}'", "4"]
+            ),
             "outbox_record": ", ".join(["1", ids, ids, *[nulls] * 5]),
         },
     )

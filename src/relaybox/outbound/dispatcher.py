@@ -27,7 +27,9 @@ most its ``max_in_flight`` of those slots, so a hanging endpoint ties up only it
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import functools
 import os
 import random
@@ -43,7 +45,7 @@ from relaybox.log import debug_enabled, error_text, short_error
 from relaybox.outbound import db
 from relaybox.outbound.channels.base import Channel, Delivery, Result
 from relaybox.outbound.endpoints import disable_in
-from relaybox.outbound.leases import lease, lease_recording
+from relaybox.outbound.leases import lease, lease_recording, release
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.schedule import Schedule
 
@@ -115,6 +117,9 @@ class Dispatcher:
         # statement records them and leases into their slots), see _record.
         self._folding = False
         self._carry: list[_Finished] = []
+        self._ahead: list[str] = []  # channels whose lanes run() leases ahead
+        self._unstarted: list[Delivery] = []  # leased ahead, never started: to release
+        self._releaser: asyncio.Task[None] | None = None
         # run()'s loop, remembered (asyncio.get_running_loop() is a getpid() system
         # call per delivery on Python 3.11).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -130,52 +135,121 @@ class Dispatcher:
     async def run(self) -> None:
         listener = await self._listen()
         tasks: set[asyncio.Task[None]] = set()
-        leasing: set[asyncio.Task[list[Delivery]]] = set()
-        reserved = 0  # slots promised to leases still running
+        leasing: set[asyncio.Task[tuple[list[Delivery], dict[str, int]]]] = set()
+        reserved = 0  # rows asked of leases still running
         deferred = False  # slots were free while every lease slot was busy: lease again after
+        # Per lane: attempts running, how many may run at once (its cap minus the
+        # leases other dispatchers held when this one last leased in it; unknown: as
+        # many as were leased), and rows leased ahead, waiting for a slot.
+        running: dict[str, int] = {}
+        allowed: dict[str, int] = {}
+        held: dict[str, collections.deque[tuple[Delivery, float]]] = {}
+        blocked: set[str] = set()  # lanes whose held rows wait for a free global slot
+        held_n = 0
+        self._folding = self.box.store.backend == "postgres"
+        # PostgreSQL: lanes of channels whose uncertain policy is resend may be leased
+        # up to lease_ahead times their cap (outbox_lease), so that an attempt's end
+        # starts the next row at once instead of waiting for the lease that records it
+        # and brings the next one (bench/README.md). A row leased ahead that a crash
+        # leaves unstarted comes back uncertain and is sent: what resend does anyway.
+        ahead = self.outbound.settings.lease_ahead if self._folding else 1
+        self._ahead = [
+            name
+            for name, channel in self.outbound.channels.items()
+            if channel.uncertain == "resend" and ahead > 1
+        ]
+        limit = ahead * self.concurrency if self._ahead else self.concurrency
+        monotonic = time.monotonic
 
-        def freed(task: asyncio.Task[None]) -> None:
+        def launch(d: Delivery) -> None:
+            lane = d.lane or d.channel
+            running[lane] = running.get(lane, 0) + 1
+            task = asyncio.create_task(self.handle(d))
+            tasks.add(task)
+            task.add_done_callback(functools.partial(freed, lane=lane))
+
+        def start_held(lane: str) -> None:
+            """Start the lane's rows leased ahead while it and the dispatcher have room."""
+            nonlocal held_n
+            queue = held[lane]
+            while queue and running.get(lane, 0) < allowed.get(lane, limit):
+                if len(tasks) >= self.concurrency:
+                    blocked.add(lane)
+                    return
+                d, at = queue.popleft()
+                held_n -= 1
+                waited = monotonic() - at
+                if waited > 0.5:  # the lease runs out as it did: so must the attempt
+                    if d.deadline - waited < 1.0:
+                        self._release_later(d)
+                        continue
+                    d = dataclasses.replace(d, deadline=d.deadline - waited)
+                launch(d)
+            if not queue:
+                del held[lane]
+
+        def unblock() -> None:
+            """Free slots to the lanes whose held rows waited for one."""
+            while blocked and len(tasks) < self.concurrency:
+                lane = blocked.pop()
+                if lane in held:
+                    start_held(lane)
+
+        def freed(task: asyncio.Task[None], lane: str) -> None:
             tasks.discard(task)
+            running[lane] -= 1
+            if lane in held:
+                start_held(lane)
+            unblock()
             self._wake.set()  # a freed slot: its lane may have more
 
         def start_lease(pending: int = 0) -> None:
-            """Lease every free slot, the slots of the successes it records included
-            (their tasks have left: a plain success waits for no record);
-            ``pending``: slots of deliveries leased but not yet started."""
+            """Lease every free slot (the successes it records freed theirs) and, leasing
+            ahead, as many again to hold; ``pending``: rows leased but not yet placed."""
             nonlocal reserved
             carry, self._carry = self._carry, []
-            asked = max(self.concurrency - len(tasks) - reserved - pending, 0)
+            asked = max(limit - len(tasks) - held_n - reserved - pending, 0)
             reserved += asked
             lease_task = asyncio.create_task(self._lease_safely(asked, carry))
             leasing.add(lease_task)
             lease_task.add_done_callback(functools.partial(leased, asked=asked))
 
-        def leased(lease_task: asyncio.Task[list[Delivery]], asked: int) -> None:
-            nonlocal reserved, deferred
+        def leased(
+            lease_task: asyncio.Task[tuple[list[Delivery], dict[str, int]]], asked: int
+        ) -> None:
+            nonlocal reserved, deferred, held_n
             reserved -= asked
             leasing.discard(lease_task)
-            found = [] if lease_task.cancelled() else lease_task.result()
+            found, allowances = ([], {}) if lease_task.cancelled() else lease_task.result()
+            allowed.update(allowances)
             if self._carry and len(leasing) < _LEASES_IN_FLIGHT and not self._stopping.is_set():
                 # Successes that finished during this lease: send the next lease before
                 # the deliveries just leased start (tasks first run in the order they
                 # are created), so that PostgreSQL runs it while this loop sends them.
                 start_lease(pending=len(found))
+            now = monotonic()
             for delivery in found:
-                task = asyncio.create_task(self.handle(delivery))
-                tasks.add(task)
-                task.add_done_callback(freed)
+                lane = delivery.lane or delivery.channel
+                room = running.get(lane, 0) < allowed.get(lane, limit)
+                if room and lane not in held and len(tasks) < self.concurrency:
+                    launch(delivery)
+                    continue
+                held.setdefault(lane, collections.deque()).append((delivery, now))
+                held_n += 1
+                if room:
+                    blocked.add(lane)  # waits for a global slot, not for its lane
+            unblock()
             if len(found) == asked or deferred:
                 deferred = False
                 self._wake.set()  # more may be due, or slots freed meanwhile
             # else nothing more is due or no lane has room: a freed slot, a NOTIFY or
             # the poll interval wakes the loop (no busy loop on an empty outbox).
 
-        self._folding = self.box.store.backend == "postgres"
         self._loop = asyncio.get_running_loop()
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
-                free = self.concurrency - len(tasks) - reserved
+                free = limit - len(tasks) - held_n - reserved
                 # Up to _LEASES_IN_FLIGHT leases in flight, each for every slot free
                 # when it starts (the successes it records freed theirs); slots freed
                 # meanwhile go into the next.
@@ -193,11 +267,17 @@ class Dispatcher:
             self._loop = None
             if leasing:
                 await asyncio.gather(*leasing, return_exceptions=True)
+            # Rows leased ahead and never started go back at once (not after their
+            # lease runs out, and not as uncertain).
+            for queue in held.values():
+                self._unstarted.extend(d for d, _ in queue)
+            held.clear()
             if self._carry:  # finished while the loop stopped: the recorder writes them
                 self._hand_to_recorder(self._carry)
                 self._carry = []
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+            await self._release_unstarted()
             while self._recorder is not None and not self._recorder.done():
                 await asyncio.gather(self._recorder, return_exceptions=True)
             await self.close()
@@ -217,31 +297,56 @@ class Dispatcher:
             with contextlib.suppress(Exception):
                 await channel.close()
 
-    async def _lease_safely(self, slots: int, carry: list[_Finished]) -> list[Delivery]:
+    async def _lease_safely(
+        self, slots: int, carry: list[_Finished]
+    ) -> tuple[list[Delivery], dict[str, int]]:
+        """One lease for run(): the deliveries, and per lane leased how many attempts
+        may run in it at once (PostgreSQL; empty: as many as were leased)."""
         try:
-            if not carry:
-                return await self._lease(slots)
+            if not self._folding:
+                return await self._lease(slots), {}
             if not self._lanes_ready:
                 await self._ensure_lanes()
-            found, written = await lease_recording(
+            found, written, allowed = await lease_recording(
                 self.box,
                 owner=self.name,
                 slots=slots,
                 channels=list(self.outbound.channels),
                 lease_ttl=self.outbound.settings.lease_ttl,
                 sent=[_sent_row(f) for f in carry],
+                ahead=self._ahead,
+                factor=self.outbound.settings.lease_ahead,
             )
         except Exception as exc:  # the database went away: poll again later
             log.warning("outbox_lease_failed", dispatcher=self.name, error=short_error(exc))
             if carry:  # the statement rolled back: the recorder writes them (and retries)
                 self._hand_to_recorder(carry)
-            return []
+            return [], {}
         for f in carry:
             label = "sent" if (f.d.id, f.d.lease_token) in written else "fenced"
             self._observe(f.d, f.result, f.decision, label, f.duration)
             if f.done is not None and not f.done.done():
                 f.done.set_result(label)
-        return found
+        return found, allowed
+
+    def _release_later(self, d: Delivery) -> None:
+        """A row leased ahead whose lease is too short to start it in now."""
+        self._unstarted.append(d)
+        if self._releaser is None or self._releaser.done():
+            self._releaser = asyncio.create_task(self._release_unstarted())
+
+    async def _release_unstarted(self) -> None:
+        while self._unstarted:
+            batch, self._unstarted = self._unstarted, []
+            try:
+                await release(self.box, batch)
+            except Exception as exc:  # their leases run out instead: resent as uncertain
+                log.warning(
+                    "outbox_release_failed",
+                    dispatcher=self.name,
+                    rows=len(batch),
+                    error=short_error(exc),
+                )
 
     async def _lease(self, slots: int) -> list[Delivery]:
         if not self._lanes_ready:

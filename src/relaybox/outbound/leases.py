@@ -48,7 +48,7 @@ from relaybox.outbound.vault import SecretsLocked, Vault
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
-__all__ = ["LEASE_MARGIN", "Lane", "allocate", "lease", "lease_recording"]
+__all__ = ["LEASE_MARGIN", "Lane", "allocate", "lease", "lease_recording", "release"]
 
 LEASE_MARGIN = 5.0
 """Seconds kept between the end of an attempt and the end of its lease, to record."""
@@ -100,7 +100,9 @@ async def lease(
     now = box.clock.now()
     until = now + lease_ttl
     if store.backend == "postgres":
-        found, _ = await _lease_postgres(box, owner, slots, channels, now, until, lease_ttl, ())
+        found, _, _ = await _lease_postgres(
+            box, owner, slots, channels, now, until, lease_ttl, (), (), 1
+        )
         return found
     async with store.transaction() as conn:
         found = await db.rows(
@@ -163,6 +165,7 @@ def _delivery(
         deadline,
         message,
         endpoint,
+        r["lane"] or r["channel"],
     )
 
 
@@ -174,14 +177,39 @@ async def lease_recording(
     channels: Sequence[str],
     lease_ttl: float,
     sent: Sequence[tuple[Any, ...]],
-) -> tuple[list[Delivery], set[tuple[int, int]]]:
+    ahead: Sequence[str] = (),
+    factor: int = 1,
+) -> tuple[list[Delivery], set[tuple[int, int]], dict[str, int]]:
     """PostgreSQL: record the plain successes ``sent`` (rows of id, lease token,
     attempt, endpoint id, started, duration, status code, error, response) and lease
     up to ``slots`` due rows (none: only record), their slots included, in the one
-    ``outbox_lease`` statement. Returns the deliveries and the (id, lease token)
-    pairs written (the others were fenced)."""
+    ``outbox_lease`` statement. Lanes of the channels ``ahead`` may be leased up to
+    twice their cap while no other dispatcher holds leases in them. Returns the
+    deliveries, the (id, lease token) pairs written (the others were fenced), and for
+    each lane leased how many attempts this dispatcher may run in it at once (its cap
+    minus the live leases other dispatchers held)."""
     now = box.clock.now()
-    return await _lease_postgres(box, owner, slots, channels, now, now + lease_ttl, lease_ttl, sent)
+    return await _lease_postgres(
+        box, owner, slots, channels, now, now + lease_ttl, lease_ttl, sent, ahead, factor
+    )
+
+
+async def release(box: Relaybox, deliveries: Sequence[Delivery]) -> None:
+    """Give back leases never started (:func:`lease_recording`'s rows leased ahead):
+    the rows are due again at once, as if never leased (``outbox_release``)."""
+    store = box.store
+    ids = [d.id for d in deliveries]
+    tokens = [d.lease_token for d in deliveries]
+    uncertain = [d.uncertain for d in deliveries]
+    async with store.transaction() as conn:
+        await db.execute(
+            conn,
+            store,
+            "outbox_release",
+            db.array(store, ids),
+            db.array(store, tokens),
+            db.array(store, uncertain),
+        )
 
 
 async def _lease_postgres(
@@ -193,7 +221,9 @@ async def _lease_postgres(
     until: float,
     lease_ttl: float,
     sent: Sequence[tuple[Any, ...]],
-) -> tuple[list[Delivery], set[tuple[int, int]]]:
+    ahead: Sequence[str],
+    factor: int,
+) -> tuple[list[Delivery], set[tuple[int, int]], dict[str, int]]:
     """PostgreSQL: every step in one autocommit statement (``outbox_lease``): one round
     trip, no BEGIN / COMMIT."""
     store = box.store
@@ -201,11 +231,20 @@ async def _lease_postgres(
     pool = await store.generic_pool()  # type: ignore[attr-defined]
     async with pool.acquire() as conn:
         leased = await conn.fetch(
-            store.q["outbox_lease"], now, slots, list(channels), owner, until, *columns
+            store.q["outbox_lease"],
+            now,
+            slots,
+            list(channels),
+            owner,
+            until,
+            *columns,
+            list(ahead),
+            factor,
         )
     written: set[tuple[int, int]] = set()
     if leased and leased[0]["recorded"] is not None:
         written = set(zip(leased[0]["recorded"], leased[0]["tokens"], strict=True))
+    allowed: dict[str, int] = {}
     deadline = lease_ttl - LEASE_MARGIN
     vault = outbound(box).vault
     # An endpoint's columns come with its first row (rows are in id order); None: the
@@ -242,8 +281,10 @@ async def _lease_postgres(
             if message_id is not None and body is not None
             else None
         )
-        deliveries.append(_delivery(r, deadline, message, target))
-    return deliveries, written
+        delivery = _delivery(r, deadline, message, target)
+        deliveries.append(delivery)
+        allowed[delivery.lane] = r["allowed"]  # type: ignore[index]
+    return deliveries, written, allowed
 
 
 async def _load(

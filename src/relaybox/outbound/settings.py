@@ -35,6 +35,16 @@ class OutboundSettings(BaseModel):
     lease_ttl: float = Field(
         default=60.0, gt=0, description="seconds a leased row is ours; longer than any timeout"
     )
+    lease_ahead: int = Field(
+        default=4,
+        ge=1,
+        le=16,
+        description=(
+            "PostgreSQL: times its cap an endpoint's lane may have leased by a dispatcher "
+            "alone in it, so the next row starts as an attempt ends (resend policy only; "
+            "1: off)"
+        ),
+    )
     timeout: float = Field(default=15.0, gt=0, description="default total seconds per attempt")
     connect_timeout: float = Field(default=5.0, gt=0, description="seconds to open a connection")
     min_timeout: float = Field(default=5.0, gt=0, description="lowest endpoint timeout")

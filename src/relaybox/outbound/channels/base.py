@@ -86,6 +86,8 @@ class Delivery:
     recorded before the lease runs out."""
     message: MessageBody | None = None
     endpoint: Target | None = None
+    lane: str | None = None
+    """Its lane (the endpoint id, or the channel for a handler's row)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -233,7 +233,8 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 -- dispatcher's channels, $4 owner, $5 lease end ($2 = 0: only record); $6..$14 the
 -- plain successes to record first (id, lease token, attempt, endpoint, started,
 -- duration, status code, error, response; empty arrays when none): a finished
--- attempt's slot goes into the lease that records it, no round trip in between.
+-- attempt's slot goes into the lease that records it, no round trip in between; $15
+-- the channels that may lease ahead (see locked).
 -- A lease is a row of relaybox_outbox_leases (migration 0011 says why), not a change
 -- of the outbox row; the outbox row is written once, by the record.
 -- freed: the successes' leases, fenced per row (only the holder of the lease token);
@@ -248,7 +249,11 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 --   lease served since this statement's snapshot (no cap overshoot); room = free
 --   in-flight slots (live leases), and with a rate limit at most the whole tokens in the
 --   bucket refilled to now (it holds at most 1 s of the rate, at least 1 token):
---   Lane.room().
+--   Lane.room(). Leasing ahead ($15: the channels whose uncertain policy is resend):
+--   a lane without a rate limit, in which no other dispatcher holds a live lease, may
+--   have twice its cap leased, so that the dispatcher starts the next row the moment
+--   an attempt ends; it still runs at most cap minus the others' leases at once
+--   (allowed, returned with each row: Dispatcher.run).
 -- plan: allocate() in SQL: the free slots shared round robin (one per lane per
 --   round, lane order) within each lane's room; picked: that many due rows per lane
 --   without a live lease, oldest first, locked SKIP LOCKED (delivery_lock_endpoint
@@ -302,21 +307,31 @@ WITH u AS (
           WHERE u.endpoint IS NOT NULL) s
     WHERE e.id = s.endpoint AND e.failing_since IS NOT NULL
 ), locked AS (
-    SELECT l.lane, l.xmin AS version, l.leased_at, b.tokens,
-           CASE WHEN l.rate_limit IS NULL THEN l.max_in_flight - busy.n
+    SELECT l.lane, l.xmin AS version, l.leased_at, b.tokens, l.max_in_flight - busy.others
+               AS allowed,
+           CASE WHEN l.rate_limit IS NULL THEN lim.n - busy.n
                 ELSE least(l.max_in_flight - busy.n, floor(b.tokens)::int) END AS room
     FROM relaybox_lanes l
     LEFT JOIN relaybox_endpoints e ON e.id = l.lane
-    -- Live leases of the lane, counted up to its cap (the LIMIT makes it an index scan,
-    -- which marks the dead entries it meets, where a bitmap scan would read them again
-    -- every time until the next vacuum).
     CROSS JOIN LATERAL (
-        SELECT count(*)::int AS n FROM (
-            SELECT 1 FROM relaybox_outbox_leases f
+        SELECT CASE WHEN l.rate_limit IS NULL
+                         AND CASE WHEN e.id IS NULL THEN l.lane ELSE 'webhook' END
+                             = ANY ($15::text[])
+                    THEN $16::int * l.max_in_flight ELSE l.max_in_flight END AS n) ahead
+    -- Live leases of the lane, and how many are other dispatchers', counted up to what
+    -- it may have (the LIMIT makes it an index scan, which marks the dead entries it
+    -- meets, where a bitmap scan would read them again every time until the next
+    -- vacuum; a lane that reaches the limit takes nothing, so a lane served has exact
+    -- counts).
+    CROSS JOIN LATERAL (
+        SELECT count(*)::int AS n, count(*) FILTER (WHERE f.owner <> $4)::int AS others FROM (
+            SELECT f.owner FROM relaybox_outbox_leases f
             WHERE f.lane = l.lane AND f.until > $1
               AND (f.outbox_id, f.token) NOT IN (SELECT u.id, u.token FROM u)
             ORDER BY f.lane, f.outbox_id
-            LIMIT l.max_in_flight) f) busy
+            LIMIT ahead.n) f) busy
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN busy.others = 0 THEN ahead.n ELSE l.max_in_flight END AS n) lim
     -- A due row in the lane: a probe per lane (LIMIT 1 keeps it one; as EXISTS, a plan
     -- made before any ANALYZE joined every due row of the outbox to the lanes).
     CROSS JOIN LATERAL (
@@ -332,7 +347,7 @@ WITH u AS (
                                l.tokens + ($1 - l.refilled_at) * l.rate_limit) END AS tokens) b
     WHERE ((e.id IS NULL AND l.lane = ANY($3::text[]))
            OR (e.status = 'enabled' AND 'webhook' = ANY($3::text[])))
-      AND busy.n < l.max_in_flight
+      AND busy.n < lim.n
       AND (l.rate_limit IS NULL OR l.tokens + ($1 - l.refilled_at) * l.rate_limit >= 1)
     ORDER BY l.leased_at, l.lane
     LIMIT $2
@@ -344,13 +359,14 @@ WITH u AS (
     SELECT k.* FROM locked k JOIN relaybox_lanes s ON s.lane = k.lane AND s.xmin = k.version
 ), plan AS (
     -- allocate(): one slot per lane per round, in lane order, until $2 are shared.
-    SELECT s.lane, count(*)::int AS n
-    FROM (SELECT l.lane FROM lanes l CROSS JOIN LATERAL generate_series(1, l.room) AS k(round)
+    SELECT s.lane, s.allowed, count(*)::int AS n
+    FROM (SELECT l.lane, l.allowed
+          FROM lanes l CROSS JOIN LATERAL generate_series(1, l.room) AS k(round)
           ORDER BY k.round, l.leased_at, l.lane
           LIMIT $2) s
-    GROUP BY s.lane
+    GROUP BY s.lane, s.allowed
 ), picked AS (
-    SELECT r.*, p.lane,
+    SELECT r.*, p.lane, p.allowed,
            COALESCE(x.token, r.lease_token, 0) + 1 AS new_token,
            COALESCE(x.attempt, r.attempts) + 1 AS new_attempt,
            x.token IS NOT NULL AS uncertain
@@ -405,15 +421,29 @@ SELECT CASE WHEN x.id IS NULL OR x.id = (SELECT min(id) FROM picked) THEN k.reco
 FROM (SELECT array_agg(id) AS recorded, array_agg(lease_token) AS tokens FROM done) k
 LEFT JOIN (
     SELECT r.id, r.channel, r.key, r.payload, r.tenant, r.endpoint_id, r.message_id,
-           r.new_attempt AS attempts, r.new_token AS lease_token, r.uncertain,
-           m.event_type, m.body, e.tenant AS endpoint_tenant, e.url, e.signature,
-           e.timeout, e.schedule, e.secrets
+           r.new_attempt AS attempts, r.new_token AS lease_token, r.uncertain, r.lane,
+           r.allowed, m.event_type, m.body, e.tenant AS endpoint_tenant, e.url,
+           e.signature, e.timeout, e.schedule, e.secrets
     FROM picked r
     LEFT JOIN LATERAL (
         SELECT event_type, body FROM relaybox_messages WHERE id = r.message_id OFFSET 0) m ON true
     LEFT JOIN targets e ON e.id = r.endpoint_id AND e.first_id = r.id
 ) x ON true
 ORDER BY x.id
+
+-- name: outbox_release
+-- Leases taken ahead and never started (a dispatcher stopping, or a row it could not
+-- start before its lease ran short): fenced per row like outbox_record, the rows are
+-- due again at once, as if never leased. An uncertain row keeps its lease, expired:
+-- its previous attempt's outcome is still unknown (and that lease's attempt counted).
+WITH r AS (
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::boolean[]) AS r(id, token, uncertain)
+), gone AS (
+    DELETE FROM relaybox_outbox_leases l USING r
+    WHERE l.outbox_id = r.id AND l.token = r.token AND NOT r.uncertain
+)
+UPDATE relaybox_outbox_leases l SET until = 0 FROM r
+WHERE l.outbox_id = r.id AND l.token = r.token AND r.uncertain
 
 -- name: outbox_lease_lanes
 -- Not used on PostgreSQL: outbox_lease does this step within its one statement. The

@@ -246,6 +246,20 @@ SELECT id, event_type, body FROM relaybox_messages WHERE id IN (SELECT value FRO
 SELECT id, tenant, url, signature, timeout, schedule FROM relaybox_endpoints
 WHERE id IN (SELECT value FROM json_each(?1))
 
+-- name: outbox_release
+-- Leases never started (postgres_outbound.sql; the SQLite dispatcher does not lease
+-- ahead, so only a stopping one could call it): the rows are due again, the lease's
+-- attempt not counted; an uncertain row keeps an expired lease.
+UPDATE relaybox_outbox
+SET lease_owner = NULL,
+    lease_until = CASE WHEN r.uncertain THEN 0 ELSE NULL END,
+    attempts = attempts - CASE WHEN r.uncertain THEN 0 ELSE 1 END
+FROM (SELECT i.value AS id, t.value AS token, u.value AS uncertain
+      FROM json_each(?1) AS i
+      JOIN json_each(?2) AS t ON t.key = i.key JOIN json_each(?3) AS u ON u.key = i.key) AS r
+WHERE relaybox_outbox.id = r.id AND relaybox_outbox.lease_token = r.token
+  AND relaybox_outbox.status = 'pending'
+
 -- name: outbox_record
 -- Group commit of outcomes (see postgres_outbound.sql): element i of the JSON arrays
 -- ?2..?8 is one finished attempt, fenced on its lease token.
