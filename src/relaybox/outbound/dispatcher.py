@@ -134,18 +134,10 @@ class Dispatcher:
 
     async def run(self) -> None:
         listener = await self._listen()
-        tasks: set[asyncio.Task[None]] = set()
+        loop = self._loop = asyncio.get_running_loop()
         leasing: set[asyncio.Task[tuple[list[Delivery], dict[str, int]]]] = set()
         reserved = 0  # rows asked of leases still running
         deferred = False  # slots were free while every lease slot was busy: lease again after
-        # Per lane: attempts running, how many may run at once (its cap minus the
-        # leases other dispatchers held when this one last leased in it; unknown: as
-        # many as were leased), and rows leased ahead, waiting for a slot.
-        running: dict[str, int] = {}
-        allowed: dict[str, int] = {}
-        held: dict[str, collections.deque[tuple[Delivery, float]]] = {}
-        blocked: set[str] = set()  # lanes whose held rows wait for a free global slot
-        held_n = 0
         self._folding = self.box.store.backend == "postgres"
         # PostgreSQL: lanes of channels whose uncertain policy is resend may be leased
         # up to lease_ahead times their cap (outbox_lease), so that an attempt's end
@@ -160,22 +152,28 @@ class Dispatcher:
         ]
         limit = ahead * self.concurrency if self._ahead else self.concurrency
         monotonic = time.monotonic
+        stopping = self._stopping
+        # ``concurrency`` slots, each a task that runs one attempt after another (no
+        # task per delivery). Per lane: attempts running, how many may run at once (its
+        # cap minus the leases other dispatchers held when this one last leased there;
+        # unknown: no bound but the slots), and rows leased, waiting for a slot.
+        running: dict[str, int] = {}
+        allowed: dict[str, int] = {}
+        held: dict[str, collections.deque[tuple[Delivery, float]]] = {}
+        ready: dict[str, None] = {}  # lanes whose held rows may start, in turn
+        idle: collections.deque[asyncio.Future[Delivery | None]] = collections.deque()
+        held_n = 0  # rows held
+        busy = 0  # rows given to a slot and not yet done
 
-        def launch(d: Delivery) -> None:
-            lane = d.lane or d.channel
-            running[lane] = running.get(lane, 0) + 1
-            task = asyncio.create_task(self.handle(d))
-            tasks.add(task)
-            task.add_done_callback(functools.partial(freed, lane=lane))
+        def room(lane: str) -> bool:
+            return running.get(lane, 0) < allowed.get(lane, limit)
 
-        def start_held(lane: str) -> None:
-            """Start the lane's rows leased ahead while it and the dispatcher have room."""
-            nonlocal held_n
-            queue = held[lane]
-            while queue and running.get(lane, 0) < allowed.get(lane, limit):
-                if len(tasks) >= self.concurrency:
-                    blocked.add(lane)
-                    return
+        def take(lane: str) -> Delivery | None:
+            """The lane's next held row, counted as running; ``None``: none left (a
+            row whose lease ran too short while it waited is given back instead)."""
+            nonlocal held_n, busy
+            queue = held.get(lane)
+            while queue:
                 d, at = queue.popleft()
                 held_n -= 1
                 waited = monotonic() - at
@@ -184,31 +182,73 @@ class Dispatcher:
                         self._release_later(d)
                         continue
                     d = dataclasses.replace(d, deadline=d.deadline - waited)
-                launch(d)
-            if not queue:
-                del held[lane]
+                if not queue:
+                    del held[lane]
+                running[lane] = running.get(lane, 0) + 1
+                busy += 1
+                return d
+            held.pop(lane, None)
+            return None
 
-        def unblock() -> None:
-            """Free slots to the lanes whose held rows waited for one."""
-            while blocked and len(tasks) < self.concurrency:
-                lane = blocked.pop()
-                if lane in held:
-                    start_held(lane)
+        def next_row(prefer: str | None) -> Delivery | None:
+            """A held row that may start: of the lane ``prefer`` (the slot's last) first,
+            then of the ready lanes in turn."""
+            if prefer is not None and prefer in held and room(prefer):
+                d = take(prefer)
+                if d is not None:
+                    return d
+            while ready:
+                lane = next(iter(ready))
+                del ready[lane]
+                if lane not in held or not room(lane):
+                    continue  # ready again when it has rows and room
+                d = take(lane)
+                if lane in held and room(lane):
+                    ready[lane] = None  # its turn again after the others
+                if d is not None:
+                    return d
+            return None
 
-        def freed(task: asyncio.Task[None], lane: str) -> None:
-            tasks.discard(task)
-            running[lane] -= 1
-            if lane in held:
-                start_held(lane)
-            unblock()
-            self._wake.set()  # a freed slot: its lane may have more
+        def mark_ready(lane: str) -> None:
+            if lane in held and room(lane):
+                ready[lane] = None
+
+        def hand(d: Delivery) -> bool:
+            """Give ``d`` (already counted as running) to an idle slot."""
+            while idle:
+                waiter = idle.popleft()
+                if not waiter.done():
+                    waiter.set_result(d)
+                    return True
+            return False
+
+        async def slot() -> None:
+            nonlocal busy
+            lane: str | None = None
+            while True:
+                d = None if stopping.is_set() else next_row(lane)
+                if d is None:
+                    if stopping.is_set():
+                        return
+                    waiter: asyncio.Future[Delivery | None] = loop.create_future()
+                    idle.append(waiter)
+                    d = await waiter
+                    if d is None:
+                        return
+                lane = d.lane or d.channel
+                try:
+                    await self.handle(d)
+                finally:
+                    busy -= 1
+                    running[lane] -= 1
+                self._wake.set()  # a slot is free: its lane may have more, or a lease
 
         def start_lease(pending: int = 0) -> None:
             """Lease every free slot (the successes it records freed theirs) and, leasing
             ahead, as many again to hold; ``pending``: rows leased but not yet placed."""
             nonlocal reserved
             carry, self._carry = self._carry, []
-            asked = max(limit - len(tasks) - held_n - reserved - pending, 0)
+            asked = max(limit - busy - held_n - reserved - pending, 0)
             reserved += asked
             lease_task = asyncio.create_task(self._lease_safely(asked, carry))
             leasing.add(lease_task)
@@ -217,39 +257,53 @@ class Dispatcher:
         def leased(
             lease_task: asyncio.Task[tuple[list[Delivery], dict[str, int]]], asked: int
         ) -> None:
-            nonlocal reserved, deferred, held_n
+            nonlocal reserved, deferred, held_n, busy
             reserved -= asked
             leasing.discard(lease_task)
             found, allowances = ([], {}) if lease_task.cancelled() else lease_task.result()
             allowed.update(allowances)
-            if self._carry and len(leasing) < _LEASES_IN_FLIGHT and not self._stopping.is_set():
+            if self._carry and len(leasing) < _LEASES_IN_FLIGHT and not stopping.is_set():
                 # Successes that finished during this lease: send the next lease before
                 # the deliveries just leased start (tasks first run in the order they
                 # are created), so that PostgreSQL runs it while this loop sends them.
                 start_lease(pending=len(found))
             now = monotonic()
-            for delivery in found:
-                lane = delivery.lane or delivery.channel
-                room = running.get(lane, 0) < allowed.get(lane, limit)
-                if room and lane not in held and len(tasks) < self.concurrency:
-                    launch(delivery)
-                    continue
-                held.setdefault(lane, collections.deque()).append((delivery, now))
+            for d in found:
+                lane = d.lane or d.channel
+                if idle and lane not in held and room(lane) and not stopping.is_set():
+                    running[lane] = running.get(lane, 0) + 1
+                    busy += 1
+                    if hand(d):
+                        continue
+                    running[lane] -= 1
+                    busy -= 1
+                held.setdefault(lane, collections.deque()).append((d, now))
                 held_n += 1
-                if room:
-                    blocked.add(lane)  # waits for a global slot, not for its lane
-            unblock()
+            for lane in allowances:  # new rows, or a new allowance
+                mark_ready(lane)
+            while idle and ready and not stopping.is_set():
+                d = next_row(None)
+                if d is None:
+                    break
+                if not hand(d):  # no slot waits after all: back to its lane's front
+                    lane = d.lane or d.channel
+                    running[lane] -= 1
+                    busy -= 1
+                    held.setdefault(lane, collections.deque()).appendleft((d, now))
+                    held_n += 1
+                    mark_ready(lane)
+                    break
             if len(found) == asked or deferred:
                 deferred = False
                 self._wake.set()  # more may be due, or slots freed meanwhile
             # else nothing more is due or no lane has room: a freed slot, a NOTIFY or
             # the poll interval wakes the loop (no busy loop on an empty outbox).
 
-        self._loop = asyncio.get_running_loop()
+        slots = [asyncio.create_task(slot()) for _ in range(self.concurrency)]
         try:
-            while not self._stopping.is_set():
+            while not stopping.is_set():
                 self._wake.clear()
-                free = limit - len(tasks) - held_n - reserved
+                free = limit - busy - held_n - reserved
                 # Up to _LEASES_IN_FLIGHT leases in flight, each for every slot free
                 # when it starts (the successes it records freed theirs); slots freed
                 # meanwhile go into the next.
@@ -257,16 +311,21 @@ class Dispatcher:
                     start_lease()
                 elif free > 0 or self._carry:
                     deferred = True
-                # Wake on new rows, on a freed slot, on a lease done, or poll. (Done
-                # callbacks set the event: waiting on every task costs O(tasks).)
+                # Wake on new rows, on a freed slot, on a lease done, or poll. (Slots
+                # set the event: waiting on every slot costs O(slots).)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.outbound.settings.poll_interval):
                         await self._wake.wait()
         finally:
+            stopping.set()  # also when run() itself is cancelled
             self._folding = False
-            self._loop = None
             if leasing:
                 await asyncio.gather(*leasing, return_exceptions=True)
+            for waiter in idle:  # idle slots end; busy ones finish their attempt first
+                if not waiter.done():
+                    waiter.set_result(None)
+            await asyncio.gather(*slots, return_exceptions=True)
+            self._loop = None
             # Rows leased ahead and never started go back at once (not after their
             # lease runs out, and not as uncertain).
             for queue in held.values():
@@ -275,8 +334,6 @@ class Dispatcher:
             if self._carry:  # finished while the loop stopped: the recorder writes them
                 self._hand_to_recorder(self._carry)
                 self._carry = []
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
             await self._release_unstarted()
             while self._recorder is not None and not self._recorder.done():
                 await asyncio.gather(self._recorder, return_exceptions=True)
