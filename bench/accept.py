@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -179,7 +180,10 @@ def setup_peer(name: str, backend: str, tmp: Path, run: int) -> tuple[dict[str, 
 
 def _migrate(url: str) -> None:
     subprocess.run(
-        ["relaybox", "migrate", "--database-url", url], check=True, capture_output=True, cwd=ROOT
+        [sys.executable, "-m", "relaybox", "migrate", "--database-url", url],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
     )
 
 

@@ -19,9 +19,12 @@ outcome uncertain: the row comes back flagged and its channel's policy decides â
 ``resend`` under the same idempotency key / ``webhook-id``, ``review`` (the row is
 ``held`` for a human), or ``accept`` (counted as sent).
 
-Isolation: the loop keeps up to ``concurrency`` attempts in flight and leases again
-whenever a slot frees, never waiting for a whole batch; each lane (endpoint) holds at
-most its ``max_in_flight`` of those slots, so a hanging endpoint ties up only its own.
+Isolation: ``concurrency`` slots run one attempt after another, and the loop leases
+again whenever a slot frees, never waiting for a whole batch; each lane (endpoint)
+holds at most its ``max_in_flight`` of those slots, so a hanging endpoint ties up only
+its own. On PostgreSQL a dispatcher alone in a lane may hold more of its rows than its
+cap (``lease_ahead``), so that a slot finishing an attempt takes the next row at once;
+it still runs at most the cap (see :meth:`Dispatcher.run`).
 """
 
 from __future__ import annotations
@@ -133,6 +136,15 @@ class Dispatcher:
         self._wake.set()
 
     async def run(self) -> None:
+        """Deliver until :meth:`stop`: ``concurrency`` slots, a lease whenever some free.
+
+        Leasing ahead (PostgreSQL, channels whose uncertain policy is resend), a lane
+        may have up to ``lease_ahead`` times its cap leased by this dispatcher while no
+        other holds leases in it, and this dispatcher runs at most the cap minus the
+        leases the others held when it last leased in the lane (``allowed``, which
+        ``outbox_lease`` returns). Of two dispatchers, the one that leased last counted
+        the other's leases, which can only have fallen since: together they stay
+        within the cap."""
         listener = await self._listen()
         loop = self._loop = asyncio.get_running_loop()
         leasing: set[asyncio.Task[tuple[list[Delivery], dict[str, int]]]] = set()
@@ -264,8 +276,8 @@ class Dispatcher:
             allowed.update(allowances)
             if self._carry and len(leasing) < _LEASES_IN_FLIGHT and not stopping.is_set():
                 # Successes that finished during this lease: send the next lease before
-                # the deliveries just leased start (tasks first run in the order they
-                # are created), so that PostgreSQL runs it while this loop sends them.
+                # the slots start the deliveries just leased, so that PostgreSQL runs it
+                # while they send them.
                 start_lease(pending=len(found))
             now = monotonic()
             for d in found:
@@ -335,6 +347,8 @@ class Dispatcher:
                 self._hand_to_recorder(self._carry)
                 self._carry = []
             await self._release_unstarted()
+            if self._releaser is not None:
+                await asyncio.gather(self._releaser, return_exceptions=True)
             while self._recorder is not None and not self._recorder.done():
                 await asyncio.gather(self._recorder, return_exceptions=True)
             await self.close()
@@ -511,8 +525,8 @@ class Dispatcher:
 
         On PostgreSQL, while :meth:`run` loops, a plain success is not waited for: the
         next lease records it in its own statement (``outbox_lease``) and leases into
-        its slot, whose lease the database counts until then; the task ends at once
-        (no future to resolve, no task to wake again).
+        its place, whose lease the database counts until then; the slot moves on at
+        once (no future to resolve, no task to wake again).
         """
         f = _Finished(d, result, decision, started, duration)
         if self._folding and _plain_success(f):
