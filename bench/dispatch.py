@@ -236,7 +236,8 @@ def run_child(which: str, n: int, hanging: bool, loop: str = "asyncio") -> dict[
             "0",
             sys.executable,
             "-c",
-            f"import asyncio, json, sys, uvloop; from bench import dispatch as d; run = {loop}.run; "
+            "import asyncio, json, sys, uvloop; from bench import dispatch as d; "
+            f"run = {loop}.run; "
             f"print('RESULT', json.dumps(run(d.{which}(*json.loads(sys.argv[1])))))",
             json.dumps([n, hanging] if which == "relaybox_run" else [n]),
         ],
