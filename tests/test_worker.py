@@ -29,6 +29,7 @@ from relaybox import (
     Secret,
     sources,
 )
+from relaybox.config import Settings, WorkerSettings
 from relaybox.log import configure_logging
 from relaybox.store import NewDelivery
 from tests.conftest import Served
@@ -832,8 +833,6 @@ async def test_the_connection_pool_has_room_for_every_chain(database_url: str) -
     """``worker.concurrency`` chains each hold a connection while their events run: the
     engine's pool is sized for them (it was a fixed 10 + 10 overflow: pool timeouts
     above 20)."""
-    from relaybox.config import Settings, WorkerSettings
-
     wide = Relaybox(
         settings=Settings(database_url=database_url, worker=WorkerSettings(concurrency=40))
     )
@@ -1048,3 +1047,44 @@ async def test_ctx_once_checks_the_declared_fingerprint(box: Relaybox, clock: Fr
     assert state["e1"]["status"] == "done"
     assert "declared with fingerprint 'v1', not 'v2'" in state["e2"]["last_error"]
     assert await _operations(box) == {"k:e1": "v1"}
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_a_live_worker_keeps_the_hold_on_rows_waiting_their_turn(
+    database_url: str, clock: FrozenClock
+) -> None:
+    """A claim's rows that wait for their turn past ``claim_hold`` stay with the worker
+    running them (it renews the hold): another worker's claim finds nothing, and every
+    event runs once, at attempt 1. Without the renewal they came back as if this worker
+    had died and, started by both, could be charged until dead-lettered "exhausted"."""
+    box = Relaybox(
+        settings=Settings(database_url=database_url, worker=WorkerSettings(claim_hold=0.3)),
+        clock=clock,
+    )
+    running, release = asyncio.Event(), asyncio.Event()
+    ran: list[tuple[str, int]] = []
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        ran.append((ctx.event.event_id, ctx.event.attempts))
+        running.set()
+        await release.wait()
+
+    try:
+        await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 4)])
+        task = asyncio.create_task(box.worker(concurrency=1, group=1).run_once())
+        await asyncio.wait_for(running.wait(), 10)
+        clock.advance(5.0)  # every hold of the claim has run out in the clock's time
+        await asyncio.sleep(0.5)  # renewals run every 0.1 s (a third of the hold)
+        other = await box.store.inbox_claim(now=clock.now(), limit=10, max_attempts=3, hold=0.3)
+        assert (other.ids, other.suspects, other.exhausted) == ([], [], [])
+        release.set()
+        assert await asyncio.wait_for(task, 10) == 3
+        assert ran == [("e1", 1), ("e2", 1), ("e3", 1)]
+        state = await rows(box)
+        assert {e: (r["status"], r["attempts"]) for e, r in state.items()} == {
+            f"e{i}": ("done", 1) for i in range(1, 4)
+        }
+    finally:
+        release.set()
+        await box.close()

@@ -476,6 +476,41 @@ class Worker:
             )
         if not claim.ids and not claim.suspects:
             return len(claim.exhausted)
+        stop_keeping = asyncio.Event()
+        keeper = None
+        if store.backend == "postgres":
+            keeper = asyncio.create_task(
+                self._keep_hold([*claim.ids, *claim.suspects], now + self.claim_hold, stop_keeping)
+            )
+        try:
+            await self._run_claim(claim)
+        finally:
+            stop_keeping.set()
+            if keeper is not None:
+                await asyncio.gather(keeper, return_exceptions=True)
+        return len(claim.ids) + len(claim.suspects) + len(claim.exhausted)
+
+    async def _keep_hold(self, ids: list[int], until: float, stop: asyncio.Event) -> None:
+        """While the claim runs, renew its rows' hold every third of ``claim_hold``
+        (``inbox_keep_hold``): a row that waits its turn, or waits for a lock, longer
+        than the hold does not come back to other workers as if this one had died (nor,
+        its budget counted, go to dead letters as ``exhausted``). This process dying
+        stops the renewals: its rows come back a hold later, as before."""
+        held = [until]
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.claim_hold / 3)
+            if stop.is_set():
+                return
+            until = self.box.clock.now() + self.claim_hold
+            try:
+                await self.box.store.inbox_keep_hold(ids, held, until)
+            except Exception as exc:  # the database went away: the rows come back
+                log.warning("worker_hold_failed", worker=self.name, error=short_error(exc))
+                continue
+            held.append(until)
+
+    async def _run_claim(self, claim: Any) -> None:
         if self.group == 1 or self._grouped:
             batch = _Batch(len(claim.ids) + len(claim.suspects))
             self._ready.extend(_Job(claim.events[i], batch) for i in claim.ids)
@@ -493,7 +528,6 @@ class Worker:
             failures = [r for r in results if isinstance(r, BaseException)]
             if failures:
                 raise failures[0]
-        return len(claim.ids) + len(claim.suspects) + len(claim.exhausted)
 
     async def drain(self) -> None:
         """Wait (30 s at most) for chains still running: :meth:`run_once` returns once

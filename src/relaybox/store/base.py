@@ -388,6 +388,13 @@ class Store:
             rows = await self.rows(conn, "inbox_claim", (now, limit, hold, max_attempts))
         return Claim.from_rows(rows)
 
+    async def inbox_keep_hold(
+        self, ids: Sequence[int], held: Sequence[float], until: float
+    ) -> None:
+        """Renew the hold of a live worker's claimed rows not finished yet (PostgreSQL,
+        ``inbox_keep_hold``). SQLite: nothing to do; a batch runs in one write
+        transaction, which no other claimer passes."""
+
     async def inbox_start(self, ids: Sequence[int], now: float) -> dict[int, int]:
         """Count an attempt on ``ids`` as they start, in its own short transaction
         (durable before any handler runs); return each row's attempt number."""

@@ -109,7 +109,8 @@ class PostgresStore(Store):
         return self._generic_pool
 
     async def start_pool(self) -> asyncpg.Pool:
-        """Connections with ``synchronous_commit`` off, for attempt-start marks only."""
+        """Connections with ``synchronous_commit`` off, for attempt-start marks and hold
+        renewals only."""
         async with self._pool_lock:
             if self._start_pool is None:
                 self._start_pool = await self._create_pool({"synchronous_commit": "off"})
@@ -120,6 +121,13 @@ class PostgresStore(Store):
         async with pool.acquire() as conn:
             rows = await conn.fetch(self.q["inbox_start"], list(ids), now)
         return {r[0]: r[1] for r in rows}
+
+    async def inbox_keep_hold(
+        self, ids: Sequence[int], held: Sequence[float], until: float
+    ) -> None:
+        pool = await self.start_pool()  # synchronous_commit off: a hold, not an outcome
+        async with pool.acquire() as conn:
+            await conn.execute(self.q["inbox_keep_hold"], list(ids), list(held), until)
 
     async def _create_pool(self, settings: dict[str, str]) -> asyncpg.Pool:
         return await asyncpg.create_pool(

@@ -201,6 +201,23 @@ RETURNING i.id, i.status, i.source, i.account, i.event_id, i.attempts,
           i.started_at IS NOT NULL AS suspect, i.event_type, i.tenant, i.payload, i.headers,
           i.version, i.received_at
 
+-- name: inbox_keep_hold
+-- A live worker keeps the hold on the rows of its claim not finished yet ($1), which
+-- still carry a hold it wrote ($2: the claim's, then each renewal's): until $3. Without
+-- it a row waiting for its turn, or started and waiting for a lock, came back when the
+-- hold ran out, as if its worker had died, and could be dead-lettered "exhausted"
+-- while that worker was still running it. Rows locked by the worker's own transaction
+-- in progress are skipped (no claimer can take them either); rows rescheduled,
+-- completed or claimed by another worker no longer match $2.
+UPDATE relaybox_inbox i SET next_attempt_at = $3
+FROM (SELECT id FROM relaybox_inbox
+      WHERE id = ANY($1::bigint[]) AND status NOT IN ('done', 'dead', 'ignored')
+        AND id BETWEEN (SELECT min(x) FROM unnest($1::bigint[]) x)
+                   AND (SELECT max(x) FROM unnest($1::bigint[]) x)
+        AND next_attempt_at = ANY($2::double precision[])
+      FOR NO KEY UPDATE SKIP LOCKED) k
+WHERE i.id = k.id
+
 -- name: inbox_start
 -- An attempt starts: counted durably before the handler runs (a worker killed in the
 -- handler has used it). Sent on a connection with synchronous_commit off: losing the
