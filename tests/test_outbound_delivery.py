@@ -47,10 +47,17 @@ async def test_v1_delivery_verifies_with_the_official_library(
 ) -> None:
     clock.set(time.time())  # receivers check webhook-timestamp against their clock
     async with HttpReceiver() as receiver:
-        _, secret = await endpoint(box, receiver.url)
+        endpoint_id, secret = await endpoint(box, receiver.url)
         message = await publish_one(box, "pet.adopted", {"petId": "p1", "userId": "u9"})
         assert await dispatcher.run_once() == 1
         [seen] = receiver.requests
+    # Recorded and counted once (on PostgreSQL run_once records a plain success with
+    # outbox_lease for no slot, whose answer had been misread: the row was written, the
+    # attempt never counted, and "outbox_record_failed" logged).
+    counted = box.metrics.registry.get_sample_value(
+        "relaybox_delivery_results_total", {"endpoint": endpoint_id, "status_class": "2xx"}
+    )
+    assert counted == 1
     assert secret.startswith("whsec_")
     payload = standardwebhooks.Webhook(secret).verify(seen.body, seen.headers)
     assert payload == {

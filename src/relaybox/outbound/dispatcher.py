@@ -294,14 +294,14 @@ class Dispatcher:
             for lane in allowances:  # new rows, or a new allowance
                 mark_ready(lane)
             while idle and ready and not stopping.is_set():
-                d = next_row(None)
-                if d is None:
+                row = next_row(None)
+                if row is None:
                     break
-                if not hand(d):  # no slot waits after all: back to its lane's front
-                    lane = d.lane or d.channel
+                if not hand(row):  # no slot waits after all: back to its lane's front
+                    lane = row.lane or row.channel
                     running[lane] -= 1
                     busy -= 1
-                    held.setdefault(lane, collections.deque()).appendleft((d, now))
+                    held.setdefault(lane, collections.deque()).appendleft((row, now))
                     held_n += 1
                     mark_ready(lane)
                     break
@@ -620,7 +620,7 @@ class Dispatcher:
         stopping loop, a lease that failed): ``outbox_lease`` for no slot, which only
         records (the rows, the attempt log, the endpoints' streaks): one round trip,
         one commit."""
-        _, written = await lease_recording(
+        _, written, _ = await lease_recording(
             self.box,
             owner=self.name,
             slots=0,
