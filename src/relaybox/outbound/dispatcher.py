@@ -280,18 +280,13 @@ class Dispatcher:
                 # while they send them.
                 start_lease(pending=len(found))
             now = monotonic()
-            for d in found:
+            lanes = dict.fromkeys(allowances)  # new rows, or a new allowance
+            for d in found:  # held, then handed to idle slots below, lanes in turn
                 lane = d.lane or d.channel
-                if idle and lane not in held and room(lane) and not stopping.is_set():
-                    running[lane] = running.get(lane, 0) + 1
-                    busy += 1
-                    if hand(d):
-                        continue
-                    running[lane] -= 1
-                    busy -= 1
                 held.setdefault(lane, collections.deque()).append((d, now))
-                held_n += 1
-            for lane in allowances:  # new rows, or a new allowance
+                lanes[lane] = None
+            held_n += len(found)
+            for lane in lanes:
                 mark_ready(lane)
             while idle and ready and not stopping.is_set():
                 row = next_row(None)
