@@ -908,12 +908,15 @@ class CountingStore:
         self.batches: list[int] = []
         self.fail: BaseException | None = None
         self.stall = False
+        self.delays: list[float] = []  # seconds the next batches take first, in order
         self._original = store.inbox_accept
 
     async def inbox_accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
         self.batches.append(len(batch))
         if self.stall:
             await asyncio.sleep(3600)
+        if self.delays:
+            await asyncio.sleep(self.delays.pop(0))
         if self.fail is not None:
             raise self.fail
         return await self._original(batch)
@@ -1003,6 +1006,73 @@ async def test_acceptor_answers_requests_queued_behind_a_commit_that_never_answe
         assert 0.4 <= time.monotonic() - started < 1.0
     finally:
         await acceptor.close()
+
+
+async def test_acceptor_rows_queued_behind_a_commit_share_the_next(
+    store: Store, counting: CountingStore
+) -> None:
+    """Beside a commit in flight, a few queued rows wait for it and go out together in
+    the next commit (with 3 committers they had each taken a commit of their own)."""
+    acceptor = Acceptor(store, committers=3, parallel_at=32, patience=5.0)
+    counting.delays = [0.3]
+    try:
+        first = asyncio.ensure_future(acceptor.accept(delivery("e0")))
+        await asyncio.sleep(0.05)  # the first commit is in flight
+        rest = [asyncio.ensure_future(acceptor.accept(delivery(f"e{i}"))) for i in range(1, 6)]
+        for _ in range(3):
+            await asyncio.sleep(0.01)
+            rest.append(asyncio.ensure_future(acceptor.accept(delivery(f"e{len(rest) + 1}"))))
+        outcomes = await asyncio.wait_for(asyncio.gather(first, *rest), 5)
+    finally:
+        await acceptor.close()
+    assert counting.batches == [1, 8]
+    assert {o.status for o in outcomes} == {"accepted"}
+    assert len(await inbox_rows(store)) == 9
+
+
+async def test_acceptor_enough_queued_rows_commit_beside_one_in_flight(
+    store: Store, counting: CountingStore
+) -> None:
+    """``parallel_at`` queued rows do not wait for the commit in flight."""
+    acceptor = Acceptor(store, committers=3, parallel_at=4, patience=5.0)
+    counting.delays = [1.0]
+    try:
+        first = asyncio.ensure_future(acceptor.accept(delivery("e0")))
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        rest = await asyncio.wait_for(
+            asyncio.gather(*(acceptor.accept(delivery(f"e{i}")) for i in range(1, 5))), 5
+        )
+        assert time.monotonic() - started < 0.5  # not after the first commit's second
+        assert not first.done()
+        assert (await first).status == "accepted"
+    finally:
+        await acceptor.close()
+    assert counting.batches == [1, 4]
+    assert {o.status for o in rest} == {"accepted"}
+
+
+async def test_acceptor_commit_stuck_on_one_connection_holds_the_others_back_briefly(
+    store: Store, counting: CountingStore
+) -> None:
+    """A commit that does not answer: after ``patience`` the next rows get a commit
+    beside it, long before the accept timeout."""
+    acceptor = Acceptor(store, committers=3, patience=0.1, timeout=10.0)
+    counting.stall = True
+    try:
+        stuck = asyncio.ensure_future(acceptor.accept(delivery("e0")))
+        await asyncio.sleep(0.05)
+        counting.stall = False  # only the first batch hangs
+        started = time.monotonic()
+        outcome = await asyncio.wait_for(acceptor.accept(delivery("e1")), 5)
+        waited = time.monotonic() - started
+        assert outcome.status == "accepted"
+        assert 0.04 <= waited < 1.0, waited  # the patience left (0.05 s), not 10 s
+        assert not stuck.done()
+    finally:
+        await acceptor.close()
+    with pytest.raises(StoreUnavailable):
+        await stuck
 
 
 # -- named queries and connection settings ------------------------------------------------
