@@ -251,18 +251,23 @@ def run_child(which: str, n: int, hanging: bool, loop: str = "asyncio") -> dict[
 
 def main(*, quick: bool = False) -> str:
     n = N or (2_000 if quick else 20_000)
-    rounds = 1 if quick else 2  # the bare loop and relaybox alternate; medians
+    # The runners alternate, in reverse order every other round (a drift of the VM
+    # during a round then favours none of them); medians. Single runs here swing by
+    # ±15 %: with 2 rounds the hanging endpoint's cost read 4 % in one run and 10 % in
+    # the next (2026-12-02).
+    rounds = 1 if quick else 3
+    runners = (
+        # The base: the bare loop on uvloop, the loop `relaybox dispatch` runs on
+        # (on the plain asyncio loop it is ~8 % slower: a second row shows it).
+        ("bare aiohttp loop", "aiohttp_run", n, False, "uvloop"),
+        ("bare aiohttp loop, asyncio loop", "aiohttp_run", n, False, "asyncio"),
+        ("relaybox dispatch", "relaybox_run", n, False, "asyncio"),  # itself on uvloop
+        ("relaybox, 1 of 20 endpoints hanging", "relaybox_run", n, True, "asyncio"),
+        ("bare httpx loop", "httpx_run", max(500, n // 10), False, "uvloop"),
+    )
     runs: dict[str, list[dict[str, Any]]] = {}
     for round_ in range(rounds):
-        for name, which, count, hanging, loop in (
-            # The base: the bare loop on uvloop, the loop `relaybox dispatch` runs on
-            # (on the plain asyncio loop it is ~8 % slower: a second row shows it).
-            ("bare aiohttp loop", "aiohttp_run", n, False, "uvloop"),
-            ("bare aiohttp loop, asyncio loop", "aiohttp_run", n, False, "asyncio"),
-            ("relaybox dispatch", "relaybox_run", n, False, "asyncio"),  # itself on uvloop
-            ("relaybox, 1 of 20 endpoints hanging", "relaybox_run", n, True, "asyncio"),
-            ("bare httpx loop", "httpx_run", max(500, n // 10), False, "uvloop"),
-        ):
+        for name, which, count, hanging, loop in runners[:: -1 if round_ % 2 else 1]:
             if ONLY and not any(word.strip() and word.strip() in name for word in ONLY.split(",")):
                 continue
             if round_ and "httpx" in name:
