@@ -277,13 +277,13 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
                 peak, at_peak = full["rate"], full["mean_ms"]
                 cycle_ms = connections * 1000 / (0.8 * peak)  # per connection, at 80 %
                 pause = max(0.1, cycle_ms - at_peak)
-                for _ in range(4):  # two probes at least, four at most
+                for probes in range(1, 5):  # two at least, four at most
                     probe = run_wrk(url, reqfile, 3, connections, delay_ms=pause, skip=skip)
                     skip = max(probe["per_thread"])
                     print(f"  {backend:8} relaybox probe {probe['rate']:8.0f} 2xx/s at a mean"
                           f" pause of {pause:.1f} ms (peak {peak:.0f}/s)", flush=True)  # fmt: skip
                     pause = max(0.1, pause + cycle_ms - connections * 1000 / probe["rate"])
-                    if _ and abs(probe["rate"] / (0.8 * peak) - 1) < 0.05:
+                    if probes >= 2 and abs(probe["rate"] / (0.8 * peak) - 1) < 0.05:
                         break
                 # The disk's own flush latency meanwhile (a write + fdatasync every
                 # 20 ms, in the SQLite database's directory: this machine's PostgreSQL
