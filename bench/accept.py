@@ -13,12 +13,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.apps import SECRET
 from bench.common import (
+    PG_ADMIN,
     ROOT,
     free_port,
     fresh_pg_database,
@@ -32,6 +34,17 @@ from bench.common import (
 WRK_THREADS = 2
 RESIGN_AFTER = 120.0
 """Seconds after which the requests are signed again before a run (see main)."""
+
+
+def _checkpoints(backend: str) -> int:
+    """Checkpoints PostgreSQL has started so far (timed and requested)."""
+    if backend != "postgres":
+        return 0
+    if pg_scalar(PG_ADMIN, "SELECT to_regclass('pg_stat_checkpointer')"):  # 17 and later
+        sql = "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
+        return int(pg_scalar(PG_ADMIN, sql))
+    sql = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+    return int(pg_scalar(PG_ADMIN, sql))
 
 
 def make_requests(path: Path, count: int, dup_ratio: float = 0.1) -> list[str]:
@@ -285,21 +298,48 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
                     pause = max(0.1, pause + cycle_ms - connections * 1000 / probe["rate"])
                     if probes >= 2 and abs(probe["rate"] / (0.8 * peak) - 1) < 0.05:
                         break
-                # The disk's own flush latency meanwhile (a write + fdatasync every
-                # 20 ms, in the SQLite database's directory: this machine's PostgreSQL
-                # data is on the same disk): the floor under a durable p99.
-                with fsync_probe(tmp) as disk:
-                    r = run_wrk(url, reqfile, seconds, connections, delay_ms=pause, skip=skip)
-            flushes = f"{disk['p99']:.1f} / {disk['max']:.0f}" if disk else "-"
-            rounds_peak = median([x["rate"] for x in results[(backend, "relaybox")]])
-            paced.append([backend, peak, f"{pause:.1f}", r["rate"], f"{r['rate'] / peak:.2f}",
-                          f"{r['rate'] / rounds_peak:.2f}", r["p50_ms"], r["p99_ms"], r["bad"],
-                          flushes])  # fmt: skip
-            print(
-                f"  {backend:8} relaybox paced {r['rate']:8.0f} 2xx/s  p99 {r['p99_ms']:.1f} ms"
-                f"  disk fdatasync p99 / max {flushes} ms",
-                flush=True,
-            )
+                # PostgreSQL: the measured run starts right after a checkpoint, as each
+                # round does (a fresh database: CREATE DATABASE checkpoints), and a
+                # second run has one forced 3 s in. The peak and the probes write
+                # ~300 MB of WAL, and in the 2026-12-02 16:57 run a checkpoint set off
+                # by max_wal_size started in the paced run, which read p99 49.7 ms; the
+                # same run with a CHECKPOINT forced in it read 5.0 ms at 18:20, so the
+                # checkpoint alone did not explain that tail: both rows, and the
+                # checkpoints counted in each run, tell the next reader.
+                forced = [None, 3.0] if backend == "postgres" else [None]
+                for at in forced:
+                    if backend == "postgres":
+                        pg_scalar(PG_ADMIN, "CHECKPOINT")
+                    before = _checkpoints(backend)
+                    timer = None
+                    if at:
+                        timer = threading.Timer(at, pg_scalar, (PG_ADMIN, "CHECKPOINT"))
+                    # The disk's own flush latency meanwhile (a write + fdatasync every
+                    # 20 ms, in the SQLite database's directory: this machine's
+                    # PostgreSQL data is on the same disk): the floor under a durable p99.
+                    with fsync_probe(tmp) as disk:
+                        if timer:
+                            timer.start()
+                        r = run_wrk(url, reqfile, seconds, connections, delay_ms=pause, skip=skip)
+                        skip = max(r["per_thread"])
+                    if timer:
+                        timer.join()
+                    during = _checkpoints(backend) - before if backend == "postgres" else None
+                    what = f"CHECKPOINT at {at:.0f} s" if at else "after one"
+                    checkpoints = "-" if during is None else f"{during} ({what})"
+                    flushes = f"{disk['p99']:.1f} / {disk['max']:.0f}" if disk else "-"
+                    rounds_peak = median([x["rate"] for x in results[(backend, "relaybox")]])
+                    paced.append(
+                        [backend, peak, f"{pause:.1f}", r["rate"], f"{r['rate'] / peak:.2f}",
+                         f"{r['rate'] / rounds_peak:.2f}", r["p50_ms"], r["p99_ms"], r["bad"],
+                         flushes, checkpoints]
+                    )  # fmt: skip
+                    print(
+                        f"  {backend:8} relaybox paced {r['rate']:8.0f} 2xx/s"
+                        f"  p99 {r['p99_ms']:.1f} ms  disk fdatasync p99 / max {flushes} ms"
+                        f"  checkpoints {checkpoints}",
+                        flush=True,
+                    )
     rows = []
     for backend, names in peers.items():
         floor = median([r["rate"] for r in results[(backend, "verify")]])
@@ -342,7 +382,8 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
         + "\n\n"
         + table(
             "accept, relaybox paced to ~80 % of its peak (a 3 s run at full load, then "
-            "random pauses set by 2-4 probes of 3 s)",
+            "random pauses set by 2-4 probes of 3 s; PostgreSQL: a run right after a "
+            "CHECKPOINT, then one with a CHECKPOINT forced 3 s in)",
             [
                 "db",
                 "peak 2xx/s",
@@ -354,6 +395,7 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
                 "p99 ms",
                 "non-2xx",
                 "disk fdatasync p99 / max ms",
+                "checkpoints in the run",
             ],
             paced,
         )
