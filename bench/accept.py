@@ -36,14 +36,12 @@ RESIGN_AFTER = 120.0
 """Seconds after which the requests are signed again before a run (see main)."""
 
 
-def _checkpoints(backend: str) -> int:
+def _checkpoints() -> int:
     """Checkpoints PostgreSQL has started so far (timed and requested)."""
-    if backend != "postgres":
-        return 0
     if pg_scalar(PG_ADMIN, "SELECT to_regclass('pg_stat_checkpointer')"):  # 17 and later
         sql = "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
-        return int(pg_scalar(PG_ADMIN, sql))
-    sql = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+    else:
+        sql = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
     return int(pg_scalar(PG_ADMIN, sql))
 
 
@@ -300,20 +298,21 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
                         break
                 # PostgreSQL: the measured run starts right after a checkpoint, as each
                 # round does (a fresh database: CREATE DATABASE checkpoints), and a
-                # second run has one forced 3 s in. The peak and the probes write
-                # ~300 MB of WAL, and in the 2026-12-02 16:57 run a checkpoint set off
-                # by max_wal_size started in the paced run, which read p99 49.7 ms; the
-                # same run with a CHECKPOINT forced in it read 5.0 ms at 18:20, so the
-                # checkpoint alone did not explain that tail: both rows, and the
-                # checkpoints counted in each run, tell the next reader.
-                forced = [None, 3.0] if backend == "postgres" else [None]
-                for at in forced:
-                    if backend == "postgres":
+                # second run has one forced 3 s into its 10. The peak and the probes
+                # write ~300 MB of WAL, and in the 2026-12-02 16:57 run a checkpoint set
+                # off by max_wal_size started about when the paced run ran, which read
+                # p99 49.7 ms; the same run with a CHECKPOINT forced in it read 5.0 ms at
+                # 18:20, so the checkpoint alone did not explain that tail: both rows,
+                # and the checkpoints counted in each run, tell the next reader.
+                on_pg = backend == "postgres"
+                rounds_peak = median([x["rate"] for x in results[(backend, "relaybox")]])
+                for forced_at in [None, 0.3 * seconds] if on_pg else [None]:
+                    if on_pg:
                         pg_scalar(PG_ADMIN, "CHECKPOINT")
-                    before = _checkpoints(backend)
+                        before = _checkpoints()
                     timer = None
-                    if at:
-                        timer = threading.Timer(at, pg_scalar, (PG_ADMIN, "CHECKPOINT"))
+                    if forced_at:
+                        timer = threading.Timer(forced_at, pg_scalar, (PG_ADMIN, "CHECKPOINT"))
                     # The disk's own flush latency meanwhile (a write + fdatasync every
                     # 20 ms, in the SQLite database's directory: this machine's
                     # PostgreSQL data is on the same disk): the floor under a durable p99.
@@ -324,11 +323,11 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
                         skip = max(r["per_thread"])
                     if timer:
                         timer.join()
-                    during = _checkpoints(backend) - before if backend == "postgres" else None
-                    what = f"CHECKPOINT at {at:.0f} s" if at else "after one"
-                    checkpoints = "-" if during is None else f"{during} ({what})"
+                    checkpoints = "-"
+                    if on_pg:
+                        what = f"CHECKPOINT at {forced_at:.1f} s" if forced_at else "after one"
+                        checkpoints = f"{_checkpoints() - before} ({what})"
                     flushes = f"{disk['p99']:.1f} / {disk['max']:.0f}" if disk else "-"
-                    rounds_peak = median([x["rate"] for x in results[(backend, "relaybox")]])
                     paced.append(
                         [backend, peak, f"{pause:.1f}", r["rate"], f"{r['rate'] / peak:.2f}",
                          f"{r['rate'] / rounds_peak:.2f}", r["p50_ms"], r["p99_ms"], r["bad"],
@@ -383,7 +382,7 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
         + table(
             "accept, relaybox paced to ~80 % of its peak (a 3 s run at full load, then "
             "random pauses set by 2-4 probes of 3 s; PostgreSQL: a run right after a "
-            "CHECKPOINT, then one with a CHECKPOINT forced 3 s in)",
+            f"CHECKPOINT, then one with a CHECKPOINT forced {0.3 * seconds:.1f} s in)",
             [
                 "db",
                 "peak 2xx/s",
