@@ -229,7 +229,7 @@ class Relaybox:
         from starlette.applications import Starlette
         from starlette.requests import Request
         from starlette.responses import JSONResponse, Response
-        from starlette.routing import Mount, Route
+        from starlette.routing import BaseRoute, Mount, Route
 
         async def healthz(_: Request) -> Response:
             try:
@@ -256,7 +256,7 @@ class Relaybox:
             finally:
                 await self.close()
 
-        routes = [
+        routes: list[BaseRoute] = [
             Route("/healthz", healthz),
             Route("/metrics", metrics),
         ]

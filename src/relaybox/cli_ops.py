@@ -81,14 +81,10 @@ def _actor(actor: str | None) -> str:
 
 
 def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
-    """:func:`relaybox.cli.load_box`, with a configuration error exiting 2 (usage or
-    configuration), not 1: a script can tell "fix your settings" from "it failed"."""
-    try:
-        box = _load_box(app, config, database_url)
-    except click.ClickException as exc:
-        if isinstance(exc.__cause__, ConfigurationError):
-            exc.exit_code = EXIT_USAGE
-        raise
+    """:func:`relaybox.cli.load_box` (a configuration error exits 2, usage or
+    configuration, not 1: a script can tell "fix your settings" from "it failed"),
+    with logging configured from the settings."""
+    box = _load_box(app, config, database_url)
     from relaybox.log import configure_logging
 
     configure_logging(box.settings.log_level, json=box.settings.log_json)
@@ -119,7 +115,7 @@ def _run(box: Relaybox, make: Callable[[], Awaitable[T]], *, as_json: bool) -> T
     result = _run_db(box, go())
     if isinstance(result, ops.OpsError):
         _fail(result.message, code=result.code, as_json=as_json)
-    return result  # type: ignore[no-any-return]
+    return result
 
 
 def _emit(model: BaseModel | dict[str, Any], as_json: bool, human: Callable[[], None]) -> None:
@@ -295,8 +291,8 @@ def inbox_show(
         ):
             if rows:
                 t = Table("", "", title=title, show_header=False)
-                for a, b in rows:
-                    t.add_row(a, b)
+                for left, right in rows:
+                    t.add_row(left, right)
                 console.print(t)
 
     _emit(e, as_json, human)

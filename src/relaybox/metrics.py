@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -176,7 +176,10 @@ async def read_ops_stats(store: Store, now: float) -> OpsStats:
                         attempts=int(m["attempts"] or 0),
                     )
                 )
-        for source, n in await conn.exec_driver_sql(store.q["ops_stats_quarantine"]):
+        by_source: Iterable[Sequence[Any]] = await conn.exec_driver_sql(
+            store.q["ops_stats_quarantine"]
+        )
+        for source, n in by_source:
             quarantined[source] = int(n)
     return OpsStats(taken_at=now, groups=tuple(groups), quarantined_by_source=quarantined)
 

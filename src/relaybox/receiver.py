@@ -24,6 +24,8 @@ from relaybox.log import debug_enabled
 from relaybox.store import NewDelivery
 
 if TYPE_CHECKING:
+    from starlette.types import Receive, Scope, Send
+
     from relaybox.app import Relaybox
 
 __all__ = ["Receiver"]
@@ -40,7 +42,7 @@ class Receiver:
     def __init__(self, box: Relaybox) -> None:
         self.box = box
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self.box.lifespan(receive, send)
             return
@@ -52,7 +54,7 @@ class Receiver:
         self.box.metrics.observe_accept(status, time.perf_counter() - started)
 
     async def _handle(
-        self, scope: dict[str, Any], receive: Any
+        self, scope: Scope, receive: Receive
     ) -> tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]:
         name = _source_name(scope)
         source = self.box.sources.get(name) if name else None
@@ -127,7 +129,7 @@ def _key_log(delivery: NewDelivery) -> Any:
     )
 
 
-def _source_name(scope: dict[str, Any]) -> str | None:
+def _source_name(scope: Scope) -> str | None:
     path: str = scope.get("path", "")
     root: str = scope.get("root_path", "")
     if root and path.startswith(root):
@@ -138,7 +140,7 @@ def _source_name(scope: dict[str, Any]) -> str | None:
     return name if name and "/" not in name else None
 
 
-def _headers(scope: dict[str, Any]) -> dict[str, str]:
+def _headers(scope: Scope) -> dict[str, str]:
     headers: dict[str, str] = {}
     for raw_name, raw_value in scope["headers"]:
         name = raw_name.decode("latin-1").lower()

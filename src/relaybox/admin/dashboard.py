@@ -72,7 +72,7 @@ _env.filters["pretty"] = _pretty
 
 
 def box_of(request: Request) -> Relaybox:
-    return request.app.state.box  # type: ignore[no-any-return]
+    return request.app.state.box
 
 
 def _base(request: Request) -> str:

@@ -432,7 +432,7 @@ async def quarantine_resolve(
         box, "ops_quarantine_resolve", (quarantine_id, now, resolution, actor, reason)
     )
     if rows:
-        return ResolveResult(id=quarantine_id, resolved_at=now, resolution=resolution)  # type: ignore[arg-type]
+        return ResolveResult(id=quarantine_id, resolved_at=now, resolution=resolution)
     await quarantine_get(box, quarantine_id)  # 404 when it does not exist
     raise Conflict(f"quarantine entry {quarantine_id} is already resolved", code="resolved")
 
@@ -452,7 +452,9 @@ async def throughput(box: Relaybox, *, minutes: int = 60) -> list[dict[str, Any]
     now = box.clock.now()
     first = int(now // 60) - minutes + 1
     rows = await _rows(box, "ops_throughput", (first * 60.0,))
-    buckets = [{"minute": first + i, "total": 0, "by_status": {}} for i in range(minutes)]
+    buckets: list[dict[str, Any]] = [
+        {"minute": first + i, "total": 0, "by_status": {}} for i in range(minutes)
+    ]
     for r in rows:
         i = int(r["minute"]) - first
         if 0 <= i < minutes:

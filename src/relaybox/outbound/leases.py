@@ -105,10 +105,10 @@ async def lease(
         )
         return found
     async with store.transaction() as conn:
-        found = await db.rows(
+        lane_rows = await db.rows(
             conn, store, "outbox_lease_lanes", now, slots, db.array(store, channels)
         )
-        lanes = [Lane(**dict(r)) for r in found]
+        lanes = [Lane(**dict(r)) for r in lane_rows]
         plan = allocate(lanes, slots, now)
         if not plan:
             return []

@@ -189,7 +189,7 @@ def from_config(
                 f"source table needs provider = one of: {', '.join(PROVIDERS)}"
             )
     cls = PROVIDERS.get(provider) if isinstance(provider, str) else None
-    if cls is None:
+    if cls is None or not isinstance(provider, str):
         raise ConfigurationError(
             f"unknown source provider {provider!r}; expected one of: {', '.join(PROVIDERS)}"
         )

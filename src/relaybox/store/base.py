@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
@@ -342,7 +342,8 @@ class Store:
         counts: dict[tuple[str, str | None], int] = {}
         oldest: float | None = None
         async with self.connect() as conn:
-            for status, reason, n, old in await conn.exec_driver_sql(self.q["stats_inbox"]):
+            rows: Iterable[Sequence[Any]] = await conn.exec_driver_sql(self.q["stats_inbox"])
+            for status, reason, n, old in rows:
                 counts[(status, reason)] = n
                 if old is not None:
                     oldest = old if oldest is None else min(oldest, old)

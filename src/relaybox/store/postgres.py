@@ -13,7 +13,7 @@ import math
 import re
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, ClassVar
 
 import asyncpg
@@ -461,15 +461,15 @@ class PostgresStore(Store):
     ) -> list[AcceptOutcome]:
         now = max(d.received_at for d in batch)
         cols = _columns(batch)
-        inserted = {
-            (r[1], r[2], r[3]): r[0]
-            for r in await conn.exec_driver_sql(self.q["inbox_insert_batch"], (*cols, now))
-        }
+        new_rows: Iterable[Sequence[Any]] = await conn.exec_driver_sql(
+            self.q["inbox_insert_batch"], (*cols, now)
+        )
+        inserted = {(r[1], r[2], r[3]): r[0] for r in new_rows}
         counts = Counter(d.key for d in batch)
         keys = [k for k in counts if k not in inserted or counts[k] > 1]
         existing: dict[tuple[str, str, str], tuple[int, bytes]] = {}
         if keys:
-            rows = await conn.exec_driver_sql(
+            rows: Iterable[Sequence[Any]] = await conn.exec_driver_sql(
                 self.q["inbox_existing"],
                 ([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]),
             )
@@ -556,6 +556,7 @@ class _FoldedTransaction(asyncpg.transaction.Transaction):
     """
 
     __slots__ = ("_then",)
+    _state: Any  # the Cython base class's slot (asyncpg ships no type stubs)
 
     def __init__(self, connection: asyncpg.Connection) -> None:
         super().__init__(connection, None, False, False)

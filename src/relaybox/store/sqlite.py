@@ -126,6 +126,7 @@ class SQLiteStore(Store):
         async with self.engine.connect() as conn:
             raw = await conn.get_raw_connection()
             aio = raw.driver_connection
+            assert aio is not None  # an open pooled connection always has its driver's
             outcomes: list[AcceptOutcome] = await aio._execute(self._accept_sync, aio._conn, batch)
         if any(o.status == "accepted" for o in outcomes):
             self.wakeup("inbox").set()
@@ -185,6 +186,7 @@ class SQLiteStore(Store):
         """The same rows inside the caller's transaction (inline mode)."""
         # The transaction is open: the "begin" event issued BEGIN IMMEDIATE.
         aio = (await conn.get_raw_connection()).driver_connection
+        assert aio is not None
         outcomes: list[AcceptOutcome] = await aio._execute(self._insert_rows, aio._conn, batch)
         if any(o.status == "accepted" for o in outcomes):
             self.wakeup("inbox").set()
