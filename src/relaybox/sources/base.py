@@ -74,6 +74,13 @@ class Secret:
         return f"Secret(account={self.account!r}, tenant={self.tenant!r}, value=<hidden>)"
 
 
+def shared_key(provider: str, secret: Secret) -> bytes:
+    """A shared HMAC secret as the providers use it: its UTF-8 bytes."""
+    if not secret.value.strip():
+        raise ConfigurationError(f"{provider} source: empty secret")
+    return secret.value.encode("utf-8")
+
+
 @dataclass(frozen=True)
 class Identity:
     """What a provider module reads from a verified delivery."""
@@ -169,7 +176,7 @@ class Source:
     def __init__(
         self,
         *,
-        secrets: Iterable[Secret | str] = (),
+        secrets: Iterable[Secret | str] | Secret | str = (),
         tolerance: float = DEFAULT_TOLERANCE,
         verify_timestamp: bool = True,
         max_body: int = DEFAULT_MAX_BODY,
@@ -182,11 +189,15 @@ class Source:
         version_path: str | None = None,
         name: str | None = None,
     ) -> None:
+        if isinstance(secrets, (str, Secret)):
+            secrets = (secrets,)
         self.secrets: tuple[Secret, ...] = tuple(
             s if isinstance(s, Secret) else Secret(s) for s in secrets
         )
         if not self.secrets:
             raise ConfigurationError(f"{self.provider} source needs at least one secret")
+        for secret in self.secrets:
+            self.check_secret(secret)
         if tolerance <= 0:
             raise ConfigurationError("tolerance must be positive seconds")
         if max_body <= 0:
@@ -204,6 +215,11 @@ class Source:
         self.name = name or self.provider
 
     # -- provider hooks -------------------------------------------------------
+
+    def check_secret(self, secret: Secret) -> None:
+        """Refuse, when the source is built, a secret no delivery could match (by
+        default an empty shared secret; a provider with key formats checks those)."""
+        shared_key(self.provider, secret)
 
     def authenticate(
         self, headers: Headers, body: bytes, now: float, check_time: bool

@@ -29,8 +29,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from relaybox.errors import BadSignature, ConfigurationError, MalformedHeaders, MalformedPayload
-from relaybox.sources.base import Headers, Identity, Secret, Source
+from relaybox.errors import BadSignature, MalformedHeaders, MalformedPayload
+from relaybox.sources.base import Headers, Identity, Secret, Source, shared_key
 
 __all__ = ["GitHubSource", "github"]
 
@@ -42,9 +42,7 @@ _DEFAULT_TYPE = "ping"  # what example() builds and sign() announces when no typ
 
 
 def _key(secret: Secret) -> bytes:
-    if not secret.value:
-        raise ConfigurationError("github source: empty secret")
-    return secret.value.encode("utf-8")
+    return shared_key("github", secret)
 
 
 def _compute(key: bytes, body: bytes) -> str:
@@ -60,15 +58,6 @@ class GitHubSource(Source):
     """GitHub repository, organization and App webhooks."""
 
     provider = "github"
-
-    def __init__(
-        self, *, secrets: Iterable[Secret | str] | Secret | str = (), **options: Any
-    ) -> None:
-        if isinstance(secrets, (str, Secret)):
-            secrets = (secrets,)
-        super().__init__(secrets=secrets, **options)
-        for secret in self.secrets:
-            _key(secret)
 
     def authenticate(
         self, headers: Headers, body: bytes, now: float, check_time: bool

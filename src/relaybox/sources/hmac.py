@@ -51,6 +51,7 @@ from relaybox.sources.base import (
     check_timestamp,
     extract,
     parse_int_timestamp,
+    shared_key,
 )
 
 __all__ = ["HmacSource", "hmac"]
@@ -66,9 +67,7 @@ _Segment = bytes | str
 
 
 def _key(secret: Secret) -> bytes:
-    if not secret.value:
-        raise ConfigurationError("hmac source: empty secret")
-    return secret.value.encode("utf-8")
+    return shared_key("hmac", secret)
 
 
 def _compile(signed: str) -> tuple[_Segment, ...]:
@@ -133,11 +132,7 @@ class HmacSource(Source):
         secrets: Iterable[Secret | str] | Secret | str = (),
         **options: Any,
     ) -> None:
-        if isinstance(secrets, (str, Secret)):
-            secrets = (secrets,)
         super().__init__(secrets=secrets, **options)
-        for secret in self.secrets:
-            _key(secret)
         for name, value in (
             ("header", header),
             ("id_path", id_path),

@@ -30,8 +30,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from relaybox.errors import BadSignature, ConfigurationError, MalformedHeaders
-from relaybox.sources.base import Headers, Identity, Secret, Source
+from relaybox.errors import BadSignature, MalformedHeaders
+from relaybox.sources.base import Headers, Identity, Secret, Source, shared_key
 
 __all__ = ["ShopifySource", "shopify"]
 
@@ -48,9 +48,7 @@ _DEFAULT_TOPIC = "orders/create"  # example() builds an order when no topic is g
 
 
 def _key(secret: Secret) -> bytes:
-    if not secret.value:
-        raise ConfigurationError("shopify source: empty secret")
-    return secret.value.encode("utf-8")
+    return shared_key("shopify", secret)
 
 
 def _compute(key: bytes, body: bytes) -> str:
@@ -61,15 +59,6 @@ class ShopifySource(Source):
     """Shopify app webhooks (HTTPS deliveries)."""
 
     provider = "shopify"
-
-    def __init__(
-        self, *, secrets: Iterable[Secret | str] | Secret | str = (), **options: Any
-    ) -> None:
-        if isinstance(secrets, (str, Secret)):
-            secrets = (secrets,)
-        super().__init__(secrets=secrets, **options)
-        for secret in self.secrets:
-            _key(secret)
 
     def authenticate(
         self, headers: Headers, body: bytes, now: float, check_time: bool

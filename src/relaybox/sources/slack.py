@@ -30,7 +30,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from relaybox.errors import BadSignature, ConfigurationError, MalformedPayload
+from relaybox.errors import BadSignature, MalformedPayload
 from relaybox.sources.base import (
     Headers,
     Identity,
@@ -38,6 +38,7 @@ from relaybox.sources.base import (
     Source,
     check_timestamp,
     parse_int_timestamp,
+    shared_key,
 )
 
 __all__ = ["SlackSource", "slack"]
@@ -48,9 +49,7 @@ _PREFIX = "v0="
 
 
 def _key(secret: Secret) -> bytes:
-    if not secret.value:
-        raise ConfigurationError("slack source: empty secret")
-    return secret.value.encode("utf-8")
+    return shared_key("slack", secret)
 
 
 def _compute(key: bytes, timestamp: str, body: bytes) -> str:
@@ -67,15 +66,6 @@ class SlackSource(Source):
     """Slack Events API requests (JSON)."""
 
     provider = "slack"
-
-    def __init__(
-        self, *, secrets: Iterable[Secret | str] | Secret | str = (), **options: Any
-    ) -> None:
-        if isinstance(secrets, (str, Secret)):
-            secrets = (secrets,)
-        super().__init__(secrets=secrets, **options)
-        for secret in self.secrets:
-            _key(secret)
 
     def authenticate(
         self, headers: Headers, body: bytes, now: float, check_time: bool

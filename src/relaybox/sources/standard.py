@@ -128,10 +128,11 @@ class StandardSource(Source):
     def __init__(
         self, *, secrets: Iterable[Secret | str] | Secret | str = (), **options: Any
     ) -> None:
-        if isinstance(secrets, (str, Secret)):
-            secrets = (secrets,)
+        self._keys: dict[Secret, _Key] = {}
         super().__init__(secrets=secrets, **options)
-        self._keys = {secret: parse_key(secret) for secret in self.secrets}
+
+    def check_secret(self, secret: Secret) -> None:
+        self._keys[secret] = parse_key(secret)
 
     def _key(self, secret: Secret) -> _Key:
         return self._keys.get(secret) or parse_key(secret)

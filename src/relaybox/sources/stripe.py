@@ -25,8 +25,15 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from relaybox.errors import BadSignature, ConfigurationError, MalformedHeaders, MalformedPayload
-from relaybox.sources.base import Headers, Identity, Secret, Source, check_timestamp
+from relaybox.errors import BadSignature, MalformedHeaders, MalformedPayload
+from relaybox.sources.base import (
+    Headers,
+    Identity,
+    Secret,
+    Source,
+    check_timestamp,
+    shared_key,
+)
 
 __all__ = ["StripeSource", "stripe"]
 
@@ -34,9 +41,7 @@ _HEADER = "stripe-signature"
 
 
 def _key(secret: Secret) -> bytes:
-    if not secret.value.strip():
-        raise ConfigurationError("stripe source: empty secret")
-    return secret.value.encode("utf-8")
+    return shared_key("stripe", secret)
 
 
 def _parse_header(header: str) -> tuple[int, list[str]]:
@@ -70,15 +75,6 @@ class StripeSource(Source):
     """Stripe webhook endpoints (snapshot events, including Connect)."""
 
     provider = "stripe"
-
-    def __init__(
-        self, *, secrets: Iterable[Secret | str] | Secret | str = (), **options: Any
-    ) -> None:
-        if isinstance(secrets, (str, Secret)):
-            secrets = (secrets,)
-        super().__init__(secrets=secrets, **options)
-        for secret in self.secrets:
-            _key(secret)
 
     def authenticate(
         self, headers: Headers, body: bytes, now: float, check_time: bool
