@@ -408,6 +408,8 @@ def test_single_string_secret_is_one_secret(case: Case) -> None:
 def test_empty_secret_is_refused(case: Case) -> None:
     with pytest.raises(ConfigurationError):
         case.make(secrets=[""])
+    with pytest.raises(ConfigurationError):  # blank: no sender signs with that
+        case.make(secrets=[case.new, "  "])
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.provider for c in CASES])
