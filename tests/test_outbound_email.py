@@ -107,3 +107,80 @@ async def test_an_email_that_cannot_be_rendered_is_dead_without_connecting(
     assert (row["status"], row["dead_reason"]) == ("dead", "rejected")
     assert "lacks to, text" in row["last_error"]
     assert sink.messages == []
+
+
+async def _send_one(box: Relaybox, channel: EmailChannel) -> dict[str, Any]:
+    """One e-mail through the dispatcher and ``channel``; its outbox row after."""
+    local(box).channel("email", channel)
+    async with box.store.transaction() as conn:
+        await box.store.outbox_insert(
+            conn,
+            channel="email",
+            key="k-smtp",
+            payload='{"to": "ops@example.test", "subject": "s", "text": "t"}',
+            tenant=None,
+            inbox_id=None,
+            now=box.clock.now(),
+        )
+    dispatcher = box.dispatcher()
+    try:
+        assert await dispatcher.run_once() == 1
+    finally:
+        await dispatcher.close()
+    [row] = await outbox_rows(box)
+    return row
+
+
+@pytest.mark.parametrize(
+    ("sink_kwargs", "dead", "error"),
+    [
+        ({"data_reply": "554 5.7.1 message refused"}, True, "SMTP 554 5.7.1 message refused"),
+        ({"data_reply": "451 4.3.0 try again later"}, False, "SMTP 451 4.3.0 try again later"),
+        ({"rcpt_reply": "550 5.1.1 no such user"}, True, "recipients refused [550]"),
+        ({"rcpt_reply": "450 4.2.1 mailbox busy"}, False, "recipients refused [450]"),
+    ],
+    ids=["data-5xx", "data-4xx", "rcpt-5xx", "rcpt-4xx"],
+)
+async def test_an_smtp_refusal_is_dead_when_permanent_and_retried_when_not(
+    box: Relaybox, sink_kwargs: dict[str, str], dead: bool, error: str
+) -> None:
+    """A real server's 5xx is the receiver's final word (dead letter, no retry); a 4xx
+    asks to come back later (retried on the channel's schedule)."""
+    async with SmtpSink(**sink_kwargs) as refusing:
+        row = await _send_one(
+            box, EmailChannel(host="127.0.0.1", port=refusing.port, sender="x@relaybox.test")
+        )
+        assert refusing.messages == []
+    assert error in row["last_error"]
+    if dead:
+        assert (row["status"], row["dead_reason"]) == ("dead", "rejected")
+    else:
+        assert row["status"] == "pending" and row["dead_reason"] is None
+        assert row["next_attempt_at"] > box.clock.now()
+
+
+async def test_an_smtp_server_that_is_down_or_silent_is_retried(box: Relaybox) -> None:
+    """Nothing listening (connection refused), then a server that takes the connection
+    and never greets: both are retried, the second after the channel's timeout."""
+    import asyncio
+
+    from tests.support.procs import free_port
+
+    row = await _send_one(
+        box, EmailChannel(host="127.0.0.1", port=free_port(), sender="x@relaybox.test")
+    )
+    assert row["status"] == "pending" and "ConnectionRefusedError" in row["last_error"]
+
+    silent = await asyncio.get_running_loop().create_server(asyncio.Protocol, "127.0.0.1", 0)
+    try:
+        port = silent.sockets[0].getsockname()[1]
+        async with box.store.transaction() as conn:
+            await conn.exec_driver_sql("DELETE FROM relaybox_outbox")
+        row = await _send_one(
+            box,
+            EmailChannel(host="127.0.0.1", port=port, sender="x@relaybox.test", timeout=0.3),
+        )
+    finally:
+        silent.close()
+    assert row["status"] == "pending"
+    assert "timed out" in row["last_error"] or row["last_error"] == "timeout"

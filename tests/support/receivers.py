@@ -140,14 +140,28 @@ class HttpReceiver:
 class SmtpSink:
     """An SMTP server (aiosmtpd's protocol on the running loop) keeping every message."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, rcpt_reply: str | None = None, data_reply: str | None = None) -> None:
+        """``rcpt_reply``/``data_reply``: an SMTP reply (``"550 5.1.1 no such user"``)
+        refusing every recipient, or every message at the end of DATA."""
         self.messages: list[Message] = []
         self.envelopes: list[tuple[str, list[str]]] = []
+        self.rcpt_reply, self.data_reply = rcpt_reply, data_reply
         self._server: asyncio.AbstractServer | None = None
         self.port = 0
 
+    async def handle_RCPT(
+        self, server: SMTP, session: Session, envelope: Envelope, address: str, options: Any
+    ) -> str:
+        """aiosmtpd's hook: take the recipient, unless told to refuse it."""
+        if self.rcpt_reply is not None:
+            return self.rcpt_reply
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         """aiosmtpd's hook (its name is fixed): keep the message, accept it."""
+        if self.data_reply is not None:
+            return self.data_reply
         content = envelope.original_content or b""
         self.messages.append(message_from_bytes(content))
         self.envelopes.append((str(envelope.mail_from), list(envelope.rcpt_tos)))
