@@ -24,6 +24,7 @@ from tests.support.proxy import TcpProxy
 STD_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 STRIPE_SECRET = "whsec_test_stripe_secret"
 GITHUB_SECRET = "It's a Secret to Everybody"
+SLACK_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 # Well past the default 300 s tolerance: a live request may reach the server seconds
 # after it was signed on a slow machine. The exact edge is tested with a fixed clock
 # in test_sources.py.
@@ -41,6 +42,7 @@ def configure(box: Relaybox) -> Relaybox:
         ),
     )
     box.source("github", sources.github(secrets=[GITHUB_SECRET]))
+    box.source("slack", sources.slack(secrets=[SLACK_SECRET]))
     return box
 
 
@@ -259,6 +261,50 @@ async def test_bad_input_gets_its_status_and_changes_nothing(
     assert answer["error"] == code
     assert STRIPE_SECRET not in json.dumps(answer)
     assert await inbox_rows(box) == []
+
+
+def slack_delivery(payload: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+    """Signed as Slack documents it: ``v0=`` HMAC-SHA256 of ``v0:{timestamp}:{body}``."""
+    body = json.dumps(payload).encode()
+    ts = str(int(time.time()))
+    mac = hmac_mod.new(SLACK_SECRET.encode(), b"v0:" + ts.encode() + b":" + body, hashlib.sha256)
+    headers = {
+        "x-slack-request-timestamp": ts,
+        "x-slack-signature": "v0=" + mac.hexdigest(),
+        "content-type": "application/json",
+    }
+    return body, headers
+
+
+async def test_slack_url_verification_is_answered_with_its_challenge_and_not_stored(
+    live: Any,
+) -> None:
+    """Slack's endpoint handshake wants the challenge echoed in the 200; it is not an
+    event. An unsigned handshake is refused like any delivery."""
+    box, http = live
+    challenge = {
+        "token": "t",
+        "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P",
+        "type": "url_verification",
+    }
+    body, headers = slack_delivery(challenge)
+    status, answer = await post(http, "/slack", body, headers)
+    assert (status, answer) == (200, {"challenge": challenge["challenge"]})
+    headers["x-slack-signature"] = "v0=" + "0" * 64
+    status, answer = await post(http, "/slack", body, headers)
+    assert (status, answer["error"]) == (401, "bad_signature")
+    assert await inbox_rows(box) == []
+    event = {
+        "type": "event_callback",
+        "team_id": "T1",
+        "event_id": "Ev1",
+        "event": {"type": "app_mention"},
+    }
+    body, headers = slack_delivery(event)
+    status, answer = await post(http, "/slack", body, headers)
+    assert (status, answer["status"]) == (200, "accepted")
+    [row] = await inbox_rows(box)
+    assert (row["event_id"], row["account"]) == ("Ev1", "T1")
 
 
 async def test_wrong_method_is_405(live: Any) -> None:
