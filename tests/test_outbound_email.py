@@ -82,34 +82,11 @@ async def test_the_confirmation_email_is_sent_once_per_grant(
     assert all(r["key"].endswith(":confirmation") for r in rows)
 
 
-async def test_an_email_that_cannot_be_rendered_is_dead_without_connecting(
-    box: Relaybox, sink: SmtpSink
-) -> None:
-    local(box).channel(
-        "email", EmailChannel(host="127.0.0.1", port=sink.port, sender="x@relaybox.test")
-    )
-    async with box.store.transaction() as conn:
-        await box.store.outbox_insert(
-            conn,
-            channel="email",
-            key="k1",
-            payload='{"subject": "no recipient"}',
-            tenant=None,
-            inbox_id=None,
-            now=box.clock.now(),
-        )
-    dispatcher = box.dispatcher()
-    try:
-        assert await dispatcher.run_once() == 1
-    finally:
-        await dispatcher.close()
-    [row] = await outbox_rows(box)
-    assert (row["status"], row["dead_reason"]) == ("dead", "rejected")
-    assert "lacks to, text" in row["last_error"]
-    assert sink.messages == []
-
-
-async def _send_one(box: Relaybox, channel: EmailChannel) -> dict[str, Any]:
+async def _send_one(
+    box: Relaybox,
+    channel: EmailChannel,
+    payload: str = '{"to": "ops@example.test", "subject": "s", "text": "t"}',
+) -> dict[str, Any]:
     """One e-mail through the dispatcher and ``channel``; its outbox row after."""
     local(box).channel("email", channel)
     async with box.store.transaction() as conn:
@@ -117,7 +94,7 @@ async def _send_one(box: Relaybox, channel: EmailChannel) -> dict[str, Any]:
             conn,
             channel="email",
             key="k-smtp",
-            payload='{"to": "ops@example.test", "subject": "s", "text": "t"}',
+            payload=payload,
             tenant=None,
             inbox_id=None,
             now=box.clock.now(),
@@ -129,6 +106,19 @@ async def _send_one(box: Relaybox, channel: EmailChannel) -> dict[str, Any]:
         await dispatcher.close()
     [row] = await outbox_rows(box)
     return row
+
+
+async def test_an_email_that_cannot_be_rendered_is_dead_without_connecting(
+    box: Relaybox, sink: SmtpSink
+) -> None:
+    row = await _send_one(
+        box,
+        EmailChannel(host="127.0.0.1", port=sink.port, sender="x@relaybox.test"),
+        payload='{"subject": "no recipient"}',
+    )
+    assert (row["status"], row["dead_reason"]) == ("dead", "rejected")
+    assert "lacks to, text" in row["last_error"]
+    assert sink.messages == []
 
 
 @pytest.mark.parametrize(
