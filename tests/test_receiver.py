@@ -357,6 +357,29 @@ async def test_startup_with_the_database_down_still_serves_and_answers_503() -> 
         await box.close()
 
 
+async def test_a_store_error_that_is_not_an_outage_is_still_503_and_never_a_traceback(
+    live: Any,
+) -> None:
+    """The inbox table gone (a schema someone broke, a migration not run): the INSERT
+    fails with an error that is not a lost connection. The sender gets 503 and a plain
+    message, so it retries; once the table is back, the retry is accepted."""
+    box, http = live
+    async with box.store.transaction() as conn:
+        await conn.exec_driver_sql("ALTER TABLE relaybox_inbox RENAME TO relaybox_inbox_away")
+    body, headers = stripe_delivery(invoice_paid("evt_no_table"))
+    async with http.post("/stripe", data=body, headers=headers) as r:
+        text = await r.text()
+        assert r.status == 503, text
+        assert r.headers["retry-after"] == "5"
+    assert json.loads(text)["error"] == "unavailable"
+    assert "Traceback" not in text and "relaybox_inbox" not in text
+    async with box.store.transaction() as conn:
+        await conn.exec_driver_sql("ALTER TABLE relaybox_inbox_away RENAME TO relaybox_inbox")
+    status, answer = await post(http, "/stripe", body, headers)
+    assert (status, answer["status"]) == (200, "accepted")
+    assert [r["event_id"] for r in await inbox_rows(box)] == ["evt_no_table"]
+
+
 async def test_database_down_is_503_and_the_retry_is_accepted_once() -> None:
     """Cut a TCP proxy between relaybox and PostgreSQL (never the shared server)."""
     url = await create_pg_database()
