@@ -1,7 +1,9 @@
 """Dispatch: N outbox rows (20 endpoints, 5 in flight each = 100 in flight) delivered
-by ``relaybox dispatch`` to a local sink answering 200 (aiohttp, its own process and
+by ``relaybox dispatch`` to a local sink answering 200 (uvicorn, its own process and
 core), against a bare aiohttp loop posting the same bodies with 100 in flight, and
-httpx at the same concurrency; then the same with 1 of the 20 endpoints hanging."""
+httpx at the same concurrency; then the same with 1 of the 20 endpoints hanging; then
+both senders again against an aiohttp sink, which needs twice the CPU per request
+(bench/sink.py)."""
 
 from __future__ import annotations
 
@@ -32,9 +34,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_sink(port: int) -> subprocess.Popen[bytes]:
+def start_sink(port: int, kind: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        ["taskset", "-c", "1", sys.executable, "-m", "bench.sink", str(port)], cwd=ROOT
+        ["taskset", "-c", "1", sys.executable, "-m", "bench.sink", str(port), kind], cwd=ROOT
     )
     deadline = time.time() + 20
     while time.time() < deadline:
@@ -83,9 +85,17 @@ async def seed(url: str, port: int, n: int, hanging: bool) -> None:
     await box.close()
 
 
-async def relaybox_run(n: int, hanging: bool) -> dict[str, Any]:
+def sink_note(cpu: float, wall: float, requests: int) -> str:
+    """The sink's CPU per request and how busy its core was: a sink near 100 % limits
+    the sender measured."""
+    if wall <= 0 or requests <= 0:
+        return ""
+    return f", sink {cpu / requests * 1e6:.0f} µs/request, its core {cpu / wall:.0%} busy"
+
+
+async def relaybox_run(n: int, hanging: bool, sink_kind: str) -> dict[str, Any]:
     port = free_port()
-    sink = start_sink(port)
+    sink = start_sink(port, sink_kind)
     url = fresh_pg_database(f"bench_dispatch_{int(hanging)}")
     try:
         await seed(url, port, n, hanging)
@@ -121,14 +131,21 @@ async def relaybox_run(n: int, hanging: bool) -> dict[str, Any]:
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
             first: tuple[int, float, dict[int, float]] | None = None
+            sink_start = (0.0, 0.0)  # the sink's CPU and the clock at the first delivery
             while (sent := await conn.fetchval(count)) < healthy:
                 if time.time() > deadline or proc.poll() is not None:
                     raise RuntimeError("dispatcher did not deliver everything")
                 if first is None and sent > 0:
                     pg = {r[0]: cpu_seconds(r[0]) for r in await conn.fetch(backends)}
                     first = (sent, cpu_seconds(proc.pid), pg)
+                    sink_start = (cpu_seconds(sink.pid), time.perf_counter())
                 await asyncio.sleep(0.05 if first is None else 0.2)
             cpu = cpu_seconds(proc.pid)
+            sink_busy = sink_note(
+                cpu_seconds(sink.pid) - sink_start[0],
+                time.perf_counter() - sink_start[1],
+                sent - (first[0] if first else 0),
+            )
             pg_cpu = 0.0
             for (pid,) in await conn.fetch(backends):
                 with contextlib.suppress(OSError):
@@ -136,7 +153,7 @@ async def relaybox_run(n: int, hanging: bool) -> dict[str, Any]:
             if first is not None and sent > first[0]:
                 per = (cpu - first[1]) / (sent - first[0]) * 1e6
                 per_pg = pg_cpu / (sent - first[0]) * 1e6
-                cpu_note = f", {per:.0f} µs CPU/delivery (+ PostgreSQL {per_pg:.0f} µs)"
+                cpu_note = f", {per:.0f} µs CPU/delivery (+ PostgreSQL {per_pg:.0f} µs){sink_busy}"
             else:
                 cpu_note = ""
             span = await conn.fetchval(
@@ -170,9 +187,9 @@ def bodies(n: int) -> list[bytes]:
     ]
 
 
-async def aiohttp_run(n: int) -> dict[str, Any]:
+async def aiohttp_run(n: int, sink_kind: str) -> dict[str, Any]:
     port = free_port()
-    sink = start_sink(port)
+    sink = start_sink(port, sink_kind)
     try:
         payloads = bodies(n)
         sem = asyncio.Semaphore(100)
@@ -192,20 +209,23 @@ async def aiohttp_run(n: int) -> dict[str, Any]:
                     assert r.status == 200
 
             started, cpu = time.perf_counter(), time.process_time()
+            sink_cpu = cpu_seconds(sink.pid)
             await asyncio.gather(*(post(j, b) for j, b in enumerate(payloads)))
             elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+            sink_cpu = cpu_seconds(sink.pid) - sink_cpu
     finally:
         sink.kill()  # hanging handlers would hold a graceful stop for a minute
         sink.wait(10)
     per = cpu / n * 1e6
-    return {"rate": n / elapsed, "note": f"bare aiohttp, 100 in flight, {per:.0f} µs CPU/request"}
+    note = f"bare aiohttp, 100 in flight, {per:.0f} µs CPU/request{sink_note(sink_cpu, elapsed, n)}"
+    return {"rate": n / elapsed, "note": note}
 
 
-async def httpx_run(n: int) -> dict[str, Any]:
+async def httpx_run(n: int, sink_kind: str) -> dict[str, Any]:
     import httpx
 
     port = free_port()
-    sink = start_sink(port)
+    sink = start_sink(port, sink_kind)
     try:
         payloads = bodies(n)
         sem = asyncio.Semaphore(100)
@@ -226,9 +246,12 @@ async def httpx_run(n: int) -> dict[str, Any]:
     return {"rate": n / elapsed, "note": f"bare httpx, 100 in flight ({n} requests)"}
 
 
-def run_child(which: str, n: int, hanging: bool, loop: str = "asyncio") -> dict[str, Any]:
+def run_child(
+    which: str, n: int, hanging: bool, loop: str = "asyncio", sink: str = "uvicorn"
+) -> dict[str, Any]:
     """Each measurement in its own process, pinned to core 0 (the sink has core 1), on
-    ``loop``: ``uvloop`` (what ``relaybox dispatch`` runs on) or the plain ``asyncio``."""
+    ``loop``: ``uvloop`` (what ``relaybox dispatch`` runs on) or the plain ``asyncio``;
+    ``sink``: the receiver (bench/sink.py)."""
     out = subprocess.run(
         [
             "taskset",
@@ -239,7 +262,7 @@ def run_child(which: str, n: int, hanging: bool, loop: str = "asyncio") -> dict[
             "import asyncio, json, sys, uvloop; from bench import dispatch as d; "
             f"run = {loop}.run; "
             f"print('RESULT', json.dumps(run(d.{which}(*json.loads(sys.argv[1])))))",
-            json.dumps([n, hanging] if which == "relaybox_run" else [n]),
+            json.dumps([n, hanging, sink] if which == "relaybox_run" else [n, sink]),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -256,35 +279,55 @@ def main(*, quick: bool = False) -> str:
     # ±15 %: with 2 rounds the hanging endpoint's cost read 4 % in one run and 10 % in
     # the next (2026-12-02).
     rounds = 1 if quick else 3
+    # (name, child, rows, hanging, loop, sink, the row its ratio is against)
     runners = (
         # The base: the bare loop on uvloop, the loop `relaybox dispatch` runs on
-        # (on the plain asyncio loop it is ~8 % slower: a second row shows it).
-        ("bare aiohttp loop", "aiohttp_run", n, False, "uvloop"),
-        ("bare aiohttp loop, asyncio loop", "aiohttp_run", n, False, "asyncio"),
-        ("relaybox dispatch", "relaybox_run", n, False, "asyncio"),  # itself on uvloop
-        ("relaybox, 1 of 20 endpoints hanging", "relaybox_run", n, True, "asyncio"),
-        ("bare httpx loop", "httpx_run", max(500, n // 10), False, "uvloop"),
+        # (on the plain asyncio loop it is ~5 % slower: a second row shows it).
+        ("bare aiohttp loop", "aiohttp_run", n, False, "uvloop", "uvicorn", ""),
+        ("bare aiohttp loop, asyncio loop", "aiohttp_run", n, False, "asyncio", "uvicorn", ""),
+        ("relaybox dispatch", "relaybox_run", n, False, "asyncio", "uvicorn", ""),  # on uvloop
+        ("relaybox, 1 of 20 endpoints hanging", "relaybox_run", n, True, "asyncio", "uvicorn", ""),
+        ("bare httpx loop", "httpx_run", max(500, n // 10), False, "uvloop", "uvicorn", ""),
+        # The same two senders against aiohttp's web server as the receiver: its core
+        # is the limit (see the notes' "sink core ... busy").
+        ("bare aiohttp loop, aiohttp sink", "aiohttp_run", n, False, "uvloop", "aiohttp", ""),
+        (
+            "relaybox dispatch, aiohttp sink",
+            "relaybox_run",
+            n,
+            False,
+            "asyncio",
+            "aiohttp",
+            "bare aiohttp loop, aiohttp sink",
+        ),
     )
     runs: dict[str, list[dict[str, Any]]] = {}
     for round_ in range(rounds):
-        for name, which, count, hanging, loop in runners[:: -1 if round_ % 2 else 1]:
+        for name, which, count, hanging, loop, sink, _ in runners[:: -1 if round_ % 2 else 1]:
             if ONLY and not any(word.strip() and word.strip() in name for word in ONLY.split(",")):
                 continue
             if round_ and "httpx" in name:
                 continue  # once: it only confirms the collapse
-            r = run_child(which, count, hanging, loop)
+            r = run_child(which, count, hanging, loop, sink)
             runs.setdefault(name, []).append(r)
             print(f"  dispatch {name:38} {r['rate']:8.0f}/s  {r['note']}", flush=True)
     results = {name: merged(rs) for name, rs in runs.items()}
-    base = results.get("bare aiohttp loop", {"rate": float("nan")})["rate"]
-    mine = results.get("relaybox dispatch", {"rate": float("nan")})["rate"]
+    nan = {"rate": float("nan")}
+    against = {name: base or "bare aiohttp loop" for name, *_, base in runners}
+    mine = results.get("relaybox dispatch", nan)["rate"]
     rows = [
-        [k, r["rate"], f"{r['rate'] / base:.2f}", f"{r['rate'] / mine:.2f}", r["note"]]
+        [
+            k,
+            r["rate"],
+            f"{r['rate'] / results.get(against[k], nan)['rate']:.2f}",
+            f"{r['rate'] / mine:.2f}",
+            r["note"],
+        ]
         for k, r in results.items()
     ]
     return table(
-        f"dispatch: {n:,} deliveries to a local 200 sink, {ENDPOINTS} endpoints x "
-        f"{IN_FLIGHT} in flight, {rounds} round(s), medians",
-        ["sender", "deliveries/s", "x aiohttp loop", "x relaybox", "note"],
+        f"dispatch: {n:,} deliveries to a local 200 sink (uvicorn; the last two rows aiohttp),"
+        f" {ENDPOINTS} endpoints x {IN_FLIGHT} in flight, {rounds} round(s), medians",
+        ["sender", "deliveries/s", "x aiohttp loop (same sink)", "x relaybox", "note"],
         rows,
     )
