@@ -290,7 +290,15 @@ def main(*, quick: bool = False) -> str:
         ("bare httpx loop", "httpx_run", max(500, n // 10), False, "uvloop", "uvicorn", ""),
         # The same two senders against aiohttp's web server as the receiver: its core
         # is the limit (see the notes' "sink core ... busy").
-        ("bare aiohttp loop, aiohttp sink", "aiohttp_run", n, False, "uvloop", "aiohttp", ""),
+        (
+            "bare aiohttp loop, aiohttp sink",
+            "aiohttp_run",
+            n,
+            False,
+            "uvloop",
+            "aiohttp",
+            "bare aiohttp loop, aiohttp sink",
+        ),
         (
             "relaybox dispatch, aiohttp sink",
             "relaybox_run",
