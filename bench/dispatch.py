@@ -279,39 +279,24 @@ def main(*, quick: bool = False) -> str:
     # ±15 %: with 2 rounds the hanging endpoint's cost read 4 % in one run and 10 % in
     # the next (2026-12-02).
     rounds = 1 if quick else 3
-    # (name, child, rows, hanging, loop, sink, the row its ratio is against)
+    # (name, child, rows, hanging, loop, sink); each row's ratio is against the bare
+    # loop on uvloop on the same sink.
     runners = (
         # The base: the bare loop on uvloop, the loop `relaybox dispatch` runs on
         # (on the plain asyncio loop it is ~5 % slower: a second row shows it).
-        ("bare aiohttp loop", "aiohttp_run", n, False, "uvloop", "uvicorn", ""),
-        ("bare aiohttp loop, asyncio loop", "aiohttp_run", n, False, "asyncio", "uvicorn", ""),
-        ("relaybox dispatch", "relaybox_run", n, False, "asyncio", "uvicorn", ""),  # on uvloop
-        ("relaybox, 1 of 20 endpoints hanging", "relaybox_run", n, True, "asyncio", "uvicorn", ""),
-        ("bare httpx loop", "httpx_run", max(500, n // 10), False, "uvloop", "uvicorn", ""),
-        # The same two senders against aiohttp's web server as the receiver: its core
-        # is the limit (see the notes' "sink core ... busy").
-        (
-            "bare aiohttp loop, aiohttp sink",
-            "aiohttp_run",
-            n,
-            False,
-            "uvloop",
-            "aiohttp",
-            "bare aiohttp loop, aiohttp sink",
-        ),
-        (
-            "relaybox dispatch, aiohttp sink",
-            "relaybox_run",
-            n,
-            False,
-            "asyncio",
-            "aiohttp",
-            "bare aiohttp loop, aiohttp sink",
-        ),
+        ("bare aiohttp loop", "aiohttp_run", n, False, "uvloop", "uvicorn"),
+        ("bare aiohttp loop, asyncio loop", "aiohttp_run", n, False, "asyncio", "uvicorn"),
+        ("relaybox dispatch", "relaybox_run", n, False, "asyncio", "uvicorn"),  # on uvloop
+        ("relaybox, 1 of 20 endpoints hanging", "relaybox_run", n, True, "asyncio", "uvicorn"),
+        ("bare httpx loop", "httpx_run", max(500, n // 10), False, "uvloop", "uvicorn"),
+        # The same two senders against aiohttp's web server as the receiver (2.4 times
+        # the CPU per request: relaybox loses more there, bench/README.md "The sink").
+        ("bare aiohttp loop, aiohttp sink", "aiohttp_run", n, False, "uvloop", "aiohttp"),
+        ("relaybox dispatch, aiohttp sink", "relaybox_run", n, False, "asyncio", "aiohttp"),
     )
     runs: dict[str, list[dict[str, Any]]] = {}
     for round_ in range(rounds):
-        for name, which, count, hanging, loop, sink, _ in runners[:: -1 if round_ % 2 else 1]:
+        for name, which, count, hanging, loop, sink in runners[:: -1 if round_ % 2 else 1]:
             if ONLY and not any(word.strip() and word.strip() in name for word in ONLY.split(",")):
                 continue
             if round_ and "httpx" in name:
@@ -321,7 +306,8 @@ def main(*, quick: bool = False) -> str:
             print(f"  dispatch {name:38} {r['rate']:8.0f}/s  {r['note']}", flush=True)
     results = {name: merged(rs) for name, rs in runs.items()}
     nan = {"rate": float("nan")}
-    against = {name: base or "bare aiohttp loop" for name, *_, base in runners}
+    bases = {"uvicorn": "bare aiohttp loop", "aiohttp": "bare aiohttp loop, aiohttp sink"}
+    against = {name: bases[sink] for name, *_, sink in runners}
     mine = results.get("relaybox dispatch", nan)["rate"]
     rows = [
         [

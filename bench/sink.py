@@ -2,10 +2,11 @@
 /hang/*. Run as its own process (its own core): ``python -m bench.sink PORT [KIND]``.
 
 KIND ``uvicorn`` (the default): a bare ASGI app on uvicorn with httptools + uvloop,
-about half the CPU per request of ``aiohttp`` (aiohttp's own web server). The receiver
-is not what the bench measures: with the aiohttp server its core ran ~95 % busy at the
-bare loop's rate, so the database work a sender does beside its requests had no core
-left to run on (bench/README.md, "The sink").
+21-24 µs of CPU per request against 54-56 µs for ``aiohttp`` (aiohttp's own web
+server). The receiver is not what the bench measures, and a real one runs on another
+host: the bare loop runs at the same rate on either, while relaybox, whose PostgreSQL
+shares the sink's core, waits longer for a heavier sink's answers (bench/README.md,
+"The sink").
 """
 
 from __future__ import annotations
