@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any
+
+from starlette.types import Receive, Scope, Send
 
 _START = {
     "type": "http.response.start",
@@ -24,11 +24,7 @@ _START = {
 _BODY = {"type": "http.response.body", "body": b"ok"}
 
 
-async def asgi(
-    scope: dict[str, Any],
-    receive: Callable[[], Awaitable[dict[str, Any]]],
-    send: Callable[[dict[str, Any]], Awaitable[None]],
-) -> None:
+async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
         return
     while (await receive()).get("more_body"):
