@@ -38,6 +38,7 @@ _SIGNATURE = "x-hub-signature-256"
 _DELIVERY = "x-github-delivery"
 _EVENT = "x-github-event"
 _PREFIX = "sha256="
+_IN_HEADERS = frozenset({"event_id", "event_type"})
 _DEFAULT_TYPE = "ping"  # what example() builds and sign() announces when no type is given
 
 
@@ -62,7 +63,7 @@ class GitHubSource(Source):
     def authenticate(
         self, headers: Headers, body: bytes, now: float, check_time: bool
     ) -> tuple[Secret, float | None]:
-        header = (headers.get(_SIGNATURE) or "").strip()
+        header = self.signature_header(headers, _SIGNATURE, "X-Hub-Signature-256")
         if not header:
             raise BadSignature("missing X-Hub-Signature-256 header", code="missing_signature")
         if not header.startswith(_PREFIX):
@@ -86,7 +87,12 @@ class GitHubSource(Source):
         action = payload.get("action")
         if isinstance(action, str) and action:
             event = f"{event}.{action}"
-        return Identity(event_id=delivery, event_type=event, account=_account(payload))
+        return Identity(
+            event_id=delivery,
+            event_type=event,
+            account=_account(payload),
+            from_headers=_IN_HEADERS,
+        )
 
     def sign(
         self,
