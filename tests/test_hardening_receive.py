@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from relaybox import Relaybox, Secret, SystemClock, sources
 from relaybox.config import Settings
-from relaybox.errors import StoreUnavailable
+from relaybox.errors import ConfigurationError, StoreUnavailable
 from relaybox.sources.base import Headers, Identity, Source
 from relaybox.store import NewDelivery
 from tests.conftest import Served
@@ -308,3 +308,64 @@ async def test_a_bug_in_a_source_answers_503_without_traceback(sqlite_url: str) 
     await box.close()
     assert status == 503, answer
     assert answer == {"error": "internal_error", "message": "the delivery could not be verified"}
+
+
+# -- the limits as settings ------------------------------------------------------------
+
+
+def test_limits_are_source_options_from_config() -> None:
+    source = sources.from_config(
+        "standard", {"secrets": [ED_PUBLIC], "max_signatures": "4", "max_json_depth": 32}
+    )
+    assert (source.max_signatures, source.max_json_depth) == (4, 32)
+    assert source.describe()["max_signatures"] == 4
+    assert sources.stripe(secrets=["s"]).max_signatures == 16
+    for bad in ({"max_signatures": 0}, {"max_signatures": "x"}, {"max_json_depth": 5000}):
+        with pytest.raises(ConfigurationError):
+            sources.from_config("stripe", {"secrets": ["s"], **bad})
+    with pytest.raises(ConfigurationError):
+        sources.stripe(secrets=[Secret("s", tenant="t\x00")])
+
+
+def test_only_heavy_ed25519_work_leaves_the_event_loop() -> None:
+    """The thread hop is for public-key work on large bodies (or many keys): HMAC
+    sources never ask, one ``v1a`` entry on a small body stays on the loop."""
+    assert not sources.standard(secrets=[STD_SECRET]).may_offload
+    assert not sources.stripe(secrets=["s"]).may_offload
+    ed = sources.standard(secrets=[ED_PUBLIC])
+    small = b'{"type":"x"}'
+    large = b"x" * 1_000_000
+    headers = {"webhook-signature": ed_signed("m", small, 1)}
+    assert ed.may_offload and not ed.offload(headers, small)
+    assert ed.offload(headers, large)
+    many = {"webhook-signature": " ".join([headers["webhook-signature"]] * 16)}
+    assert ed.offload(many, small)
+
+
+def test_repeated_keys_are_checked_once() -> None:
+    """Two secrets with one key (per-account entries of one signing key) cost one
+    verification per signature entry, and the first of them is the one that matched."""
+    source = sources.standard(
+        secrets=[Secret(ED_PUBLIC, account="a"), Secret(ED_PUBLIC, account="b")]
+    )
+    body = b'{"type":"x"}'
+    now = int(time.time())
+    verified = source.verify(
+        {
+            "webhook-id": "m",
+            "webhook-timestamp": str(now),
+            "webhook-signature": ed_signed("m", body, now),
+        },
+        body,
+        now,
+    )
+    assert verified.account == "a"
+    assert source._ed25519_keys == 1
+
+
+def test_fingerprint_path_over_an_unpaired_surrogate() -> None:
+    source = sources.stripe(secrets=[STRIPE_SECRET], fingerprint_path="data")
+    body = json.dumps({"id": "evt_fp", "type": "x", "data": {"note": "\ud800"}}).encode()
+    headers = stripe_signed(body)
+    now = float(headers["stripe-signature"].split(",")[0][2:])
+    assert len(source.verify(headers, body, now).fingerprint) == 32
