@@ -16,8 +16,10 @@ Every answer is a small JSON document; no request ever gets a traceback, and no
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -44,6 +46,15 @@ class Receiver:
 
     def __init__(self, box: Relaybox) -> None:
         self.box = box
+        self._verify_pool: ThreadPoolExecutor | None = None
+
+    def _verifier(self) -> ThreadPoolExecutor:
+        """Threads for the verifications a source offloads. Two at a time: Ed25519
+        holds the GIL while it hashes, so more threads would only take turns with the
+        event loop more often; the requests beyond wait their turn without blocking."""
+        if self._verify_pool is None:
+            self._verify_pool = ThreadPoolExecutor(2, thread_name_prefix="relaybox-verify")
+        return self._verify_pool
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -72,7 +83,9 @@ class Receiver:
             if source.may_offload and source.offload(headers, body):
                 # Public-key checks on a large body: in a thread, so that the loop
                 # keeps answering other requests meanwhile.
-                verified = await asyncio.to_thread(source.verify, headers, body, now)
+                verified = await asyncio.get_running_loop().run_in_executor(
+                    self._verifier(), functools.partial(source.verify, headers, body, now)
+                )
             else:
                 verified = source.verify(headers, body, now)
         except RejectedDelivery as exc:

@@ -65,8 +65,9 @@ DEFAULT_MAX_SIGNATURES = 16
 """Signature entries a signature header may hold (rotation sends two or three)."""
 SIGNATURE_ENTRY_CHARS = 128
 """Characters allowed per signature entry: a signature header longer than
-``max_signatures`` times this is refused before it is split (an Ed25519 ``v1a``
-entry is 92 characters, a Stripe ``v1`` entry 68)."""
+``max_signatures + 1`` times this is refused before it is split (an Ed25519 ``v1a``
+entry is 92 characters, a Stripe ``v1`` entry 68; the one more leaves room for
+Stripe's ``t=`` and a configured prefix)."""
 DEFAULT_MAX_JSON_DEPTH = 256
 """Nesting depth of a JSON body (objects and arrays) beyond which it is refused."""
 MAX_TIMESTAMP_DIGITS = 16
@@ -304,7 +305,7 @@ class Source:
         self.max_body = int(max_body)
         self.max_signatures = int(max_signatures)
         # A signature header longer than this cannot hold max_signatures entries.
-        self.max_signature_chars = self.max_signatures * SIGNATURE_ENTRY_CHARS
+        self.max_signature_chars = (self.max_signatures + 1) * SIGNATURE_ENTRY_CHARS
         self.max_json_depth = int(max_json_depth)
         self.account = account
         self.tenant = tenant

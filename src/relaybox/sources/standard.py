@@ -172,6 +172,8 @@ class StandardSource(Source):
         """Whether the ``v1a`` entries times the Ed25519 keys, on this body, are more
         work than the event loop should do in one go (see ``_OFFLOAD_ABOVE_BYTES``)."""
         header = headers.get(_header_names(headers)[2]) or ""
+        if len(header) > self.max_signature_chars:
+            return False  # refused at once by authenticate()
         pairs = min(header.count("v1a,"), self.max_signatures) * self._ed25519_keys
         return pairs * (len(body) + _ED25519_BASE_BYTES) > _OFFLOAD_ABOVE_BYTES
 
