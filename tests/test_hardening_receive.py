@@ -350,17 +350,16 @@ def test_repeated_keys_are_checked_once() -> None:
     )
     body = b'{"type":"x"}'
     now = int(time.time())
-    verified = source.verify(
-        {
-            "webhook-id": "m",
-            "webhook-timestamp": str(now),
-            "webhook-signature": ed_signed("m", body, now),
-        },
-        body,
-        now,
-    )
+    headers = {
+        "webhook-id": "m",
+        "webhook-timestamp": str(now),
+        "webhook-signature": ed_signed("m", body, now),
+    }
+    verified = source.verify(headers, body, now)
     assert verified.account == "a"
     assert source._ed25519_keys == 1
+    twice = sources.standard(secrets=[ED_PUBLIC, ED_PUBLIC])
+    assert twice.verify(headers, body, now).event_id == "m"
 
 
 def test_fingerprint_path_over_an_unpaired_surrogate() -> None:

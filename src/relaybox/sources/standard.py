@@ -149,24 +149,22 @@ class StandardSource(Source):
         self, *, secrets: Iterable[Secret | str] | Secret | str = (), **options: Any
     ) -> None:
         self._keys: dict[Secret, _Key] = {}
-        # Secrets whose key an earlier secret has already: checking them again could
-        # only repeat that one's answer.
-        self._repeats: set[Secret] = set()
-        self._materials: set[bytes] = set()
         super().__init__(secrets=secrets, **options)
-        self._ed25519_keys = sum(
-            1
-            for secret in self.secrets
-            if secret not in self._repeats and self._keys[secret].public is not None
-        )
+        # The secrets checked, in order: not one whose key an earlier one has (checking
+        # it again could only repeat that one's answer).
+        seen: set[bytes] = set()
+        distinct: list[Secret] = []
+        for secret in self.secrets:
+            material = self._keys[secret].material
+            if material not in seen:
+                seen.add(material)
+                distinct.append(secret)
+        self._distinct = tuple(distinct)
+        self._ed25519_keys = sum(1 for s in distinct if self._keys[s].public is not None)
         self.may_offload = self._ed25519_keys > 0
-        self._distinct = tuple(s for s in self.secrets if s not in self._repeats)
 
     def check_secret(self, secret: Secret) -> None:
-        key = self._keys[secret] = parse_key(secret)
-        if key.material in self._materials:
-            self._repeats.add(secret)
-        self._materials.add(key.material)
+        self._keys[secret] = parse_key(secret)
 
     def offload(self, headers: Headers, body: bytes) -> bool:
         """Whether the ``v1a`` entries times the Ed25519 keys, on this body, are more
