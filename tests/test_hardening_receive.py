@@ -368,3 +368,46 @@ def test_fingerprint_path_over_an_unpaired_surrogate() -> None:
     headers = stripe_signed(body)
     now = float(headers["stripe-signature"].split(",")[0][2:])
     assert len(source.verify(headers, body, now).fingerprint) == 32
+
+
+async def test_heavy_ed25519_verification_leaves_the_loop_free(sqlite_url: str) -> None:
+    """16 well-formed ``v1a`` entries (the cap) against 8 keys on a 1 MB body: 128
+    verifications, a legitimate but heavy request. They run off the event loop: /healthz
+    answers meanwhile in a fraction of the time the heavy requests take."""
+    keys = [Ed25519PrivateKey.from_private_bytes(bytes([i]) * 32) for i in range(1, 9)]
+    public = ["whpk_" + base64.b64encode(k.public_key().public_bytes_raw()).decode() for k in keys]
+    box = Relaybox(settings=Settings(database_url=sqlite_url), clock=SystemClock())
+    box.source("many", sources.standard(secrets=public))
+    await box.migrate()
+    body = json.dumps({"type": "x", "pad": "a" * 999_970}).encode()
+    signer = Ed25519PrivateKey.from_private_bytes(bytes(range(1, 33)))
+    decoys = " ".join("v1a," + base64.b64encode(signer.sign(b"%d" % i)).decode() for i in range(16))
+    headers = {
+        "webhook-id": "msg_heavy",
+        "webhook-timestamp": str(int(time.time())),
+        "webhook-signature": decoys,
+    }
+    async with Served(box.asgi(roles=("receiver",)), lifespan="on") as server:
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
+            url = f"{server.url}/webhooks/many"
+            health_times: list[float] = []
+            done = asyncio.Event()
+
+            async def poll_health() -> None:
+                while not done.is_set():
+                    started = time.perf_counter()
+                    async with http.get(f"{server.url}/healthz") as response:
+                        assert response.status == 200, await response.text()
+                    health_times.append(time.perf_counter() - started)
+
+            poller = asyncio.create_task(poll_health())
+            try:
+                heavy = await asyncio.gather(*(post(http, url, body, headers) for _ in range(2)))
+            finally:
+                done.set()
+                await poller
+    for status, answer, _ in heavy:
+        assert (status, answer["error"]) == (401, "bad_signature"), answer
+    fastest = min(elapsed for _, _, elapsed in heavy)
+    assert len(health_times) >= 3, (fastest, health_times)
+    assert max(health_times) < fastest / 2, (fastest, health_times)
