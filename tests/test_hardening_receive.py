@@ -19,7 +19,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from relaybox import Relaybox, Secret, SystemClock, sources
 from relaybox.config import Settings
-from relaybox.errors import ConfigurationError, StoreUnavailable
+from relaybox.errors import ConfigurationError, RejectedDelivery, StoreUnavailable
+from relaybox.receiver import _read_body
 from relaybox.sources.base import Headers, Identity, Source
 from relaybox.store import NewDelivery
 from tests.conftest import Served
@@ -411,3 +412,21 @@ async def test_heavy_ed25519_verification_leaves_the_loop_free(sqlite_url: str) 
     fastest = min(elapsed for _, _, elapsed in heavy)
     assert len(health_times) >= 3, (fastest, health_times)
     assert max(health_times) < fastest / 2, (fastest, health_times)
+
+
+@pytest.mark.parametrize(
+    ("declared", "status"), [("0" * 5000 + "1", None), ("9" * 5000, 413), ("\u00b2", 400)]
+)
+async def test_content_length_is_read_without_exceptions(declared: str, status: int | None) -> None:
+    """The HTTP servers in front check Content-Length too; the receiver, mountable in
+    any ASGI server, does not rely on it (a 5,000-digit int() is a ValueError)."""
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"x", "more_body": False}
+
+    if status is None:
+        assert await _read_body(receive, {"content-length": declared}, 100) == b"x"
+        return
+    with pytest.raises(RejectedDelivery) as info:
+        await _read_body(receive, {"content-length": declared}, 100)
+    assert info.value.status == status

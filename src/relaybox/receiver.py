@@ -184,8 +184,9 @@ async def _read_body(receive: Any, headers: dict[str, str], limit: int) -> bytes
     if declared is not None:
         if not (declared.isascii() and declared.isdigit()):
             raise RejectedDelivery("content-length is not a number", code="malformed_headers")
-        # Digits past the limit's own are over it: no int() of an endless number.
-        if len(declared.lstrip("0")) > len(str(limit)) or int(declared) > limit:
+        # More digits than the limit has are over it: no int() of an endless number.
+        digits = declared.lstrip("0") or "0"
+        if len(digits) > len(str(limit)) or int(digits) > limit:
             raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
