@@ -430,3 +430,28 @@ async def test_content_length_is_read_without_exceptions(declared: str, status: 
     with pytest.raises(RejectedDelivery) as info:
         await _read_body(receive, {"content-length": declared}, 100)
     assert info.value.status == status
+
+
+def test_a_bad_value_from_a_header_is_malformed_headers() -> None:
+    """Where the value came from decides the code: a header (GitHub's delivery id,
+    Shopify's topic) is ``malformed_headers``, a payload field ``malformed_payload``."""
+    now = 1_800_000_000.0
+    github = sources.github(secrets=["s"])
+    body = b'{"action":"opened"}'
+    headers = github.sign(body, event_id="d" * 513, event_type="issues", now=now)
+    with pytest.raises(RejectedDelivery) as info:
+        github.verify(headers, body, now)
+    assert (info.value.code, info.value.message) == (
+        "malformed_headers",
+        "event id is longer than 512 characters",
+    )
+    body = json.dumps({"action": "opened\ud800"}).encode()
+    headers = github.sign(body, event_id="d1", event_type="issues", now=now)
+    with pytest.raises(RejectedDelivery) as info:
+        github.verify(headers, body, now)
+    assert info.value.code == "malformed_payload"
+    shopify = sources.shopify(secrets=["s"])
+    headers = shopify.sign(b"{}", event_id="e1", event_type="orders/" + "x" * 300, now=now)
+    with pytest.raises(RejectedDelivery) as info:
+        shopify.verify(headers, b"{}", now)
+    assert (info.value.code, info.value.status) == ("malformed_headers", 400)

@@ -39,6 +39,7 @@ _DELIVERY = "x-github-delivery"
 _EVENT = "x-github-event"
 _PREFIX = "sha256="
 _IN_HEADERS = frozenset({"event_id", "event_type"})
+_ID_IN_HEADERS = frozenset({"event_id"})
 _DEFAULT_TYPE = "ping"  # what example() builds and sign() announces when no type is given
 
 
@@ -84,14 +85,16 @@ class GitHubSource(Source):
             raise MalformedHeaders("missing X-GitHub-Event header")
         if not isinstance(payload, Mapping):
             raise MalformedPayload("GitHub payload must be a JSON object")
+        in_headers = _IN_HEADERS
         action = payload.get("action")
         if isinstance(action, str) and action:
             event = f"{event}.{action}"
+            in_headers = _ID_IN_HEADERS  # the type is partly the payload's
         return Identity(
             event_id=delivery,
             event_type=event,
             account=_account(payload),
-            from_headers=_IN_HEADERS,
+            from_headers=in_headers,
         )
 
     def sign(
