@@ -6,9 +6,10 @@ future of that batch. With no commit in flight a request gets a commit of its ow
 once; beside a commit in flight a second one starts only for ``parallel_at`` queued
 rows (or when the one in flight is slow), so that at moderate load the rows that
 arrive during a flush share the next one instead of each paying its own. No answer is
-given before the COMMIT that holds its row; any error fails the whole batch (the
-receiver answers 503 and the sender retries: a row that did commit is then found as a
-duplicate).
+given before the COMMIT that holds its row. A batch the database refuses because of a
+row's values (:meth:`Store.row_error`) is committed again in halves, down to that row,
+so that only it fails; any other error fails the whole batch (the receiver answers 503
+and the sender retries: a row that did commit is then found as a duplicate).
 """
 
 from __future__ import annotations
@@ -130,16 +131,54 @@ class Acceptor:
                         fut.set_exception(StoreUnavailable("relaybox is shutting down"))
                 raise
             except Exception as exc:
+                if len(batch) > 1 and self.store.row_error(exc):
+                    log.warning("accept_batch_split", size=len(batch), error=short_error(exc))
+                    await self._commit_apart(batch)
+                    continue
                 log.warning("accept_batch_failed", size=len(batch), error=short_error(exc))
-                for _, fut, _ in batch:
-                    if not fut.done():
-                        fut.set_exception(StoreUnavailable("the database is unavailable"))
+                _fail(batch, "the database is unavailable")
                 continue
             finally:
                 self._inflight.remove(entry)
                 if items:
                     self._wakeup.set()  # rows that waited for this commit
             for (_, fut, _), outcome in zip(batch, outcomes, strict=True):
+                if not fut.done():
+                    fut.set_result(outcome)
+
+    async def _commit_apart(self, batch: list[_Item]) -> None:
+        """Commit the rows of a batch refused for a row's values in halves, halving
+        again each part that is refused the same way: a single refused row fails
+        alone (503: it is logged with its key), every other row is committed and
+        answered as usual, at the cost of ~2·log2(size) commits per refused row. Any
+        other error fails the rows not yet answered."""
+        parts = [batch[len(batch) // 2 :], batch[: len(batch) // 2]]
+        while parts:
+            part = [item for item in parts.pop() if not item[1].done()]
+            if not part:
+                continue
+            try:
+                outcomes = await self.store.inbox_accept([d for d, _, _ in part])
+            except asyncio.CancelledError:
+                _fail(part, "relaybox is shutting down")
+                for rest in parts:
+                    _fail(rest, "relaybox is shutting down")
+                raise
+            except Exception as exc:
+                if not self.store.row_error(exc):
+                    log.warning("accept_batch_failed", size=len(part), error=short_error(exc))
+                    _fail(part, "the database is unavailable")
+                    for rest in parts:
+                        _fail(rest, "the database is unavailable")
+                    return
+                if len(part) > 1:
+                    parts += [part[len(part) // 2 :], part[: len(part) // 2]]
+                    continue
+                # ascii(): the refused values may not even be printable text.
+                log.error("accept_row_refused", key=ascii(part[0][0].key), error=short_error(exc))
+                _fail(part, "the database refused this delivery")
+                continue
+            for (_, fut, _), outcome in zip(part, outcomes, strict=True):
                 if not fut.done():
                     fut.set_result(outcome)
 
@@ -173,6 +212,12 @@ class Acceptor:
                     fut.set_exception(StoreUnavailable("relaybox is shutting down"))
         self._tasks = []
         self._items = None
+
+
+def _fail(items: list[_Item], message: str) -> None:
+    for _, fut, _ in items:
+        if not fut.done():
+            fut.set_exception(StoreUnavailable(message))
 
 
 def _expire(fut: asyncio.Future[AcceptOutcome]) -> None:

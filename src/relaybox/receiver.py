@@ -4,17 +4,22 @@ A plain ASGI app (mount it anywhere: ``app.mount("/webhooks", box.receiver)``).
 Every answer is a small JSON document; no request ever gets a traceback, and no
 2xx is sent before the COMMIT that holds the delivery:
 
-    401 bad or missing signature, timestamp outside tolerance
-    400 malformed headers or JSON, missing event id
+    401 bad or missing signature, too many signature entries, timestamp outside tolerance
+    400 malformed headers or JSON (or nested too deep), missing event id, an id, type,
+        account or version no database can store (NUL, unpaired surrogate, too long)
     404 unknown source          405 not POST          413 body over the limit
-    503 database unreachable or commit outcome uncertain (the sender retries)
+    503 database unreachable or commit outcome uncertain (the sender retries), or an
+        unexpected error in a source's code (logged with its traceback, never sent)
     200 accepted | duplicate | quarantined | ignored
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -41,6 +46,15 @@ class Receiver:
 
     def __init__(self, box: Relaybox) -> None:
         self.box = box
+        self._verify_pool: ThreadPoolExecutor | None = None
+
+    def _verifier(self) -> ThreadPoolExecutor:
+        """Threads for the verifications a source offloads. Two at a time: Ed25519
+        holds the GIL while it hashes, so more threads would only take turns with the
+        event loop more often; the requests beyond wait their turn without blocking."""
+        if self._verify_pool is None:
+            self._verify_pool = ThreadPoolExecutor(2, thread_name_prefix="relaybox-verify")
+        return self._verify_pool
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -65,10 +79,25 @@ class Receiver:
         headers = _headers(scope)
         try:
             body = await _read_body(receive, headers, source.max_body)
-            verified = source.verify(headers, body, self.box.clock.now())
+            now = self.box.clock.now()
+            if source.may_offload and source.offload(headers, body):
+                # Public-key checks on a large body: in a thread, so that the loop
+                # keeps answering other requests meanwhile.
+                verified = await asyncio.get_running_loop().run_in_executor(
+                    self._verifier(), functools.partial(source.verify, headers, body, now)
+                )
+            else:
+                verified = source.verify(headers, body, now)
         except RejectedDelivery as exc:
             log.info("delivery_rejected", source=name, status=exc.status, reason=exc.code)
             return exc.status, _error(exc.code, exc.message), []
+        except Exception as exc:  # a bug in a source: no traceback, no 2xx; retried
+            log.exception("verify_failed", source=name, error=type(exc).__name__)
+            return (
+                503,
+                _error("internal_error", "the delivery could not be verified"),
+                [(b"retry-after", b"5")],
+            )
         if verified.event_type == "url_verification" and source.provider == "slack":
             return 200, {"challenge": verified.payload.get("challenge")}, []
 
@@ -153,9 +182,11 @@ async def _read_body(receive: Any, headers: dict[str, str], limit: int) -> bytes
     """Read the body, refusing it as soon as it is known to exceed ``limit``."""
     declared = headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):
             raise RejectedDelivery("content-length is not a number", code="malformed_headers")
-        if int(declared) > limit:
+        # More digits than the limit has are over it: no int() of an endless number.
+        digits = declared.lstrip("0") or "0"
+        if len(digits) > len(str(limit)) or int(digits) > limit:
             raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0

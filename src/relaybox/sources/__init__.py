@@ -3,8 +3,9 @@
     box.source("stripe", sources.stripe(secrets=["whsec_..."]))
 
 Each factory takes ``secrets`` plus any :class:`Source` argument (``tolerance``,
-``verify_timestamp``, ``max_body``, ``account``, ``tenant``, ``tenants``,
-``ignore_types``, ``inline``, ``fingerprint_path``, ``version_path``, ``name``) and
+``verify_timestamp``, ``max_body``, ``max_signatures``, ``max_json_depth``,
+``account``, ``tenant``, ``tenants``, ``ignore_types``, ``inline``,
+``fingerprint_path``, ``version_path``, ``name``) and
 its provider's own options (only :func:`hmac` has some). :func:`from_config` builds
 the same from a TOML table.
 
@@ -63,6 +64,8 @@ _BASE_OPTIONS: dict[str, str] = {
     "tolerance": "a positive number of seconds",
     "verify_timestamp": "true or false",
     "max_body": "a whole number of bytes",
+    "max_signatures": "a whole number of signature entries (1-1024)",
+    "max_json_depth": "a whole number of nesting levels (1-512)",
     "account": "a string",
     "tenant": "a string",
     "tenants": "a table of account = tenant strings",
@@ -138,7 +141,7 @@ def _base_option(name: str, value: Any) -> Any:
     ``RELAYBOX_SOURCES__NAME__OPTION`` environment variables arrive as strings, so
     numbers, booleans and comma-separated lists are also read from text.
     """
-    if name == "tolerance" or name == "max_body":
+    if name in ("tolerance", "max_body", "max_signatures", "max_json_depth"):
         if isinstance(value, str):
             try:
                 value = float(value) if name == "tolerance" else int(value)
@@ -147,7 +150,7 @@ def _base_option(name: str, value: Any) -> Any:
         # bool is an int: `tolerance = true` is a mistake, not one second.
         if isinstance(value, bool) or not isinstance(value, int | float):
             return None
-        if name == "max_body" and not isinstance(value, int):
+        if name != "tolerance" and not isinstance(value, int):
             return None
         return value if value > 0 else None
     if name in ("verify_timestamp", "inline"):

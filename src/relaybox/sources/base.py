@@ -37,7 +37,15 @@ from relaybox.errors import (
 
 __all__ = [
     "DEFAULT_MAX_BODY",
+    "DEFAULT_MAX_JSON_DEPTH",
+    "DEFAULT_MAX_SIGNATURES",
     "DEFAULT_TOLERANCE",
+    "MAX_ACCOUNT_CHARS",
+    "MAX_EVENT_ID_CHARS",
+    "MAX_EVENT_TYPE_CHARS",
+    "MAX_TIMESTAMP_DIGITS",
+    "MAX_VERSION_CHARS",
+    "SIGNATURE_ENTRY_CHARS",
     "Headers",
     "Identity",
     "Secret",
@@ -53,6 +61,23 @@ _JSON_OPENERS = (b"{", b"[")
 
 DEFAULT_TOLERANCE = 300.0
 DEFAULT_MAX_BODY = 1024 * 1024
+DEFAULT_MAX_SIGNATURES = 16
+"""Signature entries a signature header may hold (rotation sends two or three)."""
+SIGNATURE_ENTRY_CHARS = 128
+"""Characters allowed per signature entry: a signature header longer than
+``max_signatures + 1`` times this is refused before it is split (an Ed25519 ``v1a``
+entry is 92 characters, a Stripe ``v1`` entry 68; the one more leaves room for
+Stripe's ``t=`` and a configured prefix)."""
+DEFAULT_MAX_JSON_DEPTH = 256
+"""Nesting depth of a JSON body (objects and arrays) beyond which it is refused."""
+MAX_TIMESTAMP_DIGITS = 16
+"""Digits of a signed timestamp header: seconds need 10, milliseconds 13."""
+MAX_EVENT_ID_CHARS = 512
+MAX_EVENT_TYPE_CHARS = 256
+MAX_ACCOUNT_CHARS = 128
+MAX_VERSION_CHARS = 128
+# The event key (source, account, event_id) is one unique index entry: 512 + 128
+# characters stay within PostgreSQL's ~2,700-byte b-tree entry even at 4 bytes each.
 
 Headers = Mapping[str, str]
 """Request headers with lower-case names (the receiver lower-cases them)."""
@@ -83,12 +108,15 @@ def shared_key(provider: str, secret: Secret) -> bytes:
 
 @dataclass(frozen=True)
 class Identity:
-    """What a provider module reads from a verified delivery."""
+    """What a provider module reads from a verified delivery. ``from_headers`` names
+    the fields (``event_id``, ``event_type``, ``account``, ``version``) read from
+    headers rather than the body: a bad value there is a ``malformed_headers`` 400."""
 
     event_id: str
     event_type: str
     account: str | None = None
     version: str | None = None
+    from_headers: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -124,16 +152,69 @@ def check_timestamp(ts: float, now: float, tolerance: float) -> None:
 
 
 def parse_int_timestamp(raw: str | None, header: str) -> int:
-    if raw is None or raw == "":
+    """A timestamp header's value: ASCII digits only, at most ``MAX_TIMESTAMP_DIGITS``
+    (no sign, exponent, ``inf`` or ``nan``), so that it always fits a float."""
+    text = (raw or "").strip()
+    if not text:
         raise MalformedHeaders(f"missing {header} header")
-    try:
-        return int(raw.strip())
-    except ValueError:
-        raise MalformedHeaders(f"{header} header is not an integer timestamp") from None
+    if len(text) > MAX_TIMESTAMP_DIGITS or not (text.isascii() and text.isdigit()):
+        raise MalformedHeaders(
+            f"{header} header is not an integer timestamp (at most {MAX_TIMESTAMP_DIGITS} digits)"
+        )
+    return int(text)
+
+
+def text_problem(value: str, limit: int) -> str | None:
+    """Why ``value`` cannot be stored as text in both databases, or ``None``: longer
+    than ``limit`` characters, a NUL (PostgreSQL refuses it in text) or an unpaired
+    surrogate (not encodable as UTF-8, as JSON ``"\\ud800"`` decodes)."""
+    if len(value) > limit:
+        return f"is longer than {limit} characters"
+    if "\x00" in value:
+        return "contains a NUL character"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "contains an unpaired surrogate"
+    return None
+
+
+def check_text(value: str, what: str, limit: int, *, in_headers: bool) -> None:
+    """Refuse a delivery whose ``value`` (its event id, type, account or version)
+    cannot be stored: 400 ``malformed_headers`` or ``malformed_payload``."""
+    problem = text_problem(value, limit)
+    if problem is not None:
+        error = MalformedHeaders if in_headers else MalformedPayload
+        raise error(f"{what} {problem}")
+
+
+def _check_config_text(value: str | None, what: str, limit: int) -> None:
+    if value is not None and (problem := text_problem(value, limit)) is not None:
+        raise ConfigurationError(f"{what} {problem}")
+
+
+def json_depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether parsed JSON nests objects/arrays deeper than ``limit`` (iterative: a
+    deep document cannot exhaust the stack here)."""
+    if type(value) is not dict and type(value) is not list:
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in node.values() if type(node) is dict else node:
+            if type(child) is dict or type(child) is list:
+                stack.append((child, depth + 1))
+    return False
 
 
 def canonical_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    # surrogatepass: a lone surrogate in the JSON (valid JSON, not valid UTF-8) still
+    # has one, stable encoding.
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", "surrogatepass")
 
 
 def extract(path: str, headers: Headers, payload: Any) -> str | None:
@@ -172,6 +253,8 @@ class Source:
 
     provider: ClassVar[str] = "base"
     is_json: ClassVar[bool] = True
+    may_offload: bool = False
+    """Whether :meth:`offload` can ever be true (the receiver asks only then)."""
 
     def __init__(
         self,
@@ -180,6 +263,8 @@ class Source:
         tolerance: float = DEFAULT_TOLERANCE,
         verify_timestamp: bool = True,
         max_body: int = DEFAULT_MAX_BODY,
+        max_signatures: int = DEFAULT_MAX_SIGNATURES,
+        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
         account: str | None = None,
         tenant: str | None = None,
         tenants: Mapping[str, str] | None = None,
@@ -202,9 +287,26 @@ class Source:
             raise ConfigurationError("tolerance must be positive seconds")
         if max_body <= 0:
             raise ConfigurationError("max_body must be positive bytes")
+        if not 1 <= max_signatures <= 1024:
+            raise ConfigurationError("max_signatures must be between 1 and 1024")
+        if not 1 <= max_json_depth <= 512:
+            # Past ~900 levels json.loads itself runs out of stack (RecursionError).
+            raise ConfigurationError("max_json_depth must be between 1 and 512")
+        for value, what, limit in (
+            (account, "account", MAX_ACCOUNT_CHARS),
+            (tenant, "tenant", MAX_ACCOUNT_CHARS),
+            *((s.account, "a secret's account", MAX_ACCOUNT_CHARS) for s in self.secrets),
+            *((s.tenant, "a secret's tenant", MAX_ACCOUNT_CHARS) for s in self.secrets),
+            *((v, "a tenants value", MAX_ACCOUNT_CHARS) for v in (tenants or {}).values()),
+        ):
+            _check_config_text(value, f"{self.provider} source: {what}", limit)
         self.tolerance = float(tolerance)
         self.verify_timestamp = verify_timestamp
         self.max_body = int(max_body)
+        self.max_signatures = int(max_signatures)
+        # A signature header longer than this cannot hold max_signatures entries.
+        self.max_signature_chars = (self.max_signatures + 1) * SIGNATURE_ENTRY_CHARS
+        self.max_json_depth = int(max_json_depth)
         self.account = account
         self.tenant = tenant
         self.tenants = dict(tenants or {})
@@ -252,6 +354,11 @@ class Source:
         """A plausible body for ``relaybox send-test`` (provider's own envelope)."""
         raise NotImplementedError
 
+    def offload(self, headers: Headers, body: bytes) -> bool:
+        """Whether verifying this request costs enough CPU (public-key signatures on
+        a large body, many keys) to run it in a thread instead of on the event loop."""
+        return False
+
     # -- shared pipeline ------------------------------------------------------
 
     def verify(
@@ -266,13 +373,28 @@ class Source:
         ident = self.identify(headers, payload)
         if not ident.event_id:
             raise MalformedPayload("delivery has no event id", code="missing_event_id")
-        if len(ident.event_id) > 512:
-            raise MalformedPayload("event id is longer than 512 characters")
+        # What the provider sent becomes text columns: refused here, for this request
+        # alone, when no database could store it (not as a failed group commit).
+        where = ident.from_headers
+        check_text(ident.event_id, "event id", MAX_EVENT_ID_CHARS, in_headers="event_id" in where)
+        if ident.event_type:
+            check_text(
+                ident.event_type,
+                "event type",
+                MAX_EVENT_TYPE_CHARS,
+                in_headers="event_type" in where,
+            )
+        if ident.account and not secret.account:
+            check_text(ident.account, "account", MAX_ACCOUNT_CHARS, in_headers="account" in where)
         account = secret.account or ident.account or self.account or "default"
         tenant = secret.tenant or self.tenants.get(account) or self.tenant
         version = ident.version
+        in_headers = "version" in where
         if self.version_path is not None:
             version = extract(self.version_path, headers, payload)
+            in_headers = self.version_path.startswith("header:")
+        if version:
+            check_text(version, "version", MAX_VERSION_CHARS, in_headers=in_headers)
         return Verified(
             source=self.name,
             account=account,
@@ -292,10 +414,24 @@ class Source:
             if body[:1] in _JSON_OPENERS and body[1:2] not in (b"", b"\x00"):
                 # What json.loads(bytes) decodes as UTF-8 (no BOM, not UTF-16/32),
                 # without its pure-Python encoding sniffing: ~1.4 µs a request.
-                return json.loads(body.decode("utf-8", "surrogatepass"))
-            return json.loads(body)
+                payload = json.loads(body.decode("utf-8", "surrogatepass"))
+            else:
+                payload = json.loads(body)
         except (UnicodeDecodeError, ValueError):
             raise MalformedPayload("body is not valid JSON", code="malformed_json") from None
+        except RecursionError:  # deeper than the stack allows: far past max_json_depth
+            raise self._too_deep() from None
+        # Fewer openers than the limit cannot nest past it: the walk is for the rare
+        # body with more (brackets inside strings count here, not in the walk).
+        limit = self.max_json_depth
+        if body.count(b"[") + body.count(b"{") > limit and json_depth_exceeds(payload, limit):
+            raise self._too_deep()
+        return payload
+
+    def _too_deep(self) -> MalformedPayload:
+        return MalformedPayload(
+            f"JSON is nested deeper than {self.max_json_depth} levels", code="json_too_deep"
+        )
 
     def fingerprint(self, body: bytes, headers: Headers, payload: Any) -> bytes:
         """Content fingerprint used to tell a duplicate from a conflicting delivery.
@@ -313,9 +449,31 @@ class Source:
     def ignores(self, event_type: str) -> bool:
         return any(fnmatch.fnmatchcase(event_type, pat) for pat in self.ignore_types)
 
-    def try_secrets(self, check: Any) -> Secret:
-        """Return the first secret for which ``check(secret)`` is true (rotation)."""
-        for secret in self.secrets:
+    def signature_header(self, headers: Headers, name: str, label: str) -> str:
+        """The stripped text of the signature header ``name`` (``""`` when absent),
+        refused as ``too_many_signatures`` (401) before anything parses it when it is
+        longer than ``max_signatures`` entries can be."""
+        raw = headers.get(name) or ""
+        if len(raw) > self.max_signature_chars:
+            raise BadSignature(
+                f"{label} header is longer than {self.max_signature_chars} characters",
+                code="too_many_signatures",
+            )
+        return raw.strip()
+
+    def check_signature_count(self, count: int, label: str) -> None:
+        """Refuse, before any cryptography, a header with more than ``max_signatures``
+        entries: each entry is checked against each key."""
+        if count > self.max_signatures:
+            raise BadSignature(
+                f"{label} header has more than {self.max_signatures} entries",
+                code="too_many_signatures",
+            )
+
+    def try_secrets(self, check: Any, secrets: Sequence[Secret] | None = None) -> Secret:
+        """Return the first secret (of ``secrets``, by default all the source's) for
+        which ``check(secret)`` is true (rotation)."""
+        for secret in self.secrets if secrets is None else secrets:
             if check(secret):
                 return secret
         raise BadSignature("no signature matched")
@@ -329,6 +487,8 @@ class Source:
             "tolerance": self.tolerance,
             "verify_timestamp": self.verify_timestamp,
             "max_body": self.max_body,
+            "max_signatures": self.max_signatures,
+            "max_json_depth": self.max_json_depth,
             "account": self.account,
             "tenant": self.tenant,
             "ignore_types": list(self.ignore_types),

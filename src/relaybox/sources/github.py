@@ -38,6 +38,8 @@ _SIGNATURE = "x-hub-signature-256"
 _DELIVERY = "x-github-delivery"
 _EVENT = "x-github-event"
 _PREFIX = "sha256="
+_IN_HEADERS = frozenset({"event_id", "event_type"})
+_ID_IN_HEADERS = frozenset({"event_id"})
 _DEFAULT_TYPE = "ping"  # what example() builds and sign() announces when no type is given
 
 
@@ -62,7 +64,7 @@ class GitHubSource(Source):
     def authenticate(
         self, headers: Headers, body: bytes, now: float, check_time: bool
     ) -> tuple[Secret, float | None]:
-        header = (headers.get(_SIGNATURE) or "").strip()
+        header = self.signature_header(headers, _SIGNATURE, "X-Hub-Signature-256")
         if not header:
             raise BadSignature("missing X-Hub-Signature-256 header", code="missing_signature")
         if not header.startswith(_PREFIX):
@@ -83,10 +85,17 @@ class GitHubSource(Source):
             raise MalformedHeaders("missing X-GitHub-Event header")
         if not isinstance(payload, Mapping):
             raise MalformedPayload("GitHub payload must be a JSON object")
+        in_headers = _IN_HEADERS
         action = payload.get("action")
         if isinstance(action, str) and action:
             event = f"{event}.{action}"
-        return Identity(event_id=delivery, event_type=event, account=_account(payload))
+            in_headers = _ID_IN_HEADERS  # the type is partly the payload's
+        return Identity(
+            event_id=delivery,
+            event_type=event,
+            account=_account(payload),
+            from_headers=in_headers,
+        )
 
     def sign(
         self,

@@ -168,6 +168,15 @@ class HmacSource(Source):
         self.type_path = type_path.strip()
         self.account_path = (account_path or "").strip() or None
         self._segments = _compile(signed)
+        self._from_headers = frozenset(
+            field
+            for field, path in (
+                ("event_id", self.id_path),
+                ("event_type", self.type_path),
+                ("account", self.account_path),
+            )
+            if _header_name(path) is not None
+        )
         if "timestamp" in self._segments and self.timestamp_header is None:
             raise ConfigurationError("hmac source: {timestamp} in signed needs timestamp_header")
         if "id" in self._segments and _header_name(self.id_path) is None:
@@ -208,7 +217,7 @@ class HmacSource(Source):
     def authenticate(
         self, headers: Headers, body: bytes, now: float, check_time: bool
     ) -> tuple[Secret, float | None]:
-        raw = (headers.get(self.header.lower()) or "").strip()
+        raw = self.signature_header(headers, self.header.lower(), self.header)
         if not raw:
             raise BadSignature(f"missing {self.header} header", code="missing_signature")
         raw_timestamp = ""
@@ -244,7 +253,12 @@ class HmacSource(Source):
         account = None
         if self.account_path is not None:
             account = extract(self.account_path, headers, payload) or None
-        return Identity(event_id=event_id, event_type=event_type, account=account)
+        return Identity(
+            event_id=event_id,
+            event_type=event_type,
+            account=account,
+            from_headers=self._from_headers,
+        )
 
     def _required(self, path: str, headers: Headers, payload: Any, what: str, code: str) -> str:
         value = extract(path, headers, payload)

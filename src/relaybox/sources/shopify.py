@@ -43,6 +43,7 @@ _SHOP = "x-shopify-shop-domain"
 _API_VERSION = "x-shopify-api-version"
 _TRIGGERED_AT = "x-shopify-triggered-at"
 
+_IN_HEADERS = frozenset({"event_id", "event_type", "account", "version"})
 _EXAMPLE_API_VERSION = "2024-10"
 _DEFAULT_TOPIC = "orders/create"  # example() builds an order when no topic is given
 
@@ -63,7 +64,7 @@ class ShopifySource(Source):
     def authenticate(
         self, headers: Headers, body: bytes, now: float, check_time: bool
     ) -> tuple[Secret, float | None]:
-        given = (headers.get(_SIGNATURE) or "").strip().encode()
+        given = self.signature_header(headers, _SIGNATURE, "X-Shopify-Hmac-Sha256").encode()
         if not given:
             raise BadSignature("missing X-Shopify-Hmac-Sha256 header", code="missing_signature")
 
@@ -83,7 +84,11 @@ class ShopifySource(Source):
         shop = (headers.get(_SHOP) or "").strip().lower()
         version = (headers.get(_API_VERSION) or "").strip()
         return Identity(
-            event_id=event_id, event_type=topic, account=shop or None, version=version or None
+            event_id=event_id,
+            event_type=topic,
+            account=shop or None,
+            version=version or None,
+            from_headers=_IN_HEADERS,
         )
 
     def sign(

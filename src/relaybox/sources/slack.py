@@ -70,7 +70,7 @@ class SlackSource(Source):
     def authenticate(
         self, headers: Headers, body: bytes, now: float, check_time: bool
     ) -> tuple[Secret, float | None]:
-        header = (headers.get(_SIGNATURE) or "").strip()
+        header = self.signature_header(headers, _SIGNATURE, "X-Slack-Signature")
         if not header:
             raise BadSignature("missing X-Slack-Signature header", code="missing_signature")
         raw_timestamp = (headers.get(_TIMESTAMP) or "").strip()

@@ -32,6 +32,7 @@ from relaybox.sources.base import (
     Secret,
     Source,
     check_timestamp,
+    parse_int_timestamp,
     shared_key,
 )
 
@@ -44,10 +45,10 @@ def _key(secret: Secret) -> bytes:
     return shared_key("stripe", secret)
 
 
-def _parse_header(header: str) -> tuple[int, list[str]]:
+def _parse_header(items: list[str]) -> tuple[int, list[str]]:
     raw_timestamp: str | None = None
     signatures: list[str] = []
-    for item in header.split(","):
+    for item in items:
         name, sep, value = item.partition("=")
         if not sep:
             continue
@@ -58,11 +59,7 @@ def _parse_header(header: str) -> tuple[int, list[str]]:
             signatures.append(value.strip())
     if raw_timestamp is None:
         raise MalformedHeaders("Stripe-Signature header has no t= timestamp")
-    try:
-        timestamp = int(raw_timestamp)
-    except ValueError:
-        raise MalformedHeaders("Stripe-Signature t= is not an integer timestamp") from None
-    return timestamp, signatures
+    return parse_int_timestamp(raw_timestamp, "Stripe-Signature t="), signatures
 
 
 def _compute(key: bytes, timestamp: int, body: bytes) -> str:
@@ -79,10 +76,12 @@ class StripeSource(Source):
     def authenticate(
         self, headers: Headers, body: bytes, now: float, check_time: bool
     ) -> tuple[Secret, float | None]:
-        header = (headers.get(_HEADER) or "").strip()
+        header = self.signature_header(headers, _HEADER, "Stripe-Signature")
         if not header:
             raise BadSignature("missing Stripe-Signature header", code="missing_signature")
-        timestamp, signatures = _parse_header(header)
+        items = header.split(",")
+        self.check_signature_count(len(items), "Stripe-Signature")
+        timestamp, signatures = _parse_header(items)
         if not signatures:
             raise BadSignature("no v1 signature in Stripe-Signature header")
 

@@ -314,9 +314,17 @@ class Store:
         with the same fingerprint: nothing changes), ``quarantined`` (the key exists
         with another fingerprint: the newcomer is stored apart), or ``ignored``
         (a new row recorded as ignored). Raises on any database error: the caller
-        answers 503 to every delivery of the batch.
+        answers 503 to the deliveries of the batch (see :meth:`row_error`).
         """
         raise NotImplementedError
+
+    def row_error(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised by :meth:`inbox_accept`, comes from what a row
+        holds (a value the driver cannot encode, or the database refuses) rather
+        than from the database being unreachable: the acceptor then commits the
+        batch's rows apart, so that only the refused one fails. Here: values that
+        could not be converted (``UnicodeEncodeError`` is a ``ValueError``)."""
+        return isinstance(exc, ValueError | TypeError)
 
     # -- reads --------------------------------------------------------------------
 

@@ -166,6 +166,14 @@ class PostgresStore(Store):
             result[i] = outcomes[position]
         return result
 
+    def row_error(self, exc: BaseException) -> bool:
+        """Also the server's refusals of a value: data exceptions (SQLSTATE class 22,
+        such as a NUL in text), integrity violations (23) and program limits (54, such
+        as an index entry over its size)."""
+        if isinstance(exc, asyncpg.PostgresError):
+            return str(getattr(exc, "sqlstate", "") or "")[:2] in _ROW_ERROR_CLASSES
+        return super().row_error(exc)
+
     async def warm_accept(self, connections: int) -> None:
         """The accept's pool opened with ``connections`` connections (one per committer)
         and its statement prepared and planned on each, by running it for an empty
@@ -618,6 +626,7 @@ class _FoldedTransaction(asyncpg.transaction.Transaction):
         await super().rollback()
 
 
+_ROW_ERROR_CLASSES = ("22", "23", "54")
 _NEW = asyncpg.transaction.TransactionState.NEW
 _STARTED = asyncpg.transaction.TransactionState.STARTED
 _COMMITTED = asyncpg.transaction.TransactionState.COMMITTED

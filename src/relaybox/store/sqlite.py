@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,6 +89,14 @@ class SQLiteStore(Store):
         @event.listens_for(self.engine.sync_engine, "begin")
         def _on_begin(conn: Any) -> None:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def row_error(self, exc: BaseException) -> bool:
+        """Also SQLite's refusals of a value (``DataError``, ``IntegrityError``) and of
+        a parameter (``InterfaceError``); ``OperationalError`` (locked, I/O, full
+        disk) is the database's, not a row's."""
+        if isinstance(exc, sqlite3.DataError | sqlite3.IntegrityError | sqlite3.InterfaceError):
+            return True
+        return super().row_error(exc)
 
     def _ids(self, ids: Sequence[int]) -> Any:
         return json.dumps(list(ids))
