@@ -165,6 +165,7 @@ class Probe:
     latencies: list[float] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)
     peak_rss: int = 0
+    answering: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self, stop: asyncio.Event) -> None:
         server = psutil.Process(self.proc.pid)
@@ -181,6 +182,7 @@ class Probe:
                     return
                 self.latencies.append(time.perf_counter() - started)
                 self.statuses.append(answer.status)
+                self.answering.set()
                 self.peak_rss = max(self.peak_rss, server.memory_info().rss)
                 await asyncio.sleep(0.01)
         finally:
@@ -192,8 +194,9 @@ async def probing(proc: Proc) -> AsyncIterator[Probe]:
     probe = Probe(proc)
     stop = asyncio.Event()
     task = asyncio.create_task(probe.run(stop))
-    while not probe.statuses and not task.done():
-        await asyncio.sleep(0.005)
+    answering = asyncio.create_task(probe.answering.wait())
+    await asyncio.wait([answering, task], return_when=asyncio.FIRST_COMPLETED)
+    answering.cancel()
     try:
         yield probe
     finally:
@@ -391,7 +394,8 @@ async def test_normal_requests_are_served_on_a_kept_alive_connection(
             assert (await read_response(reader)).status in (401, 403)
         # Two requests in one write (pipelined) are both answered, in order.
         body, headers = signed_delivery("evt_pipelined")
-        writer.write(request("POST", "/webhooks/stripe", headers, body) + request("GET", "/healthz"))
+        pipelined = request("POST", "/webhooks/stripe", headers, body) + request("GET", "/healthz")
+        writer.write(pipelined)
         first, second = await read_response(reader), await read_response(reader)
         assert (first.status, second.status) == (200, 200)
         assert first.json()["event_id"] == "evt_pipelined"
