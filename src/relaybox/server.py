@@ -193,7 +193,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_pending = True
         cycle = self.cycle
         if (
-            cycle.response_complete
+            cycle is not None
+            and cycle.response_complete
             and self.timeout_keep_alive_task is None
             and not self.pipeline
             and not self.transport.is_closing()
