@@ -369,6 +369,44 @@ async def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_time
     assert time.monotonic() - started < 3
 
 
+async def test_a_pipelined_head_that_stalls_is_cut_after_the_header_timeout(
+    procs: Procs, tmp_path: Path
+) -> None:
+    """A whole request, then the start of the next one in the same write: the first is
+    answered, the second's head must still arrive within the header timeout."""
+    proc = await serve(procs, tmp_path, header_timeout=0.5)
+    reader, writer = await connect(proc)
+    writer.write(request("GET", "/healthz") + b"GET /healthz HTTP/1.1\r\nHo")
+    assert (await read_response(reader)).status == 200
+    started = time.monotonic()
+    answer = await read_response(reader)
+    assert answer.status == 408
+    assert answer.json()["error"] == "header_timeout"
+    assert time.monotonic() - started < 3
+    assert await closed_by_server(reader, within=5)
+
+
+async def test_an_answer_before_the_body_still_ends_in_the_keep_alive_timeout(
+    procs: Procs, tmp_path: Path
+) -> None:
+    """413 is answered from Content-Length, before the body arrives; the body that
+    follows must not leave the connection open with no timer."""
+    proc = await serve(procs, tmp_path, keep_alive_timeout=0.5)
+    reader, writer = await connect(proc)
+    size = 2 * MiB  # over the source's max_body (1 MiB)
+    writer.write(
+        b"POST /webhooks/stripe HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        + f"Content-Length: {size}\r\n\r\n".encode()
+    )
+    answer = await read_response(reader)
+    assert answer.status == 413
+    writer.write(b"{" * size)
+    await writer.drain()
+    started = time.monotonic()
+    assert await closed_by_server(reader, within=5)
+    assert time.monotonic() - started < 3
+
+
 # -- normal traffic ----------------------------------------------------------------------
 
 
