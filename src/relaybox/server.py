@@ -109,7 +109,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 self._receive_long_head(data)
             else:
                 self._head_bytes += len(data)
-                self._feed(data)
+                try:
+                    self.parser.feed_data(data)
+                except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+                    self._parse_stopped(exc)
             if (
                 self._head_pending
                 and (self._head_bytes or self._head_begun)
@@ -119,7 +122,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 # none): the rest must follow within header_timeout.
                 self._arm_head_timer()
         else:
-            self._feed(data)
+            try:
+                self.parser.feed_data(data)
+            except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+                self._parse_stopped(exc)
             if self._head_pending and self._head_begun and self._head_timer is None:
                 # A pipelined request began after this piece's body.
                 self._arm_head_timer()
@@ -154,18 +160,22 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def _feed(self, data: bytes | memoryview) -> None:
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            if self._refusal is not None:
-                self._refuse(*self._refusal)
-                return
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
-        except httptools.HttpParserUpgrade:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self._parse_stopped(exc)
+
+    def _parse_stopped(self, exc: Exception) -> None:
+        """What uvicorn's protocol does when the parser stops, and 431 for a refusal."""
+        if isinstance(exc, httptools.HttpParserUpgrade):
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
+        elif self._refusal is not None:
+            self._refuse(*self._refusal)
+        else:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
 
     # -- parser callbacks ----------------------------------------------------------
 
