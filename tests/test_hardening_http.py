@@ -22,6 +22,8 @@ from typing import Any
 import psutil
 import pytest
 
+from relaybox.config import load_settings
+from relaybox.errors import ConfigurationError
 from relaybox.store import open_store
 from tests.support.procs import Proc, Procs
 
@@ -236,6 +238,17 @@ def flood(host: str, port: int, header: int) -> tuple[bytes, float]:
     reader.join(30)
     sock.close()
     return answer[0] if answer else (b"", float("inf"))
+
+
+def test_server_settings_come_from_the_environment_and_are_bounded() -> None:
+    env = {"RELAYBOX_SERVER__MAX_HEADER_BYTES": "16384", "RELAYBOX_SERVER__HEADER_TIMEOUT": "2.5"}
+    settings = load_settings(env=env).server
+    assert (settings.max_header_bytes, settings.header_timeout) == (16384, 2.5)
+    assert (settings.max_headers, settings.max_connections) == (100, 1000)
+    with pytest.raises(ConfigurationError, match=r"server\.max_header_bytes"):
+        load_settings(env={"RELAYBOX_SERVER__MAX_HEADER_BYTES": "10"})
+    with pytest.raises(ConfigurationError, match=r"server\.header_timeout"):
+        load_settings(env={"RELAYBOX_SERVER__HEADER_TIMEOUT": "0"})
 
 
 # -- header size -------------------------------------------------------------------------
