@@ -284,6 +284,11 @@ async def test_a_64_kib_header_answers_431_and_one_within_the_limit_is_served(
     answer, _ = await exchange(proc, request("GET", "/healthz", [("X-Big", "a" * 30_000)]))
     assert answer.status == 200, answer
 
+    # The request line counts too.
+    answer, reader = await exchange(proc, request("GET", "/healthz?q=" + "a" * 65536))
+    assert answer.status == 431
+    assert await closed_by_server(reader, within=5)
+
 
 async def test_a_header_sent_in_many_small_pieces_is_counted_across_them(
     procs: Procs, tmp_path: Path
