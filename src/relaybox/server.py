@@ -2,12 +2,13 @@
 head bounded in size, header count and time, and the open connections capped.
 
 httptools (llhttp) has no limit of its own on a request head: it hands header values
-to Python piece by piece, concatenating each piece onto what came before, so one
-request with an 80 MiB header held the event loop (which the receiver, the worker
-and the dispatcher share) for tens of seconds and its memory grew by the header's
-size. :class:`BoundedHttpToolsProtocol` counts the bytes of a head before they reach
-the parser and never feeds it more than ``server.max_header_bytes`` of one head;
-what is over a limit is answered ``431`` and the connection closed. Heads that
+to Python piece by piece, concatenating each piece onto what came before, so without
+a bound one request with an 80 MiB header would hold the event loop (which the
+receiver, the worker and the dispatcher share) for tens of seconds and grow the
+process by the header's size. :class:`BoundedHttpToolsProtocol` counts the bytes of
+a head before they reach the parser and never feeds it more than
+``server.max_header_bytes`` of one head; what is over a limit is answered ``431``
+and the connection closed. Heads that
 arrive slowly are answered ``408`` and closed after ``server.header_timeout``.
 Requests within the limits take httptools' path unchanged.
 """
