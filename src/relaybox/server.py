@@ -8,9 +8,9 @@ receiver, the worker and the dispatcher share) for tens of seconds and grow the
 process by the header's size. :class:`BoundedHttpToolsProtocol` counts the bytes of
 a head before they reach the parser and never feeds it more than
 ``server.max_header_bytes`` of one head; what is over a limit is answered ``431``
-and the connection closed. Heads that
-arrive slowly are answered ``408`` and closed after ``server.header_timeout``.
-Requests within the limits take httptools' path unchanged.
+and the connection closed. Heads that arrive slowly are answered ``408`` and closed
+after ``server.header_timeout``. Requests within the limits take httptools' path
+unchanged.
 """
 
 from __future__ import annotations
