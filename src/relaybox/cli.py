@@ -123,8 +123,6 @@ def serve(
     postgres_embedded: bool,
 ) -> None:
     """Serve the receiver (POST /webhooks/{source}) and run the worker."""
-    import uvicorn
-
     # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown; Python's default
     # handler would then end the process by the signal (exit 143, and before atexit
     # stops an embedded PostgreSQL). A graceful stop exits 0, as `worker` and
@@ -167,7 +165,9 @@ def serve(
             )
         else:
             click.echo(f"Dashboard: {base}/admin/  (log in with the admin token)", err=True)
-    uvicorn.run(box.asgi(roles=role_set), host=host, port=port, log_level="warning")
+    from relaybox import server
+
+    server.run(box.asgi(roles=role_set), box.settings.server, host=host, port=port)
     del server_handle
 
 

@@ -20,7 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from relaybox.errors import ConfigurationError
 from relaybox.outbound.settings import OutboundSettings
 
-__all__ = ["AdminSettings", "RetentionSettings", "Settings", "WorkerSettings", "load_settings"]
+__all__ = [
+    "AdminSettings",
+    "RetentionSettings",
+    "ServerSettings",
+    "Settings",
+    "WorkerSettings",
+    "load_settings",
+]
 
 
 class WorkerSettings(BaseModel):
@@ -69,6 +76,43 @@ class AdminSettings(BaseModel):
     )
     secure_cookie: bool = Field(
         False, description="mark the session cookie Secure (serve /admin over HTTPS)"
+    )
+
+
+class ServerSettings(BaseModel):
+    """Limits of the HTTP server that ``relaybox serve`` runs (uvicorn on httptools).
+    A request head (request line and headers) over a limit answers 431 and its
+    connection is closed; a head that does not arrive in time answers 408. When the
+    app runs under your own server, these are that server's job (docs/operating.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_header_bytes: int = Field(
+        32 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="bytes of one request head (request line and headers); more answers 431",
+    )
+    max_headers: int = Field(
+        100, ge=1, le=10_000, description="header fields in one request; more answers 431"
+    )
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="seconds within which a request head must arrive in full, counted from "
+        "the connection's opening or the first byte of a later request; then 408 and close",
+    )
+    keep_alive_timeout: float = Field(
+        5.0, gt=0, description="seconds an idle keep-alive connection stays open"
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        le=1_000_000,
+        description="open connections at once; one more is answered 503 and closed",
+    )
+    backlog: int = Field(
+        2048, ge=1, le=65535, description="connections the kernel queues before accept"
     )
 
 
@@ -124,6 +168,7 @@ class Settings(BaseModel):
         None, description="bearer token of the admin API and the dashboard login"
     )
     admin: AdminSettings = Field(default_factory=AdminSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     outbound: OutboundSettings = Field(default_factory=OutboundSettings)
