@@ -21,41 +21,89 @@ from typing import Any
 
 from relaybox.errors import ConfigurationError
 from relaybox.sources.base import Headers, Identity, Secret, Source, Verified
+from relaybox.sources.discord import DiscordSource, discord
 from relaybox.sources.github import GitHubSource, github
+from relaybox.sources.gitlab import GitLabSource, gitlab
 from relaybox.sources.hmac import HmacSource, hmac
+from relaybox.sources.hubspot import HubSpotSource, hubspot
+from relaybox.sources.lemonsqueezy import LemonSqueezySource, lemonsqueezy
+from relaybox.sources.linear import LinearSource, linear
+from relaybox.sources.mailgun import MailgunSource, mailgun
+from relaybox.sources.paddle import PaddleSource, paddle
+from relaybox.sources.postmark import PostmarkSource, postmark
+from relaybox.sources.sendgrid import SendGridSource, sendgrid
 from relaybox.sources.shopify import ShopifySource, shopify
 from relaybox.sources.slack import SlackSource, slack
+from relaybox.sources.square import SquareSource, square
 from relaybox.sources.standard import StandardSource, standard
 from relaybox.sources.stripe import StripeSource, stripe
+from relaybox.sources.twilio import TwilioSource, twilio
+from relaybox.sources.zoom import ZoomSource, zoom
 
 __all__ = [
+    "DiscordSource",
     "GitHubSource",
+    "GitLabSource",
     "Headers",
     "HmacSource",
+    "HubSpotSource",
     "Identity",
+    "LemonSqueezySource",
+    "LinearSource",
+    "MailgunSource",
+    "PaddleSource",
+    "PostmarkSource",
     "Secret",
+    "SendGridSource",
     "ShopifySource",
     "SlackSource",
     "Source",
+    "SquareSource",
     "StandardSource",
     "StripeSource",
+    "TwilioSource",
     "Verified",
+    "ZoomSource",
+    "discord",
     "from_config",
     "github",
+    "gitlab",
     "hmac",
+    "hubspot",
+    "lemonsqueezy",
+    "linear",
+    "mailgun",
+    "paddle",
+    "postmark",
+    "sendgrid",
     "shopify",
     "slack",
+    "square",
     "standard",
     "stripe",
+    "twilio",
+    "zoom",
 ]
 
 PROVIDERS: dict[str, type[Source]] = {
+    "discord": DiscordSource,
     "github": GitHubSource,
+    "gitlab": GitLabSource,
     "hmac": HmacSource,
+    "hubspot": HubSpotSource,
+    "lemonsqueezy": LemonSqueezySource,
+    "linear": LinearSource,
+    "mailgun": MailgunSource,
+    "paddle": PaddleSource,
+    "postmark": PostmarkSource,
+    "sendgrid": SendGridSource,
     "shopify": ShopifySource,
     "slack": SlackSource,
+    "square": SquareSource,
     "standard": StandardSource,
     "stripe": StripeSource,
+    "twilio": TwilioSource,
+    "zoom": ZoomSource,
 }
 
 # Source.__init__ options as they can appear in TOML, with what they must be.

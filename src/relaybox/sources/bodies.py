@@ -153,9 +153,7 @@ def decode_multipart(
 
 def _element(node: Element, depth: int, limits: BodyLimits) -> Any:
     if depth > limits.max_xml_depth:
-        raise MalformedPayload(
-            f"XML is nested deeper than {limits.max_xml_depth}", code="too_deep"
-        )
+        raise MalformedPayload(f"XML is nested deeper than {limits.max_xml_depth}", code="too_deep")
     children = list(node)
     text = (node.text or "").strip()
     if not children and not node.attrib:
