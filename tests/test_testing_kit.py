@@ -52,7 +52,9 @@ async def test_every_provider_through_a_harness(
         again = await harness.deliver(delivery)
         assert 200 <= first.status < 300 and 200 <= again.status < 300, (provider, first)
         rows = await harness.inbox(provider)
-        assert len(rows) == 1, provider
+        # Dropbox notifications have no identity (identical bodies for different
+        # changes): each request is its own event, by design.
+        assert len(rows) == (2 if provider == "dropbox" else 1), provider
         assert rows[0]["payload"] == delivery.body
 
 
