@@ -222,6 +222,13 @@ class Harness:
     _worker: Any = field(default=None, repr=False)
     _dispatcher: Any = field(default=None, repr=False)
 
+    @classmethod
+    def of(cls, box: Relaybox) -> Harness:
+        """A harness around a box the test built itself (its clock must be frozen)."""
+        if not isinstance(box.clock, FrozenClock):
+            raise TypeError("the box needs a FrozenClock: Relaybox(..., clock=FrozenClock())")
+        return cls(box, box.clock)
+
     # -- deliveries ------------------------------------------------------------------
 
     def signed(self, source: str, **options: Any) -> Delivery:
