@@ -4,15 +4,21 @@ handler."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from examples.credits import app as credits
 
-from relaybox import Context, sources
+from relaybox import Context, FrozenClock, Relaybox, sources
+from relaybox.cli import main
 from relaybox.errors import BadSignature
 from relaybox.testing import TEST_SECRETS, Harness, signed_delivery, test_source
+from tests.conftest import Served
 
 NOW = 1_800_000_000.0
 PROVIDERS = sorted(set(sources.PROVIDERS) - {"hmac"})
@@ -137,3 +143,32 @@ async def test_signed_delivery_fixture_and_clock(
     delivery = signed_delivery("stripe", event_type="invoice.paid", now=relaybox_clock.now())
     verified = test_source("stripe").verify(delivery.headers, delivery.body, relaybox_clock.now())
     assert (verified.event_type, verified.event_id) == ("invoice.paid", delivery.event_id)
+
+
+# -- relaybox send-test knows every provider ---------------------------------------------
+
+
+async def test_send_test_reaches_a_receiver_for_every_provider(tmp_path: Path) -> None:
+    lines = [f'database_url = "sqlite:///{tmp_path / "send.db"}"']
+    for provider in PROVIDERS:
+        lines += [f"[sources.{provider}]", f'provider = "{provider}"']
+        lines.append(f"secrets = [{json.dumps(TEST_SECRETS[provider])}]")
+    config = tmp_path / "relaybox.toml"
+    config.write_text("\n".join(lines) + "\n")
+    box = Relaybox(config=config)
+    await box.migrate()
+    runner = CliRunner()
+    try:
+        async with Served(box.receiver) as served:
+            for provider in PROVIDERS:
+                result = await asyncio.to_thread(
+                    runner.invoke,
+                    main,
+                    ["send-test", provider, "--config", str(config), "--url", served.url],
+                )
+                assert result.exit_code == 0, (provider, result.output)
+                assert "-> 200 " in result.output, (provider, result.output)
+        for provider in PROVIDERS:
+            assert len(await Harness(box, FrozenClock(NOW)).inbox(provider)) == 1, provider
+    finally:
+        await box.close()
