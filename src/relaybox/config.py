@@ -22,7 +22,12 @@ from relaybox.outbound.settings import OutboundSettings
 
 __all__ = [
     "AdminSettings",
-    "BodySettings", "RetentionSettings", "Settings", "WorkerSettings", "load_settings"]
+    "BodySettings",
+    "RetentionSettings",
+    "Settings",
+    "WorkerSettings",
+    "load_settings",
+]
 
 
 class WorkerSettings(BaseModel):

@@ -3,15 +3,14 @@ the URL a URL-signing source verifies, and sending an :class:`Answer`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from relaybox.sources.base import Source
 from relaybox.sources.bodies import parse_query
 from relaybox.sources.hooks import Answer, Request
 
 if TYPE_CHECKING:
     from starlette.types import Scope, Send
-
-    from relaybox.sources.base import Source
 
 __all__ = ["handshake", "request_url", "send_answer"]
 
@@ -34,7 +33,7 @@ def request_url(scope: Scope, headers: dict[str, str]) -> str:
 def handshake(source: Source, scope: Scope, headers: dict[str, str], body: bytes) -> Answer | None:
     """Ask ``source`` whether this request is an unsigned handshake (its answer) or
     not (``None``). The query string is parsed within the source's body limits."""
-    if type(source).handshake is _base_handshake():
+    if type(source).handshake is Source.handshake:
         return None  # the common case costs nothing
     query = parse_query(scope.get("query_string", b""), source.body_limits)
     request = Request(
@@ -45,12 +44,6 @@ def handshake(source: Source, scope: Scope, headers: dict[str, str], body: bytes
         body=body,
     )
     return source.handshake(request)
-
-
-def _base_handshake() -> Any:
-    from relaybox.sources.base import Source
-
-    return Source.handshake
 
 
 async def send_answer(send: Send, answer: Answer) -> None:
