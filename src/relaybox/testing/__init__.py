@@ -341,7 +341,7 @@ class Harness:
         self, source: str | None = None, event_id: str | None = None
     ) -> list[dict[str, Any]]:
         """Inbox rows (one per stored event), oldest first."""
-        rows = await self._rows("testing_inbox", source, event_id)
+        rows = await self._rows("testing_inbox_list", source, event_id)
         for row in rows:
             if row["payload"] is not None:
                 row["payload"] = bytes(row["payload"])
@@ -349,11 +349,11 @@ class Harness:
 
     async def business_keys(self, prefix: str | None = None) -> list[str]:
         """Business keys recorded by handlers (``ctx.once``)."""
-        return [r["business_key"] for r in await self._rows("testing_operations", prefix)]
+        return [r["business_key"] for r in await self._rows("testing_operations_list", prefix)]
 
     async def outbox(self, channel: str | None = None) -> list[dict[str, Any]]:
         """Outbox rows: outgoing actions and webhook deliveries."""
-        rows = await self._rows("testing_outbox", channel)
+        rows = await self._rows("testing_outbox_list", channel)
         for row in rows:
             if isinstance(row["payload"], str):
                 row["payload"] = json.loads(row["payload"])
@@ -372,7 +372,8 @@ class Harness:
 
     async def assert_business_key(self, key: str, *, fingerprint: str | None = None) -> None:
         """``key`` was recorded exactly once (with ``fingerprint``, when given)."""
-        rows = [r for r in await self._rows("testing_operations", key) if r["business_key"] == key]
+        found = await self._rows("testing_operations_list", key)
+        rows = [r for r in found if r["business_key"] == key]
         if len(rows) != 1:
             keys = await self.business_keys()
             raise AssertionError(f"business key {key!r} recorded {len(rows)} times; keys: {keys}")
