@@ -1000,3 +1000,104 @@ async def test_bodies_that_do_not_decode_are_400(
         assert await _inbox(box, "bodies") == []
     finally:
         await box.close()
+
+
+# -- variants of the form-encoded providers -------------------------------------------------
+
+
+def test_twilio_sha256_shared_key_and_json_body_hash() -> None:
+    from twilio.request_validator import RequestValidator
+
+    source = sources.twilio(secrets=["shared-key-secret"])
+    url = "https://hooks.example.com/webhooks/twilio?order=7"
+    params = {"AccountSid": "AC1", "CallSid": "CA1", "CallStatus": "completed"}
+    signature = RequestValidator("shared-key-secret").compute_signature(
+        url, params, algorithm="HMAC_SHA256"
+    )
+    headers = {
+        "x-twilio-signature": signature,
+        "x-twilio-webhooks-signature-settings": "key=webhooks_sharedkey_1,algorithm=HMAC_SHA256",
+        "content-type": "application/x-www-form-urlencoded",
+        URL_HEADER: url,
+    }
+    verified = source.verify(headers, urlencode(params).encode(), NOW)
+    assert (verified.event_type, verified.account) == ("call.completed", "AC1")
+    # The same signature read as the default HMAC-SHA1 does not match.
+    with pytest.raises(BadSignature):
+        del headers["x-twilio-webhooks-signature-settings"]
+        source.verify(headers, urlencode(params).encode(), NOW)
+
+    # JSON bodies: the URL carries bodySHA256 and only the URL is signed.
+    body = _compact({"AccountSid": "AC1", "MessageSid": "SM9", "MessageStatus": "sent"})
+    json_url = (
+        "https://hooks.example.com/webhooks/twilio?bodySHA256=" + hashlib.sha256(body).hexdigest()
+    )
+    validator = RequestValidator("shared-key-secret")
+    signature = validator.compute_signature(json_url, {})
+    assert validator.validate(json_url, body.decode(), signature)
+    headers = {
+        "x-twilio-signature": signature,
+        "content-type": "application/json",
+        URL_HEADER: json_url,
+    }
+    assert source.verify(headers, body, NOW).event_type == "message.sent"
+    with pytest.raises(BadSignature):
+        source.verify(headers, body.replace(b"SM9", b"SM8"), NOW)
+
+
+def test_twilio_behind_a_proxy_uses_the_configured_url() -> None:
+    from twilio.request_validator import RequestValidator
+
+    public = "https://api.example.com/hooks/twilio"
+    source = sources.from_config("twilio", {"secrets": ["tok"], "url": public})
+    params = {"AccountSid": "AC1", "MessageSid": "SM1", "SmsStatus": "received"}
+    signature = RequestValidator("tok").compute_signature(public + "?shop=3", params)
+    headers = {
+        "x-twilio-signature": signature,
+        "content-type": "application/x-www-form-urlencoded",
+        URL_HEADER: "http://10.0.0.5:8000/webhooks/twilio?shop=3",  # what the app saw
+    }
+    assert source.verify(headers, urlencode(params).encode(), NOW).event_type == (
+        "message.received"
+    )
+
+
+def test_slack_slash_command_is_a_form() -> None:
+    body = b"token=x&team_id=T1&command=%2Fdeploy&text=prod&trigger_id=13345224609.738474920.8088"
+    ts = str(int(NOW))
+    mac = hmac.new(b"slack-secret", f"v0:{ts}:".encode() + body, hashlib.sha256).hexdigest()
+    headers = {"x-slack-signature": "v0=" + mac, "x-slack-request-timestamp": ts}
+    verified = sources.slack(secrets=["slack-secret"]).verify(headers, body, NOW)
+    assert (verified.event_id, verified.event_type, verified.account) == (
+        "13345224609.738474920.8088",
+        "slash_command",
+        "T1",
+    )
+    assert verified.payload["command"] == "/deploy"
+
+
+def test_mailgun_route_multipart_is_verified_from_its_fields() -> None:
+    timestamp, token = str(int(NOW)), "c0ffee" * 8
+    signature = hmac.new(b"mailgun-key", f"{timestamp}{token}".encode(), hashlib.sha256)
+    fields = {
+        "Message-Id": "<20231114.1@example.com>",
+        "recipient": "orders@example.com",
+        "timestamp": timestamp,
+        "token": token,
+        "signature": signature.hexdigest(),
+    }
+    body = (
+        b"".join(
+            b'--b0\r\nContent-Disposition: form-data; name="%s"\r\n\r\n%s\r\n'
+            % (name.encode(), value.encode())
+            for name, value in fields.items()
+        )
+        + b"--b0--\r\n"
+    )
+    source = sources.mailgun(secrets=["mailgun-key"])
+    headers = {"content-type": "multipart/form-data; boundary=b0"}
+    verified = source.verify(headers, body, NOW)
+    assert (verified.event_id, verified.event_type) == ("<20231114.1@example.com>", "inbound")
+    assert verified.payload["recipient"] == "orders@example.com"
+    with pytest.raises(StaleTimestamp):
+        source.verify(headers, body, NOW + 301)
