@@ -16,7 +16,8 @@ from sqlalchemy import text
 
 from relaybox import Context, FrozenClock, Relaybox
 from relaybox.config import Settings, WorkerSettings
-from tests.support.faultapp import charge_refunded, invoice_paid, post_asgi
+from relaybox.testing import Harness
+from tests.support.faultapp import charge_refunded, invoice_paid
 
 WS = "ws_dev"  # the workspace the dev account maps to
 ACCT = credits.DEV_ACCOUNT
@@ -65,9 +66,12 @@ async def box(database_url: str, clock: FrozenClock) -> AsyncIterator[Relaybox]:
 
 
 async def deliver(box: Relaybox, event: dict[str, Any]) -> str:
-    status, answer = await post_asgi(box, event)
-    assert status == 200, answer
-    return str(answer["status"])
+    """Through the box's receiver with relaybox.testing, signed as Stripe signs."""
+    kit = Harness.of(box)
+    delivery = kit.signed("stripe", event_id=event["id"], event_type=event["type"], payload=event)
+    response = await kit.deliver(delivery)
+    assert response.status == 200, response.body
+    return str(response.outcome)
 
 
 async def rows(box: Relaybox, sql: str, **params: Any) -> list[dict[str, Any]]:

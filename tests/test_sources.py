@@ -721,11 +721,12 @@ def test_slack_app_rate_limited_and_envelope_type() -> None:
     )
 
 
-def test_slack_form_encoded_is_malformed() -> None:
-    body = b"payload=%7B%22type%22%3A%22block_actions%22%7D"
-    with pytest.raises(MalformedPayload) as info:
-        sources.slack(secrets=[SLACK.new]).verify(SLACK.sign(SLACK.new, body, NOW), body, NOW)
-    assert info.value.code == "unsupported_payload"
+def test_slack_form_encoded_interactivity_is_decoded() -> None:
+    # Interactivity is form-encoded (payload=<JSON>): decoded, not refused.
+    body = b"payload=%7B%22type%22%3A%22block_actions%22%2C%22trigger_id%22%3A%22t1%22%7D"
+    source = sources.slack(secrets=[SLACK.new])
+    verified = source.verify(SLACK.sign(SLACK.new, body, NOW), body, NOW)
+    assert (verified.event_type, verified.event_id) == ("block_actions", "t1")
 
 
 def test_slack_missing_event_id() -> None:

@@ -31,6 +31,7 @@ from relaybox.log import short_error
 from relaybox.metrics import Metrics
 from relaybox.receiver import Receiver
 from relaybox.sources.base import Source
+from relaybox.sources.bodies import BodyLimits
 from relaybox.store import AcceptOutcome, NewDelivery, Store, open_store
 from relaybox.worker import Context, Handler, Hooks, Registration, Worker
 
@@ -83,6 +84,12 @@ class Relaybox:
         if not name or "/" in name:
             raise ConfigurationError(f"invalid source name {name!r}")
         source.name = name
+        bodies = self.settings.bodies
+        source.body_limits = BodyLimits(
+            max_fields=bodies.max_fields,
+            max_xml_depth=bodies.max_xml_depth,
+            max_xml_elements=bodies.max_xml_elements,
+        )
         self.sources[name] = source
         return source
 

@@ -255,10 +255,13 @@ def send_test(
     body_time = now if event_id is None else _EXAMPLE_TIME
     event_id = event_id or f"evt_test_{uuid.uuid4().hex[:16]}"
     body = body_file.read() if body_file else source.example(event_type, event_id, body_time)
-    headers = source.sign(body, event_id=event_id, event_type=event_type or "", now=now)
-    headers.setdefault("Content-Type", "application/json")
     base = (url or f"http://{box.settings.host}:{box.settings.port}").rstrip("/")
     target = f"{base}/webhooks/{source_name}"
+    headers = test_headers(source, body, event_id, event_type, now, target)
+    embed = getattr(source, "embed", None)
+    if embed is not None:  # Mailgun, Linear, Adyen: signed fields inside the body
+        body = embed(body, now=now)
+        headers = test_headers(source, body, event_id, event_type, now, target)
     request = urllib.request.Request(target, data=body, headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -270,6 +273,19 @@ def send_test(
         sys.exit(EXIT_FAILED)
     click.echo(f"POST {target} -> {status} {answer.decode(errors='replace')}")
     sys.exit(0 if 200 <= status < 300 else EXIT_FAILED)
+
+
+def test_headers(
+    source: Any, body: bytes, event_id: str, event_type: str | None, now: float, target: str
+) -> dict[str, str]:
+    """The provider's headers for ``body`` sent to ``target`` (URL-signing providers
+    sign it), with a Content-Type (the provider's own, else JSON)."""
+    options: dict[str, Any] = {"event_id": event_id, "event_type": event_type or "", "now": now}
+    if source.signs_url:
+        options["url"] = target
+    headers = {k.lower(): v for k, v in source.sign(body, **options).items()}
+    headers.setdefault("content-type", getattr(source, "content_type", "application/json"))
+    return headers
 
 
 # Body time of send-test examples with a given --event-id (2023-11-14T22:13:20Z).

@@ -22,6 +22,7 @@ from relaybox.outbound.settings import OutboundSettings
 
 __all__ = [
     "AdminSettings",
+    "BodySettings",
     "RetentionSettings",
     "ServerSettings",
     "Settings",
@@ -143,6 +144,20 @@ class RetentionSettings(BaseModel):
     batch: int = Field(1000, ge=1, le=100_000, description="rows purged per transaction")
 
 
+class BodySettings(BaseModel):
+    """Bounds on request bodies that are not JSON (form, multipart, XML) and on the
+    query strings of handshakes (:mod:`relaybox.sources.bodies`). The byte size is
+    each source's ``max_body``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_fields: int = Field(
+        1000, ge=1, le=100_000, description="form fields, multipart parts, query parameters"
+    )
+    max_xml_depth: int = Field(64, ge=1, le=1000, description="nesting depth of an XML body")
+    max_xml_elements: int = Field(100_000, ge=1, description="elements in an XML body")
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -172,6 +187,7 @@ class Settings(BaseModel):
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     outbound: OutboundSettings = Field(default_factory=OutboundSettings)
+    bodies: BodySettings = Field(default_factory=BodySettings)
     sources: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("admin_token")

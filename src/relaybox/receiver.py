@@ -26,6 +26,8 @@ import structlog
 
 from relaybox.errors import PayloadTooLarge, RejectedDelivery, StoreUnavailable
 from relaybox.log import debug_enabled
+from relaybox.sources.hooks import URL_HEADER, Answer
+from relaybox.sources.requests import handshake, request_url, send_answer
 from relaybox.store import NewDelivery
 
 if TYPE_CHECKING:
@@ -64,21 +66,32 @@ class Receiver:
             return
         started = time.perf_counter()
         status, body, extra = await self._handle(scope, receive)
-        await _send_json(send, status, body, extra)
+        if isinstance(body, Answer):
+            await send_answer(send, body)
+        else:
+            await _send_json(send, status, body, extra)
         self.box.metrics.observe_accept(status, time.perf_counter() - started)
 
     async def _handle(
         self, scope: Scope, receive: Receive
-    ) -> tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]:
+    ) -> tuple[int, dict[str, Any] | Answer, list[tuple[bytes, bytes]]]:
         name = _source_name(scope)
         source = self.box.sources.get(name) if name else None
         if source is None:
             return 404, _error("unknown_source", f"no source named {name!r}"), []
-        if scope["method"] != "POST":
-            return 405, _error("method_not_allowed", "use POST"), [(b"allow", b"POST")]
         headers = _headers(scope)
         try:
+            if scope["method"] != "POST":
+                answer = handshake(source, scope, headers, b"")
+                if answer is not None:
+                    return answer.status, answer, []
+                return 405, _error("method_not_allowed", "use POST"), [(b"allow", b"POST")]
             body = await _read_body(receive, headers, source.max_body)
+            answer = handshake(source, scope, headers, body)
+            if answer is not None:
+                return answer.status, answer, []
+            if source.signs_url:
+                headers[URL_HEADER] = request_url(scope, headers)
             now = self.box.clock.now()
             if source.may_offload and source.offload(headers, body):
                 # Public-key checks on a large body: in a thread, so that the loop
@@ -88,6 +101,7 @@ class Receiver:
                 )
             else:
                 verified = source.verify(headers, body, now)
+            answer = source.challenge(verified)
         except RejectedDelivery as exc:
             log.info("delivery_rejected", source=name, status=exc.status, reason=exc.code)
             return exc.status, _error(exc.code, exc.message), []
@@ -98,8 +112,8 @@ class Receiver:
                 _error("internal_error", "the delivery could not be verified"),
                 [(b"retry-after", b"5")],
             )
-        if verified.event_type == "url_verification" and source.provider == "slack":
-            return 200, {"challenge": verified.payload.get("challenge")}, []
+        if answer is not None:
+            return answer.status, answer, []
 
         delivery = NewDelivery(
             source=verified.source,
@@ -134,6 +148,9 @@ class Receiver:
             # per second: debug only. Rejections, errors and processing outcomes log at
             # info and above.
             _key_log(delivery).debug("delivery_" + outcome.status, inbox_id=outcome.inbox_id)
+        answer = source.acknowledge(verified, outcome.status)
+        if answer is not None:
+            return answer.status, answer, []
         return 200, {"status": outcome.status, "event_id": delivery.event_id}, []
 
 

@@ -135,9 +135,15 @@ class Context:
 
     @property
     def payload(self) -> Any:
-        """The delivery's JSON body."""
+        """The delivery's body as its source decodes it: JSON, or a dict for form,
+        multipart and XML bodies (the raw bytes are ``ctx.event.payload``)."""
         if self._payload is None:
-            self._payload = self.event.json()
+            event = self.event
+            source = self.box.sources.get(event.source)
+            if source is None or event.payload is None:
+                self._payload = event.json()
+            else:
+                self._payload = source.decode(event.headers, event.payload)
         return self._payload
 
     @property

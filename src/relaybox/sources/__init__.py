@@ -21,42 +21,138 @@ from collections.abc import Mapping
 from typing import Any
 
 from relaybox.errors import ConfigurationError
+from relaybox.sources.adyen import AdyenSource, adyen
 from relaybox.sources.base import Headers, Identity, Secret, Source, Verified
+from relaybox.sources.bitbucket import BitbucketSource, bitbucket
+from relaybox.sources.calendly import CalendlySource, calendly
+from relaybox.sources.discord import DiscordSource, discord
 from relaybox.sources.github import GitHubSource, github
+from relaybox.sources.gitlab import GitLabSource, gitlab
+from relaybox.sources.handshakes import (
+    DropboxSource,
+    MicrosoftGraphSource,
+    TwitterSource,
+    dropbox,
+    msgraph,
+    twitter,
+)
 from relaybox.sources.hmac import HmacSource, hmac
+from relaybox.sources.hubspot import HubSpotSource, hubspot
+from relaybox.sources.intercom import IntercomSource, intercom
+from relaybox.sources.lemonsqueezy import LemonSqueezySource, lemonsqueezy
+from relaybox.sources.linear import LinearSource, linear
+from relaybox.sources.mailgun import MailgunSource, mailgun
+from relaybox.sources.paddle import PaddleSource, paddle
+from relaybox.sources.postmark import PostmarkSource, postmark
+from relaybox.sources.presets import ClerkSource, ResendSource, clerk, resend
+from relaybox.sources.sendgrid import SendGridSource, sendgrid
 from relaybox.sources.shopify import ShopifySource, shopify
 from relaybox.sources.slack import SlackSource, slack
+from relaybox.sources.square import SquareSource, square
 from relaybox.sources.standard import StandardSource, standard
 from relaybox.sources.stripe import StripeSource, stripe
+from relaybox.sources.twilio import TwilioSource, twilio
+from relaybox.sources.typeform import TypeformSource, typeform
+from relaybox.sources.woocommerce import WooCommerceSource, woocommerce
+from relaybox.sources.zoom import ZoomSource, zoom
 
 __all__ = [
+    "AdyenSource",
+    "BitbucketSource",
+    "CalendlySource",
+    "ClerkSource",
+    "DiscordSource",
+    "DropboxSource",
     "GitHubSource",
+    "GitLabSource",
     "Headers",
     "HmacSource",
+    "HubSpotSource",
     "Identity",
+    "IntercomSource",
+    "LemonSqueezySource",
+    "LinearSource",
+    "MailgunSource",
+    "MicrosoftGraphSource",
+    "PaddleSource",
+    "PostmarkSource",
+    "ResendSource",
     "Secret",
+    "SendGridSource",
     "ShopifySource",
     "SlackSource",
     "Source",
+    "SquareSource",
     "StandardSource",
     "StripeSource",
+    "TwilioSource",
+    "TwitterSource",
+    "TypeformSource",
     "Verified",
+    "WooCommerceSource",
+    "ZoomSource",
+    "adyen",
+    "bitbucket",
+    "calendly",
+    "clerk",
+    "discord",
+    "dropbox",
     "from_config",
     "github",
+    "gitlab",
     "hmac",
+    "hubspot",
+    "intercom",
+    "lemonsqueezy",
+    "linear",
+    "mailgun",
+    "msgraph",
+    "paddle",
+    "postmark",
+    "resend",
+    "sendgrid",
     "shopify",
     "slack",
+    "square",
     "standard",
     "stripe",
+    "twilio",
+    "twitter",
+    "typeform",
+    "woocommerce",
+    "zoom",
 ]
 
 PROVIDERS: dict[str, type[Source]] = {
+    "adyen": AdyenSource,
+    "bitbucket": BitbucketSource,
+    "calendly": CalendlySource,
+    "clerk": ClerkSource,
+    "discord": DiscordSource,
+    "dropbox": DropboxSource,
     "github": GitHubSource,
+    "gitlab": GitLabSource,
     "hmac": HmacSource,
+    "hubspot": HubSpotSource,
+    "intercom": IntercomSource,
+    "lemonsqueezy": LemonSqueezySource,
+    "linear": LinearSource,
+    "mailgun": MailgunSource,
+    "msgraph": MicrosoftGraphSource,
+    "paddle": PaddleSource,
+    "postmark": PostmarkSource,
+    "resend": ResendSource,
+    "sendgrid": SendGridSource,
     "shopify": ShopifySource,
     "slack": SlackSource,
+    "square": SquareSource,
     "standard": StandardSource,
     "stripe": StripeSource,
+    "twilio": TwilioSource,
+    "twitter": TwitterSource,
+    "typeform": TypeformSource,
+    "woocommerce": WooCommerceSource,
+    "zoom": ZoomSource,
 }
 
 # Source.__init__ options as they can appear in TOML, with what they must be.

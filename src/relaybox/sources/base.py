@@ -34,6 +34,8 @@ from relaybox.errors import (
     MalformedPayload,
     StaleTimestamp,
 )
+from relaybox.sources.bodies import DEFAULT_LIMITS, BodyLimits
+from relaybox.sources.hooks import Answer, Request
 
 __all__ = [
     "DEFAULT_MAX_BODY",
@@ -255,6 +257,10 @@ class Source:
     is_json: ClassVar[bool] = True
     may_offload: bool = False
     """Whether :meth:`offload` can ever be true (the receiver asks only then)."""
+    signs_url: ClassVar[bool] = False
+    """The scheme signs the request URL: the receiver passes it as ``headers[":url"]``."""
+    body_limits: BodyLimits = DEFAULT_LIMITS
+    """Bounds on non-JSON bodies; :meth:`Relaybox.source` sets the configured ones."""
 
     def __init__(
         self,
@@ -369,7 +375,7 @@ class Source:
         if check_time is None:
             check_time = self.verify_timestamp
         secret, ts = self.authenticate(headers, body, now, check_time)
-        payload = self.parse(body)
+        payload = self.decode(headers, body)
         ident = self.identify(headers, payload)
         if not ident.event_id:
             raise MalformedPayload("delivery has no event id", code="missing_event_id")
@@ -494,3 +500,27 @@ class Source:
             "ignore_types": list(self.ignore_types),
             "inline": self.inline,
         }
+
+    # -- bodies and answers (relaybox.sources.bodies, relaybox.sources.hooks) ---
+
+    def decode(self, headers: Headers, body: bytes) -> Any:
+        """The payload a handler sees. JSON by default (:meth:`parse`); a provider
+        that sends form, multipart or XML bodies decodes them here to a dict. The
+        raw ``body`` is still what is stored and fingerprinted."""
+        return self.parse(body)
+
+    def handshake(self, request: Request) -> Answer | None:
+        """Answer an unsigned verification challenge, before any signature check;
+        ``None`` for an ordinary delivery. Nothing is stored for a handshake."""
+        return None
+
+    def challenge(self, verified: Verified) -> Answer | None:
+        """Answer a signed verification challenge (its signature matched); ``None``
+        for an ordinary delivery. Nothing is stored for a challenge."""
+        return None
+
+    def acknowledge(self, verified: Verified, status: str) -> Answer | None:
+        """The 2xx answer the provider expects once the delivery is committed
+        (``status``: accepted, duplicate, quarantined, ignored); ``None``: relaybox's
+        JSON ``{"status", "event_id"}``."""
+        return None

@@ -8,6 +8,12 @@ template is split around ``{body}`` at configuration time and the raw body bytes
 are fed between the encoded literal parts: the body is never decoded, parsed or
 re-serialised before verification. ``{{``/``}}`` stand for literal braces.
 
+``format``: how the body is decoded for ``id_path``/``type_path`` and handlers:
+``json`` (default), ``form`` (``application/x-www-form-urlencoded``), ``multipart``
+(``multipart/form-data``), ``xml``, or ``auto`` (by the request's Content-Type).
+Paths read form fields by name and XML as the dict :mod:`relaybox.sources.bodies`
+builds (``Envelope.Order.@id``). The signature is always over the raw bytes.
+
 ``timestamp_header`` (optional): when set, the timestamp is required and checked
 against ``tolerance`` in both directions. Integer seconds; values above 10**12 are
 taken as milliseconds. ``{timestamp}`` in the template is that header's text as
@@ -36,6 +42,7 @@ from hmac import compare_digest
 from hmac import new as hmac_new
 from string import Formatter
 from typing import Any
+from urllib.parse import urlencode
 
 from relaybox.errors import (
     BadSignature,
@@ -53,6 +60,7 @@ from relaybox.sources.base import (
     parse_int_timestamp,
     shared_key,
 )
+from relaybox.sources.bodies import FORMATS, decode
 
 __all__ = ["HmacSource", "hmac"]
 
@@ -129,10 +137,16 @@ class HmacSource(Source):
         timestamp_header: str | None = None,
         type_path: str = "type",
         account_path: str | None = None,
+        format: str = "json",
         secrets: Iterable[Secret | str] | Secret | str = (),
         **options: Any,
     ) -> None:
         super().__init__(secrets=secrets, **options)
+        if format not in FORMATS:
+            raise ConfigurationError(
+                f"hmac source: format must be one of {', '.join(FORMATS)}, not {format!r}"
+            )
+        self.format = format
         for name, value in (
             ("header", header),
             ("id_path", id_path),
@@ -214,6 +228,11 @@ class HmacSource(Source):
 
     # -- Source hooks ---------------------------------------------------------
 
+    def decode(self, headers: Headers, body: bytes) -> Any:
+        if self.format == "json":
+            return self.parse(body)
+        return decode(self.format, headers, body, self.body_limits, parse_json=self.parse)
+
     def authenticate(
         self, headers: Headers, body: bytes, now: float, check_time: bool
     ) -> tuple[Secret, float | None]:
@@ -285,6 +304,8 @@ class HmacSource(Source):
         }
         if self.timestamp_header is not None:
             headers[self.timestamp_header.lower()] = timestamp
+        if self.format == "form":
+            headers["content-type"] = "application/x-www-form-urlencoded"
         # Whatever identity is read from headers has to be sent in headers.
         for path, value in (
             (self.id_path, event_id),
@@ -306,6 +327,13 @@ class HmacSource(Source):
         ):
             if path is not None and _header_name(path) is None:
                 _put(document, path, value)
+        if self.format == "form":
+            flat = {k: v for k, v in document.items() if not isinstance(v, dict)}
+            return urlencode(flat).encode()
+        if self.format in ("xml", "multipart"):
+            raise ConfigurationError(
+                f"hmac source: no example body for format {self.format!r}; send your own"
+            )
         return json.dumps(document, separators=(",", ":")).encode()
 
     def describe(self) -> dict[str, Any]:
@@ -321,6 +349,7 @@ class HmacSource(Source):
             type_path=self.type_path,
             account_path=self.account_path,
             fingerprint_path=self.fingerprint_path,
+            format=self.format,
         )
         return described
 
@@ -337,6 +366,7 @@ def hmac(
     timestamp_header: str | None = None,
     type_path: str = "type",
     account_path: str | None = None,
+    format: str = "json",
     **options: Any,
 ) -> HmacSource:
     """A generic HMAC source (see the module docstring for every option).
@@ -352,5 +382,6 @@ def hmac(
         timestamp_header=timestamp_header,
         type_path=type_path,
         account_path=account_path,
+        format=format,
         **options,
     )

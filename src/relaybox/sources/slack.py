@@ -15,11 +15,22 @@ Two envelopes carry no ``event_id``; they get a synthetic, stable one instead of
 being refused:
 
 * ``url_verification`` (the endpoint handshake): ``"url_verification:" + challenge``,
-  type ``url_verification``. Answering the challenge is the receiver's job.
+  type ``url_verification``. The source answers it (:meth:`SlackSource.challenge`:
+  ``{"challenge": ...}``) once the signature matched, and nothing is stored.
 * ``app_rate_limited``: ``"app_rate_limited:{team_id}:{minute_rate_limited}"``.
 
-Form-encoded payloads (interactivity, slash commands) are out of scope and
-refused as malformed.
+Form-encoded requests, signed the same way, are decoded to a dict:
+
+* interactivity (``payload=<JSON>``): the handler sees the JSON inside ``payload``;
+  the type is its ``type`` (``block_actions``, ``view_submission``, ``shortcut``,
+  ...), the account ``team.id``, and the id its ``trigger_id`` (unique per user
+  interaction, the same on a resend); without one, ``"sha256:" + hex`` of the
+  canonical JSON of the payload;
+* slash commands (``command=/deploy&text=...``): the form fields; type
+  ``slash_command``, account ``team_id``, id ``trigger_id``.
+
+Both are answered with an empty 200 (Slack shows nothing and expects the app to
+follow up through ``response_url`` or the API).
 """
 
 from __future__ import annotations
@@ -36,10 +47,14 @@ from relaybox.sources.base import (
     Identity,
     Secret,
     Source,
+    Verified,
+    canonical_json,
     check_timestamp,
     parse_int_timestamp,
     shared_key,
 )
+from relaybox.sources.bodies import decode_form
+from relaybox.sources.hooks import Answer
 
 __all__ = ["SlackSource", "slack"]
 
@@ -88,21 +103,23 @@ class SlackSource(Source):
             check_timestamp(timestamp, now, self.tolerance)
         return secret, float(timestamp)
 
-    def parse(self, body: bytes) -> Any:
-        try:
-            return super().parse(body)
-        except MalformedPayload:
-            if body.lstrip()[:1] not in (b"{", b"["):
-                raise MalformedPayload(
-                    "only Slack Events API JSON is supported, not form-encoded payloads "
-                    "(interactivity, slash commands)",
-                    code="unsupported_payload",
-                ) from None
-            raise
+    def decode(self, headers: Headers, body: bytes) -> Any:
+        if body.lstrip()[:1] in (b"{", b"["):
+            return self.parse(body)
+        fields = decode_form(body, self.body_limits)
+        inner = fields.get("payload")
+        if isinstance(inner, str):
+            payload = self.parse(inner.encode("utf-8"))
+            if not isinstance(payload, dict):
+                raise MalformedPayload("Slack payload= must be a JSON object")
+            return payload
+        return fields
 
     def identify(self, headers: Headers, payload: Any) -> Identity:
         if not isinstance(payload, Mapping):
             raise MalformedPayload("Slack payload must be a JSON object")
+        if not _events_api(payload):
+            return _form_identity(payload)
         envelope_type = _text(payload.get("type"))
         team = _text(payload.get("team_id"))
         if envelope_type == "url_verification":
@@ -126,6 +143,17 @@ class SlackSource(Source):
         if event_type is None:
             raise MalformedPayload('Slack payload has no "type"', code="missing_event_type")
         return Identity(event_id=event_id, event_type=event_type, account=team)
+
+    def challenge(self, verified: Verified) -> Answer | None:
+        payload = verified.payload
+        if verified.event_type == "url_verification" and isinstance(payload, Mapping):
+            return Answer.json({"challenge": payload.get("challenge")})
+        return None
+
+    def acknowledge(self, verified: Verified, status: str) -> Answer | None:
+        if isinstance(verified.payload, Mapping) and not _events_api(verified.payload):
+            return Answer(200, b"", "text/plain")
+        return None
 
     def sign(
         self,
@@ -162,6 +190,32 @@ class SlackSource(Source):
                 "event_time": int(now),
             }
         return json.dumps(payload, separators=(",", ":")).encode()
+
+
+_ENVELOPES = frozenset({"event_callback", "url_verification", "app_rate_limited"})
+
+
+def _events_api(payload: Mapping[str, Any]) -> bool:
+    """An Events API envelope (JSON), as opposed to an interactivity payload or a
+    slash command (form-encoded)."""
+    return payload.get("type") in _ENVELOPES or "event_id" in payload
+
+
+def _form_identity(payload: Any) -> Identity:
+    fallback = "sha256:" + hashlib.sha256(canonical_json(payload)).hexdigest()
+    trigger = _text(payload.get("trigger_id"))
+    if "command" in payload and "type" not in payload:
+        return Identity(
+            event_id=trigger or fallback,
+            event_type="slash_command",
+            account=_text(payload.get("team_id")),
+        )
+    team = payload.get("team")
+    account = _text(team.get("id")) if isinstance(team, Mapping) else None
+    event_type = _text(payload.get("type"))
+    if event_type is None:
+        raise MalformedPayload('Slack payload has no "type"', code="missing_event_type")
+    return Identity(event_id=trigger or fallback, event_type=event_type, account=account)
 
 
 def slack(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> SlackSource:

@@ -1,0 +1,85 @@
+"""Standard Webhooks senders, as presets of :mod:`relaybox.sources.standard`.
+
+Clerk and Resend deliver through Svix: the Standard Webhooks scheme under
+``svix-id``/``svix-timestamp``/``svix-signature`` (``v1,<base64 HMAC-SHA256>`` of
+``{id}.{timestamp}.{body}``, secret ``whsec_...``). Everything — headers, tolerance,
+the event id (``svix-id``, the same on retries), the type (``type``) — is the
+``standard`` source's; a preset only names the provider, signs test deliveries with
+the ``svix-*`` names, and gives ``send-test`` an example of that provider's envelope.
+Any other Standard Webhooks or Svix sender works with ``provider = "standard"``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from relaybox.sources.base import Secret
+from relaybox.sources.standard import StandardSource
+
+__all__ = ["ClerkSource", "ResendSource", "clerk", "resend"]
+
+
+class _SvixPreset(StandardSource):
+    default_type: ClassVar[str] = "test.event"
+
+    def sign(
+        self,
+        body: bytes,
+        *,
+        event_id: str,
+        event_type: str,
+        now: float,
+        secret: Secret | None = None,
+    ) -> dict[str, str]:
+        headers = super().sign(
+            body, event_id=event_id, event_type=event_type, now=now, secret=secret
+        )
+        return {"svix" + name[len("webhook") :]: value for name, value in headers.items()}
+
+    def envelope(self, event_type: str, event_id: str, now: float) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
+        document = self.envelope(event_type or self.default_type, event_id, now)
+        return json.dumps(document, separators=(",", ":")).encode()
+
+
+class ClerkSource(_SvixPreset):
+    """Clerk (via Svix)."""
+
+    provider = "clerk"
+    default_type = "user.created"
+
+    def envelope(self, event_type: str, event_id: str, now: float) -> dict[str, Any]:
+        return {
+            "data": {"id": f"user_{event_id}", "object": "user"},
+            "object": "event",
+            "type": event_type,
+            "timestamp": int(now * 1000),
+        }
+
+
+class ResendSource(_SvixPreset):
+    """Resend (via Svix)."""
+
+    provider = "resend"
+    default_type = "email.delivered"
+
+    def envelope(self, event_type: str, event_id: str, now: float) -> dict[str, Any]:
+        return {
+            "type": event_type,
+            "created_at": "2023-11-14T22:13:20.000Z",
+            "data": {"email_id": event_id, "to": ["alice@example.com"]},
+        }
+
+
+def clerk(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> ClerkSource:
+    """A Clerk source; ``secrets`` are signing secrets (``whsec_...``)."""
+    return ClerkSource(secrets=secrets, **options)
+
+
+def resend(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> ResendSource:
+    """A Resend source; ``secrets`` are signing secrets (``whsec_...``)."""
+    return ResendSource(secrets=secrets, **options)

@@ -1,0 +1,164 @@
+"""SendGrid (Twilio SendGrid) signed Event Webhook: ECDSA P-256 with a public key.
+
+Headers: ``X-Twilio-Email-Event-Webhook-Signature`` (base64 of a DER ECDSA
+signature) and ``X-Twilio-Email-Event-Webhook-Timestamp``. What is signed:
+``timestamp + body`` (the header's text, then the raw body), SHA-256, as the
+``sendgrid`` package's ``EventWebhook.verify_signature`` checks it. The secret is the
+verification key shown in SendGrid's Mail Settings (base64 DER public key; a PEM
+block works too). ``private:<base64 DER PKCS#8 key>`` signs (tests, ``send-test``)
+and verifies with its public half.
+
+The timestamp is checked against ``tolerance`` in both directions.
+
+The body is a JSON array of events, each with its own ``sg_event_id``. A request
+with one event is stored under that id; a batch under ``"batch:" + sha256`` of its
+sorted ``sg_event_id`` values (a retried batch holds the same events, so the same
+key). The type is the events' ``event`` when they share one, else ``batch``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from relaybox.errors import ConfigurationError, MalformedPayload
+from relaybox.sources.base import (
+    Headers,
+    Identity,
+    Secret,
+    Source,
+    check_timestamp,
+    parse_int_timestamp,
+)
+from relaybox.sources.kit import PRIVATE_PREFIX, require_header, text, unb64
+
+__all__ = ["SendGridSource", "sendgrid"]
+
+_SIGNATURE = "x-twilio-email-event-webhook-signature"
+_TIMESTAMP = "x-twilio-email-event-webhook-timestamp"
+
+
+def _load(secret: Secret) -> tuple[ec.EllipticCurvePublicKey, ec.EllipticCurvePrivateKey | None]:
+    value = secret.value.strip()
+    try:
+        if value.startswith(PRIVATE_PREFIX):
+            raw = base64.b64decode(value[len(PRIVATE_PREFIX) :], validate=True)
+            private = serialization.load_der_private_key(raw, password=None)
+            if not isinstance(private, ec.EllipticCurvePrivateKey):
+                raise ValueError("not an EC key")
+            return private.public_key(), private
+        if value.startswith("-----BEGIN"):
+            public = serialization.load_pem_public_key(value.encode())
+        else:
+            public = serialization.load_der_public_key(base64.b64decode(value, validate=True))
+    except (ValueError, TypeError):
+        raise ConfigurationError(
+            "sendgrid source: secret must be the base64 verification key (or private:<key>)"
+        ) from None
+    if not isinstance(public, ec.EllipticCurvePublicKey):
+        raise ConfigurationError("sendgrid source: the verification key is not an EC key")
+    return public, None
+
+
+class SendGridSource(Source):
+    """SendGrid's signed Event Webhook."""
+
+    provider = "sendgrid"
+
+    def __init__(
+        self, *, secrets: Iterable[Secret | str] | Secret | str = (), **options: Any
+    ) -> None:
+        self._keys: dict[Secret, Any] = {}
+        super().__init__(secrets=secrets, **options)
+
+    def check_secret(self, secret: Secret) -> None:
+        self._keys[secret] = _load(secret)
+
+    def authenticate(
+        self, headers: Headers, body: bytes, now: float, check_time: bool
+    ) -> tuple[Secret, float | None]:
+        given = unb64(
+            require_header(headers, _SIGNATURE, "X-Twilio-Email-Event-Webhook-Signature"),
+            "signature",
+        )
+        raw_timestamp = (headers.get(_TIMESTAMP) or "").strip()
+        timestamp = parse_int_timestamp(raw_timestamp, "X-Twilio-Email-Event-Webhook-Timestamp")
+        content = raw_timestamp.encode() + body
+
+        def matches(secret: Secret) -> bool:
+            public = self._keys[secret][0]
+            try:
+                public.verify(given, content, ec.ECDSA(hashes.SHA256()))
+            except InvalidSignature:
+                return False
+            return True
+
+        secret = self.try_secrets(matches)
+        if check_time:
+            check_timestamp(timestamp, now, self.tolerance)
+        return secret, float(timestamp)
+
+    def identify(self, headers: Headers, payload: Any) -> Identity:
+        if not isinstance(payload, list) or not payload:
+            raise MalformedPayload("SendGrid payload must be a non-empty JSON array of events")
+        ids: list[str] = []
+        types: set[str] = set()
+        for event in payload:
+            event_id = text(event.get("sg_event_id")) if isinstance(event, Mapping) else None
+            if event_id is None:
+                raise MalformedPayload('a SendGrid event has no "sg_event_id"')
+            ids.append(event_id)
+            types.add(text(event.get("event")) or "")
+        event_type = types.pop() if len(types) == 1 else "batch"
+        if len(ids) == 1:
+            return Identity(event_id=ids[0], event_type=event_type or "batch")
+        joined = ",".join(sorted(ids)).encode()
+        return Identity(
+            event_id="batch:" + hashlib.sha256(joined).hexdigest(),
+            event_type=event_type or "batch",
+        )
+
+    def sign(
+        self,
+        body: bytes,
+        *,
+        event_id: str,
+        event_type: str,
+        now: float,
+        secret: Secret | None = None,
+    ) -> dict[str, str]:
+        private = self._keys[secret or self.secrets[0]][1]
+        if private is None:
+            raise ConfigurationError("sendgrid source: signing needs a private:<key> secret")
+        timestamp = str(int(now))
+        signature = private.sign(timestamp.encode() + body, ec.ECDSA(hashes.SHA256()))
+        return {
+            _SIGNATURE: base64.b64encode(signature).decode(),
+            _TIMESTAMP: timestamp,
+            "content-type": "application/json",
+        }
+
+    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
+        events = [
+            {
+                "email": "alice@example.com",
+                "timestamp": int(now),
+                "event": event_type or "delivered",
+                "sg_event_id": event_id,
+                "sg_message_id": "relaybox-test.filter0001.1.0",
+                "smtp-id": "<relaybox-test@example.com>",
+            }
+        ]
+        return json.dumps(events, separators=(",", ":")).encode()
+
+
+def sendgrid(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> SendGridSource:
+    """A SendGrid Event Webhook source; ``secrets`` are verification (public) keys."""
+    return SendGridSource(secrets=secrets, **options)

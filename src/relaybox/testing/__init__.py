@@ -1,0 +1,465 @@
+"""A test kit for handlers: signed deliveries for every provider, a box on SQLite with a
+frozen clock, the worker and dispatcher a step at a time, and assertions on what was
+stored.
+
+Installed as a pytest plugin (entry point ``pytest11``), it gives every test the
+fixtures ``signed_delivery``, ``relaybox_clock`` and ``relaybox_harness``::
+
+    async def test_grant(relaybox_harness):
+        box = await relaybox_harness(credits.configure, setup=credits.setup)
+        await box.send("stripe", event_type="invoice.paid", payload=invoice_event)
+        assert await box.run_worker() == 1
+        await box.assert_business_key("stripe:acct_1:in_1:initial-credit-grant")
+        await box.assert_outbox("email", count=1)
+
+Deliveries go through the box's real receiver (signature, tenant mapping, the inbox's
+unique key) in process, without a socket; nothing runs in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from relaybox.app import Relaybox
+from relaybox.clock import FrozenClock
+from relaybox.config import Settings
+from relaybox.sources import PROVIDERS, from_config
+from relaybox.sources.base import Secret, Source
+from relaybox.sources.kit import DEFAULT_URL, PRIVATE_PREFIX
+
+__all__ = [
+    "TEST_SECRETS",
+    "Delivery",
+    "Harness",
+    "Response",
+    "signed_delivery",
+    "test_source",
+]
+
+TEST_START = 1_800_000_000.0
+"""Where a test's :class:`FrozenClock` starts (2027-01-15T08:00:00Z)."""
+
+
+def _sendgrid_test_key() -> str:
+    # A fixed P-256 key, so test configurations can be written down.
+    private = ec.derive_private_key(0x5E1D6A1D_7E57_0001, ec.SECP256R1())
+    der = private.private_bytes(
+        serialization.Encoding.DER,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return PRIVATE_PREFIX + base64.b64encode(der).decode()
+
+
+TEST_SECRETS: dict[str, str] = {
+    "adyen": "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056",
+    "bitbucket": "relaybox-test-bitbucket",
+    "calendly": "relaybox-test-calendly",
+    "clerk": "whsec_" + base64.b64encode(b"relaybox-test-clerk-signing-key!").decode(),
+    "discord": PRIVATE_PREFIX + "11" * 32,
+    "dropbox": "relaybox-test-dropbox",
+    "github": "relaybox-test-github",
+    "gitlab": "relaybox-test-gitlab",
+    "hubspot": "relaybox-test-hubspot",
+    "intercom": "relaybox-test-intercom",
+    "lemonsqueezy": "relaybox-test-lemonsqueezy",
+    "linear": "relaybox-test-linear",
+    "mailgun": "relaybox-test-mailgun",
+    "msgraph": "relaybox-test-client-state",
+    "paddle": "pdl_ntfset_relaybox_test",
+    "postmark": "relaybox:test-password",
+    "resend": "whsec_" + base64.b64encode(b"relaybox-test-resend-signing-key").decode(),
+    "sendgrid": _sendgrid_test_key(),
+    "shopify": "relaybox-test-shopify",
+    "slack": "relaybox-test-slack",
+    "square": "relaybox-test-square",
+    "standard": "whsec_" + base64.b64encode(b"relaybox-test-standard-webhooks!").decode(),
+    "stripe": "whsec_relaybox_test",
+    "twilio": "relaybox-test-twilio",
+    "twitter": "relaybox-test-twitter",
+    "typeform": "relaybox-test-typeform",
+    "woocommerce": "relaybox-test-woocommerce",
+    "zoom": "relaybox-test-zoom",
+}
+"""The secret :func:`test_source` configures for each provider (public-key providers
+get a private key, so that the kit can sign)."""
+
+
+def test_source(provider: str, **options: Any) -> Source:
+    """A source of ``provider`` with its :data:`TEST_SECRETS` secret (``secrets=`` to
+    use others) and any other option (``hmac`` needs its own: ``header``, ``id_path``)."""
+    if provider not in PROVIDERS:
+        raise ValueError(f"unknown provider {provider!r}; expected one of: {', '.join(PROVIDERS)}")
+    if "secrets" not in options and "secret" not in options:
+        if provider not in TEST_SECRETS:
+            raise ValueError(f"{provider}: give secrets= (no test secret for it)")
+        options["secrets"] = [TEST_SECRETS[provider]]
+    source = from_config(provider, options)
+    source.name = provider
+    return source
+
+
+test_source.__test__ = False  # type: ignore[attr-defined]  # not a test for pytest
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A signed request: what a provider would POST to ``/webhooks/{source}``."""
+
+    source: str
+    headers: dict[str, str]
+    body: bytes
+    event_id: str
+    event_type: str
+    url: str
+
+    def tampered(self) -> Delivery:
+        """The same request with the body's last byte changed (the signature no longer
+        matches, for providers that sign the body)."""
+        last = self.body[-1:]
+        changed = b" " if last != b" " else b"\n"
+        return Delivery(
+            self.source,
+            self.headers,
+            self.body[:-1] + changed,
+            self.event_id,
+            self.event_type,
+            self.url,
+        )
+
+
+def _encode(source: Source, payload: Any) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, str):
+        return payload.encode("utf-8")
+    if getattr(source, "content_type", "") == "application/x-www-form-urlencoded":
+        return urlencode(payload, doseq=True).encode()
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def signed_delivery(
+    source: str | Source,
+    *,
+    event_type: str | None = None,
+    payload: Any = None,
+    event_id: str | None = None,
+    now: float | None = None,
+    secret: Secret | str | None = None,
+    url: str | None = None,
+) -> Delivery:
+    """A delivery signed the way the provider signs it.
+
+    ``source`` is a configured :class:`Source` (a box's, to be accepted by it) or a
+    provider name (then :func:`test_source` makes one). ``payload`` is the body: a
+    dict or list (JSON, or form fields for form-encoded providers), ``bytes`` as
+    they are, or ``None`` for the provider's example event of ``event_type``.
+    ``now`` is the signing time (default: the real clock; pass the box's
+    ``clock.now()`` for a frozen one). ``url`` is where it is sent (for providers
+    that sign the URL; default ``http://127.0.0.1:8000/webhooks/{name}``).
+    """
+    if isinstance(source, str):
+        source = test_source(source)
+    if isinstance(secret, str):
+        secret = Secret(secret)
+    now = time.time() if now is None else now
+    event_id = event_id or f"evt_test_{uuid.uuid4().hex[:16]}"
+    body = (
+        source.example(event_type, event_id, now) if payload is None else _encode(source, payload)
+    )
+    embed = getattr(source, "embed", None)
+    if embed is not None:  # signature or send time inside the body (Mailgun, Linear, Adyen)
+        body = embed(body, now=now, secret=secret)
+    target = url or DEFAULT_URL.format(name=source.name)
+    options: dict[str, Any] = {"event_id": event_id, "event_type": event_type or "", "now": now}
+    if secret is not None:
+        options["secret"] = secret
+    if source.signs_url:
+        options["url"] = target
+    headers = {k.lower(): v for k, v in source.sign(body, **options).items()}
+    headers.setdefault("content-type", getattr(source, "content_type", "application/json"))
+    return Delivery(source.name, headers, body, event_id, event_type or "", target)
+
+
+@dataclass(frozen=True)
+class Response:
+    """The receiver's answer."""
+
+    status: int
+    body: bytes
+    content_type: str
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def outcome(self) -> str | None:
+        """``accepted``, ``duplicate``, ``quarantined``, ``ignored`` (or ``None``)."""
+        if not self.content_type.startswith("application/json"):
+            return None
+        answer = self.json()
+        return answer.get("status") if isinstance(answer, dict) else None
+
+
+@dataclass
+class Harness:
+    """A box under test: deliveries in, worker and dispatcher steps, assertions."""
+
+    box: Relaybox
+    clock: FrozenClock
+    _worker: Any = field(default=None, repr=False)
+    _dispatcher: Any = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, box: Relaybox) -> Harness:
+        """A harness around a box the test built itself (its clock must be frozen)."""
+        if not isinstance(box.clock, FrozenClock):
+            raise TypeError("the box needs a FrozenClock: Relaybox(..., clock=FrozenClock())")
+        return cls(box, box.clock)
+
+    # -- deliveries ------------------------------------------------------------------
+
+    def signed(self, source: str, **options: Any) -> Delivery:
+        """:func:`signed_delivery` for the box's source named ``source``, at the
+        box's clock."""
+        found = self.box.sources.get(source)
+        if found is None:
+            raise KeyError(
+                f"no source named {source!r} (configured: {', '.join(self.box.sources)})"
+            )
+        options.setdefault("now", self.clock.now())
+        return signed_delivery(found, **options)
+
+    async def deliver(self, delivery: Delivery, *, method: str = "POST") -> Response:
+        """POST ``delivery`` through the box's receiver, in process."""
+        return await self.request(
+            delivery.url, method=method, headers=delivery.headers, body=delivery.body
+        )
+
+    async def send(self, source: str, **options: Any) -> Response:
+        """Sign (:meth:`signed`) and deliver; the answer must be a 2xx."""
+        response = await self.deliver(self.signed(source, **options))
+        if not 200 <= response.status < 300:
+            raise AssertionError(f"{source}: {response.status} {response.body!r}")
+        return response
+
+    async def request(
+        self,
+        url: str,
+        *,
+        method: str = "POST",
+        headers: Mapping[str, str] | None = None,
+        body: bytes = b"",
+    ) -> Response:
+        """Any request to the receiver (``url``: ``http://host/webhooks/{source}?...``)."""
+        scheme, _, rest = url.partition("://")
+        host, _, target = rest.partition("/")
+        path, _, query = ("/" + target).partition("?")
+        sent_headers = {"host": host, **{k.lower(): v for k, v in (headers or {}).items()}}
+        sent_headers["content-length"] = str(len(body))
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": scheme,
+            "path": path,
+            "raw_path": path.encode(),
+            "root_path": "",
+            "query_string": query.encode(),
+            "headers": [
+                (k.encode("latin-1"), v.encode("latin-1")) for k, v in sent_headers.items()
+            ],
+            "server": ("127.0.0.1", 8000),
+        }
+        pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> MutableMapping[str, Any]:
+            if pending:
+                return pending.pop()
+            await asyncio.Event().wait()  # the receiver never reads past the body
+            return {"type": "http.disconnect"}
+
+        messages: list[dict[str, Any]] = []
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            messages.append(dict(message))
+
+        await self.box.receiver(scope, receive, send)
+        start, payload = messages[0], messages[1]
+        content_type = dict(start["headers"]).get(b"content-type", b"").decode()
+        return Response(start["status"], payload.get("body", b""), content_type)
+
+    # -- steps ------------------------------------------------------------------------
+
+    async def run_worker(self) -> int:
+        """One worker step: claim the due inbox rows and run their handlers; returns
+        how many were claimed."""
+        if self._worker is None:
+            self._worker = self.box.worker()
+        return int(await self._worker.run_once())
+
+    async def drain_worker(self, *, max_steps: int = 100) -> int:
+        """Worker steps until nothing is due now; returns the rows processed."""
+        total = 0
+        for _ in range(max_steps):
+            count = await self.run_worker()
+            if count == 0:
+                return total
+            total += count
+        raise AssertionError(f"the worker still had due rows after {max_steps} steps")
+
+    async def run_dispatcher(self) -> int:
+        """One dispatcher step: lease due outbox rows and deliver them."""
+        if self._dispatcher is None:
+            self._dispatcher = self.box.dispatcher()
+        return int(await self._dispatcher.run_once())
+
+    def advance(self, seconds: float) -> None:
+        """Move the frozen clock (retries come due, tolerances pass)."""
+        self.clock.advance(seconds)
+
+    # -- what was stored --------------------------------------------------------------
+
+    async def _rows(self, name: str, *params: Any) -> list[dict[str, Any]]:
+        store = self.box.store
+        return await store.fetch_all(store.q[name], params)
+
+    async def inbox(
+        self, source: str | None = None, event_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Inbox rows (one per stored event), oldest first."""
+        rows = await self._rows("testing_inbox_list", source, event_id)
+        for row in rows:
+            if row["payload"] is not None:
+                row["payload"] = bytes(row["payload"])
+        return rows
+
+    async def business_keys(self, prefix: str | None = None) -> list[str]:
+        """Business keys recorded by handlers (``ctx.once``)."""
+        return [r["business_key"] for r in await self._rows("testing_operations_list", prefix)]
+
+    async def outbox(self, channel: str | None = None) -> list[dict[str, Any]]:
+        """Outbox rows: outgoing actions and webhook deliveries."""
+        rows = await self._rows("testing_outbox_list", channel)
+        for row in rows:
+            if isinstance(row["payload"], str):
+                row["payload"] = json.loads(row["payload"])
+        return rows
+
+    async def dead_letters(self, source: str | None = None) -> list[dict[str, Any]]:
+        """Inbox rows in dead letters."""
+        return [r for r in await self.inbox(source) if r["status"] == "dead"]
+
+    async def deliveries(self, *, status: str | None = None) -> list[dict[str, Any]]:
+        """Outbound webhook deliveries (outbox rows of the ``webhook`` channel)."""
+        rows = await self.outbox("webhook")
+        return [r for r in rows if status is None or r["status"] == status]
+
+    # -- assertions -------------------------------------------------------------------
+
+    async def assert_business_key(self, key: str, *, fingerprint: str | None = None) -> None:
+        """``key`` was recorded exactly once (with ``fingerprint``, when given)."""
+        found = await self._rows("testing_operations_list", key)
+        rows = [r for r in found if r["business_key"] == key]
+        if len(rows) != 1:
+            keys = await self.business_keys()
+            raise AssertionError(f"business key {key!r} recorded {len(rows)} times; keys: {keys}")
+        if fingerprint is not None and rows[0]["fingerprint"] != fingerprint:
+            raise AssertionError(
+                f"business key {key!r} has fingerprint {rows[0]['fingerprint']!r},"
+                f" not {fingerprint!r}"
+            )
+
+    async def assert_no_business_key(self, key: str) -> None:
+        if key in await self.business_keys():
+            raise AssertionError(f"business key {key!r} was recorded")
+
+    async def assert_outbox(
+        self, channel: str, *, key: str | None = None, count: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Outbox rows of ``channel`` (with ``key``); exactly ``count`` when given, at
+        least one otherwise. Returns them."""
+        rows = [r for r in await self.outbox(channel) if key is None or r["key"] == key]
+        if (count is None and not rows) or (count is not None and len(rows) != count):
+            keys = [r["key"] for r in await self.outbox(channel)]
+            want = "at least 1" if count is None else str(count)
+            raise AssertionError(f"{len(rows)} outbox rows in {channel!r}, want {want}: {keys}")
+        return rows
+
+    async def assert_stored(
+        self, delivery: Delivery | str, *, source: str | None = None
+    ) -> dict[str, Any]:
+        """Exactly one inbox row for the delivery (or event id); returns it."""
+        event_id = delivery.event_id if isinstance(delivery, Delivery) else delivery
+        name = delivery.source if isinstance(delivery, Delivery) else source
+        rows = await self.inbox(name, event_id)
+        if len(rows) != 1:
+            raise AssertionError(f"{len(rows)} inbox rows for event {event_id!r}, want 1")
+        return rows[0]
+
+    async def assert_status(self, event_id: str, status: str, *, reason: str | None = None) -> None:
+        """The inbox row of ``event_id`` is ``status`` (``done``, ``pending``, ``dead``
+        with ``reason``)."""
+        rows = await self.inbox(event_id=event_id)
+        if len(rows) != 1:
+            raise AssertionError(f"{len(rows)} inbox rows for event {event_id!r}, want 1")
+        row = rows[0]
+        if row["status"] != status or (reason is not None and row["dead_reason"] != reason):
+            raise AssertionError(
+                f"event {event_id!r} is {row['status']!r} ({row['dead_reason']!r},"
+                f" {row['last_error']!r}), want {status!r} ({reason!r})"
+            )
+
+    async def assert_dead(self, event_id: str, reason: str | None = None) -> None:
+        await self.assert_status(event_id, "dead", reason=reason)
+
+    async def close(self) -> None:
+        if self._dispatcher is not None:
+            await self._dispatcher.close()
+        await self.box.close()
+
+
+Configure = Callable[[Relaybox], Any]
+Setup = Callable[[Relaybox], Awaitable[Any]]
+
+
+async def make_harness(
+    directory: Path,
+    configure: Configure | None = None,
+    *,
+    setup: Setup | None = None,
+    inline: bool = False,
+    start: float = TEST_START,
+    settings: Settings | None = None,
+    name: str = "relaybox",
+) -> Harness:
+    """A migrated box on a new SQLite file in ``directory``, with a
+    :class:`FrozenClock` at ``start``; ``configure(box)`` adds sources and handlers,
+    ``await setup(box)`` the app's own tables. ``inline`` runs handlers in the
+    accept's transaction (no worker step needed)."""
+    url = f"sqlite:///{directory / f'{name}-{uuid.uuid4().hex[:8]}.db'}"
+    settings = (settings or Settings()).model_copy(update={"database_url": url})
+    clock = FrozenClock(start)
+    box = Relaybox(settings=settings, clock=clock)
+    if configure is not None:
+        configure(box)
+    await box.migrate()
+    if setup is not None:
+        await setup(box)
+    if inline:
+        for source in box.sources.values():
+            source.inline = True
+    return Harness(box, clock)

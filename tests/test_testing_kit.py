@@ -1,0 +1,174 @@
+"""relaybox.testing: the pytest plugin's fixtures, signed deliveries for every provider,
+and a test of the credits example written only with the kit, which catches a broken
+handler."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from examples.credits import app as credits
+
+from relaybox import Context, FrozenClock, Relaybox, sources
+from relaybox.cli import main
+from relaybox.errors import BadSignature
+from relaybox.testing import TEST_SECRETS, Harness, signed_delivery, test_source
+from tests.conftest import Served
+
+NOW = 1_800_000_000.0
+PROVIDERS = sorted(set(sources.PROVIDERS) - {"hmac"})
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_signed_delivery_is_accepted_by_the_provider_and_a_changed_byte_is_not(
+    provider: str,
+) -> None:
+    source = test_source(provider)
+    delivery = signed_delivery(provider, now=NOW)
+    headers = {**delivery.headers, ":url": delivery.url}
+    verified = source.verify(headers, delivery.body, NOW)
+    assert verified.event_id
+    if provider in ("postmark", "gitlab", "mailgun", "adyen", "msgraph"):
+        return  # credentials or signature fields, not the body bytes, are what is checked
+    with pytest.raises(BadSignature):
+        tampered = delivery.tampered()
+        source.verify({**tampered.headers, ":url": delivery.url}, tampered.body, NOW)
+
+
+def test_every_provider_has_a_test_secret() -> None:
+    assert set(PROVIDERS) <= set(TEST_SECRETS)
+
+
+async def test_every_provider_through_a_harness(
+    relaybox_harness: Callable[..., Any],
+) -> None:
+    def configure(box: Any) -> None:
+        for provider in PROVIDERS:
+            box.source(provider, test_source(provider))
+
+    harness: Harness = await relaybox_harness(configure)
+    for provider in PROVIDERS:
+        delivery = harness.signed(provider)
+        first = await harness.deliver(delivery)
+        again = await harness.deliver(delivery)
+        assert 200 <= first.status < 300 and 200 <= again.status < 300, (provider, first)
+        rows = await harness.inbox(provider)
+        # Dropbox notifications have no identity (identical bodies for different
+        # changes): each request is its own event, by design.
+        assert len(rows) == (2 if provider == "dropbox" else 1), provider
+        assert rows[0]["payload"] == delivery.body
+
+
+# -- the credits example, tested with the kit only ---------------------------------------
+
+
+def invoice_paid(event_id: str, invoice: str, **fields: Any) -> dict[str, Any]:
+    obj = {"id": invoice, "object": "invoice", "status": "paid", "amount_paid": 2000, **fields}
+    return {"id": event_id, "object": "event", "type": "invoice.paid", "data": {"object": obj}}
+
+
+async def check_credits(harness: Harness) -> None:
+    """What the credits example promises, asserted with relaybox.testing alone."""
+    grant = credits.grant_key("stripe", credits.DEV_ACCOUNT, "in_1")
+    # Two notifications of one invoice, one of them re-delivered: one grant.
+    for event_id in ("evt_1", "evt_1", "evt_2"):
+        await harness.send("stripe", event_id=event_id, payload=invoice_paid(event_id, "in_1"))
+    assert len(await harness.inbox("stripe")) == 2
+    await harness.drain_worker()
+    await harness.assert_status("evt_1", "done")
+    await harness.assert_status("evt_2", "done")
+    await harness.assert_business_key(grant, fingerprint="credits=100")
+    [mail] = await harness.assert_outbox(credits.EMAIL, count=1)
+    assert mail["payload"]["credits"] == 100 and mail["tenant"] == "ws_dev"
+    # An invoice that is not paid grants nothing and goes to dead letters as invalid.
+    await harness.send(
+        "stripe", event_id="evt_3", payload=invoice_paid("evt_3", "in_3", status="open")
+    )
+    await harness.drain_worker()
+    await harness.assert_dead("evt_3", "invalid")
+    await harness.assert_no_business_key(credits.grant_key("stripe", credits.DEV_ACCOUNT, "in_3"))
+    # A forged delivery is refused and stores nothing.
+    forged = harness.signed("stripe", payload=invoice_paid("evt_4", "in_4")).tampered()
+    assert (await harness.deliver(forged)).status == 401
+    assert await harness.inbox("stripe", "evt_4") == []
+
+
+async def test_the_credits_example_keeps_its_promises(
+    relaybox_harness: Callable[..., Any],
+) -> None:
+    harness = await relaybox_harness(credits.configure, setup=credits.setup)
+    await check_credits(harness)
+
+
+async def grant_without_once(ctx: Context) -> None:
+    """A broken grant handler: it forgets ctx.once(), so every notification of an
+    invoice grants (and e-mails) again."""
+    invoice = ctx.payload["data"]["object"]
+    key = credits.grant_key(ctx.event.source, ctx.event.account, invoice["id"])
+    if invoice.get("status") != "paid":
+        return
+    await ctx.outbox.add(credits.EMAIL, f"{key}:{ctx.event.event_id}", {"credits": 100})
+
+
+async def test_the_kit_catches_a_broken_grant_handler(
+    relaybox_harness: Callable[..., Any],
+) -> None:
+    def broken(box: Any) -> None:
+        box.handler("stripe", "invoice.paid")(grant_without_once)  # registered first: wins
+        credits.configure(box)
+
+    harness = await relaybox_harness(broken, setup=credits.setup)
+    with pytest.raises(AssertionError, match="recorded 0 times"):
+        await check_credits(harness)
+
+
+async def test_inline_harness_runs_the_handler_with_the_accept(
+    relaybox_harness: Callable[..., Any],
+) -> None:
+    harness = await relaybox_harness(credits.configure, setup=credits.setup, inline=True)
+    await harness.send("stripe", event_id="evt_i", payload=invoice_paid("evt_i", "in_i"))
+    await harness.assert_status("evt_i", "done")
+    assert await harness.run_worker() == 0
+    await harness.assert_business_key(credits.grant_key("stripe", credits.DEV_ACCOUNT, "in_i"))
+
+
+async def test_signed_delivery_fixture_and_clock(
+    signed_delivery: Callable[..., Any], relaybox_clock: Any
+) -> None:
+    delivery = signed_delivery("stripe", event_type="invoice.paid", now=relaybox_clock.now())
+    verified = test_source("stripe").verify(delivery.headers, delivery.body, relaybox_clock.now())
+    assert (verified.event_type, verified.event_id) == ("invoice.paid", delivery.event_id)
+
+
+# -- relaybox send-test knows every provider ---------------------------------------------
+
+
+async def test_send_test_reaches_a_receiver_for_every_provider(tmp_path: Path) -> None:
+    lines = [f'database_url = "sqlite:///{tmp_path / "send.db"}"']
+    for provider in PROVIDERS:
+        lines += [f"[sources.{provider}]", f'provider = "{provider}"']
+        lines.append(f"secrets = [{json.dumps(TEST_SECRETS[provider])}]")
+    config = tmp_path / "relaybox.toml"
+    config.write_text("\n".join(lines) + "\n")
+    box = Relaybox(config=config)
+    await box.migrate()
+    runner = CliRunner()
+    try:
+        async with Served(box.receiver) as served:
+            for provider in PROVIDERS:
+                result = await asyncio.to_thread(
+                    runner.invoke,
+                    main,
+                    ["send-test", provider, "--config", str(config), "--url", served.url],
+                )
+                assert result.exit_code == 0, (provider, result.output)
+                assert "-> 200 " in result.output, (provider, result.output)
+        for provider in PROVIDERS:
+            assert len(await Harness(box, FrozenClock(NOW)).inbox(provider)) == 1, provider
+    finally:
+        await box.close()
