@@ -18,8 +18,16 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from relaybox.errors import BadSignature, MalformedHeaders, MalformedPayload
-from relaybox.sources.base import Headers, Identity, Secret, Source, check_timestamp, shared_key
+from relaybox.errors import BadSignature, MalformedPayload
+from relaybox.sources.base import (
+    Headers,
+    Identity,
+    Secret,
+    Source,
+    check_timestamp,
+    parse_int_timestamp,
+    shared_key,
+)
 from relaybox.sources.kit import json_object, path, require_header, text
 
 __all__ = ["CalendlySource", "calendly"]
@@ -51,8 +59,7 @@ class CalendlySource(Source):
         header = require_header(headers, _SIGNATURE, "Calendly-Webhook-Signature")
         fields = dict(item.strip().partition("=")[::2] for item in header.split(","))
         timestamp, given = fields.get("t", ""), fields.get("v1", "")
-        if not timestamp.isdigit():
-            raise MalformedHeaders("Calendly-Webhook-Signature has no integer t=")
+        seconds = parse_int_timestamp(timestamp, "Calendly-Webhook-Signature t")
         if not given:
             raise BadSignature("no v1 signature in Calendly-Webhook-Signature")
 
@@ -62,8 +69,8 @@ class CalendlySource(Source):
 
         secret = self.try_secrets(matches)
         if check_time:
-            check_timestamp(int(timestamp), now, self.tolerance)
-        return secret, float(timestamp)
+            check_timestamp(seconds, now, self.tolerance)
+        return secret, float(seconds)
 
     def identify(self, headers: Headers, payload: Any) -> Identity:
         document = json_object(payload, "Calendly")

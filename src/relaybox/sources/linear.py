@@ -61,7 +61,7 @@ class LinearSource(Source):
             lambda s: hmac.compare_digest(_compute(shared_key("linear", s), body), given)
         )
         sent = path(self.parse(body), "webhookTimestamp")
-        if isinstance(sent, bool) or not isinstance(sent, int):
+        if isinstance(sent, bool) or not isinstance(sent, int) or not 0 <= sent < 10**16:
             raise BadSignature("Linear payload has no integer webhookTimestamp")
         if check_time:
             check_timestamp(sent / 1000, now, self.tolerance)

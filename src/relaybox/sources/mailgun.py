@@ -37,6 +37,7 @@ from relaybox.sources.base import (
     Source,
     canonical_json,
     check_timestamp,
+    parse_int_timestamp,
     shared_key,
 )
 from relaybox.sources.bodies import content_type, decode
@@ -90,10 +91,7 @@ class MailgunSource(Source):
         self, headers: Headers, body: bytes, now: float, check_time: bool
     ) -> tuple[Secret, float | None]:
         timestamp, token, given = _signature(self.decode(headers, body))
-        try:
-            seconds = int(timestamp)
-        except ValueError:
-            raise BadSignature("Mailgun timestamp is not an integer") from None
+        seconds = parse_int_timestamp(timestamp, "Mailgun signature timestamp")
 
         def matches(secret: Secret) -> bool:
             expected = _compute(shared_key("mailgun", secret), timestamp, token)

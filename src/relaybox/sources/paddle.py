@@ -30,6 +30,7 @@ from relaybox.sources.base import (
     Secret,
     Source,
     check_timestamp,
+    parse_int_timestamp,
     shared_key,
 )
 from relaybox.sources.kit import json_object, require_header, text
@@ -80,6 +81,7 @@ class PaddleSource(Source):
         timestamp, hashes = _parse(require_header(headers, _HEADER, "Paddle-Signature"))
         if not hashes:
             raise BadSignature("no h1 signature in Paddle-Signature")
+        seconds = parse_int_timestamp(timestamp, "Paddle-Signature ts")
 
         def matches(secret: Secret) -> bool:
             expected = _compute(shared_key("paddle", secret), timestamp, body).encode()
@@ -87,8 +89,8 @@ class PaddleSource(Source):
 
         secret = self.try_secrets(matches)
         if check_time:
-            check_timestamp(int(timestamp), now, self.tolerance)
-        return secret, float(timestamp)
+            check_timestamp(seconds, now, self.tolerance)
+        return secret, float(seconds)
 
     def identify(self, headers: Headers, payload: Any) -> Identity:
         event = json_object(payload, "Paddle")
