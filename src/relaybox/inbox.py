@@ -19,7 +19,7 @@ from collections import deque
 
 import structlog
 
-from relaybox.errors import StoreUnavailable
+from relaybox.errors import TABLES_MISSING, StoreUnavailable, tables_missing
 from relaybox.log import short_error
 from relaybox.store import AcceptOutcome, NewDelivery, Store
 
@@ -57,6 +57,7 @@ class Acceptor:
         # WAL flushes a second for 3,613 rows); bench/README.md has the figures.
         self.parallel_at = parallel_at
         self.patience = patience
+        self._said_tables_missing = False
         self._items: deque[_Item] | None = None  # queued, oldest first
         self._wakeup = asyncio.Event()
         # Batches whose commit is awaited, and when each was sent, oldest first.
@@ -130,10 +131,18 @@ class Acceptor:
                         fut.set_exception(StoreUnavailable("relaybox is shutting down"))
                 raise
             except Exception as exc:
-                log.warning("accept_batch_failed", size=len(batch), error=short_error(exc))
+                if tables_missing(exc):
+                    # Every request until someone migrates: one line, not one per batch.
+                    message = TABLES_MISSING
+                    if not self._said_tables_missing:
+                        self._said_tables_missing = True
+                        log.error("relaybox_tables_missing", hint=TABLES_MISSING)
+                else:
+                    message = "the database is unavailable"
+                    log.warning("accept_batch_failed", size=len(batch), error=short_error(exc))
                 for _, fut, _ in batch:
                     if not fut.done():
-                        fut.set_exception(StoreUnavailable("the database is unavailable"))
+                        fut.set_exception(StoreUnavailable(message))
                 continue
             finally:
                 self._inflight.remove(entry)

@@ -1,0 +1,306 @@
+"""Embedding relaybox in an application of one's own, as the README shows it: the
+lifespan (migrations, roles in-process, graceful stop), FastAPI (sessions, a
+dependency, the OpenAPI ``webhooks``), and the frictions a new user met on the way."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+import structlog.testing
+from sqlalchemy import text
+
+from relaybox import Context, Relaybox, Secret, sources
+from relaybox.config import load_settings
+from relaybox.errors import TABLES_MISSING
+from tests.conftest import Served, admin_url, drop_pg_database, free_port
+from tests.support.procs import ROOT, relaybox_command
+
+README = ROOT / "README.md"
+BIN = Path(sys.executable).parent
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def readme_blocks(lang: str, after: str) -> list[str]:
+    """The fenced ``lang`` blocks of README.md that follow the heading ``after``."""
+    body = README.read_text(encoding="utf-8")
+    section = body[body.index(after) :]
+    return re.findall(rf"^```{lang}\n(.*?)^```$", section, flags=re.S | re.M)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYBOX_")}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def readme_command(line: str, port: int) -> list[str]:
+    """A command line of the README, run from the venv (as an activated venv would)
+    on ``port`` instead of 8000; the trailing comment dropped."""
+    line = line.split("  #", 1)[0].strip().replace("8000", str(port))
+    words = line.split()
+    return [str(BIN / words[0]), *words[1:]]
+
+
+async def empty_pg_database() -> str:
+    """A PostgreSQL database with nothing in it: no relaybox tables either."""
+    from sqlalchemy.engine import make_url
+
+    name = f"relaybox_e_{uuid.uuid4().hex[:12]}"
+    dsn = make_url(admin_url()).set(drivername="postgresql").render_as_string(False)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return make_url(admin_url()).set(database=name).render_as_string(hide_password=False)
+
+
+@contextlib.asynccontextmanager
+async def backend_url(kind: str, workdir: Path) -> AsyncIterator[str | None]:
+    """``None`` for SQLite (the README's default file), else an empty PostgreSQL."""
+    if kind == "sqlite":
+        yield None
+        return
+    url = await empty_pg_database()
+    try:
+        yield url
+    finally:
+        await drop_pg_database(url)
+
+
+async def grants(kind: str, url: str | None, workdir: Path) -> list[tuple[Any, ...]]:
+    query = "SELECT workspace, invoice, credits FROM credit_grants"
+    if url is None:
+        db = workdir / "app.db"
+        if not db.exists():
+            return []
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            try:
+                return list(conn.execute(query))
+            except sqlite3.OperationalError:
+                return []
+    from sqlalchemy.engine import make_url
+
+    conn = await asyncpg.connect(
+        make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+    try:
+        return [tuple(r) for r in await conn.fetch(query)]
+    except asyncpg.UndefinedTableError:
+        return []
+    finally:
+        await conn.close()
+
+
+async def wait_for(check: Any, *, within: float, what: str, proc: Any = None) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        found = await check()
+        if found:
+            return found
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what}: the server exited ({proc.returncode})")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within} s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def http_status(url: str) -> int:
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http,
+            http.get(url) as r,
+        ):
+            return r.status
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        return 0
+
+
+@contextlib.contextmanager
+def server(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> Iterator[Any]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+# -- the README's receiving recipe, exactly --------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_the_readme_fastapi_app_receives_and_its_handler_runs(
+    kind: str, tmp_path: Path
+) -> None:
+    """myapp.py is the README's code block, run with the README's two commands (on a
+    free port): uvicorn serves it, ``relaybox send-test`` delivers, and the handler's
+    row appears, with no other step (no migrate, no worker started by hand)."""
+    [app_code] = [b for b in readme_blocks("python", "## Receiving") if "app.mount" in b][:1]
+    (tmp_path / "myapp.py").write_text(app_code, encoding="utf-8")
+    [shell] = readme_blocks("sh", "## Receiving")[:1]
+    lines = [line for line in shell.splitlines() if line and not line.startswith("#")]
+    serve_line = next(line for line in lines if line.startswith("uvicorn "))
+    send_line = next(line for line in lines if line.startswith("relaybox send-test"))
+    port = free_port()
+    async with backend_url(kind, tmp_path) as url:
+        env = clean_env(**({"DATABASE_URL": url} if url else {}))
+        with server(readme_command(serve_line, port), tmp_path, env, tmp_path / "uvicorn.log") as p:
+            await wait_for(
+                lambda: _is(http_status(f"http://127.0.0.1:{port}/docs"), 200),
+                within=30,
+                what="uvicorn serving myapp:app",
+                proc=p,
+            )
+            sent = subprocess.run(
+                readme_command(send_line, port),
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert sent.returncode == 0, sent.stdout + sent.stderr
+            assert '"status": "accepted"' in sent.stdout
+            found = await wait_for(
+                lambda: grants(kind, url, tmp_path),
+                within=30,
+                what="the handler's credit_grants row",
+                proc=p,
+            )
+            assert found == [("workspace_9", "in_relaybox_test", 100)]
+        log = (tmp_path / "uvicorn.log").read_text(errors="replace")
+        assert p.returncode in (0, -signal.SIGTERM), log  # uvicorn re-raises SIGTERM
+        assert "Application shutdown complete" in log, log
+        assert "Traceback" not in log, log
+        assert '"level": "debug"' not in log, log  # friction 9: info by default
+
+
+async def _is(value: Any, expected: Any) -> bool:
+    return bool(await value == expected)
+
+
+# -- the lifecycle ------------------------------------------------------------------------
+
+
+def _box(url: str, **settings: Any) -> Relaybox:
+    box = Relaybox(url)
+    if settings:
+        box.settings = box.settings.model_copy(update=settings)
+    box.source("hook", sources.standard(secrets=[Secret("whsec_" + "QUJD" * 8)]))
+    return box
+
+
+async def test_running_migrates_starts_the_worker_and_stops_it(tmp_path: Path) -> None:
+    """``async with box.running()`` on an empty database: migrated, the worker runs
+    the handler, and the block's exit stops it (nothing left running)."""
+    box = _box(f"sqlite:///{tmp_path / 'a.db'}")
+    seen: list[str] = []
+
+    @box.handler("hook", "*")
+    async def handle(ctx: Context) -> None:
+        seen.append(ctx.event.event_id)
+
+    async with box.running(roles=("worker",)):
+        applied, latest = await box.store.schema_version()
+        assert applied == latest > 0
+        body = json.dumps({"type": "t.x", "data": {}}).encode()
+        headers = box.sources["hook"].sign(
+            body, event_id="msg_1", event_type="t.x", now=time.time()
+        )
+        async with Served(box.receiver) as srv, aiohttp.ClientSession() as http:
+            async with http.post(f"{srv.url}/hook", data=body, headers=headers) as r:
+                assert r.status == 200, await r.text()
+            await wait_for(lambda: _is(_len(seen), 1), within=10, what="the handler")
+        assert len(box._background) == 1
+    assert box._background == [] and box._workers == [] and box._store is None
+
+
+async def _len(items: list[Any]) -> int:
+    return len(items)
+
+
+async def test_check_mode_with_tables_missing_answers_503_saying_so_and_logs_it_once(
+    tmp_path: Path,
+) -> None:
+    box = _box(f"sqlite:///{tmp_path / 'empty.db'}", migrate="check")
+    with structlog.testing.capture_logs() as logs:
+        async with box.running(roles=("worker",)):
+            assert box._workers == []  # nothing to work on yet: the roles wait
+            body = json.dumps({"type": "t.x", "data": {}}).encode()
+            async with Served(box.receiver) as srv, aiohttp.ClientSession() as http:
+                for n in range(3):
+                    headers = box.sources["hook"].sign(
+                        body, event_id=f"msg_{n}", event_type="t.x", now=time.time()
+                    )
+                    async with http.post(f"{srv.url}/hook", data=body, headers=headers) as r:
+                        assert r.status == 503
+                        assert r.headers["retry-after"] == "5"
+                        assert (await r.json())["message"] == TABLES_MISSING
+    said = [e for e in logs if e["event"] == "relaybox_tables_missing"]
+    assert len(said) == 1, logs
+
+
+async def test_roles_start_once_the_schema_is_migrated(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'later.db'}"
+    box = _box(url, migrate="check")
+    async with box.running(roles=("worker",)):
+        assert box._workers == []
+        other = Relaybox(url)
+        await other.migrate()
+        await other.close()
+        await wait_for(lambda: _is(_len(box._workers), 1), within=10, what="the worker to start")
+
+
+async def test_lifespan_with_the_database_down_starts_and_answers_503() -> None:
+    """PostgreSQL unreachable: the app starts at once (no exit, no traceback) and the
+    receiver answers 503; the roles wait for the database."""
+    box = _box(f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere")
+    started = time.monotonic()
+    async with box.running():
+        assert time.monotonic() - started < 5
+        assert box._workers == []
+        body = json.dumps({"type": "t.x", "data": {}}).encode()
+        headers = box.sources["hook"].sign(body, event_id="m", event_type="t.x", now=time.time())
+        async with Served(box.receiver) as srv, aiohttp.ClientSession() as http:
+            async with http.post(f"{srv.url}/hook", data=body, headers=headers) as r:
+                assert r.status == 503
+
+
+async def test_an_unknown_role_is_a_configuration_error(tmp_path: Path) -> None:
+    from relaybox import ConfigurationError
+
+    box = _box(f"sqlite:///{tmp_path / 'r.db'}")
+    with pytest.raises(ConfigurationError, match="unknown role"):
+        async with box.running(roles=("receiver",)):
+            pass
+    with pytest.raises(Exception, match="lifespan_roles"):
+        load_settings(env={"RELAYBOX_LIFESPAN_ROLES": "worker,cook"})
