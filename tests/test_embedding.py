@@ -23,13 +23,12 @@ import aiohttp
 import asyncpg
 import pytest
 import structlog.testing
-from sqlalchemy import text
 
 from relaybox import Context, Relaybox, Secret, sources
 from relaybox.config import load_settings
 from relaybox.errors import TABLES_MISSING
 from tests.conftest import Served, admin_url, drop_pg_database, free_port
-from tests.support.procs import ROOT, relaybox_command
+from tests.support.procs import ROOT
 
 README = ROOT / "README.md"
 BIN = Path(sys.executable).parent
@@ -132,7 +131,7 @@ async def http_status(url: str) -> int:
             http.get(url) as r,
         ):
             return r.status
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError, OSError):
         return 0
 
 
@@ -180,7 +179,8 @@ async def test_the_readme_fastapi_app_receives_and_its_handler_runs(
                 what="uvicorn serving myapp:app",
                 proc=p,
             )
-            sent = subprocess.run(
+            sent = await asyncio.to_thread(
+                subprocess.run,
                 readme_command(send_line, port),
                 cwd=tmp_path,
                 env=env,
