@@ -28,7 +28,7 @@ from relaybox import Context, Relaybox, Secret, sources
 from relaybox.config import load_settings
 from relaybox.errors import TABLES_MISSING
 from tests.conftest import Served, admin_url, drop_pg_database, free_port
-from tests.support.procs import ROOT
+from tests.support.procs import ROOT, relaybox_command
 
 README = ROOT / "README.md"
 BIN = Path(sys.executable).parent
@@ -117,10 +117,11 @@ async def wait_for(check: Any, *, within: float, what: str, proc: Any = None) ->
         found = await check()
         if found:
             return found
+        log = getattr(proc, "log_text", lambda: "")()
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{what}: the server exited ({proc.returncode})")
+            raise AssertionError(f"{what}: the server exited ({proc.returncode})\n{log}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within} s waiting for {what}")
+            raise AssertionError(f"timed out after {within} s waiting for {what}\n{log}")
         await asyncio.sleep(0.1)
 
 
@@ -141,6 +142,7 @@ def server(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> Iterat
         proc = subprocess.Popen(
             args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+    proc.log_text = lambda: "\n".join(line for line in log.read_text(errors="replace").splitlines() if "GET /credits" not in line)[-6000:]  # type: ignore[attr-defined]
     try:
         yield proc
     finally:
@@ -304,3 +306,111 @@ async def test_an_unknown_role_is_a_configuration_error(tmp_path: Path) -> None:
             pass
     with pytest.raises(Exception, match="lifespan_roles"):
         load_settings(env={"RELAYBOX_LIFESPAN_ROLES": "worker,cook"})
+
+
+# -- the FastAPI example: receive + send on PostgreSQL ----------------------------------
+
+
+class _Sink:
+    """A tenant's endpoint on 127.0.0.1: records each delivery's body."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        self.bodies.append(json.loads(b"".join(chunks)))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def _json(method: str, url: str, **kw: Any) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http, http.request(method, url, **kw) as r:
+        return r.status, await r.json()
+
+
+async def test_fastapi_example_receives_with_the_orm_and_sends_with_a_session(
+    tmp_path: Path,
+) -> None:
+    url = await empty_pg_database()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = clean_env(
+        SHOP_DATABASE_URL=url,
+        # A loopback endpoint for development, from the environment (a list setting).
+        RELAYBOX_OUTBOUND__ALLOW_NETWORKS="127.0.0.0/8",
+        RELAYBOX_OUTBOUND__ALLOW_INSECURE_LOOPBACK="true",
+    )
+    app = "examples.fastapi_shop.app"
+    sink = _Sink()
+    try:
+        with server(
+            [str(BIN / "uvicorn"), f"{app}:app", "--port", str(port)],
+            ROOT,
+            env,
+            tmp_path / "shop.log",
+        ) as proc:
+            await wait_for(
+                lambda: _is(http_status(f"{base}/docs"), 200), within=30, what="the shop", proc=proc
+            )
+            status, doc = await _json("GET", f"{base}/openapi.json")
+            assert doc["openapi"].startswith("3.1")
+            hook = doc["webhooks"]["order.completed"]["post"]
+            envelope = hook["requestBody"]["content"]["application/json"]["schema"]
+            assert envelope["properties"]["data"]["required"] == ["orderId", "totalCents"]
+
+            def cli(*args: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run(
+                    [*relaybox_command(), *args, "--app", f"{app}:box"],
+                    cwd=ROOT,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+
+            sent = await asyncio.to_thread(cli, "send-test", "stripe", "--url", base)
+            assert sent.returncode == 0, sent.stderr
+            await wait_for(
+                lambda: _is(_credits(base), 100), within=30, what="credits granted", proc=proc
+            )
+
+            async with Served(sink) as receiver:
+                made = await asyncio.to_thread(
+                    cli,
+                    "endpoints",
+                    "create",
+                    "--tenant",
+                    "shop-1",
+                    "--url",
+                    f"{receiver.url}/hook",
+                    "--events",
+                    "order.completed",
+                )
+                assert made.returncode == 0, made.stderr
+                order = {"id": "o_1", "tenant": "shop-1", "total_cents": 4200}
+                assert (await _json("POST", f"{base}/orders", json=order))[0] == 201
+                status, done = await _json("POST", f"{base}/orders/o_1/complete")
+                assert status == 200, done
+                await wait_for(lambda: _len(sink.bodies), within=30, what="the webhook")
+            [body] = sink.bodies
+            assert body["type"] == "order.completed"
+            assert body["data"] == {"orderId": "o_1", "totalCents": 4200}
+            assert body["id"] == done["message"]
+            assert (await _json("POST", f"{base}/orders/o_nope/complete"))[0] == 404
+        log = (tmp_path / "shop.log").read_text(errors="replace")
+        assert "Traceback" not in log, log
+    finally:
+        await drop_pg_database(url)
+
+
+async def _credits(base: str) -> int:
+    status, body = await _json("GET", f"{base}/credits/workspace_1")
+    return int(body["credits"]) if status == 200 else -1

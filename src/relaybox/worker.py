@@ -149,9 +149,9 @@ class Context:
         or rolls back with them. relaybox flushes it when the handler returns; the
         handler does not commit it."""
         if self._session is None:
-            self._session = AsyncSession(
-                bind=self.conn, join_transaction_mode="conservative_savepoint"
-            )
+            # SQLAlchemy's default joining: the session works inside the handler's
+            # transaction (or its savepoint) and never commits it.
+            self._session = AsyncSession(bind=self.conn)
         return self._session
 
     async def _flush_session(self) -> None:
