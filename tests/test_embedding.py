@@ -142,7 +142,11 @@ def server(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> Iterat
         proc = subprocess.Popen(
             args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-    proc.log_text = lambda: "\n".join(line for line in log.read_text(errors="replace").splitlines() if "GET /credits" not in line)[-6000:]  # type: ignore[attr-defined]
+    def log_text() -> str:  # the log, less the polling requests
+        lines = log.read_text(errors="replace").splitlines()
+        return "\n".join(line for line in lines if "GET /credits" not in line)[-6000:]
+
+    proc.log_text = log_text  # type: ignore[attr-defined]
     try:
         yield proc
     finally:
