@@ -26,7 +26,6 @@ import structlog.testing
 
 from relaybox import Context, Relaybox, Secret, sources
 from relaybox.config import load_settings
-from relaybox.errors import TABLES_MISSING
 from tests.conftest import Served, admin_url, drop_pg_database, free_port
 from tests.support.procs import ROOT, relaybox_command
 
@@ -258,6 +257,8 @@ async def _len(items: list[Any]) -> int:
 async def test_check_mode_with_tables_missing_answers_503_saying_so_and_logs_it_once(
     tmp_path: Path,
 ) -> None:
+    from relaybox.errors import TABLES_MISSING
+
     box = _box(f"sqlite:///{tmp_path / 'empty.db'}", migrate="check")
     with structlog.testing.capture_logs() as logs:
         async with box.running(roles=("worker",)):
