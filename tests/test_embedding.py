@@ -675,3 +675,30 @@ async def _template_databases() -> list[str]:
         await conn.close()
     mine = f"_{os.getpid()}"
     return [r["datname"] for r in rows if not r["datname"].endswith(mine)]
+
+
+def test_doctor_tables_missing_exits_4_and_names_stuck_channels(tmp_path: Path) -> None:
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    result = run_relaybox("doctor", "--json", "--database-url", empty)
+    assert result.returncode == 4, result.stdout + result.stderr
+    checks = {c["check"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["migrations"]["detail"] == "relaybox tables missing: run `relaybox migrate`"
+
+    url = f"sqlite:///{tmp_path / 'stuck.db'}"
+
+    async def stuck_row() -> None:
+        box = Relaybox(url)
+        await box.migrate()
+        async with box.store.transaction() as conn:
+            await box.store.outbox_insert_rows(
+                conn, [("email", "k1", "{}", "t", None)], now=time.time()
+            )
+        await box.close()
+
+    asyncio.run(stuck_row())
+    result = run_relaybox("doctor", "--json", "--database-url", url)
+    assert result.returncode == 1, result.stdout + result.stderr
+    checks = {c["check"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["channels"]["status"] == "fail"
+    assert "email (1 pending)" in checks["channels"]["detail"]
+    assert not checks["clock"]["detail"].startswith("database clock -0.000")

@@ -1,7 +1,8 @@
 """The ``relaybox`` command.
 
 Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error,
-3 the database is unreachable.
+3 the database is unreachable, 4 relaybox's tables are missing or behind (run
+``relaybox migrate``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from relaybox.store import check_database_url
 
 __all__ = ["main"]
 
-EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE = 1, 2, 3
+EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE, EXIT_SCHEMA = 1, 2, 3, 4
 
 
 def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
