@@ -23,6 +23,7 @@ import aiohttp
 import asyncpg
 import pytest
 import structlog.testing
+from sqlalchemy import text
 
 from relaybox import Context, Relaybox, Secret, sources
 from relaybox.config import load_settings
@@ -734,3 +735,69 @@ def test_friction11_the_example_settings_file_documents_every_key() -> None:
             missing.append(name)
     assert missing == []
     load_settings(ROOT / "relaybox.example.toml", env={})
+
+
+def _seed_finished_event(url: str, event_id: str) -> int:
+    """One done event whose attempt log spans a replay (attempts 1, 2, then 1 again)."""
+    from relaybox.store import NewDelivery
+
+    async def seed() -> int:
+        box = Relaybox(url)
+        await box.migrate()
+        [outcome] = await box.store.inbox_accept(
+            [
+                NewDelivery(
+                    source="stripe",
+                    account="acct_1",
+                    event_id=event_id,
+                    event_type="invoice.paid",
+                    tenant="workspace_1",
+                    fingerprint=b"f" * 32,
+                    payload=b"{}",
+                    headers="{}",
+                    version=None,
+                    received_at=1_800_000_000.0,
+                )
+            ]
+        )
+        async with box.store.transaction() as conn:
+            await conn.execute(
+                text("UPDATE relaybox_inbox SET status = 'done' WHERE id = :i"),
+                {"i": outcome.inbox_id},
+            )
+            for n, attempt in enumerate((1, 2, 1)):
+                await conn.execute(
+                    text(
+                        "INSERT INTO relaybox_inbox_attempts (inbox_id, attempt, outcome,"
+                        " started_at, finished_at) VALUES (:i, :a, 'retry', :t, :t)"
+                    ),
+                    {"i": outcome.inbox_id, "a": attempt, "t": 1_800_000_000.0 + n},
+                )
+        await box.close()
+        return outcome.inbox_id
+
+    return asyncio.run(seed())
+
+
+def test_friction9_cli_tables_at_80_columns_replay_dry_run_and_attempt_runs(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    event_id = "evt_test_0123456789abcdef01"
+    inbox_id = _seed_finished_event(url, event_id)
+    narrow = clean_env(COLUMNS="80", LINES="50")
+    listed = run_relaybox("inbox", "list", "--database-url", url, env=narrow)
+    assert listed.returncode == 0, listed.stderr
+    assert event_id in listed.stdout, listed.stdout  # not "evt_te…"
+    assert "2027-01-15 08:00:00Z" in listed.stdout, listed.stdout
+    assert max(len(line) for line in listed.stdout.splitlines()) <= 80, listed.stdout
+
+    shown = run_relaybox("inbox", "show", str(inbox_id), "--database-url", url, env=narrow)
+    assert shown.returncode == 0, shown.stderr
+    assert "1 (replay 1)" in shown.stdout, shown.stdout
+
+    dry = run_relaybox("replay", str(inbox_id), "--dry-run", "--json", "--database-url", url)
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["would_replay"] == [inbox_id]
+    bare = run_relaybox("replay", str(inbox_id), "--database-url", url)
+    assert bare.returncode == 2 and "--reason is required" in bare.stderr, bare.stderr

@@ -37,6 +37,7 @@ from relaybox.cli import (
     app_options,
 )
 from relaybox.cli import load_box as _load_box
+from relaybox.cli_tables import keep_whole
 from relaybox.errors import TABLES_MISSING, ConfigurationError
 
 __all__ = ["COMMANDS", "parse_duration", "parse_when"]
@@ -169,6 +170,7 @@ def _events_table(title: str, items: Sequence[Any], next_cursor: str | None) -> 
             _iso(e.received_at),
             (e.last_error or "")[:60],
         )
+    keep_whole(table, ("id", "event id", "received", "att."))
     console = _console()
     console.print(table)
     if next_cursor:
@@ -287,10 +289,14 @@ def inbox_show(
             console.print_json(json.dumps(e.payload))
         if e.attempt_log:
             t = Table("#", "outcome", "error", "worker", "started", title="attempts")
+            replay = previous = 0
             for a in e.attempt_log:
-                t.add_row(
-                    str(a.attempt), a.outcome, a.error or "", a.worker or "", _iso(a.started_at)
-                )
+                if a.attempt <= previous:  # a replay starts the count again
+                    replay += 1
+                previous = a.attempt
+                number = f"{a.attempt} (replay {replay})" if replay else str(a.attempt)
+                t.add_row(number, a.outcome, a.error or "", a.worker or "", _iso(a.started_at))
+            keep_whole(t, ("#", "started"))
             console.print(t)
         for title, rows in (
             ("business keys", [(k.business_key, k.fingerprint) for k in e.business_keys]),
