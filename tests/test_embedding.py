@@ -789,3 +789,32 @@ def test_friction9_cli_tables_at_80_columns_replay_dry_run_and_attempt_runs(
     assert json.loads(dry.stdout)["would_replay"] == [inbox_id]
     bare = run_relaybox("replay", str(inbox_id), "--database-url", url)
     assert bare.returncode == 2 and "--reason is required" in bare.stderr, bare.stderr
+
+
+async def test_litestar_runs_the_lifespan_and_the_mounted_receiver(tmp_path: Path) -> None:
+    """``Litestar(lifespan=[box.lifespan])`` with the receiver mounted as an ASGI
+    handler: migrated at startup, the worker runs the handler, stopped at shutdown."""
+    from litestar import Litestar
+    from litestar.handlers import asgi
+    from litestar.types import Receive, Scope, Send
+
+    box = _box(f"sqlite:///{tmp_path / 'lite.db'}")
+    seen: list[str] = []
+
+    @box.handler("hook", "*")
+    async def handle(ctx: Context) -> None:
+        seen.append(ctx.event.event_id)
+
+    @asgi("/webhooks", is_mount=True, copy_scope=True)
+    async def webhooks(scope: Scope, receive: Receive, send: Send) -> None:
+        await box.receiver(scope, receive, send)
+
+    app = Litestar(route_handlers=[webhooks], lifespan=[box.lifespan])
+    body = json.dumps({"type": "t.x", "data": {}}).encode()
+    headers = box.sources["hook"].sign(body, event_id="m_lite", event_type="t.x", now=time.time())
+    async with Served(app, lifespan="on") as srv, aiohttp.ClientSession() as http:
+        async with http.post(f"{srv.url}/webhooks/hook", data=body, headers=headers) as r:
+            assert r.status == 200, await r.text()
+        await wait_for(lambda: _is(_len(seen), 1), within=10, what="the handler")
+        assert len(box._workers) == 3  # worker, dispatcher, maintenance
+    assert box._workers == [] and box._store is None
