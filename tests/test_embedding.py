@@ -818,3 +818,36 @@ async def test_litestar_runs_the_lifespan_and_the_mounted_receiver(tmp_path: Pat
         await wait_for(lambda: _is(_len(seen), 1), within=10, what="the handler")
         assert len(box._workers) == 3  # worker, dispatcher, maintenance
     assert box._workers == [] and box._store is None
+
+
+async def test_friction3_the_dashboard_overview_names_an_unregistered_channel(
+    database_url: str,
+) -> None:
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from relaybox.admin import build_admin
+    from relaybox.config import Settings
+
+    token = "t" * 24
+    box = Relaybox(settings=Settings(database_url=database_url, admin_token=token))
+    async with box.store.transaction() as conn:
+        await box.store.outbox_insert_rows(
+            conn,
+            [("email", "k1", "{}", "t", None), ("webhook", "k2", "{}", "t", None)],
+            now=time.time(),
+        )
+    app = Starlette(routes=[Mount("/admin", app=build_admin(box))])
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://admin.test"
+        ) as client:
+            r = await client.post("/admin/login", data={"token": token, "next": "/admin/"})
+            assert r.status_code == 303
+            page = await client.get("/admin/")
+            assert page.status_code == 200
+            assert 'data-unregistered-channel="email"' in page.text
+            assert 'data-unregistered-channel="webhook"' not in page.text
+    finally:
+        await box.close()
