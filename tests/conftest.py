@@ -29,24 +29,41 @@ from relaybox.config import Settings
 from relaybox.store import open_store
 
 _embedded: Any = None
+_embedded_dir: Path | None = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _embedded
+    global _embedded, _embedded_dir
     if hasattr(config, "workerinput") or os.environ.get("RELAYBOX_TEST_DATABASE_URL"):
         return
     from relaybox.embedded import start_embedded_postgres
 
-    datadir = Path(tempfile.mkdtemp(prefix="relaybox-test-pg-")) / "data"
-    url, _embedded = start_embedded_postgres(datadir, cleanup="delete")
+    _embedded_dir = Path(tempfile.mkdtemp(prefix="relaybox-test-pg-"))
+    url, _embedded = start_embedded_postgres(_embedded_dir / "data", cleanup="delete")
     os.environ["RELAYBOX_TEST_DATABASE_URL"] = url
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    global _embedded
+    """Leave nothing behind: this process's template database, and the embedded
+    server with its folder."""
+    global _embedded, _embedded_dir, _template
+    if _template is not None and os.environ.get("RELAYBOX_TEST_DATABASE_URL"):
+        asyncio.run(_drop_database(_template))
+        _template = None
     if _embedded is not None:
         _embedded.cleanup()
         _embedded = None
+    if _embedded_dir is not None:
+        shutil.rmtree(_embedded_dir, ignore_errors=True)
+        _embedded_dir = None
+
+
+async def _drop_database(name: str) -> None:
+    conn = await asyncpg.connect(_dsn(admin_url()))
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
 
 
 def admin_url() -> str:

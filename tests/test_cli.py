@@ -379,14 +379,6 @@ def test_quick_start(server: Server, runner: CliRunner) -> None:
     assert "/webhooks/stripe" in err  # the start banner lists the demo's sources
 
 
-def test_serve_with_an_unreachable_database_exits_3(tmp_path: Path) -> None:
-    result = run_cli("serve", "--port", str(free_port()), "--database-url", UNREACHABLE)
-    assert result.returncode == 3, result.stderr
-    assert "database unreachable" in result.stderr
-    assert "127.0.0.1:1/x" in result.stderr
-    assert "Traceback" not in result.stderr
-
-
 def test_serve_postgres_embedded_from_an_empty_folder(tmp_path: Path) -> None:
     """`relaybox serve --postgres-embedded` starts a throwaway PostgreSQL under
     ./.relaybox/pg (creating the folder) and serves the demo on it."""

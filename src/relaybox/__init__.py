@@ -3,6 +3,7 @@
 from relaybox import sources
 from relaybox.app import Relaybox
 from relaybox.clock import Clock, FrozenClock, SystemClock
+from relaybox.embed import document_webhooks, get_box
 from relaybox.errors import (
     BadSignature,
     ConfigurationError,
@@ -32,6 +33,8 @@ __all__ = [
     "StoreUnavailable",
     "SystemClock",
     "Worker",
+    "document_webhooks",
+    "get_box",
     "sources",
 ]
 

@@ -25,14 +25,14 @@ import structlog
 
 from relaybox.clock import Clock, SystemClock
 from relaybox.config import Settings, load_settings
-from relaybox.errors import ConfigurationError
+from relaybox.errors import TABLES_MISSING, ConfigurationError
 from relaybox.inbox import Acceptor
 from relaybox.log import short_error
 from relaybox.metrics import Metrics
 from relaybox.receiver import Receiver
 from relaybox.sources.base import Source
 from relaybox.sources.bodies import BodyLimits
-from relaybox.store import AcceptOutcome, NewDelivery, Store, open_store
+from relaybox.store import AcceptOutcome, NewDelivery, Store, check_database_url, open_store
 from relaybox.worker import Context, Handler, Hooks, Registration, Worker
 
 __all__ = ["ROLES", "Relaybox"]
@@ -65,6 +65,8 @@ class Relaybox:
         self._heap_frozen = False
         self._inline_worker: Worker | None = None
         self._background: list[asyncio.Task[None]] = []
+        self._watcher: asyncio.Task[None] | None = None
+        self.webhooks_doc: dict[str, Any] = {}  # the catalog as OpenAPI webhooks
         self._workers: list[Any] = []
         self._made: weakref.WeakSet[Worker] = weakref.WeakSet()  # box.worker()'s
         self.receiver = Receiver(self)
@@ -78,6 +80,23 @@ class Relaybox:
                     raise ConfigurationError(f"[sources.{name}]: {exc}") from None
 
     # -- configuration --------------------------------------------------------
+
+    def configure(self, settings: Settings) -> None:
+        """Apply the settings that ``settings`` sets explicitly (a TOML file's keys and
+        ``RELAYBOX_*`` variables, as :func:`relaybox.config.load_settings` reads them)
+        over this box's; sources declared there are added. ``relaybox … --app myapp:box
+        --config dev.toml`` does this."""
+        from relaybox.config import merge_settings
+
+        self.settings = merge_settings(self.settings, settings)
+        if settings.sources:
+            from relaybox import sources as _sources
+
+            for name, options in settings.sources.items():
+                try:
+                    self.source(name, _sources.from_config(dict(options)))
+                except ConfigurationError as exc:
+                    raise ConfigurationError(f"[sources.{name}]: {exc}") from None
 
     def source(self, name: str, source: Source) -> Source:
         """Register ``source`` under ``name``: it answers ``POST /webhooks/{name}``."""
@@ -193,17 +212,46 @@ class Relaybox:
         idempotency_key: str | None = None,
         **options: Any,
     ) -> Any:
-        """Publish an outbound event inside the caller's transaction (``conn``): one
-        message row plus one outbox row per subscribed, enabled endpoint, committed
-        with the caller's change or not at all."""
+        """Publish an outbound event inside the caller's transaction: one message
+        row plus one outbox row per subscribed, enabled endpoint, committed with the
+        caller's change or not at all. ``conn`` is an ``AsyncConnection`` or an ORM
+        ``AsyncSession`` (its connection, in its transaction, is used)."""
+        from sqlalchemy.ext.asyncio import AsyncSession
+
         from relaybox.outbound.publish import publish
+
+        if isinstance(conn, AsyncSession):
+            conn = await conn.connection()
 
         return await publish(
             self, conn, event_type, data, tenant=tenant, idempotency_key=idempotency_key, **options
         )
 
     async def migrate(self) -> list[str]:
+        """Create or upgrade relaybox's tables; the names of the migrations applied."""
         return await self.store.migrate()
+
+    async def define_event_type(
+        self, name: str, *, description: str = "", schema: dict[str, Any] | None = None
+    ) -> Any:
+        """Add or replace an entry of the event catalog (``relaybox event-types``):
+        tenants subscribe from it, ``publish`` checks data against its schema, and
+        :func:`relaybox.embed.document_webhooks` shows it in the OpenAPI document."""
+        from relaybox.outbound.catalog import define_event_type
+
+        defined = await define_event_type(self, name, description=description, schema=schema)
+        await self.refresh_webhooks()
+        return defined
+
+    async def refresh_webhooks(self) -> dict[str, Any]:
+        """Read the event catalog again into :attr:`webhooks_doc` (OpenAPI 3.1
+        ``webhooks``)."""
+        from relaybox.embed import openapi_webhooks
+        from relaybox.outbound.catalog import list_event_types
+
+        types = await list_event_types(self)
+        self.webhooks_doc = openapi_webhooks(types, api_version=self.outbound.settings.api_version)
+        return self.webhooks_doc
 
     async def accept_inline(self, delivery: NewDelivery) -> AcceptOutcome:
         """Inline mode: store the delivery and run its handler in one transaction.
@@ -244,24 +292,26 @@ class Relaybox:
             except Exception:
                 return JSONResponse({"status": "unavailable"}, status_code=503)
             ok = applied == latest
-            return JSONResponse(
-                {"status": "ok" if ok else "migrations_pending", "schema": applied},
-                status_code=200 if ok else 503,
-            )
+            body: dict[str, Any] = {
+                "status": "ok" if ok else "migrations_pending",
+                "schema": applied,
+            }
+            if applied == 0:
+                body["message"] = TABLES_MISSING
+            return JSONResponse(body, status_code=200 if ok else 503)
 
         async def metrics(_: Request) -> Response:
             body = await self.metrics.scrape(self)
             return Response(body, media_type="text/plain; version=0.0.4")
 
+        from relaybox.config import BACKGROUND_ROLES
+
+        background = tuple(r for r in roles if r in BACKGROUND_ROLES)
+
         @contextlib.asynccontextmanager
         async def lifespan(_: Any) -> Any:
-            if "receiver" in roles:
-                await self.warm_receiver()
-            await self.start(roles)
-            try:
-                yield
-            finally:
-                await self.close()
+            async with self.running(background, receiver="receiver" in roles):
+                yield {"relaybox": self}
 
         routes: list[BaseRoute] = [
             Route("/healthz", healthz),
@@ -313,21 +363,133 @@ class Relaybox:
                 self._workers.append(runner)
                 self._background.append(asyncio.create_task(runner.run(), name=f"relaybox-{role}"))
 
-    async def lifespan(self, receive: Any, send: Any) -> None:
-        """ASGI lifespan for the bare receiver (when it is the whole app)."""
+    def lifespan(self, app: Any = None) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The ASGI lifespan of an application that embeds relaybox::
+
+            app = FastAPI(lifespan=box.lifespan)           # Starlette(lifespan=...) alike
+            app.mount("/webhooks", box.receiver)
+            app = Litestar(..., lifespan=[box.lifespan])
+
+        At startup it checks the schema (``migrate = "check"``) or applies pending
+        migrations (``"auto"``, the default), opens the receiver's connections and
+        starts ``lifespan_roles`` (worker, dispatcher, maintenance) in the
+        application's process; at shutdown it stops them gracefully, finishing what
+        they hold. The lifespan state gets ``relaybox`` (the box) for
+        :func:`relaybox.get_box`. With the database down or its tables missing the
+        application still starts: the receiver answers 503 and the roles start once
+        the database is ready."""
+        return self._lifespan_state()
+
+    @contextlib.asynccontextmanager
+    async def _lifespan_state(self) -> Any:
+        async with self.running():
+            yield {"relaybox": self}
+
+    @contextlib.asynccontextmanager
+    async def running(
+        self, roles: tuple[str, ...] | list[str] | None = None, *, receiver: bool = True
+    ) -> Any:
+        """Run relaybox in this event loop for the duration of the block::
+
+            async with box.running(roles=("worker",)):
+                ...                                        # your program
+
+        ``roles`` are background roles (``worker``, ``dispatcher``, ``maintenance``;
+        default: the ``lifespan_roles`` setting); ``receiver`` opens the accept
+        path's connections at startup. Schema and database handling as in
+        :meth:`lifespan`."""
+        from relaybox.config import BACKGROUND_ROLES
+
+        wanted = tuple(self.settings.lifespan_roles if roles is None else roles)
+        unknown = sorted(set(wanted) - set(BACKGROUND_ROLES))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown role(s) {', '.join(unknown)}: choose from {', '.join(BACKGROUND_ROLES)}"
+            )
+        check_database_url(self.settings.database_url)  # before anything starts
+        if not structlog.is_configured():
+            # Embedded in an app that did not set structlog up: relaybox's lines at
+            # the configured level (info), not structlog's print-everything default.
+            from relaybox.log import configure_logging
+
+            configure_logging(
+                self.settings.log_level, json=self.settings.log_json, follow_stderr=True
+            )
+        ready = await self._schema_ready(first=True)
+        if receiver:
+            await self.warm_receiver()
+        self.freeze_startup_heap()
+        if ready:
+            await self._refresh_webhooks_quietly()
+            await self.start(wanted)
+        else:
+            self._watcher = asyncio.create_task(
+                self._start_when_ready(wanted), name="relaybox-schema-watch"
+            )
+        try:
+            yield self
+        finally:
+            await self.close()
+
+    async def _schema_ready(self, *, first: bool) -> bool:
+        """Migrate (``migrate = "auto"``) or check the schema; ``False`` while the
+        database is unreachable or its schema is behind. The first failure is
+        logged; the retries that follow are quiet until the state changes."""
+        try:
+            if self.settings.migrate == "auto":
+                applied = await self.migrate()
+                if applied:
+                    log.info("relaybox_migrated", applied=applied)
+            current, latest = await self.store.schema_version()
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            if first:
+                log.warning(
+                    "relaybox_database_unavailable",
+                    error=short_error(exc),
+                    detail="the receiver answers 503; roles start once the database answers",
+                )
+            return False
+        if current < latest:
+            if first:
+                hint = TABLES_MISSING if current == 0 else "run `relaybox migrate`"
+                log.error(
+                    "relaybox_schema_behind",
+                    applied=current,
+                    latest=latest,
+                    hint=hint,
+                    detail="the receiver answers 503; roles start once migrated",
+                )
+            return False
+        return True
+
+    async def _refresh_webhooks_quietly(self) -> None:
+        try:
+            await self.refresh_webhooks()
+        except Exception as exc:  # the OpenAPI document is not worth a failed start
+            log.warning("relaybox_catalog_unreadable", error=short_error(exc))
+
+    async def _start_when_ready(self, roles: tuple[str, ...]) -> None:
+        """Start ``roles`` once the database answers with a current schema, asking
+        again with a growing pause (1 s, doubling up to 10 s)."""
+        pause = 1.0
         while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await self.warm_receiver()
-                self.freeze_startup_heap()
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.close()
-                await send({"type": "lifespan.shutdown.complete"})
+            await asyncio.sleep(pause)
+            if await self._schema_ready(first=False):
+                log.info("relaybox_database_ready", roles=list(roles))
+                await self._refresh_webhooks_quietly()
+                await self.start(roles)
                 return
+            pause = min(pause * 2, 10.0)
 
     async def close(self) -> None:
         """Stop background roles gracefully (finishing what they hold), then close."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watcher
+            self._watcher = None
         for worker in self._workers:
             worker.stop()
         for task in self._background:

@@ -1,7 +1,8 @@
 """The ``relaybox`` command.
 
 Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error,
-3 the database is unreachable.
+3 the database is unreachable, 4 relaybox's tables are missing or behind (run
+``relaybox migrate``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import importlib
+import inspect
 import re
+import shutil
 import signal
 import sys
 import time
@@ -23,24 +26,23 @@ import click
 
 from relaybox import log
 from relaybox.app import ROLES, Relaybox
+from relaybox.config import load_settings
 from relaybox.errors import ConfigurationError
+from relaybox.store import check_database_url
 
 __all__ = ["main"]
 
-EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE = 1, 2, 3
+EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE, EXIT_SCHEMA = 1, 2, 3, 4
 
 
 def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
-    """The Relaybox named by ``--app module:attr``, built from ``--config``, or the demo."""
+    """The Relaybox named by ``--app module:attr``, built from ``--config``, or the demo.
+    With both, the file's settings (and its sources) apply to the app's box."""
     try:
         if app:
-            module_name, _, attr = app.partition(":")
-            if str(Path.cwd()) not in sys.path:
-                sys.path.insert(0, str(Path.cwd()))
-            obj: Any = getattr(importlib.import_module(module_name), attr or "box")
-            box = obj() if callable(obj) and not isinstance(obj, Relaybox) else obj
-            if not isinstance(box, Relaybox):
-                raise click.UsageError(f"{app} is not a Relaybox")
+            box = _import_box(app)
+            if config:
+                box.configure(load_settings(config))
         elif config:
             box = Relaybox(config=config)
         else:
@@ -50,6 +52,56 @@ def load_box(app: str | None, config: str | None, database_url: str | None) -> R
         return box
     except ConfigurationError as exc:
         raise _ConfigError(str(exc)) from exc
+
+
+def _import_box(app: str) -> Relaybox:
+    """``module:attr`` (``attr`` defaults to ``box``): a Relaybox, or a function without
+    arguments that returns one. Every mistake is one line (exit 2), not a traceback."""
+    module_name, _, attr = app.partition(":")
+    attr = attr or "box"
+    if not module_name or not all(p.isidentifier() for p in [*module_name.split("."), attr]):
+        raise _ConfigError(f"--app {app}: expected module:attribute, e.g. myapp:box")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise _ConfigError(
+                f"--app {app}: no module named {exc.name!r} (run from your project's "
+                "directory, or install it)"
+            ) from None
+        raise _ConfigError(f"--app {app}: importing {module_name} failed: {exc}") from None
+    except ConfigurationError:
+        raise
+    except Exception as exc:
+        raise _ConfigError(
+            f"--app {app}: importing {module_name} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    try:
+        obj: Any = getattr(module, attr)
+    except AttributeError:
+        raise _ConfigError(f"--app {app}: module {module_name} has no attribute {attr!r}") from None
+    if isinstance(obj, Relaybox):
+        return obj
+    if inspect.isfunction(obj) and not inspect.iscoroutinefunction(obj):
+        try:
+            params = inspect.signature(obj).parameters.values()
+        except (TypeError, ValueError):
+            params = None
+        if params is not None and all(
+            p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params
+        ):
+            built = obj()
+            if isinstance(built, Relaybox):
+                return built
+            raise _ConfigError(
+                f"--app {app}: {attr}() returned {type(built).__name__}, not a Relaybox"
+            )
+    raise _ConfigError(
+        f"--app {app} is a {type(obj).__name__}, not a Relaybox: name the Relaybox "
+        "object (e.g. myapp:box), not the web application that mounts it"
+    )
 
 
 class _ConfigError(click.ClickException):
@@ -105,7 +157,10 @@ def main() -> None:
     help="comma-separated: " + ", ".join(ROLES),
 )
 @click.option(
-    "--migrate/--no-migrate", default=True, show_default=True, help="apply migrations first"
+    "--migrate/--no-migrate",
+    default=None,
+    help="apply pending migrations at start, or only check them (default: the `migrate`"
+    " setting, auto)",
 )
 @click.option(
     "--postgres-embedded",
@@ -119,7 +174,7 @@ def serve(
     host: str | None,
     port: int | None,
     roles: str,
-    migrate: bool,
+    migrate: bool | None,
     postgres_embedded: bool,
 ) -> None:
     """Serve the receiver (POST /webhooks/{source}) and run the worker."""
@@ -131,19 +186,27 @@ def serve(
         signal.signal(sig, lambda *_: sys.exit(0))
     server_handle = None
     if postgres_embedded:
-        from relaybox.embedded import start_embedded_postgres
+        from relaybox.embedded import EmbeddedUnavailable, start_embedded_postgres
 
-        database_url, server_handle = start_embedded_postgres(Path(".relaybox/pg").resolve())
+        try:
+            database_url, server_handle = start_embedded_postgres(Path(".relaybox/pg").resolve())
+        except EmbeddedUnavailable as exc:
+            raise _ConfigError(str(exc)) from None
     box = load_box(app, config, database_url)
+    if migrate is not None:
+        box.settings = box.settings.model_copy(update={"migrate": "auto" if migrate else "check"})
     log.configure_logging(box.settings.log_level, json=box.settings.log_json)
     role_set = tuple(r.strip() for r in roles.split(",") if r.strip())
     unknown = set(role_set) - set(ROLES)
     if unknown:
         raise click.UsageError(f"unknown role(s): {', '.join(sorted(unknown))}")
-    if migrate:
-        # Closed again at once: its pooled connections belong to this event loop, not
-        # to the one uvicorn runs (asyncpg connections cannot move between loops).
-        _run_db(box, _migrate_and_close(box))
+    try:
+        check_database_url(box.settings.database_url)
+    except ConfigurationError as exc:
+        raise _ConfigError(str(exc)) from None
+    # Migrations are applied (or checked) by the app's lifespan, in uvicorn's loop:
+    # with the database down the server still starts, answers 503, and its roles
+    # start once the database answers.
     host = host or box.settings.host
     port = port if port is not None else box.settings.port
     base = f"http://{host}:{port}"
@@ -152,12 +215,16 @@ def serve(
         click.echo(f"  POST {base}/webhooks/{name}   [{source.provider}]", err=True)
     if box.sources:
         first = next(iter(box.sources))
-        hint = f"relaybox send-test {first} --url {base}"
+        hint = f"{_relaybox_command()} send-test {first} --url {base}"
         if app:
             hint += f" --app {app}"
         elif config:
             hint += f" --config {config}"
         click.echo(f"Send a signed test delivery:  {hint}", err=True)
+        if not app and not config:
+            from relaybox.demo import DESCRIPTION
+
+            click.echo(DESCRIPTION, err=True)
     if "admin" in role_set:
         if box.settings.admin_token is None:
             click.echo(
@@ -319,6 +386,20 @@ def _run_db(box: Relaybox, coro: Any) -> Any:
                 click.echo("relaybox's tables are missing: run `relaybox migrate`", err=True)
             sys.exit(EXIT_DATABASE)
         raise
+
+
+def _relaybox_command() -> str:
+    """How to run this ``relaybox`` from the current shell: ``relaybox`` when that is
+    the one on PATH, else its path (``.venv/bin/relaybox`` when the venv is not
+    activated)."""
+    mine = Path(sys.executable).with_name("relaybox")
+    found = shutil.which("relaybox")
+    if not mine.exists() or (found and Path(found).resolve() == mine.resolve()):
+        return "relaybox"
+    try:
+        return str(mine.relative_to(Path.cwd()))
+    except ValueError:
+        return str(mine)
 
 
 def _safe_url(box: Relaybox) -> str:

@@ -27,9 +27,18 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from relaybox.app import Relaybox
-from relaybox.cli import EXIT_DATABASE, EXIT_FAILED, EXIT_USAGE, _run_db, _safe_url, app_options
+from relaybox.cli import (
+    EXIT_DATABASE,
+    EXIT_FAILED,
+    EXIT_SCHEMA,
+    EXIT_USAGE,
+    _run_db,
+    _safe_url,
+    app_options,
+)
 from relaybox.cli import load_box as _load_box
-from relaybox.errors import ConfigurationError
+from relaybox.cli_tables import keep_whole
+from relaybox.errors import TABLES_MISSING, ConfigurationError
 
 __all__ = ["COMMANDS", "parse_duration", "parse_when"]
 
@@ -161,6 +170,7 @@ def _events_table(title: str, items: Sequence[Any], next_cursor: str | None) -> 
             _iso(e.received_at),
             (e.last_error or "")[:60],
         )
+    keep_whole(table, ("id", "event id", "received", "att."))
     console = _console()
     console.print(table)
     if next_cursor:
@@ -279,10 +289,14 @@ def inbox_show(
             console.print_json(json.dumps(e.payload))
         if e.attempt_log:
             t = Table("#", "outcome", "error", "worker", "started", title="attempts")
+            replay = previous = 0
             for a in e.attempt_log:
-                t.add_row(
-                    str(a.attempt), a.outcome, a.error or "", a.worker or "", _iso(a.started_at)
-                )
+                if a.attempt <= previous:  # a replay starts the count again
+                    replay += 1
+                previous = a.attempt
+                number = f"{a.attempt} (replay {replay})" if replay else str(a.attempt)
+                t.add_row(number, a.outcome, a.error or "", a.worker or "", _iso(a.started_at))
+            keep_whole(t, ("#", "started"))
             console.print(t)
         for title, rows in (
             ("business keys", [(k.business_key, k.fingerprint) for k in e.business_keys]),
@@ -770,7 +784,7 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
         text = str(exc).splitlines()[0] if str(exc) else ""
         if "relaybox_migrations" in text:  # reachable, never migrated
             checks.add("database", "ok", f"reachable: {url}")
-            checks.add("migrations", "fail", "no relaybox tables: run `relaybox migrate`")
+            checks.add("migrations", "fail", TABLES_MISSING, exit_code=EXIT_SCHEMA)
             return
         checks.add(
             "database",
@@ -785,7 +799,10 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
     unknown = sorted(applied - set(known))
     if missing:
         checks.add(
-            "migrations", "fail", f"not applied: {', '.join(missing)}: run `relaybox migrate`"
+            "migrations",
+            "fail",
+            f"not applied: {', '.join(missing)}: run `relaybox migrate`",
+            exit_code=EXIT_SCHEMA,
         )
     elif unknown:
         checks.add(
@@ -798,7 +815,9 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
         checks.add("migrations", "ok", f"all {len(known)} applied")
     if not missing:
         await _doctor_secrets(box, checks)
-    skew = db_now - (before + after) / 2
+        await _doctor_channels(box, checks)
+    # Rounded to the millisecond shown, without a negative zero ("-0.000 s").
+    skew = round(db_now - (before + after) / 2, 3) + 0.0
     detail = f"database clock {skew:+.3f} s from this machine's"
     if abs(skew) > max_skew:
         checks.add(
@@ -809,6 +828,30 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
         )
     else:
         checks.add("clock", "ok", detail)
+
+
+async def _doctor_channels(box: Relaybox, checks: _Checks) -> None:
+    """Pending outbox rows whose channel this app never registers: no dispatcher
+    delivers them."""
+    from relaybox.outbound.registry import outbound
+
+    store = box.store
+    async with store.connect() as conn:
+        rows = (await conn.exec_driver_sql(store.q["ops_stats_outbox"])).mappings().all()
+    known = set(outbound(box).channels)
+    stuck: dict[str, int] = {}
+    for r in rows:
+        if r["status"] == "pending" and not str(r["source"]).startswith("ep_"):
+            if r["source"] not in known:
+                stuck[r["source"]] = stuck.get(r["source"], 0) + int(r["n"])
+    if stuck:
+        named = ", ".join(f"{name} ({n} pending)" for name, n in sorted(stuck.items()))
+        checks.add(
+            "channels",
+            "fail",
+            f"outbox rows for channels this app does not register: {named}; register them "
+            "with box.outbound.channel(name, ...) or they are never delivered",
+        )
 
 
 async def _doctor_secrets(box: Relaybox, checks: _Checks) -> None:
@@ -853,7 +896,8 @@ def doctor(
     app: str | None, config: str | None, database_url: str | None, max_skew: float, as_json: bool
 ) -> None:
     """Check configuration, database reachability, migrations and clock skew; name
-    each problem and exit non-zero (2 configuration, 3 database unreachable, 1 other)."""
+    each problem and exit non-zero (2 configuration, 3 database unreachable, 4 tables
+    missing or migrations pending, 1 other)."""
     checks = _Checks()
     box: Relaybox | None = None
     try:

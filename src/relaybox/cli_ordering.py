@@ -86,7 +86,9 @@ def _print_table(title: str, rows: list[tuple[str, Any]]) -> None:
     help="repeatable; default for a range: done and dead (ids: any finished status)",
 )
 @click.option("--actor", default=None, help="who asks (default: your login name)")
-@click.option("--reason", required=True, help="why: recorded with each replayed row")
+@click.option(
+    "--reason", default=None, help="why: recorded with each replayed row (not for --dry-run)"
+)
 @click.option("--limit", default=10_000, show_default=True, help="at most this many rows")
 @click.option("--batch", default=500, show_default=True, help="rows per transaction")
 @click.option("--dry-run", is_flag=True, help="show what would be replayed, change nothing")
@@ -101,7 +103,7 @@ def replay(
     until: str | None,
     statuses: tuple[str, ...],
     actor: str | None,
-    reason: str,
+    reason: str | None,
     limit: int,
     batch: int,
     dry_run: bool,
@@ -121,6 +123,8 @@ def replay(
         raise click.UsageError("select rows: ids, --source, --since/--until or --status")
     if batch < 1 or limit < 1:
         raise click.UsageError("--batch and --limit must be positive")
+    if not dry_run and not (reason and reason.strip()):
+        raise click.UsageError("--reason is required: it is recorded with each replayed row")
     box = _setup(app, config, database_url)
     now = time.time()
     chosen: tuple[str, ...] | None = statuses or (None if ids else ("done", "dead"))
@@ -165,7 +169,7 @@ def replay(
                         box,
                         Selection(ids=chunk, statuses=chosen, limit=len(chunk)),
                         actor=who,
-                        reason=reason,
+                        reason=reason or "",
                     )
                     total.replayed += part.replayed
                     total.purged += part.purged

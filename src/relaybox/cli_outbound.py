@@ -74,9 +74,12 @@ def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: str) -
             return datetime.fromtimestamp(value, UTC).isoformat(timespec="seconds")
         return str(value)
 
+    from relaybox.cli_tables import keep_whole
+
     table = Table(*columns, title=title)
     for row in rows:
         table.add_row(*(cell(c, row.get(c)) for c in columns))
+    keep_whole(table, [c for c in columns if c == "id" or c.endswith(("_id", "_at"))])
     Console().print(table)
 
 

@@ -9,11 +9,14 @@ operator fixes a broken configuration in one go instead of one error per restart
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
@@ -21,6 +24,7 @@ from relaybox.errors import ConfigurationError
 from relaybox.outbound.settings import OutboundSettings
 
 __all__ = [
+    "BACKGROUND_ROLES",
     "AdminSettings",
     "BodySettings",
     "RetentionSettings",
@@ -28,7 +32,11 @@ __all__ = [
     "Settings",
     "WorkerSettings",
     "load_settings",
+    "merge_settings",
 ]
+
+BACKGROUND_ROLES = ("worker", "dispatcher", "maintenance")
+"""The roles that run as tasks in the application's process (no HTTP of their own)."""
 
 
 class WorkerSettings(BaseModel):
@@ -182,6 +190,15 @@ class Settings(BaseModel):
     admin_token: SecretStr | None = Field(
         None, description="bearer token of the admin API and the dashboard login"
     )
+    migrate: Literal["auto", "check"] = Field(
+        "auto",
+        description="at start (box.lifespan, box.running, relaybox serve): 'auto' applies "
+        "pending migrations, 'check' only checks them (run `relaybox migrate` in your deploy)",
+    )
+    lifespan_roles: list[str] = Field(
+        default_factory=lambda: list(BACKGROUND_ROLES),
+        description="background roles box.lifespan starts in the application's process",
+    )
     admin: AdminSettings = Field(default_factory=AdminSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
@@ -189,6 +206,16 @@ class Settings(BaseModel):
     outbound: OutboundSettings = Field(default_factory=OutboundSettings)
     bodies: BodySettings = Field(default_factory=BodySettings)
     sources: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("lifespan_roles")
+    @classmethod
+    def _known_roles(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(BACKGROUND_ROLES))
+        if unknown:
+            raise ValueError(
+                f"unknown role(s) {', '.join(unknown)}: choose from {', '.join(BACKGROUND_ROLES)}"
+            )
+        return value
 
     @field_validator("admin_token")
     @classmethod
@@ -225,6 +252,46 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+def _list_field(annotation: Any) -> bool:
+    """Whether a field holds a list (``list[str]``, ``list[float] | None``, ...)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_list_field(a) for a in typing.get_args(annotation) if a is not type(None))
+    return origin in (list, tuple, set, frozenset)
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _env_lists(model: type[BaseModel], layer: dict[str, Any], prefix: str) -> None:
+    """Lists from the environment, in place: a JSON array (``["127.0.0.0/8"]``) or
+    comma-separated values (``127.0.0.0/8,::1/128``). An environment variable is a
+    string; a list setting would otherwise refuse every value."""
+    for name, value in layer.items():
+        field = model.model_fields.get(name)
+        if field is None:
+            continue  # reported by validation, named by its path
+        var = f"{prefix}{name.upper()}"
+        nested = _model_of(field.annotation)
+        if nested is not None and isinstance(value, dict):
+            _env_lists(nested, value, var + "__")
+        elif isinstance(value, str) and _list_field(field.annotation):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    parsed = json.loads(text)
+                except ValueError as exc:
+                    raise ConfigurationError(f"{var} is not a JSON array: {exc}") from None
+                if not isinstance(parsed, list):
+                    raise ConfigurationError(f"{var} is not a JSON array")
+                layer[name] = parsed
+            else:
+                layer[name] = [v.strip() for v in text.split(",") if v.strip()]
+
+
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in over.items():
@@ -251,7 +318,31 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
             raise ConfigurationError(f"config file {p} is not UTF-8 text") from None
         except OSError as exc:
             raise ConfigurationError(f"config file {p} cannot be read: {exc.strerror}") from None
-    data = _merge(data, _env_layer(env))
+    env_data = _env_layer(env)
+    _env_lists(Settings, env_data, "RELAYBOX_")
+    data = _merge(data, env_data)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigurationError(f"invalid settings: {problems}") from None
+
+
+def _explicit(model: BaseModel) -> dict[str, Any]:
+    """The fields set explicitly on ``model`` (nested models: theirs), as values."""
+    out: dict[str, Any] = {}
+    for name in model.model_fields_set:
+        value = getattr(model, name)
+        out[name] = _explicit(value) if isinstance(value, BaseModel) else value
+    return out
+
+
+def merge_settings(base: Settings, over: Settings) -> Settings:
+    """``base`` with what ``over`` sets explicitly on top (defaults of ``over`` do
+    not reset what ``base`` was given in code)."""
+    data = _merge(_explicit(base), _explicit(over))
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:

@@ -13,6 +13,11 @@ from relaybox import Context, PermanentError, Relaybox, Secret, sources
 
 DEMO_SECRET = "whsec_relaybox_demo_secret"
 
+DESCRIPTION = (
+    "Demo: each Stripe invoice.paid grants 100 credits to workspace_demo, once per invoice "
+    "(table demo_balances); other events are only recorded."
+)
+
 box = Relaybox()
 box.source(
     "stripe",

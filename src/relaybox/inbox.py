@@ -20,7 +20,7 @@ from collections import deque
 
 import structlog
 
-from relaybox.errors import StoreUnavailable
+from relaybox.errors import TABLES_MISSING, StoreUnavailable, tables_missing
 from relaybox.log import short_error
 from relaybox.store import AcceptOutcome, NewDelivery, Store
 
@@ -58,6 +58,7 @@ class Acceptor:
         # WAL flushes a second for 3,613 rows); bench/README.md has the figures.
         self.parallel_at = parallel_at
         self.patience = patience
+        self._said_tables_missing = False
         self._items: deque[_Item] | None = None  # queued, oldest first
         self._wakeup = asyncio.Event()
         # Batches whose commit is awaited, and when each was sent, oldest first.
@@ -135,8 +136,16 @@ class Acceptor:
                     log.warning("accept_batch_split", size=len(batch), error=short_error(exc))
                     await self._commit_apart(batch)
                     continue
-                log.warning("accept_batch_failed", size=len(batch), error=short_error(exc))
-                _fail(batch, "the database is unavailable")
+                if tables_missing(exc):
+                    # Every request until someone migrates: one line, not one per batch.
+                    message = TABLES_MISSING
+                    if not self._said_tables_missing:
+                        self._said_tables_missing = True
+                        log.error("relaybox_tables_missing", hint=TABLES_MISSING)
+                else:
+                    message = "the database is unavailable"
+                    log.warning("accept_batch_failed", size=len(batch), error=short_error(exc))
+                _fail(batch, message)
                 continue
             finally:
                 self._inflight.remove(entry)

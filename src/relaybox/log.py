@@ -19,7 +19,17 @@ def debug_enabled() -> bool:
     return _debug
 
 
-def configure_logging(level: str = "info", *, json: bool = True) -> None:
+class _StderrLoggerFactory:
+    """Loggers that write to ``sys.stderr`` as it is when they log (an application
+    or its test runner may replace it after relaybox configured logging)."""
+
+    def __call__(self, *args: object) -> structlog.PrintLogger:
+        return structlog.PrintLogger(sys.stderr)
+
+
+def configure_logging(
+    level: str = "info", *, json: bool = True, follow_stderr: bool = False
+) -> None:
     global _debug
     _debug = level.lower() == "debug"
     renderer: structlog.typing.Processor = (
@@ -35,7 +45,9 @@ def configure_logging(level: str = "info", *, json: bool = True) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=(
+            _StderrLoggerFactory() if follow_stderr else structlog.PrintLoggerFactory(sys.stderr)
+        ),
         cache_logger_on_first_use=False,
     )
 

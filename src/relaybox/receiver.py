@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from relaybox.errors import PayloadTooLarge, RejectedDelivery, StoreUnavailable
+from relaybox.errors import (
+    TABLES_MISSING,
+    PayloadTooLarge,
+    RejectedDelivery,
+    StoreUnavailable,
+    tables_missing,
+)
 from relaybox.log import debug_enabled
 from relaybox.sources.hooks import URL_HEADER, Answer
 from relaybox.sources.requests import handshake, request_url, send_answer
@@ -59,8 +65,8 @@ class Receiver:
         return self._verify_pool
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self.box.lifespan(receive, send)
+        if scope["type"] == "lifespan":  # the receiver is the whole app
+            await _lifespan(self.box, receive, send)
             return
         if scope["type"] != "http":
             return
@@ -137,6 +143,9 @@ class Receiver:
             _key_log(delivery).warning("delivery_not_committed", error=str(exc))
             return 503, _error("unavailable", str(exc)), [(b"retry-after", b"5")]
         except Exception as exc:  # a bug must still not leak a traceback or ack
+            if tables_missing(exc):  # inline mode on a database never migrated
+                log.error("relaybox_tables_missing", hint=TABLES_MISSING)
+                return 503, _error("unavailable", TABLES_MISSING), [(b"retry-after", b"5")]
             _key_log(delivery).exception("delivery_failed", error=type(exc).__name__)
             return (
                 503,
@@ -152,6 +161,27 @@ class Receiver:
         if answer is not None:
             return answer.status, answer, []
         return 200, {"status": outcome.status, "event_id": delivery.event_id}, []
+
+
+async def _lifespan(box: Relaybox, receive: Receive, send: Send) -> None:
+    """ASGI lifespan of the bare receiver served as the whole app: the schema checked
+    (or migrated, ``migrate = "auto"``) and the accept connections opened at startup,
+    everything closed at shutdown. No background role starts here: the worker runs
+    in ``relaybox worker``, or use ``box.lifespan`` in an app of your own."""
+    running = box.running(roles=())
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            try:
+                await running.__aenter__()
+            except Exception as exc:
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await running.__aexit__(None, None, None)
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 def _headers_json(headers: dict[str, str]) -> str:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from relaybox import projections
 from relaybox.errors import OperationConflict, PermanentError
@@ -93,8 +93,30 @@ class Outbox:
             value.encode()  # lone surrogates cannot be stored: fail in the handler
         ctx = self._ctx
         event = ctx.event
+        _check_channel(ctx.box, channel)
         ctx.outbox_rows.append((channel, key, json.dumps(payload), event.tenant, event.id))
         ctx.outbox_keys.append(f"{channel}:{key}")
+
+
+_UNKNOWN_CHANNELS_SAID: set[str] = set()
+
+
+def _check_channel(box: Relaybox, channel: str) -> None:
+    """Say once per process (an error line) that rows are recorded for a channel no
+    dispatcher of this app delivers: they stay pending until it is registered.
+    ``relaybox doctor`` names them too."""
+    if channel in _UNKNOWN_CHANNELS_SAID:
+        return
+    from relaybox.outbound.registry import outbound
+
+    if channel not in outbound(box).channels:
+        _UNKNOWN_CHANNELS_SAID.add(channel)
+        log.error(
+            "outbox_channel_not_registered",
+            channel=channel,
+            detail="its rows stay pending until a channel of that name is registered"
+            f" (box.outbound.channel({channel!r}, ...))",
+        )
 
 
 @dataclass
@@ -118,6 +140,28 @@ class Context:
         self._fingerprint = ""
         self._key_error: Exception | None = None
         self._claimed = False
+        self._session: Any = None
+
+    @property
+    def session(self) -> AsyncSession:
+        """An ORM ``AsyncSession`` on :attr:`conn`, in the same transaction: what it
+        writes commits with the handler's business keys and the event's completion,
+        or rolls back with them. relaybox flushes it when the handler returns; the
+        handler does not commit it."""
+        if self._session is None:
+            # SQLAlchemy's default joining: the session works inside the handler's
+            # transaction (or its savepoint) and never commits it.
+            self._session = AsyncSession(bind=self.conn)
+        return self._session
+
+    async def _flush_session(self) -> None:
+        if self._session is not None:
+            await self._session.flush()
+
+    async def _close_session(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
 
     def _declare(self, registration: Registration) -> None:
         if registration.business_key is None:
@@ -445,16 +489,33 @@ class Worker:
                     await listener.close()
 
     async def _loop(self) -> None:
+        failures = 0
         while not self._stopping.is_set():
             try:
                 n = await self.run_once()
+                failures = 0
             except Exception as exc:  # the database went away: back off and retry
-                log.warning("worker_batch_failed", worker=self.name, error=short_error(exc))
+                failures += 1
+                if failures == 1 or failures % 10 == 0:  # not one line per retry
+                    log.warning(
+                        "worker_batch_failed",
+                        worker=self.name,
+                        failures=failures,
+                        error=short_error(exc),
+                    )
                 n = 0
             if n == 0 and not self._stopping.is_set():
+                # Idle: the poll interval. Failing: doubling pauses up to 10 s (a wake-up
+                # from new rows does not cut them short: the database is the problem).
+                pause = self.poll_interval
+                if failures:
+                    pause = min(self.poll_interval * 2 ** min(failures, 10), 10.0)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), pause)
+                    continue
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+                    await asyncio.wait_for(self._wake.wait(), pause)
 
     async def _listen(self) -> Any:
         """Wake up on new rows (PostgreSQL LISTEN, SQLite's in-process signal); polling
@@ -1038,11 +1099,13 @@ class Worker:
             if savepoint:
                 async with conn.begin_nested():
                     await handler(ctx)
+                    await ctx._flush_session()
                     await self.box.store.outbox_insert_rows(
                         conn, ctx.outbox_rows, now=self.box.clock.now()
                     )
             else:
                 await handler(ctx)
+                await ctx._flush_session()
             return ctx, _Outcome("done")
         except OperationConflict as exc:
             return ctx, _Outcome("conflict", str(exc))
@@ -1053,6 +1116,8 @@ class Worker:
                 return ctx, _Outcome("contended", error_text(exc))
             aborted = grouped and _sqlstate_in(exc, _IN_FAILED_TRANSACTION)
             return ctx, _Outcome("retry", error_text(exc), aborted=aborted)
+        finally:
+            await ctx._close_session()
 
     def _registration(self, source: str, event_type: str) -> Registration | None:
         """``box.registration_for``, remembered until a handler is registered."""

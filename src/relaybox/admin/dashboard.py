@@ -289,7 +289,13 @@ async def overview(request: Request) -> Response:
             panels.append(panel)
     chart = _chart(await ops.throughput(box))
     return await render(
-        request, "overview.html", active="overview", stats=stats, chart=chart, panels=panels
+        request,
+        "overview.html",
+        active="overview",
+        stats=stats,
+        chart=chart,
+        panels=panels,
+        unregistered=await ops.unregistered_channels(box),
     )
 
 

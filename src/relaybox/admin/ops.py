@@ -446,6 +446,21 @@ async def stats(box: Relaybox) -> StatsResponse:
     return StatsResponse(**snapshot.summary())
 
 
+async def unregistered_channels(box: Relaybox) -> dict[str, int]:
+    """Pending outbox rows by channel, for the channels this app never registers: no
+    dispatcher of it delivers them (``ctx.outbox.add("email", …)`` without an
+    ``email`` channel)."""
+    from relaybox.outbound.registry import outbound
+
+    snapshot = await read_ops_stats(box.store, box.clock.now())
+    known = set(outbound(box).channels)
+    stuck: dict[str, int] = {}
+    for g in snapshot.groups:
+        if g.queue == "outbox" and g.status == "pending" and g.source not in known:
+            stuck[g.source] = stuck.get(g.source, 0) + g.count
+    return stuck
+
+
 async def throughput(box: Relaybox, *, minutes: int = 60) -> list[dict[str, Any]]:
     """Deliveries accepted per minute over the last ``minutes``, by status now; every
     minute present (zeros included) so a chart has no gaps."""

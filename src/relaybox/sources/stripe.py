@@ -135,17 +135,55 @@ class StripeSource(Source):
             "livemode": False,
             "pending_webhooks": 1,
             "request": {"id": None, "idempotency_key": None},
-            "data": {
-                "object": {
-                    "id": "pi_relaybox_test",
-                    "object": "payment_intent",
-                    "amount": 2000,
-                    "currency": "usd",
-                    "status": "succeeded",
-                }
-            },
+            "data": {"object": _example_object(event_type or "payment_intent.succeeded", now)},
         }
         return json.dumps(event, separators=(",", ":")).encode()
+
+
+def _example_object(event_type: str, now: float) -> dict[str, Any]:
+    """The object a Stripe event of ``event_type`` carries, with the fields handlers
+    read (an ``invoice.*`` event carries an invoice with ``amount_paid``)."""
+    kind = event_type.rsplit(".", 1)[0]
+    if kind == "invoice":
+        return {
+            "id": "in_relaybox_test",
+            "object": "invoice",
+            "customer": "cus_relaybox_test",
+            "subscription": "sub_relaybox_test",
+            "amount_due": 2000,
+            "amount_paid": 2000 if event_type == "invoice.paid" else 0,
+            "amount_remaining": 0 if event_type == "invoice.paid" else 2000,
+            "currency": "usd",
+            "status": "paid" if event_type == "invoice.paid" else "open",
+            "paid": event_type == "invoice.paid",
+            "created": int(now),
+        }
+    if kind in ("customer.subscription", "subscription"):
+        return {
+            "id": "sub_relaybox_test",
+            "object": "subscription",
+            "customer": "cus_relaybox_test",
+            "status": "active",
+            "created": int(now),
+        }
+    if kind == "checkout.session":
+        return {
+            "id": "cs_relaybox_test",
+            "object": "checkout.session",
+            "customer": "cus_relaybox_test",
+            "amount_total": 2000,
+            "currency": "usd",
+            "payment_status": "paid",
+            "status": "complete",
+        }
+    return {
+        "id": "pi_relaybox_test",
+        "object": "payment_intent",
+        "amount": 2000,
+        "amount_received": 2000,
+        "currency": "usd",
+        "status": "succeeded",
+    }
 
 
 def stripe(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> StripeSource:

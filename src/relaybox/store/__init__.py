@@ -21,13 +21,14 @@ __all__ = [
     "OutboxRow",
     "Stats",
     "Store",
+    "check_database_url",
     "open_store",
 ]
 
 
 def open_store(url: str, **options: object) -> Store:
     """A store for ``url``: ``sqlite:///path/to/file.db`` or ``postgresql://…``."""
-    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
+    scheme = check_database_url(url)
     if scheme == "sqlite":
         from relaybox.store.sqlite import SQLiteStore
 
@@ -36,6 +37,17 @@ def open_store(url: str, **options: object) -> Store:
         from relaybox.store.postgres import PostgresStore
 
         return PostgresStore(url.replace("postgres://", "postgresql://", 1), **options)  # type: ignore[arg-type]
+    raise AssertionError(scheme)  # check_database_url refused it
+
+
+def check_database_url(url: str) -> str:
+    """The backend of ``url`` (``sqlite`` or ``postgresql``), or
+    :class:`ConfigurationError` naming what is wrong with it."""
+    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme == "sqlite":
+        return "sqlite"
+    if scheme in ("postgresql", "postgres"):
+        return scheme
     raise ConfigurationError(
         f"unsupported database URL scheme {scheme!r}: use sqlite:///file.db or postgresql://…"
     )
