@@ -466,3 +466,25 @@ async def test_publishing_is_rate_limited_per_tenant(database_url: str, clock: F
         # Another tenant has its own bucket; reading is not limited.
         assert (await neighbour.post("/messages", json=body)).status_code == 202
         assert (await api.get("/messages")).status_code == 200
+
+
+async def test_logout_without_the_sessions_table_says_what_it_could_not_do(
+    database_url: str, clock: FrozenClock
+) -> None:
+    """A database one migration behind: pages work (no session can have been
+    revoked), and logout forgets the cookie but says the session stays valid."""
+    box = Relaybox(settings=Settings(database_url=database_url, admin_token=TOKEN), clock=clock)
+    async with box.store.transaction() as conn:
+        await conn.exec_driver_sql("DROP TABLE relaybox_admin_revoked_sessions")
+    app = Starlette(routes=[Mount("/admin", app=build_admin(box))])
+    try:
+        async with (
+            Served(app) as served,
+            httpx.AsyncClient(base_url=served.url + "/admin") as client,
+        ):
+            csrf = await login(client)
+            out = await client.post("/logout", data={"csrf": csrf})
+            assert out.status_code == 503 and "Logged out in this browser only" in out.text
+            assert "relaybox_admin" not in client.cookies
+    finally:
+        await box.close()

@@ -220,6 +220,23 @@ def page(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Aw
     return wrapped
 
 
+async def _checked_form(request: Request) -> dict[str, str] | Response:
+    """The form of a POST from one of the session's pages, or the page that refuses
+    it (too large, text no database stores, CSRF token missing or wrong)."""
+    try:
+        form = await form_of(request)
+    except BodyTooLarge as exc:
+        return await _too_large(request, exc)
+    except ops.OpsError as exc:
+        return await render(request, "error.html", status=exc.status, message=exc.message)
+    session: Session | None = request.scope.get("state", {}).get("admin_session")
+    if session is None or not hmac.compare_digest(form.get("csrf", ""), session.csrf):
+        return await render(
+            request, "error.html", status=403, message="the form expired: reload the page"
+        )
+    return form
+
+
 def action(
     fn: Callable[[Request, dict[str, str]], Awaitable[Notice]],
 ) -> Callable[[Request], Awaitable[Response]]:
@@ -228,17 +245,9 @@ def action(
     the error's code when it failed."""
 
     async def wrapped(request: Request) -> Response:
-        try:
-            form = await form_of(request)
-        except BodyTooLarge as exc:
-            return await _too_large(request, exc)
-        except ops.OpsError as exc:
-            return await render(request, "error.html", status=exc.status, message=exc.message)
-        session: Session | None = request.scope.get("state", {}).get("admin_session")
-        if session is None or not hmac.compare_digest(form.get("csrf", ""), session.csrf):
-            return await render(
-                request, "error.html", status=403, message="the form expired: reload the page"
-            )
+        form = await _checked_form(request)
+        if isinstance(form, Response):
+            return form
         back = form.get("back", "")
         base = _base(request)
         if not back.startswith(base + "/") or "//" in back or "\\" in back:
@@ -338,32 +347,26 @@ async def login(request: Request) -> Response:
     return response
 
 
-async def _logout(request: Request, form: dict[str, str]) -> str:
-    session: Session | None = request.scope.get("state", {}).get("admin_session")
-    if await request.app.state.tables.missing((SESSIONS_TABLE,)):
-        raise ops.OpsError(f"table {SESSIONS_TABLE} does not exist")
-    if session is not None:
-        await revoke_session(box_of(request), session)
-    return ""
-
-
 async def logout(request: Request) -> Response:
     """End the session for every process (revoked in the database), then forget the
     cookie. On a database without the sessions table the cookie is forgotten here
     but stays valid until it expires: the page says so."""
-    response = await action(_logout)(request)
+    form = await _checked_form(request)
+    if isinstance(form, Response):
+        return form
     base = _base(request)
-    if response.status_code == 303:
-        if "error=" in response.headers["location"]:
-            message = (
-                f"Logged out in this browser only: table {SESSIONS_TABLE} does not exist, "
-                "so the session could not be revoked and a copy of its cookie works until "
-                "it expires. Run migrations (relaybox migrate)."
-            )
-            response = await render(request, "error.html", status=503, message=message)
-        else:
-            response = RedirectResponse(base + "/login", status_code=303)
-        response.delete_cookie(COOKIE, path=base or "/")
+    response: Response
+    if await request.app.state.tables.missing((SESSIONS_TABLE,)):
+        message = (
+            f"Logged out in this browser only: table {SESSIONS_TABLE} does not exist, "
+            "so the session could not be revoked and a copy of its cookie works until "
+            "it expires. Run migrations (relaybox migrate)."
+        )
+        response = await render(request, "error.html", status=503, message=message)
+    else:
+        await revoke_session(box_of(request), request.scope["state"]["admin_session"])
+        response = RedirectResponse(base + "/login", status_code=303)
+    response.delete_cookie(COOKIE, path=base or "/")
     return response
 
 
