@@ -488,3 +488,51 @@ async def test_logout_without_the_sessions_table_says_what_it_could_not_do(
             assert "relaybox_admin" not in client.cookies
     finally:
         await box.close()
+
+
+# -- the limiters themselves -------------------------------------------------------------
+
+
+class Ticks:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_token_buckets_refill_and_stay_bounded() -> None:
+    from relaybox.limits import TokenBuckets
+
+    ticks = Ticks()
+    buckets = TokenBuckets(rate=2.0, burst=3, max_keys=4, clock=ticks)
+    assert [buckets.take("a") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert buckets.take("a") == pytest.approx(0.5)  # one token per 0.5 s
+    ticks.now += 0.5
+    assert buckets.take("a") == 0.0
+    assert buckets.take("b") == 0.0  # its own bucket
+    for key in "cdefgh":
+        buckets.take(key)
+    assert len(buckets._buckets) <= 4
+
+
+def test_failure_throttle_window_and_bound() -> None:
+    from relaybox.limits import FailureThrottle
+
+    ticks = Ticks()
+    throttle = FailureThrottle(per_key=2, total=5, window=60, max_keys=3, clock=ticks)
+    throttle.failed("x")
+    assert throttle.blocked("x") == 0
+    ticks.now += 10
+    throttle.failed("x")
+    assert throttle.blocked("x") == 50  # until the first failure leaves the window
+    assert throttle.blocked("y") == 0
+    ticks.now += 50
+    assert throttle.blocked("x") == 0
+    throttle.failed("x")
+    throttle.succeeded("x")
+    assert throttle.blocked("x") == 0
+    for key in ("p", "q", "r"):
+        throttle.failed(key)
+    assert throttle.blocked("anyone") == 10  # the last five failures began at +10 s
+    assert len(throttle._keys) <= 3
