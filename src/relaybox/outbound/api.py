@@ -106,7 +106,7 @@ class Recovery(BaseModel):
 class Redelivery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    endpoint_id: str | None = None
+    endpoint_id: str | None = Field(None, max_length=_MAX_ID)
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
