@@ -86,6 +86,37 @@ class AdminSettings(BaseModel):
     secure_cookie: bool = Field(
         False, description="mark the session cookie Secure (serve /admin over HTTPS)"
     )
+    login_max_body: int = Field(
+        4096, ge=256, le=1024 * 1024, description="largest login form, bytes (413 above)"
+    )
+    form_max_body: int = Field(
+        16 * 1024, ge=1024, le=1024 * 1024, description="largest dashboard form, bytes"
+    )
+    api_max_body: int = Field(
+        64 * 1024, ge=1024, le=16 * 1024 * 1024, description="largest admin API body, bytes"
+    )
+    login_failures_per_address: int = Field(
+        5,
+        ge=1,
+        description="wrong logins from one client address within login_window before "
+        "its logins answer 429",
+    )
+    login_failures_total: int = Field(
+        100,
+        ge=1,
+        description="wrong logins from all addresses within login_window before every "
+        "login answers 429 (a guess spread over many addresses)",
+    )
+    login_window: float = Field(
+        60.0, gt=0, le=24 * 3600, description="seconds the login failure counts cover"
+    )
+    frame_ancestors: str = Field(
+        "'none'",
+        max_length=1000,
+        pattern=r"^[^;,\r\n]+$",
+        description="CSP frame-ancestors of every admin answer: 'none' (with "
+        "X-Frame-Options: DENY) forbids framing; a source list allows it to those origins",
+    )
 
 
 class ServerSettings(BaseModel):

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from relaybox.admin import api, dashboard
-from relaybox.admin.auth import AdminAuth
+from relaybox.admin.auth import AdminAuth, SecurityHeaders
 from relaybox.admin.sections import (
     Call,
     Operation,
@@ -28,6 +28,7 @@ from relaybox.admin.sections import (
     register_section,
     sections,
 )
+from relaybox.limits import FailureThrottle
 from relaybox.metrics import read_ops_stats
 
 if TYPE_CHECKING:
@@ -147,13 +148,22 @@ def build_admin(box: Relaybox) -> Starlette:
             routes.extend(_guarded(route, section) for route in section.pages)
         else:
             routes.extend(section.pages)
+    tables = api.TablesCheck(box)
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(AdminAuth, box=box, login_page=dashboard.login_page)],
+        middleware=[
+            Middleware(SecurityHeaders, box=box),
+            Middleware(AdminAuth, box=box, login_page=dashboard.login_page, tables=tables),
+        ],
     )
     app.state.box = box
     app.state.sections = current
-    app.state.tables = api.TablesCheck(box)
+    app.state.tables = tables
+    app.state.login_throttle = FailureThrottle(
+        box.settings.admin.login_failures_per_address,
+        box.settings.admin.login_failures_total,
+        box.settings.admin.login_window,
+    )
     return app
 
 

@@ -6,7 +6,10 @@ Each operation is an :class:`~relaybox.admin.sections.Operation`; :func:`build_a
 turns the registered ones into routes that validate the request with the operation's
 models, call its handler, and answer JSON. Every error is ``{"error", "message"}``
 (400 invalid request, 401 no token, 404 unknown, 409 the row is not in the state the
-action needs); authentication happens before routing (:mod:`relaybox.admin.auth`).
+action needs, 413 a body over ``admin.api_max_body``, refused before it is read);
+authentication happens before routing (:mod:`relaybox.admin.auth`). A NUL character
+or a lone surrogate in a query value or anywhere in a body is a 400: no database
+column stores them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from starlette.routing import Route
 from relaybox.admin import models as m
 from relaybox.admin import ops
 from relaybox.admin.sections import Call, Operation, Section
+from relaybox.bodies import BodyTooLarge, read_body, text_problem
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -298,17 +302,25 @@ def _endpoint(box: Relaybox, op: Operation, section: Section, tables: TablesChec
             if bad_int or "\x00" in raw or len(raw) > 200:
                 return error_response(404, "not_found", f"{name} {raw[:40]!r} is not a known id")
             path[name] = int(raw) if kind == "int" else raw
+        raw_query = dict(request.query_params)
+        if problem := text_problem(raw_query, "query"):
+            return error_response(400, "invalid_request", problem)
         try:
-            query = op.query.model_validate(dict(request.query_params)) if op.query else None
+            query = op.query.model_validate(raw_query) if op.query else None
             if op.query is None and request.query_params:
                 return error_response(400, "invalid_request", "this operation takes no query")
             body = None
             if op.body is not None:
-                raw_body = await request.body()
+                try:
+                    raw_body = await read_body(request, box.settings.admin.api_max_body)
+                except BodyTooLarge as exc:
+                    return error_response(413, "too_large", str(exc))
                 try:
                     data = json.loads(raw_body or b"null")
-                except ValueError:
+                except (ValueError, RecursionError):
                     return error_response(400, "invalid_request", "the body is not JSON")
+                if problem := text_problem(data):
+                    return error_response(400, "invalid_request", problem)
                 body = op.body.model_validate(data)
         except ValidationError as exc:
             return error_response(400, "invalid_request", "invalid request", _details(exc))

@@ -7,9 +7,16 @@
 
 The check wraps the whole admin app (:class:`AdminAuth`), before routing, so a route
 added later is refused by default rather than public by mistake. Tokens are compared
-in constant time. The session is stateless (an HMAC keyed by a hash of the token), so
-changing ``admin_token`` logs every browser out, and several processes behind one
-load balancer accept each other's cookies without a shared store.
+in constant time. The session cookie is signed (an HMAC keyed by a hash of the
+token), so changing ``admin_token`` logs every browser out. A logout revokes its
+session in the database (``relaybox_admin_revoked_sessions``), which every process
+checks on every page: several processes behind one load balancer share nothing but
+the database, so that is where a revocation must live for all of them to see it at
+once (a per-process list would leave the cookie valid on the other processes).
+
+:class:`SecurityHeaders` adds the browser protections to every admin answer:
+framing refused (``X-Frame-Options``, CSP ``frame-ancestors``), no MIME sniffing,
+no referrer sent off the admin app.
 """
 
 from __future__ import annotations
@@ -22,24 +29,32 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import Response
+
+from relaybox.outbound import db
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
 __all__ = [
     "COOKIE",
+    "SESSIONS_TABLE",
     "AdminAuth",
+    "SecurityHeaders",
     "Session",
     "bearer_ok",
     "issue_session",
     "read_session",
+    "revoke_session",
     "route_path",
+    "session_revoked",
     "token_ok",
 ]
 
 COOKIE = "relaybox_admin"
+SESSIONS_TABLE = "relaybox_admin_revoked_sessions"
 _PUBLIC = frozenset({("GET", "/login"), ("POST", "/login")})
 
 
@@ -120,6 +135,27 @@ def read_session(box: Relaybox, cookie: str | None) -> Session | None:
     return Session(issued, nonce, _sign(key, "csrf." + nonce))
 
 
+def _session_id(session: Session) -> str:
+    return hashlib.sha256(b"relaybox-admin-session-id\0" + session.nonce.encode()).hexdigest()
+
+
+async def revoke_session(box: Relaybox, session: Session) -> None:
+    """End ``session`` for every process (logout); rows of sessions that have expired
+    anyway are dropped in the same transaction."""
+    store, now = box.store, box.clock.now()
+    expires = session.issued_at + box.settings.admin.session_ttl + 60
+    async with store.transaction() as conn:
+        await db.execute(conn, store, "admin_session_revoke", _session_id(session), expires)
+        await db.execute(conn, store, "admin_session_purge", now - 60)
+
+
+async def session_revoked(box: Relaybox, session: Session) -> bool:
+    store = box.store
+    async with store.transaction() as conn:
+        row = await db.first(conn, store, "admin_session_revoked", _session_id(session))
+    return row is not None
+
+
 def _unauthorized_json(message: str) -> Response:
     body = json.dumps({"error": "unauthorized", "message": message}).encode()
     return Response(
@@ -140,10 +176,12 @@ class AdminAuth:
         app: Callable[..., Awaitable[None]],
         box: Relaybox,
         login_page: Callable[[Request, str], Awaitable[Response]],
+        tables: Any,
     ) -> None:
         self.app = app
         self.box = box
         self.login_page = login_page
+        self.tables = tables
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -165,9 +203,49 @@ class AdminAuth:
                 return
         elif (request.method, path) not in _PUBLIC:
             session = read_session(self.box, request.cookies.get(COOKIE))
+            # Without the table (a database not migrated yet) no logout can have
+            # been recorded, so no session is revoked; logout says it cannot revoke.
+            if (
+                session is not None
+                and not await self.tables.missing((SESSIONS_TABLE,))
+                and await session_revoked(self.box, session)
+            ):
+                session = None
             if session is None:
                 response = await self.login_page(request, "" if configured else why)
                 await response(scope, receive, send)
                 return
             scope.setdefault("state", {})["admin_session"] = session
         await self.app(scope, receive, send)
+
+
+class SecurityHeaders:
+    """ASGI middleware: the browser protections on every answer of the admin app
+    (pages, the login form, errors and the JSON API alike). ``frame_ancestors`` is
+    the CSP source list of who may frame the dashboard; ``'none'`` (the default) also
+    sends ``X-Frame-Options: DENY`` for browsers that predate CSP."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], box: Relaybox) -> None:
+        self.app = app
+        ancestors = box.settings.admin.frame_ancestors.strip()
+        self.headers = [
+            ("content-security-policy", f"frame-ancestors {ancestors}"),
+            ("x-content-type-options", "nosniff"),
+            ("referrer-policy", "same-origin"),
+        ]
+        if ancestors == "'none'":
+            self.headers.append(("x-frame-options", "DENY"))
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in self.headers:
+                    headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -6,6 +6,13 @@ never repeats a retry.
 
 A page that shows a pending event refreshes itself every second (``<meta refresh>``):
 an operator who pressed Retry watches the worker pick it up without a script.
+
+After an action the page shows what happened from ``?notice=<code>`` or
+``?error=<code>``: codes of two fixed tables (:data:`NOTICES`, :data:`ERRORS`), never
+text from the address, so a link cannot make the dashboard say something it did not
+(an unknown code shows nothing). Forms are read with a size limit before anything
+else (``admin.login_max_body``, ``admin.form_max_body``), and logins are throttled
+per client address and overall (``admin.login_failures_*``).
 """
 
 from __future__ import annotations
@@ -27,14 +34,25 @@ from starlette.routing import Route
 
 from relaybox.admin import models as m
 from relaybox.admin import ops
-from relaybox.admin.auth import COOKIE, Session, issue_session, token_ok
+from relaybox.admin.auth import (
+    COOKIE,
+    SESSIONS_TABLE,
+    Session,
+    issue_session,
+    revoke_session,
+    token_ok,
+)
+from relaybox.bodies import BodyTooLarge, read_body, text_problem
+from relaybox.limits import FailureThrottle
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
 __all__ = [
     "DEAD_PAGES",
+    "ERRORS",
     "INBOX_PAGES",
+    "NOTICES",
     "OVERVIEW_PAGES",
     "QUARANTINE_PAGES",
     "action",
@@ -71,6 +89,52 @@ _env.filters["age"] = ops.age_text
 _env.filters["pretty"] = _pretty
 
 
+NOTICES: dict[str, str] = {
+    "replayed": "{n} event(s) back to pending: the worker runs them again.",
+    "retried": "{n} event(s) back to pending.",
+    "discarded": "The dead letter was discarded.",
+    "resolved": "The quarantine entry was resolved.",
+    "redelivered": "{n} deliver(ies) sent again.",
+    "endpoint_disabled": "The endpoint was disabled: its waiting deliveries are dead "
+    "letters until it is enabled and they are recovered.",
+    "endpoint_enabled": "The endpoint was enabled.",
+    "recovered": "{n} dead deliver(ies) queued again.",
+}
+"""What ``?notice=<code>`` shows; ``{n}`` is the count from ``?n=`` (digits only)."""
+
+ERRORS: dict[str, str] = {
+    "invalid_request": "A value in the form is not valid.",
+    "invalid_form": "A field of the form is missing or not valid (a discard or a "
+    "resolution needs a reason).",
+    "not_found": "There is no such row (any more).",
+    "conflict": "The row is not in the state this action needs.",
+    "pending": "The event is pending: it is already on its way.",
+    "payload_purged": "Retention dropped the payload: it cannot be run again.",
+    "not_dead": "The event is not a dead letter (any more).",
+    "resolved": "The quarantine entry is already resolved.",
+    "nothing_to_redeliver": "This message has nothing to redeliver.",
+    "already_disabled": "The endpoint is already disabled.",
+    "already_enabled": "The endpoint is already enabled.",
+    "endpoint_disabled": "The endpoint is disabled: enable it first, or the recovered "
+    "deliveries would only wait.",
+    "bad_time": "since and until take 24h (that long ago), an ISO 8601 time "
+    "(2026-03-13T00:00:00Z) or epoch seconds.",
+    "since_required": "since is required: 24h, 2026-03-13T00:00:00Z or epoch seconds.",
+    "until_before_since": "until must be after since.",
+}
+"""What ``?error=<code>`` shows: the dashboard's own messages for the codes its
+actions fail with."""
+
+
+def _flash(query: Any) -> tuple[str, str]:
+    """(notice, error) for a page's query string: table entries only."""
+    notice = NOTICES.get(query.get("notice", ""), "")
+    if "{n}" in notice:
+        n = query.get("n", "")
+        notice = notice.format(n=n) if n.isdigit() and len(n) <= 9 else ""
+    return notice, ERRORS.get(query.get("error", ""), "")
+
+
 def box_of(request: Request) -> Relaybox:
     return request.app.state.box
 
@@ -89,12 +153,13 @@ async def render(
     for section in request.app.state.sections:
         if section.nav_path and not await request.app.state.tables.missing(section.requires_tables):
             nav.append((section.name, section.title, section.nav_path))
+    notice, error = _flash(request.query_params)
     html = _env.get_template(template).render(
         base=_base(request),
         nav=nav,
         csrf=session.csrf if session else "",
-        notice=request.query_params.get("notice", ""),
-        error=request.query_params.get("error", ""),
+        notice=notice,
+        error=error,
         **context,
     )
     return HTMLResponse(html, status_code=status)
@@ -106,10 +171,19 @@ async def login_page(request: Request, problem: str = "") -> Response:
     return await render(request, "login.html", status=401, next=nxt, problem=problem)
 
 
-async def form_of(request: Request) -> dict[str, str]:
-    """An urlencoded form (the dashboard posts nothing else), last value wins."""
-    parsed = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
-    return {k: v[-1] for k, v in parsed.items()}
+async def form_of(request: Request, limit: int | None = None) -> dict[str, str]:
+    """An urlencoded form (the dashboard posts nothing else), last value wins, read
+    with a size limit (default ``admin.form_max_body``; :class:`BodyTooLarge` above
+    it). A value with a NUL character is an :class:`ops.InvalidRequest`."""
+    if limit is None:
+        limit = box_of(request).settings.admin.form_max_body
+    raw = await read_body(request, limit)
+    parsed = parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True)
+    form = {k: v[-1] for k, v in parsed.items()}
+    problem = text_problem(form, "form")
+    if problem:
+        raise ops.InvalidRequest(problem)
+    return form
 
 
 def _redirect(url: str, **query: str) -> RedirectResponse:
@@ -117,10 +191,21 @@ def _redirect(url: str, **query: str) -> RedirectResponse:
     return RedirectResponse(url + ("?" + urlencode(query) if query else ""), status_code=303)
 
 
+async def _too_large(request: Request, exc: BodyTooLarge) -> Response:
+    return await render(request, "error.html", status=413, message=f"the form is {exc}"[:200])
+
+
+Notice = str | tuple[str, int]
+"""What an action returns: a code of :data:`NOTICES`, with a count when it has ``{n}``."""
+
+
 def page(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     """Turn operator errors (unknown id, invalid filter) into a readable page."""
 
     async def wrapped(request: Request) -> Response:
+        problem = text_problem(dict(request.query_params), "query")
+        if problem:
+            return await render(request, "error.html", status=400, message=problem)
         try:
             return await fn(request)
         except ops.OpsError as exc:
@@ -135,19 +220,34 @@ def page(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Aw
     return wrapped
 
 
+async def _checked_form(request: Request) -> dict[str, str] | Response:
+    """The form of a POST from one of the session's pages, or the page that refuses
+    it (too large, text no database stores, CSRF token missing or wrong)."""
+    try:
+        form = await form_of(request)
+    except BodyTooLarge as exc:
+        return await _too_large(request, exc)
+    except ops.OpsError as exc:
+        return await render(request, "error.html", status=exc.status, message=exc.message)
+    session: Session | None = request.scope.get("state", {}).get("admin_session")
+    if session is None or not hmac.compare_digest(form.get("csrf", ""), session.csrf):
+        return await render(
+            request, "error.html", status=403, message="the form expired: reload the page"
+        )
+    return form
+
+
 def action(
-    fn: Callable[[Request, dict[str, str]], Awaitable[str]],
+    fn: Callable[[Request, dict[str, str]], Awaitable[Notice]],
 ) -> Callable[[Request], Awaitable[Response]]:
     """A POST form handler: checks the CSRF token, runs ``fn`` (which returns the
-    notice to show), and redirects to the form's ``back`` page."""
+    notice's code), and redirects to the form's ``back`` page with that code, or with
+    the error's code when it failed."""
 
     async def wrapped(request: Request) -> Response:
-        form = await form_of(request)
-        session: Session | None = request.scope.get("state", {}).get("admin_session")
-        if session is None or not hmac.compare_digest(form.get("csrf", ""), session.csrf):
-            return await render(
-                request, "error.html", status=403, message="the form expired: reload the page"
-            )
+        form = await _checked_form(request)
+        if isinstance(form, Response):
+            return form
         back = form.get("back", "")
         base = _base(request)
         if not back.startswith(base + "/") or "//" in back or "\\" in back:
@@ -155,9 +255,12 @@ def action(
         try:
             notice = await fn(request, form)
         except ops.OpsError as exc:
-            return _redirect(back, error=exc.message)
-        except ValidationError as exc:
-            return _redirect(back, error="; ".join(e["msg"] for e in exc.errors()))
+            code = exc.hint or exc.code
+            return _redirect(back, error=code if code in ERRORS else "invalid_request")
+        except ValidationError:
+            return _redirect(back, error="invalid_form")
+        if isinstance(notice, tuple):
+            return _redirect(back, notice=notice[0], n=str(notice[1]))
         return _redirect(back, notice=notice)
 
     wrapped.__name__ = fn.__name__
@@ -193,21 +296,43 @@ def actor_of(request: Request) -> str:
 # -- login ----------------------------------------------------------------------
 
 
+def _safe_next(nxt: str, base: str) -> str:
+    if not nxt.startswith(base + "/") or "//" in nxt or "\\" in nxt or "\x00" in nxt:
+        return base + "/"  # never redirect off the admin app (open redirect)
+    return nxt[:2000]
+
+
 async def login(request: Request) -> Response:
     box = box_of(request)
     base = _base(request)
     if request.method == "GET":
-        nxt = request.query_params.get("next", base + "/")
+        nxt = _safe_next(request.query_params.get("next", base + "/"), base)
         return await render(request, "login.html", next=nxt, problem="")
-    form = await form_of(request)
-    nxt = form.get("next", base + "/")
-    if not nxt.startswith(base + "/") or "//" in nxt or "\\" in nxt:
-        nxt = base + "/"  # never redirect off the admin app (open redirect)
+    throttle: FailureThrottle = request.app.state.login_throttle
+    address = request.client.host if request.client else "unknown"
+    wait = throttle.blocked(address)
+    if wait:
+        # Before the body is read or the token compared: a guess made now is not
+        # even looked at, right or wrong.
+        problem = f"too many wrong tokens: try again in {wait:.0f} s"
+        refused = await render(request, "login.html", status=429, next=base + "/", problem=problem)
+        refused.headers["Retry-After"] = f"{wait:.0f}"
+        return refused
+    try:
+        form = await form_of(request, box.settings.admin.login_max_body)
+    except BodyTooLarge as exc:
+        problem = f"the login form is {exc}"
+        return await render(request, "login.html", status=413, next=base + "/", problem=problem)
+    except ops.OpsError as exc:
+        return await render(request, "login.html", status=400, next=base + "/", problem=exc.message)
+    nxt = _safe_next(form.get("next", base + "/"), base)
     if box.settings.admin_token is None:
         problem = "admin_token is not configured (set RELAYBOX_ADMIN_TOKEN): admin is closed"
         return await render(request, "login.html", status=401, next=nxt, problem=problem)
     if not token_ok(box, form.get("token", "")):
+        throttle.failed(address)
         return await render(request, "login.html", status=401, next=nxt, problem="wrong token")
+    throttle.succeeded(address)
     cookie, _ = issue_session(box)
     response = RedirectResponse(nxt, status_code=303)
     response.set_cookie(
@@ -222,15 +347,26 @@ async def login(request: Request) -> Response:
     return response
 
 
-async def _logout(request: Request, form: dict[str, str]) -> str:
-    return ""
-
-
 async def logout(request: Request) -> Response:
-    response = await action(_logout)(request)
-    if response.status_code == 303:
-        response = RedirectResponse(_base(request) + "/login", status_code=303)
-        response.delete_cookie(COOKIE, path=_base(request) or "/")
+    """End the session for every process (revoked in the database), then forget the
+    cookie. On a database without the sessions table the cookie is forgotten here
+    but stays valid until it expires: the page says so."""
+    form = await _checked_form(request)
+    if isinstance(form, Response):
+        return form
+    base = _base(request)
+    response: Response
+    if await request.app.state.tables.missing((SESSIONS_TABLE,)):
+        message = (
+            f"Logged out in this browser only: table {SESSIONS_TABLE} does not exist, "
+            "so the session could not be revoked and a copy of its cookie works until "
+            "it expires. Run migrations (relaybox migrate)."
+        )
+        response = await render(request, "error.html", status=503, message=message)
+    else:
+        await revoke_session(box_of(request), request.scope["state"]["admin_session"])
+        response = RedirectResponse(base + "/login", status_code=303)
+    response.delete_cookie(COOKIE, path=base or "/")
     return response
 
 
@@ -323,12 +459,12 @@ async def event(request: Request) -> Response:
 
 
 @action
-async def event_replay(request: Request, form: dict[str, str]) -> str:
+async def event_replay(request: Request, form: dict[str, str]) -> Notice:
     r = m.ReplayRequest(reason=form.get("reason") or "replayed from the dashboard")
     result = await ops.replay_event(
         box_of(request), _path_id(request), actor=actor_of(request), reason=r.reason
     )
-    return result.message
+    return "replayed", len(result.replayed)
 
 
 # -- dead letters ---------------------------------------------------------------
@@ -349,30 +485,30 @@ async def dead(request: Request) -> Response:
 
 
 @action
-async def dead_retry(request: Request, form: dict[str, str]) -> str:
+async def dead_retry(request: Request, form: dict[str, str]) -> Notice:
     r = m.ReplayRequest(reason=form.get("reason") or "retried from the dashboard")
     result = await ops.dead_retry(
         box_of(request), _path_id(request), actor=actor_of(request), reason=r.reason
     )
-    return result.message
+    return "retried", len(result.replayed)
 
 
 @action
-async def dead_retry_all(request: Request, form: dict[str, str]) -> str:
+async def dead_retry_all(request: Request, form: dict[str, str]) -> Notice:
     fields = {k: v for k, v in form.items() if v and k in m.DeadRetryRequest.model_fields}
     fields.setdefault("reason", "retried from the dashboard (all matching)")
     result = await ops.dead_retry_many(
         box_of(request), m.DeadRetryRequest.model_validate(fields), actor=actor_of(request)
     )
-    return result.message
+    return "retried", len(result.replayed)
 
 
 @action
-async def dead_discard(request: Request, form: dict[str, str]) -> str:
+async def dead_discard(request: Request, form: dict[str, str]) -> Notice:
     r = m.DiscardRequest.model_validate({"reason": form.get("reason", "")})
     inbox_id = _path_id(request)
     await ops.dead_discard(box_of(request), inbox_id, actor=actor_of(request), reason=r.reason)
-    return f"event {inbox_id} discarded"
+    return "discarded"
 
 
 # -- quarantine -----------------------------------------------------------------
@@ -413,7 +549,7 @@ async def quarantine_entry(request: Request) -> Response:
 
 
 @action
-async def quarantine_resolve(request: Request, form: dict[str, str]) -> str:
+async def quarantine_resolve(request: Request, form: dict[str, str]) -> Notice:
     r = m.ResolveRequest.model_validate(
         {"resolution": form.get("resolution", ""), "reason": form.get("reason", "")}
     )
@@ -421,7 +557,7 @@ async def quarantine_resolve(request: Request, form: dict[str, str]) -> str:
     await ops.quarantine_resolve(
         box_of(request), qid, resolution=r.resolution, actor=actor_of(request), reason=r.reason
     )
-    return f"quarantine entry {qid} resolved ({r.resolution})"
+    return "resolved"
 
 
 OVERVIEW_PAGES = (

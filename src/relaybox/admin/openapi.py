@@ -32,6 +32,7 @@ _ERROR_TEXT = {
     401: "No or wrong bearer token",
     404: "No such row, or the section's tables are not migrated",
     409: "The row is not in the state this action needs",
+    413: "The request body is over admin.api_max_body bytes",
 }
 
 
@@ -127,6 +128,8 @@ def _operation(section: Section, op: Operation, ref: Any, schemas: dict[str, Any
     errors = {401, *op.errors}
     if op.query is not None or op.body is not None:
         errors.add(400)
+    if op.body is not None:
+        errors.add(413)
     if op.path_params or section.requires_tables:
         errors.add(404)
     error_ref = ref(ErrorBody, "serialization")

@@ -78,9 +78,12 @@ class OpsError(Exception):
     status = 400
     code = "invalid_request"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        # The dashboard's message code for this error (dashboard.ERRORS) when it is
+        # more specific than ``code``; the API answers ``code`` and ``message``.
+        self.hint = hint
 
 
 class InvalidRequest(OpsError):

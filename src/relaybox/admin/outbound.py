@@ -475,7 +475,7 @@ async def endpoint_recover(
             code="endpoint_disabled",
         )
     if until is not None and until <= since:
-        raise ops.InvalidRequest("until must be after since")
+        raise ops.InvalidRequest("until must be after since", hint="until_before_since")
     n = await recover(box, endpoint_id, since=since, until=until, tenant=None)
     log.info(
         "endpoint_action",
@@ -726,44 +726,46 @@ async def message_page(request: Request) -> Response:
 
 
 @dashboard.action
-async def message_redeliver_action(request: Request, form: dict[str, str]) -> str:
+async def message_redeliver_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
     RedeliverRequest.model_validate(
         {"reason": form.get("reason") or "redelivered from the dashboard"}
     )
     result = await message_redeliver(
         dashboard.box_of(request),
-        request.path_params["id"],
+        _text_id(request),
         endpoint_id=form.get("endpoint_id") or None,
     )
-    return f"{result.redelivered} deliver(ies) of {result.message_id} sent again"
+    return "redelivered", result.redelivered
 
 
-async def _endpoint_switch(request: Request, form: dict[str, str], switch: Any, done: str) -> str:
+async def _endpoint_switch(
+    request: Request, form: dict[str, str], switch: Any, done: str
+) -> dashboard.Notice:
     """Disable or enable from the dashboard: the form's reason, or what was done."""
     r = EndpointActionRequest.model_validate(
         {"reason": form.get("reason") or f"{done} from the dashboard"}
     )
-    result = await switch(
+    await switch(
         dashboard.box_of(request),
         _text_id(request),
         actor=dashboard.actor_of(request),
         reason=r.reason,
     )
-    return str(result.message)
+    return f"endpoint_{done}"
 
 
 @dashboard.action
-async def endpoint_disable_action(request: Request, form: dict[str, str]) -> str:
+async def endpoint_disable_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
     return await _endpoint_switch(request, form, endpoint_disable, "disabled")
 
 
 @dashboard.action
-async def endpoint_enable_action(request: Request, form: dict[str, str]) -> str:
+async def endpoint_enable_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
     return await _endpoint_switch(request, form, endpoint_enable, "enabled")
 
 
 @dashboard.action
-async def endpoint_recover_action(request: Request, form: dict[str, str]) -> str:
+async def endpoint_recover_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
     from relaybox.cli_ops import parse_when
 
     box = dashboard.box_of(request)
@@ -772,9 +774,11 @@ async def endpoint_recover_action(request: Request, form: dict[str, str]) -> str
         since = parse_when(form.get("since") or None, now)
         until = parse_when(form.get("until") or None, now)
     except click.BadParameter as exc:
-        raise ops.InvalidRequest(exc.message) from None
+        raise ops.InvalidRequest(exc.message, hint="bad_time") from None
     if since is None:
-        raise ops.InvalidRequest("since is required: 24h, 2026-03-13T00:00:00Z or epoch seconds")
+        raise ops.InvalidRequest(
+            "since is required: 24h, 2026-03-13T00:00:00Z or epoch seconds", hint="since_required"
+        )
     r = RecoverRequest.model_validate(
         {
             "since": since,
@@ -790,7 +794,7 @@ async def endpoint_recover_action(request: Request, form: dict[str, str]) -> str
         actor=dashboard.actor_of(request),
         reason=r.reason,
     )
-    return result.message
+    return "recovered", result.recovered
 
 
 ENDPOINT_PAGES = (

@@ -4,6 +4,14 @@ Every request carries ``Authorization: Bearer rbk_…``; the key decides the ten
 and every query is scoped to it (another tenant's ids answer 404). Answers are JSON;
 errors are ``{"error": code, "message": text}``.
 
+What comes in is checked before it reaches the database: a body over
+``outbound.api_max_body`` is a 413 before it is read, a path id or query value with a
+NUL (or longer than any id) a 404 / 422, a lone surrogate anywhere in a body, or a NUL
+outside published ``data``, a 422 ``invalid_text``. Publishing (``POST /messages``,
+``POST /endpoints/{id}/test``) is limited per tenant and per process by a token bucket
+(``outbound.publish_rate``, ``outbound.publish_burst``): past it, 429 with
+``Retry-After``.
+
     GET/POST          /endpoints                 list, create (201, with the secret)
     GET/PATCH/DELETE  /endpoints/{id}
     GET               /endpoints/{id}/secret     active secrets (rotation: several)
@@ -23,6 +31,7 @@ errors are ``{"error": code, "message": text}``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -33,6 +42,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from relaybox.bodies import BodyTooLarge, read_body, text_problem
+from relaybox.limits import TokenBuckets
 from relaybox.outbound import apikeys, deliveries, endpoints
 from relaybox.outbound.catalog import InvalidMessage, list_event_types
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
@@ -49,10 +60,18 @@ __all__ = ["build_api"]
 Handler = Callable[[Request, str], Awaitable[Response]]
 
 
+_MAX_ID = 200
+_MAX_QUERY_VALUE = 1000
+_DATA = frozenset({"data"})
+
+
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, *, retry_after: int | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
+        self.retry_after = retry_after
 
 
 class NewMessage(BaseModel):
@@ -87,7 +106,7 @@ class Recovery(BaseModel):
 class Redelivery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    endpoint_id: str | None = None
+    endpoint_id: str | None = Field(None, max_length=_MAX_ID)
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -102,17 +121,37 @@ def _not_found(what: str) -> ApiError:
     return ApiError(404, "not_found", f"no such {what}")
 
 
+def _check_params(request: Request) -> None:
+    """Path ids and query values are looked up in the database: one that no column
+    can hold (NUL, a lone surrogate) or that no id is as long as is refused here."""
+    for name, value in request.path_params.items():
+        raw = str(value)
+        if len(raw) > _MAX_ID or text_problem(raw):
+            raise ApiError(404, "not_found", f"no such {name}: {raw[:40]!r} is not a known id")
+    for name, value in request.query_params.multi_items():
+        if len(value) > _MAX_QUERY_VALUE:
+            raise ApiError(422, "invalid_request", f"{name}: longer than {_MAX_QUERY_VALUE}")
+        if problem := text_problem(value, name):
+            raise ApiError(422, "invalid_request", problem)
+
+
 def build_api(box: Relaybox) -> Starlette:
     """The ``/api/v1`` Starlette app for ``box``."""
-    max_body = outbound(box).settings.max_payload + 64 * 1024
+    settings = outbound(box).settings
+    max_body = settings.api_max_body or settings.max_payload + 64 * 1024
+    publish_limit = TokenBuckets(settings.publish_rate, settings.publish_burst)
 
     def route(path: str, fn: Handler, methods: list[str]) -> Route:
         async def endpoint(request: Request) -> Response:
             try:
                 tenant = await _tenant(request)
+                _check_params(request)
                 return await fn(request, tenant)
             except ApiError as exc:
-                return _error(exc.status, exc.code, exc.message)
+                response = _error(exc.status, exc.code, exc.message)
+                if exc.retry_after is not None:
+                    response.headers["Retry-After"] = str(exc.retry_after)
+                return response
             except ValidationError as exc:
                 problems = "; ".join(
                     f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
@@ -138,16 +177,34 @@ def build_api(box: Relaybox) -> Starlette:
             raise ApiError(401, "unauthorized", "a valid API key is required (Bearer rbk_…)")
         return tenant
 
-    async def body(request: Request) -> Any:
-        raw = await request.body()
-        if len(raw) > max_body:
-            raise ApiError(413, "too_large", "the request body is too large")
+    async def body(request: Request, free: frozenset[str] = frozenset()) -> Any:
+        """The JSON body, read with the size limit. No string in it may hold a lone
+        surrogate, nor a NUL outside the top-level fields in ``free`` (published
+        data: it is stored as JSON text, where a NUL is escaped)."""
+        try:
+            raw = await read_body(request, max_body)
+        except BodyTooLarge as exc:
+            raise ApiError(413, "too_large", str(exc)) from None
         if not raw:
             return {}
         try:
-            return json.loads(raw)
-        except ValueError:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
             raise ApiError(400, "malformed_json", "the body is not valid JSON") from None
+        if problem := text_problem(data, nul_ok_under=free):
+            raise ApiError(422, "invalid_text", problem)
+        return data
+
+    def rate_limited(tenant: str) -> None:
+        wait = publish_limit.take(tenant)
+        if wait:
+            seconds = max(1, math.ceil(wait))
+            raise ApiError(
+                429,
+                "rate_limited",
+                f"over {settings.publish_rate:g} messages per second: retry in {seconds} s",
+                retry_after=seconds,
+            )
 
     async def endpoint_of(request: Request, tenant: str) -> endpoints.Endpoint:
         found = await endpoints.get_endpoint(box, request.path_params["id"], tenant)
@@ -204,7 +261,8 @@ def build_api(box: Relaybox) -> Starlette:
         found = await endpoint_of(request, tenant)
         if found.status != "enabled":
             raise ApiError(409, "endpoint_disabled", "enable the endpoint first")
-        test = TestEvent.model_validate(await body(request))
+        test = TestEvent.model_validate(await body(request, _DATA))
+        rate_limited(tenant)
         data = test.data if test.data is not None else {"message": "relaybox test event"}
         async with box.store.transaction() as conn:
             message = await publish(
@@ -253,7 +311,8 @@ def build_api(box: Relaybox) -> Starlette:
     # -- messages --------------------------------------------------------------------
 
     async def create_message(request: Request, tenant: str) -> Response:
-        new = NewMessage.model_validate(await body(request))
+        rate_limited(tenant)
+        new = NewMessage.model_validate(await body(request, _DATA))
         key = new.idempotency_key or request.headers.get("idempotency-key")
         async with box.store.transaction() as conn:
             message = await publish(

@@ -37,7 +37,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
 
 class InvalidMessage(RelayboxError):
     """A message relaybox refuses to publish; ``code`` says why (``event_type``,
-    ``schema``, ``too_large``, ``idempotency_key``)."""
+    ``schema``, ``too_large``, ``idempotency_key``, ``tenant``, ``data``)."""
 
     def __init__(self, message: str, *, code: str) -> None:
         super().__init__(message)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.bodies import text_problem
 from relaybox.outbound import db
 from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, validate_data
 from relaybox.outbound.registry import outbound
@@ -96,15 +97,20 @@ async def publish(
     """Publish ``data`` as ``event_type`` to ``tenant``'s subscribed, enabled
     endpoints (or only to ``endpoint_ids`` among them, subscribed or not: test sends)
     in ``conn``'s transaction. Raises :class:`InvalidMessage` (bad type, data not
-    matching the catalog's schema, body over ``max_payload``)."""
+    matching the catalog's schema, data that is not JSON text (a lone surrogate),
+    body over ``max_payload``)."""
     ob = outbound(box)
     store = box.store
     check_event_type_name(event_type)
     if not tenant:
         raise InvalidMessage("a message needs a tenant", code="tenant")
+    if problem := text_problem(tenant, "tenant"):
+        raise InvalidMessage(problem, code="tenant")
     if idempotency_key is not None:
         if not 0 < len(idempotency_key) <= 256:
             raise InvalidMessage("an idempotency key is 1-256 characters", code="idempotency_key")
+        if problem := text_problem(idempotency_key, "idempotency key"):
+            raise InvalidMessage(problem, code="idempotency_key")
         existing = await db.first(conn, store, "message_get_by_key", tenant, idempotency_key)
         if existing is not None:
             return Message.from_row(existing)
@@ -118,8 +124,16 @@ async def publish(
         "data": data,
         "apiVersion": api_version or ob.settings.api_version,
     }
-    text = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
-    if len(text.encode()) > ob.settings.max_payload:
+    try:
+        text = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        # A lone surrogate ("\ud800" in JSON) is not Unicode text: no backend stores it.
+        problem = text_problem(data, "data") or "data: not valid Unicode"
+        raise InvalidMessage(problem, code="data") from None
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidMessage(f"data is not JSON-serialisable: {exc}"[:200], code="data") from None
+    if size > ob.settings.max_payload:
         raise InvalidMessage(
             f"the message is over {ob.settings.max_payload} bytes", code="too_large"
         )

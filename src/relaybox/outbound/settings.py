@@ -58,6 +58,19 @@ class OutboundSettings(BaseModel):
         default=5 * 24 * 3600.0, gt=0, description="disable an endpoint failing this long, seconds"
     )
     max_payload: int = Field(default=256 * 1024, ge=1024, description="largest message body, bytes")
+    api_max_body: int | None = Field(
+        default=None,
+        ge=1024,
+        description="largest tenant API request body, bytes (default: max_payload + 64 KiB)",
+    )
+    publish_rate: float = Field(
+        default=50.0,
+        gt=0,
+        description="messages per second one tenant may publish through the API, per process",
+    )
+    publish_burst: int = Field(
+        default=100, ge=1, description="messages a tenant may publish at once above the rate"
+    )
     response_bytes: int = Field(default=1024, ge=0, le=65536, description="answer bytes kept")
     max_in_flight: int = Field(default=4, ge=1, description="default per-endpoint in-flight cap")
     allow_insecure_loopback: bool = Field(

@@ -1,0 +1,84 @@
+"""Reading a request's body with a limit, and checking text that came from outside.
+
+:func:`read_body` refuses a body over its limit before reading it when the request
+declares its length (``Content-Length``), and while streaming it otherwise (chunked),
+so a client never makes a process hold more than ``limit`` bytes of its body. The
+callers answer :class:`BodyTooLarge` with a 413 in their own format (JSON for the
+APIs, a page for the dashboard). The rest of the body is never read: the server
+closes the connection after the answer.
+
+:func:`text_problem` finds what a database cannot store: NUL characters (PostgreSQL
+text refuses them) and lone surrogates (not encodable as UTF-8, so no backend stores
+them), anywhere in a decoded JSON value or a string.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+
+__all__ = ["BodyTooLarge", "read_body", "text_problem"]
+
+
+class BodyTooLarge(Exception):
+    """The request body is (or declares to be) over ``limit`` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the request body is over {limit} bytes")
+        self.limit = limit
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body of ``request``, or :class:`BodyTooLarge` as soon as it is known
+    to exceed ``limit`` bytes (from ``Content-Length``, or while streaming)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _string_problem(text: str, *, nul: bool) -> str | None:
+    if nul and "\x00" in text:
+        return "contains a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate (not valid Unicode: escape it or drop it)"
+    return None
+
+
+def text_problem(
+    value: Any, where: str = "body", *, nul: bool = True, nul_ok_under: frozenset[str] = frozenset()
+) -> str | None:
+    """``"<where>: <problem>"`` for the first string (key or value) in ``value`` that
+    cannot be stored, or ``None``. ``nul=False`` allows NUL (a JSON value serialised
+    again escapes it); top-level keys in ``nul_ok_under`` hold such values. The walk
+    is iterative: a deeply nested document cannot exhaust the stack."""
+    stack: list[tuple[Any, str, bool]] = [(value, where, nul)]
+    top = True
+    while stack:
+        item, path, strict = stack.pop()
+        if isinstance(item, str):
+            problem = _string_problem(item, nul=strict)
+            if problem:
+                return f"{path}: {problem}"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                key_text = str(key)
+                problem = _string_problem(key_text, nul=strict)
+                if problem:
+                    return f"{path}: a key {problem}"
+                child_strict = strict and not (top and key_text in nul_ok_under)
+                stack.append((child, f"{path}.{key_text[:40]}", child_strict))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{i}]", strict) for i, child in enumerate(item))
+        top = False
+    return None
