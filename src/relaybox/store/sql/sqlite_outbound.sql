@@ -191,24 +191,28 @@ UPDATE relaybox_api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NUL
 SELECT NULL AS id WHERE 0
 
 -- name: outbox_lease_lanes
--- Lanes with due, unleased rows and room under their in-flight cap and rate limit,
--- least recently served first (round robin). A lane at capacity is not returned, so
--- a hanging endpoint's backlog never fills a lease.
-SELECT lane, max_in_flight, rate_limit, tokens, refilled_at, in_flight FROM (
+-- Lanes with due, unleased rows and room under their in-flight cap (at most ?4, the
+-- dispatcher's concurrency: a cap stored above it is clamped) and rate limit, least
+-- recently served first (round robin), with their endpoint's tenant. A lane at
+-- capacity is not returned, so a hanging endpoint's backlog never fills a lease; nor
+-- is a lane of a tenant in ?5 (the dispatcher holds all that tenant may have).
+SELECT lane, max_in_flight, rate_limit, tokens, refilled_at, in_flight, tenant FROM (
     SELECT l.lane, l.max_in_flight, l.rate_limit, l.tokens, l.refilled_at, l.leased_at,
+           e.tenant,
            (SELECT count(*) FROM relaybox_outbox f
             WHERE COALESCE(f.lane, f.channel) = l.lane AND f.status = 'pending'
               AND f.lease_until IS NOT NULL AND f.lease_until > ?1) AS in_flight
     FROM relaybox_lanes l
     LEFT JOIN relaybox_endpoints e ON e.id = l.lane
     WHERE ((e.id IS NULL AND l.lane IN (SELECT value FROM json_each(?3)))
-           OR (e.status = 'enabled' AND 'webhook' IN (SELECT value FROM json_each(?3))))
+           OR (e.status = 'enabled' AND 'webhook' IN (SELECT value FROM json_each(?3))
+               AND e.tenant NOT IN (SELECT value FROM json_each(?5))))
       AND (l.rate_limit IS NULL OR l.tokens + (?1 - l.refilled_at) * l.rate_limit >= 1)
       AND EXISTS (SELECT 1 FROM relaybox_outbox o
                   WHERE COALESCE(o.lane, o.channel) = l.lane AND o.status = 'pending'
                     AND o.next_attempt_at <= ?1
                     AND (o.lease_until IS NULL OR o.lease_until <= ?1)))
-WHERE in_flight < max_in_flight
+WHERE in_flight < min(max_in_flight, ?4)
 ORDER BY leased_at, lane
 LIMIT ?2
 
