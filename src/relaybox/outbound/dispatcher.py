@@ -576,6 +576,8 @@ class Dispatcher:
             return Decision("dead", "failed", "rejected")
         if result.outcome == "gone":
             return Decision("dead", "gone", "gone")
+        if result.outcome == "blocked":  # retrying would be refused the same way
+            return Decision("dead", "blocked", "blocked")
         delay = schedule.delay(d.attempt, retry_after=result.retry_after, rng=self.rng)
         if delay is None:
             return Decision("dead", "exhausted", "exhausted")
@@ -753,7 +755,7 @@ class Dispatcher:
         counter.inc()
         if result is not None:
             self.box.metrics.observe_delivery(
-                d.endpoint.id if d.endpoint is not None else d.channel,
+                d.channel,
                 result.status_code,
                 duration,
                 error="timeout" if result.timed_out else result.error,

@@ -8,6 +8,16 @@ INSERT INTO relaybox_endpoints
      created_at, updated_at)
 VALUES ($1, $2, $3, $4, $5, 'enabled', $6, $7, $8, $9, $9)
 
+-- name: endpoint_quota_lock
+-- Creating an endpoint: one create per tenant at a time (a transaction-scoped advisory
+-- lock on the tenant), so that endpoint_count, a statement after it with its own
+-- snapshot, sees every endpoint committed before, and the quota holds.
+SELECT pg_advisory_xact_lock(hashtextextended('relaybox.endpoints:' || $1::text, 0))
+
+-- name: endpoint_count
+-- The tenant's endpoints (relaybox_endpoints_tenant index).
+SELECT count(*)::int AS n FROM relaybox_endpoints WHERE tenant = $1
+
 -- name: endpoint_update
 -- Every mutable field at once: the caller merged the patch into the current row.
 UPDATE relaybox_endpoints

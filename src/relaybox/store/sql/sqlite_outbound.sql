@@ -9,6 +9,14 @@ INSERT INTO relaybox_endpoints
      created_at, updated_at)
 VALUES (?1, ?2, ?3, ?4, ?5, 'enabled', ?6, ?7, ?8, ?9, ?9)
 
+-- name: endpoint_quota_lock
+-- Nothing to lock: the transaction began IMMEDIATE (one writer), so endpoint_count
+-- sees every endpoint committed before and no other create runs meanwhile.
+SELECT ?1 AS tenant
+
+-- name: endpoint_count
+SELECT count(*) AS n FROM relaybox_endpoints WHERE tenant = ?1
+
 -- name: endpoint_update
 UPDATE relaybox_endpoints
 SET url = ?3, description = ?4, event_types = ?5, signature = ?6, timeout = ?7,
