@@ -125,8 +125,6 @@ class OutboundSettings(BaseModel):
         # slow attempt would look like a crash.
         if self.lease_ttl < self.max_timeout + 5:
             raise ValueError("lease_ttl must exceed max_timeout by at least 5 seconds")
-        if self.max_in_flight > self.concurrency:
-            raise ValueError("max_in_flight (per endpoint) must not exceed concurrency")
         return self
 
     @property

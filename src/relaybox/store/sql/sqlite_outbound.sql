@@ -266,15 +266,17 @@ UPDATE relaybox_outbox
 SET lease_owner = NULL,
     lease_until = CASE WHEN r.uncertain THEN 0 ELSE NULL END,
     attempts = attempts - CASE WHEN r.uncertain THEN 0 ELSE 1 END
-FROM (SELECT i.value AS id, t.value AS token, u.value AS uncertain
-      FROM json_each(?1) AS i
-      JOIN json_each(?2) AS t ON t.key = i.key JOIN json_each(?3) AS u ON u.key = i.key) AS r
+FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS token,
+             json_extract(?3, '$[' || i.key || ']') AS uncertain
+      FROM json_each(?1) AS i) AS r
 WHERE relaybox_outbox.id = r.id AND relaybox_outbox.lease_token = r.token
   AND relaybox_outbox.status = 'pending'
 
 -- name: outbox_record
 -- Group commit of outcomes (see postgres_outbound.sql): element i of the JSON arrays
--- ?2..?8 is one finished attempt, fenced on its lease token.
+-- ?2..?8 is one finished attempt, fenced on its lease token. Element i of each array
+-- is read by its position (json_extract): joining one json_each per array on the key
+-- had SQLite nest a loop per array, n^7 steps (a batch of 16 never finished).
 UPDATE relaybox_outbox
 SET status = u.status,
     dead_reason = CASE WHEN u.status = 'pending' THEN dead_reason ELSE u.reason END,
@@ -282,27 +284,28 @@ SET status = u.status,
     last_error = u.error, last_status = u.code, updated_at = ?1,
     sent_at = CASE WHEN u.status = 'sent' THEN ?1 ELSE sent_at END,
     lease_owner = NULL, lease_until = NULL
-FROM (SELECT i.value AS id, t.value AS token, s.value AS status, n.value AS next_at,
-             r.value AS reason, e.value AS error, c.value AS code
-      FROM json_each(?2) AS i
-      JOIN json_each(?3) AS t ON t.key = i.key JOIN json_each(?4) AS s ON s.key = i.key
-      JOIN json_each(?5) AS n ON n.key = i.key JOIN json_each(?6) AS r ON r.key = i.key
-      JOIN json_each(?7) AS e ON e.key = i.key JOIN json_each(?8) AS c ON c.key = i.key) AS u
+FROM (SELECT i.value AS id, json_extract(?3, '$[' || i.key || ']') AS token,
+             json_extract(?4, '$[' || i.key || ']') AS status,
+             json_extract(?5, '$[' || i.key || ']') AS next_at,
+             json_extract(?6, '$[' || i.key || ']') AS reason,
+             json_extract(?7, '$[' || i.key || ']') AS error,
+             json_extract(?8, '$[' || i.key || ']') AS code
+      FROM json_each(?2) AS i) AS u
 WHERE relaybox_outbox.id = u.id AND relaybox_outbox.lease_token = u.token
   AND relaybox_outbox.status = 'pending'
 RETURNING id, lease_token
 
 -- name: outbox_attempts_insert
+-- Element i of each array by its position, as in outbox_record (linear in the batch).
 INSERT INTO relaybox_outbox_attempts
     (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
      error, response)
-SELECT i.value, a.value, t.value, w.value, s.value, d.value, o.value, c.value, e.value, r.value
+SELECT i.value, json_extract(?2, '$[' || i.key || ']'), json_extract(?3, '$[' || i.key || ']'),
+       json_extract(?4, '$[' || i.key || ']'), json_extract(?5, '$[' || i.key || ']'),
+       json_extract(?6, '$[' || i.key || ']'), json_extract(?7, '$[' || i.key || ']'),
+       json_extract(?8, '$[' || i.key || ']'), json_extract(?9, '$[' || i.key || ']'),
+       json_extract(?10, '$[' || i.key || ']')
 FROM json_each(?1) AS i
-JOIN json_each(?2) AS a ON a.key = i.key JOIN json_each(?3) AS t ON t.key = i.key
-JOIN json_each(?4) AS w ON w.key = i.key JOIN json_each(?5) AS s ON s.key = i.key
-JOIN json_each(?6) AS d ON d.key = i.key JOIN json_each(?7) AS o ON o.key = i.key
-JOIN json_each(?8) AS c ON c.key = i.key JOIN json_each(?9) AS e ON e.key = i.key
-JOIN json_each(?10) AS r ON r.key = i.key
 ORDER BY i.key
 
 -- name: endpoints_succeeded
