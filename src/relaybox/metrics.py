@@ -298,8 +298,7 @@ class Metrics:
         )
         self.delivery_seconds = Histogram(
             "relaybox_delivery_seconds",
-            "Duration of one outbound delivery attempt (request sent to answer read), by"
-            " channel.",
+            "Duration of one outbound delivery attempt (request sent to answer read), by channel.",
             ["channel", "status_class"],
             registry=self.registry,
             buckets=_DELIVERY_BUCKETS,
