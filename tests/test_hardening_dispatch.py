@@ -129,20 +129,22 @@ async def test_a_tenant_whose_endpoint_hangs_does_not_delay_another_tenant(
         # A's attempts hang: the dispatcher is as busy with A as A may make it.
         await stuck.wait_for(16, within=20)
         await asyncio.sleep(0.3)  # A's further leases and hand-outs, if any, happen
-        assert stuck.in_flight <= 16  # a quarter of the 64 slots (tenant_share 0.25)
         started = time.monotonic()
         await b.publish(5)
         await healthy.wait_for(5, within=2.0)
         assert time.monotonic() - started < 2.0
         assert len(healthy.requests) == 5
+        # A had a quarter of the 64 slots (tenant_share 0.25), never more.
         assert stuck.peak_in_flight <= 16
 
 
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 async def test_a_freed_slot_goes_to_the_next_lane_not_its_own(box: Relaybox) -> None:
-    """One tenant, two lanes. Lane X (slow) holds every slot and, on PostgreSQL, rows
-    leased ahead; rows of lane Y leased meanwhile get the next slot that frees, not
-    after X's backlog (a freed slot had taken its own lane's next row first: Y waited
-    for all of X's 40 rows, ~10 s)."""
+    """One tenant, two lanes. Lane X (slow) holds every slot and rows leased ahead
+    (PostgreSQL: SQLite leases no more than its free slots); rows of lane Y leased
+    meanwhile get the next slots that free, in turn with X's, not after X's backlog (a
+    freed slot had taken its own lane's next row first: Y waited for all of X's 40
+    rows, ~10 s)."""
     local(box, lease_ahead=4)
     async with HttpReceiver(Reply(delay=1.0)) as slow, HttpReceiver() as fast:
         x, _ = await endpoint(box, slow.url, max_in_flight=4)

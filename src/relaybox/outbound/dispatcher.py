@@ -21,10 +21,14 @@ outcome uncertain: the row comes back flagged and its channel's policy decides â
 
 Isolation: ``concurrency`` slots run one attempt after another, and the loop leases
 again whenever a slot frees, never waiting for a whole batch; each lane (endpoint)
-holds at most its ``max_in_flight`` of those slots, so a hanging endpoint ties up only
-its own. On PostgreSQL a dispatcher alone in a lane may hold more of its rows than its
-cap (``lease_ahead``), so that a slot finishing an attempt takes the next row at once;
-it still runs at most the cap (see :meth:`Dispatcher.run`).
+holds at most its ``max_in_flight`` of those slots (at most ``concurrency``), so a
+hanging endpoint ties up only its own, and each tenant's webhook lanes together at
+most ``tenant_share`` of them, so a tenant whose endpoints hang ties up only its
+share. A slot that frees takes the next tenant's row in turn, and within a tenant the
+next lane's, never its own lane's next row ahead of lanes waiting. On PostgreSQL a
+dispatcher alone in a lane may hold more of its rows than its cap (``lease_ahead``),
+so that a slot finishing an attempt takes the next row at once; it still runs at most
+the cap (see :meth:`Dispatcher.run`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ token bucket). One lease:
    bucket), least recently served first, locking them (``SKIP LOCKED``) so that two
    dispatchers never lease one lane at once and overshoot its cap;
 2. shares the free slots among those lanes round robin, one row each, then a second
-   each, ...;
+   each, ..., a lane's cap bounded by the dispatcher's concurrency; a tenant's lanes
+   take at most its rows (:class:`Fairness`: its share of the dispatcher's slots,
+   minus what the dispatcher holds of it), and turns go tenant by tenant, so one
+   tenant's many lanes never fill a lease while another tenant's rows wait;
 3. leases that many rows per lane: owner, a fencing token incremented on every lease,
    the lease's end, one more attempt counted, ``uncertain`` when the row's previous
    lease expired without a recorded outcome;
