@@ -111,8 +111,8 @@ async def test_metrics_scrape_parses_and_counts_the_queues(database_url: str) ->
     try:
         async with Served(box.asgi(roles=("receiver",))) as server:
             await scenario(box, server.url)
-            box.metrics.observe_delivery("ep_1", 204, 0.12)
-            box.metrics.observe_delivery("ep_1", None, 10.0, error="timeout")
+            box.metrics.observe_delivery("webhook", 204, 0.12)
+            box.metrics.observe_delivery("webhook", None, 10.0, error="timeout")
             box.metrics.observe_divergence("stripe")
             m = await scrape(server.url)
     finally:
@@ -132,11 +132,10 @@ async def test_metrics_scrape_parses_and_counts_the_queues(database_url: str) ->
     assert sample(m, "relaybox_queue_pending", **outbox) == 2
     assert sample(m, "relaybox_accept_seconds_count", status_class="2xx") == 8
     assert sample(m, "relaybox_inbox_outcomes_total", source="std", outcome="done") == 2
-    assert sample(m, "relaybox_delivery_results_total", endpoint="ep_1", status_class="2xx") == 1
-    assert (
-        sample(m, "relaybox_delivery_results_total", endpoint="ep_1", status_class="timeout") == 1
-    )
-    assert sample(m, "relaybox_delivery_seconds_count", endpoint="ep_1", status_class="2xx") == 1
+    delivered = {"channel": "webhook"}
+    assert sample(m, "relaybox_delivery_results_total", status_class="2xx", **delivered) == 1
+    assert sample(m, "relaybox_delivery_results_total", status_class="timeout", **delivered) == 1
+    assert sample(m, "relaybox_delivery_seconds_count", status_class="2xx", **delivered) == 1
     assert sample(m, "relaybox_reconcile_divergences_total", source="stripe") == 1
 
 

@@ -47,7 +47,7 @@ async def test_v1_delivery_verifies_with_the_official_library(
 ) -> None:
     clock.set(time.time())  # receivers check webhook-timestamp against their clock
     async with HttpReceiver() as receiver:
-        endpoint_id, secret = await endpoint(box, receiver.url)
+        _, secret = await endpoint(box, receiver.url)
         message = await publish_one(box, "pet.adopted", {"petId": "p1", "userId": "u9"})
         assert await dispatcher.run_once() == 1
         [seen] = receiver.requests
@@ -55,7 +55,7 @@ async def test_v1_delivery_verifies_with_the_official_library(
     # outbox_lease for no slot, whose answer had been misread: the row was written, the
     # attempt never counted, and "outbox_record_failed" logged).
     counted = box.metrics.registry.get_sample_value(
-        "relaybox_delivery_results_total", {"endpoint": endpoint_id, "status_class": "2xx"}
+        "relaybox_delivery_results_total", {"channel": "webhook", "status_class": "2xx"}
     )
     assert counted == 1
     assert secret.startswith("whsec_")
@@ -236,7 +236,7 @@ async def test_a_hanging_receiver_is_aborted_at_the_timeout(
     box: Relaybox, dispatcher: Dispatcher
 ) -> None:
     async with HttpReceiver(Reply(hang=True)) as receiver:
-        endpoint_id, _ = await endpoint(box, receiver.url, timeout=0.3)
+        await endpoint(box, receiver.url, timeout=0.3)
         await publish_one(box)
         started = time.monotonic()
         await dispatcher.run_once()
@@ -247,7 +247,7 @@ async def test_a_hanging_receiver_is_aborted_at_the_timeout(
     [attempt] = await attempts(box)
     assert attempt["outcome"] == "retry" and 0.29 < attempt["duration"] < 2.0
     counted = box.metrics.registry.get_sample_value(
-        "relaybox_delivery_results_total", {"endpoint": endpoint_id, "status_class": "timeout"}
+        "relaybox_delivery_results_total", {"channel": "webhook", "status_class": "timeout"}
     )
     assert counted == 1
 

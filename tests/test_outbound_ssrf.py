@@ -170,7 +170,7 @@ async def test_the_client_refuses_before_connecting(
         result = await client.post(f"http://{host}:{port}/x", b"{}", {}, seconds=1)
     finally:
         await client.close()
-    assert result.outcome == "retry" and "SSRF" in (result.error or "")
+    assert result.outcome == "blocked" and "SSRF" in (result.error or "")
     assert accepted == []
 
 
@@ -202,7 +202,7 @@ async def test_the_client_connects_to_the_checked_address_only() -> None:
         finally:
             await client.close()
         assert first.outcome == "sent" and len(receiver.requests) == 1
-        assert second.outcome == "retry" and "SSRF" in (second.error or "")
+        assert second.outcome == "blocked" and "SSRF" in (second.error or "")
         assert receiver.requests[0].headers["host"] == f"rebind.test:{receiver.port}"
     assert asked == ["rebind.test", "rebind.test"]
 

@@ -106,6 +106,7 @@ async def test_lease_records_by_primary_key_on_a_filled_outbox_without_statistic
     ids = "'{1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20}'"
     nulls = "'{" + ",".join(["NULL"] * 20) + "}'"
     sent = [ids, ids, nulls, nulls, nulls, nulls, nulls, nulls, nulls]
+    fair = ["64", "16", "'{}'", "'{}'"]  # lane cap, a tenant's rows, tenants, their rows
     plans = await _plans_on_a_filled_table(
         pg_url,
         "relaybox_outbox",
@@ -114,7 +115,7 @@ async def test_lease_records_by_primary_key_on_a_filled_outbox_without_statistic
         " FROM generate_series(1, 20000) AS i",
         {
             "outbox_lease": ", ".join(
-                ["1", "0", "'{webhook}'", "'me'", "2", *sent, "'{webhook}'", "4"]
+                ["1", "0", "'{webhook}'", "'me'", "2", *sent, "'{webhook}'", "4", *fair]
             ),
             "outbox_record": ", ".join(["1", ids, ids, *[nulls] * 5]),
         },

@@ -298,15 +298,15 @@ class Metrics:
         )
         self.delivery_seconds = Histogram(
             "relaybox_delivery_seconds",
-            "Duration of one outbound delivery attempt (request sent to answer read).",
-            ["endpoint", "status_class"],
+            "Duration of one outbound delivery attempt (request sent to answer read), by channel.",
+            ["channel", "status_class"],
             registry=self.registry,
             buckets=_DELIVERY_BUCKETS,
         )
         self.delivery_results = Counter(
             "relaybox_delivery_results",
-            "Outbound delivery attempts by endpoint and result (2xx…5xx, timeout, network).",
-            ["endpoint", "status_class"],
+            "Outbound delivery attempts by channel and result (2xx…5xx, timeout, network).",
+            ["channel", "status_class"],
             registry=self.registry,
         )
         self._delivery_children: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -343,16 +343,18 @@ class Metrics:
         children[1].inc()
 
     def observe_delivery(
-        self, endpoint: str, status: int | None, seconds: float, *, error: str | None = None
+        self, channel: str, status: int | None, seconds: float, *, error: str | None = None
     ) -> None:
-        """One outbound attempt: ``status`` is the HTTP answer, or ``None`` with
-        ``error="timeout"`` / any other error (counted as ``network``)."""
+        """One outbound attempt of ``channel``: ``status`` is the HTTP answer, or
+        ``None`` with ``error="timeout"`` / any other error (counted as ``network``).
+        Labelled by channel (registered by code: a bounded set), never by endpoint,
+        which tenants create: per-endpoint detail is the attempt log's."""
         cls = status_class(status, error)
-        pair = self._delivery_children.get((endpoint, cls))
+        pair = self._delivery_children.get((channel, cls))
         if pair is None:  # labels() takes a lock and checks its arguments: once per pair
-            pair = self._delivery_children[endpoint, cls] = (
-                self.delivery_seconds.labels(endpoint, cls),
-                self.delivery_results.labels(endpoint, cls),
+            pair = self._delivery_children[channel, cls] = (
+                self.delivery_seconds.labels(channel, cls),
+                self.delivery_results.labels(channel, cls),
             )
         pair[0].observe(seconds)
         pair[1].inc()

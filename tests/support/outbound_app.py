@@ -34,6 +34,9 @@ LOCAL: dict[str, Any] = {
     "lease_ttl": 10.0,
     "jitter": 0.0,
     "poll_interval": 0.05,
+    # One tenant ("t1") may use every slot: these tests isolate endpoints, not tenants
+    # (tests/test_hardening_dispatch.py runs with the default share).
+    "tenant_share": 1.0,
 }
 
 

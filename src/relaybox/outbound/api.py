@@ -46,7 +46,12 @@ from relaybox.bodies import BodyTooLarge, read_body, text_problem
 from relaybox.limits import TokenBuckets
 from relaybox.outbound import apikeys, deliveries, endpoints
 from relaybox.outbound.catalog import InvalidMessage, list_event_types
-from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
+from relaybox.outbound.endpoints import (
+    EndpointPatch,
+    EndpointQuotaExceeded,
+    EndpointSpec,
+    InvalidEndpoint,
+)
 from relaybox.outbound.publish import Message, publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind
@@ -158,6 +163,8 @@ def build_api(box: Relaybox) -> Starlette:
                     for e in exc.errors()
                 )
                 return _error(422, "invalid_request", problems)
+            except EndpointQuotaExceeded as exc:
+                return _error(409, "endpoint_quota_exceeded", str(exc))
             except InvalidEndpoint as exc:
                 return _error(422, "invalid_endpoint", str(exc))
             except InvalidMessage as exc:

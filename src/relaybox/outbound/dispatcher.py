@@ -21,10 +21,14 @@ outcome uncertain: the row comes back flagged and its channel's policy decides â
 
 Isolation: ``concurrency`` slots run one attempt after another, and the loop leases
 again whenever a slot frees, never waiting for a whole batch; each lane (endpoint)
-holds at most its ``max_in_flight`` of those slots, so a hanging endpoint ties up only
-its own. On PostgreSQL a dispatcher alone in a lane may hold more of its rows than its
-cap (``lease_ahead``), so that a slot finishing an attempt takes the next row at once;
-it still runs at most the cap (see :meth:`Dispatcher.run`).
+holds at most its ``max_in_flight`` of those slots (at most ``concurrency``), so a
+hanging endpoint ties up only its own, and each tenant's webhook lanes together at
+most ``tenant_share`` of them, so a tenant whose endpoints hang ties up only its
+share. A slot that frees takes the next tenant's row in turn, and within a tenant the
+next lane's, never its own lane's next row ahead of lanes waiting. On PostgreSQL a
+dispatcher alone in a lane may hold more of its rows than its cap (``lease_ahead``),
+so that a slot finishing an attempt takes the next row at once; it still runs at most
+the cap (see :meth:`Dispatcher.run`).
 """
 
 from __future__ import annotations
@@ -48,9 +52,10 @@ from relaybox.log import debug_enabled, error_text, short_error
 from relaybox.outbound import db
 from relaybox.outbound.channels.base import Channel, Delivery, Result
 from relaybox.outbound.endpoints import disable_in
-from relaybox.outbound.leases import lease, lease_recording, release
+from relaybox.outbound.leases import Fairness, lease, lease_recording, release
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.schedule import Schedule
+from relaybox.outbound.settings import tenant_cap
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -110,6 +115,8 @@ class Dispatcher:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.concurrency = concurrency or s.concurrency
         self.batch = batch or s.batch
+        self.tenant_cap = tenant_cap(self.concurrency, s.tenant_share)
+        """Webhook attempts one tenant may have running at once in this dispatcher."""
         self.rng = rng or random.Random()
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -168,11 +175,24 @@ class Dispatcher:
         # ``concurrency`` slots, each a task that runs one attempt after another (no
         # task per delivery). Per lane: attempts running, how many may run at once (its
         # cap minus the leases other dispatchers held when this one last leased there;
-        # unknown: no bound but the slots), and rows leased, waiting for a slot.
+        # unknown: no bound but the slots), and rows leased, waiting for a slot. Per
+        # tenant (a webhook lane's; a channel's lane has none): attempts running, at
+        # most ``tenant_cap``, and rows held.
         running: dict[str, int] = {}
         allowed: dict[str, int] = {}
         held: dict[str, collections.deque[tuple[Delivery, float]]] = {}
-        ready: dict[str, None] = {}  # lanes whose held rows may start, in turn
+        owner: dict[str, str | None] = {}  # lane -> its tenant, while it has rows here
+        t_running: dict[str, int] = {}
+        t_held: dict[str, int] = {}
+        tenant_cap = self.tenant_cap
+        tenant_hold = tenant_cap * (ahead if "webhook" in self._ahead else 1)
+        # Slots are handed out round robin: tenant by tenant (``turns``), and within a
+        # tenant lane by lane (``waiting``), so a freed slot goes to whoever is next,
+        # not to its own lane's next row. Both are hints, checked when a turn comes:
+        # a lane leaves ``waiting`` when it has no row or no room, a tenant leaves
+        # ``turns`` at its cap; they come back when an attempt of theirs ends.
+        waiting: dict[str | None, dict[str, None]] = {}
+        turns: dict[str | None, None] = {}
         idle: collections.deque[asyncio.Future[Delivery | None]] = collections.deque()
         held_n = 0  # rows held
         busy = 0  # rows given to a slot and not yet done
@@ -180,7 +200,10 @@ class Dispatcher:
         def room(lane: str) -> bool:
             return running.get(lane, 0) < allowed.get(lane, limit)
 
-        def take(lane: str) -> Delivery | None:
+        def tenant_room(tenant: str | None) -> bool:
+            return tenant is None or t_running.get(tenant, 0) < tenant_cap
+
+        def take(lane: str, tenant: str | None) -> Delivery | None:
             """The lane's next held row, counted as running; ``None``: none left (a
             row whose lease ran too short while it waited is given back instead)."""
             nonlocal held_n, busy
@@ -188,6 +211,8 @@ class Dispatcher:
             while queue:
                 d, at = queue.popleft()
                 held_n -= 1
+                if tenant is not None:
+                    t_held[tenant] -= 1
                 waited = monotonic() - at
                 if waited > 0.5:  # the lease runs out as it did: so must the attempt
                     if d.deadline - waited < 1.0:
@@ -197,33 +222,64 @@ class Dispatcher:
                 if not queue:
                     del held[lane]
                 running[lane] = running.get(lane, 0) + 1
+                if tenant is not None:
+                    t_running[tenant] = t_running.get(tenant, 0) + 1
                 busy += 1
                 return d
             held.pop(lane, None)
             return None
 
-        def next_row(prefer: str | None) -> Delivery | None:
-            """A held row that may start: of the lane ``prefer`` (the slot's last) first,
-            then of the ready lanes in turn."""
-            if prefer is not None and prefer in held and room(prefer):
-                d = take(prefer)
-                if d is not None:
-                    return d
-            while ready:
-                lane = next(iter(ready))
-                del ready[lane]
-                if lane not in held or not room(lane):
-                    continue  # ready again when it has rows and room
-                d = take(lane)
-                if lane in held and room(lane):
-                    ready[lane] = None  # its turn again after the others
+        def next_row() -> Delivery | None:
+            """A held row that may start: the next tenant's in turn, of its next lane."""
+            while turns:
+                tenant = next(iter(turns))
+                del turns[tenant]
+                if not tenant_room(tenant):
+                    continue  # its turn again when one of its attempts ends
+                lanes = waiting.get(tenant)
+                d = None
+                while lanes and d is None:
+                    lane = next(iter(lanes))
+                    del lanes[lane]
+                    if lane not in held or not room(lane):
+                        continue  # waiting again when it has rows and room
+                    d = take(lane, tenant)
+                    if lane in held and room(lane):
+                        lanes[lane] = None  # its turn again after the tenant's others
+                if lanes:
+                    if tenant_room(tenant):
+                        turns[tenant] = None  # its turn again after the other tenants
+                else:
+                    waiting.pop(tenant, None)
                 if d is not None:
                     return d
             return None
 
         def mark_ready(lane: str) -> None:
             if lane in held and room(lane):
-                ready[lane] = None
+                tenant = owner.get(lane)
+                waiting.setdefault(tenant, {})[lane] = None
+                if tenant_room(tenant):
+                    turns[tenant] = None
+
+        def finished(lane: str) -> None:
+            """An attempt of ``lane`` ended: its lane and tenant may have room again."""
+            nonlocal busy
+            busy -= 1
+            running[lane] -= 1
+            tenant = owner.get(lane)
+            if tenant is not None:
+                t_running[tenant] -= 1
+                if waiting.get(tenant) and t_running[tenant] < tenant_cap:
+                    turns[tenant] = None
+            if lane in held:
+                mark_ready(lane)
+            elif not running[lane]:  # nothing of it here any more: forget it
+                del running[lane]
+                allowed.pop(lane, None)
+                owner.pop(lane, None)
+                if tenant is not None and not t_running[tenant] and not t_held[tenant]:
+                    del t_running[tenant], t_held[tenant]
 
         def hand(d: Delivery) -> bool:
             """Give ``d`` (already counted as running) to an idle slot."""
@@ -234,11 +290,29 @@ class Dispatcher:
                     return True
             return False
 
+        def hold(d: Delivery, at: float, front: bool = False) -> str:
+            nonlocal held_n
+            lane = d.lane or d.channel
+            # A webhook lane is an endpoint (its id, never a channel's name) of the
+            # row's tenant; a channel's lane is bounded by its own cap only.
+            tenant = d.tenant if lane != d.channel else None
+            owner[lane] = tenant
+            queue = held.get(lane)
+            if queue is None:
+                queue = held[lane] = collections.deque()
+            if front:
+                queue.appendleft((d, at))
+            else:
+                queue.append((d, at))
+            held_n += 1
+            if tenant is not None:
+                t_held[tenant] = t_held.get(tenant, 0) + 1
+                t_running.setdefault(tenant, 0)
+            return lane
+
         async def slot() -> None:
-            nonlocal busy
-            lane: str | None = None
             while True:
-                d = None if stopping.is_set() else next_row(lane)
+                d = None if stopping.is_set() else next_row()
                 if d is None:
                     if stopping.is_set():
                         return
@@ -251,53 +325,60 @@ class Dispatcher:
                 try:
                     await self.handle(d)
                 finally:
-                    busy -= 1
-                    running[lane] -= 1
-                self._wake.set()  # a slot is free: its lane may have more, or a lease
+                    finished(lane)
+                self._wake.set()  # a slot is free: another lane may go, or a lease
 
-        def start_lease(pending: int = 0) -> None:
+        def fairness() -> Fairness:
+            """This lease's bounds: lanes' caps, and per tenant the rows it may still
+            hold (``tenant_hold`` minus those running or held here)."""
+            return Fairness(
+                cap=self.concurrency,
+                rows=tenant_hold,
+                held={t: tenant_hold - n - t_held[t] for t, n in t_running.items()},
+            )
+
+        def start_lease() -> None:
             """Lease every free slot (the successes it records freed theirs) and, leasing
-            ahead, as many again to hold; ``pending``: rows leased but not yet placed."""
+            ahead, as many again to hold."""
             nonlocal reserved
             carry, self._carry = self._carry, []
-            asked = max(limit - busy - held_n - reserved - pending, 0)
+            asked = max(limit - busy - held_n - reserved, 0)
             reserved += asked
-            lease_task = asyncio.create_task(self._lease_safely(asked, carry))
+            lease_task = asyncio.create_task(self._lease_safely(asked, carry, fairness()))
             leasing.add(lease_task)
             lease_task.add_done_callback(functools.partial(leased, asked=asked))
 
         def leased(
             lease_task: asyncio.Task[tuple[list[Delivery], dict[str, int]]], asked: int
         ) -> None:
-            nonlocal reserved, deferred, held_n, busy
+            nonlocal reserved, deferred, busy
             reserved -= asked
             leasing.discard(lease_task)
             found, allowances = ([], {}) if lease_task.cancelled() else lease_task.result()
             allowed.update(allowances)
+            now = monotonic()
+            lanes = dict.fromkeys(allowances)  # new rows, or a new allowance
+            for d in found:  # held, then handed to idle slots below, in turn
+                lanes[hold(d, now)] = None
+            for lane in lanes:
+                mark_ready(lane)
             if self._carry and len(leasing) < _LEASES_IN_FLIGHT and not stopping.is_set():
                 # Successes that finished during this lease: send the next lease before
                 # the slots start the deliveries just leased, so that PostgreSQL runs it
                 # while they send them.
-                start_lease(pending=len(found))
-            now = monotonic()
-            lanes = dict.fromkeys(allowances)  # new rows, or a new allowance
-            for d in found:  # held, then handed to idle slots below, lanes in turn
-                lane = d.lane or d.channel
-                held.setdefault(lane, collections.deque()).append((d, now))
-                lanes[lane] = None
-            held_n += len(found)
-            for lane in lanes:
-                mark_ready(lane)
-            while idle and ready and not stopping.is_set():
-                row = next_row(None)
+                start_lease()
+            while idle and turns and not stopping.is_set():
+                row = next_row()
                 if row is None:
                     break
                 if not hand(row):  # no slot waits after all: back to its lane's front
                     lane = row.lane or row.channel
+                    tenant = owner.get(lane)
                     running[lane] -= 1
                     busy -= 1
-                    held.setdefault(lane, collections.deque()).appendleft((row, now))
-                    held_n += 1
+                    if tenant is not None:
+                        t_running[tenant] -= 1
+                    hold(row, now, front=True)
                     mark_ready(lane)
                     break
             if len(found) == asked or deferred:
@@ -364,13 +445,13 @@ class Dispatcher:
                 await channel.close()
 
     async def _lease_safely(
-        self, slots: int, carry: list[_Finished]
+        self, slots: int, carry: list[_Finished], fair: Fairness
     ) -> tuple[list[Delivery], dict[str, int]]:
         """One lease for run(): the deliveries, and per lane leased how many attempts
         may run in it at once (PostgreSQL; empty: as many as were leased)."""
         try:
             if not self._folding:
-                return await self._lease(slots), {}
+                return await self._lease(slots, fair), {}
             if not self._lanes_ready:
                 await self._ensure_lanes()
             found, written, allowed = await lease_recording(
@@ -382,6 +463,7 @@ class Dispatcher:
                 sent=[_sent_row(f) for f in carry],
                 ahead=self._ahead,
                 factor=self.outbound.settings.lease_ahead,
+                fair=fair,
             )
         except Exception as exc:  # the database went away: poll again later
             log.warning("outbox_lease_failed", dispatcher=self.name, error=short_error(exc))
@@ -414,7 +496,9 @@ class Dispatcher:
                     error=short_error(exc),
                 )
 
-    async def _lease(self, slots: int) -> list[Delivery]:
+    async def _lease(self, slots: int, fair: Fairness | None = None) -> list[Delivery]:
+        """Lease up to ``slots`` rows; without ``fair`` (run_once), each tenant's lanes
+        take at most its cap of them."""
         if not self._lanes_ready:
             await self._ensure_lanes()
         return await lease(
@@ -423,6 +507,7 @@ class Dispatcher:
             slots=slots,
             channels=list(self.outbound.channels),
             lease_ttl=self.outbound.settings.lease_ttl,
+            fair=fair or Fairness(cap=self.concurrency, rows=self.tenant_cap),
         )
 
     async def _ensure_lanes(self) -> None:
@@ -495,6 +580,8 @@ class Dispatcher:
             return Decision("dead", "failed", "rejected")
         if result.outcome == "gone":
             return Decision("dead", "gone", "gone")
+        if result.outcome == "blocked":  # retrying would be refused the same way
+            return Decision("dead", "blocked", "blocked")
         delay = schedule.delay(d.attempt, retry_after=result.retry_after, rng=self.rng)
         if delay is None:
             return Decision("dead", "exhausted", "exhausted")
@@ -672,7 +759,7 @@ class Dispatcher:
         counter.inc()
         if result is not None:
             self.box.metrics.observe_delivery(
-                d.endpoint.id if d.endpoint is not None else d.channel,
+                d.channel,
                 result.status_code,
                 duration,
                 error="timeout" if result.timed_out else result.error,

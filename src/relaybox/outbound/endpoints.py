@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Endpoint",
     "EndpointPatch",
+    "EndpointQuotaExceeded",
     "EndpointSpec",
     "InvalidEndpoint",
     "create_endpoint",
@@ -50,6 +51,10 @@ _PATTERN = re.compile(r"[A-Za-z0-9_.:*-]{1,200}")
 
 class InvalidEndpoint(ValueError):
     """An endpoint definition relaybox refuses (the message is safe to show)."""
+
+
+class EndpointQuotaExceeded(InvalidEndpoint):
+    """The tenant already has ``max_endpoints`` endpoints (the message says so)."""
 
 
 class EndpointPatch(BaseModel):
@@ -157,8 +162,16 @@ class Endpoint:
         }
 
 
-def _check(box: Relaybox, url: str | None, timeout: float | None) -> None:
+def _check(
+    box: Relaybox, url: str | None, timeout: float | None, max_in_flight: int | None
+) -> None:
     s = outbound(box).settings
+    if max_in_flight is not None and max_in_flight > s.concurrency:
+        # More than a dispatcher has slots: never reachable, and one endpoint would
+        # ask for all of them (the dispatcher clamps a stored cap to its concurrency).
+        raise InvalidEndpoint(
+            f"max_in_flight must be at most {s.concurrency} (the dispatcher's concurrency)"
+        )
     if url is not None:
         if len(url) > 2000:
             raise InvalidEndpoint("the URL is longer than 2000 characters")
@@ -173,13 +186,21 @@ def _check(box: Relaybox, url: str | None, timeout: float | None) -> None:
 async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tuple[Endpoint, str]:
     """Create an endpoint with a fresh secret; returns it and the secret in the form
     its owner verifies with (``whsec_…``, or ``whpk_…`` for ed25519)."""
-    _check(box, spec.url, spec.timeout)
+    _check(box, spec.url, spec.timeout, spec.max_in_flight)
     if spec.signature == "sha256" and spec.secret_type == "ed25519":
         raise InvalidEndpoint("sha256 signatures (X-Webhook-Signature) need an hmac secret")
     store, now = box.store, box.clock.now()
     endpoint_id = db.new_id("ep", now)
     secret = new_secret(spec.secret_type)
+    quota = outbound(box).settings.max_endpoints
     async with store.transaction() as conn:
+        await db.first(conn, store, "endpoint_quota_lock", tenant)
+        count = await db.first(conn, store, "endpoint_count", tenant)
+        if count["n"] >= quota:
+            raise EndpointQuotaExceeded(
+                f"this tenant already has {count['n']} endpoints, the most allowed"
+                f" ({quota}); delete one first"
+            )
         await db.execute(
             conn,
             store,
@@ -237,7 +258,7 @@ async def update_endpoint(
 ) -> Endpoint | None:
     """Apply ``patch``; ``enabled`` switches the endpoint on or off. ``None`` when
     the tenant has no such endpoint."""
-    _check(box, patch.url, patch.timeout)
+    _check(box, patch.url, patch.timeout, patch.max_in_flight)
     current = await get_endpoint(box, endpoint_id, tenant)
     if current is None:
         return None

@@ -9,7 +9,10 @@ token bucket). One lease:
    bucket), least recently served first, locking them (``SKIP LOCKED``) so that two
    dispatchers never lease one lane at once and overshoot its cap;
 2. shares the free slots among those lanes round robin, one row each, then a second
-   each, ...;
+   each, ..., a lane's cap bounded by the dispatcher's concurrency; a tenant's lanes
+   take at most its rows (:class:`Fairness`: its share of the dispatcher's slots,
+   minus what the dispatcher holds of it), and turns go tenant by tenant, so one
+   tenant's many lanes never fill a lease while another tenant's rows wait;
 3. leases that many rows per lane: owner, a fencing token incremented on every lease,
    the lease's end, one more attempt counted, ``uncertain`` when the row's previous
    lease expired without a recorded outcome;
@@ -36,8 +39,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from relaybox.outbound import db
@@ -48,7 +51,16 @@ from relaybox.outbound.vault import SecretsLocked, Vault
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
-__all__ = ["LEASE_MARGIN", "Lane", "allocate", "lease", "lease_recording", "release"]
+__all__ = [
+    "LEASE_MARGIN",
+    "UNBOUNDED",
+    "Fairness",
+    "Lane",
+    "allocate",
+    "lease",
+    "lease_recording",
+    "release",
+]
 
 LEASE_MARGIN = 5.0
 """Seconds kept between the end of an attempt and the end of its lease, to record."""
@@ -62,6 +74,8 @@ class Lane:
     tokens: float
     refilled_at: float
     in_flight: int
+    tenant: str | None = None
+    """The endpoint's tenant; ``None`` for a channel's lane (no tenant bound)."""
 
     def room(self, now: float) -> tuple[int, float]:
         """(rows it may take now, tokens in its bucket now). The bucket holds at most
@@ -74,26 +88,58 @@ class Lane:
         return min(room, int(tokens)), tokens
 
 
-def allocate(lanes: Sequence[Lane], slots: int, now: float) -> dict[str, int]:
-    """Share ``slots`` among ``lanes`` in order, one row per lane per round."""
-    room = {lane.lane: lane.room(now)[0] for lane in lanes}
+@dataclass(frozen=True)
+class Fairness:
+    """What one lease may take per tenant and per lane: every lane's cap is at most
+    ``cap`` (the dispatcher's concurrency), and one tenant's lanes take at most
+    ``rows`` rows, or ``held[tenant]`` for a tenant listed there (what the dispatcher
+    already holds of it counted; 0: none, its lanes are not even looked at)."""
+
+    cap: int = 2**31 - 1
+    rows: int = 2**31 - 1
+    held: Mapping[str, int] = field(default_factory=dict)
+
+    def full(self) -> list[str]:
+        return sorted(t for t, n in self.held.items() if n <= 0)
+
+
+UNBOUNDED = Fairness()
+
+
+def allocate(
+    lanes: Sequence[Lane], slots: int, now: float, fair: Fairness = UNBOUNDED
+) -> dict[str, int]:
+    """Share ``slots`` among ``lanes`` in order: one row per lane per round, within
+    each lane's room; a tenant's turns are numbered over its lanes' rounds (at most
+    ``fair``'s rows for it), and turns go tenant by tenant (``outbox_lease``'s plan)."""
+    entries: list[tuple[int, int, int, str]] = []  # (turn, round, lane order, lane)
+    turns: dict[tuple[str | None, str | None], int] = {}
+    room = {lane.lane: min(lane.room(now)[0], fair.cap - lane.in_flight) for lane in lanes}
+    most = max(room.values(), default=0)
+    for rnd in range(1, most + 1):
+        for order, lane in enumerate(lanes):
+            if room[lane.lane] < rnd:
+                continue
+            group = (lane.tenant, None if lane.tenant is not None else lane.lane)
+            turn = turns[group] = turns.get(group, 0) + 1
+            if lane.tenant is not None and turn > fair.held.get(lane.tenant, fair.rows):
+                continue
+            entries.append((turn, rnd, order, lane.lane))
+    entries.sort()
     plan: dict[str, int] = {}
-    while slots > 0:
-        progressed = False
-        for lane in lanes:
-            if slots == 0:
-                break
-            if room[lane.lane] > plan.get(lane.lane, 0):
-                plan[lane.lane] = plan.get(lane.lane, 0) + 1
-                slots -= 1
-                progressed = True
-        if not progressed:
-            break
+    for _, _, _, name in entries[: max(slots, 0)]:
+        plan[name] = plan.get(name, 0) + 1
     return plan
 
 
 async def lease(
-    box: Relaybox, *, owner: str, slots: int, channels: Sequence[str], lease_ttl: float
+    box: Relaybox,
+    *,
+    owner: str,
+    slots: int,
+    channels: Sequence[str],
+    lease_ttl: float,
+    fair: Fairness = UNBOUNDED,
 ) -> list[Delivery]:
     """Lease up to ``slots`` due rows of the given channels; see the module docstring."""
     store = box.store
@@ -101,15 +147,22 @@ async def lease(
     until = now + lease_ttl
     if store.backend == "postgres":
         found, _, _ = await _lease_postgres(
-            box, owner, slots, channels, now, until, lease_ttl, (), (), 1
+            box, owner, slots, channels, now, until, lease_ttl, (), (), 1, fair
         )
         return found
     async with store.transaction() as conn:
         lane_rows = await db.rows(
-            conn, store, "outbox_lease_lanes", now, slots, db.array(store, channels)
+            conn,
+            store,
+            "outbox_lease_lanes",
+            now,
+            slots,
+            db.array(store, channels),
+            fair.cap,
+            db.array(store, fair.full()),
         )
         lanes = [Lane(**dict(r)) for r in lane_rows]
-        plan = allocate(lanes, slots, now)
+        plan = allocate(lanes, slots, now, fair)
         if not plan:
             return []
         names = list(plan)
@@ -179,6 +232,7 @@ async def lease_recording(
     sent: Sequence[tuple[Any, ...]],
     ahead: Sequence[str] = (),
     factor: int = 1,
+    fair: Fairness = UNBOUNDED,
 ) -> tuple[list[Delivery], set[tuple[int, int]], dict[str, int]]:
     """PostgreSQL: record the plain successes ``sent`` (rows of id, lease token,
     attempt, endpoint id, started, duration, status code, error, response) and lease
@@ -187,10 +241,11 @@ async def lease_recording(
     twice their cap while no other dispatcher holds leases in them. Returns the
     deliveries, the (id, lease token) pairs written (the others were fenced), and for
     each lane leased how many attempts this dispatcher may run in it at once (its cap
-    minus the live leases other dispatchers held)."""
+    minus the live leases other dispatchers held). ``fair`` bounds lanes' caps and
+    each tenant's rows (:class:`Fairness`)."""
     now = box.clock.now()
     return await _lease_postgres(
-        box, owner, slots, channels, now, now + lease_ttl, lease_ttl, sent, ahead, factor
+        box, owner, slots, channels, now, now + lease_ttl, lease_ttl, sent, ahead, factor, fair
     )
 
 
@@ -223,11 +278,13 @@ async def _lease_postgres(
     sent: Sequence[tuple[Any, ...]],
     ahead: Sequence[str],
     factor: int,
+    fair: Fairness,
 ) -> tuple[list[Delivery], set[tuple[int, int]], dict[str, int]]:
     """PostgreSQL: every step in one autocommit statement (``outbox_lease``): one round
     trip, no BEGIN / COMMIT."""
     store = box.store
     columns = [[row[i] for row in sent] for i in range(9)]
+    tenants = list(fair.held)
     pool = await store.generic_pool()  # type: ignore[attr-defined]
     async with pool.acquire() as conn:
         leased = await conn.fetch(
@@ -240,6 +297,10 @@ async def _lease_postgres(
             *columns,
             list(ahead),
             factor,
+            fair.cap,
+            fair.rows,
+            tenants,
+            [fair.held[t] for t in tenants],
         )
     written: set[tuple[int, int]] = set()
     if leased and leased[0]["recorded"] is not None:

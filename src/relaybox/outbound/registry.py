@@ -46,7 +46,7 @@ class Outbound:
         self.vault = _vault(settings)
         self.channels: dict[str, Channel] = {}
         self._schedules: dict[tuple[float, ...] | None, Schedule] = {}
-        # Latency and HTTP status per endpoint are Metrics.observe_delivery's; this
+        # Latency and HTTP status per channel are Metrics.observe_delivery's; this
         # counts what the dispatcher decided (sent, retry, exhausted, held, fenced, ...).
         self.attempts = Counter(
             "relaybox_outbound_attempts",

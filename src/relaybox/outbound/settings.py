@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from relaybox.outbound.vault import parse_keys
 
-__all__ = ["DEFAULT_SCHEDULE", "OutboundSettings", "UncertainPolicy"]
+__all__ = ["DEFAULT_SCHEDULE", "OutboundSettings", "UncertainPolicy", "tenant_cap"]
 
 UncertainPolicy = Literal["resend", "review", "accept"]
 """What to do when a lease expired before its outcome was recorded: send again under
@@ -73,6 +73,19 @@ class OutboundSettings(BaseModel):
     )
     response_bytes: int = Field(default=1024, ge=0, le=65536, description="answer bytes kept")
     max_in_flight: int = Field(default=4, ge=1, description="default per-endpoint in-flight cap")
+    tenant_share: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description=(
+            "fraction of a dispatcher's concurrency one tenant's webhook deliveries may "
+            "hold at once (at least 1 slot), so that a tenant whose endpoints hang cannot "
+            "take every slot"
+        ),
+    )
+    max_endpoints: int = Field(
+        default=100, ge=1, le=100_000, description="endpoints one tenant may have"
+    )
     allow_insecure_loopback: bool = Field(
         default=False, description="development only: allow http:// to loopback addresses"
     )
@@ -126,3 +139,13 @@ class OutboundSettings(BaseModel):
         if self.lease_ttl < self.max_timeout + 5:
             raise ValueError("lease_ttl must exceed max_timeout by at least 5 seconds")
         return self
+
+    @property
+    def tenant_max_in_flight(self) -> int:
+        """Webhook deliveries one tenant may have in flight in one dispatcher."""
+        return tenant_cap(self.concurrency, self.tenant_share)
+
+
+def tenant_cap(concurrency: int, share: float) -> int:
+    """A tenant's slots among ``concurrency``: ``share`` of them, at least one."""
+    return max(1, int(concurrency * share))

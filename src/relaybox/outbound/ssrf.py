@@ -102,6 +102,11 @@ def _ip_literal(host: str) -> IPAddress | None:
 def forbidden_reason(ip: IPAddress) -> str | None:
     """Why ``ip`` must not be reached, or ``None`` when it is globally routable."""
     if isinstance(ip, ipaddress.IPv6Address):
+        # ::1 and :: lie in ::/96 too: name them for what they are.
+        if ip.is_loopback:
+            return "a loopback address"
+        if ip.is_unspecified:
+            return "the unspecified address"
         if ip.ipv4_mapped is not None:
             return "an IPv4-mapped IPv6 address"
         if ip in _V4_COMPATIBLE:

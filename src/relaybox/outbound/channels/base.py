@@ -36,10 +36,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Channel", "Delivery", "MessageBody", "Outcome", "Result", "Target"]
 
-Outcome = Literal["sent", "retry", "failed", "gone"]
+Outcome = Literal["sent", "retry", "failed", "gone", "blocked"]
 """``sent``: done. ``retry``: transient, try again on the schedule. ``failed``:
 permanent, dead letter now. ``gone``: the destination said it no longer exists (410);
-the endpoint is disabled."""
+the endpoint is disabled. ``blocked``: relaybox refused the destination itself (the
+SSRF guard, a URL it cannot use): dead letter now, nothing was sent."""
 
 
 @dataclass(frozen=True, slots=True)

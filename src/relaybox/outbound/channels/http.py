@@ -9,7 +9,8 @@ a :class:`~relaybox.outbound.channels.base.Result`:
     2xx                              sent
     408, 429, 5xx                    retry (Retry-After honoured within the clamp)
     timeout, connection, DNS error   retry
-    SSRF guard refused               retry (DNS may change; attempts still run out)
+    SSRF guard refused, invalid URL  blocked (dead now: nothing was sent, and retrying
+                                     the same URL is refused the same way)
     410                              gone (the endpoint is disabled)
     3xx                              failed: a redirect is not followed
     other 4xx, 1xx                   failed: the receiver rejected it; retrying won't help
@@ -157,7 +158,7 @@ class HttpClient:
             try:
                 vetted = await self.guard.check(url)
             except UnsafeDestination as exc:
-                return Result("retry", error=f"refused by the SSRF guard: {exc}")
+                return Result("blocked", error=f"refused by the SSRF guard: {exc}")
             except OSError as exc:
                 return Result("retry", error=f"DNS: {_short(exc)}")
             self._resolver.vet(vetted)
@@ -176,6 +177,8 @@ class HttpClient:
             return Result("retry", error=f"timed out after {seconds:g} s", timed_out=True)
         except TimeoutError:  # aiohttp's connect timeout
             return Result("retry", error=f"timed out after {seconds:g} s", timed_out=True)
+        except aiohttp.InvalidURL as exc:  # the same URL fails the same way every time
+            return Result("blocked", error=f"invalid URL: {_short(exc)}")
         except aiohttp.ClientConnectorError as exc:
             return Result("retry", error=f"connection failed: {_short(exc)}")
         except (aiohttp.ClientError, OSError) as exc:

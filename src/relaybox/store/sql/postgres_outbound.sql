@@ -8,6 +8,16 @@ INSERT INTO relaybox_endpoints
      created_at, updated_at)
 VALUES ($1, $2, $3, $4, $5, 'enabled', $6, $7, $8, $9, $9)
 
+-- name: endpoint_quota_lock
+-- Creating an endpoint: one create per tenant at a time (a transaction-scoped advisory
+-- lock on the tenant), so that endpoint_count, a statement after it with its own
+-- snapshot, sees every endpoint committed before, and the quota holds.
+SELECT pg_advisory_xact_lock(hashtextextended('relaybox.endpoints:' || $1::text, 0))
+
+-- name: endpoint_count
+-- The tenant's endpoints (relaybox_endpoints_tenant index).
+SELECT count(*)::int AS n FROM relaybox_endpoints WHERE tenant = $1
+
 -- name: endpoint_update
 -- Every mutable field at once: the caller merged the patch into the current row.
 UPDATE relaybox_endpoints
@@ -234,7 +244,11 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 -- plain successes to record first (id, lease token, attempt, endpoint, started,
 -- duration, status code, error, response; empty arrays when none): a finished
 -- attempt's slot goes into the lease that records it, no round trip in between; $15
--- the channels that may lease ahead (see locked).
+-- the channels that may lease ahead (see locked), $16 how many times its cap; $17 the
+-- dispatcher's concurrency, which bounds every lane's cap (a cap stored above it is
+-- clamped); $18 rows one tenant's lanes may take in this lease, unless $19 (tenants)
+-- / $20 (rows each) say otherwise: what the dispatcher already holds of them counted
+-- (tenant fairness, Dispatcher.run). A tenant with no rows left is not locked at all.
 -- A lease is a row of relaybox_outbox_leases (migration 0011 says why), not a change
 -- of the outbox row; the outbox row is written once, by the record.
 -- freed: the successes' leases, fenced per row (only the holder of the lease token);
@@ -254,8 +268,11 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 --   have twice its cap leased, so that the dispatcher starts the next row the moment
 --   an attempt ends; it still runs at most cap minus the others' leases at once
 --   (allowed, returned with each row: Dispatcher.run).
--- plan: allocate() in SQL: the free slots shared round robin (one per lane per
---   round, lane order) within each lane's room; picked: that many due rows per lane
+-- plan: allocate() in SQL: the free slots shared round robin within each lane's
+--   room and each tenant's rows: a tenant's turns count its lanes' rounds (one per
+--   lane per round, lane order), and turns go tenant by tenant, so that one tenant's
+--   lanes never fill the lease while another's wait (a channel's lane is a tenant of
+--   its own, without a tenant bound); picked: that many due rows per lane
 --   without a live lease, oldest first, locked SKIP LOCKED (delivery_lock_endpoint
 --   waits for nothing of ours), each with its expired lease if it has one (uncertain:
 --   its dispatcher died before recording; that attempt was counted).
@@ -307,17 +324,18 @@ WITH u AS (
           WHERE u.endpoint IS NOT NULL) s
     WHERE e.id = s.endpoint AND e.failing_since IS NOT NULL
 ), locked AS (
-    SELECT l.lane, l.xmin AS version, l.leased_at, b.tokens, l.max_in_flight - busy.others
-               AS allowed,
+    SELECT l.lane, l.xmin AS version, l.leased_at, b.tokens, e.tenant,
+           cap.n - busy.others AS allowed,
            CASE WHEN l.rate_limit IS NULL THEN lim.n - busy.n
-                ELSE least(l.max_in_flight - busy.n, floor(b.tokens)::int) END AS room
+                ELSE least(cap.n - busy.n, floor(b.tokens)::int) END AS room
     FROM relaybox_lanes l
     LEFT JOIN relaybox_endpoints e ON e.id = l.lane
+    CROSS JOIN LATERAL (SELECT least(l.max_in_flight, $17::int) AS n) cap
     CROSS JOIN LATERAL (
         SELECT CASE WHEN l.rate_limit IS NULL
                          AND CASE WHEN e.id IS NULL THEN l.lane ELSE 'webhook' END
                              = ANY ($15::text[])
-                    THEN $16::int * l.max_in_flight ELSE l.max_in_flight END AS n) ahead
+                    THEN $16::int * cap.n ELSE cap.n END AS n) ahead
     -- Live leases of the lane, and how many are other dispatchers', counted up to what
     -- it may have (the LIMIT makes it an index scan, which marks the dead entries it
     -- meets, where a bitmap scan would read them again every time until the next
@@ -331,7 +349,7 @@ WITH u AS (
             ORDER BY f.lane, f.outbox_id
             LIMIT ahead.n) f) busy
     CROSS JOIN LATERAL (
-        SELECT CASE WHEN busy.others = 0 THEN ahead.n ELSE l.max_in_flight END AS n) lim
+        SELECT CASE WHEN busy.others = 0 THEN ahead.n ELSE cap.n END AS n) lim
     -- A due row in the lane: a probe per lane (LIMIT 1 keeps it one; as EXISTS, a plan
     -- made before any ANALYZE joined every due row of the outbox to the lanes).
     CROSS JOIN LATERAL (
@@ -346,7 +364,9 @@ WITH u AS (
                     ELSE least(greatest(1.0, l.rate_limit),
                                l.tokens + ($1 - l.refilled_at) * l.rate_limit) END AS tokens) b
     WHERE ((e.id IS NULL AND l.lane = ANY($3::text[]))
-           OR (e.status = 'enabled' AND 'webhook' = ANY($3::text[])))
+           OR (e.status = 'enabled' AND 'webhook' = ANY($3::text[])
+               AND e.tenant <> ALL (ARRAY(SELECT q.t FROM unnest($19::text[], $20::int[])
+                                          AS q(t, r) WHERE q.r <= 0))))
       AND busy.n < lim.n
       AND (l.rate_limit IS NULL OR l.tokens + ($1 - l.refilled_at) * l.rate_limit >= 1)
     ORDER BY l.leased_at, l.lane
@@ -358,11 +378,19 @@ WITH u AS (
     -- the snapshot's, without that lease's rows: skip it (its row version changed).
     SELECT k.* FROM locked k JOIN relaybox_lanes s ON s.lane = k.lane AND s.xmin = k.version
 ), plan AS (
-    -- allocate(): one slot per lane per round, in lane order, until $2 are shared.
+    -- allocate(): one slot per lane per round, in lane order; a tenant's turns
+    -- numbered over its lanes' rounds, at most its rows ($18, or $20 for a tenant in
+    -- $19); turn by turn across tenants until $2 are shared.
     SELECT s.lane, s.allowed, count(*)::int AS n
-    FROM (SELECT l.lane, l.allowed
-          FROM lanes l CROSS JOIN LATERAL generate_series(1, l.room) AS k(round)
-          ORDER BY k.round, l.leased_at, l.lane
+    FROM (SELECT t.lane, t.allowed
+          FROM (SELECT l.lane, l.allowed, l.tenant, l.leased_at, k.round,
+                       row_number() OVER (
+                           PARTITION BY l.tenant, CASE WHEN l.tenant IS NULL THEN l.lane END
+                           ORDER BY k.round, l.leased_at, l.lane) AS turn
+                FROM lanes l CROSS JOIN LATERAL generate_series(1, l.room) AS k(round)) t
+          LEFT JOIN unnest($19::text[], $20::int[]) AS q(t, r) ON q.t = t.tenant
+          WHERE t.tenant IS NULL OR t.turn <= COALESCE(q.r, $18::int)
+          ORDER BY t.turn, t.round, t.leased_at, t.lane
           LIMIT $2) s
     GROUP BY s.lane, s.allowed
 ), picked AS (
@@ -450,7 +478,8 @@ WHERE l.outbox_id = r.id AND l.token = r.token AND r.uncertain
 -- SQLite lease runs it (sqlite_outbound.sql); defined because shared code names it
 -- (tests/test_store.py checks both backends).
 SELECT NULL AS lane, NULL::int AS max_in_flight, NULL::float8 AS rate_limit,
-       NULL::float8 AS tokens, NULL::float8 AS refilled_at, NULL::int AS in_flight WHERE false
+       NULL::float8 AS tokens, NULL::float8 AS refilled_at, NULL::int AS in_flight,
+       NULL AS tenant WHERE false
 
 -- name: outbox_lease_rows
 -- Not used on PostgreSQL: outbox_lease does this step within its one statement. The

@@ -9,6 +9,14 @@ INSERT INTO relaybox_endpoints
      created_at, updated_at)
 VALUES (?1, ?2, ?3, ?4, ?5, 'enabled', ?6, ?7, ?8, ?9, ?9)
 
+-- name: endpoint_quota_lock
+-- Nothing to lock: the transaction began IMMEDIATE (one writer), so endpoint_count
+-- sees every endpoint committed before and no other create runs meanwhile.
+SELECT ?1 AS tenant
+
+-- name: endpoint_count
+SELECT count(*) AS n FROM relaybox_endpoints WHERE tenant = ?1
+
 -- name: endpoint_update
 UPDATE relaybox_endpoints
 SET url = ?3, description = ?4, event_types = ?5, signature = ?6, timeout = ?7,
@@ -191,24 +199,28 @@ UPDATE relaybox_api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NUL
 SELECT NULL AS id WHERE 0
 
 -- name: outbox_lease_lanes
--- Lanes with due, unleased rows and room under their in-flight cap and rate limit,
--- least recently served first (round robin). A lane at capacity is not returned, so
--- a hanging endpoint's backlog never fills a lease.
-SELECT lane, max_in_flight, rate_limit, tokens, refilled_at, in_flight FROM (
+-- Lanes with due, unleased rows and room under their in-flight cap (at most ?4, the
+-- dispatcher's concurrency: a cap stored above it is clamped) and rate limit, least
+-- recently served first (round robin), with their endpoint's tenant. A lane at
+-- capacity is not returned, so a hanging endpoint's backlog never fills a lease; nor
+-- is a lane of a tenant in ?5 (the dispatcher holds all that tenant may have).
+SELECT lane, max_in_flight, rate_limit, tokens, refilled_at, in_flight, tenant FROM (
     SELECT l.lane, l.max_in_flight, l.rate_limit, l.tokens, l.refilled_at, l.leased_at,
+           e.tenant,
            (SELECT count(*) FROM relaybox_outbox f
             WHERE COALESCE(f.lane, f.channel) = l.lane AND f.status = 'pending'
               AND f.lease_until IS NOT NULL AND f.lease_until > ?1) AS in_flight
     FROM relaybox_lanes l
     LEFT JOIN relaybox_endpoints e ON e.id = l.lane
     WHERE ((e.id IS NULL AND l.lane IN (SELECT value FROM json_each(?3)))
-           OR (e.status = 'enabled' AND 'webhook' IN (SELECT value FROM json_each(?3))))
+           OR (e.status = 'enabled' AND 'webhook' IN (SELECT value FROM json_each(?3))
+               AND e.tenant NOT IN (SELECT value FROM json_each(?5))))
       AND (l.rate_limit IS NULL OR l.tokens + (?1 - l.refilled_at) * l.rate_limit >= 1)
       AND EXISTS (SELECT 1 FROM relaybox_outbox o
                   WHERE COALESCE(o.lane, o.channel) = l.lane AND o.status = 'pending'
                     AND o.next_attempt_at <= ?1
                     AND (o.lease_until IS NULL OR o.lease_until <= ?1)))
-WHERE in_flight < max_in_flight
+WHERE in_flight < min(max_in_flight, ?4)
 ORDER BY leased_at, lane
 LIMIT ?2
 
@@ -254,15 +266,17 @@ UPDATE relaybox_outbox
 SET lease_owner = NULL,
     lease_until = CASE WHEN r.uncertain THEN 0 ELSE NULL END,
     attempts = attempts - CASE WHEN r.uncertain THEN 0 ELSE 1 END
-FROM (SELECT i.value AS id, t.value AS token, u.value AS uncertain
-      FROM json_each(?1) AS i
-      JOIN json_each(?2) AS t ON t.key = i.key JOIN json_each(?3) AS u ON u.key = i.key) AS r
+FROM (SELECT i.value AS id, json_extract(?2, '$[' || i.key || ']') AS token,
+             json_extract(?3, '$[' || i.key || ']') AS uncertain
+      FROM json_each(?1) AS i) AS r
 WHERE relaybox_outbox.id = r.id AND relaybox_outbox.lease_token = r.token
   AND relaybox_outbox.status = 'pending'
 
 -- name: outbox_record
 -- Group commit of outcomes (see postgres_outbound.sql): element i of the JSON arrays
--- ?2..?8 is one finished attempt, fenced on its lease token.
+-- ?2..?8 is one finished attempt, fenced on its lease token. Element i of each array
+-- is read by its position (json_extract): joining one json_each per array on the key
+-- had SQLite nest a loop per array, n^7 steps (a batch of 16 never finished).
 UPDATE relaybox_outbox
 SET status = u.status,
     dead_reason = CASE WHEN u.status = 'pending' THEN dead_reason ELSE u.reason END,
@@ -270,27 +284,28 @@ SET status = u.status,
     last_error = u.error, last_status = u.code, updated_at = ?1,
     sent_at = CASE WHEN u.status = 'sent' THEN ?1 ELSE sent_at END,
     lease_owner = NULL, lease_until = NULL
-FROM (SELECT i.value AS id, t.value AS token, s.value AS status, n.value AS next_at,
-             r.value AS reason, e.value AS error, c.value AS code
-      FROM json_each(?2) AS i
-      JOIN json_each(?3) AS t ON t.key = i.key JOIN json_each(?4) AS s ON s.key = i.key
-      JOIN json_each(?5) AS n ON n.key = i.key JOIN json_each(?6) AS r ON r.key = i.key
-      JOIN json_each(?7) AS e ON e.key = i.key JOIN json_each(?8) AS c ON c.key = i.key) AS u
+FROM (SELECT i.value AS id, json_extract(?3, '$[' || i.key || ']') AS token,
+             json_extract(?4, '$[' || i.key || ']') AS status,
+             json_extract(?5, '$[' || i.key || ']') AS next_at,
+             json_extract(?6, '$[' || i.key || ']') AS reason,
+             json_extract(?7, '$[' || i.key || ']') AS error,
+             json_extract(?8, '$[' || i.key || ']') AS code
+      FROM json_each(?2) AS i) AS u
 WHERE relaybox_outbox.id = u.id AND relaybox_outbox.lease_token = u.token
   AND relaybox_outbox.status = 'pending'
 RETURNING id, lease_token
 
 -- name: outbox_attempts_insert
+-- Element i of each array by its position, as in outbox_record (linear in the batch).
 INSERT INTO relaybox_outbox_attempts
     (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
      error, response)
-SELECT i.value, a.value, t.value, w.value, s.value, d.value, o.value, c.value, e.value, r.value
+SELECT i.value, json_extract(?2, '$[' || i.key || ']'), json_extract(?3, '$[' || i.key || ']'),
+       json_extract(?4, '$[' || i.key || ']'), json_extract(?5, '$[' || i.key || ']'),
+       json_extract(?6, '$[' || i.key || ']'), json_extract(?7, '$[' || i.key || ']'),
+       json_extract(?8, '$[' || i.key || ']'), json_extract(?9, '$[' || i.key || ']'),
+       json_extract(?10, '$[' || i.key || ']')
 FROM json_each(?1) AS i
-JOIN json_each(?2) AS a ON a.key = i.key JOIN json_each(?3) AS t ON t.key = i.key
-JOIN json_each(?4) AS w ON w.key = i.key JOIN json_each(?5) AS s ON s.key = i.key
-JOIN json_each(?6) AS d ON d.key = i.key JOIN json_each(?7) AS o ON o.key = i.key
-JOIN json_each(?8) AS c ON c.key = i.key JOIN json_each(?9) AS e ON e.key = i.key
-JOIN json_each(?10) AS r ON r.key = i.key
 ORDER BY i.key
 
 -- name: endpoints_succeeded
