@@ -517,7 +517,6 @@ class PostgresStore(Store):
             outcomes.append(AcceptOutcome("duplicate" if same else "quarantined", inbox_id))
         return outcomes
 
-
     # -- history --------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
@@ -536,6 +535,7 @@ class PostgresStore(Store):
                     await conn.fetchval(self.q["ops_maintenance_unlock"])
         finally:
             await conn.close()
+
 
 async def _adapted(conn: AsyncConnection) -> Any:
     """SQLAlchemy's adapter around the asyncpg connection under ``conn``. Without the
