@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,8 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from relaybox.store.history import QueueGroup
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -59,21 +61,6 @@ def status_class(status: int | None, error: str | None = None) -> str:
     if status is None:
         return "timeout" if error == "timeout" else "network"
     return f"{status // 100}xx"
-
-
-@dataclass(frozen=True)
-class QueueGroup:
-    """Rows of one queue sharing (source, status, reason); outbox "source" is the channel."""
-
-    queue: str
-    source: str
-    status: str
-    reason: str
-    discarded: bool
-    count: int
-    oldest: float | None
-    retrying: int
-    attempts: int
 
 
 @dataclass(frozen=True)
@@ -157,31 +144,12 @@ class OpsStats:
 
 async def read_ops_stats(store: Store, now: float) -> OpsStats:
     """Read the queue snapshot in one transaction (one consistent view on PostgreSQL)."""
-    groups: list[QueueGroup] = []
-    quarantined: dict[str, int] = {}
-    async with store.connect() as conn:
-        for queue, name in (("inbox", "ops_stats_inbox"), ("outbox", "ops_stats_outbox")):
-            for row in await conn.exec_driver_sql(store.q[name]):
-                m = row._mapping
-                groups.append(
-                    QueueGroup(
-                        queue=queue,
-                        source=m["source"],
-                        status=m["status"],
-                        reason=m["reason"] or "",
-                        discarded=bool(m["discarded"]),
-                        count=int(m["n"]),
-                        oldest=m["oldest"],
-                        retrying=int(m["retrying"] or 0),
-                        attempts=int(m["attempts"] or 0),
-                    )
-                )
-        by_source: Iterable[Sequence[Any]] = await conn.exec_driver_sql(
-            store.q["ops_stats_quarantine"]
-        )
-        for source, n in by_source:
-            quarantined[source] = int(n)
-    return OpsStats(taken_at=now, groups=tuple(groups), quarantined_by_source=quarantined)
+    snapshot = await store.ops_stats_queues()
+    return OpsStats(
+        taken_at=now,
+        groups=snapshot.groups,
+        quarantined_by_source=snapshot.quarantined_by_source,
+    )
 
 
 class QueueCollector(Collector):

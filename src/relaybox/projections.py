@@ -35,7 +35,6 @@ import json
 import re
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -43,6 +42,7 @@ from prometheus_client import CollectorRegistry, Counter
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.errors import PermanentError
+from relaybox.store.history import Projection, ProjectionWrite
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -111,34 +111,6 @@ VERSION_ORDERS: dict[str, VersionOrder] = {
 }
 
 
-@dataclass(frozen=True)
-class Projection:
-    """A stored current state."""
-
-    resource_key: str
-    origin: str  # "event" (provider versions) or "reconcile" (fetch tickets)
-    version: str
-    version_key: str
-    state: Any
-    source: str | None
-    inbox_id: int | None
-    updated_at: float
-
-    @classmethod
-    def from_row(cls, row: Any) -> Projection:
-        m = row._mapping
-        return cls(
-            resource_key=m["resource_key"],
-            origin=m["origin"],
-            version=m["version"],
-            version_key=m["version_key"],
-            state=None if m["state"] is None else json.loads(m["state"]),
-            source=m["source"],
-            inbox_id=m["inbox_id"],
-            updated_at=m["updated_at"],
-        )
-
-
 def canonical_state(state: Any) -> str:
     """The stored form of a state: canonical JSON, so equal states compare equal
     (reconciliation counts a divergence when they do not)."""
@@ -176,27 +148,23 @@ async def write(
     """The compare-and-set shared by :func:`project` and reconciliation: write
     ``state_json`` if the resource is new or its stored ``version_key`` is lower.
     Returns whether it was written."""
-    row = (
-        await conn.exec_driver_sql(
-            box.store.q["projection_upsert"],
-            (
-                resource_key,
-                origin,
-                version,
-                version_key,
-                state_json,
-                source,
-                inbox_id,
-                box.clock.now(),
-            ),
-        )
-    ).first()
-    return row is not None
+    return await box.store.projection_upsert(
+        conn,
+        ProjectionWrite(
+            resource_key=resource_key,
+            origin=origin,
+            version=version,
+            version_key=version_key,
+            state_json=state_json,
+            source=source,
+            inbox_id=inbox_id,
+            updated_at=box.clock.now(),
+        ),
+    )
 
 
 async def stored(box: Relaybox, conn: AsyncConnection, resource_key: str) -> Projection | None:
-    row = (await conn.exec_driver_sql(box.store.q["projection_get"], (resource_key,))).first()
-    return Projection.from_row(row) if row else None
+    return await box.store.projection_get(conn, resource_key)
 
 
 async def current(
@@ -271,9 +239,7 @@ async def project(
         if canonical_state(winner.state) != state_json:
             log.warning("projection_version_reused", **fields)
         return False
-    await ctx.conn.exec_driver_sql(
-        box.store.q["inbox_mark_superseded"], (event.id, f"{resource_key}@{winner.version}")
-    )
+    await box.store.inbox_mark_superseded(ctx.conn, event.id, f"{resource_key}@{winner.version}")
     writes.labels("superseded").inc()
     log.info("projection_superseded", **fields)
     return False

@@ -151,16 +151,12 @@ class Reconciler:
         outcomes = counter(box, "reconcile_outcomes")
         ticket: int | None = None
         try:
-            async with store.transaction() as conn:
-                taken = await conn.exec_driver_sql(
-                    store.q["reconcile_ticket"], (self.source, resource_id)
-                )
-                row: Any = taken.one()
-            ticket, requested_seen = int(row[0]), int(row[1])
+            taken = await store.reconcile_ticket_take(self.source, resource_id)
+            ticket, requested_seen = taken.ticket, taken.requested_seen
             state = await self.fetch(resource_id)
             state_json = canonical_state(state)
             async with store.transaction() as conn:
-                await conn.exec_driver_sql(store.q["reconcile_lock"], (self.source, resource_id))
+                await store.reconcile_lock(conn, self.source, resource_id)
                 before = await stored(box, conn, resource_key)
                 if before is not None and before.origin != "reconcile":
                     raise RuntimeError(
@@ -184,9 +180,13 @@ class Reconciler:
                 diverged = written and before_json != state_json
                 if diverged and self.apply is not None:
                     await self.apply(conn, resource_id, state)
-                await conn.exec_driver_sql(
-                    store.q["reconcile_done"],
-                    (self.source, resource_id, requested_seen, box.clock.now(), int(diverged)),
+                await store.reconcile_done(
+                    conn,
+                    self.source,
+                    resource_id,
+                    requested_seen=requested_seen,
+                    now=box.clock.now(),
+                    diverged=diverged,
                 )
         except Exception as exc:
             outcomes.labels(self.source, "failed").inc()
@@ -227,11 +227,7 @@ class Reconciler:
     async def known(self, *, requested: bool = False, limit: int = 100_000) -> list[str]:
         """Resource ids reconciled or requested before (``requested``: only those with
         a request not yet served)."""
-        store = self.box.store
-        name = "reconcile_ids_requested" if requested else "reconcile_ids_all"
-        async with store.transaction() as conn:
-            rows = await conn.exec_driver_sql(store.q[name], (self.source, limit))
-            return [r[0] for r in rows]
+        return await self.box.store.reconcile_ids(self.source, requested=requested, limit=limit)
 
     async def run(
         self,
@@ -290,6 +286,4 @@ async def request(ctx: Context, resource_id: str, *, source: str | None = None) 
     """Ask for ``resource_id`` to be reconciled, in the handler's transaction: no
     remote call there. Served by :meth:`Reconciler.run` with ``requested=True``;
     a request made while a fetch is in flight stays pending for the next run."""
-    await ctx.conn.exec_driver_sql(
-        ctx.box.store.q["reconcile_request"], (source or ctx.event.source, resource_id)
-    )
+    await ctx.box.store.reconcile_request(ctx.conn, source or ctx.event.source, resource_id)

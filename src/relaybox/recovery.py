@@ -49,6 +49,7 @@ from relaybox.errors import ConfigurationError, RejectedDelivery, RelayboxError
 from relaybox.projections import counter
 from relaybox.sources.base import Source, Verified, extract
 from relaybox.store import NewDelivery
+from relaybox.store.history import RecoveryRecord
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -71,7 +72,6 @@ Mode = Literal["ingest", "redeliver"]
 
 # Credentials of the hop, never part of the provider's message (as in the receiver).
 _DROP_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
-_CHUNK = 500
 
 
 class RecoveryError(RelayboxError):
@@ -364,15 +364,7 @@ async def recover(
 
 
 async def _present(box: Relaybox, source: str, event_ids: list[str]) -> set[str]:
-    store = box.store
-    found: set[str] = set()
-    async with store.transaction() as conn:
-        for i in range(0, len(event_ids), _CHUNK):
-            chunk = event_ids[i : i + _CHUNK]
-            ids: Any = json.dumps(chunk) if store.backend == "sqlite" else chunk
-            rows = await conn.exec_driver_sql(store.q["inbox_find_events"], (source, ids))
-            found.update(r[0] for r in rows)
-    return found
+    return await box.store.inbox_find_events(source, event_ids)
 
 
 async def _ingest(
@@ -419,17 +411,17 @@ async def _ingest(
     async with store.transaction() as conn:
         [outcome] = await store.inbox_insert(conn, [delivery])
         if outcome.status in ("accepted", "ignored"):
-            await conn.exec_driver_sql(store.q["inbox_mark_recovered"], (outcome.inbox_id, via))
-            await conn.exec_driver_sql(
-                store.q["recovery_record"],
-                (
-                    source.name,
-                    summary.event_id,
-                    summary.delivery_id,
-                    "ingested",
-                    outcome.inbox_id,
-                    now,
+            await store.inbox_mark_recovered(conn, outcome.inbox_id, via)
+            await store.recovery_record(
+                RecoveryRecord(
+                    source=source.name,
+                    event_id=summary.event_id,
+                    delivery_id=summary.delivery_id,
+                    action="ingested",
+                    inbox_id=outcome.inbox_id,
+                    recovered_at=now,
                 ),
+                conn=conn,
             )
     log.info(
         "delivery_recovered",
@@ -476,12 +468,16 @@ def _api_verified(
 async def _record(
     box: Relaybox, source: str, summary: DeliverySummary, action: str, inbox_id: int | None
 ) -> None:
-    store = box.store
-    async with store.transaction() as conn:
-        await conn.exec_driver_sql(
-            store.q["recovery_record"],
-            (source, summary.event_id, summary.delivery_id, action, inbox_id, box.clock.now()),
+    await box.store.recovery_record(
+        RecoveryRecord(
+            source=source,
+            event_id=summary.event_id,
+            delivery_id=summary.delivery_id,
+            action=action,
+            inbox_id=inbox_id,
+            recovered_at=box.clock.now(),
         )
+    )
 
 
 _logs: weakref.WeakKeyDictionary[Relaybox, dict[str, Callable[[], DeliveryLog]]] = (

@@ -9,12 +9,13 @@ and is reported as such.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
+
+from relaybox.store.history import ReplayCandidate, ReplayFilter
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -58,31 +59,18 @@ class ReplayResult:
         return {"replayed": self.replayed, "purged": self.purged, "skipped": self.skipped}
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A row a selection matches, as it is now."""
-
-    inbox_id: int
-    status: str
-    dead_reason: str | None
-    purged: bool
+Candidate = ReplayCandidate
+"""A row a selection matches, as it is now."""
 
 
-def _params(box: Relaybox, selection: Selection) -> tuple[Any, ...]:
-    sqlite = box.store.backend == "sqlite"
-
-    def arr(values: Sequence[Any] | None) -> Any:
-        if values is None:
-            return None
-        return json.dumps(list(values)) if sqlite else list(values)
-
-    return (
-        arr(selection.ids),
-        selection.source,
-        selection.since,
-        selection.until,
-        arr(selection.statuses),
-        selection.limit,
+def _filter(selection: Selection) -> ReplayFilter:
+    return ReplayFilter(
+        ids=selection.ids,
+        source=selection.source,
+        since=selection.since,
+        until=selection.until,
+        statuses=selection.statuses,
+        limit=selection.limit,
     )
 
 
@@ -91,9 +79,7 @@ async def select(box: Relaybox, selection: Selection) -> list[Candidate]:
     --dry-run``, and the CLI's progress over long ranges)."""
     store = box.store
     async with store.transaction() as conn:
-        result = await conn.exec_driver_sql(store.q["replay_select"], _params(box, selection))
-        rows: list[Any] = list(result)
-        return [Candidate(r[0], r[1], r[2], bool(r[3])) for r in rows]
+        return await store.replay_select(conn, _filter(selection))
 
 
 async def replay(box: Relaybox, selection: Selection, *, actor: str, reason: str) -> ReplayResult:
@@ -104,24 +90,18 @@ async def replay(box: Relaybox, selection: Selection, *, actor: str, reason: str
     result = ReplayResult()
     now = box.clock.now()
     async with store.transaction() as conn:
-        selected = await conn.exec_driver_sql(store.q["replay_select"], _params(box, selection))
-        rows: list[Any] = list(selected)
-        for inbox_id, status, dead_reason, purged in rows:
-            if purged:
-                result.purged.append(inbox_id)
-                continue
-            marked = (
-                await conn.exec_driver_sql(store.q["replay_mark"], (inbox_id, now, status))
-            ).first()
-            if marked is None:
-                result.skipped.append(inbox_id)
+        for candidate in await store.replay_select(conn, _filter(selection)):
+            if candidate.purged:
+                result.purged.append(candidate.inbox_id)
                 continue
             # Judged again: a projection may now accept or refuse it anew.
-            await conn.exec_driver_sql(store.q["inbox_clear_superseded"], (inbox_id,))
-            await conn.exec_driver_sql(
-                store.q["replay_record"], (inbox_id, actor, reason, status, dead_reason, now)
-            )
-            result.replayed.append(inbox_id)
+            if not await store.replay_mark(
+                conn, candidate.inbox_id, status=candidate.status, now=now
+            ):
+                result.skipped.append(candidate.inbox_id)
+                continue
+            await store.replay_record(conn, candidate, actor=actor, reason=reason, now=now)
+            result.replayed.append(candidate.inbox_id)
         if result.replayed:
             await store.notify(conn, "inbox")
     log.info(

@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from relaybox.outbound.db import array
+from relaybox.store.history import PurgeTable
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -79,17 +80,12 @@ class PurgeResult:
         return asdict(self)
 
 
-async def _scalar(store: Store, name: str, params: tuple[Any, ...]) -> int:
-    async with store.connect() as conn:
-        return int((await conn.exec_driver_sql(store.q[name], params)).scalar_one())
-
-
 async def purge_candidates(box: Relaybox, cutoff: float) -> tuple[int, int]:
     """(inbox rows, quarantine entries) whose payload a purge at ``cutoff`` drops."""
     store = box.store
     return (
-        await _scalar(store, "ops_purge_count", (cutoff,)),
-        await _scalar(store, "ops_purge_quarantine_count", (cutoff,)),
+        await store.retention_count("inbox", cutoff),
+        await store.retention_count("quarantine", cutoff),
     )
 
 
@@ -97,8 +93,8 @@ async def outbox_purge_candidates(box: Relaybox, cutoff: float) -> tuple[int, in
     """(deliveries, messages) whose payload or body a purge at ``cutoff`` drops."""
     store = box.store
     return (
-        await _scalar(store, "ops_purge_outbox_count", (cutoff,)),
-        await _scalar(store, "ops_purge_messages_count", (cutoff,)),
+        await store.retention_count("outbox", cutoff),
+        await store.retention_count("messages", cutoff),
     )
 
 
@@ -138,32 +134,28 @@ async def purge(
         )
     store = box.store
     # Deliveries before messages: a message's body goes once its deliveries went.
-    steps = (
-        ("ops_purge_inbox", cutoff),
-        ("ops_purge_quarantine", cutoff),
-        ("ops_purge_outbox", outbox_cutoff),
-        ("ops_purge_messages", outbox_cutoff),
+    steps: tuple[tuple[PurgeTable, float], ...] = (
+        ("inbox", cutoff),
+        ("quarantine", cutoff),
+        ("outbox", outbox_cutoff),
+        ("messages", outbox_cutoff),
     )
-    totals = dict.fromkeys((name for name, _ in steps), 0)
-    for name, when in steps:
+    totals: dict[PurgeTable, int] = dict.fromkeys((table for table, _ in steps), 0)
+    for table, when in steps:
         while True:
-            async with store.connect() as conn:
-                rows = (await conn.exec_driver_sql(store.q[name], (when, now, size))).all()
-                if rows and name == "ops_purge_outbox":
-                    ids = array(store, [r[0] for r in rows])
-                    await conn.exec_driver_sql(store.q["ops_purge_outbox_responses"], (ids,))
-            if not rows:
+            purged = await store.retention_purge_batch(table, cutoff=when, now=now, limit=size)
+            if not purged:
                 break
-            totals[name] += len(rows)
+            totals[table] += purged
             if progress is not None:
-                progress(len(rows))
+                progress(purged)
     result = PurgeResult(
         cutoff,
-        totals["ops_purge_inbox"],
-        totals["ops_purge_quarantine"],
+        totals["inbox"],
+        totals["quarantine"],
         outbox_cutoff=outbox_cutoff,
-        outbox=totals["ops_purge_outbox"],
-        messages=totals["ops_purge_messages"],
+        outbox=totals["outbox"],
+        messages=totals["messages"],
     )
     box.metrics.observe_purge("inbox", result.inbox)
     box.metrics.observe_purge("quarantine", result.quarantine)
@@ -173,32 +165,11 @@ async def purge(
     return result
 
 
-@contextlib.asynccontextmanager
-async def maintenance_lock(store: Store) -> AsyncIterator[bool]:
-    """Yield whether this process is the maintenance runner now.
-
-    PostgreSQL: ``pg_try_advisory_lock`` on a dedicated connection outside the pool
-    (a pooled connection would carry the session lock to its next user); closing it
-    releases the lock even if the unlock is never reached."""
-    if store.backend != "postgres":
-        async with store.connect() as conn:
-            got = bool((await conn.exec_driver_sql(store.q["ops_maintenance_try_lock"])).scalar())
-        yield got
-        return
-    import asyncpg
-
-    from relaybox.store.postgres import dsn
-
-    conn = await asyncpg.connect(dsn(store.url), timeout=10)
-    try:
-        got = bool(await conn.fetchval(store.q["ops_maintenance_try_lock"]))
-        try:
-            yield got
-        finally:
-            if got:
-                await conn.fetchval(store.q["ops_maintenance_unlock"])
-    finally:
-        await conn.close()
+def maintenance_lock(store: Store) -> AbstractAsyncContextManager[bool]:
+    """Yield whether this process is the maintenance runner now (see
+    :meth:`Store.maintenance_try_lock`: an advisory lock on PostgreSQL, always this
+    process's on SQLite)."""
+    return store.maintenance_try_lock()
 
 
 class Maintenance:

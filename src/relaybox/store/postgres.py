@@ -517,6 +517,25 @@ class PostgresStore(Store):
             outcomes.append(AcceptOutcome("duplicate" if same else "quarantined", inbox_id))
         return outcomes
 
+    # -- history --------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def maintenance_try_lock(self) -> AsyncIterator[bool]:
+        """One maintenance runner across every process: ``pg_try_advisory_lock`` on a
+        connection of its own, outside every pool (a pooled connection would carry the
+        session lock to its next user). Closing that connection releases the lock
+        even if the unlock is never reached (the process died)."""
+        conn = await asyncpg.connect(dsn(self.url), timeout=10)
+        try:
+            got = bool(await conn.fetchval(self.q["ops_maintenance_try_lock"]))
+            try:
+                yield got
+            finally:
+                if got:
+                    await conn.fetchval(self.q["ops_maintenance_unlock"])
+        finally:
+            await conn.close()
+
 
 async def _adapted(conn: AsyncConnection) -> Any:
     """SQLAlchemy's adapter around the asyncpg connection under ``conn``. Without the

@@ -222,14 +222,6 @@ RETURNING id
 -- When retention emptied a message's body (NULL: it is there).
 SELECT purged_at FROM relaybox_messages WHERE id = ?1
 
--- name: ops_maintenance_try_lock
--- SQLite runs one process per database file; each purge batch is its own write
--- transaction (BEGIN IMMEDIATE) and purging twice is harmless, so no lock is needed.
-SELECT 1
-
--- name: ops_maintenance_unlock
-SELECT 1
-
 -- name: ops_db_now
 -- The database server's clock (doctor compares it with this machine's).
 -- In-process on SQLite: the same clock as this machine's, read through SQLite.

@@ -1,0 +1,396 @@
+"""The store's history area: replay, pull-based recovery, reconciliation, versioned
+projections, retention and the queue reads behind the metrics.
+
+:class:`HistoryStore` is a mixin of :class:`~relaybox.store.base.Store`. Its methods
+run the named queries of ``sql/<backend>_replay.sql``, ``_ordering.sql`` and
+``_ops.sql`` through the store's primitives (:meth:`Store.rows`, :meth:`Store.first`):
+on PostgreSQL these run on the asyncpg connection beneath the caller's
+``AsyncConnection``, in its transaction, so the statements a handler makes
+(:meth:`projection_upsert`, :meth:`reconcile_request`) cost no more than they would
+through SQLAlchemy and no extra round trip. Methods taking ``conn`` run in the
+caller's transaction; the others open their own. The maintenance lock differs by
+backend: each backend module defines :meth:`maintenance_try_lock`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+__all__ = [
+    "HistoryStore",
+    "Projection",
+    "ProjectionWrite",
+    "PurgeTable",
+    "QueueGroup",
+    "QueueSnapshot",
+    "ReconcileTicket",
+    "RecoveryRecord",
+    "ReplayCandidate",
+    "ReplayFilter",
+]
+
+PurgeTable = Literal["inbox", "quarantine", "outbox", "messages"]
+"""What retention purges: inbox events, quarantine entries, outbox deliveries (and
+their attempts' responses), messages."""
+
+_FIND_CHUNK = 500
+"""Event ids per ``inbox_find_events`` statement: bounds one statement's parameter."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayFilter:
+    """Which finished rows a replay selects; ``None`` does not filter."""
+
+    ids: Sequence[int] | None
+    source: str | None
+    since: float | None
+    until: float | None
+    statuses: Sequence[str] | None
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayCandidate:
+    """A row a selection matches, as it is now."""
+
+    inbox_id: int
+    status: str
+    dead_reason: str | None
+    purged: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRecord:
+    """One recovery action (``ingested``, ``redelivery_requested``) on one delivery."""
+
+    source: str
+    event_id: str
+    delivery_id: str
+    action: str
+    inbox_id: int | None
+    recovered_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileTicket:
+    """A reconciliation's ticket (its version), and the request counter seen with it."""
+
+    ticket: int
+    requested_seen: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionWrite:
+    """A state offered to the projection's compare-and-set."""
+
+    resource_key: str
+    origin: str  # "event" (provider versions) or "reconcile" (fetch tickets)
+    version: str
+    version_key: str
+    state_json: str
+    source: str | None
+    inbox_id: int | None
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A stored current state."""
+
+    resource_key: str
+    origin: str  # "event" (provider versions) or "reconcile" (fetch tickets)
+    version: str
+    version_key: str
+    state: Any
+    source: str | None
+    inbox_id: int | None
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class QueueGroup:
+    """Rows of one queue sharing (source, status, reason); outbox "source" is the channel."""
+
+    queue: str
+    source: str
+    status: str
+    reason: str
+    discarded: bool
+    count: int
+    oldest: float | None
+    retrying: int
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSnapshot:
+    """The queue tables read in one transaction."""
+
+    groups: tuple[QueueGroup, ...]
+    quarantined_by_source: dict[str, int]
+
+
+class HistoryStore:
+    """Replay, recovery, reconciliation, projections, retention and metrics reads."""
+
+    if TYPE_CHECKING:  # what Store provides
+        q: dict[str, str]
+
+        def connect(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+
+        def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+
+        async def rows(
+            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
+        ) -> list[Any]: ...
+
+        async def first(
+            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
+        ) -> Any: ...
+
+        def _ids(self, ids: Sequence[int]) -> Any: ...
+
+    def _texts(self, values: Sequence[str]) -> Any:
+        """A list of texts as the driver takes it (as :meth:`Store._ids` passes ids)."""
+        return self._ids(values)  # type: ignore[arg-type]
+
+    # -- replay -------------------------------------------------------------------------
+
+    async def replay_select(
+        self, conn: AsyncConnection, selection: ReplayFilter
+    ) -> list[ReplayCandidate]:
+        """The finished rows ``selection`` matches, by id (pending rows never match)."""
+        params = (
+            None if selection.ids is None else self._ids(selection.ids),
+            selection.source,
+            selection.since,
+            selection.until,
+            None if selection.statuses is None else self._texts(selection.statuses),
+            selection.limit,
+        )
+        rows = await self.rows(conn, "replay_select", params)
+        return [ReplayCandidate(r[0], r[1], r[2], bool(r[3])) for r in rows]
+
+    async def replay_mark(
+        self, conn: AsyncConnection, inbox_id: int, *, status: str, now: float
+    ) -> bool:
+        """Put the row back to pending with a fresh attempt budget if it is still in
+        ``status`` and has its payload; it is judged again (its ``superseded_by``
+        cleared). Returns whether it was marked."""
+        if await self.first(conn, "replay_mark", (inbox_id, now, status)) is None:
+            return False
+        await self.rows(conn, "inbox_clear_superseded", (inbox_id,))
+        return True
+
+    async def replay_record(
+        self,
+        conn: AsyncConnection,
+        candidate: ReplayCandidate,
+        *,
+        actor: str,
+        reason: str,
+        now: float,
+    ) -> None:
+        """Record who replayed ``candidate``, why, and what it was before."""
+        await self.rows(
+            conn,
+            "replay_record",
+            (candidate.inbox_id, actor, reason, candidate.status, candidate.dead_reason, now),
+        )
+
+    # -- recovery -----------------------------------------------------------------------
+
+    async def inbox_find_events(self, source: str, event_ids: Sequence[str]) -> set[str]:
+        """Which of ``event_ids`` ``source`` already holds, whatever the account."""
+        found: set[str] = set()
+        async with self.transaction() as conn:
+            for i in range(0, len(event_ids), _FIND_CHUNK):
+                chunk = self._texts(event_ids[i : i + _FIND_CHUNK])
+                found.update(
+                    r[0] for r in await self.rows(conn, "inbox_find_events", (source, chunk))
+                )
+        return found
+
+    async def inbox_mark_recovered(self, conn: AsyncConnection, inbox_id: int, via: str) -> None:
+        """Say where a recovered row came from (it did not arrive by HTTP)."""
+        await self.rows(conn, "inbox_mark_recovered", (inbox_id, via))
+
+    async def recovery_record(
+        self, record: RecoveryRecord, *, conn: AsyncConnection | None = None
+    ) -> None:
+        """Record one recovery action (in ``conn``'s transaction if given)."""
+        params = (
+            record.source,
+            record.event_id,
+            record.delivery_id,
+            record.action,
+            record.inbox_id,
+            record.recovered_at,
+        )
+        if conn is not None:
+            await self.rows(conn, "recovery_record", params)
+            return
+        async with self.transaction() as own:
+            await self.rows(own, "recovery_record", params)
+
+    # -- reconciliation -----------------------------------------------------------------
+
+    async def reconcile_ticket_take(self, source: str, resource_id: str) -> ReconcileTicket:
+        """Issue the resource's next ticket in a transaction of its own (before the
+        fetch: a later ticket belongs to a read that started later)."""
+        async with self.transaction() as conn:
+            row = await self.first(conn, "reconcile_ticket", (source, resource_id))
+        assert row is not None  # an upsert with RETURNING always returns its row
+        return ReconcileTicket(int(row[0]), int(row[1]))
+
+    async def reconcile_lock(self, conn: AsyncConnection, source: str, resource_id: str) -> None:
+        """Lock the resource's ticket row until ``conn``'s transaction ends."""
+        await self.rows(conn, "reconcile_lock", (source, resource_id))
+
+    async def reconcile_done(
+        self,
+        conn: AsyncConnection,
+        source: str,
+        resource_id: str,
+        *,
+        requested_seen: int,
+        now: float,
+        diverged: bool,
+    ) -> None:
+        """Mark the requests seen with the ticket served; count a divergence."""
+        await self.rows(
+            conn, "reconcile_done", (source, resource_id, requested_seen, now, int(diverged))
+        )
+
+    async def reconcile_request(self, conn: AsyncConnection, source: str, resource_id: str) -> None:
+        """Ask for a reconciliation, in ``conn``'s (a handler's) transaction."""
+        await self.rows(conn, "reconcile_request", (source, resource_id))
+
+    async def reconcile_ids(
+        self, source: str, *, requested: bool = False, limit: int = 100_000
+    ) -> list[str]:
+        """Resource ids of ``source`` reconciled or requested before, in order
+        (``requested``: only those with a request not yet served)."""
+        async with self.transaction() as conn:
+            if requested:
+                rows = await self.rows(conn, "reconcile_ids_requested", (source, limit))
+            else:
+                rows = await self.rows(conn, "reconcile_ids_all", (source, limit))
+        return [r[0] for r in rows]
+
+    # -- projections --------------------------------------------------------------------
+
+    async def projection_upsert(self, conn: AsyncConnection, new: ProjectionWrite) -> bool:
+        """Compare-and-set: write ``new`` if the resource is new, or stored with a lower
+        ``version_key`` by the same origin. Returns whether it was written."""
+        row = await self.first(
+            conn,
+            "projection_upsert",
+            (
+                new.resource_key,
+                new.origin,
+                new.version,
+                new.version_key,
+                new.state_json,
+                new.source,
+                new.inbox_id,
+                new.updated_at,
+            ),
+        )
+        return row is not None
+
+    async def projection_get(self, conn: AsyncConnection, resource_key: str) -> Projection | None:
+        row = await self.first(conn, "projection_get", (resource_key,))
+        if row is None:
+            return None
+        return Projection(
+            resource_key=row[0],
+            origin=row[1],
+            version=row[2],
+            version_key=row[3],
+            state=None if row[4] is None else json.loads(row[4]),
+            source=row[5],
+            inbox_id=row[6],
+            updated_at=row[7],
+        )
+
+    async def inbox_mark_superseded(self, conn: AsyncConnection, inbox_id: int, by: str) -> None:
+        """Add ``by`` (``resource@version``) to the row's ``superseded_by``."""
+        await self.rows(conn, "inbox_mark_superseded", (inbox_id, by))
+
+    # -- retention ----------------------------------------------------------------------
+
+    async def retention_count(self, table: PurgeTable, cutoff: float) -> int:
+        """Rows of ``table`` whose payload a purge at ``cutoff`` drops."""
+        async with self.connect() as conn:
+            if table == "inbox":
+                row = await self.first(conn, "ops_purge_count", (cutoff,))
+            elif table == "quarantine":
+                row = await self.first(conn, "ops_purge_quarantine_count", (cutoff,))
+            elif table == "outbox":
+                row = await self.first(conn, "ops_purge_outbox_count", (cutoff,))
+            else:
+                row = await self.first(conn, "ops_purge_messages_count", (cutoff,))
+        return int(row[0])
+
+    async def retention_purge_batch(
+        self, table: PurgeTable, *, cutoff: float, now: float, limit: int
+    ) -> int:
+        """Purge up to ``limit`` rows of ``table`` finished before ``cutoff``, in a
+        transaction of their own; returns how many. A delivery's attempts lose their
+        stored responses with it."""
+        params = (cutoff, now, limit)
+        async with self.connect() as conn:
+            if table == "inbox":
+                rows = await self.rows(conn, "ops_purge_inbox", params)
+            elif table == "quarantine":
+                rows = await self.rows(conn, "ops_purge_quarantine", params)
+            elif table == "outbox":
+                rows = await self.rows(conn, "ops_purge_outbox", params)
+                if rows:
+                    ids = self._ids([r[0] for r in rows])
+                    await self.rows(conn, "ops_purge_outbox_responses", (ids,))
+            else:
+                rows = await self.rows(conn, "ops_purge_messages", params)
+        return len(rows)
+
+    def maintenance_try_lock(self) -> AbstractAsyncContextManager[bool]:
+        """Yield whether this process is the maintenance runner now; the lock is held
+        until the block ends. Each backend defines it."""
+        raise NotImplementedError
+
+    # -- metrics ------------------------------------------------------------------------
+
+    async def ops_stats_queues(self) -> QueueSnapshot:
+        """The inbox and outbox queues by (source, status, reason) and the open
+        quarantine entries by source, in one transaction (one consistent view on
+        PostgreSQL)."""
+        groups: list[QueueGroup] = []
+        async with self.connect() as conn:
+            inbox = await self.rows(conn, "ops_stats_inbox")
+            outbox = await self.rows(conn, "ops_stats_outbox")
+            quarantine = await self.rows(conn, "ops_stats_quarantine")
+        for queue, rows in (("inbox", inbox), ("outbox", outbox)):
+            groups.extend(
+                QueueGroup(
+                    queue=queue,
+                    source=r[0],
+                    status=r[1],
+                    reason=r[2] or "",
+                    discarded=bool(r[3]),
+                    count=int(r[4]),
+                    oldest=r[5],
+                    retrying=int(r[6] or 0),
+                    attempts=int(r[7] or 0),
+                )
+                for r in rows
+            )
+        return QueueSnapshot(
+            groups=tuple(groups), quarantined_by_source={r[0]: int(r[1]) for r in quarantine}
+        )
