@@ -22,6 +22,8 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from relaybox.store.processing import Processing
+
 __all__ = [
     "AcceptOutcome",
     "Claim",
@@ -215,7 +217,9 @@ def load_migrations(backend: str) -> list[tuple[int, str, list[str]]]:
     return sorted(found)
 
 
-class Store:
+class Store(
+    Processing,  # capabilities and group statements [W]
+):
     """Base class of the backends. Subclasses set ``backend`` and build ``engine``."""
 
     backend: ClassVar[str]
