@@ -83,9 +83,9 @@ class FoldedTransaction(asyncpg.transaction.Transaction):
     in the same round trip (simple query protocol: one message, several statements).
     SQLAlchemy's adapter holds it like its own: its commit and rollback end it.
 
-    On this VM a round trip costs ~120 µs of CPU in the worker (loopback ``send()``),
-    more than the statements themselves: an event's BEGIN goes with its completion,
-    its COMMIT with the next event's start mark.
+    A round trip costs the worker more CPU (loopback ``send()``) than the statements
+    themselves (bench/README.md): an event's BEGIN goes with its completion, its
+    COMMIT with the next event's start mark.
     """
 
     __slots__ = ("_then",)

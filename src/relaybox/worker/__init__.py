@@ -27,6 +27,11 @@ A row whose attempt started and never recorded an outcome comes back as a *suspe
 and runs with nothing else in flight in its process: a poison event charges only itself.
 No remote call happens inside a transaction: handlers record outgoing actions in the
 outbox.
+
+The modules: :mod:`~relaybox.worker.context` (the handler API),
+:mod:`~relaybox.worker.loop` (claims, hold renewal, chains, suspects),
+:mod:`~relaybox.worker.transactions` (one event, groups, SQLite's batch),
+:mod:`~relaybox.worker.outcomes` (recording what became of an attempt).
 """
 
 from relaybox.worker.context import _UNKNOWN_CHANNELS_SAID as _UNKNOWN_CHANNELS_SAID

@@ -105,7 +105,7 @@ class Runners(Recorder):
     async def _run_job(self, conn: AsyncConnection, job: _Job) -> _Job | None:
         """One event, one transaction, no savepoint: a failure rolls the whole
         transaction back (the effect), then a second short transaction records the
-        outcome, only while the row is still pending (seed 000's retry rule).
+        outcome, only while the row is still pending.
 
         Its attempt is counted already. Returns the next job for this chain (counted
         with this COMMIT), or ``None``. A database failure ends the chain; the job's
