@@ -17,6 +17,7 @@ import structlog
 from relaybox.log import short_error
 from relaybox.retry import Backoff
 from relaybox.store import Claim
+from relaybox.store.base import Listener
 from relaybox.worker.context import Registration
 from relaybox.worker.transactions import Runners, _Batch, _Job
 
@@ -177,7 +178,7 @@ class Worker(Runners):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), pause)
 
-    async def _listen(self) -> Any:
+    async def _listen(self) -> Listener | None:
         """Wake up on new rows (PostgreSQL LISTEN, SQLite's in-process signal); polling
         finds them anyway."""
         return await self.box.store.listen("inbox", self._wake)
