@@ -428,7 +428,7 @@ async def test_poison_event_is_dead_exhausted_and_the_others_are_done(db: Db, pr
         pytest.xfail(
             "bug: a crash charges an attempt to every row its process had claimed, not "
             "only to the one that crashed it; the good events die 'exhausted' with the "
-            f"poison: {statuses} (src/relaybox/worker.py run_once + store inbox_claim: "
+            f"poison: {statuses} (src/relaybox/worker/loop.py run_once + store inbox_claim: "
             "claim a row whose previous attempt did not finish alone, in a batch of one)"
         )
     state = await db.state()

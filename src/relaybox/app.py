@@ -159,13 +159,9 @@ class Relaybox:
     @property
     def store(self) -> Store:
         if self._store is None:
-            url = self.settings.database_url
-            options: dict[str, Any] = {}
-            if not url.startswith("sqlite"):
-                # Each worker chain holds a connection of the engine's pool while its
-                # events run: room for all of them, and for the other roles besides.
-                options["pool_size"] = max(10, self.settings.worker.concurrency + 2)
-            self._store = open_store(url, **options)
+            self._store = open_store(
+                self.settings.database_url, worker_chains=self.settings.worker.concurrency
+            )
         return self._store
 
     @property

@@ -44,11 +44,11 @@ class Acceptor:
         patience: float = 0.025,
     ) -> None:
         self.store = store
-        # SQLite has one writer: a second committer would only queue behind the first.
+        # One writer (SQLite): a second committer would only queue behind the first.
         # PostgreSQL: one commit in flight leaves the server idle during each fsync; 2
         # and 3 measured within noise of each other here, 4 lower (bench/README.md).
         # ``accept_committers`` in the settings overrides it.
-        self.committers = committers or (1 if store.backend == "sqlite" else 3)
+        self.committers = committers or (1 if store.single_writer else 3)
         self.max_batch = max_batch
         self.timeout = timeout
         # Beside a commit in flight, the next starts only once ``parallel_at`` rows are

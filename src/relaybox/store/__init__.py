@@ -26,8 +26,12 @@ __all__ = [
 ]
 
 
-def open_store(url: str, **options: object) -> Store:
-    """A store for ``url``: ``sqlite:///path/to/file.db`` or ``postgresql://…``."""
+def open_store(url: str, *, worker_chains: int | None = None, **options: object) -> Store:
+    """A store for ``url``: ``sqlite:///path/to/file.db`` or ``postgresql://…``.
+
+    ``worker_chains``: connections the worker's chains hold at once while their events
+    run. A pooled backend (PostgreSQL) sizes its pool for them and for the other roles
+    besides, unless ``pool_size`` is given; SQLite has one connection either way."""
     scheme = check_database_url(url)
     if scheme == "sqlite":
         from relaybox.store.sqlite import SQLiteStore
@@ -35,6 +39,9 @@ def open_store(url: str, **options: object) -> Store:
         return SQLiteStore(url, **options)  # type: ignore[arg-type]
     if scheme in ("postgresql", "postgres"):
         from relaybox.store.postgres import PostgresStore
+
+        if worker_chains is not None:
+            options.setdefault("pool_size", max(10, worker_chains + 2))
 
         return PostgresStore(url.replace("postgres://", "postgresql://", 1), **options)  # type: ignore[arg-type]
     raise AssertionError(scheme)  # check_database_url refused it

@@ -23,6 +23,16 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from relaybox.log import short_error
+from relaybox.store._drivers import FoldedTransaction as _FoldedTransaction
+from relaybox.store._drivers import adapted as _adapted
+from relaybox.store._drivers import (
+    adopt,
+    asyncpg_of,
+    begin_has_listeners,
+    open_transaction,
+)
+from relaybox.store._drivers import driver as _driver
+from relaybox.store._drivers import plain as _plain
 from relaybox.store.base import AcceptOutcome, Claim, Listener, NewDelivery, OutboxRow, Store
 
 __all__ = ["PostgresStore"]
@@ -38,6 +48,7 @@ def async_url(url: str) -> str:
 
 class PostgresStore(Store):
     backend: ClassVar[str] = "postgres"
+    groups: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -261,7 +272,7 @@ class PostgresStore(Store):
         transaction: two round trips in its life), so that the BEGIN and COMMIT
         messages that carry them run ``EXECUTE`` instead of parsing and planning
         them again for every transaction."""
-        con: asyncpg.Connection = (await _adapted(conn))._connection
+        con = asyncpg_of(await _adapted(conn))
         if con in self._prepared or con.is_in_transaction():
             return con
         there = {r[0] for r in await con.fetch(_PREPARED_THERE)}
@@ -288,19 +299,19 @@ class PostgresStore(Store):
         fold), just ``sql``."""
         adapted = await _adapted(conn)
         try:
-            if adapted._transaction is not None or not _plain(adapted):
+            if open_transaction(adapted) is not None or not _plain(adapted):
                 driver = await _driver(conn)
                 return str(await driver.execute(sql))
-            tx = _FoldedTransaction(adapted._connection)
+            tx = _FoldedTransaction(asyncpg_of(adapted))
             try:
                 return await tx.begin_with(sql)
             finally:
                 if tx.started:  # also when the statement failed: SQLAlchemy's ROLLBACK ends it
-                    adapted._transaction = tx
+                    adopt(adapted, tx)
         except asyncpg.InvalidSQLStatementNameError:
             # Something deallocated relaybox's statements (DISCARD ALL): prepare them
             # again before the next transaction.
-            self._prepared.discard(adapted._connection)
+            self._prepared.discard(asyncpg_of(adapted))
             raise
 
     async def savepoint(self, conn: AsyncConnection, *, release: bool, again: bool = True) -> None:
@@ -330,7 +341,7 @@ class PostgresStore(Store):
         group's start marks ((id, attempts as claimed) pairs; counted only while still
         pending so), and the business keys it claimed that no handler asked for
         released."""
-        con: asyncpg.Connection = (await _adapted(conn))._connection
+        con = asyncpg_of(await _adapted(conn))
         parts = [self._outbox_rows_sql(con, outbox, now)] if outbox else []
         if released:
             parts.append(self._sql(con, "operations_release", ([k.encode() for k in released],)))
@@ -362,10 +373,9 @@ class PostgresStore(Store):
         if (
             sync is None
             or conn.in_transaction()
-            or adapted._transaction is not None
+            or open_transaction(adapted) is not None
             or not _plain(adapted)
-            or sync._has_events  # a "begin" listener may run SQL: it needs the greenlet
-            or sync.engine._has_events
+            or begin_has_listeners(sync)  # its BEGIN may run SQL: it needs the greenlet
         ):
             async with conn.begin():
                 yield
@@ -390,7 +400,7 @@ class PostgresStore(Store):
     ) -> None:
         """Rides on the COMMIT itself (one round trip for both) when relaybox began the
         transaction; a separate statement otherwise."""
-        con: asyncpg.Connection = (await _adapted(conn))._connection
+        con = asyncpg_of(await _adapted(conn))
         await self._before_commit(
             conn, self._sql(con, "inbox_start_next", (inbox_id, now, attempts))
         )
@@ -401,7 +411,7 @@ class PostgresStore(Store):
         """Handlers' outbox rows, with the COMMIT when relaybox began the transaction
         (no round trip of their own)."""
         if rows:
-            con: asyncpg.Connection = (await _adapted(conn))._connection
+            con = asyncpg_of(await _adapted(conn))
             await self._before_commit(conn, self._outbox_rows_sql(con, rows, now))
 
     def _outbox_rows_sql(
@@ -415,7 +425,7 @@ class PostgresStore(Store):
         """``sql`` (literals only) sent with the COMMIT when relaybox began the
         transaction (one round trip for both); now, on its own, otherwise."""
         adapted = await _adapted(conn)
-        tx = adapted._transaction
+        tx = open_transaction(adapted)
         if isinstance(tx, _FoldedTransaction) and tx.started:
             tx.before_commit(sql)
             return
@@ -537,119 +547,7 @@ class PostgresStore(Store):
             await conn.close()
 
 
-async def _adapted(conn: AsyncConnection) -> Any:
-    """SQLAlchemy's adapter around the asyncpg connection under ``conn``. Without the
-    greenlet hop of ``get_raw_connection()`` while ``conn`` holds its connection."""
-    sync = conn.sync_connection
-    if sync is not None and not sync.closed and not sync.invalidated:
-        return sync.connection.dbapi_connection
-    return (await conn.get_raw_connection()).dbapi_connection
-
-
-def _plain(adapted: Any) -> bool:
-    """Whether the adapter begins plain transactions (no isolation level, read-only or
-    deferrable option that relaybox's own BEGIN would have to repeat)."""
-    return adapted.isolation_level is None and not adapted.readonly and not adapted.deferrable
-
-
-async def _driver(conn: AsyncConnection) -> asyncpg.Connection:
-    """The asyncpg connection under ``conn``, inside ``conn``'s transaction.
-
-    SQLAlchemy's asyncpg adapter issues BEGIN lazily, on its own first statement; a
-    statement sent to the driver before that would run outside the transaction, so
-    the transaction is started first (tests/test_store.py checks that a rolled-back
-    transaction takes the driver's statements with it), as a :class:`_FoldedTransaction`
-    so that its COMMIT can carry a statement.
-    """
-    adapted = await _adapted(conn)
-    if adapted._transaction is None and conn.in_transaction():
-        if _plain(adapted):
-            tx = _FoldedTransaction(adapted._connection)
-            await tx.start()
-            adapted._transaction = tx
-        else:
-            await adapted._start_transaction()
-    return adapted._connection
-
-
-class _FoldedTransaction(asyncpg.transaction.Transaction):
-    """An asyncpg transaction whose BEGIN and COMMIT can each carry one more statement
-    in the same round trip (simple query protocol: one message, several statements).
-    SQLAlchemy's adapter holds it like its own: its commit and rollback end it.
-
-    On this VM a round trip costs ~120 µs of CPU in the worker (loopback ``send()``),
-    more than the statements themselves: an event's BEGIN goes with its completion,
-    its COMMIT with the next event's start mark.
-    """
-
-    __slots__ = ("_then",)
-    _state: Any  # the Cython base class's slot (asyncpg ships no type stubs)
-
-    def __init__(self, connection: asyncpg.Connection) -> None:
-        super().__init__(connection, None, False, False)
-        self._then: list[str] = []
-
-    @property
-    def started(self) -> bool:
-        return self._state is _STARTED
-
-    async def begin_with(self, sql: str) -> str:
-        """BEGIN, then ``sql``; returns ``sql``'s status (``UPDATE 1``)."""
-        self._check_conn_validity("begin_with")
-        con: Any = self._connection
-        if self._state is not _NEW or con._top_xact is not None or con.is_in_transaction():
-            raise asyncpg.InterfaceError("begin_with: a transaction is already open")
-        con._top_xact = self
-        try:
-            status: str = await con.execute("BEGIN;" + sql)
-        except BaseException:
-            # BEGIN went through if the connection is in a (failed) transaction.
-            if not con.is_closed() and con.is_in_transaction():
-                self._state = _STARTED
-            else:
-                self._state = _FAILED
-                con._top_xact = None
-            raise
-        self._state = _STARTED
-        return status
-
-    def before_commit(self, sql: str) -> None:
-        """Send ``sql`` with the COMMIT, after what was given before (its failure fails
-        the COMMIT)."""
-        self._then.append(sql)
-
-    async def commit(self) -> None:
-        sql, self._then = ";".join(self._then) or None, []
-        if self._state is not _STARTED:
-            await super().commit()  # raises asyncpg's error for the state
-            return
-        self._check_conn_validity("commit")
-        con: Any = self._connection
-        if con._top_xact is self:
-            con._top_xact = None
-        try:
-            status = await con.execute("COMMIT;" if sql is None else sql + ";COMMIT;")
-            if status != "COMMIT":  # a failed transaction "commits" as a ROLLBACK
-                raise asyncpg.InterfaceError(f"COMMIT answered {status}: nothing committed")
-        except BaseException:
-            self._state = _FAILED
-            # A failed statement before the COMMIT leaves an aborted transaction open.
-            with contextlib.suppress(Exception):
-                if not con.is_closed() and con.is_in_transaction():
-                    await con.execute("ROLLBACK;")
-            raise
-        self._state = _COMMITTED
-
-    async def rollback(self) -> None:
-        self._then = []
-        await super().rollback()
-
-
 _ROW_ERROR_CLASSES = ("22", "23", "54")
-_NEW = asyncpg.transaction.TransactionState.NEW
-_STARTED = asyncpg.transaction.TransactionState.STARTED
-_COMMITTED = asyncpg.transaction.TransactionState.COMMITTED
-_FAILED = asyncpg.transaction.TransactionState.FAILED
 _PARAM = re.compile(r"\$(\d+)")
 _TEMPLATES: dict[str, tuple[list[str], list[int]]] = {}
 

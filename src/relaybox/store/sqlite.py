@@ -23,6 +23,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
+from relaybox.store._drivers import run_on_sqlite_thread
 from relaybox.store.base import AcceptOutcome, Listener, NewDelivery, Store
 
 __all__ = ["SQLiteStore"]
@@ -55,6 +56,7 @@ def _switch_to_wal(cur: Any, timeout: float) -> None:
 class SQLiteStore(Store):
     backend: ClassVar[str] = "sqlite"
     float_type: ClassVar[str] = "REAL"
+    single_writer: ClassVar[bool] = True
 
     def __init__(self, url: str, *, busy_timeout_ms: int = 10_000) -> None:
         super().__init__()
@@ -134,10 +136,7 @@ class SQLiteStore(Store):
         insert, COMMIT, without a thread round trip per statement (aiosqlite runs each
         call on its own thread; per-row hops cost more than the inserts)."""
         async with self.engine.connect() as conn:
-            raw = await conn.get_raw_connection()
-            aio = raw.driver_connection
-            assert aio is not None  # an open pooled connection always has its driver's
-            outcomes: list[AcceptOutcome] = await aio._execute(self._accept_sync, aio._conn, batch)
+            outcomes = await run_on_sqlite_thread(conn, self._accept_sync, batch)
         if any(o.status == "accepted" for o in outcomes):
             self.wakeup("inbox").set()
         return outcomes
@@ -195,9 +194,7 @@ class SQLiteStore(Store):
     ) -> list[AcceptOutcome]:
         """The same rows inside the caller's transaction (inline mode)."""
         # The transaction is open: the "begin" event issued BEGIN IMMEDIATE.
-        aio = (await conn.get_raw_connection()).driver_connection
-        assert aio is not None
-        outcomes: list[AcceptOutcome] = await aio._execute(self._insert_rows, aio._conn, batch)
+        outcomes = await run_on_sqlite_thread(conn, self._insert_rows, batch)
         if any(o.status == "accepted" for o in outcomes):
             self.wakeup("inbox").set()
         return outcomes

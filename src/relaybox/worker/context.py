@@ -1,0 +1,230 @@
+"""The handler API: what a handler gets (:class:`Context`, its :class:`Outbox`), how it
+is registered (:class:`Registration`), and the worker's test :class:`Hooks`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from relaybox import projections
+from relaybox.errors import OperationConflict
+from relaybox.store import InboxEvent, OutboxRow
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = ["Context", "Handler", "Hooks", "Outbox", "Registration"]
+
+log = structlog.get_logger("relaybox.worker")
+
+Handler = Callable[["Context"], Awaitable[None]]
+
+
+class Registration(NamedTuple):
+    """A handler as registered (:meth:`Relaybox.handler`)."""
+
+    source: str
+    event_type: str
+    handler: Handler
+    business_key: Callable[[Context], str | None] | None = None
+    fingerprint: str = ""
+
+
+class Outbox:
+    """Outgoing actions recorded in the handler's transaction."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+
+    async def add(self, channel: str, key: str, payload: Any) -> None:
+        """Record an outgoing action, once per ``(channel, key)``: a key recorded
+        before (by this event or any other) is left as it is. The row is written in
+        the handler's transaction, with its COMMIT (on PostgreSQL in the COMMIT's own
+        round trip), and delivered after it by the dispatcher, never before. A payload
+        that is not JSON, or a channel or key that is not text, fails here."""
+        for name, value in (("channel", channel), ("key", key)):
+            if not isinstance(value, str) or "\x00" in value:
+                raise TypeError(f"outbox {name} must be text without NUL characters")
+            value.encode()  # lone surrogates cannot be stored: fail in the handler
+        ctx = self._ctx
+        event = ctx.event
+        _check_channel(ctx.box, channel)
+        ctx.outbox_rows.append((channel, key, json.dumps(payload), event.tenant, event.id))
+        ctx.outbox_keys.append(f"{channel}:{key}")
+
+
+_UNKNOWN_CHANNELS_SAID: set[str] = set()
+
+
+def _check_channel(box: Relaybox, channel: str) -> None:
+    """Say once per process (an error line) that rows are recorded for a channel no
+    dispatcher of this app delivers: they stay pending until it is registered.
+    ``relaybox doctor`` names them too."""
+    if channel in _UNKNOWN_CHANNELS_SAID:
+        return
+    from relaybox.outbound.registry import outbound
+
+    if channel not in outbound(box).channels:
+        _UNKNOWN_CHANNELS_SAID.add(channel)
+        log.error(
+            "outbox_channel_not_registered",
+            channel=channel,
+            detail="its rows stay pending until a channel of that name is registered"
+            f" (box.outbound.channel({channel!r}, ...))",
+        )
+
+
+@dataclass
+class Context:
+    """What a handler gets: the event and the transaction it runs in."""
+
+    box: Relaybox
+    conn: AsyncConnection
+    event: InboxEvent
+    business_keys: list[str] = field(default_factory=list)
+    outbox_keys: list[str] = field(default_factory=list)
+    outbox_rows: list[OutboxRow] = field(default_factory=list)  # written before COMMIT
+
+    def __post_init__(self) -> None:
+        self.outbox = Outbox(self)
+        self._payload: Any = None
+        # The handler's declared business key (Relaybox.handler), its fingerprint, the
+        # error its function raised, and whether the group's BEGIN inserted it and no
+        # ctx.once() has answered for it yet.
+        self._key: str | None = None
+        self._fingerprint = ""
+        self._key_error: Exception | None = None
+        self._claimed = False
+        self._session: Any = None
+
+    @property
+    def session(self) -> AsyncSession:
+        """An ORM ``AsyncSession`` on :attr:`conn`, in the same transaction: what it
+        writes commits with the handler's business keys and the event's completion,
+        or rolls back with them. relaybox flushes it when the handler returns; the
+        handler does not commit it."""
+        if self._session is None:
+            # SQLAlchemy's default joining: the session works inside the handler's
+            # transaction (or its savepoint) and never commits it.
+            self._session = AsyncSession(bind=self.conn)
+        return self._session
+
+    async def _flush_session(self) -> None:
+        if self._session is not None:
+            await self._session.flush()
+
+    async def _close_session(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    def _declare(self, registration: Registration) -> None:
+        if registration.business_key is None:
+            return
+        self._fingerprint = registration.fingerprint
+        try:
+            key = registration.business_key(self)
+        except Exception as exc:  # ctx.once() raises it, inside the handler
+            self._key_error = exc
+            return
+        if key is not None and not isinstance(key, str):
+            self._key_error = TypeError(f"business_key returned {type(key).__name__}, not str")
+            return
+        self._key = key
+
+    @property
+    def payload(self) -> Any:
+        """The delivery's body as its source decodes it: JSON, or a dict for form,
+        multipart and XML bodies (the raw bytes are ``ctx.event.payload``)."""
+        if self._payload is None:
+            event = self.event
+            source = self.box.sources.get(event.source)
+            if source is None or event.payload is None:
+                self._payload = event.json()
+            else:
+                self._payload = source.decode(event.headers, event.payload)
+        return self._payload
+
+    @property
+    def tenant(self) -> str | None:
+        return self.event.tenant
+
+    @property
+    def outbox_created(self) -> bool:
+        """Outbox rows were recorded: the worker wakes the dispatchers after COMMIT."""
+        return bool(self.outbox_rows)
+
+    async def once(
+        self, business_key: str | None = None, *, fingerprint: str | None = None
+    ) -> bool:
+        """Record that the operation named by ``business_key`` happens now.
+
+        Returns ``True`` the first time (apply the effect), ``False`` when the
+        operation already happened (skip it). The UNIQUE key in the operations table
+        decides, so two workers racing on one key cannot both get ``True``. Raises
+        :class:`OperationConflict` when the key exists with another ``fingerprint``
+        (a different operation is reusing this key). Keys are kept forever.
+
+        Without ``business_key``: the key the handler's registration declares
+        (``business_key=``, with its ``fingerprint``), which the worker may have
+        claimed already with the group's BEGIN (then no round trip here).
+        """
+        if business_key is None:
+            if self._key_error is not None:
+                raise self._key_error
+            if self._key is None:
+                raise TypeError("ctx.once() needs a business key: the handler declares none")
+            business_key = self._key
+        if business_key == self._key:
+            if fingerprint is None:
+                fingerprint = self._fingerprint
+            elif fingerprint != self._fingerprint:
+                raise ValueError(
+                    f"business key {business_key!r} is declared with fingerprint "
+                    f"{self._fingerprint!r}, not {fingerprint!r}"
+                )
+            if self._claimed:  # inserted by the group's BEGIN: the first time
+                self._claimed = False
+                self.business_keys.append(business_key)
+                return True
+        elif fingerprint is None:
+            fingerprint = ""
+        created, stored = await self.box.store.operation_insert(
+            self.conn,
+            business_key=business_key,
+            fingerprint=fingerprint,
+            inbox_id=self.event.id,
+            source=self.event.source,
+            tenant=self.event.tenant,
+            now=self.box.clock.now(),
+        )
+        self.business_keys.append(business_key)
+        if not created and stored != fingerprint:
+            raise OperationConflict(business_key, stored, fingerprint)
+        return created
+
+    async def project(
+        self, resource_key: str, version: str | int | None, state: Any, **options: Any
+    ) -> bool:
+        """Write ``state`` as ``resource_key``'s current state only if ``version`` is
+        newer than the stored one; a stale event is marked superseded and still
+        completes (:mod:`relaybox.projections`)."""
+        return await projections.project(self, resource_key, version, state, **options)
+
+
+class Hooks:
+    """Points where tests wait or inject faults (a SIGKILL before or after COMMIT,
+    a lost commit answer). Empty, and free, in production."""
+
+    def __init__(self) -> None:
+        self.before_commit: list[Callable[[list[int]], Awaitable[None]]] = []
+        self.after_commit: list[Callable[[list[int]], Awaitable[None]]] = []
+
+    async def fire(self, name: str, ids: list[int]) -> None:
+        for hook in getattr(self, name):
+            await hook(ids)

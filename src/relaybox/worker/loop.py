@@ -1,0 +1,352 @@
+"""The claim loop: :class:`Worker` claims due rows (``run``, ``run_once``), renews
+their hold while they run, and hands them to chains (PostgreSQL: groups or one event
+per transaction on a connection each) or to SQLite's batches; suspects run alone."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from relaybox.log import short_error
+from relaybox.retry import Backoff
+from relaybox.store import Claim
+from relaybox.store.base import Listener
+from relaybox.worker.context import Registration
+from relaybox.worker.transactions import Runners, _Batch, _Job
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = ["Worker"]
+
+log = structlog.get_logger("relaybox.worker")
+
+_PG_GROUP = 16
+"""Events per transaction on PostgreSQL by default (``worker.group``)."""
+
+
+class _StartMarks:
+    """Start marks of events that start together, in one statement: whoever asks
+    while a mark is in flight goes in the next one (group commit)."""
+
+    def __init__(self, box: Relaybox) -> None:
+        self.box = box
+        self._waiting: list[tuple[int, asyncio.Future[int | None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def start(self, inbox_id: int) -> int | None:
+        """Count an attempt on ``inbox_id``; its attempt number, or ``None`` when the
+        row is no longer pending."""
+        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((inbox_id, future))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    started = await self.box.store.inbox_start(
+                        [i for i, _ in batch], self.box.clock.now()
+                    )
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for inbox_id, future in batch:
+                    if not future.done():
+                        future.set_result(started.get(inbox_id))
+        finally:
+            self._flusher = None
+
+
+class Worker(Runners):
+    """Runs handlers for due inbox rows. ``run()`` loops until stopped;
+    ``run_once()`` processes one batch (tests drive it with a frozen clock)."""
+
+    def __init__(
+        self,
+        box: Relaybox,
+        *,
+        name: str | None = None,
+        concurrency: int | None = None,
+        batch: int | None = None,
+        group: int | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        s = box.settings.worker
+        self.box = box
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        single = box.store.single_writer
+        # One writer (SQLite): concurrent transactions would only queue.
+        self.concurrency = 1 if single else (concurrency or s.concurrency)
+        # A claim feeds every chain's groups: run_once waits for its whole batch, so
+        # a batch of only concurrency x group rows would leave chains idle at its end.
+        self.batch = batch or s.batch or (32 if single else 128)
+        # Events per transaction. PostgreSQL: a group of 16 per chain, one COMMIT (one
+        # WAL flush) for all; a group holds its events' row locks (a shared balance,
+        # say) until that COMMIT, so it gives up after 50 ms of waiting for a lock
+        # (another group's, or a deadlock) and that event runs in a transaction of its
+        # own (_run_group). SQLite: the whole claim, since its single writer serialises
+        # anyway and one COMMIT (fsync) serves the batch.
+        self.group = group or s.group or (self.batch if single else _PG_GROUP)
+        # Chains run groups where the store runs one (PostgreSQL); otherwise a claim's
+        # events run in batches of ``group`` (SQLite), or one per transaction.
+        self._grouped = self.group > 1 and box.store.groups
+        # A group runs its handlers without savepoints until one fails (_run_group);
+        # then the next _CAREFUL_GROUPS groups take a savepoint per event.
+        self.savepoints = s.savepoints
+        self._careful = 0
+        self._slots = asyncio.Semaphore(self.concurrency)
+        self._isolation = asyncio.Lock()
+        self._isolating = 0  # suspects waiting to run alone: chains stop taking events
+        self._ready: deque[_Job] = deque()  # claimed events waiting for a chain
+        self._chains = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._marks = _StartMarks(box)
+        self.poll_interval = s.poll_interval
+        self.claim_hold = s.claim_hold
+        self.backoff = Backoff(
+            base=s.backoff_base,
+            factor=s.backoff_factor,
+            cap=s.backoff_cap,
+            jitter=s.backoff_jitter,
+            max_attempts=s.max_attempts,
+            max_age=s.max_age,
+        )
+        self.rng = rng or random.Random()
+        self.hooks = box.hooks
+        self._handlers: dict[tuple[str, str], Registration | None] = {}
+        self._handlers_known = -1  # registrations seen when _handlers was filled
+        self._counters: dict[tuple[str, str], Any] = {}
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+
+    # -- loop -----------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Finish the batches in hand, then return from :meth:`run`."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        listener = await self._listen()
+        try:
+            # Two claimers: one claims the next batch while the other's events run.
+            await asyncio.gather(*(self._loop() for _ in range(2)))
+        finally:
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    await listener.close()
+
+    async def _loop(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                n = await self.run_once()
+                failures = 0
+            except Exception as exc:  # the database went away: back off and retry
+                failures += 1
+                if failures == 1 or failures % 10 == 0:  # not one line per retry
+                    log.warning(
+                        "worker_batch_failed",
+                        worker=self.name,
+                        failures=failures,
+                        error=short_error(exc),
+                    )
+                n = 0
+            if n == 0 and not self._stopping.is_set():
+                # Idle: the poll interval. Failing: doubling pauses up to 10 s (a wake-up
+                # from new rows does not cut them short: the database is the problem).
+                pause = self.poll_interval
+                if failures:
+                    pause = min(self.poll_interval * 2 ** min(failures, 10), 10.0)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), pause)
+                    continue
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), pause)
+
+    async def _listen(self) -> Listener | None:
+        """Wake up on new rows (PostgreSQL LISTEN, SQLite's in-process signal); polling
+        finds them anyway."""
+        return await self.box.store.listen("inbox", self._wake)
+
+    # -- one batch ------------------------------------------------------------
+
+    async def run_once(self) -> int:
+        """Claim and process one batch; return how many rows were claimed."""
+        store = self.box.store
+        now = self.box.clock.now()
+        claim = await store.inbox_claim(
+            now=now, limit=self.batch, max_attempts=self.backoff.max_attempts, hold=self.claim_hold
+        )
+        for inbox_id, source, account, event_id, attempts in claim.exhausted:
+            self.box.metrics.processed.labels(source, "dead_exhausted").inc()
+            log.error(
+                "event_dead",
+                reason="exhausted",
+                inbox_id=inbox_id,
+                event_key=[source, account, event_id],
+                attempts=attempts,
+                error="the worker died during its last attempt",
+            )
+        if not claim.ids and not claim.suspects:
+            return len(claim.exhausted)
+        stop_keeping = asyncio.Event()
+        keeper = None
+        if not store.single_writer:  # one writer's batch: no other claimer passes it
+            keeper = asyncio.create_task(
+                self._keep_hold([*claim.ids, *claim.suspects], now + self.claim_hold, stop_keeping)
+            )
+        try:
+            await self._run_claim(claim)
+        finally:
+            stop_keeping.set()
+            if keeper is not None:
+                await asyncio.gather(keeper, return_exceptions=True)
+        return len(claim.ids) + len(claim.suspects) + len(claim.exhausted)
+
+    async def _keep_hold(self, ids: list[int], until: float, stop: asyncio.Event) -> None:
+        """While the claim runs, renew its rows' hold every third of ``claim_hold``
+        (``inbox_keep_hold``): a row that waits its turn, or waits for a lock, longer
+        than the hold does not come back to other workers as if this one had died (nor,
+        its budget counted, go to dead letters as ``exhausted``). This process dying
+        stops the renewals: its rows come back a hold later, as before."""
+        held = [until]
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.claim_hold / 3)
+            if stop.is_set():
+                return
+            until = self.box.clock.now() + self.claim_hold
+            try:
+                await self.box.store.inbox_keep_hold(ids, held, until)
+            except Exception as exc:  # the database went away: the rows come back
+                log.warning("worker_hold_failed", worker=self.name, error=short_error(exc))
+                continue
+            held.append(until)
+
+    async def _run_claim(self, claim: Claim) -> None:
+        if self.group == 1 or self._grouped:
+            batch = _Batch(len(claim.ids) + len(claim.suspects))
+            self._ready.extend(_Job(claim.events[i], batch) for i in claim.ids)
+            self._spawn_chains()
+            for inbox_id in claim.suspects:
+                self._spawn(self._run_suspect(_Job(claim.events[inbox_id], batch)))
+            await batch.wait()
+        else:
+            groups = [claim.ids[i : i + self.group] for i in range(0, len(claim.ids), self.group)]
+            results = await asyncio.gather(
+                *(self._process_group(ids) for ids in groups),
+                *(self._process_suspect(inbox_id) for inbox_id in claim.suspects),
+                return_exceptions=True,
+            )
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                raise failures[0]
+
+    async def drain(self) -> None:
+        """Wait (30 s at most) for chains still running: :meth:`run_once` returns once
+        its batch is done, while the chain that ran its last event may still be giving
+        its connection back (:meth:`Relaybox.close` calls this before closing the
+        store)."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=30.0)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- chains: groups or one event per transaction (PostgreSQL) ---------------------
+
+    def _spawn_chains(self) -> None:
+        while self._ready and self._chains < self.concurrency and not self._isolating:
+            self._chains += 1
+            self._spawn(self._chain())
+
+    async def _chain(self) -> None:
+        """Runs claimed events one after another on one connection, at most
+        ``concurrency`` chains at once. Each event's COMMIT also counts the attempt of
+        the event this chain runs next (it starts right then): one round trip for both,
+        and no event is charged while it waits for its turn."""
+        try:
+            async with self._slots:
+                await self._run_chain(self._take())
+        finally:
+            self._chains -= 1
+            self._spawn_chains()
+
+    async def _run_chain(self, job: _Job | None) -> None:
+        while job is not None:
+            if job.attempt is None:
+                # Counted with no connection held (SQLite's pool has one connection);
+                # chains starting together share one statement.
+                try:
+                    job.attempt = await self._marks.start(job.event.id)
+                except Exception as exc:
+                    job.batch.finish(exc)
+                    return
+                if job.attempt is None:  # no longer pending: completed by a late worker
+                    job.batch.finish()
+                    job = self._take()
+                    continue
+            try:
+                async with self.box.store.connection() as conn:
+                    while job is not None and job.attempt is not None:
+                        if self._grouped and not job.alone:
+                            job = await self._run_group(conn, job)
+                        else:
+                            job = await self._run_job(conn, job)
+            except Exception as exc:  # no connection: the row comes back after the hold
+                if job is not None:
+                    job.batch.finish(exc)
+                return
+
+    async def _run_suspect(self, job: _Job) -> None:
+        """A row whose last attempt never finished may be what killed its worker: run
+        it with nothing else in flight in this process, so that if it kills this one
+        too, only its own attempt is charged."""
+        self._isolating += 1
+        try:
+            async with self._isolation:
+                for _ in range(self.concurrency):
+                    await self._slots.acquire()
+                try:
+                    await self._run_chain(job)  # takes no other job: _isolating is set
+                finally:
+                    for _ in range(self.concurrency):
+                        self._slots.release()
+        except Exception as exc:
+            job.batch.finish(exc)
+        finally:
+            self._isolating -= 1
+            self._spawn_chains()
+
+    async def _process_group(self, ids: list[int]) -> None:
+        """At most ``concurrency`` of these run at once."""
+        async with self._slots:
+            await self._start_and_process(ids)
+
+    async def _process_suspect(self, inbox_id: int) -> None:
+        """A suspect runs alone (see :meth:`_run_suspect`)."""
+        async with self._isolation:
+            for _ in range(self.concurrency):
+                await self._slots.acquire()
+            try:
+                await self._start_and_process([inbox_id])
+            finally:
+                for _ in range(self.concurrency):
+                    self._slots.release()

@@ -1,0 +1,169 @@
+"""Outcome recording: what became of an event's attempt (its kind), written in the
+attempt's transaction (:meth:`Recorder._record`: reschedule with backoff, dead letters,
+the attempts history), and its log line and metric once that transaction commits
+(:meth:`Recorder._report`)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.retry import Backoff
+from relaybox.store import InboxEvent
+from relaybox.worker.context import Context, Hooks
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+log = structlog.get_logger("relaybox.worker")
+
+
+@dataclass
+class _Outcome:
+    kind: str  # done | retry | invalid | exhausted | conflict | unhandled | contended
+    error: str | None = None
+    outbox_created: bool = False  # wake the dispatchers once this commits
+    aborted: bool = False  # the transaction was aborted already (maybe by another handler)
+
+
+class _NotOurs(Exception):
+    """The row is no longer pending at the attempt this worker started."""
+
+
+class _RolledBack(Exception):
+    """Leaves the event's transaction so that its effect rolls back."""
+
+    def __init__(self, ctx: Context, outcome: _Outcome) -> None:
+        self.ctx = ctx
+        self.outcome = outcome
+
+
+_Report = tuple[str, str, str | None, dict[str, Any]]
+"""A recorded outcome's log line and metric: source, kind, error, log fields."""
+
+
+class _Regroup(Exception):
+    """A group's transaction rolls back. ``again``: the group runs again with a
+    savepoint per event (a handler failed in a group without); otherwise every event
+    runs again, each in a transaction of its own."""
+
+    def __init__(self, reason: str, *, again: bool = False, plain: bool = False):
+        super().__init__(reason)
+        self.again = again
+        self.plain = plain
+
+
+_ABORTED = "the handler went on after a database error: PostgreSQL had aborted its transaction"
+
+_CONTENDED = frozenset({"55P03", "40P01"})  # lock_not_available, deadlock_detected
+_IN_FAILED_TRANSACTION = frozenset({"25P02"})
+
+
+def _sqlstate_in(exc: BaseException, states: frozenset[str]) -> bool:
+    """Whether PostgreSQL's error behind ``exc`` has one of ``states``."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the driver's error, wrapped by SQLAlchemy, maybe by the handler
+        if seen is None:
+            return False
+        for candidate in (seen, getattr(seen, "orig", None)):
+            if getattr(candidate, "sqlstate", None) in states:
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _contended(exc: BaseException) -> bool:
+    """A lock wait gave up (a group's lock_timeout) or PostgreSQL broke a deadlock:
+    nothing is wrong with the event; it runs again in a transaction of its own."""
+    return _sqlstate_in(exc, _CONTENDED)
+
+
+class Recorder:
+    """The worker's outcome recording (a base of :class:`~relaybox.worker.loop.Worker`)."""
+
+    box: Relaybox
+    name: str
+    backoff: Backoff
+    rng: random.Random
+    hooks: Hooks
+    _counters: dict[tuple[str, str], Any]
+
+    def _count(self, source: str, label: str) -> None:
+        counter = self._counters.get((source, label))
+        if counter is None:
+            counter = self._counters[(source, label)] = self.box.metrics.processed.labels(
+                source, label
+            )
+        counter.inc()
+
+    async def _record(
+        self,
+        conn: AsyncConnection,
+        event: InboxEvent,
+        ctx: Context,
+        outcome: _Outcome,
+        started: float,
+        reports: list[_Report] | None = None,
+    ) -> None:
+        """Write the outcome in ``conn``'s transaction. Its log line and metric go to
+        ``reports`` when given, for the caller to emit once the transaction commits
+        (:meth:`_report`); otherwise now."""
+        store = self.box.store
+        now = self.box.clock.now()
+        fields: dict[str, Any] = {
+            "inbox_id": event.id,
+            "event_key": list(event.key),
+            "event_type": event.event_type,
+            "attempt": event.attempts,
+            "business_keys": ctx.business_keys,
+        }
+        if ctx.outbox_keys and outcome.kind == "done":
+            fields["outbox_keys"] = ctx.outbox_keys
+        kind = outcome.kind
+        if kind == "retry":
+            at = self.backoff.next_attempt(
+                attempt=event.attempts, received_at=event.received_at, now=now, rng=self.rng
+            )
+            if at is None:
+                kind = "exhausted"
+            else:
+                await store.inbox_retry_later(
+                    conn, event.id, at=at, error=outcome.error or "", now=now
+                )
+                fields["next_attempt_in"] = round(at - now, 3)
+        if kind in ("invalid", "exhausted", "conflict", "unhandled"):
+            await store.inbox_kill(conn, event.id, reason=kind, error=outcome.error or "", now=now)
+        # The row itself records a first-try success (done_at, attempts = 1); the
+        # attempts table keeps the history of events that needed more than one.
+        if kind != "done" or event.attempts > 1:
+            await store.attempt_insert(
+                conn,
+                inbox_id=event.id,
+                attempt=event.attempts,
+                outcome=kind,
+                error=outcome.error,
+                worker=self.name,
+                started_at=started,
+                finished_at=now,
+            )
+        report = (event.source, kind, outcome.error, fields)
+        if reports is None:
+            self._report([report])
+        else:
+            reports.append(report)
+
+    def _report(self, reports: list[_Report]) -> None:
+        """Log lines and metrics of recorded outcomes (after their COMMIT)."""
+        for source, kind, error, fields in reports:
+            label = "done" if kind == "done" else ("retry" if kind == "retry" else f"dead_{kind}")
+            self._count(source, label)
+            if kind == "done":
+                log.info("event_done", **fields)
+            elif kind == "retry":
+                log.warning("event_retry", error=error, **fields)
+            else:
+                log.error("event_dead", reason=kind, error=error, **fields)

@@ -1,0 +1,91 @@
+"""Every driver-private attribute that ``relaybox.store._drivers`` relies on exists on the
+installed versions of asyncpg, SQLAlchemy and aiosqlite: an upgrade that renames or
+drops one fails here, naming it, rather than somewhere in the worker at run time."""
+
+from __future__ import annotations
+
+import inspect
+import sqlite3
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import asyncpg
+import asyncpg.transaction
+from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
+from sqlalchemy.engine import Connection, Engine
+
+from relaybox.store import _drivers, open_store
+
+
+def _has(owner: Any, name: str, package: str) -> None:
+    assert hasattr(owner, name), (
+        f"{package} {version(package)}: {getattr(owner, '__name__', owner)!r}.{name} is gone;"
+        " relaybox.store._drivers relies on it"
+    )
+
+
+def test_asyncpg_transaction_internals() -> None:
+    tx = asyncpg.transaction.Transaction
+    for name in ("_connection", "_state", "_check_conn_validity", "start", "commit", "rollback"):
+        _has(tx, name, "asyncpg")
+    params = list(inspect.signature(tx.__init__).parameters)
+    assert params == ["self", "connection", "isolation", "readonly", "deferrable"], (
+        f"asyncpg {version('asyncpg')}: Transaction({', '.join(params[1:])}) changed;"
+        " relaybox.store._drivers.FoldedTransaction calls it"
+    )
+    for state in ("NEW", "STARTED", "COMMITTED", "FAILED"):
+        _has(asyncpg.transaction.TransactionState, state, "asyncpg")
+    _has(asyncpg.Connection, "_top_xact", "asyncpg")
+
+
+def test_sqlalchemy_internals() -> None:
+    for name in ("_transaction", "_start_transaction", "isolation_level", "readonly", "deferrable"):
+        _has(AsyncAdapt_asyncpg_connection, name, "sqlalchemy")
+    _has(Connection, "_has_events", "sqlalchemy")
+    _has(Engine, "_has_events", "sqlalchemy")
+
+
+def test_aiosqlite_internals() -> None:
+    _has(aiosqlite.Connection, "_execute", "aiosqlite")
+    assert inspect.iscoroutinefunction(aiosqlite.Connection._execute)
+
+
+async def test_live_asyncpg_adapter(pg_url: str) -> None:
+    """On a live connection: the adapter's instance attributes, a transaction folded
+    in and adopted, and the listeners check."""
+    store = open_store(pg_url)
+    try:
+        async with store.connection() as conn:
+            found = await _drivers.adapted(conn)
+            _has(found, "_connection", "sqlalchemy")
+            assert isinstance(_drivers.asyncpg_of(found), asyncpg.Connection)
+            assert _drivers.open_transaction(found) is None
+            assert _drivers.plain(found)
+            assert conn.sync_connection is not None
+            assert _drivers.begin_has_listeners(conn.sync_connection) is False
+            async with conn.begin():
+                con = await _drivers.driver(conn)
+                assert isinstance(_drivers.open_transaction(found), _drivers.FoldedTransaction)
+                assert con.is_in_transaction()
+                assert await con.fetchval("SELECT 1") == 1
+            assert _drivers.open_transaction(found) is None
+            assert not _drivers.asyncpg_of(found).is_in_transaction()
+    finally:
+        await store.close()
+
+
+async def test_live_aiosqlite_thread(tmp_path: Path) -> None:
+    """``run_on_sqlite_thread`` hands the function the sqlite3 connection itself."""
+    store = open_store(f"sqlite:///{tmp_path / 'drivers.db'}")
+    try:
+        async with store.connection() as conn:
+
+            def probe(db: Any, value: int) -> int:
+                assert isinstance(db, sqlite3.Connection)
+                return int(db.execute("SELECT ?", (value,)).fetchone()[0])
+
+            assert await _drivers.run_on_sqlite_thread(conn, probe, 7) == 7
+    finally:
+        await store.close()
