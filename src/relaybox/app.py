@@ -196,7 +196,14 @@ class Relaybox:
         )
 
     async def migrate(self) -> list[str]:
-        return await self.store.migrate()
+        """Create or upgrade relaybox's tables, then seal the endpoint secrets older
+        versions stored in plaintext (:func:`relaybox.outbound.endpoints.seal_plaintext`).
+        Returns the migrations applied."""
+        from relaybox.outbound.endpoints import seal_plaintext
+
+        applied = await self.store.migrate()
+        await seal_plaintext(self)
+        return applied
 
     async def accept_inline(self, delivery: NewDelivery) -> AcceptOutcome:
         """Inline mode: store the delivery and run its handler in one transaction.

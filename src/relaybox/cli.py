@@ -1,7 +1,8 @@
 """The ``relaybox`` command.
 
 Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error,
-3 the database is unreachable.
+3 the database is unreachable, 4 (``doctor``) endpoint signing secrets are not
+protected at rest (no key on PostgreSQL, a key file others can read).
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ import click
 from relaybox import log
 from relaybox.app import ROLES, Relaybox
 from relaybox.errors import ConfigurationError
+from relaybox.outbound.vault import MISSING_HINT
 
 __all__ = ["main"]
 
-EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE = 1, 2, 3
+EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE, EXIT_SECRETS = 1, 2, 3, 4
 
 
 def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
@@ -137,6 +139,8 @@ def serve(
 
         database_url, server_handle = start_embedded_postgres(Path(".relaybox/pg").resolve())
     box = load_box(app, config, database_url)
+    if postgres_embedded:
+        _embedded_secrets_key(box, Path(".relaybox/pg.key").resolve())
     log.configure_logging(box.settings.log_level, json=box.settings.log_json)
     role_set = tuple(r.strip() for r in roles.split(",") if r.strip())
     unknown = set(role_set) - set(ROLES)
@@ -169,6 +173,21 @@ def serve(
             click.echo(f"Dashboard: {base}/admin/  (log in with the admin token)", err=True)
     uvicorn.run(box.asgi(roles=role_set), host=host, port=port, log_level="warning")
     del server_handle
+
+
+def _embedded_secrets_key(box: Relaybox, path: Path) -> None:
+    """The embedded PostgreSQL's data are files on this machine: unless
+    ``outbound.secrets_key`` is set, its endpoint secrets are sealed with a key kept in
+    a file beside them (made on the first start), as a SQLite database's are."""
+    from relaybox.outbound.registry import configure, outbound
+    from relaybox.outbound.vault import KeyFile
+
+    if outbound(box).settings.secrets_key is None:
+        try:
+            key = KeyFile(path).read_or_create()
+        except ConfigurationError as exc:
+            raise _ConfigError(str(exc)) from None
+        configure(box, secrets_key=key)
 
 
 @main.command()
@@ -210,13 +229,25 @@ def run_async(coro: Any) -> Any:
 def migrate(app: str | None, config: str | None, database_url: str | None) -> None:
     """Create or upgrade relaybox's tables."""
     box = load_box(app, config, database_url)
-    applied = _run_db(box, _migrate_and_close(box))
+    applied, secrets = _run_db(box, _migrate_and_close(box))
     click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
+    if secrets["sealed"]:
+        click.echo(f"sealed {secrets['sealed']} endpoint secret(s) stored in plaintext")
+    if secrets["plaintext"]:
+        click.echo(
+            f"{secrets['plaintext']} endpoint secret(s) remain in plaintext: {MISSING_HINT},"
+            " then run `relaybox migrate` again",
+            err=True,
+        )
 
 
-async def _migrate_and_close(box: Relaybox) -> list[str]:
+async def _migrate_and_close(box: Relaybox) -> tuple[list[str], dict[str, int]]:
+    """Apply the migrations, then seal the endpoint secrets older versions stored in
+    plaintext (what :meth:`Relaybox.migrate` does), with the counts to report."""
+    from relaybox.outbound.endpoints import seal_plaintext
+
     try:
-        return await box.migrate()
+        return await box.store.migrate(), await seal_plaintext(box)
     finally:
         await box.close()
 

@@ -27,7 +27,15 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from relaybox.app import Relaybox
-from relaybox.cli import EXIT_DATABASE, EXIT_FAILED, EXIT_USAGE, _run_db, _safe_url, app_options
+from relaybox.cli import (
+    EXIT_DATABASE,
+    EXIT_FAILED,
+    EXIT_SECRETS,
+    EXIT_USAGE,
+    _run_db,
+    _safe_url,
+    app_options,
+)
 from relaybox.cli import load_box as _load_box
 from relaybox.errors import ConfigurationError
 
@@ -811,19 +819,76 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
         checks.add("clock", "ok", detail)
 
 
+def _doctor_secrets_key(box: Relaybox, checks: _Checks) -> None:
+    """Where the key that seals endpoint signing secrets comes from, and whether it is
+    protected: a key on PostgreSQL, a readable key file only its owner can read."""
+    from relaybox.outbound.registry import outbound
+    from relaybox.outbound.vault import MISSING_HINT, KeyFileError
+
+    vault = outbound(box).vault
+    if vault.configured:
+        checks.add("secrets_key", "ok", "outbound.secrets_key is set")
+        return
+    key_file = vault.key_file
+    if key_file is None:
+        if vault.sealing:  # an in-memory database: a key as short-lived as its data
+            checks.add("secrets_key", "ok", "in-memory database: a key per process")
+            return
+        checks.add(
+            "secrets_key",
+            "fail",
+            "outbound.secrets_key is not set: relaybox keeps no key of its own for a"
+            " database that is not a SQLite file, so endpoints cannot be created, secrets"
+            f" cannot be rotated or sealed; {MISSING_HINT}",
+            exit_code=EXIT_SECRETS,
+        )
+        return
+    try:
+        vault.check()
+    except KeyFileError as exc:
+        checks.add("secrets_key", "fail", str(exc), exit_code=EXIT_USAGE)
+        return
+    mode = key_file.mode()
+    if mode is None:
+        checks.add(
+            "secrets_key",
+            "ok",
+            f"key file {key_file.path}: made when the first endpoint secret is stored",
+        )
+    elif mode & 0o077:
+        checks.add(
+            "secrets_key",
+            "fail",
+            f"key file {key_file.path} is open to other users (mode {mode:04o}): whoever"
+            f" reads it and the database can sign webhooks; run `chmod 600 {key_file.path}`",
+            exit_code=EXIT_SECRETS,
+        )
+    else:
+        checks.add(
+            "secrets_key",
+            "ok",
+            f"key file {key_file.path} (mode {mode:04o}): back it up, every sealed secret needs it",
+        )
+
+
 async def _doctor_secrets(box: Relaybox, checks: _Checks) -> None:
-    """Endpoint signing secrets against ``outbound.secrets_key``."""
+    """Endpoint signing secrets against the keys relaybox has."""
     from relaybox.outbound.endpoints import secrets_at_rest
     from relaybox.outbound.registry import outbound
+    from relaybox.outbound.vault import KeyFileError
 
-    n = await secrets_at_rest(box)
+    try:
+        n = await secrets_at_rest(box)
+    except KeyFileError:
+        return  # reported by the secrets_key check
     if not any(n.values()):
         return
+    source = outbound(box).vault.source
     if n["locked"]:
         checks.add(
             "secrets",
             "fail",
-            f"{n['locked']} endpoint secret(s) sealed with a key outbound.secrets_key does"
+            f"{n['locked']} endpoint secret(s) sealed with a key {source} does"
             " not hold: deliveries to their endpoints are held until it does",
         )
     elif n["plaintext"] and not outbound(box).vault.sealing:
@@ -832,14 +897,15 @@ async def _doctor_secrets(box: Relaybox, checks: _Checks) -> None:
             "warn",
             f"{n['plaintext']} endpoint secret(s) stored in plaintext: whoever reads the"
             " database can sign webhooks; set outbound.secrets_key, then run"
-            " `relaybox endpoints seal-secrets`",
+            " `relaybox migrate`",
         )
     elif n["plaintext"] or n["older"]:
         checks.add(
             "secrets",
             "warn",
             f"{n['plaintext']} in plaintext and {n['older']} under an older key:"
-            " run `relaybox endpoints seal-secrets`",
+            " run `relaybox migrate` (seals the plaintext ones) or"
+            " `relaybox endpoints seal-secrets` (seals both)",
         )
     else:
         checks.add("secrets", "ok", f"{n['current']} endpoint secret(s) sealed")
@@ -852,8 +918,10 @@ async def _doctor_secrets(box: Relaybox, checks: _Checks) -> None:
 def doctor(
     app: str | None, config: str | None, database_url: str | None, max_skew: float, as_json: bool
 ) -> None:
-    """Check configuration, database reachability, migrations and clock skew; name
-    each problem and exit non-zero (2 configuration, 3 database unreachable, 1 other)."""
+    """Check configuration, the key of endpoint secrets, database reachability,
+    migrations and clock skew; name each problem and exit non-zero (2 configuration,
+    3 database unreachable, 4 endpoint secrets not protected at rest: no
+    outbound.secrets_key on PostgreSQL or a key file open to other users; 1 other)."""
     checks = _Checks()
     box: Relaybox | None = None
     try:
@@ -899,6 +967,8 @@ def doctor(
                 f"database unreachable ({_safe_url(box)}): {type(exc).__name__}: {exc}",
                 exit_code=EXIT_DATABASE,
             )
+        # After the database: with both wrong, the exit code names the database.
+        _doctor_secrets_key(box, checks)
     if as_json:
         click.echo(json.dumps({"ok": checks.exit_code == 0, "checks": checks.rows}))
     else:

@@ -34,6 +34,9 @@ LOCAL: dict[str, Any] = {
     "lease_ttl": 10.0,
     "jitter": 0.0,
     "poll_interval": 0.05,
+    # The suite's key (tests/conftest.py: SECRETS_KEY; PostgreSQL needs one), the same
+    # in the test process and the relaybox processes it starts.
+    "secrets_key": os.environ.get("RELAYBOX_TEST_SECRETS_KEY"),
 }
 
 

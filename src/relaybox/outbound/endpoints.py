@@ -16,12 +16,12 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from relaybox.errors import ConfigurationError
 from relaybox.outbound import db
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind, new_secret, public_form
 from relaybox.outbound.ssrf import UnsafeDestination
+from relaybox.outbound.vault import MISSING_HINT
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -40,6 +40,9 @@ __all__ = [
     "get_endpoint",
     "list_endpoints",
     "rotate_secret",
+    "seal_plaintext",
+    "seal_secrets",
+    "secrets_at_rest",
     "update_endpoint",
 ]
 
@@ -176,6 +179,8 @@ async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tup
     _check(box, spec.url, spec.timeout)
     if spec.signature == "sha256" and spec.secret_type == "ed25519":
         raise InvalidEndpoint("sha256 signatures (X-Webhook-Signature) need an hmac secret")
+    vault = outbound(box).vault
+    vault.ensure()  # no key: refused here, before anything is written
     store, now = box.store, box.clock.now()
     endpoint_id = db.new_id("ep", now)
     secret = new_secret(spec.secret_type)
@@ -202,7 +207,7 @@ async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tup
             spec.max_in_flight or outbound(box).settings.max_in_flight,
             spec.rate_limit,
         )
-        sealed = outbound(box).vault.seal(secret)
+        sealed = vault.seal(secret)
         await db.execute(conn, store, "endpoint_secret_insert", endpoint_id, sealed, now)
         row = await db.first(conn, store, "endpoint_get", endpoint_id, tenant)
     if spec.enabled is False:
@@ -383,9 +388,10 @@ async def rotate_secret(
     new secret's public form (``None`` when there is no such endpoint)."""
     if await get_endpoint(box, endpoint_id, tenant) is None:
         return None
+    vault = outbound(box).vault
+    vault.ensure()  # no key: refused here, before anything is written
     store, now = box.store, box.clock.now()
     grace = outbound(box).settings.rotation_grace if grace is None else grace
-    vault = outbound(box).vault
     async with store.transaction() as conn:
         active = await db.rows(
             conn, store, "endpoint_secrets_active", db.array(store, [endpoint_id]), now
@@ -400,36 +406,85 @@ async def rotate_secret(
     return public_form(secret)
 
 
+_SEAL_BATCH = 500
+"""Secrets read and sealed per transaction by the sealing passes."""
+
+
 async def seal_secrets(box: Relaybox) -> dict[str, int]:
-    """Seal every stored secret with the first key of ``outbound.secrets_key``:
-    plaintext ones (stored before a key was set) and ones sealed with an older key.
-    One transaction; returns how many were sealed and how many already were."""
+    """Seal every stored secret with the first key: plaintext ones (stored by older
+    versions) and ones sealed with an older key of ``outbound.secrets_key``. In
+    batches, each its own transaction; safe with several processes at once (each
+    update is a compare-and-set). Returns how many were sealed and how many already
+    were. :class:`SecretsLocked` when a secret is sealed with a key relaybox lacks."""
+    return await _seal(box, "endpoint_secrets_page")
+
+
+async def seal_plaintext(box: Relaybox) -> dict[str, int]:
+    """Seal the secrets stored in plaintext (by versions that did not seal them); run
+    by ``relaybox migrate`` and :meth:`Relaybox.migrate`. Reads the key file first
+    when there is one (:class:`~relaybox.outbound.vault.KeyFileError` when it is
+    broken), and makes it only when a secret is to be sealed. Without a key (PostgreSQL
+    without ``outbound.secrets_key``) nothing is sealed: the count is logged as a
+    warning and returned as ``plaintext``, and ``relaybox doctor`` reports it."""
     vault = outbound(box).vault
+    vault.check()
     if not vault.sealing:
-        raise ConfigurationError("set outbound.secrets_key (RELAYBOX_OUTBOUND__SECRETS_KEY) first")
-    store = box.store
-    sealed = 0
-    async with store.transaction() as conn:
-        found = await db.rows(conn, store, "endpoint_secrets_all")
-        for r in found:
-            again = vault.reseal(r["secret"])
-            if again is not None:
-                await db.execute(conn, store, "endpoint_secret_set", r["id"], again)
-                sealed += 1
-    log.info("endpoint_secrets_sealed", sealed=sealed, already=len(found) - sealed)
-    return {"sealed": sealed, "already": len(found) - sealed}
+        left = await _count_plaintext(box)
+        if left:
+            log.warning("endpoint_secrets_plaintext", plaintext=left, hint=MISSING_HINT)
+        return {"sealed": 0, "plaintext": left}
+    done = await _seal(box, "endpoint_secrets_plaintext_page")
+    return {"sealed": done["sealed"], "plaintext": 0}
+
+
+async def _seal(box: Relaybox, query: str) -> dict[str, int]:
+    vault, store = outbound(box).vault, box.store
+    vault.ensure()
+    sealed = seen = 0
+    after = 0
+    while True:
+        async with store.transaction() as conn:
+            page = await db.rows(conn, store, query, after, _SEAL_BATCH)
+            for r in page:
+                again = vault.reseal(r["secret"])
+                if again is not None and await db.first(
+                    conn, store, "endpoint_secret_swap", r["id"], r["secret"], again
+                ):
+                    sealed += 1
+        seen += len(page)
+        if len(page) < _SEAL_BATCH:
+            break
+        after = page[-1]["id"]
+    if sealed:
+        log.info("endpoint_secrets_sealed", sealed=sealed, already=seen - sealed)
+    return {"sealed": sealed, "already": seen - sealed}
+
+
+async def _count_plaintext(box: Relaybox) -> int:
+    store, count, after = box.store, 0, 0
+    while True:
+        async with store.transaction() as conn:
+            page = await db.rows(conn, store, "endpoint_secrets_plaintext_page", after, _SEAL_BATCH)
+        count += len(page)
+        if len(page) < _SEAL_BATCH:
+            return count
+        after = page[-1]["id"]
 
 
 async def secrets_at_rest(box: Relaybox) -> dict[str, int]:
-    """How the stored secrets stand against ``outbound.secrets_key``: counts of
+    """How the stored secrets stand against the keys relaybox has: counts of
     ``plaintext``, ``current``, ``older`` and ``locked`` (see :meth:`Vault.state`)."""
     vault, store = outbound(box).vault, box.store
-    async with store.transaction() as conn:
-        found = await db.rows(conn, store, "endpoint_secrets_all")
     counts = dict.fromkeys(("plaintext", "current", "older", "locked"), 0)
-    for r in found:
-        counts[vault.state(r["secret"])] += 1
-    return counts
+    after = 0
+    while True:
+        async with store.transaction() as conn:
+            page = await db.rows(conn, store, "endpoint_secrets_page", after, _SEAL_BATCH)
+        for r in page:
+            counts[vault.state(r["secret"])] += 1
+        if len(page) < _SEAL_BATCH:
+            return counts
+        after = page[-1]["id"]
 
 
 async def endpoint_secrets(
