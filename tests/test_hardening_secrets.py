@@ -442,3 +442,40 @@ async def test_doctor_names_a_missing_key_plaintext_secrets_and_an_open_key_file
         assert code == 4
         assert checks["secrets_key"]["status"] == "fail"
         assert f"chmod 600 {path}" in checks["secrets_key"]["detail"]
+
+
+async def test_a_lost_key_file_is_never_silently_replaced(
+    tmp_path: Path, clock: FrozenClock
+) -> None:
+    """The database holds secrets sealed with the key file's key and the file is gone:
+    relaybox refuses to make a new key (it would split the secrets between two keys
+    once the old one is restored) until the file is back."""
+    url = f"sqlite:///{tmp_path / 'relaybox.db'}"
+    path = tmp_path / "relaybox.db.key"
+
+    async def fresh_box() -> Relaybox:
+        b = Relaybox(settings=Settings(database_url=url), clock=clock)
+        configure(b, **{**LOCAL, "secrets_key": None})
+        return b
+
+    box = await fresh_box()
+    try:
+        await box.migrate()
+        first_id, first = await endpoint(box, "https://hooks.example.com/a")
+    finally:
+        await box.close()
+    saved = path.read_bytes()
+    path.unlink()
+    box = await fresh_box()
+    try:
+        with pytest.raises(KeyFileError, match=r"relaybox\.db\.key is missing.*restore it"):
+            await endpoint(box, "https://hooks.example.com/b")
+        assert not path.exists()
+        path.write_bytes(saved)
+        path.chmod(0o600)
+        second_id, second = await endpoint(box, "https://hooks.example.com/b")
+        for endpoint_id, secret in ((first_id, first), (second_id, second)):
+            shown = await endpoints.endpoint_secrets(box, endpoint_id, None)
+            assert shown is not None and [s["secret"] for s in shown] == [secret]
+    finally:
+        await box.close()

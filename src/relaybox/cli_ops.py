@@ -883,15 +883,17 @@ async def _doctor_secrets(box: Relaybox, checks: _Checks) -> None:
         return  # reported by the secrets_key check
     if not any(n.values()):
         return
-    source = outbound(box).vault.source
+    vault = outbound(box).vault
     if n["locked"]:
+        lost = vault.key_file is not None and vault.key_file.mode() is None
         checks.add(
             "secrets",
             "fail",
-            f"{n['locked']} endpoint secret(s) sealed with a key {source} does"
-            " not hold: deliveries to their endpoints are held until it does",
+            f"{n['locked']} endpoint secret(s) sealed with a key {vault.source} does"
+            " not hold: deliveries to their endpoints are held until it does"
+            + (": the key file is missing, restore it from your backup" if lost else ""),
         )
-    elif n["plaintext"] and not outbound(box).vault.sealing:
+    elif n["plaintext"] and not vault.sealing:
         checks.add(
             "secrets",
             "warn",

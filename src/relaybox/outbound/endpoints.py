@@ -21,7 +21,7 @@ from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind, new_secret, public_form
 from relaybox.outbound.ssrf import UnsafeDestination
-from relaybox.outbound.vault import MISSING_HINT
+from relaybox.outbound.vault import MISSING_HINT, KeyFileError, Vault
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -39,6 +39,7 @@ __all__ = [
     "endpoint_secrets",
     "get_endpoint",
     "list_endpoints",
+    "ready_to_seal",
     "rotate_secret",
     "seal_plaintext",
     "seal_secrets",
@@ -179,8 +180,7 @@ async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tup
     _check(box, spec.url, spec.timeout)
     if spec.signature == "sha256" and spec.secret_type == "ed25519":
         raise InvalidEndpoint("sha256 signatures (X-Webhook-Signature) need an hmac secret")
-    vault = outbound(box).vault
-    vault.ensure()  # no key: refused here, before anything is written
+    vault = await ready_to_seal(box)
     store, now = box.store, box.clock.now()
     endpoint_id = db.new_id("ep", now)
     secret = new_secret(spec.secret_type)
@@ -388,8 +388,7 @@ async def rotate_secret(
     new secret's public form (``None`` when there is no such endpoint)."""
     if await get_endpoint(box, endpoint_id, tenant) is None:
         return None
-    vault = outbound(box).vault
-    vault.ensure()  # no key: refused here, before anything is written
+    vault = await ready_to_seal(box)
     store, now = box.store, box.clock.now()
     grace = outbound(box).settings.rotation_grace if grace is None else grace
     async with store.transaction() as conn:
@@ -404,6 +403,29 @@ async def rotate_secret(
         )
     log.info("endpoint_secret_rotated", endpoint_id=endpoint_id, grace=grace)
     return public_form(secret)
+
+
+async def ready_to_seal(box: Relaybox) -> Vault:
+    """The vault, with a key to seal with; raised before anything is written when
+    there is none: :class:`SecretsKeyMissing` (PostgreSQL without
+    ``outbound.secrets_key``), :class:`KeyFileError` (a broken key file, or a missing
+    one while the database holds sealed secrets: the key was lost, and a new one would
+    split the secrets between two keys once the old one is restored)."""
+    vault = outbound(box).vault
+    key_file = vault.key_file
+    if key_file is not None and not vault.loaded and key_file.mode() is None:
+        store = box.store
+        async with store.transaction() as conn:
+            sealed = await db.first(conn, store, "endpoint_secret_sealed_any")
+        if sealed is not None and key_file.mode() is None:
+            raise KeyFileError(
+                f"the endpoint secrets key file {key_file.path} is missing, and the database"
+                " holds secrets sealed with it: restore it from your backup (or set"
+                " outbound.secrets_key to the key that sealed them); relaybox makes a new"
+                " key only for a database without sealed secrets"
+            )
+    vault.ensure()
+    return vault
 
 
 _SEAL_BATCH = 500
@@ -433,13 +455,16 @@ async def seal_plaintext(box: Relaybox) -> dict[str, int]:
         if left:
             log.warning("endpoint_secrets_plaintext", plaintext=left, hint=MISSING_HINT)
         return {"sealed": 0, "plaintext": left}
+    async with box.store.transaction() as conn:
+        found = await db.rows(conn, box.store, "endpoint_secrets_plaintext_page", 0, 1)
+    if not found:  # nothing to seal: no key is made, none is needed
+        return {"sealed": 0, "plaintext": 0}
     done = await _seal(box, "endpoint_secrets_plaintext_page")
     return {"sealed": done["sealed"], "plaintext": 0}
 
 
 async def _seal(box: Relaybox, query: str) -> dict[str, int]:
-    vault, store = outbound(box).vault, box.store
-    vault.ensure()
+    vault, store = await ready_to_seal(box), box.store
     sealed = seen = 0
     after = 0
     while True:

@@ -304,6 +304,11 @@ class Vault:
         return True
 
     @property
+    def loaded(self) -> bool:
+        """Whether a key is at hand already (configured, or read from the key file)."""
+        return self._all is not None
+
+    @property
     def sealing(self) -> bool:
         """Whether secrets can be sealed (a key is configured or kept in a file)."""
         return self._all is not None or self.key_file is not None

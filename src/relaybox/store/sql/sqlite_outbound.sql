@@ -78,6 +78,11 @@ SELECT id, secret FROM relaybox_endpoint_secrets WHERE id > ?1 ORDER BY id LIMIT
 SELECT id, secret FROM relaybox_endpoint_secrets
 WHERE id > ?1 AND secret NOT LIKE 'fernet:%' ORDER BY id LIMIT ?2
 
+-- name: endpoint_secret_sealed_any
+-- Whether any stored secret is sealed: a key file that is missing while one is means
+-- the key was lost, and relaybox makes no new one then (see outbound/vault.py).
+SELECT 1 AS found FROM relaybox_endpoint_secrets WHERE secret LIKE 'fernet:%' LIMIT 1
+
 -- name: endpoint_secret_swap
 -- Compare-and-set: the stored value becomes ?3 only while it is still ?2, so that
 -- processes sealing at once never undo each other's work (the later one updates
