@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import json
 import os
 import stat
@@ -289,7 +290,16 @@ def key_file(database_url: str) -> Path:
 # -- the key file -----------------------------------------------------------------------
 
 
-def test_concurrent_creators_end_with_one_key_file_of_mode_0600(tmp_path: Path) -> None:
+@pytest.mark.parametrize("links", [True, False], ids=["hard-links", "no-hard-links"])
+def test_concurrent_creators_end_with_one_key_file_of_mode_0600(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, links: bool
+) -> None:
+    if not links:  # a file system without hard links: O_CREAT | O_EXCL on the name
+
+        def no_link(*_: Any) -> None:
+            raise OSError(errno.EPERM, "Operation not permitted")
+
+        monkeypatch.setattr(os, "link", no_link)
     path = tmp_path / "relaybox.db.key"
     start = threading.Barrier(8)
     keys: list[str] = []

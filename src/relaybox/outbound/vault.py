@@ -201,7 +201,7 @@ class KeyFile:
             try:
                 os.link(tmp, self.path)
             except FileExistsError:
-                return self._read_theirs()
+                return self._read_theirs(partial=False)
             except OSError as exc:
                 if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
                     raise
@@ -217,7 +217,7 @@ class KeyFile:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            return self._read_theirs()
+            return self._read_theirs(partial=True)
         try:
             os.write(fd, (key + "\n").encode())
             os.fsync(fd)
@@ -226,15 +226,16 @@ class KeyFile:
         _sync_directory(self.path.parent)
         return key
 
-    def _read_theirs(self) -> str:
-        """The key of the process that created the file first. Without hard links its
-        file may still be empty for a moment: read again for up to ``_PARTIAL_WAIT``."""
+    def _read_theirs(self, *, partial: bool) -> str:
+        """The key of the process that created the file first. A linked file is whole
+        from the start; one made without hard links (``partial``) may be half-written
+        for a moment: read again for up to ``_PARTIAL_WAIT`` seconds."""
         deadline = time.monotonic() + _PARTIAL_WAIT
         while True:
             try:
                 found = self.read()
             except KeyFileError:
-                if time.monotonic() > deadline or self._size() > 0:
+                if not partial or time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)
                 continue
@@ -242,17 +243,12 @@ class KeyFile:
                 return self.create()
             return found
 
-    def _size(self) -> int:
-        try:
-            return self.path.stat().st_size
-        except OSError:
-            return 0
-
     def mode(self) -> int | None:
-        """The file's permission bits, ``None`` when it does not exist."""
+        """The file's permission bits, ``None`` when it cannot be found (missing, or
+        its directory cannot be searched: reading it then says why)."""
         try:
             return stat.S_IMODE(self.path.stat().st_mode)
-        except FileNotFoundError:
+        except OSError:
             return None
 
 
