@@ -489,3 +489,21 @@ async def test_a_lost_key_file_is_never_silently_replaced(
             assert shown is not None and [s["secret"] for s in shown] == [secret]
     finally:
         await box.close()
+
+
+async def test_serve_and_dispatch_refuse_to_start_with_an_invalid_key_file(
+    procs: Procs, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'relaybox.db'}"
+    code, out = await cli(procs, "migrate", "--database-url", url)
+    assert code == 0, out
+    (tmp_path / "relaybox.db.key").write_text("not a key\n")
+    for args in (
+        ["migrate"],
+        ["serve", "--roles", "api,dispatcher", "--no-migrate", "--port", str(free_port())],
+        ["dispatch"],
+    ):
+        code, out = await cli(procs, *args, "--database-url", url)
+        assert code == 2, out
+        assert "relaybox.db.key holds no valid key" in out and "Traceback" not in out
+    assert (tmp_path / "relaybox.db.key").read_text() == "not a key\n"

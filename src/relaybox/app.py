@@ -255,6 +255,10 @@ class Relaybox:
 
         @contextlib.asynccontextmanager
         async def lifespan(_: Any) -> Any:
+            if "api" in roles or "dispatcher" in roles:
+                # A broken key file stops the start with its message (KeyFileError),
+                # rather than every endpoint's deliveries and secrets failing later.
+                self.outbound.vault.check()
             if "receiver" in roles:
                 await self.warm_receiver()
             await self.start(roles)

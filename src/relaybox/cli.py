@@ -150,6 +150,11 @@ def serve(
         # Closed again at once: its pooled connections belong to this event loop, not
         # to the one uvicorn runs (asyncpg connections cannot move between loops).
         _run_db(box, _migrate_and_close(box))
+    if "api" in role_set or "dispatcher" in role_set:
+        try:  # a broken key file: its message and exit 2, not a failed startup
+            box.outbound.vault.check()
+        except ConfigurationError as exc:
+            raise _ConfigError(str(exc)) from None
     host = host or box.settings.host
     port = port if port is not None else box.settings.port
     base = f"http://{host}:{port}"
