@@ -25,7 +25,6 @@ import click
 from relaybox import log
 from relaybox.app import ROLES, Relaybox
 from relaybox.errors import ConfigurationError
-from relaybox.outbound.vault import MISSING_HINT
 
 __all__ = ["main"]
 
@@ -232,7 +231,10 @@ def run_async(coro: Any) -> Any:
 @main.command()
 @app_options
 def migrate(app: str | None, config: str | None, database_url: str | None) -> None:
-    """Create or upgrade relaybox's tables."""
+    """Create or upgrade relaybox's tables; seal the endpoint secrets older versions
+    stored in plaintext."""
+    from relaybox.outbound.vault import MISSING_HINT
+
     box = load_box(app, config, database_url)
     applied, secrets = _run_db(box, _migrate_and_close(box))
     click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
