@@ -235,9 +235,11 @@ async def test_migrate_seals_plaintext_secrets_in_batches_and_deliveries_still_v
             await publish_one(box, tenant="t0")
             assert await dispatch_once(box) == 1
 
-            # Two processes migrating at once: each secret sealed once, none lost.
-            results = await asyncio.gather(box.migrate(), seal_plaintext(other))
-            assert isinstance(results[1], dict)
+            # Two processes migrating at once (the step `relaybox migrate` and
+            # Relaybox.migrate() run): each secret sealed exactly once, none lost.
+            results = await asyncio.gather(seal_plaintext(box), seal_plaintext(other))
+            assert sum(r["sealed"] for r in results) == 5
+            assert all(r["plaintext"] == 0 for r in results)
             stored = await box.store.fetch_all(
                 "SELECT secret FROM relaybox_endpoint_secrets ORDER BY id"
             )
@@ -249,7 +251,8 @@ async def test_migrate_seals_plaintext_secrets_in_batches_and_deliveries_still_v
                 "older": 0,
                 "locked": 0,
             }
-            assert await seal_plaintext(box) == {"sealed": 0, "plaintext": 0}  # idempotent
+            assert await box.migrate() == []  # idempotent: nothing left to seal
+            assert await seal_plaintext(box) == {"sealed": 0, "plaintext": 0}
 
             for i in range(5):
                 await publish_one(box, tenant=f"t{i}", data={"petId": f"p{i}"})
@@ -431,12 +434,24 @@ async def test_doctor_names_a_missing_key_plaintext_secrets_and_an_open_key_file
     assert checks["secrets"]["status"] == "warn"
     assert checks["secrets"]["detail"].startswith("3 in plaintext")
 
-    box = Relaybox(settings=Settings(database_url=database_url), clock=clock)
-    configure(box, secrets_key=key)
-    try:
-        await box.migrate()
-    finally:
-        await box.close()
+    config = tmp_path / "migrate.toml"
+    if postgres:  # without the key: nothing sealed, and it says how many remain
+        config.write_text("")
+        unkeyed = await asyncio.to_thread(
+            CliRunner().invoke,
+            main,
+            ["migrate", "--config", str(config), "--database-url", database_url],
+        )
+        assert unkeyed.exit_code == 0, unkeyed.output
+        assert "3 endpoint secret(s) remain in plaintext" in unkeyed.stderr
+    config.write_text(f'[outbound]\nsecrets_key = "{key}"\n' if key else "")
+    migrated = await asyncio.to_thread(
+        CliRunner().invoke,
+        main,
+        ["migrate", "--config", str(config), "--database-url", database_url],
+    )
+    assert migrated.exit_code == 0, migrated.output
+    assert "sealed 3 endpoint secret(s) stored in plaintext" in migrated.stdout
     code, checks = await asyncio.to_thread(_doctor, database_url, tmp_path, key=key)
     assert code == 0, checks
     assert checks["secrets"] == {
