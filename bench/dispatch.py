@@ -53,7 +53,12 @@ def start_sink(port: int, kind: str) -> subprocess.Popen[bytes]:
 
 
 async def seed(url: str, port: int, n: int, hanging: bool) -> None:
+    from relaybox.outbound.vault import new_key
+
     os.environ["RELAYBOX_DATABASE_URL"] = url
+    # PostgreSQL stores endpoint secrets sealed with a configured key: this process
+    # and the `relaybox dispatch` it starts (its environment is copied) share one.
+    os.environ.setdefault("RELAYBOX_OUTBOUND__SECRETS_KEY", new_key())
     subprocess.run(
         [sys.executable, "-m", "relaybox", "migrate", "--database-url", url],
         check=True,

@@ -26,10 +26,20 @@ from sqlalchemy.engine import make_url
 
 from relaybox import FrozenClock, Relaybox
 from relaybox.config import Settings
+from relaybox.outbound.settings import OutboundSettings
+from relaybox.outbound.vault import new_key
 from relaybox.store import open_store
 
 _embedded: Any = None
 _embedded_dir: Path | None = None
+
+SECRETS_KEY = os.environ.setdefault("RELAYBOX_TEST_SECRETS_KEY", new_key())
+"""The key that seals endpoint secrets in the suite's boxes and ``relaybox`` processes
+(PostgreSQL needs one configured). Kept in the environment so that every process of a
+run (xdist workers, the relaybox processes tests start) seals and opens alike."""
+
+KEYED = OutboundSettings(secrets_key=SECRETS_KEY)
+"""Outbound settings with the suite's key: ``Settings(database_url=…, outbound=KEYED)``."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -152,7 +162,7 @@ def clock() -> FrozenClock:
 
 @pytest.fixture
 async def box(database_url: str, clock: FrozenClock) -> AsyncIterator[Relaybox]:
-    b = Relaybox(settings=Settings(database_url=database_url), clock=clock)
+    b = Relaybox(settings=Settings(database_url=database_url, outbound=KEYED), clock=clock)
     yield b
     await b.close()
 

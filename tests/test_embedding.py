@@ -27,6 +27,7 @@ from sqlalchemy import text
 
 from relaybox import Context, Relaybox, Secret, sources
 from relaybox.config import load_settings
+from relaybox.outbound.vault import new_key
 from tests.conftest import Served, admin_url, drop_pg_database, free_port
 from tests.support.procs import ROOT, relaybox_command
 
@@ -351,6 +352,8 @@ async def test_fastapi_example_receives_with_the_orm_and_sends_with_a_session(
     base = f"http://127.0.0.1:{port}"
     env = clean_env(
         SHOP_DATABASE_URL=url,
+        # PostgreSQL needs the key that seals endpoint signing secrets (the README's step).
+        RELAYBOX_OUTBOUND__SECRETS_KEY=new_key(),
         # A loopback endpoint for development, from the environment (a list setting).
         RELAYBOX_OUTBOUND__ALLOW_NETWORKS="127.0.0.0/8",
         RELAYBOX_OUTBOUND__ALLOW_INSECURE_LOOPBACK="true",

@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 from relaybox import FrozenClock, Relaybox
 from relaybox.cli import main
 from relaybox.config import Settings
-from tests.conftest import free_port
+from tests.conftest import SECRETS_KEY, free_port
 from tests.test_admin_api import seed
 
 Invoke = Callable[..., Any]
@@ -145,8 +145,13 @@ async def test_stats_table_and_json(cli: Invoke, seeded: Any) -> None:
     assert "quarantined" in table and "unhandled" in table
 
 
-async def test_doctor_passes_on_a_migrated_database(cli: Invoke, database_url: str) -> None:
-    out = json.loads((await cli("doctor", "--json", "--database-url", database_url)).stdout)
+async def test_doctor_passes_on_a_migrated_database(
+    cli: Invoke, database_url: str, tmp_path: Any
+) -> None:
+    config = tmp_path / "relaybox.toml"  # PostgreSQL needs a key for endpoint secrets
+    config.write_text(f'[outbound]\nsecrets_key = "{SECRETS_KEY}"\n')
+    found = await cli("doctor", "--json", "--config", str(config), "--database-url", database_url)
+    out = json.loads(found.stdout)
     checks = {c["check"]: c["status"] for c in out["checks"]}
     assert out["ok"] and checks["database"] == checks["migrations"] == checks["clock"] == "ok"
 

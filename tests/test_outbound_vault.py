@@ -4,6 +4,7 @@ key was set, the API's answer and the operator's commands; SQLite and PostgreSQL
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -18,14 +19,15 @@ from pydantic import ValidationError
 
 from relaybox import FrozenClock, Relaybox
 from relaybox.cli import main
-from relaybox.errors import ConfigurationError
+from relaybox.config import Settings
 from relaybox.outbound import configure, create_api_key, seal_secrets
 from relaybox.outbound.endpoints import endpoint_secrets
 from relaybox.outbound.settings import OutboundSettings
-from relaybox.outbound.vault import PREFIX, SecretsLocked, Vault, new_key
+from relaybox.outbound.vault import PREFIX, SecretsKeyMissing, SecretsLocked, Vault, new_key
 from tests.conftest import Served
 from tests.support.outbound_app import dispatch_once, endpoint, local, outbox_rows, publish_one
 from tests.support.receivers import HttpReceiver
+from tests.test_hardening_secrets import as_older_versions_stored
 
 OLD, NEW = new_key(), new_key()
 
@@ -58,10 +60,13 @@ def test_the_first_key_seals_and_every_key_opens() -> None:
     moved = both.reseal(sealed)
     assert moved is not None and new.open(moved) == "whsec_abc"
     assert both.reseal(moved) is None  # already under the first key
-    # Plaintext (stored before a key was set) is read as it is, and sealed by reseal.
+    # Plaintext (stored by older versions) is read as it is, and sealed by reseal;
+    # without a key nothing is stored in plaintext instead.
     assert new.open("whsec_plain") == "whsec_plain"
-    assert Vault(None).seal("whsec_plain") == "whsec_plain"
-    assert Vault(None).reseal("whsec_plain") is None
+    with pytest.raises(SecretsKeyMissing, match=r"set outbound\.secrets_key"):
+        Vault(None).seal("whsec_plain")
+    with pytest.raises(SecretsKeyMissing):
+        Vault(None).reseal("whsec_plain")
     resealed = new.reseal("whsec_plain")
     assert resealed is not None and new.open(resealed) == "whsec_plain"
 
@@ -126,17 +131,15 @@ async def test_a_wrong_key_holds_deliveries_until_the_right_one_returns(
     assert [r["status"] for r in await outbox_rows(box)] == ["sent"]
 
 
-async def test_secrets_stored_before_a_key_was_set_keep_working_then_get_sealed(
+async def test_secrets_stored_in_plaintext_by_older_versions_keep_working_then_get_sealed(
     box: Relaybox, clock: FrozenClock
 ) -> None:
     clock.set(time.time())
-    local(box)
+    local(box, secrets_key=OLD)
     async with HttpReceiver() as receiver:
         _, secret = await endpoint(box, receiver.url)
-        assert await stored(box) == [secret]  # no key: as before
-        with pytest.raises(ConfigurationError, match=r"set outbound\.secrets_key"):
-            await seal_secrets(box)
-        configure(box, secrets_key=OLD)
+        assert await as_older_versions_stored(box) == [secret]
+        assert await stored(box) == [secret]
         await publish_one(box)
         assert await dispatch_once(box) == 1
         assert await seal_secrets(box) == {"sealed": 1, "already": 0}
@@ -189,10 +192,14 @@ def test_operator_commands_make_a_key_and_seal(
     made = runner.invoke(main, ["endpoints", "new-key"], prog_name="relaybox").stdout.strip()
     assert Vault(made).sealing
     created = json.loads(
-        run("endpoints", "create", "--tenant", "t1", "--url", "https://hooks.example.com/x").stdout
-    )
-    run("endpoints", "seal-secrets", code=2)  # no key configured: says so
-    assert doctor(run, key=None) == ("warn", "1 endpoint secret(s) stored in plaintext")
+        run(
+            "endpoints", "create", "--tenant", "t1", "--url", "https://hooks.example.com/x",
+            key=made,
+        ).stdout
+    )  # fmt: skip
+    assert doctor(run, key=made) == ("ok", "1 endpoint secret(s) sealed")
+    asyncio.run(_as_older_versions_stored(database_url, made))
+    assert doctor(run, key=made) == ("warn", "1 in plaintext and 0 under an older key")
     assert json.loads(run("endpoints", "seal-secrets", key=made).stdout) == {
         "sealed": 1,
         "already": 0,
@@ -200,11 +207,20 @@ def test_operator_commands_make_a_key_and_seal(
     shown = json.loads(run("endpoints", "show", created["id"], key=made).stdout)
     assert [s["secret"] for s in shown["secrets"]] == [created["secret"]]
     locked = run("endpoints", "show", created["id"], code=1)  # the key is missing
-    assert "secrets_key is not set" in locked.output
+    assert "endpoint secrets are sealed and" in locked.output
     assert doctor(run, key=made) == ("ok", "1 endpoint secret(s) sealed")
     rotated = f"{new_key()},{made}"
     assert doctor(run, key=rotated) == ("warn", "0 in plaintext and 1 under an older key")
     assert doctor(run, key=new_key(), code=1)[0] == "fail"
+
+
+async def _as_older_versions_stored(database_url: str, key: str) -> None:
+    b = Relaybox(settings=Settings(database_url=database_url), clock=FrozenClock(0))
+    configure(b, secrets_key=key)
+    try:
+        await as_older_versions_stored(b)
+    finally:
+        await b.close()
 
 
 def doctor(run: Any, *, key: str | None, code: int = 0) -> tuple[str, str]:

@@ -224,8 +224,14 @@ class Relaybox:
         )
 
     async def migrate(self) -> list[str]:
-        """Create or upgrade relaybox's tables; the names of the migrations applied."""
-        return await self.store.migrate()
+        """Create or upgrade relaybox's tables, then seal the endpoint secrets older
+        versions stored in plaintext (:func:`relaybox.outbound.endpoints.seal_plaintext`).
+        Returns the migrations applied."""
+        from relaybox.outbound.endpoints import seal_plaintext
+
+        applied = await self.store.migrate()
+        await seal_plaintext(self)
+        return applied
 
     async def define_event_type(
         self, name: str, *, description: str = "", schema: dict[str, Any] | None = None
@@ -306,6 +312,10 @@ class Relaybox:
 
         @contextlib.asynccontextmanager
         async def lifespan(_: Any) -> Any:
+            if "api" in roles or "dispatcher" in roles:
+                # A broken key file stops the start with its message (KeyFileError),
+                # rather than every endpoint's deliveries and secrets failing later.
+                self.outbound.vault.check()
             async with self.running(background, receiver="receiver" in roles):
                 yield {"relaybox": self}
 

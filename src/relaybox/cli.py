@@ -2,7 +2,8 @@
 
 Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error,
 3 the database is unreachable, 4 relaybox's tables are missing or behind (run
-``relaybox migrate``).
+``relaybox migrate``), 5 (``doctor``) endpoint signing secrets are not protected at
+rest (no key on PostgreSQL, a key file others can read).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from relaybox.store import check_database_url
 
 __all__ = ["main"]
 
-EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE, EXIT_SCHEMA = 1, 2, 3, 4
+EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE, EXIT_SCHEMA, EXIT_SECRETS = 1, 2, 3, 4, 5
 
 
 def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
@@ -195,6 +196,8 @@ def serve(
     box = load_box(app, config, database_url)
     if migrate is not None:
         box.settings = box.settings.model_copy(update={"migrate": "auto" if migrate else "check"})
+    if postgres_embedded:
+        _embedded_secrets_key(box, Path(".relaybox/pg.key").resolve())
     log.configure_logging(box.settings.log_level, json=box.settings.log_json)
     role_set = tuple(r.strip() for r in roles.split(",") if r.strip())
     unknown = set(role_set) - set(ROLES)
@@ -207,6 +210,11 @@ def serve(
     # Migrations are applied (or checked) by the app's lifespan, in uvicorn's loop:
     # with the database down the server still starts, answers 503, and its roles
     # start once the database answers.
+    if "api" in role_set or "dispatcher" in role_set:
+        try:  # a broken key file: its message and exit 2, not a failed startup
+            box.outbound.vault.check()
+        except ConfigurationError as exc:
+            raise _ConfigError(str(exc)) from None
     host = host or box.settings.host
     port = port if port is not None else box.settings.port
     base = f"http://{host}:{port}"
@@ -236,6 +244,21 @@ def serve(
 
     server.run(box.asgi(roles=role_set), box.settings.server, host=host, port=port)
     del server_handle
+
+
+def _embedded_secrets_key(box: Relaybox, path: Path) -> None:
+    """The embedded PostgreSQL's data are files on this machine: unless
+    ``outbound.secrets_key`` is set, its endpoint secrets are sealed with a key kept in
+    a file beside them (made on the first start), as a SQLite database's are."""
+    from relaybox.outbound.registry import configure, outbound
+    from relaybox.outbound.vault import KeyFile
+
+    if outbound(box).settings.secrets_key is None:
+        try:
+            key = KeyFile(path).read_or_create()
+        except ConfigurationError as exc:
+            raise _ConfigError(str(exc)) from None
+        configure(box, secrets_key=key)
 
 
 @main.command()
@@ -275,15 +298,30 @@ def run_async(coro: Any) -> Any:
 @main.command()
 @app_options
 def migrate(app: str | None, config: str | None, database_url: str | None) -> None:
-    """Create or upgrade relaybox's tables."""
+    """Create or upgrade relaybox's tables; seal the endpoint secrets older versions
+    stored in plaintext."""
+    from relaybox.outbound.vault import MISSING_HINT
+
     box = load_box(app, config, database_url)
-    applied = _run_db(box, _migrate_and_close(box))
+    applied, secrets = _run_db(box, _migrate_and_close(box))
     click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
+    if secrets["sealed"]:
+        click.echo(f"sealed {secrets['sealed']} endpoint secret(s) stored in plaintext")
+    if secrets["plaintext"]:
+        click.echo(
+            f"{secrets['plaintext']} endpoint secret(s) remain in plaintext: {MISSING_HINT},"
+            " then run `relaybox migrate` again",
+            err=True,
+        )
 
 
-async def _migrate_and_close(box: Relaybox) -> list[str]:
+async def _migrate_and_close(box: Relaybox) -> tuple[list[str], dict[str, int]]:
+    """Apply the migrations, then seal the endpoint secrets older versions stored in
+    plaintext (what :meth:`Relaybox.migrate` does), with the counts to report."""
+    from relaybox.outbound.endpoints import seal_plaintext
+
     try:
-        return await box.migrate()
+        return await box.store.migrate(), await seal_plaintext(box)
     finally:
         await box.close()
 

@@ -31,6 +31,7 @@ from relaybox.cli import (
     EXIT_DATABASE,
     EXIT_FAILED,
     EXIT_SCHEMA,
+    EXIT_SECRETS,
     EXIT_USAGE,
     _run_db,
     _safe_url,
@@ -854,35 +855,95 @@ async def _doctor_channels(box: Relaybox, checks: _Checks) -> None:
         )
 
 
+def _doctor_secrets_key(box: Relaybox, checks: _Checks) -> None:
+    """Where the key that seals endpoint signing secrets comes from, and whether it is
+    protected: a key on PostgreSQL, a readable key file only its owner can read."""
+    from relaybox.outbound.registry import outbound
+    from relaybox.outbound.vault import MISSING_HINT, KeyFileError
+
+    vault = outbound(box).vault
+    if vault.configured:
+        checks.add("secrets_key", "ok", "outbound.secrets_key is set")
+        return
+    key_file = vault.key_file
+    if key_file is None:
+        if vault.sealing:  # an in-memory database: a key as short-lived as its data
+            checks.add("secrets_key", "ok", "in-memory database: a key per process")
+            return
+        checks.add(
+            "secrets_key",
+            "fail",
+            "outbound.secrets_key is not set: relaybox keeps no key of its own for a"
+            " database that is not a SQLite file, so endpoints cannot be created, secrets"
+            f" cannot be rotated or sealed; {MISSING_HINT}",
+            exit_code=EXIT_SECRETS,
+        )
+        return
+    try:
+        vault.check()
+    except KeyFileError as exc:
+        checks.add("secrets_key", "fail", str(exc), exit_code=EXIT_USAGE)
+        return
+    mode = key_file.mode()
+    if mode is None:
+        checks.add(
+            "secrets_key",
+            "ok",
+            f"key file {key_file.path}: made when the first endpoint secret is stored",
+        )
+    elif mode & 0o077:
+        checks.add(
+            "secrets_key",
+            "fail",
+            f"key file {key_file.path} is open to other users (mode {mode:04o}): whoever"
+            f" reads it and the database can sign webhooks; run `chmod 600 {key_file.path}`",
+            exit_code=EXIT_SECRETS,
+        )
+    else:
+        checks.add(
+            "secrets_key",
+            "ok",
+            f"key file {key_file.path} (mode {mode:04o}): back it up, every sealed secret needs it",
+        )
+
+
 async def _doctor_secrets(box: Relaybox, checks: _Checks) -> None:
-    """Endpoint signing secrets against ``outbound.secrets_key``."""
+    """Endpoint signing secrets against the keys relaybox has."""
     from relaybox.outbound.endpoints import secrets_at_rest
     from relaybox.outbound.registry import outbound
+    from relaybox.outbound.vault import KeyFileError
 
-    n = await secrets_at_rest(box)
+    try:
+        n = await secrets_at_rest(box)
+    except KeyFileError:
+        return  # reported by the secrets_key check
     if not any(n.values()):
         return
+    vault = outbound(box).vault
     if n["locked"]:
+        lost = vault.key_file is not None and vault.key_file.mode() is None
         checks.add(
             "secrets",
             "fail",
-            f"{n['locked']} endpoint secret(s) sealed with a key outbound.secrets_key does"
-            " not hold: deliveries to their endpoints are held until it does",
+            f"{n['locked']} endpoint secret(s) sealed with a key {vault.source} does"
+            " not hold: deliveries to their endpoints are held until it does"
+            + (": the key file is missing, restore it from your backup" if lost else ""),
         )
-    elif n["plaintext"] and not outbound(box).vault.sealing:
+    elif n["plaintext"] and not vault.sealing:
         checks.add(
             "secrets",
             "warn",
             f"{n['plaintext']} endpoint secret(s) stored in plaintext: whoever reads the"
             " database can sign webhooks; set outbound.secrets_key, then run"
-            " `relaybox endpoints seal-secrets`",
+            " `relaybox migrate`",
         )
     elif n["plaintext"] or n["older"]:
         checks.add(
             "secrets",
             "warn",
             f"{n['plaintext']} in plaintext and {n['older']} under an older key:"
-            " run `relaybox endpoints seal-secrets`",
+            " run `relaybox migrate` (seals the plaintext ones) or"
+            " `relaybox endpoints seal-secrets` (seals both)",
         )
     else:
         checks.add("secrets", "ok", f"{n['current']} endpoint secret(s) sealed")
@@ -895,9 +956,11 @@ async def _doctor_secrets(box: Relaybox, checks: _Checks) -> None:
 def doctor(
     app: str | None, config: str | None, database_url: str | None, max_skew: float, as_json: bool
 ) -> None:
-    """Check configuration, database reachability, migrations and clock skew; name
-    each problem and exit non-zero (2 configuration, 3 database unreachable, 4 tables
-    missing or migrations pending, 1 other)."""
+    """Check configuration, the key of endpoint secrets, database reachability,
+    migrations and clock skew; name each problem and exit non-zero (2 configuration,
+    3 database unreachable, 4 tables missing or migrations pending, 5 endpoint secrets
+    not protected at rest: no outbound.secrets_key on PostgreSQL or a key file open to
+    other users; 1 other)."""
     checks = _Checks()
     box: Relaybox | None = None
     try:
@@ -943,6 +1006,8 @@ def doctor(
                 f"database unreachable ({_safe_url(box)}): {type(exc).__name__}: {exc}",
                 exit_code=EXIT_DATABASE,
             )
+        # After the database: with both wrong, the exit code names the database.
+        _doctor_secrets_key(box, checks)
     if as_json:
         click.echo(json.dumps({"ok": checks.exit_code == 0, "checks": checks.rows}))
     else:

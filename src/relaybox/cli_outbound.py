@@ -314,8 +314,9 @@ def endpoints_new_key() -> None:
 @endpoints_group.command("seal-secrets")
 @app_options
 def endpoints_seal_secrets(app: str | None, config: str | None, database_url: str | None) -> None:
-    """Seal every stored endpoint secret with the first key of outbound.secrets_key
-    (after setting a key, or adding a new one in front to rotate)."""
+    """Seal every stored endpoint secret with the first key (outbound.secrets_key,
+    else the key file beside a SQLite database): after adding a new key in front to
+    rotate. `relaybox migrate` seals the ones older versions stored in plaintext."""
     box = load_box(app, config, database_url)
     _echo(_run(box, lambda: endpoints.seal_secrets(box)))
 

@@ -171,7 +171,9 @@ def build_api(box: Relaybox) -> Starlette:
                 status = 413 if exc.code == "too_large" else 422
                 return _error(status, f"invalid_{exc.code}", str(exc))
             except SecretsLocked as exc:  # the operator's key is missing or wrong
-                return _error(503, "secrets_locked", str(exc))
+                # A server configuration problem (no key on PostgreSQL, a broken key
+                # file, a key that opens nothing), not the tenant's: 503 with its code.
+                return _error(503, exc.code, str(exc))
 
         return Route(path, endpoint, methods=methods)
 

@@ -152,6 +152,7 @@ class Dispatcher:
         ``outbox_lease`` returns). Of two dispatchers, the one that leased last counted
         the other's leases, which can only have fallen since: together they stay
         within the cap."""
+        self.outbound.vault.check()  # a broken key file: KeyFileError, before any lease
         listener = await self._listen()
         loop = self._loop = asyncio.get_running_loop()
         leasing: set[asyncio.Task[tuple[list[Delivery], dict[str, int]]]] = set()

@@ -16,12 +16,12 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from relaybox.errors import ConfigurationError
 from relaybox.outbound import db
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind, new_secret, public_form
 from relaybox.outbound.ssrf import UnsafeDestination
+from relaybox.outbound.vault import MISSING_HINT, KeyFileError, Vault
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -40,7 +40,11 @@ __all__ = [
     "endpoint_secrets",
     "get_endpoint",
     "list_endpoints",
+    "ready_to_seal",
     "rotate_secret",
+    "seal_plaintext",
+    "seal_secrets",
+    "secrets_at_rest",
     "update_endpoint",
 ]
 
@@ -189,6 +193,7 @@ async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tup
     _check(box, spec.url, spec.timeout, spec.max_in_flight)
     if spec.signature == "sha256" and spec.secret_type == "ed25519":
         raise InvalidEndpoint("sha256 signatures (X-Webhook-Signature) need an hmac secret")
+    vault = await ready_to_seal(box)
     store, now = box.store, box.clock.now()
     endpoint_id = db.new_id("ep", now)
     secret = new_secret(spec.secret_type)
@@ -223,7 +228,7 @@ async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tup
             spec.max_in_flight or outbound(box).settings.max_in_flight,
             spec.rate_limit,
         )
-        sealed = outbound(box).vault.seal(secret)
+        sealed = vault.seal(secret)
         await db.execute(conn, store, "endpoint_secret_insert", endpoint_id, sealed, now)
         row = await db.first(conn, store, "endpoint_get", endpoint_id, tenant)
     if spec.enabled is False:
@@ -404,9 +409,9 @@ async def rotate_secret(
     new secret's public form (``None`` when there is no such endpoint)."""
     if await get_endpoint(box, endpoint_id, tenant) is None:
         return None
+    vault = await ready_to_seal(box)
     store, now = box.store, box.clock.now()
     grace = outbound(box).settings.rotation_grace if grace is None else grace
-    vault = outbound(box).vault
     async with store.transaction() as conn:
         active = await db.rows(
             conn, store, "endpoint_secrets_active", db.array(store, [endpoint_id]), now
@@ -421,36 +426,111 @@ async def rotate_secret(
     return public_form(secret)
 
 
-async def seal_secrets(box: Relaybox) -> dict[str, int]:
-    """Seal every stored secret with the first key of ``outbound.secrets_key``:
-    plaintext ones (stored before a key was set) and ones sealed with an older key.
-    One transaction; returns how many were sealed and how many already were."""
+async def ready_to_seal(box: Relaybox) -> Vault:
+    """The vault, with a key to seal with; raised before anything is written when
+    there is none: :class:`SecretsKeyMissing` (PostgreSQL without
+    ``outbound.secrets_key``), :class:`KeyFileError` (a broken key file, or a missing
+    one while the database holds sealed secrets: the key was lost, and a new one would
+    split the secrets between two keys once the old one is restored)."""
     vault = outbound(box).vault
+    key_file = vault.key_file
+    if key_file is not None and not vault.loaded and key_file.mode() is None:
+        store = box.store
+        async with store.transaction() as conn:
+            sealed = await db.first(conn, store, "endpoint_secret_sealed_any")
+        if sealed is not None and key_file.mode() is None:
+            raise KeyFileError(
+                f"the endpoint secrets key file {key_file.path} is missing, and the database"
+                " holds secrets sealed with it: restore it from your backup (or set"
+                " outbound.secrets_key to the key that sealed them); relaybox makes a new"
+                " key only for a database without sealed secrets"
+            )
+    vault.ensure()
+    return vault
+
+
+_SEAL_BATCH = 500
+"""Secrets read and sealed per transaction by the sealing passes."""
+
+
+async def seal_secrets(box: Relaybox) -> dict[str, int]:
+    """Seal every stored secret with the first key: plaintext ones (stored by older
+    versions) and ones sealed with an older key of ``outbound.secrets_key``. In
+    batches, each its own transaction; safe with several processes at once (each
+    update is a compare-and-set). Returns how many were sealed and how many already
+    were. :class:`SecretsLocked` when a secret is sealed with a key relaybox lacks."""
+    return await _seal(box, "endpoint_secrets_page")
+
+
+async def seal_plaintext(box: Relaybox) -> dict[str, int]:
+    """Seal the secrets stored in plaintext (by versions that did not seal them); run
+    by ``relaybox migrate`` and :meth:`Relaybox.migrate`. Reads the key file first
+    when there is one (:class:`~relaybox.outbound.vault.KeyFileError` when it is
+    broken), and makes it only when a secret is to be sealed. Without a key (PostgreSQL
+    without ``outbound.secrets_key``) nothing is sealed: the count is logged as a
+    warning and returned as ``plaintext``, and ``relaybox doctor`` reports it."""
+    vault = outbound(box).vault
+    vault.check()
     if not vault.sealing:
-        raise ConfigurationError("set outbound.secrets_key (RELAYBOX_OUTBOUND__SECRETS_KEY) first")
-    store = box.store
-    sealed = 0
-    async with store.transaction() as conn:
-        found = await db.rows(conn, store, "endpoint_secrets_all")
-        for r in found:
-            again = vault.reseal(r["secret"])
-            if again is not None:
-                await db.execute(conn, store, "endpoint_secret_set", r["id"], again)
-                sealed += 1
-    log.info("endpoint_secrets_sealed", sealed=sealed, already=len(found) - sealed)
-    return {"sealed": sealed, "already": len(found) - sealed}
+        left = await _count_plaintext(box)
+        if left:
+            log.warning("endpoint_secrets_plaintext", plaintext=left, hint=MISSING_HINT)
+        return {"sealed": 0, "plaintext": left}
+    async with box.store.transaction() as conn:
+        found = await db.rows(conn, box.store, "endpoint_secrets_plaintext_page", 0, 1)
+    if not found:  # nothing to seal: no key is made, none is needed
+        return {"sealed": 0, "plaintext": 0}
+    done = await _seal(box, "endpoint_secrets_plaintext_page")
+    return {"sealed": done["sealed"], "plaintext": 0}
+
+
+async def _seal(box: Relaybox, query: str) -> dict[str, int]:
+    vault, store = await ready_to_seal(box), box.store
+    sealed = seen = 0
+    after = 0
+    while True:
+        async with store.transaction() as conn:
+            page = await db.rows(conn, store, query, after, _SEAL_BATCH)
+            for r in page:
+                again = vault.reseal(r["secret"])
+                if again is not None and await db.first(
+                    conn, store, "endpoint_secret_swap", r["id"], r["secret"], again
+                ):
+                    sealed += 1
+        seen += len(page)
+        if len(page) < _SEAL_BATCH:
+            break
+        after = page[-1]["id"]
+    if sealed:
+        log.info("endpoint_secrets_sealed", sealed=sealed, already=seen - sealed)
+    return {"sealed": sealed, "already": seen - sealed}
+
+
+async def _count_plaintext(box: Relaybox) -> int:
+    store, count, after = box.store, 0, 0
+    while True:
+        async with store.transaction() as conn:
+            page = await db.rows(conn, store, "endpoint_secrets_plaintext_page", after, _SEAL_BATCH)
+        count += len(page)
+        if len(page) < _SEAL_BATCH:
+            return count
+        after = page[-1]["id"]
 
 
 async def secrets_at_rest(box: Relaybox) -> dict[str, int]:
-    """How the stored secrets stand against ``outbound.secrets_key``: counts of
+    """How the stored secrets stand against the keys relaybox has: counts of
     ``plaintext``, ``current``, ``older`` and ``locked`` (see :meth:`Vault.state`)."""
     vault, store = outbound(box).vault, box.store
-    async with store.transaction() as conn:
-        found = await db.rows(conn, store, "endpoint_secrets_all")
     counts = dict.fromkeys(("plaintext", "current", "older", "locked"), 0)
-    for r in found:
-        counts[vault.state(r["secret"])] += 1
-    return counts
+    after = 0
+    while True:
+        async with store.transaction() as conn:
+            page = await db.rows(conn, store, "endpoint_secrets_page", after, _SEAL_BATCH)
+        for r in page:
+            counts[vault.state(r["secret"])] += 1
+        if len(page) < _SEAL_BATCH:
+            return counts
+        after = page[-1]["id"]
 
 
 async def endpoint_secrets(

@@ -14,21 +14,23 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
+from sqlalchemy.engine import make_url
 
 from relaybox.outbound.channels.base import Channel
 from relaybox.outbound.channels.webhook import WebhookChannel
 from relaybox.outbound.schedule import Schedule
 from relaybox.outbound.settings import OutboundSettings
 from relaybox.outbound.ssrf import Guard, Resolver
-from relaybox.outbound.vault import Vault
+from relaybox.outbound.vault import KeyFile, Vault, new_key
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
-__all__ = ["Outbound", "configure", "outbound"]
+__all__ = ["Outbound", "configure", "key_file_path", "outbound"]
 
 _boxes: weakref.WeakKeyDictionary[Relaybox, Outbound] = weakref.WeakKeyDictionary()
 
@@ -43,7 +45,8 @@ class Outbound:
             allow_networks=settings.allow_networks,
             allow_insecure_loopback=settings.allow_insecure_loopback,
         )
-        self.vault = _vault(settings)
+        self._vault: tuple[str, Vault] | None = None
+        self._memory_key: str | None = None
         self.channels: dict[str, Channel] = {}
         self._schedules: dict[tuple[float, ...] | None, Schedule] = {}
         # Latency and HTTP status per channel are Metrics.observe_delivery's; this
@@ -69,7 +72,7 @@ class Outbound:
         merged = {**self.settings.model_dump(), **changes}
         self.settings = OutboundSettings.model_validate(merged)
         self._schedules.clear()
-        self.vault = _vault(self.settings)
+        self._vault = None
         # The guard is shared by every channel's client: change it in place.
         self.guard.configure(
             allow_networks=self.settings.allow_networks,
@@ -79,6 +82,19 @@ class Outbound:
         for name, channel in self.channels.items():
             channel.bind(self, name)
         return self
+
+    @property
+    def vault(self) -> Vault:
+        """Seals and opens endpoint secrets: with ``secrets_key``, else with the key
+        file beside the SQLite database (see :mod:`relaybox.outbound.vault`). Made
+        again when the database URL changes (the CLI's ``--database-url``)."""
+        url = self.box.settings.database_url
+        if self._vault is None or self._vault[0] != url:
+            if _in_memory(url) and self._memory_key is None:
+                # The database lives as long as the process: so does its key.
+                self._memory_key = new_key()
+            self._vault = (url, _vault(self.settings, url, self._memory_key))
+        return self._vault[1]
 
     def schedule(self, delays: Sequence[float] | None = None) -> Schedule:
         """The retry schedule for ``delays`` (an endpoint's or a channel's), or the
@@ -96,9 +112,38 @@ class Outbound:
         return found
 
 
-def _vault(settings: OutboundSettings) -> Vault:
+def _vault(settings: OutboundSettings, database_url: str, memory_key: str | None) -> Vault:
     key = settings.secrets_key
-    return Vault(key.get_secret_value() if key is not None else None)
+    if key is not None:
+        return Vault(key.get_secret_value())
+    path = key_file_path(database_url)
+    if path is not None:
+        return Vault(None, key_file=KeyFile(path))
+    if _in_memory(database_url):
+        return Vault(memory_key)
+    return Vault(None)
+
+
+def key_file_path(database_url: str) -> Path | None:
+    """``<database>.key`` for a SQLite database file; ``None`` for any other database."""
+    try:
+        url = make_url(database_url)
+    except Exception:
+        return None
+    if not url.drivername.startswith("sqlite") or _in_memory(database_url):
+        return None
+    assert url.database is not None
+    return Path(url.database + ".key").expanduser().absolute()
+
+
+def _in_memory(database_url: str) -> bool:
+    try:
+        url = make_url(database_url)
+    except Exception:
+        return False
+    return url.drivername.startswith("sqlite") and (
+        url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
+    )
 
 
 def outbound(box: Relaybox) -> Outbound:

@@ -104,7 +104,9 @@ class OutboundSettings(BaseModel):
         default=None,
         description=(
             "Fernet key(s), comma-separated: endpoint signing secrets are stored sealed"
-            " with the first, and any of them opens one (relaybox.outbound.vault)"
+            " with the first, and any of them opens one (relaybox.outbound.vault). Unset:"
+            " a key file beside a SQLite database (<database>.key, made on first use);"
+            " required on PostgreSQL, where relaybox otherwise refuses to store a secret"
         ),
     )
 

@@ -82,12 +82,28 @@ SELECT endpoint_id, secret, created_at, expires_at FROM relaybox_endpoint_secret
 WHERE endpoint_id = ANY($1::text[]) AND (expires_at IS NULL OR expires_at > $2)
 ORDER BY endpoint_id, id DESC
 
--- name: endpoint_secrets_all
--- Every stored secret, expired ones too (relaybox endpoints seal-secrets, doctor).
-SELECT id, secret FROM relaybox_endpoint_secrets ORDER BY id
+-- name: endpoint_secrets_page
+-- Up to $2 stored secrets after id $1 (expired ones too), in id order: the sealing
+-- passes (relaybox migrate, relaybox endpoints seal-secrets) and doctor walk the table
+-- in pages, each in a short transaction of its own.
+SELECT id, secret FROM relaybox_endpoint_secrets WHERE id > $1 ORDER BY id LIMIT $2
 
--- name: endpoint_secret_set
-UPDATE relaybox_endpoint_secrets SET secret = $2 WHERE id = $1
+-- name: endpoint_secrets_plaintext_page
+-- Like endpoint_secrets_page, only the secrets stored in plaintext (by versions that
+-- did not seal them): what relaybox migrate seals.
+SELECT id, secret FROM relaybox_endpoint_secrets
+WHERE id > $1 AND secret NOT LIKE 'fernet:%' ORDER BY id LIMIT $2
+
+-- name: endpoint_secret_sealed_any
+-- Whether any stored secret is sealed: a key file that is missing while one is means
+-- the key was lost, and relaybox makes no new one then (see outbound/vault.py).
+SELECT 1 AS found FROM relaybox_endpoint_secrets WHERE secret LIKE 'fernet:%' LIMIT 1
+
+-- name: endpoint_secret_swap
+-- Compare-and-set: the stored value becomes $3 only while it is still $2, so that
+-- processes sealing at once never undo each other's work (the later one updates
+-- nothing and returns no row).
+UPDATE relaybox_endpoint_secrets SET secret = $3 WHERE id = $1 AND secret = $2 RETURNING id
 
 -- name: lane_upsert
 -- Lane settings come from the endpoint (API) or the channel (code); flow state stays.
