@@ -25,6 +25,7 @@ from relaybox.cli import main
 from relaybox.outbound import create_api_key
 from relaybox.outbound.settings import OutboundSettings
 from relaybox.outbound.ssrf import Guard, UnsafeDestination, forbidden_reason
+from tests.conftest import SECRETS_KEY
 from tests.support.outbound_app import endpoint, local, outbox_rows, publish_one
 from tests.support.procs import ProcessExited, Procs, free_port, wait_http
 from tests.support.receivers import HttpReceiver, Reply
@@ -82,7 +83,15 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 async def serve(procs: Procs, database_url: str, **outbound: Any) -> str:
     """``relaybox serve`` with the tenant API and the dispatcher, its ``[outbound]``
     settings in a TOML file (``--config``); its base URL."""
-    settings = {**LOOPBACK, **outbound}
+    # The suite's sealing key (PostgreSQL needs one), and a publish rate that the
+    # 300-message bursts here do not reach: these tests are about the dispatcher.
+    settings = {
+        **LOOPBACK,
+        "secrets_key": SECRETS_KEY,
+        "publish_rate": 10_000.0,
+        "publish_burst": 10_000,
+        **outbound,
+    }
     config = procs.workdir / f"relaybox-{len(procs.started)}.toml"
     config.write_text(
         "[outbound]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items())
@@ -267,6 +276,7 @@ def test_endpoint_caps_and_quota_over_the_cli(
         if key.startswith("RELAYBOX_") and not key.startswith("RELAYBOX_TEST_"):
             monkeypatch.delenv(key)
     monkeypatch.setenv("RELAYBOX_OUTBOUND__MAX_ENDPOINTS", "1")
+    monkeypatch.setenv("RELAYBOX_OUTBOUND__SECRETS_KEY", SECRETS_KEY)
     runner = CliRunner()
 
     def create(*args: str) -> Any:
