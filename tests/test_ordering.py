@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import json
 import random
@@ -20,6 +21,7 @@ from relaybox.config import Settings
 from relaybox.projections import auto_order, current, integer_order, project, text_order
 from relaybox.replay import Selection, replay
 from relaybox.store import NewDelivery
+from relaybox.testing import Harness
 from tests.conftest import Served
 
 SECRET = "ordering-secret"
@@ -303,14 +305,14 @@ async def check_settled(box: Relaybox, replays: list[int]) -> None:
 async def test_feedback_alerts_example(database_url: str, clock: FrozenClock) -> None:
     """Duplicate and different-id deliveries for one feedback → one alert; an
     escalation → a second, distinct alert; shown on the page; notifications through
-    the outbox with the destination in their key."""
+    the outbox with the destination in their key. Deliveries go through the box's
+    receiver and the worker is stepped with ``relaybox.testing``'s ``Harness.of``."""
     from examples.feedback_alerts.app import Contract, alert_key, build, build_app, setup
 
     contract = dataclasses.replace(Contract.load(env={}), destinations=("team-chat",))
     box = build(contract=contract, settings=Settings(database_url=database_url), clock=clock)
     await setup(box)
-    source = box.sources["sinalio"]
-    worker = box.worker()
+    kit = Harness.of(box)
 
     def feedback(event: str, **extra: Any) -> dict[str, Any]:
         return {
@@ -320,54 +322,79 @@ async def test_feedback_alerts_example(database_url: str, clock: FrozenClock) ->
             **extra,
         }
 
+    async def post(delivery_id: str, body: dict[str, Any]) -> str | None:
+        delivery = kit.signed(
+            "sinalio", event_id=delivery_id, event_type=body["event"], payload=body
+        )
+        response = await kit.deliver(delivery)
+        assert response.status == 200, response.body
+        return response.outcome
+
     try:
-        async with Served(build_app(box, roles=())) as server:
-            async with aiohttp.ClientSession(server.url) as http:
+        created = feedback("feedback.created")
+        assert await post("dlv_1", created) == "accepted"
+        assert await post("dlv_1", created) == "duplicate"
+        assert await post("dlv_2", created) == "accepted"  # another id, same feedback
+        assert len(await kit.inbox("sinalio", "dlv_1")) == 1
+        assert await kit.drain_worker() == 2
+        initial = alert_key("sinalio", "sinalio-dev", "proj_1", "fb_42", "initial-alert")
+        await kit.assert_business_key(initial, fingerprint="initial")
+        alerts = await box.store.fetch_all("SELECT business_key FROM feedback_alerts")
+        assert [a["business_key"] for a in alerts] == [initial]
 
-                async def post(delivery_id: str, body: dict[str, Any]) -> str:
-                    raw = json.dumps(body).encode()
-                    headers = source.sign(
-                        raw, event_id=delivery_id, event_type=body["event"], now=clock.now()
-                    )
-                    async with http.post("/webhooks/sinalio", data=raw, headers=headers) as r:
-                        assert r.status == 200, await r.text()
-                        return str((await r.json())["status"])
-
-                created = feedback("feedback.created")
-                assert await post("dlv_1", created) == "accepted"
-                assert await post("dlv_1", created) == "duplicate"
-                assert await post("dlv_2", created) == "accepted"  # another id, same feedback
-                await worker.run_once()
-                alerts = await box.store.fetch_all("SELECT business_key FROM feedback_alerts")
-                initial = alert_key("sinalio", "sinalio-dev", "proj_1", "fb_42", "initial-alert")
-                assert [a["business_key"] for a in alerts] == [initial]
-
-                escalated = feedback("feedback.escalated", escalation={"level": 2})
-                assert await post("dlv_3", escalated) == "accepted"
-                assert await post("dlv_4", escalated) == "accepted"
-                await worker.run_once()
-                async with http.get("/") as page:
-                    shown = await page.text()
+        escalated = feedback("feedback.escalated", escalation={"level": 2})
+        assert await post("dlv_3", escalated) == "accepted"
+        assert await post("dlv_4", escalated) == "accepted"
+        assert await kit.drain_worker() == 2
+        for delivery_id in ("dlv_1", "dlv_2", "dlv_3", "dlv_4"):
+            await kit.assert_status(delivery_id, "done")
+        escalation = alert_key("sinalio", "sinalio-dev", "proj_1", "fb_42", "escalation:2")
+        await kit.assert_business_key(escalation, fingerprint="escalation")
+        assert sorted(await kit.business_keys()) == sorted([initial, escalation])
         rows = await box.store.fetch_all(
             "SELECT business_key, kind FROM feedback_alerts ORDER BY kind"
         )
-        escalation = alert_key("sinalio", "sinalio-dev", "proj_1", "fb_42", "escalation:2")
         assert [(r["business_key"], r["kind"]) for r in rows] == [
             (escalation, "escalation"),
             (initial, "initial"),
         ]
-        assert "&lt;b&gt;Export&lt;/b&gt; is slow" in shown and "<b>Export" not in shown
-        assert shown.count("<tr><td>") == 2
-        outbox = await box.store.fetch_all("SELECT channel, key FROM relaybox_outbox ORDER BY key")
-        assert [(o["channel"], o["key"]) for o in outbox] == [
+        outbox = await kit.outbox()
+        assert sorted((o["channel"], o["key"]) for o in outbox) == [
             ("webhook", f"{escalation}:notify:team-chat"),
             ("webhook", f"{initial}:notify:team-chat"),
         ]
+        [notify] = await kit.assert_outbox("webhook", key=f"{initial}:notify:team-chat", count=1)
+        assert notify["payload"]["destination"] == "team-chat"
         refs = await box.store.fetch_all("SELECT first_event, last_event FROM feedbacks")
         # One reference, touched by every delivery (a batch's groups may run in any order).
         assert len(refs) == 1 and refs[0]["last_event"] in ("dlv_3", "dlv_4")
+
+        async with Served(build_app(box, roles=())) as server:
+            async with aiohttp.ClientSession(server.url) as http, http.get("/") as page:
+                shown = await page.text()
+        assert "&lt;b&gt;Export&lt;/b&gt; is slow" in shown and "<b>Export" not in shown
+        assert shown.count("<tr><td>") == 2
     finally:
-        await box.close()
+        await kit.close()
+
+
+async def test_feedback_alerts_refuse_what_they_cannot_trust(relaybox_harness: Any) -> None:
+    """With the kit's own SQLite box: a forged delivery is refused and stores nothing;
+    a delivery without the feedback's id is a dead letter and alerts nobody."""
+    from examples.feedback_alerts.app import Contract, configure, setup
+
+    contract = dataclasses.replace(Contract.load(env={}), destinations=("team-chat",))
+    kit = await relaybox_harness(functools.partial(configure, contract=contract), setup=setup)
+    body = {"event": "feedback.created", "project": {"id": "proj_1"}, "feedback": {"id": "fb_1"}}
+    forged = kit.signed("sinalio", event_id="dlv_f", event_type=body["event"], payload=body)
+    assert (await kit.deliver(forged.tampered())).status == 401
+    assert await kit.inbox("sinalio") == []
+
+    nameless = {"event": "feedback.created", "project": {"id": "proj_1"}, "feedback": {}}
+    await kit.send("sinalio", event_id="dlv_x", event_type="feedback.created", payload=nameless)
+    assert await kit.drain_worker() == 1
+    await kit.assert_dead("dlv_x", "invalid")
+    assert await kit.business_keys() == [] and await kit.outbox() == []
 
 
 def test_feedback_contract_is_configuration() -> None:

@@ -327,6 +327,18 @@ class Harness:
             self._dispatcher = self.box.dispatcher()
         return int(await self._dispatcher.run_once())
 
+    async def drain_dispatcher(self, *, max_steps: int = 100) -> int:
+        """Dispatcher steps until nothing in the outbox is due now (at the frozen
+        clock: a failed attempt's retry waits for :meth:`advance`); returns the rows
+        leased."""
+        total = 0
+        for _ in range(max_steps):
+            count = await self.run_dispatcher()
+            if count == 0:
+                return total
+            total += count
+        raise AssertionError(f"the dispatcher still had due rows after {max_steps} steps")
+
     def advance(self, seconds: float) -> None:
         """Move the frozen clock (retries come due, tolerances pass)."""
         self.clock.advance(seconds)
@@ -363,10 +375,24 @@ class Harness:
         """Inbox rows in dead letters."""
         return [r for r in await self.inbox(source) if r["status"] == "dead"]
 
-    async def deliveries(self, *, status: str | None = None) -> list[dict[str, Any]]:
-        """Outbound webhook deliveries (outbox rows of the ``webhook`` channel)."""
+    async def deliveries(
+        self,
+        *,
+        status: str | None = None,
+        message_id: str | None = None,
+        tenant: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Outbound webhook deliveries (outbox rows of the ``webhook`` channel, one per
+        message and endpoint), optionally only those with ``status``, of one published
+        message (``message_id``, the ``id`` its receivers see) or of one ``tenant``."""
         rows = await self.outbox("webhook")
-        return [r for r in rows if status is None or r["status"] == status]
+        return [
+            r
+            for r in rows
+            if (status is None or r["status"] == status)
+            and (message_id is None or r["message_id"] == message_id)
+            and (tenant is None or r["tenant"] == tenant)
+        ]
 
     # -- assertions -------------------------------------------------------------------
 
