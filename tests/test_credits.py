@@ -1,4 +1,4 @@
-"""The credits example (seed 000) in process, on SQLite and PostgreSQL.
+"""The credits example in process, on SQLite and PostgreSQL.
 
 Deliveries go through the real receiver (signed, verified, mapped to a tenant,
 group-committed) without a socket; the worker is driven one batch at a time with a

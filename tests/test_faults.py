@@ -1,10 +1,10 @@
-"""Seed 000's failure list, against real ``relaybox`` processes.
+"""The credits example's failure cases, against real ``relaybox`` processes.
 
 The credits example runs as ``tests.support.faultapp:box`` in ``relaybox serve`` and
 ``relaybox worker`` subprocesses (SQLite file or a fresh PostgreSQL database), with
 faults injected through the environment: a SIGKILL before or after the business
 COMMIT, a poison event that kills its worker on every attempt. Processes are killed
-with SIGKILL, never asked to stop, wherever the seed says "interrupt".
+with SIGKILL, never asked to stop, wherever a test interrupts one.
 
 Deliveries reach the inbox in one of two ways, each stated in the test:
 

@@ -1,4 +1,4 @@
-"""Versioned projections (seed 000: "Retries não colocam os eventos em ordem") and the
+"""Versioned projections (retries do not put events in order) and the
 feedback alerts example, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ async def test_history_is_not_a_projection(box: Relaybox, clock: FrozenClock) ->
 
 
 async def test_inverted_updates_and_a_concurrent_replay(database_url: str) -> None:
-    """Seed 000's last test: state updates delivered out of order, plus replays of the
+    """State updates delivered out of order, plus replays of the
     whole range while the worker loop runs. No older state ever overwrites a newer one,
     no grant is duplicated, every replay is recorded."""
     settings = Settings(database_url=database_url)
@@ -299,7 +299,7 @@ async def check_settled(box: Relaybox, replays: list[int]) -> None:
     assert superseded, "the shuffled order never delivered an older version late"
 
 
-# -- the feedback alerts example (seed 000) ----------------------------------------
+# -- the feedback alerts example ---------------------------------------------------
 
 
 async def test_feedback_alerts_example(database_url: str, clock: FrozenClock) -> None:

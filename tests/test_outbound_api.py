@@ -1,5 +1,5 @@
 """The tenant API (``/api/v1``) on a real uvicorn server, on SQLite and PostgreSQL:
-keys, endpoints, seed 003's ``POST /webhooks``, messages, redelivery, recovery."""
+keys, endpoints, the simple registration API ``POST /webhooks``, messages, redelivery, recovery."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Seed 000's confirmation e-mail: the credits example's handler records it in the
+"""The confirmation e-mail: the credits example's handler records it in the
 outbox with the grant, and the dispatcher sends it through SMTP once per grant,
 whatever event ids name the invoice. SMTP is a real local server (aiosmtpd)."""
 

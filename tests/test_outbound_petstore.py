@@ -1,4 +1,4 @@
-"""Seed 003's petstore example: a client registers ``POST /api/v1/webhooks`` with
+"""The petstore example: a client registers ``POST /api/v1/webhooks`` with
 ``url`` and ``events``; the store's own code publishes the six events in its
 transactions; the client's receiver gets them signed, on SQLite and PostgreSQL. The
 dispatcher is driven a step at a time and the outbox read with ``relaybox.testing``."""

@@ -52,7 +52,7 @@ def test_settings_keep_leases_longer_than_timeouts() -> None:
     with pytest.raises(ValidationError, match="lease_ttl"):
         OutboundSettings(lease_ttl=20, max_timeout=30)
     with pytest.raises(ValidationError, match="timeout"):
-        OutboundSettings(timeout=2)  # below the 5 s floor of seed 003
+        OutboundSettings(timeout=2)  # below the 5 s floor
     with pytest.raises(ValidationError):
         OutboundSettings(allow_networks=["not-a-network"])
     assert OutboundSettings(timeout=5).timeout == 5

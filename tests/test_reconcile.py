@@ -1,4 +1,4 @@
-"""Reconciliation (seed 000: no authoritative version → ask the provider, coordinated
+"""Reconciliation (no authoritative version → ask the provider, coordinated
 per resource) on SQLite and PostgreSQL."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Pull-based recovery against a local fake of GitHub's deliveries API, on SQLite and
-PostgreSQL (seed 000: GitHub does not redeliver failed webhooks; recovery is ours)."""
+PostgreSQL (GitHub does not redeliver failed webhooks; recovering them is the receiver's job)."""
 
 from __future__ import annotations
 

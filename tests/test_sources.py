@@ -824,7 +824,7 @@ def test_hmac_id_in_template() -> None:
 
 
 def test_hmac_resent_envelope_keeps_event_key_and_fingerprint() -> None:
-    # Seed: a payment provider wraps the same order in a fresh envelope on every resend.
+    # A payment provider wraps the same order in a fresh envelope on every resend.
     source = sources.hmac(
         secrets=["k"],
         header="X-Sig",

@@ -921,7 +921,7 @@ async def test_a_group_claims_its_declared_business_keys_with_its_begin(
 async def test_declared_keys_that_exist_or_that_two_events_name_grant_once(
     box: Relaybox, clock: FrozenClock
 ) -> None:
-    """Seed 000's "different event ids, one operation" with declared keys: two events
+    """Different event ids, one operation, with declared keys: two events
     in one group name one invoice, and a third names an invoice granted before. On
     PostgreSQL the group's claim comes back short, the group runs again asking per
     event; either way each invoice is granted once and every event completes."""

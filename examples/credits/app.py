@@ -1,4 +1,4 @@
-"""Seed 000's example: each paid invoice grants 100 credits to a workspace, once.
+"""The credits example: each paid invoice grants 100 credits to a workspace, once.
 
 The rule of the product: **one initial grant per eligible invoice**, however many
 notifications (different Stripe event ids, re-deliveries, manual repairs) name it.

@@ -1,7 +1,7 @@
-"""Seed 000's feedback alerts: a signed "new feedback" webhook creates exactly one
+"""The feedback alerts example: a signed "new feedback" webhook creates exactly one
 initial alert per feedback, shown on a local page.
 
-The operations (the seed's proposal; the provider's contract is unconfirmed):
+The operations (proposed here; the provider's contract is unconfirmed):
 
     initial alert   {source}:{account}:{project}:{feedback}:initial-alert
                     one per feedback, whatever deliveries (re-deliveries, other event

@@ -1,4 +1,4 @@
-"""Seed 003's Modern PetstoreAPI, sending side: the store's own code changes pets,
+"""A Modern PetstoreAPI, sending side: the store's own code changes pets,
 orders and payments and publishes ``pet.adopted``, ``pet.status_changed``,
 ``order.created``, ``order.completed``, ``payment.succeeded`` and ``payment.failed``
 *in the same transaction*. The store's API clients (tenants) register endpoints over
@@ -248,7 +248,7 @@ def build(database_url: str | None = None, *, clock: Clock | None = None) -> Rel
             update={"database_url": database_url or DEFAULT_DATABASE_URL}
         )
     target = Relaybox(settings=settings, clock=clock)
-    # Seed 003: a 5 s timeout; webhooks must be answered at once and processed later.
+    # A 5 s timeout: clients answer webhooks at once and process them later.
     options: dict[str, Any] = {"timeout": 5.0}
     if os.environ.get("PETSTORE_DEV") == "1":
         options |= {"allow_insecure_loopback": True, "allow_networks": ["127.0.0.0/8", "::1/128"]}

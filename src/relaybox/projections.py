@@ -1,6 +1,6 @@
 """Versioned projections: the current state of a resource, written only by a newer version.
 
-Retries do not put events in order (seed 000). History (each paid invoice grants
+Retries do not put events in order. History (each paid invoice grants
 credits) is not affected: two invoices are two operations, each with its business
 key. A *projection* of current state is: a late "active" must not overwrite a newer
 "canceled". Deduplication cannot tell which one is current; an authoritative,

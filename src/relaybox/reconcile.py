@@ -1,7 +1,7 @@
 """Reconciliation: keep a resource's current state from the provider itself.
 
 When the provider sends no authoritative version, neither arrival order nor an
-ordinary timestamp says which event is current (seed 000). Instead the current state
+ordinary timestamp says which event is current. Instead the current state
 is read from the provider's API through a user-supplied ``fetch(resource_id)`` and
 written through the same compare-and-set as versioned projections
 (:func:`relaybox.projections.write`), so the projection table holds one current state
@@ -26,8 +26,8 @@ writes the answer with the ticket as its version: the compare-and-set keeps a wr
 only if no later ticket has already written. A read that started later therefore
 always beats one that started earlier, whichever returns last. A per-resource lock
 would do the same by holding a lock (a transaction or a lease with expiry and
-fencing) across a remote call of unbounded length; the seed forbids remote calls
-inside a transaction, and on SQLite such a lock would stop every other writer. A
+fencing) across a remote call of unbounded length; no remote call runs inside a
+transaction, and on SQLite such a lock would stop every other writer. A
 ticket costs nothing when a reconciler dies mid-fetch (the ticket is just never used)
 and never makes one reconciler wait for another's network call. The price: when two
 reads overlap, the later ticket's answer is kept even if the other read reached the

@@ -2,10 +2,9 @@
 them, and bring them in.
 
 Some providers retry for days (Stripe); GitHub does not retry a failed delivery at
-all (seed 000: "Confira quem é responsável pela recuperação"). Whatever relaybox
-never received it can never process, so for such providers recovery is ours: list
-the provider's recent deliveries, find the event ids missing from the inbox, and
-either
+all. Whatever relaybox never received it can never process, so for such providers
+recovery is ours: list the provider's recent deliveries, find the event ids missing
+from the inbox, and either
 
 - **ingest** them (default): fetch each missing delivery's original request
   (headers and payload) from the provider's API and insert it through the same inbox

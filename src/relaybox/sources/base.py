@@ -442,8 +442,8 @@ class Source:
     def fingerprint(self, body: bytes, headers: Headers, payload: Any) -> bytes:
         """Content fingerprint used to tell a duplicate from a conflicting delivery.
 
-        The raw body by default. With ``fingerprint_path`` (seed 004: an envelope
-        that changes on every resend) only that part of the JSON counts, canonicalised.
+        The raw body by default. With ``fingerprint_path`` (for a provider whose
+        envelope changes on every resend) only that part of the JSON counts, canonicalised.
         """
         if self.fingerprint_path is None:
             return hashlib.sha256(body).digest()
