@@ -122,7 +122,7 @@ async def test_bad_endpoints_are_refused(api: Api) -> None:
     assert (await api.call("GET", "/endpoints"))[1] == {"data": []}
 
 
-async def test_seed_003_flow_register_publish_deliver_redeliver(
+async def test_simple_registration_flow_register_publish_deliver_redeliver(
     box: Relaybox, clock: FrozenClock, api: Api
 ) -> None:
     clock.set(time.time())

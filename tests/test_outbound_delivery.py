@@ -118,7 +118,7 @@ async def test_during_a_rotation_either_secret_verifies(
         standardwebhooks.Webhook(old).verify(after.body, after.headers)
 
 
-async def test_seed_003_sha256_signature(box: Relaybox, dispatcher: Dispatcher) -> None:
+async def test_x_webhook_signature_sha256_header(box: Relaybox, dispatcher: Dispatcher) -> None:
     async with HttpReceiver() as receiver:
         _, secret = await endpoint(box, receiver.url, signature="sha256")
         await publish_one(box)
