@@ -773,11 +773,7 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
     url = _safe_url(box)
     try:
         store = box.store
-        async with store.connect() as conn:
-            applied = {r[0] for r in await conn.exec_driver_sql(store.q["ops_migrations_applied"])}
-            before = time.time()
-            db_now = float((await conn.exec_driver_sql(store.q["ops_db_now"])).scalar_one())
-            after = time.time()
+        probe = await store.doctor_probe()
     except ConfigurationError as exc:  # e.g. an unsupported URL scheme
         checks.add("database", "fail", str(exc), exit_code=EXIT_USAGE)
         return
@@ -796,8 +792,8 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
         return
     checks.add("database", "ok", f"reachable: {url} ({store.backend})")
     known = {v: f"{v:04d}_{n}" for v, n, _ in load_migrations(store.backend)}
-    missing = [known[v] for v in sorted(set(known) - applied)]
-    unknown = sorted(applied - set(known))
+    missing = [known[v] for v in sorted(set(known) - probe.applied)]
+    unknown = sorted(probe.applied - set(known))
     if missing:
         checks.add(
             "migrations",
@@ -818,7 +814,7 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
         await _doctor_secrets(box, checks)
         await _doctor_channels(box, checks)
     # Rounded to the millisecond shown, without a negative zero ("-0.000 s").
-    skew = round(db_now - (before + after) / 2, 3) + 0.0
+    skew = round(probe.db_now - (probe.before + probe.after) / 2, 3) + 0.0
     detail = f"database clock {skew:+.3f} s from this machine's"
     if abs(skew) > max_skew:
         checks.add(
@@ -834,17 +830,13 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
 async def _doctor_channels(box: Relaybox, checks: _Checks) -> None:
     """Pending outbox rows whose channel this app never registers: no dispatcher
     delivers them."""
-    from relaybox.outbound.registry import outbound
+    from relaybox.admin import ops
 
-    store = box.store
-    async with store.connect() as conn:
-        rows = (await conn.exec_driver_sql(store.q["ops_stats_outbox"])).mappings().all()
-    known = set(outbound(box).channels)
-    stuck: dict[str, int] = {}
-    for r in rows:
-        if r["status"] == "pending" and not str(r["source"]).startswith("ep_"):
-            if r["source"] not in known:
-                stuck[r["source"]] = stuck.get(r["source"], 0) + int(r["n"])
+    stuck = {
+        name: n
+        for name, n in (await ops.unregistered_channels(box)).items()
+        if not name.startswith("ep_")
+    }
     if stuck:
         named = ", ".join(f"{name} ({n} pending)" for name, n in sorted(stuck.items()))
         checks.add(
