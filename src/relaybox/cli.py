@@ -28,7 +28,7 @@ import click
 from relaybox import log
 from relaybox.app import ROLES, Relaybox
 from relaybox.config import load_settings
-from relaybox.errors import ConfigurationError
+from relaybox.errors import ConfigurationError, InvalidTimeSpec
 from relaybox.store import check_database_url
 
 __all__ = ["main"]
@@ -139,6 +139,14 @@ class _AreaGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         self._load_areas()
         return super().get_command(ctx, cmd_name)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """A time or duration in none of the accepted forms is a usage error (exit 2),
+        whichever command parsed it (relaybox.timespec)."""
+        try:
+            return super().invoke(ctx)
+        except InvalidTimeSpec as exc:
+            raise click.BadParameter(exc.message) from None
 
 
 @click.group(cls=_AreaGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
-import re
 import signal
 import socket
 import sys
@@ -40,40 +39,11 @@ from relaybox.cli import (
 from relaybox.cli import load_box as _load_box
 from relaybox.cli_tables import keep_whole
 from relaybox.errors import TABLES_MISSING, ConfigurationError
+from relaybox.timespec import parse_duration, parse_time_or_none
 
-__all__ = ["COMMANDS", "parse_duration", "parse_when"]
+__all__ = ["COMMANDS"]
 
 T = TypeVar("T")
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_duration(value: str) -> float:
-    """``30d``, ``12h``, ``90m``, ``45s`` or plain seconds → seconds."""
-    match = _DURATION.fullmatch(value.strip())
-    if not match:
-        raise click.BadParameter(f"{value!r} is not a duration: use 30d, 12h, 90m or seconds")
-    return float(match.group(1)) * _UNITS[match.group(2)]
-
-
-def parse_when(value: str | None, now: float) -> float | None:
-    """A point in time: ``2h`` (that long ago), epoch seconds, or ISO 8601 (UTC unless
-    it names an offset)."""
-    if value is None:
-        return None
-    text = value.strip()
-    if re.fullmatch(r"\d+(?:\.\d+)?[smhdw]", text):
-        return now - parse_duration(text)
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a time: use 2h, epoch or ISO 8601") from None
-    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 def _iso(ts: float | None) -> str:
@@ -245,8 +215,8 @@ def inbox_list(
         type=event_type,
         tenant=tenant,
         status=status,
-        since=parse_when(since, now),
-        until=parse_when(until, now),
+        since=parse_time_or_none(since, now),
+        until=parse_time_or_none(until, now),
         limit=limit,
         cursor=cursor,
     )
@@ -354,8 +324,8 @@ def dead_list(
         type=event_type,
         tenant=tenant,
         reason=dead_reason,
-        since=parse_when(since, now),
-        until=parse_when(until, now),
+        since=parse_time_or_none(since, now),
+        until=parse_time_or_none(until, now),
         limit=limit,
         cursor=cursor,
     )
@@ -410,8 +380,8 @@ def dead_retry(
             type=event_type,
             tenant=tenant,
             dead_reason=dead_reason,
-            since=parse_when(since, now),
-            until=parse_when(until, now),
+            since=parse_time_or_none(since, now),
+            until=parse_time_or_none(until, now),
             limit=limit,
             reason=reason,
             actor=who,

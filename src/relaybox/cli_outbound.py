@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +26,7 @@ from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
 from relaybox.outbound.publish import publish
 from relaybox.outbound.vault import SecretsLocked, new_key
+from relaybox.timespec import parse_time, parse_time_or_none
 
 __all__ = ["COMMANDS"]
 
@@ -81,19 +83,6 @@ def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: str) -
         table.add_row(*(cell(c, row.get(c)) for c in columns))
     keep_whole(table, [c for c in columns if c == "id" or c.endswith(("_id", "_at"))])
     Console().print(table)
-
-
-def _when(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is neither ISO 8601 nor epoch seconds") from None
 
 
 def _split(value: str | None) -> list[str] | None:
@@ -336,7 +325,8 @@ def endpoints_recover(
 ) -> None:
     """Retry every dead delivery of an endpoint created since a time."""
     box = load_box(app, config, database_url)
-    start, end = _when(since) or 0.0, _when(until)
+    now = time.time()
+    start, end = parse_time(since, now), parse_time_or_none(until, now)
     count = _run(
         box, lambda: deliveries.recover(box, endpoint_id, since=start, until=end, tenant=None)
     )

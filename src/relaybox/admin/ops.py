@@ -37,6 +37,7 @@ from relaybox.admin.models import (
     ResolveResult,
     StatsResponse,
 )
+from relaybox.errors import Conflict, InvalidRequest, NotFound, OpsError
 from relaybox.metrics import read_ops_stats
 from relaybox.replay import Selection, replay
 
@@ -69,39 +70,6 @@ __all__ = [
     "throughput",
     "when",
 ]
-
-
-class OpsError(Exception):
-    """An operator request that cannot be carried out; ``code`` and ``status`` are
-    what the API answers."""
-
-    status = 400
-    code = "invalid_request"
-
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        # The dashboard's message code for this error (dashboard.ERRORS) when it is
-        # more specific than ``code``; the API answers ``code`` and ``message``.
-        self.hint = hint
-
-
-class InvalidRequest(OpsError):
-    pass
-
-
-class NotFound(OpsError):
-    status = 404
-    code = "not_found"
-
-
-class Conflict(OpsError):
-    status = 409
-    code = "conflict"
-
-    def __init__(self, message: str, *, code: str = "conflict") -> None:
-        super().__init__(message)
-        self.code = code
 
 
 # -- cursors --------------------------------------------------------------------
