@@ -19,7 +19,8 @@ import click
 
 from relaybox import log
 from relaybox.app import Relaybox
-from relaybox.cli import EXIT_FAILED, _run_db, app_options, load_box
+from relaybox.cli import _run_db, app_options, load_box
+from relaybox.cli.exits import EXIT_FAILED
 from relaybox.errors import ConfigurationError
 from relaybox.timespec import parse_time
 

@@ -27,13 +27,17 @@ import click
 
 from relaybox import log
 from relaybox.app import ROLES, Relaybox
+from relaybox.cli.exits import (
+    EXIT_DATABASE,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    exit_code_for,
+)
 from relaybox.config import load_settings
-from relaybox.errors import ConfigurationError, InvalidTimeSpec
+from relaybox.errors import ConfigurationError, InvalidTimeSpec, StoreUnavailable
 from relaybox.store import check_database_url
 
 __all__ = ["main"]
-
-EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE, EXIT_SCHEMA, EXIT_SECRETS = 1, 2, 3, 4, 5
 
 
 def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
@@ -415,23 +419,26 @@ def _handled_type(box: Relaybox, source_name: str) -> str | None:
 
 
 def _run_db(box: Relaybox, coro: Any) -> Any:
+    """Run ``coro`` (an operation on ``box``'s database); an error that means usage or
+    configuration exits 2, one of the database exits 3 (:func:`exit_code_for`)."""
     try:
         return run_async(coro)  # `relaybox dispatch` runs here: uvloop too
-    except ConfigurationError as exc:  # e.g. an unsupported database URL
-        raise _ConfigError(str(exc)) from exc
-    except (OSError, ConnectionError) as exc:
-        click.echo(f"database unreachable ({_safe_url(box)}): {exc}", err=True)
-        sys.exit(EXIT_DATABASE)
     except Exception as exc:
-        if type(exc).__module__.startswith(("sqlalchemy", "asyncpg", "sqlite3")):
+        code = exit_code_for(exc)
+        if code == EXIT_USAGE:  # e.g. an unsupported database URL, a bad time
+            raise _ConfigError(str(exc)) from exc
+        if code != EXIT_DATABASE:
+            raise
+        if isinstance(exc, OSError | ConnectionError | StoreUnavailable):
+            click.echo(f"database unreachable ({_safe_url(box)}): {exc}", err=True)
+        else:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             click.echo(f"database error ({_safe_url(box)}): {first}", err=True)
             if re.search(r"relaybox_\w+", first) and re.search(
                 r"no such table|does not exist", first
             ):
                 click.echo("relaybox's tables are missing: run `relaybox migrate`", err=True)
-            sys.exit(EXIT_DATABASE)
-        raise
+        sys.exit(EXIT_DATABASE)
 
 
 def _relaybox_command() -> str:
@@ -460,7 +467,13 @@ def _safe_url(box: Relaybox) -> str:
 # Commands of each area live in their own module (``COMMANDS``: a list of click
 # commands), loaded when the command line is parsed, so areas grow without editing
 # this file and ``python -m relaybox.cli`` does not import this module twice over.
-_AREA_MODULES = ("relaybox.cli_outbound", "relaybox.cli_ordering", "relaybox.cli_ops")
+_AREA_MODULES = (
+    "relaybox.cli.outbound",
+    "relaybox.cli.ordering",
+    "relaybox.cli.ops",
+    "relaybox.cli.maintenance",
+    "relaybox.cli.doctor",
+)
 
 
 def _register_area_commands(group: click.Group) -> None:
@@ -473,7 +486,3 @@ def _register_area_commands(group: click.Group) -> None:
             raise
         for command in module.COMMANDS:
             group.add_command(command)
-
-
-if __name__ == "__main__":
-    main()

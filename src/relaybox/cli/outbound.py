@@ -20,7 +20,8 @@ from pydantic import ValidationError
 
 from relaybox import log
 from relaybox.app import Relaybox
-from relaybox.cli import EXIT_FAILED, _run_db, app_options, load_box
+from relaybox.cli import _run_db, app_options, load_box
+from relaybox.cli.exits import EXIT_FAILED
 from relaybox.outbound import apikeys, catalog, deliveries, endpoints
 from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
@@ -76,7 +77,7 @@ def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: str) -
             return datetime.fromtimestamp(value, UTC).isoformat(timespec="seconds")
         return str(value)
 
-    from relaybox.cli_tables import keep_whole
+    from relaybox.cli.table import keep_whole
 
     table = Table(*columns, title=title)
     for row in rows:
