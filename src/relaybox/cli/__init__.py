@@ -12,6 +12,7 @@ import asyncio
 import fnmatch
 import importlib
 import inspect
+import json
 import re
 import shutil
 import signal
@@ -113,6 +114,11 @@ class _ConfigError(click.ClickException):
     """Invalid settings: reported like any click error, with the usage exit code."""
 
     exit_code = EXIT_USAGE
+
+
+def json_option(fn: Any) -> Any:
+    """``--json``: one JSON document on stdout (logs go to stderr)."""
+    return click.option("--json", "as_json", is_flag=True, help="machine-readable output")(fn)
 
 
 def app_options(fn: Any) -> Any:
@@ -309,16 +315,20 @@ def run_async(coro: Any) -> Any:
 
 @main.command()
 @app_options
-def migrate(app: str | None, config: str | None, database_url: str | None) -> None:
+@json_option
+def migrate(app: str | None, config: str | None, database_url: str | None, as_json: bool) -> None:
     """Create or upgrade relaybox's tables; seal the endpoint secrets older versions
     stored in plaintext."""
     from relaybox.outbound.vault import MISSING_HINT
 
     box = load_box(app, config, database_url)
     applied, secrets = _run_db(box, _migrate_and_close(box))
-    click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
-    if secrets["sealed"]:
-        click.echo(f"sealed {secrets['sealed']} endpoint secret(s) stored in plaintext")
+    if as_json:
+        click.echo(json.dumps({"applied": applied, **secrets}))
+    else:
+        click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
+        if secrets["sealed"]:
+            click.echo(f"sealed {secrets['sealed']} endpoint secret(s) stored in plaintext")
     if secrets["plaintext"]:
         click.echo(
             f"{secrets['plaintext']} endpoint secret(s) remain in plaintext: {MISSING_HINT},"

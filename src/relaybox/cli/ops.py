@@ -24,10 +24,10 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from relaybox.app import Relaybox
-from relaybox.cli import _run_db, app_options
+from relaybox.cli import _run_db, app_options, json_option
 from relaybox.cli import load_box as _load_box
 from relaybox.cli.exits import EXIT_FAILED, exit_code_for
-from relaybox.cli.table import keep_whole
+from relaybox.cli.table import keep_whole, print_table
 from relaybox.timespec import parse_time_or_none
 
 __all__ = ["COMMANDS"]
@@ -104,37 +104,23 @@ def _console() -> Any:
 
 
 def _events_table(title: str, items: Sequence[Any], next_cursor: str | None) -> None:
-    from rich.table import Table
-
-    table = Table(
-        "id",
-        "source",
-        "type",
-        "event id",
-        "tenant",
-        "status",
-        "att.",
-        "received",
-        "last error",
-        title=title,
-    )
+    rows = []
     for e in items:
         status = e.status + (f" ({e.dead_reason})" if e.dead_reason else "")
         status += " purged" if e.purged else ""
-        table.add_row(
-            str(e.id),
-            e.source,
-            e.event_type,
-            e.event_id,
-            e.tenant or "-",
-            status,
-            str(e.attempts),
-            _iso(e.received_at),
-            (e.last_error or "")[:60],
-        )
-    keep_whole(table, ("id", "event id", "received", "att."))
+        rows.append(
+            (e.id, e.source, e.event_type, e.event_id, e.tenant or "-", status, e.attempts,
+             _iso(e.received_at), (e.last_error or "")[:60])
+        )  # fmt: skip
+    print_table(
+        ("id", "source", "type", "event id", "tenant", "status", "att.", "received",
+         "last error"),
+        rows,
+        title=title,
+        whole=("id", "event id", "received", "att."),
+        drop=("tenant", "type", "source", "att."),
+    )  # fmt: skip
     console = _console()
-    console.print(table)
     if next_cursor:
         console.print(f"more: --cursor {next_cursor}")
 
@@ -149,8 +135,7 @@ def _validate(model: type[BaseModel], **fields: Any) -> Any:
         raise click.UsageError(problems) from None
 
 
-def _json_option(fn: Any) -> Any:
-    return click.option("--json", "as_json", is_flag=True, help="machine-readable output")(fn)
+_json_option = json_option
 
 
 def _filter_options(fn: Any) -> Any:
@@ -470,29 +455,17 @@ def quarantine_list(
     page = _run(box, lambda: ops.quarantine_list(box, f), as_json=as_json)
 
     def human() -> None:
-        from rich.table import Table
-
-        t = Table(
-            "id",
-            "original",
-            "source",
-            "event id",
-            "type",
-            "received",
-            "resolution",
+        print_table(
+            ("id", "original", "source", "event id", "type", "received", "resolution"),
+            [
+                (q.id, f"{q.inbox_id} ({q.original_status})", q.source, q.event_id,
+                 q.event_type, _iso(q.received_at), q.resolution or "open")
+                for q in page.items
+            ],
             title="quarantine",
-        )
-        for q in page.items:
-            t.add_row(
-                str(q.id),
-                f"{q.inbox_id} ({q.original_status})",
-                q.source,
-                q.event_id,
-                q.event_type,
-                _iso(q.received_at),
-                q.resolution or "open",
-            )
-        _console().print(t)
+            whole=("id", "event id", "received"),
+            drop=("type", "source"),
+        )  # fmt: skip
 
     _emit(page, as_json, human)
 

@@ -21,6 +21,7 @@ from relaybox import log
 from relaybox.app import Relaybox
 from relaybox.cli import _run_db, app_options, load_box
 from relaybox.cli.exits import EXIT_FAILED
+from relaybox.cli.table import print_pairs
 from relaybox.errors import ConfigurationError
 from relaybox.timespec import parse_time
 
@@ -35,13 +36,7 @@ def _setup(app: str | None, config: str | None, database_url: str | None) -> Rel
 
 
 def _print_table(title: str, rows: list[tuple[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("", "", title=title, show_header=False)
-    for key, value in rows:
-        table.add_row(key, str(value))
-    Console().print(table)
+    print_pairs(title, rows)
 
 
 # -- replay -------------------------------------------------------------------------
