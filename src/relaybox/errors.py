@@ -12,8 +12,18 @@
     ├── ConfigurationError          invalid settings or source definitions
     ├── PermanentError              raised by a handler: the event can never succeed
     │                               (validation, ineligible); goes to dead letters "invalid"
-    └── OperationConflict           ctx.once(): the business key exists with another
-                                    fingerprint (a different operation reuses the key)
+    ├── OperationConflict           ctx.once(): the business key exists with another
+    │                               fingerprint (a different operation reuses the key)
+    ├── OpsError                    an operator request (admin API, dashboard, CLI) that
+    │   │                           cannot be carried out; carries its HTTP answer
+    │   ├── InvalidRequest          400 invalid_request: a parameter out of its bounds
+    │   │   └── InvalidTimeSpec     400: a time or duration in none of the accepted forms
+    │   │                           (relaybox.timespec); the CLI exits 2 on it
+    │   ├── NotFound                404 not_found: no such event, entry or endpoint
+    │   └── Conflict                409: the row is not in the state the action needs
+    │                               (its code says which: not_dead, resolved, ...)
+    └── ApiError                    the tenant API's answer to a request it refuses
+                                    (relaybox.outbound.api; status and code it carries)
 
 Any other exception raised by a handler is transient and retried within the budget.
 """
@@ -26,9 +36,14 @@ __all__ = [
     "TABLES_MISSING",
     "BadSignature",
     "ConfigurationError",
+    "Conflict",
+    "InvalidRequest",
+    "InvalidTimeSpec",
     "MalformedHeaders",
     "MalformedPayload",
+    "NotFound",
     "OperationConflict",
+    "OpsError",
     "PayloadTooLarge",
     "PermanentError",
     "RejectedDelivery",
@@ -129,3 +144,47 @@ class OperationConflict(RelayboxError):
         self.business_key = business_key
         self.stored = stored
         self.given = given
+
+
+class OpsError(RelayboxError):
+    """An operator request that cannot be carried out; ``code`` and ``status`` are
+    what the admin API answers."""
+
+    status = 400
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        # The dashboard's message code for this error when it is more specific than
+        # ``code``; the API answers ``code`` and ``message``.
+        self.hint = hint
+
+
+class InvalidRequest(OpsError):
+    """A parameter the operation cannot take (400)."""
+
+
+class InvalidTimeSpec(InvalidRequest, ValueError):
+    """A time or duration in none of the forms :mod:`relaybox.timespec` accepts."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, hint="bad_time")
+
+
+class NotFound(OpsError):
+    """The event, entry or endpoint does not exist (404)."""
+
+    status = 404
+    code = "not_found"
+
+
+class Conflict(OpsError):
+    """The row is not in the state the action needs (409); ``code`` says which."""
+
+    status = 409
+    code = "conflict"
+
+    def __init__(self, message: str, *, code: str = "conflict") -> None:
+        super().__init__(message)
+        self.code = code

@@ -37,6 +37,7 @@ from relaybox.admin.models import (
     ResolveResult,
     StatsResponse,
 )
+from relaybox.errors import Conflict, InvalidRequest, NotFound, OpsError
 from relaybox.metrics import read_ops_stats
 from relaybox.replay import Selection, replay
 
@@ -69,39 +70,6 @@ __all__ = [
     "throughput",
     "when",
 ]
-
-
-class OpsError(Exception):
-    """An operator request that cannot be carried out; ``code`` and ``status`` are
-    what the API answers."""
-
-    status = 400
-    code = "invalid_request"
-
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        # The dashboard's message code for this error (dashboard.ERRORS) when it is
-        # more specific than ``code``; the API answers ``code`` and ``message``.
-        self.hint = hint
-
-
-class InvalidRequest(OpsError):
-    pass
-
-
-class NotFound(OpsError):
-    status = 404
-    code = "not_found"
-
-
-class Conflict(OpsError):
-    status = 409
-    code = "conflict"
-
-    def __init__(self, message: str, *, code: str = "conflict") -> None:
-        super().__init__(message)
-        self.code = code
 
 
 # -- cursors --------------------------------------------------------------------
@@ -190,47 +158,35 @@ def _summary(m: Any) -> EventSummary:
     )
 
 
-async def _rows(box: Relaybox, name: str, params: Sequence[Any]) -> list[Any]:
-    store = box.store
-    async with store.connect() as conn:
-        result = await conn.exec_driver_sql(store.q[name], tuple(params))
-        return [r._mapping for r in result]
-
-
 async def table_exists(box: Relaybox, table: str) -> bool:
     """Whether a migration created ``table`` (outbound sections plug in on this)."""
-    store = box.store
-    async with store.connect() as conn:
-        return bool((await conn.exec_driver_sql(store.q["ops_table_exists"], (table,))).scalar())
+    return await box.store.table_exists(table)
 
 
 # -- inbox ----------------------------------------------------------------------
 
 
 async def inbox_list(box: Relaybox, f: InboxFilter) -> EventPage:
-    params = (f.source, f.type, f.status, f.tenant, f.since, f.until, decode_cursor(f.cursor))
-    rows = await _rows(box, "ops_inbox_list", (*params, f.limit))
+    rows = await box.store.inbox_list(
+        source=f.source,
+        event_type=f.type,
+        status=f.status,
+        tenant=f.tenant,
+        since=f.since,
+        until=f.until,
+        before_id=decode_cursor(f.cursor),
+        limit=f.limit,
+    )
     return EventPage(items=[_summary(r) for r in rows], next_cursor=_page_ids(rows, f.limit))
 
 
 async def event_get(box: Relaybox, inbox_id: int) -> EventDetail:
     """One event with everything an operator asks about it, read in one transaction."""
-    store = box.store
-    async with store.connect() as conn:
-
-        async def rows(name: str) -> list[Any]:
-            return [r._mapping for r in await conn.exec_driver_sql(store.q[name], (inbox_id,))]
-
-        found = await rows("inbox_get")
-        if not found:
-            raise NotFound(f"no inbox event {inbox_id}")
-        m = dict(found[0])
-        m["purged"] = m["payload"] is None
-        attempts = await rows("ops_inbox_attempts")
-        keys = await rows("ops_inbox_operations")
-        outbox = await rows("ops_inbox_outbox")
-        replays = await rows("ops_inbox_replays")
-        quarantine = await rows("ops_inbox_quarantine")
+    history = await box.store.inbox_history(inbox_id)
+    if history is None:
+        raise NotFound(f"no inbox event {inbox_id}")
+    m = dict(history.event)
+    m["purged"] = m["payload"] is None
     return EventDetail(
         **_summary(m).model_dump(),
         payload=decode_payload(m["payload"]),
@@ -239,11 +195,11 @@ async def event_get(box: Relaybox, inbox_id: int) -> EventDetail:
         purged_at=m["purged_at"],
         discarded_by=m["discarded_by"],
         discard_reason=m["discard_reason"],
-        attempt_log=[Attempt(**a) for a in attempts],
-        business_keys=[BusinessKey(**k) for k in keys],
-        outbox=[OutboxRow(**o) for o in outbox],
-        replays=[ReplayRecord(**r) for r in replays],
-        quarantine=[QuarantineRef(**q) for q in quarantine],
+        attempt_log=[Attempt(**a) for a in history.attempts],
+        business_keys=[BusinessKey(**k) for k in history.business_keys],
+        outbox=[OutboxRow(**o) for o in history.outbox],
+        replays=[ReplayRecord(**r) for r in history.replays],
+        quarantine=[QuarantineRef(**q) for q in history.quarantine],
     )
 
 
@@ -261,17 +217,9 @@ def _replay_message(result: Any, purged_at: dict[int, float | None]) -> str:
     return "; ".join(parts) or "nothing matched"
 
 
-async def _purged_at(box: Relaybox, ids: Sequence[int]) -> dict[int, float | None]:
-    out: dict[int, float | None] = {}
-    for inbox_id in ids:
-        event = await _rows(box, "inbox_get", (inbox_id,))
-        out[inbox_id] = event[0]["purged_at"] if event else None
-    return out
-
-
 async def _replay(box: Relaybox, selection: Selection, actor: str, reason: str) -> ReplayResult:
     result = await replay(box, selection, actor=actor, reason=reason)
-    purged = await _purged_at(box, result.purged)
+    purged = await box.store.inbox_purged_at(result.purged)
     return ReplayResult(**result.as_dict(), message=_replay_message(result, purged))
 
 
@@ -311,8 +259,16 @@ async def replay_selection(
 
 
 async def dead_list(box: Relaybox, f: DeadFilter) -> EventPage:
-    params = (f.source, f.type, f.reason, f.tenant, f.since, f.until, decode_cursor(f.cursor))
-    rows = await _rows(box, "ops_dead_list", (*params, f.limit))
+    rows = await box.store.dead_list(
+        source=f.source,
+        event_type=f.type,
+        reason=f.reason,
+        tenant=f.tenant,
+        since=f.since,
+        until=f.until,
+        before_id=decode_cursor(f.cursor),
+        limit=f.limit,
+    )
     return EventPage(items=[_summary(r) for r in rows], next_cursor=_page_ids(rows, f.limit))
 
 
@@ -330,10 +286,15 @@ async def dead_retry(box: Relaybox, inbox_id: int, *, actor: str, reason: str) -
 async def dead_retry_many(box: Relaybox, req: DeadRetryRequest, *, actor: str) -> DeadRetryResult:
     """Select the matching dead letters first (the same filter as the list, so what an
     operator saw is what is retried), then replay exactly those ids."""
-    rows = await _rows(
-        box,
-        "ops_dead_list",
-        (req.source, req.type, req.dead_reason, req.tenant, req.since, req.until, None, req.limit),
+    rows = await box.store.dead_list(
+        source=req.source,
+        event_type=req.type,
+        reason=req.dead_reason,
+        tenant=req.tenant,
+        since=req.since,
+        until=req.until,
+        before_id=None,
+        limit=req.limit,
     )
     ids = sorted(r["id"] for r in rows)
     if not ids:
@@ -346,8 +307,7 @@ async def dead_retry_many(box: Relaybox, req: DeadRetryRequest, *, actor: str) -
 
 async def dead_discard(box: Relaybox, inbox_id: int, *, actor: str, reason: str) -> DiscardResult:
     now = box.clock.now()
-    rows = await _rows(box, "ops_dead_discard", (inbox_id, now, actor, reason))
-    if rows:
+    if await box.store.dead_discard(inbox_id, now=now, actor=actor, reason=reason):
         return DiscardResult(id=inbox_id, discarded_at=now)
     event = await event_get(box, inbox_id)
     state = "already discarded" if event.discarded_at is not None else event.status
@@ -358,11 +318,8 @@ async def dead_discard(box: Relaybox, inbox_id: int, *, actor: str, reason: str)
 
 
 async def quarantine_list(box: Relaybox, f: QuarantineFilter) -> QuarantinePage:
-    resolved: bool | int | None = f.resolved
-    if resolved is not None and box.store.backend == "sqlite":
-        resolved = int(resolved)  # SQLite compares the IS NOT NULL result, an integer
-    rows = await _rows(
-        box, "ops_quarantine_list", (f.source, resolved, decode_cursor(f.cursor), f.limit)
+    rows = await box.store.quarantine_list(
+        source=f.source, resolved=f.resolved, before_id=decode_cursor(f.cursor), limit=f.limit
     )
     return QuarantinePage(
         items=[QuarantineSummary(**r) for r in rows], next_cursor=_page_ids(rows, f.limit)
@@ -400,10 +357,9 @@ def json_differences(original: Any, quarantined: Any, path: str = "$") -> list[D
 
 
 async def quarantine_get(box: Relaybox, quarantine_id: int) -> QuarantineDetail:
-    rows = await _rows(box, "ops_quarantine_get", (quarantine_id,))
-    if not rows:
+    m = await box.store.quarantine_get(quarantine_id)
+    if m is None:
         raise NotFound(f"no quarantine entry {quarantine_id}")
-    m = rows[0]
     original = QuarantineSide(
         event_type=m["original_event_type"],
         received_at=m["original_received_at"],
@@ -431,10 +387,10 @@ async def quarantine_resolve(
     box: Relaybox, quarantine_id: int, *, resolution: str, actor: str, reason: str
 ) -> ResolveResult:
     now = box.clock.now()
-    rows = await _rows(
-        box, "ops_quarantine_resolve", (quarantine_id, now, resolution, actor, reason)
+    resolved = await box.store.quarantine_resolve(
+        quarantine_id, now=now, resolution=resolution, actor=actor, reason=reason
     )
-    if rows:
+    if resolved:
         return ResolveResult(id=quarantine_id, resolved_at=now, resolution=resolution)
     await quarantine_get(box, quarantine_id)  # 404 when it does not exist
     raise Conflict(f"quarantine entry {quarantine_id} is already resolved", code="resolved")
@@ -469,13 +425,13 @@ async def throughput(box: Relaybox, *, minutes: int = 60) -> list[dict[str, Any]
     minute present (zeros included) so a chart has no gaps."""
     now = box.clock.now()
     first = int(now // 60) - minutes + 1
-    rows = await _rows(box, "ops_throughput", (first * 60.0,))
+    rows = await box.store.inbox_throughput(first * 60.0)
     buckets: list[dict[str, Any]] = [
         {"minute": first + i, "total": 0, "by_status": {}} for i in range(minutes)
     ]
     for r in rows:
-        i = int(r["minute"]) - first
+        i = r.minute - first
         if 0 <= i < minutes:
-            buckets[i]["total"] += int(r["n"])
-            buckets[i]["by_status"][r["status"]] = int(r["n"])
+            buckets[i]["total"] += r.count
+            buckets[i]["by_status"][r.status] = r.count
     return buckets

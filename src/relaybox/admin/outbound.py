@@ -23,7 +23,6 @@ import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import click
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
@@ -33,6 +32,8 @@ from starlette.routing import Route
 from relaybox.admin import dashboard, ops
 from relaybox.admin.models import RequestModel
 from relaybox.admin.sections import Call, Operation, OverviewPanel, Section, register_section
+from relaybox.errors import InvalidTimeSpec
+from relaybox.timespec import parse_time_or_none
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -766,14 +767,12 @@ async def endpoint_enable_action(request: Request, form: dict[str, str]) -> dash
 
 @dashboard.action
 async def endpoint_recover_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
-    from relaybox.cli_ops import parse_when
-
     box = dashboard.box_of(request)
     now = box.clock.now()
     try:  # the CLI's forms of a time: 24h (ago), ISO 8601 (UTC unless told), epoch
-        since = parse_when(form.get("since") or None, now)
-        until = parse_when(form.get("until") or None, now)
-    except click.BadParameter as exc:
+        since = parse_time_or_none(form.get("since"), now)
+        until = parse_time_or_none(form.get("until"), now)
+    except InvalidTimeSpec as exc:
         raise ops.InvalidRequest(exc.message, hint="bad_time") from None
     if since is None:
         raise ops.InvalidRequest(

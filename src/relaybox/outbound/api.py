@@ -43,6 +43,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from relaybox.bodies import BodyTooLarge, read_body, text_problem
+from relaybox.errors import RelayboxError
 from relaybox.limits import TokenBuckets
 from relaybox.outbound import apikeys, deliveries, endpoints
 from relaybox.outbound.catalog import InvalidMessage, list_event_types
@@ -70,7 +71,9 @@ _MAX_QUERY_VALUE = 1000
 _DATA = frozenset({"data"})
 
 
-class ApiError(Exception):
+class ApiError(RelayboxError):
+    """A refused request: the HTTP status, error code and message the API answers."""
+
     def __init__(
         self, status: int, code: str, message: str, *, retry_after: int | None = None
     ) -> None:

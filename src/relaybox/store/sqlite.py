@@ -207,3 +207,9 @@ class SQLiteStore(Store):
         batch is its own write transaction (BEGIN IMMEDIATE), and purging twice is
         harmless."""
         yield True
+
+    # -- operator -------------------------------------------------------------------------
+
+    def _flag(self, value: bool) -> Any:
+        """An integer: SQLite compares a boolean expression's result, an integer."""
+        return int(value)

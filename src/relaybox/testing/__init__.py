@@ -345,15 +345,11 @@ class Harness:
 
     # -- what was stored --------------------------------------------------------------
 
-    async def _rows(self, name: str, *params: Any) -> list[dict[str, Any]]:
-        store = self.box.store
-        return await store.fetch_all(store.q[name], params)
-
     async def inbox(
         self, source: str | None = None, event_id: str | None = None
     ) -> list[dict[str, Any]]:
         """Inbox rows (one per stored event), oldest first."""
-        rows = await self._rows("testing_inbox_list", source, event_id)
+        rows = await self.box.store.testing_inbox(source, event_id)
         for row in rows:
             if row["payload"] is not None:
                 row["payload"] = bytes(row["payload"])
@@ -361,11 +357,11 @@ class Harness:
 
     async def business_keys(self, prefix: str | None = None) -> list[str]:
         """Business keys recorded by handlers (``ctx.once``)."""
-        return [r["business_key"] for r in await self._rows("testing_operations_list", prefix)]
+        return [r["business_key"] for r in await self.box.store.testing_operations(prefix)]
 
     async def outbox(self, channel: str | None = None) -> list[dict[str, Any]]:
         """Outbox rows: outgoing actions and webhook deliveries."""
-        rows = await self._rows("testing_outbox_list", channel)
+        rows = await self.box.store.testing_outbox(channel)
         for row in rows:
             if isinstance(row["payload"], str):
                 row["payload"] = json.loads(row["payload"])
@@ -398,7 +394,7 @@ class Harness:
 
     async def assert_business_key(self, key: str, *, fingerprint: str | None = None) -> None:
         """``key`` was recorded exactly once (with ``fingerprint``, when given)."""
-        found = await self._rows("testing_operations_list", key)
+        found = await self.box.store.testing_operations(key)
         rows = [r for r in found if r["business_key"] == key]
         if len(rows) != 1:
             keys = await self.business_keys()

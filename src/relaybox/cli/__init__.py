@@ -12,6 +12,7 @@ import asyncio
 import fnmatch
 import importlib
 import inspect
+import json
 import re
 import shutil
 import signal
@@ -27,13 +28,17 @@ import click
 
 from relaybox import log
 from relaybox.app import ROLES, Relaybox
+from relaybox.cli.exits import (
+    EXIT_DATABASE,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    exit_code_for,
+)
 from relaybox.config import load_settings
-from relaybox.errors import ConfigurationError
+from relaybox.errors import ConfigurationError, InvalidTimeSpec, StoreUnavailable
 from relaybox.store import check_database_url
 
 __all__ = ["main"]
-
-EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE, EXIT_SCHEMA, EXIT_SECRETS = 1, 2, 3, 4, 5
 
 
 def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
@@ -111,6 +116,11 @@ class _ConfigError(click.ClickException):
     exit_code = EXIT_USAGE
 
 
+def json_option(fn: Any) -> Any:
+    """``--json``: one JSON document on stdout (logs go to stderr)."""
+    return click.option("--json", "as_json", is_flag=True, help="machine-readable output")(fn)
+
+
 def app_options(fn: Any) -> Any:
     fn = click.option(
         "--database-url", envvar="RELAYBOX_DATABASE_URL", help="overrides the settings"
@@ -139,6 +149,14 @@ class _AreaGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         self._load_areas()
         return super().get_command(ctx, cmd_name)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """A time or duration in none of the accepted forms is a usage error (exit 2),
+        whichever command parsed it (relaybox.timespec)."""
+        try:
+            return super().invoke(ctx)
+        except InvalidTimeSpec as exc:
+            raise click.BadParameter(exc.message) from None
 
 
 @click.group(cls=_AreaGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -297,16 +315,20 @@ def run_async(coro: Any) -> Any:
 
 @main.command()
 @app_options
-def migrate(app: str | None, config: str | None, database_url: str | None) -> None:
+@json_option
+def migrate(app: str | None, config: str | None, database_url: str | None, as_json: bool) -> None:
     """Create or upgrade relaybox's tables; seal the endpoint secrets older versions
     stored in plaintext."""
     from relaybox.outbound.vault import MISSING_HINT
 
     box = load_box(app, config, database_url)
     applied, secrets = _run_db(box, _migrate_and_close(box))
-    click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
-    if secrets["sealed"]:
-        click.echo(f"sealed {secrets['sealed']} endpoint secret(s) stored in plaintext")
+    if as_json:
+        click.echo(json.dumps({"applied": applied, **secrets}))
+    else:
+        click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
+        if secrets["sealed"]:
+            click.echo(f"sealed {secrets['sealed']} endpoint secret(s) stored in plaintext")
     if secrets["plaintext"]:
         click.echo(
             f"{secrets['plaintext']} endpoint secret(s) remain in plaintext: {MISSING_HINT},"
@@ -407,23 +429,26 @@ def _handled_type(box: Relaybox, source_name: str) -> str | None:
 
 
 def _run_db(box: Relaybox, coro: Any) -> Any:
+    """Run ``coro`` (an operation on ``box``'s database); an error that means usage or
+    configuration exits 2, one of the database exits 3 (:func:`exit_code_for`)."""
     try:
         return run_async(coro)  # `relaybox dispatch` runs here: uvloop too
-    except ConfigurationError as exc:  # e.g. an unsupported database URL
-        raise _ConfigError(str(exc)) from exc
-    except (OSError, ConnectionError) as exc:
-        click.echo(f"database unreachable ({_safe_url(box)}): {exc}", err=True)
-        sys.exit(EXIT_DATABASE)
     except Exception as exc:
-        if type(exc).__module__.startswith(("sqlalchemy", "asyncpg", "sqlite3")):
+        code = exit_code_for(exc)
+        if code == EXIT_USAGE:  # e.g. an unsupported database URL, a bad time
+            raise _ConfigError(str(exc)) from exc
+        if code != EXIT_DATABASE:
+            raise
+        if isinstance(exc, OSError | ConnectionError | StoreUnavailable):
+            click.echo(f"database unreachable ({_safe_url(box)}): {exc}", err=True)
+        else:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             click.echo(f"database error ({_safe_url(box)}): {first}", err=True)
             if re.search(r"relaybox_\w+", first) and re.search(
                 r"no such table|does not exist", first
             ):
                 click.echo("relaybox's tables are missing: run `relaybox migrate`", err=True)
-            sys.exit(EXIT_DATABASE)
-        raise
+        sys.exit(EXIT_DATABASE)
 
 
 def _relaybox_command() -> str:
@@ -452,7 +477,13 @@ def _safe_url(box: Relaybox) -> str:
 # Commands of each area live in their own module (``COMMANDS``: a list of click
 # commands), loaded when the command line is parsed, so areas grow without editing
 # this file and ``python -m relaybox.cli`` does not import this module twice over.
-_AREA_MODULES = ("relaybox.cli_outbound", "relaybox.cli_ordering", "relaybox.cli_ops")
+_AREA_MODULES = (
+    "relaybox.cli.outbound",
+    "relaybox.cli.ordering",
+    "relaybox.cli.ops",
+    "relaybox.cli.maintenance",
+    "relaybox.cli.doctor",
+)
 
 
 def _register_area_commands(group: click.Group) -> None:
@@ -465,7 +496,3 @@ def _register_area_commands(group: click.Group) -> None:
             raise
         for command in module.COMMANDS:
             group.add_command(command)
-
-
-if __name__ == "__main__":
-    main()

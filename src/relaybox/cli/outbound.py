@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -19,12 +20,15 @@ from pydantic import ValidationError
 
 from relaybox import log
 from relaybox.app import Relaybox
-from relaybox.cli import EXIT_FAILED, _run_db, app_options, load_box
+from relaybox.cli import _run_db, app_options, json_option, load_box
+from relaybox.cli.exits import EXIT_FAILED
+from relaybox.cli.table import print_table
 from relaybox.outbound import apikeys, catalog, deliveries, endpoints
 from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
 from relaybox.outbound.publish import publish
 from relaybox.outbound.vault import SecretsLocked, new_key
+from relaybox.timespec import TIME_FORMS, parse_time, parse_time_or_none
 
 __all__ = ["COMMANDS"]
 
@@ -64,36 +68,17 @@ def _echo(data: Any) -> None:
 
 
 def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    def cell(column: str, value: Any) -> str:
-        if value is None:
-            return "-"
+    def cell(column: str, value: Any) -> Any:
         if column.endswith("_at") and isinstance(value, (int, float)):
             return datetime.fromtimestamp(value, UTC).isoformat(timespec="seconds")
-        return str(value)
+        return value
 
-    from relaybox.cli_tables import keep_whole
-
-    table = Table(*columns, title=title)
-    for row in rows:
-        table.add_row(*(cell(c, row.get(c)) for c in columns))
-    keep_whole(table, [c for c in columns if c == "id" or c.endswith(("_id", "_at"))])
-    Console().print(table)
-
-
-def _when(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is neither ISO 8601 nor epoch seconds") from None
+    print_table(
+        columns,
+        ([cell(c, row.get(c)) for c in columns] for row in rows),
+        title=title,
+        whole=[c for c in columns if c == "id" or c.endswith(("_id", "_at"))],
+    )
 
 
 def _split(value: str | None) -> list[str] | None:
@@ -255,8 +240,13 @@ def _switch(name: str, help_text: str, action: Callable[[Relaybox, str], Awaitab
     @endpoints_group.command(name, help=help_text)
     @app_options
     @click.argument("endpoint_id")
+    @json_option
     def command(
-        app: str | None, config: str | None, database_url: str | None, endpoint_id: str
+        app: str | None,
+        config: str | None,
+        database_url: str | None,
+        endpoint_id: str,
+        as_json: bool,
     ) -> None:
         box = load_box(app, config, database_url)
 
@@ -265,7 +255,10 @@ def _switch(name: str, help_text: str, action: Callable[[Relaybox, str], Awaitab
             return await action(box, endpoint_id)
 
         changed = _run(box, act)
-        click.echo(f"{endpoint_id}: {name}d" if changed else f"{endpoint_id}: unchanged")
+        if as_json:
+            click.echo(json.dumps({"endpoint": endpoint_id, "action": name, "changed": changed}))
+        else:
+            click.echo(f"{endpoint_id}: {name}d" if changed else f"{endpoint_id}: unchanged")
 
     return command
 
@@ -306,9 +299,11 @@ def endpoints_rotate(
 
 
 @endpoints_group.command("new-key")
-def endpoints_new_key() -> None:
+@json_option
+def endpoints_new_key(as_json: bool) -> None:
     """Print a fresh key for outbound.secrets_key (endpoint secrets sealed at rest)."""
-    click.echo(new_key())
+    key = new_key()
+    click.echo(json.dumps({"key": key}) if as_json else key)
 
 
 @endpoints_group.command("seal-secrets")
@@ -324,8 +319,9 @@ def endpoints_seal_secrets(app: str | None, config: str | None, database_url: st
 @endpoints_group.command("recover")
 @app_options
 @click.argument("endpoint_id")
-@click.option("--since", required=True, help="ISO 8601 or epoch seconds")
-@click.option("--until", default=None)
+@click.option("--since", required=True, help=f"a time: {TIME_FORMS}")
+@click.option("--until", default=None, help="a time, as --since")
+@json_option
 def endpoints_recover(
     app: str | None,
     config: str | None,
@@ -333,16 +329,18 @@ def endpoints_recover(
     endpoint_id: str,
     since: str,
     until: str | None,
+    as_json: bool,
 ) -> None:
     """Retry every dead delivery of an endpoint created since a time."""
     box = load_box(app, config, database_url)
-    start, end = _when(since) or 0.0, _when(until)
+    now = time.time()
+    start, end = parse_time(since, now), parse_time_or_none(until, now)
     count = _run(
         box, lambda: deliveries.recover(box, endpoint_id, since=start, until=end, tenant=None)
     )
     if count is None:
         raise click.ClickException(f"no endpoint {endpoint_id}")
-    click.echo(f"{count} deliveries queued again")
+    click.echo(json.dumps({"queued": count}) if as_json else f"{count} deliveries queued again")
 
 
 # -- messages ------------------------------------------------------------------------------
@@ -439,19 +437,21 @@ def messages_show(
 @app_options
 @click.argument("message_id")
 @click.option("--endpoint", "endpoint_id", default=None, help="only to this endpoint")
+@json_option
 def messages_redeliver(
     app: str | None,
     config: str | None,
     database_url: str | None,
     message_id: str,
     endpoint_id: str | None,
+    as_json: bool,
 ) -> None:
     """Send a message again (same webhook-id) to endpoints whose delivery finished."""
     box = load_box(app, config, database_url)
     count = _run(
         box, lambda: deliveries.redeliver(box, message_id, tenant=None, endpoint_id=endpoint_id)
     )
-    click.echo(f"{count} deliveries queued again")
+    click.echo(json.dumps({"queued": count}) if as_json else f"{count} deliveries queued again")
     if count == 0:
         raise SystemExit(EXIT_FAILED)
 
@@ -526,14 +526,15 @@ def api_keys_list(
 @api_keys_group.command("revoke")
 @app_options
 @click.argument("key_id")
+@json_option
 def api_keys_revoke(
-    app: str | None, config: str | None, database_url: str | None, key_id: str
+    app: str | None, config: str | None, database_url: str | None, key_id: str, as_json: bool
 ) -> None:
     """Revoke a key at once."""
     box = load_box(app, config, database_url)
     if not _run(box, lambda: apikeys.revoke_api_key(box, key_id)):
         raise click.ClickException(f"no active key {key_id}")
-    click.echo(f"{key_id}: revoked")
+    click.echo(json.dumps({"id": key_id, "revoked": True}) if as_json else f"{key_id}: revoked")
 
 
 @click.group("event-types")
@@ -570,5 +571,20 @@ def event_types_list(app: str | None, config: str | None, database_url: str | No
     box = load_box(app, config, database_url)
     _echo([t.to_json() for t in _run(box, lambda: catalog.list_event_types(box))])
 
+
+def _accept_json(group: click.Group) -> None:
+    """The commands whose output is JSON already take ``--json`` too, so a script can
+    pass it to every command."""
+    for command in group.commands.values():
+        if not any("--json" in getattr(p, "opts", ()) for p in command.params):
+            command.params.append(
+                click.Option(
+                    ["--json"], is_flag=True, expose_value=False, help="JSON output (the default)"
+                )
+            )
+
+
+for _group in (endpoints_group, messages_group, api_keys_group, event_types_group):
+    _accept_json(_group)
 
 COMMANDS = [dispatch, endpoints_group, messages_group, api_keys_group, event_types_group]

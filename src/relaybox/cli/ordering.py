@@ -11,45 +11,21 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import re
 import sys
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import click
 
 from relaybox import log
 from relaybox.app import Relaybox
-from relaybox.cli import EXIT_FAILED, _run_db, app_options, load_box
+from relaybox.cli import _run_db, app_options, load_box
+from relaybox.cli.exits import EXIT_FAILED
+from relaybox.cli.table import print_pairs
 from relaybox.errors import ConfigurationError
+from relaybox.timespec import parse_time
 
-__all__ = ["COMMANDS", "parse_time"]
-
-_AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_time(value: str, now: float) -> float:
-    """``2h`` / ``30m`` / ``3d`` (that long before ``now``), epoch seconds, or an
-    ISO 8601 time (UTC when it names no offset) → epoch seconds."""
-    text = value.strip()
-    age = _AGE.fullmatch(text)
-    if age:
-        return now - float(age.group(1)) * _UNIT[age.group(2)]
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(
-            f"{value!r} is not a time: use 2h, 30m, 3d, epoch seconds or ISO 8601"
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return when.timestamp()
+__all__ = ["COMMANDS"]
 
 
 def _setup(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
@@ -60,13 +36,7 @@ def _setup(app: str | None, config: str | None, database_url: str | None) -> Rel
 
 
 def _print_table(title: str, rows: list[tuple[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("", "", title=title, show_header=False)
-    for key, value in rows:
-        table.add_row(key, str(value))
-    Console().print(table)
+    print_pairs(title, rows)
 
 
 # -- replay -------------------------------------------------------------------------

@@ -1,0 +1,5 @@
+"""``python -m relaybox.cli``: the ``relaybox`` command."""
+
+from relaybox.cli import main
+
+main()

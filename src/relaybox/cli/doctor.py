@@ -1,0 +1,285 @@
+"""``relaybox doctor``: check configuration, the key of endpoint signing secrets,
+database reachability, migrations, registered channels and clock skew; name each
+problem and exit with the code of the worst (see :mod:`relaybox.cli.exits`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import click
+
+from relaybox.app import Relaybox
+from relaybox.cli import _safe_url, app_options
+from relaybox.cli import load_box as _load_box
+from relaybox.cli.exits import EXIT_DATABASE, EXIT_FAILED, EXIT_SCHEMA, EXIT_SECRETS, EXIT_USAGE
+from relaybox.cli.ops import _console, _json_option
+from relaybox.errors import TABLES_MISSING, ConfigurationError
+
+__all__ = ["COMMANDS"]
+
+
+class _Checks:
+    """Check results in order, and the exit code the worst of them means."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, str]] = []
+        self.exit_code = 0
+
+    def add(self, name: str, status: str, detail: str, *, exit_code: int = EXIT_FAILED) -> None:
+        self.rows.append({"check": name, "status": status, "detail": detail})
+        if status == "fail" and self.exit_code == 0:
+            self.exit_code = exit_code
+
+
+async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> None:
+    from relaybox.store.base import load_migrations
+
+    url = _safe_url(box)
+    try:
+        store = box.store
+        probe = await store.doctor_probe()
+    except ConfigurationError as exc:  # e.g. an unsupported URL scheme
+        checks.add("database", "fail", str(exc), exit_code=EXIT_USAGE)
+        return
+    except Exception as exc:
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        if "relaybox_migrations" in text:  # reachable, never migrated
+            checks.add("database", "ok", f"reachable: {url}")
+            checks.add("migrations", "fail", TABLES_MISSING, exit_code=EXIT_SCHEMA)
+            return
+        checks.add(
+            "database",
+            "fail",
+            f"database unreachable ({url}): {type(exc).__name__}: {text[:300]}",
+            exit_code=EXIT_DATABASE,
+        )
+        return
+    checks.add("database", "ok", f"reachable: {url} ({store.backend})")
+    known = {v: f"{v:04d}_{n}" for v, n, _ in load_migrations(store.backend)}
+    missing = [known[v] for v in sorted(set(known) - probe.applied)]
+    unknown = sorted(probe.applied - set(known))
+    if missing:
+        checks.add(
+            "migrations",
+            "fail",
+            f"not applied: {', '.join(missing)}: run `relaybox migrate`",
+            exit_code=EXIT_SCHEMA,
+        )
+    elif unknown:
+        checks.add(
+            "migrations",
+            "warn",
+            f"the database has migrations this relaybox does not know ({unknown}): "
+            "is an older version running against a newer schema?",
+        )
+    else:
+        checks.add("migrations", "ok", f"all {len(known)} applied")
+    if not missing:
+        await _doctor_secrets(box, checks)
+        await _doctor_channels(box, checks)
+    # Rounded to the millisecond shown, without a negative zero ("-0.000 s").
+    skew = round(probe.db_now - (probe.before + probe.after) / 2, 3) + 0.0
+    detail = f"database clock {skew:+.3f} s from this machine's"
+    if abs(skew) > max_skew:
+        checks.add(
+            "clock",
+            "fail",
+            detail + f" (over {max_skew:g} s): backoff, leases and retention read both "
+            "clocks; sync NTP on both machines",
+        )
+    else:
+        checks.add("clock", "ok", detail)
+
+
+async def _doctor_channels(box: Relaybox, checks: _Checks) -> None:
+    """Pending outbox rows whose channel this app never registers: no dispatcher
+    delivers them."""
+    from relaybox.admin import ops
+
+    stuck = {
+        name: n
+        for name, n in (await ops.unregistered_channels(box)).items()
+        if not name.startswith("ep_")
+    }
+    if stuck:
+        named = ", ".join(f"{name} ({n} pending)" for name, n in sorted(stuck.items()))
+        checks.add(
+            "channels",
+            "fail",
+            f"outbox rows for channels this app does not register: {named}; register them "
+            "with box.outbound.channel(name, ...) or they are never delivered",
+        )
+
+
+def _doctor_secrets_key(box: Relaybox, checks: _Checks) -> None:
+    """Where the key that seals endpoint signing secrets comes from, and whether it is
+    protected: a key on PostgreSQL, a readable key file only its owner can read."""
+    from relaybox.outbound.registry import outbound
+    from relaybox.outbound.vault import MISSING_HINT, KeyFileError
+
+    vault = outbound(box).vault
+    if vault.configured:
+        checks.add("secrets_key", "ok", "outbound.secrets_key is set")
+        return
+    key_file = vault.key_file
+    if key_file is None:
+        if vault.sealing:  # an in-memory database: a key as short-lived as its data
+            checks.add("secrets_key", "ok", "in-memory database: a key per process")
+            return
+        checks.add(
+            "secrets_key",
+            "fail",
+            "outbound.secrets_key is not set: relaybox keeps no key of its own for a"
+            " database that is not a SQLite file, so endpoints cannot be created, secrets"
+            f" cannot be rotated or sealed; {MISSING_HINT}",
+            exit_code=EXIT_SECRETS,
+        )
+        return
+    try:
+        vault.check()
+    except KeyFileError as exc:
+        checks.add("secrets_key", "fail", str(exc), exit_code=EXIT_USAGE)
+        return
+    mode = key_file.mode()
+    if mode is None:
+        checks.add(
+            "secrets_key",
+            "ok",
+            f"key file {key_file.path}: made when the first endpoint secret is stored",
+        )
+    elif mode & 0o077:
+        checks.add(
+            "secrets_key",
+            "fail",
+            f"key file {key_file.path} is open to other users (mode {mode:04o}): whoever"
+            f" reads it and the database can sign webhooks; run `chmod 600 {key_file.path}`",
+            exit_code=EXIT_SECRETS,
+        )
+    else:
+        checks.add(
+            "secrets_key",
+            "ok",
+            f"key file {key_file.path} (mode {mode:04o}): back it up, every sealed secret needs it",
+        )
+
+
+async def _doctor_secrets(box: Relaybox, checks: _Checks) -> None:
+    """Endpoint signing secrets against the keys relaybox has."""
+    from relaybox.outbound.endpoints import secrets_at_rest
+    from relaybox.outbound.registry import outbound
+    from relaybox.outbound.vault import KeyFileError
+
+    try:
+        n = await secrets_at_rest(box)
+    except KeyFileError:
+        return  # reported by the secrets_key check
+    if not any(n.values()):
+        return
+    vault = outbound(box).vault
+    if n["locked"]:
+        lost = vault.key_file is not None and vault.key_file.mode() is None
+        checks.add(
+            "secrets",
+            "fail",
+            f"{n['locked']} endpoint secret(s) sealed with a key {vault.source} does"
+            " not hold: deliveries to their endpoints are held until it does"
+            + (": the key file is missing, restore it from your backup" if lost else ""),
+        )
+    elif n["plaintext"] and not vault.sealing:
+        checks.add(
+            "secrets",
+            "warn",
+            f"{n['plaintext']} endpoint secret(s) stored in plaintext: whoever reads the"
+            " database can sign webhooks; set outbound.secrets_key, then run"
+            " `relaybox migrate`",
+        )
+    elif n["plaintext"] or n["older"]:
+        checks.add(
+            "secrets",
+            "warn",
+            f"{n['plaintext']} in plaintext and {n['older']} under an older key:"
+            " run `relaybox migrate` (seals the plaintext ones) or"
+            " `relaybox endpoints seal-secrets` (seals both)",
+        )
+    else:
+        checks.add("secrets", "ok", f"{n['current']} endpoint secret(s) sealed")
+
+
+@click.command()
+@app_options
+@click.option("--max-skew", default=2.0, show_default=True, help="seconds of clock skew allowed")
+@_json_option
+def doctor(
+    app: str | None, config: str | None, database_url: str | None, max_skew: float, as_json: bool
+) -> None:
+    """Check configuration, the key of endpoint secrets, database reachability,
+    migrations and clock skew; name each problem and exit non-zero (2 configuration,
+    3 database unreachable, 4 tables missing or migrations pending, 5 endpoint secrets
+    not protected at rest: no outbound.secrets_key on PostgreSQL or a key file open to
+    other users; 1 other)."""
+    checks = _Checks()
+    box: Relaybox | None = None
+    try:
+        box = _load_box(app, config, database_url)
+    except click.ClickException as exc:
+        checks.add("configuration", "fail", exc.format_message(), exit_code=EXIT_USAGE)
+    if box is not None:
+        s = box.settings
+        checks.add(
+            "configuration",
+            "ok",
+            f"{len(box.sources)} source(s), retention {s.retention.payload_max_age / 86400:g} d"
+            + ("" if s.retention.enabled else " (scheduled purge disabled)"),
+        )
+        if s.admin_token is None:
+            checks.add("admin", "warn", "admin_token is not set: /admin refuses every request")
+        else:
+            checks.add("admin", "ok", "admin_token is set")
+
+        async def run() -> None:
+            assert box is not None
+            try:
+                await asyncio.wait_for(_doctor_database(box, checks, max_skew), 30)
+            except TimeoutError:
+                checks.add(
+                    "database",
+                    "fail",
+                    f"no answer within 30 s ({_safe_url(box)})",
+                    exit_code=EXIT_DATABASE,
+                )
+            finally:
+                try:
+                    await box.close()
+                except Exception:  # closing a store that never connected
+                    pass
+
+        try:
+            asyncio.run(run())
+        except (OSError, ConfigurationError) as exc:  # the store could not even be opened
+            checks.add(
+                "database",
+                "fail",
+                f"database unreachable ({_safe_url(box)}): {type(exc).__name__}: {exc}",
+                exit_code=EXIT_DATABASE,
+            )
+        # After the database: with both wrong, the exit code names the database.
+        _doctor_secrets_key(box, checks)
+    if as_json:
+        click.echo(json.dumps({"ok": checks.exit_code == 0, "checks": checks.rows}))
+    else:
+        from rich.table import Table
+
+        t = Table("check", "status", "detail", title="relaybox doctor")
+        colors = {"ok": "green", "warn": "yellow", "fail": "red"}
+        for row in checks.rows:
+            t.add_row(row["check"], f"[{colors[row['status']]}]{row['status']}[/]", row["detail"])
+        _console().print(t)
+        for row in checks.rows:
+            if row["status"] == "fail":
+                click.echo(f"problem: {row['check']}: {row['detail']}", err=True)
+    sys.exit(checks.exit_code)
+
+
+COMMANDS = [doctor]

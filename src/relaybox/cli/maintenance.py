@@ -1,0 +1,164 @@
+"""``relaybox stats | purge | maintenance``: the queues' numbers now, retention's
+purge of old payloads (once or on a schedule)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+import click
+
+from relaybox.cli import app_options
+from relaybox.cli.ops import _console, _emit, _iso, _json_option, _run, load_box
+from relaybox.timespec import parse_duration
+
+__all__ = ["COMMANDS"]
+
+
+# -- stats ----------------------------------------------------------------------
+
+
+@click.command()
+@app_options
+@_json_option
+def stats(app: str | None, config: str | None, database_url: str | None, as_json: bool) -> None:
+    """Queue numbers: the same snapshot /metrics exports and the dashboard shows."""
+    from relaybox.admin import ops
+
+    box = load_box(app, config, database_url)
+    s = _run(box, lambda: ops.stats(box), as_json=as_json)
+
+    def human() -> None:
+        from rich.table import Table
+
+        t = Table("", "", title="relaybox", show_header=False)
+        t.add_row("pending", str(s.pending))
+        t.add_row("oldest pending", ops.age_text(s.oldest_pending_age_seconds))
+        t.add_row("retrying", str(s.retrying))
+        t.add_row("done", str(s.done))
+        t.add_row("ignored", str(s.ignored))
+        t.add_row("dead", str(s.dead))
+        for reason, n in s.dead_by_reason.items():
+            t.add_row(f"  {reason}", str(n))
+        t.add_row("discarded", str(s.discarded))
+        t.add_row("quarantined", str(s.quarantined))
+        t.add_row("outbox pending", str(s.outbox.pending))
+        t.add_row("outbox dead", str(s.outbox.dead))
+        _console().print(t)
+
+    _emit(s, as_json, human)
+
+
+# -- purge ----------------------------------------------------------------------
+
+
+@click.command()
+@app_options
+@click.option(
+    "--older-than",
+    help="finished longer ago than this, inbox and outbox alike (default: the settings)",
+)
+@click.option("--batch", type=int, help="rows per transaction (default: the setting)")
+@click.option("--dry-run", is_flag=True, help="count what would be purged, change nothing")
+@_json_option
+def purge(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    older_than: str | None,
+    batch: int | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Drop payloads of events and deliveries that finished long ago (keys, outcome and
+    business keys stay; pending, dead and quarantined events, pending and held
+    deliveries keep theirs)."""
+    from relaybox import retention
+
+    age = None if older_than is None else parse_duration(older_than)
+    if batch is not None and batch < 1:
+        raise click.UsageError("--batch must be positive")
+    box = load_box(app, config, database_url)
+
+    async def go() -> retention.PurgeResult:
+        if dry_run or as_json:
+            return await retention.purge(box, older_than=age, batch=batch, dry_run=dry_run)
+        cutoff, outbox_cutoff = retention.cutoffs(box, age)
+        inbox_n, quarantine_n = await retention.purge_candidates(box, cutoff)
+        outbox_n, messages_n = await retention.outbox_purge_candidates(box, outbox_cutoff)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        with Progress(
+            TextColumn("purging payloads"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=_err_console(),
+            transient=False,
+        ) as bar:
+            task = bar.add_task("purge", total=inbox_n + quarantine_n + outbox_n + messages_n)
+            return await retention.purge(
+                box, older_than=age, batch=batch, progress=lambda n: bar.advance(task, n)
+            )
+
+    result = _run(box, go, as_json=as_json)
+    verb = "would purge" if dry_run else "purged"
+    _emit(
+        result.as_dict(),
+        as_json,
+        lambda: click.echo(
+            f"{verb} {result.inbox} event payload(s) and {result.quarantine} quarantine "
+            f"payload(s) finished before {_iso(result.cutoff)}; {result.outbox} delivery "
+            f"payload(s) finished and {result.messages} message body(ies) published before "
+            f"{_iso(result.outbox_cutoff)}"
+        ),
+    )
+
+
+def _err_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+# -- maintenance ----------------------------------------------------------------
+
+
+@click.command()
+@app_options
+@click.option("--once", is_flag=True, help="one pass, then exit")
+@_json_option
+def maintenance(
+    app: str | None, config: str | None, database_url: str | None, once: bool, as_json: bool
+) -> None:
+    """Run the scheduled maintenance (retention purge) until SIGTERM; with several
+    processes on one PostgreSQL, one of them runs it at a time (advisory lock)."""
+    from relaybox.retention import Maintenance
+
+    box = load_box(app, config, database_url)
+    runner = Maintenance(box)
+    if once:
+        result = _run(box, runner.run_once, as_json=as_json)
+        data = {"ran": result is not None, **(result.as_dict() if result else {})}
+        _emit(
+            data,
+            as_json,
+            lambda: click.echo(
+                "another process holds the maintenance lock: skipped"
+                if result is None
+                else f"purged {result.inbox} event, {result.quarantine} quarantine, "
+                f"{result.outbox} delivery payload(s) and {result.messages} message body(ies)"
+            ),
+        )
+        return
+
+    async def loop() -> None:
+        running = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            running.add_signal_handler(sig, runner.stop)
+        await runner.run()
+
+    _run(box, loop, as_json=as_json)
+
+
+COMMANDS = [stats, purge, maintenance]

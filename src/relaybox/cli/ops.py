@@ -1,0 +1,543 @@
+"""``relaybox inbox | dead | quarantine``: the
+operator's commands. They call the same functions as the admin API and the dashboard
+(:mod:`relaybox.admin.ops`), so a dead letter retried here goes through the worker and
+its handler's business keys like one retried from a browser.
+
+Every command takes ``--json`` (one JSON document on stdout; logs go to stderr).
+Exit codes as in :mod:`relaybox.cli`: 0 success, 1 the operation failed (not found,
+wrong state, a failed check), 2 usage or configuration error, 3 the database is
+unreachable.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import click
+from pydantic import BaseModel, ValidationError
+
+from relaybox.app import Relaybox
+from relaybox.cli import _run_db, app_options, json_option
+from relaybox.cli import load_box as _load_box
+from relaybox.cli.exits import EXIT_FAILED, exit_code_for
+from relaybox.cli.table import keep_whole, print_table
+from relaybox.timespec import parse_time_or_none
+
+__all__ = ["COMMANDS"]
+
+T = TypeVar("T")
+
+
+def _iso(ts: float | None) -> str:
+    return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _actor(actor: str | None) -> str:
+    if actor:
+        return actor
+    try:
+        user = getpass.getuser()
+    except Exception:  # no login name in some containers
+        user = "unknown"
+    return f"cli:{user}@{socket.gethostname()}"
+
+
+def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
+    """:func:`relaybox.cli.load_box` (a configuration error exits 2, usage or
+    configuration, not 1: a script can tell "fix your settings" from "it failed"),
+    with logging configured from the settings."""
+    box = _load_box(app, config, database_url)
+    from relaybox.log import configure_logging
+
+    configure_logging(box.settings.log_level, json=box.settings.log_json)
+    return box
+
+
+def _fail(message: str, *, code: str, as_json: bool, exit_code: int = EXIT_FAILED) -> None:
+    if as_json:
+        click.echo(json.dumps({"error": code, "message": message}))
+    else:
+        click.echo(f"error: {message}", err=True)
+    sys.exit(exit_code)
+
+
+def _run(box: Relaybox, make: Callable[[], Awaitable[T]], *, as_json: bool) -> T:
+    """Run one async operation against the box's database, close it, and map an
+    operator error to its exit code (unknown id, wrong state: 1) with its message
+    (``--json``: ``{"error": code, "message": ...}`` on stdout)."""
+    from relaybox.admin import ops
+
+    async def go() -> Any:
+        try:
+            return await make()
+        except ops.OpsError as exc:
+            return exc
+        finally:
+            await box.close()
+
+    result = _run_db(box, go())
+    if isinstance(result, ops.OpsError):
+        exit_code = exit_code_for(result) or EXIT_FAILED
+        _fail(result.message, code=result.code, as_json=as_json, exit_code=exit_code)
+    return result
+
+
+def _emit(model: BaseModel | dict[str, Any], as_json: bool, human: Callable[[], None]) -> None:
+    if as_json:
+        data = model.model_dump(mode="json") if isinstance(model, BaseModel) else model
+        click.echo(json.dumps(data))
+    else:
+        human()
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+def _events_table(title: str, items: Sequence[Any], next_cursor: str | None) -> None:
+    rows = []
+    for e in items:
+        status = e.status + (f" ({e.dead_reason})" if e.dead_reason else "")
+        status += " purged" if e.purged else ""
+        rows.append(
+            (e.id, e.source, e.event_type, e.event_id, e.tenant or "-", status, e.attempts,
+             _iso(e.received_at), (e.last_error or "")[:60])
+        )  # fmt: skip
+    print_table(
+        ("id", "source", "type", "event id", "tenant", "status", "att.", "received",
+         "last error"),
+        rows,
+        title=title,
+        whole=("id", "event id", "received", "att."),
+        drop=("tenant", "type", "source", "att."),
+    )  # fmt: skip
+    console = _console()
+    if next_cursor:
+        console.print(f"more: --cursor {next_cursor}")
+
+
+def _validate(model: type[BaseModel], **fields: Any) -> Any:
+    try:
+        return model.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise click.UsageError(problems) from None
+
+
+_json_option = json_option
+
+
+def _filter_options(fn: Any) -> Any:
+    for option in reversed(
+        [
+            click.option("--source", help="only this source"),
+            click.option("--type", "event_type", help="only this event type"),
+            click.option("--tenant", help="only this tenant"),
+            click.option("--since", help="received at or after: 2h, epoch, ISO 8601"),
+            click.option("--until", help="received before: 2h, epoch, ISO 8601"),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+# -- inbox ----------------------------------------------------------------------
+
+
+@click.group()
+def inbox() -> None:
+    """Inbox events: list them, show one with its attempts and keys."""
+
+
+@inbox.command("list")
+@app_options
+@_filter_options
+@click.option("--status", type=click.Choice(["pending", "done", "dead", "ignored"]))
+@click.option("--limit", default=50, show_default=True, type=int)
+@click.option("--cursor", help="next page (printed after a full page)")
+@_json_option
+def inbox_list(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    source: str | None,
+    event_type: str | None,
+    tenant: str | None,
+    since: str | None,
+    until: str | None,
+    status: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """Inbox events, newest first."""
+    from relaybox.admin import models, ops
+
+    now = time.time()
+    f = _validate(
+        models.InboxFilter,
+        source=source,
+        type=event_type,
+        tenant=tenant,
+        status=status,
+        since=parse_time_or_none(since, now),
+        until=parse_time_or_none(until, now),
+        limit=limit,
+        cursor=cursor,
+    )
+    box = load_box(app, config, database_url)
+    page = _run(box, lambda: ops.inbox_list(box, f), as_json=as_json)
+    _emit(page, as_json, lambda: _events_table("inbox", page.items, page.next_cursor))
+
+
+@inbox.command("show")
+@app_options
+@click.argument("inbox_id", type=int)
+@_json_option
+def inbox_show(
+    app: str | None, config: str | None, database_url: str | None, inbox_id: int, as_json: bool
+) -> None:
+    """One event: payload, attempts, errors, business keys, outbox rows, replays."""
+    from relaybox.admin import ops
+
+    box = load_box(app, config, database_url)
+    e = _run(box, lambda: ops.event_get(box, inbox_id), as_json=as_json)
+
+    def human() -> None:
+        from rich.table import Table
+
+        console = _console()
+        head = Table(show_header=False, title=f"event {e.id}")
+        for key, value in (
+            ("event key", f"{e.source} / {e.account} / {e.event_id}"),
+            ("type", e.event_type),
+            ("tenant", e.tenant or "-"),
+            ("status", e.status + (f" ({e.dead_reason})" if e.dead_reason else "")),
+            ("attempts", str(e.attempts)),
+            ("received", _iso(e.received_at)),
+            ("done", _iso(e.done_at)),
+            ("last error", e.last_error or "-"),
+            ("payload", f"purged {_iso(e.purged_at)}" if e.purged else "kept"),
+        ):
+            head.add_row(key, value)
+        console.print(head)
+        if not e.purged:
+            console.print_json(json.dumps(e.payload))
+        if e.attempt_log:
+            t = Table("#", "outcome", "error", "worker", "started", title="attempts")
+            replay = previous = 0
+            for a in e.attempt_log:
+                if a.attempt <= previous:  # a replay starts the count again
+                    replay += 1
+                previous = a.attempt
+                number = f"{a.attempt} (replay {replay})" if replay else str(a.attempt)
+                t.add_row(number, a.outcome, a.error or "", a.worker or "", _iso(a.started_at))
+            keep_whole(t, ("#", "started"))
+            console.print(t)
+        for title, rows in (
+            ("business keys", [(k.business_key, k.fingerprint) for k in e.business_keys]),
+            ("outbox", [(f"{o.channel}:{o.key}", o.status) for o in e.outbox]),
+            ("replays", [(f"{r.actor}: {r.reason}", _iso(r.replayed_at)) for r in e.replays]),
+        ):
+            if rows:
+                t = Table("", "", title=title, show_header=False)
+                for left, right in rows:
+                    t.add_row(left, right)
+                console.print(t)
+
+    _emit(e, as_json, human)
+
+
+# -- dead letters ---------------------------------------------------------------
+
+
+@click.group()
+def dead() -> None:
+    """Dead letters: list, retry (one, several, or every one matching a filter), discard."""
+
+
+@dead.command("list")
+@app_options
+@_filter_options
+@click.option(
+    "--reason", "dead_reason", type=click.Choice(["invalid", "exhausted", "conflict", "unhandled"])
+)
+@click.option("--limit", default=50, show_default=True, type=int)
+@click.option("--cursor", help="next page (printed after a full page)")
+@_json_option
+def dead_list(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    source: str | None,
+    event_type: str | None,
+    tenant: str | None,
+    since: str | None,
+    until: str | None,
+    dead_reason: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """Dead letters waiting for an operator, newest first."""
+    from relaybox.admin import models, ops
+
+    now = time.time()
+    f = _validate(
+        models.DeadFilter,
+        source=source,
+        type=event_type,
+        tenant=tenant,
+        reason=dead_reason,
+        since=parse_time_or_none(since, now),
+        until=parse_time_or_none(until, now),
+        limit=limit,
+        cursor=cursor,
+    )
+    box = load_box(app, config, database_url)
+    page = _run(box, lambda: ops.dead_list(box, f), as_json=as_json)
+    _emit(page, as_json, lambda: _events_table("dead letters", page.items, page.next_cursor))
+
+
+@dead.command("retry")
+@app_options
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--all", "retry_all", is_flag=True, help="every dead letter matching the filters")
+@_filter_options
+@click.option("--dead-reason", type=click.Choice(["invalid", "exhausted", "conflict", "unhandled"]))
+@click.option("--limit", default=1000, show_default=True, type=int, help="with --all")
+@click.option("--reason", required=True, help="why: recorded with each retried event")
+@click.option("--actor", help="who asks (default: cli:LOGIN@HOST)")
+@_json_option
+def dead_retry(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    ids: tuple[int, ...],
+    retry_all: bool,
+    source: str | None,
+    event_type: str | None,
+    tenant: str | None,
+    since: str | None,
+    until: str | None,
+    dead_reason: str | None,
+    limit: int,
+    reason: str,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Send dead letters back through their handler (business keys still hold).
+
+    relaybox dead retry 12 13 --reason "fixed"  ·  relaybox dead retry --all
+    --source stripe --dead-reason exhausted --reason "provider outage over"
+    """
+    from relaybox.admin import models, ops
+
+    if bool(ids) == retry_all:
+        raise click.UsageError("give dead letter ids, or --all with filters (not both)")
+    who = _actor(actor)
+    box = load_box(app, config, database_url)
+    if retry_all:
+        now = time.time()
+        req = _validate(
+            models.DeadRetryRequest,
+            source=source,
+            type=event_type,
+            tenant=tenant,
+            dead_reason=dead_reason,
+            since=parse_time_or_none(since, now),
+            until=parse_time_or_none(until, now),
+            limit=limit,
+            reason=reason,
+            actor=who,
+        )
+        result: Any = _run(box, lambda: ops.dead_retry_many(box, req, actor=who), as_json=as_json)
+    else:
+
+        async def each() -> Any:
+            replayed: list[int] = []
+            purged: list[int] = []
+            problems: list[str] = []
+            for inbox_id in ids:
+                try:
+                    r = await ops.dead_retry(box, inbox_id, actor=who, reason=reason)
+                    replayed += r.replayed
+                except ops.OpsError as exc:
+                    problems.append(exc.message)
+                    if exc.code == "payload_purged":
+                        purged.append(inbox_id)
+            return {"replayed": replayed, "purged": purged, "problems": problems}
+
+        result = _run(box, each, as_json=as_json)
+    data = result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+    if as_json:
+        click.echo(json.dumps(data))
+    else:
+        click.echo(f"retried {len(data['replayed'])} dead letter(s) as {who}")
+        for problem in data.get("problems", []):
+            click.echo(f"error: {problem}", err=True)
+        if data.get("message") and isinstance(result, BaseModel):
+            click.echo(data["message"])
+    if data.get("problems"):
+        sys.exit(EXIT_FAILED)
+
+
+@dead.command("discard")
+@app_options
+@click.argument("inbox_id", type=int)
+@click.option("--reason", required=True, help="why: kept with the row")
+@click.option("--actor", help="who (default: cli:LOGIN@HOST)")
+@_json_option
+def dead_discard(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    inbox_id: int,
+    reason: str,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Take a dead letter out of the queue for good (the row stays, for the record)."""
+    from relaybox.admin import ops
+
+    box = load_box(app, config, database_url)
+    who = _actor(actor)
+    r = _run(
+        box, lambda: ops.dead_discard(box, inbox_id, actor=who, reason=reason), as_json=as_json
+    )
+    _emit(r, as_json, lambda: click.echo(f"discarded event {inbox_id} as {who}"))
+
+
+# -- quarantine -----------------------------------------------------------------
+
+
+@click.group()
+def quarantine() -> None:
+    """Deliveries that reused an event id with other content: list, compare, resolve."""
+
+
+@quarantine.command("list")
+@app_options
+@click.option("--source", help="only this source")
+@click.option(
+    "--state", type=click.Choice(["open", "resolved", "all"]), default="open", show_default=True
+)
+@click.option("--limit", default=50, show_default=True, type=int)
+@click.option("--cursor", help="next page")
+@_json_option
+def quarantine_list(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    source: str | None,
+    state: str,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """Quarantined deliveries, newest first (open ones by default)."""
+    from relaybox.admin import models, ops
+
+    f = _validate(models.QuarantineFilter, source=source, limit=limit, cursor=cursor)
+    f = f.model_copy(update={"resolved": {"open": False, "resolved": True, "all": None}[state]})
+    box = load_box(app, config, database_url)
+    page = _run(box, lambda: ops.quarantine_list(box, f), as_json=as_json)
+
+    def human() -> None:
+        print_table(
+            ("id", "original", "source", "event id", "type", "received", "resolution"),
+            [
+                (q.id, f"{q.inbox_id} ({q.original_status})", q.source, q.event_id,
+                 q.event_type, _iso(q.received_at), q.resolution or "open")
+                for q in page.items
+            ],
+            title="quarantine",
+            whole=("id", "event id", "received"),
+            drop=("type", "source"),
+        )  # fmt: skip
+
+    _emit(page, as_json, human)
+
+
+@quarantine.command("show")
+@app_options
+@click.argument("quarantine_id", type=int)
+@_json_option
+def quarantine_show(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    quarantine_id: int,
+    as_json: bool,
+) -> None:
+    """A quarantined delivery compared with the original it collided with."""
+    from relaybox.admin import ops
+
+    box = load_box(app, config, database_url)
+    q = _run(box, lambda: ops.quarantine_get(box, quarantine_id), as_json=as_json)
+
+    def human() -> None:
+        from rich.table import Table
+
+        t = Table(
+            "path",
+            "change",
+            "original",
+            "quarantined",
+            title=f"quarantine {q.id}: {q.source}/{q.event_id} vs event {q.inbox_id}",
+        )
+        for d in q.differences:
+            t.add_row(d.path, d.change, json.dumps(d.original), json.dumps(d.quarantined))
+        _console().print(t)
+        if q.resolved_at:
+            click.echo(f"resolved {_iso(q.resolved_at)} by {q.resolved_by}: {q.resolution}")
+
+    _emit(q, as_json, human)
+
+
+@quarantine.command("resolve")
+@app_options
+@click.argument("quarantine_id", type=int)
+@click.option(
+    "--resolution", required=True, type=click.Choice(["kept_original", "handled_manually"])
+)
+@click.option("--reason", required=True, help="why: kept with the entry")
+@click.option("--actor", help="who (default: cli:LOGIN@HOST)")
+@_json_option
+def quarantine_resolve(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    quarantine_id: int,
+    resolution: str,
+    reason: str,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Record the decision on a quarantined delivery (the original is not touched)."""
+    from relaybox.admin import ops
+
+    box = load_box(app, config, database_url)
+    who = _actor(actor)
+    r = _run(
+        box,
+        lambda: ops.quarantine_resolve(
+            box, quarantine_id, resolution=resolution, actor=who, reason=reason
+        ),
+        as_json=as_json,
+    )
+    _emit(r, as_json, lambda: click.echo(f"resolved quarantine entry {quarantine_id}"))
+
+
+COMMANDS = [inbox, dead, quarantine]

@@ -1,0 +1,206 @@
+"""The store's operator area: the inbox, dead-letter and quarantine listings and
+actions behind the admin API, the dashboard and the CLI, an event's history, the
+throughput chart, table checks, and what ``relaybox doctor`` reads of the database.
+
+:class:`OperatorStore` is a mixin of :class:`~relaybox.store.base.Store`. Its methods
+run the named queries of ``sql/<backend>_ops.sql`` and ``_testing.sql`` in a
+transaction of their own (none of them is on a hot path) and return plain rows as
+``dict`` keyed by column (the columns each query names) or small dataclasses. Every
+write is guarded by the state it expects (the query's ``WHERE``), so two operators
+acting at once cannot both discard or resolve the same row; the method says whether
+it changed the row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+__all__ = ["DoctorProbe", "EventHistory", "OperatorStore", "Row", "ThroughputRow"]
+
+Row = dict[str, Any]
+"""A row keyed by the columns its query names."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventHistory:
+    """One inbox event and everything recorded about it, read in one transaction."""
+
+    event: Row
+    attempts: list[Row]
+    business_keys: list[Row]
+    outbox: list[Row]
+    replays: list[Row]
+    quarantine: list[Row]
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputRow:
+    """Deliveries accepted in one minute (epoch minutes) that have ``status`` now."""
+
+    minute: int
+    status: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class DoctorProbe:
+    """The applied migrations and the database's clock, with this machine's clock read
+    just before and just after the database's (the skew is taken against their middle)."""
+
+    applied: frozenset[int]
+    db_now: float
+    before: float
+    after: float
+
+
+class OperatorStore:
+    """Operator listings, actions and checks (a base of :class:`~relaybox.store.Store`)."""
+
+    if TYPE_CHECKING:  # what Store provides
+        q: dict[str, str]
+
+        def connect(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+
+    async def _maps(self, conn: AsyncConnection, name: str, params: Sequence[Any]) -> list[Row]:
+        result = await conn.exec_driver_sql(self.q[name], tuple(params))
+        return [dict(r._mapping) for r in result]
+
+    async def _read(self, name: str, params: Sequence[Any] = ()) -> list[Row]:
+        async with self.connect() as conn:
+            return await self._maps(conn, name, params)
+
+    def _flag(self, value: bool) -> Any:
+        """A boolean parameter as the backend compares it with a boolean expression."""
+        return value
+
+    # -- checks -----------------------------------------------------------------------
+
+    async def table_exists(self, table: str) -> bool:
+        """Whether a migration created ``table``."""
+        async with self.connect() as conn:
+            result = await conn.exec_driver_sql(self.q["ops_table_exists"], (table,))
+            return bool(result.scalar())
+
+    async def doctor_probe(self) -> DoctorProbe:
+        """The applied migration versions and the database's clock, in one transaction.
+        Raises the driver's error when the database is unreachable or was never
+        migrated (its message names ``relaybox_migrations``)."""
+        async with self.connect() as conn:
+            result = await conn.exec_driver_sql(self.q["ops_migrations_applied"])
+            applied = frozenset(int(r[0]) for r in result)
+            before = time.time()
+            db_now = float((await conn.exec_driver_sql(self.q["ops_db_now"])).scalar_one())
+            after = time.time()
+        return DoctorProbe(applied=applied, db_now=db_now, before=before, after=after)
+
+    # -- inbox ------------------------------------------------------------------------
+
+    async def inbox_list(
+        self,
+        *,
+        source: str | None,
+        event_type: str | None,
+        status: str | None,
+        tenant: str | None,
+        since: float | None,
+        until: float | None,
+        before_id: int | None,
+        limit: int,
+    ) -> list[Row]:
+        """Inbox events, newest first, keyset-paginated (ids below ``before_id``)."""
+        params = (source, event_type, status, tenant, since, until, before_id, limit)
+        return await self._read("ops_inbox_list", params)
+
+    async def inbox_history(self, inbox_id: int) -> EventHistory | None:
+        """The event with its attempts, business keys, outbox rows, replays and
+        quarantine entries; ``None`` when there is no such event."""
+        async with self.connect() as conn:
+            found = await self._maps(conn, "inbox_get", (inbox_id,))
+            if not found:
+                return None
+            return EventHistory(
+                event=found[0],
+                attempts=await self._maps(conn, "ops_inbox_attempts", (inbox_id,)),
+                business_keys=await self._maps(conn, "ops_inbox_operations", (inbox_id,)),
+                outbox=await self._maps(conn, "ops_inbox_outbox", (inbox_id,)),
+                replays=await self._maps(conn, "ops_inbox_replays", (inbox_id,)),
+                quarantine=await self._maps(conn, "ops_inbox_quarantine", (inbox_id,)),
+            )
+
+    async def inbox_purged_at(self, inbox_ids: Sequence[int]) -> dict[int, float | None]:
+        """When retention purged each event's payload (``None``: not purged or absent)."""
+        out: dict[int, float | None] = {}
+        async with self.connect() as conn:
+            for inbox_id in inbox_ids:
+                found = await self._maps(conn, "inbox_get", (inbox_id,))
+                out[inbox_id] = found[0]["purged_at"] if found else None
+        return out
+
+    async def inbox_throughput(self, since: float) -> list[ThroughputRow]:
+        """Deliveries accepted per minute since ``since``, by their status now."""
+        rows = await self._read("ops_throughput", (since,))
+        return [ThroughputRow(int(r["minute"]), str(r["status"]), int(r["n"])) for r in rows]
+
+    # -- dead letters -----------------------------------------------------------------
+
+    async def dead_list(
+        self,
+        *,
+        source: str | None,
+        event_type: str | None,
+        reason: str | None,
+        tenant: str | None,
+        since: float | None,
+        until: float | None,
+        before_id: int | None,
+        limit: int,
+    ) -> list[Row]:
+        """Dead letters not discarded, newest first, keyset-paginated."""
+        params = (source, event_type, reason, tenant, since, until, before_id, limit)
+        return await self._read("ops_dead_list", params)
+
+    async def dead_discard(self, inbox_id: int, *, now: float, actor: str, reason: str) -> bool:
+        """Discard an undiscarded dead letter; whether this call discarded it."""
+        return bool(await self._read("ops_dead_discard", (inbox_id, now, actor, reason)))
+
+    # -- quarantine -------------------------------------------------------------------
+
+    async def quarantine_list(
+        self, *, source: str | None, resolved: bool | None, before_id: int | None, limit: int
+    ) -> list[Row]:
+        """Quarantine entries, newest first (``resolved``: ``None`` any, else only
+        resolved or only open ones)."""
+        flag = None if resolved is None else self._flag(resolved)
+        return await self._read("ops_quarantine_list", (source, flag, before_id, limit))
+
+    async def quarantine_get(self, quarantine_id: int) -> Row | None:
+        """A quarantined delivery next to the original it collided with."""
+        rows = await self._read("ops_quarantine_get", (quarantine_id,))
+        return rows[0] if rows else None
+
+    async def quarantine_resolve(
+        self, quarantine_id: int, *, now: float, resolution: str, actor: str, reason: str
+    ) -> bool:
+        """Record the decision on an open entry; whether this call resolved it."""
+        params = (quarantine_id, now, resolution, actor, reason)
+        return bool(await self._read("ops_quarantine_resolve", params))
+
+    # -- test views (relaybox.testing) ------------------------------------------------
+
+    async def testing_inbox(self, source: str | None, event_id: str | None) -> list[Row]:
+        """Every inbox row (of ``source``, of ``event_id``), in insertion order."""
+        return await self._read("testing_inbox_list", (source, event_id))
+
+    async def testing_operations(self, prefix: str | None) -> list[Row]:
+        """Business keys recorded by handlers (starting with ``prefix``)."""
+        return await self._read("testing_operations_list", (prefix,))
+
+    async def testing_outbox(self, channel: str | None) -> list[Row]:
+        """Every outbox row (of ``channel``), in insertion order."""
+        return await self._read("testing_outbox_list", (channel,))
