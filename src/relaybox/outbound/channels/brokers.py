@@ -115,6 +115,13 @@ class BrokerChannel(Channel):
             return Result(
                 "retry", error=f"{self.extra}: no confirm within {timeout:g} s", timed_out=True
             )
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the dispatcher is stopping
+            # A client library cancels its pending publishes when the connection drops.
+            await self._drop(conn)
+            return Result("retry", error=f"{self.extra}: the connection closed mid-publish")
         except Exception as exc:
             await self._drop(conn)
             return Result("retry", error=f"{self.extra}: {type(exc).__name__}: {str(exc)[:300]}")
@@ -218,12 +225,19 @@ class NatsChannel(BrokerChannel):
         async def quiet(*_: Any) -> None:  # failures surface as the publish's error
             return None
 
-        nc = await self._nats.connect(
-            servers=[self._url],
-            connect_timeout=self.connect_timeout,
-            allow_reconnect=False,  # this channel reconnects on the next attempt
-            error_cb=quiet,
-        )
+        nc = self._nats.NATS()
+        try:
+            await nc.connect(
+                servers=[self._url],
+                connect_timeout=self.connect_timeout,
+                allow_reconnect=False,  # this channel reconnects on the next attempt
+                error_cb=quiet,
+            )
+        except BaseException:
+            # A failed connect leaves its socket open inside the client: close it.
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise
         return (nc, nc.jetstream(timeout=self.publish_timeout))
 
     def _usable(self, conn: Any) -> bool:
