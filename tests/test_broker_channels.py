@@ -320,3 +320,16 @@ async def test_an_unreachable_broker_is_a_retry_and_the_channel_connects_again(
             await channel.close()
             await client.delete(name)
             await client.aclose()
+
+
+def test_changing_the_brokers_setting_replaces_only_what_changed() -> None:
+    box = Relaybox()
+    spec = {"kind": "redis", "url": "redis://127.0.0.1:6379/0", "stream": "s"}
+    ob = configure(box, brokers={"orders": spec, "feed": {**spec, "stream": "f"}})
+    orders, feed = ob.channels["orders"], ob.channels["feed"]
+    configure(box, timeout=10)  # an unrelated change keeps the connections
+    assert ob.channels["orders"] is orders and ob.channels["feed"] is feed
+    configure(box, brokers={"orders": {**spec, "stream": "s2"}})
+    assert isinstance(ob.channels["orders"], RedisStreamChannel)
+    assert ob.channels["orders"] is not orders and ob.channels["orders"].stream == "s2"
+    assert "feed" not in ob.channels

@@ -60,7 +60,7 @@ class Outbound:
             registry=box.metrics.registry,
         )
         self.channel("webhook", WebhookChannel())
-        self._brokers: dict[str, BrokerSettings] = {}
+        self._brokers: dict[str, tuple[BrokerSettings, Channel]] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._register_brokers()
 
@@ -91,13 +91,19 @@ class Outbound:
 
     def _register_brokers(self) -> None:
         """Make a channel for each ``[outbound.brokers.<name>]`` that is new or changed.
-        A replaced broker channel's connection is closed in the background."""
+        A replaced or removed broker channel's connection is closed in the background."""
+        for name in set(self._brokers) - set(self.settings.brokers):
+            _, made = self._brokers.pop(name)
+            if self.channels.get(name) is made:
+                del self.channels[name]
+                self._close_later(made)
         for name, spec in self.settings.brokers.items():
-            if self._brokers.get(name) == spec and name in self.channels:
+            known = self._brokers.get(name)
+            if known is not None and known[0] == spec and self.channels.get(name) is known[1]:
                 continue
             old = self.channels.get(name)
-            self.channel(name, broker_channel(spec))
-            self._brokers[name] = spec
+            made = self.channel(name, broker_channel(spec))
+            self._brokers[name] = (spec, made)
             if old is not None:
                 self._close_later(old)
 
