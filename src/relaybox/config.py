@@ -297,6 +297,14 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _dict_model_of(annotation: Any) -> type[BaseModel] | None:
+    """The model of a ``dict[str, Model]`` field, else ``None``."""
+    if typing.get_origin(annotation) is dict:
+        args = typing.get_args(annotation)
+        return _model_of(args[1]) if len(args) == 2 else None
+    return None
+
+
 def _env_lists(model: type[BaseModel], layer: dict[str, Any], prefix: str) -> None:
     """Lists from the environment, in place: a JSON array (``["127.0.0.0/8"]``) or
     comma-separated values (``127.0.0.0/8,::1/128``). An environment variable is a
@@ -307,8 +315,14 @@ def _env_lists(model: type[BaseModel], layer: dict[str, Any], prefix: str) -> No
             continue  # reported by validation, named by its path
         var = f"{prefix}{name.upper()}"
         nested = _model_of(field.annotation)
+        entries = _dict_model_of(field.annotation)
         if nested is not None and isinstance(value, dict):
             _env_lists(nested, value, var + "__")
+        elif entries is not None and isinstance(value, dict):
+            # A table of named models ([outbound.brokers.<name>]): each entry is one.
+            for key, entry in value.items():
+                if isinstance(entry, dict):
+                    _env_lists(entries, entry, f"{var}__{key.upper()}__")
         elif isinstance(value, str) and _list_field(field.annotation):
             text = value.strip()
             if text.startswith("["):

@@ -14,10 +14,14 @@ manage their endpoints over ``/api/v1`` (role ``api``). See ``docs/sending.md``.
 from relaybox.outbound.apikeys import authenticate, create_api_key, list_api_keys, revoke_api_key
 from relaybox.outbound.catalog import EventType, InvalidMessage, define_event_type, list_event_types
 from relaybox.outbound.channels import (
+    BrokerChannel,
     Channel,
     Delivery,
     EmailChannel,
     HttpChannel,
+    NatsChannel,
+    RabbitMQChannel,
+    RedisStreamChannel,
     Result,
     WebhookChannel,
 )
@@ -49,11 +53,13 @@ from relaybox.outbound.endpoints import (
 from relaybox.outbound.publish import Message, publish
 from relaybox.outbound.registry import Outbound, configure, outbound
 from relaybox.outbound.schedule import Schedule
-from relaybox.outbound.settings import DEFAULT_SCHEDULE, OutboundSettings
+from relaybox.outbound.settings import DEFAULT_SCHEDULE, BrokerSettings, OutboundSettings
 from relaybox.outbound.ssrf import Guard, UnsafeDestination
 
 __all__ = [
     "DEFAULT_SCHEDULE",
+    "BrokerChannel",
+    "BrokerSettings",
     "Channel",
     "Delivery",
     "Dispatcher",
@@ -67,8 +73,11 @@ __all__ = [
     "InvalidEndpoint",
     "InvalidMessage",
     "Message",
+    "NatsChannel",
     "Outbound",
     "OutboundSettings",
+    "RabbitMQChannel",
+    "RedisStreamChannel",
     "Result",
     "Schedule",
     "UnsafeDestination",

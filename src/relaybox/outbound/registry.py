@@ -12,6 +12,7 @@ a box that goes away takes its channels with it.
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,9 +22,10 @@ from prometheus_client import Counter
 from sqlalchemy.engine import make_url
 
 from relaybox.outbound.channels.base import Channel
+from relaybox.outbound.channels.brokers import broker_channel
 from relaybox.outbound.channels.webhook import WebhookChannel
 from relaybox.outbound.schedule import Schedule
-from relaybox.outbound.settings import OutboundSettings
+from relaybox.outbound.settings import BrokerSettings, OutboundSettings
 from relaybox.outbound.ssrf import Guard, Resolver
 from relaybox.outbound.vault import KeyFile, Vault, new_key
 
@@ -58,6 +60,9 @@ class Outbound:
             registry=box.metrics.registry,
         )
         self.channel("webhook", WebhookChannel())
+        self._brokers: dict[str, tuple[BrokerSettings, Channel]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+        self._register_brokers()
 
     def channel(self, name: str, channel: Channel) -> Channel:
         """Register ``channel`` for outbox rows whose channel is ``name``."""
@@ -81,7 +86,35 @@ class Outbound:
         )
         for name, channel in self.channels.items():
             channel.bind(self, name)
+        self._register_brokers()
         return self
+
+    def _register_brokers(self) -> None:
+        """Make a channel for each ``[outbound.brokers.<name>]`` that is new or changed.
+        A replaced or removed broker channel's connection is closed in the background."""
+        for name in set(self._brokers) - set(self.settings.brokers):
+            _, made = self._brokers.pop(name)
+            if self.channels.get(name) is made:
+                del self.channels[name]
+                self._close_later(made)
+        for name, spec in self.settings.brokers.items():
+            known = self._brokers.get(name)
+            if known is not None and known[0] == spec and self.channels.get(name) is known[1]:
+                continue
+            old = self.channels.get(name)
+            made = self.channel(name, broker_channel(spec))
+            self._brokers[name] = (spec, made)
+            if old is not None:
+                self._close_later(old)
+
+    def _close_later(self, channel: Channel) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop: the channel never connected in this thread
+        task = loop.create_task(channel.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     @property
     def vault(self) -> Vault:

@@ -9,13 +9,20 @@ is where an application sets them.
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from relaybox.outbound.vault import parse_keys
 
-__all__ = ["DEFAULT_SCHEDULE", "OutboundSettings", "UncertainPolicy", "tenant_cap"]
+__all__ = [
+    "DEFAULT_SCHEDULE",
+    "BrokerSettings",
+    "OutboundSettings",
+    "UncertainPolicy",
+    "tenant_cap",
+]
 
 UncertainPolicy = Literal["resend", "review", "accept"]
 """What to do when a lease expired before its outcome was recorded: send again under
@@ -24,6 +31,56 @@ the same idempotency key, hold the row for a human, or count it as sent."""
 DEFAULT_SCHEDULE: tuple[float, ...] = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
 """Delays before attempts 2..8 (the first is immediate): 5 s, 5 min, 30 min, 2 h, 5 h,
 10 h, 10 h. About 27.6 hours end to end: a receiver down for a day still gets it."""
+
+
+BROKER_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+"""A broker destination's name, which is also its channel's name."""
+
+_BROKER_SCHEMES = {
+    "rabbitmq": ("amqp", "amqps"),
+    "nats": ("nats", "tls"),
+    "redis": ("redis", "rediss", "unix"),
+}
+
+
+class BrokerSettings(BaseModel):
+    """One operator-declared broker destination (``[outbound.brokers.<name>]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["rabbitmq", "nats", "redis"]
+    url: SecretStr = Field(description="amqp(s)://, nats:// or tls://, redis(s):// or unix://")
+    exchange: str = Field(default="", description="rabbitmq: exchange ('' = the default one)")
+    routing_key: str | None = Field(
+        default=None, min_length=1, description="rabbitmq: routing key (the queue on '')"
+    )
+    subject: str | None = Field(default=None, min_length=1, description="nats: subject")
+    stream: str | None = Field(
+        default=None,
+        min_length=1,
+        description="redis: stream key; nats: the JetStream stream expected to take it",
+    )
+    maxlen: int | None = Field(
+        default=None, ge=1, description="redis: trim the stream to about this many entries"
+    )
+    connect_timeout: float = Field(default=5.0, gt=0, le=60, description="seconds to connect")
+    publish_timeout: float = Field(
+        default=10.0, gt=0, le=60, description="seconds for connect + publish + confirm"
+    )
+    max_in_flight: int = Field(default=16, ge=1, le=1000, description="publishes in flight")
+    uncertain: UncertainPolicy = "resend"
+    schedule: list[float] | None = Field(default=None, description="retry delays (default: ours)")
+
+    @model_validator(mode="after")
+    def _fields(self) -> Self:
+        scheme = self.url.get_secret_value().split("://", 1)[0].lower()
+        if scheme not in _BROKER_SCHEMES[self.kind]:
+            allowed = ", ".join(f"{s}://" for s in _BROKER_SCHEMES[self.kind])
+            raise ValueError(f"a {self.kind} url starts with {allowed}")
+        needed = {"rabbitmq": "routing_key", "nats": "subject", "redis": "stream"}[self.kind]
+        if getattr(self, needed) is None:
+            raise ValueError(f"a {self.kind} broker needs {needed}")
+        return self
 
 
 class OutboundSettings(BaseModel):
@@ -100,6 +157,10 @@ class OutboundSettings(BaseModel):
         default="relaybox", min_length=1, description="tenant that receives relaybox.* events"
     )
     webhook_uncertain: UncertainPolicy = "resend"
+    brokers: dict[str, BrokerSettings] = Field(
+        default_factory=dict,
+        description="named broker destinations; each becomes the channel of that name",
+    )
     secrets_key: SecretStr | None = Field(
         default=None,
         description=(
@@ -116,6 +177,17 @@ class OutboundSettings(BaseModel):
         # An empty variable (RELAYBOX_OUTBOUND__SECRETS_KEY=) means "unset".
         if value is None or not parse_keys(value.get_secret_value()):
             return None
+        return value
+
+    @field_validator("brokers")
+    @classmethod
+    def _broker_names(cls, value: dict[str, BrokerSettings]) -> dict[str, BrokerSettings]:
+        for name in value:
+            if not BROKER_NAME.match(name) or name == "webhook" or name.startswith("ep_"):
+                raise ValueError(
+                    f"broker name {name!r}: lowercase letters, digits, '-' and '_', starting"
+                    " with a letter, and not webhook or ep_*"
+                )
         return value
 
     @field_validator("schedule")

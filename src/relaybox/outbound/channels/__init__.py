@@ -9,17 +9,27 @@ from relaybox.outbound.channels.base import (
     Result,
     Target,
 )
+from relaybox.outbound.channels.brokers import (
+    BrokerChannel,
+    NatsChannel,
+    RabbitMQChannel,
+    RedisStreamChannel,
+)
 from relaybox.outbound.channels.email import EmailChannel, render_message
 from relaybox.outbound.channels.http import HttpChannel
 from relaybox.outbound.channels.webhook import WebhookChannel
 
 __all__ = [
+    "BrokerChannel",
     "Channel",
     "Delivery",
     "EmailChannel",
     "HttpChannel",
     "MessageBody",
+    "NatsChannel",
     "Outcome",
+    "RabbitMQChannel",
+    "RedisStreamChannel",
     "Result",
     "Target",
     "WebhookChannel",

@@ -1,0 +1,335 @@
+"""Broker destinations against this machine's real RabbitMQ, NATS JetStream and Redis.
+
+Each test publishes outbox rows through the real dispatcher to a broker reached through
+a TCP proxy that cuts every connection mid-run, and a consumer of that broker's own
+client library then checks that every row arrived, that any duplicate carries the same
+id (a resend after a lost confirm), and for JetStream that dedup left exactly one
+message per id. Queue, stream and subject names are unique per test and deleted after.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aio_pika
+import nats
+import pytest
+import redis.asyncio as aredis
+
+from relaybox import Relaybox
+from relaybox.config import load_settings
+from relaybox.errors import ConfigurationError
+from relaybox.outbound import (
+    BrokerSettings,
+    NatsChannel,
+    OutboundSettings,
+    RabbitMQChannel,
+    RedisStreamChannel,
+    configure,
+    outbound,
+)
+from relaybox.outbound.channels.base import Delivery
+from tests.support.cutproxy import CutProxy
+from tests.support.outbound_app import outbox_rows
+
+N = 200
+RABBIT = ("127.0.0.1", 5672)
+NATS = ("127.0.0.1", 4222)
+REDIS = ("127.0.0.1", 6379)
+IMMEDIATE = [0.0] * 30  # retries due at once under the frozen clock
+
+
+async def _outbox(box: Relaybox, channel: str, n: int = N) -> list[str]:
+    keys = [f"order-{i:04d}" for i in range(n)]
+    async with box.store.transaction() as conn:
+        for i, key in enumerate(keys):
+            await box.store.outbox_insert(
+                conn,
+                channel=channel,
+                key=key,
+                payload=json.dumps({"n": i, "key": key}),
+                tenant=None,
+                inbox_id=None,
+                now=box.clock.now(),
+            )
+    return keys
+
+
+async def _dispatch_with_cut(box: Relaybox, proxy: CutProxy, cut_after: int) -> None:
+    """One clean batch, then a batch during which the proxy cuts every connection, then
+    batches (the proxy restored) until no row is left to send."""
+    dispatcher = box.dispatcher()
+    try:
+        assert await dispatcher.run_once() > 0
+        proxy.cut_after(cut_after)
+        await dispatcher.run_once()
+        assert proxy.cuts == 1, "the proxy never cut: the batch sent too little"
+        await dispatcher.run_once()  # the broker is unreachable now: every attempt fails
+        proxy.restore()
+        for _ in range(50):
+            if not await dispatcher.run_once():
+                break
+        else:
+            raise AssertionError("the outbox never drained")
+    finally:
+        await dispatcher.close()
+
+
+async def _check_rows(box: Relaybox, keys: list[str]) -> int:
+    """Every row sent; returns how many attempts failed (each may have been a resend)."""
+    rows = await outbox_rows(box)
+    assert sorted(r["key"] for r in rows) == keys
+    assert {r["status"] for r in rows} == {"sent"}, [r["last_error"] for r in rows][:5]
+    retried = sum(r["attempts"] - 1 for r in rows)
+    assert retried > 0, "the cut cost no attempt: it did not happen mid-run"
+    return retried
+
+
+def _check_delivered(received: list[tuple[str, bytes]], keys: list[str], resends: int) -> None:
+    ids = Counter(key for key, _ in received)
+    assert set(ids) == set(keys), f"missing: {sorted(set(keys) - set(ids))[:5]}"
+    duplicates = sum(c - 1 for c in ids.values())
+    assert duplicates <= resends
+    for key, body in received:  # a duplicate is the same message under the same id
+        assert json.loads(body)["key"] == key
+
+
+@pytest.fixture
+def name() -> str:
+    return f"relaybox-test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def rabbit_queue(name: str) -> AsyncIterator[tuple[str, aio_pika.abc.AbstractChannel]]:
+    conn = await aio_pika.connect(f"amqp://guest:guest@{RABBIT[0]}:{RABBIT[1]}/", timeout=5)
+    try:
+        channel = await conn.channel()
+        queue = await channel.declare_queue(name, durable=True)
+        try:
+            yield name, channel
+        finally:
+            await queue.delete(if_unused=False, if_empty=False)
+    finally:
+        await conn.close()
+
+
+async def test_rabbitmq_gets_every_row_across_a_connection_cut(
+    box: Relaybox, rabbit_queue: tuple[str, aio_pika.abc.AbstractChannel]
+) -> None:
+    queue_name, consumer = rabbit_queue
+    async with CutProxy(*RABBIT) as proxy:
+        configure(
+            box,
+            brokers={
+                "orders": {
+                    "kind": "rabbitmq",
+                    "url": f"amqp://guest:guest@127.0.0.1:{proxy.port}/",
+                    "routing_key": queue_name,
+                    "publish_timeout": 3,
+                    "schedule": IMMEDIATE,
+                }
+            },
+        )
+        keys = await _outbox(box, "orders")
+        await _dispatch_with_cut(box, proxy, cut_after=800)
+    resends = await _check_rows(box, keys)
+
+    queue = await consumer.get_queue(queue_name)
+    received: list[tuple[str, bytes]] = []
+    for _ in range(N * 2 + 1):
+        message = await queue.get(no_ack=True, fail=False, timeout=5)
+        if message is None:
+            break
+        assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+        assert message.message_id is not None
+        received.append((message.message_id, message.body))
+    _check_delivered(received, keys, resends)
+
+
+@pytest.fixture
+async def jetstream(name: str) -> AsyncIterator[tuple[str, Any]]:
+    nc = await nats.connect(f"nats://{NATS[0]}:{NATS[1]}", connect_timeout=5)
+    js = nc.jetstream(timeout=5)
+    try:
+        await js.add_stream(name=name, subjects=[f"{name}.>"], duplicate_window=300)
+        try:
+            yield name, js
+        finally:
+            await js.delete_stream(name)
+    finally:
+        await nc.close()
+
+
+async def test_nats_jetstream_keeps_each_row_exactly_once_across_a_connection_cut(
+    box: Relaybox, jetstream: tuple[str, Any]
+) -> None:
+    stream, js = jetstream
+    async with CutProxy(*NATS) as proxy:
+        configure(
+            box,
+            brokers={
+                "orders": {
+                    "kind": "nats",
+                    "url": f"nats://127.0.0.1:{proxy.port}",
+                    "subject": f"{stream}.orders",
+                    "stream": stream,
+                    "publish_timeout": 3,
+                    "schedule": IMMEDIATE,
+                }
+            },
+        )
+        keys = await _outbox(box, "orders")
+        await _dispatch_with_cut(box, proxy, cut_after=800)
+    await _check_rows(box, keys)
+
+    info = await js.stream_info(stream)
+    assert info.state.messages == N  # JetStream dropped every resend by its Nats-Msg-Id
+    received: list[tuple[str, bytes]] = []
+    for seq in range(1, info.state.last_seq + 1):
+        msg = await js.get_msg(stream, seq)
+        assert msg.headers is not None
+        received.append((msg.headers["Nats-Msg-Id"], msg.data))
+    _check_delivered(received, keys, resends=0)
+
+
+@pytest.fixture
+async def redis_stream(name: str) -> AsyncIterator[tuple[str, aredis.Redis]]:
+    client = aredis.Redis(host=REDIS[0], port=REDIS[1], socket_timeout=5)
+    try:
+        yield name, client
+    finally:
+        await client.delete(name)
+        await client.aclose()
+
+
+async def test_redis_stream_gets_every_row_across_a_connection_cut(
+    box: Relaybox, redis_stream: tuple[str, aredis.Redis]
+) -> None:
+    stream, client = redis_stream
+    async with CutProxy(*REDIS) as proxy:
+        configure(
+            box,
+            brokers={
+                "orders": {
+                    "kind": "redis",
+                    "url": f"redis://127.0.0.1:{proxy.port}/0",
+                    "stream": stream,
+                    "publish_timeout": 3,
+                    "schedule": IMMEDIATE,
+                }
+            },
+        )
+        keys = await _outbox(box, "orders")
+        await _dispatch_with_cut(box, proxy, cut_after=800)
+    resends = await _check_rows(box, keys)
+
+    entries = await client.xrange(stream)
+    received = [(fields[b"id"].decode(), fields[b"body"]) for _, fields in entries]
+    _check_delivered(received, keys, resends)
+
+
+# -- configuration -------------------------------------------------------------------
+
+
+def test_brokers_are_declared_in_the_environment_and_become_channels() -> None:
+    settings = load_settings(
+        env={
+            "RELAYBOX_OUTBOUND__BROKERS__ORDERS__KIND": "nats",
+            "RELAYBOX_OUTBOUND__BROKERS__ORDERS__URL": "nats://127.0.0.1:4222",
+            "RELAYBOX_OUTBOUND__BROKERS__ORDERS__SUBJECT": "orders.paid",
+            "RELAYBOX_OUTBOUND__BROKERS__ORDERS__SCHEDULE": "1,5",
+        }
+    )
+    spec = settings.outbound.brokers["orders"]
+    assert (spec.kind, spec.subject, spec.schedule) == ("nats", "orders.paid", [1.0, 5.0])
+    assert "4222" not in repr(spec)  # the URL (and any password in it) is a secret
+    box = Relaybox(settings=settings)
+    channel = outbound(box).channels["orders"]
+    assert isinstance(channel, NatsChannel) and channel.subject == "orders.paid"
+    assert tuple(channel.schedule or ()) == (1.0, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ({"kind": "rabbitmq", "url": "amqp://h/"}, "needs routing_key"),
+        ({"kind": "nats", "url": "nats://h"}, "needs subject"),
+        ({"kind": "redis", "url": "redis://h"}, "needs stream"),
+        ({"kind": "redis", "url": "http://h", "stream": "s"}, "redis://"),
+        ({"kind": "kafka", "url": "kafka://h"}, "kind"),
+        ({"kind": "nats", "url": "nats://h", "subject": "s", "publish_timeout": 0}, "publish"),
+    ],
+)
+def test_a_broker_that_cannot_work_is_refused(spec: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        BrokerSettings.model_validate(spec)
+
+
+@pytest.mark.parametrize("bad", ["webhook", "ep_x", "Orders", "a b", "-x"])
+def test_a_broker_name_must_be_a_plain_channel_name(bad: str) -> None:
+    spec = {"kind": "redis", "url": "redis://h", "stream": "s"}
+    with pytest.raises(ValueError, match="broker name"):
+        OutboundSettings.model_validate({"brokers": {bad: spec}})
+
+
+def test_a_missing_client_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "aio_pika", None)
+    with pytest.raises(ConfigurationError, match=r"relaybox\[rabbitmq\]"):
+        RabbitMQChannel(url="amqp://h/", routing_key="q")
+
+
+async def test_an_unreachable_broker_is_a_retry_and_the_channel_connects_again(
+    name: str,
+) -> None:
+    async with CutProxy(*REDIS) as proxy:
+        client = aredis.Redis(host=REDIS[0], port=REDIS[1], socket_timeout=5)
+        channel = outbound(Relaybox()).channel(
+            "orders",
+            RedisStreamChannel(
+                url=f"redis://127.0.0.1:{proxy.port}", stream=name, publish_timeout=2
+            ),
+        )
+
+        def delivery(attempt: int) -> Delivery:
+            return Delivery(
+                id=1,
+                channel="orders",
+                key="k1",
+                payload={"a": 1},
+                tenant=None,
+                attempt=attempt,
+                lease_token=attempt,
+                uncertain=False,
+                deadline=5.0,
+            )
+
+        try:
+            proxy.cut()
+            failed = await channel.deliver(delivery(1))
+            assert failed.outcome == "retry" and failed.error and "redis" in failed.error
+            proxy.restore()
+            assert (await channel.deliver(delivery(2))).outcome == "sent"
+            [(_, fields)] = await client.xrange(name)
+            assert fields == {b"id": b"k1", b"body": b'{"a":1}'}
+        finally:
+            await channel.close()
+            await client.delete(name)
+            await client.aclose()
+
+
+def test_changing_the_brokers_setting_replaces_only_what_changed() -> None:
+    box = Relaybox()
+    spec = {"kind": "redis", "url": "redis://127.0.0.1:6379/0", "stream": "s"}
+    ob = configure(box, brokers={"orders": spec, "feed": {**spec, "stream": "f"}})
+    orders, feed = ob.channels["orders"], ob.channels["feed"]
+    configure(box, timeout=10)  # an unrelated change keeps the connections
+    assert ob.channels["orders"] is orders and ob.channels["feed"] is feed
+    configure(box, brokers={"orders": {**spec, "stream": "s2"}})
+    assert isinstance(ob.channels["orders"], RedisStreamChannel)
+    assert ob.channels["orders"] is not orders and ob.channels["orders"].stream == "s2"
+    assert "feed" not in ob.channels
