@@ -18,7 +18,7 @@ def main() -> None:
     args = parser.parse_args()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"relaybox bench, {stamp}, {platform.node()}, {platform.python_version()}")
-    from bench.common import MissingTool, drop_databases
+    from bench.common import RUN_ID, MissingTool, drop_databases
 
     skipped = ""
     if args.which == "all":
@@ -49,7 +49,8 @@ def main() -> None:
         tables.append(growth.main(quick=args.quick, rounds=args.rounds))
     print()
     print("\n\n".join(tables))
-    drop_databases()
+    dropped = drop_databases()
+    print(f"\nbench: dropped {len(dropped)} database(s) bench_{RUN_ID}_*")
     if skipped:
         print(f"\n{skipped}")
         raise SystemExit(3)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg  # procrastinate's driver, installed with the bench extra
+from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -31,8 +32,9 @@ def free_port() -> int:
 
 
 def pg_url(name: str) -> str:
-    base, _, _ = PG_ADMIN.rpartition("/")
-    return f"{base}/{name}"
+    """``BENCH_PG`` with database ``name`` (its host, port and query kept: a Unix
+    socket's ``?host=`` too)."""
+    return make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False)
 
 
 _OWNER = "BENCH_RUN_ID" not in os.environ
@@ -43,6 +45,14 @@ this run's at its end. Child processes inherit it (``BENCH_RUN_ID``); the proces
 chose it drops, at its end, every database carrying it, its children's too."""
 DB_PREFIX = "bench_"
 _created: list[str] = []
+_children = False
+
+
+def children_create_databases() -> None:
+    """Note that child processes of this run create databases: the sweep at the end
+    looks for theirs too."""
+    global _children
+    _children = True
 
 
 def db_name(name: str) -> str:
@@ -76,7 +86,7 @@ def fresh_pg_database(name: str, template: str | None = None) -> str:
 
 def drop_databases() -> list[str]:
     """Drop every database this run created (its own names only); return them."""
-    if not _created and not _OWNER:
+    if not _created and not (_OWNER and _children):
         return []
     prefix = f"{DB_PREFIX}{RUN_ID}_"
     dropped: list[str] = []

@@ -19,7 +19,15 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from bench.common import ROOT, free_port, fresh_pg_database, merged, table, verdict
+from bench.common import (
+    ROOT,
+    children_create_databases,
+    free_port,
+    fresh_pg_database,
+    merged,
+    table,
+    verdict,
+)
 
 ENDPOINTS = 20
 IN_FLIGHT = 5
@@ -275,6 +283,7 @@ def run_child(
     """Each measurement in its own process, pinned to core 0 (the sink has core 1), on
     ``loop``: ``uvloop`` (what ``relaybox dispatch`` runs on) or the plain ``asyncio``;
     ``sink``: the receiver (bench/sink.py)."""
+    children_create_databases()
     out = subprocess.run(
         [
             "taskset",

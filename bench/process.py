@@ -172,12 +172,18 @@ async def raw_run(n: int, connections: int) -> dict[str, Any]:
                 rows = await claim.fetch(now, GROUP)
                 if not rows:
                     return count
-                for row in rows:
-                    body = json.loads(row["payload"])
+                # In the balances' order: transactions at once then lock the rows
+                # they share in the same order, so they wait for each other but never
+                # deadlock (no retries to pay).
+                events = sorted(
+                    ((json.loads(row["payload"]), row["id"]) for row in rows),
+                    key=lambda event: event[0]["workspace"],
+                )
+                for body, inbox_id in events:
                     key = f"bench:acct:{body['invoice']}:initial-credit-grant"
-                    if await op.fetchval(key, row["id"], now):
+                    if await op.fetchval(key, inbox_id, now):
                         await grant.fetch(body["workspace"])
-                        await outbox.fetch(key + ":confirmation", json.dumps(body), row["id"], now)
+                        await outbox.fetch(key + ":confirmation", json.dumps(body), inbox_id, now)
                 await done.fetch([row["id"] for row in rows], now)
             count += len(rows)
 
