@@ -56,7 +56,7 @@ async def _bench_databases() -> list[str]:
     return [r[0] for r in rows]
 
 
-async def test_bench_quick_meets_no_goal_silently_and_leaves_no_databases() -> None:
+async def test_bench_quick_prints_its_goals_and_leaves_no_databases() -> None:
     before = set(await _bench_databases())
     if shutil.which("wrk"):
         runs = [["all", "--quick"]]
