@@ -18,8 +18,20 @@ def main() -> None:
     args = parser.parse_args()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"relaybox bench, {stamp}, {platform.node()}, {platform.python_version()}")
+    from bench.common import RUN_ID, MissingTool, drop_databases
+
+    skipped = ""
+    if args.which == "all":
+        from bench.accept import ensure_wrk
+
+        try:
+            ensure_wrk()
+        except MissingTool as exc:
+            # Everything else still runs; the run then ends with status 3, not 0.
+            skipped = f"{exc} (accept and growth skipped)"
+            print(skipped, flush=True)
     tables = []
-    if args.which in ("accept", "all"):
+    if args.which == "accept" or (args.which == "all" and not skipped):
         from bench import accept
 
         tables.append(accept.main(seconds=args.seconds, rounds=args.rounds, quick=args.quick))
@@ -31,12 +43,17 @@ def main() -> None:
         from bench import dispatch
 
         tables.append(dispatch.main(quick=args.quick))
-    if args.which in ("growth", "all"):
+    if args.which == "growth" or (args.which == "all" and not skipped):
         from bench import growth
 
         tables.append(growth.main(quick=args.quick, rounds=args.rounds))
     print()
     print("\n\n".join(tables))
+    dropped = drop_databases()
+    print(f"\nbench: dropped {len(dropped)} database(s) bench_{RUN_ID}_*")
+    if skipped:
+        print(f"\n{skipped}")
+        raise SystemExit(3)
 
 
 if __name__ == "__main__":

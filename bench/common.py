@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import secrets
+import shutil
 import socket
 import statistics
 import subprocess
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg  # procrastinate's driver, installed with the bench extra
+from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -28,23 +32,107 @@ def free_port() -> int:
 
 
 def pg_url(name: str) -> str:
-    base, _, _ = PG_ADMIN.rpartition("/")
-    return f"{base}/{name}"
+    """``BENCH_PG`` with database ``name`` (its host, port and query kept: a Unix
+    socket's ``?host=`` too)."""
+    return make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False)
+
+
+_OWNER = "BENCH_RUN_ID" not in os.environ
+RUN_ID = os.environ.setdefault("BENCH_RUN_ID", f"{os.getpid()}_{secrets.token_hex(3)}")
+"""This run's mark: every database it creates is named ``bench_<RUN_ID>_<name>``, so
+two runs at once never touch each other's, and :func:`drop_databases` removes exactly
+this run's at its end. Child processes inherit it (``BENCH_RUN_ID``); the process that
+chose it drops, at its end, every database carrying it, its children's too."""
+DB_PREFIX = "bench_"
+_created: list[str] = []
+_children = False
+
+
+def children_create_databases() -> None:
+    """Note that child processes of this run create databases: the sweep at the end
+    looks for theirs too."""
+    global _children
+    _children = True
+
+
+def db_name(name: str) -> str:
+    """The run-unique name of the database the bench calls ``name``."""
+    full = f"{DB_PREFIX}{RUN_ID}_{name.removeprefix(DB_PREFIX)}"
+    if len(full) > 63:  # PostgreSQL's identifier limit: a longer name would be cut
+        raise ValueError(f"database name too long: {full}")
+    return full
 
 
 def fresh_pg_database(name: str, template: str | None = None) -> str:
-    """An empty database ``name``, or a copy of database ``template`` (its files:
-    seconds for a million rows), replacing any database of that name."""
+    """A new empty database for ``name`` in this run, or a copy of this run's database
+    ``template`` (its files: seconds for a million rows). Dropped by
+    :func:`drop_databases` (at exit at the latest)."""
+    full = db_name(name)
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if full in _created:  # this run's own earlier copy: a fresh one replaces it
+            conn.execute(f'DROP DATABASE IF EXISTS "{full}" WITH (FORCE)')
+            _created.remove(full)
         if template is None:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(f'CREATE DATABASE "{full}"')
         else:
+            source = db_name(template)
             try:
-                conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY')
+                conn.execute(f'CREATE DATABASE "{full}" TEMPLATE "{source}" STRATEGY FILE_COPY')
             except psycopg.errors.SyntaxError:  # PostgreSQL before 15 copies files anyway
-                conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    return pg_url(name)
+                conn.execute(f'CREATE DATABASE "{full}" TEMPLATE "{source}"')
+        _created.append(full)
+    return pg_url(full)
+
+
+def drop_databases() -> list[str]:
+    """Drop every database this run created (its own names only); return them."""
+    if not _created and not (_OWNER and _children):
+        return []
+    prefix = f"{DB_PREFIX}{RUN_ID}_"
+    dropped: list[str] = []
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        names = list(reversed(_created))  # copies before their templates
+        if _OWNER:  # and those the children left (a child killed before its exit)
+            for (name,) in conn.execute(
+                "SELECT datname FROM pg_database WHERE left(datname, length(%s)) = %s",
+                (prefix, prefix),
+            ).fetchall():
+                if name not in names:
+                    names.append(name)
+        for full in names:
+            conn.execute(f'DROP DATABASE IF EXISTS "{full}" WITH (FORCE)')
+            dropped.append(full)
+    _created.clear()
+    return dropped
+
+
+def _drop_at_exit() -> None:
+    try:
+        dropped = drop_databases()
+    except psycopg.OperationalError as exc:  # the server is gone: say what may be left
+        print(f"bench: could not drop databases bench_{RUN_ID}_*: {exc}", file=sys.stderr)
+        return
+    if dropped and _OWNER:
+        print(f"bench: dropped {len(dropped)} database(s) bench_{RUN_ID}_*", flush=True)
+
+
+atexit.register(_drop_at_exit)
+
+
+class MissingTool(SystemExit):
+    """A program the bench runs is not installed: the message says which and how."""
+
+
+def require_tool(name: str, purpose: str, install: str) -> str:
+    """The path of ``name``, or :class:`MissingTool` saying what needs it and how to
+    install it. The bench installs nothing itself."""
+    path = shutil.which(name)
+    if path is None:
+        raise MissingTool(
+            f"bench: `{name}` not found on PATH; {purpose} needs it. Install it ({install})"
+            " and run again; nothing was measured."
+        )
+    return path
 
 
 def pg_scalar(url: str, sql: str) -> Any:
@@ -166,3 +254,9 @@ def merged(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if len(runs) > 1:
         note += " (rounds: " + ", ".join(f"{r['rate']:,.0f}" for r in runs) + "/s)"
     return {"rate": rate, "note": note}
+
+
+def verdict(ratio: float, goal: float, unit: str) -> str:
+    """A row's ratio against its goal, e.g. ``0.91 x floor >= 0.85: met``."""
+    met = "met" if ratio >= goal else "MISSED"
+    return f"{ratio:.2f} {unit} >= {goal:g}: {met}"

@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import psutil
 
-from bench.accept import make_requests, run_wrk
+from bench.accept import ensure_wrk, make_requests, run_wrk
 from bench.common import ROOT, free_port, fresh_pg_database, median, serve, table
 from bench.process import WORKSPACES
 
@@ -125,6 +125,7 @@ async def worker_rss(url: str, seconds: float) -> tuple[float, float]:
 
 
 def main(*, quick: bool = False, rounds: int = 3) -> str:
+    ensure_wrk()
     sizes = [1_000, 10_000] if quick else [10_000, 100_000, 1_000_000]
     # 20,000 events: ~10 s at each size (5,000 took ~2.5 s, and one autovacuum or
     # checkpoint during it swung the rate by 20 %).

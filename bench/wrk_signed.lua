@@ -66,8 +66,13 @@ function done(summary, latency, requests)
     failed = failed + t:get("bad")
     per[#per + 1] = tostring(t:get("idx"))  -- where it stopped, from the file's start
   end
+  -- wrk's socket errors: requests that got no answer at all (refused connections,
+  -- broken reads and writes, and timeouts: no answer within wrk's 2 s), which the
+  -- 2xx and non-2xx counts above never see.
+  local e = summary.errors
   io.write(string.format(
-    "BENCH_RESULT sent=%d ok=%d bad=%d p50_us=%d p99_us=%d per_thread=%s mean_us=%d\n",
+    "BENCH_RESULT sent=%d ok=%d bad=%d p50_us=%d p99_us=%d per_thread=%s mean_us=%d"
+    .. " connect=%d read=%d write=%d timeout=%d\n",
     sent, good, failed, latency:percentile(50), latency:percentile(99), table.concat(per, ","),
-    latency.mean))
+    latency.mean, e.connect, e.read, e.write, e.timeout))
 end
