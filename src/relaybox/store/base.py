@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from relaybox.store.history import HistoryStore
+from relaybox.store.outbox import OutboxStore
 from relaybox.store.processing import Processing
 
 __all__ = [
@@ -220,6 +221,7 @@ def load_migrations(backend: str) -> list[tuple[int, str, list[str]]]:
 
 class Store(
     HistoryStore,
+    OutboxStore,
     Processing,
 ):
     """Base class of the backends. Subclasses set ``backend`` and build ``engine``."""

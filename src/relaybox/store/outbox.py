@@ -1,0 +1,332 @@
+"""The store's sending side: messages, deliveries, attempts, event types, API keys.
+
+:class:`OutboxStore` is a mixin of :class:`~relaybox.store.base.Store`. Its methods
+run the named queries of ``sql/<backend>_outbound.sql`` through the store's
+primitives (:meth:`Store.rows`, :meth:`Store.first`): on PostgreSQL these run on the
+asyncpg connection beneath the caller's ``AsyncConnection``, in its transaction, with
+asyncpg's prepared-statement cache, so that :meth:`publish`'s statements cost no more
+than a driver call each and no extra round trip. Methods taking ``conn`` run in the
+caller's transaction; the others open their own. Lists travel as the backend takes
+them (arrays on PostgreSQL, JSON text on SQLite: :meth:`Store._ids`).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+__all__ = [
+    "ApiKey",
+    "AttemptRow",
+    "DeliveryRow",
+    "EventTypeRow",
+    "Message",
+    "NewMessage",
+    "OutboxStore",
+    "new_id",
+]
+
+
+def new_id(prefix: str, now: float) -> str:
+    """``prefix_`` + milliseconds (hex, so ids sort by time) + 64 random bits."""
+    return f"{prefix}_{int(now * 1000):011x}{secrets.token_hex(8)}"
+
+
+@dataclass(frozen=True)
+class Message:
+    """A published message. ``created`` is ``False`` when an earlier publish with the
+    same idempotency key already created it (nothing new was written)."""
+
+    id: str
+    tenant: str
+    event_type: str
+    idempotency_key: str | None
+    body: bytes
+    created_at: float
+    created: bool = True
+    endpoints: tuple[str, ...] = ()
+
+    @property
+    def envelope(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.body)
+        return result
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any], *, created: bool = False) -> Message:
+        """From (id, tenant, event_type, idempotency_key, body, created_at)."""
+        return cls(
+            id=row[0],
+            tenant=row[1],
+            event_type=row[2],
+            idempotency_key=row[3],
+            body=row[4].encode(),
+            created_at=row[5],
+            created=created,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "event_type": self.event_type,
+            "idempotency_key": self.idempotency_key,
+            "created_at": self.created_at,
+            "payload": self.envelope,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to insert; ``body`` is its envelope as JSON text."""
+
+    id: str
+    tenant: str
+    event_type: str
+    idempotency_key: str | None
+    body: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRow:
+    """An outbox row (a webhook delivery or a channel row) as listings show it; under a
+    lease, ``attempts`` counts the leased attempt."""
+
+    id: str
+    message_id: str | None
+    endpoint_id: str | None
+    channel: str | None
+    key: str | None
+    tenant: str | None
+    status: str
+    dead_reason: str | None
+    attempts: int
+    next_attempt_at: float | None
+    last_error: str | None
+    last_status: int | None
+    created_at: float
+    updated_at: float | None
+    sent_at: float | None
+    event_type: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    """One recorded delivery attempt of a message."""
+
+    outbox_id: str
+    endpoint_id: str | None
+    attempt: int
+    started_at: float
+    duration: float | None
+    outcome: str
+    status_code: int | None
+    error: str | None
+    response: Any
+
+
+@dataclass(frozen=True, slots=True)
+class EventTypeRow:
+    """A catalog entry; ``schema`` is the JSON Schema as stored text, or ``None``."""
+
+    name: str
+    description: str
+    schema: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """A tenant API key's record (never the key: only its hash is stored)."""
+
+    id: str
+    tenant: str
+    name: str
+    created_at: float
+    revoked_at: float | None
+
+
+class OutboxStore:
+    """The sending side's statements (a base of :class:`~relaybox.store.Store`)."""
+
+    if TYPE_CHECKING:
+
+        def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+
+        async def rows(
+            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
+        ) -> list[Any]: ...
+
+        async def first(
+            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
+        ) -> Any: ...
+
+        def _ids(self, ids: Sequence[int]) -> Any: ...
+
+        async def notify(self, conn: AsyncConnection, channel: str) -> None: ...
+
+    def _array(self, values: Sequence[Any]) -> Any:
+        """A list parameter as the driver takes it (as :meth:`Store._ids` passes ids)."""
+        return self._ids(values)
+
+    # -- messages -----------------------------------------------------------------------
+
+    async def message_get_by_key(
+        self, conn: AsyncConnection, tenant: str, idempotency_key: str
+    ) -> Message | None:
+        """The tenant's message published with ``idempotency_key``, if any."""
+        row = await self.first(conn, "message_get_by_key", (tenant, idempotency_key))
+        return None if row is None else Message.from_row(row)
+
+    async def message_insert(self, conn: AsyncConnection, message: NewMessage) -> bool:
+        """Insert ``message``; ``False`` when a message with its (tenant, idempotency
+        key) exists already (the UNIQUE constraint decides which publish is first)."""
+        params = (
+            message.id,
+            message.tenant,
+            message.event_type,
+            message.idempotency_key,
+            message.body,
+            message.created_at,
+        )
+        return await self.first(conn, "message_insert", params) is not None
+
+    async def message_get(self, message_id: str, tenant: str | None) -> Message | None:
+        """One message (``tenant`` ``None``: of any tenant)."""
+        async with self.transaction() as conn:
+            row = await self.first(conn, "message_get", (message_id, tenant))
+        return None if row is None else Message.from_row(row)
+
+    async def message_list(
+        self,
+        tenant: str | None,
+        *,
+        event_type: str | None,
+        before: tuple[float, str] | None,
+        limit: int,
+    ) -> list[Message]:
+        """Newest first; ``before`` is the ``(created_at, id)`` of the last one seen."""
+        after_time, after_id = before if before else (None, None)
+        params = (tenant, event_type, after_time, after_id, limit)
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "message_list", params)
+        return [Message.from_row(r) for r in found]
+
+    # -- deliveries ---------------------------------------------------------------------
+
+    async def endpoint_subscribers(
+        self, conn: AsyncConnection, tenant: str
+    ) -> list[tuple[str, str]]:
+        """The tenant's enabled endpoints as (id, event type patterns as JSON text), by
+        id, read in ``conn``'s transaction (a publish fans out to these)."""
+        return [(r[0], r[1]) for r in await self.rows(conn, "endpoint_subscribers", (tenant,))]
+
+    async def delivery_insert(
+        self,
+        conn: AsyncConnection,
+        message_id: str,
+        tenant: str,
+        endpoint_ids: Sequence[str],
+        *,
+        now: float,
+    ) -> None:
+        """One pending outbox row per endpoint for the message, in ``conn``'s
+        transaction, and a wake for the dispatchers when it commits."""
+        params = (message_id, tenant, now, self._array(endpoint_ids))
+        await self.rows(conn, "delivery_insert", params)
+        await self.notify(conn, "outbox")
+
+    async def delivery_list(
+        self,
+        tenant: str | None,
+        *,
+        message_id: str | None,
+        endpoint_id: str | None,
+        undelivered: bool,
+        limit: int,
+    ) -> list[DeliveryRow]:
+        """Outbox rows, newest first; ``undelivered``: only those not sent."""
+        params = (tenant, message_id, endpoint_id, undelivered, limit)
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "delivery_list", params)
+        return [DeliveryRow(*r) for r in found]
+
+    async def attempt_list(self, message_id: str, tenant: str | None) -> list[AttemptRow]:
+        """The recorded attempts of a message's deliveries, in the order they ran."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "delivery_attempts", (message_id, tenant))
+        return [AttemptRow(*r) for r in found]
+
+    async def delivery_redeliver(
+        self, message_id: str, *, tenant: str | None, endpoint_id: str | None, now: float
+    ) -> int:
+        """Put the message's finished deliveries (to ``endpoint_id`` or every enabled
+        endpoint) back to pending with a fresh budget; returns how many."""
+        async with self.transaction() as conn:
+            found = await self.rows(
+                conn, "delivery_redeliver", (message_id, tenant, endpoint_id, now)
+            )
+            if found:
+                await self.notify(conn, "outbox")
+        return len(found)
+
+    async def delivery_recover(
+        self, endpoint_id: str, *, since: float, until: float | None, now: float
+    ) -> int:
+        """Retry every dead delivery of the endpoint created in ``[since, until)``;
+        returns how many."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "delivery_recover", (endpoint_id, since, until, now))
+            if found:
+                await self.notify(conn, "outbox")
+        return len(found)
+
+    # -- event types --------------------------------------------------------------------
+
+    async def event_type_upsert(
+        self, name: str, description: str, schema: str | None, *, now: float
+    ) -> None:
+        """Add or replace a catalog entry (``schema``: JSON text or ``None``)."""
+        async with self.transaction() as conn:
+            await self.rows(conn, "event_type_upsert", (name, description, schema, now))
+
+    async def event_type_list(self) -> list[EventTypeRow]:
+        """The catalog, by name."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "event_type_list")
+        return [EventTypeRow(r[0], r[1], r[2]) for r in found]
+
+    async def event_type_schema(self, conn: AsyncConnection, name: str) -> str | None:
+        """The catalog's schema of ``name`` (JSON text), read in ``conn``'s transaction;
+        ``None`` for a type without one or outside the catalog."""
+        row = await self.first(conn, "event_type_get", (name,))
+        return None if row is None or not row[2] else str(row[2])
+
+    # -- API keys -----------------------------------------------------------------------
+
+    async def api_key_create(
+        self, key_id: str, tenant: str, name: str, key_hash: str, *, now: float
+    ) -> None:
+        async with self.transaction() as conn:
+            await self.rows(conn, "api_key_insert", (key_id, tenant, name, key_hash, now))
+
+    async def api_key_find(self, key_hash: str) -> str | None:
+        """The tenant of the active key with this hash, or ``None``."""
+        async with self.transaction() as conn:
+            row = await self.first(conn, "api_key_lookup", (key_hash,))
+        return None if row is None else str(row[1])
+
+    async def api_key_list(self, tenant: str | None) -> list[ApiKey]:
+        """Keys of ``tenant`` (``None``: every tenant), oldest first."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "api_key_list", (tenant,))
+        return [ApiKey(*r) for r in found]
+
+    async def api_key_revoke(self, key_id: str, *, now: float) -> bool:
+        """Revoke an active key; ``False`` when there is none with this id."""
+        async with self.transaction() as conn:
+            return await self.first(conn, "api_key_revoke", (key_id, now)) is not None
