@@ -43,9 +43,7 @@ async def list_messages(
     limit: int = 50,
 ) -> list[Message]:
     """Newest first; ``before`` is the ``(created_at, id)`` of the last one seen."""
-    return await box.store.message_list(
-        tenant, event_type=event_type, before=before, limit=limit
-    )
+    return await box.store.message_list(tenant, event_type=event_type, before=before, limit=limit)
 
 
 async def list_deliveries(

@@ -25,10 +25,15 @@ __all__ = [
     "ApiKey",
     "AttemptRow",
     "DeliveryRow",
+    "Endpoint",
+    "EndpointQuotaReached",
+    "EndpointStatusChange",
+    "EndpointWrite",
     "EventTypeRow",
     "Message",
     "NewMessage",
     "OutboxStore",
+    "StoredSecret",
     "new_id",
 ]
 
@@ -36,6 +41,109 @@ __all__ = [
 def new_id(prefix: str, now: float) -> str:
     """``prefix_`` + milliseconds (hex, so ids sort by time) + 64 random bits."""
     return f"{prefix}_{int(now * 1000):011x}{secrets.token_hex(8)}"
+
+
+class EndpointQuotaReached(Exception):
+    """The tenant has ``count`` endpoints already, the quota's worth."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(f"the tenant has {count} endpoints")
+        self.count = count
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    id: str
+    tenant: str
+    url: str
+    description: str
+    event_types: list[str]
+    status: str
+    disabled_reason: str | None
+    signature: str
+    timeout: float | None
+    schedule: list[float] | None
+    failing_since: float | None
+    created_at: float
+    updated_at: float
+    max_in_flight: int
+    rate_limit: float | None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Endpoint:
+        """From ``endpoint_get``'s columns, in their order."""
+        return cls(
+            id=row[0],
+            tenant=row[1],
+            url=row[2],
+            description=row[3],
+            event_types=json.loads(row[4]),
+            status=row[5],
+            disabled_reason=row[6],
+            signature=row[7],
+            timeout=row[8],
+            schedule=json.loads(row[9]) if row[9] else None,
+            failing_since=row[10],
+            created_at=row[11],
+            updated_at=row[12],
+            max_in_flight=row[13],
+            rate_limit=row[14],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "url": self.url,
+            "description": self.description,
+            "event_types": self.event_types,
+            "enabled": self.status == "enabled",
+            "disabled_reason": self.disabled_reason,
+            "signature": self.signature,
+            "timeout": self.timeout,
+            "schedule": self.schedule,
+            "max_in_flight": self.max_in_flight,
+            "rate_limit": self.rate_limit,
+            "failing_since": self.failing_since,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointWrite:
+    """An endpoint's mutable fields and lane settings, as written at once (a create, or
+    an update with the patch merged into the current row)."""
+
+    id: str
+    tenant: str
+    url: str
+    description: str
+    event_types: Sequence[str]
+    signature: str
+    timeout: float | None
+    schedule: Sequence[float] | None
+    max_in_flight: int
+    rate_limit: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointStatusChange:
+    """An endpoint whose status a call changed."""
+
+    id: str
+    tenant: str
+    url: str
+    failing_since: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSecret:
+    """An endpoint secret as stored (sealed, or plaintext from older versions)."""
+
+    endpoint_id: str
+    secret: str
+    created_at: float
+    expires_at: float | None
 
 
 @dataclass(frozen=True)
@@ -172,6 +280,138 @@ class OutboxStore:
     def _array(self, values: Sequence[Any]) -> Any:
         """A list parameter as the driver takes it (as :meth:`Store._ids` passes ids)."""
         return self._ids(values)
+
+    # -- endpoints ----------------------------------------------------------------------
+
+    def _endpoint_params(self, e: EndpointWrite, now: float) -> tuple[Any, ...]:
+        schedule = None if e.schedule is None else json.dumps(list(e.schedule))
+        return (
+            e.id,
+            e.tenant,
+            e.url,
+            e.description,
+            json.dumps(list(e.event_types)),
+            e.signature,
+            e.timeout,
+            schedule,
+            now,
+        )
+
+    async def endpoint_create(
+        self, endpoint: EndpointWrite, sealed_secret: str, *, quota: int, now: float
+    ) -> Endpoint:
+        """Create an enabled endpoint, its lane and its first (sealed) secret. Creates
+        of one tenant run one at a time, so the quota holds: raises
+        :class:`EndpointQuotaReached` when the tenant has ``quota`` endpoints."""
+        async with self.transaction() as conn:
+            await self.first(conn, "endpoint_quota_lock", (endpoint.tenant,))
+            count = await self.first(conn, "endpoint_count", (endpoint.tenant,))
+            if count[0] >= quota:
+                raise EndpointQuotaReached(int(count[0]))
+            await self.rows(conn, "endpoint_insert", self._endpoint_params(endpoint, now))
+            await self.lane_upsert(conn, endpoint.id, endpoint.max_in_flight, endpoint.rate_limit)
+            await self.rows(conn, "endpoint_secret_insert", (endpoint.id, sealed_secret, now))
+            row = await self.first(conn, "endpoint_get", (endpoint.id, endpoint.tenant))
+        return Endpoint.from_row(row)
+
+    async def endpoint_get(self, endpoint_id: str, tenant: str | None) -> Endpoint | None:
+        """One endpoint with its lane settings (``tenant`` ``None``: of any tenant)."""
+        async with self.transaction() as conn:
+            row = await self.first(conn, "endpoint_get", (endpoint_id, tenant))
+        return None if row is None else Endpoint.from_row(row)
+
+    async def endpoint_list(self, tenant: str | None, *, limit: int) -> list[Endpoint]:
+        """Endpoints of ``tenant`` (``None``: every tenant), oldest first."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "endpoint_list", (tenant, limit))
+        return [Endpoint.from_row(r) for r in found]
+
+    async def endpoint_update(self, endpoint: EndpointWrite, *, now: float) -> None:
+        """Write every mutable field and the lane settings of the tenant's endpoint."""
+        async with self.transaction() as conn:
+            await self.rows(conn, "endpoint_update", self._endpoint_params(endpoint, now))
+            await self.lane_upsert(conn, endpoint.id, endpoint.max_in_flight, endpoint.rate_limit)
+
+    async def endpoint_delete(
+        self, endpoint_id: str, tenant: str, *, reason: str, now: float
+    ) -> bool:
+        """Delete the tenant's endpoint, its secrets and lane; its waiting deliveries
+        become dead letters (``reason``). ``False``: no such endpoint."""
+        async with self.transaction() as conn:
+            if await self.first(conn, "endpoint_delete", (endpoint_id, tenant)) is None:
+                return False
+            await self.rows(conn, "lane_delete", (endpoint_id,))
+            await self.delivery_kill_endpoint(conn, endpoint_id, reason, now=now)
+        return True
+
+    async def endpoint_set_status(
+        self,
+        conn: AsyncConnection,
+        endpoint_id: str,
+        status: str,
+        *,
+        reason: str | None,
+        now: float,
+    ) -> EndpointStatusChange | None:
+        """Switch the endpoint to ``status`` (``enabled`` clears its failure streak) in
+        ``conn``'s transaction; ``None`` when it has that status already (or is gone)."""
+        row = await self.first(conn, "endpoint_set_status", (endpoint_id, status, reason, now))
+        return None if row is None else EndpointStatusChange(row[0], row[1], row[2], row[3])
+
+    async def delivery_kill_endpoint(
+        self, conn: AsyncConnection, endpoint_id: str, reason: str, *, now: float
+    ) -> None:
+        """The endpoint's waiting deliveries become dead letters (``reason``), in
+        ``conn``'s transaction; those under a live lease are left to their dispatcher.
+        Two statements: the rows are locked first, so that the second one's snapshot
+        sees every lease taken of them (a lease does not write the outbox row on
+        PostgreSQL)."""
+        ids = [r[0] for r in await self.rows(conn, "delivery_lock_endpoint", (endpoint_id,))]
+        if ids:
+            params = (endpoint_id, reason, now, self._ids(ids))
+            await self.rows(conn, "delivery_kill_endpoint", params)
+
+    async def lane_upsert(
+        self, conn: AsyncConnection, lane: str, max_in_flight: int, rate_limit: float | None
+    ) -> None:
+        """Set a lane's settings (its flow state stays), in ``conn``'s transaction."""
+        await self.rows(conn, "lane_upsert", (lane, max_in_flight, rate_limit))
+
+    # -- endpoint secrets ---------------------------------------------------------------
+
+    async def endpoint_secrets_active(
+        self, conn: AsyncConnection, endpoint_ids: Sequence[str], *, now: float
+    ) -> list[StoredSecret]:
+        """The endpoints' secrets not expired at ``now``, by endpoint, newest first."""
+        params = (self._array(endpoint_ids), now)
+        found = await self.rows(conn, "endpoint_secrets_active", params)
+        return [StoredSecret(r[0], r[1], r[2], r[3]) for r in found]
+
+    async def endpoint_secret_rotate(
+        self, conn: AsyncConnection, endpoint_id: str, sealed: str, *, until: float, now: float
+    ) -> None:
+        """Add a secret; every one still active keeps signing until ``until``."""
+        await self.rows(conn, "endpoint_secret_expire", (endpoint_id, until))
+        await self.rows(conn, "endpoint_secret_insert", (endpoint_id, sealed, now))
+
+    async def endpoint_secret_sealed_any(self) -> bool:
+        """Whether any stored secret is sealed."""
+        async with self.transaction() as conn:
+            return await self.first(conn, "endpoint_secret_sealed_any") is not None
+
+    async def endpoint_secrets_page(
+        self, conn: AsyncConnection, after: int, limit: int, *, plaintext: bool = False
+    ) -> list[tuple[int, str]]:
+        """Up to ``limit`` stored secrets (only plaintext ones: ``plaintext``) after id
+        ``after``, in id order, as (id, stored value)."""
+        name = "endpoint_secrets_plaintext_page" if plaintext else "endpoint_secrets_page"
+        return [(r[0], r[1]) for r in await self.rows(conn, name, (after, limit))]
+
+    async def endpoint_secret_swap(
+        self, conn: AsyncConnection, secret_id: int, old: str, new: str
+    ) -> bool:
+        """Compare-and-set: the stored value becomes ``new`` only while it is ``old``."""
+        return await self.first(conn, "endpoint_secret_swap", (secret_id, old, new)) is not None
 
     # -- messages -----------------------------------------------------------------------
 
