@@ -14,12 +14,20 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.store.outbox_rows import (
+    UNBOUNDED,
+    Delivery,
+    Fairness,
+    MessageBody,
+    Target,
+)
 
 __all__ = [
     "ApiKey",
@@ -258,8 +266,60 @@ class ApiKey:
     revoked_at: float | None
 
 
+SecretOpener = Callable[[Sequence[str]], tuple[tuple[str, ...], str | None]]
+"""Opens an endpoint's stored secrets: (the secrets, ``None``), or ((), why not)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRequest:
+    """One lease: up to ``slots`` due rows of ``channels`` for ``owner`` until
+    ``until``; each delivery may take ``deadline`` seconds. ``sent``: plain successes
+    to record with the lease (rows of id, lease token, attempt, endpoint id, started,
+    duration, status code, error, response), ``ahead``: channels whose lanes may be
+    leased up to ``factor`` times their cap (both only where the store
+    :attr:`~OutboxStore.lease_records`)."""
+
+    owner: str
+    slots: int
+    channels: Sequence[str]
+    now: float
+    until: float
+    deadline: float
+    fair: Fairness = UNBOUNDED
+    sent: Sequence[tuple[Any, ...]] = ()
+    ahead: Sequence[str] = ()
+    factor: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Leased:
+    """A lease's deliveries (by id), the (id, lease token) pairs its ``sent`` wrote
+    (the others were fenced), and per lane leased how many attempts the dispatcher may
+    run in it at once (empty: as many as were leased)."""
+
+    deliveries: list[Delivery]
+    written: set[tuple[int, int]]
+    allowed: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class FailureStreak:
+    """An endpoint's status and the start of its failure streak after a failure."""
+
+    status: str
+    failing_since: float
+
+
 class OutboxStore:
-    """The sending side's statements (a base of :class:`~relaybox.store.Store`)."""
+    """The sending side's statements (a base of :class:`~relaybox.store.Store`).
+
+    ``lease_records``: :meth:`outbox_lease` records a :class:`LeaseRequest`'s plain
+    successes and may lease ahead, in the one statement of the lease (PostgreSQL). A
+    store without it leases in a transaction of a few statements and takes no
+    ``sent``; the dispatcher records through :meth:`outbox_record` there.
+    """
+
+    lease_records: ClassVar[bool] = False
 
     if TYPE_CHECKING:
 
@@ -276,6 +336,15 @@ class OutboxStore:
         def _ids(self, ids: Sequence[int]) -> Any: ...
 
         async def notify(self, conn: AsyncConnection, channel: str) -> None: ...
+
+    def _mapping(self, row: Any) -> Mapping[str, Any]:
+        """A row of :meth:`Store.rows` read by column name."""
+        mapping: Mapping[str, Any] = row._mapping
+        return mapping
+
+    def _columns(self, rows: Sequence[Sequence[Any]]) -> list[Any]:
+        """Rows as one list parameter per column (``unnest`` / ``json_each``)."""
+        return [self._array([row[i] for row in rows]) for i in range(len(rows[0]))]
 
     def _array(self, values: Sequence[Any]) -> Any:
         """A list parameter as the driver takes it (as :meth:`Store._ids` passes ids)."""
@@ -525,6 +594,62 @@ class OutboxStore:
                 await self.notify(conn, "outbox")
         return len(found)
 
+    # -- leases -------------------------------------------------------------------------
+
+    async def outbox_lease(self, request: LeaseRequest, open_secrets: SecretOpener) -> Leased:
+        """Lease up to ``request.slots`` due rows lane by lane (see
+        :mod:`relaybox.outbound.leases`) with what the channels need (message bodies,
+        endpoints with their secrets opened by ``open_secrets``), the deliveries in id
+        order. Each backend leases its own way: PostgreSQL in one statement, SQLite in
+        one transaction of a few."""
+        raise NotImplementedError(f"{type(self).__name__} leases no rows")
+
+    async def outbox_release(self, deliveries: Sequence[Delivery]) -> None:
+        """Give back leases never started: the rows are due again at once, as if never
+        leased."""
+        params = (
+            self._array([d.id for d in deliveries]),
+            self._array([d.lease_token for d in deliveries]),
+            self._array([d.uncertain for d in deliveries]),
+        )
+        async with self.transaction() as conn:
+            await self.rows(conn, "outbox_release", params)
+
+    # -- recording ----------------------------------------------------------------------
+
+    async def outbox_record(
+        self, conn: AsyncConnection, marks: Sequence[tuple[Any, ...]], *, now: float
+    ) -> set[tuple[int, int]]:
+        """Record attempts' outcomes in ``conn``'s transaction, each fenced by its lease
+        token; ``marks`` are rows of (id, lease token, status, next attempt at, dead
+        reason, error, status code). Returns the (id, lease token) pairs written."""
+        found = await self.rows(conn, "outbox_record", (now, *self._columns(marks)))
+        return {(r[0], r[1]) for r in found}
+
+    async def outbox_attempts_insert(
+        self, conn: AsyncConnection, attempts: Sequence[tuple[Any, ...]]
+    ) -> None:
+        """Append to the attempt log, in ``conn``'s transaction: rows of (outbox id,
+        attempt, lease token, dispatcher, started, duration, outcome, status code,
+        error, response)."""
+        await self.rows(conn, "outbox_attempts_insert", self._columns(attempts))
+
+    async def endpoints_succeeded(self, conn: AsyncConnection, endpoint_ids: Sequence[str]) -> None:
+        """End the endpoints' failure streaks, in ``conn``'s transaction."""
+        await self.rows(conn, "endpoints_succeeded", (self._array(endpoint_ids),))
+
+    async def endpoint_succeeded(self, conn: AsyncConnection, endpoint_id: str) -> None:
+        """End the endpoint's failure streak, in ``conn``'s transaction."""
+        await self.rows(conn, "endpoint_succeeded", (endpoint_id,))
+
+    async def endpoint_failed(
+        self, conn: AsyncConnection, endpoint_id: str, *, now: float
+    ) -> FailureStreak | None:
+        """Start the endpoint's failure streak at ``now`` unless one runs; ``None``
+        when the endpoint is gone."""
+        row = await self.first(conn, "endpoint_failed", (endpoint_id, now))
+        return None if row is None else FailureStreak(row[0], row[1])
+
     # -- event types --------------------------------------------------------------------
 
     async def event_type_upsert(
@@ -570,3 +695,26 @@ class OutboxStore:
         """Revoke an active key; ``False`` when there is none with this id."""
         async with self.transaction() as conn:
             return await self.first(conn, "api_key_revoke", (key_id, now)) is not None
+
+
+def leased_delivery(
+    r: Any, deadline: float, message: MessageBody | None, endpoint: Target | None
+) -> Delivery:
+    """A leased row (read by column name) as the channels take it. Positional and
+    without parsing a webhook row's payload (``null``: the body is the message's):
+    this runs for every delivery."""
+    payload = r["payload"]
+    return Delivery(
+        r["id"],
+        r["channel"],
+        r["key"],
+        None if payload == "null" else json.loads(payload),
+        r["tenant"],
+        r["attempts"],
+        r["lease_token"],
+        bool(r["uncertain"]),
+        deadline,
+        message,
+        endpoint,
+        r["lane"] or r["channel"],
+    )
