@@ -13,20 +13,35 @@ them (arrays on PostgreSQL, JSON text on SQLite: :meth:`Store._ids`).
 from __future__ import annotations
 
 import json
-import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.store.outbox_rows import (
-    UNBOUNDED,
+    ApiKey,
+    AttemptRow,
     Delivery,
-    Fairness,
+    DeliveryRow,
+    Endpoint,
+    EndpointAttempt,
+    EndpointBacklog,
+    EndpointHealth,
+    EndpointQuotaReached,
+    EndpointStatusChange,
+    EndpointWrite,
+    EventTypeRow,
+    FailureStreak,
+    Leased,
+    LeaseRequest,
+    Message,
     MessageBody,
+    NewMessage,
+    SecretOpener,
+    StoredSecret,
     Target,
+    new_id,
 )
 
 __all__ = [
@@ -34,280 +49,24 @@ __all__ = [
     "AttemptRow",
     "DeliveryRow",
     "Endpoint",
+    "EndpointAttempt",
+    "EndpointBacklog",
+    "EndpointHealth",
     "EndpointQuotaReached",
     "EndpointStatusChange",
     "EndpointWrite",
     "EventTypeRow",
+    "FailureStreak",
+    "LeaseRequest",
+    "Leased",
     "Message",
     "NewMessage",
     "OutboxStore",
+    "SecretOpener",
     "StoredSecret",
+    "leased_delivery",
     "new_id",
 ]
-
-
-def new_id(prefix: str, now: float) -> str:
-    """``prefix_`` + milliseconds (hex, so ids sort by time) + 64 random bits."""
-    return f"{prefix}_{int(now * 1000):011x}{secrets.token_hex(8)}"
-
-
-class EndpointQuotaReached(Exception):
-    """The tenant has ``count`` endpoints already, the quota's worth."""
-
-    def __init__(self, count: int) -> None:
-        super().__init__(f"the tenant has {count} endpoints")
-        self.count = count
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    id: str
-    tenant: str
-    url: str
-    description: str
-    event_types: list[str]
-    status: str
-    disabled_reason: str | None
-    signature: str
-    timeout: float | None
-    schedule: list[float] | None
-    failing_since: float | None
-    created_at: float
-    updated_at: float
-    max_in_flight: int
-    rate_limit: float | None
-
-    @classmethod
-    def from_row(cls, row: Sequence[Any]) -> Endpoint:
-        """From ``endpoint_get``'s columns, in their order."""
-        return cls(
-            id=row[0],
-            tenant=row[1],
-            url=row[2],
-            description=row[3],
-            event_types=json.loads(row[4]),
-            status=row[5],
-            disabled_reason=row[6],
-            signature=row[7],
-            timeout=row[8],
-            schedule=json.loads(row[9]) if row[9] else None,
-            failing_since=row[10],
-            created_at=row[11],
-            updated_at=row[12],
-            max_in_flight=row[13],
-            rate_limit=row[14],
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "url": self.url,
-            "description": self.description,
-            "event_types": self.event_types,
-            "enabled": self.status == "enabled",
-            "disabled_reason": self.disabled_reason,
-            "signature": self.signature,
-            "timeout": self.timeout,
-            "schedule": self.schedule,
-            "max_in_flight": self.max_in_flight,
-            "rate_limit": self.rate_limit,
-            "failing_since": self.failing_since,
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointWrite:
-    """An endpoint's mutable fields and lane settings, as written at once (a create, or
-    an update with the patch merged into the current row)."""
-
-    id: str
-    tenant: str
-    url: str
-    description: str
-    event_types: Sequence[str]
-    signature: str
-    timeout: float | None
-    schedule: Sequence[float] | None
-    max_in_flight: int
-    rate_limit: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointStatusChange:
-    """An endpoint whose status a call changed."""
-
-    id: str
-    tenant: str
-    url: str
-    failing_since: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredSecret:
-    """An endpoint secret as stored (sealed, or plaintext from older versions)."""
-
-    endpoint_id: str
-    secret: str
-    created_at: float
-    expires_at: float | None
-
-
-@dataclass(frozen=True)
-class Message:
-    """A published message. ``created`` is ``False`` when an earlier publish with the
-    same idempotency key already created it (nothing new was written)."""
-
-    id: str
-    tenant: str
-    event_type: str
-    idempotency_key: str | None
-    body: bytes
-    created_at: float
-    created: bool = True
-    endpoints: tuple[str, ...] = ()
-
-    @property
-    def envelope(self) -> dict[str, Any]:
-        result: dict[str, Any] = json.loads(self.body)
-        return result
-
-    @classmethod
-    def from_row(cls, row: Sequence[Any], *, created: bool = False) -> Message:
-        """From (id, tenant, event_type, idempotency_key, body, created_at)."""
-        return cls(
-            id=row[0],
-            tenant=row[1],
-            event_type=row[2],
-            idempotency_key=row[3],
-            body=row[4].encode(),
-            created_at=row[5],
-            created=created,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "event_type": self.event_type,
-            "idempotency_key": self.idempotency_key,
-            "created_at": self.created_at,
-            "payload": self.envelope,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class NewMessage:
-    """A message to insert; ``body`` is its envelope as JSON text."""
-
-    id: str
-    tenant: str
-    event_type: str
-    idempotency_key: str | None
-    body: str
-    created_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class DeliveryRow:
-    """An outbox row (a webhook delivery or a channel row) as listings show it; under a
-    lease, ``attempts`` counts the leased attempt."""
-
-    id: str
-    message_id: str | None
-    endpoint_id: str | None
-    channel: str | None
-    key: str | None
-    tenant: str | None
-    status: str
-    dead_reason: str | None
-    attempts: int
-    next_attempt_at: float | None
-    last_error: str | None
-    last_status: int | None
-    created_at: float
-    updated_at: float | None
-    sent_at: float | None
-    event_type: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptRow:
-    """One recorded delivery attempt of a message."""
-
-    outbox_id: str
-    endpoint_id: str | None
-    attempt: int
-    started_at: float
-    duration: float | None
-    outcome: str
-    status_code: int | None
-    error: str | None
-    response: Any
-
-
-@dataclass(frozen=True, slots=True)
-class EventTypeRow:
-    """A catalog entry; ``schema`` is the JSON Schema as stored text, or ``None``."""
-
-    name: str
-    description: str
-    schema: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class ApiKey:
-    """A tenant API key's record (never the key: only its hash is stored)."""
-
-    id: str
-    tenant: str
-    name: str
-    created_at: float
-    revoked_at: float | None
-
-
-SecretOpener = Callable[[Sequence[str]], tuple[tuple[str, ...], str | None]]
-"""Opens an endpoint's stored secrets: (the secrets, ``None``), or ((), why not)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseRequest:
-    """One lease: up to ``slots`` due rows of ``channels`` for ``owner`` until
-    ``until``; each delivery may take ``deadline`` seconds. ``sent``: plain successes
-    to record with the lease (rows of id, lease token, attempt, endpoint id, started,
-    duration, status code, error, response), ``ahead``: channels whose lanes may be
-    leased up to ``factor`` times their cap (both only where the store
-    :attr:`~OutboxStore.lease_records`)."""
-
-    owner: str
-    slots: int
-    channels: Sequence[str]
-    now: float
-    until: float
-    deadline: float
-    fair: Fairness = UNBOUNDED
-    sent: Sequence[tuple[Any, ...]] = ()
-    ahead: Sequence[str] = ()
-    factor: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Leased:
-    """A lease's deliveries (by id), the (id, lease token) pairs its ``sent`` wrote
-    (the others were fenced), and per lane leased how many attempts the dispatcher may
-    run in it at once (empty: as many as were leased)."""
-
-    deliveries: list[Delivery]
-    written: set[tuple[int, int]]
-    allowed: dict[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class FailureStreak:
-    """An endpoint's status and the start of its failure streak after a failure."""
-
-    status: str
-    failing_since: float
 
 
 class OutboxStore:
@@ -649,6 +408,52 @@ class OutboxStore:
         when the endpoint is gone."""
         row = await self.first(conn, "endpoint_failed", (endpoint_id, now))
         return None if row is None else FailureStreak(row[0], row[1])
+
+    # -- operator views -----------------------------------------------------------------
+
+    async def endpoint_health(self, *, since: float) -> dict[str, EndpointHealth]:
+        """Per endpoint id, its delivery attempts started since ``since``."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "ops_endpoint_health", (since,))
+        return {r[0]: EndpointHealth(int(r[1]), int(r[2] or 0), r[3]) for r in found}
+
+    async def endpoint_backlog(self) -> dict[str, EndpointBacklog]:
+        """Per endpoint id with undelivered rows, how many of each status."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "ops_endpoint_backlog")
+        return {
+            r[0]: EndpointBacklog(int(r[1] or 0), int(r[2] or 0), int(r[3] or 0), r[4])
+            for r in found
+        }
+
+    async def endpoint_attempts(self, endpoint_id: str, *, limit: int) -> list[EndpointAttempt]:
+        """The endpoint's most recent attempts, newest first."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "ops_endpoint_attempts", (endpoint_id, limit))
+        return [EndpointAttempt(*r) for r in found]
+
+    async def message_purged_at(self, message_id: str) -> float | None:
+        """When retention emptied the message's body; ``None``: it is there (or there
+        is no such message)."""
+        async with self.transaction() as conn:
+            row = await self.first(conn, "ops_message_purged_at", (message_id,))
+        return None if row is None else row[0]
+
+    # -- admin sessions -----------------------------------------------------------------
+
+    async def admin_session_revoke(
+        self, session_id: str, *, expires_at: float, purge_before: float
+    ) -> None:
+        """Revoke a dashboard session until ``expires_at`` (idempotent), and drop the
+        revocations that expired before ``purge_before``, in one transaction."""
+        async with self.transaction() as conn:
+            await self.rows(conn, "admin_session_revoke", (session_id, expires_at))
+            await self.rows(conn, "admin_session_purge", (purge_before,))
+
+    async def admin_session_revoked(self, session_id: str) -> bool:
+        """Whether the dashboard session was revoked (one primary-key lookup)."""
+        async with self.transaction() as conn:
+            return await self.first(conn, "admin_session_revoked", (session_id,)) is not None
 
     # -- event types --------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Records of the sending side that the store builds for the dispatcher: a leased
+"""Records of the sending side: what :class:`~relaybox.store.outbox.OutboxStore`
+takes and returns (endpoints, messages, deliveries, attempts, keys), a leased
 row as the channels take it (:class:`Delivery`, with its :class:`MessageBody` and its
 endpoint's :class:`Target`), and what a lease may take (:class:`Lane`,
 :class:`Fairness`, :func:`allocate`, the plan ``outbox_lease`` computes in SQL on
@@ -6,18 +7,39 @@ PostgreSQL and the SQLite store in Python)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
     "UNBOUNDED",
+    "ApiKey",
+    "AttemptRow",
     "Delivery",
+    "DeliveryRow",
+    "Endpoint",
+    "EndpointAttempt",
+    "EndpointBacklog",
+    "EndpointHealth",
+    "EndpointQuotaReached",
+    "EndpointStatusChange",
+    "EndpointWrite",
+    "EventTypeRow",
+    "FailureStreak",
     "Fairness",
     "Lane",
+    "LeaseRequest",
+    "Leased",
+    "Message",
     "MessageBody",
+    "NewMessage",
+    "SecretOpener",
+    "StoredSecret",
     "Target",
     "allocate",
+    "new_id",
 ]
 
 
@@ -133,3 +155,301 @@ def allocate(
     for _, _, _, name in entries[: max(slots, 0)]:
         plan[name] = plan.get(name, 0) + 1
     return plan
+
+
+def new_id(prefix: str, now: float) -> str:
+    """``prefix_`` + milliseconds (hex, so ids sort by time) + 64 random bits."""
+    return f"{prefix}_{int(now * 1000):011x}{secrets.token_hex(8)}"
+
+
+class EndpointQuotaReached(Exception):
+    """The tenant has ``count`` endpoints already, the quota's worth."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(f"the tenant has {count} endpoints")
+        self.count = count
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    id: str
+    tenant: str
+    url: str
+    description: str
+    event_types: list[str]
+    status: str
+    disabled_reason: str | None
+    signature: str
+    timeout: float | None
+    schedule: list[float] | None
+    failing_since: float | None
+    created_at: float
+    updated_at: float
+    max_in_flight: int
+    rate_limit: float | None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Endpoint:
+        """From ``endpoint_get``'s columns, in their order."""
+        return cls(
+            id=row[0],
+            tenant=row[1],
+            url=row[2],
+            description=row[3],
+            event_types=json.loads(row[4]),
+            status=row[5],
+            disabled_reason=row[6],
+            signature=row[7],
+            timeout=row[8],
+            schedule=json.loads(row[9]) if row[9] else None,
+            failing_since=row[10],
+            created_at=row[11],
+            updated_at=row[12],
+            max_in_flight=row[13],
+            rate_limit=row[14],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "url": self.url,
+            "description": self.description,
+            "event_types": self.event_types,
+            "enabled": self.status == "enabled",
+            "disabled_reason": self.disabled_reason,
+            "signature": self.signature,
+            "timeout": self.timeout,
+            "schedule": self.schedule,
+            "max_in_flight": self.max_in_flight,
+            "rate_limit": self.rate_limit,
+            "failing_since": self.failing_since,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointWrite:
+    """An endpoint's mutable fields and lane settings, as written at once (a create, or
+    an update with the patch merged into the current row)."""
+
+    id: str
+    tenant: str
+    url: str
+    description: str
+    event_types: Sequence[str]
+    signature: str
+    timeout: float | None
+    schedule: Sequence[float] | None
+    max_in_flight: int
+    rate_limit: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointStatusChange:
+    """An endpoint whose status a call changed."""
+
+    id: str
+    tenant: str
+    url: str
+    failing_since: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSecret:
+    """An endpoint secret as stored (sealed, or plaintext from older versions)."""
+
+    endpoint_id: str
+    secret: str
+    created_at: float
+    expires_at: float | None
+
+
+@dataclass(frozen=True)
+class Message:
+    """A published message. ``created`` is ``False`` when an earlier publish with the
+    same idempotency key already created it (nothing new was written)."""
+
+    id: str
+    tenant: str
+    event_type: str
+    idempotency_key: str | None
+    body: bytes
+    created_at: float
+    created: bool = True
+    endpoints: tuple[str, ...] = ()
+
+    @property
+    def envelope(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.body)
+        return result
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any], *, created: bool = False) -> Message:
+        """From (id, tenant, event_type, idempotency_key, body, created_at)."""
+        return cls(
+            id=row[0],
+            tenant=row[1],
+            event_type=row[2],
+            idempotency_key=row[3],
+            body=row[4].encode(),
+            created_at=row[5],
+            created=created,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "event_type": self.event_type,
+            "idempotency_key": self.idempotency_key,
+            "created_at": self.created_at,
+            "payload": self.envelope,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to insert; ``body`` is its envelope as JSON text."""
+
+    id: str
+    tenant: str
+    event_type: str
+    idempotency_key: str | None
+    body: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRow:
+    """An outbox row (a webhook delivery or a channel row) as listings show it; under a
+    lease, ``attempts`` counts the leased attempt."""
+
+    id: str
+    message_id: str | None
+    endpoint_id: str | None
+    channel: str | None
+    key: str | None
+    tenant: str | None
+    status: str
+    dead_reason: str | None
+    attempts: int
+    next_attempt_at: float | None
+    last_error: str | None
+    last_status: int | None
+    created_at: float
+    updated_at: float | None
+    sent_at: float | None
+    event_type: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    """One recorded delivery attempt of a message."""
+
+    outbox_id: str
+    endpoint_id: str | None
+    attempt: int
+    started_at: float
+    duration: float | None
+    outcome: str
+    status_code: int | None
+    error: str | None
+    response: Any
+
+
+@dataclass(frozen=True, slots=True)
+class EventTypeRow:
+    """A catalog entry; ``schema`` is the JSON Schema as stored text, or ``None``."""
+
+    name: str
+    description: str
+    schema: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """A tenant API key's record (never the key: only its hash is stored)."""
+
+    id: str
+    tenant: str
+    name: str
+    created_at: float
+    revoked_at: float | None
+
+
+SecretOpener = Callable[[Sequence[str]], tuple[tuple[str, ...], str | None]]
+"""Opens an endpoint's stored secrets: (the secrets, ``None``), or ((), why not)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRequest:
+    """One lease: up to ``slots`` due rows of ``channels`` for ``owner`` until
+    ``until``; each delivery may take ``deadline`` seconds. ``sent``: plain successes
+    to record with the lease (rows of id, lease token, attempt, endpoint id, started,
+    duration, status code, error, response), ``ahead``: channels whose lanes may be
+    leased up to ``factor`` times their cap (both only where the store
+    :attr:`~OutboxStore.lease_records`)."""
+
+    owner: str
+    slots: int
+    channels: Sequence[str]
+    now: float
+    until: float
+    deadline: float
+    fair: Fairness = UNBOUNDED
+    sent: Sequence[tuple[Any, ...]] = ()
+    ahead: Sequence[str] = ()
+    factor: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Leased:
+    """A lease's deliveries (by id), the (id, lease token) pairs its ``sent`` wrote
+    (the others were fenced), and per lane leased how many attempts the dispatcher may
+    run in it at once (empty: as many as were leased)."""
+
+    deliveries: list[Delivery]
+    written: set[tuple[int, int]]
+    allowed: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class FailureStreak:
+    """An endpoint's status and the start of its failure streak after a failure."""
+
+    status: str
+    failing_since: float
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointHealth:
+    """An endpoint's delivery attempts in a window: how many, how many were accepted,
+    the last one's start."""
+
+    attempts: int
+    succeeded: int
+    last_attempt_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointBacklog:
+    """An endpoint's undelivered rows by status, and the oldest pending row's time."""
+
+    pending: int
+    dead: int
+    held: int
+    oldest: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointAttempt:
+    """One recent attempt to an endpoint."""
+
+    outbox_id: int
+    message_id: str | None
+    attempt: int
+    started_at: float
+    duration: float
+    outcome: str
+    status_code: int | None
+    error: str | None
