@@ -28,7 +28,6 @@ from relaybox import FrozenClock, Relaybox
 from relaybox.cli import main
 from relaybox.config import Settings
 from relaybox.outbound import configure, create_api_key, endpoints, outbound, seal_secrets
-from relaybox.outbound import db as outbound_db
 from relaybox.outbound.endpoints import seal_plaintext
 from relaybox.outbound.settings import OutboundSettings
 from relaybox.outbound.vault import PREFIX, KeyFile, KeyFileError, SecretsKeyMissing, new_key
@@ -45,13 +44,10 @@ async def as_older_versions_stored(box: Relaybox) -> list[str]:
     that sealed only with ``outbound.secrets_key`` stored without one. Returns them."""
     vault, store = outbound(box).vault, box.store
     async with store.transaction() as conn:
-        rows = await outbound_db.rows(conn, store, "endpoint_secrets_page", 0, 10_000)
-        for r in rows:
-            plain = vault.open(r["secret"])
-            await outbound_db.first(
-                conn, store, "endpoint_secret_swap", r["id"], r["secret"], plain
-            )
-    return [vault.open(r["secret"]) for r in rows]
+        rows = await store.endpoint_secrets_page(conn, 0, 10_000)
+        for secret_id, stored in rows:
+            await store.endpoint_secret_swap(conn, secret_id, stored, vault.open(stored))
+    return [vault.open(stored) for _, stored in rows]
 
 
 def secret_forms(secret: str) -> list[bytes]:

@@ -33,8 +33,6 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import Response
 
-from relaybox.outbound import db
-
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
@@ -142,18 +140,14 @@ def _session_id(session: Session) -> str:
 async def revoke_session(box: Relaybox, session: Session) -> None:
     """End ``session`` for every process (logout); rows of sessions that have expired
     anyway are dropped in the same transaction."""
-    store, now = box.store, box.clock.now()
     expires = session.issued_at + box.settings.admin.session_ttl + 60
-    async with store.transaction() as conn:
-        await db.execute(conn, store, "admin_session_revoke", _session_id(session), expires)
-        await db.execute(conn, store, "admin_session_purge", now - 60)
+    await box.store.admin_session_revoke(
+        _session_id(session), expires_at=expires, purge_before=box.clock.now() - 60
+    )
 
 
 async def session_revoked(box: Relaybox, session: Session) -> bool:
-    store = box.store
-    async with store.transaction() as conn:
-        row = await db.first(conn, store, "admin_session_revoked", _session_id(session))
-    return row is not None
+    return await box.store.admin_session_revoked(_session_id(session))
 
 
 def _unauthorized_json(message: str) -> Response:

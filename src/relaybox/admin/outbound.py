@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from relaybox.admin import dashboard, ops
 from relaybox.admin.models import RequestModel
 from relaybox.admin.sections import Call, Operation, OverviewPanel, Section, register_section
 from relaybox.errors import InvalidTimeSpec
+from relaybox.store.outbox import EndpointBacklog, EndpointHealth
 from relaybox.timespec import parse_time_or_none
 
 if TYPE_CHECKING:
@@ -240,27 +242,20 @@ def _decode(cursor: str | None) -> tuple[float, str] | None:
         raise ops.InvalidRequest("cursor is not one this API returned") from None
 
 
-async def _health(box: Relaybox) -> tuple[dict[str, Any], dict[str, Any]]:
+async def _health(
+    box: Relaybox,
+) -> tuple[dict[str, EndpointHealth], dict[str, EndpointBacklog]]:
     store = box.store
-    now = box.clock.now()
-    async with store.connect() as conn:
-        health = {
-            r._mapping["endpoint_id"]: r._mapping
-            for r in await conn.exec_driver_sql(
-                store.q["ops_endpoint_health"], (now - HEALTH_WINDOW,)
-            )
-        }
-        backlog = {
-            r._mapping["endpoint_id"]: r._mapping
-            for r in await conn.exec_driver_sql(store.q["ops_endpoint_backlog"])
-        }
-    return health, backlog
+    health = await store.endpoint_health(since=box.clock.now() - HEALTH_WINDOW)
+    return health, await store.endpoint_backlog()
 
 
-def _summary(box: Relaybox, e: Any, health: Any, backlog: Any) -> EndpointSummary:
-    attempts = int(health["attempts"]) if health else 0
-    succeeded = int(health["succeeded"] or 0) if health else 0
-    oldest = backlog["oldest"] if backlog else None
+def _summary(
+    box: Relaybox, e: Any, health: EndpointHealth | None, backlog: EndpointBacklog | None
+) -> EndpointSummary:
+    attempts = health.attempts if health else 0
+    succeeded = health.succeeded if health else 0
+    oldest = backlog.oldest if backlog else None
     return EndpointSummary(
         id=e.id,
         tenant=e.tenant,
@@ -275,10 +270,10 @@ def _summary(box: Relaybox, e: Any, health: Any, backlog: Any) -> EndpointSummar
             attempts=attempts,
             succeeded=succeeded,
             success_rate=round(succeeded / attempts, 4) if attempts else None,
-            last_attempt_at=health["last_attempt_at"] if health else None,
-            pending=int(backlog["pending"] or 0) if backlog else 0,
-            dead=int(backlog["dead"] or 0) if backlog else 0,
-            held=int(backlog["held"] or 0) if backlog else 0,
+            last_attempt_at=health.last_attempt_at if health else None,
+            pending=backlog.pending if backlog else 0,
+            dead=backlog.dead if backlog else 0,
+            held=backlog.held if backlog else 0,
             oldest_pending_age_seconds=None if oldest is None else box.clock.now() - oldest,
         ),
     )
@@ -301,10 +296,10 @@ async def endpoint_get(box: Relaybox, endpoint_id: str) -> EndpointDetail:
     if e is None:
         raise ops.NotFound(f"no endpoint {endpoint_id}")
     health, backlog = await _health(box)
-    store = box.store
-    async with store.connect() as conn:
-        rows = await conn.exec_driver_sql(store.q["ops_endpoint_attempts"], (endpoint_id, 50))
-        recent = [EndpointAttempt(**r._mapping) for r in rows]
+    recent = [
+        EndpointAttempt(**asdict(a))
+        for a in await box.store.endpoint_attempts(endpoint_id, limit=50)
+    ]
     summary = _summary(box, e, health.get(e.id), backlog.get(e.id))
     return EndpointDetail(**summary.model_dump(), recent_attempts=recent)
 
@@ -354,10 +349,7 @@ async def message_get(box: Relaybox, message_id: str) -> MessageDetail:
 
 
 async def _purged_at(box: Relaybox, message_id: str) -> float | None:
-    store = box.store
-    async with store.connect() as conn:
-        row = (await conn.exec_driver_sql(store.q["ops_message_purged_at"], (message_id,))).first()
-    return None if row is None else row[0]
+    return await box.store.message_purged_at(message_id)
 
 
 async def message_redeliver(

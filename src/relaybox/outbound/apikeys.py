@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from relaybox.outbound import db
+from relaybox.store.outbox import new_id
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -26,11 +27,10 @@ async def create_api_key(box: Relaybox, tenant: str, name: str = "") -> tuple[st
     """A new key for ``tenant``: returns ``(key id, key)``. The key is not stored."""
     if not tenant:
         raise ValueError("an API key needs a tenant")
-    store, now = box.store, box.clock.now()
-    key_id = db.new_id("key", now)
+    now = box.clock.now()
+    key_id = new_id("key", now)
     key = PREFIX + secrets.token_urlsafe(32)
-    async with store.transaction() as conn:
-        await db.execute(conn, store, "api_key_insert", key_id, tenant, name, _hash(key), now)
+    await box.store.api_key_create(key_id, tenant, name, _hash(key), now=now)
     return key_id, key
 
 
@@ -38,20 +38,12 @@ async def authenticate(box: Relaybox, key: str) -> str | None:
     """The tenant of an active key, or ``None``."""
     if not key.startswith(PREFIX):
         return None
-    store = box.store
-    async with store.transaction() as conn:
-        row = await db.first(conn, store, "api_key_lookup", _hash(key))
-    return row["tenant"] if row else None
+    return await box.store.api_key_find(_hash(key))
 
 
 async def list_api_keys(box: Relaybox, tenant: str | None) -> list[dict[str, Any]]:
-    store = box.store
-    async with store.transaction() as conn:
-        return [dict(r) for r in await db.rows(conn, store, "api_key_list", tenant)]
+    return [asdict(k) for k in await box.store.api_key_list(tenant)]
 
 
 async def revoke_api_key(box: Relaybox, key_id: str) -> bool:
-    store = box.store
-    async with store.transaction() as conn:
-        row = await db.first(conn, store, "api_key_revoke", key_id, box.clock.now())
-    return row is not None
+    return await box.store.api_key_revoke(key_id, now=box.clock.now())

@@ -18,7 +18,6 @@ import jsonschema
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.errors import RelayboxError
-from relaybox.outbound import db
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -83,29 +82,24 @@ async def define_event_type(
         except jsonschema.SchemaError as exc:
             raise InvalidMessage(f"not a valid JSON Schema: {exc.message}", code="schema") from None
         text = json.dumps(schema, sort_keys=True)
-    store = box.store
-    async with store.transaction() as conn:
-        await db.execute(conn, store, "event_type_upsert", name, description, text, box.clock.now())
+    await box.store.event_type_upsert(name, description, text, now=box.clock.now())
     return EventType(name, description, schema)
 
 
 async def list_event_types(box: Relaybox) -> list[EventType]:
-    store = box.store
-    async with store.transaction() as conn:
-        found = await db.rows(conn, store, "event_type_list")
     return [
-        EventType(r["name"], r["description"], json.loads(r["schema"]) if r["schema"] else None)
-        for r in found
+        EventType(r.name, r.description, json.loads(r.schema) if r.schema else None)
+        for r in await box.store.event_type_list()
     ]
 
 
 async def validate_data(box: Relaybox, conn: AsyncConnection, event_type: str, data: Any) -> None:
     """Raise :class:`InvalidMessage` when the catalog has a schema for ``event_type``
     and ``data`` does not match it. Types outside the catalog are not checked."""
-    row = await db.first(conn, box.store, "event_type_get", event_type)
-    if row is None or not row["schema"]:
+    schema = await box.store.event_type_schema(conn, event_type)
+    if schema is None:
         return
-    error = jsonschema.exceptions.best_match(_validator(row["schema"]).iter_errors(data))
+    error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(data))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(root)"
         raise InvalidMessage(

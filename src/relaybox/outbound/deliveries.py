@@ -7,13 +7,13 @@ processed the message recognises it; one that missed it processes it now.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from relaybox.outbound import db
 from relaybox.outbound.endpoints import get_endpoint
-from relaybox.outbound.publish import Message
+from relaybox.store.outbox import Message
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -31,10 +31,7 @@ log = structlog.get_logger("relaybox.outbound")
 
 
 async def get_message(box: Relaybox, message_id: str, tenant: str | None) -> Message | None:
-    store = box.store
-    async with store.transaction() as conn:
-        row = await db.first(conn, store, "message_get", message_id, tenant)
-    return Message.from_row(row) if row else None
+    return await box.store.message_get(message_id, tenant)
 
 
 async def list_messages(
@@ -46,13 +43,7 @@ async def list_messages(
     limit: int = 50,
 ) -> list[Message]:
     """Newest first; ``before`` is the ``(created_at, id)`` of the last one seen."""
-    store = box.store
-    after_time, after_id = before if before else (None, None)
-    async with store.transaction() as conn:
-        found = await db.rows(
-            conn, store, "message_list", tenant, event_type, after_time, after_id, limit
-        )
-    return [Message.from_row(r) for r in found]
+    return await box.store.message_list(tenant, event_type=event_type, before=before, limit=limit)
 
 
 async def list_deliveries(
@@ -66,19 +57,18 @@ async def list_deliveries(
 ) -> list[dict[str, Any]]:
     """Outbox rows (webhook deliveries and channel rows), newest first. With
     ``undelivered``: only rows not sent — pending, dead or held — with the reason."""
-    store = box.store
-    async with store.transaction() as conn:
-        found = await db.rows(
-            conn, store, "delivery_list", tenant, message_id, endpoint_id, undelivered, limit
-        )
-    return [dict(r) for r in found]
+    found = await box.store.delivery_list(
+        tenant,
+        message_id=message_id,
+        endpoint_id=endpoint_id,
+        undelivered=undelivered,
+        limit=limit,
+    )
+    return [asdict(r) for r in found]
 
 
 async def list_attempts(box: Relaybox, message_id: str, tenant: str | None) -> list[dict[str, Any]]:
-    store = box.store
-    async with store.transaction() as conn:
-        found = await db.rows(conn, store, "delivery_attempts", message_id, tenant)
-    return [dict(r) for r in found]
+    return [asdict(r) for r in await box.store.attempt_list(message_id, tenant)]
 
 
 async def redeliver(
@@ -86,15 +76,11 @@ async def redeliver(
 ) -> int:
     """Send a message again to every endpoint (or ``endpoint_id``) whose delivery has
     finished — sent, dead or held — with a fresh attempt budget. Returns how many."""
-    store, now = box.store, box.clock.now()
-    async with store.transaction() as conn:
-        found = await db.rows(
-            conn, store, "delivery_redeliver", message_id, tenant, endpoint_id, now
-        )
-        if found:
-            await store.notify(conn, "outbox")
-    log.info("message_redelivered", message_id=message_id, deliveries=len(found))
-    return len(found)
+    count = await box.store.delivery_redeliver(
+        message_id, tenant=tenant, endpoint_id=endpoint_id, now=box.clock.now()
+    )
+    log.info("message_redelivered", message_id=message_id, deliveries=count)
+    return count
 
 
 async def recover(
@@ -109,10 +95,8 @@ async def recover(
     after the endpoint was fixed and enabled again. ``None``: no such endpoint."""
     if await get_endpoint(box, endpoint_id, tenant) is None:
         return None
-    store, now = box.store, box.clock.now()
-    async with store.transaction() as conn:
-        found = await db.rows(conn, store, "delivery_recover", endpoint_id, since, until, now)
-        if found:
-            await store.notify(conn, "outbox")
-    log.info("endpoint_recovered", endpoint_id=endpoint_id, since=since, deliveries=len(found))
-    return len(found)
+    count = await box.store.delivery_recover(
+        endpoint_id, since=since, until=until, now=box.clock.now()
+    )
+    log.info("endpoint_recovered", endpoint_id=endpoint_id, since=since, deliveries=count)
+    return count

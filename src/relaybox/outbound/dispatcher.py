@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from relaybox.log import debug_enabled, error_text, short_error
-from relaybox.outbound import db
 from relaybox.outbound.channels.base import Channel, Delivery, Result
 from relaybox.outbound.endpoints import disable_in
 from relaybox.outbound.leases import Fairness, lease, lease_recording, release
@@ -158,7 +157,7 @@ class Dispatcher:
         leasing: set[asyncio.Task[tuple[list[Delivery], dict[str, int]]]] = set()
         reserved = 0  # rows asked of leases still running
         deferred = False  # slots were free while every lease slot was busy: lease again after
-        self._folding = self.box.store.backend == "postgres"
+        self._folding = self.box.store.lease_records
         # PostgreSQL: lanes of channels whose uncertain policy is resend may be leased
         # up to lease_ahead times their cap (outbox_lease), so that an attempt's end
         # starts the next row at once instead of waiting for the lease that records it
@@ -517,9 +516,7 @@ class Dispatcher:
         async with store.transaction() as conn:
             for name, channel in self.outbound.channels.items():
                 if name != "webhook":
-                    await db.execute(
-                        conn, store, "lane_upsert", name, channel.max_in_flight, channel.rate_limit
-                    )
+                    await store.lane_upsert(conn, name, channel.max_in_flight, channel.rate_limit)
         self._lanes_ready = True
 
     async def _listen(self) -> Any:
@@ -661,7 +658,7 @@ class Dispatcher:
         """One transaction: every outcome (fenced per row), the attempt log, the
         endpoints' failure streaks. Returns each attempt's label."""
         store, now = self.box.store, self.box.clock.now()
-        if store.backend == "postgres" and all(_plain_success(f) for f in batch):
+        if store.lease_records and all(_plain_success(f) for f in batch):
             return await self._write_sent(batch, now)
         marks: list[tuple[Any, ...]] = []
         for f in batch:
@@ -675,8 +672,7 @@ class Dispatcher:
             status = "pending" if decision.status == "retry" else decision.status
             marks.append((d.id, d.lease_token, status, decision.at, decision.reason, error, code))
         async with store.transaction() as conn:
-            found = await db.rows(conn, store, "outbox_record", now, *_columns(store, marks))
-            written = {(r["id"], r["lease_token"]) for r in found}
+            written = await store.outbox_record(conn, marks, now=now)
             labels: list[str] = []
             log_rows: list[tuple[Any, ...]] = []
             for f, mark in zip(batch, marks, strict=True):
@@ -694,7 +690,7 @@ class Dispatcher:
                          label, mark[6], mark[5], result.response)
                     )  # fmt: skip
             if log_rows:
-                await db.execute(conn, store, "outbox_attempts_insert", *_columns(store, log_rows))
+                await store.outbox_attempts_insert(conn, log_rows)
             await self._endpoints_health(conn, batch, labels, now)
         return labels
 
@@ -724,8 +720,7 @@ class Dispatcher:
                 mixed.setdefault(f.d.endpoint.id, []).append((f.d, f.result))
         clean = sorted(e for e, rs in mixed.items() if all(r.outcome == "sent" for _, r in rs))
         if clean:
-            store = self.box.store
-            await db.execute(conn, store, "endpoints_succeeded", db.array(store, clean))
+            await self.box.store.endpoints_succeeded(conn, clean)
         for endpoint_id in sorted(mixed):
             if endpoint_id not in clean:
                 for d, result in mixed[endpoint_id]:
@@ -737,15 +732,15 @@ class Dispatcher:
         assert d.endpoint is not None
         store = self.box.store
         if result.outcome == "sent":
-            await db.execute(conn, store, "endpoint_succeeded", d.endpoint.id)
+            await store.endpoint_succeeded(conn, d.endpoint.id)
             return
-        streak = await db.first(conn, store, "endpoint_failed", d.endpoint.id, now)
+        streak = await store.endpoint_failed(conn, d.endpoint.id, now=now)
         if result.outcome == "gone":
             await disable_in(self.box, conn, d.endpoint.id, reason="gone")
         elif (
             streak is not None
-            and streak["status"] == "enabled"
-            and now - streak["failing_since"] >= self.outbound.settings.disable_after
+            and streak.status == "enabled"
+            and now - streak.failing_since >= self.outbound.settings.disable_after
         ):
             await disable_in(self.box, conn, d.endpoint.id, reason="failing")
 
@@ -810,8 +805,3 @@ def _sent_row(f: _Finished) -> tuple[Any, ...]:
     assert result is not None
     return (d.id, d.lease_token, d.attempt, d.endpoint.id if d.endpoint else None,
             f.started, f.duration, result.status_code, result.error, result.response)  # fmt: skip
-
-
-def _columns(store: Any, rows: list[tuple[Any, ...]]) -> list[Any]:
-    """Rows as one array per column (``unnest`` / ``json_each``)."""
-    return [db.array(store, [row[i] for row in rows]) for i in range(len(rows[0]))]

@@ -7,21 +7,19 @@ any tenant's endpoint by id.
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from relaybox.outbound import db
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind, new_secret, public_form
 from relaybox.outbound.ssrf import UnsafeDestination
 from relaybox.outbound.vault import MISSING_HINT, KeyFileError, Vault
+from relaybox.store.outbox import Endpoint, EndpointQuotaReached, EndpointWrite, new_id
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -109,63 +107,6 @@ class EndpointSpec(EndpointPatch):
         return self.event_types or self.events or ["*"]
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    id: str
-    tenant: str
-    url: str
-    description: str
-    event_types: list[str]
-    status: str
-    disabled_reason: str | None
-    signature: str
-    timeout: float | None
-    schedule: list[float] | None
-    failing_since: float | None
-    created_at: float
-    updated_at: float
-    max_in_flight: int
-    rate_limit: float | None
-
-    @classmethod
-    def from_row(cls, row: Any) -> Endpoint:
-        return cls(
-            id=row["id"],
-            tenant=row["tenant"],
-            url=row["url"],
-            description=row["description"],
-            event_types=json.loads(row["event_types"]),
-            status=row["status"],
-            disabled_reason=row["disabled_reason"],
-            signature=row["signature"],
-            timeout=row["timeout"],
-            schedule=json.loads(row["schedule"]) if row["schedule"] else None,
-            failing_since=row["failing_since"],
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-            max_in_flight=row["max_in_flight"],
-            rate_limit=row["rate_limit"],
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "url": self.url,
-            "description": self.description,
-            "event_types": self.event_types,
-            "enabled": self.status == "enabled",
-            "disabled_reason": self.disabled_reason,
-            "signature": self.signature,
-            "timeout": self.timeout,
-            "schedule": self.schedule,
-            "max_in_flight": self.max_in_flight,
-            "rate_limit": self.rate_limit,
-            "failing_since": self.failing_since,
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-        }
-
-
 def _check(
     box: Relaybox, url: str | None, timeout: float | None, max_in_flight: int | None
 ) -> None:
@@ -194,55 +135,38 @@ async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tup
     if spec.signature == "sha256" and spec.secret_type == "ed25519":
         raise InvalidEndpoint("sha256 signatures (X-Webhook-Signature) need an hmac secret")
     vault = await ready_to_seal(box)
-    store, now = box.store, box.clock.now()
-    endpoint_id = db.new_id("ep", now)
+    settings, now = outbound(box).settings, box.clock.now()
+    endpoint_id = new_id("ep", now)
     secret = new_secret(spec.secret_type)
-    quota = outbound(box).settings.max_endpoints
-    async with store.transaction() as conn:
-        await db.first(conn, store, "endpoint_quota_lock", tenant)
-        count = await db.first(conn, store, "endpoint_count", tenant)
-        if count["n"] >= quota:
-            raise EndpointQuotaExceeded(
-                f"this tenant already has {count['n']} endpoints, the most allowed"
-                f" ({quota}); delete one first"
-            )
-        await db.execute(
-            conn,
-            store,
-            "endpoint_insert",
-            endpoint_id,
-            tenant,
-            spec.url,
-            spec.description or "",
-            json.dumps(spec.patterns()),
-            spec.signature or "standard",
-            spec.timeout,
-            json.dumps(spec.schedule) if spec.schedule is not None else None,
-            now,
-        )
-        await db.execute(
-            conn,
-            store,
-            "lane_upsert",
-            endpoint_id,
-            spec.max_in_flight or outbound(box).settings.max_in_flight,
-            spec.rate_limit,
-        )
-        sealed = vault.seal(secret)
-        await db.execute(conn, store, "endpoint_secret_insert", endpoint_id, sealed, now)
-        row = await db.first(conn, store, "endpoint_get", endpoint_id, tenant)
+    write = EndpointWrite(
+        id=endpoint_id,
+        tenant=tenant,
+        url=spec.url,
+        description=spec.description or "",
+        event_types=spec.patterns(),
+        signature=spec.signature or "standard",
+        timeout=spec.timeout,
+        schedule=spec.schedule,
+        max_in_flight=spec.max_in_flight or settings.max_in_flight,
+        rate_limit=spec.rate_limit,
+    )
+    quota = settings.max_endpoints
+    try:
+        created = await box.store.endpoint_create(write, vault.seal(secret), quota=quota, now=now)
+    except EndpointQuotaReached as exc:
+        raise EndpointQuotaExceeded(
+            f"this tenant already has {exc.count} endpoints, the most allowed"
+            f" ({quota}); delete one first"
+        ) from None
     if spec.enabled is False:
         await disable_endpoint(box, endpoint_id, tenant=tenant)
         return await _get(box, endpoint_id, tenant), public_form(secret)
     log.info("endpoint_created", endpoint_id=endpoint_id, tenant=tenant)
-    return Endpoint.from_row(row), public_form(secret)
+    return created, public_form(secret)
 
 
 async def get_endpoint(box: Relaybox, endpoint_id: str, tenant: str | None) -> Endpoint | None:
-    store = box.store
-    async with store.transaction() as conn:
-        row = await db.first(conn, store, "endpoint_get", endpoint_id, tenant)
-    return Endpoint.from_row(row) if row else None
+    return await box.store.endpoint_get(endpoint_id, tenant)
 
 
 async def _get(box: Relaybox, endpoint_id: str, tenant: str | None) -> Endpoint:
@@ -252,10 +176,7 @@ async def _get(box: Relaybox, endpoint_id: str, tenant: str | None) -> Endpoint:
 
 
 async def list_endpoints(box: Relaybox, tenant: str | None, *, limit: int = 100) -> list[Endpoint]:
-    store = box.store
-    async with store.transaction() as conn:
-        found = await db.rows(conn, store, "endpoint_list", tenant, limit)
-    return [Endpoint.from_row(r) for r in found]
+    return await box.store.endpoint_list(tenant, limit=limit)
 
 
 async def update_endpoint(
@@ -267,35 +188,23 @@ async def update_endpoint(
     current = await get_endpoint(box, endpoint_id, tenant)
     if current is None:
         return None
-    store, now = box.store, box.clock.now()
     if patch.signature == "sha256":
         secrets = await endpoint_secrets(box, endpoint_id, tenant) or []
         if any(s["secret"].startswith("whpk_") for s in secrets):
             raise InvalidEndpoint("sha256 signatures (X-Webhook-Signature) need an hmac secret")
-    schedule = patch.schedule if patch.schedule is not None else current.schedule
-    async with store.transaction() as conn:
-        await db.execute(
-            conn,
-            store,
-            "endpoint_update",
-            endpoint_id,
-            tenant,
-            patch.url or current.url,
-            current.description if patch.description is None else patch.description,
-            json.dumps(patch.event_types or current.event_types),
-            patch.signature or current.signature,
-            patch.timeout if patch.timeout is not None else current.timeout,
-            json.dumps(schedule) if schedule is not None else None,
-            now,
-        )
-        await db.execute(
-            conn,
-            store,
-            "lane_upsert",
-            endpoint_id,
-            patch.max_in_flight or current.max_in_flight,
-            patch.rate_limit if patch.rate_limit is not None else current.rate_limit,
-        )
+    write = EndpointWrite(
+        id=endpoint_id,
+        tenant=tenant,
+        url=patch.url or current.url,
+        description=current.description if patch.description is None else patch.description,
+        event_types=patch.event_types or current.event_types,
+        signature=patch.signature or current.signature,
+        timeout=patch.timeout if patch.timeout is not None else current.timeout,
+        schedule=patch.schedule if patch.schedule is not None else current.schedule,
+        max_in_flight=patch.max_in_flight or current.max_in_flight,
+        rate_limit=patch.rate_limit if patch.rate_limit is not None else current.rate_limit,
+    )
+    await box.store.endpoint_update(write, now=box.clock.now())
     if patch.enabled is True:
         await enable_endpoint(box, endpoint_id, tenant=tenant)
     elif patch.enabled is False:
@@ -306,13 +215,11 @@ async def update_endpoint(
 async def delete_endpoint(box: Relaybox, endpoint_id: str, tenant: str) -> bool:
     """Delete the endpoint, its secrets and lane; its waiting deliveries become dead
     letters (``endpoint_deleted``) so the history stays readable."""
-    store, now = box.store, box.clock.now()
-    async with store.transaction() as conn:
-        deleted = await db.first(conn, store, "endpoint_delete", endpoint_id, tenant)
-        if deleted is None:
-            return False
-        await db.execute(conn, store, "lane_delete", endpoint_id)
-        await kill_deliveries(box, conn, endpoint_id, "endpoint_deleted", now)
+    deleted = await box.store.endpoint_delete(
+        endpoint_id, tenant, reason="endpoint_deleted", now=box.clock.now()
+    )
+    if not deleted:
+        return False
     log.info("endpoint_deleted", endpoint_id=endpoint_id, tenant=tenant)
     return True
 
@@ -329,19 +236,19 @@ async def enable_endpoint(
         return False
     store, now = box.store, box.clock.now()
     async with store.transaction() as conn:
-        row = await db.first(conn, store, "endpoint_set_status", endpoint_id, "enabled", None, now)
+        row = await store.endpoint_set_status(conn, endpoint_id, "enabled", reason=None, now=now)
         if row is not None:
             data = {
                 "endpointId": endpoint_id,
-                "tenant": row["tenant"],
-                "url": row["url"],
+                "tenant": row.tenant,
+                "url": row.url,
                 "reason": reason,
                 "wasDisabled": current.disabled_reason,
             }
             ops = outbound(box).settings.operational_tenant
             await publish(box, conn, "relaybox.endpoint.enabled", data, tenant=ops)
     if row is not None:
-        log.info("endpoint_enabled", endpoint_id=endpoint_id, tenant=row["tenant"])
+        log.info("endpoint_enabled", endpoint_id=endpoint_id, tenant=row.tenant)
     return True
 
 
@@ -364,36 +271,21 @@ async def disable_in(
     ``relaybox.endpoint.disabled`` is published to the operational tenant in the same
     transaction. Returns whether this call disabled it."""
     store, now = box.store, box.clock.now()
-    row = await db.first(conn, store, "endpoint_set_status", endpoint_id, "disabled", reason, now)
+    row = await store.endpoint_set_status(conn, endpoint_id, "disabled", reason=reason, now=now)
     if row is None:
         return False
-    await kill_deliveries(box, conn, endpoint_id, "endpoint_disabled", now)
+    await store.delivery_kill_endpoint(conn, endpoint_id, "endpoint_disabled", now=now)
     data = {
         "endpointId": endpoint_id,
-        "tenant": row["tenant"],
-        "url": row["url"],
+        "tenant": row.tenant,
+        "url": row.url,
         "reason": reason,
-        "failingSince": row["failing_since"],
+        "failingSince": row.failing_since,
     }
     ops = outbound(box).settings.operational_tenant
     await publish(box, conn, "relaybox.endpoint.disabled", data, tenant=ops)
-    log.warning("endpoint_disabled", endpoint_id=endpoint_id, tenant=row["tenant"], reason=reason)
+    log.warning("endpoint_disabled", endpoint_id=endpoint_id, tenant=row.tenant, reason=reason)
     return True
-
-
-async def kill_deliveries(
-    box: Relaybox, conn: AsyncConnection, endpoint_id: str, reason: str, now: float
-) -> None:
-    """The endpoint's waiting deliveries become dead letters (``reason``), in the
-    caller's transaction; those under a live lease are left to their dispatcher. Two
-    statements: the rows are locked first, so that the second one's snapshot sees
-    every lease taken of them (a lease does not write the outbox row on PostgreSQL)."""
-    store = box.store
-    ids = [r["id"] for r in await db.rows(conn, store, "delivery_lock_endpoint", endpoint_id)]
-    if ids:
-        await db.execute(
-            conn, store, "delivery_kill_endpoint", endpoint_id, reason, now, db.array(store, ids)
-        )
 
 
 async def rotate_secret(
@@ -413,14 +305,11 @@ async def rotate_secret(
     store, now = box.store, box.clock.now()
     grace = outbound(box).settings.rotation_grace if grace is None else grace
     async with store.transaction() as conn:
-        active = await db.rows(
-            conn, store, "endpoint_secrets_active", db.array(store, [endpoint_id]), now
-        )
-        newest = vault.open(active[0]["secret"]) if active else ""
+        active = await store.endpoint_secrets_active(conn, [endpoint_id], now=now)
+        newest = vault.open(active[0].secret) if active else ""
         secret = new_secret(kind or ("ed25519" if newest.startswith("whsk_") else "hmac"))
-        await db.execute(conn, store, "endpoint_secret_expire", endpoint_id, now + grace)
-        await db.execute(
-            conn, store, "endpoint_secret_insert", endpoint_id, vault.seal(secret), now
+        await store.endpoint_secret_rotate(
+            conn, endpoint_id, vault.seal(secret), until=now + grace, now=now
         )
     log.info("endpoint_secret_rotated", endpoint_id=endpoint_id, grace=grace)
     return public_form(secret)
@@ -435,10 +324,8 @@ async def ready_to_seal(box: Relaybox) -> Vault:
     vault = outbound(box).vault
     key_file = vault.key_file
     if key_file is not None and not vault.loaded and key_file.mode() is None:
-        store = box.store
-        async with store.transaction() as conn:
-            sealed = await db.first(conn, store, "endpoint_secret_sealed_any")
-        if sealed is not None and key_file.mode() is None:
+        sealed = await box.store.endpoint_secret_sealed_any()
+        if sealed and key_file.mode() is None:
             raise KeyFileError(
                 f"the endpoint secrets key file {key_file.path} is missing, and the database"
                 " holds secrets sealed with it: restore it from your backup (or set"
@@ -459,7 +346,7 @@ async def seal_secrets(box: Relaybox) -> dict[str, int]:
     batches, each its own transaction; safe with several processes at once (each
     update is a compare-and-set). Returns how many were sealed and how many already
     were. :class:`SecretsLocked` when a secret is sealed with a key relaybox lacks."""
-    return await _seal(box, "endpoint_secrets_page")
+    return await _seal(box, plaintext=False)
 
 
 async def seal_plaintext(box: Relaybox) -> dict[str, int]:
@@ -477,30 +364,30 @@ async def seal_plaintext(box: Relaybox) -> dict[str, int]:
             log.warning("endpoint_secrets_plaintext", plaintext=left, hint=MISSING_HINT)
         return {"sealed": 0, "plaintext": left}
     async with box.store.transaction() as conn:
-        found = await db.rows(conn, box.store, "endpoint_secrets_plaintext_page", 0, 1)
+        found = await box.store.endpoint_secrets_page(conn, 0, 1, plaintext=True)
     if not found:  # nothing to seal: no key is made, none is needed
         return {"sealed": 0, "plaintext": 0}
-    done = await _seal(box, "endpoint_secrets_plaintext_page")
+    done = await _seal(box, plaintext=True)
     return {"sealed": done["sealed"], "plaintext": 0}
 
 
-async def _seal(box: Relaybox, query: str) -> dict[str, int]:
+async def _seal(box: Relaybox, *, plaintext: bool) -> dict[str, int]:
     vault, store = await ready_to_seal(box), box.store
     sealed = seen = 0
     after = 0
     while True:
         async with store.transaction() as conn:
-            page = await db.rows(conn, store, query, after, _SEAL_BATCH)
-            for r in page:
-                again = vault.reseal(r["secret"])
-                if again is not None and await db.first(
-                    conn, store, "endpoint_secret_swap", r["id"], r["secret"], again
+            page = await store.endpoint_secrets_page(conn, after, _SEAL_BATCH, plaintext=plaintext)
+            for secret_id, stored in page:
+                again = vault.reseal(stored)
+                if again is not None and await store.endpoint_secret_swap(
+                    conn, secret_id, stored, again
                 ):
                     sealed += 1
         seen += len(page)
         if len(page) < _SEAL_BATCH:
             break
-        after = page[-1]["id"]
+        after = page[-1][0]
     if sealed:
         log.info("endpoint_secrets_sealed", sealed=sealed, already=seen - sealed)
     return {"sealed": sealed, "already": seen - sealed}
@@ -510,11 +397,11 @@ async def _count_plaintext(box: Relaybox) -> int:
     store, count, after = box.store, 0, 0
     while True:
         async with store.transaction() as conn:
-            page = await db.rows(conn, store, "endpoint_secrets_plaintext_page", after, _SEAL_BATCH)
+            page = await store.endpoint_secrets_page(conn, after, _SEAL_BATCH, plaintext=True)
         count += len(page)
         if len(page) < _SEAL_BATCH:
             return count
-        after = page[-1]["id"]
+        after = page[-1][0]
 
 
 async def secrets_at_rest(box: Relaybox) -> dict[str, int]:
@@ -525,12 +412,12 @@ async def secrets_at_rest(box: Relaybox) -> dict[str, int]:
     after = 0
     while True:
         async with store.transaction() as conn:
-            page = await db.rows(conn, store, "endpoint_secrets_page", after, _SEAL_BATCH)
-        for r in page:
-            counts[vault.state(r["secret"])] += 1
+            page = await store.endpoint_secrets_page(conn, after, _SEAL_BATCH)
+        for _, stored in page:
+            counts[vault.state(stored)] += 1
         if len(page) < _SEAL_BATCH:
             return counts
-        after = page[-1]["id"]
+        after = page[-1][0]
 
 
 async def endpoint_secrets(
@@ -541,14 +428,12 @@ async def endpoint_secrets(
         return None
     store, now, vault = box.store, box.clock.now(), outbound(box).vault
     async with store.transaction() as conn:
-        found = await db.rows(
-            conn, store, "endpoint_secrets_active", db.array(store, [endpoint_id]), now
-        )
+        found = await store.endpoint_secrets_active(conn, [endpoint_id], now=now)
     return [
         {
-            "secret": public_form(vault.open(r["secret"])),
-            "created_at": r["created_at"],
-            "expires_at": r["expires_at"],
+            "secret": public_form(vault.open(r.secret)),
+            "created_at": r.created_at,
+            "expires_at": r.expires_at,
         }
         for r in found
     ]

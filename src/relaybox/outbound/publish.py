@@ -15,62 +15,20 @@ from __future__ import annotations
 import fnmatch
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.bodies import text_problem
-from relaybox.outbound import db
 from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, validate_data
 from relaybox.outbound.registry import outbound
+from relaybox.store.outbox import Message, NewMessage, new_id
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
 __all__ = ["Message", "envelope_time", "matches", "publish"]
-
-
-@dataclass(frozen=True)
-class Message:
-    """A published message. ``created`` is ``False`` when an earlier publish with the
-    same idempotency key already created it (nothing new was written)."""
-
-    id: str
-    tenant: str
-    event_type: str
-    idempotency_key: str | None
-    body: bytes
-    created_at: float
-    created: bool = True
-    endpoints: tuple[str, ...] = ()
-
-    @property
-    def envelope(self) -> dict[str, Any]:
-        result: dict[str, Any] = json.loads(self.body)
-        return result
-
-    @classmethod
-    def from_row(cls, row: Any, *, created: bool = False) -> Message:
-        return cls(
-            id=row["id"],
-            tenant=row["tenant"],
-            event_type=row["event_type"],
-            idempotency_key=row["idempotency_key"],
-            body=row["body"].encode(),
-            created_at=row["created_at"],
-            created=created,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "event_type": self.event_type,
-            "idempotency_key": self.idempotency_key,
-            "created_at": self.created_at,
-            "payload": self.envelope,
-        }
 
 
 def envelope_time(now: float) -> str:
@@ -111,12 +69,12 @@ async def publish(
             raise InvalidMessage("an idempotency key is 1-256 characters", code="idempotency_key")
         if problem := text_problem(idempotency_key, "idempotency key"):
             raise InvalidMessage(problem, code="idempotency_key")
-        existing = await db.first(conn, store, "message_get_by_key", tenant, idempotency_key)
+        existing = await store.message_get_by_key(conn, tenant, idempotency_key)
         if existing is not None:
-            return Message.from_row(existing)
+            return existing
     await validate_data(box, conn, event_type, data)
     now = box.clock.now()
-    msg_id = db.new_id("msg", now)
+    msg_id = new_id("msg", now)
     envelope = {
         "id": msg_id,
         "type": event_type,
@@ -137,24 +95,23 @@ async def publish(
         raise InvalidMessage(
             f"the message is over {ob.settings.max_payload} bytes", code="too_large"
         )
-    inserted = await db.first(
-        conn, store, "message_insert", msg_id, tenant, event_type, idempotency_key, text, now
-    )
-    if inserted is None:  # a concurrent publish with this key committed first
-        existing = await db.first(conn, store, "message_get_by_key", tenant, idempotency_key)
-        return Message.from_row(existing)
-    subscribers = await db.rows(conn, store, "endpoint_subscribers", tenant)
+    new = NewMessage(msg_id, tenant, event_type, idempotency_key, text, now)
+    if not await store.message_insert(conn, new):
+        # A concurrent publish with this key committed first.
+        assert idempotency_key is not None  # only a key conflicts
+        existing = await store.message_get_by_key(conn, tenant, idempotency_key)
+        assert existing is not None  # the conflicting row is committed
+        return existing
+    subscribers = await store.endpoint_subscribers(conn, tenant)
     if endpoint_ids is not None:
         wanted = set(endpoint_ids)
-        targets = [r["id"] for r in subscribers if r["id"] in wanted]
+        targets = [eid for eid, _ in subscribers if eid in wanted]
     else:
         targets = [
-            r["id"] for r in subscribers if matches(event_type, json.loads(r["event_types"]))
+            eid for eid, patterns in subscribers if matches(event_type, json.loads(patterns))
         ]
     if targets:
-        ids = db.array(store, targets)
-        await db.execute(conn, store, "delivery_insert", msg_id, tenant, now, ids)
-        await store.notify(conn, "outbox")
+        await store.delivery_insert(conn, msg_id, tenant, targets, now=now)
     return Message(
         id=msg_id,
         tenant=tenant,

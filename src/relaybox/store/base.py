@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from relaybox.store.history import HistoryStore
 from relaybox.store.operator import OperatorStore
+from relaybox.store.outbox import OutboxStore
 from relaybox.store.processing import Processing
 
 __all__ = [
@@ -222,6 +223,7 @@ def load_migrations(backend: str) -> list[tuple[int, str, list[str]]]:
 class Store(
     HistoryStore,
     OperatorStore,
+    OutboxStore,
     Processing,
 ):
     """Base class of the backends. Subclasses set ``backend`` and build ``engine``."""

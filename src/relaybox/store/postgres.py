@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import re
 import weakref
@@ -34,6 +35,8 @@ from relaybox.store._drivers import (
 from relaybox.store._drivers import driver as _driver
 from relaybox.store._drivers import plain as _plain
 from relaybox.store.base import AcceptOutcome, Claim, Listener, NewDelivery, OutboxRow, Store
+from relaybox.store.outbox import Leased, LeaseRequest, SecretOpener, leased_delivery
+from relaybox.store.outbox_rows import MessageBody, Target
 
 __all__ = ["PostgresStore"]
 
@@ -545,6 +548,83 @@ class PostgresStore(Store):
                     await conn.fetchval(self.q["ops_maintenance_unlock"])
         finally:
             await conn.close()
+
+    # -- outbox ---------------------------------------------------------------------------
+
+    lease_records: ClassVar[bool] = True
+
+    def _mapping(self, row: Any) -> Any:
+        return row  # an asyncpg Record reads by column name
+
+    async def outbox_lease(self, request: LeaseRequest, open_secrets: SecretOpener) -> Leased:
+        """Every step of the lease in one autocommit statement (``outbox_lease``), on
+        :meth:`generic_pool`: one round trip, no BEGIN / COMMIT. The same statement
+        first records ``request.sent``, so that a finished attempt's slot is leased
+        again without a record round trip in between; ``request.slots`` 0 only
+        records."""
+        sent, fair = request.sent, request.fair
+        columns = [[row[i] for row in sent] for i in range(9)]
+        tenants = list(fair.held)
+        pool = await self.generic_pool()
+        async with pool.acquire() as conn:
+            leased = await conn.fetch(
+                self.q["outbox_lease"],
+                request.now,
+                request.slots,
+                list(request.channels),
+                request.owner,
+                request.until,
+                *columns,
+                list(request.ahead),
+                request.factor,
+                fair.cap,
+                fair.rows,
+                tenants,
+                [fair.held[t] for t in tenants],
+            )
+        written: set[tuple[int, int]] = set()
+        if leased and leased[0]["recorded"] is not None:
+            written = set(zip(leased[0]["recorded"], leased[0]["tokens"], strict=True))
+        allowed: dict[str, int] = {}
+        deadline = request.deadline
+        # An endpoint's columns come with its first row (rows are in id order); None:
+        # the endpoint no longer exists.
+        targets: dict[str, Target | None] = {}
+        deliveries = []
+        for r in leased:
+            if r["id"] is None:
+                continue  # nothing leased: the one row carries what was recorded
+            endpoint_id = r["endpoint_id"]
+            target = None
+            if endpoint_id is not None:
+                if endpoint_id in targets:
+                    target = targets[endpoint_id]
+                elif r["url"] is not None:
+                    schedule = r["schedule"]
+                    opened, locked = open_secrets(r["secrets"] or ())
+                    target = targets[endpoint_id] = Target(
+                        id=endpoint_id,
+                        tenant=r["endpoint_tenant"],
+                        url=r["url"],
+                        signature=r["signature"],
+                        timeout=r["timeout"],
+                        schedule=tuple(json.loads(schedule)) if schedule else None,
+                        secrets=opened,
+                        locked=locked,
+                    )
+                else:
+                    targets[endpoint_id] = None
+            message_id = r["message_id"]
+            body = r["body"]
+            message = (
+                MessageBody(message_id, r["event_type"], body.encode())
+                if message_id is not None and body is not None
+                else None
+            )
+            delivery = leased_delivery(r, deadline, message, target)
+            deliveries.append(delivery)
+            allowed[delivery.lane] = r["allowed"]  # type: ignore[index]
+        return Leased(deliveries, written, allowed)
 
 
 _ROW_ERROR_CLASSES = ("22", "23", "54")

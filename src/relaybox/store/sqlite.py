@@ -14,7 +14,8 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,6 +26,8 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from relaybox.store._drivers import run_on_sqlite_thread
 from relaybox.store.base import AcceptOutcome, Listener, NewDelivery, Store
+from relaybox.store.outbox import Leased, LeaseRequest, SecretOpener, leased_delivery
+from relaybox.store.outbox_rows import Lane, MessageBody, Target, allocate
 
 __all__ = ["SQLiteStore"]
 
@@ -213,3 +216,96 @@ class SQLiteStore(Store):
     def _flag(self, value: bool) -> Any:
         """An integer: SQLite compares a boolean expression's result, an integer."""
         return int(value)
+
+    # -- outbox ---------------------------------------------------------------------------
+
+    async def outbox_lease(self, request: LeaseRequest, open_secrets: SecretOpener) -> Leased:
+        """The steps of PostgreSQL's one statement, one by one in one transaction (one
+        writer: no other lease runs meanwhile): the lanes with due rows and room,
+        :func:`allocate`'s plan, the rows, the lanes marked served, then what the
+        channels need. Records nothing (:attr:`lease_records` is off)."""
+        if request.sent:
+            raise NotImplementedError("SQLiteStore records no successes in a lease")
+        now, fair = request.now, request.fair
+        async with self.transaction() as conn:
+            wanted = (
+                now,
+                request.slots,
+                self._array(request.channels),
+                fair.cap,
+                self._array(fair.full()),
+            )
+            lanes = [
+                Lane(**self._mapping(r))
+                for r in await self.rows(conn, "outbox_lease_lanes", wanted)
+            ]
+            plan = allocate(lanes, request.slots, now, fair)
+            if not plan:
+                return Leased([], set(), {})
+            names = list(plan)
+            take = (
+                now,
+                request.owner,
+                request.until,
+                self._array(names),
+                self._array([plan[n] for n in names]),
+            )
+            leased = [self._mapping(r) for r in await self.rows(conn, "outbox_lease_rows", take)]
+            if not leased:
+                return Leased([], set(), {})
+            taken = Counter(r["lane"] or r["channel"] for r in leased)
+            served = [lane for lane in lanes if taken[lane.lane]]
+            marks = (
+                now,
+                self._array([lane.lane for lane in served]),
+                self._array([lane.room(now)[1] - taken[lane.lane] for lane in served]),
+            )
+            await self.rows(conn, "lane_mark", marks)
+            messages, endpoints = await self._lease_load(conn, leased, now, open_secrets)
+        deliveries = sorted(
+            (
+                leased_delivery(
+                    r,
+                    request.deadline,
+                    messages.get(r["message_id"]),
+                    endpoints.get(r["endpoint_id"]),
+                )
+                for r in leased
+            ),
+            key=lambda d: d.id,
+        )
+        return Leased(deliveries, set(), {})
+
+    async def _lease_load(
+        self,
+        conn: AsyncConnection,
+        leased: Sequence[Mapping[str, Any]],
+        now: float,
+        open_secrets: SecretOpener,
+    ) -> tuple[dict[str, MessageBody], dict[str, Target]]:
+        message_ids = sorted({r["message_id"] for r in leased if r["message_id"]})
+        endpoint_ids = sorted({r["endpoint_id"] for r in leased if r["endpoint_id"]})
+        messages: dict[str, MessageBody] = {}
+        endpoints: dict[str, Target] = {}
+        if message_ids:
+            found = await self.rows(conn, "delivery_messages", (self._array(message_ids),))
+            for r in found:
+                messages[r[0]] = MessageBody(r[0], r[1], r[2].encode())
+        if endpoint_ids:
+            secrets: dict[str, list[str]] = {}
+            for s in await self.endpoint_secrets_active(conn, endpoint_ids, now=now):
+                secrets.setdefault(s.endpoint_id, []).append(s.secret)
+            found = await self.rows(conn, "delivery_endpoints", (self._array(endpoint_ids),))
+            for r in found:
+                opened, locked = open_secrets(secrets.get(r[0], ()))
+                endpoints[r[0]] = Target(
+                    id=r[0],
+                    tenant=r[1],
+                    url=r[2],
+                    signature=r[3],
+                    timeout=r[4],
+                    schedule=tuple(json.loads(r[5])) if r[5] else None,
+                    secrets=opened,
+                    locked=locked,
+                )
+        return messages, endpoints

@@ -27,9 +27,10 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from relaybox.outbound.settings import UncertainPolicy
+from relaybox.store.outbox_rows import Delivery, MessageBody, Target
 
 if TYPE_CHECKING:
     from relaybox.outbound.registry import Outbound
@@ -41,54 +42,6 @@ Outcome = Literal["sent", "retry", "failed", "gone", "blocked"]
 permanent, dead letter now. ``gone``: the destination said it no longer exists (410);
 the endpoint is disabled. ``blocked``: relaybox refused the destination itself (the
 SSRF guard, a URL it cannot use): dead letter now, nothing was sent."""
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """A webhook endpoint as the dispatcher loaded it for one attempt."""
-
-    id: str
-    tenant: str
-    url: str
-    signature: Literal["standard", "sha256"]
-    timeout: float | None
-    schedule: tuple[float, ...] | None
-    secrets: tuple[str, ...] = ()
-    locked: str | None = None  # why the secrets could not be opened (outbound.vault)
-
-    def __repr__(self) -> str:  # never print secret material
-        return f"Target(id={self.id!r}, tenant={self.tenant!r}, secrets=<{len(self.secrets)}>)"
-
-
-@dataclass(frozen=True, slots=True)
-class MessageBody:
-    """A published message: its id (the ``webhook-id``) and the exact bytes to send."""
-
-    id: str
-    event_type: str
-    body: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One attempt of one outbox row, handed to :meth:`Channel.deliver`."""
-
-    id: int
-    channel: str
-    key: str
-    """Stable across attempts: the idempotency key the destination deduplicates on."""
-    payload: Any
-    tenant: str | None
-    attempt: int
-    lease_token: int
-    uncertain: bool
-    deadline: float
-    """Seconds this attempt may take: the channel's timeout, capped so the result is
-    recorded before the lease runs out."""
-    message: MessageBody | None = None
-    endpoint: Target | None = None
-    lane: str | None = None
-    """Its lane (the endpoint id, or the channel for a handler's row)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -254,7 +254,7 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 -- name: outbox_lease
 -- The whole lease in ONE autocommit statement (one round trip, no BEGIN/COMMIT); SQLite
 -- runs the same steps one by one (sqlite_outbound.sql: outbox_lease_lanes, allocate()
--- in leases.py, outbox_lease_rows, lane_mark, then delivery_messages,
+-- in store/outbox_rows.py, outbox_lease_rows, lane_mark, then delivery_messages,
 -- endpoint_secrets_active, delivery_endpoints). $1 now, $2 free slots, $3 the
 -- dispatcher's channels, $4 owner, $5 lease end ($2 = 0: only record); $6..$14 the
 -- plain successes to record first (id, lease token, attempt, endpoint, started,
@@ -488,33 +488,6 @@ WITH r AS (
 )
 UPDATE relaybox_outbox_leases l SET until = 0 FROM r
 WHERE l.outbox_id = r.id AND l.token = r.token AND r.uncertain
-
--- name: outbox_lease_lanes
--- Not used on PostgreSQL: outbox_lease does this step within its one statement. The
--- SQLite lease runs it (sqlite_outbound.sql); defined because shared code names it
--- (tests/test_store.py checks both backends).
-SELECT NULL AS lane, NULL::int AS max_in_flight, NULL::float8 AS rate_limit,
-       NULL::float8 AS tokens, NULL::float8 AS refilled_at, NULL::int AS in_flight,
-       NULL AS tenant WHERE false
-
--- name: outbox_lease_rows
--- Not used on PostgreSQL: outbox_lease does this step within its one statement. The
--- SQLite lease runs it (sqlite_outbound.sql); defined because shared code names it
--- (tests/test_store.py checks both backends).
-SELECT NULL::bigint AS id WHERE false
-
--- name: lane_mark
--- Not used on PostgreSQL: outbox_lease does this step within its one statement. The
--- SQLite lease runs it (sqlite_outbound.sql); defined because shared code names it
--- (tests/test_store.py checks both backends).
-SELECT NULL WHERE false
-
--- name: delivery_messages
-SELECT id, event_type, body FROM relaybox_messages WHERE id = ANY($1::text[])
-
--- name: delivery_endpoints
-SELECT id, tenant, url, signature, timeout, schedule FROM relaybox_endpoints
-WHERE id = ANY($1::text[])
 
 -- name: outbox_record
 -- Group commit of outcomes: element i of the arrays is one finished attempt. Fenced per

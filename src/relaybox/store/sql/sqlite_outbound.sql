@@ -206,14 +206,6 @@ WHERE (?1 IS NULL OR tenant = ?1) ORDER BY created_at, id
 -- name: api_key_revoke
 UPDATE relaybox_api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL RETURNING id
 
--- name: outbox_lease
--- Not used on SQLite: PostgreSQL leases in one statement with data-modifying CTEs,
--- which SQLite lacks, so SQLite runs the steps one by one in one transaction
--- (outbox_lease_lanes, allocate() in leases.py, outbox_lease_rows, lane_mark, then
--- delivery_messages, endpoint_secrets_active, delivery_endpoints). Defined because
--- shared code names it (tests/test_store.py checks both backends).
-SELECT NULL AS id WHERE 0
-
 -- name: outbox_lease_lanes
 -- Lanes with due, unleased rows and room under their in-flight cap (at most ?4, the
 -- dispatcher's concurrency: a cap stored above it is clamped) and rate limit, least

@@ -1,0 +1,525 @@
+"""The store's sending side: messages, deliveries, attempts, event types, API keys.
+
+:class:`OutboxStore` is a mixin of :class:`~relaybox.store.base.Store`. Its methods
+run the named queries of ``sql/<backend>_outbound.sql`` through the store's
+primitives (:meth:`Store.rows`, :meth:`Store.first`): on PostgreSQL these run on the
+asyncpg connection beneath the caller's ``AsyncConnection``, in its transaction, with
+asyncpg's prepared-statement cache, so that :meth:`publish`'s statements cost no more
+than a driver call each and no extra round trip. Methods taking ``conn`` run in the
+caller's transaction; the others open their own. Lists travel as the backend takes
+them (arrays on PostgreSQL, JSON text on SQLite: :meth:`Store._ids`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.store.outbox_rows import (
+    ApiKey,
+    AttemptRow,
+    Delivery,
+    DeliveryRow,
+    Endpoint,
+    EndpointAttempt,
+    EndpointBacklog,
+    EndpointHealth,
+    EndpointQuotaReached,
+    EndpointStatusChange,
+    EndpointWrite,
+    EventTypeRow,
+    FailureStreak,
+    Leased,
+    LeaseRequest,
+    Message,
+    MessageBody,
+    NewMessage,
+    SecretOpener,
+    StoredSecret,
+    Target,
+    new_id,
+)
+
+__all__ = [
+    "ApiKey",
+    "AttemptRow",
+    "DeliveryRow",
+    "Endpoint",
+    "EndpointAttempt",
+    "EndpointBacklog",
+    "EndpointHealth",
+    "EndpointQuotaReached",
+    "EndpointStatusChange",
+    "EndpointWrite",
+    "EventTypeRow",
+    "FailureStreak",
+    "LeaseRequest",
+    "Leased",
+    "Message",
+    "NewMessage",
+    "OutboxStore",
+    "SecretOpener",
+    "StoredSecret",
+    "leased_delivery",
+    "new_id",
+]
+
+
+class OutboxStore:
+    """The sending side's statements (a base of :class:`~relaybox.store.Store`).
+
+    ``lease_records``: :meth:`outbox_lease` records a :class:`LeaseRequest`'s plain
+    successes and may lease ahead, in the one statement of the lease (PostgreSQL). A
+    store without it leases in a transaction of a few statements and takes no
+    ``sent``; the dispatcher records through :meth:`outbox_record` there.
+    """
+
+    lease_records: ClassVar[bool] = False
+
+    if TYPE_CHECKING:
+
+        def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+
+        async def rows(
+            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
+        ) -> list[Any]: ...
+
+        async def first(
+            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
+        ) -> Any: ...
+
+        def _ids(self, ids: Sequence[int]) -> Any: ...
+
+        async def notify(self, conn: AsyncConnection, channel: str) -> None: ...
+
+    def _mapping(self, row: Any) -> Mapping[str, Any]:
+        """A row of :meth:`Store.rows` read by column name."""
+        mapping: Mapping[str, Any] = row._mapping
+        return mapping
+
+    def _columns(self, rows: Sequence[Sequence[Any]]) -> list[Any]:
+        """Rows as one list parameter per column (``unnest`` / ``json_each``)."""
+        return [self._array([row[i] for row in rows]) for i in range(len(rows[0]))]
+
+    def _array(self, values: Sequence[Any]) -> Any:
+        """A list parameter as the driver takes it (as :meth:`Store._ids` passes ids)."""
+        return self._ids(values)
+
+    # -- endpoints ----------------------------------------------------------------------
+
+    def _endpoint_params(self, e: EndpointWrite, now: float) -> tuple[Any, ...]:
+        schedule = None if e.schedule is None else json.dumps(list(e.schedule))
+        return (
+            e.id,
+            e.tenant,
+            e.url,
+            e.description,
+            json.dumps(list(e.event_types)),
+            e.signature,
+            e.timeout,
+            schedule,
+            now,
+        )
+
+    async def endpoint_create(
+        self, endpoint: EndpointWrite, sealed_secret: str, *, quota: int, now: float
+    ) -> Endpoint:
+        """Create an enabled endpoint, its lane and its first (sealed) secret. Creates
+        of one tenant run one at a time, so the quota holds: raises
+        :class:`EndpointQuotaReached` when the tenant has ``quota`` endpoints."""
+        async with self.transaction() as conn:
+            await self.first(conn, "endpoint_quota_lock", (endpoint.tenant,))
+            count = await self.first(conn, "endpoint_count", (endpoint.tenant,))
+            if count[0] >= quota:
+                raise EndpointQuotaReached(int(count[0]))
+            await self.rows(conn, "endpoint_insert", self._endpoint_params(endpoint, now))
+            await self.lane_upsert(conn, endpoint.id, endpoint.max_in_flight, endpoint.rate_limit)
+            await self.rows(conn, "endpoint_secret_insert", (endpoint.id, sealed_secret, now))
+            row = await self.first(conn, "endpoint_get", (endpoint.id, endpoint.tenant))
+        return Endpoint.from_row(row)
+
+    async def endpoint_get(self, endpoint_id: str, tenant: str | None) -> Endpoint | None:
+        """One endpoint with its lane settings (``tenant`` ``None``: of any tenant)."""
+        async with self.transaction() as conn:
+            row = await self.first(conn, "endpoint_get", (endpoint_id, tenant))
+        return None if row is None else Endpoint.from_row(row)
+
+    async def endpoint_list(self, tenant: str | None, *, limit: int) -> list[Endpoint]:
+        """Endpoints of ``tenant`` (``None``: every tenant), oldest first."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "endpoint_list", (tenant, limit))
+        return [Endpoint.from_row(r) for r in found]
+
+    async def endpoint_update(self, endpoint: EndpointWrite, *, now: float) -> None:
+        """Write every mutable field and the lane settings of the tenant's endpoint."""
+        async with self.transaction() as conn:
+            await self.rows(conn, "endpoint_update", self._endpoint_params(endpoint, now))
+            await self.lane_upsert(conn, endpoint.id, endpoint.max_in_flight, endpoint.rate_limit)
+
+    async def endpoint_delete(
+        self, endpoint_id: str, tenant: str, *, reason: str, now: float
+    ) -> bool:
+        """Delete the tenant's endpoint, its secrets and lane; its waiting deliveries
+        become dead letters (``reason``). ``False``: no such endpoint."""
+        async with self.transaction() as conn:
+            if await self.first(conn, "endpoint_delete", (endpoint_id, tenant)) is None:
+                return False
+            await self.rows(conn, "lane_delete", (endpoint_id,))
+            await self.delivery_kill_endpoint(conn, endpoint_id, reason, now=now)
+        return True
+
+    async def endpoint_set_status(
+        self,
+        conn: AsyncConnection,
+        endpoint_id: str,
+        status: str,
+        *,
+        reason: str | None,
+        now: float,
+    ) -> EndpointStatusChange | None:
+        """Switch the endpoint to ``status`` (``enabled`` clears its failure streak) in
+        ``conn``'s transaction; ``None`` when it has that status already (or is gone)."""
+        row = await self.first(conn, "endpoint_set_status", (endpoint_id, status, reason, now))
+        return None if row is None else EndpointStatusChange(row[0], row[1], row[2], row[3])
+
+    async def delivery_kill_endpoint(
+        self, conn: AsyncConnection, endpoint_id: str, reason: str, *, now: float
+    ) -> None:
+        """The endpoint's waiting deliveries become dead letters (``reason``), in
+        ``conn``'s transaction; those under a live lease are left to their dispatcher.
+        Two statements: the rows are locked first, so that the second one's snapshot
+        sees every lease taken of them (a lease does not write the outbox row on
+        PostgreSQL)."""
+        ids = [r[0] for r in await self.rows(conn, "delivery_lock_endpoint", (endpoint_id,))]
+        if ids:
+            params = (endpoint_id, reason, now, self._ids(ids))
+            await self.rows(conn, "delivery_kill_endpoint", params)
+
+    async def lane_upsert(
+        self, conn: AsyncConnection, lane: str, max_in_flight: int, rate_limit: float | None
+    ) -> None:
+        """Set a lane's settings (its flow state stays), in ``conn``'s transaction."""
+        await self.rows(conn, "lane_upsert", (lane, max_in_flight, rate_limit))
+
+    # -- endpoint secrets ---------------------------------------------------------------
+
+    async def endpoint_secrets_active(
+        self, conn: AsyncConnection, endpoint_ids: Sequence[str], *, now: float
+    ) -> list[StoredSecret]:
+        """The endpoints' secrets not expired at ``now``, by endpoint, newest first."""
+        params = (self._array(endpoint_ids), now)
+        found = await self.rows(conn, "endpoint_secrets_active", params)
+        return [StoredSecret(r[0], r[1], r[2], r[3]) for r in found]
+
+    async def endpoint_secret_rotate(
+        self, conn: AsyncConnection, endpoint_id: str, sealed: str, *, until: float, now: float
+    ) -> None:
+        """Add a secret; every one still active keeps signing until ``until``."""
+        await self.rows(conn, "endpoint_secret_expire", (endpoint_id, until))
+        await self.rows(conn, "endpoint_secret_insert", (endpoint_id, sealed, now))
+
+    async def endpoint_secret_sealed_any(self) -> bool:
+        """Whether any stored secret is sealed."""
+        async with self.transaction() as conn:
+            return await self.first(conn, "endpoint_secret_sealed_any") is not None
+
+    async def endpoint_secrets_page(
+        self, conn: AsyncConnection, after: int, limit: int, *, plaintext: bool = False
+    ) -> list[tuple[int, str]]:
+        """Up to ``limit`` stored secrets (only plaintext ones: ``plaintext``) after id
+        ``after``, in id order, as (id, stored value)."""
+        name = "endpoint_secrets_plaintext_page" if plaintext else "endpoint_secrets_page"
+        return [(r[0], r[1]) for r in await self.rows(conn, name, (after, limit))]
+
+    async def endpoint_secret_swap(
+        self, conn: AsyncConnection, secret_id: int, old: str, new: str
+    ) -> bool:
+        """Compare-and-set: the stored value becomes ``new`` only while it is ``old``."""
+        return await self.first(conn, "endpoint_secret_swap", (secret_id, old, new)) is not None
+
+    # -- messages -----------------------------------------------------------------------
+
+    async def message_get_by_key(
+        self, conn: AsyncConnection, tenant: str, idempotency_key: str
+    ) -> Message | None:
+        """The tenant's message published with ``idempotency_key``, if any."""
+        row = await self.first(conn, "message_get_by_key", (tenant, idempotency_key))
+        return None if row is None else Message.from_row(row)
+
+    async def message_insert(self, conn: AsyncConnection, message: NewMessage) -> bool:
+        """Insert ``message``; ``False`` when a message with its (tenant, idempotency
+        key) exists already (the UNIQUE constraint decides which publish is first)."""
+        params = (
+            message.id,
+            message.tenant,
+            message.event_type,
+            message.idempotency_key,
+            message.body,
+            message.created_at,
+        )
+        return await self.first(conn, "message_insert", params) is not None
+
+    async def message_get(self, message_id: str, tenant: str | None) -> Message | None:
+        """One message (``tenant`` ``None``: of any tenant)."""
+        async with self.transaction() as conn:
+            row = await self.first(conn, "message_get", (message_id, tenant))
+        return None if row is None else Message.from_row(row)
+
+    async def message_list(
+        self,
+        tenant: str | None,
+        *,
+        event_type: str | None,
+        before: tuple[float, str] | None,
+        limit: int,
+    ) -> list[Message]:
+        """Newest first; ``before`` is the ``(created_at, id)`` of the last one seen."""
+        after_time, after_id = before if before else (None, None)
+        params = (tenant, event_type, after_time, after_id, limit)
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "message_list", params)
+        return [Message.from_row(r) for r in found]
+
+    # -- deliveries ---------------------------------------------------------------------
+
+    async def endpoint_subscribers(
+        self, conn: AsyncConnection, tenant: str
+    ) -> list[tuple[str, str]]:
+        """The tenant's enabled endpoints as (id, event type patterns as JSON text), by
+        id, read in ``conn``'s transaction (a publish fans out to these)."""
+        return [(r[0], r[1]) for r in await self.rows(conn, "endpoint_subscribers", (tenant,))]
+
+    async def delivery_insert(
+        self,
+        conn: AsyncConnection,
+        message_id: str,
+        tenant: str,
+        endpoint_ids: Sequence[str],
+        *,
+        now: float,
+    ) -> None:
+        """One pending outbox row per endpoint for the message, in ``conn``'s
+        transaction, and a wake for the dispatchers when it commits."""
+        params = (message_id, tenant, now, self._array(endpoint_ids))
+        await self.rows(conn, "delivery_insert", params)
+        await self.notify(conn, "outbox")
+
+    async def delivery_list(
+        self,
+        tenant: str | None,
+        *,
+        message_id: str | None,
+        endpoint_id: str | None,
+        undelivered: bool,
+        limit: int,
+    ) -> list[DeliveryRow]:
+        """Outbox rows, newest first; ``undelivered``: only those not sent."""
+        params = (tenant, message_id, endpoint_id, undelivered, limit)
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "delivery_list", params)
+        return [DeliveryRow(*r) for r in found]
+
+    async def attempt_list(self, message_id: str, tenant: str | None) -> list[AttemptRow]:
+        """The recorded attempts of a message's deliveries, in the order they ran."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "delivery_attempts", (message_id, tenant))
+        return [AttemptRow(*r) for r in found]
+
+    async def delivery_redeliver(
+        self, message_id: str, *, tenant: str | None, endpoint_id: str | None, now: float
+    ) -> int:
+        """Put the message's finished deliveries (to ``endpoint_id`` or every enabled
+        endpoint) back to pending with a fresh budget; returns how many."""
+        async with self.transaction() as conn:
+            found = await self.rows(
+                conn, "delivery_redeliver", (message_id, tenant, endpoint_id, now)
+            )
+            if found:
+                await self.notify(conn, "outbox")
+        return len(found)
+
+    async def delivery_recover(
+        self, endpoint_id: str, *, since: float, until: float | None, now: float
+    ) -> int:
+        """Retry every dead delivery of the endpoint created in ``[since, until)``;
+        returns how many."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "delivery_recover", (endpoint_id, since, until, now))
+            if found:
+                await self.notify(conn, "outbox")
+        return len(found)
+
+    # -- leases -------------------------------------------------------------------------
+
+    async def outbox_lease(self, request: LeaseRequest, open_secrets: SecretOpener) -> Leased:
+        """Lease up to ``request.slots`` due rows lane by lane (see
+        :mod:`relaybox.outbound.leases`) with what the channels need (message bodies,
+        endpoints with their secrets opened by ``open_secrets``), the deliveries in id
+        order. Each backend leases its own way: PostgreSQL in one statement, SQLite in
+        one transaction of a few."""
+        raise NotImplementedError(f"{type(self).__name__} leases no rows")
+
+    async def outbox_release(self, deliveries: Sequence[Delivery]) -> None:
+        """Give back leases never started: the rows are due again at once, as if never
+        leased."""
+        params = (
+            self._array([d.id for d in deliveries]),
+            self._array([d.lease_token for d in deliveries]),
+            self._array([d.uncertain for d in deliveries]),
+        )
+        async with self.transaction() as conn:
+            await self.rows(conn, "outbox_release", params)
+
+    # -- recording ----------------------------------------------------------------------
+
+    async def outbox_record(
+        self, conn: AsyncConnection, marks: Sequence[tuple[Any, ...]], *, now: float
+    ) -> set[tuple[int, int]]:
+        """Record attempts' outcomes in ``conn``'s transaction, each fenced by its lease
+        token; ``marks`` are rows of (id, lease token, status, next attempt at, dead
+        reason, error, status code). Returns the (id, lease token) pairs written."""
+        found = await self.rows(conn, "outbox_record", (now, *self._columns(marks)))
+        return {(r[0], r[1]) for r in found}
+
+    async def outbox_attempts_insert(
+        self, conn: AsyncConnection, attempts: Sequence[tuple[Any, ...]]
+    ) -> None:
+        """Append to the attempt log, in ``conn``'s transaction: rows of (outbox id,
+        attempt, lease token, dispatcher, started, duration, outcome, status code,
+        error, response)."""
+        await self.rows(conn, "outbox_attempts_insert", self._columns(attempts))
+
+    async def endpoints_succeeded(self, conn: AsyncConnection, endpoint_ids: Sequence[str]) -> None:
+        """End the endpoints' failure streaks, in ``conn``'s transaction."""
+        await self.rows(conn, "endpoints_succeeded", (self._array(endpoint_ids),))
+
+    async def endpoint_succeeded(self, conn: AsyncConnection, endpoint_id: str) -> None:
+        """End the endpoint's failure streak, in ``conn``'s transaction."""
+        await self.rows(conn, "endpoint_succeeded", (endpoint_id,))
+
+    async def endpoint_failed(
+        self, conn: AsyncConnection, endpoint_id: str, *, now: float
+    ) -> FailureStreak | None:
+        """Start the endpoint's failure streak at ``now`` unless one runs; ``None``
+        when the endpoint is gone."""
+        row = await self.first(conn, "endpoint_failed", (endpoint_id, now))
+        return None if row is None else FailureStreak(row[0], row[1])
+
+    # -- operator views -----------------------------------------------------------------
+
+    async def endpoint_health(self, *, since: float) -> dict[str, EndpointHealth]:
+        """Per endpoint id, its delivery attempts started since ``since``."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "ops_endpoint_health", (since,))
+        return {r[0]: EndpointHealth(int(r[1]), int(r[2] or 0), r[3]) for r in found}
+
+    async def endpoint_backlog(self) -> dict[str, EndpointBacklog]:
+        """Per endpoint id with undelivered rows, how many of each status."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "ops_endpoint_backlog")
+        return {
+            r[0]: EndpointBacklog(int(r[1] or 0), int(r[2] or 0), int(r[3] or 0), r[4])
+            for r in found
+        }
+
+    async def endpoint_attempts(self, endpoint_id: str, *, limit: int) -> list[EndpointAttempt]:
+        """The endpoint's most recent attempts, newest first."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "ops_endpoint_attempts", (endpoint_id, limit))
+        return [EndpointAttempt(*r) for r in found]
+
+    async def message_purged_at(self, message_id: str) -> float | None:
+        """When retention emptied the message's body; ``None``: it is there (or there
+        is no such message)."""
+        async with self.transaction() as conn:
+            row = await self.first(conn, "ops_message_purged_at", (message_id,))
+        return None if row is None else row[0]
+
+    # -- admin sessions -----------------------------------------------------------------
+
+    async def admin_session_revoke(
+        self, session_id: str, *, expires_at: float, purge_before: float
+    ) -> None:
+        """Revoke a dashboard session until ``expires_at`` (idempotent), and drop the
+        revocations that expired before ``purge_before``, in one transaction."""
+        async with self.transaction() as conn:
+            await self.rows(conn, "admin_session_revoke", (session_id, expires_at))
+            await self.rows(conn, "admin_session_purge", (purge_before,))
+
+    async def admin_session_revoked(self, session_id: str) -> bool:
+        """Whether the dashboard session was revoked (one primary-key lookup)."""
+        async with self.transaction() as conn:
+            return await self.first(conn, "admin_session_revoked", (session_id,)) is not None
+
+    # -- event types --------------------------------------------------------------------
+
+    async def event_type_upsert(
+        self, name: str, description: str, schema: str | None, *, now: float
+    ) -> None:
+        """Add or replace a catalog entry (``schema``: JSON text or ``None``)."""
+        async with self.transaction() as conn:
+            await self.rows(conn, "event_type_upsert", (name, description, schema, now))
+
+    async def event_type_list(self) -> list[EventTypeRow]:
+        """The catalog, by name."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "event_type_list")
+        return [EventTypeRow(r[0], r[1], r[2]) for r in found]
+
+    async def event_type_schema(self, conn: AsyncConnection, name: str) -> str | None:
+        """The catalog's schema of ``name`` (JSON text), read in ``conn``'s transaction;
+        ``None`` for a type without one or outside the catalog."""
+        row = await self.first(conn, "event_type_get", (name,))
+        return None if row is None or not row[2] else str(row[2])
+
+    # -- API keys -----------------------------------------------------------------------
+
+    async def api_key_create(
+        self, key_id: str, tenant: str, name: str, key_hash: str, *, now: float
+    ) -> None:
+        async with self.transaction() as conn:
+            await self.rows(conn, "api_key_insert", (key_id, tenant, name, key_hash, now))
+
+    async def api_key_find(self, key_hash: str) -> str | None:
+        """The tenant of the active key with this hash, or ``None``."""
+        async with self.transaction() as conn:
+            row = await self.first(conn, "api_key_lookup", (key_hash,))
+        return None if row is None else str(row[1])
+
+    async def api_key_list(self, tenant: str | None) -> list[ApiKey]:
+        """Keys of ``tenant`` (``None``: every tenant), oldest first."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "api_key_list", (tenant,))
+        return [ApiKey(*r) for r in found]
+
+    async def api_key_revoke(self, key_id: str, *, now: float) -> bool:
+        """Revoke an active key; ``False`` when there is none with this id."""
+        async with self.transaction() as conn:
+            return await self.first(conn, "api_key_revoke", (key_id, now)) is not None
+
+
+def leased_delivery(
+    r: Any, deadline: float, message: MessageBody | None, endpoint: Target | None
+) -> Delivery:
+    """A leased row (read by column name) as the channels take it. Positional and
+    without parsing a webhook row's payload (``null``: the body is the message's):
+    this runs for every delivery."""
+    payload = r["payload"]
+    return Delivery(
+        r["id"],
+        r["channel"],
+        r["key"],
+        None if payload == "null" else json.loads(payload),
+        r["tenant"],
+        r["attempts"],
+        r["lease_token"],
+        bool(r["uncertain"]),
+        deadline,
+        message,
+        endpoint,
+        r["lane"] or r["channel"],
+    )

@@ -1,0 +1,455 @@
+"""Records of the sending side: what :class:`~relaybox.store.outbox.OutboxStore`
+takes and returns (endpoints, messages, deliveries, attempts, keys), a leased
+row as the channels take it (:class:`Delivery`, with its :class:`MessageBody` and its
+endpoint's :class:`Target`), and what a lease may take (:class:`Lane`,
+:class:`Fairness`, :func:`allocate`, the plan ``outbox_lease`` computes in SQL on
+PostgreSQL and the SQLite store in Python)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "UNBOUNDED",
+    "ApiKey",
+    "AttemptRow",
+    "Delivery",
+    "DeliveryRow",
+    "Endpoint",
+    "EndpointAttempt",
+    "EndpointBacklog",
+    "EndpointHealth",
+    "EndpointQuotaReached",
+    "EndpointStatusChange",
+    "EndpointWrite",
+    "EventTypeRow",
+    "FailureStreak",
+    "Fairness",
+    "Lane",
+    "LeaseRequest",
+    "Leased",
+    "Message",
+    "MessageBody",
+    "NewMessage",
+    "SecretOpener",
+    "StoredSecret",
+    "Target",
+    "allocate",
+    "new_id",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A webhook endpoint as the dispatcher loaded it for one attempt."""
+
+    id: str
+    tenant: str
+    url: str
+    signature: Literal["standard", "sha256"]
+    timeout: float | None
+    schedule: tuple[float, ...] | None
+    secrets: tuple[str, ...] = ()
+    locked: str | None = None  # why the secrets could not be opened (outbound.vault)
+
+    def __repr__(self) -> str:  # never print secret material
+        return f"Target(id={self.id!r}, tenant={self.tenant!r}, secrets=<{len(self.secrets)}>)"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageBody:
+    """A published message: its id (the ``webhook-id``) and the exact bytes to send."""
+
+    id: str
+    event_type: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One attempt of one outbox row, handed to :meth:`Channel.deliver`."""
+
+    id: int
+    channel: str
+    key: str
+    """Stable across attempts: the idempotency key the destination deduplicates on."""
+    payload: Any
+    tenant: str | None
+    attempt: int
+    lease_token: int
+    uncertain: bool
+    deadline: float
+    """Seconds this attempt may take: the channel's timeout, capped so the result is
+    recorded before the lease runs out."""
+    message: MessageBody | None = None
+    endpoint: Target | None = None
+    lane: str | None = None
+    """Its lane (the endpoint id, or the channel for a handler's row)."""
+
+
+@dataclass(frozen=True)
+class Lane:
+    lane: str
+    max_in_flight: int
+    rate_limit: float | None
+    tokens: float
+    refilled_at: float
+    in_flight: int
+    tenant: str | None = None
+    """The endpoint's tenant; ``None`` for a channel's lane (no tenant bound)."""
+
+    def room(self, now: float) -> tuple[int, float]:
+        """(rows it may take now, tokens in its bucket now). The bucket holds at most
+        one second of its rate (at least one token): bursts stay small."""
+        room = self.max_in_flight - self.in_flight
+        if self.rate_limit is None:
+            return room, 1.0
+        refill = (now - self.refilled_at) * self.rate_limit
+        tokens = min(max(1.0, self.rate_limit), self.tokens + refill)
+        return min(room, int(tokens)), tokens
+
+
+@dataclass(frozen=True)
+class Fairness:
+    """What one lease may take per tenant and per lane: every lane's cap is at most
+    ``cap`` (the dispatcher's concurrency), and one tenant's lanes take at most
+    ``rows`` rows, or ``held[tenant]`` for a tenant listed there (what the dispatcher
+    already holds of it counted; 0: none, its lanes are not even looked at)."""
+
+    cap: int = 2**31 - 1
+    rows: int = 2**31 - 1
+    held: Mapping[str, int] = field(default_factory=dict)
+
+    def full(self) -> list[str]:
+        return sorted(t for t, n in self.held.items() if n <= 0)
+
+
+UNBOUNDED = Fairness()
+
+
+def allocate(
+    lanes: Sequence[Lane], slots: int, now: float, fair: Fairness = UNBOUNDED
+) -> dict[str, int]:
+    """Share ``slots`` among ``lanes`` in order: one row per lane per round, within
+    each lane's room; a tenant's turns are numbered over its lanes' rounds (at most
+    ``fair``'s rows for it), and turns go tenant by tenant (``outbox_lease``'s plan)."""
+    entries: list[tuple[int, int, int, str]] = []  # (turn, round, lane order, lane)
+    turns: dict[tuple[str | None, str | None], int] = {}
+    room = {lane.lane: min(lane.room(now)[0], fair.cap - lane.in_flight) for lane in lanes}
+    most = max(room.values(), default=0)
+    for rnd in range(1, most + 1):
+        for order, lane in enumerate(lanes):
+            if room[lane.lane] < rnd:
+                continue
+            group = (lane.tenant, None if lane.tenant is not None else lane.lane)
+            turn = turns[group] = turns.get(group, 0) + 1
+            if lane.tenant is not None and turn > fair.held.get(lane.tenant, fair.rows):
+                continue
+            entries.append((turn, rnd, order, lane.lane))
+    entries.sort()
+    plan: dict[str, int] = {}
+    for _, _, _, name in entries[: max(slots, 0)]:
+        plan[name] = plan.get(name, 0) + 1
+    return plan
+
+
+def new_id(prefix: str, now: float) -> str:
+    """``prefix_`` + milliseconds (hex, so ids sort by time) + 64 random bits."""
+    return f"{prefix}_{int(now * 1000):011x}{secrets.token_hex(8)}"
+
+
+class EndpointQuotaReached(Exception):
+    """The tenant has ``count`` endpoints already, the quota's worth."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(f"the tenant has {count} endpoints")
+        self.count = count
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    id: str
+    tenant: str
+    url: str
+    description: str
+    event_types: list[str]
+    status: str
+    disabled_reason: str | None
+    signature: str
+    timeout: float | None
+    schedule: list[float] | None
+    failing_since: float | None
+    created_at: float
+    updated_at: float
+    max_in_flight: int
+    rate_limit: float | None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Endpoint:
+        """From ``endpoint_get``'s columns, in their order."""
+        return cls(
+            id=row[0],
+            tenant=row[1],
+            url=row[2],
+            description=row[3],
+            event_types=json.loads(row[4]),
+            status=row[5],
+            disabled_reason=row[6],
+            signature=row[7],
+            timeout=row[8],
+            schedule=json.loads(row[9]) if row[9] else None,
+            failing_since=row[10],
+            created_at=row[11],
+            updated_at=row[12],
+            max_in_flight=row[13],
+            rate_limit=row[14],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "url": self.url,
+            "description": self.description,
+            "event_types": self.event_types,
+            "enabled": self.status == "enabled",
+            "disabled_reason": self.disabled_reason,
+            "signature": self.signature,
+            "timeout": self.timeout,
+            "schedule": self.schedule,
+            "max_in_flight": self.max_in_flight,
+            "rate_limit": self.rate_limit,
+            "failing_since": self.failing_since,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointWrite:
+    """An endpoint's mutable fields and lane settings, as written at once (a create, or
+    an update with the patch merged into the current row)."""
+
+    id: str
+    tenant: str
+    url: str
+    description: str
+    event_types: Sequence[str]
+    signature: str
+    timeout: float | None
+    schedule: Sequence[float] | None
+    max_in_flight: int
+    rate_limit: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointStatusChange:
+    """An endpoint whose status a call changed."""
+
+    id: str
+    tenant: str
+    url: str
+    failing_since: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSecret:
+    """An endpoint secret as stored (sealed, or plaintext from older versions)."""
+
+    endpoint_id: str
+    secret: str
+    created_at: float
+    expires_at: float | None
+
+
+@dataclass(frozen=True)
+class Message:
+    """A published message. ``created`` is ``False`` when an earlier publish with the
+    same idempotency key already created it (nothing new was written)."""
+
+    id: str
+    tenant: str
+    event_type: str
+    idempotency_key: str | None
+    body: bytes
+    created_at: float
+    created: bool = True
+    endpoints: tuple[str, ...] = ()
+
+    @property
+    def envelope(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.body)
+        return result
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any], *, created: bool = False) -> Message:
+        """From (id, tenant, event_type, idempotency_key, body, created_at)."""
+        return cls(
+            id=row[0],
+            tenant=row[1],
+            event_type=row[2],
+            idempotency_key=row[3],
+            body=row[4].encode(),
+            created_at=row[5],
+            created=created,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "event_type": self.event_type,
+            "idempotency_key": self.idempotency_key,
+            "created_at": self.created_at,
+            "payload": self.envelope,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to insert; ``body`` is its envelope as JSON text."""
+
+    id: str
+    tenant: str
+    event_type: str
+    idempotency_key: str | None
+    body: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRow:
+    """An outbox row (a webhook delivery or a channel row) as listings show it; under a
+    lease, ``attempts`` counts the leased attempt."""
+
+    id: str
+    message_id: str | None
+    endpoint_id: str | None
+    channel: str | None
+    key: str | None
+    tenant: str | None
+    status: str
+    dead_reason: str | None
+    attempts: int
+    next_attempt_at: float | None
+    last_error: str | None
+    last_status: int | None
+    created_at: float
+    updated_at: float | None
+    sent_at: float | None
+    event_type: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    """One recorded delivery attempt of a message."""
+
+    outbox_id: str
+    endpoint_id: str | None
+    attempt: int
+    started_at: float
+    duration: float | None
+    outcome: str
+    status_code: int | None
+    error: str | None
+    response: Any
+
+
+@dataclass(frozen=True, slots=True)
+class EventTypeRow:
+    """A catalog entry; ``schema`` is the JSON Schema as stored text, or ``None``."""
+
+    name: str
+    description: str
+    schema: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """A tenant API key's record (never the key: only its hash is stored)."""
+
+    id: str
+    tenant: str
+    name: str
+    created_at: float
+    revoked_at: float | None
+
+
+SecretOpener = Callable[[Sequence[str]], tuple[tuple[str, ...], str | None]]
+"""Opens an endpoint's stored secrets: (the secrets, ``None``), or ((), why not)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRequest:
+    """One lease: up to ``slots`` due rows of ``channels`` for ``owner`` until
+    ``until``; each delivery may take ``deadline`` seconds. ``sent``: plain successes
+    to record with the lease (rows of id, lease token, attempt, endpoint id, started,
+    duration, status code, error, response), ``ahead``: channels whose lanes may be
+    leased up to ``factor`` times their cap (both only where the store
+    :attr:`~OutboxStore.lease_records`)."""
+
+    owner: str
+    slots: int
+    channels: Sequence[str]
+    now: float
+    until: float
+    deadline: float
+    fair: Fairness = UNBOUNDED
+    sent: Sequence[tuple[Any, ...]] = ()
+    ahead: Sequence[str] = ()
+    factor: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Leased:
+    """A lease's deliveries (by id), the (id, lease token) pairs its ``sent`` wrote
+    (the others were fenced), and per lane leased how many attempts the dispatcher may
+    run in it at once (empty: as many as were leased)."""
+
+    deliveries: list[Delivery]
+    written: set[tuple[int, int]]
+    allowed: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class FailureStreak:
+    """An endpoint's status and the start of its failure streak after a failure."""
+
+    status: str
+    failing_since: float
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointHealth:
+    """An endpoint's delivery attempts in a window: how many, how many were accepted,
+    the last one's start."""
+
+    attempts: int
+    succeeded: int
+    last_attempt_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointBacklog:
+    """An endpoint's undelivered rows by status, and the oldest pending row's time."""
+
+    pending: int
+    dead: int
+    held: int
+    oldest: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointAttempt:
+    """One recent attempt to an endpoint."""
+
+    outbox_id: int
+    message_id: str | None
+    attempt: int
+    started_at: float
+    duration: float
+    outcome: str
+    status_code: int | None
+    error: str | None

@@ -1,0 +1,379 @@
+"""Conformance of the store's sending side (``store/outbox.py``) on SQLite and
+PostgreSQL: endpoints, lanes and secrets, messages and deliveries, the dispatcher's
+lease, release and records, the operator views, admin sessions, event types and API
+keys. Rows are set up through store methods; ``store.fetch_all`` reads them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+
+from relaybox.store import Store, open_store
+from relaybox.store.outbox import (
+    EndpointQuotaReached,
+    EndpointWrite,
+    LeaseRequest,
+    Message,
+    NewMessage,
+    new_id,
+)
+from relaybox.store.outbox_rows import Fairness
+
+T0 = 1_000_000.0
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    s = open_store(database_url)
+    await s.migrate()
+    yield s
+    await s.close()
+
+
+def endpoint(eid: str, tenant: str = "t1", **fields: object) -> EndpointWrite:
+    values: dict[str, object] = {
+        "id": eid,
+        "tenant": tenant,
+        "url": f"https://example.com/{eid}",
+        "description": "",
+        "event_types": ["*"],
+        "signature": "standard",
+        "timeout": None,
+        "schedule": None,
+        "max_in_flight": 4,
+        "rate_limit": None,
+    }
+    values.update(fields)
+    return EndpointWrite(**values)  # type: ignore[arg-type]
+
+
+async def publish(
+    store: Store, tenant: str, targets: Sequence[str], *, key: str | None = None, at: float = T0
+) -> str:
+    msg_id = new_id("msg", at)
+    async with store.transaction() as conn:
+        new = NewMessage(msg_id, tenant, "pet.adopted", key, '{"id":"' + msg_id + '"}', at)
+        assert await store.message_insert(conn, new)
+        if targets:
+            await store.delivery_insert(conn, msg_id, tenant, targets, now=at)
+    return msg_id
+
+
+def lease_request(owner: str = "d1", slots: int = 10, at: float = T0 + 1) -> LeaseRequest:
+    return LeaseRequest(
+        owner=owner, slots=slots, channels=["webhook"], now=at, until=at + 60, deadline=30
+    )
+
+
+def no_secrets(stored: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
+    return tuple(stored), None
+
+
+async def test_new_id_sorts_by_time() -> None:
+    a, b = new_id("msg", T0), new_id("msg", T0 + 1)
+    assert a.startswith("msg_") and a < b and len(a) == len(b)
+
+
+async def test_endpoint_create_get_list_update(store: Store) -> None:
+    created = await store.endpoint_create(
+        endpoint("ep_1", schedule=[1.0, 2.0], event_types=["pet.*"]), "s1", quota=5, now=T0
+    )
+    assert created.id == "ep_1" and created.status == "enabled"
+    assert created.event_types == ["pet.*"] and created.schedule == [1.0, 2.0]
+    assert created.max_in_flight == 4 and created.created_at == T0
+    assert await store.endpoint_get("ep_1", "t1") == created
+    assert await store.endpoint_get("ep_1", None) == created
+    assert await store.endpoint_get("ep_1", "other") is None
+    await store.endpoint_create(endpoint("ep_2", tenant="t2"), "s2", quota=5, now=T0 + 1)
+    assert [e.id for e in await store.endpoint_list(None, limit=10)] == ["ep_1", "ep_2"]
+    assert [e.id for e in await store.endpoint_list("t2", limit=10)] == ["ep_2"]
+    assert len(await store.endpoint_list(None, limit=1)) == 1
+
+    await store.endpoint_update(
+        endpoint("ep_1", url="https://example.com/new", max_in_flight=2, rate_limit=3.0),
+        now=T0 + 5,
+    )
+    updated = await store.endpoint_get("ep_1", "t1")
+    assert updated is not None
+    assert updated.url == "https://example.com/new" and updated.updated_at == T0 + 5
+    assert (updated.max_in_flight, updated.rate_limit, updated.schedule) == (2, 3.0, None)
+
+
+async def test_endpoint_create_holds_the_quota(store: Store) -> None:
+    await store.endpoint_create(endpoint("ep_1"), "s", quota=2, now=T0)
+    await store.endpoint_create(endpoint("ep_2"), "s", quota=2, now=T0)
+    with pytest.raises(EndpointQuotaReached) as caught:
+        await store.endpoint_create(endpoint("ep_3"), "s", quota=2, now=T0)
+    assert caught.value.count == 2
+    assert await store.endpoint_get("ep_3", None) is None
+    await store.endpoint_create(endpoint("ep_4", tenant="t2"), "s", quota=2, now=T0)
+
+
+async def test_secrets_active_rotate_pages_and_swap(store: Store) -> None:
+    await store.endpoint_create(endpoint("ep_1"), "plain-1", quota=5, now=T0)
+    assert not await store.endpoint_secret_sealed_any()
+    async with store.transaction() as conn:
+        await store.endpoint_secret_rotate(conn, "ep_1", "fernet:x", until=T0 + 100, now=T0 + 1)
+        active = await store.endpoint_secrets_active(conn, ["ep_1"], now=T0 + 2)
+    assert [s.secret for s in active] == ["fernet:x", "plain-1"]  # newest first
+    assert active[1].expires_at == T0 + 100
+    async with store.transaction() as conn:
+        later = await store.endpoint_secrets_active(conn, ["ep_1"], now=T0 + 101)
+        assert [s.secret for s in later] == ["fernet:x"]
+        every = await store.endpoint_secrets_page(conn, 0, 10)
+        plain = await store.endpoint_secrets_page(conn, 0, 10, plaintext=True)
+        assert [s for _, s in every] == ["plain-1", "fernet:x"]
+        assert [s for _, s in plain] == ["plain-1"]
+        assert await store.endpoint_secrets_page(conn, every[0][0], 10) == every[1:]
+        secret_id = plain[0][0]
+        assert await store.endpoint_secret_swap(conn, secret_id, "plain-1", "fernet:y")
+        assert not await store.endpoint_secret_swap(conn, secret_id, "plain-1", "fernet:z")
+    assert await store.endpoint_secret_sealed_any()
+
+
+async def test_publish_statements_in_the_callers_transaction(store: Store) -> None:
+    await store.endpoint_create(endpoint("ep_1", event_types=["pet.*"]), "s", quota=5, now=T0)
+    await store.endpoint_create(endpoint("ep_2"), "s", quota=5, now=T0)
+    await store.endpoint_create(endpoint("ep_3", tenant="t2"), "s", quota=5, now=T0)
+    async with store.transaction() as conn:
+        subs = await store.endpoint_subscribers(conn, "t1")
+    assert subs == [("ep_1", '["pet.*"]'), ("ep_2", '["*"]')]
+
+    msg_id = await publish(store, "t1", ["ep_1", "ep_2"], key="k1")
+    async with store.transaction() as conn:
+        found = await store.message_get_by_key(conn, "t1", "k1")
+        assert isinstance(found, Message) and found.id == msg_id and not found.created
+        assert await store.message_get_by_key(conn, "t2", "k1") is None
+        again = NewMessage("msg_other", "t1", "pet.adopted", "k1", "{}", T0)
+        assert not await store.message_insert(conn, again)  # the key is taken
+
+    # A rolled-back transaction takes its message and deliveries with it.
+    with pytest.raises(RuntimeError):
+        async with store.transaction() as conn:
+            new = NewMessage("msg_gone", "t1", "pet.adopted", None, "{}", T0)
+            assert await store.message_insert(conn, new)
+            await store.delivery_insert(conn, "msg_gone", "t1", ["ep_1"], now=T0)
+            raise RuntimeError("roll back")
+    assert await store.message_get("msg_gone", None) is None
+    rows = await store.delivery_list(
+        None, message_id=None, endpoint_id=None, undelivered=False, limit=10
+    )
+    assert sorted(r.endpoint_id or "" for r in rows) == ["ep_1", "ep_2"]
+    assert {r.message_id for r in rows} == {msg_id} and rows[0].event_type == "pet.adopted"
+
+
+async def test_message_get_and_list(store: Store) -> None:
+    first = await publish(store, "t1", [], at=T0)
+    second = await publish(store, "t1", [], at=T0 + 1)
+    other = await publish(store, "t2", [], at=T0 + 2)
+    got = await store.message_get(first, "t1")
+    assert got is not None and got.envelope == {"id": first} and got.created_at == T0
+    assert await store.message_get(first, "t2") is None
+    assert (await store.message_get(other, None)) is not None
+    listed = await store.message_list("t1", event_type=None, before=None, limit=10)
+    assert [m.id for m in listed] == [second, first]
+    page = await store.message_list(None, event_type=None, before=(T0 + 2, other), limit=1)
+    assert [m.id for m in page] == [second]
+    typed = await store.message_list(None, event_type="nope", before=None, limit=10)
+    assert typed == []
+
+
+async def test_lease_record_attempts_and_listings(store: Store) -> None:
+    await store.endpoint_create(endpoint("ep_1"), "whsec_x", quota=5, now=T0)
+    msg_id = await publish(store, "t1", ["ep_1"])
+    leased = await store.outbox_lease(lease_request(), no_secrets)
+    assert len(leased.deliveries) == 1
+    d = leased.deliveries[0]
+    assert (d.channel, d.tenant, d.attempt, d.lane, d.uncertain) == (
+        "webhook",
+        "t1",
+        1,
+        "ep_1",
+        False,
+    )
+    assert d.message is not None and d.message.id == msg_id
+    assert d.endpoint is not None and d.endpoint.secrets == ("whsec_x",)
+    assert d.deadline == 30
+    # Leased: nothing more is due.
+    assert (await store.outbox_lease(lease_request("d2"), no_secrets)).deliveries == []
+
+    async with store.transaction() as conn:
+        mark = (d.id, d.lease_token, "sent", None, None, None, 200)
+        fenced = (d.id, d.lease_token + 7, "sent", None, None, None, 200)
+        assert await store.outbox_record(conn, [mark], now=T0 + 2) == {(d.id, d.lease_token)}
+        assert await store.outbox_record(conn, [fenced], now=T0 + 2) == set()
+        log = (d.id, 1, d.lease_token, "d1", T0 + 1, 0.25, "sent", 200, None, None)
+        await store.outbox_attempts_insert(conn, [log])
+    rows = await store.delivery_list(
+        "t1", message_id=msg_id, endpoint_id=None, undelivered=False, limit=10
+    )
+    assert [(r.status, r.attempts, r.last_status) for r in rows] == [("sent", 1, 200)]
+    assert (
+        await store.delivery_list(
+            "t1", message_id=None, endpoint_id="ep_1", undelivered=True, limit=10
+        )
+        == []
+    )
+    attempts = await store.attempt_list(msg_id, "t1")
+    assert [(a.outbox_id, a.endpoint_id, a.outcome, a.status_code) for a in attempts] == [
+        (d.id, "ep_1", "sent", 200)
+    ]
+    assert await store.attempt_list(msg_id, "t2") == []
+    recent = await store.endpoint_attempts("ep_1", limit=5)
+    assert [(a.message_id, a.duration) for a in recent] == [(msg_id, 0.25)]
+    health = await store.endpoint_health(since=T0)
+    assert (health["ep_1"].attempts, health["ep_1"].succeeded) == (1, 1)
+    assert await store.endpoint_health(since=T0 + 10) == {}
+    assert await store.endpoint_backlog() == {}
+    assert await store.message_purged_at(msg_id) is None
+
+
+async def test_lease_respects_lanes_and_fairness(store: Store) -> None:
+    await store.endpoint_create(endpoint("ep_1", max_in_flight=2), "s", quota=5, now=T0)
+    for _ in range(3):
+        await publish(store, "t1", ["ep_1"])
+    first = await store.outbox_lease(lease_request(), no_secrets)
+    assert len(first.deliveries) == 2  # the lane's cap
+    assert [d.id for d in first.deliveries] == sorted(d.id for d in first.deliveries)
+    assert (await store.outbox_lease(lease_request("d2"), no_secrets)).deliveries == []
+    await store.outbox_release(first.deliveries)  # due again at once, as if never leased
+    none_for_t1 = LeaseRequest(
+        owner="d3",
+        slots=10,
+        channels=["webhook"],
+        now=T0 + 1,
+        until=T0 + 61,
+        deadline=30,
+        fair=Fairness(held={"t1": 0}),
+    )
+    assert (await store.outbox_lease(none_for_t1, no_secrets)).deliveries == []
+    again = await store.outbox_lease(lease_request("d4"), no_secrets)
+    assert len(again.deliveries) == 2
+    assert all(not d.uncertain for d in again.deliveries)
+
+
+async def test_lease_records_successes_where_the_store_can(store: Store) -> None:
+    await store.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
+    await publish(store, "t1", ["ep_1"])
+    (d,) = (await store.outbox_lease(lease_request(), no_secrets)).deliveries
+    sent = [(d.id, d.lease_token, d.attempt, "ep_1", T0 + 1, 0.1, 200, None, None)]
+    request = LeaseRequest(
+        owner="d1", slots=0, channels=[], now=T0 + 2, until=T0 + 62, deadline=30, sent=sent
+    )
+    if not store.lease_records:
+        assert store.backend == "sqlite"
+        with pytest.raises(NotImplementedError):
+            await store.outbox_lease(request, no_secrets)
+        return
+    leased = await store.outbox_lease(request, no_secrets)
+    assert leased.deliveries == [] and leased.written == {(d.id, d.lease_token)}
+    rows = await store.fetch_all("SELECT status FROM relaybox_outbox")
+    assert [r["status"] for r in rows] == ["sent"]
+
+
+async def test_failure_streaks(store: Store) -> None:
+    await store.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
+    await store.endpoint_create(endpoint("ep_2"), "s", quota=5, now=T0)
+    async with store.transaction() as conn:
+        streak = await store.endpoint_failed(conn, "ep_1", now=T0 + 1)
+        assert streak is not None and (streak.status, streak.failing_since) == ("enabled", T0 + 1)
+        later = await store.endpoint_failed(conn, "ep_1", now=T0 + 5)
+        assert later is not None and later.failing_since == T0 + 1  # the streak runs on
+        assert await store.endpoint_failed(conn, "nope", now=T0) is None
+        await store.endpoint_failed(conn, "ep_2", now=T0 + 1)
+        await store.endpoint_succeeded(conn, "ep_1")
+        await store.endpoints_succeeded(conn, ["ep_2"])
+    for eid in ("ep_1", "ep_2"):
+        e = await store.endpoint_get(eid, None)
+        assert e is not None and e.failing_since is None
+
+
+async def test_status_kill_redeliver_recover_delete(store: Store) -> None:
+    await store.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
+    msg_id = await publish(store, "t1", ["ep_1"])
+    async with store.transaction() as conn:
+        change = await store.endpoint_set_status(
+            conn, "ep_1", "disabled", reason="manual", now=T0 + 1
+        )
+        assert change is not None and (change.tenant, change.url) == (
+            "t1",
+            "https://example.com/ep_1",
+        )
+        again = await store.endpoint_set_status(
+            conn, "ep_1", "disabled", reason="manual", now=T0 + 1
+        )
+        assert again is None
+        await store.delivery_kill_endpoint(conn, "ep_1", "endpoint_disabled", now=T0 + 1)
+    (row,) = await store.delivery_list(
+        None, message_id=msg_id, endpoint_id=None, undelivered=True, limit=10
+    )
+    assert (row.status, row.dead_reason) == ("dead", "endpoint_disabled")
+    backlog = await store.endpoint_backlog()
+    assert (backlog["ep_1"].dead, backlog["ep_1"].pending) == (1, 0)
+    # Redelivery goes only to enabled endpoints.
+    assert await store.delivery_redeliver(msg_id, tenant="t1", endpoint_id=None, now=T0 + 2) == 0
+    async with store.transaction() as conn:
+        await store.endpoint_set_status(conn, "ep_1", "enabled", reason=None, now=T0 + 2)
+    assert await store.delivery_recover("ep_1", since=T0 + 10, until=None, now=T0 + 3) == 0
+    assert await store.delivery_recover("ep_1", since=T0, until=None, now=T0 + 3) == 1
+    async with store.transaction() as conn:
+        await store.delivery_kill_endpoint(conn, "ep_1", "endpoint_disabled", now=T0 + 4)
+    assert await store.delivery_redeliver(msg_id, tenant="t2", endpoint_id=None, now=T0 + 5) == 0
+    assert await store.delivery_redeliver(msg_id, tenant="t1", endpoint_id=None, now=T0 + 5) == 1
+    assert not await store.endpoint_delete("ep_1", "t2", reason="endpoint_deleted", now=T0 + 6)
+    assert await store.endpoint_delete("ep_1", "t1", reason="endpoint_deleted", now=T0 + 6)
+    assert await store.endpoint_get("ep_1", None) is None
+    (row,) = await store.delivery_list(
+        None, message_id=msg_id, endpoint_id=None, undelivered=True, limit=10
+    )
+    assert row.dead_reason == "endpoint_deleted"
+    lanes = await store.fetch_all("SELECT lane FROM relaybox_lanes")
+    assert lanes == []
+
+
+async def test_lane_upsert_keeps_one_row_per_lane(store: Store) -> None:
+    async with store.transaction() as conn:
+        await store.lane_upsert(conn, "email", 3, None)
+        await store.lane_upsert(conn, "email", 5, 2.0)
+    rows = await store.fetch_all("SELECT lane, max_in_flight, rate_limit FROM relaybox_lanes")
+    assert [(r["lane"], r["max_in_flight"], r["rate_limit"]) for r in rows] == [("email", 5, 2.0)]
+
+
+async def test_event_types(store: Store) -> None:
+    await store.event_type_upsert("pet.adopted", "a pet", '{"type":"object"}', now=T0)
+    await store.event_type_upsert("pet.born", "", None, now=T0)
+    await store.event_type_upsert("pet.adopted", "adopted", '{"type":"array"}', now=T0 + 1)
+    listed = await store.event_type_list()
+    assert [(e.name, e.description, e.schema) for e in listed] == [
+        ("pet.adopted", "adopted", '{"type":"array"}'),
+        ("pet.born", "", None),
+    ]
+    async with store.transaction() as conn:
+        assert await store.event_type_schema(conn, "pet.adopted") == '{"type":"array"}'
+        assert await store.event_type_schema(conn, "pet.born") is None
+        assert await store.event_type_schema(conn, "nope") is None
+
+
+async def test_api_keys(store: Store) -> None:
+    await store.api_key_create("key_1", "t1", "ci", "hash-1", now=T0)
+    await store.api_key_create("key_2", "t2", "", "hash-2", now=T0 + 1)
+    assert await store.api_key_find("hash-1") == "t1"
+    assert await store.api_key_find("hash-x") is None
+    assert [k.id for k in await store.api_key_list(None)] == ["key_1", "key_2"]
+    (only,) = await store.api_key_list("t1")
+    assert (only.tenant, only.name, only.created_at, only.revoked_at) == ("t1", "ci", T0, None)
+    assert await store.api_key_revoke("key_1", now=T0 + 2)
+    assert not await store.api_key_revoke("key_1", now=T0 + 3)
+    assert await store.api_key_find("hash-1") is None
+    assert (await store.api_key_list("t1"))[0].revoked_at == T0 + 2
+
+
+async def test_admin_sessions(store: Store) -> None:
+    assert not await store.admin_session_revoked("s1")
+    await store.admin_session_revoke("s1", expires_at=T0 + 100, purge_before=T0)
+    await store.admin_session_revoke("s1", expires_at=T0 + 100, purge_before=T0)  # idempotent
+    assert await store.admin_session_revoked("s1")
+    await store.admin_session_revoke("s2", expires_at=T0 + 500, purge_before=T0 + 200)
+    assert not await store.admin_session_revoked("s1")  # expired anyway: purged
+    assert await store.admin_session_revoked("s2")
