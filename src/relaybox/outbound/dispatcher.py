@@ -121,6 +121,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._lanes_ready = False
         self._finished: list[_Finished] = []
+        self._lease_failures = 0  # leases failed in a row (the database is away): back off
         self._recorder: asyncio.Task[None] | None = None
         # PostgreSQL, while run() loops: plain successes ride on the next lease (one
         # statement records them and leases into their slots), see _record.
@@ -390,6 +391,16 @@ class Dispatcher:
         slots = [asyncio.create_task(slot()) for _ in range(self.concurrency)]
         try:
             while not stopping.is_set():
+                if self._lease_failures and not leasing:
+                    # The database is failing: doubling pauses up to 10 s before the next
+                    # lease, which no wake-up cuts short (it would only fail again).
+                    pause = self.outbound.settings.poll_interval * 2 ** min(
+                        self._lease_failures, 10
+                    )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stopping.wait(), min(pause, 10.0))
+                    if stopping.is_set():
+                        break
                 self._wake.clear()
                 free = limit - busy - held_n - reserved
                 # Up to _LEASES_IN_FLIGHT leases in flight, each for every slot free
@@ -451,7 +462,9 @@ class Dispatcher:
         may run in it at once (PostgreSQL; empty: as many as were leased)."""
         try:
             if not self._folding:
-                return await self._lease(slots, fair), {}
+                leased = await self._lease(slots, fair)
+                self._lease_failures = 0
+                return leased, {}
             if not self._lanes_ready:
                 await self._ensure_lanes()
             found, written, allowed = await lease_recording(
@@ -465,11 +478,19 @@ class Dispatcher:
                 factor=self.outbound.settings.lease_ahead,
                 fair=fair,
             )
-        except Exception as exc:  # the database went away: poll again later
-            log.warning("outbox_lease_failed", dispatcher=self.name, error=short_error(exc))
+        except Exception as exc:  # the database went away: back off, then try again
+            self._lease_failures += 1
+            if self._lease_failures == 1 or self._lease_failures % 10 == 0:
+                log.warning(
+                    "outbox_lease_failed",
+                    dispatcher=self.name,
+                    failures=self._lease_failures,
+                    error=short_error(exc),
+                )
             if carry:  # the statement rolled back: the recorder writes them (and retries)
                 self._hand_to_recorder(carry)
             return [], {}
+        self._lease_failures = 0
         for f in carry:
             label = "sent" if (f.d.id, f.d.lease_token) in written else "fenced"
             self._observe(f.d, f.result, f.decision, label, f.duration)
