@@ -1,6 +1,7 @@
-"""The app ``relaybox serve`` runs when given none: the seed's credits example in
-miniature. A Stripe-style ``invoice.paid`` grants 100 credits to the workspace that
-the verified account maps to, once per invoice, whatever event ids name it.
+"""The app ``relaybox serve`` runs when given none: the credits example
+(examples/credits) in miniature. A Stripe-style ``invoice.paid`` grants 100 credits
+to the workspace that the verified account maps to, once per invoice, whatever event
+ids name it.
 
 Try it:  relaybox serve   then, in another shell:  relaybox send-test stripe
 """

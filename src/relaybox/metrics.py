@@ -92,7 +92,7 @@ class OpsStats:
 
     def oldest_pending_age(self, queue: str, source: str | None = None) -> float | None:
         """Seconds since the oldest pending row was received (``None``: none pending).
-        The seed's first signal: it grows when anything is stuck, whatever the cause."""
+        The first signal to watch: it grows when anything is stuck, whatever the cause."""
         oldest = [
             g.oldest
             for g in self.groups

@@ -1,6 +1,6 @@
 """Retention: what relaybox forgets, when, and what it never forgets.
 
-The seed asks to "retain only what is necessary": a payload is needed while its event
+relaybox retains only what is necessary: a payload is needed while its event
 can still run (pending), while an operator may still act on it (an undiscarded dead
 letter, the original of an open quarantine entry), and for a while after it finished
 (``retention.payload_max_age``, for replays and investigations). After that the purge

@@ -19,7 +19,7 @@ outside published ``data``, a 422 ``invalid_text``. Publishing (``POST /messages
     POST              /endpoints/{id}/test       send a test event to this endpoint
     POST              /endpoints/{id}/recover    retry dead deliveries since a time
     GET               /endpoints/{id}/deliveries
-    POST/GET          /webhooks                  seed 003: {"url", "events"}
+    POST/GET          /webhooks                  the simple registration API: {"url", "events"}
     POST/GET          /messages                  publish (202) / list
     GET               /messages/{id}             with its deliveries
     GET               /messages/{id}/attempts
@@ -306,7 +306,7 @@ def build_api(box: Relaybox) -> Starlette:
         )
         return JSONResponse({"data": rows})
 
-    # -- seed 003 ------------------------------------------------------------------------
+    # -- the simple registration API ------------------------------------------------
 
     async def create_webhook(request: Request, tenant: str) -> Response:
         spec = EndpointSpec.model_validate(await body(request))

@@ -91,7 +91,7 @@ class EndpointPatch(BaseModel):
 
 
 class EndpointSpec(EndpointPatch):
-    """A new endpoint. ``events`` is seed 003's name for ``event_types``."""
+    """A new endpoint. ``events`` is the simple registration API's name for ``event_types``."""
 
     url: str
     event_types: list[str] | None = Field(None, min_length=1, max_length=100)

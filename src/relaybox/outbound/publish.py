@@ -6,7 +6,7 @@ caller's own transaction.
         await box.publish(conn, "pet.adopted", {"petId": ...}, tenant="client-42")
 
 Either the adoption and its webhooks commit together, or neither exists: no webhook
-for a change that rolled back, no change whose webhook was lost (seed 000's outbox).
+for a change that rolled back, no change whose webhook was lost (the outbox pattern).
 Nothing is sent here; the dispatcher delivers after COMMIT.
 """
 

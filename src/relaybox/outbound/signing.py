@@ -1,5 +1,5 @@
-"""Signing outbound webhooks: Standard Webhooks (v1 HMAC, v1a Ed25519) and seed 003's
-``X-Webhook-Signature: sha256=<hex>``.
+"""Signing outbound webhooks: Standard Webhooks (v1 HMAC, v1a Ed25519) and the
+``X-Webhook-Signature: sha256=<hex>`` header.
 
 The key parsing and the signed content are the inbound verifier's own
 (:mod:`relaybox.sources.standard`), so what relaybox sends is exactly what relaybox
@@ -74,7 +74,7 @@ def sign(
     (receivers deduplicate on the id); the signature header depends on ``scheme``."""
     headers = {"webhook-id": msg_id, "webhook-timestamp": str(timestamp)}
     if scheme == "sha256":
-        # Seed 003's receivers compute HMAC-SHA256(secret, raw body) with the secret
+        # Receivers of this header compute HMAC-SHA256(secret, raw body) with the secret
         # string as they were given it. One value per active secret, newest first.
         headers["X-Webhook-Signature"] = ", ".join(
             "sha256=" + hmac.digest(s.encode(), body, "sha256").hex()

@@ -1,6 +1,6 @@
 """The e-mail channel: SMTP through the standard library, in a worker thread.
 
-Seed 000: the confirmation e-mail of a credit grant is recorded in the outbox in the
+In the credits example the confirmation e-mail of a credit grant is recorded in the outbox in the
 grant's own transaction (``ctx.outbox.add("email", key, {...})``) and sent here after
 COMMIT, never before. SMTP has no idempotency key, so every attempt of a row carries
 the same ``Message-ID`` (derived from the outbox key): a resend after an uncertain

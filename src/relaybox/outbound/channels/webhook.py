@@ -20,7 +20,7 @@ __all__ = ["WebhookChannel"]
 
 
 class WebhookChannel(HttpBase):
-    """Standard Webhooks delivery (or seed 003's ``X-Webhook-Signature``) per endpoint.
+    """Standard Webhooks delivery (or the ``X-Webhook-Signature: sha256=`` header) per endpoint.
     Its uncertain-outcome policy is the outbound setting ``webhook_uncertain``
     (default ``resend``: the receiver sees the same ``webhook-id`` twice)."""
 
