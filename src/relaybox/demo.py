@@ -19,42 +19,50 @@ DESCRIPTION = (
     "(table demo_balances); other events are only recorded."
 )
 
-box = Relaybox()
-box.source(
-    "stripe",
-    sources.stripe(secrets=[Secret(DEMO_SECRET, account="acct_demo", tenant="workspace_demo")]),
-)
-box.source(
-    "demo",
-    sources.standard(
-        secrets=[Secret("whsec_cmVsYXlib3gtZGVtby1zZWNyZXQ=", tenant="workspace_demo")]
-    ),
-)
 
-
-@box.handler("stripe", "invoice.paid")
-async def grant_credits(ctx: Context) -> None:
-    invoice = ctx.payload.get("data", {}).get("object", {})
-    invoice_id = invoice.get("id")
-    if not invoice_id:
-        raise PermanentError("invoice.paid without data.object.id")
-    await ctx.conn.execute(
-        text(
-            "CREATE TABLE IF NOT EXISTS demo_balances "
-            "(workspace TEXT PRIMARY KEY, credits INTEGER NOT NULL)"
-        )
+def make_box() -> Relaybox:
+    """A new demo box, with the settings of the environment as they are now (each
+    ``relaybox`` command without ``--app`` builds its own)."""
+    box = Relaybox()
+    box.source(
+        "stripe",
+        sources.stripe(secrets=[Secret(DEMO_SECRET, account="acct_demo", tenant="workspace_demo")]),
     )
-    key = f"{ctx.event.source}:{ctx.event.account}:{invoice_id}:initial-credit-grant"
-    if await ctx.once(key, fingerprint="credits=100"):
+    box.source(
+        "demo",
+        sources.standard(
+            secrets=[Secret("whsec_cmVsYXlib3gtZGVtby1zZWNyZXQ=", tenant="workspace_demo")]
+        ),
+    )
+
+    @box.handler("stripe", "invoice.paid")
+    async def grant_credits(ctx: Context) -> None:
+        invoice = ctx.payload.get("data", {}).get("object", {})
+        invoice_id = invoice.get("id")
+        if not invoice_id:
+            raise PermanentError("invoice.paid without data.object.id")
         await ctx.conn.execute(
             text(
-                "INSERT INTO demo_balances (workspace, credits) VALUES (:w, 100) "
-                "ON CONFLICT (workspace) DO UPDATE SET credits = demo_balances.credits + 100"
-            ),
-            {"w": ctx.tenant},
+                "CREATE TABLE IF NOT EXISTS demo_balances "
+                "(workspace TEXT PRIMARY KEY, credits INTEGER NOT NULL)"
+            )
         )
+        key = f"{ctx.event.source}:{ctx.event.account}:{invoice_id}:initial-credit-grant"
+        if await ctx.once(key, fingerprint="credits=100"):
+            await ctx.conn.execute(
+                text(
+                    "INSERT INTO demo_balances (workspace, credits) VALUES (:w, 100) "
+                    "ON CONFLICT (workspace) DO UPDATE SET credits = demo_balances.credits + 100"
+                ),
+                {"w": ctx.tenant},
+            )
+
+    @box.handler("*")
+    async def accept_everything_else(ctx: Context) -> None:
+        """Other demo events are only recorded."""
+
+    return box
 
 
-@box.handler("*")
-async def accept_everything_else(ctx: Context) -> None:
-    """Other demo events are only recorded."""
+box = make_box()
+"""The demo box (``--app relaybox.demo:box``)."""

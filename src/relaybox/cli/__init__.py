@@ -52,7 +52,9 @@ def load_box(app: str | None, config: str | None, database_url: str | None) -> R
         elif config:
             box = Relaybox(config=config)
         else:
-            from relaybox.demo import box
+            from relaybox.demo import make_box
+
+            box = make_box()
         if database_url:
             box.settings = box.settings.model_copy(update={"database_url": database_url})
         return box
