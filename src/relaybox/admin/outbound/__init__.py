@@ -21,6 +21,7 @@ and the ``relaybox.endpoint.disabled`` operational event show.
 from __future__ import annotations
 
 from relaybox.admin.outbound.api import ENDPOINT_OPERATIONS, MESSAGE_OPERATIONS, OPERATIONS
+from relaybox.admin.outbound.flow import FLOW_OPERATIONS
 from relaybox.admin.outbound.models import (
     EndpointActionRequest,
     EndpointActionResult,
@@ -42,6 +43,7 @@ from relaybox.admin.sections import Section, register_section
 __all__ = [
     "ENDPOINT_OPERATIONS",
     "ENDPOINT_PAGES",
+    "FLOW_OPERATIONS",
     "MESSAGE_OPERATIONS",
     "MESSAGE_PAGES",
     "OPERATIONS",
@@ -70,7 +72,7 @@ def register() -> None:
             "Endpoints",
             40,
             nav_path="/endpoints",
-            operations=ENDPOINT_OPERATIONS,
+            operations=ENDPOINT_OPERATIONS + FLOW_OPERATIONS,
             pages=ENDPOINT_PAGES,
             requires_tables=TABLES,
             overview=overview_panel,
