@@ -252,5 +252,5 @@ def test_check_bounds_depth_and_size() -> None:
     very_deep: Any = 1
     for _ in range(100_000):
         very_deep = [very_deep]
-    with pytest.raises(InvalidFilter, match="not a JSON document|levels deep"):
+    with pytest.raises(InvalidFilter, match=r"not a JSON document|levels deep"):
         check({"a": very_deep}, **BOUNDS)
