@@ -430,3 +430,55 @@ def test_the_cli_pauses_resumes_replays_and_takes_filters(
         "endpoints", "replay-missing", endpoint_id, "--since", "1h"
     )
     run("endpoints", "replay-missing", endpoint_id, "--since", "later", code=2)
+
+
+# -- the dashboard ------------------------------------------------------------------------------
+
+
+async def test_the_dashboard_pauses_resumes_and_replays(
+    database_url: str, clock: FrozenClock
+) -> None:
+    from tests.test_dashboard import login
+
+    box = Relaybox(settings=Settings(database_url=database_url, admin_token=TOKEN), clock=clock)
+    local(box)
+    app = Starlette(routes=[Mount("/admin", app=build_admin(box))])
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://admin.test"
+        ) as client:
+            csrf = await login(client)
+            flt = {"data.n": {"$gte": 1}}
+            endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook", filter=flt)
+            page = f"/admin/endpoints/{endpoint_id}"
+
+            async def act(action: str, **form: str) -> str:
+                data = {"csrf": csrf, "back": page, **form}
+                done = await client.post(f"{page}/{action}", data=data)
+                assert done.status_code == 303, done.text
+                return str(done.headers["location"])
+
+            shown = (await client.get(page)).text
+            assert "data-paused" not in shown and 'name="pause"' in shown
+            assert "data-filter" in shown and "$gte" in shown
+            assert "notice=endpoint_paused" in await act("pause", reason="maintenance")
+            await publish_one(box, "pet.adopted", {"n": 1})
+            shown = (await client.get(page)).text
+            assert "data-paused" in shown and 'name="resume"' in shown
+            assert "already_paused" in await act("pause")
+            resumed = await act("resume")
+            assert "notice=endpoint_resumed" in resumed and "n=1" in resumed
+            assert (
+                "The endpoint was resumed: its 1 waiting deliveries go out."
+                in (await client.get(resumed)).text
+            )
+
+            async with box.store.transaction() as conn:  # published to nobody
+                for n in range(3):
+                    await box.publish(conn, "pet.adopted", {"n": n}, tenant="t1", endpoint_ids=[])
+            replayed = await act("replay-missing", since="1h")
+            assert "notice=replayed_missing" in replayed and "n=2" in replayed
+            assert "n=0" in await act("replay-missing", since="1h")
+            assert "error=bad_time" in await act("replay-missing", since="yesterday-ish")
+    finally:
+        await box.close()

@@ -21,7 +21,7 @@ and the ``relaybox.endpoint.disabled`` operational event show.
 from __future__ import annotations
 
 from relaybox.admin.outbound.api import ENDPOINT_OPERATIONS, MESSAGE_OPERATIONS, OPERATIONS
-from relaybox.admin.outbound.flow import FLOW_OPERATIONS
+from relaybox.admin.outbound.flow import FLOW_OPERATIONS, FLOW_PAGES
 from relaybox.admin.outbound.models import (
     EndpointActionRequest,
     EndpointActionResult,
@@ -44,6 +44,7 @@ __all__ = [
     "ENDPOINT_OPERATIONS",
     "ENDPOINT_PAGES",
     "FLOW_OPERATIONS",
+    "FLOW_PAGES",
     "MESSAGE_OPERATIONS",
     "MESSAGE_PAGES",
     "OPERATIONS",
@@ -73,7 +74,7 @@ def register() -> None:
             40,
             nav_path="/endpoints",
             operations=ENDPOINT_OPERATIONS + FLOW_OPERATIONS,
-            pages=ENDPOINT_PAGES,
+            pages=ENDPOINT_PAGES + FLOW_PAGES,
             requires_tables=TABLES,
             overview=overview_panel,
             tag_description="Tenants' webhook endpoints, their health and recent attempts; "

@@ -1,7 +1,8 @@
-"""The admin API's operations of an endpoint's flow: pause, resume, replay missing, and
-setting its payload filter. They call what the tenant API and the CLI call
-(:mod:`relaybox.outbound.flow`, :func:`relaybox.outbound.endpoints.update_endpoint`);
-who acted and why go into the log (``endpoint_action``)."""
+"""The admin API's operations and the dashboard's actions of an endpoint's flow: pause,
+resume, replay missing, and (API only) setting its payload filter. They call what the
+tenant API and the CLI call (:mod:`relaybox.outbound.flow`,
+:func:`relaybox.outbound.endpoints.update_endpoint`); who acted and why go into the
+log (``endpoint_action``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from pydantic import BaseModel, Field
+from starlette.requests import Request
+from starlette.routing import Route
 
-from relaybox.admin import ops
+from relaybox.admin import dashboard, ops
 from relaybox.admin.outbound.models import EndpointActionRequest, _Model
 from relaybox.admin.sections import Call, Operation
 from relaybox.outbound.filters import InvalidFilter
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FLOW_OPERATIONS",
+    "FLOW_PAGES",
     "FilterRequest",
     "FilterResult",
     "PauseResult",
@@ -242,4 +246,62 @@ FLOW_OPERATIONS = (
         description="The grammar is in docs/sending.md (payload filters). `{}` removes the "
         "filter. 422 `invalid_filter` names the place and the problem.",
     ),
+)
+
+
+# -- dashboard ----------------------------------------------------------------------------
+
+
+def _endpoint_id(request: Request) -> str:
+    raw = str(request.path_params["id"])
+    if "\x00" in raw or len(raw) > 200:
+        raise ops.NotFound(f"{raw[:40]!r} is not a known id")
+    return raw
+
+
+async def _switch(request: Request, form: dict[str, str], paused: bool) -> dashboard.Notice:
+    done = "paused" if paused else "resumed"
+    r = EndpointActionRequest.model_validate(
+        {"reason": form.get("reason") or f"{done} from the dashboard"}
+    )
+    result = await endpoint_pause(
+        dashboard.box_of(request),
+        _endpoint_id(request),
+        paused=paused,
+        actor=dashboard.actor_of(request),
+        reason=r.reason,
+    )
+    return f"endpoint_{done}", result.waiting
+
+
+@dashboard.action
+async def endpoint_pause_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
+    return await _switch(request, form, True)
+
+
+@dashboard.action
+async def endpoint_resume_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
+    return await _switch(request, form, False)
+
+
+@dashboard.action
+async def endpoint_replay_missing_action(
+    request: Request, form: dict[str, str]
+) -> dashboard.Notice:
+    body = ReplayMissingRequest.model_validate(
+        {
+            "since": form.get("since") or "24h",
+            "reason": form.get("reason") or "replayed from the dashboard",
+        }
+    )
+    result = await endpoint_replay_missing(
+        dashboard.box_of(request), _endpoint_id(request), body, actor=dashboard.actor_of(request)
+    )
+    return "replayed_missing", result.queued
+
+
+FLOW_PAGES = (
+    Route("/endpoints/{id:str}/pause", endpoint_pause_action, methods=["POST"]),
+    Route("/endpoints/{id:str}/resume", endpoint_resume_action, methods=["POST"]),
+    Route("/endpoints/{id:str}/replay-missing", endpoint_replay_missing_action, methods=["POST"]),
 )
