@@ -80,6 +80,9 @@ async def test_paused_deliveries_wait_and_go_out_in_publish_order_on_resume(
         waiting = await rows_of(box, endpoint_id)
         assert [(r["status"], r["attempts"]) for r in waiting] == [("pending", 0)] * 10
         assert (await box.store.endpoint_paused_backlog()) == {endpoint_id: 10}
+        await box.metrics.refresh(box)
+        gauge = box.metrics.registry.get_sample_value
+        assert (gauge("relaybox_paused_endpoints"), gauge("relaybox_paused_deliveries")) == (1, 10)
         current = await box.store.endpoint_get(endpoint_id, "t1")
         assert current is not None and current.to_json()["paused"]
 
