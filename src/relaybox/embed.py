@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from starlette.requests import HTTPConnection
 
@@ -33,7 +33,7 @@ def get_box(request: HTTPConnection) -> Relaybox:
         raise ConfigurationError(
             "no relaybox in the lifespan state: build the app with lifespan=box.lifespan"
         )
-    return box
+    return cast("Relaybox", box)
 
 
 def openapi_webhooks(event_types: list[EventType], *, api_version: str) -> dict[str, Any]:

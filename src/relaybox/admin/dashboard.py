@@ -22,7 +22,7 @@ import hmac
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qs, urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -136,7 +136,7 @@ def _flash(query: Any) -> tuple[str, str]:
 
 
 def box_of(request: Request) -> Relaybox:
-    return request.app.state.box
+    return cast("Relaybox", request.app.state.box)
 
 
 def _base(request: Request) -> str:

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 from pydantic import BaseModel, ValidationError
@@ -74,7 +74,7 @@ def _run(box: Relaybox, make: Callable[[], Awaitable[T]], *, as_json: bool) -> T
     (``--json``: ``{"error": code, "message": ...}`` on stdout)."""
     from relaybox.admin import ops
 
-    async def go() -> Any:
+    async def go() -> T | ops.OpsError:
         try:
             return await make()
         except ops.OpsError as exc:
@@ -86,7 +86,7 @@ def _run(box: Relaybox, make: Callable[[], Awaitable[T]], *, as_json: bool) -> T
     if isinstance(result, ops.OpsError):
         exit_code = exit_code_for(result) or EXIT_FAILED
         _fail(result.message, code=result.code, as_json=as_json, exit_code=exit_code)
-    return result
+    return cast(T, result)  # not an OpsError: what make() returned
 
 
 def _emit(model: BaseModel | dict[str, Any], as_json: bool, human: Callable[[], None]) -> None:
