@@ -1,11 +1,11 @@
 """Helpers for applications that embed relaybox (FastAPI, Starlette, Litestar).
 
-    app = FastAPI(lifespan=box.lifespan)
-    app.mount("/webhooks", box.receiver)
-    document_webhooks(app, box)           # the event catalog in the OpenAPI "webhooks"
+app = FastAPI(lifespan=box.lifespan)
+app.mount("/webhooks", box.receiver)
+document_webhooks(app, box)           # the event catalog in the OpenAPI "webhooks"
 
-    @app.post("/orders/{order_id}/complete")
-    async def complete(order_id: str, box: Annotated[Relaybox, Depends(get_box)]): ...
+@app.post("/orders/{order_id}/complete")
+async def complete(order_id: str, box: Annotated[Relaybox, Depends(get_box)]): ...
 """
 
 from __future__ import annotations

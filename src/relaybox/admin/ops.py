@@ -37,7 +37,7 @@ from relaybox.admin.models import (
     ResolveResult,
     StatsResponse,
 )
-from relaybox.errors import Conflict, InvalidRequest, NotFound, OpsError
+from relaybox.errors import Conflict, InvalidRequest, NotFound
 from relaybox.metrics import read_ops_stats
 from relaybox.replay import Selection, replay
 
@@ -45,10 +45,6 @@ if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
 __all__ = [
-    "Conflict",
-    "InvalidRequest",
-    "NotFound",
-    "OpsError",
     "age_text",
     "dead_discard",
     "dead_list",

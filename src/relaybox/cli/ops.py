@@ -28,6 +28,7 @@ from relaybox.cli import _run_db, app_options, json_option
 from relaybox.cli import load_box as _load_box
 from relaybox.cli.exits import EXIT_FAILED, exit_code_for
 from relaybox.cli.table import keep_whole, print_table
+from relaybox.errors import OpsError
 from relaybox.timespec import parse_time_or_none
 
 __all__ = ["COMMANDS"]
@@ -72,18 +73,17 @@ def _run(box: Relaybox, make: Callable[[], Awaitable[T]], *, as_json: bool) -> T
     """Run one async operation against the box's database, close it, and map an
     operator error to its exit code (unknown id, wrong state: 1) with its message
     (``--json``: ``{"error": code, "message": ...}`` on stdout)."""
-    from relaybox.admin import ops
 
-    async def go() -> T | ops.OpsError:
+    async def go() -> T | OpsError:
         try:
             return await make()
-        except ops.OpsError as exc:
+        except OpsError as exc:
             return exc
         finally:
             await box.close()
 
     result = _run_db(box, go())
-    if isinstance(result, ops.OpsError):
+    if isinstance(result, OpsError):
         exit_code = exit_code_for(result) or EXIT_FAILED
         _fail(result.message, code=result.code, as_json=as_json, exit_code=exit_code)
     return cast(T, result)  # not an OpsError: what make() returned
@@ -373,7 +373,7 @@ def dead_retry(
                 try:
                     r = await ops.dead_retry(box, inbox_id, actor=who, reason=reason)
                     replayed += r.replayed
-                except ops.OpsError as exc:
+                except OpsError as exc:
                     problems.append(exc.message)
                     if exc.code == "payload_purged":
                         purged.append(inbox_id)

@@ -35,7 +35,6 @@ from relaybox.outbound.deliveries import (
 )
 from relaybox.outbound.dispatcher import Dispatcher
 from relaybox.outbound.endpoints import (
-    Endpoint,
     EndpointPatch,
     EndpointSpec,
     InvalidEndpoint,
@@ -50,11 +49,12 @@ from relaybox.outbound.endpoints import (
     seal_secrets,
     update_endpoint,
 )
-from relaybox.outbound.publish import Message, publish
+from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import Outbound, configure, outbound
-from relaybox.outbound.schedule import Schedule
 from relaybox.outbound.settings import DEFAULT_SCHEDULE, BrokerSettings, OutboundSettings
 from relaybox.outbound.ssrf import Guard, UnsafeDestination
+from relaybox.retry import Schedule
+from relaybox.store.outbox_rows import Endpoint, Message
 
 __all__ = [
     "DEFAULT_SCHEDULE",

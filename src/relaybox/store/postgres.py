@@ -35,8 +35,8 @@ from relaybox.store._drivers import (
 from relaybox.store._drivers import driver as _driver
 from relaybox.store._drivers import plain as _plain
 from relaybox.store.base import AcceptOutcome, Claim, Listener, NewDelivery, OutboxRow, Store
-from relaybox.store.outbox import Leased, LeaseRequest, SecretOpener, leased_delivery
-from relaybox.store.outbox_rows import MessageBody, Target
+from relaybox.store.outbox import SecretOpener, leased_delivery
+from relaybox.store.outbox_rows import Leased, LeaseRequest, MessageBody, Target
 
 __all__ = ["PostgresStore"]
 

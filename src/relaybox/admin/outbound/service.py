@@ -34,7 +34,8 @@ from relaybox.admin.outbound.models import (
     RedeliverResult,
 )
 from relaybox.admin.sections import OverviewPanel
-from relaybox.store.outbox import EndpointBacklog, EndpointHealth
+from relaybox.errors import Conflict, InvalidRequest, NotFound
+from relaybox.store.outbox_rows import EndpointBacklog, EndpointHealth
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -65,7 +66,7 @@ def _decode(cursor: str | None) -> tuple[float, str] | None:
         )
         return float(created_at), str(message_id)
     except (binascii.Error, ValueError, TypeError):
-        raise ops.InvalidRequest("cursor is not one this API returned") from None
+        raise InvalidRequest("cursor is not one this API returned") from None
 
 
 async def _health(
@@ -120,7 +121,7 @@ async def endpoint_get(box: Relaybox, endpoint_id: str) -> EndpointDetail:
 
     e = await get_endpoint(box, endpoint_id, None)
     if e is None:
-        raise ops.NotFound(f"no endpoint {endpoint_id}")
+        raise NotFound(f"no endpoint {endpoint_id}")
     health, backlog = await _health(box)
     recent = [
         EndpointAttempt(**asdict(a))
@@ -155,7 +156,7 @@ async def message_get(box: Relaybox, message_id: str) -> MessageDetail:
 
     m = await get_message(box, message_id, None)
     if m is None:
-        raise ops.NotFound(f"no message {message_id}")
+        raise NotFound(f"no message {message_id}")
     deliveries = await list_deliveries(box, None, message_id=message_id, limit=1000)
     attempts = await list_attempts(box, message_id, None)
     purged_at = await _purged_at(box, message_id)
@@ -184,17 +185,17 @@ async def message_redeliver(
     from relaybox.outbound.deliveries import get_message, redeliver
 
     if await get_message(box, message_id, None) is None:
-        raise ops.NotFound(f"no message {message_id}")
+        raise NotFound(f"no message {message_id}")
     purged_at = await _purged_at(box, message_id)
     if purged_at is not None:
-        raise ops.Conflict(
+        raise Conflict(
             f"message {message_id} cannot be redelivered: its body was purged by retention "
             f"on {_iso(purged_at)} (its deliveries and attempts are kept)",
             code="payload_purged",
         )
     n = await redeliver(box, message_id, tenant=None, endpoint_id=endpoint_id)
     if n == 0:
-        raise ops.Conflict(
+        raise Conflict(
             f"message {message_id} has no finished delivery to send again (still pending?)",
             code="nothing_to_redeliver",
         )
@@ -206,7 +207,7 @@ async def _endpoint_or_404(box: Relaybox, endpoint_id: str) -> Any:
 
     found = await get_endpoint(box, endpoint_id, None)
     if found is None:
-        raise ops.NotFound(f"no endpoint {endpoint_id}")
+        raise NotFound(f"no endpoint {endpoint_id}")
     return found
 
 
@@ -226,7 +227,7 @@ async def endpoint_disable(
 
     current = await _endpoint_or_404(box, endpoint_id)
     if current.status == "disabled":
-        raise ops.Conflict(
+        raise Conflict(
             f"endpoint {endpoint_id} is already disabled ({current.disabled_reason})",
             code="already_disabled",
         )
@@ -253,7 +254,7 @@ async def endpoint_enable(
 
     current = await _endpoint_or_404(box, endpoint_id)
     if current.status == "enabled":
-        raise ops.Conflict(f"endpoint {endpoint_id} is already enabled", code="already_enabled")
+        raise Conflict(f"endpoint {endpoint_id} is already enabled", code="already_enabled")
     await enable_endpoint(box, endpoint_id, tenant=None, reason=_manual(actor, reason))
     after = await _endpoint_or_404(box, endpoint_id)
     log.info(
@@ -288,13 +289,13 @@ async def endpoint_recover(
 
     current = await _endpoint_or_404(box, endpoint_id)
     if current.status != "enabled":
-        raise ops.Conflict(
+        raise Conflict(
             f"endpoint {endpoint_id} is disabled: enable it first, or the recovered "
             "deliveries would only wait",
             code="endpoint_disabled",
         )
     if until is not None and until <= since:
-        raise ops.InvalidRequest("until must be after since", hint="until_before_since")
+        raise InvalidRequest("until must be after since", hint="until_before_since")
     n = await recover(box, endpoint_id, since=since, until=until, tenant=None)
     log.info(
         "endpoint_action",

@@ -36,8 +36,9 @@ from types import ModuleType
 from typing import Any
 
 from relaybox.errors import ConfigurationError
-from relaybox.outbound.channels.base import Channel, Delivery, Result
+from relaybox.outbound.channels.base import Channel, Result
 from relaybox.outbound.settings import BrokerSettings, UncertainPolicy
+from relaybox.store.outbox_rows import Delivery
 
 __all__ = [
     "BrokerChannel",
