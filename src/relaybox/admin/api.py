@@ -27,11 +27,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from relaybox.admin import models as m
-from relaybox.admin import ops
 from relaybox.admin.sections import Call, Operation, Section
 from relaybox.bodies import BodyTooLarge, read_body, text_problem
 from relaybox.errors import OpsError
+from relaybox.ops import inbound as ops
+from relaybox.ops import inbound_models as m
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox

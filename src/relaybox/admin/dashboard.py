@@ -1,6 +1,6 @@
 """The operator dashboard: server-rendered pages (Jinja2), no JavaScript build, no
 CDN, nothing fetched from outside the machine. Reads go through the same functions
-as the JSON API (:mod:`relaybox.admin.ops`); every action is a POST form that carries
+as the JSON API (:mod:`relaybox.ops.inbound`); every action is a POST form that carries
 the session's CSRF token and answers with a redirect (post/redirect/get), so a reload
 never repeats a retry.
 
@@ -32,8 +32,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from relaybox.admin import models as m
-from relaybox.admin import ops
 from relaybox.admin.auth import (
     COOKIE,
     SESSIONS_TABLE,
@@ -45,6 +43,8 @@ from relaybox.admin.auth import (
 from relaybox.bodies import BodyTooLarge, read_body, text_problem
 from relaybox.errors import InvalidRequest, NotFound, OpsError
 from relaybox.limits import FailureThrottle
+from relaybox.ops import inbound as ops
+from relaybox.ops import inbound_models as m
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox

@@ -1,6 +1,6 @@
 """``relaybox inbox | dead | quarantine``: the
 operator's commands. They call the same functions as the admin API and the dashboard
-(:mod:`relaybox.admin.ops`), so a dead letter retried here goes through the worker and
+(:mod:`relaybox.ops.inbound`), so a dead letter retried here goes through the worker and
 its handler's business keys like one retried from a browser.
 
 Every command takes ``--json`` (one JSON document on stdout; logs go to stderr).
@@ -182,7 +182,8 @@ def inbox_list(
     as_json: bool,
 ) -> None:
     """Inbox events, newest first."""
-    from relaybox.admin import models, ops
+    from relaybox.ops import inbound as ops
+    from relaybox.ops import inbound_models as models
 
     now = time.time()
     f = _validate(
@@ -209,7 +210,7 @@ def inbox_show(
     app: str | None, config: str | None, database_url: str | None, inbox_id: int, as_json: bool
 ) -> None:
     """One event: payload, attempts, errors, business keys, outbox rows, replays."""
-    from relaybox.admin import ops
+    from relaybox.ops import inbound as ops
 
     box = load_box(app, config, database_url)
     e = _run(box, lambda: ops.event_get(box, inbox_id), as_json=as_json)
@@ -291,7 +292,8 @@ def dead_list(
     as_json: bool,
 ) -> None:
     """Dead letters waiting for an operator, newest first."""
-    from relaybox.admin import models, ops
+    from relaybox.ops import inbound as ops
+    from relaybox.ops import inbound_models as models
 
     now = time.time()
     f = _validate(
@@ -342,7 +344,8 @@ def dead_retry(
     relaybox dead retry 12 13 --reason "fixed"  ·  relaybox dead retry --all
     --source stripe --dead-reason exhausted --reason "provider outage over"
     """
-    from relaybox.admin import models, ops
+    from relaybox.ops import inbound as ops
+    from relaybox.ops import inbound_models as models
 
     if bool(ids) == retry_all:
         raise click.UsageError("give dead letter ids, or --all with filters (not both)")
@@ -409,7 +412,7 @@ def dead_discard(
     as_json: bool,
 ) -> None:
     """Take a dead letter out of the queue for good (the row stays, for the record)."""
-    from relaybox.admin import ops
+    from relaybox.ops import inbound as ops
 
     box = load_box(app, config, database_url)
     who = _actor(actor)
@@ -447,7 +450,8 @@ def quarantine_list(
     as_json: bool,
 ) -> None:
     """Quarantined deliveries, newest first (open ones by default)."""
-    from relaybox.admin import models, ops
+    from relaybox.ops import inbound as ops
+    from relaybox.ops import inbound_models as models
 
     f = _validate(models.QuarantineFilter, source=source, limit=limit, cursor=cursor)
     f = f.model_copy(update={"resolved": {"open": False, "resolved": True, "all": None}[state]})
@@ -482,7 +486,7 @@ def quarantine_show(
     as_json: bool,
 ) -> None:
     """A quarantined delivery compared with the original it collided with."""
-    from relaybox.admin import ops
+    from relaybox.ops import inbound as ops
 
     box = load_box(app, config, database_url)
     q = _run(box, lambda: ops.quarantine_get(box, quarantine_id), as_json=as_json)
@@ -526,7 +530,7 @@ def quarantine_resolve(
     as_json: bool,
 ) -> None:
     """Record the decision on a quarantined delivery (the original is not touched)."""
-    from relaybox.admin import ops
+    from relaybox.ops import inbound as ops
 
     box = load_box(app, config, database_url)
     who = _actor(actor)

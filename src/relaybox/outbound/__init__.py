@@ -11,6 +11,7 @@
 manage their endpoints over ``/api/v1`` (role ``api``). See ``docs/sending.md``.
 """
 
+from relaybox.config.outbound import DEFAULT_SCHEDULE, BrokerSettings, OutboundSettings
 from relaybox.outbound.apikeys import authenticate, create_api_key, list_api_keys, revoke_api_key
 from relaybox.outbound.catalog import EventType, InvalidMessage, define_event_type, list_event_types
 from relaybox.outbound.channels import (
@@ -51,7 +52,6 @@ from relaybox.outbound.endpoints import (
 )
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import Outbound, configure, outbound
-from relaybox.outbound.settings import DEFAULT_SCHEDULE, BrokerSettings, OutboundSettings
 from relaybox.outbound.ssrf import Guard, UnsafeDestination
 from relaybox.retry import Schedule
 from relaybox.store.outbox_rows import Endpoint, Message

@@ -10,14 +10,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from relaybox.admin import dashboard
-from relaybox.admin.outbound.models import (
-    EndpointActionRequest,
-    EndpointFilter,
-    MessageFilter,
-    RecoverRequest,
-    RedeliverRequest,
-)
-from relaybox.admin.outbound.service import (
+from relaybox.errors import InvalidRequest, InvalidTimeSpec, NotFound
+from relaybox.ops.outbound import (
     endpoint_disable,
     endpoint_enable,
     endpoint_get,
@@ -27,7 +21,13 @@ from relaybox.admin.outbound.service import (
     message_list,
     message_redeliver,
 )
-from relaybox.errors import InvalidRequest, InvalidTimeSpec, NotFound
+from relaybox.ops.outbound_models import (
+    EndpointActionRequest,
+    EndpointFilter,
+    MessageFilter,
+    RecoverRequest,
+    RedeliverRequest,
+)
 from relaybox.timespec import parse_time_or_none
 
 if TYPE_CHECKING:

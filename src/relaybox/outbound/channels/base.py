@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from relaybox.outbound.settings import UncertainPolicy
+from relaybox.config.outbound import UncertainPolicy
 from relaybox.store.outbox_rows import Delivery
 
 if TYPE_CHECKING:

@@ -28,8 +28,8 @@ from typing import Any
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from relaybox.config.outbound import UncertainPolicy
 from relaybox.outbound.channels.base import Channel, Result
-from relaybox.outbound.settings import UncertainPolicy
 from relaybox.outbound.ssrf import Guard, UnsafeDestination, Vetted
 from relaybox.retry import parse_retry_after
 from relaybox.store.outbox_rows import Delivery

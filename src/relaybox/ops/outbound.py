@@ -1,6 +1,6 @@
-"""The sending side's reads and actions for the admin API and the dashboard: endpoints
-with their health and recent attempts, Disable, Enable and Recover; messages with
-their deliveries and attempts, and Redeliver."""
+"""The sending side's operator reads and actions, shared by the admin API, the dashboard
+and the CLI: endpoints with their health and recent attempts, Disable, Enable and
+Recover; messages with their deliveries and attempts, and Redeliver."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from relaybox.admin import ops
-from relaybox.admin.outbound.models import (
+from relaybox.errors import Conflict, InvalidRequest, NotFound
+from relaybox.ops import inbound as ops
+from relaybox.ops.outbound_models import (
     Delivery,
     EndpointActionResult,
     EndpointAttempt,
@@ -33,8 +34,6 @@ from relaybox.admin.outbound.models import (
     RecoverResult,
     RedeliverResult,
 )
-from relaybox.admin.sections import OverviewPanel
-from relaybox.errors import Conflict, InvalidRequest, NotFound
 from relaybox.store.outbox_rows import EndpointBacklog, EndpointHealth
 
 if TYPE_CHECKING:
@@ -45,8 +44,6 @@ log = structlog.get_logger("relaybox.admin")
 
 HEALTH_WINDOW = 24 * 3600.0
 """Seconds of attempts an endpoint's success rate is computed over."""
-
-TABLES = ("relaybox_endpoints", "relaybox_messages", "relaybox_outbox_attempts")
 
 
 # -- reads ------------------------------------------------------------------------
@@ -327,28 +324,4 @@ async def event_types(box: Relaybox) -> EventTypeList:
             EventTypeInfo(name=t.name, description=t.description, schema=t.schema)
             for t in await list_event_types(box)
         ]
-    )
-
-
-async def overview_panel(box: Relaybox) -> OverviewPanel | None:
-    """Delivery success rate per endpoint over the last 24 hours."""
-    summaries = (await endpoint_list(box, EndpointFilter(limit=50))).items
-    if not summaries:
-        return None
-    rows = [
-        (
-            e.id,
-            e.status,
-            e.health.attempts,
-            "-" if e.health.success_rate is None else f"{e.health.success_rate:.1%}",
-            e.health.pending,
-            e.health.dead,
-        )
-        for e in summaries
-    ]
-    return OverviewPanel(
-        title="Delivery success rate per endpoint (24 h)",
-        columns=("endpoint", "status", "attempts", "success rate", "pending", "dead"),
-        rows=rows,
-        metric="endpoints",
     )
