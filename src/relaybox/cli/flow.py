@@ -22,7 +22,7 @@ from relaybox.timespec import TIME_FORMS, parse_time
 __all__ = ["FILTER", "register"]
 
 
-class _JsonObject(click.ParamType):
+class _JsonObject(click.ParamType[dict[str, Any]]):
     """A JSON object given as text (``'{"data.country": "PT"}'``)."""
 
     name = "json"

@@ -24,12 +24,18 @@ from relaybox.bodies import text_problem
 from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, validate_data
 from relaybox.outbound.filters import matching
 from relaybox.outbound.registry import outbound
-from relaybox.store.outbox import Message, NewMessage, new_id
+from relaybox.store.outbox_rows import Message, NewMessage, new_id
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
-__all__ = ["Message", "envelope_time", "fan_out", "matches", "publish", "wants"]
+__all__ = [
+    "envelope_time",
+    "fan_out",
+    "matches",
+    "publish",
+    "wants",
+]
 
 
 def envelope_time(now: float) -> str:
