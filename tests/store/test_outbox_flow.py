@@ -5,12 +5,14 @@ skipping a paused endpoint, the paused backlog, and replay missing's page and in
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
 from relaybox.store import Store, open_store
-from tests.store.test_outbox import T0, endpoint, lease_request, no_secrets, publish
+from relaybox.store.outbox_rows import EndpointWrite, LeaseRequest, NewMessage, new_id
+
+T0 = 1_000_000.0
 
 
 @pytest.fixture
@@ -19,6 +21,44 @@ async def store(database_url: str) -> AsyncIterator[Store]:
     await s.migrate()
     yield s
     await s.close()
+
+
+def endpoint(eid: str, tenant: str = "t1", **fields: object) -> EndpointWrite:
+    values: dict[str, object] = {
+        "id": eid,
+        "tenant": tenant,
+        "url": f"https://example.com/{eid}",
+        "description": "",
+        "event_types": ["*"],
+        "signature": "standard",
+        "timeout": None,
+        "schedule": None,
+        "max_in_flight": 4,
+        "rate_limit": None,
+    }
+    values.update(fields)
+    return EndpointWrite(**values)  # type: ignore[arg-type]
+
+
+async def publish(store: Store, tenant: str, targets: Sequence[str], *, at: float = T0) -> str:
+    msg_id = new_id("msg", at)
+    async with store.transaction() as conn:
+        new = NewMessage(msg_id, tenant, "pet.adopted", None, '{"id":"' + msg_id + '"}', at)
+        assert await store.message_insert(conn, new)
+        if targets:
+            await store.delivery_insert(conn, msg_id, tenant, targets, now=at)
+    return msg_id
+
+
+def lease_request(owner: str = "d1") -> LeaseRequest:
+    at = T0 + 1
+    return LeaseRequest(
+        owner=owner, slots=10, channels=["webhook"], now=at, until=at + 60, deadline=30
+    )
+
+
+def no_secrets(stored: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
+    return tuple(stored), None
 
 
 async def test_an_endpoint_keeps_its_filter_and_pause(store: Store) -> None:
