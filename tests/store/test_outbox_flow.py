@@ -78,9 +78,12 @@ async def test_an_endpoint_keeps_its_filter_and_pause(store: Store) -> None:
     assert (first.payload_filter, first.paused_at) == (None, T0 + 2)
     async with store.transaction() as conn:  # a paused endpoint still subscribes
         assert [s[0] for s in await store.endpoint_subscribers(conn, "t1")] == ["ep_1", "ep_2"]
+    async with store.transaction() as conn:  # failing when paused
+        await store.endpoint_failed(conn, "ep_1", now=T0 + 3)
     assert await store.endpoint_pause("ep_1", None, paused=False, now=T0 + 4)
     resumed = await store.endpoint_get("ep_1", None)
-    assert resumed is not None and resumed.paused_at is None
+    # The resume ends the failure streak: the time paused is not failing time.
+    assert resumed is not None and (resumed.paused_at, resumed.failing_since) == (None, None)
 
 
 async def test_the_lease_skips_a_paused_endpoint(store: Store) -> None:

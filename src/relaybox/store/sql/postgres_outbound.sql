@@ -202,7 +202,11 @@ SELECT id FROM again
 -- name: endpoint_pause
 -- Pause ($3: when) or resume ($3 NULL) the endpoint; $2 NULL: of any tenant. Returns
 -- the row only when this call changed it (pausing a paused endpoint changes nothing).
-UPDATE relaybox_endpoints SET paused_at = $3::double precision, updated_at = $4
+-- A resume ends the failure streak: the paused time is not failing time, and the first
+-- failure after it must not disable the endpoint for a streak it never ran.
+UPDATE relaybox_endpoints
+SET paused_at = $3::double precision, updated_at = $4,
+    failing_since = CASE WHEN $3::double precision IS NULL THEN NULL ELSE failing_since END
 WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
   AND (paused_at IS NULL) <> ($3::double precision IS NULL)
 RETURNING id, tenant

@@ -166,7 +166,9 @@ WHERE endpoint_id = ?1 AND status = 'dead' AND purged_at IS NULL AND created_at 
 RETURNING id
 
 -- name: endpoint_pause
-UPDATE relaybox_endpoints SET paused_at = ?3, updated_at = ?4
+UPDATE relaybox_endpoints
+SET paused_at = ?3, updated_at = ?4,
+    failing_since = CASE WHEN ?3 IS NULL THEN NULL ELSE failing_since END
 WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2) AND (paused_at IS NULL) <> (?3 IS NULL)
 RETURNING id, tenant
 
