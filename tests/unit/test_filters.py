@@ -139,14 +139,84 @@ filters = st.recursive(
 )
 
 
+def all_paths(doc: Any, prefix: str = "") -> list[str]:
+    """Every path that leads somewhere in ``doc``."""
+    found = []
+    items = doc.items() if type(doc) is dict else enumerate(doc) if type(doc) is list else ()
+    for key, value in items:
+        path = f"{prefix}{key}"
+        found.append(path)
+        found.extend(all_paths(value, path + "."))
+    return found
+
+
+@st.composite
+def conditions_on(draw: st.DrawFn, doc: dict[str, Any]) -> dict[str, Any]:
+    """One path and one condition, often a path of ``doc`` and an operand equal (or
+    near) to its value there, so that every operator is seen holding and failing."""
+    present = [p for p in all_paths(doc) if all(k != "" for k in p.split("."))]
+    if present and draw(st.booleans()):
+        path = draw(st.sampled_from(present))
+    else:
+        path = draw(paths)
+    found = ref_lookup(doc, path)
+    # The value itself, and its look-alikes of other JSON types (true / 1 / 1.0 / "1").
+    twins = [] if found is _ABSENT else [found]
+    if type(found) in (bool, int, float):
+        twins += [int(found), float(found), str(int(found)), bool(found)]
+    alike = st.one_of(st.sampled_from(twins), values) if twins else values
+    op = draw(
+        st.sampled_from(
+            ["=", "$eq", "$neq", "$in", "$nin", "$gt", "$gte", "$lt", "$lte", "$exists"]
+        )
+    )
+    if op == "=":
+        literal = draw(alike)
+        if type(literal) is dict:
+            return {path: {"$eq": literal}}
+        return {path: literal}
+    if op in ("$eq", "$neq"):
+        return {path: {op: draw(alike)}}
+    if op in ("$in", "$nin"):
+        return {path: {op: draw(st.lists(alike, max_size=3))}}
+    if op == "$exists":
+        return {path: {op: draw(st.booleans())}}
+    usable = type(found) in (int, float, str)
+    return {path: {op: draw(st.one_of(st.just(found), orderable) if usable else orderable)}}
+
+
+@st.composite
+def focused(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
+    doc = draw(documents)
+    parts = draw(st.lists(conditions_on(doc), min_size=1, max_size=3))
+    shape = draw(st.sampled_from(["one", "and", "or", "merged"]))
+    if shape == "one":
+        spec = parts[0]
+    elif shape == "merged":
+        spec = {k: v for part in parts for k, v in part.items()}
+    else:
+        spec = {f"${shape}": parts}
+    return spec, doc
+
+
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=focused())
+def test_each_operator_agrees_with_the_reference(
+    case: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    spec, doc = case
+    assert check(spec, max_depth=64, max_bytes=1 << 20) == spec
+    assert evaluate(spec, doc) is ref_match(spec, doc)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=filters, doc=documents)
 def test_evaluate_agrees_with_the_reference(spec: dict[str, Any], doc: dict[str, Any]) -> None:
     assert check(spec, max_depth=64, max_bytes=1 << 20) == spec
     assert evaluate(spec, doc) is ref_match(spec, doc)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(spec=filters, doc=documents)
 def test_a_filter_agrees_with_its_json_round_trip(spec: dict[str, Any], doc: Any) -> None:
     # Stored as JSON text and read back: the same answer.
@@ -154,7 +224,7 @@ def test_a_filter_agrees_with_its_json_round_trip(spec: dict[str, Any], doc: Any
     assert evaluate(again, json.loads(json.dumps(doc))) is evaluate(spec, doc)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(spec=filters, doc=documents)
 def test_or_and_and_combine_as_documented(spec: dict[str, Any], doc: dict[str, Any]) -> None:
     either = {"$or": [spec, {"a": {"$exists": True}}]}
