@@ -29,7 +29,7 @@ bench/README.md): one round trip per lease instead of eight. The same statement 
 records the dispatcher's plain successes that finished meanwhile
 (:func:`lease_recording`), so a finished attempt's slot is leased again without a
 record round trip in between. ``allocate`` is done in SQL there (same round robin;
-``tests/test_outbound_isolation.py`` checks both backends agree). One statement has
+``tests/integration/test_outbound_isolation.py`` checks both backends agree). One statement has
 one snapshot: a lane that another lease served after it was taken is locked in its
 new version but would be counted with the old in-flight rows, so such a lane (its
 row version changed) is left for the next lease rather than overshoot its cap.
