@@ -27,7 +27,7 @@ from relaybox.outbound.registry import outbound
 from relaybox.store.outbox_rows import Message, NewMessage, new_id
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "envelope_time",
@@ -85,7 +85,7 @@ def fan_out(
 
 
 async def publish(
-    box: Relaybox,
+    box: Runtime,
     conn: AsyncConnection,
     event_type: str,
     data: Any,
