@@ -17,7 +17,7 @@ from relaybox.outbound.filters import InvalidFilter
 from relaybox.timespec import TIME_FORMS, parse_time
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "FilterRequest",
@@ -78,7 +78,7 @@ class FilterResult(_Model):
     message: str
 
 
-async def _endpoint(box: Relaybox, endpoint_id: str) -> Any:
+async def _endpoint(box: Runtime, endpoint_id: str) -> Any:
     from relaybox.outbound.endpoints import get_endpoint
 
     found = await get_endpoint(box, endpoint_id, None)
@@ -87,13 +87,13 @@ async def _endpoint(box: Relaybox, endpoint_id: str) -> Any:
     return found
 
 
-async def _waiting(box: Relaybox, endpoint_id: str) -> int:
+async def _waiting(box: Runtime, endpoint_id: str) -> int:
     backlog = (await box.store.endpoint_backlog()).get(endpoint_id)
     return backlog.pending if backlog else 0
 
 
 async def endpoint_pause(
-    box: Relaybox, endpoint_id: str, *, paused: bool, actor: str, reason: str
+    box: Runtime, endpoint_id: str, *, paused: bool, actor: str, reason: str
 ) -> PauseResult:
     """Pause or resume the endpoint; 409 ``already_paused`` / ``not_paused``."""
     from relaybox.outbound.flow import pause_endpoint, resume_endpoint
@@ -125,7 +125,7 @@ async def endpoint_pause(
 
 
 async def endpoint_replay_missing(
-    box: Relaybox, endpoint_id: str, body: ReplayMissingRequest, *, actor: str
+    box: Runtime, endpoint_id: str, body: ReplayMissingRequest, *, actor: str
 ) -> ReplayMissingResult:
     """Queue the messages since ``body.since`` the endpoint's subscription matches and
     it has no delivery of; 409 ``endpoint_disabled``."""
@@ -152,7 +152,7 @@ async def endpoint_replay_missing(
 
 
 async def endpoint_set_filter(
-    box: Relaybox, endpoint_id: str, body: FilterRequest, *, actor: str
+    box: Runtime, endpoint_id: str, body: FilterRequest, *, actor: str
 ) -> FilterResult:
     """Set (or with ``{}`` remove) the endpoint's payload filter; 422 ``invalid_filter``."""
     from relaybox.outbound.endpoints import EndpointPatch, update_endpoint

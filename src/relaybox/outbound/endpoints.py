@@ -108,7 +108,7 @@ class EndpointSpec(EndpointPatch):
         return self.event_types or self.events or ["*"]
 
 
-def _filter(box: Relaybox, spec: dict[str, Any] | None) -> dict[str, Any] | None:
+def _filter(box: Runtime, spec: dict[str, Any] | None) -> dict[str, Any] | None:
     """The patch's payload filter checked against the settings' bounds (raises
     :class:`InvalidFilter`); ``{}`` (every message) is stored as no filter."""
     if spec is None:

@@ -31,7 +31,7 @@ from relaybox.outbound.publish import wants
 from relaybox.outbound.registry import outbound
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["Replayed", "pause_endpoint", "paused_backlog", "replay_missing", "resume_endpoint"]
 
@@ -66,7 +66,7 @@ class Replayed:
         }
 
 
-async def pause_endpoint(box: Relaybox, endpoint_id: str, *, tenant: str | None) -> bool:
+async def pause_endpoint(box: Runtime, endpoint_id: str, *, tenant: str | None) -> bool:
     """Pause the endpoint: its deliveries wait until :func:`resume_endpoint`.
     ``False``: no such endpoint (pausing a paused endpoint is no change)."""
     if await get_endpoint(box, endpoint_id, tenant) is None:
@@ -77,7 +77,7 @@ async def pause_endpoint(box: Relaybox, endpoint_id: str, *, tenant: str | None)
     return True
 
 
-async def resume_endpoint(box: Relaybox, endpoint_id: str, *, tenant: str | None) -> bool:
+async def resume_endpoint(box: Runtime, endpoint_id: str, *, tenant: str | None) -> bool:
     """Resume a paused endpoint: its waiting deliveries go out, oldest first.
     ``False``: no such endpoint."""
     if await get_endpoint(box, endpoint_id, tenant) is None:
@@ -88,13 +88,13 @@ async def resume_endpoint(box: Relaybox, endpoint_id: str, *, tenant: str | None
     return True
 
 
-async def paused_backlog(box: Relaybox) -> dict[str, int]:
+async def paused_backlog(box: Runtime) -> dict[str, int]:
     """Per paused endpoint id, how many deliveries wait for its resume."""
     return await box.store.endpoint_paused_backlog()
 
 
 async def replay_missing(
-    box: Relaybox,
+    box: Runtime,
     endpoint_id: str,
     *,
     since: float,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -438,11 +439,19 @@ def test_the_cli_pauses_resumes_replays_and_takes_filters(
 # -- the dashboard ------------------------------------------------------------------------------
 
 
+async def login(client: httpx.AsyncClient) -> str:
+    """Log in to the dashboard; return the CSRF token its pages carry."""
+    done = await client.post("/admin/login", data={"token": TOKEN, "next": "/admin/"})
+    assert done.status_code == 303
+    page = await client.get("/admin/")
+    match = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+    assert match, page.text
+    return match.group(1)
+
+
 async def test_the_dashboard_pauses_resumes_and_replays(
     database_url: str, clock: FrozenClock
 ) -> None:
-    from tests.test_dashboard import login
-
     box = Relaybox(settings=Settings(database_url=database_url, admin_token=TOKEN), clock=clock)
     local(box)
     app = Starlette(routes=[Mount("/admin", app=build_admin(box))])
