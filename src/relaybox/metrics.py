@@ -228,6 +228,16 @@ class QueueCollector(Collector):
         for source, n in sorted(snap.quarantined_by_source.items()):
             quarantined.add_metric([source], n)
         yield from (pending, oldest, retrying, attempts, rows, dead, quarantined)
+        paused = self._metrics.paused
+        if paused is not None:
+            yield GaugeMetricFamily(
+                "relaybox_paused_endpoints", "Webhook endpoints paused.", value=len(paused)
+            )
+            yield GaugeMetricFamily(
+                "relaybox_paused_deliveries",
+                "Webhook deliveries waiting for their paused endpoint to be resumed.",
+                value=sum(paused.values()),
+            )
 
 
 class Metrics:
@@ -290,6 +300,8 @@ class Metrics:
             registry=self.registry,
         )
         self.snapshot: OpsStats | None = None
+        # Per paused endpoint, its waiting deliveries (summed: no per-endpoint series).
+        self.paused: dict[str, int] | None = None
         self.snapshot_error: str | None = None
         self._snapshot_read_at = -math.inf
         self._refresh_lock = asyncio.Lock()
@@ -344,6 +356,7 @@ class Metrics:
                 return self.snapshot
             try:
                 self.snapshot = await read_ops_stats(box.store, box.clock.now())
+                self.paused = await box.store.endpoint_paused_backlog()
                 self.snapshot_error = None
             except Exception as exc:
                 first_line = str(exc).splitlines()[0] if str(exc) else ""

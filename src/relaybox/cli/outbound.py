@@ -22,6 +22,7 @@ from relaybox import log
 from relaybox.app import Relaybox
 from relaybox.cli import _run_db, app_options, json_option, load_box
 from relaybox.cli.exits import EXIT_FAILED
+from relaybox.cli.flow import FILTER, register
 from relaybox.cli.table import print_table
 from relaybox.outbound import apikeys, catalog, deliveries, endpoints
 from relaybox.outbound.catalog import InvalidMessage
@@ -139,6 +140,7 @@ def _endpoint_options(fn: Any) -> Any:
             click.option("--timeout", type=float, default=None, help="seconds per attempt"),
             click.option("--max-in-flight", type=int, default=None),
             click.option("--rate-limit", type=float, default=None, help="deliveries per second"),
+            click.option("--filter", type=FILTER, default=None, help="payload filter, JSON"),
         )
     ):
         fn = option(fn)
@@ -585,6 +587,7 @@ def _accept_json(group: click.Group) -> None:
             )
 
 
+register(endpoints_group)  # pause, resume, replay-missing (relaybox.cli.flow)
 for _group in (endpoints_group, messages_group, api_keys_group, event_types_group):
     _accept_json(_group)
 

@@ -159,6 +159,23 @@ class OutboundSettings(BaseModel):
     max_endpoints: int = Field(
         default=100, ge=1, le=100_000, description="endpoints one tenant may have"
     )
+    filter_max_bytes: int = Field(
+        default=4096, ge=64, le=65536, description="largest endpoint payload filter, JSON bytes"
+    )
+    filter_max_depth: int = Field(
+        default=8, ge=2, le=32, description="deepest endpoint payload filter (objects and lists)"
+    )
+    replay_max: int = Field(
+        default=1000,
+        ge=1,
+        le=1_000_000,
+        description="deliveries one replay-missing call may queue for an endpoint",
+    )
+    replay_scan_max: int = Field(
+        default=100_000,
+        ge=1,
+        description="messages one replay-missing call may read (matching its endpoint or not)",
+    )
     allow_insecure_loopback: bool = Field(
         default=False, description="development only: allow http:// to loopback addresses"
     )

@@ -90,6 +90,8 @@ def _summary(
         disabled_reason=e.disabled_reason,
         failing_since=e.failing_since,
         created_at=e.created_at,
+        paused_at=e.paused_at,
+        filter=e.payload_filter,
         health=Health(
             attempts=attempts,
             succeeded=succeeded,

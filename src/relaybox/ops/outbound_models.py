@@ -44,6 +44,8 @@ class EndpointSummary(_Model):
     failing_since: float | None
     created_at: float
     health: Health
+    paused_at: float | None = Field(None, description="when it was paused; null: not paused")
+    filter: dict[str, Any] | None = Field(None, description="its payload filter, if any")
 
 
 class EndpointList(_Model):

@@ -18,6 +18,9 @@ outside published ``data``, a 422 ``invalid_text``. Publishing (``POST /messages
     POST              /endpoints/{id}/secret/rotate
     POST              /endpoints/{id}/test       send a test event to this endpoint
     POST              /endpoints/{id}/recover    retry dead deliveries since a time
+    POST              /endpoints/{id}/pause      deliveries wait until resume
+    POST              /endpoints/{id}/resume     waiting deliveries go out, oldest first
+    POST              /endpoints/{id}/replay-missing   deliver what it never got since a time
     GET               /endpoints/{id}/deliveries
     POST/GET          /webhooks                  the simple registration API: {"url", "events"}
     POST/GET          /messages                  publish (202) / list
@@ -43,9 +46,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from relaybox.bodies import BodyTooLarge, read_body, text_problem
-from relaybox.errors import RelayboxError
+from relaybox.errors import Conflict, RelayboxError
 from relaybox.limits import TokenBuckets
-from relaybox.outbound import apikeys, deliveries, endpoints
+from relaybox.outbound import apikeys, deliveries, endpoints, flow
 from relaybox.outbound.catalog import InvalidMessage, list_event_types
 from relaybox.outbound.endpoints import (
     EndpointPatch,
@@ -53,6 +56,7 @@ from relaybox.outbound.endpoints import (
     EndpointSpec,
     InvalidEndpoint,
 )
+from relaybox.outbound.filters import InvalidFilter
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind
@@ -112,6 +116,13 @@ class Recovery(BaseModel):
     until: float | datetime | None = None
 
 
+class ReplayMissing(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    since: float | datetime
+    limit: int | None = Field(None, ge=1)
+
+
 class Redelivery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -167,6 +178,8 @@ def build_api(box: Runtime) -> Starlette:
                     for e in exc.errors()
                 )
                 return _error(422, "invalid_request", problems)
+            except InvalidFilter as exc:
+                return _error(422, "invalid_filter", str(exc))
             except EndpointQuotaExceeded as exc:
                 return _error(409, "endpoint_quota_exceeded", str(exc))
             except InvalidEndpoint as exc:
@@ -296,6 +309,31 @@ def build_api(box: Runtime) -> Starlette:
             raise _not_found("endpoint")
         return JSONResponse({"recovered": count}, status_code=202)
 
+    async def pause(request: Request, tenant: str) -> Response:
+        found = await endpoint_of(request, tenant)
+        await flow.pause_endpoint(box, found.id, tenant=tenant)
+        return JSONResponse((await endpoint_of(request, tenant)).to_json())
+
+    async def resume(request: Request, tenant: str) -> Response:
+        found = await endpoint_of(request, tenant)
+        await flow.resume_endpoint(box, found.id, tenant=tenant)
+        return JSONResponse((await endpoint_of(request, tenant)).to_json())
+
+    async def replay_missing(request: Request, tenant: str) -> Response:
+        found = await endpoint_of(request, tenant)
+        if found.status != "enabled":
+            raise ApiError(409, "endpoint_disabled", "enable the endpoint first")
+        replay = ReplayMissing.model_validate(await body(request))
+        try:
+            done = await flow.replay_missing(
+                box, found.id, since=_epoch(replay.since) or 0.0, tenant=tenant, limit=replay.limit
+            )
+        except Conflict as exc:  # disabled meanwhile
+            raise ApiError(409, exc.code, exc.message) from None
+        if done is None:
+            raise _not_found("endpoint")
+        return JSONResponse(done.to_json(), status_code=202)
+
     async def endpoint_deliveries(request: Request, tenant: str) -> Response:
         found = await endpoint_of(request, tenant)
         rows = await deliveries.list_deliveries(
@@ -397,6 +435,9 @@ def build_api(box: Runtime) -> Starlette:
             route("/endpoints/{id}/test", send_test, ["POST"]),
             route("/endpoints/{id}/recover", recover, ["POST"]),
             route("/endpoints/{id}/deliveries", endpoint_deliveries, ["GET"]),
+            route("/endpoints/{id}/pause", pause, ["POST"]),
+            route("/endpoints/{id}/resume", resume, ["POST"]),
+            route("/endpoints/{id}/replay-missing", replay_missing, ["POST"]),
             route("/webhooks", create_webhook, ["POST"]),
             route("/webhooks", list_webhooks, ["GET"]),
             route("/messages", create_message, ["POST"]),

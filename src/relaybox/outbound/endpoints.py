@@ -14,6 +14,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.outbound.filters import check as check_filter
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind, new_secret, public_form
@@ -72,6 +73,7 @@ class EndpointPatch(BaseModel):
     max_in_flight: int | None = Field(None, ge=1, le=100)
     rate_limit: float | None = Field(None, gt=0)
     enabled: bool | None = None
+    filter: dict[str, Any] | None = None  # payload filter (outbound.filters); {} clears it
 
     @field_validator("event_types")
     @classmethod
@@ -106,6 +108,15 @@ class EndpointSpec(EndpointPatch):
         return self.event_types or self.events or ["*"]
 
 
+def _filter(box: Runtime, spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The patch's payload filter checked against the settings' bounds (raises
+    :class:`InvalidFilter`); ``{}`` (every message) is stored as no filter."""
+    if spec is None:
+        return None
+    s = outbound(box).settings
+    return check_filter(spec, max_depth=s.filter_max_depth, max_bytes=s.filter_max_bytes)
+
+
 def _check(
     box: Runtime, url: str | None, timeout: float | None, max_in_flight: int | None
 ) -> None:
@@ -131,6 +142,7 @@ async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tupl
     """Create an endpoint with a fresh secret; returns it and the secret in the form
     its owner verifies with (``whsec_…``, or ``whpk_…`` for ed25519)."""
     _check(box, spec.url, spec.timeout, spec.max_in_flight)
+    payload_filter = _filter(box, spec.filter) or None
     if spec.signature == "sha256" and spec.secret_type == "ed25519":
         raise InvalidEndpoint("sha256 signatures (X-Webhook-Signature) need an hmac secret")
     vault = await ready_to_seal(box)
@@ -148,6 +160,7 @@ async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tupl
         schedule=spec.schedule,
         max_in_flight=spec.max_in_flight or settings.max_in_flight,
         rate_limit=spec.rate_limit,
+        payload_filter=payload_filter,
     )
     quota = settings.max_endpoints
     try:
@@ -184,6 +197,7 @@ async def update_endpoint(
     """Apply ``patch``; ``enabled`` switches the endpoint on or off. ``None`` when
     the tenant has no such endpoint."""
     _check(box, patch.url, patch.timeout, patch.max_in_flight)
+    payload_filter = _filter(box, patch.filter)
     current = await get_endpoint(box, endpoint_id, tenant)
     if current is None:
         return None
@@ -202,6 +216,7 @@ async def update_endpoint(
         schedule=patch.schedule if patch.schedule is not None else current.schedule,
         max_in_flight=patch.max_in_flight or current.max_in_flight,
         rate_limit=patch.rate_limit if patch.rate_limit is not None else current.rate_limit,
+        payload_filter=current.payload_filter if payload_filter is None else payload_filter or None,
     )
     await box.store.endpoint_update(write, now=box.clock.now())
     if patch.enabled is True:

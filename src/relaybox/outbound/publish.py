@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.bodies import text_problem
 from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, validate_data
+from relaybox.outbound.filters import matching
 from relaybox.outbound.registry import outbound
 from relaybox.store.outbox_rows import Message, NewMessage, new_id
 
@@ -30,8 +31,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "envelope_time",
+    "fan_out",
     "matches",
     "publish",
+    "wants",
 ]
 
 
@@ -43,6 +46,42 @@ def envelope_time(now: float) -> str:
 def matches(event_type: str, patterns: Sequence[str]) -> bool:
     """Does an endpoint subscribed to ``patterns`` (``*`` wildcards) get this type?"""
     return any(fnmatch.fnmatchcase(event_type, p) for p in patterns)
+
+
+def wants(
+    event_type: str,
+    envelope: Callable[[], Any],
+    patterns: Sequence[str],
+    payload_filter: Mapping[str, Any] | None,
+) -> bool:
+    """Does an endpoint subscribed to ``patterns`` with ``payload_filter`` get this
+    message? ``envelope`` gives the parsed envelope, read only when there is a filter
+    (the one rule of a subscription: publish and replay missing both ask here)."""
+    if not matches(event_type, patterns):
+        return False
+    return payload_filter is None or matching(payload_filter, envelope())
+
+
+def fan_out(
+    subscribers: Sequence[tuple[str, str, str | None]], event_type: str, body: str
+) -> list[str]:
+    """The endpoints among ``subscribers`` (id, event type patterns as JSON text, payload
+    filter as JSON text or ``None``: :meth:`Store.endpoint_subscribers`) that get a
+    message of ``event_type`` whose envelope is the JSON text ``body``."""
+    parsed: list[Any] = []
+
+    def envelope() -> Any:
+        if not parsed:
+            parsed.append(json.loads(body))
+        return parsed[0]
+
+    return [
+        eid
+        for eid, patterns, flt in subscribers
+        if wants(
+            event_type, envelope, json.loads(patterns), None if flt is None else json.loads(flt)
+        )
+    ]
 
 
 async def publish(
@@ -109,11 +148,9 @@ async def publish(
     subscribers = await store.endpoint_subscribers(conn, tenant)
     if endpoint_ids is not None:
         wanted = set(endpoint_ids)
-        targets = [eid for eid, _ in subscribers if eid in wanted]
+        targets = [eid for eid, _, _ in subscribers if eid in wanted]
     else:
-        targets = [
-            eid for eid, patterns in subscribers if matches(event_type, json.loads(patterns))
-        ]
+        targets = fan_out(subscribers, event_type, text)
     if targets:
         await store.delivery_insert(conn, msg_id, tenant, targets, now=now)
     return Message(

@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from relaybox.store.history import HistoryStore
 from relaybox.store.operator import OperatorStore
 from relaybox.store.outbox import OutboxStore
+from relaybox.store.outbox_flow import FlowStore
 from relaybox.store.processing import Processing
 
 __all__ = [
@@ -224,6 +225,7 @@ class Store(
     HistoryStore,
     OperatorStore,
     OutboxStore,
+    FlowStore,
     Processing,
 ):
     """Base class of the backends. Subclasses set ``backend`` and build ``engine``."""

@@ -94,6 +94,7 @@ class OutboxStore:
 
     def _endpoint_params(self, e: EndpointWrite, now: float) -> tuple[Any, ...]:
         schedule = None if e.schedule is None else json.dumps(list(e.schedule))
+        payload_filter = None if e.payload_filter is None else json.dumps(e.payload_filter)
         return (
             e.id,
             e.tenant,
@@ -104,6 +105,7 @@ class OutboxStore:
             e.timeout,
             schedule,
             now,
+            payload_filter,
         )
 
     async def endpoint_create(
@@ -269,10 +271,12 @@ class OutboxStore:
 
     async def endpoint_subscribers(
         self, conn: AsyncConnection, tenant: str
-    ) -> list[tuple[str, str]]:
-        """The tenant's enabled endpoints as (id, event type patterns as JSON text), by
-        id, read in ``conn``'s transaction (a publish fans out to these)."""
-        return [(r[0], r[1]) for r in await self.rows(conn, "endpoint_subscribers", (tenant,))]
+    ) -> list[tuple[str, str, str | None]]:
+        """The tenant's enabled endpoints as (id, event type patterns as JSON text,
+        payload filter as JSON text or ``None``), by id, read in ``conn``'s transaction
+        (a publish fans out to these)."""
+        found = await self.rows(conn, "endpoint_subscribers", (tenant,))
+        return [(r[0], r[1], r[2]) for r in found]
 
     async def delivery_insert(
         self,

@@ -187,6 +187,8 @@ class Endpoint:
     updated_at: float
     max_in_flight: int
     rate_limit: float | None
+    payload_filter: dict[str, Any] | None = None
+    paused_at: float | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Endpoint:
@@ -207,6 +209,8 @@ class Endpoint:
             updated_at=row[12],
             max_in_flight=row[13],
             rate_limit=row[14],
+            payload_filter=json.loads(row[15]) if row[15] else None,
+            paused_at=row[16],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -225,6 +229,9 @@ class Endpoint:
             "failing_since": self.failing_since,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
+            "filter": self.payload_filter,
+            "paused": self.paused_at is not None,
+            "paused_at": self.paused_at,
         }
 
 
@@ -243,6 +250,7 @@ class EndpointWrite:
     schedule: Sequence[float] | None
     max_in_flight: int
     rate_limit: float | None
+    payload_filter: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

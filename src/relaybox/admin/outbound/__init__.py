@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from relaybox.admin.outbound.api import ENDPOINT_OPERATIONS, MESSAGE_OPERATIONS, OPERATIONS
+from relaybox.admin.outbound.flow import FLOW_OPERATIONS, FLOW_PAGES
 from relaybox.admin.outbound.pages import ENDPOINT_PAGES, MESSAGE_PAGES, PAGES
 from relaybox.admin.sections import OverviewPanel, Section, register_section
 from relaybox.ops.outbound import endpoint_list
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ENDPOINT_OPERATIONS",
     "ENDPOINT_PAGES",
+    "FLOW_OPERATIONS",
+    "FLOW_PAGES",
     "MESSAGE_OPERATIONS",
     "MESSAGE_PAGES",
     "OPERATIONS",
@@ -103,8 +106,8 @@ def register() -> None:
             "Endpoints",
             40,
             nav_path="/endpoints",
-            operations=ENDPOINT_OPERATIONS,
-            pages=ENDPOINT_PAGES,
+            operations=ENDPOINT_OPERATIONS + FLOW_OPERATIONS,
+            pages=ENDPOINT_PAGES + FLOW_PAGES,
             requires_tables=TABLES,
             overview=overview_panel,
             tag_description="Tenants' webhook endpoints, their health and recent attempts; "

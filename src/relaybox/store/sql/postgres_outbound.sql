@@ -5,8 +5,8 @@
 -- name: endpoint_insert
 INSERT INTO relaybox_endpoints
     (id, tenant, url, description, event_types, status, signature, timeout, schedule,
-     created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, 'enabled', $6, $7, $8, $9, $9)
+     created_at, updated_at, payload_filter)
+VALUES ($1, $2, $3, $4, $5, 'enabled', $6, $7, $8, $9, $9, $10)
 
 -- name: endpoint_quota_lock
 -- Creating an endpoint: one create per tenant at a time (a transaction-scoped advisory
@@ -22,7 +22,7 @@ SELECT count(*)::int AS n FROM relaybox_endpoints WHERE tenant = $1
 -- Every mutable field at once: the caller merged the patch into the current row.
 UPDATE relaybox_endpoints
 SET url = $3, description = $4, event_types = $5, signature = $6, timeout = $7,
-    schedule = $8, updated_at = $9
+    schedule = $8, updated_at = $9, payload_filter = $10
 WHERE id = $1 AND tenant = $2
 RETURNING id
 
@@ -30,14 +30,14 @@ RETURNING id
 -- One endpoint with its lane settings; $2 NULL reads any tenant (operators).
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE e.id = $1 AND ($2::text IS NULL OR e.tenant = $2)
 
 -- name: endpoint_list
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE ($1::text IS NULL OR e.tenant = $1)
 ORDER BY e.created_at, e.id
@@ -48,7 +48,8 @@ DELETE FROM relaybox_endpoints WHERE id = $1 AND tenant = $2 RETURNING id
 
 -- name: endpoint_subscribers
 -- Publish fans out to these (read in the publisher's own transaction).
-SELECT id, event_types FROM relaybox_endpoints WHERE tenant = $1 AND status = 'enabled'
+SELECT id, event_types, payload_filter FROM relaybox_endpoints
+WHERE tenant = $1 AND status = 'enabled'
 ORDER BY id
 
 -- name: endpoint_set_status
@@ -197,6 +198,57 @@ WITH again AS (
     DELETE FROM relaybox_outbox_leases WHERE outbox_id IN (SELECT id FROM again)
 )
 SELECT id FROM again
+
+-- name: endpoint_pause
+-- Pause ($3: when) or resume ($3 NULL) the endpoint; $2 NULL: of any tenant. Returns
+-- the row only when this call changed it (pausing a paused endpoint changes nothing).
+-- A resume ends the failure streak: the paused time is not failing time, and the first
+-- failure after it must not disable the endpoint for a streak it never ran.
+UPDATE relaybox_endpoints
+SET paused_at = $3::double precision, updated_at = $4,
+    failing_since = CASE WHEN $3::double precision IS NULL THEN NULL ELSE failing_since END
+WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
+  AND (paused_at IS NULL) <> ($3::double precision IS NULL)
+RETURNING id, tenant
+
+-- name: message_missing_page
+-- Replay missing, one page: the tenant's messages published since $3, after the
+-- keyset ($4, $5) (created_at, id), oldest first, whose body is still there and that
+-- have no delivery to endpoint $2 (the delivery key is message id ':' endpoint id:
+-- a probe of the relaybox_outbox_key UNIQUE index per message).
+SELECT m.id, m.event_type, m.body, m.created_at FROM relaybox_messages m
+WHERE m.tenant = $1 AND m.created_at >= $3 AND m.purged_at IS NULL
+  AND ($4::double precision IS NULL OR (m.created_at, m.id) > ($4, $5::text))
+  AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
+                  WHERE o.channel = 'webhook' AND o.key = m.id || ':' || $2::text)
+ORDER BY m.created_at, m.id
+LIMIT $6
+
+-- name: delivery_insert_missing
+-- Replay missing, the deliveries: one pending row to endpoint $1 per message of $4,
+-- in that order (publish order), unless the message has one already (the UNIQUE key:
+-- two replays at once insert each row once, the later one waits for the earlier one's
+-- COMMIT and skips it) or retention emptied its body meanwhile (the messages are
+-- locked FOR KEY SHARE, which ops_purge_messages' FOR UPDATE SKIP LOCKED passes by).
+WITH m AS (
+    SELECT m.id, array_position($4::text[], m.id) AS ord FROM relaybox_messages m
+    WHERE m.id = ANY ($4::text[]) AND m.tenant = $2 AND m.purged_at IS NULL
+    FOR KEY SHARE OF m
+)
+INSERT INTO relaybox_outbox
+    (channel, key, payload, tenant, status, next_attempt_at, created_at, updated_at,
+     lane, endpoint_id, message_id)
+SELECT 'webhook', m.id || ':' || $1, 'null', $2, 'pending', $3, $3, $3, $1, $1, m.id
+FROM m ORDER BY m.ord
+ON CONFLICT (channel, key) DO NOTHING
+RETURNING id
+
+-- name: endpoint_paused_backlog
+-- Per paused endpoint, its deliveries waiting for the resume (the metrics' gauge).
+SELECT e.id, count(o.id) AS waiting FROM relaybox_endpoints e
+LEFT JOIN relaybox_outbox o ON o.endpoint_id = e.id AND o.status = 'pending'
+WHERE e.paused_at IS NOT NULL
+GROUP BY e.id
 
 -- name: delivery_lock_endpoint
 -- An endpoint disabled or deleted, first step: lock its waiting rows, except those a
@@ -380,7 +432,7 @@ WITH u AS (
                     ELSE least(greatest(1.0, l.rate_limit),
                                l.tokens + ($1 - l.refilled_at) * l.rate_limit) END AS tokens) b
     WHERE ((e.id IS NULL AND l.lane = ANY($3::text[]))
-           OR (e.status = 'enabled' AND 'webhook' = ANY($3::text[])
+           OR (e.status = 'enabled' AND e.paused_at IS NULL AND 'webhook' = ANY($3::text[])
                AND e.tenant <> ALL (ARRAY(SELECT q.t FROM unnest($19::text[], $20::int[])
                                           AS q(t, r) WHERE q.r <= 0))))
       AND busy.n < lim.n

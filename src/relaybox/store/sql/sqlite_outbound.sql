@@ -6,8 +6,8 @@
 -- name: endpoint_insert
 INSERT INTO relaybox_endpoints
     (id, tenant, url, description, event_types, status, signature, timeout, schedule,
-     created_at, updated_at)
-VALUES (?1, ?2, ?3, ?4, ?5, 'enabled', ?6, ?7, ?8, ?9, ?9)
+     created_at, updated_at, payload_filter)
+VALUES (?1, ?2, ?3, ?4, ?5, 'enabled', ?6, ?7, ?8, ?9, ?9, ?10)
 
 -- name: endpoint_quota_lock
 -- Nothing to lock: the transaction began IMMEDIATE (one writer), so endpoint_count
@@ -20,21 +20,21 @@ SELECT count(*) AS n FROM relaybox_endpoints WHERE tenant = ?1
 -- name: endpoint_update
 UPDATE relaybox_endpoints
 SET url = ?3, description = ?4, event_types = ?5, signature = ?6, timeout = ?7,
-    schedule = ?8, updated_at = ?9
+    schedule = ?8, updated_at = ?9, payload_filter = ?10
 WHERE id = ?1 AND tenant = ?2
 RETURNING id
 
 -- name: endpoint_get
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE e.id = ?1 AND (?2 IS NULL OR e.tenant = ?2)
 
 -- name: endpoint_list
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE (?1 IS NULL OR e.tenant = ?1)
 ORDER BY e.created_at, e.id
@@ -44,7 +44,8 @@ LIMIT ?2
 DELETE FROM relaybox_endpoints WHERE id = ?1 AND tenant = ?2 RETURNING id
 
 -- name: endpoint_subscribers
-SELECT id, event_types FROM relaybox_endpoints WHERE tenant = ?1 AND status = 'enabled'
+SELECT id, event_types, payload_filter FROM relaybox_endpoints
+WHERE tenant = ?1 AND status = 'enabled'
 ORDER BY id
 
 -- name: endpoint_set_status
@@ -164,6 +165,40 @@ WHERE endpoint_id = ?1 AND status = 'dead' AND purged_at IS NULL AND created_at 
   AND (?3 IS NULL OR created_at < ?3)
 RETURNING id
 
+-- name: endpoint_pause
+UPDATE relaybox_endpoints
+SET paused_at = ?3, updated_at = ?4,
+    failing_since = CASE WHEN ?3 IS NULL THEN NULL ELSE failing_since END
+WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2) AND (paused_at IS NULL) <> (?3 IS NULL)
+RETURNING id, tenant
+
+-- name: message_missing_page
+SELECT m.id, m.event_type, m.body, m.created_at FROM relaybox_messages m
+WHERE m.tenant = ?1 AND m.created_at >= ?3 AND m.purged_at IS NULL
+  AND (?4 IS NULL OR m.created_at > ?4 OR (m.created_at = ?4 AND m.id > ?5))
+  AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
+                  WHERE o.channel = 'webhook' AND o.key = m.id || ':' || ?2)
+ORDER BY m.created_at, m.id
+LIMIT ?6
+
+-- name: delivery_insert_missing
+-- One writer at a time: the transaction's checks hold until its COMMIT.
+INSERT INTO relaybox_outbox
+    (channel, key, payload, tenant, status, next_attempt_at, created_at, updated_at,
+     lane, endpoint_id, message_id)
+SELECT 'webhook', m.id || ':' || ?1, 'null', ?2, 'pending', ?3, ?3, ?3, ?1, ?1, m.id
+FROM json_each(?4) AS j JOIN relaybox_messages m ON m.id = j.value
+WHERE m.tenant = ?2 AND m.purged_at IS NULL
+ORDER BY j.key
+ON CONFLICT (channel, key) DO NOTHING
+RETURNING id
+
+-- name: endpoint_paused_backlog
+SELECT e.id, count(o.id) AS waiting FROM relaybox_endpoints e
+LEFT JOIN relaybox_outbox o ON o.endpoint_id = e.id AND o.status = 'pending'
+WHERE e.paused_at IS NOT NULL
+GROUP BY e.id
+
 -- name: delivery_lock_endpoint
 -- The endpoint's waiting rows (postgres_outbound.sql locks them; one writer here).
 SELECT id FROM relaybox_outbox WHERE endpoint_id = ?1 AND status = 'pending'
@@ -221,7 +256,7 @@ SELECT lane, max_in_flight, rate_limit, tokens, refilled_at, in_flight, tenant F
     FROM relaybox_lanes l
     LEFT JOIN relaybox_endpoints e ON e.id = l.lane
     WHERE ((e.id IS NULL AND l.lane IN (SELECT value FROM json_each(?3)))
-           OR (e.status = 'enabled' AND 'webhook' IN (SELECT value FROM json_each(?3))
+           OR (e.status = 'enabled' AND e.paused_at IS NULL AND 'webhook' IN (SELECT value FROM json_each(?3))
                AND e.tenant NOT IN (SELECT value FROM json_each(?5))))
       AND (l.rate_limit IS NULL OR l.tokens + (?1 - l.refilled_at) * l.rate_limit >= 1)
       AND EXISTS (SELECT 1 FROM relaybox_outbox o
