@@ -223,6 +223,15 @@ class Relaybox:
             self, conn, event_type, data, tenant=tenant, idempotency_key=idempotency_key, **options
         )
 
+    def portal_link(
+        self, tenant: str, *, ttl: float | None = None, base_url: str | None = None
+    ) -> Any:
+        """A short-lived signed link to ``tenant``'s portal (:mod:`relaybox.portal`):
+        ``.url`` to hand to the tenant's browser, ``.expires_at`` (epoch seconds)."""
+        from relaybox.portal import portal_link
+
+        return portal_link(self, tenant, ttl=ttl, base_url=base_url)
+
     async def migrate(self) -> list[str]:
         """Create or upgrade relaybox's tables, then seal the endpoint secrets older
         versions stored in plaintext (:func:`relaybox.outbound.endpoints.seal_plaintext`).
@@ -329,6 +338,9 @@ class Relaybox:
             from relaybox.outbound.api import build_api
 
             routes.append(Mount("/api/v1", app=build_api(self)))
+            from relaybox.portal import build_portal
+
+            routes.append(Mount("/portal", app=build_portal(self)))
         if "admin" in roles:
             from relaybox.admin import build_admin
 

@@ -26,6 +26,7 @@ outside published ``data``, a 422 ``invalid_text``. Publishing (``POST /messages
     POST              /messages/{id}/redeliver
     GET               /undelivered               pending, dead and held deliveries
     GET               /event-types               the catalog, with JSON Schemas
+    POST              /portal/sessions           a signed link to the tenant's portal
 """
 
 from __future__ import annotations
@@ -109,6 +110,12 @@ class Recovery(BaseModel):
 
     since: float | datetime
     until: float | datetime | None = None
+
+
+class PortalRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttl: float | None = Field(None, gt=0, description="seconds the link is valid")
 
 
 class Redelivery(BaseModel):
@@ -384,6 +391,20 @@ def build_api(box: Relaybox) -> Starlette:
     async def event_types(request: Request, tenant: str) -> Response:
         return JSONResponse({"data": [t.to_json() for t in await list_event_types(box)]})
 
+    async def portal_session(request: Request, tenant: str) -> Response:
+        from relaybox.portal import portal_link
+
+        asked = PortalRequest.model_validate(await body(request))
+        most = box.settings.portal.max_link_ttl
+        if asked.ttl is not None and asked.ttl > most:
+            raise ApiError(422, "invalid_request", f"ttl: at most {most:g} s")
+        base = box.settings.portal.public_url or str(request.base_url).rstrip("/")
+        root = str(request.scope.get("root_path", ""))
+        if not box.settings.portal.public_url and root.endswith("/api/v1"):
+            base = base[: -len("/api/v1")] if base.endswith("/api/v1") else base
+        link = portal_link(box, tenant, ttl=asked.ttl, base_url=base)
+        return JSONResponse(link.to_json(), status_code=201)
+
     return Starlette(
         routes=[
             route("/endpoints", list_endpoints, ["GET"]),
@@ -405,6 +426,7 @@ def build_api(box: Relaybox) -> Starlette:
             route("/messages/{id}/redeliver", redeliver, ["POST"]),
             route("/undelivered", undelivered, ["GET"]),
             route("/event-types", event_types, ["GET"]),
+            route("/portal/sessions", portal_session, ["POST"]),
         ]
     )
 

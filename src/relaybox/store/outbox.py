@@ -323,6 +323,25 @@ class OutboxStore:
             found = await self.rows(conn, "delivery_list", params)
         return [DeliveryRow(*r) for r in found]
 
+    async def delivery_search(
+        self,
+        tenant: str | None,
+        *,
+        status: str | None = None,
+        event_type: str | None = None,
+        message_id: str | None = None,
+        idempotency_key: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int,
+    ) -> list[DeliveryRow]:
+        """The delivery log: outbox rows newest first, filtered by whatever is given
+        (a tenant's own rows only when ``tenant`` is set)."""
+        params = (tenant, status, event_type, message_id, idempotency_key, since, until, limit)
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "delivery_search", params)
+        return [DeliveryRow(*r) for r in found]
+
     async def attempt_list(self, message_id: str, tenant: str | None) -> list[AttemptRow]:
         """The recorded attempts of a message's deliveries, in the order they ran."""
         async with self.transaction() as conn:

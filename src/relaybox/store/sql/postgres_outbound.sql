@@ -163,6 +163,22 @@ WHERE ($1::text IS NULL OR o.tenant = $1) AND ($2::text IS NULL OR o.message_id 
 ORDER BY o.created_at DESC, o.id DESC
 LIMIT $5
 
+-- name: delivery_search
+-- The delivery log: outbox rows newest first, each filter applied when not NULL
+-- (status, event type, message id, idempotency key, created in [since, until)).
+SELECT o.id, o.message_id, o.endpoint_id, o.channel, o.key, o.tenant, o.status, o.dead_reason,
+       COALESCE(l.attempt, o.attempts) AS attempts, o.next_attempt_at, o.last_error,
+       o.last_status, o.created_at, o.updated_at, o.sent_at, m.event_type
+FROM relaybox_outbox o LEFT JOIN relaybox_messages m ON m.id = o.message_id
+LEFT JOIN relaybox_outbox_leases l ON l.outbox_id = o.id
+WHERE ($1::text IS NULL OR o.tenant = $1) AND ($2::text IS NULL OR o.status = $2)
+  AND ($3::text IS NULL OR m.event_type = $3) AND ($4::text IS NULL OR o.message_id = $4)
+  AND ($5::text IS NULL OR m.idempotency_key = $5)
+  AND ($6::double precision IS NULL OR o.created_at >= $6)
+  AND ($7::double precision IS NULL OR o.created_at < $7)
+ORDER BY o.created_at DESC, o.id DESC
+LIMIT $8
+
 -- name: delivery_redeliver
 -- A finished delivery (sent, dead or held) of the message goes back to pending with
 -- a fresh attempt budget and the same webhook-id; pending rows are already on their

@@ -147,6 +147,18 @@ WHERE (?1 IS NULL OR o.tenant = ?1) AND (?2 IS NULL OR o.message_id = ?2)
 ORDER BY o.created_at DESC, o.id DESC
 LIMIT ?5
 
+-- name: delivery_search
+SELECT o.id, o.message_id, o.endpoint_id, o.channel, o.key, o.tenant, o.status, o.dead_reason,
+       o.attempts, o.next_attempt_at, o.last_error, o.last_status, o.created_at,
+       o.updated_at, o.sent_at, m.event_type
+FROM relaybox_outbox o LEFT JOIN relaybox_messages m ON m.id = o.message_id
+WHERE (?1 IS NULL OR o.tenant = ?1) AND (?2 IS NULL OR o.status = ?2)
+  AND (?3 IS NULL OR m.event_type = ?3) AND (?4 IS NULL OR o.message_id = ?4)
+  AND (?5 IS NULL OR m.idempotency_key = ?5)
+  AND (?6 IS NULL OR o.created_at >= ?6) AND (?7 IS NULL OR o.created_at < ?7)
+ORDER BY o.created_at DESC, o.id DESC
+LIMIT ?8
+
 -- name: delivery_redeliver
 UPDATE relaybox_outbox
 SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = ?4,
