@@ -345,7 +345,16 @@ class Relaybox:
             from relaybox.admin import build_admin
 
             routes.append(Mount("/admin", app=build_admin(self)))
-        return Starlette(routes=routes, lifespan=lifespan)
+        async def no_route(request: Request, exc: Exception) -> Response:
+            # An address no mount matches (one with a newline, say) answers in the
+            # tenant API's JSON error shape under /api/, as the API's own 404s do.
+            status = getattr(exc, "status_code", 404)
+            if request.url.path.startswith("/api/"):
+                body = {"error": "not_found", "message": "no such route"}
+                return JSONResponse(body, status_code=status)
+            return Response("Not Found", status_code=status, media_type="text/plain")
+
+        return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: no_route})
 
     def freeze_startup_heap(self) -> None:
         """Once started, the objects alive now (modules, the app, its settings) live as

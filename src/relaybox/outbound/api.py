@@ -35,7 +35,7 @@ import json
 import math
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
@@ -122,6 +122,15 @@ class Redelivery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     endpoint_id: str | None = Field(None, max_length=_MAX_ID)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _strict(model: type[M], data: Any) -> M:
+    """``data`` (parsed JSON) as ``model``, in pydantic's strict JSON mode: a JSON
+    ``false`` is not the number 0 nor ``"5"`` the number 5, as the document says."""
+    return model.model_validate_json(json.dumps(data), strict=True)
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -238,7 +247,7 @@ def build_api(box: Relaybox) -> Starlette:
         return JSONResponse({"data": [e.to_json() for e in found]})
 
     async def create_endpoint(request: Request, tenant: str) -> Response:
-        spec = EndpointSpec.model_validate(await body(request))
+        spec = _strict(EndpointSpec, await body(request))
         created, secret = await endpoints.create_endpoint(box, tenant, spec)
         return JSONResponse({**created.to_json(), "secret": secret}, status_code=201)
 
@@ -246,7 +255,7 @@ def build_api(box: Relaybox) -> Starlette:
         return JSONResponse((await endpoint_of(request, tenant)).to_json())
 
     async def patch_endpoint(request: Request, tenant: str) -> Response:
-        patch = EndpointPatch.model_validate(await body(request))
+        patch = _strict(EndpointPatch, await body(request))
         updated = await endpoints.update_endpoint(box, request.path_params["id"], tenant, patch)
         if updated is None:
             raise _not_found("endpoint")
@@ -264,7 +273,7 @@ def build_api(box: Relaybox) -> Starlette:
         return JSONResponse({"data": found})
 
     async def rotate_secret(request: Request, tenant: str) -> Response:
-        rotation = Rotation.model_validate(await body(request))
+        rotation = _strict(Rotation, await body(request))
         secret = await endpoints.rotate_secret(
             box,
             request.path_params["id"],
@@ -280,7 +289,7 @@ def build_api(box: Relaybox) -> Starlette:
         found = await endpoint_of(request, tenant)
         if found.status != "enabled":
             raise ApiError(409, "endpoint_disabled", "enable the endpoint first")
-        test = TestEvent.model_validate(await body(request, _DATA))
+        test = _strict(TestEvent, await body(request, _DATA))
         rate_limited(tenant)
         data = test.data if test.data is not None else {"message": "relaybox test event"}
         async with box.store.transaction() as conn:
@@ -290,7 +299,7 @@ def build_api(box: Relaybox) -> Starlette:
         return JSONResponse(message.to_json(), status_code=202)
 
     async def recover(request: Request, tenant: str) -> Response:
-        recovery = Recovery.model_validate(await body(request))
+        recovery = _strict(Recovery, await body(request))
         count = await deliveries.recover(
             box,
             request.path_params["id"],
@@ -316,7 +325,7 @@ def build_api(box: Relaybox) -> Starlette:
     # -- the simple registration API ------------------------------------------------
 
     async def create_webhook(request: Request, tenant: str) -> Response:
-        spec = EndpointSpec.model_validate(await body(request))
+        spec = _strict(EndpointSpec, await body(request))
         created, secret = await endpoints.create_endpoint(box, tenant, spec)
         answer = {"id": created.id, "url": created.url, "events": created.event_types}
         return JSONResponse({**answer, "secret": secret}, status_code=201)
@@ -331,7 +340,7 @@ def build_api(box: Relaybox) -> Starlette:
 
     async def create_message(request: Request, tenant: str) -> Response:
         rate_limited(tenant)
-        new = NewMessage.model_validate(await body(request, _DATA))
+        new = _strict(NewMessage, await body(request, _DATA))
         key = new.idempotency_key or request.headers.get("idempotency-key")
         async with box.store.transaction() as conn:
             message = await publish(
@@ -372,7 +381,7 @@ def build_api(box: Relaybox) -> Starlette:
 
     async def redeliver(request: Request, tenant: str) -> Response:
         message = await message_of(request, tenant)
-        which = Redelivery.model_validate(await body(request))
+        which = _strict(Redelivery, await body(request))
         count = await deliveries.redeliver(
             box, message.id, tenant=tenant, endpoint_id=which.endpoint_id
         )
@@ -394,7 +403,7 @@ def build_api(box: Relaybox) -> Starlette:
     async def portal_session(request: Request, tenant: str) -> Response:
         from relaybox.portal import portal_link
 
-        asked = PortalRequest.model_validate(await body(request))
+        asked = _strict(PortalRequest, await body(request))
         most = box.settings.portal.max_link_ttl
         if asked.ttl is not None and asked.ttl > most:
             raise ApiError(422, "invalid_request", f"ttl: at most {most:g} s")
@@ -427,8 +436,17 @@ def build_api(box: Relaybox) -> Starlette:
             route("/undelivered", undelivered, ["GET"]),
             route("/event-types", event_types, ["GET"]),
             route("/portal/sessions", portal_session, ["POST"]),
-        ]
+        ],
+        exception_handlers={404: _no_route, 405: _no_route},
     )
+
+
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """An address or method no route serves answers in the API's JSON error shape."""
+    status = getattr(exc, "status_code", 404)
+    if status == 405:
+        return _error(405, "method_not_allowed", f"{request.method} is not allowed here")
+    return _error(404, "not_found", "no such route")
 
 
 def _limit(request: Request, default: int, most: int) -> int:
