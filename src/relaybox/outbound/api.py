@@ -54,6 +54,7 @@ from relaybox.outbound.endpoints import (
     EndpointSpec,
     InvalidEndpoint,
 )
+from relaybox.outbound.portal_links import portal_link
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind
@@ -402,8 +403,6 @@ def build_api(box: Relaybox) -> Starlette:
         return JSONResponse({"data": [t.to_json() for t in await list_event_types(box)]})
 
     async def portal_session(request: Request, tenant: str) -> Response:
-        from relaybox.portal import portal_link
-
         asked = _strict(PortalRequest, await body(request))
         most = box.settings.portal.max_link_ttl
         if asked.ttl is not None and asked.ttl > most:

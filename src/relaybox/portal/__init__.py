@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from relaybox.portal.links import (
+from relaybox.outbound.portal_links import (
     PortalLink,
     PortalSession,
     TokenRefused,

@@ -31,8 +31,8 @@ from starlette.routing import BaseRoute, Route
 from relaybox.outbound import deliveries, endpoints
 from relaybox.outbound.catalog import list_event_types
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec
+from relaybox.outbound.portal_links import TokenRefused, open_link
 from relaybox.outbound.publish import publish
-from relaybox.portal.links import TokenRefused, open_link
 from relaybox.portal.views import (
     STATUSES,
     LogFilter,
@@ -42,6 +42,7 @@ from relaybox.portal.views import (
     subscribed,
 )
 from relaybox.portal.web import Page, PageError, error_page, handler, not_found
+from relaybox.store.outbox_rows import Endpoint
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -70,7 +71,7 @@ def _number(form: dict[str, str], name: str) -> float | None:
     return value
 
 
-async def _endpoint(page: Page) -> endpoints.Endpoint:
+async def _endpoint(page: Page) -> Endpoint:
     found = await endpoints.get_endpoint(page.box, page.param("id"), page.tenant)
     if found is None:
         raise not_found("endpoint")

@@ -30,8 +30,8 @@ from relaybox.bodies import BodyTooLarge, read_body, text_problem
 from relaybox.errors import RelayboxError
 from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import InvalidEndpoint
+from relaybox.outbound.portal_links import PortalSession, TokenRefused, csrf_token, read_session
 from relaybox.outbound.vault import SecretsLocked
-from relaybox.portal.links import PortalSession, TokenRefused, csrf_token, read_session
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -59,7 +59,7 @@ def _pretty(value: Any) -> str:
         try:
             value = json.loads(value)
         except ValueError:
-            return value
+            return str(value)
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
