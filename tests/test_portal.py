@@ -207,6 +207,10 @@ async def test_manage_endpoints_secrets_tests_and_the_log(
         status, page = await portal.get(f"/messages/{message_id}")
         assert status == 200 and 'data-attempt="1"' in page and "HTTP 200" in page
         assert "&#34;ok&#34;: true" in page  # the response's first bytes
+        request, response = page.split('class="request"')[1].split('class="response"')
+        assert "webhook-signature: v1," in request and "webhook-id: msg_" in request
+        assert "User-Agent: relaybox-webhooks/1" in request
+        assert "Content-Length: 12" in response  # the sink's answer headers
 
         _, log = await portal.get("/messages", status="sent")
         assert message_id in log

@@ -72,3 +72,21 @@ async def test_delivery_search_filters(store: Store) -> None:
     assert [(r.message_id, r.event_type, r.tenant) for r in found] == [
         (shipped, "order.shipped", "t1")
     ]
+
+
+async def test_attempts_keep_their_headers_until_retention(store: Store) -> None:
+    await store.endpoint_create(endpoint("ep_t1", tenant="t1"), "s", quota=5, now=T0)
+    msg_id = await _publish(store, "t1", "order.paid", None, T0)
+    [row] = await store.delivery_search("t1", limit=1)
+    headers = '{"request": [["webhook-id", "m"]], "response": [["Server", "x"]]}'
+    async with store.transaction() as conn:
+        await store.outbox_attempts_insert(
+            conn,
+            [
+                (row.id, 1, 1, "d1", T0, 0.1, "retry", 500, "HTTP 500", "oops", headers),
+                (row.id, 2, 2, "d1", T0 + 5, 0.1, "retry", 502, "HTTP 502", None),  # no headers
+            ],
+        )
+    first, second = await store.attempt_list(msg_id, "t1")
+    assert (first.headers, second.headers) == (headers, None)
+    assert await store.attempt_list(msg_id, "t2") == []

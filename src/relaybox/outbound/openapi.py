@@ -138,6 +138,11 @@ class MessageWithDeliveries(Message):
     deliveries: list[DeliveryRow]
 
 
+class AttemptHeaders(_Out):
+    request: list[list[str]] = Field(description="[name, value] pairs sent")
+    response: list[list[str]] = Field(description="[name, value] pairs received")
+
+
 class Attempt(_Out):
     outbox_id: int | str
     endpoint_id: str | None
@@ -148,6 +153,9 @@ class Attempt(_Out):
     status_code: int | None
     error: str | None
     response: str | None = Field(description="the first bytes of the answer")
+    headers: AttemptHeaders | None = Field(
+        description="the request's and the answer's header fields, where recorded (HTTP)"
+    )
 
 
 class Attempts(_Out):

@@ -66,14 +66,26 @@ async def message_view(box: Relaybox, message_id: str, tenant: str | None) -> di
     body = message.body.decode("utf-8", "replace")
     for attempt in attempts:
         attempt["request_body"] = body
-        attempt.setdefault("request_headers", None)
-        attempt.setdefault("response_headers", None)
+        recorded = _headers(attempt.pop("headers", None))
+        attempt["request_headers"] = recorded.get("request")
+        attempt["response_headers"] = recorded.get("response")
     return {
         **message.to_json(),
         "tenant": message.tenant,
         "body": body,
         "deliveries": rows,
         "attempts": attempts,
+    }
+
+
+def _headers(found: Any) -> dict[str, list[tuple[str, str]]]:
+    """The attempt's recorded headers, as (name, value) pairs per side."""
+    if not isinstance(found, dict):
+        return {}
+    return {
+        side: [(str(p[0]), str(p[1])) for p in pairs if isinstance(p, list) and len(p) == 2]
+        for side, pairs in found.items()
+        if side in ("request", "response") and isinstance(pairs, list)
     }
 
 

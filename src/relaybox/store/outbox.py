@@ -320,7 +320,7 @@ class OutboxStore:
         (a tenant's own rows only when ``tenant`` is set)."""
         params = (tenant, status, event_type, message_id, idempotency_key, since, until, limit)
         async with self.transaction() as conn:
-            found = await self.rows(conn, "delivery_search", params)
+            found = await self.rows(conn, "delivery_log_list", params)
         return [DeliveryRow(*r) for r in found]
 
     async def attempt_list(self, message_id: str, tenant: str | None) -> list[AttemptRow]:
@@ -390,8 +390,9 @@ class OutboxStore:
     ) -> None:
         """Append to the attempt log, in ``conn``'s transaction: rows of (outbox id,
         attempt, lease token, dispatcher, started, duration, outcome, status code,
-        error, response)."""
-        await self.rows(conn, "outbox_attempts_insert", self._columns(attempts))
+        error, response, headers); a row of ten has no headers (NULL)."""
+        rows = [(*r, None) if len(r) == 10 else r for r in attempts]
+        await self.rows(conn, "outbox_attempts_insert", self._columns(rows))
 
     async def endpoints_succeeded(self, conn: AsyncConnection, endpoint_ids: Sequence[str]) -> None:
         """End the endpoints' failure streaks, in ``conn``'s transaction."""
