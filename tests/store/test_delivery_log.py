@@ -90,3 +90,22 @@ async def test_attempts_keep_their_headers_until_retention(store: Store) -> None
     first, second = await store.attempt_list(msg_id, "t1")
     assert (first.headers, second.headers) == (headers, None)
     assert await store.attempt_list(msg_id, "t2") == []
+
+
+async def test_attempt_minutes_count_outcomes_per_minute(store: Store) -> None:
+    await store.endpoint_create(endpoint("ep_t1", tenant="t1"), "s", quota=5, now=T0)
+    await _publish(store, "t1", "order.paid", None, T0)
+    [row] = await store.delivery_search("t1", limit=1)
+    minute = 60 * 16_667  # 1_000_020.0: a minute's start after T0
+    rows = [
+        (row.id, 1, 1, "d1", minute + 1, 0.1, "retry", 500, "HTTP 500", None),
+        (row.id, 2, 2, "d1", minute + 30, 0.1, "retry", 500, "HTTP 500", None),
+        (row.id, 3, 3, "d1", minute + 61, 0.1, "sent", 200, None, None),
+    ]
+    async with store.transaction() as conn:
+        await store.outbox_attempts_insert(conn, rows)
+    assert await store.attempt_minutes(minute) == [
+        (minute, "retry", 2),
+        (minute + 60, "sent", 1),
+    ]
+    assert await store.attempt_minutes(minute + 60) == [(minute + 60, "sent", 1)]

@@ -28,12 +28,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from relaybox.outbound import deliveries, endpoints
-from relaybox.outbound.catalog import list_event_types
-from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec
-from relaybox.outbound.portal_links import TokenRefused, open_link
-from relaybox.outbound.publish import publish
-from relaybox.portal.views import (
+from relaybox.ops.delivery_log import (
     STATUSES,
     LogFilter,
     delivery_log,
@@ -41,6 +36,11 @@ from relaybox.portal.views import (
     message_view,
     subscribed,
 )
+from relaybox.outbound import deliveries, endpoints
+from relaybox.outbound.catalog import list_event_types
+from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec
+from relaybox.outbound.portal_links import TokenRefused, open_link
+from relaybox.outbound.publish import publish
 from relaybox.portal.web import Page, PageError, error_page, handler, not_found
 from relaybox.store.outbox_rows import Endpoint
 

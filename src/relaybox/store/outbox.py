@@ -323,6 +323,12 @@ class OutboxStore:
             found = await self.rows(conn, "delivery_log_list", params)
         return [DeliveryRow(*r) for r in found]
 
+    async def attempt_minutes(self, since: float) -> list[tuple[float, str, int]]:
+        """Attempts started since ``since``: (minute start, outcome, count), oldest first."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "ops_attempt_minutes", (since,))
+        return [(float(r[0]), str(r[1]), int(r[2])) for r in found]
+
     async def attempt_list(self, message_id: str, tenant: str | None) -> list[AttemptRow]:
         """The recorded attempts of a message's deliveries, in the order they ran."""
         async with self.transaction() as conn:

@@ -553,3 +553,12 @@ SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::doub
 -- Clears the failure streak of every endpoint in $1 (a recorded batch's successes).
 UPDATE relaybox_endpoints SET failing_since = NULL
 WHERE id = ANY($1::text[]) AND failing_since IS NOT NULL
+
+-- name: ops_attempt_minutes
+-- Delivery attempts started since $1, counted per minute and outcome (the dashboard's
+-- deliveries-per-minute chart). An operator's read: it scans the recent attempts.
+SELECT floor(started_at / 60) * 60 AS minute, outcome, count(*) AS n
+FROM relaybox_outbox_attempts
+WHERE started_at >= $1
+GROUP BY 1, 2
+ORDER BY 1, 2

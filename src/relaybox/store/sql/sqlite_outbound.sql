@@ -331,3 +331,10 @@ ORDER BY i.key
 -- name: endpoints_succeeded
 UPDATE relaybox_endpoints SET failing_since = NULL
 WHERE id IN (SELECT value FROM json_each(?1)) AND failing_since IS NOT NULL
+
+-- name: ops_attempt_minutes
+SELECT CAST(started_at / 60 AS INTEGER) * 60 AS minute, outcome, count(*) AS n
+FROM relaybox_outbox_attempts
+WHERE started_at >= ?1
+GROUP BY 1, 2
+ORDER BY 1, 2

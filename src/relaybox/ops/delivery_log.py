@@ -1,6 +1,6 @@
-"""What the sending pages show, read for one tenant (the portal) or for any (the
-dashboard, ``tenant=None``): the delivery log with its filters, one message with its
-deliveries and attempts (request and response), examples of event types."""
+"""What the sending pages show, for one tenant (the portal) or for any (the dashboard,
+``tenant=None``): the delivery log with its filters, one message with its deliveries
+and attempts (request and response), examples of event types."""
 
 from __future__ import annotations
 
