@@ -12,7 +12,7 @@ from relaybox.outbound import deliveries
 from relaybox.outbound.publish import matches
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["STATUSES", "LogFilter", "delivery_log", "example_for", "message_view", "subscribed"]
 
@@ -36,7 +36,7 @@ class LogFilter:
 
 
 async def delivery_log(
-    box: Relaybox, tenant: str | None, log: LogFilter, *, limit: int
+    box: Runtime, tenant: str | None, log: LogFilter, *, limit: int
 ) -> list[dict[str, Any]]:
     """Deliveries newest first, as the log's rows (an unknown status matches none)."""
     if log.status and log.status not in STATUSES:
@@ -54,7 +54,7 @@ async def delivery_log(
     return [asdict(r) for r in found]
 
 
-async def message_view(box: Relaybox, message_id: str, tenant: str | None) -> dict[str, Any] | None:
+async def message_view(box: Runtime, message_id: str, tenant: str | None) -> dict[str, Any] | None:
     """The message (``None`` when ``tenant`` has no such message), its deliveries, and
     its attempts, each with the request sent (body, and headers where recorded) and the
     answer (status, headers where recorded, first bytes)."""

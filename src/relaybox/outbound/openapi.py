@@ -4,7 +4,7 @@ Request bodies are the pydantic models the API validates with; answers are descr
 by the models below, which mirror what the handlers send (``to_json`` of endpoints,
 messages and event types, the store's delivery and attempt rows). The committed copy,
 ``docs/tenant-openapi.json``, is checked to be current by a test, and the API is
-exercised against it by schemathesis (tests/test_tenant_openapi.py). Regenerate:
+exercised against it by schemathesis (tests/integration/test_tenant_openapi.py). Regenerate:
 
     python -m relaybox.outbound.openapi --write docs/tenant-openapi.json
 """

@@ -25,9 +25,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
 from relaybox.errors import RelayboxError
+from relaybox.outbound.registry import outbound
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "PortalLink",
@@ -73,26 +74,26 @@ class PortalSession:
     token: str
 
 
-def _key(box: Relaybox) -> bytes:
+def _key(box: Runtime) -> bytes:
     configured = box.settings.portal.signing_key
     if configured is not None and configured.get_secret_value():
         raw = configured.get_secret_value().encode()
         return hashlib.sha256(b"relaybox-portal\0" + raw).digest()
-    return box.outbound.vault.derive("portal")
+    return outbound(box).vault.derive("portal")
 
 
 def _sign(key: bytes, body: str) -> str:
     return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
 
 
-def _issue(box: Relaybox, kind: Kind, tenant: str, expires: int) -> tuple[str, str]:
+def _issue(box: Runtime, kind: Kind, tenant: str, expires: int) -> tuple[str, str]:
     encoded = base64.urlsafe_b64encode(tenant.encode()).decode().rstrip("=")
     nonce = secrets.token_urlsafe(12)
     body = f"{kind}.{encoded}.{expires}.{nonce}"
     return f"{body}.{_sign(_key(box), body)}", nonce
 
 
-def _read(box: Relaybox, kind: Kind, token: str) -> tuple[str, int, str]:
+def _read(box: Runtime, kind: Kind, token: str) -> tuple[str, int, str]:
     parts = token.split(".")
     if len(token) > _MAX_TOKEN or len(parts) != 5 or parts[0] != kind:
         raise TokenRefused("this link is not valid")
@@ -111,7 +112,7 @@ def _read(box: Relaybox, kind: Kind, token: str) -> tuple[str, int, str]:
 
 
 def portal_link(
-    box: Relaybox, tenant: str, *, ttl: float | None = None, base_url: str | None = None
+    box: Runtime, tenant: str, *, ttl: float | None = None, base_url: str | None = None
 ) -> PortalLink:
     """A signed link that opens ``tenant``'s portal, valid for ``ttl`` seconds
     (default ``portal.link_ttl``, at most ``portal.max_link_ttl``). ``base_url`` is
@@ -129,7 +130,7 @@ def portal_link(
     return PortalLink(f"{base}/portal/enter/{token}", float(expires), tenant)
 
 
-def open_link(box: Relaybox, token: str) -> PortalSession:
+def open_link(box: Runtime, token: str) -> PortalSession:
     """Start a session from a link token (:class:`TokenRefused` when it is not valid).
     The session lasts ``portal.session_ttl`` from now."""
     tenant, _, _ = _read(box, "l", token)
@@ -138,11 +139,11 @@ def open_link(box: Relaybox, token: str) -> PortalSession:
     return PortalSession(tenant, float(expires), nonce, session)
 
 
-def read_session(box: Relaybox, token: str) -> PortalSession:
+def read_session(box: Runtime, token: str) -> PortalSession:
     tenant, expires, nonce = _read(box, "s", token)
     return PortalSession(tenant, float(expires), nonce, token)
 
 
-def csrf_token(box: Relaybox, session: PortalSession) -> str:
+def csrf_token(box: Runtime, session: PortalSession) -> str:
     """The token every form of ``session`` carries (checked on every POST)."""
     return _sign(_key(box), "csrf." + session.nonce)

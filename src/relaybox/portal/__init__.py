@@ -27,7 +27,7 @@ from relaybox.portal.pages import routes
 from relaybox.portal.web import SecurityHeaders
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "PortalLink",
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 
-def build_portal(box: Relaybox) -> Starlette:
+def build_portal(box: Runtime) -> Starlette:
     """The ASGI app ``relaybox serve`` mounts at ``/portal`` with the ``api`` role."""
     app = Starlette(routes=routes(box), middleware=[Middleware(SecurityHeaders, box=box)])
     app.state.box = box

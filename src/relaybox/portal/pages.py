@@ -41,11 +41,12 @@ from relaybox.outbound.catalog import list_event_types
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec
 from relaybox.outbound.portal_links import TokenRefused, open_link
 from relaybox.outbound.publish import publish
+from relaybox.outbound.registry import outbound
 from relaybox.portal.web import Page, PageError, error_page, handler, not_found
 from relaybox.store.outbox_rows import Endpoint
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["routes"]
 
@@ -78,7 +79,7 @@ async def _endpoint(page: Page) -> Endpoint:
     return found
 
 
-async def _catalog(box: Relaybox) -> list[dict[str, Any]]:
+async def _catalog(box: Runtime) -> list[dict[str, Any]]:
     return [
         {**t.to_json(), "example": json.dumps(example_for(t.schema), indent=2, sort_keys=True)}
         for t in await list_event_types(box)
@@ -124,7 +125,7 @@ async def show_endpoint(page: Page) -> Response:
         endpoint=found,
         deliveries=rows,
         test_types=test_types,
-        grace=page.box.outbound.settings.rotation_grace,
+        grace=outbound(page.box).settings.rotation_grace,
     )
 
 
@@ -261,7 +262,7 @@ async def home(page: Page) -> Response:
     return page.redirect("/endpoints")
 
 
-def routes(box: Relaybox) -> list[BaseRoute]:
+def routes(box: Runtime) -> list[BaseRoute]:
     async def enter(request: Request) -> Response:
         token = str(request.path_params["token"])
         try:

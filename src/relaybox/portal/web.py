@@ -34,7 +34,7 @@ from relaybox.outbound.portal_links import PortalSession, TokenRefused, csrf_tok
 from relaybox.outbound.vault import SecretsLocked
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["ENV", "NOTICES", "Page", "PageError", "SecurityHeaders", "handler", "theme_css"]
 
@@ -103,7 +103,7 @@ def theme_css(theme: dict[str, str]) -> Markup:
 @dataclass
 class Page:
     request: Request
-    box: Relaybox
+    box: Runtime
     session: PortalSession
     form: dict[str, str] = field(default_factory=dict)
 
@@ -149,7 +149,7 @@ class Page:
 Handler = Callable[[Page], Awaitable[Response]]
 
 
-def error_page(request: Request, box: Relaybox, status: int, message: str) -> HTMLResponse:
+def error_page(request: Request, box: Runtime, status: int, message: str) -> HTMLResponse:
     html = ENV.get_template("error.html").render(
         message=message, status=status, theme=theme_css(box.settings.portal.theme)
     )
@@ -168,7 +168,7 @@ async def _form(request: Request, limit: int) -> dict[str, str]:
     return form
 
 
-def handler(box: Relaybox, fn: Handler) -> Callable[[Request], Awaitable[Response]]:
+def handler(box: Runtime, fn: Handler) -> Callable[[Request], Awaitable[Response]]:
     """A portal page or action: the session from the address, then (for a POST) the
     form and its CSRF token, then ``fn``; refusals become error pages."""
 
@@ -213,7 +213,7 @@ class SecurityHeaders:
     (``portal.frame_ancestors``), loads nothing from elsewhere, sends no referrer
     (the address holds the session), and is not cached."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], box: Relaybox) -> None:
+    def __init__(self, app: Callable[..., Awaitable[None]], box: Runtime) -> None:
         self.app = app
         ancestors = box.settings.portal.frame_ancestors.strip()
         csp = (

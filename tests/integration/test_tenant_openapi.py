@@ -36,10 +36,10 @@ from relaybox.outbound.openapi import REGENERATE, openapi_document, render
 from tests.conftest import KEYED, Served, create_pg_database, drop_pg_database
 from tests.support.outbound_app import endpoint, local, publish_one
 
-COMMITTED = Path(__file__).parent.parent / "docs" / "tenant-openapi.json"
+COMMITTED = Path(__file__).parents[2] / "docs" / "tenant-openapi.json"
 SCHEMA = schemathesis.openapi.from_dict(json.loads(COMMITTED.read_text()))
 # Unknown query parameters are ignored by the API, as HTTP APIs usually do; the key is
-# the test's own (a request without it is a 401, checked in tests/test_outbound_api.py).
+# the test's own (a request without it is a 401, checked in tests/integration/test_outbound_api.py).
 SCHEMA.config.generation.update(
     modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
     allow_extra_parameters=True,

@@ -15,9 +15,9 @@ import pytest
 from relaybox import Relaybox
 from relaybox.config import Settings
 from tests.conftest import KEYED, Served
+from tests.integration.test_admin_api import TOKEN
 from tests.support.outbound_app import dispatch_once, local, publish_one
 from tests.support.receivers import HttpReceiver, Reply
-from tests.test_admin_api import TOKEN
 
 
 @pytest.fixture

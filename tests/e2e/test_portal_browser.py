@@ -16,11 +16,11 @@ from relaybox import Relaybox
 from relaybox.config import Settings
 from relaybox.outbound import create_api_key, define_event_type
 from tests.conftest import KEYED, Served
+from tests.e2e.test_dashboard import CHROMIUM, CHROMIUM_ARGS
 from tests.support.outbound_app import endpoint, local, publish_one
 from tests.support.receivers import HttpReceiver, Reply
-from tests.test_dashboard import CHROMIUM, CHROMIUM_ARGS
 
-SCREENSHOTS = Path(__file__).parent.parent / "test-artifacts" / "screenshots"
+SCREENSHOTS = Path(__file__).parents[2] / "test-artifacts" / "screenshots"
 
 
 async def _portal_url(http: aiohttp.ClientSession, server: str, key: str, ttl: float) -> str:

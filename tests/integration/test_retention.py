@@ -23,9 +23,9 @@ from relaybox.admin import build_admin
 from relaybox.config import Settings
 from relaybox.retention import Maintenance, maintenance_lock, purge
 from relaybox.store import NewDelivery
+from tests.integration.test_ops_cli import Invoke, cli_runner
 from tests.support.outbound_app import endpoint, local, outbox_rows, publish_one
 from tests.support.receivers import HttpReceiver, Reply
-from tests.test_ops_cli import Invoke, cli_runner
 
 DAY = 86400.0
 
@@ -92,7 +92,7 @@ async def history(box: Relaybox, clock: FrozenClock) -> dict[str, int]:
     rows = {r["event_id"]: r["id"] for r in await box.store.fetch_all(
         "SELECT id, event_id FROM relaybox_inbox"
     )}  # fmt: skip
-    from relaybox.admin import ops
+    from relaybox.ops import inbound as ops
 
     await ops.dead_discard(box, rows["discarded-old"], actor="t", reason="noise")
     [resolved] = await box.store.fetch_all(
