@@ -37,7 +37,9 @@ async def _portal_url(http: aiohttp.ClientSession, server: str, key: str, ttl: f
 async def test_browser_tenant_portal_end_to_end(database_url: str) -> None:
     from playwright.async_api import async_playwright
 
-    box = Relaybox(settings=Settings(database_url=database_url, outbound=KEYED))
+    # The application's pages (another origin: another port) may frame the portal.
+    portal = {"frame_ancestors": "http://127.0.0.1:*"}
+    box = Relaybox(settings=Settings(database_url=database_url, outbound=KEYED, portal=portal))
     local(box)
     backend = box.store.backend
     await define_event_type(
@@ -65,7 +67,15 @@ async def test_browser_tenant_portal_end_to_end(database_url: str) -> None:
             _, key = await create_api_key(box, "client-a")
             async with aiohttp.ClientSession() as http:
                 url = await _portal_url(http, server.url, key, 600)
+                framed = await _portal_url(http, server.url, key, 600)
                 short = await _portal_url(http, server.url, key, 1)
+            page_html = (
+                f'<!doctype html><h1>My app</h1><iframe src="{framed}" width="900" height="600">'
+                "</iframe>"
+            )
+            app_page = HttpReceiver(
+                Reply(200, page_html.encode(), headers={"Content-Type": "text/html"})
+            )
 
             async with async_playwright() as p:
                 browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -75,6 +85,12 @@ async def test_browser_tenant_portal_end_to_end(database_url: str) -> None:
                 async def shot(name: str) -> None:
                     path = SCREENSHOTS / f"portal-{backend}-{name}.png"
                     await page.screenshot(path=path, full_page=True)
+
+                async with app_page:  # the portal in an iframe of the application's page
+                    await page.goto(app_page.url)
+                    frame = page.frame_locator("iframe")
+                    await frame.locator("form#create-endpoint").wait_for()
+                    await shot("embedded")
 
                 await page.goto(url)
                 await page.wait_for_selector("form#create-endpoint")
@@ -111,9 +127,9 @@ async def test_browser_tenant_portal_end_to_end(database_url: str) -> None:
                     await page.reload()
                 assert await page.locator("section.attempt").count() == 2
                 assert len(sink.requests) == 3
-                assert sink.requests[2].headers["webhook-id"] == sink.requests[1].headers[
-                    "webhook-id"
-                ]
+                assert (
+                    sink.requests[2].headers["webhook-id"] == sink.requests[1].headers["webhook-id"]
+                )
                 await shot("resent")
 
                 await page.click("nav >> text=Delivery log")

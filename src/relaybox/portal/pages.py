@@ -42,6 +42,7 @@ from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec
 from relaybox.outbound.portal_links import TokenRefused, open_link
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
+from relaybox.outbound.vault import SecretsLocked
 from relaybox.portal.web import Page, PageError, error_page, handler, not_found
 from relaybox.store.outbox_rows import Endpoint
 
@@ -269,6 +270,8 @@ def routes(box: Runtime) -> list[BaseRoute]:
             session = open_link(box, token)
         except TokenRefused as exc:
             return error_page(request, box, 410 if exc.expired else 401, str(exc))
+        except SecretsLocked as exc:  # no key to check links with: the server's problem
+            return error_page(request, box, 503, str(exc))
         root = str(request.scope.get("root_path", ""))
         return RedirectResponse(f"{root}/s/{session.token}/endpoints", status_code=303)
 
