@@ -62,7 +62,7 @@ async def test_bench_quick_prints_its_goals_and_leaves_no_databases() -> None:
         runs = [["all", "--quick"]]
         goals = 4  # accept (2 backends), process (2), dispatch (1): at least 4 rows
     else:
-        runs = [["process", "--quick"], ["dispatch", "--quick"]]
+        runs = [["process", "--quick"], ["dispatch", "--quick"], ["size", "--quick"]]
         goals = 3
     shown = 0
     for args in runs:
@@ -71,6 +71,8 @@ async def test_bench_quick_prints_its_goals_and_leaves_no_databases() -> None:
         assert done.returncode == 0, (args, done.stdout[-4000:], done.stderr[-4000:])
         shown += done.stdout.count(": met") + done.stdout.count(": MISSED")
         assert "dropped" in done.stdout, done.stdout[-2000:]
+        if args[0] in ("size", "all"):
+            assert "all relaybox tables" in done.stdout, done.stdout[-2000:]
     assert shown >= goals, shown
     assert set(await _bench_databases()) == before
 
