@@ -145,6 +145,13 @@ class OutboundSettings(BaseModel):
         default=100, ge=1, description="messages a tenant may publish at once above the rate"
     )
     response_bytes: int = Field(default=1024, ge=0, le=65536, description="answer bytes kept")
+    attempt_headers_bytes: int = Field(
+        default=4096,
+        ge=0,
+        le=65536,
+        description="bytes of an HTTP attempt's request and response headers kept for the "
+        "attempt log, each (0: none)",
+    )
     max_in_flight: int = Field(default=4, ge=1, description="default per-endpoint in-flight cap")
     tenant_share: float = Field(
         default=0.25,

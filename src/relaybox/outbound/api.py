@@ -29,6 +29,7 @@ outside published ``data``, a 422 ``invalid_text``. Publishing (``POST /messages
     POST              /messages/{id}/redeliver
     GET               /undelivered               pending, dead and held deliveries
     GET               /event-types               the catalog, with JSON Schemas
+    POST              /portal/sessions           a signed link to the tenant's portal
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import json
 import math
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
@@ -57,6 +58,7 @@ from relaybox.outbound.endpoints import (
     InvalidEndpoint,
 )
 from relaybox.outbound.filters import InvalidFilter
+from relaybox.outbound.portal_links import portal_link
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind
@@ -121,12 +123,25 @@ class ReplayMissing(BaseModel):
 
     since: float | datetime
     limit: int | None = Field(None, ge=1)
+class PortalRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttl: float | None = Field(None, gt=0, description="seconds the link is valid")
 
 
 class Redelivery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     endpoint_id: str | None = Field(None, max_length=_MAX_ID)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _strict(model: type[M], data: Any) -> M:
+    """``data`` (parsed JSON) as ``model``, in pydantic's strict JSON mode: a JSON
+    ``false`` is not the number 0 nor ``"5"`` the number 5, as the document says."""
+    return model.model_validate_json(json.dumps(data), strict=True)
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -245,7 +260,7 @@ def build_api(box: Runtime) -> Starlette:
         return JSONResponse({"data": [e.to_json() for e in found]})
 
     async def create_endpoint(request: Request, tenant: str) -> Response:
-        spec = EndpointSpec.model_validate(await body(request))
+        spec = _strict(EndpointSpec, await body(request))
         created, secret = await endpoints.create_endpoint(box, tenant, spec)
         return JSONResponse({**created.to_json(), "secret": secret}, status_code=201)
 
@@ -253,7 +268,7 @@ def build_api(box: Runtime) -> Starlette:
         return JSONResponse((await endpoint_of(request, tenant)).to_json())
 
     async def patch_endpoint(request: Request, tenant: str) -> Response:
-        patch = EndpointPatch.model_validate(await body(request))
+        patch = _strict(EndpointPatch, await body(request))
         updated = await endpoints.update_endpoint(box, request.path_params["id"], tenant, patch)
         if updated is None:
             raise _not_found("endpoint")
@@ -271,7 +286,7 @@ def build_api(box: Runtime) -> Starlette:
         return JSONResponse({"data": found})
 
     async def rotate_secret(request: Request, tenant: str) -> Response:
-        rotation = Rotation.model_validate(await body(request))
+        rotation = _strict(Rotation, await body(request))
         secret = await endpoints.rotate_secret(
             box,
             request.path_params["id"],
@@ -287,7 +302,7 @@ def build_api(box: Runtime) -> Starlette:
         found = await endpoint_of(request, tenant)
         if found.status != "enabled":
             raise ApiError(409, "endpoint_disabled", "enable the endpoint first")
-        test = TestEvent.model_validate(await body(request, _DATA))
+        test = _strict(TestEvent, await body(request, _DATA))
         rate_limited(tenant)
         data = test.data if test.data is not None else {"message": "relaybox test event"}
         async with box.store.transaction() as conn:
@@ -297,7 +312,7 @@ def build_api(box: Runtime) -> Starlette:
         return JSONResponse(message.to_json(), status_code=202)
 
     async def recover(request: Request, tenant: str) -> Response:
-        recovery = Recovery.model_validate(await body(request))
+        recovery = _strict(Recovery, await body(request))
         count = await deliveries.recover(
             box,
             request.path_params["id"],
@@ -348,7 +363,7 @@ def build_api(box: Runtime) -> Starlette:
     # -- the simple registration API ------------------------------------------------
 
     async def create_webhook(request: Request, tenant: str) -> Response:
-        spec = EndpointSpec.model_validate(await body(request))
+        spec = _strict(EndpointSpec, await body(request))
         created, secret = await endpoints.create_endpoint(box, tenant, spec)
         answer = {"id": created.id, "url": created.url, "events": created.event_types}
         return JSONResponse({**answer, "secret": secret}, status_code=201)
@@ -363,7 +378,7 @@ def build_api(box: Runtime) -> Starlette:
 
     async def create_message(request: Request, tenant: str) -> Response:
         rate_limited(tenant)
-        new = NewMessage.model_validate(await body(request, _DATA))
+        new = _strict(NewMessage, await body(request, _DATA))
         key = new.idempotency_key or request.headers.get("idempotency-key")
         async with box.store.transaction() as conn:
             message = await publish(
@@ -404,7 +419,7 @@ def build_api(box: Runtime) -> Starlette:
 
     async def redeliver(request: Request, tenant: str) -> Response:
         message = await message_of(request, tenant)
-        which = Redelivery.model_validate(await body(request))
+        which = _strict(Redelivery, await body(request))
         count = await deliveries.redeliver(
             box, message.id, tenant=tenant, endpoint_id=which.endpoint_id
         )
@@ -422,6 +437,18 @@ def build_api(box: Runtime) -> Starlette:
 
     async def event_types(request: Request, tenant: str) -> Response:
         return JSONResponse({"data": [t.to_json() for t in await list_event_types(box)]})
+
+    async def portal_session(request: Request, tenant: str) -> Response:
+        asked = _strict(PortalRequest, await body(request))
+        most = box.settings.portal.max_link_ttl
+        if asked.ttl is not None and asked.ttl > most:
+            raise ApiError(422, "invalid_request", f"ttl: at most {most:g} s")
+        base = box.settings.portal.public_url or str(request.base_url).rstrip("/")
+        root = str(request.scope.get("root_path", ""))
+        if not box.settings.portal.public_url and root.endswith("/api/v1"):
+            base = base[: -len("/api/v1")] if base.endswith("/api/v1") else base
+        link = portal_link(box, tenant, ttl=asked.ttl, base_url=base)
+        return JSONResponse(link.to_json(), status_code=201)
 
     return Starlette(
         routes=[
@@ -447,8 +474,18 @@ def build_api(box: Runtime) -> Starlette:
             route("/messages/{id}/redeliver", redeliver, ["POST"]),
             route("/undelivered", undelivered, ["GET"]),
             route("/event-types", event_types, ["GET"]),
-        ]
+            route("/portal/sessions", portal_session, ["POST"]),
+        ],
+        exception_handlers={404: _no_route, 405: _no_route},
     )
+
+
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """An address or method no route serves answers in the API's JSON error shape."""
+    status = getattr(exc, "status_code", 404)
+    if status == 405:
+        return _error(405, "method_not_allowed", f"{request.method} is not allowed here")
+    return _error(404, "not_found", "no such route")
 
 
 def _limit(request: Request, default: int, most: int) -> int:

@@ -7,6 +7,7 @@ processed the message recognises it; one that missed it processes it now.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -68,7 +69,14 @@ async def list_deliveries(
 
 
 async def list_attempts(box: Runtime, message_id: str, tenant: str | None) -> list[dict[str, Any]]:
-    return [asdict(r) for r in await box.store.attempt_list(message_id, tenant)]
+    """The message's attempts; ``headers`` is ``{"request": [[name, value], …],
+    "response": […]}`` where the channel recorded them (HTTP), else ``None``."""
+    found = []
+    for r in await box.store.attempt_list(message_id, tenant):
+        row = asdict(r)
+        row["headers"] = json.loads(r.headers) if r.headers else None
+        found.append(row)
+    return found
 
 
 async def redeliver(

@@ -199,7 +199,7 @@ class Recorder:
                 if result is not None:
                     log_rows.append(
                         (d.id, d.attempt, d.lease_token, self.owner, f.started, f.duration,
-                         label, mark[6], mark[5], result.response)
+                         label, mark[6], mark[5], result.response, result.headers)
                     )  # fmt: skip
             if log_rows:
                 await store.outbox_attempts_insert(conn, log_rows)
@@ -316,4 +316,5 @@ def sent_row(f: Finished) -> tuple[Any, ...]:
     d, result = f.d, f.result
     assert result is not None
     return (d.id, d.lease_token, d.attempt, d.endpoint.id if d.endpoint else None,
-            f.started, f.duration, result.status_code, result.error, result.response)  # fmt: skip
+            f.started, f.duration, result.status_code, result.error, result.response,
+            result.headers)  # fmt: skip

@@ -308,6 +308,31 @@ class OutboxStore:
             found = await self.rows(conn, "delivery_list", params)
         return [DeliveryRow(*r) for r in found]
 
+    async def delivery_search(
+        self,
+        tenant: str | None,
+        *,
+        status: str | None = None,
+        event_type: str | None = None,
+        message_id: str | None = None,
+        idempotency_key: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int,
+    ) -> list[DeliveryRow]:
+        """The delivery log: outbox rows newest first, filtered by whatever is given
+        (a tenant's own rows only when ``tenant`` is set)."""
+        params = (tenant, status, event_type, message_id, idempotency_key, since, until, limit)
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "delivery_log_list", params)
+        return [DeliveryRow(*r) for r in found]
+
+    async def attempt_minutes(self, since: float) -> list[tuple[float, str, int]]:
+        """Attempts started since ``since``: (minute start, outcome, count), oldest first."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "ops_attempt_minutes", (since,))
+        return [(float(r[0]), str(r[1]), int(r[2])) for r in found]
+
     async def attempt_list(self, message_id: str, tenant: str | None) -> list[AttemptRow]:
         """The recorded attempts of a message's deliveries, in the order they ran."""
         async with self.transaction() as conn:
@@ -375,8 +400,9 @@ class OutboxStore:
     ) -> None:
         """Append to the attempt log, in ``conn``'s transaction: rows of (outbox id,
         attempt, lease token, dispatcher, started, duration, outcome, status code,
-        error, response)."""
-        await self.rows(conn, "outbox_attempts_insert", self._columns(attempts))
+        error, response, headers); a row of ten has no headers (NULL)."""
+        rows = [(*r, None) if len(r) == 10 else r for r in attempts]
+        await self.rows(conn, "outbox_attempts_insert", self._columns(rows))
 
     async def endpoints_succeeded(self, conn: AsyncConnection, endpoint_ids: Sequence[str]) -> None:
         """End the endpoints' failure streaks, in ``conn``'s transaction."""

@@ -363,6 +363,8 @@ class AttemptRow:
     status_code: int | None
     error: str | None
     response: Any
+    headers: str | None = None
+    """The request and response headers as recorded (JSON text), or ``None``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -565,7 +565,8 @@ class PostgresStore(Store):
         again without a record round trip in between; ``request.slots`` 0 only
         records."""
         sent, fair = request.sent, request.fair
-        columns = [[row[i] for row in sent] for i in range(9)]
+        # A row of nine (no headers recorded) has a NULL tenth column.
+        columns = [[row[i] if i < len(row) else None for row in sent] for i in range(10)]
         tenants = list(fair.held)
         pool = await self.generic_pool()
         async with pool.acquire() as conn:
@@ -576,13 +577,14 @@ class PostgresStore(Store):
                 list(request.channels),
                 request.owner,
                 request.until,
-                *columns,
+                *columns[:9],
                 list(request.ahead),
                 request.factor,
                 fair.cap,
                 fair.rows,
                 tenants,
                 [fair.held[t] for t in tenants],
+                columns[9],
             )
         written: set[tuple[int, int]] = set()
         if leased and leased[0]["recorded"] is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from relaybox.admin.outbound import sending
 from relaybox.admin.outbound.api import ENDPOINT_OPERATIONS, MESSAGE_OPERATIONS, OPERATIONS
 from relaybox.admin.outbound.flow import FLOW_OPERATIONS, FLOW_PAGES
 from relaybox.admin.outbound.pages import ENDPOINT_PAGES, MESSAGE_PAGES, PAGES
@@ -124,5 +125,15 @@ def register() -> None:
             pages=MESSAGE_PAGES,
             requires_tables=TABLES,
             tag_description="Published messages, their deliveries, attempts and redelivery.",
+        )
+    )
+    register_section(
+        Section(
+            "deliveries",
+            "Delivery log",
+            55,
+            nav_path="/deliveries",
+            pages=sending.PAGES,
+            requires_tables=TABLES,
         )
     )

@@ -199,8 +199,8 @@ RETURNING id
 -- The first bytes of the receivers' answers to the deliveries ops_purge_outbox just
 -- purged ($1: their ids), in the same transaction. Outcome, status code, error and
 -- timing stay.
-UPDATE relaybox_outbox_attempts SET response = NULL
-WHERE outbox_id = ANY($1::bigint[]) AND response IS NOT NULL
+UPDATE relaybox_outbox_attempts SET response = NULL, headers = NULL
+WHERE outbox_id = ANY($1::bigint[]) AND (response IS NOT NULL OR headers IS NOT NULL)
 
 -- name: ops_purge_messages_count
 -- Messages a purge at cutoff $1 empties: published before the cutoff, body still

@@ -164,6 +164,22 @@ WHERE ($1::text IS NULL OR o.tenant = $1) AND ($2::text IS NULL OR o.message_id 
 ORDER BY o.created_at DESC, o.id DESC
 LIMIT $5
 
+-- name: delivery_log_list
+-- The delivery log: outbox rows newest first, each filter applied when not NULL
+-- (status, event type, message id, idempotency key, created in [since, until)).
+SELECT o.id, o.message_id, o.endpoint_id, o.channel, o.key, o.tenant, o.status, o.dead_reason,
+       COALESCE(l.attempt, o.attempts) AS attempts, o.next_attempt_at, o.last_error,
+       o.last_status, o.created_at, o.updated_at, o.sent_at, m.event_type
+FROM relaybox_outbox o LEFT JOIN relaybox_messages m ON m.id = o.message_id
+LEFT JOIN relaybox_outbox_leases l ON l.outbox_id = o.id
+WHERE ($1::text IS NULL OR o.tenant = $1) AND ($2::text IS NULL OR o.status = $2)
+  AND ($3::text IS NULL OR m.event_type = $3) AND ($4::text IS NULL OR o.message_id = $4)
+  AND ($5::text IS NULL OR m.idempotency_key = $5)
+  AND ($6::double precision IS NULL OR o.created_at >= $6)
+  AND ($7::double precision IS NULL OR o.created_at < $7)
+ORDER BY o.created_at DESC, o.id DESC
+LIMIT $8
+
 -- name: delivery_redeliver
 -- A finished delivery (sent, dead or held) of the message goes back to pending with
 -- a fresh attempt budget and the same webhook-id; pending rows are already on their
@@ -273,7 +289,7 @@ DELETE FROM relaybox_outbox_leases WHERE outbox_id IN (SELECT id FROM killed)
 
 -- name: delivery_attempts
 SELECT a.outbox_id, o.endpoint_id, a.attempt, a.started_at, a.duration, a.outcome,
-       a.status_code, a.error, a.response
+       a.status_code, a.error, a.response, a.headers
 FROM relaybox_outbox_attempts a JOIN relaybox_outbox o ON o.id = a.outbox_id
 WHERE o.message_id = $1 AND ($2::text IS NULL OR o.tenant = $2)
 ORDER BY a.id
@@ -317,6 +333,7 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 -- clamped); $18 rows one tenant's lanes may take in this lease, unless $19 (tenants)
 -- / $20 (rows each) say otherwise: what the dispatcher already holds of them counted
 -- (tenant fairness, Dispatcher.run). A tenant with no rows left is not locked at all.
+-- $21: the successes' recorded headers (JSON text, element i of $6..$14).
 -- A lease is a row of relaybox_outbox_leases (migration 0011 says why), not a change
 -- of the outbox row; the outbox row is written once, by the record.
 -- freed: the successes' leases, fenced per row (only the holder of the lease token);
@@ -352,9 +369,9 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 WITH u AS (
     SELECT * FROM unnest($6::bigint[], $7::bigint[], $8::int[], $9::text[],
                          $10::double precision[], $11::double precision[], $12::int[],
-                         $13::text[], $14::text[])
+                         $13::text[], $14::text[], $21::text[])
         WITH ORDINALITY AS u(id, token, attempt, endpoint, started, duration, code, error,
-                             response, ord)
+                             response, headers, ord)
 ), freed AS (
     -- By primary key (bounded like done below): a lease row lives for one attempt, so
     -- between two vacuums the table holds many dead ones, which a scan would read.
@@ -381,9 +398,10 @@ WITH u AS (
 ), logged AS (
     INSERT INTO relaybox_outbox_attempts
         (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome,
-         status_code, error, response)
+         status_code, error, response, headers)
     SELECT u.id, u.attempt, u.token, $4, u.started, u.duration,
-           CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code, u.error, u.response
+           CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code, u.error, u.response,
+           u.headers
     FROM u LEFT JOIN done d ON d.id = u.id AND d.lease_token = u.token
     ORDER BY u.ord
 ), healthy AS (
@@ -578,11 +596,21 @@ RETURNING o.id, o.lease_token
 -- The attempt log of a recorded batch, one multi-row insert (array order = id order).
 INSERT INTO relaybox_outbox_attempts
     (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
-     error, response)
+     error, response, headers)
 SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::double precision[],
-                     $6::double precision[], $7::text[], $8::int[], $9::text[], $10::text[])
+                     $6::double precision[], $7::text[], $8::int[], $9::text[], $10::text[],
+                     $11::text[])
 
 -- name: endpoints_succeeded
 -- Clears the failure streak of every endpoint in $1 (a recorded batch's successes).
 UPDATE relaybox_endpoints SET failing_since = NULL
 WHERE id = ANY($1::text[]) AND failing_since IS NOT NULL
+
+-- name: ops_attempt_minutes
+-- Delivery attempts started since $1, counted per minute and outcome (the dashboard's
+-- deliveries-per-minute chart). An operator's read: it scans the recent attempts.
+SELECT floor(started_at / 60) * 60 AS minute, outcome, count(*) AS n
+FROM relaybox_outbox_attempts
+WHERE started_at >= $1
+GROUP BY 1, 2
+ORDER BY 1, 2

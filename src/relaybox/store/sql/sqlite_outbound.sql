@@ -148,6 +148,18 @@ WHERE (?1 IS NULL OR o.tenant = ?1) AND (?2 IS NULL OR o.message_id = ?2)
 ORDER BY o.created_at DESC, o.id DESC
 LIMIT ?5
 
+-- name: delivery_log_list
+SELECT o.id, o.message_id, o.endpoint_id, o.channel, o.key, o.tenant, o.status, o.dead_reason,
+       o.attempts, o.next_attempt_at, o.last_error, o.last_status, o.created_at,
+       o.updated_at, o.sent_at, m.event_type
+FROM relaybox_outbox o LEFT JOIN relaybox_messages m ON m.id = o.message_id
+WHERE (?1 IS NULL OR o.tenant = ?1) AND (?2 IS NULL OR o.status = ?2)
+  AND (?3 IS NULL OR m.event_type = ?3) AND (?4 IS NULL OR o.message_id = ?4)
+  AND (?5 IS NULL OR m.idempotency_key = ?5)
+  AND (?6 IS NULL OR o.created_at >= ?6) AND (?7 IS NULL OR o.created_at < ?7)
+ORDER BY o.created_at DESC, o.id DESC
+LIMIT ?8
+
 -- name: delivery_redeliver
 UPDATE relaybox_outbox
 SET status = 'pending', dead_reason = NULL, attempts = 0, next_attempt_at = ?4,
@@ -211,7 +223,7 @@ WHERE id IN (SELECT value FROM json_each(?4)) AND endpoint_id = ?1 AND status = 
 
 -- name: delivery_attempts
 SELECT a.outbox_id, o.endpoint_id, a.attempt, a.started_at, a.duration, a.outcome,
-       a.status_code, a.error, a.response
+       a.status_code, a.error, a.response, a.headers
 FROM relaybox_outbox_attempts a JOIN relaybox_outbox o ON o.id = a.outbox_id
 WHERE o.message_id = ?1 AND (?2 IS NULL OR o.tenant = ?2)
 ORDER BY a.id
@@ -342,15 +354,22 @@ RETURNING id, lease_token
 -- Element i of each array by its position, as in outbox_record (linear in the batch).
 INSERT INTO relaybox_outbox_attempts
     (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
-     error, response)
+     error, response, headers)
 SELECT i.value, json_extract(?2, '$[' || i.key || ']'), json_extract(?3, '$[' || i.key || ']'),
        json_extract(?4, '$[' || i.key || ']'), json_extract(?5, '$[' || i.key || ']'),
        json_extract(?6, '$[' || i.key || ']'), json_extract(?7, '$[' || i.key || ']'),
        json_extract(?8, '$[' || i.key || ']'), json_extract(?9, '$[' || i.key || ']'),
-       json_extract(?10, '$[' || i.key || ']')
+       json_extract(?10, '$[' || i.key || ']'), json_extract(?11, '$[' || i.key || ']')
 FROM json_each(?1) AS i
 ORDER BY i.key
 
 -- name: endpoints_succeeded
 UPDATE relaybox_endpoints SET failing_since = NULL
 WHERE id IN (SELECT value FROM json_each(?1)) AND failing_since IS NOT NULL
+
+-- name: ops_attempt_minutes
+SELECT CAST(started_at / 60 AS INTEGER) * 60 AS minute, outcome, count(*) AS n
+FROM relaybox_outbox_attempts
+WHERE started_at >= ?1
+GROUP BY 1, 2
+ORDER BY 1, 2
