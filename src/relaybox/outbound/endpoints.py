@@ -7,6 +7,7 @@ any tenant's endpoint by id.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -14,11 +15,19 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.outbound.credentials import (
+    CredentialsSpec,
+    InvalidHeaders,
+    NoCredentials,
+    OAuth2Credentials,
+    check_headers,
+)
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind, new_secret, public_form
 from relaybox.outbound.ssrf import UnsafeDestination
 from relaybox.outbound.vault import MISSING_HINT, KeyFileError, Vault
+from relaybox.store.credentials import KEEP, Keep
 from relaybox.store.outbox import Endpoint, EndpointQuotaReached, EndpointWrite, new_id
 
 if TYPE_CHECKING:
@@ -73,6 +82,11 @@ class EndpointPatch(BaseModel):
     max_in_flight: int | None = Field(None, ge=1, le=100)
     rate_limit: float | None = Field(None, gt=0)
     enabled: bool | None = None
+    headers: dict[str, str] | None = None
+    """Custom request headers; on an update they replace the current ones (``{}``: none)."""
+    credentials: CredentialsSpec | None = None
+    """HTTP credentials (:mod:`relaybox.outbound.credentials`); ``{"type": "none"}``
+    removes them."""
 
     @field_validator("event_types")
     @classmethod
@@ -107,6 +121,34 @@ class EndpointSpec(EndpointPatch):
         return self.event_types or self.events or ["*"]
 
 
+def _extras(
+    box: Relaybox, patch: EndpointPatch, vault: Vault | None
+) -> tuple[str | Keep | None, tuple[str, str] | Keep | None]:
+    """The patch's headers (JSON text) and credentials (kind, sealed JSON) as the
+    store writes them, checked; :data:`KEEP` for what it leaves."""
+    headers: str | Keep | None = KEEP
+    credentials: tuple[str, str] | Keep | None = KEEP
+    if patch.headers is not None:
+        try:
+            check_headers(patch.headers, outbound(box).settings)
+        except InvalidHeaders as exc:
+            raise InvalidEndpoint(str(exc)) from None
+        headers = json.dumps(patch.headers, separators=(",", ":")) if patch.headers else None
+    spec = patch.credentials
+    if spec is not None:
+        if isinstance(spec, NoCredentials):
+            credentials = None
+        else:
+            if isinstance(spec, OAuth2Credentials):
+                try:
+                    outbound(box).guard.check_static(spec.token_url)
+                except UnsafeDestination as exc:
+                    raise InvalidEndpoint(f"token_url: {exc}") from None
+            assert vault is not None
+            credentials = (spec.type, vault.seal(spec.model_dump_json()))
+    return headers, credentials
+
+
 def _check(
     box: Relaybox, url: str | None, timeout: float | None, max_in_flight: int | None
 ) -> None:
@@ -135,6 +177,7 @@ async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tup
     if spec.signature == "sha256" and spec.secret_type == "ed25519":
         raise InvalidEndpoint("sha256 signatures (X-Webhook-Signature) need an hmac secret")
     vault = await ready_to_seal(box)
+    headers, credentials = _extras(box, spec, vault)
     settings, now = outbound(box).settings, box.clock.now()
     endpoint_id = new_id("ep", now)
     secret = new_secret(spec.secret_type)
@@ -152,7 +195,14 @@ async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tup
     )
     quota = settings.max_endpoints
     try:
-        created = await box.store.endpoint_create(write, vault.seal(secret), quota=quota, now=now)
+        created = await box.store.endpoint_create(
+            write,
+            vault.seal(secret),
+            quota=quota,
+            now=now,
+            headers=None if isinstance(headers, Keep) else headers,
+            credentials=None if isinstance(credentials, Keep) else credentials,
+        )
     except EndpointQuotaReached as exc:
         raise EndpointQuotaExceeded(
             f"this tenant already has {exc.count} endpoints, the most allowed"
@@ -204,7 +254,11 @@ async def update_endpoint(
         max_in_flight=patch.max_in_flight or current.max_in_flight,
         rate_limit=patch.rate_limit if patch.rate_limit is not None else current.rate_limit,
     )
-    await box.store.endpoint_update(write, now=box.clock.now())
+    vault = await ready_to_seal(box) if patch.credentials is not None else None
+    headers, credentials = _extras(box, patch, vault)
+    await box.store.endpoint_update(
+        write, now=box.clock.now(), headers=headers, credentials=credentials
+    )
     if patch.enabled is True:
         await enable_endpoint(box, endpoint_id, tenant=tenant)
     elif patch.enabled is False:

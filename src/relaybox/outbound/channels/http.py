@@ -189,6 +189,30 @@ class HttpClient:
                 self._expired.discard(task)  # became of it (as asyncio.timeout does)
                 task.uncancel()
 
+    async def form_post(
+        self,
+        url: str,
+        fields: Mapping[str, str],
+        headers: Mapping[str, str],
+        *,
+        seconds: float,
+        limit: int,
+    ) -> tuple[int, bytes]:
+        """A form POST through the same guard (an OAuth2 token request): the status and
+        at most ``limit`` bytes of the answer, within ``seconds``. Raises
+        :class:`UnsafeDestination`, ``TimeoutError``, ``OSError`` or aiohttp's errors."""
+        async with asyncio.timeout(seconds):
+            vetted = await self.guard.check(url)
+            self._resolver.vet(vetted)
+            async with self._open().post(
+                vetted.parsed or url,
+                data=dict(fields),
+                headers=headers,
+                allow_redirects=False,
+                timeout=self._limits,
+            ) as response:
+                return response.status, await response.content.read(limit)
+
     async def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
