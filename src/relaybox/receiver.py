@@ -31,7 +31,8 @@ from relaybox.errors import (
     StoreUnavailable,
     tables_missing,
 )
-from relaybox.log import debug_enabled
+from relaybox.log import debug_enabled, short_error
+from relaybox.outbound import operational
 from relaybox.sources.hooks import URL_HEADER, Answer
 from relaybox.sources.requests import handshake, request_url, send_answer
 from relaybox.store import NewDelivery
@@ -157,6 +158,11 @@ class Receiver:
             # per second: debug only. Rejections, errors and processing outcomes log at
             # info and above.
             _key_log(delivery).debug("delivery_" + outcome.status, inbox_id=outcome.inbox_id)
+        if outcome.status == "quarantined":
+            try:
+                await operational.inbox_quarantined(self.box, [(delivery, outcome.inbox_id)])
+            except Exception as exc:  # the quarantine is committed: still acknowledged
+                _key_log(delivery).error("operational_event_failed", error=short_error(exc))
         answer = source.acknowledge(verified, outcome.status)
         if answer is not None:
             return answer.status, answer, []

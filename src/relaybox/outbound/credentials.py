@@ -189,9 +189,7 @@ CredentialsSpec = Annotated[
 as ``credentials`` (``{"type": "none"}`` removes them)."""
 
 _Stored = BasicCredentials | BearerCredentials | OAuth2Credentials
-_ADAPTER: TypeAdapter[_Stored] = TypeAdapter(
-    Annotated[_Stored, Field(discriminator="type")]
-)
+_ADAPTER: TypeAdapter[_Stored] = TypeAdapter(Annotated[_Stored, Field(discriminator="type")])
 
 
 def parse_credentials(text: str) -> _Stored:

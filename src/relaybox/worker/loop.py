@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from relaybox.log import short_error
+from relaybox.outbound import operational
 from relaybox.retry import Backoff
 from relaybox.store import Claim
 from relaybox.store.base import Listener
@@ -202,6 +203,13 @@ class Worker(Runners):
                 attempts=attempts,
                 error="the worker died during its last attempt",
             )
+        if claim.exhausted:
+            try:
+                await operational.inbox_dead_apart(
+                    self.box, claim.exhausted, error="the worker died during its last attempt"
+                )
+            except Exception as exc:
+                log.error("operational_event_failed", event="inbox.dead", error=short_error(exc))
         if not claim.ids and not claim.suspects:
             return len(claim.exhausted)
         stop_keeping = asyncio.Event()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.outbound import operational
 from relaybox.retry import Backoff
 from relaybox.store import InboxEvent
 from relaybox.worker.context import Context, Hooks
@@ -137,6 +138,9 @@ class Recorder:
                 fields["next_attempt_in"] = round(at - now, 3)
         if kind in ("invalid", "exhausted", "conflict", "unhandled"):
             await store.inbox_kill(conn, event.id, reason=kind, error=outcome.error or "", now=now)
+            await operational.inbox_dead(
+                self.box, conn, event, reason=kind, error=outcome.error, attempts=event.attempts
+            )
         # The row itself records a first-try success (done_at, attempts = 1); the
         # attempts table keeps the history of events that needed more than one.
         if kind != "done" or event.attempts > 1:
