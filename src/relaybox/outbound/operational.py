@@ -121,7 +121,7 @@ async def endpoint_failing(
 async def endpoint_recovered(box: Relaybox, conn: AsyncConnection, endpoint_ids: list[str]) -> None:
     """A success of endpoints announced failing: each that was is announced recovered."""
     for row in await box.store.endpoints_recovered(conn, endpoint_ids):
-        data = {"endpointId": row.id, "tenant": row.tenant, "url": row.url, "threshold": row.level}
+        data = {"endpointId": row.id, "tenant": row.tenant, "url": row.url}
         await emit(box, conn, "relaybox.endpoint.recovered", data)
         log.info("endpoint_recovered", endpoint_id=row.id, tenant=row.tenant)
 

@@ -30,13 +30,11 @@ KEEP = Keep.KEEP
 
 @dataclass(frozen=True, slots=True)
 class EndpointRecovered:
-    """An endpoint announced failing whose delivery succeeded: the threshold it had
-    reached (``level``)."""
+    """An endpoint announced failing whose delivery succeeded."""
 
     id: str
     tenant: str
     url: str
-    level: int
 
 
 class CredentialsStore:
@@ -85,4 +83,4 @@ class CredentialsStore:
         """End the failure runs of endpoints that succeeded; those that were announced
         failing come back (each once: their threshold goes back to 0)."""
         found = await self.rows(conn, "endpoints_recovered", (self._ids(list(endpoint_ids)),))
-        return [EndpointRecovered(r[0], r[1], r[2], int(r[3])) for r in found]
+        return [EndpointRecovered(r[0], r[1], r[2]) for r in found]

@@ -20,4 +20,4 @@ RETURNING id, tenant, url, failing_since
 -- threshold goes back to 0; returns those that were failing (announced once).
 UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0, failing_level = 0
 WHERE id = ANY($1::text[]) AND failing_level > 0
-RETURNING id, tenant, url, failing_level
+RETURNING id, tenant, url
