@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,8 +15,10 @@ import aiohttp
 import pytest
 import standardwebhooks
 from aiohttp import web
+from click.testing import CliRunner
 
 from relaybox import FrozenClock, Relaybox
+from relaybox.cli import main
 from relaybox.outbound import create_api_key
 from relaybox.outbound.endpoints import EndpointPatch, update_endpoint
 from tests.conftest import Served
@@ -309,3 +312,43 @@ async def test_oauth2_token_failures_are_retried_like_a_5xx(
     assert attempt["error"] == "OAuth2 token: HTTP 401 from the token URL"
     [row] = await box.store.fetch_all("SELECT status FROM relaybox_outbox")
     assert row["status"] == "pending"
+
+
+# -- CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_sets_headers_and_credentials(
+    monkeypatch: pytest.MonkeyPatch, database_url: str
+) -> None:
+    for key in list(os.environ):
+        if key.startswith("RELAYBOX_") and not key.startswith("RELAYBOX_TEST_"):
+            monkeypatch.delenv(key)
+    runner = CliRunner()
+
+    def run(*args: str, code: int = 0, stdin: str | None = None) -> str:
+        result = runner.invoke(
+            main,
+            [*args, "--app", "tests.support.outbound_app:box", "--database-url", database_url],
+            prog_name="relaybox",
+            input=stdin,
+        )
+        assert result.exit_code == code, (result.output, result.exception)
+        return result.output if code else result.stdout
+
+    created = json.loads(
+        run("endpoints", "create", "--tenant", "t1", "--url", "https://hooks.example.com/x")
+    )
+    endpoint_id = created["id"]
+    shown = json.loads(run("endpoints", "headers", endpoint_id, "--set", "X-Team=blue"))
+    assert shown["headers"] == {"X-Team": "blue"}
+    refused = run("endpoints", "headers", endpoint_id, "--set", "Host=evil", code=2)
+    assert "'Host' may not be set" in refused
+    shown = json.loads(
+        run("endpoints", "credentials", endpoint_id, "--type", "bearer", "--token", "-",
+            stdin="tk_from_stdin\n")
+    )  # fmt: skip
+    assert shown["credentials"] == {"type": "bearer", "set": True}
+    assert "tk_from_stdin" not in run("endpoints", "show", endpoint_id)
+    shown = json.loads(run("endpoints", "credentials", endpoint_id, "--type", "none"))
+    assert shown["credentials"] is None
+    assert json.loads(run("endpoints", "headers", endpoint_id, "--clear"))["headers"] == {}
