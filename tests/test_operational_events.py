@@ -11,9 +11,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
+import httpx
 import standardwebhooks
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 from relaybox import Context, FrozenClock, PermanentError, Relaybox, Secret, sources
+from relaybox.admin import build_admin
 from relaybox.outbound.operational import operational_events
 from relaybox.store import NewDelivery
 from tests.conftest import Served
@@ -224,3 +228,40 @@ async def test_recent_operational_events_are_listed(box: Relaybox, clock: Frozen
         await dispatch_once(box)  # 410: the endpoint is disabled
     listed = await operational_events(box)
     assert [m.event_type for m in listed] == ["relaybox.endpoint.disabled"]
+
+
+async def test_admin_api_and_dashboard_show_events_and_set_headers(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    local(box)
+    box.settings = box.settings.model_copy(update={"admin_token": "t0ken-for-tests"})
+    auth = {"Authorization": "Bearer t0ken-for-tests"}
+    async with HttpReceiver(Reply(410)) as gone:
+        endpoint_id, _ = await endpoint(box, gone.url)
+        await publish_one(box)
+        await dispatch_once(box)  # disabled: relaybox.endpoint.disabled
+    app = Starlette(routes=[Mount("/admin", app=build_admin(box))])
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://admin.test") as client:
+        r = await client.get("/admin/api/v1/operational-events", headers=auth)
+        assert r.status_code == 200, r.text
+        [event] = r.json()["items"]
+        assert event["event_type"] == "relaybox.endpoint.disabled"
+        assert event["data"]["endpointId"] == endpoint_id
+        url = f"/admin/api/v1/endpoints/{endpoint_id}/headers"
+        r = await client.put(url, json={"headers": {"X-Ok": "1", "Host": "x"}}, headers=auth)
+        assert (r.status_code, r.json()["error"]) == (422, "invalid_endpoint")
+        assert "'Host' may not be set" in r.json()["message"]
+        r = await client.put(url, json={"headers": {"X-Ok": "1"}}, headers=auth)
+        assert (r.status_code, r.json()["headers"]) == (200, {"X-Ok": "1"})
+        r = await client.put(
+            f"/admin/api/v1/endpoints/{endpoint_id}/credentials",
+            json={"credentials": {"type": "bearer", "token": "tk_admin"}},
+            headers=auth,
+        )
+        assert r.json()["credentials"] == {"type": "bearer", "set": True}
+        assert "tk_admin" not in r.text
+        await client.post("/admin/login", data={"token": "t0ken-for-tests", "next": "/admin/"})
+        page = (await client.get("/admin/operational-events")).text
+    assert 'data-event-type="relaybox.endpoint.disabled"' in page
+    assert endpoint_id in page
