@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from relaybox.admin import dashboard
-from relaybox.admin.models import RequestModel, _Model
 from relaybox.admin.sections import Call, Operation, Section, register_section
 from relaybox.errors import NotFound, OpsError
+from relaybox.ops.inbound_models import RequestModel
 from relaybox.outbound import endpoints
 from relaybox.outbound.credentials import CredentialsSpec
 from relaybox.outbound.endpoints import EndpointPatch, InvalidEndpoint
@@ -31,6 +31,10 @@ from relaybox.outbound.registry import outbound
 from relaybox.outbound.vault import SecretsLocked
 
 __all__ = ["OPERATIONS", "PAGES", "register"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
 
 class InvalidEndpointSettings(OpsError):

@@ -34,9 +34,9 @@ from relaybox.outbound.channels.base import Result
 from relaybox.outbound.ssrf import UnsafeDestination
 
 if TYPE_CHECKING:
+    from relaybox.config.outbound import OutboundSettings
     from relaybox.outbound.channels.http import HttpClient
     from relaybox.outbound.registry import Outbound
-    from relaybox.outbound.settings import OutboundSettings
     from relaybox.store.outbox_rows import Target
 
 __all__ = [

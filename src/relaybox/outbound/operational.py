@@ -17,9 +17,11 @@ Each is published in the transaction that records the change behind it, so it ex
 exactly when the change does. The exceptions are an inbox event dead-lettered by a
 claim (its worker died during its last attempt) and a quarantined delivery: the
 statements that write those run outside any transaction relaybox could add to, so
-their event follows in a transaction of its own right after. Deliveries to the
-operational tenant's own endpoints raise no ``message.attempt.exhausted`` (an
-operator endpoint that is down would otherwise feed itself).
+their event follows in a transaction of its own right after. The receiving side
+(``relaybox.worker``, ``relaybox.receiver``) does not import this module: it
+publishes through :meth:`Relaybox.announce`. Deliveries to the operational tenant's
+own endpoints raise no ``message.attempt.exhausted`` (an operator endpoint that is
+down would otherwise feed itself).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from relaybox.outbound.registry import outbound
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
-    from relaybox.outbound.channels.base import Delivery, Result
-    from relaybox.store import InboxEvent
+    from relaybox.outbound.channels.base import Result
+    from relaybox.store.outbox_rows import Delivery
 
 __all__ = [
     "EVENT_TYPES",
@@ -43,8 +45,6 @@ __all__ = [
     "emit",
     "endpoint_failing",
     "endpoint_recovered",
-    "inbox_dead",
-    "inbox_quarantined",
     "operational_events",
 ]
 
@@ -124,59 +124,6 @@ async def endpoint_recovered(box: Relaybox, conn: AsyncConnection, endpoint_ids:
         data = {"endpointId": row.id, "tenant": row.tenant, "url": row.url}
         await emit(box, conn, "relaybox.endpoint.recovered", data)
         log.info("endpoint_recovered", endpoint_id=row.id, tenant=row.tenant)
-
-
-def _inbox(
-    source: str, account: str, event_id: str, event_type: str | None, inbox_id: int
-) -> dict[str, Any]:
-    return {
-        "inboxId": inbox_id,
-        "source": source,
-        "account": account,
-        "eventId": event_id,
-        "eventType": event_type,
-    }
-
-
-async def inbox_dead(
-    box: Relaybox,
-    conn: AsyncConnection,
-    event: InboxEvent,
-    *,
-    reason: str,
-    error: str | None,
-    attempts: int,
-) -> None:
-    """A received event went to dead letters (``reason``: ``exhausted``, ``invalid``,
-    ``conflict``, ``unhandled``)."""
-    data = _inbox(event.source, event.account, event.event_id, event.event_type, event.id)
-    data.update(tenant=event.tenant, reason=reason, attempts=attempts, error=error)
-    await emit(box, conn, "relaybox.inbox.dead", data)
-
-
-async def inbox_dead_apart(
-    box: Relaybox, dead: list[tuple[int, str, str, str, int]], *, error: str
-) -> None:
-    """Rows a claim dead-lettered (their worker died in their last attempt): their
-    events in a transaction of their own (rows of inbox id, source, account, event
-    id, attempts)."""
-    async with box.store.transaction() as conn:
-        for inbox_id, source, account, event_id, attempts in dead:
-            data = _inbox(source, account, event_id, None, inbox_id)
-            data.update(tenant=None, reason="exhausted", attempts=attempts, error=error)
-            await emit(box, conn, "relaybox.inbox.dead", data)
-
-
-async def inbox_quarantined(box: Relaybox, quarantined: list[tuple[Any, int]]) -> None:
-    """Deliveries kept apart because their event key was accepted with other content:
-    their events in one transaction (rows of the delivery, the original's inbox id).
-    A content quarantined before (the sender repeats it) is announced once."""
-    async with box.store.transaction() as conn:
-        for d, inbox_id in quarantined:
-            data = _inbox(d.source, d.account, d.event_id, d.event_type, inbox_id)
-            data.update(tenant=d.tenant, receivedAt=d.received_at)
-            key = f"inbox.quarantined:{inbox_id}:{d.fingerprint.hex()}"
-            await emit(box, conn, "relaybox.inbox.quarantined", data, key=key)
 
 
 async def operational_events(box: Relaybox, *, limit: int = 50) -> list[Any]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from relaybox.outbound.channels.base import Delivery, Result
+from relaybox.outbound.channels.base import Result
 from relaybox.outbound.channels.http import HttpBase
 from relaybox.outbound.credentials import TokenCache, authorized_post
 from relaybox.outbound.signing import sign
+from relaybox.store.outbox_rows import Delivery
 
 if TYPE_CHECKING:
     from relaybox.outbound.registry import Outbound
