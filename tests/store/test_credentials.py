@@ -5,13 +5,55 @@ run and the announced threshold behind ``relaybox.endpoint.failing`` / ``recover
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
-from relaybox.store import Store
+import pytest
+
+from relaybox.store import Store, open_store
 from relaybox.store.credentials import KEEP
-from tests.store.test_outbox import T0, endpoint, lease_request, publish, store
+from relaybox.store.outbox_rows import EndpointWrite, LeaseRequest, NewMessage, new_id
 
-__all__ = ["store"]
+T0 = 1_000_000.0
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    s = open_store(database_url)
+    await s.migrate()
+    yield s
+    await s.close()
+
+
+def endpoint(eid: str, **fields: object) -> EndpointWrite:
+    values: dict[str, object] = {
+        "id": eid,
+        "tenant": "t1",
+        "url": f"https://example.com/{eid}",
+        "description": "",
+        "event_types": ["*"],
+        "signature": "standard",
+        "timeout": None,
+        "schedule": None,
+        "max_in_flight": 4,
+        "rate_limit": None,
+    }
+    values.update(fields)
+    return EndpointWrite(**values)  # type: ignore[arg-type]
+
+
+async def publish(store: Store, tenant: str, targets: Sequence[str]) -> None:
+    msg_id = new_id("msg", T0)
+    async with store.transaction() as conn:
+        new = NewMessage(msg_id, tenant, "pet.adopted", None, '{"id":"' + msg_id + '"}', T0)
+        assert await store.message_insert(conn, new)
+        await store.delivery_insert(conn, msg_id, tenant, targets, now=T0)
+
+
+def lease_request() -> LeaseRequest:
+    at = T0 + 1
+    return LeaseRequest(
+        owner="d1", slots=10, channels=["webhook"], now=at, until=at + 60, deadline=30
+    )
 
 
 def opened(stored: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
