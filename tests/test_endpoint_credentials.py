@@ -47,8 +47,8 @@ async def api(box: Relaybox) -> AsyncIterator[Api]:
 class TokenServer:
     """An OAuth2 token endpoint: counts requests, hands out tok1, tok2, ..."""
 
-    def __init__(self, expires_in: float | None = 60, status: int = 200) -> None:
-        self.expires_in, self.status = expires_in, status
+    def __init__(self, expires_in: float | None = 60, status: int = 200, pad: int = 0) -> None:
+        self.expires_in, self.status, self.pad = expires_in, status, pad
         self.requests: list[tuple[dict[str, str], dict[str, str]]] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -66,6 +66,8 @@ class TokenServer:
         answer["token_type"] = "Bearer"
         if self.expires_in is not None:
             answer["expires_in"] = self.expires_in
+        if self.pad:
+            answer["padding"] = "x" * self.pad
         return web.json_response(answer)
 
     async def __aenter__(self) -> TokenServer:
@@ -352,3 +354,22 @@ def test_cli_sets_headers_and_credentials(
     shown = json.loads(run("endpoints", "credentials", endpoint_id, "--type", "none"))
     assert shown["credentials"] is None
     assert json.loads(run("endpoints", "headers", endpoint_id, "--clear"))["headers"] == {}
+
+
+async def test_an_oversized_token_answer_is_a_failed_attempt(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    local(box, oauth2_token_bytes=1024)
+    async with TokenServer(pad=200_000) as tokens, HttpReceiver() as receiver:
+        await endpoint(
+            box,
+            receiver.url,
+            credentials={"type": "oauth2", "token_url": tokens.url, "client_id": "c",
+                         "client_secret": "s"},
+        )  # fmt: skip
+        await publish_one(box)
+        await dispatch_once(box)
+        assert receiver.requests == []
+    [attempt] = await attempts(box)
+    assert attempt["outcome"] == "retry"
+    assert attempt["error"] == "OAuth2 token: the answer is over 1024 bytes"

@@ -253,7 +253,8 @@ async def update_endpoint(
         max_in_flight=patch.max_in_flight or current.max_in_flight,
         rate_limit=patch.rate_limit if patch.rate_limit is not None else current.rate_limit,
     )
-    vault = await ready_to_seal(box) if patch.credentials is not None else None
+    sealing = patch.credentials is not None and not isinstance(patch.credentials, NoCredentials)
+    vault = await ready_to_seal(box) if sealing else None
     headers, credentials = _extras(box, patch, vault)
     await box.store.endpoint_update(
         write, now=box.clock.now(), headers=headers, credentials=credentials

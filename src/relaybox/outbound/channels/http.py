@@ -200,8 +200,9 @@ class HttpClient:
         limit: int,
     ) -> tuple[int, bytes]:
         """A form POST through the same guard (an OAuth2 token request): the status and
-        at most ``limit`` bytes of the answer, within ``seconds``. Raises
-        :class:`UnsafeDestination`, ``TimeoutError``, ``OSError`` or aiohttp's errors."""
+        the whole answer, within ``seconds``. Raises :class:`UnsafeDestination`,
+        ``TimeoutError``, ``OSError``, aiohttp's errors, or ``ValueError`` for an
+        answer over ``limit`` bytes."""
         async with asyncio.timeout(seconds):
             vetted = await self.guard.check(url)
             self._resolver.vet(vetted)
@@ -212,7 +213,12 @@ class HttpClient:
                 allow_redirects=False,
                 timeout=self._limits,
             ) as response:
-                return response.status, await response.content.read(limit)
+                body = bytearray()
+                async for chunk in response.content.iter_chunked(8192):
+                    body += chunk
+                    if len(body) > limit:
+                        raise ValueError(f"the answer is over {limit} bytes")
+                return response.status, bytes(body)
 
     async def close(self) -> None:
         if self._watch is not None:
