@@ -4,6 +4,7 @@ to a real receiver, verified with the official ``standardwebhooks`` package."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -265,3 +266,53 @@ async def test_admin_api_and_dashboard_show_events_and_set_headers(
         page = (await client.get("/admin/operational-events")).text
     assert 'data-event-type="relaybox.endpoint.disabled"' in page
     assert endpoint_id in page
+
+
+async def test_failing_and_recovery_with_the_dispatcher_loop(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """``run()``: on PostgreSQL plain successes ride on the next lease, so the success
+    that ends an announced failure must take the recorder's way (and announce it)."""
+    local(box, poll_interval=0.05)
+    answers = iter([503, 503, 503, 503])
+
+    def answer(seen: Seen) -> Reply:
+        return Reply(next(answers, 200))
+
+    async with HttpReceiver(answer) as tenant_side:
+        await endpoint(box, tenant_side.url, schedule=[0.0] * 10)
+        await publish_one(box)
+        await publish_one(box)
+        dispatcher = box.dispatcher(concurrency=1)
+        task = asyncio.create_task(dispatcher.run())
+        try:
+            async with asyncio.timeout(60):
+                while True:
+                    rows = await box.store.fetch_all(
+                        "SELECT status FROM relaybox_outbox WHERE tenant = 't1'"
+                    )
+                    if [r["status"] for r in rows] == ["sent", "sent"]:
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            dispatcher.stop()
+            await task
+    assert len(await ops_messages(box, "relaybox.endpoint.failing")) == 1
+    assert len(await ops_messages(box, "relaybox.endpoint.recovered")) == 1
+
+
+async def test_a_claim_that_dead_letters_a_dead_workers_event_announces_it(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    local(box)
+    await box.store.inbox_accept([_delivery(clock, "poison", "invoice.crash")])
+    worker = box.worker(concurrency=1)
+    # Its last attempt started and never finished: the worker process died.
+    n, t = worker.backoff.max_attempts, clock.now()
+    await box.store.fetch_all(
+        f"UPDATE relaybox_inbox SET attempts = {n}, started_at = {t} RETURNING id"
+    )
+    await worker.run_once()
+    [dead] = await ops_messages(box, "relaybox.inbox.dead")
+    assert (dead["eventId"], dead["reason"]) == ("poison", "exhausted")
+    assert dead["error"] == "the worker died during its last attempt"
