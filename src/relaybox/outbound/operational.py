@@ -35,8 +35,8 @@ from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
     from relaybox.outbound.channels.base import Result
+    from relaybox.runtime import Runtime
     from relaybox.store.outbox_rows import Delivery
 
 __all__ = [
@@ -62,7 +62,7 @@ EVENT_TYPES = (
 
 
 async def emit(
-    box: Relaybox, conn: AsyncConnection, event_type: str, data: Any, *, key: str | None = None
+    box: Runtime, conn: AsyncConnection, event_type: str, data: Any, *, key: str | None = None
 ) -> None:
     """Publish an operational event in ``conn``'s transaction (``key``: published once
     per key, as a message's idempotency key)."""
@@ -71,7 +71,7 @@ async def emit(
 
 
 async def attempt_exhausted(
-    box: Relaybox, conn: AsyncConnection, d: Delivery, result: Result | None, error: str | None
+    box: Runtime, conn: AsyncConnection, d: Delivery, result: Result | None, error: str | None
 ) -> None:
     """A delivery used its last attempt: it is a dead letter (``exhausted``)."""
     if d.tenant == outbound(box).settings.operational_tenant:
@@ -91,7 +91,7 @@ async def attempt_exhausted(
 
 
 async def endpoint_failing(
-    box: Relaybox,
+    box: Runtime,
     conn: AsyncConnection,
     endpoint_id: str,
     failures: int,
@@ -118,7 +118,7 @@ async def endpoint_failing(
     log.warning("endpoint_failing", endpoint_id=endpoint_id, tenant=tenant, failures=failures)
 
 
-async def endpoint_recovered(box: Relaybox, conn: AsyncConnection, endpoint_ids: list[str]) -> None:
+async def endpoint_recovered(box: Runtime, conn: AsyncConnection, endpoint_ids: list[str]) -> None:
     """A success of endpoints announced failing: each that was is announced recovered."""
     for row in await box.store.endpoints_recovered(conn, endpoint_ids):
         data = {"endpointId": row.id, "tenant": row.tenant, "url": row.url}
@@ -126,7 +126,7 @@ async def endpoint_recovered(box: Relaybox, conn: AsyncConnection, endpoint_ids:
         log.info("endpoint_recovered", endpoint_id=row.id, tenant=row.tenant)
 
 
-async def operational_events(box: Relaybox, *, limit: int = 50) -> list[Any]:
+async def operational_events(box: Runtime, *, limit: int = 50) -> list[Any]:
     """The most recent operational events, newest first (the dashboard's list)."""
     tenant = outbound(box).settings.operational_tenant
     return await box.store.message_list(tenant, event_type=None, before=None, limit=limit)
