@@ -19,7 +19,7 @@ from starlette.routing import Mount
 
 from relaybox import Context, FrozenClock, PermanentError, Relaybox, Secret, sources
 from relaybox.admin import build_admin
-from relaybox.outbound.operational import operational_events
+from relaybox.outbound.operational import endpoint_recovered, operational_events
 from relaybox.store import NewDelivery
 from tests.conftest import Served
 from tests.support.outbound_app import dispatch_once, endpoint, local, publish_one
@@ -316,3 +316,26 @@ async def test_a_claim_that_dead_letters_a_dead_workers_event_announces_it(
     [dead] = await ops_messages(box, "relaybox.inbox.dead")
     assert (dead["eventId"], dead["reason"]) == ("poison", "exhausted")
     assert dead["error"] == "the worker died during its last attempt"
+
+
+async def test_a_failure_after_the_recovery_in_one_batch_is_ended_by_the_next_success(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """The recorder applies an endpoint's outcomes of a batch in order, each delivery
+    leased as "failing": success (recovered), failure, success (the run ends again,
+    nothing more to announce)."""
+    local(box)
+    endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook")
+    async with box.store.transaction() as conn:
+        for _ in range(3):
+            await box.store.endpoint_failed(conn, endpoint_id, now=clock.now())
+        await box.store.endpoint_failing_level(conn, endpoint_id, 3)
+        await endpoint_recovered(box, conn, [endpoint_id])
+        streak = await box.store.endpoint_failed(conn, endpoint_id, now=clock.now())
+        assert streak is not None and (streak.failures, streak.failing_level) == (1, 0)
+        await endpoint_recovered(box, conn, [endpoint_id])
+    [row] = await box.store.fetch_all(
+        f"SELECT failures, failing_since FROM relaybox_endpoints WHERE id = '{endpoint_id}'"
+    )
+    assert (row["failures"], row["failing_since"]) == (0, None)
+    assert len(await ops_messages(box, "relaybox.endpoint.recovered")) == 1

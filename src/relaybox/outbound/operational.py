@@ -119,8 +119,12 @@ async def endpoint_failing(
 
 
 async def endpoint_recovered(box: Runtime, conn: AsyncConnection, endpoint_ids: list[str]) -> None:
-    """A success of endpoints announced failing: each that was is announced recovered."""
-    for row in await box.store.endpoints_recovered(conn, endpoint_ids):
+    """A success of endpoints leased as announced failing: each that still was is
+    announced recovered; every one's failure run ends (one that failed again within
+    the batch, after an earlier success recovered it, included)."""
+    recovered = await box.store.endpoints_recovered(conn, endpoint_ids)
+    await box.store.endpoints_succeeded(conn, endpoint_ids)
+    for row in recovered:
         data = {"endpointId": row.id, "tenant": row.tenant, "url": row.url}
         await emit(box, conn, "relaybox.endpoint.recovered", data)
         log.info("endpoint_recovered", endpoint_id=row.id, tenant=row.tenant)
