@@ -19,8 +19,9 @@ from click.testing import CliRunner
 
 from relaybox import FrozenClock, Relaybox
 from relaybox.cli import main
-from relaybox.outbound import create_api_key
-from relaybox.outbound.endpoints import EndpointPatch, update_endpoint
+from relaybox.outbound import configure, create_api_key, seal_secrets
+from relaybox.outbound.endpoints import EndpointPatch, secrets_at_rest, update_endpoint
+from relaybox.outbound.vault import new_key
 from tests.conftest import Served
 from tests.support.outbound_app import dispatch_once, endpoint, local, publish_one
 from tests.support.receivers import HttpReceiver, Reply, Seen
@@ -373,3 +374,24 @@ async def test_an_oversized_token_answer_is_a_failed_attempt(
     [attempt] = await attempts(box)
     assert attempt["outcome"] == "retry"
     assert attempt["error"] == "OAuth2 token: the answer is over 1024 bytes"
+
+
+async def test_credentials_follow_a_key_rotation(box: Relaybox, clock: FrozenClock) -> None:
+    """seal-secrets reseals credentials with the signing secrets; a credential no key
+    opens holds the delivery (retried with the reason), never sent without it."""
+    old, new = new_key(), new_key()
+    local(box, secrets_key=old)
+    async with HttpReceiver() as receiver:
+        await endpoint(box, receiver.url, credentials={"type": "bearer", "token": "tk_rot"})
+        configure(box, secrets_key=f"{new},{old}")
+        assert await secrets_at_rest(box) == {"plaintext": 0, "current": 0, "older": 2, "locked": 0}
+        assert await seal_secrets(box) == {"sealed": 2, "already": 0}
+        configure(box, secrets_key=new)  # the old key can go
+        await publish_one(box)
+        await dispatch_once(box)
+        [seen] = receiver.requests
+        assert seen.headers["authorization"] == "Bearer tk_rot"
+        configure(box, secrets_key=new_key())  # a key that opens nothing
+        await publish_one(box)
+        await dispatch_once(box)
+        assert len(receiver.requests) == 1

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from relaybox.config.outbound import OutboundSettings
     from relaybox.outbound.channels.http import HttpClient
     from relaybox.outbound.registry import Outbound
+    from relaybox.outbound.vault import Vault
+    from relaybox.runtime import Runtime
     from relaybox.store.outbox_rows import Target
 
 __all__ = [
@@ -48,7 +50,9 @@ __all__ = [
     "OAuth2Credentials",
     "TokenCache",
     "check_headers",
+    "credentials_at_rest",
     "parse_credentials",
+    "reseal_credentials",
 ]
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}")
@@ -344,3 +348,40 @@ async def authorized_post(
             return result
         cache.drop(key, token)
     return result or Result("retry", error=f"timed out after {seconds:g} s", timed_out=True)
+
+
+_PAGE = 500
+"""Credentials read and sealed per transaction by the sealing passes."""
+
+
+async def reseal_credentials(box: Runtime, vault: Vault) -> tuple[int, int]:
+    """Seal every endpoint's credentials with the first key (``relaybox endpoints
+    seal-secrets``, with the signing secrets): (sealed now, already were). Safe with
+    several processes at once (compare-and-set)."""
+    store, sealed, seen, after = box.store, 0, 0, ""
+    while True:
+        async with store.transaction() as conn:
+            page = await store.endpoint_credentials_page(conn, after, _PAGE)
+            for endpoint_id, stored in page:
+                again = vault.reseal(stored)
+                if again is not None and await store.endpoint_credentials_swap(
+                    conn, endpoint_id, stored, again
+                ):
+                    sealed += 1
+        seen += len(page)
+        if len(page) < _PAGE:
+            return sealed, seen - sealed
+        after = page[-1][0]
+
+
+async def credentials_at_rest(box: Runtime, vault: Vault, counts: dict[str, int]) -> None:
+    """Add the stored credentials to ``counts`` by :meth:`Vault.state`."""
+    store, after = box.store, ""
+    while True:
+        async with store.transaction() as conn:
+            page = await store.endpoint_credentials_page(conn, after, _PAGE)
+        for _, stored in page:
+            counts[vault.state(stored)] += 1
+        if len(page) < _PAGE:
+            return
+        after = page[-1][0]

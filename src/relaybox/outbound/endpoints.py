@@ -21,6 +21,8 @@ from relaybox.outbound.credentials import (
     NoCredentials,
     OAuth2Credentials,
     check_headers,
+    credentials_at_rest,
+    reseal_credentials,
 )
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
@@ -395,8 +397,9 @@ _SEAL_BATCH = 500
 
 
 async def seal_secrets(box: Runtime) -> dict[str, int]:
-    """Seal every stored secret with the first key: plaintext ones (stored by older
-    versions) and ones sealed with an older key of ``outbound.secrets_key``. In
+    """Seal every stored secret (signing secrets and endpoint credentials) with the
+    first key: plaintext ones (stored by older versions) and ones sealed with an older
+    key of ``outbound.secrets_key``. In
     batches, each its own transaction; safe with several processes at once (each
     update is a compare-and-set). Returns how many were sealed and how many already
     were. :class:`SecretsLocked` when a secret is sealed with a key relaybox lacks."""
@@ -442,6 +445,9 @@ async def _seal(box: Runtime, *, plaintext: bool) -> dict[str, int]:
         if len(page) < _SEAL_BATCH:
             break
         after = page[-1][0]
+    if not plaintext:  # credentials are sealed from the start: only a new key reseals them
+        done, already = await reseal_credentials(box, vault)
+        sealed, seen = sealed + done, seen + done + already
     if sealed:
         log.info("endpoint_secrets_sealed", sealed=sealed, already=seen - sealed)
     return {"sealed": sealed, "already": seen - sealed}
@@ -459,8 +465,9 @@ async def _count_plaintext(box: Runtime) -> int:
 
 
 async def secrets_at_rest(box: Runtime) -> dict[str, int]:
-    """How the stored secrets stand against the keys relaybox has: counts of
-    ``plaintext``, ``current``, ``older`` and ``locked`` (see :meth:`Vault.state`)."""
+    """How the stored secrets (signing secrets and endpoint credentials) stand against
+    the keys relaybox has: counts of ``plaintext``, ``current``, ``older`` and
+    ``locked`` (see :meth:`Vault.state`)."""
     vault, store = outbound(box).vault, box.store
     counts = dict.fromkeys(("plaintext", "current", "older", "locked"), 0)
     after = 0
@@ -470,6 +477,7 @@ async def secrets_at_rest(box: Runtime) -> dict[str, int]:
         for _, stored in page:
             counts[vault.state(stored)] += 1
         if len(page) < _SEAL_BATCH:
+            await credentials_at_rest(box, vault, counts)
             return counts
         after = page[-1][0]
 

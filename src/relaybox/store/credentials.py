@@ -84,3 +84,19 @@ class CredentialsStore:
         failing come back (each once: their threshold goes back to 0)."""
         found = await self.rows(conn, "endpoints_recovered", (self._ids(list(endpoint_ids)),))
         return [EndpointRecovered(r[0], r[1], r[2]) for r in found]
+
+    async def endpoint_credentials_page(
+        self, conn: AsyncConnection, after: str, limit: int
+    ) -> list[tuple[str, str]]:
+        """Up to ``limit`` stored credentials of endpoints after id ``after``, in id
+        order, as (endpoint id, sealed value)."""
+        return [
+            (r[0], r[1]) for r in await self.rows(conn, "endpoint_credentials_page", (after, limit))
+        ]
+
+    async def endpoint_credentials_swap(
+        self, conn: AsyncConnection, endpoint_id: str, old: str, new: str
+    ) -> bool:
+        """Compare-and-set: the stored credentials become ``new`` only while ``old``."""
+        found = await self.first(conn, "endpoint_credentials_swap", (endpoint_id, old, new))
+        return found is not None

@@ -21,3 +21,13 @@ RETURNING id, tenant, url, failing_since
 UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0, failing_level = 0
 WHERE id IN (SELECT value FROM json_each(?1)) AND failing_level > 0
 RETURNING id, tenant, url
+
+-- name: endpoint_credentials_page
+-- Stored credentials after endpoint id ?1, in id order (the sealing pass).
+SELECT id, credentials FROM relaybox_endpoints
+WHERE credentials IS NOT NULL AND id > ?1 ORDER BY id LIMIT ?2
+
+-- name: endpoint_credentials_swap
+-- Compare-and-set, as endpoint_secret_swap.
+UPDATE relaybox_endpoints SET credentials = ?3 WHERE id = ?1 AND credentials = ?2
+RETURNING id
