@@ -239,6 +239,15 @@ class Relaybox:
         from relaybox.portal import portal_link
 
         return portal_link(self, tenant, ttl=ttl, base_url=base_url)
+    async def announce(
+        self, conn: Any, event_type: str, data: Any, *, key: str | None = None
+    ) -> None:
+        """Publish an operational event (``relaybox.…``) to the operational tenant in
+        ``conn``'s transaction (:mod:`relaybox.outbound.operational`); ``key``: once per
+        key. How the receiving side, which does not import the sending side, tells."""
+        from relaybox.outbound.operational import emit
+
+        await emit(self, conn, event_type, data, key=key)
 
     async def migrate(self) -> list[str]:
         """Create or upgrade relaybox's tables, then seal the endpoint secrets older

@@ -179,10 +179,12 @@ def resolve(schema: dict[str, Any]) -> dict[str, Any]:
 def from_schema(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
     """Values valid for the JSON Schema subset pydantic emits here."""
     schema = resolve(schema)
-    if "anyOf" in schema:
-        return st.one_of([from_schema(s) for s in schema["anyOf"]])
+    if "anyOf" in schema or "oneOf" in schema:
+        return st.one_of([from_schema(s) for s in schema.get("anyOf", schema.get("oneOf"))])
     if "enum" in schema:
         return st.sampled_from(schema["enum"])
+    if "const" in schema:
+        return st.just(schema["const"])
     kind = schema.get("type")
     if kind == "null":
         return st.none()

@@ -113,9 +113,10 @@ def _register_builtins() -> None:
             tag_description="Deliveries that reused an accepted event id with other content.",
         )
     )
-    from relaybox.admin import outbound
+    from relaybox.admin import operational, outbound
 
     outbound.register()
+    operational.register()
 
 
 def _guarded(route: BaseRoute, section: Section) -> BaseRoute:

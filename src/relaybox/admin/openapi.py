@@ -34,6 +34,7 @@ _ERROR_TEXT = {
     409: "The row is not in the state this action needs",
     413: "The request body is over admin.api_max_body bytes",
     422: "Well-formed, but refused: the message names the place and the problem",
+    503: "No key to seal secrets with (outbound.secrets_key)",
 }
 
 

@@ -7,6 +7,7 @@ any tenant's endpoint by id.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -14,12 +15,22 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.outbound.credentials import (
+    CredentialsSpec,
+    InvalidHeaders,
+    NoCredentials,
+    OAuth2Credentials,
+    check_headers,
+    credentials_at_rest,
+    reseal_credentials,
+)
 from relaybox.outbound.filters import check as check_filter
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind, new_secret, public_form
 from relaybox.outbound.ssrf import UnsafeDestination
 from relaybox.outbound.vault import MISSING_HINT, KeyFileError, Vault
+from relaybox.store.credentials import KEEP, Keep
 from relaybox.store.outbox_rows import Endpoint, EndpointQuotaReached, EndpointWrite, new_id
 
 if TYPE_CHECKING:
@@ -74,6 +85,11 @@ class EndpointPatch(BaseModel):
     rate_limit: float | None = Field(None, gt=0)
     enabled: bool | None = None
     filter: dict[str, Any] | None = None  # payload filter (outbound.filters); {} clears it
+    headers: dict[str, str] | None = None
+    """Custom request headers; on an update they replace the current ones (``{}``: none)."""
+    credentials: CredentialsSpec | None = None
+    """HTTP credentials (:mod:`relaybox.outbound.credentials`); ``{"type": "none"}``
+    removes them."""
 
     @field_validator("event_types")
     @classmethod
@@ -115,6 +131,32 @@ def _filter(box: Runtime, spec: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     s = outbound(box).settings
     return check_filter(spec, max_depth=s.filter_max_depth, max_bytes=s.filter_max_bytes)
+def _extras(
+    box: Runtime, patch: EndpointPatch, vault: Vault | None
+) -> tuple[str | Keep | None, tuple[str, str] | Keep | None]:
+    """The patch's headers (JSON text) and credentials (kind, sealed JSON) as the
+    store writes them, checked; :data:`KEEP` for what it leaves."""
+    headers: str | Keep | None = KEEP
+    credentials: tuple[str, str] | Keep | None = KEEP
+    if patch.headers is not None:
+        try:
+            check_headers(patch.headers, outbound(box).settings)
+        except InvalidHeaders as exc:
+            raise InvalidEndpoint(str(exc)) from None
+        headers = json.dumps(patch.headers, separators=(",", ":")) if patch.headers else None
+    spec = patch.credentials
+    if spec is not None:
+        if isinstance(spec, NoCredentials):
+            credentials = None
+        else:
+            if isinstance(spec, OAuth2Credentials):
+                try:
+                    outbound(box).guard.check_static(spec.token_url)
+                except UnsafeDestination as exc:
+                    raise InvalidEndpoint(f"token_url: {exc}") from None
+            assert vault is not None
+            credentials = (spec.type, vault.seal(spec.model_dump_json()))
+    return headers, credentials
 
 
 def _check(
@@ -146,6 +188,7 @@ async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tupl
     if spec.signature == "sha256" and spec.secret_type == "ed25519":
         raise InvalidEndpoint("sha256 signatures (X-Webhook-Signature) need an hmac secret")
     vault = await ready_to_seal(box)
+    headers, credentials = _extras(box, spec, vault)
     settings, now = outbound(box).settings, box.clock.now()
     endpoint_id = new_id("ep", now)
     secret = new_secret(spec.secret_type)
@@ -164,7 +207,14 @@ async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tupl
     )
     quota = settings.max_endpoints
     try:
-        created = await box.store.endpoint_create(write, vault.seal(secret), quota=quota, now=now)
+        created = await box.store.endpoint_create(
+            write,
+            vault.seal(secret),
+            quota=quota,
+            now=now,
+            headers=None if isinstance(headers, Keep) else headers,
+            credentials=None if isinstance(credentials, Keep) else credentials,
+        )
     except EndpointQuotaReached as exc:
         raise EndpointQuotaExceeded(
             f"this tenant already has {exc.count} endpoints, the most allowed"
@@ -218,7 +268,12 @@ async def update_endpoint(
         rate_limit=patch.rate_limit if patch.rate_limit is not None else current.rate_limit,
         payload_filter=current.payload_filter if payload_filter is None else payload_filter or None,
     )
-    await box.store.endpoint_update(write, now=box.clock.now())
+    sealing = patch.credentials is not None and not isinstance(patch.credentials, NoCredentials)
+    vault = await ready_to_seal(box) if sealing else None
+    headers, credentials = _extras(box, patch, vault)
+    await box.store.endpoint_update(
+        write, now=box.clock.now(), headers=headers, credentials=credentials
+    )
     if patch.enabled is True:
         await enable_endpoint(box, endpoint_id, tenant=tenant)
     elif patch.enabled is False:
@@ -355,8 +410,9 @@ _SEAL_BATCH = 500
 
 
 async def seal_secrets(box: Runtime) -> dict[str, int]:
-    """Seal every stored secret with the first key: plaintext ones (stored by older
-    versions) and ones sealed with an older key of ``outbound.secrets_key``. In
+    """Seal every stored secret (signing secrets and endpoint credentials) with the
+    first key: plaintext ones (stored by older versions) and ones sealed with an older
+    key of ``outbound.secrets_key``. In
     batches, each its own transaction; safe with several processes at once (each
     update is a compare-and-set). Returns how many were sealed and how many already
     were. :class:`SecretsLocked` when a secret is sealed with a key relaybox lacks."""
@@ -402,6 +458,9 @@ async def _seal(box: Runtime, *, plaintext: bool) -> dict[str, int]:
         if len(page) < _SEAL_BATCH:
             break
         after = page[-1][0]
+    if not plaintext:  # credentials are sealed from the start: only a new key reseals them
+        done, already = await reseal_credentials(box, vault)
+        sealed, seen = sealed + done, seen + done + already
     if sealed:
         log.info("endpoint_secrets_sealed", sealed=sealed, already=seen - sealed)
     return {"sealed": sealed, "already": seen - sealed}
@@ -419,8 +478,9 @@ async def _count_plaintext(box: Runtime) -> int:
 
 
 async def secrets_at_rest(box: Runtime) -> dict[str, int]:
-    """How the stored secrets stand against the keys relaybox has: counts of
-    ``plaintext``, ``current``, ``older`` and ``locked`` (see :meth:`Vault.state`)."""
+    """How the stored secrets (signing secrets and endpoint credentials) stand against
+    the keys relaybox has: counts of ``plaintext``, ``current``, ``older`` and
+    ``locked`` (see :meth:`Vault.state`)."""
     vault, store = outbound(box).vault, box.store
     counts = dict.fromkeys(("plaintext", "current", "older", "locked"), 0)
     after = 0
@@ -430,6 +490,7 @@ async def secrets_at_rest(box: Runtime) -> dict[str, int]:
         for _, stored in page:
             counts[vault.state(stored)] += 1
         if len(page) < _SEAL_BATCH:
+            await credentials_at_rest(box, vault, counts)
             return counts
         after = page[-1][0]
 

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from relaybox.store.credentials import CredentialsStore
 from relaybox.store.history import HistoryStore
 from relaybox.store.operator import OperatorStore
 from relaybox.store.outbox import OutboxStore
@@ -222,6 +223,7 @@ def load_migrations(backend: str) -> list[tuple[int, str, list[str]]]:
 
 
 class Store(
+    CredentialsStore,
     HistoryStore,
     OperatorStore,
     OutboxStore,

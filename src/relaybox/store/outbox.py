@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.store.credentials import KEEP, Keep
 from relaybox.store.outbox_rows import (
     ApiKey,
     AttemptRow,
@@ -75,6 +76,15 @@ class OutboxStore:
 
         def _ids(self, ids: Sequence[int]) -> Any: ...
 
+        async def endpoint_extras_write(
+            self,
+            conn: AsyncConnection,
+            endpoint_id: str,
+            *,
+            headers: str | Keep | None = KEEP,
+            credentials: tuple[str, str] | Keep | None = KEEP,
+        ) -> None: ...
+
         async def notify(self, conn: AsyncConnection, channel: str) -> None: ...
 
     def _mapping(self, row: Any) -> Mapping[str, Any]:
@@ -109,11 +119,19 @@ class OutboxStore:
         )
 
     async def endpoint_create(
-        self, endpoint: EndpointWrite, sealed_secret: str, *, quota: int, now: float
+        self,
+        endpoint: EndpointWrite,
+        sealed_secret: str,
+        *,
+        quota: int,
+        now: float,
+        headers: str | None = None,
+        credentials: tuple[str, str] | None = None,
     ) -> Endpoint:
-        """Create an enabled endpoint, its lane and its first (sealed) secret. Creates
-        of one tenant run one at a time, so the quota holds: raises
-        :class:`EndpointQuotaReached` when the tenant has ``quota`` endpoints."""
+        """Create an enabled endpoint, its lane and its first (sealed) secret, with its
+        headers and credentials (:meth:`endpoint_extras_write`). Creates of one tenant
+        run one at a time, so the quota holds: raises :class:`EndpointQuotaReached`
+        when the tenant has ``quota`` endpoints."""
         async with self.transaction() as conn:
             await self.first(conn, "endpoint_quota_lock", (endpoint.tenant,))
             count = await self.first(conn, "endpoint_count", (endpoint.tenant,))
@@ -122,6 +140,10 @@ class OutboxStore:
             await self.rows(conn, "endpoint_insert", self._endpoint_params(endpoint, now))
             await self.lane_upsert(conn, endpoint.id, endpoint.max_in_flight, endpoint.rate_limit)
             await self.rows(conn, "endpoint_secret_insert", (endpoint.id, sealed_secret, now))
+            if headers is not None or credentials is not None:
+                await self.endpoint_extras_write(
+                    conn, endpoint.id, headers=headers, credentials=credentials
+                )
             row = await self.first(conn, "endpoint_get", (endpoint.id, endpoint.tenant))
         return Endpoint.from_row(row)
 
@@ -137,11 +159,22 @@ class OutboxStore:
             found = await self.rows(conn, "endpoint_list", (tenant, limit))
         return [Endpoint.from_row(r) for r in found]
 
-    async def endpoint_update(self, endpoint: EndpointWrite, *, now: float) -> None:
-        """Write every mutable field and the lane settings of the tenant's endpoint."""
+    async def endpoint_update(
+        self,
+        endpoint: EndpointWrite,
+        *,
+        now: float,
+        headers: str | Keep | None = KEEP,
+        credentials: tuple[str, str] | Keep | None = KEEP,
+    ) -> None:
+        """Write every mutable field and the lane settings of the tenant's endpoint, and
+        its headers and credentials unless :data:`KEEP` (:meth:`endpoint_extras_write`)."""
         async with self.transaction() as conn:
             await self.rows(conn, "endpoint_update", self._endpoint_params(endpoint, now))
             await self.lane_upsert(conn, endpoint.id, endpoint.max_in_flight, endpoint.rate_limit)
+            await self.endpoint_extras_write(
+                conn, endpoint.id, headers=headers, credentials=credentials
+            )
 
     async def endpoint_delete(
         self, endpoint_id: str, tenant: str, *, reason: str, now: float
@@ -418,7 +451,7 @@ class OutboxStore:
         """Start the endpoint's failure streak at ``now`` unless one runs; ``None``
         when the endpoint is gone."""
         row = await self.first(conn, "endpoint_failed", (endpoint_id, now))
-        return None if row is None else FailureStreak(row[0], row[1])
+        return None if row is None else FailureStreak(row[0], row[1], row[2], row[3])
 
     # -- operator views -----------------------------------------------------------------
 

@@ -7,6 +7,7 @@ PostgreSQL and the SQLite store in Python)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +41,7 @@ __all__ = [
     "Target",
     "allocate",
     "new_id",
+    "with_extras",
 ]
 
 
@@ -55,9 +57,43 @@ class Target:
     schedule: tuple[float, ...] | None
     secrets: tuple[str, ...] = ()
     locked: str | None = None  # why the secrets could not be opened (outbound.vault)
+    headers: tuple[tuple[str, str], ...] = ()
+    """The endpoint's custom request headers."""
+    credentials: str | None = None
+    """Its HTTP credentials as JSON text, opened (outbound.credentials); ``None``: none."""
+    failing: bool = False
+    """It was announced failing (``relaybox.endpoint.failing``): a success is recorded
+    with its recovery (``relaybox.endpoint.recovered``)."""
 
     def __repr__(self) -> str:  # never print secret material
         return f"Target(id={self.id!r}, tenant={self.tenant!r}, secrets=<{len(self.secrets)}>)"
+
+
+def with_extras(
+    target: Target,
+    headers: str | None,
+    credentials: str | None,
+    failing_level: int | None,
+    open_secrets: SecretOpener,
+) -> Target:
+    """``target`` with its endpoint's headers (JSON object text), credentials (sealed:
+    opened like its secrets; one that no key opens locks the endpoint as they do)
+    and whether it was announced failing. Only endpoints that have one of them pay
+    for this."""
+    pairs = tuple(json.loads(headers).items()) if headers else ()
+    opened: str | None = None
+    locked = target.locked
+    if credentials:
+        found, why = open_secrets((credentials,))
+        opened = found[0] if found else None
+        locked = locked or why
+    return dataclasses.replace(
+        target,
+        headers=pairs,
+        credentials=opened,
+        locked=locked,
+        failing=bool(failing_level),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +225,9 @@ class Endpoint:
     rate_limit: float | None
     payload_filter: dict[str, Any] | None = None
     paused_at: float | None = None
+    headers: dict[str, str] | None = None
+    credentials_type: str | None = None
+    """Which credentials are set (``basic``, ``bearer``, ``oauth2``); never them."""
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Endpoint:
@@ -211,6 +250,8 @@ class Endpoint:
             rate_limit=row[14],
             payload_filter=json.loads(row[15]) if row[15] else None,
             paused_at=row[16],
+            headers=json.loads(row[17]) if len(row) > 17 and row[17] else None,
+            credentials_type=row[18] if len(row) > 18 else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -232,6 +273,12 @@ class Endpoint:
             "filter": self.payload_filter,
             "paused": self.paused_at is not None,
             "paused_at": self.paused_at,
+            "headers": self.headers or {},
+            "credentials": (
+                None
+                if self.credentials_type is None
+                else {"type": self.credentials_type, "set": True}
+            ),
         }
 
 
@@ -429,6 +476,10 @@ class FailureStreak:
 
     status: str
     failing_since: float
+    failures: int = 1
+    """Attempts failed in a row, this one included."""
+    failing_level: int = 0
+    """The failure threshold announced so far (0: none)."""
 
 
 @dataclass(frozen=True, slots=True)

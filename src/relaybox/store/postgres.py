@@ -36,7 +36,7 @@ from relaybox.store._drivers import driver as _driver
 from relaybox.store._drivers import plain as _plain
 from relaybox.store.base import AcceptOutcome, Claim, Listener, NewDelivery, OutboxRow, Store
 from relaybox.store.outbox import SecretOpener, leased_delivery
-from relaybox.store.outbox_rows import Leased, LeaseRequest, MessageBody, Target
+from relaybox.store.outbox_rows import Leased, LeaseRequest, MessageBody, Target, with_extras
 
 __all__ = ["PostgresStore"]
 
@@ -616,6 +616,10 @@ class PostgresStore(Store):
                         secrets=opened,
                         locked=locked,
                     )
+                    if r["headers"] or r["credentials"] or r["failing_level"]:
+                        target = targets[endpoint_id] = with_extras(
+                            target, r["headers"], r["credentials"], r["failing_level"], open_secrets
+                        )
                 else:
                     targets[endpoint_id] = None
             message_id = r["message_id"]

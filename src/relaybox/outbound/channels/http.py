@@ -232,6 +232,36 @@ class HttpClient:
                 self._expired.discard(task)  # became of it (as asyncio.timeout does)
                 task.uncancel()
 
+    async def form_post(
+        self,
+        url: str,
+        fields: Mapping[str, str],
+        headers: Mapping[str, str],
+        *,
+        seconds: float,
+        limit: int,
+    ) -> tuple[int, bytes]:
+        """A form POST through the same guard (an OAuth2 token request): the status and
+        the whole answer, within ``seconds``. Raises :class:`UnsafeDestination`,
+        ``TimeoutError``, ``OSError``, aiohttp's errors, or ``ValueError`` for an
+        answer over ``limit`` bytes."""
+        async with asyncio.timeout(seconds):
+            vetted = await self.guard.check(url)
+            self._resolver.vet(vetted)
+            async with self._open().post(
+                vetted.parsed or url,
+                data=dict(fields),
+                headers=headers,
+                allow_redirects=False,
+                timeout=self._limits,
+            ) as response:
+                body = bytearray()
+                async for chunk in response.content.iter_chunked(8192):
+                    body += chunk
+                    if len(body) > limit:
+                        raise ValueError(f"the answer is over {limit} bytes")
+                return response.status, bytes(body)
+
     async def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()

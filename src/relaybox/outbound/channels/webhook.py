@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from relaybox.outbound.channels.base import Result
 from relaybox.outbound.channels.http import HttpBase
+from relaybox.outbound.credentials import TokenCache, authorized_post
 from relaybox.outbound.signing import sign
 from relaybox.store.outbox_rows import Delivery
 
@@ -26,6 +27,7 @@ class WebhookChannel(HttpBase):
     (default ``resend``: the receiver sees the same ``webhook-id`` twice)."""
 
     bounded = True  # post() times the whole attempt, within delivery.deadline
+    _tokens: TokenCache | None = None  # OAuth2 tokens, made for the first endpoint using one
 
     def bind(self, outbound: Outbound, name: str) -> None:
         super().bind(outbound, name)
@@ -49,4 +51,10 @@ class WebhookChannel(HttpBase):
         )
         headers["Content-Type"] = "application/json"
         timeout = min(endpoint.timeout or self.outbound.settings.timeout, delivery.deadline)
+        if endpoint.headers or endpoint.credentials is not None:
+            if self._tokens is None:
+                self._tokens = TokenCache(self.outbound)
+            return await authorized_post(
+                self._tokens, self.client(), endpoint, message.body, headers, seconds=timeout
+            )
         return await self.client().post(endpoint.url, message.body, headers, seconds=timeout)

@@ -30,14 +30,14 @@ RETURNING id
 -- One endpoint with its lane settings; $2 NULL reads any tenant (operators).
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE e.id = $1 AND ($2::text IS NULL OR e.tenant = $2)
 
 -- name: endpoint_list
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE ($1::text IS NULL OR e.tenant = $1)
 ORDER BY e.created_at, e.id
@@ -56,18 +56,22 @@ ORDER BY id
 -- Enabling clears the failure streak: the disable clock starts again.
 UPDATE relaybox_endpoints
 SET status = $2, disabled_reason = $3, updated_at = $4,
-    failing_since = CASE WHEN $2 = 'enabled' THEN NULL ELSE failing_since END
+    failing_since = CASE WHEN $2 = 'enabled' THEN NULL ELSE failing_since END,
+    failures = CASE WHEN $2 = 'enabled' THEN 0 ELSE failures END,
+    failing_level = CASE WHEN $2 = 'enabled' THEN 0 ELSE failing_level END
 WHERE id = $1 AND status <> $2
 RETURNING id, tenant, url, failing_since
 
 -- name: endpoint_failed
 -- Starts the failure streak at the first failure after a success.
-UPDATE relaybox_endpoints SET failing_since = COALESCE(failing_since, $2)
+UPDATE relaybox_endpoints
+SET failing_since = COALESCE(failing_since, $2), failures = failures + 1
 WHERE id = $1
-RETURNING status, failing_since
+RETURNING status, failing_since, failures, failing_level
 
 -- name: endpoint_succeeded
-UPDATE relaybox_endpoints SET failing_since = NULL WHERE id = $1 AND failing_since IS NOT NULL
+UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0
+WHERE id = $1 AND failing_since IS NOT NULL
 
 -- name: endpoint_secret_insert
 INSERT INTO relaybox_endpoint_secrets (endpoint_id, secret, created_at) VALUES ($1, $2, $3)
@@ -405,7 +409,7 @@ WITH u AS (
     FROM u LEFT JOIN done d ON d.id = u.id AND d.lease_token = u.token
     ORDER BY u.ord
 ), healthy AS (
-    UPDATE relaybox_endpoints e SET failing_since = NULL
+    UPDATE relaybox_endpoints e SET failing_since = NULL, failures = 0
     FROM (SELECT DISTINCT u.endpoint FROM u JOIN done d ON d.id = u.id AND d.lease_token = u.token
           WHERE u.endpoint IS NOT NULL) s
     WHERE e.id = s.endpoint AND e.failing_since IS NOT NULL
@@ -517,7 +521,8 @@ WITH u AS (
         SELECT endpoint_id, min(id) AS first_id FROM picked
         WHERE endpoint_id IS NOT NULL GROUP BY endpoint_id) p
     CROSS JOIN LATERAL (
-        SELECT x.id, x.tenant, x.url, x.signature, x.timeout, x.schedule,
+        SELECT x.id, x.tenant, x.url, x.signature, x.timeout, x.schedule, x.headers,
+               x.credentials, x.failing_level,
                (SELECT array_agg(s.secret ORDER BY s.id DESC) FROM relaybox_endpoint_secrets s
                 WHERE s.endpoint_id = x.id AND (s.expires_at IS NULL OR s.expires_at > $1))
                    AS secrets
@@ -537,7 +542,8 @@ LEFT JOIN (
     SELECT r.id, r.channel, r.key, r.payload, r.tenant, r.endpoint_id, r.message_id,
            r.new_attempt AS attempts, r.new_token AS lease_token, r.uncertain, r.lane,
            r.allowed, m.event_type, m.body, e.tenant AS endpoint_tenant, e.url,
-           e.signature, e.timeout, e.schedule, e.secrets
+           e.signature, e.timeout, e.schedule, e.secrets, e.headers, e.credentials,
+           e.failing_level
     FROM picked r
     LEFT JOIN LATERAL (
         SELECT event_type, body FROM relaybox_messages WHERE id = r.message_id OFFSET 0) m ON true
@@ -603,7 +609,7 @@ SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::doub
 
 -- name: endpoints_succeeded
 -- Clears the failure streak of every endpoint in $1 (a recorded batch's successes).
-UPDATE relaybox_endpoints SET failing_since = NULL
+UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0
 WHERE id = ANY($1::text[]) AND failing_since IS NOT NULL
 
 -- name: ops_attempt_minutes

@@ -27,14 +27,14 @@ RETURNING id
 -- name: endpoint_get
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE e.id = ?1 AND (?2 IS NULL OR e.tenant = ?2)
 
 -- name: endpoint_list
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE (?1 IS NULL OR e.tenant = ?1)
 ORDER BY e.created_at, e.id
@@ -51,17 +51,21 @@ ORDER BY id
 -- name: endpoint_set_status
 UPDATE relaybox_endpoints
 SET status = ?2, disabled_reason = ?3, updated_at = ?4,
-    failing_since = CASE WHEN ?2 = 'enabled' THEN NULL ELSE failing_since END
+    failing_since = CASE WHEN ?2 = 'enabled' THEN NULL ELSE failing_since END,
+    failures = CASE WHEN ?2 = 'enabled' THEN 0 ELSE failures END,
+    failing_level = CASE WHEN ?2 = 'enabled' THEN 0 ELSE failing_level END
 WHERE id = ?1 AND status <> ?2
 RETURNING id, tenant, url, failing_since
 
 -- name: endpoint_failed
-UPDATE relaybox_endpoints SET failing_since = COALESCE(failing_since, ?2)
+UPDATE relaybox_endpoints
+SET failing_since = COALESCE(failing_since, ?2), failures = failures + 1
 WHERE id = ?1
-RETURNING status, failing_since
+RETURNING status, failing_since, failures, failing_level
 
 -- name: endpoint_succeeded
-UPDATE relaybox_endpoints SET failing_since = NULL WHERE id = ?1 AND failing_since IS NOT NULL
+UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0
+WHERE id = ?1 AND failing_since IS NOT NULL
 
 -- name: endpoint_secret_insert
 INSERT INTO relaybox_endpoint_secrets (endpoint_id, secret, created_at) VALUES (?1, ?2, ?3)
@@ -310,7 +314,9 @@ WHERE lane IN (SELECT value FROM json_each(?2))
 SELECT id, event_type, body FROM relaybox_messages WHERE id IN (SELECT value FROM json_each(?1))
 
 -- name: delivery_endpoints
-SELECT id, tenant, url, signature, timeout, schedule FROM relaybox_endpoints
+SELECT id, tenant, url, signature, timeout, schedule, headers, credentials,
+       failing_level
+FROM relaybox_endpoints
 WHERE id IN (SELECT value FROM json_each(?1))
 
 -- name: outbox_release
@@ -364,7 +370,7 @@ FROM json_each(?1) AS i
 ORDER BY i.key
 
 -- name: endpoints_succeeded
-UPDATE relaybox_endpoints SET failing_since = NULL
+UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0
 WHERE id IN (SELECT value FROM json_each(?1)) AND failing_since IS NOT NULL
 
 -- name: ops_attempt_minutes
