@@ -73,6 +73,8 @@ class EndpointPatch(BaseModel):
     max_in_flight: int | None = Field(None, ge=1, le=100)
     rate_limit: float | None = Field(None, gt=0)
     enabled: bool | None = None
+    ordered: bool | None = None
+    on_dead: Literal["hold", "skip"] | None = None
 
     @field_validator("event_types")
     @classmethod
@@ -149,6 +151,8 @@ async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tup
         schedule=spec.schedule,
         max_in_flight=spec.max_in_flight or settings.max_in_flight,
         rate_limit=spec.rate_limit,
+        ordered=bool(spec.ordered),
+        on_dead=spec.on_dead or "hold",
     )
     quota = settings.max_endpoints
     try:
@@ -203,6 +207,8 @@ async def update_endpoint(
         schedule=patch.schedule if patch.schedule is not None else current.schedule,
         max_in_flight=patch.max_in_flight or current.max_in_flight,
         rate_limit=patch.rate_limit if patch.rate_limit is not None else current.rate_limit,
+        ordered=current.ordered if patch.ordered is None else patch.ordered,
+        on_dead=patch.on_dead or current.on_dead,
     )
     await box.store.endpoint_update(write, now=box.clock.now())
     if patch.enabled is True:

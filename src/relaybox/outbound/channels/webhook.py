@@ -2,7 +2,8 @@
 
 Each attempt sends the message's stored body (the same bytes every time) with
 ``webhook-id`` = the message id (stable: receivers deduplicate on it, also after an
-uncertain resend), a new ``webhook-timestamp`` and a signature by every active secret.
+uncertain resend), a new ``webhook-timestamp`` and a signature by every active secret;
+a message published with an ordering key also carries ``webhook-sequence``.
 """
 
 from __future__ import annotations
@@ -47,5 +48,7 @@ class WebhookChannel(HttpBase):
             scheme=endpoint.signature,
         )
         headers["Content-Type"] = "application/json"
+        if message.sequence is not None:  # a keyed message: receivers drop stale ones
+            headers["webhook-sequence"] = str(message.sequence)
         timeout = min(endpoint.timeout or self.outbound.settings.timeout, delivery.deadline)
         return await self.client().post(endpoint.url, message.body, headers, seconds=timeout)
