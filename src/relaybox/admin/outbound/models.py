@@ -1,0 +1,171 @@
+"""The admin API's models of the sending side: endpoints, messages, deliveries,
+attempts, event types and the actions' requests and answers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from relaybox.admin.models import RequestModel
+
+if TYPE_CHECKING:
+    pass
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EndpointFilter(RequestModel):
+    tenant: str | None = Field(None, max_length=200)
+    limit: int = Field(100, ge=1, le=1000)
+
+
+class Health(_Model):
+    attempts: int = Field(description="delivery attempts in the last 24 h")
+    succeeded: int
+    success_rate: float | None = Field(description="succeeded / attempts; null without attempts")
+    last_attempt_at: float | None
+    pending: int
+    dead: int
+    held: int
+    oldest_pending_age_seconds: float | None
+
+
+class EndpointSummary(_Model):
+    id: str
+    tenant: str
+    url: str
+    description: str
+    event_types: list[str]
+    status: str
+    disabled_reason: str | None
+    failing_since: float | None
+    created_at: float
+    health: Health
+
+
+class EndpointList(_Model):
+    items: list[EndpointSummary]
+
+
+class EndpointAttempt(_Model):
+    outbox_id: int
+    message_id: str | None
+    attempt: int
+    started_at: float
+    duration: float
+    outcome: str
+    status_code: int | None
+    error: str | None
+
+
+class EndpointDetail(EndpointSummary):
+    recent_attempts: list[EndpointAttempt]
+
+
+class MessageFilter(RequestModel):
+    tenant: str | None = Field(None, max_length=200)
+    type: str | None = Field(None, max_length=200, description="event type, exact")
+    limit: int = Field(50, ge=1, le=500)
+    cursor: str | None = Field(None, max_length=200)
+
+
+class MessageSummary(_Model):
+    id: str
+    tenant: str
+    event_type: str
+    idempotency_key: str | None
+    created_at: float
+
+
+class MessagePage(_Model):
+    items: list[MessageSummary]
+    next_cursor: str | None
+
+
+class Delivery(_Model):
+    id: int
+    endpoint_id: str | None
+    channel: str
+    status: str
+    dead_reason: str | None
+    attempts: int
+    next_attempt_at: float | None
+    last_error: str | None
+    last_status: int | None
+    created_at: float
+    sent_at: float | None
+
+
+class MessageAttempt(_Model):
+    outbox_id: int
+    endpoint_id: str | None
+    attempt: int
+    started_at: float
+    duration: float
+    outcome: str
+    status_code: int | None
+    error: str | None
+    response: str | None
+
+
+class MessageDetail(MessageSummary):
+    payload: Any = Field(description="the envelope every endpoint receives; null once purged")
+    purged_at: float | None = Field(
+        description="when retention dropped the body (it can no longer be redelivered)"
+    )
+    deliveries: list[Delivery]
+    attempts: list[MessageAttempt]
+
+
+class EventTypeInfo(_Model):
+    name: str
+    description: str
+    schema_: dict[str, Any] | None = Field(
+        alias="schema", serialization_alias="schema", description="JSON Schema of data"
+    )
+
+
+class EventTypeList(_Model):
+    items: list[EventTypeInfo]
+
+
+class RedeliverRequest(RequestModel):
+    reason: str = Field(min_length=1, max_length=2000)
+    endpoint_id: str | None = Field(None, max_length=200, description="only this endpoint")
+    actor: str | None = Field(None, min_length=1, max_length=200)
+
+
+class RedeliverResult(_Model):
+    message_id: str
+    redelivered: int = Field(description="finished deliveries sent again")
+
+
+class EndpointActionRequest(RequestModel):
+    """Disable or enable an endpoint; ``reason`` (and ``actor``) are logged, and a
+    disable keeps them as the endpoint's ``disabled_reason``."""
+
+    reason: str = Field(min_length=1, max_length=2000, description="why: kept with the record")
+    actor: str | None = Field(
+        None, min_length=1, max_length=200, description="who asks (default: admin-api)"
+    )
+
+
+class EndpointActionResult(_Model):
+    endpoint_id: str
+    status: str = Field(description="enabled or disabled, after the action")
+    disabled_reason: str | None
+    message: str
+
+
+class RecoverRequest(EndpointActionRequest):
+    since: float = Field(description="dead deliveries created at or after (epoch seconds)")
+    until: float | None = Field(None, description="created before (epoch seconds)")
+
+
+class RecoverResult(_Model):
+    endpoint_id: str
+    recovered: int = Field(description="dead deliveries back to pending")
+    message: str

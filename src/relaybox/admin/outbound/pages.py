@@ -1,0 +1,167 @@
+"""The dashboard's pages and actions of the endpoints and messages sections."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from relaybox.admin import dashboard, ops
+from relaybox.admin.outbound.models import (
+    EndpointActionRequest,
+    EndpointFilter,
+    MessageFilter,
+    RecoverRequest,
+    RedeliverRequest,
+)
+from relaybox.admin.outbound.service import (
+    endpoint_disable,
+    endpoint_enable,
+    endpoint_get,
+    endpoint_list,
+    endpoint_recover,
+    message_get,
+    message_list,
+    message_redeliver,
+)
+from relaybox.errors import InvalidTimeSpec
+from relaybox.timespec import parse_time_or_none
+
+if TYPE_CHECKING:
+    pass
+
+
+log = structlog.get_logger("relaybox.admin")
+
+
+# -- pages ------------------------------------------------------------------------
+
+
+def _text_id(request: Request) -> str:
+    raw = str(request.path_params["id"])
+    if "\x00" in raw or len(raw) > 200:
+        raise ops.NotFound(f"{raw[:40]!r} is not a known id")
+    return raw
+
+
+@dashboard.page
+async def endpoints_page(request: Request) -> Response:
+    f = EndpointFilter.model_validate(
+        {k: v for k, v in request.query_params.items() if v and k in EndpointFilter.model_fields}
+    )
+    result = await endpoint_list(dashboard.box_of(request), f)
+    return await dashboard.render(request, "endpoints.html", active="endpoints", f=f, page=result)
+
+
+@dashboard.page
+async def endpoint_page(request: Request) -> Response:
+    detail = await endpoint_get(dashboard.box_of(request), _text_id(request))
+    return await dashboard.render(request, "endpoint.html", active="endpoints", e=detail)
+
+
+@dashboard.page
+async def messages_page(request: Request) -> Response:
+    f = MessageFilter.model_validate(
+        {k: v for k, v in request.query_params.items() if v and k in MessageFilter.model_fields}
+    )
+    result = await message_list(dashboard.box_of(request), f)
+    next_url = None
+    if result.next_cursor:
+        next_url = f"{request.url.path}?cursor={result.next_cursor}"
+    return await dashboard.render(
+        request, "messages.html", active="messages", f=f, page=result, next_url=next_url
+    )
+
+
+@dashboard.page
+async def message_page(request: Request) -> Response:
+    detail = await message_get(dashboard.box_of(request), _text_id(request))
+    return await dashboard.render(request, "message.html", active="messages", m=detail)
+
+
+@dashboard.action
+async def message_redeliver_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
+    RedeliverRequest.model_validate(
+        {"reason": form.get("reason") or "redelivered from the dashboard"}
+    )
+    result = await message_redeliver(
+        dashboard.box_of(request),
+        _text_id(request),
+        endpoint_id=form.get("endpoint_id") or None,
+    )
+    return "redelivered", result.redelivered
+
+
+async def _endpoint_switch(
+    request: Request, form: dict[str, str], switch: Any, done: str
+) -> dashboard.Notice:
+    """Disable or enable from the dashboard: the form's reason, or what was done."""
+    r = EndpointActionRequest.model_validate(
+        {"reason": form.get("reason") or f"{done} from the dashboard"}
+    )
+    await switch(
+        dashboard.box_of(request),
+        _text_id(request),
+        actor=dashboard.actor_of(request),
+        reason=r.reason,
+    )
+    return f"endpoint_{done}"
+
+
+@dashboard.action
+async def endpoint_disable_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
+    return await _endpoint_switch(request, form, endpoint_disable, "disabled")
+
+
+@dashboard.action
+async def endpoint_enable_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
+    return await _endpoint_switch(request, form, endpoint_enable, "enabled")
+
+
+@dashboard.action
+async def endpoint_recover_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
+    box = dashboard.box_of(request)
+    now = box.clock.now()
+    try:  # the CLI's forms of a time: 24h (ago), ISO 8601 (UTC unless told), epoch
+        since = parse_time_or_none(form.get("since"), now)
+        until = parse_time_or_none(form.get("until"), now)
+    except InvalidTimeSpec as exc:
+        raise ops.InvalidRequest(exc.message, hint="bad_time") from None
+    if since is None:
+        raise ops.InvalidRequest(
+            "since is required: 24h, 2026-03-13T00:00:00Z or epoch seconds", hint="since_required"
+        )
+    r = RecoverRequest.model_validate(
+        {
+            "since": since,
+            "until": until,
+            "reason": form.get("reason") or "recovered from the dashboard",
+        }
+    )
+    result = await endpoint_recover(
+        box,
+        _text_id(request),
+        since=r.since,
+        until=r.until,
+        actor=dashboard.actor_of(request),
+        reason=r.reason,
+    )
+    return "recovered", result.recovered
+
+
+ENDPOINT_PAGES = (
+    Route("/endpoints", endpoints_page, methods=["GET"]),
+    Route("/endpoints/{id:str}", endpoint_page, methods=["GET"]),
+    Route("/endpoints/{id:str}/disable", endpoint_disable_action, methods=["POST"]),
+    Route("/endpoints/{id:str}/enable", endpoint_enable_action, methods=["POST"]),
+    Route("/endpoints/{id:str}/recover", endpoint_recover_action, methods=["POST"]),
+)
+MESSAGE_PAGES = (
+    Route("/messages", messages_page, methods=["GET"]),
+    Route("/messages/{id:str}", message_page, methods=["GET"]),
+    Route("/messages/{id:str}/redeliver", message_redeliver_action, methods=["POST"]),
+)
+PAGES = ENDPOINT_PAGES + MESSAGE_PAGES

@@ -1,0 +1,353 @@
+"""The sending side's reads and actions for the admin API and the dashboard: endpoints
+with their health and recent attempts, Disable, Enable and Recover; messages with
+their deliveries and attempts, and Redeliver."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from relaybox.admin import ops
+from relaybox.admin.outbound.models import (
+    Delivery,
+    EndpointActionResult,
+    EndpointAttempt,
+    EndpointDetail,
+    EndpointFilter,
+    EndpointList,
+    EndpointSummary,
+    EventTypeInfo,
+    EventTypeList,
+    Health,
+    MessageAttempt,
+    MessageDetail,
+    MessageFilter,
+    MessagePage,
+    MessageSummary,
+    RecoverResult,
+    RedeliverResult,
+)
+from relaybox.admin.sections import OverviewPanel
+from relaybox.store.outbox import EndpointBacklog, EndpointHealth
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+
+log = structlog.get_logger("relaybox.admin")
+
+HEALTH_WINDOW = 24 * 3600.0
+"""Seconds of attempts an endpoint's success rate is computed over."""
+
+TABLES = ("relaybox_endpoints", "relaybox_messages", "relaybox_outbox_attempts")
+
+
+# -- reads ------------------------------------------------------------------------
+
+
+def _encode(created_at: float, message_id: str) -> str:
+    raw = json.dumps([created_at, message_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode(cursor: str | None) -> tuple[float, str] | None:
+    if not cursor:
+        return None
+    try:
+        created_at, message_id = json.loads(
+            base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        )
+        return float(created_at), str(message_id)
+    except (binascii.Error, ValueError, TypeError):
+        raise ops.InvalidRequest("cursor is not one this API returned") from None
+
+
+async def _health(
+    box: Relaybox,
+) -> tuple[dict[str, EndpointHealth], dict[str, EndpointBacklog]]:
+    store = box.store
+    health = await store.endpoint_health(since=box.clock.now() - HEALTH_WINDOW)
+    return health, await store.endpoint_backlog()
+
+
+def _summary(
+    box: Relaybox, e: Any, health: EndpointHealth | None, backlog: EndpointBacklog | None
+) -> EndpointSummary:
+    attempts = health.attempts if health else 0
+    succeeded = health.succeeded if health else 0
+    oldest = backlog.oldest if backlog else None
+    return EndpointSummary(
+        id=e.id,
+        tenant=e.tenant,
+        url=e.url,
+        description=e.description,
+        event_types=list(e.event_types),
+        status=e.status,
+        disabled_reason=e.disabled_reason,
+        failing_since=e.failing_since,
+        created_at=e.created_at,
+        health=Health(
+            attempts=attempts,
+            succeeded=succeeded,
+            success_rate=round(succeeded / attempts, 4) if attempts else None,
+            last_attempt_at=health.last_attempt_at if health else None,
+            pending=backlog.pending if backlog else 0,
+            dead=backlog.dead if backlog else 0,
+            held=backlog.held if backlog else 0,
+            oldest_pending_age_seconds=None if oldest is None else box.clock.now() - oldest,
+        ),
+    )
+
+
+async def endpoint_list(box: Relaybox, f: EndpointFilter) -> EndpointList:
+    from relaybox.outbound.endpoints import list_endpoints
+
+    endpoints = await list_endpoints(box, f.tenant, limit=f.limit)
+    health, backlog = await _health(box)
+    return EndpointList(
+        items=[_summary(box, e, health.get(e.id), backlog.get(e.id)) for e in endpoints]
+    )
+
+
+async def endpoint_get(box: Relaybox, endpoint_id: str) -> EndpointDetail:
+    from relaybox.outbound.endpoints import get_endpoint
+
+    e = await get_endpoint(box, endpoint_id, None)
+    if e is None:
+        raise ops.NotFound(f"no endpoint {endpoint_id}")
+    health, backlog = await _health(box)
+    recent = [
+        EndpointAttempt(**asdict(a))
+        for a in await box.store.endpoint_attempts(endpoint_id, limit=50)
+    ]
+    summary = _summary(box, e, health.get(e.id), backlog.get(e.id))
+    return EndpointDetail(**summary.model_dump(), recent_attempts=recent)
+
+
+async def message_list(box: Relaybox, f: MessageFilter) -> MessagePage:
+    from relaybox.outbound.deliveries import list_messages
+
+    found = await list_messages(
+        box, f.tenant, event_type=f.type, before=_decode(f.cursor), limit=f.limit
+    )
+    items = [
+        MessageSummary(
+            id=m.id,
+            tenant=m.tenant,
+            event_type=m.event_type,
+            idempotency_key=m.idempotency_key,
+            created_at=m.created_at,
+        )
+        for m in found
+    ]
+    last = found[-1] if len(found) == f.limit else None
+    return MessagePage(items=items, next_cursor=_encode(last.created_at, last.id) if last else None)
+
+
+async def message_get(box: Relaybox, message_id: str) -> MessageDetail:
+    from relaybox.outbound.deliveries import get_message, list_attempts, list_deliveries
+
+    m = await get_message(box, message_id, None)
+    if m is None:
+        raise ops.NotFound(f"no message {message_id}")
+    deliveries = await list_deliveries(box, None, message_id=message_id, limit=1000)
+    attempts = await list_attempts(box, message_id, None)
+    purged_at = await _purged_at(box, message_id)
+    return MessageDetail(
+        id=m.id,
+        tenant=m.tenant,
+        event_type=m.event_type,
+        idempotency_key=m.idempotency_key,
+        created_at=m.created_at,
+        payload=None if purged_at is not None else ops.decode_payload(m.body),
+        purged_at=purged_at,
+        deliveries=[Delivery(**{k: d[k] for k in Delivery.model_fields}) for d in deliveries],
+        attempts=[
+            MessageAttempt(**{k: a[k] for k in MessageAttempt.model_fields}) for a in attempts
+        ],
+    )
+
+
+async def _purged_at(box: Relaybox, message_id: str) -> float | None:
+    return await box.store.message_purged_at(message_id)
+
+
+async def message_redeliver(
+    box: Relaybox, message_id: str, *, endpoint_id: str | None
+) -> RedeliverResult:
+    from relaybox.outbound.deliveries import get_message, redeliver
+
+    if await get_message(box, message_id, None) is None:
+        raise ops.NotFound(f"no message {message_id}")
+    purged_at = await _purged_at(box, message_id)
+    if purged_at is not None:
+        raise ops.Conflict(
+            f"message {message_id} cannot be redelivered: its body was purged by retention "
+            f"on {_iso(purged_at)} (its deliveries and attempts are kept)",
+            code="payload_purged",
+        )
+    n = await redeliver(box, message_id, tenant=None, endpoint_id=endpoint_id)
+    if n == 0:
+        raise ops.Conflict(
+            f"message {message_id} has no finished delivery to send again (still pending?)",
+            code="nothing_to_redeliver",
+        )
+    return RedeliverResult(message_id=message_id, redelivered=n)
+
+
+async def _endpoint_or_404(box: Relaybox, endpoint_id: str) -> Any:
+    from relaybox.outbound.endpoints import get_endpoint
+
+    found = await get_endpoint(box, endpoint_id, None)
+    if found is None:
+        raise ops.NotFound(f"no endpoint {endpoint_id}")
+    return found
+
+
+def _manual(actor: str, reason: str) -> str:
+    """The reason of an operator's disable or enable: ``manual`` is what the CLI and
+    the tenant API record; an operator adds who and why."""
+    return f"manual by {actor}: {reason}"
+
+
+async def endpoint_disable(
+    box: Relaybox, endpoint_id: str, *, actor: str, reason: str
+) -> EndpointActionResult:
+    """Switch an endpoint off: its waiting deliveries become dead letters
+    (``endpoint_disabled``, recoverable) and ``relaybox.endpoint.disabled`` is
+    published, exactly as when the CLI or its tenant disables it."""
+    from relaybox.outbound.endpoints import disable_endpoint
+
+    current = await _endpoint_or_404(box, endpoint_id)
+    if current.status == "disabled":
+        raise ops.Conflict(
+            f"endpoint {endpoint_id} is already disabled ({current.disabled_reason})",
+            code="already_disabled",
+        )
+    await disable_endpoint(box, endpoint_id, tenant=None, reason=_manual(actor, reason))
+    after = await _endpoint_or_404(box, endpoint_id)
+    log.info(
+        "endpoint_action", action="disable", endpoint_id=endpoint_id, actor=actor, reason=reason
+    )
+    return EndpointActionResult(
+        endpoint_id=endpoint_id,
+        status=after.status,
+        disabled_reason=after.disabled_reason,
+        message=f"endpoint {endpoint_id} disabled; its waiting deliveries are dead letters "
+        "(endpoint_disabled) until you recover them",
+    )
+
+
+async def endpoint_enable(
+    box: Relaybox, endpoint_id: str, *, actor: str, reason: str
+) -> EndpointActionResult:
+    """Switch an endpoint back on (its failure streak starts again). Its dead
+    letters stay dead: recover them."""
+    from relaybox.outbound.endpoints import enable_endpoint
+
+    current = await _endpoint_or_404(box, endpoint_id)
+    if current.status == "enabled":
+        raise ops.Conflict(f"endpoint {endpoint_id} is already enabled", code="already_enabled")
+    await enable_endpoint(box, endpoint_id, tenant=None, reason=_manual(actor, reason))
+    after = await _endpoint_or_404(box, endpoint_id)
+    log.info(
+        "endpoint_action",
+        action="enable",
+        endpoint_id=endpoint_id,
+        actor=actor,
+        reason=reason,
+        was=current.disabled_reason,
+    )
+    return EndpointActionResult(
+        endpoint_id=endpoint_id,
+        status=after.status,
+        disabled_reason=after.disabled_reason,
+        message=f"endpoint {endpoint_id} enabled (was disabled: {current.disabled_reason}); "
+        "its dead letters stay dead until you recover them",
+    )
+
+
+async def endpoint_recover(
+    box: Relaybox,
+    endpoint_id: str,
+    *,
+    since: float,
+    until: float | None,
+    actor: str,
+    reason: str,
+) -> RecoverResult:
+    """Retry every dead delivery of the endpoint created in ``[since, until)``. The
+    endpoint must be enabled: a disabled one is not leased, so they would only wait."""
+    from relaybox.outbound.deliveries import recover
+
+    current = await _endpoint_or_404(box, endpoint_id)
+    if current.status != "enabled":
+        raise ops.Conflict(
+            f"endpoint {endpoint_id} is disabled: enable it first, or the recovered "
+            "deliveries would only wait",
+            code="endpoint_disabled",
+        )
+    if until is not None and until <= since:
+        raise ops.InvalidRequest("until must be after since", hint="until_before_since")
+    n = await recover(box, endpoint_id, since=since, until=until, tenant=None)
+    log.info(
+        "endpoint_action",
+        action="recover",
+        endpoint_id=endpoint_id,
+        actor=actor,
+        reason=reason,
+        since=since,
+        until=until,
+        recovered=n,
+    )
+    window = f"since {_iso(since)}" + (f" until {_iso(until)}" if until is not None else "")
+    return RecoverResult(
+        endpoint_id=endpoint_id,
+        recovered=n or 0,
+        message=f"{n or 0} dead deliver(ies) of {endpoint_id} created {window} queued again",
+    )
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+async def event_types(box: Relaybox) -> EventTypeList:
+    from relaybox.outbound.catalog import list_event_types
+
+    return EventTypeList(
+        items=[
+            EventTypeInfo(name=t.name, description=t.description, schema=t.schema)
+            for t in await list_event_types(box)
+        ]
+    )
+
+
+async def overview_panel(box: Relaybox) -> OverviewPanel | None:
+    """Delivery success rate per endpoint over the last 24 hours."""
+    summaries = (await endpoint_list(box, EndpointFilter(limit=50))).items
+    if not summaries:
+        return None
+    rows = [
+        (
+            e.id,
+            e.status,
+            e.health.attempts,
+            "-" if e.health.success_rate is None else f"{e.health.success_rate:.1%}",
+            e.health.pending,
+            e.health.dead,
+        )
+        for e in summaries
+    ]
+    return OverviewPanel(
+        title="Delivery success rate per endpoint (24 h)",
+        columns=("endpoint", "status", "attempts", "success rate", "pending", "dead"),
+        rows=rows,
+        metric="endpoints",
+    )
