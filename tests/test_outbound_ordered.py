@@ -19,6 +19,7 @@ from relaybox.outbound import EndpointPatch, update_endpoint
 from relaybox.outbound.catalog import InvalidMessage
 from tests.conftest import KEYED
 from tests.support.outbound_app import endpoint, local, publish_one
+from tests.support.procs import wait_until
 from tests.support.receivers import HttpReceiver, Reply, Seen
 
 
@@ -90,25 +91,21 @@ async def test_a_failing_key_does_not_delay_the_others(live: Relaybox) -> None:
         started = time.monotonic()
         try:
 
-            async def fast_done() -> None:
-                while True:
-                    ok = [key_of(s) for s in receiver.requests if key_of(s)[0] != "slow"]
-                    if len(ok) >= 2 * per_key:
-                        return
-                    await asyncio.sleep(0.02)
+            async def fast_done() -> bool:
+                fast = [s for s in receiver.requests if key_of(s)[0] != "slow"]
+                return len(fast) >= 2 * per_key
 
-            await asyncio.wait_for(fast_done(), 60)
+            await wait_until(fast_done, within=60, what="the fast keys delivered", interval=0.02)
             fast_time = time.monotonic() - started
             # Meanwhile only slow's head was tried (and failed), nothing behind it.
             slow = [key_of(s)[1] for s in receiver.requests if key_of(s)[0] == "slow"]
             assert slow and set(slow) == {1}, slow
             released.set()
 
-            async def all_done() -> None:
-                while len({key_of(s) for s in receiver.requests}) < 3 * per_key:
-                    await asyncio.sleep(0.02)
+            async def all_done() -> bool:
+                return len({key_of(s) for s in receiver.requests}) >= 3 * per_key
 
-            await asyncio.wait_for(all_done(), 60)
+            await wait_until(all_done, within=60, what="every key delivered", interval=0.02)
         finally:
             dispatcher.stop()
             await asyncio.wait_for(running, 10)
@@ -130,9 +127,7 @@ async def test_a_dead_head_holds_its_key_or_is_skipped(live: Relaybox, on_dead: 
         return Reply(500) if key_of(seen) == ("k", 1) else Reply(200)
 
     async with HttpReceiver(reply) as receiver:
-        eid, _ = await endpoint(
-            live, receiver.url, ordered=True, on_dead=on_dead, schedule=[0.05]
-        )
+        eid, _ = await endpoint(live, receiver.url, ordered=True, on_dead=on_dead, schedule=[0.05])
         for key in ["k", "k", "k", "other"]:
             await publish_one(live, ordering_key=key)
         dispatcher = live.dispatcher()

@@ -21,7 +21,7 @@ from relaybox import Relaybox
 from relaybox.config import Settings
 from tests.conftest import KEYED
 from tests.support.outbound_app import endpoint, local, outbox_rows, publish_one
-from tests.support.procs import Procs
+from tests.support.procs import Procs, wait_until
 from tests.support.receivers import HttpReceiver, Reply, Seen
 
 pytestmark = pytest.mark.slow
@@ -112,11 +112,10 @@ async def test_two_dispatcher_processes_one_killed_keep_each_key_in_order(
     for key in KEYS:
         assert checker.accepted[key] == list(range(1, PER_KEY + 1))
 
-    async def all_recorded() -> None:
-        while {r["status"] for r in await outbox_rows(live)} != {"sent"}:
-            await asyncio.sleep(0.2)
+    async def all_recorded() -> bool:
+        return {r["status"] for r in await outbox_rows(live)} == {"sent"}
 
-    await asyncio.wait_for(all_recorded(), 60)
+    await wait_until(all_recorded, within=60, what="every delivery recorded sent")
     second.terminate()
     owners = await live.store.fetch_all(
         "SELECT DISTINCT dispatcher FROM relaybox_outbox_attempts WHERE dispatcher IS NOT NULL"

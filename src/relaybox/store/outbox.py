@@ -383,15 +383,11 @@ class OutboxStore:
             found = await self.rows(conn, "ordering_blocked_keys", (endpoint_id, tenant, limit))
         return [BlockedKey(r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5])) for r in found]
 
-    async def ordering_key_release(
-        self, endpoint_id: str, ordering_key: str, *, now: float
-    ) -> int:
+    async def ordering_key_release(self, endpoint_id: str, ordering_key: str, *, now: float) -> int:
         """Release a key held by dead deliveries: they stay dead letters but no longer
         hold the endpoint's later deliveries of the key back; returns how many."""
         async with self.transaction() as conn:
-            found = await self.rows(
-                conn, "ordering_key_release", (endpoint_id, ordering_key, now)
-            )
+            found = await self.rows(conn, "ordering_key_release", (endpoint_id, ordering_key, now))
             if found:
                 await self.notify(conn, "outbox")
         return len(found)
