@@ -35,6 +35,7 @@ from relaybox.admin.outbound.models import (
     RecoverResult,
     RedeliverResult,
 )
+from relaybox.admin.outbound.ordered import ORDERED_OPERATIONS
 from relaybox.admin.outbound.pages import ENDPOINT_PAGES, MESSAGE_PAGES, PAGES
 from relaybox.admin.outbound.service import TABLES, overview_panel
 from relaybox.admin.sections import Section, register_section
@@ -70,7 +71,7 @@ def register() -> None:
             "Endpoints",
             40,
             nav_path="/endpoints",
-            operations=ENDPOINT_OPERATIONS,
+            operations=ENDPOINT_OPERATIONS + ORDERED_OPERATIONS,
             pages=ENDPOINT_PAGES,
             requires_tables=TABLES,
             overview=overview_panel,

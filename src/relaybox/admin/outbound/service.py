@@ -15,6 +15,7 @@ import structlog
 
 from relaybox.admin import ops
 from relaybox.admin.outbound.models import (
+    BlockedKeyInfo,
     Delivery,
     EndpointActionResult,
     EndpointAttempt,
@@ -92,6 +93,8 @@ def _summary(
         disabled_reason=e.disabled_reason,
         failing_since=e.failing_since,
         created_at=e.created_at,
+        ordered=e.ordered,
+        on_dead=e.on_dead,
         health=Health(
             attempts=attempts,
             succeeded=succeeded,
@@ -127,7 +130,11 @@ async def endpoint_get(box: Relaybox, endpoint_id: str) -> EndpointDetail:
         for a in await box.store.endpoint_attempts(endpoint_id, limit=50)
     ]
     summary = _summary(box, e, health.get(e.id), backlog.get(e.id))
-    return EndpointDetail(**summary.model_dump(), recent_attempts=recent)
+    held = await box.store.ordering_blocked_keys(endpoint_id=e.id, tenant=None, limit=100)
+    blocked = [
+        BlockedKeyInfo(**{k: v for k, v in b.to_json().items() if k != "endpoint_id"}) for b in held
+    ]
+    return EndpointDetail(**summary.model_dump(), recent_attempts=recent, blocked_keys=blocked)
 
 
 async def message_list(box: Relaybox, f: MessageFilter) -> MessagePage:
