@@ -124,6 +124,7 @@ async def test_a_dead_head_holds_its_key_or_is_skipped(store: Store, on_dead: st
     assert [(b.endpoint_id, b.ordering_key, b.sequence, b.dead, b.waiting) for b in blocked] == [
         ("ep_o", "a", 1, 1, 2)
     ]
+    assert await store.ordering_blocked_count() == 1
     assert await store.ordering_blocked_keys(endpoint_id="ep_x", tenant=None, limit=10) == []
     assert await store.ordering_blocked_keys(endpoint_id=None, tenant="t2", limit=10) == []
     # The operator releases the key: the dead head stays a dead letter, a2 goes.
@@ -147,3 +148,15 @@ async def test_a_retried_dead_head_goes_first(store: Store) -> None:
     assert await store.delivery_redeliver(first_msg, tenant=None, endpoint_id=None, now=T0 + 4)
     again = await lease(store, T0 + 5)
     assert [d.id for d in again] == [a1.id]
+
+
+async def test_an_endpoint_switched_to_unordered_lets_every_key_go(store: Store) -> None:
+    await store.endpoint_create(endpoint("ep_o", ordered=True), "s", quota=5, now=T0)
+    for _ in range(3):
+        await publish(store, ["ep_o"], "a")
+    (a1,) = await lease(store, T0 + 1)
+    await record(store, a1, "dead", T0 + 2)
+    assert await store.ordering_blocked_count() == 1
+    await store.endpoint_update(endpoint("ep_o", ordered=False), now=T0 + 3)
+    assert await store.ordering_blocked_count() == 0
+    assert seqs(await lease(store, T0 + 4), "ep_o") == [2, 3]

@@ -165,6 +165,8 @@ class OutboxStore:
         async with self.transaction() as conn:
             await self.rows(conn, "endpoint_update", self._endpoint_params(endpoint, now))
             await self.lane_upsert(conn, endpoint.id, endpoint.max_in_flight, endpoint.rate_limit)
+            if not endpoint.ordered:  # nothing of it waits for its key any more
+                await self.rows(conn, "ordering_clear", (endpoint.id,))
 
     async def endpoint_delete(
         self, endpoint_id: str, tenant: str, *, reason: str, now: float
@@ -382,6 +384,11 @@ class OutboxStore:
         async with self.transaction() as conn:
             found = await self.rows(conn, "ordering_blocked_keys", (endpoint_id, tenant, limit))
         return [BlockedKey(r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5])) for r in found]
+
+    async def ordering_blocked_count(self) -> int:
+        """How many (endpoint, key) pairs dead deliveries hold back."""
+        async with self.transaction() as conn:
+            return int((await self.first(conn, "ordering_blocked_count"))[0])
 
     async def ordering_key_release(self, endpoint_id: str, ordering_key: str, *, now: float) -> int:
         """Release a key held by dead deliveries: they stay dead letters but no longer

@@ -593,3 +593,16 @@ LIMIT $3
 UPDATE relaybox_outbox SET ordering_key = NULL, updated_at = $3
 WHERE endpoint_id = $1 AND ordering_key = $2 AND status = 'dead'
 RETURNING id
+
+-- name: ordering_blocked_count
+-- How many (endpoint, key) pairs dead deliveries hold (the blocked-keys gauge).
+SELECT count(*)::int AS n FROM (
+    SELECT DISTINCT o.endpoint_id, o.ordering_key
+    FROM relaybox_outbox o JOIN relaybox_endpoints e ON e.id = o.endpoint_id
+    WHERE o.ordering_key IS NOT NULL AND o.status = 'dead' AND e.on_dead = 'hold') k
+
+-- name: ordering_clear
+-- An endpoint no longer ordered: its waiting and dead deliveries drop their keys, so
+-- nothing holds them back any more.
+UPDATE relaybox_outbox SET ordering_key = NULL
+WHERE endpoint_id = $1 AND ordering_key IS NOT NULL AND status IN ('pending', 'dead')
