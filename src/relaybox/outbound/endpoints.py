@@ -48,6 +48,9 @@ __all__ = [
 
 log = structlog.get_logger("relaybox.outbound")
 
+BROKER_PREFIX = "broker:"
+"""An endpoint URL ``broker:<name>`` routes to ``[outbound.brokers.<name>]``."""
+
 _PATTERN = re.compile(r"[A-Za-z0-9_.:*-]{1,200}")
 
 
@@ -119,7 +122,12 @@ def _check(
         raise InvalidEndpoint(
             f"max_in_flight must be at most {s.concurrency} (the dispatcher's concurrency)"
         )
-    if url is not None:
+    if url is not None and url.startswith(BROKER_PREFIX):
+        # An operator-declared broker destination, by name only: never a host.
+        name = url[len(BROKER_PREFIX) :]
+        if name not in s.brokers:
+            raise InvalidEndpoint(f"no broker destination named {name[:100]!r}")
+    elif url is not None:
         if len(url) > 2000:
             raise InvalidEndpoint("the URL is longer than 2000 characters")
         try:

@@ -8,9 +8,12 @@ a message published with an ordering key also carries ``webhook-sequence``.
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from relaybox.outbound.channels.base import Delivery, Result
+from relaybox.outbound.channels.brokers import BrokerChannel
 from relaybox.outbound.channels.http import HttpBase
 from relaybox.outbound.signing import sign
 
@@ -35,6 +38,8 @@ class WebhookChannel(HttpBase):
         endpoint, message = delivery.endpoint, delivery.message
         if endpoint is None or message is None:
             return Result("failed", error="the endpoint or the message no longer exists")
+        if endpoint.url.startswith("broker:"):
+            return await self._to_broker(delivery, endpoint.url[len("broker:") :], message.body)
         if endpoint.locked is not None:  # never sent unsigned: retried until a key opens it
             return Result("retry", error=endpoint.locked)
         if not endpoint.secrets:
@@ -52,3 +57,12 @@ class WebhookChannel(HttpBase):
             headers["webhook-sequence"] = str(message.sequence)
         timeout = min(endpoint.timeout or self.outbound.settings.timeout, delivery.deadline)
         return await self.client().post(endpoint.url, message.body, headers, seconds=timeout)
+
+    async def _to_broker(self, delivery: Delivery, name: str, body: bytes) -> Result:
+        """An endpoint routed to an operator's broker destination (``broker:<name>``):
+        the envelope goes to that channel, under the delivery's stable key."""
+        assert self.outbound is not None
+        channel = self.outbound.channels.get(name)
+        if not isinstance(channel, BrokerChannel):
+            return Result("retry", error=f"no broker destination named {name!r} is configured")
+        return await channel.deliver(replace(delivery, payload=json.loads(body)))
