@@ -399,7 +399,7 @@ def test_serve_postgres_embedded_from_an_empty_folder(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.time() + 60
+        deadline = time.time() + 120  # initdb and a first start, on a loaded machine
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:

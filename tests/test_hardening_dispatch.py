@@ -22,8 +22,8 @@ from click.testing import CliRunner
 
 from relaybox import Relaybox
 from relaybox.cli import main
+from relaybox.config.outbound import OutboundSettings
 from relaybox.outbound import create_api_key
-from relaybox.outbound.settings import OutboundSettings
 from relaybox.outbound.ssrf import Guard, UnsafeDestination, forbidden_reason
 from tests.conftest import SECRETS_KEY
 from tests.support.outbound_app import endpoint, local, outbox_rows, publish_one

@@ -27,9 +27,9 @@ from click.testing import CliRunner
 from relaybox import FrozenClock, Relaybox
 from relaybox.cli import main
 from relaybox.config import Settings
+from relaybox.config.outbound import OutboundSettings
 from relaybox.outbound import configure, create_api_key, endpoints, outbound, seal_secrets
 from relaybox.outbound.endpoints import seal_plaintext
-from relaybox.outbound.settings import OutboundSettings
 from relaybox.outbound.vault import PREFIX, KeyFile, KeyFileError, SecretsKeyMissing, new_key
 from tests.conftest import Served, _dsn
 from tests.support.outbound_app import LOCAL, dispatch_once, endpoint, publish_one

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from relaybox.outbound import DEFAULT_SCHEDULE, OutboundSettings, Schedule
-from relaybox.outbound.schedule import parse_retry_after
+from relaybox.retry import parse_retry_after
 
 
 def test_the_default_schedule_is_eight_attempts_over_about_a_day() -> None:

@@ -20,9 +20,9 @@ from pydantic import ValidationError
 from relaybox import FrozenClock, Relaybox
 from relaybox.cli import main
 from relaybox.config import Settings
+from relaybox.config.outbound import OutboundSettings
 from relaybox.outbound import configure, create_api_key, seal_secrets
 from relaybox.outbound.endpoints import endpoint_secrets
-from relaybox.outbound.settings import OutboundSettings
 from relaybox.outbound.vault import PREFIX, SecretsKeyMissing, SecretsLocked, Vault, new_key
 from tests.conftest import Served
 from tests.support.outbound_app import dispatch_once, endpoint, local, outbox_rows, publish_one

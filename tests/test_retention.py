@@ -92,7 +92,7 @@ async def history(box: Relaybox, clock: FrozenClock) -> dict[str, int]:
     rows = {r["event_id"]: r["id"] for r in await box.store.fetch_all(
         "SELECT id, event_id FROM relaybox_inbox"
     )}  # fmt: skip
-    from relaybox.admin import ops
+    from relaybox.ops import inbound as ops
 
     await ops.dead_discard(box, rows["discarded-old"], actor="t", reason="noise")
     [resolved] = await box.store.fetch_all(

@@ -909,10 +909,12 @@ class CountingStore:
         self.fail: BaseException | None = None
         self.stall = False
         self.delays: list[float] = []  # seconds the next batches take first, in order
+        self.started = asyncio.Event()  # set when a batch's commit starts
         self._original = store.inbox_accept
 
     async def inbox_accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
         self.batches.append(len(batch))
+        self.started.set()
         if self.stall:
             await asyncio.sleep(3600)
         if self.delays:
@@ -998,7 +1000,7 @@ async def test_acceptor_answers_requests_queued_behind_a_commit_that_never_answe
     try:
         started = time.monotonic()
         first = asyncio.ensure_future(acceptor.accept(delivery("e0")))
-        await asyncio.sleep(0.05)  # the committer took it and waits for its commit
+        await counting.started.wait()  # the committer took it: its commit is in flight
         second = asyncio.ensure_future(acceptor.accept(delivery("e1")))
         results = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 5)
         assert all(isinstance(r, StoreUnavailable) for r in results), results
@@ -1017,7 +1019,7 @@ async def test_acceptor_rows_queued_behind_a_commit_share_the_next(
     counting.delays = [0.3]
     try:
         first = asyncio.ensure_future(acceptor.accept(delivery("e0")))
-        await asyncio.sleep(0.05)  # the first commit is in flight
+        await counting.started.wait()  # the committer took it: its commit is in flight
         rest = [asyncio.ensure_future(acceptor.accept(delivery(f"e{i}"))) for i in range(1, 6)]
         for _ in range(3):
             await asyncio.sleep(0.01)
@@ -1038,7 +1040,7 @@ async def test_acceptor_enough_queued_rows_commit_beside_one_in_flight(
     counting.delays = [1.0]
     try:
         first = asyncio.ensure_future(acceptor.accept(delivery("e0")))
-        await asyncio.sleep(0.05)
+        await counting.started.wait()
         started = time.monotonic()
         rest = await asyncio.wait_for(
             asyncio.gather(*(acceptor.accept(delivery(f"e{i}")) for i in range(1, 5))), 5
@@ -1061,13 +1063,13 @@ async def test_acceptor_commit_stuck_on_one_connection_holds_the_others_back_bri
     counting.stall = True
     try:
         stuck = asyncio.ensure_future(acceptor.accept(delivery("e0")))
-        await asyncio.sleep(0.05)
+        await counting.started.wait()
         counting.stall = False  # only the first batch hangs
         started = time.monotonic()
         outcome = await asyncio.wait_for(acceptor.accept(delivery("e1")), 5)
         waited = time.monotonic() - started
         assert outcome.status == "accepted"
-        assert 0.04 <= waited < 1.0, waited  # the patience left (0.05 s), not 10 s
+        assert 0.04 <= waited < 1.0, waited  # the patience (0.1 s), not the 10 s timeout
         assert not stuck.done()
     finally:
         await acceptor.close()

@@ -33,6 +33,7 @@ from relaybox.config import Settings, WorkerSettings
 from relaybox.log import configure_logging
 from relaybox.store import NewDelivery
 from tests.conftest import Served
+from tests.support.procs import wait_until
 
 
 def delivery(clock: FrozenClock, event_id: str, event_type: str, body: Any) -> NewDelivery:
@@ -749,13 +750,14 @@ async def test_in_a_group_a_handler_blocked_on_a_lock_runs_again_alone(
         await holder.execute("BEGIN")
         await holder.execute("UPDATE balances SET n = n + 100 WHERE id = 'hot'")
         run = asyncio.create_task(box.worker(group=3, concurrency=1).run_once())
-        await asyncio.sleep(0.5)  # the group gave up on the lock and committed e1, e3
-        state = await rows(box)
-        assert {e: r["status"] for e, r in state.items()} == {
-            "e1": "done",
-            "e2": "pending",
-            "e3": "done",
-        }
+
+        async def others_done() -> dict[str, str] | None:
+            state = {e: r["status"] for e, r in (await rows(box)).items()}
+            return state if state["e1"] == state["e3"] == "done" else None
+
+        # The group gives up on the locked row and commits e1 and e3 without it.
+        state = await wait_until(others_done, within=10, what="e1 and e3 done", interval=0.02)
+        assert state == {"e1": "done", "e2": "pending", "e3": "done"}
         await holder.execute("COMMIT")
         assert await run == 3
     finally:

@@ -19,7 +19,7 @@ import gc
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -34,6 +34,14 @@ from relaybox.sources.base import Source
 from relaybox.sources.bodies import BodyLimits
 from relaybox.store import AcceptOutcome, NewDelivery, Store, check_database_url, open_store
 from relaybox.worker import Context, Handler, Hooks, Registration, Worker
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from relaybox.outbound.dispatcher import Dispatcher
+    from relaybox.outbound.registry import Outbound
+    from relaybox.retention import Maintenance
+    from relaybox.store.outbox_rows import Message
 
 __all__ = ["ROLES", "Relaybox"]
 
@@ -67,7 +75,7 @@ class Relaybox:
         self._background: list[asyncio.Task[None]] = []
         self._watcher: asyncio.Task[None] | None = None
         self.webhooks_doc: dict[str, Any] = {}  # the catalog as OpenAPI webhooks
-        self._workers: list[Any] = []
+        self._workers: list[Worker | Dispatcher | Maintenance] = []
         self._made: weakref.WeakSet[Worker] = weakref.WeakSet()  # box.worker()'s
         self.receiver = Receiver(self)
         if self.settings.sources:
@@ -180,19 +188,19 @@ class Relaybox:
         return worker
 
     @property
-    def outbound(self) -> Any:
+    def outbound(self) -> Outbound:
         """The sending side: settings, SSRF guard, channels (:mod:`relaybox.outbound`)."""
         from relaybox.outbound import outbound
 
         return outbound(self)
 
-    def dispatcher(self, **options: Any) -> Any:
+    def dispatcher(self, **options: Any) -> Dispatcher:
         """The outbox dispatcher (``relaybox dispatch``)."""
         from relaybox.outbound.dispatcher import Dispatcher
 
         return Dispatcher(self, **options)
 
-    def maintenance(self, **options: Any) -> Any:
+    def maintenance(self, **options: Any) -> Maintenance:
         """The scheduled maintenance loop (retention purge; ``relaybox maintenance``)."""
         from relaybox.retention import Maintenance
 
@@ -207,7 +215,7 @@ class Relaybox:
         tenant: str,
         idempotency_key: str | None = None,
         **options: Any,
-    ) -> Any:
+    ) -> Message:
         """Publish an outbound event inside the caller's transaction: one message
         row plus one outbox row per subscribed, enabled endpoint, committed with the
         caller's change or not at all. ``conn`` is an ``AsyncConnection`` or an ORM
@@ -278,7 +286,7 @@ class Relaybox:
 
     # -- running --------------------------------------------------------------
 
-    def asgi(self, *, roles: tuple[str, ...] = ROLES) -> Any:
+    def asgi(self, *, roles: tuple[str, ...] = ROLES) -> Starlette:
         """The app served by ``relaybox serve``. HTTP roles: ``receiver``
         (``/webhooks/{source}``), ``api`` (tenant-facing ``/api/v1``), ``admin``
         (``/admin``: operator API and dashboard); background roles: ``worker``,
@@ -358,7 +366,7 @@ class Relaybox:
         """Start background roles (``worker``, ``dispatcher``, ``maintenance``) in the running loop.
         Each runner has ``run()`` (until stopped) and ``stop()`` (finish what it holds)."""
         self.freeze_startup_heap()
-        factories = {
+        factories: dict[str, Callable[[], Worker | Dispatcher | Maintenance]] = {
             "worker": self.worker,
             "dispatcher": self.dispatcher,
             "maintenance": self.maintenance,

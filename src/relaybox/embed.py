@@ -1,17 +1,17 @@
 """Helpers for applications that embed relaybox (FastAPI, Starlette, Litestar).
 
-    app = FastAPI(lifespan=box.lifespan)
-    app.mount("/webhooks", box.receiver)
-    document_webhooks(app, box)           # the event catalog in the OpenAPI "webhooks"
+app = FastAPI(lifespan=box.lifespan)
+app.mount("/webhooks", box.receiver)
+document_webhooks(app, box)           # the event catalog in the OpenAPI "webhooks"
 
-    @app.post("/orders/{order_id}/complete")
-    async def complete(order_id: str, box: Annotated[Relaybox, Depends(get_box)]): ...
+@app.post("/orders/{order_id}/complete")
+async def complete(order_id: str, box: Annotated[Relaybox, Depends(get_box)]): ...
 """
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from starlette.requests import HTTPConnection
 
@@ -33,7 +33,7 @@ def get_box(request: HTTPConnection) -> Relaybox:
         raise ConfigurationError(
             "no relaybox in the lifespan state: build the app with lifespan=box.lifespan"
         )
-    return box
+    return cast("Relaybox", box)
 
 
 def openapi_webhooks(event_types: list[EventType], *, api_version: str) -> dict[str, Any]:

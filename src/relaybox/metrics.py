@@ -41,7 +41,6 @@ __all__ = [
     "Metrics",
     "OpsStats",
     "QueueCollector",
-    "QueueGroup",
     "read_ops_stats",
     "status_class",
 ]

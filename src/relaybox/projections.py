@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "VERSION_ORDERS",
-    "Projection",
     "VersionOrder",
     "auto_order",
     "canonical_state",

@@ -20,7 +20,12 @@ from relaybox.store.history import ReplayCandidate, ReplayFilter
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
-__all__ = ["Candidate", "ReplayResult", "Selection", "replay", "select"]
+__all__ = [
+    "ReplayResult",
+    "Selection",
+    "replay",
+    "select",
+]
 
 log = structlog.get_logger("relaybox.replay")
 

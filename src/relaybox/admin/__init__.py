@@ -10,7 +10,7 @@ up once its tables are migrated.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -129,7 +129,7 @@ def _guarded(route: BaseRoute, section: Section) -> BaseRoute:
         if missing:
             message = f"{section.title}: tables {', '.join(missing)} do not exist; run migrations"
             return await dashboard.render(request, "error.html", status=404, message=message)
-        return await endpoint(request)
+        return cast(Response, await endpoint(request))
 
     methods = sorted(route.methods - {"HEAD"}) if route.methods else None
     return Route(route.path, guarded, methods=methods, name=route.name)

@@ -27,10 +27,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from relaybox.admin import models as m
-from relaybox.admin import ops
 from relaybox.admin.sections import Call, Operation, Section
 from relaybox.bodies import BodyTooLarge, read_body, text_problem
+from relaybox.errors import OpsError
+from relaybox.ops import inbound as ops
+from relaybox.ops import inbound_models as m
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -327,7 +328,7 @@ def _endpoint(box: Relaybox, op: Operation, section: Section, tables: TablesChec
         actor = getattr(body, "actor", None) or "admin-api"
         try:
             result = await op.handler(Call(box, path, query, body, actor))
-        except ops.OpsError as exc:
+        except OpsError as exc:
             return error_response(exc.status, exc.code, exc.message)
         if op.method != "GET":
             log.info("admin_action", operation=op.operation_id, actor=actor, path=path)

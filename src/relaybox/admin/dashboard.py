@@ -1,6 +1,6 @@
 """The operator dashboard: server-rendered pages (Jinja2), no JavaScript build, no
 CDN, nothing fetched from outside the machine. Reads go through the same functions
-as the JSON API (:mod:`relaybox.admin.ops`); every action is a POST form that carries
+as the JSON API (:mod:`relaybox.ops.inbound`); every action is a POST form that carries
 the session's CSRF token and answers with a redirect (post/redirect/get), so a reload
 never repeats a retry.
 
@@ -22,7 +22,7 @@ import hmac
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qs, urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -32,8 +32,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from relaybox.admin import models as m
-from relaybox.admin import ops
 from relaybox.admin.auth import (
     COOKIE,
     SESSIONS_TABLE,
@@ -43,7 +41,10 @@ from relaybox.admin.auth import (
     token_ok,
 )
 from relaybox.bodies import BodyTooLarge, read_body, text_problem
+from relaybox.errors import InvalidRequest, NotFound, OpsError
 from relaybox.limits import FailureThrottle
+from relaybox.ops import inbound as ops
+from relaybox.ops import inbound_models as m
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -136,7 +137,7 @@ def _flash(query: Any) -> tuple[str, str]:
 
 
 def box_of(request: Request) -> Relaybox:
-    return request.app.state.box
+    return cast("Relaybox", request.app.state.box)
 
 
 def _base(request: Request) -> str:
@@ -174,7 +175,7 @@ async def login_page(request: Request, problem: str = "") -> Response:
 async def form_of(request: Request, limit: int | None = None) -> dict[str, str]:
     """An urlencoded form (the dashboard posts nothing else), last value wins, read
     with a size limit (default ``admin.form_max_body``; :class:`BodyTooLarge` above
-    it). A value with a NUL character is an :class:`ops.InvalidRequest`."""
+    it). A value with a NUL character is an :class:`InvalidRequest`."""
     if limit is None:
         limit = box_of(request).settings.admin.form_max_body
     raw = await read_body(request, limit)
@@ -182,7 +183,7 @@ async def form_of(request: Request, limit: int | None = None) -> dict[str, str]:
     form = {k: v[-1] for k, v in parsed.items()}
     problem = text_problem(form, "form")
     if problem:
-        raise ops.InvalidRequest(problem)
+        raise InvalidRequest(problem)
     return form
 
 
@@ -208,7 +209,7 @@ def page(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Aw
             return await render(request, "error.html", status=400, message=problem)
         try:
             return await fn(request)
-        except ops.OpsError as exc:
+        except OpsError as exc:
             return await render(request, "error.html", status=exc.status, message=exc.message)
         except ValidationError as exc:
             problems = "; ".join(
@@ -227,7 +228,7 @@ async def _checked_form(request: Request) -> dict[str, str] | Response:
         form = await form_of(request)
     except BodyTooLarge as exc:
         return await _too_large(request, exc)
-    except ops.OpsError as exc:
+    except OpsError as exc:
         return await render(request, "error.html", status=exc.status, message=exc.message)
     session: Session | None = request.scope.get("state", {}).get("admin_session")
     if session is None or not hmac.compare_digest(form.get("csrf", ""), session.csrf):
@@ -254,7 +255,7 @@ def action(
             back = base + "/"
         try:
             notice = await fn(request, form)
-        except ops.OpsError as exc:
+        except OpsError as exc:
             code = exc.hint or exc.code
             return _redirect(back, error=code if code in ERRORS else "invalid_request")
         except ValidationError:
@@ -284,7 +285,7 @@ def _next_url(request: Request, cursor: str | None) -> str | None:
 def _path_id(request: Request) -> int:
     raw = request.path_params["id"]
     if not raw.isdigit() or len(raw) > 18:
-        raise ops.NotFound(f"{raw!r} is not a known id")
+        raise NotFound(f"{raw!r} is not a known id")
     return int(raw)
 
 
@@ -323,7 +324,7 @@ async def login(request: Request) -> Response:
     except BodyTooLarge as exc:
         problem = f"the login form is {exc}"
         return await render(request, "login.html", status=413, next=base + "/", problem=problem)
-    except ops.OpsError as exc:
+    except OpsError as exc:
         return await render(request, "login.html", status=400, next=base + "/", problem=exc.message)
     nxt = _safe_next(form.get("next", base + "/"), base)
     if box.settings.admin_token is None:

@@ -19,8 +19,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from relaybox.admin.models import ErrorBody
 from relaybox.admin.sections import Operation, Section
+from relaybox.ops.inbound_models import ErrorBody
 
 __all__ = ["REGENERATE", "main", "openapi_document", "render"]
 

@@ -21,8 +21,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -39,6 +40,8 @@ from relaybox.errors import ConfigurationError, InvalidTimeSpec, StoreUnavailabl
 from relaybox.store import check_database_url
 
 __all__ = ["main"]
+
+T = TypeVar("T")
 
 
 def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
@@ -305,7 +308,7 @@ def worker(
     run_async(run())
 
 
-def run_async(coro: Any) -> Any:
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run a long-lived loop on uvloop when installed (it ships with uvicorn[standard]):
     the worker measured CPU-bound in the plain asyncio loop's socket writes."""
     try:
@@ -430,7 +433,7 @@ def _handled_type(box: Relaybox, source_name: str) -> str | None:
     return None
 
 
-def _run_db(box: Relaybox, coro: Any) -> Any:
+def _run_db(box: Relaybox, coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` (an operation on ``box``'s database); an error that means usage or
     configuration exits 2, one of the database exits 3 (:func:`exit_code_for`)."""
     try:

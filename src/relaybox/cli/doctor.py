@@ -96,7 +96,7 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
 async def _doctor_channels(box: Relaybox, checks: _Checks) -> None:
     """Pending outbox rows whose channel this app never registers: no dispatcher
     delivers them."""
-    from relaybox.admin import ops
+    from relaybox.ops import inbound as ops
 
     stuck = {
         name: n

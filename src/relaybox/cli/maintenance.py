@@ -24,7 +24,7 @@ __all__ = ["COMMANDS"]
 @_json_option
 def stats(app: str | None, config: str | None, database_url: str | None, as_json: bool) -> None:
     """Queue numbers: the same snapshot /metrics exports and the dashboard shows."""
-    from relaybox.admin import ops
+    from relaybox.ops import inbound as ops
 
     box = load_box(app, config, database_url)
     s = _run(box, lambda: ops.stats(box), as_json=as_json)

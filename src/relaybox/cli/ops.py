@@ -1,6 +1,6 @@
 """``relaybox inbox | dead | quarantine``: the
 operator's commands. They call the same functions as the admin API and the dashboard
-(:mod:`relaybox.admin.ops`), so a dead letter retried here goes through the worker and
+(:mod:`relaybox.ops.inbound`), so a dead letter retried here goes through the worker and
 its handler's business keys like one retried from a browser.
 
 Every command takes ``--json`` (one JSON document on stdout; logs go to stderr).
@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 from pydantic import BaseModel, ValidationError
@@ -28,6 +28,7 @@ from relaybox.cli import _run_db, app_options, json_option
 from relaybox.cli import load_box as _load_box
 from relaybox.cli.exits import EXIT_FAILED, exit_code_for
 from relaybox.cli.table import keep_whole, print_table
+from relaybox.errors import OpsError
 from relaybox.timespec import parse_time_or_none
 
 __all__ = ["COMMANDS"]
@@ -72,21 +73,20 @@ def _run(box: Relaybox, make: Callable[[], Awaitable[T]], *, as_json: bool) -> T
     """Run one async operation against the box's database, close it, and map an
     operator error to its exit code (unknown id, wrong state: 1) with its message
     (``--json``: ``{"error": code, "message": ...}`` on stdout)."""
-    from relaybox.admin import ops
 
-    async def go() -> Any:
+    async def go() -> T | OpsError:
         try:
             return await make()
-        except ops.OpsError as exc:
+        except OpsError as exc:
             return exc
         finally:
             await box.close()
 
     result = _run_db(box, go())
-    if isinstance(result, ops.OpsError):
+    if isinstance(result, OpsError):
         exit_code = exit_code_for(result) or EXIT_FAILED
         _fail(result.message, code=result.code, as_json=as_json, exit_code=exit_code)
-    return result
+    return cast(T, result)  # not an OpsError: what make() returned
 
 
 def _emit(model: BaseModel | dict[str, Any], as_json: bool, human: Callable[[], None]) -> None:
@@ -182,7 +182,8 @@ def inbox_list(
     as_json: bool,
 ) -> None:
     """Inbox events, newest first."""
-    from relaybox.admin import models, ops
+    from relaybox.ops import inbound as ops
+    from relaybox.ops import inbound_models as models
 
     now = time.time()
     f = _validate(
@@ -209,7 +210,7 @@ def inbox_show(
     app: str | None, config: str | None, database_url: str | None, inbox_id: int, as_json: bool
 ) -> None:
     """One event: payload, attempts, errors, business keys, outbox rows, replays."""
-    from relaybox.admin import ops
+    from relaybox.ops import inbound as ops
 
     box = load_box(app, config, database_url)
     e = _run(box, lambda: ops.event_get(box, inbox_id), as_json=as_json)
@@ -291,7 +292,8 @@ def dead_list(
     as_json: bool,
 ) -> None:
     """Dead letters waiting for an operator, newest first."""
-    from relaybox.admin import models, ops
+    from relaybox.ops import inbound as ops
+    from relaybox.ops import inbound_models as models
 
     now = time.time()
     f = _validate(
@@ -342,7 +344,8 @@ def dead_retry(
     relaybox dead retry 12 13 --reason "fixed"  ·  relaybox dead retry --all
     --source stripe --dead-reason exhausted --reason "provider outage over"
     """
-    from relaybox.admin import models, ops
+    from relaybox.ops import inbound as ops
+    from relaybox.ops import inbound_models as models
 
     if bool(ids) == retry_all:
         raise click.UsageError("give dead letter ids, or --all with filters (not both)")
@@ -373,7 +376,7 @@ def dead_retry(
                 try:
                     r = await ops.dead_retry(box, inbox_id, actor=who, reason=reason)
                     replayed += r.replayed
-                except ops.OpsError as exc:
+                except OpsError as exc:
                     problems.append(exc.message)
                     if exc.code == "payload_purged":
                         purged.append(inbox_id)
@@ -409,7 +412,7 @@ def dead_discard(
     as_json: bool,
 ) -> None:
     """Take a dead letter out of the queue for good (the row stays, for the record)."""
-    from relaybox.admin import ops
+    from relaybox.ops import inbound as ops
 
     box = load_box(app, config, database_url)
     who = _actor(actor)
@@ -447,7 +450,8 @@ def quarantine_list(
     as_json: bool,
 ) -> None:
     """Quarantined deliveries, newest first (open ones by default)."""
-    from relaybox.admin import models, ops
+    from relaybox.ops import inbound as ops
+    from relaybox.ops import inbound_models as models
 
     f = _validate(models.QuarantineFilter, source=source, limit=limit, cursor=cursor)
     f = f.model_copy(update={"resolved": {"open": False, "resolved": True, "all": None}[state]})
@@ -482,7 +486,7 @@ def quarantine_show(
     as_json: bool,
 ) -> None:
     """A quarantined delivery compared with the original it collided with."""
-    from relaybox.admin import ops
+    from relaybox.ops import inbound as ops
 
     box = load_box(app, config, database_url)
     q = _run(box, lambda: ops.quarantine_get(box, quarantine_id), as_json=as_json)
@@ -526,7 +530,7 @@ def quarantine_resolve(
     as_json: bool,
 ) -> None:
     """Record the decision on a quarantined delivery (the original is not touched)."""
-    from relaybox.admin import ops
+    from relaybox.ops import inbound as ops
 
     box = load_box(app, config, database_url)
     who = _actor(actor)

@@ -28,6 +28,7 @@ from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
 from relaybox.outbound.publish import publish
 from relaybox.outbound.vault import SecretsLocked, new_key
+from relaybox.store.outbox_rows import Endpoint
 from relaybox.timespec import TIME_FORMS, parse_time, parse_time_or_none
 
 __all__ = ["COMMANDS"]
@@ -85,7 +86,7 @@ def _split(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()] if value else None
 
 
-async def _endpoint(box: Relaybox, endpoint_id: str) -> endpoints.Endpoint:
+async def _endpoint(box: Relaybox, endpoint_id: str) -> Endpoint:
     found = await endpoints.get_endpoint(box, endpoint_id, None)
     if found is None:
         raise click.ClickException(f"no endpoint {endpoint_id}")

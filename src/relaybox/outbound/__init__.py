@@ -11,6 +11,7 @@
 manage their endpoints over ``/api/v1`` (role ``api``). See ``docs/sending.md``.
 """
 
+from relaybox.config.outbound import DEFAULT_SCHEDULE, BrokerSettings, OutboundSettings
 from relaybox.outbound.apikeys import authenticate, create_api_key, list_api_keys, revoke_api_key
 from relaybox.outbound.catalog import EventType, InvalidMessage, define_event_type, list_event_types
 from relaybox.outbound.channels import (
@@ -35,7 +36,6 @@ from relaybox.outbound.deliveries import (
 )
 from relaybox.outbound.dispatcher import Dispatcher
 from relaybox.outbound.endpoints import (
-    Endpoint,
     EndpointPatch,
     EndpointSpec,
     InvalidEndpoint,
@@ -50,11 +50,11 @@ from relaybox.outbound.endpoints import (
     seal_secrets,
     update_endpoint,
 )
-from relaybox.outbound.publish import Message, publish
+from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import Outbound, configure, outbound
-from relaybox.outbound.schedule import Schedule
-from relaybox.outbound.settings import DEFAULT_SCHEDULE, BrokerSettings, OutboundSettings
 from relaybox.outbound.ssrf import Guard, UnsafeDestination
+from relaybox.retry import Schedule
+from relaybox.store.outbox_rows import Endpoint, Message
 
 __all__ = [
     "DEFAULT_SCHEDULE",

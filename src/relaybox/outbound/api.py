@@ -53,10 +53,11 @@ from relaybox.outbound.endpoints import (
     EndpointSpec,
     InvalidEndpoint,
 )
-from relaybox.outbound.publish import Message, publish
+from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind
 from relaybox.outbound.vault import SecretsLocked
+from relaybox.store.outbox_rows import Endpoint, Message
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -219,7 +220,7 @@ def build_api(box: Relaybox) -> Starlette:
                 retry_after=seconds,
             )
 
-    async def endpoint_of(request: Request, tenant: str) -> endpoints.Endpoint:
+    async def endpoint_of(request: Request, tenant: str) -> Endpoint:
         found = await endpoints.get_endpoint(box, request.path_params["id"], tenant)
         if found is None:
             raise _not_found("endpoint")

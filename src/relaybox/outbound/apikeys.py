@@ -9,7 +9,7 @@ import secrets
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from relaybox.store.outbox import new_id
+from relaybox.store.outbox_rows import new_id
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox

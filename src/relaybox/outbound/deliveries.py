@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from relaybox.outbound.endpoints import get_endpoint
-from relaybox.store.outbox import Message
+from relaybox.store.outbox_rows import Message
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox

@@ -46,14 +46,15 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from relaybox.config.outbound import tenant_cap
 from relaybox.log import error_text, short_error
-from relaybox.outbound.channels.base import Channel, Delivery, Result
+from relaybox.outbound.channels.base import Channel, Result
 from relaybox.outbound.lanes import LaneScheduler
-from relaybox.outbound.leases import Fairness, lease, lease_recording, release
+from relaybox.outbound.leases import lease, lease_recording, release
 from relaybox.outbound.recorder import Decision, Finished, Recorder, sent_row
 from relaybox.outbound.registry import outbound
-from relaybox.outbound.schedule import Schedule
-from relaybox.outbound.settings import tenant_cap
+from relaybox.retry import Schedule
+from relaybox.store.outbox_rows import Delivery, Fairness
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox

@@ -19,13 +19,12 @@ from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind, new_secret, public_form
 from relaybox.outbound.ssrf import UnsafeDestination
 from relaybox.outbound.vault import MISSING_HINT, KeyFileError, Vault
-from relaybox.store.outbox import Endpoint, EndpointQuotaReached, EndpointWrite, new_id
+from relaybox.store.outbox_rows import Endpoint, EndpointQuotaReached, EndpointWrite, new_id
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
 __all__ = [
-    "Endpoint",
     "EndpointPatch",
     "EndpointQuotaExceeded",
     "EndpointSpec",

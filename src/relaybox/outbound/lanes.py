@@ -22,8 +22,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from relaybox.outbound.channels.base import Delivery
-from relaybox.outbound.leases import Fairness
+from relaybox.store.outbox_rows import Delivery, Fairness
 
 __all__ = ["LaneScheduler"]
 

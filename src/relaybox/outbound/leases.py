@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.vault import SecretsLocked
-from relaybox.store.outbox import LeaseRequest, SecretOpener
-from relaybox.store.outbox_rows import UNBOUNDED, Delivery, Fairness, Lane, allocate
+from relaybox.store.outbox import SecretOpener
+from relaybox.store.outbox_rows import UNBOUNDED, Delivery, Fairness, LeaseRequest
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -51,9 +51,6 @@ if TYPE_CHECKING:
 __all__ = [
     "LEASE_MARGIN",
     "UNBOUNDED",
-    "Fairness",
-    "Lane",
-    "allocate",
     "lease",
     "lease_recording",
     "release",

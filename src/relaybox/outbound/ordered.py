@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Literal
 import structlog
 
 from relaybox.outbound.endpoints import EndpointPatch, get_endpoint, update_endpoint
-from relaybox.store.outbox import BlockedKey, Endpoint
+from relaybox.store.outbox_rows import BlockedKey, Endpoint
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
-__all__ = ["BlockedKey", "blocked_keys", "release_key", "set_ordering"]
+__all__ = ["blocked_keys", "release_key", "set_ordering"]
 
 log = structlog.get_logger("relaybox.outbound")
 

@@ -23,12 +23,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from relaybox.bodies import text_problem
 from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, validate_data
 from relaybox.outbound.registry import outbound
-from relaybox.store.outbox import Message, NewMessage, new_id
+from relaybox.store.outbox_rows import Message, NewMessage, new_id
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
-__all__ = ["Message", "envelope_time", "matches", "publish"]
+__all__ = [
+    "envelope_time",
+    "matches",
+    "publish",
+]
 
 
 def envelope_time(now: float) -> str:

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from relaybox.log import debug_enabled, short_error
-from relaybox.outbound.channels.base import Delivery, Result
+from relaybox.outbound.channels.base import Result
 from relaybox.outbound.endpoints import disable_in
 from relaybox.outbound.leases import lease_recording
 from relaybox.outbound.registry import outbound
+from relaybox.store.outbox_rows import Delivery
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox

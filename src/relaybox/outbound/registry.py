@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter
 from sqlalchemy.engine import make_url
 
+from relaybox.config.outbound import BrokerSettings, OutboundSettings
 from relaybox.outbound.channels.base import Channel
 from relaybox.outbound.channels.brokers import broker_channel
 from relaybox.outbound.channels.webhook import WebhookChannel
-from relaybox.outbound.schedule import Schedule
-from relaybox.outbound.settings import BrokerSettings, OutboundSettings
 from relaybox.outbound.ssrf import Guard, Resolver
 from relaybox.outbound.vault import KeyFile, Vault, new_key
+from relaybox.retry import Schedule
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox

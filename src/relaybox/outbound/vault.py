@@ -46,6 +46,7 @@ from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
+from relaybox.config.outbound import parse_keys
 from relaybox.errors import ConfigurationError
 
 __all__ = [
@@ -56,7 +57,6 @@ __all__ = [
     "SecretsLocked",
     "Vault",
     "new_key",
-    "parse_keys",
 ]
 
 PREFIX = "fernet:"
@@ -100,22 +100,6 @@ class KeyFileError(SecretsLocked, ConfigurationError):
 def new_key() -> str:
     """A fresh key for ``outbound.secrets_key``."""
     return Fernet.generate_key().decode()
-
-
-def parse_keys(value: str | None) -> list[Fernet]:
-    """``secrets_key``'s comma-separated keys; ``ValueError`` names a bad one."""
-    keys: list[Fernet] = []
-    for n, part in enumerate((value or "").split(","), start=1):
-        if not part.strip():
-            continue
-        try:
-            keys.append(Fernet(part.strip().encode()))
-        except (ValueError, TypeError):
-            raise ValueError(
-                f"key {n} is not a Fernet key (32 url-safe base64-encoded bytes;"
-                " make one with `relaybox endpoints new-key`)"
-            ) from None
-    return keys
 
 
 class KeyFile:

@@ -78,7 +78,7 @@ async def driver(conn: AsyncConnection) -> asyncpg.Connection:
     return found._connection
 
 
-class FoldedTransaction(asyncpg.transaction.Transaction):
+class FoldedTransaction(asyncpg.transaction.Transaction):  # type: ignore[misc]
     """An asyncpg transaction whose BEGIN and COMMIT can each carry one more statement
     in the same round trip (simple query protocol: one message, several statements).
     SQLAlchemy's adapter holds it like its own: its commit and rollback end it.

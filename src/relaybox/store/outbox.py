@@ -42,32 +42,12 @@ from relaybox.store.outbox_rows import (
     SecretOpener,
     StoredSecret,
     Target,
-    new_id,
 )
 
 __all__ = [
-    "ApiKey",
-    "AttemptRow",
-    "BlockedKey",
-    "DeliveryRow",
-    "Endpoint",
-    "EndpointAttempt",
-    "EndpointBacklog",
-    "EndpointHealth",
-    "EndpointQuotaReached",
-    "EndpointStatusChange",
-    "EndpointWrite",
-    "EventTypeRow",
-    "FailureStreak",
-    "LeaseRequest",
-    "Leased",
-    "Message",
-    "NewMessage",
     "OutboxStore",
     "SecretOpener",
-    "StoredSecret",
     "leased_delivery",
-    "new_id",
 ]
 
 

@@ -35,8 +35,8 @@ from relaybox.store._drivers import (
 from relaybox.store._drivers import driver as _driver
 from relaybox.store._drivers import plain as _plain
 from relaybox.store.base import AcceptOutcome, Claim, Listener, NewDelivery, OutboxRow, Store
-from relaybox.store.outbox import Leased, LeaseRequest, SecretOpener, leased_delivery
-from relaybox.store.outbox_rows import MessageBody, Target
+from relaybox.store.outbox import SecretOpener, leased_delivery
+from relaybox.store.outbox_rows import Leased, LeaseRequest, MessageBody, Target
 
 __all__ = ["PostgresStore"]
 
@@ -441,7 +441,8 @@ class PostgresStore(Store):
         statement against ~60 µs through SQLAlchemy (bench/README.md). Handlers keep
         SQLAlchemy."""
         driver = await _driver(conn)
-        return await driver.fetch(self.q[name], *params)
+        rows: list[Any] = await driver.fetch(self.q[name], *params)
+        return rows
 
     async def listen(self, channel: str, wake: asyncio.Event) -> Listener | None:
         """LISTEN on a connection of its own (outside every pool)."""
@@ -451,7 +452,8 @@ class PostgresStore(Store):
         except Exception as exc:  # polling still finds the rows
             log.warning("listen_failed", channel=channel, error=short_error(exc))
             return None
-        return conn
+        listener: Listener = conn
+        return listener
 
     async def notify(self, conn: AsyncConnection, channel: str) -> None:
         await conn.exec_driver_sql(self.q[f"notify_{channel}"])

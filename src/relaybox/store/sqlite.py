@@ -26,8 +26,8 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from relaybox.store._drivers import run_on_sqlite_thread
 from relaybox.store.base import AcceptOutcome, Listener, NewDelivery, Store
-from relaybox.store.outbox import Leased, LeaseRequest, SecretOpener, leased_delivery
-from relaybox.store.outbox_rows import Lane, MessageBody, Target, allocate
+from relaybox.store.outbox import SecretOpener, leased_delivery
+from relaybox.store.outbox_rows import Lane, Leased, LeaseRequest, MessageBody, Target, allocate
 
 __all__ = ["SQLiteStore"]
 

@@ -112,7 +112,8 @@ class Context:
             # SQLAlchemy's default joining: the session works inside the handler's
             # transaction (or its savepoint) and never commits it.
             self._session = AsyncSession(bind=self.conn)
-        return self._session
+        session: AsyncSession = self._session
+        return session
 
     async def _flush_session(self) -> None:
         if self._session is not None:

@@ -20,11 +20,18 @@ and the ``relaybox.endpoint.disabled`` operational event show.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from relaybox.admin.outbound.api import ENDPOINT_OPERATIONS, MESSAGE_OPERATIONS, OPERATIONS
-from relaybox.admin.outbound.models import (
+from relaybox.admin.outbound.ordered import ORDERED_OPERATIONS
+from relaybox.admin.outbound.pages import ENDPOINT_PAGES, MESSAGE_PAGES, PAGES
+from relaybox.admin.sections import OverviewPanel, Section, register_section
+from relaybox.ops.outbound import endpoint_list
+from relaybox.ops.outbound_models import (
     EndpointActionRequest,
     EndpointActionResult,
     EndpointDetail,
+    EndpointFilter,
     EndpointList,
     EndpointSummary,
     EventTypeList,
@@ -35,10 +42,9 @@ from relaybox.admin.outbound.models import (
     RecoverResult,
     RedeliverResult,
 )
-from relaybox.admin.outbound.ordered import ORDERED_OPERATIONS
-from relaybox.admin.outbound.pages import ENDPOINT_PAGES, MESSAGE_PAGES, PAGES
-from relaybox.admin.outbound.service import TABLES, overview_panel
-from relaybox.admin.sections import Section, register_section
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
 
 __all__ = [
     "ENDPOINT_OPERATIONS",
@@ -61,6 +67,33 @@ __all__ = [
     "RedeliverResult",
     "register",
 ]
+
+
+TABLES = ("relaybox_endpoints", "relaybox_messages", "relaybox_outbox_attempts")
+
+
+async def overview_panel(box: Relaybox) -> OverviewPanel | None:
+    """Delivery success rate per endpoint over the last 24 hours."""
+    summaries = (await endpoint_list(box, EndpointFilter(limit=50))).items
+    if not summaries:
+        return None
+    rows = [
+        (
+            e.id,
+            e.status,
+            e.health.attempts,
+            "-" if e.health.success_rate is None else f"{e.health.success_rate:.1%}",
+            e.health.pending,
+            e.health.dead,
+        )
+        for e in summaries
+    ]
+    return OverviewPanel(
+        title="Delivery success rate per endpoint (24 h)",
+        columns=("endpoint", "status", "attempts", "success rate", "pending", "dead"),
+        rows=rows,
+        metric="endpoints",
+    )
 
 
 def register() -> None:

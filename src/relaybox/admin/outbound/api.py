@@ -6,7 +6,19 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from relaybox.admin.outbound.models import (
+from relaybox.admin.sections import Call, Operation
+from relaybox.ops.outbound import (
+    endpoint_disable,
+    endpoint_enable,
+    endpoint_get,
+    endpoint_list,
+    endpoint_recover,
+    event_types,
+    message_get,
+    message_list,
+    message_redeliver,
+)
+from relaybox.ops.outbound_models import (
     EndpointActionRequest,
     EndpointActionResult,
     EndpointDetail,
@@ -21,18 +33,6 @@ from relaybox.admin.outbound.models import (
     RedeliverRequest,
     RedeliverResult,
 )
-from relaybox.admin.outbound.service import (
-    endpoint_disable,
-    endpoint_enable,
-    endpoint_get,
-    endpoint_list,
-    endpoint_recover,
-    event_types,
-    message_get,
-    message_list,
-    message_redeliver,
-)
-from relaybox.admin.sections import Call, Operation
 
 if TYPE_CHECKING:
     pass

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from relaybox.admin import ops
-from relaybox.admin.outbound.models import (
+from relaybox.admin.sections import Call, Operation
+from relaybox.errors import Conflict, InvalidRequest, NotFound
+from relaybox.ops.outbound_models import (
     OrderingRequest,
     OrderingResult,
     ReleaseKeyRequest,
     ReleaseKeyResult,
 )
-from relaybox.admin.sections import Call, Operation
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -29,10 +29,10 @@ async def endpoint_ordering(
     from relaybox.outbound.ordered import log, set_ordering
 
     if body.ordered is None and body.on_dead is None:
-        raise ops.InvalidRequest("give ordered, on_dead or both", hint="nothing_to_change")
+        raise InvalidRequest("give ordered, on_dead or both", hint="nothing_to_change")
     after = await set_ordering(box, endpoint_id, ordered=body.ordered, on_dead=body.on_dead)
     if after is None:
-        raise ops.NotFound(f"no endpoint {endpoint_id}")
+        raise NotFound(f"no endpoint {endpoint_id}")
     log.info(
         "endpoint_action",
         action="ordering",
@@ -58,10 +58,10 @@ async def endpoint_release_key(
     from relaybox.outbound.ordered import release_key
 
     if await get_endpoint(box, endpoint_id, None) is None:
-        raise ops.NotFound(f"no endpoint {endpoint_id}")
+        raise NotFound(f"no endpoint {endpoint_id}")
     n = await release_key(box, endpoint_id, body.ordering_key, actor=actor, reason=body.reason)
     if n == 0:
-        raise ops.Conflict(
+        raise Conflict(
             f"no dead delivery of {endpoint_id} holds the key {body.ordering_key!r}",
             code="key_not_held",
         )

@@ -9,15 +9,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from relaybox.admin import dashboard, ops
-from relaybox.admin.outbound.models import (
-    EndpointActionRequest,
-    EndpointFilter,
-    MessageFilter,
-    RecoverRequest,
-    RedeliverRequest,
-)
-from relaybox.admin.outbound.service import (
+from relaybox.admin import dashboard
+from relaybox.errors import InvalidRequest, InvalidTimeSpec, NotFound
+from relaybox.ops.outbound import (
     endpoint_disable,
     endpoint_enable,
     endpoint_get,
@@ -27,7 +21,13 @@ from relaybox.admin.outbound.service import (
     message_list,
     message_redeliver,
 )
-from relaybox.errors import InvalidTimeSpec
+from relaybox.ops.outbound_models import (
+    EndpointActionRequest,
+    EndpointFilter,
+    MessageFilter,
+    RecoverRequest,
+    RedeliverRequest,
+)
 from relaybox.timespec import parse_time_or_none
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ log = structlog.get_logger("relaybox.admin")
 def _text_id(request: Request) -> str:
     raw = str(request.path_params["id"])
     if "\x00" in raw or len(raw) > 200:
-        raise ops.NotFound(f"{raw[:40]!r} is not a known id")
+        raise NotFound(f"{raw[:40]!r} is not a known id")
     return raw
 
 
@@ -129,9 +129,9 @@ async def endpoint_recover_action(request: Request, form: dict[str, str]) -> das
         since = parse_time_or_none(form.get("since"), now)
         until = parse_time_or_none(form.get("until"), now)
     except InvalidTimeSpec as exc:
-        raise ops.InvalidRequest(exc.message, hint="bad_time") from None
+        raise InvalidRequest(exc.message, hint="bad_time") from None
     if since is None:
-        raise ops.InvalidRequest(
+        raise InvalidRequest(
             "since is required: 24h, 2026-03-13T00:00:00Z or epoch seconds", hint="since_required"
         )
     r = RecoverRequest.model_validate(

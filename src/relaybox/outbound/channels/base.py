@@ -29,13 +29,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from relaybox.outbound.settings import UncertainPolicy
-from relaybox.store.outbox_rows import Delivery, MessageBody, Target
+from relaybox.config.outbound import UncertainPolicy
+from relaybox.store.outbox_rows import Delivery
 
 if TYPE_CHECKING:
     from relaybox.outbound.registry import Outbound
 
-__all__ = ["Channel", "Delivery", "MessageBody", "Outcome", "Result", "Target"]
+__all__ = [
+    "Channel",
+    "Outcome",
+    "Result",
+]
 
 Outcome = Literal["sent", "retry", "failed", "gone", "blocked"]
 """``sent``: done. ``retry``: transient, try again on the schedule. ``failed``:

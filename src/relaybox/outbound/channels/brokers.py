@@ -35,9 +35,10 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from relaybox.config.outbound import BrokerSettings, UncertainPolicy
 from relaybox.errors import ConfigurationError
-from relaybox.outbound.channels.base import Channel, Delivery, Result
-from relaybox.outbound.settings import BrokerSettings, UncertainPolicy
+from relaybox.outbound.channels.base import Channel, Result
+from relaybox.store.outbox_rows import Delivery
 
 __all__ = [
     "BrokerChannel",

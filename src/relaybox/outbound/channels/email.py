@@ -22,8 +22,9 @@ from collections.abc import Callable, Mapping
 from email.message import EmailMessage
 from typing import Any
 
-from relaybox.outbound.channels.base import Channel, Delivery, Result
-from relaybox.outbound.settings import UncertainPolicy
+from relaybox.config.outbound import UncertainPolicy
+from relaybox.outbound.channels.base import Channel, Result
+from relaybox.store.outbox_rows import Delivery
 
 __all__ = ["EmailChannel", "render_message"]
 

@@ -28,10 +28,11 @@ from typing import Any
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from relaybox.outbound.channels.base import Channel, Delivery, Result
-from relaybox.outbound.schedule import parse_retry_after
-from relaybox.outbound.settings import UncertainPolicy
+from relaybox.config.outbound import UncertainPolicy
+from relaybox.outbound.channels.base import Channel, Result
 from relaybox.outbound.ssrf import Guard, UnsafeDestination, Vetted
+from relaybox.retry import parse_retry_after
+from relaybox.store.outbox_rows import Delivery
 
 __all__ = ["HttpBase", "HttpChannel", "HttpClient", "VettedResolver", "classify"]
 

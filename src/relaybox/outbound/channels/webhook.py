@@ -12,10 +12,11 @@ import json
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from relaybox.outbound.channels.base import Delivery, Result
+from relaybox.outbound.channels.base import Result
 from relaybox.outbound.channels.brokers import BrokerChannel
 from relaybox.outbound.channels.http import HttpBase
 from relaybox.outbound.signing import sign
+from relaybox.store.outbox_rows import Delivery
 
 if TYPE_CHECKING:
     from relaybox.outbound.registry import Outbound

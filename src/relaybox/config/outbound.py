@@ -12,15 +12,15 @@ import ipaddress
 import re
 from typing import Literal, Self
 
+from cryptography.fernet import Fernet
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-
-from relaybox.outbound.vault import parse_keys
 
 __all__ = [
     "DEFAULT_SCHEDULE",
     "BrokerSettings",
     "OutboundSettings",
     "UncertainPolicy",
+    "parse_keys",
     "tenant_cap",
 ]
 
@@ -31,6 +31,22 @@ the same idempotency key, hold the row for a human, or count it as sent."""
 DEFAULT_SCHEDULE: tuple[float, ...] = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
 """Delays before attempts 2..8 (the first is immediate): 5 s, 5 min, 30 min, 2 h, 5 h,
 10 h, 10 h. About 27.6 hours end to end: a receiver down for a day still gets it."""
+
+
+def parse_keys(value: str | None) -> list[Fernet]:
+    """``secrets_key``'s comma-separated keys; ``ValueError`` names a bad one."""
+    keys: list[Fernet] = []
+    for n, part in enumerate((value or "").split(","), start=1):
+        if not part.strip():
+            continue
+        try:
+            keys.append(Fernet(part.strip().encode()))
+        except (ValueError, TypeError):
+            raise ValueError(
+                f"key {n} is not a Fernet key (32 url-safe base64-encoded bytes;"
+                " make one with `relaybox endpoints new-key`)"
+            ) from None
+    return keys
 
 
 BROKER_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")

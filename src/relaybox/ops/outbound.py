@@ -1,6 +1,6 @@
-"""The sending side's reads and actions for the admin API and the dashboard: endpoints
-with their health and recent attempts, Disable, Enable and Recover; messages with
-their deliveries and attempts, and Redeliver."""
+"""The sending side's operator reads and actions, shared by the admin API, the dashboard
+and the CLI: endpoints with their health and recent attempts, Disable, Enable and
+Recover; messages with their deliveries and attempts, and Redeliver."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from relaybox.admin import ops
-from relaybox.admin.outbound.models import (
+from relaybox.errors import Conflict, InvalidRequest, NotFound
+from relaybox.ops import inbound as ops
+from relaybox.ops.outbound_models import (
     BlockedKeyInfo,
     Delivery,
     EndpointActionResult,
@@ -34,8 +35,7 @@ from relaybox.admin.outbound.models import (
     RecoverResult,
     RedeliverResult,
 )
-from relaybox.admin.sections import OverviewPanel
-from relaybox.store.outbox import EndpointBacklog, EndpointHealth
+from relaybox.store.outbox_rows import EndpointBacklog, EndpointHealth
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -45,8 +45,6 @@ log = structlog.get_logger("relaybox.admin")
 
 HEALTH_WINDOW = 24 * 3600.0
 """Seconds of attempts an endpoint's success rate is computed over."""
-
-TABLES = ("relaybox_endpoints", "relaybox_messages", "relaybox_outbox_attempts")
 
 
 # -- reads ------------------------------------------------------------------------
@@ -66,7 +64,7 @@ def _decode(cursor: str | None) -> tuple[float, str] | None:
         )
         return float(created_at), str(message_id)
     except (binascii.Error, ValueError, TypeError):
-        raise ops.InvalidRequest("cursor is not one this API returned") from None
+        raise InvalidRequest("cursor is not one this API returned") from None
 
 
 async def _health(
@@ -123,7 +121,7 @@ async def endpoint_get(box: Relaybox, endpoint_id: str) -> EndpointDetail:
 
     e = await get_endpoint(box, endpoint_id, None)
     if e is None:
-        raise ops.NotFound(f"no endpoint {endpoint_id}")
+        raise NotFound(f"no endpoint {endpoint_id}")
     health, backlog = await _health(box)
     recent = [
         EndpointAttempt(**asdict(a))
@@ -162,7 +160,7 @@ async def message_get(box: Relaybox, message_id: str) -> MessageDetail:
 
     m = await get_message(box, message_id, None)
     if m is None:
-        raise ops.NotFound(f"no message {message_id}")
+        raise NotFound(f"no message {message_id}")
     deliveries = await list_deliveries(box, None, message_id=message_id, limit=1000)
     attempts = await list_attempts(box, message_id, None)
     purged_at = await _purged_at(box, message_id)
@@ -191,17 +189,17 @@ async def message_redeliver(
     from relaybox.outbound.deliveries import get_message, redeliver
 
     if await get_message(box, message_id, None) is None:
-        raise ops.NotFound(f"no message {message_id}")
+        raise NotFound(f"no message {message_id}")
     purged_at = await _purged_at(box, message_id)
     if purged_at is not None:
-        raise ops.Conflict(
+        raise Conflict(
             f"message {message_id} cannot be redelivered: its body was purged by retention "
             f"on {_iso(purged_at)} (its deliveries and attempts are kept)",
             code="payload_purged",
         )
     n = await redeliver(box, message_id, tenant=None, endpoint_id=endpoint_id)
     if n == 0:
-        raise ops.Conflict(
+        raise Conflict(
             f"message {message_id} has no finished delivery to send again (still pending?)",
             code="nothing_to_redeliver",
         )
@@ -213,7 +211,7 @@ async def _endpoint_or_404(box: Relaybox, endpoint_id: str) -> Any:
 
     found = await get_endpoint(box, endpoint_id, None)
     if found is None:
-        raise ops.NotFound(f"no endpoint {endpoint_id}")
+        raise NotFound(f"no endpoint {endpoint_id}")
     return found
 
 
@@ -233,7 +231,7 @@ async def endpoint_disable(
 
     current = await _endpoint_or_404(box, endpoint_id)
     if current.status == "disabled":
-        raise ops.Conflict(
+        raise Conflict(
             f"endpoint {endpoint_id} is already disabled ({current.disabled_reason})",
             code="already_disabled",
         )
@@ -260,7 +258,7 @@ async def endpoint_enable(
 
     current = await _endpoint_or_404(box, endpoint_id)
     if current.status == "enabled":
-        raise ops.Conflict(f"endpoint {endpoint_id} is already enabled", code="already_enabled")
+        raise Conflict(f"endpoint {endpoint_id} is already enabled", code="already_enabled")
     await enable_endpoint(box, endpoint_id, tenant=None, reason=_manual(actor, reason))
     after = await _endpoint_or_404(box, endpoint_id)
     log.info(
@@ -295,13 +293,13 @@ async def endpoint_recover(
 
     current = await _endpoint_or_404(box, endpoint_id)
     if current.status != "enabled":
-        raise ops.Conflict(
+        raise Conflict(
             f"endpoint {endpoint_id} is disabled: enable it first, or the recovered "
             "deliveries would only wait",
             code="endpoint_disabled",
         )
     if until is not None and until <= since:
-        raise ops.InvalidRequest("until must be after since", hint="until_before_since")
+        raise InvalidRequest("until must be after since", hint="until_before_since")
     n = await recover(box, endpoint_id, since=since, until=until, tenant=None)
     log.info(
         "endpoint_action",
@@ -333,28 +331,4 @@ async def event_types(box: Relaybox) -> EventTypeList:
             EventTypeInfo(name=t.name, description=t.description, schema=t.schema)
             for t in await list_event_types(box)
         ]
-    )
-
-
-async def overview_panel(box: Relaybox) -> OverviewPanel | None:
-    """Delivery success rate per endpoint over the last 24 hours."""
-    summaries = (await endpoint_list(box, EndpointFilter(limit=50))).items
-    if not summaries:
-        return None
-    rows = [
-        (
-            e.id,
-            e.status,
-            e.health.attempts,
-            "-" if e.health.success_rate is None else f"{e.health.success_rate:.1%}",
-            e.health.pending,
-            e.health.dead,
-        )
-        for e in summaries
-    ]
-    return OverviewPanel(
-        title="Delivery success rate per endpoint (24 h)",
-        columns=("endpoint", "status", "attempts", "success rate", "pending", "dead"),
-        rows=rows,
-        metric="endpoints",
     )

@@ -1,5 +1,5 @@
 """Operator reads and actions: the one place that runs the ``ops_*`` queries and maps
-rows to :mod:`relaybox.admin.models`. The JSON API, the dashboard and the CLI all call
+rows to :mod:`relaybox.ops.inbound_models`. The JSON API, the dashboard and the CLI all call
 these functions, so a dead letter retried from any of them goes the same way: through
 :func:`relaybox.replay.replay`, the worker and the handler's business keys.
 """
@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from relaybox.admin.models import (
+from relaybox.errors import Conflict, InvalidRequest, NotFound
+from relaybox.metrics import read_ops_stats
+from relaybox.ops.inbound_models import (
     Attempt,
     BusinessKey,
     DeadFilter,
@@ -37,18 +39,12 @@ from relaybox.admin.models import (
     ResolveResult,
     StatsResponse,
 )
-from relaybox.errors import Conflict, InvalidRequest, NotFound, OpsError
-from relaybox.metrics import read_ops_stats
 from relaybox.replay import Selection, replay
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
 __all__ = [
-    "Conflict",
-    "InvalidRequest",
-    "NotFound",
-    "OpsError",
     "age_text",
     "dead_discard",
     "dead_list",

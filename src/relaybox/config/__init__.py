@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from relaybox.config.outbound import OutboundSettings
 from relaybox.errors import ConfigurationError
-from relaybox.outbound.settings import OutboundSettings
 
 __all__ = [
     "BACKGROUND_ROLES",

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from relaybox.admin.models import RequestModel
+from relaybox.ops.inbound_models import RequestModel
 
 if TYPE_CHECKING:
     pass
