@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 from relaybox.store.history import QueueGroup
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
     from relaybox.store import Store
 
 __all__ = [
@@ -342,7 +342,7 @@ class Metrics:
 
     # -- exposition -------------------------------------------------------------
 
-    async def refresh(self, box: Relaybox) -> OpsStats | None:
+    async def refresh(self, box: Runtime) -> OpsStats | None:
         """Re-read the queue snapshot unless the last one is fresher than
         :attr:`cache_seconds`. A database failure is reported as
         ``relaybox_database_up 0`` instead of failing the whole scrape."""
@@ -360,7 +360,7 @@ class Metrics:
             self._snapshot_read_at = loop.time()
             return self.snapshot
 
-    async def scrape(self, box: Relaybox) -> bytes:
+    async def scrape(self, box: Runtime) -> bytes:
         """What ``GET /metrics`` answers: a fresh (≤ 1 s old) snapshot, rendered."""
         await self.refresh(box)
         return self.render()

@@ -10,15 +10,15 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from relaybox.store import Store, open_store
-from relaybox.store.outbox import (
+from relaybox.store.outbox_rows import (
     EndpointQuotaReached,
     EndpointWrite,
+    Fairness,
     LeaseRequest,
     Message,
     NewMessage,
     new_id,
 )
-from relaybox.store.outbox_rows import Fairness
 
 T0 = 1_000_000.0
 

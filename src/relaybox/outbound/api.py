@@ -60,7 +60,7 @@ from relaybox.outbound.vault import SecretsLocked
 from relaybox.store.outbox_rows import Endpoint, Message
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["build_api"]
 
@@ -145,7 +145,7 @@ def _check_params(request: Request) -> None:
             raise ApiError(422, "invalid_request", problem)
 
 
-def build_api(box: Relaybox) -> Starlette:
+def build_api(box: Runtime) -> Starlette:
     """The ``/api/v1`` Starlette app for ``box``."""
     settings = outbound(box).settings
     max_body = settings.api_max_body or settings.max_payload + 64 * 1024

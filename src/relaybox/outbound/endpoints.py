@@ -22,7 +22,7 @@ from relaybox.outbound.vault import MISSING_HINT, KeyFileError, Vault
 from relaybox.store.outbox_rows import Endpoint, EndpointQuotaReached, EndpointWrite, new_id
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "EndpointPatch",
@@ -112,7 +112,7 @@ class EndpointSpec(EndpointPatch):
 
 
 def _check(
-    box: Relaybox, url: str | None, timeout: float | None, max_in_flight: int | None
+    box: Runtime, url: str | None, timeout: float | None, max_in_flight: int | None
 ) -> None:
     s = outbound(box).settings
     if max_in_flight is not None and max_in_flight > s.concurrency:
@@ -137,7 +137,7 @@ def _check(
         raise InvalidEndpoint(f"timeout must be between {s.min_timeout:g} and {s.max_timeout:g} s")
 
 
-async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tuple[Endpoint, str]:
+async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tuple[Endpoint, str]:
     """Create an endpoint with a fresh secret; returns it and the secret in the form
     its owner verifies with (``whsec_…``, or ``whpk_…`` for ed25519)."""
     _check(box, spec.url, spec.timeout, spec.max_in_flight)
@@ -176,22 +176,22 @@ async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tup
     return created, public_form(secret)
 
 
-async def get_endpoint(box: Relaybox, endpoint_id: str, tenant: str | None) -> Endpoint | None:
+async def get_endpoint(box: Runtime, endpoint_id: str, tenant: str | None) -> Endpoint | None:
     return await box.store.endpoint_get(endpoint_id, tenant)
 
 
-async def _get(box: Relaybox, endpoint_id: str, tenant: str | None) -> Endpoint:
+async def _get(box: Runtime, endpoint_id: str, tenant: str | None) -> Endpoint:
     found = await get_endpoint(box, endpoint_id, tenant)
     assert found is not None
     return found
 
 
-async def list_endpoints(box: Relaybox, tenant: str | None, *, limit: int = 100) -> list[Endpoint]:
+async def list_endpoints(box: Runtime, tenant: str | None, *, limit: int = 100) -> list[Endpoint]:
     return await box.store.endpoint_list(tenant, limit=limit)
 
 
 async def update_endpoint(
-    box: Relaybox, endpoint_id: str, tenant: str, patch: EndpointPatch
+    box: Runtime, endpoint_id: str, tenant: str, patch: EndpointPatch
 ) -> Endpoint | None:
     """Apply ``patch``; ``enabled`` switches the endpoint on or off. ``None`` when
     the tenant has no such endpoint."""
@@ -225,7 +225,7 @@ async def update_endpoint(
     return await get_endpoint(box, endpoint_id, tenant)
 
 
-async def delete_endpoint(box: Relaybox, endpoint_id: str, tenant: str) -> bool:
+async def delete_endpoint(box: Runtime, endpoint_id: str, tenant: str) -> bool:
     """Delete the endpoint, its secrets and lane; its waiting deliveries become dead
     letters (``endpoint_deleted``) so the history stays readable."""
     deleted = await box.store.endpoint_delete(
@@ -238,7 +238,7 @@ async def delete_endpoint(box: Relaybox, endpoint_id: str, tenant: str) -> bool:
 
 
 async def enable_endpoint(
-    box: Relaybox, endpoint_id: str, *, tenant: str | None, reason: str = "manual"
+    box: Runtime, endpoint_id: str, *, tenant: str | None, reason: str = "manual"
 ) -> bool:
     """Switch an endpoint back on (its failure streak starts again). Dead letters of
     the time it was off are not resent: use ``recover`` for that. When it was off,
@@ -266,7 +266,7 @@ async def enable_endpoint(
 
 
 async def disable_endpoint(
-    box: Relaybox, endpoint_id: str, *, tenant: str | None, reason: str = "manual"
+    box: Runtime, endpoint_id: str, *, tenant: str | None, reason: str = "manual"
 ) -> bool:
     """Switch an endpoint off by hand (operator or tenant)."""
     if await get_endpoint(box, endpoint_id, tenant) is None:
@@ -277,7 +277,7 @@ async def disable_endpoint(
 
 
 async def disable_in(
-    box: Relaybox, conn: AsyncConnection, endpoint_id: str, *, reason: str
+    box: Runtime, conn: AsyncConnection, endpoint_id: str, *, reason: str
 ) -> bool:
     """Disable in the caller's transaction: its waiting deliveries become dead letters
     (``endpoint_disabled``, recoverable), and the operational event
@@ -302,7 +302,7 @@ async def disable_in(
 
 
 async def rotate_secret(
-    box: Relaybox,
+    box: Runtime,
     endpoint_id: str,
     tenant: str | None,
     *,
@@ -328,7 +328,7 @@ async def rotate_secret(
     return public_form(secret)
 
 
-async def ready_to_seal(box: Relaybox) -> Vault:
+async def ready_to_seal(box: Runtime) -> Vault:
     """The vault, with a key to seal with; raised before anything is written when
     there is none: :class:`SecretsKeyMissing` (PostgreSQL without
     ``outbound.secrets_key``), :class:`KeyFileError` (a broken key file, or a missing
@@ -353,7 +353,7 @@ _SEAL_BATCH = 500
 """Secrets read and sealed per transaction by the sealing passes."""
 
 
-async def seal_secrets(box: Relaybox) -> dict[str, int]:
+async def seal_secrets(box: Runtime) -> dict[str, int]:
     """Seal every stored secret with the first key: plaintext ones (stored by older
     versions) and ones sealed with an older key of ``outbound.secrets_key``. In
     batches, each its own transaction; safe with several processes at once (each
@@ -362,7 +362,7 @@ async def seal_secrets(box: Relaybox) -> dict[str, int]:
     return await _seal(box, plaintext=False)
 
 
-async def seal_plaintext(box: Relaybox) -> dict[str, int]:
+async def seal_plaintext(box: Runtime) -> dict[str, int]:
     """Seal the secrets stored in plaintext (by versions that did not seal them); run
     by ``relaybox migrate`` and :meth:`Relaybox.migrate`. Reads the key file first
     when there is one (:class:`~relaybox.outbound.vault.KeyFileError` when it is
@@ -384,7 +384,7 @@ async def seal_plaintext(box: Relaybox) -> dict[str, int]:
     return {"sealed": done["sealed"], "plaintext": 0}
 
 
-async def _seal(box: Relaybox, *, plaintext: bool) -> dict[str, int]:
+async def _seal(box: Runtime, *, plaintext: bool) -> dict[str, int]:
     vault, store = await ready_to_seal(box), box.store
     sealed = seen = 0
     after = 0
@@ -406,7 +406,7 @@ async def _seal(box: Relaybox, *, plaintext: bool) -> dict[str, int]:
     return {"sealed": sealed, "already": seen - sealed}
 
 
-async def _count_plaintext(box: Relaybox) -> int:
+async def _count_plaintext(box: Runtime) -> int:
     store, count, after = box.store, 0, 0
     while True:
         async with store.transaction() as conn:
@@ -417,7 +417,7 @@ async def _count_plaintext(box: Relaybox) -> int:
         after = page[-1][0]
 
 
-async def secrets_at_rest(box: Relaybox) -> dict[str, int]:
+async def secrets_at_rest(box: Runtime) -> dict[str, int]:
     """How the stored secrets stand against the keys relaybox has: counts of
     ``plaintext``, ``current``, ``older`` and ``locked`` (see :meth:`Vault.state`)."""
     vault, store = outbound(box).vault, box.store
@@ -434,7 +434,7 @@ async def secrets_at_rest(box: Relaybox) -> dict[str, int]:
 
 
 async def endpoint_secrets(
-    box: Relaybox, endpoint_id: str, tenant: str | None
+    box: Runtime, endpoint_id: str, tenant: str | None
 ) -> list[dict[str, Any]] | None:
     """The active secrets, newest first, in the form the owner verifies with."""
     if await get_endpoint(box, endpoint_id, tenant) is None:

@@ -26,7 +26,7 @@ from relaybox.outbound.registry import outbound
 from relaybox.store.outbox_rows import Message, NewMessage, new_id
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "envelope_time",
@@ -46,7 +46,7 @@ def matches(event_type: str, patterns: Sequence[str]) -> bool:
 
 
 async def publish(
-    box: Relaybox,
+    box: Runtime,
     conn: AsyncConnection,
     event_type: str,
     data: Any,

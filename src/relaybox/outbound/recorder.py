@@ -27,7 +27,7 @@ from relaybox.outbound.registry import outbound
 from relaybox.store.outbox_rows import Delivery
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["Decision", "Finished", "Recorder", "plain_success", "sent_row"]
 
@@ -62,7 +62,7 @@ class Finished:
 class Recorder:
     """Writes the outcomes of one dispatcher's attempts (``owner``: its name)."""
 
-    def __init__(self, box: Relaybox, owner: str, wake: Callable[[], None]) -> None:
+    def __init__(self, box: Runtime, owner: str, wake: Callable[[], None]) -> None:
         self.box = box
         self.outbound = outbound(box)
         self.owner = owner

@@ -106,7 +106,7 @@ class PostgresStore(Store):
         arrays PostgreSQL otherwise plans every execution anew (a custom plan looks
         cheaper for a small batch): that planning cost more backend CPU than the
         batch's inserts (bench/README.md). Their generic plans reach the big tables
-        through indexes even on a young database (tests/test_plans.py checks it).
+        through indexes even on a young database (tests/store/test_plans.py checks it).
 
         Bitmap scans are off here: these statements probe a few rows by key, where a
         plain index scan is as cheap, and a plain index scan marks the dead entries it

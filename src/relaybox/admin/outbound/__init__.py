@@ -44,7 +44,7 @@ from relaybox.ops.outbound_models import (
 )
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "ENDPOINT_OPERATIONS",
@@ -72,7 +72,7 @@ __all__ = [
 TABLES = ("relaybox_endpoints", "relaybox_messages", "relaybox_outbox_attempts")
 
 
-async def overview_panel(box: Relaybox) -> OverviewPanel | None:
+async def overview_panel(box: Runtime) -> OverviewPanel | None:
     """Delivery success rate per endpoint over the last 24 hours."""
     summaries = (await endpoint_list(box, EndpointFilter(limit=50))).items
     if not summaries:

@@ -16,8 +16,8 @@ from relaybox import Context, Relaybox, sources
 from relaybox.config import Settings
 from relaybox.recovery import GitHubDeliveries, RecoveryError, recover
 from tests.conftest import Served
+from tests.integration.test_replay import invoke, run_cli
 from tests.support.fake_github import FakeGitHub
-from tests.test_replay import invoke, run_cli
 
 SECRET = "It's a Secret to Everybody"
 

@@ -25,9 +25,9 @@ from relaybox.outbound import configure, create_api_key, seal_secrets
 from relaybox.outbound.endpoints import endpoint_secrets
 from relaybox.outbound.vault import PREFIX, SecretsKeyMissing, SecretsLocked, Vault, new_key
 from tests.conftest import Served
+from tests.integration.test_hardening_secrets import as_older_versions_stored
 from tests.support.outbound_app import dispatch_once, endpoint, local, outbox_rows, publish_one
 from tests.support.receivers import HttpReceiver
-from tests.test_hardening_secrets import as_older_versions_stored
 
 OLD, NEW = new_key(), new_key()
 

@@ -32,9 +32,9 @@ from relaybox.admin import build_admin
 from relaybox.config import Settings
 from relaybox.outbound import create_api_key
 from tests.conftest import Served
+from tests.integration.test_admin_api import AUTH, TOKEN, seed
 from tests.support.outbound_app import local
 from tests.support.procs import Procs, free_port, wait_http
-from tests.test_admin_api import AUTH, TOKEN, seed
 
 MiB = 1024 * 1024
 

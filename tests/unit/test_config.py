@@ -11,7 +11,7 @@ from relaybox import ConfigurationError, Relaybox, Secret
 from relaybox.config import Settings, WorkerSettings, load_settings
 from relaybox.sources import GitHubSource, HmacSource, StripeSource
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

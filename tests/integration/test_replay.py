@@ -20,7 +20,7 @@ from relaybox import Context, FrozenClock, PermanentError, Relaybox
 from relaybox.cli import main
 from relaybox.store import NewDelivery
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:

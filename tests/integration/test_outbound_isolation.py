@@ -12,7 +12,8 @@ import pytest
 
 from relaybox import Relaybox
 from relaybox.outbound.channels.base import Delivery
-from relaybox.outbound.leases import Lane, allocate, lease_recording
+from relaybox.outbound.leases import lease_recording
+from relaybox.store.outbox_rows import Lane, allocate
 from tests.support.outbound_app import endpoint, local, publish_one
 from tests.support.receivers import HttpReceiver, Reply, Seen
 

@@ -1079,7 +1079,7 @@ async def test_acceptor_commit_stuck_on_one_connection_holds_the_others_back_bri
 
 # -- named queries and connection settings ------------------------------------------------
 
-_SRC = Path(__file__).resolve().parents[1] / "src" / "relaybox"
+_SRC = Path(__file__).resolve().parents[2] / "src" / "relaybox"
 _BACKENDS = ("sqlite", "postgres")
 # How code names a query: store.q["name"] (or a local q = store.q), store.rows(conn,
 # "name") / store.first(conn, "name"), and helpers taking (conn, store, "name").

@@ -18,7 +18,7 @@ from relaybox import FrozenClock, Relaybox
 from relaybox.cli import main
 from relaybox.config import Settings
 from tests.conftest import SECRETS_KEY, free_port
-from tests.test_admin_api import seed
+from tests.integration.test_admin_api import seed
 
 Invoke = Callable[..., Any]
 

@@ -17,7 +17,7 @@ from relaybox import Context, FrozenClock, Relaybox
 from relaybox.projections import current, integer_order, write
 from relaybox.reconcile import Reconciler, register, request
 from relaybox.store import NewDelivery
-from tests.test_replay import invoke
+from tests.integration.test_replay import invoke
 
 
 async def test_the_newer_read_wins_when_the_older_fetch_returns_last(box: Relaybox) -> None:
@@ -172,7 +172,7 @@ async def test_a_handler_requests_a_reconciliation(box: Relaybox, clock: FrozenC
 
 
 def cli_box() -> Relaybox:
-    """``--app tests.test_reconcile:cli_box``: a Relaybox whose "crm" reconciler reads
+    """``--app tests.integration.test_reconcile:cli_box``: a Relaybox whose "crm" reconciler reads
     the provider's state from the JSON file named by ``RECONCILE_PROVIDER``."""
     box = Relaybox()
 
@@ -195,7 +195,13 @@ def cli_box() -> Relaybox:
 async def test_reconcile_command(database_url: str, tmp_path: Path) -> None:
     state_file = tmp_path / "provider.json"
     env = {"RECONCILE_PROVIDER": str(state_file)}
-    base = ["reconcile", "--app", "tests.test_reconcile:cli_box", "--database-url", database_url]
+    base = [
+        "reconcile",
+        "--app",
+        "tests.integration.test_reconcile:cli_box",
+        "--database-url",
+        database_url,
+    ]
     state_file.write_text(json.dumps({"a1": {"plan": "pro"}, "a2": {"plan": "free"}}))
     code, out, err = await invoke(*base, "--source", "crm", "--all", "--json", env=env)
     assert code == 0, err

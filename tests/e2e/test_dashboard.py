@@ -23,11 +23,11 @@ from relaybox import Context, FrozenClock, PermanentError, Relaybox
 from relaybox.admin import build_admin
 from relaybox.config import Settings
 from tests.conftest import Served
+from tests.integration.test_admin_api import TOKEN, delivery, seed
+from tests.integration.test_metrics import make_box, post
 from tests.support.outbound_app import endpoint, local, outbox_rows, publish_one
-from tests.test_admin_api import TOKEN, delivery, seed
-from tests.test_metrics import make_box, post
 
-SCREENSHOTS = Path(__file__).parent.parent / "test-artifacts" / "screenshots"
+SCREENSHOTS = Path(__file__).parents[2] / "test-artifacts" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",

@@ -25,7 +25,7 @@ import pytest
 from sybil import Example, Sybil
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 pytest.importorskip("hookrelay", reason="the bench needs its extra: pip install -e '.[bench]'")
 pytest.importorskip("procrastinate", reason="the bench needs its extra: pip install -e '.[bench]'")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _admin() -> str:

@@ -23,9 +23,9 @@ from relaybox.admin import build_admin
 from relaybox.config import Settings
 from relaybox.retention import Maintenance, maintenance_lock, purge
 from relaybox.store import NewDelivery
+from tests.integration.test_ops_cli import Invoke, cli_runner
 from tests.support.outbound_app import endpoint, local, outbox_rows, publish_one
 from tests.support.receivers import HttpReceiver, Reply
-from tests.test_ops_cli import Invoke, cli_runner
 
 DAY = 86400.0
 

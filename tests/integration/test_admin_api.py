@@ -429,7 +429,7 @@ async def test_replay_of_a_finished_event(admin: tuple[Relaybox, Any], clock: Fr
 
 
 def test_the_committed_openapi_document_is_current() -> None:
-    committed = Path(__file__).parent.parent / "docs" / "admin-openapi.json"
+    committed = Path(__file__).parents[2] / "docs" / "admin-openapi.json"
     assert committed.exists(), f"docs/admin-openapi.json is missing: run `{REGENERATE}`"
     assert committed.read_text() == render(DOC), (
         f"docs/admin-openapi.json is stale: run `{REGENERATE}` and commit it"
