@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from relaybox.store import Store, open_store
-from relaybox.store.outbox import Delivery, LeaseRequest, NewMessage, new_id
+from relaybox.store.outbox_rows import Delivery, LeaseRequest, NewMessage, new_id
 from tests.store.test_outbox import endpoint, no_secrets
 
 T0 = 1_000_000.0

@@ -18,7 +18,7 @@ from relaybox.outbound.endpoints import EndpointPatch, get_endpoint, update_endp
 from relaybox.store.outbox_rows import BlockedKey, Endpoint
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["blocked_keys", "release_key", "set_ordering"]
 
@@ -26,7 +26,7 @@ log = structlog.get_logger("relaybox.outbound")
 
 
 async def blocked_keys(
-    box: Relaybox, *, endpoint_id: str | None = None, tenant: str | None = None, limit: int = 100
+    box: Runtime, *, endpoint_id: str | None = None, tenant: str | None = None, limit: int = 100
 ) -> list[BlockedKey]:
     """Keys dead deliveries hold back (endpoints with ``on_dead`` ``hold``), by
     endpoint and key; ``tenant`` ``None``: every tenant's."""
@@ -36,7 +36,7 @@ async def blocked_keys(
 
 
 async def release_key(
-    box: Relaybox, endpoint_id: str, ordering_key: str, *, actor: str, reason: str
+    box: Runtime, endpoint_id: str, ordering_key: str, *, actor: str, reason: str
 ) -> int:
     """Let the endpoint's later deliveries of ``ordering_key`` go past its dead ones,
     which stay dead letters (recover or redeliver them to send them again, after the
@@ -54,7 +54,7 @@ async def release_key(
 
 
 async def set_ordering(
-    box: Relaybox,
+    box: Runtime,
     endpoint_id: str,
     *,
     ordered: bool | None,

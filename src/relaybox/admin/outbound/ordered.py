@@ -18,13 +18,13 @@ from relaybox.ops.outbound_models import (
 )
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["ORDERED_OPERATIONS", "endpoint_ordering", "endpoint_release_key"]
 
 
 async def endpoint_ordering(
-    box: Relaybox, endpoint_id: str, body: OrderingRequest, *, actor: str
+    box: Runtime, endpoint_id: str, body: OrderingRequest, *, actor: str
 ) -> OrderingResult:
     from relaybox.outbound.ordered import log, set_ordering
 
@@ -52,7 +52,7 @@ async def endpoint_ordering(
 
 
 async def endpoint_release_key(
-    box: Relaybox, endpoint_id: str, body: ReleaseKeyRequest, *, actor: str
+    box: Runtime, endpoint_id: str, body: ReleaseKeyRequest, *, actor: str
 ) -> ReleaseKeyResult:
     from relaybox.outbound.endpoints import get_endpoint
     from relaybox.outbound.ordered import release_key

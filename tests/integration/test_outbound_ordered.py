@@ -2,7 +2,7 @@
 HTTP receivers on free ports: publish with an ordering key, endpoints with ``ordered``,
 the ``webhook-sequence`` header, keys that never wait for each other, a dead head held
 or skipped. The test with two ``relaybox dispatch`` processes, one SIGKILLed mid-run,
-is in tests/test_outbound_ordered_procs.py."""
+is in tests/e2e/test_outbound_ordered_procs.py."""
 
 from __future__ import annotations
 
