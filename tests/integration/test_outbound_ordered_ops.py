@@ -150,6 +150,10 @@ async def test_admin_and_cli_show_set_and_release_a_held_key(box: Relaybox, cli:
         assert detail["blocked_keys"] == [
             {"ordering_key": "k", "sequence": 1, "dead": 1, "waiting": 1}
         ]
+        await client.post("/admin/login", data={"token": TOKEN, "next": "/admin/"})
+        page = (await client.get(f"/admin/endpoints/{eid}")).text
+        assert "ordered per key" in page and "data-blocked-keys" in page
+        assert "<code>k</code>" in page
         listed = json.loads(await cli("endpoints", "blocked-keys", "--json"))
         assert [(b["endpoint_id"], b["ordering_key"]) for b in listed] == [(eid, "k")]
         assert "k" in await cli("endpoints", "blocked-keys", eid)
