@@ -69,6 +69,8 @@ class OpsStats:
     taken_at: float
     groups: tuple[QueueGroup, ...]
     quarantined_by_source: dict[str, int] = field(default_factory=dict)
+    blocked_keys: int = 0
+    """Ordering keys dead deliveries hold back (docs/sending.md, "Ordered delivery")."""
 
     def _sum(self, queue: str, *, status: str, **match: Any) -> int:
         return sum(
@@ -148,6 +150,7 @@ async def read_ops_stats(store: Store, now: float) -> OpsStats:
         taken_at=now,
         groups=snapshot.groups,
         quarantined_by_source=snapshot.quarantined_by_source,
+        blocked_keys=await store.ordering_blocked_count(),
     )
 
 
@@ -238,6 +241,11 @@ class QueueCollector(Collector):
                 "Webhook deliveries waiting for their paused endpoint to be resumed.",
                 value=sum(paused.values()),
             )
+        yield GaugeMetricFamily(
+            "relaybox_outbound_blocked_keys",
+            "Ordering keys that a dead delivery holds back on an ordered endpoint (on_dead hold).",
+            value=snap.blocked_keys,
+        )
 
 
 class Metrics:

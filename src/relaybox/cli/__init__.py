@@ -485,6 +485,7 @@ def _safe_url(box: Relaybox) -> str:
 _AREA_MODULES = (
     "relaybox.cli.outbound",
     "relaybox.cli.credentials",
+    "relaybox.cli.ordered",
     "relaybox.cli.ordering",
     "relaybox.cli.ops",
     "relaybox.cli.maintenance",

@@ -16,6 +16,7 @@ import structlog
 from relaybox.errors import Conflict, InvalidRequest, NotFound
 from relaybox.ops import inbound as ops
 from relaybox.ops.outbound_models import (
+    BlockedKeyInfo,
     Delivery,
     EndpointActionResult,
     EndpointAttempt,
@@ -92,6 +93,8 @@ def _summary(
         created_at=e.created_at,
         paused_at=e.paused_at,
         filter=e.payload_filter,
+        ordered=e.ordered,
+        on_dead=e.on_dead,
         health=Health(
             attempts=attempts,
             succeeded=succeeded,
@@ -127,7 +130,11 @@ async def endpoint_get(box: Runtime, endpoint_id: str) -> EndpointDetail:
         for a in await box.store.endpoint_attempts(endpoint_id, limit=50)
     ]
     summary = _summary(box, e, health.get(e.id), backlog.get(e.id))
-    return EndpointDetail(**summary.model_dump(), recent_attempts=recent)
+    held = await box.store.ordering_blocked_keys(endpoint_id=e.id, tenant=None, limit=100)
+    blocked = [
+        BlockedKeyInfo(**{k: v for k, v in b.to_json().items() if k != "endpoint_id"}) for b in held
+    ]
+    return EndpointDetail(**summary.model_dump(), recent_attempts=recent, blocked_keys=blocked)
 
 
 async def message_list(box: Runtime, f: MessageFilter) -> MessagePage:

@@ -95,6 +95,7 @@ class NewMessage(BaseModel):
     event_type: str
     data: Any = None
     idempotency_key: str | None = Field(None, max_length=256)
+    ordering_key: str | None = Field(None, min_length=1, max_length=256)
 
 
 class Rotation(BaseModel):
@@ -382,7 +383,13 @@ def build_api(box: Runtime) -> Starlette:
         key = new.idempotency_key or request.headers.get("idempotency-key")
         async with box.store.transaction() as conn:
             message = await publish(
-                box, conn, new.event_type, new.data, tenant=tenant, idempotency_key=key
+                box,
+                conn,
+                new.event_type,
+                new.data,
+                tenant=tenant,
+                idempotency_key=key,
+                ordering_key=new.ordering_key,
             )
         return JSONResponse(message.to_json(), status_code=202 if message.created else 200)
 

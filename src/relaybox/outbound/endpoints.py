@@ -59,6 +59,9 @@ __all__ = [
 
 log = structlog.get_logger("relaybox.outbound")
 
+BROKER_PREFIX = "broker:"
+"""An endpoint URL ``broker:<name>`` routes to ``[outbound.brokers.<name>]``."""
+
 _PATTERN = re.compile(r"[A-Za-z0-9_.:*-]{1,200}")
 
 
@@ -90,6 +93,8 @@ class EndpointPatch(BaseModel):
     credentials: CredentialsSpec | None = None
     """HTTP credentials (:mod:`relaybox.outbound.credentials`); ``{"type": "none"}``
     removes them."""
+    ordered: bool | None = None
+    on_dead: Literal["hold", "skip"] | None = None
 
     @field_validator("event_types")
     @classmethod
@@ -169,7 +174,12 @@ def _check(
         raise InvalidEndpoint(
             f"max_in_flight must be at most {s.concurrency} (the dispatcher's concurrency)"
         )
-    if url is not None:
+    if url is not None and url.startswith(BROKER_PREFIX):
+        # An operator-declared broker destination, by name only: never a host.
+        name = url[len(BROKER_PREFIX) :]
+        if name not in s.brokers:
+            raise InvalidEndpoint(f"no broker destination named {name[:100]!r}")
+    elif url is not None:
         if len(url) > 2000:
             raise InvalidEndpoint("the URL is longer than 2000 characters")
         try:
@@ -204,6 +214,8 @@ async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tupl
         max_in_flight=spec.max_in_flight or settings.max_in_flight,
         rate_limit=spec.rate_limit,
         payload_filter=payload_filter,
+        ordered=bool(spec.ordered),
+        on_dead=spec.on_dead or "hold",
     )
     quota = settings.max_endpoints
     try:
@@ -267,6 +279,8 @@ async def update_endpoint(
         max_in_flight=patch.max_in_flight or current.max_in_flight,
         rate_limit=patch.rate_limit if patch.rate_limit is not None else current.rate_limit,
         payload_filter=current.payload_filter if payload_filter is None else payload_filter or None,
+        ordered=current.ordered if patch.ordered is None else patch.ordered,
+        on_dead=patch.on_dead or current.on_dead,
     )
     sealing = patch.credentials is not None and not isinstance(patch.credentials, NoCredentials)
     vault = await ready_to_seal(box) if sealing else None

@@ -23,6 +23,7 @@ from relaybox.store.credentials import KEEP, Keep
 from relaybox.store.outbox_rows import (
     ApiKey,
     AttemptRow,
+    BlockedKey,
     Delivery,
     DeliveryRow,
     Endpoint,
@@ -87,6 +88,8 @@ class OutboxStore:
 
         async def notify(self, conn: AsyncConnection, channel: str) -> None: ...
 
+        def _flag(self, value: bool) -> Any: ...
+
     def _mapping(self, row: Any) -> Mapping[str, Any]:
         """A row of :meth:`Store.rows` read by column name."""
         mapping: Mapping[str, Any] = row._mapping
@@ -116,6 +119,8 @@ class OutboxStore:
             schedule,
             now,
             payload_filter,
+            self._flag(e.ordered),
+            e.on_dead,
         )
 
     async def endpoint_create(
@@ -175,6 +180,8 @@ class OutboxStore:
             await self.endpoint_extras_write(
                 conn, endpoint.id, headers=headers, credentials=credentials
             )
+            if not endpoint.ordered:  # nothing of it waits for its key any more
+                await self.rows(conn, "ordering_clear", (endpoint.id,))
 
     async def endpoint_delete(
         self, endpoint_id: str, tenant: str, *, reason: str, now: float
@@ -276,8 +283,20 @@ class OutboxStore:
             message.idempotency_key,
             message.body,
             message.created_at,
+            message.ordering_key,
+            message.sequence,
         )
         return await self.first(conn, "message_insert", params) is not None
+
+    async def message_sequence_next(
+        self, conn: AsyncConnection, tenant: str, ordering_key: str
+    ) -> int:
+        """The next sequence number of the tenant's ``ordering_key``, in ``conn``'s
+        transaction. A concurrent publish with the same key waits until this
+        transaction ends (PostgreSQL: the counter's row lock), so a key's numbers
+        increase in commit order."""
+        row = await self.first(conn, "message_sequence_next", (tenant, ordering_key))
+        return int(row[0])
 
     async def message_get(self, message_id: str, tenant: str | None) -> Message | None:
         """One message (``tenant`` ``None``: of any tenant)."""
@@ -319,10 +338,13 @@ class OutboxStore:
         endpoint_ids: Sequence[str],
         *,
         now: float,
+        ordering_key: str | None = None,
+        sequence: int | None = None,
     ) -> None:
         """One pending outbox row per endpoint for the message, in ``conn``'s
-        transaction, and a wake for the dispatchers when it commits."""
-        params = (message_id, tenant, now, self._array(endpoint_ids))
+        transaction, and a wake for the dispatchers when it commits. The rows of
+        ordered endpoints carry ``ordering_key`` and ``sequence``."""
+        params = (message_id, tenant, now, self._array(endpoint_ids), ordering_key, sequence)
         await self.rows(conn, "delivery_insert", params)
         await self.notify(conn, "outbox")
 
@@ -392,6 +414,29 @@ class OutboxStore:
         returns how many."""
         async with self.transaction() as conn:
             found = await self.rows(conn, "delivery_recover", (endpoint_id, since, until, now))
+            if found:
+                await self.notify(conn, "outbox")
+        return len(found)
+
+    async def ordering_blocked_keys(
+        self, *, endpoint_id: str | None, tenant: str | None, limit: int
+    ) -> list[BlockedKey]:
+        """Ordering keys that dead deliveries hold back on endpoints with ``on_dead``
+        ``hold`` (of ``endpoint_id`` / ``tenant``, or all), by endpoint and key."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "ordering_blocked_keys", (endpoint_id, tenant, limit))
+        return [BlockedKey(r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5])) for r in found]
+
+    async def ordering_blocked_count(self) -> int:
+        """How many (endpoint, key) pairs dead deliveries hold back."""
+        async with self.transaction() as conn:
+            return int((await self.first(conn, "ordering_blocked_count"))[0])
+
+    async def ordering_key_release(self, endpoint_id: str, ordering_key: str, *, now: float) -> int:
+        """Release a key held by dead deliveries: they stay dead letters but no longer
+        hold the endpoint's later deliveries of the key back; returns how many."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "ordering_key_release", (endpoint_id, ordering_key, now))
             if found:
                 await self.notify(conn, "outbox")
         return len(found)

@@ -18,6 +18,7 @@ __all__ = [
     "UNBOUNDED",
     "ApiKey",
     "AttemptRow",
+    "BlockedKey",
     "Delivery",
     "DeliveryRow",
     "Endpoint",
@@ -103,6 +104,8 @@ class MessageBody:
     id: str
     event_type: str
     body: bytes
+    sequence: int | None = None
+    """Its number within its ordering key (``webhook-sequence``); ``None``: no key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +231,8 @@ class Endpoint:
     headers: dict[str, str] | None = None
     credentials_type: str | None = None
     """Which credentials are set (``basic``, ``bearer``, ``oauth2``); never them."""
+    ordered: bool = False
+    on_dead: str = "hold"
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Endpoint:
@@ -252,6 +257,8 @@ class Endpoint:
             paused_at=row[16],
             headers=json.loads(row[17]) if len(row) > 17 and row[17] else None,
             credentials_type=row[18] if len(row) > 18 else None,
+            ordered=bool(row[19]),
+            on_dead=row[20],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -267,6 +274,8 @@ class Endpoint:
             "schedule": self.schedule,
             "max_in_flight": self.max_in_flight,
             "rate_limit": self.rate_limit,
+            "ordered": self.ordered,
+            "on_dead": self.on_dead,
             "failing_since": self.failing_since,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
@@ -298,6 +307,8 @@ class EndpointWrite:
     max_in_flight: int
     rate_limit: float | None
     payload_filter: Mapping[str, Any] | None = None
+    ordered: bool = False
+    on_dead: str = "hold"
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +344,8 @@ class Message:
     created_at: float
     created: bool = True
     endpoints: tuple[str, ...] = ()
+    ordering_key: str | None = None
+    sequence: int | None = None
 
     @property
     def envelope(self) -> dict[str, Any]:
@@ -341,7 +354,8 @@ class Message:
 
     @classmethod
     def from_row(cls, row: Sequence[Any], *, created: bool = False) -> Message:
-        """From (id, tenant, event_type, idempotency_key, body, created_at)."""
+        """From (id, tenant, event_type, idempotency_key, body, created_at,
+        ordering_key, sequence)."""
         return cls(
             id=row[0],
             tenant=row[1],
@@ -350,6 +364,8 @@ class Message:
             body=row[4].encode(),
             created_at=row[5],
             created=created,
+            ordering_key=row[6],
+            sequence=row[7],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -357,6 +373,8 @@ class Message:
             "id": self.id,
             "event_type": self.event_type,
             "idempotency_key": self.idempotency_key,
+            "ordering_key": self.ordering_key,
+            "sequence": self.sequence,
             "created_at": self.created_at,
             "payload": self.envelope,
         }
@@ -372,6 +390,8 @@ class NewMessage:
     idempotency_key: str | None
     body: str
     created_at: float
+    ordering_key: str | None = None
+    sequence: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +415,28 @@ class DeliveryRow:
     updated_at: float | None
     sent_at: float | None
     event_type: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedKey:
+    """An ordering key held back on an ordered endpoint by a dead delivery (its first
+    dead ``sequence``), with the endpoint's deliveries of the key waiting behind it."""
+
+    endpoint_id: str
+    tenant: str
+    ordering_key: str
+    sequence: int
+    dead: int
+    waiting: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "endpoint_id": self.endpoint_id,
+            "ordering_key": self.ordering_key,
+            "sequence": self.sequence,
+            "dead": self.dead,
+            "waiting": self.waiting,
+        }
 
 
 @dataclass(frozen=True, slots=True)

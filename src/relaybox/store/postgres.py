@@ -625,7 +625,7 @@ class PostgresStore(Store):
             message_id = r["message_id"]
             body = r["body"]
             message = (
-                MessageBody(message_id, r["event_type"], body.encode())
+                MessageBody(message_id, r["event_type"], body.encode(), r["sequence"])
                 if message_id is not None and body is not None
                 else None
             )

@@ -298,7 +298,7 @@ class SQLiteStore(Store):
         if message_ids:
             found = await self.rows(conn, "delivery_messages", (self._array(message_ids),))
             for r in found:
-                messages[r[0]] = MessageBody(r[0], r[1], r[2].encode())
+                messages[r[0]] = MessageBody(r[0], r[1], r[2].encode(), r[3])
         if endpoint_ids:
             secrets: dict[str, list[str]] = {}
             for s in await self.endpoint_secrets_active(conn, endpoint_ids, now=now):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from relaybox.admin.outbound import sending
 from relaybox.admin.outbound.api import ENDPOINT_OPERATIONS, MESSAGE_OPERATIONS, OPERATIONS
 from relaybox.admin.outbound.flow import FLOW_OPERATIONS, FLOW_PAGES
+from relaybox.admin.outbound.ordered import ORDERED_OPERATIONS
 from relaybox.admin.outbound.pages import ENDPOINT_PAGES, MESSAGE_PAGES, PAGES
 from relaybox.admin.sections import OverviewPanel, Section, register_section
 from relaybox.ops.outbound import endpoint_list
@@ -107,7 +108,7 @@ def register() -> None:
             "Endpoints",
             40,
             nav_path="/endpoints",
-            operations=ENDPOINT_OPERATIONS + FLOW_OPERATIONS,
+            operations=ENDPOINT_OPERATIONS + FLOW_OPERATIONS + ORDERED_OPERATIONS,
             pages=ENDPOINT_PAGES + FLOW_PAGES,
             requires_tables=TABLES,
             overview=overview_panel,

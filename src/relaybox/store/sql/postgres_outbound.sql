@@ -5,8 +5,8 @@
 -- name: endpoint_insert
 INSERT INTO relaybox_endpoints
     (id, tenant, url, description, event_types, status, signature, timeout, schedule,
-     created_at, updated_at, payload_filter)
-VALUES ($1, $2, $3, $4, $5, 'enabled', $6, $7, $8, $9, $9, $10)
+     created_at, updated_at, payload_filter, ordered, on_dead)
+VALUES ($1, $2, $3, $4, $5, 'enabled', $6, $7, $8, $9, $9, $10, $11, $12)
 
 -- name: endpoint_quota_lock
 -- Creating an endpoint: one create per tenant at a time (a transaction-scoped advisory
@@ -22,7 +22,7 @@ SELECT count(*)::int AS n FROM relaybox_endpoints WHERE tenant = $1
 -- Every mutable field at once: the caller merged the patch into the current row.
 UPDATE relaybox_endpoints
 SET url = $3, description = $4, event_types = $5, signature = $6, timeout = $7,
-    schedule = $8, updated_at = $9, payload_filter = $10
+    schedule = $8, updated_at = $9, payload_filter = $10, ordered = $11, on_dead = $12
 WHERE id = $1 AND tenant = $2
 RETURNING id
 
@@ -30,14 +30,14 @@ RETURNING id
 -- One endpoint with its lane settings; $2 NULL reads any tenant (operators).
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE e.id = $1 AND ($2::text IS NULL OR e.tenant = $2)
 
 -- name: endpoint_list
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE ($1::text IS NULL OR e.tenant = $1)
 ORDER BY e.created_at, e.id
@@ -121,35 +121,56 @@ DELETE FROM relaybox_lanes WHERE lane = $1
 
 -- name: message_insert
 -- The (tenant, idempotency_key) UNIQUE constraint decides which publish is first.
-INSERT INTO relaybox_messages (id, tenant, event_type, idempotency_key, body, created_at)
-VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO relaybox_messages
+    (id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (tenant, idempotency_key) DO NOTHING
 RETURNING id
 
 -- name: message_get_by_key
-SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
+FROM relaybox_messages
 WHERE tenant = $1 AND idempotency_key = $2
 
 -- name: message_get
-SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
+FROM relaybox_messages
 WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
 
 -- name: message_list
 -- Newest first, keyset-paginated on (created_at, id) below $3/$4.
-SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
+FROM relaybox_messages
 WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR event_type = $2)
   AND ($3::double precision IS NULL OR (created_at, id) < ($3, $4::text))
 ORDER BY created_at DESC, id DESC
 LIMIT $5
 
+-- name: message_sequence_next
+-- The next sequence number of (tenant $1, ordering key $2). The upsert's row lock is
+-- held until the publisher's transaction ends: a concurrent publish with the same key
+-- waits here, then takes the next number, so numbers increase in commit order.
+INSERT INTO relaybox_outbound_sequences (tenant, ordering_key, last_sequence)
+VALUES ($1, $2, 1)
+ON CONFLICT (tenant, ordering_key) DO UPDATE
+SET last_sequence = relaybox_outbound_sequences.last_sequence + 1
+RETURNING last_sequence
+
 -- name: delivery_insert
 -- One outbox row per subscribed endpoint, in the publisher's transaction. The lane
--- is the endpoint, so each endpoint has its own in-flight cap and rate limit.
+-- is the endpoint, so each endpoint has its own in-flight cap and rate limit. A keyed
+-- message ($5, $6) gives its key and sequence to the rows of ordered endpoints only
+-- (the endpoint is read only when there is a key).
 INSERT INTO relaybox_outbox
     (channel, key, payload, tenant, status, next_attempt_at, created_at, updated_at,
-     lane, endpoint_id, message_id)
-SELECT 'webhook', $1 || ':' || e.id, 'null', $2, 'pending', $3, $3, $3, e.id, e.id, $1
+     lane, endpoint_id, message_id, ordering_key, sequence)
+SELECT 'webhook', $1 || ':' || e.id, 'null', $2, 'pending', $3, $3, $3, e.id, e.id, $1,
+       CASE WHEN k.ordered THEN $5::text END, CASE WHEN k.ordered THEN $6::bigint END
 FROM unnest($4::text[]) AS e(id)
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN $5::text IS NULL THEN false
+                ELSE (SELECT x.ordered FROM relaybox_endpoints x WHERE x.id = e.id) END
+               AS ordered) k
 ON CONFLICT (channel, key) DO NOTHING
 RETURNING id
 
@@ -448,6 +469,11 @@ WITH u AS (
           AND o.next_attempt_at <= $1
           AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_leases x
                           WHERE x.outbox_id = o.id AND x.until > $1)
+          AND (o.ordering_key IS NULL OR NOT EXISTS (
+              SELECT 1 FROM relaybox_outbox h
+              WHERE h.endpoint_id = o.endpoint_id AND h.ordering_key = o.ordering_key
+                AND h.sequence < o.sequence AND h.status IN ('pending', 'dead')
+                AND (h.status = 'pending' OR e.on_dead = 'hold')))
         LIMIT 1) due
     CROSS JOIN LATERAL (
         SELECT CASE WHEN l.rate_limit IS NULL THEN 1.0::double precision
@@ -497,6 +523,15 @@ WITH u AS (
           AND f.next_attempt_at <= $1 AND f.id <> ALL ($6::bigint[])
           AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_leases y
                           WHERE y.outbox_id = f.id AND y.until > $1)
+          -- Ordered delivery: not while an earlier row of its key to this endpoint is
+          -- pending, or dead and the endpoint holds the key for a dead one (on_dead).
+          AND (f.ordering_key IS NULL OR NOT EXISTS (
+              SELECT 1 FROM relaybox_outbox h
+              WHERE h.endpoint_id = f.endpoint_id AND h.ordering_key = f.ordering_key
+                AND h.sequence < f.sequence AND h.status IN ('pending', 'dead')
+                AND (h.status = 'pending'
+                     OR EXISTS (SELECT 1 FROM relaybox_endpoints d
+                                WHERE d.id = f.endpoint_id AND d.on_dead = 'hold'))))
         ORDER BY f.next_attempt_at, f.id
         LIMIT p.n
         FOR NO KEY UPDATE SKIP LOCKED) r
@@ -541,12 +576,13 @@ FROM (SELECT array_agg(id) AS recorded, array_agg(lease_token) AS tokens FROM do
 LEFT JOIN (
     SELECT r.id, r.channel, r.key, r.payload, r.tenant, r.endpoint_id, r.message_id,
            r.new_attempt AS attempts, r.new_token AS lease_token, r.uncertain, r.lane,
-           r.allowed, m.event_type, m.body, e.tenant AS endpoint_tenant, e.url,
+           r.allowed, m.event_type, m.body, m.sequence, e.tenant AS endpoint_tenant, e.url,
            e.signature, e.timeout, e.schedule, e.secrets, e.headers, e.credentials,
            e.failing_level
     FROM picked r
     LEFT JOIN LATERAL (
-        SELECT event_type, body FROM relaybox_messages WHERE id = r.message_id OFFSET 0) m ON true
+        SELECT event_type, body, sequence FROM relaybox_messages
+        WHERE id = r.message_id OFFSET 0) m ON true
     LEFT JOIN targets e ON e.id = r.endpoint_id AND e.first_id = r.id
 ) x ON true
 ORDER BY x.id
@@ -620,3 +656,38 @@ FROM relaybox_outbox_attempts
 WHERE started_at >= $1
 GROUP BY 1, 2
 ORDER BY 1, 2
+-- name: ordering_blocked_keys
+-- Keys that dead deliveries hold on ordered endpoints with on_dead = 'hold' (of
+-- endpoint $1, or every endpoint), with the first dead sequence and how many rows
+-- of the key wait behind it.
+SELECT o.endpoint_id, e.tenant, o.ordering_key, min(o.sequence) AS sequence,
+       count(*)::int AS dead,
+       (SELECT count(*)::int FROM relaybox_outbox w
+        WHERE w.endpoint_id = o.endpoint_id AND w.ordering_key = o.ordering_key
+          AND w.status = 'pending') AS waiting
+FROM relaybox_outbox o JOIN relaybox_endpoints e ON e.id = o.endpoint_id
+WHERE o.ordering_key IS NOT NULL AND o.status = 'dead' AND e.on_dead = 'hold'
+  AND ($1::text IS NULL OR o.endpoint_id = $1) AND ($2::text IS NULL OR e.tenant = $2)
+GROUP BY o.endpoint_id, e.tenant, o.ordering_key
+ORDER BY o.endpoint_id, o.ordering_key
+LIMIT $3
+
+-- name: ordering_key_release
+-- An operator releases a key: its dead deliveries to the endpoint stay dead letters
+-- (recoverable) but no longer hold the key back.
+UPDATE relaybox_outbox SET ordering_key = NULL, updated_at = $3
+WHERE endpoint_id = $1 AND ordering_key = $2 AND status = 'dead'
+RETURNING id
+
+-- name: ordering_blocked_count
+-- How many (endpoint, key) pairs dead deliveries hold (the blocked-keys gauge).
+SELECT count(*)::int AS n FROM (
+    SELECT DISTINCT o.endpoint_id, o.ordering_key
+    FROM relaybox_outbox o JOIN relaybox_endpoints e ON e.id = o.endpoint_id
+    WHERE o.ordering_key IS NOT NULL AND o.status = 'dead' AND e.on_dead = 'hold') k
+
+-- name: ordering_clear
+-- An endpoint no longer ordered: its waiting and dead deliveries drop their keys, so
+-- nothing holds them back any more.
+UPDATE relaybox_outbox SET ordering_key = NULL
+WHERE endpoint_id = $1 AND ordering_key IS NOT NULL AND status IN ('pending', 'dead')
