@@ -124,6 +124,8 @@ class ReplayMissing(BaseModel):
 
     since: float | datetime
     limit: int | None = Field(None, ge=1)
+
+
 class PortalRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -339,7 +341,7 @@ def build_api(box: Runtime) -> Starlette:
         found = await endpoint_of(request, tenant)
         if found.status != "enabled":
             raise ApiError(409, "endpoint_disabled", "enable the endpoint first")
-        replay = ReplayMissing.model_validate(await body(request))
+        replay = _strict(ReplayMissing, await body(request))
         try:
             done = await flow.replay_missing(
                 box, found.id, since=_epoch(replay.since) or 0.0, tenant=tenant, limit=replay.limit

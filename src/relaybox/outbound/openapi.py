@@ -26,6 +26,7 @@ from relaybox.outbound.api import (
     PortalRequest,
     Recovery,
     Redelivery,
+    ReplayMissing,
     Rotation,
     TestEvent,
 )
@@ -46,6 +47,20 @@ class ErrorBody(_Out):
     message: str
 
 
+class EndpointCredentials(_Out):
+    type: str
+    set: bool
+
+
+class ReplayMissingResult(_Out):
+    endpoint_id: str
+    since: float
+    queued: int = Field(description="deliveries created by this call")
+    scanned: int
+    complete: bool = Field(description="false: more may match; call again from resume_since")
+    resume_since: float | None
+
+
 class Endpoint(_Out):
     id: str
     url: str
@@ -58,9 +73,18 @@ class Endpoint(_Out):
     schedule: list[float] | None
     max_in_flight: int
     rate_limit: float | None
+    ordered: bool = Field(description="ordered delivery per ordering key")
+    on_dead: str = Field(description="a dead head of a key: hold the key, or skip it")
     failing_since: float | None
     created_at: float
     updated_at: float
+    filter: dict[str, Any] | None = Field(description="the payload filter, if any")
+    paused: bool
+    paused_at: float | None
+    headers: dict[str, str] = Field(description="custom request headers")
+    credentials: EndpointCredentials | None = Field(
+        description="which credentials are set (never the credentials themselves)"
+    )
 
 
 class CreatedEndpoint(Endpoint):
@@ -103,6 +127,8 @@ class Message(_Out):
     id: str
     event_type: str
     idempotency_key: str | None
+    ordering_key: str | None = Field(description="its ordering key, if published with one")
+    sequence: int | None = Field(description="its number within its ordering key")
     created_at: float
     payload: dict[str, Any] = Field(description="the envelope sent: type, timestamp, data")
 
@@ -221,6 +247,13 @@ OPERATIONS: list[Op] = [
      "Retry dead deliveries created since a time", Recovery, 202, Recovered, set()),
     ("get", "/endpoints/{id}/deliveries", "listEndpointDeliveries", "The endpoint's deliveries",
      None, 200, Deliveries, set()),
+    ("post", "/endpoints/{id}/pause", "pauseEndpoint",
+     "Pause: deliveries wait (never dead) until resumed", None, 200, Endpoint, set()),
+    ("post", "/endpoints/{id}/resume", "resumeEndpoint",
+     "Resume: waiting deliveries go out, oldest first", None, 200, Endpoint, set()),
+    ("post", "/endpoints/{id}/replay-missing", "replayMissing",
+     "Send, once, every message since a time it matched but never got", ReplayMissing, 202,
+     ReplayMissingResult, {409}),
     ("post", "/webhooks", "createWebhook", "Register a webhook: {url, events}", EndpointSpec,
      201, CreatedWebhook, {409} | _SECRETS),
     ("get", "/webhooks", "listWebhooks", "Registered webhooks", None, 200, Webhooks, set()),
