@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from relaybox.clock import Clock, SystemClock
+from relaybox.clock import Clock, ClockGuard, DatabaseClock
 from relaybox.config import Settings, load_settings
 from relaybox.errors import TABLES_MISSING, ConfigurationError
 from relaybox.inbox import Acceptor
@@ -63,7 +63,10 @@ class Relaybox:
         self.settings = settings or load_settings(config)
         if database_url is not None:
             self.settings = self.settings.model_copy(update={"database_url": database_url})
-        self.clock: Clock = clock or SystemClock()
+        # The database's clock on PostgreSQL (several hosts compare holds and leases),
+        # kept read by clock_guard; this host's on SQLite or before the first read.
+        self.clock: Clock = clock or DatabaseClock()
+        self.clock_guard = ClockGuard(self)
         self.metrics = Metrics()
         self.hooks = Hooks()
         self.sources: dict[str, Source] = {}
@@ -397,6 +400,12 @@ class Relaybox:
                 runner = factories[role]()
                 self._workers.append(runner)
                 self._background.append(asyncio.create_task(runner.run(), name=f"relaybox-{role}"))
+        if self.clock_guard.applies and self.clock_guard not in self._workers:
+            # Keeps the database's clock read for the receiver's times too.
+            self._workers.append(self.clock_guard)
+            self._background.append(
+                asyncio.create_task(self.clock_guard.run(), name="relaybox-clock")
+            )
 
     def lifespan(self, app: Any = None) -> contextlib.AbstractAsyncContextManager[Any]:
         """The ASGI lifespan of an application that embeds relaybox::
