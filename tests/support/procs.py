@@ -261,7 +261,7 @@ def skewed(seconds: float, env: Mapping[str, str] | None = None) -> dict[str, st
     """The environment of a process whose host clock is ``seconds`` off
     (``tests/support/skewclock``)."""
     out = dict(env or {})
-    path = os.environ.get("PYTHONPATH")
+    path = out.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
     out["PYTHONPATH"] = f"{SKEW_PATH}{os.pathsep}{path}" if path else str(SKEW_PATH)
     out["TEST_CLOCK_SKEW"] = str(seconds)
     return out
