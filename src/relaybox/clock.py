@@ -29,9 +29,17 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
-__all__ = ["SYNC_INTERVAL", "Clock", "ClockGuard", "DatabaseClock", "FrozenClock", "SystemClock"]
+__all__ = [
+    "SYNC_INTERVAL",
+    "Clock",
+    "ClockGuard",
+    "DatabaseClock",
+    "FrozenClock",
+    "SystemClock",
+    "may_take_work",
+]
 
 log = structlog.get_logger("relaybox.clock")
 
@@ -88,6 +96,8 @@ class DatabaseClock:
         """Database clock minus this host's, at the last sync (seconds)."""
         self.uncertainty = 0.0
         """Half the round trip of the read the last sync kept (seconds)."""
+        self.guard: ClockGuard | None = None
+        """The guard that keeps it read (:class:`ClockGuard` registers itself)."""
 
     @property
     def synced(self) -> bool:
@@ -125,8 +135,10 @@ class ClockGuard:
     ``clock_max_skew`` seconds from the database's. A box with a clock of its own (a
     test's :class:`FrozenClock`) or on SQLite is always allowed and never reads."""
 
-    def __init__(self, box: Relaybox) -> None:
+    def __init__(self, box: Runtime) -> None:
         self.box = box
+        if isinstance(box.clock, DatabaseClock):
+            box.clock.guard = self
         self._synced_at: float | None = None  # monotonic time of the last sync
         self._refusing = False
         self._stopped = False
@@ -216,3 +228,12 @@ class ClockGuard:
                     await asyncio.wait_for(self._wake.wait(), SYNC_INTERVAL)
         finally:
             self._stopped, self._wake = False, None
+
+
+async def may_take_work(rt: Runtime) -> bool:
+    """Whether a worker or dispatcher of ``rt`` may claim or lease now: the check of
+    the guard its :class:`DatabaseClock` carries (:meth:`ClockGuard.check`); always,
+    with a clock of its own."""
+    clock = rt.clock
+    guard = clock.guard if isinstance(clock, DatabaseClock) else None
+    return True if guard is None else await guard.check()

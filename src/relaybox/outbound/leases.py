@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from relaybox.clock import may_take_work
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.vault import SecretsLocked
 from relaybox.store.outbox import SecretOpener
@@ -75,7 +76,7 @@ async def lease(
 ) -> list[Delivery]:
     """Lease up to ``slots`` due rows of the given channels; see the module docstring.
     None while this host's clock is past ``clock_max_skew`` (:class:`ClockGuard`)."""
-    if not await box.clock_guard.check():
+    if not await may_take_work(box):
         return []
     now = box.clock.now()
     request = LeaseRequest(
@@ -114,7 +115,7 @@ async def lease_recording(
     held). ``fair`` bounds lanes' caps and each tenant's rows (:class:`Fairness`).
     While this host's clock is past ``clock_max_skew`` (:class:`ClockGuard`) it only
     records ``sent``."""
-    if not await box.clock_guard.check():
+    if not await may_take_work(box):
         slots = 0
     now = box.clock.now()
     request = LeaseRequest(
