@@ -136,7 +136,7 @@ class Sink:
 
     async def _handle(self, request: web.Request) -> web.Response:
         await request.read()
-        await asyncio.sleep(0.05)  # a real endpoint's time: leases are live when a host dies
+        await asyncio.sleep(0.1)  # a real endpoint's time: leases are live when a host dies
         self.seen[request.headers.get("idempotency-key", "")] += 1
         self.by_host[request.headers.get("x-host", "")] += 1
         return web.json_response({"ok": True})
