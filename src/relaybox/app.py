@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from relaybox.clock import Clock, SystemClock
+from relaybox.clock import Clock, ClockGuard, DatabaseClock
 from relaybox.config import Settings, load_settings
 from relaybox.errors import TABLES_MISSING, ConfigurationError
 from relaybox.inbox import Acceptor
@@ -63,9 +63,12 @@ class Relaybox:
         self.settings = settings or load_settings(config)
         if database_url is not None:
             self.settings = self.settings.model_copy(update={"database_url": database_url})
-        self.clock: Clock = clock or SystemClock()
+        # The database's clock on PostgreSQL (several hosts compare holds and leases),
+        # kept read by clock_guard; this host's on SQLite or before the first read.
+        self.clock: Clock = clock or DatabaseClock()
+        self.clock_guard = ClockGuard(self)
         self.metrics = Metrics()
-        self.hooks = Hooks()
+        self.hooks: Hooks = Hooks()
         self.sources: dict[str, Source] = {}
         self._handlers: list[Registration] = []
         self._store: Store | None = None
@@ -73,6 +76,7 @@ class Relaybox:
         self._heap_frozen = False
         self._inline_worker: Worker | None = None
         self._background: list[asyncio.Task[None]] = []
+        self._clock_task: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self.webhooks_doc: dict[str, Any] = {}  # the catalog as OpenAPI webhooks
         self._workers: list[Worker | Dispatcher | Maintenance] = []
@@ -406,6 +410,9 @@ class Relaybox:
                 runner = factories[role]()
                 self._workers.append(runner)
                 self._background.append(asyncio.create_task(runner.run(), name=f"relaybox-{role}"))
+        if self.clock_guard.applies and self._clock_task is None:
+            # Keeps the database's clock read for the receiver's times too.
+            self._clock_task = asyncio.create_task(self.clock_guard.run(), name="relaybox-clock")
 
     def lifespan(self, app: Any = None) -> contextlib.AbstractAsyncContextManager[Any]:
         """The ASGI lifespan of an application that embeds relaybox::
@@ -536,6 +543,11 @@ class Relaybox:
             self._watcher = None
         for worker in self._workers:
             worker.stop()
+        if self._clock_task is not None:
+            self.clock_guard.stop()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._clock_task, 30)
+            self._clock_task = None
         for task in self._background:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, 30)

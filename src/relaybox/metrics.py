@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -254,7 +254,8 @@ class Metrics:
     Names other parts call (each one a method, so label order lives here):
     :meth:`observe_accept` (receiver), ``processed`` (worker),
     :meth:`observe_delivery` (outbound dispatcher), :meth:`observe_divergence`
-    (reconciliation), :meth:`observe_purge` (retention).
+    (reconciliation), :meth:`observe_purge` (retention), :meth:`observe_clock`
+    (:class:`relaybox.clock.ClockGuard`).
     """
 
     cache_seconds = 1.0
@@ -307,6 +308,18 @@ class Metrics:
             ["table"],
             registry=self.registry,
         )
+        # 0 on a box that never reads the database's clock (SQLite, a clock of its own).
+        self.clock_offset = Gauge(
+            "relaybox_clock_offset_seconds",
+            "The database server's clock minus this process's host clock, at the last read.",
+            registry=self.registry,
+        )
+        self.clock_skew_exceeded = Gauge(
+            "relaybox_clock_skew_exceeded",
+            "1 while this host's clock is more than clock_max_skew from the database's: "
+            "its worker and dispatcher take no work.",
+            registry=self.registry,
+        )
         self.snapshot: OpsStats | None = None
         # Per paused endpoint, its waiting deliveries (summed: no per-endpoint series).
         self.paused: dict[str, int] | None = None
@@ -348,6 +361,10 @@ class Metrics:
 
     def observe_divergence(self, source: str, count: int = 1) -> None:
         self.reconcile_divergences.labels(source).inc(count)
+
+    def observe_clock(self, offset: float, max_skew: float) -> None:
+        self.clock_offset.set(offset)
+        self.clock_skew_exceeded.set(1 if abs(offset) > max_skew else 0)
 
     def observe_purge(self, table: str, count: int) -> None:
         self.purged_payloads.labels(table).inc(count)

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import aiohttp
 
-__all__ = ["FAST_WORKER", "ROOT", "Proc", "Procs", "wait_http", "wait_until"]
+__all__ = ["FAST_WORKER", "ROOT", "Proc", "Procs", "skewed", "wait_http", "wait_until"]
 
 T = TypeVar("T")
 
@@ -252,3 +252,16 @@ async def wait_until(
             logs = procs.tails() if procs is not None else ""
             raise AssertionError(f"timed out after {within} s waiting for {what}\n{logs}")
         await asyncio.sleep(interval)
+
+
+SKEW_PATH = Path(__file__).resolve().parent / "skewclock"
+
+
+def skewed(seconds: float, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a process whose host clock is ``seconds`` off
+    (``tests/support/skewclock``)."""
+    out = dict(env or {})
+    path = out.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+    out["PYTHONPATH"] = f"{SKEW_PATH}{os.pathsep}{path}" if path else str(SKEW_PATH)
+    out["TEST_CLOCK_SKEW"] = str(seconds)
+    return out

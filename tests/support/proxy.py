@@ -9,16 +9,22 @@ import contextlib
 
 class TcpProxy:
     def __init__(
-        self, *, host: str | None = None, port: int | None = None, unix: str | None = None
+        self,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        unix: str | None = None,
+        listen: str = "127.0.0.1",
     ):
         self.target_host, self.target_port, self.target_unix = host, port, unix
+        self.listen = listen
         self.server: asyncio.base_events.Server | None = None
         self.port = 0
         self._conns: set[asyncio.StreamWriter] = set()
         self._cut = False
 
     async def start(self) -> TcpProxy:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self.server = await asyncio.start_server(self._serve, self.listen, self.port)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
 

@@ -13,7 +13,14 @@ import click
 from relaybox.app import Relaybox
 from relaybox.cli import _safe_url, app_options
 from relaybox.cli import load_box as _load_box
-from relaybox.cli.exits import EXIT_DATABASE, EXIT_FAILED, EXIT_SCHEMA, EXIT_SECRETS, EXIT_USAGE
+from relaybox.cli.exits import (
+    EXIT_CLOCK,
+    EXIT_DATABASE,
+    EXIT_FAILED,
+    EXIT_SCHEMA,
+    EXIT_SECRETS,
+    EXIT_USAGE,
+)
 from relaybox.cli.ops import _console, _json_option
 from relaybox.errors import TABLES_MISSING, ConfigurationError
 
@@ -83,11 +90,16 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
     skew = round(probe.db_now - (probe.before + probe.after) / 2, 3) + 0.0
     detail = f"database clock {skew:+.3f} s from this machine's"
     if abs(skew) > max_skew:
+        where = (
+            "the worker and the dispatcher on this host take no work until it is back"
+            if store.clock_from_database
+            else "backoff, leases and retention read this clock"
+        )
         checks.add(
             "clock",
             "fail",
-            detail + f" (over {max_skew:g} s): backoff, leases and retention read both "
-            "clocks; sync NTP on both machines",
+            detail + f" (over clock_max_skew, {max_skew:g} s): {where}; sync NTP on both machines",
+            exit_code=EXIT_CLOCK,
         )
     else:
         checks.add("clock", "ok", detail)
@@ -209,16 +221,26 @@ async def _doctor_secrets(box: Relaybox, checks: _Checks) -> None:
 
 @click.command()
 @app_options
-@click.option("--max-skew", default=2.0, show_default=True, help="seconds of clock skew allowed")
+@click.option(
+    "--max-skew",
+    type=float,
+    default=None,
+    help="seconds of clock skew allowed  [default: the clock_max_skew setting, 5]",
+)
 @_json_option
 def doctor(
-    app: str | None, config: str | None, database_url: str | None, max_skew: float, as_json: bool
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    max_skew: float | None,
+    as_json: bool,
 ) -> None:
     """Check configuration, the key of endpoint secrets, database reachability,
     migrations and clock skew; name each problem and exit non-zero (2 configuration,
     3 database unreachable, 4 tables missing or migrations pending, 5 endpoint secrets
     not protected at rest: no outbound.secrets_key on PostgreSQL or a key file open to
-    other users; 1 other)."""
+    other users, 6 this machine's clock past clock_max_skew from the database's; 1
+    other)."""
     checks = _Checks()
     box: Relaybox | None = None
     try:
@@ -241,7 +263,8 @@ def doctor(
         async def run() -> None:
             assert box is not None
             try:
-                await asyncio.wait_for(_doctor_database(box, checks, max_skew), 30)
+                skew = box.settings.clock_max_skew if max_skew is None else max_skew
+                await asyncio.wait_for(_doctor_database(box, checks, skew), 30)
             except TimeoutError:
                 checks.add(
                     "database",

@@ -8,6 +8,7 @@ place every command's runner asks.
 3    the database is unreachable (or answered with an error of its own)
 4    relaybox's tables are missing or migrations are pending (``doctor``)
 5    endpoint signing secrets are not protected at rest (``doctor``)
+6    this host's clock is more than ``clock_max_skew`` from the database's (``doctor``)
 ===  ==================================================================================
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 from relaybox.errors import ConfigurationError, InvalidTimeSpec, OpsError, StoreUnavailable
 
 __all__ = [
+    "EXIT_CLOCK",
     "EXIT_DATABASE",
     "EXIT_FAILED",
     "EXIT_OK",
@@ -31,6 +33,7 @@ EXIT_USAGE = 2
 EXIT_DATABASE = 3
 EXIT_SCHEMA = 4
 EXIT_SECRETS = 5
+EXIT_CLOCK = 6
 
 _DRIVERS = ("sqlalchemy", "asyncpg", "sqlite3", "aiosqlite")
 

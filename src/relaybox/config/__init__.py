@@ -268,6 +268,14 @@ class Settings(BaseModel):
     log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
     log_json: bool = True
     accept_timeout: float = Field(10.0, gt=0)
+    clock_max_skew: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="PostgreSQL: seconds this host's clock may differ from the database "
+        "server's before its worker and dispatcher stop taking work (relaybox's own times "
+        "come from the database's clock whatever the skew; past this, time sync is broken)",
+    )
     accept_committers: int | None = Field(
         None,
         ge=1,

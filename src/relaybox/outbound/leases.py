@@ -22,6 +22,10 @@ token bucket). One lease:
 A lane at capacity (a hanging endpoint) is never selected, so its backlog cannot
 crowd out other lanes; its in-flight rows only hold their own slots until timeout.
 
+Leases take the database's clock (:class:`relaybox.clock.DatabaseClock`), so
+dispatchers on hosts whose clocks disagree agree on when a lease ends; a host whose
+clock is past ``clock_max_skew`` leases nothing.
+
 On PostgreSQL the five steps are one autocommit statement (``outbox_lease`` in
 ``postgres_outbound.sql``, data-modifying CTEs, on the accept's asyncpg connections,
 generic plans forced: with array parameters custom plans cost more backend CPU,
@@ -40,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from relaybox.clock import may_take_work
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.vault import SecretsLocked
 from relaybox.store.outbox import SecretOpener
@@ -69,7 +74,10 @@ async def lease(
     lease_ttl: float,
     fair: Fairness = UNBOUNDED,
 ) -> list[Delivery]:
-    """Lease up to ``slots`` due rows of the given channels; see the module docstring."""
+    """Lease up to ``slots`` due rows of the given channels; see the module docstring.
+    None while this host's clock is past ``clock_max_skew`` (:class:`ClockGuard`)."""
+    if not await may_take_work(box):
+        return []
     now = box.clock.now()
     request = LeaseRequest(
         owner=owner,
@@ -104,7 +112,11 @@ async def lease_recording(
     holds leases in them. Returns the deliveries, the (id, lease token) pairs written
     (the others were fenced), and for each lane leased how many attempts this
     dispatcher may run in it at once (its cap minus the live leases other dispatchers
-    held). ``fair`` bounds lanes' caps and each tenant's rows (:class:`Fairness`)."""
+    held). ``fair`` bounds lanes' caps and each tenant's rows (:class:`Fairness`).
+    While this host's clock is past ``clock_max_skew`` (:class:`ClockGuard`) it only
+    records ``sent``."""
+    if not await may_take_work(box):
+        slots = 0
     now = box.clock.now()
     request = LeaseRequest(
         owner=owner,

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -60,7 +60,13 @@ class DoctorProbe:
 
 
 class OperatorStore:
-    """Operator listings, actions and checks (a base of :class:`~relaybox.store.Store`)."""
+    """Operator listings, actions and checks (a base of :class:`~relaybox.store.Store`).
+
+    ``clock_from_database``: processes sharing this database may run on several hosts,
+    so holds, leases and schedules take the database server's clock (:meth:`db_time`,
+    read by :class:`relaybox.clock.ClockGuard`); not on SQLite, which is one host."""
+
+    clock_from_database: ClassVar[bool] = True
 
     if TYPE_CHECKING:  # what Store provides
         q: dict[str, str]
@@ -86,6 +92,12 @@ class OperatorStore:
         async with self.connect() as conn:
             result = await conn.exec_driver_sql(self.q["ops_table_exists"], (table,))
             return bool(result.scalar())
+
+    async def db_time(self) -> float:
+        """The database server's clock, in seconds since the epoch (``clock_timestamp()``
+        on PostgreSQL: the time of the read, not of the transaction's start)."""
+        async with self.connect() as conn:
+            return float((await conn.exec_driver_sql(self.q["ops_db_now"])).scalar_one())
 
     async def doctor_probe(self) -> DoctorProbe:
         """The applied migration versions and the database's clock, in one transaction.

@@ -68,6 +68,7 @@ class SQLiteStore(Store):
     backend: ClassVar[str] = "sqlite"
     float_type: ClassVar[str] = "REAL"
     single_writer: ClassVar[bool] = True
+    clock_from_database: ClassVar[bool] = False  # one host: its own clock is the database's
 
     def __init__(self, url: str, *, busy_timeout_ms: int = 10_000) -> None:
         super().__init__()

@@ -201,8 +201,11 @@ class Worker(Runners):
                 await self.box.announce(conn, "relaybox.inbox.dead", data)
 
     async def run_once(self) -> int:
-        """Claim and process one batch; return how many rows were claimed."""
+        """Claim and process one batch; return how many rows were claimed. Nothing
+        while this host's clock is past ``clock_max_skew`` (:class:`ClockGuard`)."""
         store = self.box.store
+        if not await self.box.clock_guard.check():
+            return 0
         now = self.box.clock.now()
         claim = await store.inbox_claim(
             now=now, limit=self.batch, max_attempts=self.backoff.max_attempts, hold=self.claim_hold
