@@ -16,7 +16,7 @@ import structlog
 
 from relaybox.log import short_error
 from relaybox.retry import Backoff
-from relaybox.store import Claim
+from relaybox.store import Claim, InboxEvent
 from relaybox.store.base import Listener
 from relaybox.worker.context import Registration
 from relaybox.worker.transactions import Runners, _Batch, _Job
@@ -241,7 +241,12 @@ class Worker(Runners):
     async def _run_claim(self, claim: Claim) -> None:
         if self.group == 1 or self._grouped:
             batch = _Batch(len(claim.ids) + len(claim.suspects))
-            self._ready.extend(_Job(claim.events[i], batch) for i in claim.ids)
+            # A plain-def handler's event runs in a synchronous transaction of its own,
+            # never in a group.
+            self._ready.extend(
+                _Job(claim.events[i], batch, alone=self._threaded(claim.events[i]) is not None)
+                for i in claim.ids
+            )
             self._spawn_chains()
             for inbox_id in claim.suspects:
                 self._spawn(self._run_suspect(_Job(claim.events[inbox_id], batch)))
@@ -249,8 +254,8 @@ class Worker(Runners):
         else:
             groups = [claim.ids[i : i + self.group] for i in range(0, len(claim.ids), self.group)]
             results = await asyncio.gather(
-                *(self._process_group(ids) for ids in groups),
-                *(self._process_suspect(inbox_id) for inbox_id in claim.suspects),
+                *(self._process_group(ids, claim.events) for ids in groups),
+                *(self._process_suspect(inbox_id, claim.events) for inbox_id in claim.suspects),
                 return_exceptions=True,
             )
             failures = [r for r in results if isinstance(r, BaseException)]
@@ -335,18 +340,18 @@ class Worker(Runners):
             self._isolating -= 1
             self._spawn_chains()
 
-    async def _process_group(self, ids: list[int]) -> None:
+    async def _process_group(self, ids: list[int], events: dict[int, InboxEvent]) -> None:
         """At most ``concurrency`` of these run at once."""
         async with self._slots:
-            await self._start_and_process(ids)
+            await self._start_and_process(ids, events)
 
-    async def _process_suspect(self, inbox_id: int) -> None:
+    async def _process_suspect(self, inbox_id: int, events: dict[int, InboxEvent]) -> None:
         """A suspect runs alone (see :meth:`_run_suspect`)."""
         async with self._isolation:
             for _ in range(self.concurrency):
                 await self._slots.acquire()
             try:
-                await self._start_and_process([inbox_id])
+                await self._start_and_process([inbox_id], events)
             finally:
                 for _ in range(self.concurrency):
                     self._slots.release()
