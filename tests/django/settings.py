@@ -78,17 +78,28 @@ DATABASE_ROUTERS = [
 STRIPE_SECRET = "whsec_django_tests"
 ACCOUNT = "acct_django"
 WORKSPACE = "ws_django"
-RELAYBOX: dict[str, Any] = {
+RELAYBOX_OPTIONS: dict[str, Any] = {
     "sources": {
         "stripe": {
             "provider": "stripe",
             "secrets": [{"value": STRIPE_SECRET, "account": ACCOUNT, "tenant": WORKSPACE}],
         }
     },
-    "outbound": {"secrets_key": os.environ.get("RELAYBOX_TEST_SECRETS_KEY", "")},
+    "outbound": {
+        "secrets_key": os.environ.get("RELAYBOX_TEST_SECRETS_KEY", ""),
+        "allow_insecure_loopback": True,
+        "allow_networks": ["127.0.0.0/8"],
+        "jitter": 0.0,
+    },
+    "worker": {"backoff_base": 0.2, "backoff_jitter": 0.0, "poll_interval": 0.1},
     "log_level": "warning",
 }
-RELAYBOX_DATABASE = "default"
+# A worker process started by a test (tests/django/test_faults.py) is told the test
+# database and the fault to inject through its environment.
+RELAYBOX: Any = "tests.django.faults.make_box" if os.environ.get("FAULT") else RELAYBOX_OPTIONS
+RELAYBOX_DATABASE = os.environ.get("DJANGO_TEST_ALIAS", "default")
+if os.environ.get("DJANGO_TEST_DB_NAME"):
+    DATABASES[RELAYBOX_DATABASE]["NAME"] = os.environ["DJANGO_TEST_DB_NAME"]
 
 
 class Router:

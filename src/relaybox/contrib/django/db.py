@@ -98,11 +98,16 @@ def connection(using: str = "default") -> Iterator[Connection]:
 def sync_transaction(using: str = "default") -> Iterator[Connection]:
     """The worker's transaction for a synchronous handler: ``transaction.atomic()``
     on Django's connection (committed on a clean exit, rolled back when the handler
-    raises), yielded as a SQLAlchemy ``Connection``. Connections that broke or
-    outlived ``CONN_MAX_AGE`` are replaced first, as Django does per request."""
+    raises), yielded as a SQLAlchemy ``Connection``. Like a request, it starts and
+    ends with ``close_old_connections()``: a connection that broke or outlived
+    ``CONN_MAX_AGE`` is replaced (with the default ``CONN_MAX_AGE = 0``, every
+    transaction has a connection of its own: set it for persistent connections)."""
     close_old_connections()
-    with transaction.atomic(using=using), connection(using) as conn:
-        yield conn
+    try:
+        with transaction.atomic(using=using), connection(using) as conn:
+            yield conn
+    finally:
+        close_old_connections()
 
 
 def async_database_url(using: str = "default") -> str:
