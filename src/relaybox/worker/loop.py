@@ -241,15 +241,10 @@ class Worker(Runners):
     async def _run_claim(self, claim: Claim) -> None:
         if self.group == 1 or self._grouped:
             batch = _Batch(len(claim.ids) + len(claim.suspects))
-            # A plain-def handler's event runs in a synchronous transaction of its own,
-            # never in a group.
-            self._ready.extend(
-                _Job(claim.events[i], batch, alone=self._threaded(claim.events[i]) is not None)
-                for i in claim.ids
-            )
+            self._ready.extend(self._job(claim.events[i], batch) for i in claim.ids)
             self._spawn_chains()
             for inbox_id in claim.suspects:
-                self._spawn(self._run_suspect(_Job(claim.events[inbox_id], batch)))
+                self._spawn(self._run_suspect(self._job(claim.events[inbox_id], batch)))
             await batch.wait()
         else:
             groups = [claim.ids[i : i + self.group] for i in range(0, len(claim.ids), self.group)]
@@ -261,6 +256,11 @@ class Worker(Runners):
             failures = [r for r in results if isinstance(r, BaseException)]
             if failures:
                 raise failures[0]
+
+    def _job(self, event: InboxEvent, batch: _Batch) -> _Job:
+        """A claimed event for the chains. A plain-def handler's event runs in a
+        synchronous transaction of its own, never in a group."""
+        return _Job(event, batch, alone=self._threaded(event) is not None)
 
     async def drain(self) -> None:
         """Wait (30 s at most) for chains still running: :meth:`run_once` returns once
