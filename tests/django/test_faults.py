@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from django.db import connections
-
 from examples.django_credits.credits.models import Balance, Grant
+
 from tests.django.conftest import BOTH, rows
 from tests.django.test_handlers import deliver
 from tests.support.faultapp import invoice_paid
