@@ -32,7 +32,7 @@ def fails_first(ctx: SyncContext) -> None:
     key = f"flaky:{ctx.event.event_id}"
     assert ctx.once(key)
     Grant.objects.create(
-        business_key=key, workspace=WS, invoice_id="in_flaky", credits=1, event_id="e"
+        business_key=key, kind="grant", workspace=WS, invoice_id="in_flaky", credits=1, event_id="e"
     )
     ctx.outbox.add("email", key, {"to": "ops"})
     if not FAILURES:

@@ -7,11 +7,12 @@ from django.db import models
 
 
 class Grant(models.Model):
-    """An applied operation: the initial grant of an invoice (+100). The business key
-    is the primary key, so the database refuses a second grant for an invoice even
-    outside ``ctx.once()``."""
+    """An applied operation: the initial grant of an invoice (+100) or, separately, its
+    reversal (-100). The business key is the primary key, so the database refuses a
+    second grant for an invoice even outside ``ctx.once()``."""
 
     business_key = models.TextField(primary_key=True)
+    kind = models.TextField(choices=[("grant", "grant"), ("reversal", "reversal")])
     workspace = models.TextField()
     invoice_id = models.TextField()
     credits = models.IntegerField()
@@ -19,7 +20,7 @@ class Grant(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
-        return f"{self.workspace} +{self.credits} ({self.invoice_id})"
+        return f"{self.workspace} {self.credits:+d} ({self.invoice_id})"
 
 
 class Balance(models.Model):

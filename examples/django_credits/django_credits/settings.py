@@ -48,7 +48,8 @@ ASGI_APPLICATION = "django_credits.asgi.application"
 STATIC_URL = "static/"
 USE_TZ = True
 
-# SQLite by default; DATABASE_URL=postgresql://user:password@host/name for PostgreSQL.
+# SQLite (db.sqlite3 here, or DATABASE_URL=sqlite:////path/to/file.db), or
+# DATABASE_URL=postgresql://user:password@host:port/name for PostgreSQL.
 _url = os.environ.get("DATABASE_URL", "")
 if _url.startswith("postgresql://"):
     from urllib.parse import unquote, urlsplit
@@ -68,7 +69,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": BASE_DIR / "db.sqlite3",
+            "NAME": _url.removeprefix("sqlite:///") or BASE_DIR / "db.sqlite3",
             # One writer at a time: wait for it rather than fail at once.
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
         }

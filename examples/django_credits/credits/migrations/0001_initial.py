@@ -18,6 +18,7 @@ class Migration(migrations.Migration):
             name="Grant",
             fields=[
                 ("business_key", models.TextField(primary_key=True, serialize=False)),
+                ("kind", models.TextField(choices=[("grant", "grant"), ("reversal", "reversal")])),
                 ("workspace", models.TextField()),
                 ("invoice_id", models.TextField()),
                 ("credits", models.IntegerField()),
