@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 from pydantic import ValidationError
 
 from relaybox.app import Relaybox
 from relaybox.config import Settings
+from relaybox.contrib.django.errors import ImproperlyConfigured
 from relaybox.errors import ConfigurationError
 
 __all__ = ["build_box", "follow_database"]

@@ -13,10 +13,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connections, transaction
 from sqlalchemy import Connection, Engine, NullPool, create_engine
 from sqlalchemy.engine import URL
+
+from relaybox.contrib.django.errors import ImproperlyConfigured
 
 __all__ = ["async_database_url", "connection", "sync_transaction"]
 
