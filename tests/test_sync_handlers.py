@@ -217,3 +217,23 @@ async def test_async_and_sync_handlers_share_a_claim(
         assert await balance(box) == 300
     finally:
         await box.close()
+
+
+async def test_the_testing_kit_runs_plain_def_handlers(relaybox_harness: Any) -> None:
+    seen: list[str] = []
+
+    def configure(box: Relaybox) -> None:
+        box.source("stripe", credits.stripe_source({}))
+
+        @box.handler("stripe", "invoice.paid")
+        def paid(ctx: SyncContext) -> None:
+            if ctx.once(f"paid:{ctx.payload['data']['object']['id']}"):
+                seen.append(ctx.event.event_id)
+
+    kit = await relaybox_harness(configure)
+    for event_id in ("evt_1", "evt_2"):
+        event = invoice_paid(event_id, "in_1")
+        delivery = kit.signed("stripe", event_id=event_id, event_type=event["type"], payload=event)
+        assert (await kit.deliver(delivery)).status == 200
+    assert await kit.drain_worker() == 2
+    assert len(seen) == 1
