@@ -182,3 +182,58 @@ async def test_the_provider_of_sync_transactions_is_pluggable(
     finally:
         await box.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize("group", [None, 1])
+async def test_async_and_sync_handlers_share_a_claim(
+    database_url: str, clock: FrozenClock, group: int | None
+) -> None:
+    """One claim with events of both kinds (groups or SQLite's batch for the async ones,
+    a thread each for the plain defs; and with ``group = 1``, chains of both)."""
+    box = Relaybox(
+        settings=Settings(database_url=database_url, worker=worker_settings(group=group)),
+        clock=clock,
+    )
+    register(box)
+    await credits.setup(box)
+    kinds: list[str] = []
+
+    @box.handler("stripe", "customer.created")
+    async def created(ctx: Any) -> None:
+        kinds.append("async")
+        assert await ctx.once(f"customer:{ctx.event.event_id}")
+
+    try:
+        for n in range(3):
+            event = invoice_paid(f"evt_c{n}", "in_x")
+            event["type"] = "customer.created"
+            await deliver(box, event)
+            await deliver(box, invoice_paid(f"evt_i{n}", f"in_{n}"))
+        assert await box.worker().run_once() == 6
+        statuses = await rows(box, "SELECT status FROM relaybox_inbox")
+        assert statuses == [{"status": "done"}] * 6
+        assert kinds == ["async"] * 3
+        assert await counts(box) == {"grants": 3, "operations": 6, "outbox": 3}
+        assert await balance(box) == 300
+    finally:
+        await box.close()
+
+
+async def test_the_testing_kit_runs_plain_def_handlers(relaybox_harness: Any) -> None:
+    seen: list[str] = []
+
+    def configure(box: Relaybox) -> None:
+        box.source("stripe", credits.stripe_source({}))
+
+        @box.handler("stripe", "invoice.paid")
+        def paid(ctx: SyncContext) -> None:
+            if ctx.once(f"paid:{ctx.payload['data']['object']['id']}"):
+                seen.append(ctx.event.event_id)
+
+    kit = await relaybox_harness(configure)
+    for event_id in ("evt_1", "evt_2"):
+        event = invoice_paid(event_id, "in_1")
+        delivery = kit.signed("stripe", event_id=event_id, event_type=event["type"], payload=event)
+        assert (await kit.deliver(delivery)).status == 200
+    assert await kit.drain_worker() == 2
+    assert len(seen) == 1

@@ -20,7 +20,7 @@ import inspect
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -38,6 +38,9 @@ from relaybox.worker import Context, Handler, Hooks, Registration, Worker
 from relaybox.worker.context import SyncHandler
 
 __all__ = ["ROLES", "Relaybox"]
+
+H = TypeVar("H", bound=Handler | SyncHandler)
+"""A handler: ``async def`` (:data:`Handler`) or plain ``def`` (:data:`SyncHandler`)."""
 
 ROLES = ("receiver", "api", "admin", "worker", "dispatcher", "maintenance")
 """Every role ``relaybox serve`` can run; all are on by default."""
@@ -127,7 +130,7 @@ class Relaybox:
         *,
         business_key: Callable[[Context], str | None] | None = None,
         fingerprint: str = "",
-    ) -> Callable[[Any], Any]:
+    ) -> Callable[[H], H]:
         """Register a handler for ``(source, event_type)``; both accept ``*`` wildcards.
         The most specific registration wins (fewest wildcards, then first registered).
         An ``async def`` handler gets a :class:`Context`; a plain ``def`` one a
@@ -145,7 +148,7 @@ class Relaybox:
         not ask for is released with the COMMIT: the key is recorded exactly when the
         handler's ``ctx.once()`` says True, as without a declaration."""
 
-        def register(fn: Handler | SyncHandler) -> Handler | SyncHandler:
+        def register(fn: H) -> H:
             sync = not (
                 inspect.iscoroutinefunction(fn)
                 or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004

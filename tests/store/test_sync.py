@@ -31,6 +31,15 @@ def test_dollar_parameters_are_rewritten_for_the_drivers_paramstyle() -> None:
         _convert(sql, "named")
 
 
+async def test_an_in_memory_sqlite_database_has_no_sync_side() -> None:
+    store = open_store("sqlite:///:memory:")
+    try:
+        with pytest.raises(ConfigurationError, match="in-memory"), store.sync.transaction():
+            pass
+    finally:
+        await store.close()
+
+
 async def test_a_handlers_statements_run_in_the_callers_transaction(store: Store) -> None:
     inbox_id = await _started(store)
     sync = store.sync

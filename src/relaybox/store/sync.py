@@ -298,7 +298,13 @@ class SQLiteSyncStore(SyncStore):
         """sqlite3 with the async store's settings: a busy timeout, ``synchronous=FULL``,
         foreign keys, and ``BEGIN IMMEDIATE`` (the write lock from the first statement:
         no upgrade from a read lock that another writer could refuse)."""
-        engine = create_engine(make_url(self.url).set(drivername="sqlite+pysqlite"))
+        url = make_url(self.url)
+        if url.database in (None, "", ":memory:"):
+            raise ConfigurationError(
+                "an in-memory SQLite database is not shared with another connection:"
+                " synchronous code needs a database file (or box.sync_transaction set)"
+            )
+        engine = create_engine(url.set(drivername="sqlite+pysqlite"))
         busy = int(self._busy_timeout_ms)
 
         @event.listens_for(engine, "connect")

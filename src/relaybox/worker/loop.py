@@ -308,9 +308,17 @@ class Worker(Runners):
                     job.batch.finish()
                     job = self._take()
                     continue
+            threaded = self._threaded(job.event)
+            if threaded is not None:  # its own sync transaction: no async connection held
+                job = await self._run_threaded_job(job, job.attempt, threaded)
+                continue
             try:
                 async with self.box.store.connection() as conn:
-                    while job is not None and job.attempt is not None:
+                    while (
+                        job is not None
+                        and job.attempt is not None
+                        and self._threaded(job.event) is None
+                    ):
                         if self._grouped and not job.alone:
                             job = await self._run_group(conn, job)
                         else:

@@ -21,16 +21,20 @@ import inspect
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+import structlog
 from sqlalchemy.engine import Connection
 
 from relaybox.errors import OperationConflict, PermanentError
-from relaybox.log import error_text
+from relaybox.log import error_text, short_error
 from relaybox.store import InboxEvent
 from relaybox.worker.outcomes import Recorder, _NotOurs, _Outcome, _Plan, _Report, _RolledBack
 
 if TYPE_CHECKING:
     from relaybox.sync.context import SyncContext
     from relaybox.worker.context import Registration
+    from relaybox.worker.transactions import _Job
+
+log = structlog.get_logger("relaybox.worker")
 
 __all__ = ["Threaded"]
 
@@ -41,6 +45,8 @@ class Threaded(Recorder):
     if TYPE_CHECKING:
 
         def _registration(self, source: str, event_type: str) -> Registration | None: ...
+
+        def _take(self) -> _Job | None: ...
 
     def _threaded(self, event: InboxEvent) -> Registration | None:
         """The registration of ``event`` when its handler is a plain ``def``."""
@@ -62,6 +68,50 @@ class Threaded(Recorder):
             self.box.store.wake("outbox")
         await self.hooks.fire("after_commit", [event.id])
         return True
+
+    async def _run_threaded_job(
+        self, job: _Job, attempt: int, registration: Registration
+    ) -> _Job | None:
+        """A chain's plain-def event (:meth:`_run_threaded`); returns the chain's next
+        job, its attempt not counted yet."""
+        try:
+            await self._run_threaded(job.event, attempt, registration)
+        except Exception as exc:
+            # The COMMIT's answer may be lost: the row comes back after the hold, and
+            # its business keys say what happened.
+            log.warning(
+                "worker_commit_uncertain",
+                worker=self.name,
+                ids=[job.event.id],
+                error=short_error(exc),
+            )
+            job.batch.finish(exc)
+            return None
+        job.batch.finish()
+        return self._take()
+
+    async def _run_threaded_events(
+        self,
+        threaded: dict[int, Registration],
+        started: dict[int, int],
+        events: dict[int, InboxEvent],
+    ) -> None:
+        """Events of a claim (SQLite), one after another, their attempts counted
+        (``started``); raises the first failure once all have run."""
+        failures: list[BaseException] = []
+        for inbox_id, registration in threaded.items():
+            try:
+                await self._run_threaded(events[inbox_id], started[inbox_id], registration)
+            except Exception as exc:
+                log.warning(
+                    "worker_commit_uncertain",
+                    worker=self.name,
+                    ids=[inbox_id],
+                    error=short_error(exc),
+                )
+                failures.append(exc)
+        if failures:
+            raise failures[0]
 
     def _in_thread(
         self,

@@ -175,27 +175,6 @@ class Runners(Threaded):
         job.batch.finish()
         return nxt
 
-    async def _run_threaded_job(
-        self, job: _Job, attempt: int, registration: Registration
-    ) -> _Job | None:
-        """A plain-def handler's event (:meth:`Threaded._run_threaded`); returns the
-        next job for this chain, its attempt not counted yet."""
-        try:
-            await self._run_threaded(job.event, attempt, registration)
-        except Exception as exc:
-            # The COMMIT's answer may be lost: the row comes back after the hold, and
-            # its business keys say what happened.
-            log.warning(
-                "worker_commit_uncertain",
-                worker=self.name,
-                ids=[job.event.id],
-                error=short_error(exc),
-            )
-            job.batch.finish(exc)
-            return None
-        job.batch.finish()
-        return self._take()
-
     async def _run_group(self, conn: AsyncConnection, first: _Job) -> _Job | None:
         """Several events in one transaction (PostgreSQL, ``group`` > 1): one COMMIT
         (one WAL flush) for all of them.
@@ -474,20 +453,7 @@ class Runners(Threaded):
         batch = [i for i in ids if i not in threaded]
         if batch:
             await self._process_batch(batch)
-        failures: list[BaseException] = []
-        for inbox_id, registration in threaded.items():
-            try:
-                await self._run_threaded(events[inbox_id], started[inbox_id], registration)
-            except Exception as exc:
-                log.warning(
-                    "worker_commit_uncertain",
-                    worker=self.name,
-                    ids=[inbox_id],
-                    error=short_error(exc),
-                )
-                failures.append(exc)
-        if failures:
-            raise failures[0]
+        await self._run_threaded_events(threaded, started, events)
 
     async def _process_batch(self, ids: list[int]) -> None:
         """Several events in one transaction, each in a savepoint (SQLite: one
