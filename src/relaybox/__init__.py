@@ -15,6 +15,7 @@ from relaybox.errors import (
 )
 from relaybox.retry import Backoff
 from relaybox.sources.base import Secret
+from relaybox.sync import SyncContext
 from relaybox.worker import Context, Worker
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "RelayboxError",
     "Secret",
     "StoreUnavailable",
+    "SyncContext",
     "SystemClock",
     "Worker",
     "document_webhooks",

@@ -16,10 +16,11 @@ import asyncio
 import contextlib
 import fnmatch
 import gc
+import inspect
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -34,6 +35,7 @@ from relaybox.sources.base import Source
 from relaybox.sources.bodies import BodyLimits
 from relaybox.store import AcceptOutcome, NewDelivery, Store, check_database_url, open_store
 from relaybox.worker import Context, Handler, Hooks, Registration, Worker
+from relaybox.worker.context import SyncHandler
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -44,6 +46,9 @@ if TYPE_CHECKING:
     from relaybox.store.outbox_rows import Message
 
 __all__ = ["ROLES", "Relaybox"]
+
+H = TypeVar("H", bound=Handler | SyncHandler)
+"""A handler: ``async def`` (:data:`Handler`) or plain ``def`` (:data:`SyncHandler`)."""
 
 ROLES = ("receiver", "api", "admin", "worker", "dispatcher", "maintenance")
 """Every role ``relaybox serve`` can run; all are on by default."""
@@ -59,6 +64,7 @@ class Relaybox:
         settings: Settings | None = None,
         config: str | Path | None = None,
         clock: Clock | None = None,
+        sync_transaction: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
         self.settings = settings or load_settings(config)
         if database_url is not None:
@@ -81,6 +87,11 @@ class Relaybox:
         self.webhooks_doc: dict[str, Any] = {}  # the catalog as OpenAPI webhooks
         self._workers: list[Worker | Dispatcher | Maintenance] = []
         self._made: weakref.WeakSet[Worker] = weakref.WeakSet()  # box.worker()'s
+        # Synchronous transactions for plain-def handlers (relaybox.sync): this
+        # callable, or the store's sync engine.
+        self.sync_transaction: Callable[[], contextlib.AbstractContextManager[Any]] = (
+            sync_transaction or self._default_sync_transaction
+        )
         self.receiver = Receiver(self)
         if self.settings.sources:
             from relaybox import sources as _sources
@@ -131,9 +142,12 @@ class Relaybox:
         *,
         business_key: Callable[[Context], str | None] | None = None,
         fingerprint: str = "",
-    ) -> Callable[[Handler], Handler]:
+    ) -> Callable[[H], H]:
         """Register a handler for ``(source, event_type)``; both accept ``*`` wildcards.
         The most specific registration wins (fewest wildcards, then first registered).
+        An ``async def`` handler gets a :class:`Context`; a plain ``def`` one a
+        :class:`relaybox.sync.SyncContext`, and runs in a worker thread inside a
+        transaction of :attr:`sync_transaction`.
 
         ``business_key`` declares the business key the handler will ask for with
         ``ctx.once(key)``, computed from its context (``lambda ctx:
@@ -146,13 +160,19 @@ class Relaybox:
         not ask for is released with the COMMIT: the key is recorded exactly when the
         handler's ``ctx.once()`` says True, as without a declaration."""
 
-        def register(fn: Handler) -> Handler:
-            self._handlers.append(Registration(source, event_type, fn, business_key, fingerprint))
+        def register(fn: H) -> H:
+            sync = not (
+                inspect.iscoroutinefunction(fn)
+                or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
+            )
+            self._handlers.append(
+                Registration(source, event_type, fn, business_key, fingerprint, sync)
+            )
             return fn
 
         return register
 
-    def handler_for(self, source: str, event_type: str) -> Handler | None:
+    def handler_for(self, source: str, event_type: str) -> Handler | SyncHandler | None:
         found = self.registration_for(source, event_type)
         return None if found is None else found.handler
 
@@ -253,6 +273,32 @@ class Relaybox:
 
         await emit(self, conn, event_type, data, key=key)
 
+    def publish_sync(
+        self,
+        conn: Any,
+        event_type: str,
+        data: Any,
+        *,
+        tenant: str,
+        idempotency_key: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """:meth:`publish` for synchronous code: ``conn`` is a ``sqlalchemy.Connection``
+        or an ORM ``Session`` (its connection, in its transaction); the message and its
+        outbox rows commit with the caller's change or not at all. Returns the
+        :class:`~relaybox.outbound.Message` (the existing one for an idempotency key
+        the tenant used already)."""
+        from relaybox.sync.publish import publish_sync
+
+        return publish_sync(
+            self, conn, event_type, data, tenant=tenant, idempotency_key=idempotency_key, **options
+        )
+
+    def _default_sync_transaction(self) -> contextlib.AbstractContextManager[Any]:
+        """A transaction on the store's sync engine (:attr:`Store.sync`), made on first
+        use from the database URL (psycopg 3 on PostgreSQL, sqlite3 on SQLite)."""
+        return self.store.sync.transaction()
+
     async def migrate(self) -> list[str]:
         """Create or upgrade relaybox's tables, then seal the endpoint secrets older
         versions stored in plaintext (:func:`relaybox.outbound.endpoints.seal_plaintext`).
@@ -297,6 +343,10 @@ class Relaybox:
         store = self.store
         async with store.transaction() as conn:
             [outcome] = await store.inbox_insert(conn, [delivery])
+            registration = self.registration_for(delivery.source, delivery.event_type)
+            if registration is not None and registration.sync:
+                # A plain-def handler runs in the worker's synchronous transaction.
+                return outcome
             if outcome.status == "accepted":
                 [event] = await store.inbox_lock(conn, [outcome.inbox_id])
                 result = await self._inline_worker.process(conn, event)

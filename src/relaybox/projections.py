@@ -47,16 +47,20 @@ from relaybox.store.history import Projection, ProjectionWrite
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
     from relaybox.worker import Context
+    from relaybox.worker.context import Handling
 
 __all__ = [
     "VERSION_ORDERS",
     "VersionOrder",
+    "applied",
     "auto_order",
     "canonical_state",
     "counter",
     "current",
     "integer_order",
+    "offer",
     "project",
+    "refused",
     "text_order",
     "write",
 ]
@@ -192,6 +196,27 @@ async def project(
     re-delivery or a replay of the event that is already current). ``version``
     defaults to ``ctx.event.version`` (the source's ``version_path``).
     """
+    offered = offer(ctx, resource_key, version, state, order=order)
+    store = ctx.box.store
+    if await store.projection_upsert(ctx.conn, offered):
+        return applied(ctx)
+    winner = await store.projection_get(ctx.conn, resource_key)
+    superseded = refused(ctx, offered, winner)
+    if superseded is not None:
+        await store.inbox_mark_superseded(ctx.conn, ctx.event.id, superseded)
+    return False
+
+
+def offer(
+    ctx: Handling,
+    resource_key: str,
+    version: str | int | None,
+    state: Any,
+    *,
+    order: VersionOrder | str = "auto",
+) -> ProjectionWrite:
+    """The write :func:`project` offers to the compare-and-set (either kind of
+    handler): :class:`~relaybox.errors.PermanentError` without a usable version."""
     if version is None:
         version = ctx.event.version
     if version is None or isinstance(version, bool) or str(version).strip() == "":
@@ -205,27 +230,36 @@ async def project(
     except ValueError as exc:
         raise PermanentError(f"version of {resource_key!r}: {exc}") from None
     box, event = ctx.box, ctx.event
-    state_json = canonical_state(state)
-    writes = counter(box, "projection_writes")
-    if await write(
-        box,
-        ctx.conn,
+    return ProjectionWrite(
         resource_key=resource_key,
         origin="event",
         version=text,
         version_key=key,
-        state_json=state_json,
+        state_json=canonical_state(state),
         source=event.source,
         inbox_id=event.id,
-    ):
-        writes.labels("applied").inc()
-        return True
-    winner = await stored(box, ctx.conn, resource_key)
+        updated_at=box.clock.now(),
+    )
+
+
+def applied(ctx: Handling) -> bool:
+    """Count a written projection; :func:`project`'s answer (True)."""
+    counter(ctx.box, "projection_writes").labels("applied").inc()
+    return True
+
+
+def refused(ctx: Handling, offered: ProjectionWrite, winner: Projection | None) -> str | None:
+    """After the compare-and-set refused ``offered``: the ``superseded_by`` mark of the
+    event's row (``resource@version``), or ``None`` when the stored version is the same
+    (a re-delivery). :class:`~relaybox.errors.PermanentError` for a resource that
+    reconciliation keeps current."""
     assert winner is not None  # the conflicting row exists and is locked by us
+    resource_key, text = offered.resource_key, offered.version
     if winner.origin != "event":
         raise PermanentError(
             f"{resource_key!r} is kept current by reconciliation: it has no provider version"
         )
+    event = ctx.event
     fields = {
         "inbox_id": event.id,
         "event_key": list(event.key),
@@ -233,15 +267,15 @@ async def project(
         "version": text,
         "current_version": winner.version,
     }
-    if winner.version_key == key:
+    writes = counter(ctx.box, "projection_writes")
+    if winner.version_key == offered.version_key:
         writes.labels("current").inc()
-        if canonical_state(winner.state) != state_json:
+        if canonical_state(winner.state) != offered.state_json:
             log.warning("projection_version_reused", **fields)
-        return False
-    await box.store.inbox_mark_superseded(ctx.conn, event.id, f"{resource_key}@{winner.version}")
+        return None
     writes.labels("superseded").inc()
     log.info("projection_superseded", **fields)
-    return False
+    return f"{resource_key}@{winner.version}"
 
 
 # -- metrics ------------------------------------------------------------------------

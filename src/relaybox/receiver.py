@@ -40,8 +40,12 @@ if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
     from relaybox.app import Relaybox
+    from relaybox.sources.base import Source
 
-__all__ = ["Receiver"]
+__all__ = ["Receiver", "Reply"]
+
+Reply = tuple[int, "dict[str, Any] | Answer", list[tuple[bytes, bytes]]]
+"""An answer: status, JSON body (or a source's own :class:`Answer`), extra headers."""
 
 log = structlog.get_logger("relaybox.receiver")
 
@@ -78,21 +82,56 @@ class Receiver:
             await _send_json(send, status, body, extra)
         self.box.metrics.observe_accept(status, time.perf_counter() - started)
 
-    async def _handle(
-        self, scope: Scope, receive: Receive
-    ) -> tuple[int, dict[str, Any] | Answer, list[tuple[bytes, bytes]]]:
+    async def _handle(self, scope: Scope, receive: Receive) -> Reply:
+        source, headers, early = self.open(scope)
+        if early is not None:
+            return early
+        assert source is not None
+        try:
+            body = await _read_body(receive, headers, source.max_body)
+        except RejectedDelivery as exc:
+            log.info("delivery_rejected", source=source.name, status=exc.status, reason=exc.code)
+            return rejected(exc)
+        return await self.answer(source, scope, headers, body)
+
+    def open(self, scope: Scope) -> tuple[Source | None, dict[str, str], Reply | None]:
+        """What a request's line and headers decide before its body is read: the
+        source, the headers, and the answer if it is already known (unknown source,
+        not POST, a GET handshake, a declared length over the source's limit). A
+        host framework reading the body itself (the Django view) calls this, reads
+        at most ``source.max_body`` bytes, then :meth:`answer`."""
         name = _source_name(scope)
         source = self.box.sources.get(name) if name else None
         if source is None:
-            return 404, _error("unknown_source", f"no source named {name!r}"), []
+            return None, {}, (404, _error("unknown_source", f"no source named {name!r}"), [])
         headers = _headers(scope)
         try:
             if scope["method"] != "POST":
                 answer = handshake(source, scope, headers, b"")
                 if answer is not None:
-                    return answer.status, answer, []
-                return 405, _error("method_not_allowed", "use POST"), [(b"allow", b"POST")]
-            body = await _read_body(receive, headers, source.max_body)
+                    return source, headers, (answer.status, answer, [])
+                reply: Reply = (
+                    405,
+                    _error("method_not_allowed", "use POST"),
+                    [(b"allow", b"POST")],
+                )
+                return source, headers, reply
+            check_length(headers, source.max_body)
+        except RejectedDelivery as exc:
+            log.info("delivery_rejected", source=name, status=exc.status, reason=exc.code)
+            return source, headers, (exc.status, _error(exc.code, exc.message), [])
+        except Exception as exc:  # a bug in a source's handshake: no traceback, no 2xx
+            log.exception("verify_failed", source=name, error=type(exc).__name__)
+            return source, headers, _internal()
+        return source, headers, None
+
+    async def answer(
+        self, source: Source, scope: Scope, headers: dict[str, str], body: bytes
+    ) -> Reply:
+        """Verify, accept and answer a POST whose body is read: the answer is sent
+        only after the COMMIT that holds the delivery."""
+        name = source.name
+        try:
             answer = handshake(source, scope, headers, body)
             if answer is not None:
                 return answer.status, answer, []
@@ -113,11 +152,7 @@ class Receiver:
             return exc.status, _error(exc.code, exc.message), []
         except Exception as exc:  # a bug in a source: no traceback, no 2xx; retried
             log.exception("verify_failed", source=name, error=type(exc).__name__)
-            return (
-                503,
-                _error("internal_error", "the delivery could not be verified"),
-                [(b"retry-after", b"5")],
-            )
+            return _internal()
         if answer is not None:
             return answer.status, answer, []
 
@@ -248,8 +283,9 @@ def _headers(scope: Scope) -> dict[str, str]:
     return headers
 
 
-async def _read_body(receive: Any, headers: dict[str, str], limit: int) -> bytes:
-    """Read the body, refusing it as soon as it is known to exceed ``limit``."""
+def check_length(headers: dict[str, str], limit: int) -> None:
+    """Refuse a declared ``content-length`` that is not a number (400) or is over
+    ``limit`` (413)."""
     declared = headers.get("content-length")
     if declared is not None:
         if not (declared.isascii() and declared.isdigit()):
@@ -258,6 +294,28 @@ async def _read_body(receive: Any, headers: dict[str, str], limit: int) -> bytes
         digits = declared.lstrip("0") or "0"
         if len(digits) > len(str(limit)) or int(digits) > limit:
             raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
+
+
+def over_limit(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"body is over the limit of {limit} bytes")
+
+
+def rejected(exc: RejectedDelivery) -> Reply:
+    """The answer to a delivery refused while its body was read."""
+    return exc.status, _error(exc.code, exc.message), []
+
+
+def _internal() -> Reply:
+    return (
+        503,
+        _error("internal_error", "the delivery could not be verified"),
+        [(b"retry-after", b"5")],
+    )
+
+
+async def _read_body(receive: Any, headers: dict[str, str], limit: int) -> bytes:
+    """Read the body, refusing it as soon as it is known to exceed ``limit``."""
+    check_length(headers, limit)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -267,7 +325,7 @@ async def _read_body(receive: Any, headers: dict[str, str], limit: int) -> bytes
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
+            raise over_limit(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

@@ -378,13 +378,14 @@ async def supervise(
     env: Mapping[str, str],
     *,
     within: float = 30.0,
+    app: str = "tests.support.faultapp:box",
 ) -> int:
-    """Run a worker, restarting it whenever it dies, until ``settled()``; return how
-    many times it was killed."""
+    """Run a worker (of ``app``), restarting it whenever it dies, until ``settled()``;
+    return how many times it was killed."""
     deadline = time.monotonic() + within
     crashes = 0
     while True:
-        worker = procs.worker(db.url, env=env, name=f"worker{crashes}")
+        worker = procs.worker(db.url, app=app, env=env, name=f"worker{crashes}")
         while worker.alive() and not await settled():
             if time.monotonic() > deadline:
                 raise AssertionError(f"not settled after {within} s\n{procs.tails()}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import inspect
 import os
 from collections.abc import Iterator
@@ -74,16 +75,21 @@ def _python_blocks(path: Path) -> int:
 
 
 @pytest.mark.parametrize("path", DOCUMENTS, ids=[p.relative_to(ROOT).as_posix() for p in DOCUMENTS])
-def test_every_python_snippet_runs(path: Path, in_tmp: Path) -> None:
+def test_every_python_snippet_runs(
+    path: Path, in_tmp: Path, request: pytest.FixtureRequest
+) -> None:
     document = SYBIL.parse(path)
     _setup(document.namespace)
     examples = list(document)
     visible = _python_blocks(path)
     ran = 0
+    # docs/django.md uses Django's database: pytest-django blocks it unless asked.
+    blocker = request.getfixturevalue("django_db_blocker") if path.name == "django.md" else None
     try:
-        for example in examples:
-            example.evaluate()
-            ran += 1
+        with blocker.unblock() if blocker is not None else contextlib.nullcontext():
+            for example in examples:
+                example.evaluate()
+                ran += 1
     finally:
         _teardown(document.namespace)
     assert ran >= visible, f"{path.name}: {visible} python blocks, {ran} ran"

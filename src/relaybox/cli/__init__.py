@@ -133,7 +133,11 @@ def app_options(fn: Any) -> Any:
     fn = click.option(
         "--config", "config", type=click.Path(dir_okay=False), help="TOML settings file"
     )(fn)
-    fn = click.option("--app", help="module:attribute of your Relaybox (default: the demo)")(fn)
+    fn = click.option(
+        "--app",
+        envvar="RELAYBOX_APP",
+        help="module:attribute of your Relaybox (default: the demo)",
+    )(fn)
     return fn
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "EventType",
     "InvalidMessage",
     "check_event_type_name",
+    "check_schema",
     "define_event_type",
     "list_event_types",
     "validate_data",
@@ -96,7 +97,12 @@ async def list_event_types(box: Runtime) -> list[EventType]:
 async def validate_data(box: Runtime, conn: AsyncConnection, event_type: str, data: Any) -> None:
     """Raise :class:`InvalidMessage` when the catalog has a schema for ``event_type``
     and ``data`` does not match it. Types outside the catalog are not checked."""
-    schema = await box.store.event_type_schema(conn, event_type)
+    check_schema(await box.store.event_type_schema(conn, event_type), event_type, data)
+
+
+def check_schema(schema: str | None, event_type: str, data: Any) -> None:
+    """Raise :class:`InvalidMessage` when ``data`` does not match ``schema`` (the
+    catalog's JSON text for ``event_type``; ``None``: nothing to check)."""
     if schema is None:
         return
     error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(data))

@@ -30,10 +30,14 @@ if TYPE_CHECKING:
     from relaybox.runtime import Runtime
 
 __all__ = [
+    "check_request",
     "envelope_time",
     "fan_out",
     "matches",
+    "new_message",
     "publish",
+    "published",
+    "targets",
     "wants",
 ]
 
@@ -184,4 +188,85 @@ async def publish(
         endpoints=tuple(targets),
         ordering_key=ordering_key,
         sequence=sequence,
+    )
+
+
+# -- the pure parts of a publish, shared with the synchronous one (relaybox.sync) ------
+
+
+def check_request(event_type: str, tenant: str, idempotency_key: str | None) -> None:
+    """The checks of a publish that need no database: :class:`InvalidMessage` for a
+    bad type, tenant or idempotency key."""
+    check_event_type_name(event_type)
+    if not tenant:
+        raise InvalidMessage("a message needs a tenant", code="tenant")
+    if problem := text_problem(tenant, "tenant"):
+        raise InvalidMessage(problem, code="tenant")
+    if idempotency_key is not None:
+        if not 0 < len(idempotency_key) <= 256:
+            raise InvalidMessage("an idempotency key is 1-256 characters", code="idempotency_key")
+        if problem := text_problem(idempotency_key, "idempotency key"):
+            raise InvalidMessage(problem, code="idempotency_key")
+
+
+def new_message(
+    box: Runtime,
+    event_type: str,
+    data: Any,
+    *,
+    tenant: str,
+    idempotency_key: str | None,
+    api_version: str | None,
+) -> NewMessage:
+    """The message row: its id, and the envelope as JSON text within ``max_payload``."""
+    ob = outbound(box)
+    now = box.clock.now()
+    msg_id = new_id("msg", now)
+    envelope = {
+        "id": msg_id,
+        "type": event_type,
+        "timestamp": envelope_time(now),
+        "data": data,
+        "apiVersion": api_version or ob.settings.api_version,
+    }
+    try:
+        text = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        # A lone surrogate ("\ud800" in JSON) is not Unicode text: no backend stores it.
+        problem = text_problem(data, "data") or "data: not valid Unicode"
+        raise InvalidMessage(problem, code="data") from None
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidMessage(f"data is not JSON-serialisable: {exc}"[:200], code="data") from None
+    if size > ob.settings.max_payload:
+        raise InvalidMessage(
+            f"the message is over {ob.settings.max_payload} bytes", code="too_large"
+        )
+    return NewMessage(msg_id, tenant, event_type, idempotency_key, text, now)
+
+
+def targets(
+    new: NewMessage,
+    subscribers: Sequence[tuple[str, str, str | None]],
+    endpoint_ids: Sequence[str] | None,
+) -> list[str]:
+    """The endpoints ``new`` goes to, of the tenant's enabled ``subscribers``: those
+    named (a test send), or those whose types and payload filter want it
+    (:func:`fan_out`)."""
+    if endpoint_ids is not None:
+        wanted = set(endpoint_ids)
+        return [eid for eid, _, _ in subscribers if eid in wanted]
+    return fan_out(subscribers, new.event_type, new.body)
+
+
+def published(new: NewMessage, endpoints: Sequence[str]) -> Message:
+    """What a publish returns for the message it inserted."""
+    return Message(
+        id=new.id,
+        tenant=new.tenant,
+        event_type=new.event_type,
+        idempotency_key=new.idempotency_key,
+        body=new.body.encode(),
+        created_at=new.created_at,
+        endpoints=tuple(endpoints),
     )

@@ -28,6 +28,7 @@ from relaybox.store.operator import OperatorStore
 from relaybox.store.outbox import OutboxStore
 from relaybox.store.outbox_flow import FlowStore
 from relaybox.store.processing import Processing
+from relaybox.store.sync import SyncStore, sync_store
 
 __all__ = [
     "AcceptOutcome",
@@ -239,11 +240,23 @@ class Store(
 
     def __init__(self) -> None:
         self.q = load_queries(self.backend)
+        self._sync: SyncStore | None = None
 
     # -- lifecycle --------------------------------------------------------------
 
     async def close(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
         await self.engine.dispose()
+
+    @property
+    def sync(self) -> SyncStore:
+        """The synchronous side of this store (:mod:`relaybox.store.sync`): the same
+        statements over a sync ``Connection``, and a sync engine of its own made on
+        first use."""
+        if self._sync is None:
+            self._sync = sync_store(self)
+        return self._sync
 
     async def warm_accept(self, connections: int) -> None:
         """Open what the accept path uses before the first request needs it (the

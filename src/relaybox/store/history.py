@@ -98,6 +98,19 @@ class ProjectionWrite:
     inbox_id: int | None
     updated_at: float
 
+    def params(self) -> tuple[Any, ...]:
+        """The parameters of ``projection_upsert``."""
+        return (
+            self.resource_key,
+            self.origin,
+            self.version,
+            self.version_key,
+            self.state_json,
+            self.source,
+            self.inbox_id,
+            self.updated_at,
+        )
+
 
 @dataclass(frozen=True)
 class Projection:
@@ -111,6 +124,20 @@ class Projection:
     source: str | None
     inbox_id: int | None
     updated_at: float
+
+    @classmethod
+    def from_row(cls, row: Any) -> Projection:
+        """A row of ``projection_get``."""
+        return cls(
+            resource_key=row[0],
+            origin=row[1],
+            version=row[2],
+            version_key=row[3],
+            state=None if row[4] is None else json.loads(row[4]),
+            source=row[5],
+            inbox_id=row[6],
+            updated_at=row[7],
+        )
 
 
 @dataclass(frozen=True)
@@ -289,36 +316,11 @@ class HistoryStore:
     async def projection_upsert(self, conn: AsyncConnection, new: ProjectionWrite) -> bool:
         """Compare-and-set: write ``new`` if the resource is new, or stored with a lower
         ``version_key`` by the same origin. Returns whether it was written."""
-        row = await self.first(
-            conn,
-            "projection_upsert",
-            (
-                new.resource_key,
-                new.origin,
-                new.version,
-                new.version_key,
-                new.state_json,
-                new.source,
-                new.inbox_id,
-                new.updated_at,
-            ),
-        )
-        return row is not None
+        return await self.first(conn, "projection_upsert", new.params()) is not None
 
     async def projection_get(self, conn: AsyncConnection, resource_key: str) -> Projection | None:
         row = await self.first(conn, "projection_get", (resource_key,))
-        if row is None:
-            return None
-        return Projection(
-            resource_key=row[0],
-            origin=row[1],
-            version=row[2],
-            version_key=row[3],
-            state=None if row[4] is None else json.loads(row[4]),
-            source=row[5],
-            inbox_id=row[6],
-            updated_at=row[7],
-        )
+        return None if row is None else Projection.from_row(row)
 
     async def inbox_mark_superseded(self, conn: AsyncConnection, inbox_id: int, by: str) -> None:
         """Add ``by`` (``resource@version``) to the row's ``superseded_by``."""

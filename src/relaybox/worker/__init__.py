@@ -31,7 +31,9 @@ outbox.
 The modules: :mod:`~relaybox.worker.context` (the handler API),
 :mod:`~relaybox.worker.loop` (claims, hold renewal, chains, suspects),
 :mod:`~relaybox.worker.transactions` (one event, groups, SQLite's batch),
-:mod:`~relaybox.worker.outcomes` (recording what became of an attempt).
+:mod:`~relaybox.worker.outcomes` (recording what became of an attempt),
+:mod:`~relaybox.worker.threaded` (plain-def handlers: a thread and a synchronous
+transaction each).
 """
 
 from relaybox.worker.context import _UNKNOWN_CHANNELS_SAID as _UNKNOWN_CHANNELS_SAID

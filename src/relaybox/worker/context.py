@@ -17,22 +17,28 @@ from relaybox.store import InboxEvent, OutboxRow
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
+    from relaybox.sync.context import SyncContext
 
-__all__ = ["Context", "Handler", "Hooks", "Outbox", "Registration"]
+__all__ = ["Context", "Handler", "Handling", "Hooks", "Outbox", "Registration", "SyncHandler"]
 
 log = structlog.get_logger("relaybox.worker")
 
 Handler = Callable[["Context"], Awaitable[None]]
+SyncHandler = Callable[["SyncContext"], None]
+"""A handler written as a plain ``def``: the worker runs it in a thread, in a
+synchronous transaction (:mod:`relaybox.sync`)."""
 
 
 class Registration(NamedTuple):
-    """A handler as registered (:meth:`Relaybox.handler`)."""
+    """A handler as registered (:meth:`Relaybox.handler`). ``sync``: a plain ``def``
+    (:data:`SyncHandler`), run in a thread in a synchronous transaction."""
 
     source: str
     event_type: str
-    handler: Handler
-    business_key: Callable[[Context], str | None] | None = None
+    handler: Handler | SyncHandler
+    business_key: Callable[[Any], str | None] | None = None
     fingerprint: str = ""
+    sync: bool = False
 
 
 class Outbox:
@@ -47,15 +53,19 @@ class Outbox:
         the handler's transaction, with its COMMIT (on PostgreSQL in the COMMIT's own
         round trip), and delivered after it by the dispatcher, never before. A payload
         that is not JSON, or a channel or key that is not text, fails here."""
-        for name, value in (("channel", channel), ("key", key)):
-            if not isinstance(value, str) or "\x00" in value:
-                raise TypeError(f"outbox {name} must be text without NUL characters")
-            value.encode()  # lone surrogates cannot be stored: fail in the handler
-        ctx = self._ctx
-        event = ctx.event
-        _check_channel(ctx.box, channel)
-        ctx.outbox_rows.append((channel, key, json.dumps(payload), event.tenant, event.id))
-        ctx.outbox_keys.append(f"{channel}:{key}")
+        _add_row(self._ctx, channel, key, payload)
+
+
+def _add_row(ctx: Handling, channel: str, key: str, payload: Any) -> None:
+    """``ctx.outbox.add``'s checks and its row, recorded in the context (both kinds)."""
+    for name, value in (("channel", channel), ("key", key)):
+        if not isinstance(value, str) or "\x00" in value:
+            raise TypeError(f"outbox {name} must be text without NUL characters")
+        value.encode()  # lone surrogates cannot be stored: fail in the handler
+    event = ctx.event
+    _check_channel(ctx.box, channel)
+    ctx.outbox_rows.append((channel, key, json.dumps(payload), event.tenant, event.id))
+    ctx.outbox_keys.append(f"{channel}:{key}")
 
 
 _UNKNOWN_CHANNELS_SAID: set[str] = set()
@@ -79,19 +89,19 @@ def _check_channel(box: Relaybox, channel: str) -> None:
         )
 
 
-@dataclass
-class Context:
-    """What a handler gets: the event and the transaction it runs in."""
+class Handling:
+    """What every handler's context has, whatever its kind (:class:`Context` for
+    ``async def`` handlers, :class:`relaybox.sync.SyncContext` for plain ``def``
+    ones): the event, its payload, the declared business key, the outbox rows and
+    business keys recorded. No I/O here."""
 
     box: Relaybox
-    conn: AsyncConnection
     event: InboxEvent
-    business_keys: list[str] = field(default_factory=list)
-    outbox_keys: list[str] = field(default_factory=list)
-    outbox_rows: list[OutboxRow] = field(default_factory=list)  # written before COMMIT
+    business_keys: list[str]
+    outbox_keys: list[str]
+    outbox_rows: list[OutboxRow]  # written before COMMIT
 
-    def __post_init__(self) -> None:
-        self.outbox = Outbox(self)
+    def _start(self) -> None:
         self._payload: Any = None
         # The handler's declared business key (Relaybox.handler), its fingerprint, the
         # error its function raised, and whether the group's BEGIN inserted it and no
@@ -101,28 +111,6 @@ class Context:
         self._key_error: Exception | None = None
         self._claimed = False
         self._session: Any = None
-
-    @property
-    def session(self) -> AsyncSession:
-        """An ORM ``AsyncSession`` on :attr:`conn`, in the same transaction: what it
-        writes commits with the handler's business keys and the event's completion,
-        or rolls back with them. relaybox flushes it when the handler returns; the
-        handler does not commit it."""
-        if self._session is None:
-            # SQLAlchemy's default joining: the session works inside the handler's
-            # transaction (or its savepoint) and never commits it.
-            self._session = AsyncSession(bind=self.conn)
-        session: AsyncSession = self._session
-        return session
-
-    async def _flush_session(self) -> None:
-        if self._session is not None:
-            await self._session.flush()
-
-    async def _close_session(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
 
     def _declare(self, registration: Registration) -> None:
         if registration.business_key is None:
@@ -160,21 +148,11 @@ class Context:
         """Outbox rows were recorded: the worker wakes the dispatchers after COMMIT."""
         return bool(self.outbox_rows)
 
-    async def once(
-        self, business_key: str | None = None, *, fingerprint: str | None = None
-    ) -> bool:
-        """Record that the operation named by ``business_key`` happens now.
-
-        Returns ``True`` the first time (apply the effect), ``False`` when the
-        operation already happened (skip it). The UNIQUE key in the operations table
-        decides, so two workers racing on one key cannot both get ``True``. Raises
-        :class:`OperationConflict` when the key exists with another ``fingerprint``
-        (a different operation is reusing this key). Keys are kept forever.
-
-        Without ``business_key``: the key the handler's registration declares
-        (``business_key=``, with its ``fingerprint``), which the worker may have
-        claimed already with the group's BEGIN (then no round trip here).
-        """
+    def _once_asked(
+        self, business_key: str | None, fingerprint: str | None
+    ) -> tuple[str, str] | None:
+        """The key and fingerprint ``once()`` inserts; ``None`` when the group's BEGIN
+        inserted the declared key already (the answer is True)."""
         if business_key is None:
             if self._key_error is not None:
                 raise self._key_error
@@ -192,9 +170,76 @@ class Context:
             if self._claimed:  # inserted by the group's BEGIN: the first time
                 self._claimed = False
                 self.business_keys.append(business_key)
-                return True
+                return None
         elif fingerprint is None:
             fingerprint = ""
+        return business_key, fingerprint
+
+    def _once_answer(self, business_key: str, fingerprint: str, created: bool, stored: str) -> bool:
+        """``once()``'s answer once the key's insert said ``created`` (and the stored
+        fingerprint): :class:`OperationConflict` for another fingerprint."""
+        self.business_keys.append(business_key)
+        if not created and stored != fingerprint:
+            raise OperationConflict(business_key, stored, fingerprint)
+        return created
+
+
+@dataclass
+class Context(Handling):
+    """What a handler gets: the event and the transaction it runs in."""
+
+    box: Relaybox
+    conn: AsyncConnection
+    event: InboxEvent
+    business_keys: list[str] = field(default_factory=list)
+    outbox_keys: list[str] = field(default_factory=list)
+    outbox_rows: list[OutboxRow] = field(default_factory=list)  # written before COMMIT
+
+    def __post_init__(self) -> None:
+        self.outbox = Outbox(self)
+        self._start()
+
+    @property
+    def session(self) -> AsyncSession:
+        """An ORM ``AsyncSession`` on :attr:`conn`, in the same transaction: what it
+        writes commits with the handler's business keys and the event's completion,
+        or rolls back with them. relaybox flushes it when the handler returns; the
+        handler does not commit it."""
+        if self._session is None:
+            # SQLAlchemy's default joining: the session works inside the handler's
+            # transaction (or its savepoint) and never commits it.
+            self._session = AsyncSession(bind=self.conn)
+        session: AsyncSession = self._session
+        return session
+
+    async def _flush_session(self) -> None:
+        if self._session is not None:
+            await self._session.flush()
+
+    async def _close_session(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    async def once(
+        self, business_key: str | None = None, *, fingerprint: str | None = None
+    ) -> bool:
+        """Record that the operation named by ``business_key`` happens now.
+
+        Returns ``True`` the first time (apply the effect), ``False`` when the
+        operation already happened (skip it). The UNIQUE key in the operations table
+        decides, so two workers racing on one key cannot both get ``True``. Raises
+        :class:`OperationConflict` when the key exists with another ``fingerprint``
+        (a different operation is reusing this key). Keys are kept forever.
+
+        Without ``business_key``: the key the handler's registration declares
+        (``business_key=``, with its ``fingerprint``), which the worker may have
+        claimed already with the group's BEGIN (then no round trip here).
+        """
+        asked = self._once_asked(business_key, fingerprint)
+        if asked is None:
+            return True
+        business_key, fingerprint = asked
         created, stored = await self.box.store.operation_insert(
             self.conn,
             business_key=business_key,
@@ -204,10 +249,7 @@ class Context:
             tenant=self.event.tenant,
             now=self.box.clock.now(),
         )
-        self.business_keys.append(business_key)
-        if not created and stored != fingerprint:
-            raise OperationConflict(business_key, stored, fingerprint)
-        return created
+        return self._once_answer(business_key, fingerprint, created, stored)
 
     async def project(
         self, resource_key: str, version: str | int | None, state: Any, **options: Any

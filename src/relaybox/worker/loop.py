@@ -16,7 +16,7 @@ import structlog
 
 from relaybox.log import short_error
 from relaybox.retry import Backoff
-from relaybox.store import Claim
+from relaybox.store import Claim, InboxEvent
 from relaybox.store.base import Listener
 from relaybox.worker.context import Registration
 from relaybox.worker.outcomes import dead_event
@@ -264,21 +264,26 @@ class Worker(Runners):
     async def _run_claim(self, claim: Claim) -> None:
         if self.group == 1 or self._grouped:
             batch = _Batch(len(claim.ids) + len(claim.suspects))
-            self._ready.extend(_Job(claim.events[i], batch) for i in claim.ids)
+            self._ready.extend(self._job(claim.events[i], batch) for i in claim.ids)
             self._spawn_chains()
             for inbox_id in claim.suspects:
-                self._spawn(self._run_suspect(_Job(claim.events[inbox_id], batch)))
+                self._spawn(self._run_suspect(self._job(claim.events[inbox_id], batch)))
             await batch.wait()
         else:
             groups = [claim.ids[i : i + self.group] for i in range(0, len(claim.ids), self.group)]
             results = await asyncio.gather(
-                *(self._process_group(ids) for ids in groups),
-                *(self._process_suspect(inbox_id) for inbox_id in claim.suspects),
+                *(self._process_group(ids, claim.events) for ids in groups),
+                *(self._process_suspect(inbox_id, claim.events) for inbox_id in claim.suspects),
                 return_exceptions=True,
             )
             failures = [r for r in results if isinstance(r, BaseException)]
             if failures:
                 raise failures[0]
+
+    def _job(self, event: InboxEvent, batch: _Batch) -> _Job:
+        """A claimed event for the chains. A plain-def handler's event runs in a
+        synchronous transaction of its own, never in a group."""
+        return _Job(event, batch, alone=self._threaded(event) is not None)
 
     async def drain(self) -> None:
         """Wait (30 s at most) for chains still running: :meth:`run_once` returns once
@@ -326,9 +331,17 @@ class Worker(Runners):
                     job.batch.finish()
                     job = self._take()
                     continue
+            threaded = self._threaded(job.event)
+            if threaded is not None:  # its own sync transaction: no async connection held
+                job = await self._run_threaded_job(job, job.attempt, threaded)
+                continue
             try:
                 async with self.box.store.connection() as conn:
-                    while job is not None and job.attempt is not None:
+                    while (
+                        job is not None
+                        and job.attempt is not None
+                        and self._threaded(job.event) is None
+                    ):
                         if self._grouped and not job.alone:
                             job = await self._run_group(conn, job)
                         else:
@@ -358,18 +371,18 @@ class Worker(Runners):
             self._isolating -= 1
             self._spawn_chains()
 
-    async def _process_group(self, ids: list[int]) -> None:
+    async def _process_group(self, ids: list[int], events: dict[int, InboxEvent]) -> None:
         """At most ``concurrency`` of these run at once."""
         async with self._slots:
-            await self._start_and_process(ids)
+            await self._start_and_process(ids, events)
 
-    async def _process_suspect(self, inbox_id: int) -> None:
+    async def _process_suspect(self, inbox_id: int, events: dict[int, InboxEvent]) -> None:
         """A suspect runs alone (see :meth:`_run_suspect`)."""
         async with self._isolation:
             for _ in range(self.concurrency):
                 await self._slots.acquire()
             try:
-                await self._start_and_process([inbox_id])
+                await self._start_and_process([inbox_id], events)
             finally:
                 for _ in range(self.concurrency):
                     self._slots.release()

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.retry import Backoff
 from relaybox.store import InboxEvent
-from relaybox.worker.context import Context, Hooks
+from relaybox.worker.context import Handling, Hooks
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -30,6 +30,42 @@ class _Outcome:
     aborted: bool = False  # the transaction was aborted already (maybe by another handler)
 
 
+_Report = tuple[str, str, str | None, dict[str, Any]]
+"""A recorded outcome's log line and metric: source, kind, error, log fields."""
+
+
+@dataclass
+class _Plan:
+    """What recording an attempt's outcome writes: a new time (``retry_at``), dead
+    letters (``dead``: ``kind`` is the reason), an attempts-history row, and the log
+    line and metric once that commits (``report``)."""
+
+    kind: str
+    error: str
+    raw_error: str | None
+    now: float
+    started: float
+    retry_at: float | None
+    history: bool
+    report: _Report
+
+    @property
+    def dead(self) -> bool:
+        return self.kind in ("invalid", "exhausted", "conflict", "unhandled")
+
+    def attempt_row(self, event: InboxEvent, worker: str) -> dict[str, Any]:
+        """The keyword arguments of the store's ``attempt_insert``."""
+        return {
+            "inbox_id": event.id,
+            "attempt": event.attempts,
+            "outcome": self.kind,
+            "error": self.raw_error,
+            "worker": worker,
+            "started_at": self.started,
+            "finished_at": self.now,
+        }
+
+
 class _NotOurs(Exception):
     """The row is no longer pending at the attempt this worker started."""
 
@@ -37,7 +73,7 @@ class _NotOurs(Exception):
 class _RolledBack(Exception):
     """Leaves the event's transaction so that its effect rolls back."""
 
-    def __init__(self, ctx: Context, outcome: _Outcome) -> None:
+    def __init__(self, ctx: Handling, outcome: _Outcome) -> None:
         self.ctx = ctx
         self.outcome = outcome
 
@@ -55,10 +91,6 @@ def dead_event(
         "eventType": event_type,
         "tenant": tenant,
     }
-
-
-_Report = tuple[str, str, str | None, dict[str, Any]]
-"""A recorded outcome's log line and metric: source, kind, error, log fields."""
 
 
 class _Regroup(Exception):
@@ -119,7 +151,7 @@ class Recorder:
         self,
         conn: AsyncConnection,
         event: InboxEvent,
-        ctx: Context,
+        ctx: Handling,
         outcome: _Outcome,
         started: float,
         reports: list[_Report] | None = None,
@@ -128,6 +160,27 @@ class Recorder:
         ``reports`` when given, for the caller to emit once the transaction commits
         (:meth:`_report`); otherwise now."""
         store = self.box.store
+        plan = self._plan(event, ctx, outcome, started)
+        if plan.retry_at is not None:
+            await store.inbox_retry_later(
+                conn, event.id, at=plan.retry_at, error=plan.error, now=plan.now
+            )
+        if plan.dead:
+            await store.inbox_kill(conn, event.id, reason=plan.kind, error=plan.error, now=plan.now)
+            # relaybox.inbox.dead, with the dead letter (relaybox.outbound.operational)
+            data = dead_event(event.id, event.key, event.event_type, event.tenant)
+            data.update(reason=plan.kind, attempts=event.attempts, error=plan.raw_error)
+            await self.box.announce(conn, "relaybox.inbox.dead", data)
+        if plan.history:
+            await store.attempt_insert(conn, **plan.attempt_row(event, self.name))
+        if reports is None:
+            self._report([plan.report])
+        else:
+            reports.append(plan.report)
+
+    def _plan(self, event: InboxEvent, ctx: Handling, outcome: _Outcome, started: float) -> _Plan:
+        """What recording ``outcome`` writes (the same for every kind of handler and
+        transaction; :meth:`_record` writes it on an async connection)."""
         now = self.box.clock.now()
         fields: dict[str, Any] = {
             "inbox_id": event.id,
@@ -139,6 +192,7 @@ class Recorder:
         if ctx.outbox_keys and outcome.kind == "done":
             fields["outbox_keys"] = ctx.outbox_keys
         kind = outcome.kind
+        at = None
         if kind == "retry":
             at = self.backoff.next_attempt(
                 attempt=event.attempts, received_at=event.received_at, now=now, rng=self.rng
@@ -146,34 +200,19 @@ class Recorder:
             if at is None:
                 kind = "exhausted"
             else:
-                await store.inbox_retry_later(
-                    conn, event.id, at=at, error=outcome.error or "", now=now
-                )
                 fields["next_attempt_in"] = round(at - now, 3)
-        if kind in ("invalid", "exhausted", "conflict", "unhandled"):
-            await store.inbox_kill(conn, event.id, reason=kind, error=outcome.error or "", now=now)
-            # relaybox.inbox.dead, with the dead letter (relaybox.outbound.operational)
-            data = dead_event(event.id, event.key, event.event_type, event.tenant)
-            data.update(reason=kind, attempts=event.attempts, error=outcome.error)
-            await self.box.announce(conn, "relaybox.inbox.dead", data)
-        # The row itself records a first-try success (done_at, attempts = 1); the
-        # attempts table keeps the history of events that needed more than one.
-        if kind != "done" or event.attempts > 1:
-            await store.attempt_insert(
-                conn,
-                inbox_id=event.id,
-                attempt=event.attempts,
-                outcome=kind,
-                error=outcome.error,
-                worker=self.name,
-                started_at=started,
-                finished_at=now,
-            )
-        report = (event.source, kind, outcome.error, fields)
-        if reports is None:
-            self._report([report])
-        else:
-            reports.append(report)
+        return _Plan(
+            kind=kind,
+            error=outcome.error or "",
+            raw_error=outcome.error,
+            now=now,
+            started=started,
+            retry_at=at,
+            # The row itself records a first-try success (done_at, attempts = 1); the
+            # attempts table keeps the history of events that needed more than one.
+            history=kind != "done" or event.attempts > 1,
+            report=(event.source, kind, outcome.error, fields),
+        )
 
     def _report(self, reports: list[_Report]) -> None:
         """Log lines and metrics of recorded outcomes (after their COMMIT)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -16,11 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from relaybox.errors import OperationConflict, PermanentError
 from relaybox.log import error_text, short_error
 from relaybox.store import InboxEvent
-from relaybox.worker.context import Context, Registration
+from relaybox.worker.context import Context, Handler, Registration
 from relaybox.worker.outcomes import (
     _ABORTED,
     _IN_FAILED_TRANSACTION,
-    Recorder,
     _contended,
     _NotOurs,
     _Outcome,
@@ -29,6 +28,7 @@ from relaybox.worker.outcomes import (
     _RolledBack,
     _sqlstate_in,
 )
+from relaybox.worker.threaded import Threaded
 
 if TYPE_CHECKING:
     from relaybox.worker.loop import _StartMarks
@@ -79,7 +79,7 @@ class _Job:
     plain: bool = False
 
 
-class Runners(Recorder):
+class Runners(Threaded):
     """The worker's transaction runners (a base of :class:`~relaybox.worker.loop.Worker`,
     which owns the queue of claimed events and the chains that take from it)."""
 
@@ -115,6 +115,9 @@ class Runners(Recorder):
         attempt = job.attempt
         assert attempt is not None
         event = job.event
+        threaded = self._threaded(event)
+        if threaded is not None:  # a plain def: its own synchronous transaction
+            return await self._run_threaded_job(job, attempt, threaded)
         object.__setattr__(event, "attempts", attempt)  # this worker's own copy of the row
         started = clock.now()
         nxt: _Job | None = None
@@ -437,13 +440,20 @@ class Runners(Recorder):
 
     # -- several events per transaction (SQLite) --------------------------------------
 
-    async def _start_and_process(self, ids: list[int]) -> None:
+    async def _start_and_process(self, ids: list[int], events: dict[int, InboxEvent]) -> None:
         # The attempt is counted as the events start, not at the claim: rows still
         # waiting for a slot are not charged if the process dies meanwhile.
         started = await self.box.store.inbox_start(ids, self.box.clock.now())
         ids = [i for i in ids if i in started]
-        if ids:
-            await self._process_batch(ids)
+        if not ids:
+            return
+        # Plain-def handlers run in synchronous transactions of their own, after the
+        # batch (one writer: never while the batch holds the write lock).
+        threaded = {i: r for i in ids if (r := self._threaded(events[i])) is not None}
+        batch = [i for i in ids if i not in threaded]
+        if batch:
+            await self._process_batch(batch)
+        await self._run_threaded_events(threaded, started, events)
 
     async def _process_batch(self, ids: list[int]) -> None:
         """Several events in one transaction, each in a savepoint (SQLite: one
@@ -501,7 +511,9 @@ class Runners(Recorder):
                 ctx._declare(registration)
         if registration is None:
             return ctx, _Outcome("unhandled", f"no handler for {event.source}/{event.event_type}")
-        handler = registration.handler
+        if registration.sync:  # plain defs run in threads (_run_threaded), not here
+            return ctx, _Outcome("retry", "a plain def handler runs in a synchronous transaction")
+        handler = cast(Handler, registration.handler)
         try:
             if savepoint:
                 async with conn.begin_nested():

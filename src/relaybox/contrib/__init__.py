@@ -1,0 +1,1 @@
+"""Integrations of relaybox with web frameworks (``relaybox.contrib.django``)."""

@@ -1,0 +1,124 @@
+"""What a synchronous handler (a plain ``def``) gets: :class:`SyncContext`, the twin
+of :class:`relaybox.worker.Context` over a synchronous ``Connection``.
+
+    @box.handler("stripe", "invoice.paid")
+    def grant(ctx: SyncContext) -> None:
+        if ctx.once(f"grant:{ctx.payload['data']['object']['id']}"):
+            ctx.conn.execute(text("UPDATE balances SET credits = credits + 100 ..."))
+            ctx.outbox.add("email", f"receipt:{ctx.event.event_id}", {...})
+
+The worker runs it in a thread, inside one transaction from ``box.sync_transaction()``:
+the effect, the business keys, the projection, the outbox rows and the inbox row's
+completion commit together or roll back together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from relaybox import projections
+from relaybox.store import InboxEvent, OutboxRow
+from relaybox.worker.context import Handling, _add_row
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = ["SyncContext", "SyncOutbox", "SyncTransaction"]
+
+SyncTransaction = Callable[[], AbstractContextManager[Connection]]
+"""A provider of synchronous transactions (``box.sync_transaction``): called with no
+argument, it returns a context manager that yields a ``Connection`` in an open
+transaction, committed when the block ends and rolled back when it raises."""
+
+
+class SyncOutbox:
+    """Outgoing actions recorded in a synchronous handler's transaction."""
+
+    def __init__(self, ctx: SyncContext) -> None:
+        self._ctx = ctx
+
+    def add(self, channel: str, key: str, payload: Any) -> None:
+        """Record an outgoing action, once per ``(channel, key)``, written with the
+        handler's COMMIT and delivered after it (as ``Context.outbox.add``)."""
+        _add_row(self._ctx, channel, key, payload)
+
+
+@dataclass
+class SyncContext(Handling):
+    """What a plain ``def`` handler gets: the event and the synchronous transaction it
+    runs in (``conn``; ``session`` for the ORM)."""
+
+    box: Relaybox
+    conn: Connection
+    event: InboxEvent
+    business_keys: list[str] = field(default_factory=list)
+    outbox_keys: list[str] = field(default_factory=list)
+    outbox_rows: list[OutboxRow] = field(default_factory=list)  # written before COMMIT
+
+    def __post_init__(self) -> None:
+        self.outbox = SyncOutbox(self)
+        self._start()
+
+    @property
+    def session(self) -> Session:
+        """An ORM ``Session`` on :attr:`conn`, in the same transaction: what it writes
+        commits with the handler's business keys and the event's completion, or rolls
+        back with them. relaybox flushes it when the handler returns; the handler does
+        not commit it."""
+        if self._session is None:
+            # SQLAlchemy's default joining: the session works inside the handler's
+            # transaction and never commits it.
+            self._session = Session(bind=self.conn)
+        session: Session = self._session
+        return session
+
+    def _flush_session(self) -> None:
+        if self._session is not None:
+            self._session.flush()
+
+    def _close_session(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            session.close()
+
+    def once(self, business_key: str | None = None, *, fingerprint: str | None = None) -> bool:
+        """Record that the operation named by ``business_key`` happens now: ``True`` the
+        first time, ``False`` when it already happened (the UNIQUE key decides);
+        :class:`~relaybox.errors.OperationConflict` for the key with another
+        ``fingerprint``. Without ``business_key``: the one the registration declares
+        (as ``Context.once``)."""
+        asked = self._once_asked(business_key, fingerprint)
+        if asked is None:
+            return True
+        business_key, fingerprint = asked
+        created, stored = self.box.store.sync.operation_insert(
+            self.conn,
+            business_key=business_key,
+            fingerprint=fingerprint,
+            inbox_id=self.event.id,
+            source=self.event.source,
+            tenant=self.event.tenant,
+            now=self.box.clock.now(),
+        )
+        return self._once_answer(business_key, fingerprint, created, stored)
+
+    def project(
+        self, resource_key: str, version: str | int | None, state: Any, **options: Any
+    ) -> bool:
+        """Write ``state`` as ``resource_key``'s current state only if ``version`` is
+        newer than the stored one (:func:`relaybox.projections.project`)."""
+        offered = projections.offer(self, resource_key, version, state, **options)
+        store = self.box.store.sync
+        if store.projection_upsert(self.conn, offered):
+            return projections.applied(self)
+        winner = store.projection_get(self.conn, resource_key)
+        superseded = projections.refused(self, offered, winner)
+        if superseded is not None:
+            store.inbox_mark_superseded(self.conn, self.event.id, superseded)
+        return False

@@ -1,0 +1,84 @@
+"""Publishing from synchronous code: :meth:`Relaybox.publish_sync`.
+
+    with engine.begin() as conn:                 # or a Session, or box.sync_transaction()
+        conn.execute(text("UPDATE pets SET status = 'adopted' ..."))
+        box.publish_sync(conn, "pet.adopted", {"petId": ...}, tenant="client-42")
+
+The same rows, checks and answers as the async :func:`relaybox.outbound.publish.publish`
+(whose pure parts it shares), over a synchronous ``Connection`` in the caller's
+transaction: the change and its webhooks commit together, or neither exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from relaybox.errors import ConfigurationError
+from relaybox.outbound.catalog import check_schema
+from relaybox.outbound.publish import check_request, new_message, published, targets
+from relaybox.store.outbox_rows import Message
+
+if TYPE_CHECKING:
+    from relaybox.app import Relaybox
+
+__all__ = ["connection_of", "publish_sync"]
+
+
+def connection_of(conn_or_session: Connection | Session) -> Connection:
+    """The ``Connection`` to run on: ``conn_or_session`` itself, or the session's
+    connection in its transaction (begun if it has none yet)."""
+    if isinstance(conn_or_session, Session):
+        return conn_or_session.connection()
+    if isinstance(conn_or_session, Connection):
+        return conn_or_session
+    raise ConfigurationError(
+        "publish_sync takes a sqlalchemy Connection or orm Session in a transaction,"
+        f" not {type(conn_or_session).__name__} (async code uses box.publish)"
+    )
+
+
+def publish_sync(
+    box: Relaybox,
+    conn_or_session: Connection | Session,
+    event_type: str,
+    data: Any,
+    *,
+    tenant: str,
+    idempotency_key: str | None = None,
+    endpoint_ids: Sequence[str] | None = None,
+    api_version: str | None = None,
+) -> Message:
+    """Publish ``data`` as ``event_type`` to ``tenant``'s subscribed, enabled endpoints
+    in the transaction of ``conn_or_session``; nothing is committed here. Raises
+    :class:`~relaybox.outbound.InvalidMessage` as ``publish`` does; with an
+    ``idempotency_key`` already used by the tenant, returns that message."""
+    conn = connection_of(conn_or_session)
+    store = box.store.sync
+    check_request(event_type, tenant, idempotency_key)
+    if idempotency_key is not None:
+        existing = store.message_get_by_key(conn, tenant, idempotency_key)
+        if existing is not None:
+            return existing
+    check_schema(store.event_type_schema(conn, event_type), event_type, data)
+    new = new_message(
+        box,
+        event_type,
+        data,
+        tenant=tenant,
+        idempotency_key=idempotency_key,
+        api_version=api_version,
+    )
+    if not store.message_insert(conn, new):
+        # A concurrent publish with this key committed first.
+        assert idempotency_key is not None  # only a key conflicts
+        existing = store.message_get_by_key(conn, tenant, idempotency_key)
+        assert existing is not None  # the conflicting row is committed
+        return existing
+    found = targets(new, store.endpoint_subscribers(conn, tenant), endpoint_ids)
+    if found:
+        store.delivery_insert(conn, new.id, tenant, found, now=new.created_at)
+    return published(new, found)

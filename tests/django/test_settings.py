@@ -1,0 +1,68 @@
+"""``settings.RELAYBOX`` as a dict or a dotted path, and the mistakes a project can
+make with it: each is Django's ``ImproperlyConfigured`` (and a relaybox error) that
+says what to change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from relaybox import Relaybox
+from relaybox.contrib.django.conf import build_box, follow_database
+from relaybox.contrib.django.db import async_database_url
+from relaybox.errors import RelayboxError
+
+project_box = Relaybox("sqlite:///elsewhere.db")
+
+
+@pytest.mark.parametrize(
+    ("configured", "message"),
+    [
+        (42, "must be a dict of relaybox settings or the dotted path"),
+        ({"database_url": "sqlite:///x.db"}, "RELAYBOX_DATABASE"),
+        ({"worker": {"concurrency": 0}}, "worker.concurrency"),
+        ("tests.django.test_settings.nothing_here", "nothing_here"),
+        ("tests.django.test_settings.WHAT", "not a Relaybox"),
+    ],
+)
+def test_mistakes_are_named(settings: Any, configured: Any, message: str) -> None:
+    settings.RELAYBOX = configured
+    with pytest.raises(ImproperlyConfigured, match=message) as raised:
+        build_box()
+    assert isinstance(raised.value, RelayboxError)
+
+
+WHAT = "a string, not a box"
+
+
+def test_a_dotted_path_names_the_projects_box_on_djangos_database(settings: Any) -> None:
+    settings.RELAYBOX = "tests.django.test_settings.project_box"
+    box = build_box()
+    assert box is project_box
+    follow_database(box, "default")
+    assert box.settings.database_url == async_database_url("default")
+    assert box.settings.database_url.startswith("sqlite:///") and "elsewhere" not in (
+        box.settings.database_url
+    )
+
+
+def test_a_dict_builds_a_box_that_checks_the_schema(settings: Any) -> None:
+    settings.RELAYBOX = {"sources": {"stripe": {"provider": "stripe", "secrets": ["whsec_1"]}}}
+    box = build_box()
+    assert list(box.sources) == ["stripe"]
+    assert box.settings.migrate == "check"  # manage.py migrate sets the tables up
+
+
+def test_an_in_memory_sqlite_database_is_refused() -> None:
+    from django.db import connections
+
+    wrapper = connections["default"]
+    saved = wrapper.settings_dict["NAME"]
+    wrapper.settings_dict["NAME"] = ":memory:"
+    try:
+        with pytest.raises(ImproperlyConfigured, match="in memory"):
+            async_database_url("default")
+    finally:
+        wrapper.settings_dict["NAME"] = saved
