@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.test_faults import KILLED, POISON_EVENTS, Db, db, no_pending, procs, supervise
 from tests.support.faultapp import POISON_INVOICE, invoice_paid
 from tests.support.procs import Procs, wait_until
-from tests.e2e.test_faults import KILLED, POISON_EVENTS, Db, db, no_pending, procs, supervise
 
 pytestmark = pytest.mark.slow
 

@@ -18,9 +18,6 @@ from sqlalchemy import Connection, text
 from relaybox import FrozenClock, Relaybox
 from relaybox.config import Settings
 from relaybox.sync import SyncContext
-from tests.support.faultapp import invoice_paid
-from tests.support.syncapp import register
-from tests.support.syncdb import app_engine
 from tests.integration.test_credits import (
     WS,
     balance,
@@ -31,6 +28,9 @@ from tests.integration.test_credits import (
     rows,
     worker_settings,
 )
+from tests.support.faultapp import invoice_paid
+from tests.support.syncapp import register
+from tests.support.syncdb import app_engine
 
 
 async def make_box(database_url: str, clock: FrozenClock, **options: Any) -> Relaybox:
