@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 
 from relaybox import FrozenClock, Relaybox
 from relaybox.config import Settings
-from relaybox.outbound.settings import OutboundSettings
+from relaybox.config.outbound import OutboundSettings
 from relaybox.outbound.vault import new_key
 from relaybox.store import open_store
 

@@ -11,8 +11,8 @@ import pytest
 
 from relaybox import Relaybox
 from relaybox.config import Settings
+from relaybox.config.outbound import OutboundSettings
 from relaybox.outbound.dispatcher import Dispatcher
-from relaybox.outbound.settings import OutboundSettings
 
 
 async def test_failing_leases_back_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
