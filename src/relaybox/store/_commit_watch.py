@@ -14,7 +14,7 @@ clean up after a crash, and no 108-byte limit on a socket's path. It also cannot
 before the rows are visible, which a signal sent by the writer could. The price is a
 poll: one short read transaction (the WAL index in shared memory, no disk read),
 ~5 µs of CPU, every :data:`WATCH_INTERVAL`, on the listening process's event loop
-(an idle listener's CPU is measured in bench/README.md, "Wake-ups"). Commits of the
+(``python -m bench latency`` prints an idle dispatcher's CPU). Commits of the
 listening process's own connection wake it too (the watch cannot tell them apart):
 at most one extra, empty claim or lease per interval while it writes.
 """
@@ -32,8 +32,9 @@ __all__ = ["WATCH_INTERVAL", "CommitWatch"]
 WATCH_INTERVAL = 0.015
 """Seconds between two reads of ``data_version``: a commit by another process wakes
 the listeners within this (plus the event loop's own delay). 15 ms keeps a publish
-from another process well inside 100 ms of its delivery while an idle listener
-spends ~0.1 % of a core on it."""
+from another process well inside 100 ms of its delivery; an idle process spends
+about 1-2 % of a core on it on a loaded 2-core VM (the wake-up of the event loop
+costs more than the read)."""
 
 _RETRY_OPEN = 1.0
 """Seconds between attempts to open the watch's connection (the file does not exist
