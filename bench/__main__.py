@@ -1,4 +1,4 @@
-"""python -m bench accept|process|dispatch|growth|latency|slow|all [--quick] [--seconds N]"""
+"""python -m bench accept|process|dispatch|growth|size|latency|slow|all [--quick] [--seconds N]"""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import platform
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument(
-        "which", choices=["accept", "process", "dispatch", "growth", "latency", "slow", "all"]
+        "which",
+        choices=["accept", "process", "dispatch", "growth", "size", "latency", "slow", "all"],
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--seconds", type=int, default=10)
@@ -49,6 +50,10 @@ def main() -> None:
         from bench import growth
 
         tables.append(growth.main(quick=args.quick, rounds=args.rounds))
+    if args.which in ("size", "all"):
+        from bench import size
+
+        tables.append(size.main(quick=args.quick))
     if args.which in ("latency", "all"):
         from bench import latency
 

@@ -231,6 +231,24 @@ class Relaybox:
             self, conn, event_type, data, tenant=tenant, idempotency_key=idempotency_key, **options
         )
 
+    def portal_link(
+        self, tenant: str, *, ttl: float | None = None, base_url: str | None = None
+    ) -> Any:
+        """A short-lived signed link to ``tenant``'s portal (:mod:`relaybox.portal`):
+        ``.url`` to hand to the tenant's browser, ``.expires_at`` (epoch seconds)."""
+        from relaybox.portal import portal_link
+
+        return portal_link(self, tenant, ttl=ttl, base_url=base_url)
+    async def announce(
+        self, conn: Any, event_type: str, data: Any, *, key: str | None = None
+    ) -> None:
+        """Publish an operational event (``relaybox.…``) to the operational tenant in
+        ``conn``'s transaction (:mod:`relaybox.outbound.operational`); ``key``: once per
+        key. How the receiving side, which does not import the sending side, tells."""
+        from relaybox.outbound.operational import emit
+
+        await emit(self, conn, event_type, data, key=key)
+
     async def migrate(self) -> list[str]:
         """Create or upgrade relaybox's tables, then seal the endpoint secrets older
         versions stored in plaintext (:func:`relaybox.outbound.endpoints.seal_plaintext`).
@@ -337,11 +355,23 @@ class Relaybox:
             from relaybox.outbound.api import build_api
 
             routes.append(Mount("/api/v1", app=build_api(self)))
+            from relaybox.portal import build_portal
+
+            routes.append(Mount("/portal", app=build_portal(self)))
         if "admin" in roles:
             from relaybox.admin import build_admin
 
             routes.append(Mount("/admin", app=build_admin(self)))
-        return Starlette(routes=routes, lifespan=lifespan)
+        async def no_route(request: Request, exc: Exception) -> Response:
+            # An address no mount matches (one with a newline, say) answers in the
+            # tenant API's JSON error shape under /api/, as the API's own 404s do.
+            status = getattr(exc, "status_code", 404)
+            if request.url.path.startswith("/api/"):
+                body = {"error": "not_found", "message": "no such route"}
+                return JSONResponse(body, status_code=status)
+            return Response("Not Found", status_code=status, media_type="text/plain")
+
+        return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: no_route})
 
     def freeze_startup_heap(self) -> None:
         """Once started, the objects alive now (modules, the app, its settings) live as

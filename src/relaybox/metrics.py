@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 from relaybox.store.history import QueueGroup
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
     from relaybox.store import Store
 
 __all__ = [
@@ -69,6 +69,8 @@ class OpsStats:
     taken_at: float
     groups: tuple[QueueGroup, ...]
     quarantined_by_source: dict[str, int] = field(default_factory=dict)
+    blocked_keys: int = 0
+    """Ordering keys dead deliveries hold back (docs/sending.md, "Ordered delivery")."""
 
     def _sum(self, queue: str, *, status: str, **match: Any) -> int:
         return sum(
@@ -148,6 +150,7 @@ async def read_ops_stats(store: Store, now: float) -> OpsStats:
         taken_at=now,
         groups=snapshot.groups,
         quarantined_by_source=snapshot.quarantined_by_source,
+        blocked_keys=await store.ordering_blocked_count(),
     )
 
 
@@ -228,6 +231,21 @@ class QueueCollector(Collector):
         for source, n in sorted(snap.quarantined_by_source.items()):
             quarantined.add_metric([source], n)
         yield from (pending, oldest, retrying, attempts, rows, dead, quarantined)
+        paused = self._metrics.paused
+        if paused is not None:
+            yield GaugeMetricFamily(
+                "relaybox_paused_endpoints", "Webhook endpoints paused.", value=len(paused)
+            )
+            yield GaugeMetricFamily(
+                "relaybox_paused_deliveries",
+                "Webhook deliveries waiting for their paused endpoint to be resumed.",
+                value=sum(paused.values()),
+            )
+        yield GaugeMetricFamily(
+            "relaybox_outbound_blocked_keys",
+            "Ordering keys that a dead delivery holds back on an ordered endpoint (on_dead hold).",
+            value=snap.blocked_keys,
+        )
 
 
 class Metrics:
@@ -290,6 +308,8 @@ class Metrics:
             registry=self.registry,
         )
         self.snapshot: OpsStats | None = None
+        # Per paused endpoint, its waiting deliveries (summed: no per-endpoint series).
+        self.paused: dict[str, int] | None = None
         self.snapshot_error: str | None = None
         self._snapshot_read_at = -math.inf
         self._refresh_lock = asyncio.Lock()
@@ -334,7 +354,7 @@ class Metrics:
 
     # -- exposition -------------------------------------------------------------
 
-    async def refresh(self, box: Relaybox) -> OpsStats | None:
+    async def refresh(self, box: Runtime) -> OpsStats | None:
         """Re-read the queue snapshot unless the last one is fresher than
         :attr:`cache_seconds`. A database failure is reported as
         ``relaybox_database_up 0`` instead of failing the whole scrape."""
@@ -344,6 +364,7 @@ class Metrics:
                 return self.snapshot
             try:
                 self.snapshot = await read_ops_stats(box.store, box.clock.now())
+                self.paused = await box.store.endpoint_paused_backlog()
                 self.snapshot_error = None
             except Exception as exc:
                 first_line = str(exc).splitlines()[0] if str(exc) else ""
@@ -352,7 +373,7 @@ class Metrics:
             self._snapshot_read_at = loop.time()
             return self.snapshot
 
-    async def scrape(self, box: Relaybox) -> bytes:
+    async def scrape(self, box: Runtime) -> bytes:
         """What ``GET /metrics`` answers: a fresh (≤ 1 s old) snapshot, rendered."""
         await self.refresh(box)
         return self.render()

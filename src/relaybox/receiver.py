@@ -31,7 +31,7 @@ from relaybox.errors import (
     StoreUnavailable,
     tables_missing,
 )
-from relaybox.log import debug_enabled
+from relaybox.log import debug_enabled, short_error
 from relaybox.sources.hooks import URL_HEADER, Answer
 from relaybox.sources.requests import handshake, request_url, send_answer
 from relaybox.store import NewDelivery
@@ -157,10 +157,33 @@ class Receiver:
             # per second: debug only. Rejections, errors and processing outcomes log at
             # info and above.
             _key_log(delivery).debug("delivery_" + outcome.status, inbox_id=outcome.inbox_id)
+        if outcome.status == "quarantined":
+            try:
+                await self._announce_quarantine(delivery, outcome.inbox_id)
+            except Exception as exc:  # the quarantine is committed: still acknowledged
+                _key_log(delivery).error("operational_event_failed", error=short_error(exc))
         answer = source.acknowledge(verified, outcome.status)
         if answer is not None:
             return answer.status, answer, []
         return 200, {"status": outcome.status, "event_id": delivery.event_id}, []
+
+
+    async def _announce_quarantine(self, delivery: NewDelivery, inbox_id: int) -> None:
+        """``relaybox.inbox.quarantined``, in a transaction of its own right after the
+        accept (whose statement runs alone); once per conflicting content, as the
+        sender may repeat it."""
+        data = {
+            "inboxId": inbox_id,
+            "source": delivery.source,
+            "account": delivery.account,
+            "eventId": delivery.event_id,
+            "eventType": delivery.event_type,
+            "tenant": delivery.tenant,
+            "receivedAt": delivery.received_at,
+        }
+        key = f"inbox.quarantined:{inbox_id}:{delivery.fingerprint.hex()}"
+        async with self.box.store.transaction() as conn:
+            await self.box.announce(conn, "relaybox.inbox.quarantined", data, key=key)
 
 
 async def _lifespan(box: Relaybox, receive: Receive, send: Send) -> None:

@@ -18,7 +18,7 @@ import structlog
 from relaybox.store.history import ReplayCandidate, ReplayFilter
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "ReplayResult",
@@ -79,7 +79,7 @@ def _filter(selection: Selection) -> ReplayFilter:
     )
 
 
-async def select(box: Relaybox, selection: Selection) -> list[Candidate]:
+async def select(box: Runtime, selection: Selection) -> list[Candidate]:
     """The rows ``selection`` matches now, changing nothing (``relaybox replay
     --dry-run``, and the CLI's progress over long ranges)."""
     store = box.store
@@ -87,7 +87,7 @@ async def select(box: Relaybox, selection: Selection) -> list[Candidate]:
         return await store.replay_select(conn, _filter(selection))
 
 
-async def replay(box: Relaybox, selection: Selection, *, actor: str, reason: str) -> ReplayResult:
+async def replay(box: Runtime, selection: Selection, *, actor: str, reason: str) -> ReplayResult:
     """Put the selected rows back to pending, in one transaction, and record why."""
     if not actor or not reason:
         raise ValueError("a replay needs an actor and a reason")

@@ -48,7 +48,7 @@ import structlog
 from relaybox.store.history import PurgeTable
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
     from relaybox.store import Store
 
 __all__ = [
@@ -80,7 +80,7 @@ class PurgeResult:
         return asdict(self)
 
 
-async def purge_candidates(box: Relaybox, cutoff: float) -> tuple[int, int]:
+async def purge_candidates(box: Runtime, cutoff: float) -> tuple[int, int]:
     """(inbox rows, quarantine entries) whose payload a purge at ``cutoff`` drops."""
     store = box.store
     return (
@@ -89,7 +89,7 @@ async def purge_candidates(box: Relaybox, cutoff: float) -> tuple[int, int]:
     )
 
 
-async def outbox_purge_candidates(box: Relaybox, cutoff: float) -> tuple[int, int]:
+async def outbox_purge_candidates(box: Runtime, cutoff: float) -> tuple[int, int]:
     """(deliveries, messages) whose payload or body a purge at ``cutoff`` drops."""
     store = box.store
     return (
@@ -98,7 +98,7 @@ async def outbox_purge_candidates(box: Relaybox, cutoff: float) -> tuple[int, in
     )
 
 
-def cutoffs(box: Relaybox, older_than: float | None = None) -> tuple[float, float]:
+def cutoffs(box: Runtime, older_than: float | None = None) -> tuple[float, float]:
     """(inbox and quarantine, outbox and messages) cutoffs of a purge now: each side's
     setting, or ``older_than`` for both."""
     settings = box.settings.retention
@@ -111,7 +111,7 @@ def cutoffs(box: Relaybox, older_than: float | None = None) -> tuple[float, floa
 
 
 async def purge(
-    box: Relaybox,
+    box: Runtime,
     *,
     older_than: float | None = None,
     batch: int | None = None,
@@ -177,7 +177,7 @@ class Maintenance:
     other process holds the maintenance lock, purge. Same shape as the worker:
     ``run()`` until :meth:`stop`, ``run_once()`` for one pass (tests)."""
 
-    def __init__(self, box: Relaybox, *, interval: float | None = None) -> None:
+    def __init__(self, box: Runtime, *, interval: float | None = None) -> None:
         self.box = box
         self.interval = interval or box.settings.retention.interval
         self._stopping = asyncio.Event()

@@ -414,7 +414,7 @@ _CALLERS = ("replay", "recovery", "reconcile", "projections", "retention", "metr
 
 def test_history_callers_hold_no_sql_and_the_store_names_every_query() -> None:
     from relaybox.store.base import load_queries
-    from tests.test_store import _used_queries
+    from tests.store.test_store import _used_queries
 
     forbidden = re.compile(
         r"exec_driver_sql|\bq\[|raw_pool|generic_pool|start_pool|fetchval|\.backend\b"

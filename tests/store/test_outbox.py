@@ -10,15 +10,15 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from relaybox.store import Store, open_store
-from relaybox.store.outbox import (
+from relaybox.store.outbox_rows import (
     EndpointQuotaReached,
     EndpointWrite,
+    Fairness,
     LeaseRequest,
     Message,
     NewMessage,
     new_id,
 )
-from relaybox.store.outbox_rows import Fairness
 
 T0 = 1_000_000.0
 
@@ -138,7 +138,7 @@ async def test_publish_statements_in_the_callers_transaction(store: Store) -> No
     await store.endpoint_create(endpoint("ep_3", tenant="t2"), "s", quota=5, now=T0)
     async with store.transaction() as conn:
         subs = await store.endpoint_subscribers(conn, "t1")
-    assert subs == [("ep_1", '["pet.*"]'), ("ep_2", '["*"]')]
+    assert subs == [("ep_1", '["pet.*"]', None), ("ep_2", '["*"]', None)]
 
     msg_id = await publish(store, "t1", ["ep_1", "ep_2"], key="k1")
     async with store.transaction() as conn:

@@ -35,7 +35,7 @@ LOCAL: dict[str, Any] = {
     "jitter": 0.0,
     "poll_interval": 0.05,
     # One tenant ("t1") may use every slot: these tests isolate endpoints, not tenants
-    # (tests/test_hardening_dispatch.py runs with the default share).
+    # (tests/integration/test_hardening_dispatch.py runs with the default share).
     "tenant_share": 1.0,
     # The suite's key (tests/conftest.py: SECRETS_KEY; PostgreSQL needs one), the same
     # in the test process and the relaybox processes it starts.

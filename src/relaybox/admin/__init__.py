@@ -32,7 +32,7 @@ from relaybox.limits import FailureThrottle
 from relaybox.metrics import read_ops_stats
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "Call",
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 
-async def _sources_panel(box: Relaybox) -> OverviewPanel | None:
+async def _sources_panel(box: Runtime) -> OverviewPanel | None:
     snap = await read_ops_stats(box.store, box.clock.now())
     rows = []
     for source in snap.sources("inbox"):
@@ -113,9 +113,10 @@ def _register_builtins() -> None:
             tag_description="Deliveries that reused an accepted event id with other content.",
         )
     )
-    from relaybox.admin import outbound
+    from relaybox.admin import operational, outbound
 
     outbound.register()
+    operational.register()
 
 
 def _guarded(route: BaseRoute, section: Section) -> BaseRoute:
@@ -139,7 +140,7 @@ def registered_sections() -> list[Section]:
     return sections()
 
 
-def build_admin(box: Relaybox) -> Starlette:
+def build_admin(box: Runtime) -> Starlette:
     """The ASGI app ``relaybox serve`` mounts at ``/admin`` when the admin role is on."""
     current = sections()
     routes: list[BaseRoute] = [Mount("/api/v1", app=api.build_api(box, current))]

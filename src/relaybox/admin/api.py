@@ -34,7 +34,7 @@ from relaybox.ops import inbound as ops
 from relaybox.ops import inbound_models as m
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "DEAD_OPERATIONS",
@@ -261,7 +261,7 @@ class TablesCheck:
     after a few seconds, so running the migration brings the section up without a
     restart."""
 
-    def __init__(self, box: Relaybox, retry_after: float = 5.0) -> None:
+    def __init__(self, box: Runtime, retry_after: float = 5.0) -> None:
         self.box = box
         self.retry_after = retry_after
         self._present: set[str] = set()
@@ -289,7 +289,7 @@ def _details(exc: ValidationError) -> list[dict[str, Any]]:
     ]
 
 
-def _endpoint(box: Relaybox, op: Operation, section: Section, tables: TablesCheck) -> Any:
+def _endpoint(box: Runtime, op: Operation, section: Section, tables: TablesCheck) -> Any:
     async def endpoint(request: Request) -> Response:
         missing = await tables.missing(section.requires_tables)
         if missing:
@@ -344,7 +344,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, code, str(exc.detail))
 
 
-def build_api(box: Relaybox, sections: Sequence[Section]) -> Starlette:
+def build_api(box: Runtime, sections: Sequence[Section]) -> Starlette:
     """The routes of every section's operations (mounted at ``/api/v1``)."""
     tables = TablesCheck(box)
     routes = [

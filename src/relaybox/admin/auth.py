@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "COOKIE",
@@ -72,7 +72,7 @@ def route_path(scope: dict[str, Any]) -> str:
     return path or "/"
 
 
-def _token(box: Relaybox) -> bytes | None:
+def _token(box: Runtime) -> bytes | None:
     secret: Any = box.settings.admin_token
     if secret is None:
         return None
@@ -82,13 +82,13 @@ def _token(box: Relaybox) -> bytes | None:
     return value.encode() or None
 
 
-def token_ok(box: Relaybox, presented: str) -> bool:
+def token_ok(box: Runtime, presented: str) -> bool:
     """Constant-time comparison: the answer's timing says nothing about the token."""
     token = _token(box)
     return token is not None and hmac.compare_digest(presented.encode(), token)
 
 
-def bearer_ok(box: Relaybox, header: str | None) -> bool:
+def bearer_ok(box: Runtime, header: str | None) -> bool:
     if not header:
         return False
     scheme, _, value = header.partition(" ")
@@ -103,7 +103,7 @@ def _sign(key: bytes, message: str) -> str:
     return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
 
 
-def issue_session(box: Relaybox) -> tuple[str, Session]:
+def issue_session(box: Runtime) -> tuple[str, Session]:
     """A new session cookie value (call only after the token was checked)."""
     token = _token(box)
     assert token is not None
@@ -114,7 +114,7 @@ def issue_session(box: Relaybox) -> tuple[str, Session]:
     return f"{body}.{_sign(key, body)}", Session(issued, nonce, _sign(key, "csrf." + nonce))
 
 
-def read_session(box: Relaybox, cookie: str | None) -> Session | None:
+def read_session(box: Runtime, cookie: str | None) -> Session | None:
     """The session a cookie proves, or ``None`` (forged, expired, or the token changed)."""
     token = _token(box)
     if token is None or not cookie or cookie.count(".") != 2:
@@ -137,7 +137,7 @@ def _session_id(session: Session) -> str:
     return hashlib.sha256(b"relaybox-admin-session-id\0" + session.nonce.encode()).hexdigest()
 
 
-async def revoke_session(box: Relaybox, session: Session) -> None:
+async def revoke_session(box: Runtime, session: Session) -> None:
     """End ``session`` for every process (logout); rows of sessions that have expired
     anyway are dropped in the same transaction."""
     expires = session.issued_at + box.settings.admin.session_ttl + 60
@@ -146,7 +146,7 @@ async def revoke_session(box: Relaybox, session: Session) -> None:
     )
 
 
-async def session_revoked(box: Relaybox, session: Session) -> bool:
+async def session_revoked(box: Runtime, session: Session) -> bool:
     return await box.store.admin_session_revoked(_session_id(session))
 
 
@@ -168,7 +168,7 @@ class AdminAuth:
     def __init__(
         self,
         app: Callable[..., Awaitable[None]],
-        box: Relaybox,
+        box: Runtime,
         login_page: Callable[[Request, str], Awaitable[Response]],
         tables: Any,
     ) -> None:
@@ -219,7 +219,7 @@ class SecurityHeaders:
     the CSP source list of who may frame the dashboard; ``'none'`` (the default) also
     sends ``X-Frame-Options: DENY`` for browsers that predate CSP."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], box: Relaybox) -> None:
+    def __init__(self, app: Callable[..., Awaitable[None]], box: Runtime) -> None:
         self.app = app
         ancestors = box.settings.admin.frame_ancestors.strip()
         self.headers = [

@@ -100,6 +100,10 @@ NOTICES: dict[str, str] = {
     "letters until it is enabled and they are recovered.",
     "endpoint_enabled": "The endpoint was enabled.",
     "recovered": "{n} dead deliver(ies) queued again.",
+    "endpoint_paused": "The endpoint was paused: its {n} waiting deliveries (and new ones) "
+    "wait until it is resumed.",
+    "endpoint_resumed": "The endpoint was resumed: its {n} waiting deliveries go out.",
+    "replayed_missing": "{n} missing deliver(ies) queued.",
 }
 """What ``?notice=<code>`` shows; ``{n}`` is the count from ``?n=`` (digits only)."""
 
@@ -122,6 +126,8 @@ ERRORS: dict[str, str] = {
     "(2026-03-13T00:00:00Z) or epoch seconds.",
     "since_required": "since is required: 24h, 2026-03-13T00:00:00Z or epoch seconds.",
     "until_before_since": "until must be after since.",
+    "already_paused": "The endpoint is already paused.",
+    "not_paused": "The endpoint is not paused.",
 }
 """What ``?error=<code>`` shows: the dashboard's own messages for the codes its
 actions fail with."""

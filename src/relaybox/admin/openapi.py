@@ -33,6 +33,8 @@ _ERROR_TEXT = {
     404: "No such row, or the section's tables are not migrated",
     409: "The row is not in the state this action needs",
     413: "The request body is over admin.api_max_body bytes",
+    422: "Well-formed, but refused: the message names the place and the problem",
+    503: "No key to seal secrets with (outbound.secrets_key)",
 }
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from starlette.routing import BaseRoute
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "Call",
@@ -38,7 +38,7 @@ class Call:
     the validated query and body models (``None`` when the operation has none), and
     who is asking."""
 
-    box: Relaybox
+    box: Runtime
     path: dict[str, Any]
     query: Any
     body: Any
@@ -93,7 +93,7 @@ class Section:
     operations: tuple[Operation, ...] = ()
     pages: tuple[BaseRoute, ...] = ()
     requires_tables: tuple[str, ...] = ()
-    overview: Callable[[Relaybox], Awaitable[OverviewPanel | None]] | None = None
+    overview: Callable[[Runtime], Awaitable[OverviewPanel | None]] | None = None
     tag_description: str = field(default="")
 
 

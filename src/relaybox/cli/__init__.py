@@ -484,6 +484,8 @@ def _safe_url(box: Relaybox) -> str:
 # this file and ``python -m relaybox.cli`` does not import this module twice over.
 _AREA_MODULES = (
     "relaybox.cli.outbound",
+    "relaybox.cli.credentials",
+    "relaybox.cli.ordered",
     "relaybox.cli.ordering",
     "relaybox.cli.ops",
     "relaybox.cli.maintenance",

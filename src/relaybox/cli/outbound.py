@@ -22,6 +22,7 @@ from relaybox import log
 from relaybox.app import Relaybox
 from relaybox.cli import _run_db, app_options, json_option, load_box
 from relaybox.cli.exits import EXIT_FAILED
+from relaybox.cli.flow import FILTER, register
 from relaybox.cli.table import print_table
 from relaybox.outbound import apikeys, catalog, deliveries, endpoints
 from relaybox.outbound.catalog import InvalidMessage
@@ -139,6 +140,9 @@ def _endpoint_options(fn: Any) -> Any:
             click.option("--timeout", type=float, default=None, help="seconds per attempt"),
             click.option("--max-in-flight", type=int, default=None),
             click.option("--rate-limit", type=float, default=None, help="deliveries per second"),
+            click.option("--filter", type=FILTER, default=None, help="payload filter, JSON"),
+            click.option("--ordered/--unordered", default=None, help="ordered delivery per key"),
+            click.option("--on-dead", type=click.Choice(["hold", "skip"]), default=None),
         )
     ):
         fn = option(fn)
@@ -358,6 +362,7 @@ def messages_group() -> None:
 @click.option("--type", "event_type", required=True)
 @click.option("--data", default="{}", help="JSON")
 @click.option("--idempotency-key", default=None)
+@click.option("--ordering-key", default=None, help="deliver in order with this key's others")
 def messages_publish(
     app: str | None,
     config: str | None,
@@ -366,6 +371,7 @@ def messages_publish(
     event_type: str,
     data: str,
     idempotency_key: str | None,
+    ordering_key: str | None,
 ) -> None:
     """Publish a message (its own transaction)."""
     box = load_box(app, config, database_url)
@@ -376,9 +382,8 @@ def messages_publish(
 
     async def send() -> Any:
         async with box.store.transaction() as conn:
-            return await publish(
-                box, conn, event_type, payload, tenant=tenant, idempotency_key=idempotency_key
-            )
+            keys = {"idempotency_key": idempotency_key, "ordering_key": ordering_key}
+            return await publish(box, conn, event_type, payload, tenant=tenant, **keys)
 
     message = _run(box, send)
     _echo({**message.to_json(), "created": message.created, "endpoints": message.endpoints})
@@ -585,6 +590,7 @@ def _accept_json(group: click.Group) -> None:
             )
 
 
+register(endpoints_group)  # pause, resume, replay-missing (relaybox.cli.flow)
 for _group in (endpoints_group, messages_group, api_keys_group, event_types_group):
     _accept_json(_group)
 

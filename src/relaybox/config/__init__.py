@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 import types
 import typing
@@ -117,6 +118,67 @@ class AdminSettings(BaseModel):
         description="CSP frame-ancestors of every admin answer: 'none' (with "
         "X-Frame-Options: DENY) forbids framing; a source list allows it to those origins",
     )
+
+
+class PortalSettings(BaseModel):
+    """The tenant portal (``/portal``, served with the ``api`` role): pages a tenant
+    reaches through a short-lived signed link (:mod:`relaybox.portal`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    signing_key: SecretStr | None = Field(
+        None,
+        description="key that signs portal links and sessions (default: derived from the "
+        "endpoint secrets key, outbound.secrets_key or its key file)",
+    )
+    public_url: str | None = Field(
+        None,
+        max_length=2000,
+        pattern=r"^https?://[^\s]+$",
+        description="base URL of the relaybox server as browsers reach it, for the "
+        "links box.portal_link makes (the API answers with its own address otherwise)",
+    )
+    link_ttl: float = Field(300.0, gt=0, le=24 * 3600, description="default link life, s")
+    max_link_ttl: float = Field(
+        3600.0, gt=0, le=7 * 24 * 3600, description="longest link life a caller may ask, s"
+    )
+    session_ttl: float = Field(
+        3600.0, gt=0, le=24 * 3600, description="seconds a session opened by a link lasts"
+    )
+    frame_ancestors: str = Field(
+        "'none'",
+        max_length=1000,
+        pattern=r"^[^;,\r\n]+$",
+        description="CSP frame-ancestors of every portal answer: the origins of the "
+        "application that embeds the portal in an iframe ('none': no framing)",
+    )
+    theme: dict[str, str] = Field(
+        default_factory=dict,
+        description="CSS variables of the portal's look, e.g. {accent = '#0a7'}: "
+        "accent, fg, muted, line, bg, surface, ok, warn, bad, font, radius",
+    )
+    form_max_body: int = Field(
+        64 * 1024, ge=1024, le=1024 * 1024, description="largest portal form, bytes"
+    )
+    page_size: int = Field(50, ge=1, le=500, description="rows in a portal listing")
+
+    @field_validator("theme")
+    @classmethod
+    def _theme(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, css in value.items():
+            if name not in THEME_VARIABLES:
+                raise ValueError(f"unknown theme variable {name!r}: {', '.join(THEME_VARIABLES)}")
+            if not _CSS_VALUE.fullmatch(css):
+                raise ValueError(f"theme {name}: {css!r} is not a plain CSS value")
+        return value
+
+
+THEME_VARIABLES = (
+    "accent", "fg", "muted", "line", "bg", "surface", "ok", "warn", "bad", "font", "radius"
+)  # fmt: skip
+"""The CSS variables (``--rb-<name>``) a portal theme may set."""
+
+_CSS_VALUE = re.compile(r"[A-Za-z0-9#%.,()\- \"']{1,200}")
 
 
 class ServerSettings(BaseModel):
@@ -231,6 +293,7 @@ class Settings(BaseModel):
         description="background roles box.lifespan starts in the application's process",
     )
     admin: AdminSettings = Field(default_factory=AdminSettings)
+    portal: PortalSettings = Field(default_factory=PortalSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)

@@ -145,6 +145,13 @@ class OutboundSettings(BaseModel):
         default=100, ge=1, description="messages a tenant may publish at once above the rate"
     )
     response_bytes: int = Field(default=1024, ge=0, le=65536, description="answer bytes kept")
+    attempt_headers_bytes: int = Field(
+        default=4096,
+        ge=0,
+        le=65536,
+        description="bytes of an HTTP attempt's request and response headers kept for the "
+        "attempt log, each (0: none)",
+    )
     max_in_flight: int = Field(default=4, ge=1, description="default per-endpoint in-flight cap")
     tenant_share: float = Field(
         default=0.25,
@@ -158,6 +165,23 @@ class OutboundSettings(BaseModel):
     )
     max_endpoints: int = Field(
         default=100, ge=1, le=100_000, description="endpoints one tenant may have"
+    )
+    filter_max_bytes: int = Field(
+        default=4096, ge=64, le=65536, description="largest endpoint payload filter, JSON bytes"
+    )
+    filter_max_depth: int = Field(
+        default=8, ge=2, le=32, description="deepest endpoint payload filter (objects and lists)"
+    )
+    replay_max: int = Field(
+        default=1000,
+        ge=1,
+        le=1_000_000,
+        description="deliveries one replay-missing call may queue for an endpoint",
+    )
+    replay_scan_max: int = Field(
+        default=100_000,
+        ge=1,
+        description="messages one replay-missing call may read (matching its endpoint or not)",
     )
     allow_insecure_loopback: bool = Field(
         default=False, description="development only: allow http:// to loopback addresses"
@@ -173,6 +197,31 @@ class OutboundSettings(BaseModel):
         default="relaybox", min_length=1, description="tenant that receives relaybox.* events"
     )
     webhook_uncertain: UncertainPolicy = "resend"
+    max_endpoint_headers: int = Field(
+        default=20, ge=0, le=100, description="custom headers one endpoint may have"
+    )
+    max_endpoint_headers_bytes: int = Field(
+        default=4096,
+        ge=0,
+        le=65536,
+        description="total bytes of one endpoint's custom header names and values",
+    )
+    oauth2_token_margin: float = Field(
+        default=30.0,
+        ge=0,
+        description="seconds before an OAuth2 token's expiry at which a new one is fetched",
+    )
+    oauth2_token_bytes: int = Field(
+        default=16384, ge=1024, le=1048576, description="largest OAuth2 token answer read, bytes"
+    )
+    failing_thresholds: list[int] = Field(
+        default_factory=lambda: [3, 10, 50],
+        max_length=20,
+        description=(
+            "failures in a row at which relaybox.endpoint.failing is published (once per"
+            " threshold until the endpoint recovers)"
+        ),
+    )
     brokers: dict[str, BrokerSettings] = Field(
         default_factory=dict,
         description="named broker destinations; each becomes the channel of that name",
@@ -212,6 +261,13 @@ class OutboundSettings(BaseModel):
         if any(d < 0 for d in value):
             raise ValueError("schedule delays are seconds >= 0")
         return value
+
+    @field_validator("failing_thresholds")
+    @classmethod
+    def _thresholds(cls, value: list[int]) -> list[int]:
+        if any(n < 1 for n in value):
+            raise ValueError("failing thresholds are failure counts >= 1")
+        return sorted(set(value))
 
     @field_validator("allow_networks")
     @classmethod

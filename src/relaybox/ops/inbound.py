@@ -42,7 +42,7 @@ from relaybox.ops.inbound_models import (
 from relaybox.replay import Selection, replay
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "age_text",
@@ -154,7 +154,7 @@ def _summary(m: Any) -> EventSummary:
     )
 
 
-async def table_exists(box: Relaybox, table: str) -> bool:
+async def table_exists(box: Runtime, table: str) -> bool:
     """Whether a migration created ``table`` (outbound sections plug in on this)."""
     return await box.store.table_exists(table)
 
@@ -162,7 +162,7 @@ async def table_exists(box: Relaybox, table: str) -> bool:
 # -- inbox ----------------------------------------------------------------------
 
 
-async def inbox_list(box: Relaybox, f: InboxFilter) -> EventPage:
+async def inbox_list(box: Runtime, f: InboxFilter) -> EventPage:
     rows = await box.store.inbox_list(
         source=f.source,
         event_type=f.type,
@@ -176,7 +176,7 @@ async def inbox_list(box: Relaybox, f: InboxFilter) -> EventPage:
     return EventPage(items=[_summary(r) for r in rows], next_cursor=_page_ids(rows, f.limit))
 
 
-async def event_get(box: Relaybox, inbox_id: int) -> EventDetail:
+async def event_get(box: Runtime, inbox_id: int) -> EventDetail:
     """One event with everything an operator asks about it, read in one transaction."""
     history = await box.store.inbox_history(inbox_id)
     if history is None:
@@ -213,13 +213,13 @@ def _replay_message(result: Any, purged_at: dict[int, float | None]) -> str:
     return "; ".join(parts) or "nothing matched"
 
 
-async def _replay(box: Relaybox, selection: Selection, actor: str, reason: str) -> ReplayResult:
+async def _replay(box: Runtime, selection: Selection, actor: str, reason: str) -> ReplayResult:
     result = await replay(box, selection, actor=actor, reason=reason)
     purged = await box.store.inbox_purged_at(result.purged)
     return ReplayResult(**result.as_dict(), message=_replay_message(result, purged))
 
 
-async def replay_event(box: Relaybox, inbox_id: int, *, actor: str, reason: str) -> ReplayResult:
+async def replay_event(box: Runtime, inbox_id: int, *, actor: str, reason: str) -> ReplayResult:
     """Replay one finished event. A purged one is a 409 naming the purge: replaying
     without the payload would run the handler on nothing."""
     event = await event_get(box, inbox_id)
@@ -232,7 +232,7 @@ async def replay_event(box: Relaybox, inbox_id: int, *, actor: str, reason: str)
 
 
 async def replay_selection(
-    box: Relaybox,
+    box: Runtime,
     *,
     source: str | None,
     since: float | None,
@@ -254,7 +254,7 @@ async def replay_selection(
 # -- dead letters ---------------------------------------------------------------
 
 
-async def dead_list(box: Relaybox, f: DeadFilter) -> EventPage:
+async def dead_list(box: Runtime, f: DeadFilter) -> EventPage:
     rows = await box.store.dead_list(
         source=f.source,
         event_type=f.type,
@@ -268,7 +268,7 @@ async def dead_list(box: Relaybox, f: DeadFilter) -> EventPage:
     return EventPage(items=[_summary(r) for r in rows], next_cursor=_page_ids(rows, f.limit))
 
 
-async def dead_retry(box: Relaybox, inbox_id: int, *, actor: str, reason: str) -> ReplayResult:
+async def dead_retry(box: Runtime, inbox_id: int, *, actor: str, reason: str) -> ReplayResult:
     event = await event_get(box, inbox_id)
     if event.status != "dead" or event.discarded_at is not None:
         state = "discarded" if event.discarded_at is not None else event.status
@@ -279,7 +279,7 @@ async def dead_retry(box: Relaybox, inbox_id: int, *, actor: str, reason: str) -
     return result
 
 
-async def dead_retry_many(box: Relaybox, req: DeadRetryRequest, *, actor: str) -> DeadRetryResult:
+async def dead_retry_many(box: Runtime, req: DeadRetryRequest, *, actor: str) -> DeadRetryResult:
     """Select the matching dead letters first (the same filter as the list, so what an
     operator saw is what is retried), then replay exactly those ids."""
     rows = await box.store.dead_list(
@@ -301,7 +301,7 @@ async def dead_retry_many(box: Relaybox, req: DeadRetryRequest, *, actor: str) -
     return DeadRetryResult(**result.model_dump(), matched=len(ids))
 
 
-async def dead_discard(box: Relaybox, inbox_id: int, *, actor: str, reason: str) -> DiscardResult:
+async def dead_discard(box: Runtime, inbox_id: int, *, actor: str, reason: str) -> DiscardResult:
     now = box.clock.now()
     if await box.store.dead_discard(inbox_id, now=now, actor=actor, reason=reason):
         return DiscardResult(id=inbox_id, discarded_at=now)
@@ -313,7 +313,7 @@ async def dead_discard(box: Relaybox, inbox_id: int, *, actor: str, reason: str)
 # -- quarantine -----------------------------------------------------------------
 
 
-async def quarantine_list(box: Relaybox, f: QuarantineFilter) -> QuarantinePage:
+async def quarantine_list(box: Runtime, f: QuarantineFilter) -> QuarantinePage:
     rows = await box.store.quarantine_list(
         source=f.source, resolved=f.resolved, before_id=decode_cursor(f.cursor), limit=f.limit
     )
@@ -352,7 +352,7 @@ def json_differences(original: Any, quarantined: Any, path: str = "$") -> list[D
     return [Difference(path=path, original=original, quarantined=quarantined, change="changed")]
 
 
-async def quarantine_get(box: Relaybox, quarantine_id: int) -> QuarantineDetail:
+async def quarantine_get(box: Runtime, quarantine_id: int) -> QuarantineDetail:
     m = await box.store.quarantine_get(quarantine_id)
     if m is None:
         raise NotFound(f"no quarantine entry {quarantine_id}")
@@ -380,7 +380,7 @@ async def quarantine_get(box: Relaybox, quarantine_id: int) -> QuarantineDetail:
 
 
 async def quarantine_resolve(
-    box: Relaybox, quarantine_id: int, *, resolution: str, actor: str, reason: str
+    box: Runtime, quarantine_id: int, *, resolution: str, actor: str, reason: str
 ) -> ResolveResult:
     now = box.clock.now()
     resolved = await box.store.quarantine_resolve(
@@ -395,13 +395,13 @@ async def quarantine_resolve(
 # -- numbers --------------------------------------------------------------------
 
 
-async def stats(box: Relaybox) -> StatsResponse:
+async def stats(box: Runtime) -> StatsResponse:
     """The same snapshot ``/metrics`` exports, read now."""
     snapshot = await read_ops_stats(box.store, box.clock.now())
     return StatsResponse(**snapshot.summary())
 
 
-async def unregistered_channels(box: Relaybox) -> dict[str, int]:
+async def unregistered_channels(box: Runtime) -> dict[str, int]:
     """Pending outbox rows by channel, for the channels this app never registers: no
     dispatcher of it delivers them (``ctx.outbox.add("email", …)`` without an
     ``email`` channel)."""
@@ -416,7 +416,7 @@ async def unregistered_channels(box: Relaybox) -> dict[str, int]:
     return stuck
 
 
-async def throughput(box: Relaybox, *, minutes: int = 60) -> list[dict[str, Any]]:
+async def throughput(box: Runtime, *, minutes: int = 60) -> list[dict[str, Any]]:
     """Deliveries accepted per minute over the last ``minutes``, by status now; every
     minute present (zeros included) so a chart has no gaps."""
     now = box.clock.now()

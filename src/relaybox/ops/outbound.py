@@ -16,6 +16,7 @@ import structlog
 from relaybox.errors import Conflict, InvalidRequest, NotFound
 from relaybox.ops import inbound as ops
 from relaybox.ops.outbound_models import (
+    BlockedKeyInfo,
     Delivery,
     EndpointActionResult,
     EndpointAttempt,
@@ -37,7 +38,7 @@ from relaybox.ops.outbound_models import (
 from relaybox.store.outbox_rows import EndpointBacklog, EndpointHealth
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 
 log = structlog.get_logger("relaybox.admin")
@@ -67,7 +68,7 @@ def _decode(cursor: str | None) -> tuple[float, str] | None:
 
 
 async def _health(
-    box: Relaybox,
+    box: Runtime,
 ) -> tuple[dict[str, EndpointHealth], dict[str, EndpointBacklog]]:
     store = box.store
     health = await store.endpoint_health(since=box.clock.now() - HEALTH_WINDOW)
@@ -75,7 +76,7 @@ async def _health(
 
 
 def _summary(
-    box: Relaybox, e: Any, health: EndpointHealth | None, backlog: EndpointBacklog | None
+    box: Runtime, e: Any, health: EndpointHealth | None, backlog: EndpointBacklog | None
 ) -> EndpointSummary:
     attempts = health.attempts if health else 0
     succeeded = health.succeeded if health else 0
@@ -90,6 +91,10 @@ def _summary(
         disabled_reason=e.disabled_reason,
         failing_since=e.failing_since,
         created_at=e.created_at,
+        paused_at=e.paused_at,
+        filter=e.payload_filter,
+        ordered=e.ordered,
+        on_dead=e.on_dead,
         health=Health(
             attempts=attempts,
             succeeded=succeeded,
@@ -103,7 +108,7 @@ def _summary(
     )
 
 
-async def endpoint_list(box: Relaybox, f: EndpointFilter) -> EndpointList:
+async def endpoint_list(box: Runtime, f: EndpointFilter) -> EndpointList:
     from relaybox.outbound.endpoints import list_endpoints
 
     endpoints = await list_endpoints(box, f.tenant, limit=f.limit)
@@ -113,7 +118,7 @@ async def endpoint_list(box: Relaybox, f: EndpointFilter) -> EndpointList:
     )
 
 
-async def endpoint_get(box: Relaybox, endpoint_id: str) -> EndpointDetail:
+async def endpoint_get(box: Runtime, endpoint_id: str) -> EndpointDetail:
     from relaybox.outbound.endpoints import get_endpoint
 
     e = await get_endpoint(box, endpoint_id, None)
@@ -125,10 +130,14 @@ async def endpoint_get(box: Relaybox, endpoint_id: str) -> EndpointDetail:
         for a in await box.store.endpoint_attempts(endpoint_id, limit=50)
     ]
     summary = _summary(box, e, health.get(e.id), backlog.get(e.id))
-    return EndpointDetail(**summary.model_dump(), recent_attempts=recent)
+    held = await box.store.ordering_blocked_keys(endpoint_id=e.id, tenant=None, limit=100)
+    blocked = [
+        BlockedKeyInfo(**{k: v for k, v in b.to_json().items() if k != "endpoint_id"}) for b in held
+    ]
+    return EndpointDetail(**summary.model_dump(), recent_attempts=recent, blocked_keys=blocked)
 
 
-async def message_list(box: Relaybox, f: MessageFilter) -> MessagePage:
+async def message_list(box: Runtime, f: MessageFilter) -> MessagePage:
     from relaybox.outbound.deliveries import list_messages
 
     found = await list_messages(
@@ -148,7 +157,7 @@ async def message_list(box: Relaybox, f: MessageFilter) -> MessagePage:
     return MessagePage(items=items, next_cursor=_encode(last.created_at, last.id) if last else None)
 
 
-async def message_get(box: Relaybox, message_id: str) -> MessageDetail:
+async def message_get(box: Runtime, message_id: str) -> MessageDetail:
     from relaybox.outbound.deliveries import get_message, list_attempts, list_deliveries
 
     m = await get_message(box, message_id, None)
@@ -172,12 +181,12 @@ async def message_get(box: Relaybox, message_id: str) -> MessageDetail:
     )
 
 
-async def _purged_at(box: Relaybox, message_id: str) -> float | None:
+async def _purged_at(box: Runtime, message_id: str) -> float | None:
     return await box.store.message_purged_at(message_id)
 
 
 async def message_redeliver(
-    box: Relaybox, message_id: str, *, endpoint_id: str | None
+    box: Runtime, message_id: str, *, endpoint_id: str | None
 ) -> RedeliverResult:
     from relaybox.outbound.deliveries import get_message, redeliver
 
@@ -199,7 +208,7 @@ async def message_redeliver(
     return RedeliverResult(message_id=message_id, redelivered=n)
 
 
-async def _endpoint_or_404(box: Relaybox, endpoint_id: str) -> Any:
+async def _endpoint_or_404(box: Runtime, endpoint_id: str) -> Any:
     from relaybox.outbound.endpoints import get_endpoint
 
     found = await get_endpoint(box, endpoint_id, None)
@@ -215,7 +224,7 @@ def _manual(actor: str, reason: str) -> str:
 
 
 async def endpoint_disable(
-    box: Relaybox, endpoint_id: str, *, actor: str, reason: str
+    box: Runtime, endpoint_id: str, *, actor: str, reason: str
 ) -> EndpointActionResult:
     """Switch an endpoint off: its waiting deliveries become dead letters
     (``endpoint_disabled``, recoverable) and ``relaybox.endpoint.disabled`` is
@@ -243,7 +252,7 @@ async def endpoint_disable(
 
 
 async def endpoint_enable(
-    box: Relaybox, endpoint_id: str, *, actor: str, reason: str
+    box: Runtime, endpoint_id: str, *, actor: str, reason: str
 ) -> EndpointActionResult:
     """Switch an endpoint back on (its failure streak starts again). Its dead
     letters stay dead: recover them."""
@@ -272,7 +281,7 @@ async def endpoint_enable(
 
 
 async def endpoint_recover(
-    box: Relaybox,
+    box: Runtime,
     endpoint_id: str,
     *,
     since: float,
@@ -316,7 +325,7 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-async def event_types(box: Relaybox) -> EventTypeList:
+async def event_types(box: Runtime) -> EventTypeList:
     from relaybox.outbound.catalog import list_event_types
 
     return EventTypeList(

@@ -3,7 +3,7 @@ attempts, event types and the actions' requests and answers."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,6 +44,10 @@ class EndpointSummary(_Model):
     failing_since: float | None
     created_at: float
     health: Health
+    paused_at: float | None = Field(None, description="when it was paused; null: not paused")
+    filter: dict[str, Any] | None = Field(None, description="its payload filter, if any")
+    ordered: bool = Field(False, description="ordered delivery per ordering key")
+    on_dead: str = Field("hold", description="a dead head: hold its key, or skip it")
 
 
 class EndpointList(_Model):
@@ -61,8 +65,18 @@ class EndpointAttempt(_Model):
     error: str | None
 
 
+class BlockedKeyInfo(_Model):
+    ordering_key: str
+    sequence: int = Field(description="the first dead delivery's sequence number")
+    dead: int = Field(description="dead deliveries holding the key")
+    waiting: int = Field(description="deliveries of the key waiting behind them")
+
+
 class EndpointDetail(EndpointSummary):
     recent_attempts: list[EndpointAttempt]
+    blocked_keys: list[BlockedKeyInfo] = Field(
+        default_factory=list, description="ordering keys dead deliveries hold back"
+    )
 
 
 class MessageFilter(RequestModel):
@@ -168,4 +182,29 @@ class RecoverRequest(EndpointActionRequest):
 class RecoverResult(_Model):
     endpoint_id: str
     recovered: int = Field(description="dead deliveries back to pending")
+    message: str
+
+
+class OrderingRequest(EndpointActionRequest):
+    ordered: bool | None = Field(None, description="ordered delivery per ordering key")
+    on_dead: Literal["hold", "skip"] | None = Field(
+        None, description="a dead head holds its key (hold) or is skipped (skip)"
+    )
+
+
+class OrderingResult(_Model):
+    endpoint_id: str
+    ordered: bool
+    on_dead: str
+    message: str
+
+
+class ReleaseKeyRequest(EndpointActionRequest):
+    ordering_key: str = Field(min_length=1, max_length=256)
+
+
+class ReleaseKeyResult(_Model):
+    endpoint_id: str
+    ordering_key: str
+    released: int = Field(description="dead deliveries that held the key (they stay dead)")
     message: str

@@ -18,6 +18,9 @@ outside published ``data``, a 422 ``invalid_text``. Publishing (``POST /messages
     POST              /endpoints/{id}/secret/rotate
     POST              /endpoints/{id}/test       send a test event to this endpoint
     POST              /endpoints/{id}/recover    retry dead deliveries since a time
+    POST              /endpoints/{id}/pause      deliveries wait until resume
+    POST              /endpoints/{id}/resume     waiting deliveries go out, oldest first
+    POST              /endpoints/{id}/replay-missing   deliver what it never got since a time
     GET               /endpoints/{id}/deliveries
     POST/GET          /webhooks                  the simple registration API: {"url", "events"}
     POST/GET          /messages                  publish (202) / list
@@ -26,6 +29,7 @@ outside published ``data``, a 422 ``invalid_text``. Publishing (``POST /messages
     POST              /messages/{id}/redeliver
     GET               /undelivered               pending, dead and held deliveries
     GET               /event-types               the catalog, with JSON Schemas
+    POST              /portal/sessions           a signed link to the tenant's portal
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import json
 import math
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
@@ -43,9 +47,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from relaybox.bodies import BodyTooLarge, read_body, text_problem
-from relaybox.errors import RelayboxError
+from relaybox.errors import Conflict, RelayboxError
 from relaybox.limits import TokenBuckets
-from relaybox.outbound import apikeys, deliveries, endpoints
+from relaybox.outbound import apikeys, deliveries, endpoints, flow
 from relaybox.outbound.catalog import InvalidMessage, list_event_types
 from relaybox.outbound.endpoints import (
     EndpointPatch,
@@ -53,6 +57,8 @@ from relaybox.outbound.endpoints import (
     EndpointSpec,
     InvalidEndpoint,
 )
+from relaybox.outbound.filters import InvalidFilter
+from relaybox.outbound.portal_links import portal_link
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind
@@ -60,7 +66,7 @@ from relaybox.outbound.vault import SecretsLocked
 from relaybox.store.outbox_rows import Endpoint, Message
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["build_api"]
 
@@ -89,6 +95,7 @@ class NewMessage(BaseModel):
     event_type: str
     data: Any = None
     idempotency_key: str | None = Field(None, max_length=256)
+    ordering_key: str | None = Field(None, min_length=1, max_length=256)
 
 
 class Rotation(BaseModel):
@@ -112,10 +119,30 @@ class Recovery(BaseModel):
     until: float | datetime | None = None
 
 
+class ReplayMissing(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    since: float | datetime
+    limit: int | None = Field(None, ge=1)
+class PortalRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttl: float | None = Field(None, gt=0, description="seconds the link is valid")
+
+
 class Redelivery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     endpoint_id: str | None = Field(None, max_length=_MAX_ID)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _strict(model: type[M], data: Any) -> M:
+    """``data`` (parsed JSON) as ``model``, in pydantic's strict JSON mode: a JSON
+    ``false`` is not the number 0 nor ``"5"`` the number 5, as the document says."""
+    return model.model_validate_json(json.dumps(data), strict=True)
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -144,7 +171,7 @@ def _check_params(request: Request) -> None:
             raise ApiError(422, "invalid_request", problem)
 
 
-def build_api(box: Relaybox) -> Starlette:
+def build_api(box: Runtime) -> Starlette:
     """The ``/api/v1`` Starlette app for ``box``."""
     settings = outbound(box).settings
     max_body = settings.api_max_body or settings.max_payload + 64 * 1024
@@ -167,6 +194,8 @@ def build_api(box: Relaybox) -> Starlette:
                     for e in exc.errors()
                 )
                 return _error(422, "invalid_request", problems)
+            except InvalidFilter as exc:
+                return _error(422, "invalid_filter", str(exc))
             except EndpointQuotaExceeded as exc:
                 return _error(409, "endpoint_quota_exceeded", str(exc))
             except InvalidEndpoint as exc:
@@ -232,7 +261,7 @@ def build_api(box: Relaybox) -> Starlette:
         return JSONResponse({"data": [e.to_json() for e in found]})
 
     async def create_endpoint(request: Request, tenant: str) -> Response:
-        spec = EndpointSpec.model_validate(await body(request))
+        spec = _strict(EndpointSpec, await body(request))
         created, secret = await endpoints.create_endpoint(box, tenant, spec)
         return JSONResponse({**created.to_json(), "secret": secret}, status_code=201)
 
@@ -240,7 +269,7 @@ def build_api(box: Relaybox) -> Starlette:
         return JSONResponse((await endpoint_of(request, tenant)).to_json())
 
     async def patch_endpoint(request: Request, tenant: str) -> Response:
-        patch = EndpointPatch.model_validate(await body(request))
+        patch = _strict(EndpointPatch, await body(request))
         updated = await endpoints.update_endpoint(box, request.path_params["id"], tenant, patch)
         if updated is None:
             raise _not_found("endpoint")
@@ -258,7 +287,7 @@ def build_api(box: Relaybox) -> Starlette:
         return JSONResponse({"data": found})
 
     async def rotate_secret(request: Request, tenant: str) -> Response:
-        rotation = Rotation.model_validate(await body(request))
+        rotation = _strict(Rotation, await body(request))
         secret = await endpoints.rotate_secret(
             box,
             request.path_params["id"],
@@ -274,7 +303,7 @@ def build_api(box: Relaybox) -> Starlette:
         found = await endpoint_of(request, tenant)
         if found.status != "enabled":
             raise ApiError(409, "endpoint_disabled", "enable the endpoint first")
-        test = TestEvent.model_validate(await body(request, _DATA))
+        test = _strict(TestEvent, await body(request, _DATA))
         rate_limited(tenant)
         data = test.data if test.data is not None else {"message": "relaybox test event"}
         async with box.store.transaction() as conn:
@@ -284,7 +313,7 @@ def build_api(box: Relaybox) -> Starlette:
         return JSONResponse(message.to_json(), status_code=202)
 
     async def recover(request: Request, tenant: str) -> Response:
-        recovery = Recovery.model_validate(await body(request))
+        recovery = _strict(Recovery, await body(request))
         count = await deliveries.recover(
             box,
             request.path_params["id"],
@@ -295,6 +324,31 @@ def build_api(box: Relaybox) -> Starlette:
         if count is None:
             raise _not_found("endpoint")
         return JSONResponse({"recovered": count}, status_code=202)
+
+    async def pause(request: Request, tenant: str) -> Response:
+        found = await endpoint_of(request, tenant)
+        await flow.pause_endpoint(box, found.id, tenant=tenant)
+        return JSONResponse((await endpoint_of(request, tenant)).to_json())
+
+    async def resume(request: Request, tenant: str) -> Response:
+        found = await endpoint_of(request, tenant)
+        await flow.resume_endpoint(box, found.id, tenant=tenant)
+        return JSONResponse((await endpoint_of(request, tenant)).to_json())
+
+    async def replay_missing(request: Request, tenant: str) -> Response:
+        found = await endpoint_of(request, tenant)
+        if found.status != "enabled":
+            raise ApiError(409, "endpoint_disabled", "enable the endpoint first")
+        replay = ReplayMissing.model_validate(await body(request))
+        try:
+            done = await flow.replay_missing(
+                box, found.id, since=_epoch(replay.since) or 0.0, tenant=tenant, limit=replay.limit
+            )
+        except Conflict as exc:  # disabled meanwhile
+            raise ApiError(409, exc.code, exc.message) from None
+        if done is None:
+            raise _not_found("endpoint")
+        return JSONResponse(done.to_json(), status_code=202)
 
     async def endpoint_deliveries(request: Request, tenant: str) -> Response:
         found = await endpoint_of(request, tenant)
@@ -310,7 +364,7 @@ def build_api(box: Relaybox) -> Starlette:
     # -- the simple registration API ------------------------------------------------
 
     async def create_webhook(request: Request, tenant: str) -> Response:
-        spec = EndpointSpec.model_validate(await body(request))
+        spec = _strict(EndpointSpec, await body(request))
         created, secret = await endpoints.create_endpoint(box, tenant, spec)
         answer = {"id": created.id, "url": created.url, "events": created.event_types}
         return JSONResponse({**answer, "secret": secret}, status_code=201)
@@ -325,11 +379,17 @@ def build_api(box: Relaybox) -> Starlette:
 
     async def create_message(request: Request, tenant: str) -> Response:
         rate_limited(tenant)
-        new = NewMessage.model_validate(await body(request, _DATA))
+        new = _strict(NewMessage, await body(request, _DATA))
         key = new.idempotency_key or request.headers.get("idempotency-key")
         async with box.store.transaction() as conn:
             message = await publish(
-                box, conn, new.event_type, new.data, tenant=tenant, idempotency_key=key
+                box,
+                conn,
+                new.event_type,
+                new.data,
+                tenant=tenant,
+                idempotency_key=key,
+                ordering_key=new.ordering_key,
             )
         return JSONResponse(message.to_json(), status_code=202 if message.created else 200)
 
@@ -366,7 +426,7 @@ def build_api(box: Relaybox) -> Starlette:
 
     async def redeliver(request: Request, tenant: str) -> Response:
         message = await message_of(request, tenant)
-        which = Redelivery.model_validate(await body(request))
+        which = _strict(Redelivery, await body(request))
         count = await deliveries.redeliver(
             box, message.id, tenant=tenant, endpoint_id=which.endpoint_id
         )
@@ -385,6 +445,18 @@ def build_api(box: Relaybox) -> Starlette:
     async def event_types(request: Request, tenant: str) -> Response:
         return JSONResponse({"data": [t.to_json() for t in await list_event_types(box)]})
 
+    async def portal_session(request: Request, tenant: str) -> Response:
+        asked = _strict(PortalRequest, await body(request))
+        most = box.settings.portal.max_link_ttl
+        if asked.ttl is not None and asked.ttl > most:
+            raise ApiError(422, "invalid_request", f"ttl: at most {most:g} s")
+        base = box.settings.portal.public_url or str(request.base_url).rstrip("/")
+        root = str(request.scope.get("root_path", ""))
+        if not box.settings.portal.public_url and root.endswith("/api/v1"):
+            base = base[: -len("/api/v1")] if base.endswith("/api/v1") else base
+        link = portal_link(box, tenant, ttl=asked.ttl, base_url=base)
+        return JSONResponse(link.to_json(), status_code=201)
+
     return Starlette(
         routes=[
             route("/endpoints", list_endpoints, ["GET"]),
@@ -397,6 +469,9 @@ def build_api(box: Relaybox) -> Starlette:
             route("/endpoints/{id}/test", send_test, ["POST"]),
             route("/endpoints/{id}/recover", recover, ["POST"]),
             route("/endpoints/{id}/deliveries", endpoint_deliveries, ["GET"]),
+            route("/endpoints/{id}/pause", pause, ["POST"]),
+            route("/endpoints/{id}/resume", resume, ["POST"]),
+            route("/endpoints/{id}/replay-missing", replay_missing, ["POST"]),
             route("/webhooks", create_webhook, ["POST"]),
             route("/webhooks", list_webhooks, ["GET"]),
             route("/messages", create_message, ["POST"]),
@@ -406,8 +481,18 @@ def build_api(box: Relaybox) -> Starlette:
             route("/messages/{id}/redeliver", redeliver, ["POST"]),
             route("/undelivered", undelivered, ["GET"]),
             route("/event-types", event_types, ["GET"]),
-        ]
+            route("/portal/sessions", portal_session, ["POST"]),
+        ],
+        exception_handlers={404: _no_route, 405: _no_route},
     )
+
+
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """An address or method no route serves answers in the API's JSON error shape."""
+    status = getattr(exc, "status_code", 404)
+    if status == 405:
+        return _error(405, "method_not_allowed", f"{request.method} is not allowed here")
+    return _error(404, "not_found", "no such route")
 
 
 def _limit(request: Request, default: int, most: int) -> int:

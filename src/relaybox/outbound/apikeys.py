@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from relaybox.store.outbox_rows import new_id
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["authenticate", "create_api_key", "list_api_keys", "revoke_api_key"]
 
@@ -23,7 +23,7 @@ def _hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-async def create_api_key(box: Relaybox, tenant: str, name: str = "") -> tuple[str, str]:
+async def create_api_key(box: Runtime, tenant: str, name: str = "") -> tuple[str, str]:
     """A new key for ``tenant``: returns ``(key id, key)``. The key is not stored."""
     if not tenant:
         raise ValueError("an API key needs a tenant")
@@ -34,16 +34,16 @@ async def create_api_key(box: Relaybox, tenant: str, name: str = "") -> tuple[st
     return key_id, key
 
 
-async def authenticate(box: Relaybox, key: str) -> str | None:
+async def authenticate(box: Runtime, key: str) -> str | None:
     """The tenant of an active key, or ``None``."""
     if not key.startswith(PREFIX):
         return None
     return await box.store.api_key_find(_hash(key))
 
 
-async def list_api_keys(box: Relaybox, tenant: str | None) -> list[dict[str, Any]]:
+async def list_api_keys(box: Runtime, tenant: str | None) -> list[dict[str, Any]]:
     return [asdict(k) for k in await box.store.api_key_list(tenant)]
 
 
-async def revoke_api_key(box: Relaybox, key_id: str) -> bool:
+async def revoke_api_key(box: Runtime, key_id: str) -> bool:
     return await box.store.api_key_revoke(key_id, now=box.clock.now())

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from relaybox.errors import RelayboxError
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "EventType",
@@ -70,7 +70,7 @@ def _validator(schema_text: str) -> Any:
 
 
 async def define_event_type(
-    box: Relaybox, name: str, *, description: str = "", schema: dict[str, Any] | None = None
+    box: Runtime, name: str, *, description: str = "", schema: dict[str, Any] | None = None
 ) -> EventType:
     """Add or replace a catalog entry. The schema itself is checked first."""
     check_event_type_name(name)
@@ -86,14 +86,14 @@ async def define_event_type(
     return EventType(name, description, schema)
 
 
-async def list_event_types(box: Relaybox) -> list[EventType]:
+async def list_event_types(box: Runtime) -> list[EventType]:
     return [
         EventType(r.name, r.description, json.loads(r.schema) if r.schema else None)
         for r in await box.store.event_type_list()
     ]
 
 
-async def validate_data(box: Relaybox, conn: AsyncConnection, event_type: str, data: Any) -> None:
+async def validate_data(box: Runtime, conn: AsyncConnection, event_type: str, data: Any) -> None:
     """Raise :class:`InvalidMessage` when the catalog has a schema for ``event_type``
     and ``data`` does not match it. Types outside the catalog are not checked."""
     schema = await box.store.event_type_schema(conn, event_type)

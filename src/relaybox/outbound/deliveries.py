@@ -7,6 +7,7 @@ processed the message recognises it; one that missed it processes it now.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ from relaybox.outbound.endpoints import get_endpoint
 from relaybox.store.outbox_rows import Message
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "get_message",
@@ -30,12 +31,12 @@ __all__ = [
 log = structlog.get_logger("relaybox.outbound")
 
 
-async def get_message(box: Relaybox, message_id: str, tenant: str | None) -> Message | None:
+async def get_message(box: Runtime, message_id: str, tenant: str | None) -> Message | None:
     return await box.store.message_get(message_id, tenant)
 
 
 async def list_messages(
-    box: Relaybox,
+    box: Runtime,
     tenant: str | None,
     *,
     event_type: str | None = None,
@@ -47,7 +48,7 @@ async def list_messages(
 
 
 async def list_deliveries(
-    box: Relaybox,
+    box: Runtime,
     tenant: str | None,
     *,
     message_id: str | None = None,
@@ -67,12 +68,19 @@ async def list_deliveries(
     return [asdict(r) for r in found]
 
 
-async def list_attempts(box: Relaybox, message_id: str, tenant: str | None) -> list[dict[str, Any]]:
-    return [asdict(r) for r in await box.store.attempt_list(message_id, tenant)]
+async def list_attempts(box: Runtime, message_id: str, tenant: str | None) -> list[dict[str, Any]]:
+    """The message's attempts; ``headers`` is ``{"request": [[name, value], …],
+    "response": […]}`` where the channel recorded them (HTTP), else ``None``."""
+    found = []
+    for r in await box.store.attempt_list(message_id, tenant):
+        row = asdict(r)
+        row["headers"] = json.loads(r.headers) if r.headers else None
+        found.append(row)
+    return found
 
 
 async def redeliver(
-    box: Relaybox, message_id: str, *, tenant: str | None, endpoint_id: str | None = None
+    box: Runtime, message_id: str, *, tenant: str | None, endpoint_id: str | None = None
 ) -> int:
     """Send a message again to every endpoint (or ``endpoint_id``) whose delivery has
     finished — sent, dead or held — with a fresh attempt budget. Returns how many."""
@@ -84,7 +92,7 @@ async def redeliver(
 
 
 async def recover(
-    box: Relaybox,
+    box: Runtime,
     endpoint_id: str,
     *,
     since: float,

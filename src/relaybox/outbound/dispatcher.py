@@ -57,7 +57,7 @@ from relaybox.retry import Schedule
 from relaybox.store.outbox_rows import Delivery, Fairness
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["Dispatcher"]
 
@@ -80,7 +80,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        box: Relaybox,
+        box: Runtime,
         *,
         name: str | None = None,
         concurrency: int | None = None,

@@ -7,6 +7,7 @@ any tenant's endpoint by id.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -14,15 +15,26 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.outbound.credentials import (
+    CredentialsSpec,
+    InvalidHeaders,
+    NoCredentials,
+    OAuth2Credentials,
+    check_headers,
+    credentials_at_rest,
+    reseal_credentials,
+)
+from relaybox.outbound.filters import check as check_filter
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind, new_secret, public_form
 from relaybox.outbound.ssrf import UnsafeDestination
 from relaybox.outbound.vault import MISSING_HINT, KeyFileError, Vault
+from relaybox.store.credentials import KEEP, Keep
 from relaybox.store.outbox_rows import Endpoint, EndpointQuotaReached, EndpointWrite, new_id
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "EndpointPatch",
@@ -46,6 +58,9 @@ __all__ = [
 ]
 
 log = structlog.get_logger("relaybox.outbound")
+
+BROKER_PREFIX = "broker:"
+"""An endpoint URL ``broker:<name>`` routes to ``[outbound.brokers.<name>]``."""
 
 _PATTERN = re.compile(r"[A-Za-z0-9_.:*-]{1,200}")
 
@@ -72,6 +87,14 @@ class EndpointPatch(BaseModel):
     max_in_flight: int | None = Field(None, ge=1, le=100)
     rate_limit: float | None = Field(None, gt=0)
     enabled: bool | None = None
+    filter: dict[str, Any] | None = None  # payload filter (outbound.filters); {} clears it
+    headers: dict[str, str] | None = None
+    """Custom request headers; on an update they replace the current ones (``{}``: none)."""
+    credentials: CredentialsSpec | None = None
+    """HTTP credentials (:mod:`relaybox.outbound.credentials`); ``{"type": "none"}``
+    removes them."""
+    ordered: bool | None = None
+    on_dead: Literal["hold", "skip"] | None = None
 
     @field_validator("event_types")
     @classmethod
@@ -106,8 +129,43 @@ class EndpointSpec(EndpointPatch):
         return self.event_types or self.events or ["*"]
 
 
+def _filter(box: Runtime, spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The patch's payload filter checked against the settings' bounds (raises
+    :class:`InvalidFilter`); ``{}`` (every message) is stored as no filter."""
+    if spec is None:
+        return None
+    s = outbound(box).settings
+    return check_filter(spec, max_depth=s.filter_max_depth, max_bytes=s.filter_max_bytes)
+def _extras(
+    box: Runtime, patch: EndpointPatch, vault: Vault | None
+) -> tuple[str | Keep | None, tuple[str, str] | Keep | None]:
+    """The patch's headers (JSON text) and credentials (kind, sealed JSON) as the
+    store writes them, checked; :data:`KEEP` for what it leaves."""
+    headers: str | Keep | None = KEEP
+    credentials: tuple[str, str] | Keep | None = KEEP
+    if patch.headers is not None:
+        try:
+            check_headers(patch.headers, outbound(box).settings)
+        except InvalidHeaders as exc:
+            raise InvalidEndpoint(str(exc)) from None
+        headers = json.dumps(patch.headers, separators=(",", ":")) if patch.headers else None
+    spec = patch.credentials
+    if spec is not None:
+        if isinstance(spec, NoCredentials):
+            credentials = None
+        else:
+            if isinstance(spec, OAuth2Credentials):
+                try:
+                    outbound(box).guard.check_static(spec.token_url)
+                except UnsafeDestination as exc:
+                    raise InvalidEndpoint(f"token_url: {exc}") from None
+            assert vault is not None
+            credentials = (spec.type, vault.seal(spec.model_dump_json()))
+    return headers, credentials
+
+
 def _check(
-    box: Relaybox, url: str | None, timeout: float | None, max_in_flight: int | None
+    box: Runtime, url: str | None, timeout: float | None, max_in_flight: int | None
 ) -> None:
     s = outbound(box).settings
     if max_in_flight is not None and max_in_flight > s.concurrency:
@@ -116,7 +174,12 @@ def _check(
         raise InvalidEndpoint(
             f"max_in_flight must be at most {s.concurrency} (the dispatcher's concurrency)"
         )
-    if url is not None:
+    if url is not None and url.startswith(BROKER_PREFIX):
+        # An operator-declared broker destination, by name only: never a host.
+        name = url[len(BROKER_PREFIX) :]
+        if name not in s.brokers:
+            raise InvalidEndpoint(f"no broker destination named {name[:100]!r}")
+    elif url is not None:
         if len(url) > 2000:
             raise InvalidEndpoint("the URL is longer than 2000 characters")
         try:
@@ -127,13 +190,15 @@ def _check(
         raise InvalidEndpoint(f"timeout must be between {s.min_timeout:g} and {s.max_timeout:g} s")
 
 
-async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tuple[Endpoint, str]:
+async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tuple[Endpoint, str]:
     """Create an endpoint with a fresh secret; returns it and the secret in the form
     its owner verifies with (``whsec_…``, or ``whpk_…`` for ed25519)."""
     _check(box, spec.url, spec.timeout, spec.max_in_flight)
+    payload_filter = _filter(box, spec.filter) or None
     if spec.signature == "sha256" and spec.secret_type == "ed25519":
         raise InvalidEndpoint("sha256 signatures (X-Webhook-Signature) need an hmac secret")
     vault = await ready_to_seal(box)
+    headers, credentials = _extras(box, spec, vault)
     settings, now = outbound(box).settings, box.clock.now()
     endpoint_id = new_id("ep", now)
     secret = new_secret(spec.secret_type)
@@ -148,10 +213,20 @@ async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tup
         schedule=spec.schedule,
         max_in_flight=spec.max_in_flight or settings.max_in_flight,
         rate_limit=spec.rate_limit,
+        payload_filter=payload_filter,
+        ordered=bool(spec.ordered),
+        on_dead=spec.on_dead or "hold",
     )
     quota = settings.max_endpoints
     try:
-        created = await box.store.endpoint_create(write, vault.seal(secret), quota=quota, now=now)
+        created = await box.store.endpoint_create(
+            write,
+            vault.seal(secret),
+            quota=quota,
+            now=now,
+            headers=None if isinstance(headers, Keep) else headers,
+            credentials=None if isinstance(credentials, Keep) else credentials,
+        )
     except EndpointQuotaReached as exc:
         raise EndpointQuotaExceeded(
             f"this tenant already has {exc.count} endpoints, the most allowed"
@@ -164,26 +239,27 @@ async def create_endpoint(box: Relaybox, tenant: str, spec: EndpointSpec) -> tup
     return created, public_form(secret)
 
 
-async def get_endpoint(box: Relaybox, endpoint_id: str, tenant: str | None) -> Endpoint | None:
+async def get_endpoint(box: Runtime, endpoint_id: str, tenant: str | None) -> Endpoint | None:
     return await box.store.endpoint_get(endpoint_id, tenant)
 
 
-async def _get(box: Relaybox, endpoint_id: str, tenant: str | None) -> Endpoint:
+async def _get(box: Runtime, endpoint_id: str, tenant: str | None) -> Endpoint:
     found = await get_endpoint(box, endpoint_id, tenant)
     assert found is not None
     return found
 
 
-async def list_endpoints(box: Relaybox, tenant: str | None, *, limit: int = 100) -> list[Endpoint]:
+async def list_endpoints(box: Runtime, tenant: str | None, *, limit: int = 100) -> list[Endpoint]:
     return await box.store.endpoint_list(tenant, limit=limit)
 
 
 async def update_endpoint(
-    box: Relaybox, endpoint_id: str, tenant: str, patch: EndpointPatch
+    box: Runtime, endpoint_id: str, tenant: str, patch: EndpointPatch
 ) -> Endpoint | None:
     """Apply ``patch``; ``enabled`` switches the endpoint on or off. ``None`` when
     the tenant has no such endpoint."""
     _check(box, patch.url, patch.timeout, patch.max_in_flight)
+    payload_filter = _filter(box, patch.filter)
     current = await get_endpoint(box, endpoint_id, tenant)
     if current is None:
         return None
@@ -202,8 +278,16 @@ async def update_endpoint(
         schedule=patch.schedule if patch.schedule is not None else current.schedule,
         max_in_flight=patch.max_in_flight or current.max_in_flight,
         rate_limit=patch.rate_limit if patch.rate_limit is not None else current.rate_limit,
+        payload_filter=current.payload_filter if payload_filter is None else payload_filter or None,
+        ordered=current.ordered if patch.ordered is None else patch.ordered,
+        on_dead=patch.on_dead or current.on_dead,
     )
-    await box.store.endpoint_update(write, now=box.clock.now())
+    sealing = patch.credentials is not None and not isinstance(patch.credentials, NoCredentials)
+    vault = await ready_to_seal(box) if sealing else None
+    headers, credentials = _extras(box, patch, vault)
+    await box.store.endpoint_update(
+        write, now=box.clock.now(), headers=headers, credentials=credentials
+    )
     if patch.enabled is True:
         await enable_endpoint(box, endpoint_id, tenant=tenant)
     elif patch.enabled is False:
@@ -211,7 +295,7 @@ async def update_endpoint(
     return await get_endpoint(box, endpoint_id, tenant)
 
 
-async def delete_endpoint(box: Relaybox, endpoint_id: str, tenant: str) -> bool:
+async def delete_endpoint(box: Runtime, endpoint_id: str, tenant: str) -> bool:
     """Delete the endpoint, its secrets and lane; its waiting deliveries become dead
     letters (``endpoint_deleted``) so the history stays readable."""
     deleted = await box.store.endpoint_delete(
@@ -224,7 +308,7 @@ async def delete_endpoint(box: Relaybox, endpoint_id: str, tenant: str) -> bool:
 
 
 async def enable_endpoint(
-    box: Relaybox, endpoint_id: str, *, tenant: str | None, reason: str = "manual"
+    box: Runtime, endpoint_id: str, *, tenant: str | None, reason: str = "manual"
 ) -> bool:
     """Switch an endpoint back on (its failure streak starts again). Dead letters of
     the time it was off are not resent: use ``recover`` for that. When it was off,
@@ -252,7 +336,7 @@ async def enable_endpoint(
 
 
 async def disable_endpoint(
-    box: Relaybox, endpoint_id: str, *, tenant: str | None, reason: str = "manual"
+    box: Runtime, endpoint_id: str, *, tenant: str | None, reason: str = "manual"
 ) -> bool:
     """Switch an endpoint off by hand (operator or tenant)."""
     if await get_endpoint(box, endpoint_id, tenant) is None:
@@ -263,7 +347,7 @@ async def disable_endpoint(
 
 
 async def disable_in(
-    box: Relaybox, conn: AsyncConnection, endpoint_id: str, *, reason: str
+    box: Runtime, conn: AsyncConnection, endpoint_id: str, *, reason: str
 ) -> bool:
     """Disable in the caller's transaction: its waiting deliveries become dead letters
     (``endpoint_disabled``, recoverable), and the operational event
@@ -288,7 +372,7 @@ async def disable_in(
 
 
 async def rotate_secret(
-    box: Relaybox,
+    box: Runtime,
     endpoint_id: str,
     tenant: str | None,
     *,
@@ -314,7 +398,7 @@ async def rotate_secret(
     return public_form(secret)
 
 
-async def ready_to_seal(box: Relaybox) -> Vault:
+async def ready_to_seal(box: Runtime) -> Vault:
     """The vault, with a key to seal with; raised before anything is written when
     there is none: :class:`SecretsKeyMissing` (PostgreSQL without
     ``outbound.secrets_key``), :class:`KeyFileError` (a broken key file, or a missing
@@ -339,16 +423,17 @@ _SEAL_BATCH = 500
 """Secrets read and sealed per transaction by the sealing passes."""
 
 
-async def seal_secrets(box: Relaybox) -> dict[str, int]:
-    """Seal every stored secret with the first key: plaintext ones (stored by older
-    versions) and ones sealed with an older key of ``outbound.secrets_key``. In
+async def seal_secrets(box: Runtime) -> dict[str, int]:
+    """Seal every stored secret (signing secrets and endpoint credentials) with the
+    first key: plaintext ones (stored by older versions) and ones sealed with an older
+    key of ``outbound.secrets_key``. In
     batches, each its own transaction; safe with several processes at once (each
     update is a compare-and-set). Returns how many were sealed and how many already
     were. :class:`SecretsLocked` when a secret is sealed with a key relaybox lacks."""
     return await _seal(box, plaintext=False)
 
 
-async def seal_plaintext(box: Relaybox) -> dict[str, int]:
+async def seal_plaintext(box: Runtime) -> dict[str, int]:
     """Seal the secrets stored in plaintext (by versions that did not seal them); run
     by ``relaybox migrate`` and :meth:`Relaybox.migrate`. Reads the key file first
     when there is one (:class:`~relaybox.outbound.vault.KeyFileError` when it is
@@ -370,7 +455,7 @@ async def seal_plaintext(box: Relaybox) -> dict[str, int]:
     return {"sealed": done["sealed"], "plaintext": 0}
 
 
-async def _seal(box: Relaybox, *, plaintext: bool) -> dict[str, int]:
+async def _seal(box: Runtime, *, plaintext: bool) -> dict[str, int]:
     vault, store = await ready_to_seal(box), box.store
     sealed = seen = 0
     after = 0
@@ -387,12 +472,15 @@ async def _seal(box: Relaybox, *, plaintext: bool) -> dict[str, int]:
         if len(page) < _SEAL_BATCH:
             break
         after = page[-1][0]
+    if not plaintext:  # credentials are sealed from the start: only a new key reseals them
+        done, already = await reseal_credentials(box, vault)
+        sealed, seen = sealed + done, seen + done + already
     if sealed:
         log.info("endpoint_secrets_sealed", sealed=sealed, already=seen - sealed)
     return {"sealed": sealed, "already": seen - sealed}
 
 
-async def _count_plaintext(box: Relaybox) -> int:
+async def _count_plaintext(box: Runtime) -> int:
     store, count, after = box.store, 0, 0
     while True:
         async with store.transaction() as conn:
@@ -403,9 +491,10 @@ async def _count_plaintext(box: Relaybox) -> int:
         after = page[-1][0]
 
 
-async def secrets_at_rest(box: Relaybox) -> dict[str, int]:
-    """How the stored secrets stand against the keys relaybox has: counts of
-    ``plaintext``, ``current``, ``older`` and ``locked`` (see :meth:`Vault.state`)."""
+async def secrets_at_rest(box: Runtime) -> dict[str, int]:
+    """How the stored secrets (signing secrets and endpoint credentials) stand against
+    the keys relaybox has: counts of ``plaintext``, ``current``, ``older`` and
+    ``locked`` (see :meth:`Vault.state`)."""
     vault, store = outbound(box).vault, box.store
     counts = dict.fromkeys(("plaintext", "current", "older", "locked"), 0)
     after = 0
@@ -415,12 +504,13 @@ async def secrets_at_rest(box: Relaybox) -> dict[str, int]:
         for _, stored in page:
             counts[vault.state(stored)] += 1
         if len(page) < _SEAL_BATCH:
+            await credentials_at_rest(box, vault, counts)
             return counts
         after = page[-1][0]
 
 
 async def endpoint_secrets(
-    box: Relaybox, endpoint_id: str, tenant: str | None
+    box: Runtime, endpoint_id: str, tenant: str | None
 ) -> list[dict[str, Any]] | None:
     """The active secrets, newest first, in the form the owner verifies with."""
     if await get_endpoint(box, endpoint_id, tenant) is None:

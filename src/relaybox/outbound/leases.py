@@ -29,7 +29,7 @@ bench/README.md): one round trip per lease instead of eight. The same statement 
 records the dispatcher's plain successes that finished meanwhile
 (:func:`lease_recording`), so a finished attempt's slot is leased again without a
 record round trip in between. ``allocate`` is done in SQL there (same round robin;
-``tests/test_outbound_isolation.py`` checks both backends agree). One statement has
+``tests/integration/test_outbound_isolation.py`` checks both backends agree). One statement has
 one snapshot: a lane that another lease served after it was taken is locked in its
 new version but would be counted with the old in-flight rows, so such a lane (its
 row version changed) is left for the next lease rather than overshoot its cap.
@@ -46,7 +46,7 @@ from relaybox.store.outbox import SecretOpener
 from relaybox.store.outbox_rows import UNBOUNDED, Delivery, Fairness, LeaseRequest
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "LEASE_MARGIN",
@@ -61,7 +61,7 @@ LEASE_MARGIN = 5.0
 
 
 async def lease(
-    box: Relaybox,
+    box: Runtime,
     *,
     owner: str,
     slots: int,
@@ -85,7 +85,7 @@ async def lease(
 
 
 async def lease_recording(
-    box: Relaybox,
+    box: Runtime,
     *,
     owner: str,
     slots: int,
@@ -122,13 +122,13 @@ async def lease_recording(
     return leased.deliveries, leased.written, leased.allowed
 
 
-async def release(box: Relaybox, deliveries: Sequence[Delivery]) -> None:
+async def release(box: Runtime, deliveries: Sequence[Delivery]) -> None:
     """Give back leases never started (:func:`lease_recording`'s rows leased ahead):
     the rows are due again at once, as if never leased (``outbox_release``)."""
     await box.store.outbox_release(deliveries)
 
 
-def _opener(box: Relaybox) -> SecretOpener:
+def _opener(box: Runtime) -> SecretOpener:
     vault = outbound(box).vault
 
     def open_secrets(stored: Sequence[str]) -> tuple[tuple[str, ...], str | None]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -22,16 +22,19 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.bodies import text_problem
 from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, validate_data
+from relaybox.outbound.filters import matching
 from relaybox.outbound.registry import outbound
 from relaybox.store.outbox_rows import Message, NewMessage, new_id
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "envelope_time",
+    "fan_out",
     "matches",
     "publish",
+    "wants",
 ]
 
 
@@ -45,8 +48,44 @@ def matches(event_type: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(event_type, p) for p in patterns)
 
 
+def wants(
+    event_type: str,
+    envelope: Callable[[], Any],
+    patterns: Sequence[str],
+    payload_filter: Mapping[str, Any] | None,
+) -> bool:
+    """Does an endpoint subscribed to ``patterns`` with ``payload_filter`` get this
+    message? ``envelope`` gives the parsed envelope, read only when there is a filter
+    (the one rule of a subscription: publish and replay missing both ask here)."""
+    if not matches(event_type, patterns):
+        return False
+    return payload_filter is None or matching(payload_filter, envelope())
+
+
+def fan_out(
+    subscribers: Sequence[tuple[str, str, str | None]], event_type: str, body: str
+) -> list[str]:
+    """The endpoints among ``subscribers`` (id, event type patterns as JSON text, payload
+    filter as JSON text or ``None``: :meth:`Store.endpoint_subscribers`) that get a
+    message of ``event_type`` whose envelope is the JSON text ``body``."""
+    parsed: list[Any] = []
+
+    def envelope() -> Any:
+        if not parsed:
+            parsed.append(json.loads(body))
+        return parsed[0]
+
+    return [
+        eid
+        for eid, patterns, flt in subscribers
+        if wants(
+            event_type, envelope, json.loads(patterns), None if flt is None else json.loads(flt)
+        )
+    ]
+
+
 async def publish(
-    box: Relaybox,
+    box: Runtime,
     conn: AsyncConnection,
     event_type: str,
     data: Any,
@@ -55,12 +94,19 @@ async def publish(
     idempotency_key: str | None = None,
     endpoint_ids: Sequence[str] | None = None,
     api_version: str | None = None,
+    ordering_key: str | None = None,
 ) -> Message:
     """Publish ``data`` as ``event_type`` to ``tenant``'s subscribed, enabled
     endpoints (or only to ``endpoint_ids`` among them, subscribed or not: test sends)
     in ``conn``'s transaction. Raises :class:`InvalidMessage` (bad type, data not
     matching the catalog's schema, data that is not JSON text (a lone surrogate),
-    body over ``max_payload``)."""
+    body over ``max_payload``, a bad ordering key).
+
+    ``ordering_key``: the message takes the key's next sequence number (the envelope's
+    ``orderingKey`` and ``sequence``, the ``webhook-sequence`` header), and endpoints
+    with ``ordered`` receive the key's messages one at a time, in that order. The
+    number is taken in ``conn``'s transaction: a concurrent publish with the same key
+    waits for it to end."""
     ob = outbound(box)
     store = box.store
     check_event_type_name(event_type)
@@ -76,6 +122,11 @@ async def publish(
         existing = await store.message_get_by_key(conn, tenant, idempotency_key)
         if existing is not None:
             return existing
+    if ordering_key is not None:
+        if not 0 < len(ordering_key) <= 256:
+            raise InvalidMessage("an ordering key is 1-256 characters", code="ordering_key")
+        if problem := text_problem(ordering_key, "ordering key"):
+            raise InvalidMessage(problem, code="ordering_key")
     await validate_data(box, conn, event_type, data)
     now = box.clock.now()
     msg_id = new_id("msg", now)
@@ -86,6 +137,13 @@ async def publish(
         "data": data,
         "apiVersion": api_version or ob.settings.api_version,
     }
+    sequence = None
+    if ordering_key is not None:
+        # Taken last before the insert: the counter's row lock is held from here to
+        # the end of the caller's transaction.
+        sequence = await store.message_sequence_next(conn, tenant, ordering_key)
+        envelope["orderingKey"] = ordering_key
+        envelope["sequence"] = sequence
     try:
         text = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
         size = len(text.encode())
@@ -99,7 +157,7 @@ async def publish(
         raise InvalidMessage(
             f"the message is over {ob.settings.max_payload} bytes", code="too_large"
         )
-    new = NewMessage(msg_id, tenant, event_type, idempotency_key, text, now)
+    new = NewMessage(msg_id, tenant, event_type, idempotency_key, text, now, ordering_key, sequence)
     if not await store.message_insert(conn, new):
         # A concurrent publish with this key committed first.
         assert idempotency_key is not None  # only a key conflicts
@@ -109,13 +167,13 @@ async def publish(
     subscribers = await store.endpoint_subscribers(conn, tenant)
     if endpoint_ids is not None:
         wanted = set(endpoint_ids)
-        targets = [eid for eid, _ in subscribers if eid in wanted]
+        targets = [eid for eid, _, _ in subscribers if eid in wanted]
     else:
-        targets = [
-            eid for eid, patterns in subscribers if matches(event_type, json.loads(patterns))
-        ]
+        targets = fan_out(subscribers, event_type, text)
     if targets:
-        await store.delivery_insert(conn, msg_id, tenant, targets, now=now)
+        await store.delivery_insert(
+            conn, msg_id, tenant, targets, now=now, ordering_key=ordering_key, sequence=sequence
+        )
     return Message(
         id=msg_id,
         tenant=tenant,
@@ -124,4 +182,6 @@ async def publish(
         body=text.encode(),
         created_at=now,
         endpoints=tuple(targets),
+        ordering_key=ordering_key,
+        sequence=sequence,
     )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from relaybox.log import debug_enabled, short_error
+from relaybox.outbound import operational
 from relaybox.outbound.channels.base import Result
 from relaybox.outbound.endpoints import disable_in
 from relaybox.outbound.leases import lease_recording
@@ -27,7 +28,7 @@ from relaybox.outbound.registry import outbound
 from relaybox.store.outbox_rows import Delivery
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["Decision", "Finished", "Recorder", "plain_success", "sent_row"]
 
@@ -62,7 +63,7 @@ class Finished:
 class Recorder:
     """Writes the outcomes of one dispatcher's attempts (``owner``: its name)."""
 
-    def __init__(self, box: Relaybox, owner: str, wake: Callable[[], None]) -> None:
+    def __init__(self, box: Runtime, owner: str, wake: Callable[[], None]) -> None:
         self.box = box
         self.outbound = outbound(box)
         self.owner = owner
@@ -199,11 +200,14 @@ class Recorder:
                 if result is not None:
                     log_rows.append(
                         (d.id, d.attempt, d.lease_token, self.owner, f.started, f.duration,
-                         label, mark[6], mark[5], result.response)
+                         label, mark[6], mark[5], result.response, result.headers)
                     )  # fmt: skip
             if log_rows:
                 await store.outbox_attempts_insert(conn, log_rows)
             await self._endpoints_health(conn, batch, labels, now)
+            for f, mark, label in zip(batch, marks, labels, strict=True):
+                if label == "exhausted":  # with the dead letter, in its transaction
+                    await operational.attempt_exhausted(self.box, conn, f.d, f.result, mark[5])
         return labels
 
     async def _write_sent(self, batch: list[Finished], now: float) -> list[str]:
@@ -231,22 +235,43 @@ class Recorder:
             if label != "fenced" and f.d.endpoint is not None and f.result is not None:
                 mixed.setdefault(f.d.endpoint.id, []).append((f.d, f.result))
         clean = sorted(e for e, rs in mixed.items() if all(r.outcome == "sent" for _, r in rs))
+        # Endpoints announced failing when leased recover (once); the others only end
+        # their runs. (A success carried to a lease only ends the run: a later one
+        # recovers the endpoint.)
+        failing = [e for e in clean if _failing(mixed[e])]
+        if failing:
+            await operational.endpoint_recovered(self.box, conn, failing)
+            clean = [e for e in clean if e not in failing]
         if clean:
             await self.box.store.endpoints_succeeded(conn, clean)
         for endpoint_id in sorted(mixed):
-            if endpoint_id not in clean:
+            if endpoint_id not in clean and endpoint_id not in failing:
                 for d, result in mixed[endpoint_id]:
                     await self._endpoint_health(conn, d, result, now)
 
     async def _endpoint_health(self, conn: Any, d: Delivery, result: Result, now: float) -> None:
-        """Track the endpoint's failure streak; disable it on 410, or once it has failed
-        without a success for ``disable_after`` seconds."""
+        """Track the endpoint's failure streak: announce each threshold of failures in a
+        row it reaches (``relaybox.endpoint.failing``), its recovery after one; disable
+        it on 410, or once it has failed without a success for ``disable_after``
+        seconds."""
         assert d.endpoint is not None
         store = self.box.store
         if result.outcome == "sent":
-            await store.endpoint_succeeded(conn, d.endpoint.id)
+            if d.endpoint.failing:
+                await operational.endpoint_recovered(self.box, conn, [d.endpoint.id])
+            else:
+                await store.endpoint_succeeded(conn, d.endpoint.id)
             return
         streak = await store.endpoint_failed(conn, d.endpoint.id, now=now)
+        if streak is not None:
+            level = 0
+            for threshold in self.outbound.settings.failing_thresholds:
+                if threshold <= streak.failures:
+                    level = threshold
+            if level > streak.failing_level:
+                await operational.endpoint_failing(
+                    self.box, conn, d.endpoint.id, streak.failures, level, result
+                )
         if result.outcome == "gone":
             await disable_in(self.box, conn, d.endpoint.id, reason="gone")
         elif (
@@ -303,12 +328,19 @@ class Recorder:
 
 
 def plain_success(f: Finished) -> bool:
+    """A success the lease may record (not one that ends an announced failure)."""
     return (
         f.result is not None
         and f.result.outcome == "sent"
         and f.decision.status == "sent"
         and not f.d.uncertain
+        and (f.d.endpoint is None or not f.d.endpoint.failing)
     )
+
+
+def _failing(outcomes: list[tuple[Delivery, Result]]) -> bool:
+    target = outcomes[0][0].endpoint
+    return target is not None and target.failing
 
 
 def sent_row(f: Finished) -> tuple[Any, ...]:
@@ -316,4 +348,5 @@ def sent_row(f: Finished) -> tuple[Any, ...]:
     d, result = f.d, f.result
     assert result is not None
     return (d.id, d.lease_token, d.attempt, d.endpoint.id if d.endpoint else None,
-            f.started, f.duration, result.status_code, result.error, result.response)  # fmt: skip
+            f.started, f.duration, result.status_code, result.error, result.response,
+            result.headers)  # fmt: skip

@@ -30,17 +30,17 @@ from relaybox.outbound.vault import KeyFile, Vault, new_key
 from relaybox.retry import Schedule
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["Outbound", "configure", "key_file_path", "outbound"]
 
-_boxes: weakref.WeakKeyDictionary[Relaybox, Outbound] = weakref.WeakKeyDictionary()
+_boxes: weakref.WeakKeyDictionary[Runtime, Outbound] = weakref.WeakKeyDictionary()
 
 
 class Outbound:
     """Everything the dispatcher, the API and :func:`publish` share for one box."""
 
-    def __init__(self, box: Relaybox, settings: OutboundSettings) -> None:
+    def __init__(self, box: Runtime, settings: OutboundSettings) -> None:
         self.box = box
         self.settings = settings
         self.guard = Guard(
@@ -179,7 +179,7 @@ def _in_memory(database_url: str) -> bool:
     )
 
 
-def outbound(box: Relaybox) -> Outbound:
+def outbound(box: Runtime) -> Outbound:
     """The box's sending side, created on first use from ``box.settings.outbound``
     when the settings carry one, else from the defaults."""
     found = _boxes.get(box)
@@ -190,7 +190,7 @@ def outbound(box: Relaybox) -> Outbound:
     return found
 
 
-def configure(box: Relaybox, *, resolver: Resolver | None = None, **settings: Any) -> Outbound:
+def configure(box: Runtime, *, resolver: Resolver | None = None, **settings: Any) -> Outbound:
     """Set outbound settings for ``box`` (see :class:`OutboundSettings`); returns the
     :class:`Outbound` to register channels on."""
     return outbound(box).update(resolver=resolver, **settings)

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import hmac
 import os
 import secrets
 import stat
@@ -312,6 +314,14 @@ class Vault:
         self.ensure()
         assert self._first is not None
         return PREFIX + self._first.encrypt(secret.encode()).decode()
+
+    def derive(self, label: str) -> bytes:
+        """A key for another purpose (``label``), derived one way from the sealing
+        key: the portal signs its links with it when it has no key of its own."""
+        self.ensure()
+        assert self._first is not None
+        material = self._first._signing_key + self._first._encryption_key
+        return hmac.new(material, b"relaybox-derive\0" + label.encode(), hashlib.sha256).digest()
 
     def open(self, stored: str) -> str:
         """The secret behind a stored value (a plaintext one is returned as it is)."""

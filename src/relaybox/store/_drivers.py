@@ -63,7 +63,7 @@ async def driver(conn: AsyncConnection) -> asyncpg.Connection:
 
     SQLAlchemy's asyncpg adapter issues BEGIN lazily, on its own first statement; a
     statement sent to the driver before that would run outside the transaction, so
-    the transaction is started first (tests/test_store.py checks that a rolled-back
+    the transaction is started first (tests/store/test_store.py checks that a rolled-back
     transaction takes the driver's statements with it), as a :class:`FoldedTransaction`
     so that its COMMIT can carry a statement.
     """

@@ -22,9 +22,11 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from relaybox.store.credentials import CredentialsStore
 from relaybox.store.history import HistoryStore
 from relaybox.store.operator import OperatorStore
 from relaybox.store.outbox import OutboxStore
+from relaybox.store.outbox_flow import FlowStore
 from relaybox.store.processing import Processing
 
 __all__ = [
@@ -221,9 +223,11 @@ def load_migrations(backend: str) -> list[tuple[int, str, list[str]]]:
 
 
 class Store(
+    CredentialsStore,
     HistoryStore,
     OperatorStore,
     OutboxStore,
+    FlowStore,
     Processing,
 ):
     """Base class of the backends. Subclasses set ``backend`` and build ``engine``."""

@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.store.credentials import KEEP, Keep
 from relaybox.store.outbox_rows import (
     ApiKey,
     AttemptRow,
+    BlockedKey,
     Delivery,
     DeliveryRow,
     Endpoint,
@@ -75,7 +77,18 @@ class OutboxStore:
 
         def _ids(self, ids: Sequence[int]) -> Any: ...
 
+        async def endpoint_extras_write(
+            self,
+            conn: AsyncConnection,
+            endpoint_id: str,
+            *,
+            headers: str | Keep | None = KEEP,
+            credentials: tuple[str, str] | Keep | None = KEEP,
+        ) -> None: ...
+
         async def notify(self, conn: AsyncConnection, channel: str) -> None: ...
+
+        def _flag(self, value: bool) -> Any: ...
 
     def _mapping(self, row: Any) -> Mapping[str, Any]:
         """A row of :meth:`Store.rows` read by column name."""
@@ -94,6 +107,7 @@ class OutboxStore:
 
     def _endpoint_params(self, e: EndpointWrite, now: float) -> tuple[Any, ...]:
         schedule = None if e.schedule is None else json.dumps(list(e.schedule))
+        payload_filter = None if e.payload_filter is None else json.dumps(e.payload_filter)
         return (
             e.id,
             e.tenant,
@@ -104,14 +118,25 @@ class OutboxStore:
             e.timeout,
             schedule,
             now,
+            payload_filter,
+            self._flag(e.ordered),
+            e.on_dead,
         )
 
     async def endpoint_create(
-        self, endpoint: EndpointWrite, sealed_secret: str, *, quota: int, now: float
+        self,
+        endpoint: EndpointWrite,
+        sealed_secret: str,
+        *,
+        quota: int,
+        now: float,
+        headers: str | None = None,
+        credentials: tuple[str, str] | None = None,
     ) -> Endpoint:
-        """Create an enabled endpoint, its lane and its first (sealed) secret. Creates
-        of one tenant run one at a time, so the quota holds: raises
-        :class:`EndpointQuotaReached` when the tenant has ``quota`` endpoints."""
+        """Create an enabled endpoint, its lane and its first (sealed) secret, with its
+        headers and credentials (:meth:`endpoint_extras_write`). Creates of one tenant
+        run one at a time, so the quota holds: raises :class:`EndpointQuotaReached`
+        when the tenant has ``quota`` endpoints."""
         async with self.transaction() as conn:
             await self.first(conn, "endpoint_quota_lock", (endpoint.tenant,))
             count = await self.first(conn, "endpoint_count", (endpoint.tenant,))
@@ -120,6 +145,10 @@ class OutboxStore:
             await self.rows(conn, "endpoint_insert", self._endpoint_params(endpoint, now))
             await self.lane_upsert(conn, endpoint.id, endpoint.max_in_flight, endpoint.rate_limit)
             await self.rows(conn, "endpoint_secret_insert", (endpoint.id, sealed_secret, now))
+            if headers is not None or credentials is not None:
+                await self.endpoint_extras_write(
+                    conn, endpoint.id, headers=headers, credentials=credentials
+                )
             row = await self.first(conn, "endpoint_get", (endpoint.id, endpoint.tenant))
         return Endpoint.from_row(row)
 
@@ -135,11 +164,24 @@ class OutboxStore:
             found = await self.rows(conn, "endpoint_list", (tenant, limit))
         return [Endpoint.from_row(r) for r in found]
 
-    async def endpoint_update(self, endpoint: EndpointWrite, *, now: float) -> None:
-        """Write every mutable field and the lane settings of the tenant's endpoint."""
+    async def endpoint_update(
+        self,
+        endpoint: EndpointWrite,
+        *,
+        now: float,
+        headers: str | Keep | None = KEEP,
+        credentials: tuple[str, str] | Keep | None = KEEP,
+    ) -> None:
+        """Write every mutable field and the lane settings of the tenant's endpoint, and
+        its headers and credentials unless :data:`KEEP` (:meth:`endpoint_extras_write`)."""
         async with self.transaction() as conn:
             await self.rows(conn, "endpoint_update", self._endpoint_params(endpoint, now))
             await self.lane_upsert(conn, endpoint.id, endpoint.max_in_flight, endpoint.rate_limit)
+            await self.endpoint_extras_write(
+                conn, endpoint.id, headers=headers, credentials=credentials
+            )
+            if not endpoint.ordered:  # nothing of it waits for its key any more
+                await self.rows(conn, "ordering_clear", (endpoint.id,))
 
     async def endpoint_delete(
         self, endpoint_id: str, tenant: str, *, reason: str, now: float
@@ -241,8 +283,20 @@ class OutboxStore:
             message.idempotency_key,
             message.body,
             message.created_at,
+            message.ordering_key,
+            message.sequence,
         )
         return await self.first(conn, "message_insert", params) is not None
+
+    async def message_sequence_next(
+        self, conn: AsyncConnection, tenant: str, ordering_key: str
+    ) -> int:
+        """The next sequence number of the tenant's ``ordering_key``, in ``conn``'s
+        transaction. A concurrent publish with the same key waits until this
+        transaction ends (PostgreSQL: the counter's row lock), so a key's numbers
+        increase in commit order."""
+        row = await self.first(conn, "message_sequence_next", (tenant, ordering_key))
+        return int(row[0])
 
     async def message_get(self, message_id: str, tenant: str | None) -> Message | None:
         """One message (``tenant`` ``None``: of any tenant)."""
@@ -269,10 +323,12 @@ class OutboxStore:
 
     async def endpoint_subscribers(
         self, conn: AsyncConnection, tenant: str
-    ) -> list[tuple[str, str]]:
-        """The tenant's enabled endpoints as (id, event type patterns as JSON text), by
-        id, read in ``conn``'s transaction (a publish fans out to these)."""
-        return [(r[0], r[1]) for r in await self.rows(conn, "endpoint_subscribers", (tenant,))]
+    ) -> list[tuple[str, str, str | None]]:
+        """The tenant's enabled endpoints as (id, event type patterns as JSON text,
+        payload filter as JSON text or ``None``), by id, read in ``conn``'s transaction
+        (a publish fans out to these)."""
+        found = await self.rows(conn, "endpoint_subscribers", (tenant,))
+        return [(r[0], r[1], r[2]) for r in found]
 
     async def delivery_insert(
         self,
@@ -282,10 +338,13 @@ class OutboxStore:
         endpoint_ids: Sequence[str],
         *,
         now: float,
+        ordering_key: str | None = None,
+        sequence: int | None = None,
     ) -> None:
         """One pending outbox row per endpoint for the message, in ``conn``'s
-        transaction, and a wake for the dispatchers when it commits."""
-        params = (message_id, tenant, now, self._array(endpoint_ids))
+        transaction, and a wake for the dispatchers when it commits. The rows of
+        ordered endpoints carry ``ordering_key`` and ``sequence``."""
+        params = (message_id, tenant, now, self._array(endpoint_ids), ordering_key, sequence)
         await self.rows(conn, "delivery_insert", params)
         await self.notify(conn, "outbox")
 
@@ -303,6 +362,31 @@ class OutboxStore:
         async with self.transaction() as conn:
             found = await self.rows(conn, "delivery_list", params)
         return [DeliveryRow(*r) for r in found]
+
+    async def delivery_search(
+        self,
+        tenant: str | None,
+        *,
+        status: str | None = None,
+        event_type: str | None = None,
+        message_id: str | None = None,
+        idempotency_key: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int,
+    ) -> list[DeliveryRow]:
+        """The delivery log: outbox rows newest first, filtered by whatever is given
+        (a tenant's own rows only when ``tenant`` is set)."""
+        params = (tenant, status, event_type, message_id, idempotency_key, since, until, limit)
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "delivery_log_list", params)
+        return [DeliveryRow(*r) for r in found]
+
+    async def attempt_minutes(self, since: float) -> list[tuple[float, str, int]]:
+        """Attempts started since ``since``: (minute start, outcome, count), oldest first."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "ops_attempt_minutes", (since,))
+        return [(float(r[0]), str(r[1]), int(r[2])) for r in found]
 
     async def attempt_list(self, message_id: str, tenant: str | None) -> list[AttemptRow]:
         """The recorded attempts of a message's deliveries, in the order they ran."""
@@ -330,6 +414,29 @@ class OutboxStore:
         returns how many."""
         async with self.transaction() as conn:
             found = await self.rows(conn, "delivery_recover", (endpoint_id, since, until, now))
+            if found:
+                await self.notify(conn, "outbox")
+        return len(found)
+
+    async def ordering_blocked_keys(
+        self, *, endpoint_id: str | None, tenant: str | None, limit: int
+    ) -> list[BlockedKey]:
+        """Ordering keys that dead deliveries hold back on endpoints with ``on_dead``
+        ``hold`` (of ``endpoint_id`` / ``tenant``, or all), by endpoint and key."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "ordering_blocked_keys", (endpoint_id, tenant, limit))
+        return [BlockedKey(r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5])) for r in found]
+
+    async def ordering_blocked_count(self) -> int:
+        """How many (endpoint, key) pairs dead deliveries hold back."""
+        async with self.transaction() as conn:
+            return int((await self.first(conn, "ordering_blocked_count"))[0])
+
+    async def ordering_key_release(self, endpoint_id: str, ordering_key: str, *, now: float) -> int:
+        """Release a key held by dead deliveries: they stay dead letters but no longer
+        hold the endpoint's later deliveries of the key back; returns how many."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "ordering_key_release", (endpoint_id, ordering_key, now))
             if found:
                 await self.notify(conn, "outbox")
         return len(found)
@@ -378,8 +485,9 @@ class OutboxStore:
     ) -> None:
         """Append to the attempt log, in ``conn``'s transaction: rows of (outbox id,
         attempt, lease token, dispatcher, started, duration, outcome, status code,
-        error, response)."""
-        await self.rows(conn, "outbox_attempts_insert", self._columns(attempts))
+        error, response, headers); a row of ten has no headers (NULL)."""
+        rows = [(*r, None) if len(r) == 10 else r for r in attempts]
+        await self.rows(conn, "outbox_attempts_insert", self._columns(rows))
 
     async def endpoints_succeeded(self, conn: AsyncConnection, endpoint_ids: Sequence[str]) -> None:
         """End the endpoints' failure streaks, in ``conn``'s transaction."""
@@ -395,7 +503,7 @@ class OutboxStore:
         """Start the endpoint's failure streak at ``now`` unless one runs; ``None``
         when the endpoint is gone."""
         row = await self.first(conn, "endpoint_failed", (endpoint_id, now))
-        return None if row is None else FailureStreak(row[0], row[1])
+        return None if row is None else FailureStreak(row[0], row[1], row[2], row[3])
 
     # -- operator views -----------------------------------------------------------------
 

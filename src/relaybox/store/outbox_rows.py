@@ -7,6 +7,7 @@ PostgreSQL and the SQLite store in Python)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,7 @@ __all__ = [
     "UNBOUNDED",
     "ApiKey",
     "AttemptRow",
+    "BlockedKey",
     "Delivery",
     "DeliveryRow",
     "Endpoint",
@@ -40,6 +42,7 @@ __all__ = [
     "Target",
     "allocate",
     "new_id",
+    "with_extras",
 ]
 
 
@@ -55,9 +58,43 @@ class Target:
     schedule: tuple[float, ...] | None
     secrets: tuple[str, ...] = ()
     locked: str | None = None  # why the secrets could not be opened (outbound.vault)
+    headers: tuple[tuple[str, str], ...] = ()
+    """The endpoint's custom request headers."""
+    credentials: str | None = None
+    """Its HTTP credentials as JSON text, opened (outbound.credentials); ``None``: none."""
+    failing: bool = False
+    """It was announced failing (``relaybox.endpoint.failing``): a success is recorded
+    with its recovery (``relaybox.endpoint.recovered``)."""
 
     def __repr__(self) -> str:  # never print secret material
         return f"Target(id={self.id!r}, tenant={self.tenant!r}, secrets=<{len(self.secrets)}>)"
+
+
+def with_extras(
+    target: Target,
+    headers: str | None,
+    credentials: str | None,
+    failing_level: int | None,
+    open_secrets: SecretOpener,
+) -> Target:
+    """``target`` with its endpoint's headers (JSON object text), credentials (sealed:
+    opened like its secrets; one that no key opens locks the endpoint as they do)
+    and whether it was announced failing. Only endpoints that have one of them pay
+    for this."""
+    pairs = tuple(json.loads(headers).items()) if headers else ()
+    opened: str | None = None
+    locked = target.locked
+    if credentials:
+        found, why = open_secrets((credentials,))
+        opened = found[0] if found else None
+        locked = locked or why
+    return dataclasses.replace(
+        target,
+        headers=pairs,
+        credentials=opened,
+        locked=locked,
+        failing=bool(failing_level),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +104,8 @@ class MessageBody:
     id: str
     event_type: str
     body: bytes
+    sequence: int | None = None
+    """Its number within its ordering key (``webhook-sequence``); ``None``: no key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +226,13 @@ class Endpoint:
     updated_at: float
     max_in_flight: int
     rate_limit: float | None
+    payload_filter: dict[str, Any] | None = None
+    paused_at: float | None = None
+    headers: dict[str, str] | None = None
+    credentials_type: str | None = None
+    """Which credentials are set (``basic``, ``bearer``, ``oauth2``); never them."""
+    ordered: bool = False
+    on_dead: str = "hold"
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Endpoint:
@@ -207,6 +253,12 @@ class Endpoint:
             updated_at=row[12],
             max_in_flight=row[13],
             rate_limit=row[14],
+            payload_filter=json.loads(row[15]) if row[15] else None,
+            paused_at=row[16],
+            headers=json.loads(row[17]) if len(row) > 17 and row[17] else None,
+            credentials_type=row[18] if len(row) > 18 else None,
+            ordered=bool(row[19]),
+            on_dead=row[20],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -222,9 +274,20 @@ class Endpoint:
             "schedule": self.schedule,
             "max_in_flight": self.max_in_flight,
             "rate_limit": self.rate_limit,
+            "ordered": self.ordered,
+            "on_dead": self.on_dead,
             "failing_since": self.failing_since,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
+            "filter": self.payload_filter,
+            "paused": self.paused_at is not None,
+            "paused_at": self.paused_at,
+            "headers": self.headers or {},
+            "credentials": (
+                None
+                if self.credentials_type is None
+                else {"type": self.credentials_type, "set": True}
+            ),
         }
 
 
@@ -243,6 +306,9 @@ class EndpointWrite:
     schedule: Sequence[float] | None
     max_in_flight: int
     rate_limit: float | None
+    payload_filter: Mapping[str, Any] | None = None
+    ordered: bool = False
+    on_dead: str = "hold"
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +344,8 @@ class Message:
     created_at: float
     created: bool = True
     endpoints: tuple[str, ...] = ()
+    ordering_key: str | None = None
+    sequence: int | None = None
 
     @property
     def envelope(self) -> dict[str, Any]:
@@ -286,7 +354,8 @@ class Message:
 
     @classmethod
     def from_row(cls, row: Sequence[Any], *, created: bool = False) -> Message:
-        """From (id, tenant, event_type, idempotency_key, body, created_at)."""
+        """From (id, tenant, event_type, idempotency_key, body, created_at,
+        ordering_key, sequence)."""
         return cls(
             id=row[0],
             tenant=row[1],
@@ -295,6 +364,8 @@ class Message:
             body=row[4].encode(),
             created_at=row[5],
             created=created,
+            ordering_key=row[6],
+            sequence=row[7],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -302,6 +373,8 @@ class Message:
             "id": self.id,
             "event_type": self.event_type,
             "idempotency_key": self.idempotency_key,
+            "ordering_key": self.ordering_key,
+            "sequence": self.sequence,
             "created_at": self.created_at,
             "payload": self.envelope,
         }
@@ -317,6 +390,8 @@ class NewMessage:
     idempotency_key: str | None
     body: str
     created_at: float
+    ordering_key: str | None = None
+    sequence: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +418,28 @@ class DeliveryRow:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockedKey:
+    """An ordering key held back on an ordered endpoint by a dead delivery (its first
+    dead ``sequence``), with the endpoint's deliveries of the key waiting behind it."""
+
+    endpoint_id: str
+    tenant: str
+    ordering_key: str
+    sequence: int
+    dead: int
+    waiting: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "endpoint_id": self.endpoint_id,
+            "ordering_key": self.ordering_key,
+            "sequence": self.sequence,
+            "dead": self.dead,
+            "waiting": self.waiting,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class AttemptRow:
     """One recorded delivery attempt of a message."""
 
@@ -355,6 +452,8 @@ class AttemptRow:
     status_code: int | None
     error: str | None
     response: Any
+    headers: str | None = None
+    """The request and response headers as recorded (JSON text), or ``None``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,6 +518,10 @@ class FailureStreak:
 
     status: str
     failing_since: float
+    failures: int = 1
+    """Attempts failed in a row, this one included."""
+    failing_level: int = 0
+    """The failure threshold announced so far (0: none)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from relaybox.store._drivers import driver as _driver
 from relaybox.store._drivers import plain as _plain
 from relaybox.store.base import AcceptOutcome, Claim, Listener, NewDelivery, OutboxRow, Store
 from relaybox.store.outbox import SecretOpener, leased_delivery
-from relaybox.store.outbox_rows import Leased, LeaseRequest, MessageBody, Target
+from relaybox.store.outbox_rows import Leased, LeaseRequest, MessageBody, Target, with_extras
 
 __all__ = ["PostgresStore"]
 
@@ -106,7 +106,7 @@ class PostgresStore(Store):
         arrays PostgreSQL otherwise plans every execution anew (a custom plan looks
         cheaper for a small batch): that planning cost more backend CPU than the
         batch's inserts (bench/README.md). Their generic plans reach the big tables
-        through indexes even on a young database (tests/test_plans.py checks it).
+        through indexes even on a young database (tests/store/test_plans.py checks it).
 
         Bitmap scans are off here: these statements probe a few rows by key, where a
         plain index scan is as cheap, and a plain index scan marks the dead entries it
@@ -565,7 +565,8 @@ class PostgresStore(Store):
         again without a record round trip in between; ``request.slots`` 0 only
         records."""
         sent, fair = request.sent, request.fair
-        columns = [[row[i] for row in sent] for i in range(9)]
+        # A row of nine (no headers recorded) has a NULL tenth column.
+        columns = [[row[i] if i < len(row) else None for row in sent] for i in range(10)]
         tenants = list(fair.held)
         pool = await self.generic_pool()
         async with pool.acquire() as conn:
@@ -576,13 +577,14 @@ class PostgresStore(Store):
                 list(request.channels),
                 request.owner,
                 request.until,
-                *columns,
+                *columns[:9],
                 list(request.ahead),
                 request.factor,
                 fair.cap,
                 fair.rows,
                 tenants,
                 [fair.held[t] for t in tenants],
+                columns[9],
             )
         written: set[tuple[int, int]] = set()
         if leased and leased[0]["recorded"] is not None:
@@ -614,12 +616,16 @@ class PostgresStore(Store):
                         secrets=opened,
                         locked=locked,
                     )
+                    if r["headers"] or r["credentials"] or r["failing_level"]:
+                        target = targets[endpoint_id] = with_extras(
+                            target, r["headers"], r["credentials"], r["failing_level"], open_secrets
+                        )
                 else:
                     targets[endpoint_id] = None
             message_id = r["message_id"]
             body = r["body"]
             message = (
-                MessageBody(message_id, r["event_type"], body.encode())
+                MessageBody(message_id, r["event_type"], body.encode(), r["sequence"])
                 if message_id is not None and body is not None
                 else None
             )

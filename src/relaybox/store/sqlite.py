@@ -28,7 +28,15 @@ from relaybox.store._commit_watch import CommitWatch
 from relaybox.store._drivers import run_on_sqlite_thread
 from relaybox.store.base import AcceptOutcome, Listener, NewDelivery, Store
 from relaybox.store.outbox import SecretOpener, leased_delivery
-from relaybox.store.outbox_rows import Lane, Leased, LeaseRequest, MessageBody, Target, allocate
+from relaybox.store.outbox_rows import (
+    Lane,
+    Leased,
+    LeaseRequest,
+    MessageBody,
+    Target,
+    allocate,
+    with_extras,
+)
 
 __all__ = ["SQLiteStore"]
 
@@ -323,7 +331,7 @@ class SQLiteStore(Store):
         if message_ids:
             found = await self.rows(conn, "delivery_messages", (self._array(message_ids),))
             for r in found:
-                messages[r[0]] = MessageBody(r[0], r[1], r[2].encode())
+                messages[r[0]] = MessageBody(r[0], r[1], r[2].encode(), r[3])
         if endpoint_ids:
             secrets: dict[str, list[str]] = {}
             for s in await self.endpoint_secrets_active(conn, endpoint_ids, now=now):
@@ -331,7 +339,7 @@ class SQLiteStore(Store):
             found = await self.rows(conn, "delivery_endpoints", (self._array(endpoint_ids),))
             for r in found:
                 opened, locked = open_secrets(secrets.get(r[0], ()))
-                endpoints[r[0]] = Target(
+                target = Target(
                     id=r[0],
                     tenant=r[1],
                     url=r[2],
@@ -341,4 +349,7 @@ class SQLiteStore(Store):
                     secrets=opened,
                     locked=locked,
                 )
+                if r[6] or r[7] or r[8]:
+                    target = with_extras(target, r[6], r[7], r[8], open_secrets)
+                endpoints[r[0]] = target
         return messages, endpoints

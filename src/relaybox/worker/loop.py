@@ -19,6 +19,7 @@ from relaybox.retry import Backoff
 from relaybox.store import Claim
 from relaybox.store.base import Listener
 from relaybox.worker.context import Registration
+from relaybox.worker.outcomes import dead_event
 from relaybox.worker.transactions import Runners, _Batch, _Job
 
 if TYPE_CHECKING:
@@ -185,6 +186,20 @@ class Worker(Runners):
 
     # -- one batch ------------------------------------------------------------
 
+    async def _announce_dead(self, dead: list[tuple[int, str, str, str, int]]) -> None:
+        """``relaybox.inbox.dead`` for rows a claim dead-lettered (their worker died in
+        their last attempt): the claim is one statement of its own, so the events
+        follow in a transaction of their own."""
+        async with self.box.store.transaction() as conn:
+            for inbox_id, source, account, event_id, attempts in dead:
+                data = dead_event(inbox_id, (source, account, event_id), None, None)
+                data.update(
+                    reason="exhausted",
+                    attempts=attempts,
+                    error="the worker died during its last attempt",
+                )
+                await self.box.announce(conn, "relaybox.inbox.dead", data)
+
     async def run_once(self) -> int:
         """Claim and process one batch; return how many rows were claimed."""
         store = self.box.store
@@ -202,6 +217,11 @@ class Worker(Runners):
                 attempts=attempts,
                 error="the worker died during its last attempt",
             )
+        if claim.exhausted:
+            try:
+                await self._announce_dead(claim.exhausted)
+            except Exception as exc:
+                log.error("operational_event_failed", event="inbox.dead", error=short_error(exc))
         if not claim.ids and not claim.suspects:
             return len(claim.exhausted)
         stop_keeping = asyncio.Event()

@@ -42,6 +42,21 @@ class _RolledBack(Exception):
         self.outcome = outcome
 
 
+def dead_event(
+    inbox_id: int, key: tuple[str, str, str], event_type: str | None, tenant: str | None
+) -> dict[str, Any]:
+    """The ``data`` of ``relaybox.inbox.dead`` (reason, attempts and error added)."""
+    source, account, event_id = key
+    return {
+        "inboxId": inbox_id,
+        "source": source,
+        "account": account,
+        "eventId": event_id,
+        "eventType": event_type,
+        "tenant": tenant,
+    }
+
+
 _Report = tuple[str, str, str | None, dict[str, Any]]
 """A recorded outcome's log line and metric: source, kind, error, log fields."""
 
@@ -137,6 +152,10 @@ class Recorder:
                 fields["next_attempt_in"] = round(at - now, 3)
         if kind in ("invalid", "exhausted", "conflict", "unhandled"):
             await store.inbox_kill(conn, event.id, reason=kind, error=outcome.error or "", now=now)
+            # relaybox.inbox.dead, with the dead letter (relaybox.outbound.operational)
+            data = dead_event(event.id, event.key, event.event_type, event.tenant)
+            data.update(reason=kind, attempts=event.attempts, error=outcome.error)
+            await self.box.announce(conn, "relaybox.inbox.dead", data)
         # The row itself records a first-try success (done_at, attempts = 1); the
         # attempts table keeps the history of events that needed more than one.
         if kind != "done" or event.attempts > 1:

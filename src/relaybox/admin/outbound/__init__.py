@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from relaybox.admin.outbound import sending
 from relaybox.admin.outbound.api import ENDPOINT_OPERATIONS, MESSAGE_OPERATIONS, OPERATIONS
+from relaybox.admin.outbound.flow import FLOW_OPERATIONS, FLOW_PAGES
+from relaybox.admin.outbound.ordered import ORDERED_OPERATIONS
 from relaybox.admin.outbound.pages import ENDPOINT_PAGES, MESSAGE_PAGES, PAGES
 from relaybox.admin.sections import OverviewPanel, Section, register_section
 from relaybox.ops.outbound import endpoint_list
@@ -43,11 +46,13 @@ from relaybox.ops.outbound_models import (
 )
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = [
     "ENDPOINT_OPERATIONS",
     "ENDPOINT_PAGES",
+    "FLOW_OPERATIONS",
+    "FLOW_PAGES",
     "MESSAGE_OPERATIONS",
     "MESSAGE_PAGES",
     "OPERATIONS",
@@ -71,7 +76,7 @@ __all__ = [
 TABLES = ("relaybox_endpoints", "relaybox_messages", "relaybox_outbox_attempts")
 
 
-async def overview_panel(box: Relaybox) -> OverviewPanel | None:
+async def overview_panel(box: Runtime) -> OverviewPanel | None:
     """Delivery success rate per endpoint over the last 24 hours."""
     summaries = (await endpoint_list(box, EndpointFilter(limit=50))).items
     if not summaries:
@@ -103,8 +108,8 @@ def register() -> None:
             "Endpoints",
             40,
             nav_path="/endpoints",
-            operations=ENDPOINT_OPERATIONS,
-            pages=ENDPOINT_PAGES,
+            operations=ENDPOINT_OPERATIONS + FLOW_OPERATIONS + ORDERED_OPERATIONS,
+            pages=ENDPOINT_PAGES + FLOW_PAGES,
             requires_tables=TABLES,
             overview=overview_panel,
             tag_description="Tenants' webhook endpoints, their health and recent attempts; "
@@ -121,5 +126,15 @@ def register() -> None:
             pages=MESSAGE_PAGES,
             requires_tables=TABLES,
             tag_description="Published messages, their deliveries, attempts and redelivery.",
+        )
+    )
+    register_section(
+        Section(
+            "deliveries",
+            "Delivery log",
+            55,
+            nav_path="/deliveries",
+            pages=sending.PAGES,
+            requires_tables=TABLES,
         )
     )

@@ -10,6 +10,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from relaybox.admin import dashboard
+from relaybox.admin.outbound import sending
 from relaybox.errors import InvalidRequest, InvalidTimeSpec, NotFound
 from relaybox.ops.outbound import (
     endpoint_disable,
@@ -79,7 +80,10 @@ async def messages_page(request: Request) -> Response:
 @dashboard.page
 async def message_page(request: Request) -> Response:
     detail = await message_get(dashboard.box_of(request), _text_id(request))
-    return await dashboard.render(request, "message.html", active="messages", m=detail)
+    attempts = await sending.attempts_html(request, detail.id)
+    return await dashboard.render(
+        request, "message.html", active="messages", m=detail, attempts_html=attempts
+    )
 
 
 @dashboard.action

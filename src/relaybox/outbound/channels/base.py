@@ -59,6 +59,9 @@ class Result:
     """Seconds the destination asked us to wait (``Retry-After``), if any."""
     timed_out: bool = False
     """No answer within the timeout (metrics tell timeouts from network errors)."""
+    headers: str | None = None
+    """The request and response headers, as the attempt log keeps them (JSON text:
+    ``{"request": [[name, value], …], "response": […]}``), or ``None``."""
 
 
 class Channel(abc.ABC):

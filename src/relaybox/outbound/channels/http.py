@@ -19,10 +19,11 @@ a :class:`~relaybox.outbound.channels.base.Result`:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -34,7 +35,14 @@ from relaybox.outbound.ssrf import Guard, UnsafeDestination, Vetted
 from relaybox.retry import parse_retry_after
 from relaybox.store.outbox_rows import Delivery
 
-__all__ = ["HttpBase", "HttpChannel", "HttpClient", "VettedResolver", "classify"]
+__all__ = [
+    "HttpBase",
+    "HttpChannel",
+    "HttpClient",
+    "VettedResolver",
+    "classify",
+    "record_headers",
+]
 
 USER_AGENT = "relaybox-webhooks/1"
 
@@ -55,6 +63,26 @@ def classify(status: int, retry_after: str | None, snippet: bytes) -> Result:
             "failed", status_code=status, error=f"HTTP {status}: redirects are not followed"
         )
     return Result("failed", status_code=status, error=f"HTTP {status}", response=text)
+
+
+def _bounded(pairs: Iterable[tuple[str, str]], limit: int) -> list[list[str]]:
+    """Header fields in order while their bytes (name, value, ``: `` and CRLF) fit
+    ``limit``; a field that would pass it ends the list."""
+    kept: list[list[str]] = []
+    size = 0
+    for name, value in pairs:
+        size += len(name.encode()) + len(value.encode()) + 4
+        if size > limit:
+            break
+        kept.append([name, value])
+    return kept
+
+
+def record_headers(
+    request: Iterable[tuple[str, str]], response: Iterable[tuple[str, str]], limit: int
+) -> str:
+    """The attempt log's ``headers``: each side's fields, at most ``limit`` bytes each."""
+    return json.dumps({"request": _bounded(request, limit), "response": _bounded(response, limit)})
 
 
 class VettedResolver(AbstractResolver):
@@ -104,9 +132,17 @@ class HttpClient:
     ``asyncio.timeout`` would, which armed and cancelled a loop timer per attempt:
     ~4 % of the dispatcher's CPU, bench/README.md)."""
 
-    def __init__(self, guard: Guard, *, connect_timeout: float, response_bytes: int) -> None:
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        connect_timeout: float,
+        response_bytes: int,
+        headers_bytes: int = 0,
+    ) -> None:
         self.guard = guard
         self.response_bytes = response_bytes
+        self.headers_bytes = headers_bytes
         self._resolver = VettedResolver()
         self._session: aiohttp.ClientSession | None = None
         # The attempt's total is the watch's; aiohttp times the connecting only (and
@@ -171,7 +207,13 @@ class HttpClient:
                 timeout=self._limits,
             ) as response:
                 snippet = await response.content.read(self.response_bytes)
-                return classify(response.status, response.headers.get("Retry-After"), snippet)
+                result = classify(response.status, response.headers.get("Retry-After"), snippet)
+                if self.headers_bytes:
+                    sent = {"User-Agent": USER_AGENT, **headers}
+                    limit = self.headers_bytes
+                    kept = record_headers(sent.items(), response.headers.items(), limit)
+                    result = dataclasses.replace(result, headers=kept)
+                return result
         except asyncio.CancelledError:
             if task not in self._expired:
                 raise  # not the watch's: the caller is being cancelled
@@ -189,6 +231,36 @@ class HttpClient:
             if task in self._expired:  # the watch's cancellation is spent here, whatever
                 self._expired.discard(task)  # became of it (as asyncio.timeout does)
                 task.uncancel()
+
+    async def form_post(
+        self,
+        url: str,
+        fields: Mapping[str, str],
+        headers: Mapping[str, str],
+        *,
+        seconds: float,
+        limit: int,
+    ) -> tuple[int, bytes]:
+        """A form POST through the same guard (an OAuth2 token request): the status and
+        the whole answer, within ``seconds``. Raises :class:`UnsafeDestination`,
+        ``TimeoutError``, ``OSError``, aiohttp's errors, or ``ValueError`` for an
+        answer over ``limit`` bytes."""
+        async with asyncio.timeout(seconds):
+            vetted = await self.guard.check(url)
+            self._resolver.vet(vetted)
+            async with self._open().post(
+                vetted.parsed or url,
+                data=dict(fields),
+                headers=headers,
+                allow_redirects=False,
+                timeout=self._limits,
+            ) as response:
+                body = bytearray()
+                async for chunk in response.content.iter_chunked(8192):
+                    body += chunk
+                    if len(body) > limit:
+                        raise ValueError(f"the answer is over {limit} bytes")
+                return response.status, bytes(body)
 
     async def close(self) -> None:
         if self._watch is not None:
@@ -216,6 +288,7 @@ class HttpBase(Channel):
                 self.outbound.guard,
                 connect_timeout=s.connect_timeout,
                 response_bytes=s.response_bytes,
+                headers_bytes=s.attempt_headers_bytes,
             )
         return self._client
 

@@ -199,8 +199,8 @@ RETURNING id
 -- The first bytes of the receivers' answers to the deliveries ops_purge_outbox just
 -- purged ($1: their ids), in the same transaction. Outcome, status code, error and
 -- timing stay.
-UPDATE relaybox_outbox_attempts SET response = NULL
-WHERE outbox_id = ANY($1::bigint[]) AND response IS NOT NULL
+UPDATE relaybox_outbox_attempts SET response = NULL, headers = NULL
+WHERE outbox_id = ANY($1::bigint[]) AND (response IS NOT NULL OR headers IS NOT NULL)
 
 -- name: ops_purge_messages_count
 -- Messages a purge at cutoff $1 empties: published before the cutoff, body still
@@ -217,11 +217,15 @@ WHERE m.purged_at IS NULL AND m.created_at < $1
 -- (or it had none). The body is what a retry signs, so it stays while any delivery
 -- may still be sent. Deliveries are only written with their message, so none can
 -- appear after this check.
+-- The check is a subquery per message (an index probe of relaybox_outbox_message),
+-- not NOT EXISTS: PostgreSQL turns that into an anti-join, which it may plan as a
+-- hash of every unpurged delivery, a scan of the whole outbox for each batch (a
+-- purge of 5,000 messages ran past the statement timeout that way).
 UPDATE relaybox_messages SET body = 'null', purged_at = $2
 WHERE id IN (SELECT m.id FROM relaybox_messages m
              WHERE m.purged_at IS NULL AND m.created_at < $1
-               AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
-                               WHERE o.message_id = m.id AND o.purged_at IS NULL)
+               AND (SELECT 1 FROM relaybox_outbox o
+                    WHERE o.message_id = m.id AND o.purged_at IS NULL LIMIT 1) IS NULL
              ORDER BY m.created_at LIMIT $3
              FOR UPDATE SKIP LOCKED)
   AND purged_at IS NULL

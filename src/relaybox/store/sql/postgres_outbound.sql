@@ -5,8 +5,8 @@
 -- name: endpoint_insert
 INSERT INTO relaybox_endpoints
     (id, tenant, url, description, event_types, status, signature, timeout, schedule,
-     created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, 'enabled', $6, $7, $8, $9, $9)
+     created_at, updated_at, payload_filter, ordered, on_dead)
+VALUES ($1, $2, $3, $4, $5, 'enabled', $6, $7, $8, $9, $9, $10, $11, $12)
 
 -- name: endpoint_quota_lock
 -- Creating an endpoint: one create per tenant at a time (a transaction-scoped advisory
@@ -22,7 +22,7 @@ SELECT count(*)::int AS n FROM relaybox_endpoints WHERE tenant = $1
 -- Every mutable field at once: the caller merged the patch into the current row.
 UPDATE relaybox_endpoints
 SET url = $3, description = $4, event_types = $5, signature = $6, timeout = $7,
-    schedule = $8, updated_at = $9
+    schedule = $8, updated_at = $9, payload_filter = $10, ordered = $11, on_dead = $12
 WHERE id = $1 AND tenant = $2
 RETURNING id
 
@@ -30,14 +30,14 @@ RETURNING id
 -- One endpoint with its lane settings; $2 NULL reads any tenant (operators).
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE e.id = $1 AND ($2::text IS NULL OR e.tenant = $2)
 
 -- name: endpoint_list
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE ($1::text IS NULL OR e.tenant = $1)
 ORDER BY e.created_at, e.id
@@ -48,25 +48,30 @@ DELETE FROM relaybox_endpoints WHERE id = $1 AND tenant = $2 RETURNING id
 
 -- name: endpoint_subscribers
 -- Publish fans out to these (read in the publisher's own transaction).
-SELECT id, event_types FROM relaybox_endpoints WHERE tenant = $1 AND status = 'enabled'
+SELECT id, event_types, payload_filter FROM relaybox_endpoints
+WHERE tenant = $1 AND status = 'enabled'
 ORDER BY id
 
 -- name: endpoint_set_status
 -- Enabling clears the failure streak: the disable clock starts again.
 UPDATE relaybox_endpoints
 SET status = $2, disabled_reason = $3, updated_at = $4,
-    failing_since = CASE WHEN $2 = 'enabled' THEN NULL ELSE failing_since END
+    failing_since = CASE WHEN $2 = 'enabled' THEN NULL ELSE failing_since END,
+    failures = CASE WHEN $2 = 'enabled' THEN 0 ELSE failures END,
+    failing_level = CASE WHEN $2 = 'enabled' THEN 0 ELSE failing_level END
 WHERE id = $1 AND status <> $2
 RETURNING id, tenant, url, failing_since
 
 -- name: endpoint_failed
 -- Starts the failure streak at the first failure after a success.
-UPDATE relaybox_endpoints SET failing_since = COALESCE(failing_since, $2)
+UPDATE relaybox_endpoints
+SET failing_since = COALESCE(failing_since, $2), failures = failures + 1
 WHERE id = $1
-RETURNING status, failing_since
+RETURNING status, failing_since, failures, failing_level
 
 -- name: endpoint_succeeded
-UPDATE relaybox_endpoints SET failing_since = NULL WHERE id = $1 AND failing_since IS NOT NULL
+UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0
+WHERE id = $1 AND failing_since IS NOT NULL
 
 -- name: endpoint_secret_insert
 INSERT INTO relaybox_endpoint_secrets (endpoint_id, secret, created_at) VALUES ($1, $2, $3)
@@ -116,35 +121,56 @@ DELETE FROM relaybox_lanes WHERE lane = $1
 
 -- name: message_insert
 -- The (tenant, idempotency_key) UNIQUE constraint decides which publish is first.
-INSERT INTO relaybox_messages (id, tenant, event_type, idempotency_key, body, created_at)
-VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO relaybox_messages
+    (id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (tenant, idempotency_key) DO NOTHING
 RETURNING id
 
 -- name: message_get_by_key
-SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
+FROM relaybox_messages
 WHERE tenant = $1 AND idempotency_key = $2
 
 -- name: message_get
-SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
+FROM relaybox_messages
 WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
 
 -- name: message_list
 -- Newest first, keyset-paginated on (created_at, id) below $3/$4.
-SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
+FROM relaybox_messages
 WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR event_type = $2)
   AND ($3::double precision IS NULL OR (created_at, id) < ($3, $4::text))
 ORDER BY created_at DESC, id DESC
 LIMIT $5
 
+-- name: message_sequence_next
+-- The next sequence number of (tenant $1, ordering key $2). The upsert's row lock is
+-- held until the publisher's transaction ends: a concurrent publish with the same key
+-- waits here, then takes the next number, so numbers increase in commit order.
+INSERT INTO relaybox_outbound_sequences (tenant, ordering_key, last_sequence)
+VALUES ($1, $2, 1)
+ON CONFLICT (tenant, ordering_key) DO UPDATE
+SET last_sequence = relaybox_outbound_sequences.last_sequence + 1
+RETURNING last_sequence
+
 -- name: delivery_insert
 -- One outbox row per subscribed endpoint, in the publisher's transaction. The lane
--- is the endpoint, so each endpoint has its own in-flight cap and rate limit.
+-- is the endpoint, so each endpoint has its own in-flight cap and rate limit. A keyed
+-- message ($5, $6) gives its key and sequence to the rows of ordered endpoints only
+-- (the endpoint is read only when there is a key).
 INSERT INTO relaybox_outbox
     (channel, key, payload, tenant, status, next_attempt_at, created_at, updated_at,
-     lane, endpoint_id, message_id)
-SELECT 'webhook', $1 || ':' || e.id, 'null', $2, 'pending', $3, $3, $3, e.id, e.id, $1
+     lane, endpoint_id, message_id, ordering_key, sequence)
+SELECT 'webhook', $1 || ':' || e.id, 'null', $2, 'pending', $3, $3, $3, e.id, e.id, $1,
+       CASE WHEN k.ordered THEN $5::text END, CASE WHEN k.ordered THEN $6::bigint END
 FROM unnest($4::text[]) AS e(id)
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN $5::text IS NULL THEN false
+                ELSE (SELECT x.ordered FROM relaybox_endpoints x WHERE x.id = e.id) END
+               AS ordered) k
 ON CONFLICT (channel, key) DO NOTHING
 RETURNING id
 
@@ -162,6 +188,22 @@ WHERE ($1::text IS NULL OR o.tenant = $1) AND ($2::text IS NULL OR o.message_id 
   AND (NOT $4::boolean OR o.status <> 'sent')
 ORDER BY o.created_at DESC, o.id DESC
 LIMIT $5
+
+-- name: delivery_log_list
+-- The delivery log: outbox rows newest first, each filter applied when not NULL
+-- (status, event type, message id, idempotency key, created in [since, until)).
+SELECT o.id, o.message_id, o.endpoint_id, o.channel, o.key, o.tenant, o.status, o.dead_reason,
+       COALESCE(l.attempt, o.attempts) AS attempts, o.next_attempt_at, o.last_error,
+       o.last_status, o.created_at, o.updated_at, o.sent_at, m.event_type
+FROM relaybox_outbox o LEFT JOIN relaybox_messages m ON m.id = o.message_id
+LEFT JOIN relaybox_outbox_leases l ON l.outbox_id = o.id
+WHERE ($1::text IS NULL OR o.tenant = $1) AND ($2::text IS NULL OR o.status = $2)
+  AND ($3::text IS NULL OR m.event_type = $3) AND ($4::text IS NULL OR o.message_id = $4)
+  AND ($5::text IS NULL OR m.idempotency_key = $5)
+  AND ($6::double precision IS NULL OR o.created_at >= $6)
+  AND ($7::double precision IS NULL OR o.created_at < $7)
+ORDER BY o.created_at DESC, o.id DESC
+LIMIT $8
 
 -- name: delivery_redeliver
 -- A finished delivery (sent, dead or held) of the message goes back to pending with
@@ -198,6 +240,57 @@ WITH again AS (
 )
 SELECT id FROM again
 
+-- name: endpoint_pause
+-- Pause ($3: when) or resume ($3 NULL) the endpoint; $2 NULL: of any tenant. Returns
+-- the row only when this call changed it (pausing a paused endpoint changes nothing).
+-- A resume ends the failure streak: the paused time is not failing time, and the first
+-- failure after it must not disable the endpoint for a streak it never ran.
+UPDATE relaybox_endpoints
+SET paused_at = $3::double precision, updated_at = $4,
+    failing_since = CASE WHEN $3::double precision IS NULL THEN NULL ELSE failing_since END
+WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
+  AND (paused_at IS NULL) <> ($3::double precision IS NULL)
+RETURNING id, tenant
+
+-- name: message_missing_page
+-- Replay missing, one page: the tenant's messages published since $3, after the
+-- keyset ($4, $5) (created_at, id), oldest first, whose body is still there and that
+-- have no delivery to endpoint $2 (the delivery key is message id ':' endpoint id:
+-- a probe of the relaybox_outbox_key UNIQUE index per message).
+SELECT m.id, m.event_type, m.body, m.created_at FROM relaybox_messages m
+WHERE m.tenant = $1 AND m.created_at >= $3 AND m.purged_at IS NULL
+  AND ($4::double precision IS NULL OR (m.created_at, m.id) > ($4, $5::text))
+  AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
+                  WHERE o.channel = 'webhook' AND o.key = m.id || ':' || $2::text)
+ORDER BY m.created_at, m.id
+LIMIT $6
+
+-- name: delivery_insert_missing
+-- Replay missing, the deliveries: one pending row to endpoint $1 per message of $4,
+-- in that order (publish order), unless the message has one already (the UNIQUE key:
+-- two replays at once insert each row once, the later one waits for the earlier one's
+-- COMMIT and skips it) or retention emptied its body meanwhile (the messages are
+-- locked FOR KEY SHARE, which ops_purge_messages' FOR UPDATE SKIP LOCKED passes by).
+WITH m AS (
+    SELECT m.id, array_position($4::text[], m.id) AS ord FROM relaybox_messages m
+    WHERE m.id = ANY ($4::text[]) AND m.tenant = $2 AND m.purged_at IS NULL
+    FOR KEY SHARE OF m
+)
+INSERT INTO relaybox_outbox
+    (channel, key, payload, tenant, status, next_attempt_at, created_at, updated_at,
+     lane, endpoint_id, message_id)
+SELECT 'webhook', m.id || ':' || $1, 'null', $2, 'pending', $3, $3, $3, $1, $1, m.id
+FROM m ORDER BY m.ord
+ON CONFLICT (channel, key) DO NOTHING
+RETURNING id
+
+-- name: endpoint_paused_backlog
+-- Per paused endpoint, its deliveries waiting for the resume (the metrics' gauge).
+SELECT e.id, count(o.id) AS waiting FROM relaybox_endpoints e
+LEFT JOIN relaybox_outbox o ON o.endpoint_id = e.id AND o.status = 'pending'
+WHERE e.paused_at IS NOT NULL
+GROUP BY e.id
+
 -- name: delivery_lock_endpoint
 -- An endpoint disabled or deleted, first step: lock its waiting rows, except those a
 -- dispatcher holds (leasing or recording them: SKIP LOCKED, no lock-order deadlock).
@@ -221,7 +314,7 @@ DELETE FROM relaybox_outbox_leases WHERE outbox_id IN (SELECT id FROM killed)
 
 -- name: delivery_attempts
 SELECT a.outbox_id, o.endpoint_id, a.attempt, a.started_at, a.duration, a.outcome,
-       a.status_code, a.error, a.response
+       a.status_code, a.error, a.response, a.headers
 FROM relaybox_outbox_attempts a JOIN relaybox_outbox o ON o.id = a.outbox_id
 WHERE o.message_id = $1 AND ($2::text IS NULL OR o.tenant = $2)
 ORDER BY a.id
@@ -265,6 +358,7 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 -- clamped); $18 rows one tenant's lanes may take in this lease, unless $19 (tenants)
 -- / $20 (rows each) say otherwise: what the dispatcher already holds of them counted
 -- (tenant fairness, Dispatcher.run). A tenant with no rows left is not locked at all.
+-- $21: the successes' recorded headers (JSON text, element i of $6..$14).
 -- A lease is a row of relaybox_outbox_leases (migration 0011 says why), not a change
 -- of the outbox row; the outbox row is written once, by the record.
 -- freed: the successes' leases, fenced per row (only the holder of the lease token);
@@ -300,9 +394,9 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 WITH u AS (
     SELECT * FROM unnest($6::bigint[], $7::bigint[], $8::int[], $9::text[],
                          $10::double precision[], $11::double precision[], $12::int[],
-                         $13::text[], $14::text[])
+                         $13::text[], $14::text[], $21::text[])
         WITH ORDINALITY AS u(id, token, attempt, endpoint, started, duration, code, error,
-                             response, ord)
+                             response, headers, ord)
 ), freed AS (
     -- By primary key (bounded like done below): a lease row lives for one attempt, so
     -- between two vacuums the table holds many dead ones, which a scan would read.
@@ -329,13 +423,14 @@ WITH u AS (
 ), logged AS (
     INSERT INTO relaybox_outbox_attempts
         (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome,
-         status_code, error, response)
+         status_code, error, response, headers)
     SELECT u.id, u.attempt, u.token, $4, u.started, u.duration,
-           CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code, u.error, u.response
+           CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code, u.error, u.response,
+           u.headers
     FROM u LEFT JOIN done d ON d.id = u.id AND d.lease_token = u.token
     ORDER BY u.ord
 ), healthy AS (
-    UPDATE relaybox_endpoints e SET failing_since = NULL
+    UPDATE relaybox_endpoints e SET failing_since = NULL, failures = 0
     FROM (SELECT DISTINCT u.endpoint FROM u JOIN done d ON d.id = u.id AND d.lease_token = u.token
           WHERE u.endpoint IS NOT NULL) s
     WHERE e.id = s.endpoint AND e.failing_since IS NOT NULL
@@ -374,13 +469,18 @@ WITH u AS (
           AND o.next_attempt_at <= $1
           AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_leases x
                           WHERE x.outbox_id = o.id AND x.until > $1)
+          AND (o.ordering_key IS NULL OR NOT EXISTS (
+              SELECT 1 FROM relaybox_outbox h
+              WHERE h.endpoint_id = o.endpoint_id AND h.ordering_key = o.ordering_key
+                AND h.sequence < o.sequence AND h.status IN ('pending', 'dead')
+                AND (h.status = 'pending' OR e.on_dead = 'hold')))
         LIMIT 1) due
     CROSS JOIN LATERAL (
         SELECT CASE WHEN l.rate_limit IS NULL THEN 1.0::double precision
                     ELSE least(greatest(1.0, l.rate_limit),
                                l.tokens + ($1 - l.refilled_at) * l.rate_limit) END AS tokens) b
     WHERE ((e.id IS NULL AND l.lane = ANY($3::text[]))
-           OR (e.status = 'enabled' AND 'webhook' = ANY($3::text[])
+           OR (e.status = 'enabled' AND e.paused_at IS NULL AND 'webhook' = ANY($3::text[])
                AND e.tenant <> ALL (ARRAY(SELECT q.t FROM unnest($19::text[], $20::int[])
                                           AS q(t, r) WHERE q.r <= 0))))
       AND busy.n < lim.n
@@ -423,6 +523,15 @@ WITH u AS (
           AND f.next_attempt_at <= $1 AND f.id <> ALL ($6::bigint[])
           AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_leases y
                           WHERE y.outbox_id = f.id AND y.until > $1)
+          -- Ordered delivery: not while an earlier row of its key to this endpoint is
+          -- pending, or dead and the endpoint holds the key for a dead one (on_dead).
+          AND (f.ordering_key IS NULL OR NOT EXISTS (
+              SELECT 1 FROM relaybox_outbox h
+              WHERE h.endpoint_id = f.endpoint_id AND h.ordering_key = f.ordering_key
+                AND h.sequence < f.sequence AND h.status IN ('pending', 'dead')
+                AND (h.status = 'pending'
+                     OR EXISTS (SELECT 1 FROM relaybox_endpoints d
+                                WHERE d.id = f.endpoint_id AND d.on_dead = 'hold'))))
         ORDER BY f.next_attempt_at, f.id
         LIMIT p.n
         FOR NO KEY UPDATE SKIP LOCKED) r
@@ -447,7 +556,8 @@ WITH u AS (
         SELECT endpoint_id, min(id) AS first_id FROM picked
         WHERE endpoint_id IS NOT NULL GROUP BY endpoint_id) p
     CROSS JOIN LATERAL (
-        SELECT x.id, x.tenant, x.url, x.signature, x.timeout, x.schedule,
+        SELECT x.id, x.tenant, x.url, x.signature, x.timeout, x.schedule, x.headers,
+               x.credentials, x.failing_level,
                (SELECT array_agg(s.secret ORDER BY s.id DESC) FROM relaybox_endpoint_secrets s
                 WHERE s.endpoint_id = x.id AND (s.expires_at IS NULL OR s.expires_at > $1))
                    AS secrets
@@ -466,11 +576,13 @@ FROM (SELECT array_agg(id) AS recorded, array_agg(lease_token) AS tokens FROM do
 LEFT JOIN (
     SELECT r.id, r.channel, r.key, r.payload, r.tenant, r.endpoint_id, r.message_id,
            r.new_attempt AS attempts, r.new_token AS lease_token, r.uncertain, r.lane,
-           r.allowed, m.event_type, m.body, e.tenant AS endpoint_tenant, e.url,
-           e.signature, e.timeout, e.schedule, e.secrets
+           r.allowed, m.event_type, m.body, m.sequence, e.tenant AS endpoint_tenant, e.url,
+           e.signature, e.timeout, e.schedule, e.secrets, e.headers, e.credentials,
+           e.failing_level
     FROM picked r
     LEFT JOIN LATERAL (
-        SELECT event_type, body FROM relaybox_messages WHERE id = r.message_id OFFSET 0) m ON true
+        SELECT event_type, body, sequence FROM relaybox_messages
+        WHERE id = r.message_id OFFSET 0) m ON true
     LEFT JOIN targets e ON e.id = r.endpoint_id AND e.first_id = r.id
 ) x ON true
 ORDER BY x.id
@@ -526,11 +638,56 @@ RETURNING o.id, o.lease_token
 -- The attempt log of a recorded batch, one multi-row insert (array order = id order).
 INSERT INTO relaybox_outbox_attempts
     (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
-     error, response)
+     error, response, headers)
 SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::double precision[],
-                     $6::double precision[], $7::text[], $8::int[], $9::text[], $10::text[])
+                     $6::double precision[], $7::text[], $8::int[], $9::text[], $10::text[],
+                     $11::text[])
 
 -- name: endpoints_succeeded
 -- Clears the failure streak of every endpoint in $1 (a recorded batch's successes).
-UPDATE relaybox_endpoints SET failing_since = NULL
+UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0
 WHERE id = ANY($1::text[]) AND failing_since IS NOT NULL
+
+-- name: ops_attempt_minutes
+-- Delivery attempts started since $1, counted per minute and outcome (the dashboard's
+-- deliveries-per-minute chart). An operator's read: it scans the recent attempts.
+SELECT floor(started_at / 60) * 60 AS minute, outcome, count(*) AS n
+FROM relaybox_outbox_attempts
+WHERE started_at >= $1
+GROUP BY 1, 2
+ORDER BY 1, 2
+-- name: ordering_blocked_keys
+-- Keys that dead deliveries hold on ordered endpoints with on_dead = 'hold' (of
+-- endpoint $1, or every endpoint), with the first dead sequence and how many rows
+-- of the key wait behind it.
+SELECT o.endpoint_id, e.tenant, o.ordering_key, min(o.sequence) AS sequence,
+       count(*)::int AS dead,
+       (SELECT count(*)::int FROM relaybox_outbox w
+        WHERE w.endpoint_id = o.endpoint_id AND w.ordering_key = o.ordering_key
+          AND w.status = 'pending') AS waiting
+FROM relaybox_outbox o JOIN relaybox_endpoints e ON e.id = o.endpoint_id
+WHERE o.ordering_key IS NOT NULL AND o.status = 'dead' AND e.on_dead = 'hold'
+  AND ($1::text IS NULL OR o.endpoint_id = $1) AND ($2::text IS NULL OR e.tenant = $2)
+GROUP BY o.endpoint_id, e.tenant, o.ordering_key
+ORDER BY o.endpoint_id, o.ordering_key
+LIMIT $3
+
+-- name: ordering_key_release
+-- An operator releases a key: its dead deliveries to the endpoint stay dead letters
+-- (recoverable) but no longer hold the key back.
+UPDATE relaybox_outbox SET ordering_key = NULL, updated_at = $3
+WHERE endpoint_id = $1 AND ordering_key = $2 AND status = 'dead'
+RETURNING id
+
+-- name: ordering_blocked_count
+-- How many (endpoint, key) pairs dead deliveries hold (the blocked-keys gauge).
+SELECT count(*)::int AS n FROM (
+    SELECT DISTINCT o.endpoint_id, o.ordering_key
+    FROM relaybox_outbox o JOIN relaybox_endpoints e ON e.id = o.endpoint_id
+    WHERE o.ordering_key IS NOT NULL AND o.status = 'dead' AND e.on_dead = 'hold') k
+
+-- name: ordering_clear
+-- An endpoint no longer ordered: its waiting and dead deliveries drop their keys, so
+-- nothing holds them back any more.
+UPDATE relaybox_outbox SET ordering_key = NULL
+WHERE endpoint_id = $1 AND ordering_key IS NOT NULL AND status IN ('pending', 'dead')

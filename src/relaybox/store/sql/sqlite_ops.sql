@@ -192,8 +192,8 @@ RETURNING id
 -- The first bytes of the receivers' answers to the deliveries ops_purge_outbox just
 -- purged (?1: their ids, a JSON array), in the same transaction. Outcome, status
 -- code, error and timing stay.
-UPDATE relaybox_outbox_attempts SET response = NULL
-WHERE outbox_id IN (SELECT value FROM json_each(?1)) AND response IS NOT NULL
+UPDATE relaybox_outbox_attempts SET response = NULL, headers = NULL
+WHERE outbox_id IN (SELECT value FROM json_each(?1)) AND (response IS NOT NULL OR headers IS NOT NULL)
 
 -- name: ops_purge_messages_count
 -- Messages a purge at cutoff ?1 empties: published before the cutoff, body still

@@ -6,8 +6,8 @@
 -- name: endpoint_insert
 INSERT INTO relaybox_endpoints
     (id, tenant, url, description, event_types, status, signature, timeout, schedule,
-     created_at, updated_at)
-VALUES (?1, ?2, ?3, ?4, ?5, 'enabled', ?6, ?7, ?8, ?9, ?9)
+     created_at, updated_at, payload_filter, ordered, on_dead)
+VALUES (?1, ?2, ?3, ?4, ?5, 'enabled', ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12)
 
 -- name: endpoint_quota_lock
 -- Nothing to lock: the transaction began IMMEDIATE (one writer), so endpoint_count
@@ -20,21 +20,21 @@ SELECT count(*) AS n FROM relaybox_endpoints WHERE tenant = ?1
 -- name: endpoint_update
 UPDATE relaybox_endpoints
 SET url = ?3, description = ?4, event_types = ?5, signature = ?6, timeout = ?7,
-    schedule = ?8, updated_at = ?9
+    schedule = ?8, updated_at = ?9, payload_filter = ?10, ordered = ?11, on_dead = ?12
 WHERE id = ?1 AND tenant = ?2
 RETURNING id
 
 -- name: endpoint_get
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE e.id = ?1 AND (?2 IS NULL OR e.tenant = ?2)
 
 -- name: endpoint_list
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE (?1 IS NULL OR e.tenant = ?1)
 ORDER BY e.created_at, e.id
@@ -44,23 +44,28 @@ LIMIT ?2
 DELETE FROM relaybox_endpoints WHERE id = ?1 AND tenant = ?2 RETURNING id
 
 -- name: endpoint_subscribers
-SELECT id, event_types FROM relaybox_endpoints WHERE tenant = ?1 AND status = 'enabled'
+SELECT id, event_types, payload_filter FROM relaybox_endpoints
+WHERE tenant = ?1 AND status = 'enabled'
 ORDER BY id
 
 -- name: endpoint_set_status
 UPDATE relaybox_endpoints
 SET status = ?2, disabled_reason = ?3, updated_at = ?4,
-    failing_since = CASE WHEN ?2 = 'enabled' THEN NULL ELSE failing_since END
+    failing_since = CASE WHEN ?2 = 'enabled' THEN NULL ELSE failing_since END,
+    failures = CASE WHEN ?2 = 'enabled' THEN 0 ELSE failures END,
+    failing_level = CASE WHEN ?2 = 'enabled' THEN 0 ELSE failing_level END
 WHERE id = ?1 AND status <> ?2
 RETURNING id, tenant, url, failing_since
 
 -- name: endpoint_failed
-UPDATE relaybox_endpoints SET failing_since = COALESCE(failing_since, ?2)
+UPDATE relaybox_endpoints
+SET failing_since = COALESCE(failing_since, ?2), failures = failures + 1
 WHERE id = ?1
-RETURNING status, failing_since
+RETURNING status, failing_since, failures, failing_level
 
 -- name: endpoint_succeeded
-UPDATE relaybox_endpoints SET failing_since = NULL WHERE id = ?1 AND failing_since IS NOT NULL
+UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0
+WHERE id = ?1 AND failing_since IS NOT NULL
 
 -- name: endpoint_secret_insert
 INSERT INTO relaybox_endpoint_secrets (endpoint_id, secret, created_at) VALUES (?1, ?2, ?3)
@@ -106,33 +111,52 @@ SET max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit
 DELETE FROM relaybox_lanes WHERE lane = ?1
 
 -- name: message_insert
-INSERT INTO relaybox_messages (id, tenant, event_type, idempotency_key, body, created_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+INSERT INTO relaybox_messages
+    (id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
 ON CONFLICT (tenant, idempotency_key) DO NOTHING
 RETURNING id
 
 -- name: message_get_by_key
-SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
+FROM relaybox_messages
 WHERE tenant = ?1 AND idempotency_key = ?2
 
 -- name: message_get
-SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
+FROM relaybox_messages
 WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
 
 -- name: message_list
-SELECT id, tenant, event_type, idempotency_key, body, created_at FROM relaybox_messages
+SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
+FROM relaybox_messages
 WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR event_type = ?2)
   AND (?3 IS NULL OR (created_at, id) < (?3, ?4))
 ORDER BY created_at DESC, id DESC
 LIMIT ?5
 
+-- name: message_sequence_next
+-- The next sequence number of (tenant ?1, ordering key ?2); one writer at a time, so
+-- numbers increase in commit order.
+INSERT INTO relaybox_outbound_sequences (tenant, ordering_key, last_sequence)
+VALUES (?1, ?2, 1)
+ON CONFLICT (tenant, ordering_key) DO UPDATE
+SET last_sequence = relaybox_outbound_sequences.last_sequence + 1
+RETURNING last_sequence
+
 -- name: delivery_insert
 -- "WHERE true" keeps SQLite from reading ON CONFLICT as part of the SELECT's join.
+-- A keyed message (?5, ?6) gives its key and sequence to the rows of ordered
+-- endpoints only (see postgres_outbound.sql).
 INSERT INTO relaybox_outbox
     (channel, key, payload, tenant, status, next_attempt_at, created_at, updated_at,
-     lane, endpoint_id, message_id)
-SELECT 'webhook', ?1 || ':' || e.value, 'null', ?2, 'pending', ?3, ?3, ?3, e.value, e.value, ?1
-FROM json_each(?4) AS e WHERE true
+     lane, endpoint_id, message_id, ordering_key, sequence)
+SELECT 'webhook', ?1 || ':' || e.value, 'null', ?2, 'pending', ?3, ?3, ?3, e.value, e.value, ?1,
+       CASE WHEN k.ordered THEN ?5 END, CASE WHEN k.ordered THEN ?6 END
+FROM json_each(?4) AS e
+JOIN (SELECT x.id, ?5 IS NOT NULL AND x.ordered AS ordered FROM relaybox_endpoints x) AS k
+    ON k.id = e.value
+WHERE true
 ON CONFLICT (channel, key) DO NOTHING
 RETURNING id
 
@@ -146,6 +170,18 @@ WHERE (?1 IS NULL OR o.tenant = ?1) AND (?2 IS NULL OR o.message_id = ?2)
   AND (NOT ?4 OR o.status <> 'sent')
 ORDER BY o.created_at DESC, o.id DESC
 LIMIT ?5
+
+-- name: delivery_log_list
+SELECT o.id, o.message_id, o.endpoint_id, o.channel, o.key, o.tenant, o.status, o.dead_reason,
+       o.attempts, o.next_attempt_at, o.last_error, o.last_status, o.created_at,
+       o.updated_at, o.sent_at, m.event_type
+FROM relaybox_outbox o LEFT JOIN relaybox_messages m ON m.id = o.message_id
+WHERE (?1 IS NULL OR o.tenant = ?1) AND (?2 IS NULL OR o.status = ?2)
+  AND (?3 IS NULL OR m.event_type = ?3) AND (?4 IS NULL OR o.message_id = ?4)
+  AND (?5 IS NULL OR m.idempotency_key = ?5)
+  AND (?6 IS NULL OR o.created_at >= ?6) AND (?7 IS NULL OR o.created_at < ?7)
+ORDER BY o.created_at DESC, o.id DESC
+LIMIT ?8
 
 -- name: delivery_redeliver
 UPDATE relaybox_outbox
@@ -164,6 +200,40 @@ WHERE endpoint_id = ?1 AND status = 'dead' AND purged_at IS NULL AND created_at 
   AND (?3 IS NULL OR created_at < ?3)
 RETURNING id
 
+-- name: endpoint_pause
+UPDATE relaybox_endpoints
+SET paused_at = ?3, updated_at = ?4,
+    failing_since = CASE WHEN ?3 IS NULL THEN NULL ELSE failing_since END
+WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2) AND (paused_at IS NULL) <> (?3 IS NULL)
+RETURNING id, tenant
+
+-- name: message_missing_page
+SELECT m.id, m.event_type, m.body, m.created_at FROM relaybox_messages m
+WHERE m.tenant = ?1 AND m.created_at >= ?3 AND m.purged_at IS NULL
+  AND (?4 IS NULL OR m.created_at > ?4 OR (m.created_at = ?4 AND m.id > ?5))
+  AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
+                  WHERE o.channel = 'webhook' AND o.key = m.id || ':' || ?2)
+ORDER BY m.created_at, m.id
+LIMIT ?6
+
+-- name: delivery_insert_missing
+-- One writer at a time: the transaction's checks hold until its COMMIT.
+INSERT INTO relaybox_outbox
+    (channel, key, payload, tenant, status, next_attempt_at, created_at, updated_at,
+     lane, endpoint_id, message_id)
+SELECT 'webhook', m.id || ':' || ?1, 'null', ?2, 'pending', ?3, ?3, ?3, ?1, ?1, m.id
+FROM json_each(?4) AS j JOIN relaybox_messages m ON m.id = j.value
+WHERE m.tenant = ?2 AND m.purged_at IS NULL
+ORDER BY j.key
+ON CONFLICT (channel, key) DO NOTHING
+RETURNING id
+
+-- name: endpoint_paused_backlog
+SELECT e.id, count(o.id) AS waiting FROM relaybox_endpoints e
+LEFT JOIN relaybox_outbox o ON o.endpoint_id = e.id AND o.status = 'pending'
+WHERE e.paused_at IS NOT NULL
+GROUP BY e.id
+
 -- name: delivery_lock_endpoint
 -- The endpoint's waiting rows (postgres_outbound.sql locks them; one writer here).
 SELECT id FROM relaybox_outbox WHERE endpoint_id = ?1 AND status = 'pending'
@@ -176,7 +246,7 @@ WHERE id IN (SELECT value FROM json_each(?4)) AND endpoint_id = ?1 AND status = 
 
 -- name: delivery_attempts
 SELECT a.outbox_id, o.endpoint_id, a.attempt, a.started_at, a.duration, a.outcome,
-       a.status_code, a.error, a.response
+       a.status_code, a.error, a.response, a.headers
 FROM relaybox_outbox_attempts a JOIN relaybox_outbox o ON o.id = a.outbox_id
 WHERE o.message_id = ?1 AND (?2 IS NULL OR o.tenant = ?2)
 ORDER BY a.id
@@ -221,13 +291,19 @@ SELECT lane, max_in_flight, rate_limit, tokens, refilled_at, in_flight, tenant F
     FROM relaybox_lanes l
     LEFT JOIN relaybox_endpoints e ON e.id = l.lane
     WHERE ((e.id IS NULL AND l.lane IN (SELECT value FROM json_each(?3)))
-           OR (e.status = 'enabled' AND 'webhook' IN (SELECT value FROM json_each(?3))
+           OR (e.status = 'enabled' AND e.paused_at IS NULL AND 'webhook' IN (SELECT value FROM json_each(?3))
                AND e.tenant NOT IN (SELECT value FROM json_each(?5))))
       AND (l.rate_limit IS NULL OR l.tokens + (?1 - l.refilled_at) * l.rate_limit >= 1)
       AND EXISTS (SELECT 1 FROM relaybox_outbox o
                   WHERE COALESCE(o.lane, o.channel) = l.lane AND o.status = 'pending'
                     AND o.next_attempt_at <= ?1
-                    AND (o.lease_until IS NULL OR o.lease_until <= ?1)))
+                    AND (o.lease_until IS NULL OR o.lease_until <= ?1)
+                    AND (o.ordering_key IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM relaybox_outbox h
+                        WHERE h.endpoint_id = o.endpoint_id
+                          AND h.ordering_key = o.ordering_key
+                          AND h.sequence < o.sequence AND h.status IN ('pending', 'dead')
+                          AND (h.status = 'pending' OR e.on_dead = 'hold')))))
 WHERE in_flight < min(max_in_flight, ?4)
 ORDER BY leased_at, lane
 LIMIT ?2
@@ -247,7 +323,15 @@ WHERE id IN (
               FROM json_each(?4) AS l JOIN json_each(?5) AS n ON n.key = l.key) AS q
         JOIN relaybox_outbox o ON COALESCE(o.lane, o.channel) = q.lane
         WHERE o.status = 'pending' AND o.next_attempt_at <= ?1
-          AND (o.lease_until IS NULL OR o.lease_until <= ?1))
+          AND (o.lease_until IS NULL OR o.lease_until <= ?1)
+          -- Ordered delivery (see postgres_outbound.sql).
+          AND (o.ordering_key IS NULL OR NOT EXISTS (
+              SELECT 1 FROM relaybox_outbox h
+              WHERE h.endpoint_id = o.endpoint_id AND h.ordering_key = o.ordering_key
+                AND h.sequence < o.sequence AND h.status IN ('pending', 'dead')
+                AND (h.status = 'pending'
+                     OR EXISTS (SELECT 1 FROM relaybox_endpoints d
+                                WHERE d.id = o.endpoint_id AND d.on_dead = 'hold')))))
     WHERE rn <= n)
 RETURNING id, channel, key, payload, tenant, lane, endpoint_id, message_id, attempts,
           lease_token, uncertain
@@ -260,10 +344,13 @@ SET leased_at = ?1, refilled_at = ?1,
 WHERE lane IN (SELECT value FROM json_each(?2))
 
 -- name: delivery_messages
-SELECT id, event_type, body FROM relaybox_messages WHERE id IN (SELECT value FROM json_each(?1))
+SELECT id, event_type, body, sequence FROM relaybox_messages
+WHERE id IN (SELECT value FROM json_each(?1))
 
 -- name: delivery_endpoints
-SELECT id, tenant, url, signature, timeout, schedule FROM relaybox_endpoints
+SELECT id, tenant, url, signature, timeout, schedule, headers, credentials,
+       failing_level
+FROM relaybox_endpoints
 WHERE id IN (SELECT value FROM json_each(?1))
 
 -- name: outbox_release
@@ -307,15 +394,53 @@ RETURNING id, lease_token
 -- Element i of each array by its position, as in outbox_record (linear in the batch).
 INSERT INTO relaybox_outbox_attempts
     (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
-     error, response)
+     error, response, headers)
 SELECT i.value, json_extract(?2, '$[' || i.key || ']'), json_extract(?3, '$[' || i.key || ']'),
        json_extract(?4, '$[' || i.key || ']'), json_extract(?5, '$[' || i.key || ']'),
        json_extract(?6, '$[' || i.key || ']'), json_extract(?7, '$[' || i.key || ']'),
        json_extract(?8, '$[' || i.key || ']'), json_extract(?9, '$[' || i.key || ']'),
-       json_extract(?10, '$[' || i.key || ']')
+       json_extract(?10, '$[' || i.key || ']'), json_extract(?11, '$[' || i.key || ']')
 FROM json_each(?1) AS i
 ORDER BY i.key
 
 -- name: endpoints_succeeded
-UPDATE relaybox_endpoints SET failing_since = NULL
+UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0
 WHERE id IN (SELECT value FROM json_each(?1)) AND failing_since IS NOT NULL
+
+-- name: ops_attempt_minutes
+SELECT CAST(started_at / 60 AS INTEGER) * 60 AS minute, outcome, count(*) AS n
+FROM relaybox_outbox_attempts
+WHERE started_at >= ?1
+GROUP BY 1, 2
+ORDER BY 1, 2
+-- name: ordering_blocked_keys
+-- See postgres_outbound.sql.
+SELECT o.endpoint_id, e.tenant, o.ordering_key, min(o.sequence) AS sequence,
+       count(*) AS dead,
+       (SELECT count(*) FROM relaybox_outbox w
+        WHERE w.endpoint_id = o.endpoint_id AND w.ordering_key = o.ordering_key
+          AND w.status = 'pending') AS waiting
+FROM relaybox_outbox o JOIN relaybox_endpoints e ON e.id = o.endpoint_id
+WHERE o.ordering_key IS NOT NULL AND o.status = 'dead' AND e.on_dead = 'hold'
+  AND (?1 IS NULL OR o.endpoint_id = ?1) AND (?2 IS NULL OR e.tenant = ?2)
+GROUP BY o.endpoint_id, e.tenant, o.ordering_key
+ORDER BY o.endpoint_id, o.ordering_key
+LIMIT ?3
+
+-- name: ordering_key_release
+UPDATE relaybox_outbox SET ordering_key = NULL, updated_at = ?3
+WHERE endpoint_id = ?1 AND ordering_key = ?2 AND status = 'dead'
+RETURNING id
+
+-- name: ordering_blocked_count
+-- How many (endpoint, key) pairs dead deliveries hold (the blocked-keys gauge).
+SELECT count(*) AS n FROM (
+    SELECT DISTINCT o.endpoint_id, o.ordering_key
+    FROM relaybox_outbox o JOIN relaybox_endpoints e ON e.id = o.endpoint_id
+    WHERE o.ordering_key IS NOT NULL AND o.status = 'dead' AND e.on_dead = 'hold') k
+
+-- name: ordering_clear
+-- An endpoint no longer ordered: its waiting and dead deliveries drop their keys, so
+-- nothing holds them back any more.
+UPDATE relaybox_outbox SET ordering_key = NULL
+WHERE endpoint_id = ?1 AND ordering_key IS NOT NULL AND status IN ('pending', 'dead')

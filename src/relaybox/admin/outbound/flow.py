@@ -1,0 +1,158 @@
+"""The admin API's operations and the dashboard's actions of an endpoint's flow: pause,
+resume, replay missing, and (API only) setting its payload filter; the use cases are
+:mod:`relaybox.ops.outbound_flow`."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.routing import Route
+
+from relaybox.admin import dashboard
+from relaybox.admin.sections import Call, Operation
+from relaybox.errors import NotFound
+from relaybox.ops.outbound_flow import (
+    FilterRequest,
+    FilterResult,
+    PauseResult,
+    ReplayMissingRequest,
+    ReplayMissingResult,
+    endpoint_pause,
+    endpoint_replay_missing,
+    endpoint_set_filter,
+)
+from relaybox.ops.outbound_models import EndpointActionRequest
+
+__all__ = ["FLOW_OPERATIONS", "FLOW_PAGES"]
+
+
+async def _pause(c: Call) -> BaseModel:
+    return await endpoint_pause(
+        c.box, c.path["id"], paused=True, actor=c.actor, reason=c.body.reason
+    )
+
+
+async def _resume(c: Call) -> BaseModel:
+    return await endpoint_pause(
+        c.box, c.path["id"], paused=False, actor=c.actor, reason=c.body.reason
+    )
+
+
+async def _replay_missing(c: Call) -> BaseModel:
+    return await endpoint_replay_missing(c.box, c.path["id"], c.body, actor=c.actor)
+
+
+async def _set_filter(c: Call) -> BaseModel:
+    return await endpoint_set_filter(c.box, c.path["id"], c.body, actor=c.actor)
+
+
+FLOW_OPERATIONS = (
+    Operation(
+        "POST",
+        "/endpoints/{id:str}/pause",
+        "pauseEndpoint",
+        "Pause an endpoint: its deliveries wait (never dead-lettered) until resumed",
+        _pause,
+        PauseResult,
+        body=EndpointActionRequest,
+        errors=(400, 404, 409),
+        description="The same as `relaybox endpoints pause` and the tenant API's "
+        "`POST /endpoints/{id}/pause`. Messages published meanwhile still get a delivery; "
+        "no dispatcher leases them until the resume. 409 `already_paused`.",
+    ),
+    Operation(
+        "POST",
+        "/endpoints/{id:str}/resume",
+        "resumeEndpoint",
+        "Resume a paused endpoint: its waiting deliveries go out in publish order",
+        _resume,
+        PauseResult,
+        body=EndpointActionRequest,
+        errors=(400, 404, 409),
+        description="409 `not_paused`.",
+    ),
+    Operation(
+        "POST",
+        "/endpoints/{id:str}/replay-missing",
+        "replayMissing",
+        "Send the messages since a time the endpoint matches but never got a delivery of",
+        _replay_missing,
+        ReplayMissingResult,
+        body=ReplayMissingRequest,
+        errors=(400, 404, 409),
+        description="Messages published while the endpoint was disabled or before it "
+        "existed: each gets one delivery, however often this runs (the delivery key is "
+        "unique). At most `limit` (and `outbound.replay_max`) per call; `complete` false "
+        "and `resume_since` when more may remain. 409 `endpoint_disabled`: enable it first.",
+    ),
+    Operation(
+        "PUT",
+        "/endpoints/{id:str}/filter",
+        "setEndpointFilter",
+        "Set or remove an endpoint's payload filter",
+        _set_filter,
+        FilterResult,
+        body=FilterRequest,
+        errors=(400, 404, 422),
+        description="The grammar is in docs/sending.md (payload filters). `{}` removes the "
+        "filter. 422 `invalid_filter` names the place and the problem.",
+    ),
+)
+
+
+# -- dashboard ----------------------------------------------------------------------------
+
+
+def _endpoint_id(request: Request) -> str:
+    raw = str(request.path_params["id"])
+    if "\x00" in raw or len(raw) > 200:
+        raise NotFound(f"{raw[:40]!r} is not a known id")
+    return raw
+
+
+async def _switch(request: Request, form: dict[str, str], paused: bool) -> dashboard.Notice:
+    done = "paused" if paused else "resumed"
+    r = EndpointActionRequest.model_validate(
+        {"reason": form.get("reason") or f"{done} from the dashboard"}
+    )
+    result = await endpoint_pause(
+        dashboard.box_of(request),
+        _endpoint_id(request),
+        paused=paused,
+        actor=dashboard.actor_of(request),
+        reason=r.reason,
+    )
+    return f"endpoint_{done}", result.waiting
+
+
+@dashboard.action
+async def endpoint_pause_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
+    return await _switch(request, form, True)
+
+
+@dashboard.action
+async def endpoint_resume_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
+    return await _switch(request, form, False)
+
+
+@dashboard.action
+async def endpoint_replay_missing_action(
+    request: Request, form: dict[str, str]
+) -> dashboard.Notice:
+    body = ReplayMissingRequest.model_validate(
+        {
+            "since": form.get("since") or "24h",
+            "reason": form.get("reason") or "replayed from the dashboard",
+        }
+    )
+    result = await endpoint_replay_missing(
+        dashboard.box_of(request), _endpoint_id(request), body, actor=dashboard.actor_of(request)
+    )
+    return "replayed_missing", result.queued
+
+
+FLOW_PAGES = (
+    Route("/endpoints/{id:str}/pause", endpoint_pause_action, methods=["POST"]),
+    Route("/endpoints/{id:str}/resume", endpoint_resume_action, methods=["POST"]),
+    Route("/endpoints/{id:str}/replay-missing", endpoint_replay_missing_action, methods=["POST"]),
+)

@@ -1,0 +1,131 @@
+"""``relaybox endpoints`` commands of an endpoint's flow: ``pause``, ``resume``,
+``replay-missing``, and the ``--filter`` option of ``create`` and ``update`` (a
+payload filter as JSON text, :mod:`relaybox.outbound.filters`).
+
+They join the ``endpoints`` group of :mod:`relaybox.cli.outbound` through
+:func:`register`, and act on any tenant's endpoint by id (the CLI is the operator's).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from relaybox.cli import app_options, json_option, load_box
+from relaybox.errors import Conflict
+from relaybox.outbound import flow
+from relaybox.timespec import TIME_FORMS, parse_time
+
+__all__ = ["FILTER", "register"]
+
+
+class _JsonObject(click.ParamType[dict[str, Any]]):
+    """A JSON object given as text (``'{"data.country": "PT"}'``)."""
+
+    name = "json"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, dict):
+            return value
+        try:
+            parsed = json.loads(value)
+        except (ValueError, RecursionError):
+            self.fail(f"{value[:80]!r} is not JSON text", param, ctx)
+        if not isinstance(parsed, dict):
+            self.fail("a payload filter is a JSON object ({} removes it)", param, ctx)
+        return parsed
+
+
+FILTER = _JsonObject()
+"""The type of ``--filter``."""
+
+
+def register(group: click.Group) -> None:
+    """Add ``pause``, ``resume`` and ``replay-missing`` to the ``endpoints`` group."""
+    from relaybox.cli.outbound import _endpoint, _run
+
+    def switch(name: str, help_text: str, paused: bool) -> None:
+        @group.command(name, help=help_text)
+        @app_options
+        @click.argument("endpoint_id")
+        @json_option
+        def command(
+            app: str | None,
+            config: str | None,
+            database_url: str | None,
+            endpoint_id: str,
+            as_json: bool,
+        ) -> None:
+            box = load_box(app, config, database_url)
+
+            async def act() -> dict[str, Any]:
+                before = await _endpoint(box, endpoint_id)
+                action = flow.pause_endpoint if paused else flow.resume_endpoint
+                await action(box, endpoint_id, tenant=None)
+                backlog = (await box.store.endpoint_backlog()).get(endpoint_id)
+                return {
+                    "endpoint": endpoint_id,
+                    "action": name,
+                    "changed": (before.paused_at is None) == paused,
+                    "waiting": backlog.pending if backlog else 0,
+                }
+
+            done = _run(box, act)
+            if as_json:
+                click.echo(json.dumps(done))
+            elif not done["changed"]:
+                click.echo(
+                    f"{endpoint_id}: unchanged (already {'paused' if paused else 'running'})"
+                )
+            else:
+                click.echo(f"{endpoint_id}: {name}d, {done['waiting']} deliveries waiting")
+
+    switch(
+        "pause",
+        "Pause an endpoint: its deliveries (and new ones) wait, never dead-lettered.",
+        True,
+    )
+    switch("resume", "Resume a paused endpoint: its deliveries go out in publish order.", False)
+
+    @group.command("replay-missing")
+    @app_options
+    @click.argument("endpoint_id")
+    @click.option("--since", required=True, help=f"messages published since: {TIME_FORMS}")
+    @click.option("--limit", type=click.IntRange(min=1), default=None, help="queue at most")
+    @json_option
+    def replay_missing(
+        app: str | None,
+        config: str | None,
+        database_url: str | None,
+        endpoint_id: str,
+        since: str,
+        limit: int | None,
+        as_json: bool,
+    ) -> None:
+        """Deliver the messages since a time that an endpoint's subscription matches
+        but that it never got (published while it was disabled, or before it existed).
+        Each once, however often this runs."""
+        box = load_box(app, config, database_url)
+        start = parse_time(since, time.time())
+
+        async def act() -> flow.Replayed:
+            await _endpoint(box, endpoint_id)
+            try:
+                done = await flow.replay_missing(
+                    box, endpoint_id, since=start, tenant=None, limit=limit
+                )
+            except Conflict as exc:
+                raise click.ClickException(exc.message) from None
+            assert done is not None  # _endpoint found it
+            return done
+
+        done = _run(box, act)
+        if as_json:
+            click.echo(json.dumps(done.to_json()))
+            return
+        click.echo(f"{done.queued} missing deliveries queued ({done.scanned} messages read)")
+        if not done.complete:
+            click.echo(f"more may remain: run again with --since {done.resume_since}")

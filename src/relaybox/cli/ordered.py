@@ -1,0 +1,78 @@
+"""``relaybox endpoints blocked-keys`` and ``relaybox endpoints release-key``: the
+operator's side of ordered delivery per key (:mod:`relaybox.outbound.ordered`). An
+endpoint's ``ordered`` and ``on_dead`` are set with ``relaybox endpoints update
+--ordered --on-dead hold|skip``. (The inbound side's ordering tools, replay and
+reconciliation, are in :mod:`relaybox.cli.ordering`.)"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from relaybox.cli import app_options, json_option, load_box
+from relaybox.cli.outbound import _run, _table, endpoints_group
+from relaybox.outbound import ordered
+
+__all__ = ["COMMANDS"]
+
+_COLUMNS = ("endpoint_id", "ordering_key", "sequence", "dead", "waiting")
+
+
+@endpoints_group.command("blocked-keys")
+@app_options
+@click.argument("endpoint_id", required=False)
+@click.option("--tenant", default=None, help="only this tenant's endpoints")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=100)
+@json_option
+def endpoints_blocked_keys(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    endpoint_id: str | None,
+    tenant: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Ordering keys that dead deliveries hold back (endpoints with on_dead hold)."""
+    box = load_box(app, config, database_url)
+    found = _run(
+        box,
+        lambda: ordered.blocked_keys(box, endpoint_id=endpoint_id, tenant=tenant, limit=limit),
+    )
+    rows = [b.to_json() for b in found]
+    if as_json:
+        click.echo(json.dumps(rows))
+    else:
+        _table(rows, _COLUMNS, "blocked keys")
+
+
+@endpoints_group.command("release-key")
+@app_options
+@click.argument("endpoint_id")
+@click.argument("ordering_key")
+@click.option("--reason", required=True, help="why: logged with the action")
+@json_option
+def endpoints_release_key(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    endpoint_id: str,
+    ordering_key: str,
+    reason: str,
+    as_json: bool,
+) -> None:
+    """Let a key's later deliveries go past its dead ones (which stay dead letters)."""
+    box = load_box(app, config, database_url)
+    n = _run(
+        box, lambda: ordered.release_key(box, endpoint_id, ordering_key, actor="cli", reason=reason)
+    )
+    if as_json:
+        click.echo(json.dumps({"released": n}))
+    elif n:
+        click.echo(f"released {ordering_key!r}: {n} dead deliveries no longer hold it")
+    else:
+        raise click.ClickException(f"no dead delivery of {endpoint_id} holds {ordering_key!r}")
+
+
+COMMANDS: list[click.Command] = []

@@ -1,0 +1,47 @@
+"""The tenant portal: server-rendered pages where one tenant of the application
+manages its endpoints, reads its signing secret, browses the event types, and
+follows its deliveries (request and response of every attempt, resend, test events).
+
+The application makes a short-lived signed link for the tenant
+(``box.portal_link(tenant)`` or ``POST /api/v1/portal/sessions``) and hands it to the
+tenant's browser, or puts it in an iframe of its own pages
+(``portal.frame_ancestors``). It is served with the ``api`` role at ``/portal``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+
+from relaybox.outbound.portal_links import (
+    PortalLink,
+    PortalSession,
+    TokenRefused,
+    open_link,
+    portal_link,
+    read_session,
+)
+from relaybox.portal.pages import routes
+from relaybox.portal.web import SecurityHeaders
+
+if TYPE_CHECKING:
+    from relaybox.runtime import Runtime
+
+__all__ = [
+    "PortalLink",
+    "PortalSession",
+    "TokenRefused",
+    "build_portal",
+    "open_link",
+    "portal_link",
+    "read_session",
+]
+
+
+def build_portal(box: Runtime) -> Starlette:
+    """The ASGI app ``relaybox serve`` mounts at ``/portal`` with the ``api`` role."""
+    app = Starlette(routes=routes(box), middleware=[Middleware(SecurityHeaders, box=box)])
+    app.state.box = box
+    return app

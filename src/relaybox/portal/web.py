@@ -1,0 +1,244 @@
+"""The portal's plumbing: templates, the session taken from the address, forms with
+their CSRF token, error pages, and the browser protections of every answer.
+
+Every page handler receives a :class:`Page`: the request, the box, the tenant the
+session proves, and helpers to render and redirect. Whatever goes wrong for the
+request becomes a page with a 4xx status: a session that is forged or expired (401),
+an id the tenant does not own (404, the same as an id that does not exist), a form
+without the session's CSRF token (403), a form over ``portal.form_max_body`` (413),
+a value relaybox refuses (422).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlencode
+
+from jinja2 import ChoiceLoader, Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
+from pydantic import ValidationError
+from starlette.datastructures import MutableHeaders
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from relaybox.bodies import BodyTooLarge, read_body, text_problem
+from relaybox.errors import RelayboxError
+from relaybox.outbound.catalog import InvalidMessage
+from relaybox.outbound.endpoints import InvalidEndpoint
+from relaybox.outbound.portal_links import PortalSession, TokenRefused, csrf_token, read_session
+from relaybox.outbound.vault import SecretsLocked
+
+if TYPE_CHECKING:
+    from relaybox.runtime import Runtime
+
+__all__ = ["ENV", "NOTICES", "Page", "PageError", "SecurityHeaders", "handler", "theme_css"]
+
+ENV = Environment(
+    loader=ChoiceLoader([PackageLoader("relaybox.portal", "templates")]),
+    autoescape=select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def _ts(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _pretty(value: Any) -> str:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return str(value)
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+ENV.filters["ts"] = _ts
+ENV.filters["pretty"] = _pretty
+
+NOTICES: dict[str, str] = {
+    "saved": "The endpoint was saved.",
+    "enabled": "The endpoint was enabled.",
+    "disabled": "The endpoint was disabled: its waiting deliveries stop until it is enabled.",
+    "deleted": "The endpoint was deleted.",
+    "resent": "The message was sent again ({n} deliver(ies)).",
+    "nothing_to_resend": "Nothing to resend: its deliveries are still on their way, or "
+    "their endpoints are disabled.",
+    "test_sent": "A test event is on its way.",
+}
+"""What ``?notice=<code>`` shows: fixed texts, never text from the address."""
+
+
+class PageError(RelayboxError):
+    """A request the portal refuses: its status and the text the page shows."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def not_found(what: str) -> PageError:
+    return PageError(404, f"There is no such {what}.")
+
+
+def theme_css(theme: dict[str, str]) -> Markup:
+    """``:root`` overrides for the configured theme. The values were checked to be
+    plain CSS values when the settings were read (no ``;``, braces or ``<``)."""
+    if not theme:
+        return Markup("")
+    body = "".join(f"--rb-{name}:{value};" for name, value in sorted(theme.items()))
+    return Markup(":root{" + body + "}")
+
+
+@dataclass
+class Page:
+    request: Request
+    box: Runtime
+    session: PortalSession
+    form: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tenant(self) -> str:
+        return self.session.tenant
+
+    @property
+    def base(self) -> str:
+        """The session's address prefix: ``…/portal/s/<token>``."""
+        root = str(self.request.scope.get("root_path", ""))
+        return f"{root}/s/{self.session.token}"
+
+    def param(self, name: str) -> str:
+        return str(self.request.path_params[name])
+
+    def query(self, name: str, default: str = "") -> str:
+        return self.request.query_params.get(name, default).strip()
+
+    def render(self, template: str, *, status: int = 200, **context: Any) -> HTMLResponse:
+        settings = self.box.settings.portal
+        notice = NOTICES.get(self.query("notice"), "")
+        if "{n}" in notice:
+            n = self.query("n")
+            notice = notice.format(n=n) if n.isdigit() and len(n) <= 9 else ""
+        html = ENV.get_template(template).render(
+            base=self.base,
+            tenant=self.tenant,
+            csrf=csrf_token(self.box, self.session),
+            expires_at=self.session.expires_at,
+            notice=notice,
+            theme=theme_css(settings.theme),
+            **context,
+        )
+        return HTMLResponse(html, status_code=status)
+
+    def redirect(self, path: str, **query: str) -> RedirectResponse:
+        query = {k: v for k, v in query.items() if v}
+        url = self.base + path + ("?" + urlencode(query) if query else "")
+        return RedirectResponse(url, status_code=303)
+
+
+Handler = Callable[[Page], Awaitable[Response]]
+
+
+def error_page(request: Request, box: Runtime, status: int, message: str) -> HTMLResponse:
+    html = ENV.get_template("error.html").render(
+        message=message, status=status, theme=theme_css(box.settings.portal.theme)
+    )
+    return HTMLResponse(html, status_code=status)
+
+
+async def _form(request: Request, limit: int) -> dict[str, str]:
+    try:
+        raw = await read_body(request, limit)
+    except BodyTooLarge as exc:
+        raise PageError(413, f"The form is {exc}.") from None
+    parsed = parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True)
+    form = {k: v[-1] for k, v in parsed.items()}
+    if problem := text_problem(form, "form"):
+        raise PageError(422, problem)
+    return form
+
+
+def handler(box: Runtime, fn: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """A portal page or action: the session from the address, then (for a POST) the
+    form and its CSRF token, then ``fn``; refusals become error pages."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            for name, value in request.path_params.items():
+                if len(str(value)) > 600 or text_problem(str(value)):
+                    raise PageError(404, f"There is no such {name}.")
+            if problem := text_problem(dict(request.query_params), "query"):
+                raise PageError(422, problem)
+            if any(len(v) > 1000 for v in request.query_params.values()):
+                raise PageError(422, "A search value is longer than 1000 characters.")
+            try:
+                session = read_session(box, request.path_params["session"])
+            except TokenRefused as exc:
+                raise PageError(401, str(exc).replace("link", "session")) from None
+            page = Page(request, box, session)
+            if request.method == "POST":
+                page.form = await _form(request, box.settings.portal.form_max_body)
+                expected = csrf_token(box, session)
+                if not hmac.compare_digest(page.form.get("csrf", ""), expected):
+                    raise PageError(403, "The form expired: reload the page and try again.")
+            return await fn(page)
+        except PageError as exc:
+            return error_page(request, box, exc.status, exc.message)
+        except (InvalidEndpoint, InvalidMessage) as exc:
+            return error_page(request, box, 422, str(exc))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'form'}: {e['msg']}" for e in exc.errors()
+            )
+            return error_page(request, box, 422, problems)
+        except SecretsLocked as exc:
+            return error_page(request, box, 503, str(exc))
+
+    endpoint.__name__ = fn.__name__
+    return endpoint
+
+
+class SecurityHeaders:
+    """ASGI middleware: every portal answer says who may frame it
+    (``portal.frame_ancestors``), loads nothing from elsewhere, sends no referrer
+    (the address holds the session), and is not cached."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], box: Runtime) -> None:
+        self.app = app
+        ancestors = box.settings.portal.frame_ancestors.strip()
+        csp = (
+            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+            f"form-action 'self'; base-uri 'none'; frame-ancestors {ancestors}"
+        )
+        self.headers = [
+            ("content-security-policy", csp),
+            ("x-content-type-options", "nosniff"),
+            ("referrer-policy", "no-referrer"),
+            ("cache-control", "no-store"),
+        ]
+        if ancestors == "'none'":
+            self.headers.append(("x-frame-options", "DENY"))
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in self.headers:
+                    headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -1,0 +1,317 @@
+"""The tenant portal over real HTTP, on SQLite and PostgreSQL: links and sessions
+(signature, expiry of both), the API that makes links, CSRF on every form, the pages
+and actions, and strict tenant isolation: every route of tenant A's portal answers
+404 for tenant B's endpoint, message and attempt ids."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from relaybox import FrozenClock, Relaybox
+from relaybox.outbound import create_api_key, define_event_type
+from relaybox.portal import TokenRefused, open_link, portal_link
+from tests.conftest import Served
+from tests.support.outbound_app import dispatch_once, endpoint, local, publish_one
+from tests.support.receivers import HttpReceiver, Reply
+
+
+class Portal:
+    """One tenant's browser: follows the link, keeps the session's address and CSRF token."""
+
+    def __init__(self, http: aiohttp.ClientSession, server: str) -> None:
+        self.http, self.server = http, server
+        self.base = ""
+        self.csrf = ""
+
+    async def enter(self, url: str) -> None:
+        async with self.http.get(url, allow_redirects=False) as r:
+            assert r.status == 303, await r.text()
+            location = r.headers["location"]
+        self.base = location.rsplit("/endpoints", 1)[0]
+        status, text = await self.get("/endpoints")
+        assert status == 200, text
+        match = re.search(r'name="csrf" value="([0-9a-f]+)"', text)
+        assert match
+        self.csrf = match.group(1)
+
+    async def get(self, path: str, **params: str) -> tuple[int, str]:
+        async with self.http.get(self.server + self.base + path, params=params) as r:
+            return r.status, await r.text()
+
+    async def post(
+        self, path: str, data: dict[str, str] | None = None, *, csrf: bool = True
+    ) -> tuple[int, str, str]:
+        form = {**(data or {}), **({"csrf": self.csrf} if csrf else {})}
+        async with self.http.post(
+            self.server + self.base + path, data=form, allow_redirects=False
+        ) as r:
+            return r.status, r.headers.get("location", ""), await r.text()
+
+
+@pytest.fixture
+async def server(box: Relaybox) -> AsyncIterator[str]:
+    local(box)
+    async with Served(box.asgi(roles=("api",))) as served:
+        yield served.url
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def portal_for(
+    box: Relaybox, http: aiohttp.ClientSession, server: str, tenant: str
+) -> Portal:
+    portal = Portal(http, server)
+    await portal.enter(server + portal_link(box, tenant).url)
+    return portal
+
+
+def ids_in(text: str, prefix: str) -> set[str]:
+    return set(re.findall(rf"\b{prefix}_[0-9a-f]{{27}}\b", text))
+
+
+async def test_links_are_signed_for_one_tenant_and_expire(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    local(box)
+    link = portal_link(box, "client-42", ttl=60)
+    assert link.expires_at == clock.now() + 60
+    token = link.url.rsplit("/", 1)[1]
+    session = open_link(box, token)
+    assert session.tenant == "client-42"
+    forged = token.replace("l.", "s.", 1)
+    with pytest.raises(TokenRefused):
+        open_link(box, forged)  # a link is not a session, and the signature covers it
+    kind, tenant, expires, nonce, sig = token.split(".")
+    with pytest.raises(TokenRefused):  # a later expiry breaks the signature
+        open_link(box, ".".join([kind, tenant, str(int(expires) + 3600), nonce, sig]))
+    clock.advance(61)
+    with pytest.raises(TokenRefused) as refused:
+        open_link(box, token)
+    assert refused.value.expired
+    with pytest.raises(ValueError):
+        portal_link(box, "client-42", ttl=box.settings.portal.max_link_ttl + 1)
+
+
+async def test_the_api_makes_links_and_sessions_expire(
+    box: Relaybox, server: str, http: aiohttp.ClientSession, clock: FrozenClock
+) -> None:
+    _, key = await create_api_key(box, "client-42")
+    auth = {"Authorization": f"Bearer {key}"}
+    async with http.post(server + "/api/v1/portal/sessions", json={"ttl": 120}, headers=auth) as r:
+        assert r.status == 201
+        answer = await r.json()
+    assert answer["url"].startswith(server + "/portal/enter/")
+    assert answer["expires_at"].endswith("Z")
+    async with http.post(
+        server + "/api/v1/portal/sessions", json={"ttl": 10**7}, headers=auth
+    ) as r:
+        assert r.status == 422
+    async with http.post(server + "/api/v1/portal/sessions", json={}) as r:
+        assert r.status == 401
+
+    portal = Portal(http, server)
+    await portal.enter(answer["url"])
+    clock.advance(121)  # the link is spent; the session it started goes on
+    async with http.get(answer["url"], allow_redirects=False) as r:
+        assert r.status == 410 and "expired" in await r.text()
+    assert (await portal.get("/endpoints"))[0] == 200
+    clock.advance(box.settings.portal.session_ttl)
+    status, text = await portal.get("/endpoints")
+    assert status == 401 and "expired" in text
+    status, _, _ = await portal.post("/endpoints", {"url": "http://127.0.0.1:9/x"})
+    assert status == 401
+
+
+async def test_forms_need_the_sessions_csrf_token(
+    box: Relaybox, server: str, http: aiohttp.ClientSession
+) -> None:
+    portal = await portal_for(box, http, server, "client-42")
+    status, _, _ = await portal.post("/endpoints", {"url": "http://127.0.0.1:9/x"}, csrf=False)
+    assert status == 403
+    other = await portal_for(box, http, server, "client-42")  # another session's token
+    status, _, _ = await portal.post(
+        "/endpoints", {"url": "http://127.0.0.1:9/x", "csrf": other.csrf}, csrf=False
+    )
+    assert status == 403
+    assert (await portal.get("/endpoints"))[1].count("data-endpoint=") == 0
+
+
+async def test_pages_headers_and_theme(box: Relaybox, http: aiohttp.ClientSession) -> None:
+    box.settings.portal.frame_ancestors = "https://app.example"
+    box.settings.portal.theme = {"accent": "#0a7f5a"}
+    local(box)
+    async with Served(box.asgi(roles=("api",))) as served:
+        portal = await portal_for(box, http, served.url, "client-42")
+        async with http.get(served.url + portal.base + "/endpoints") as r:
+            csp = r.headers["content-security-policy"]
+            assert "frame-ancestors https://app.example" in csp
+            assert "x-frame-options" not in r.headers
+            assert r.headers["referrer-policy"] == "no-referrer"
+            assert r.headers["cache-control"] == "no-store"
+            assert "--rb-accent:#0a7f5a;" in await r.text()
+
+
+async def test_manage_endpoints_secrets_tests_and_the_log(
+    box: Relaybox, server: str, http: aiohttp.ClientSession
+) -> None:
+    await define_event_type(
+        box,
+        "order.paid",
+        description="An order was paid",
+        schema={"type": "object", "properties": {"orderId": {"type": "string"}}},
+    )
+    portal = await portal_for(box, http, server, "client-42")
+    receiver = HttpReceiver(Reply(200, b'{"ok": true}'))
+    async with receiver:
+        status, _, text = await portal.post(
+            "/endpoints", {"url": receiver.url, "event_types": "order.* relaybox.test"}
+        )
+        assert status == 200 and "data-secret" in text
+        [secret] = re.findall(r"whsec_[A-Za-z0-9+/=]+", text)
+        [endpoint_id] = ids_in(text, "ep")
+
+        status, page = await portal.get(f"/endpoints/{endpoint_id}")
+        assert status == 200 and secret not in page  # shown once, on creation
+        status, _, revealed = await portal.post(f"/endpoints/{endpoint_id}/secret")
+        assert secret in revealed
+        status, _, rotated = await portal.post(
+            f"/endpoints/{endpoint_id}/secret/rotate", {"grace_hours": "2"}
+        )
+        [new] = re.findall(r"whsec_[A-Za-z0-9+/=]+", rotated)
+        assert new != secret
+        _, _, revealed = await portal.post(f"/endpoints/{endpoint_id}/secret")
+        assert secret in revealed and new in revealed  # overlap: both sign
+
+        status, location, _ = await portal.post(
+            f"/endpoints/{endpoint_id}", {"url": receiver.url, "description": "orders"}
+        )
+        assert status == 303 and location.endswith("notice=saved")
+        assert "orders" in (await portal.get(f"/endpoints/{endpoint_id}"))[1]
+
+        status, location, _ = await portal.post(
+            f"/endpoints/{endpoint_id}/test", {"event_type": "order.paid"}
+        )
+        assert status == 303 and "/messages/msg_" in location
+        message_id = location.rsplit("/messages/", 1)[1].split("?")[0]
+        assert await dispatch_once(box) == 1
+        [seen] = receiver.requests
+        assert b'"orderId": "string"' in seen.body or b'"orderId":"string"' in seen.body
+        status, page = await portal.get(f"/messages/{message_id}")
+        assert status == 200 and 'data-attempt="1"' in page and "HTTP 200" in page
+        assert "&#34;ok&#34;: true" in page  # the response's first bytes
+        request, response = page.split('class="request"')[1].split('class="response"')
+        assert "webhook-signature: v1," in request and "webhook-id: msg_" in request
+        assert "User-Agent: relaybox-webhooks/1" in request
+        assert "Content-Length: 12" in response  # the sink's answer headers
+
+        _, log = await portal.get("/messages", status="sent")
+        assert message_id in log
+        assert message_id not in (await portal.get("/messages", status="dead"))[1]
+        assert message_id in (await portal.get("/messages", event_type="order.paid"))[1]
+        assert message_id in (await portal.get("/messages", message_id=message_id))[1]
+        assert message_id not in (await portal.get("/messages", idempotency_key="nope"))[1]
+
+        status, location, _ = await portal.post(f"/messages/{message_id}/resend")
+        assert status == 303 and "notice=resent" in location
+        assert await dispatch_once(box) == 1
+        assert len(receiver.requests) == 2
+        assert receiver.requests[1].headers["webhook-id"] == seen.headers["webhook-id"]
+
+        _, types = await portal.get("/event-types")
+        assert "An order was paid" in types and "&#34;orderId&#34;: &#34;string&#34;" in types
+        _, subs = await portal.get("/subscriptions")
+        assert "order.paid" in subs
+
+        status, location, _ = await portal.post(f"/endpoints/{endpoint_id}/disable")
+        assert "notice=disabled" in location
+        assert "status-disabled" in (await portal.get(f"/endpoints/{endpoint_id}"))[1]
+        status, _, text = await portal.post(f"/endpoints/{endpoint_id}/test")
+        assert status == 409
+        await portal.post(f"/endpoints/{endpoint_id}/enable")
+        assert "status-enabled" in (await portal.get(f"/endpoints/{endpoint_id}"))[1]
+        status, location, _ = await portal.post(f"/endpoints/{endpoint_id}/delete")
+        assert location.endswith("/endpoints?notice=deleted")
+        assert (await portal.get(f"/endpoints/{endpoint_id}"))[0] == 404
+
+
+async def test_bad_input_is_a_4xx_page(
+    box: Relaybox, server: str, http: aiohttp.ClientSession
+) -> None:
+    portal = await portal_for(box, http, server, "client-42")
+    for form in (
+        {"url": "ftp://example.com/x"},
+        {"url": "http://127.0.0.1:9/x", "rate_limit": "fast"},
+        {"url": "http://127.0.0.1:9/x", "event_types": "bad pattern!"},
+        {"url": "x" * 3000},
+    ):
+        status, _, text = await portal.post("/endpoints", form)
+        assert status == 422, (form, text)
+    status, _, _ = await portal.post("/endpoints", {"url": "a" * 70_000})
+    assert status == 413
+    assert (await portal.get("/messages", status="x\x00"))[0] == 422
+    assert (await portal.get("/endpoints/" + "e" * 700))[0] == 404
+    async with http.get(server + "/portal/s/garbage/endpoints") as r:
+        assert r.status == 401
+    async with http.get(server + "/portal/enter/l.Zm9v.1.x.y") as r:
+        assert r.status == 401
+
+
+PAGES = [
+    ("GET", "/endpoints/{endpoint}"),
+    ("POST", "/endpoints/{endpoint}"),
+    ("POST", "/endpoints/{endpoint}/enable"),
+    ("POST", "/endpoints/{endpoint}/disable"),
+    ("POST", "/endpoints/{endpoint}/delete"),
+    ("POST", "/endpoints/{endpoint}/secret"),
+    ("POST", "/endpoints/{endpoint}/secret/rotate"),
+    ("POST", "/endpoints/{endpoint}/test"),
+    ("GET", "/messages/{message}"),
+    ("POST", "/messages/{message}/resend"),
+    ("GET", "/messages/{attempt}"),
+    ("GET", "/endpoints/{attempt}"),
+]
+
+
+@pytest.mark.parametrize(("method", "route"), PAGES)
+async def test_a_tenant_reaches_no_other_tenants_ids(
+    box: Relaybox,
+    server: str,
+    http: aiohttp.ClientSession,
+    method: str,
+    route: str,
+) -> None:
+    receiver = HttpReceiver(Reply(200, b"ok"))
+    async with receiver:
+        other_endpoint, other_secret = await endpoint(box, receiver.url, tenant="client-b")
+        message = await publish_one(box, "order.paid", tenant="client-b")
+        assert await dispatch_once(box) == 1
+        attempts = await box.store.attempt_list(message.id, "client-b")
+        assert attempts
+        ids = {"endpoint": other_endpoint, "message": message.id, "attempt": attempts[0].outbox_id}
+        portal = await portal_for(box, http, server, "client-a")
+        path = route.format(**ids)
+        if method == "GET":
+            status, text = await portal.get(path)
+        else:
+            status, _, text = await portal.post(path, {"url": "http://127.0.0.1:9/x"})
+        assert status == 404, (path, status)
+        assert other_secret not in text and ids["endpoint"] not in text
+        # Nothing of B's shows in A's listings either, and B's rows are untouched.
+        for listing in ("/endpoints", "/messages", "/subscriptions"):
+            _, page = await portal.get(listing)
+            assert other_endpoint not in page and message.id not in page
+        found = await box.store.endpoint_get(other_endpoint, "client-b")
+        assert found is not None and found.status == "enabled"
+        [row] = await box.store.delivery_list(
+            "client-b", message_id=message.id, endpoint_id=None, undelivered=False, limit=5
+        )
+        assert row.status == "sent" and row.attempts == 1
+        assert len(receiver.requests) == 1

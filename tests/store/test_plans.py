@@ -1,0 +1,161 @@
+"""Plans of relaybox's own PostgreSQL statements on a young database.
+
+A prepared statement's plan is cached per connection, and a generic plan made while a
+table has no statistics is kept until autovacuum analyzes it. On a fresh deployment (and
+in every benchmark run) that plan decides throughput: the accept's duplicate lookup was
+planned as a sequential scan + hash join of the inbox and kept scanning every row. So
+every statement on a path that runs per event or per delivery must reach the big tables
+through an index even in its generic plan on an empty database.
+
+Operators' reads (counts, lists, purges, replays) may scan: they are not on a hot path,
+and their names say so.
+"""
+
+from __future__ import annotations
+
+import re
+
+import asyncpg
+import pytest
+
+from relaybox.store.base import load_queries
+from tests.conftest import _dsn
+
+# Tables that grow with traffic. Small configuration tables (endpoints, lanes, keys,
+# event types) are read whole by design.
+BIG = {
+    "relaybox_inbox",
+    "relaybox_inbox_attempts",
+    "relaybox_quarantine",
+    "relaybox_operations",
+    "relaybox_outbox",
+    "relaybox_outbox_attempts",
+    "relaybox_messages",
+}
+
+# The settings of PostgresStore.generic_pool, where the hot batch statements run.
+GENERIC_POOL = "SET plan_cache_mode = force_generic_plan; SET enable_bitmapscan = off"
+
+# Operators' reads and maintenance: listed, counted or purged on demand.
+OPERATOR = re.compile(r"^(ops_|stats_|replay_select$|.*_list$|.*_count$)")
+
+
+def _generic_plans(queries: dict[str, str]) -> list[str]:
+    return [name for name in sorted(queries) if not OPERATOR.match(name)]
+
+
+async def test_hot_statements_reach_big_tables_through_an_index(pg_url: str) -> None:
+    queries = load_queries("postgres")
+    conn = await asyncpg.connect(_dsn(pg_url))
+    scans: dict[str, list[str]] = {}
+    try:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        for name in _generic_plans(queries):
+            stmt = await conn.prepare(queries[name])
+            n = len(stmt.get_parameters())
+            args = f"({', '.join(['NULL'] * n)})" if n else ""
+            plan = "\n".join(
+                r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}{args}")
+            )
+            found = sorted(set(re.findall(r"Seq Scan on (\w+)", plan)) & BIG)
+            if found:
+                scans[name] = found
+    finally:
+        await conn.close()
+    assert not scans, f"sequential scans of growing tables in generic plans: {scans}"
+
+
+@pytest.mark.parametrize("name", ["stats_inbox", "ops_inbox_list", "delivery_list"])
+def test_operator_reads_are_recognised(name: str) -> None:
+    assert OPERATOR.match(name)
+    assert name in load_queries("postgres")
+
+
+async def _plans_on_a_filled_table(
+    pg_url: str, table: str, fill: str, statements: dict[str, str | None]
+) -> dict[str, str]:
+    """Generic plans of ``statements`` (name: its arguments, ``None`` for NULLs) once
+    ``table`` is filled by ``fill`` and never analyzed (autovacuum off for it)."""
+    queries = load_queries("postgres")
+    conn = await asyncpg.connect(_dsn(pg_url))
+    plans = {}
+    try:
+        await conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+        await conn.execute(fill)
+        await conn.execute(GENERIC_POOL)
+        for name, args in statements.items():
+            stmt = await conn.prepare(queries[name])
+            if args is None:
+                args = ", ".join(["NULL"] * len(stmt.get_parameters()))
+            rows = await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}({args})")
+            plans[name] = "\n".join(r[0] for r in rows)
+    finally:
+        await conn.close()
+    return plans
+
+
+async def test_lease_records_by_primary_key_on_a_filled_outbox_without_statistics(
+    pg_url: str,
+) -> None:
+    """The dispatcher's lease records the successes it carries (``done``). Planned on a
+    freshly filled outbox, before any ANALYZE (a benchmark, a backlog after a deploy),
+    a join on id alone was a scan of every pending row through the status index and a
+    hash join, kept for the connection's life: ~10 ms per lease at 20,000 pending.
+    It must probe the primary key, and find each lane's due rows through the lane's
+    index. The recorder's ``outbox_record`` (failures, retries) likewise."""
+    ids = "'{1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20}'"
+    nulls = "'{" + ",".join(["NULL"] * 20) + "}'"
+    sent = [ids, ids, nulls, nulls, nulls, nulls, nulls, nulls, nulls]
+    fair = ["64", "16", "'{}'", "'{}'"]  # lane cap, a tenant's rows, tenants, their rows
+    plans = await _plans_on_a_filled_table(
+        pg_url,
+        "relaybox_outbox",
+        "INSERT INTO relaybox_outbox (channel, key, payload, next_attempt_at, created_at,"
+        " updated_at) SELECT 'webhook', 'k' || i, '{}', 0, 0, 0"
+        " FROM generate_series(1, 20000) AS i",
+        {
+            "outbox_lease": ", ".join(
+                ["1", "0", "'{webhook}'", "'me'", "2", *sent, "'{webhook}'", "4", *fair, nulls]
+            ),
+            "outbox_record": ", ".join(["1", ids, ids, *[nulls] * 5]),
+        },
+    )
+    plan, record = plans["outbox_lease"], plans["outbox_record"]
+    assert "relaybox_outbox_pkey" in record, record
+    assert "relaybox_outbox_due" not in record and "lane_due" not in record, record
+    done = re.split(r"\n\s*CTE \w+\n", plan.split("CTE done\n", 1)[1], maxsplit=1)[0]
+    assert "relaybox_outbox_pkey" in done, done
+    # Nor does the rest of the lease walk the due rows of every lane: per lane, it
+    # probes the lane's own index.
+    assert "relaybox_outbox_due" not in plan, plan
+    # Leases live for one attempt: their table holds many dead rows between vacuums.
+    # The lease reaches it by index scans (which mark dead entries), never a bitmap or
+    # sequential scan (which read them all again on every lease).
+    assert "Index Scan using relaybox_outbox_leases_lane" in plan, plan
+    assert not re.search(r"(Bitmap Heap|Seq) Scan on relaybox_outbox_leases", plan), plan
+    assert not re.search(r"(Bitmap Heap|Seq) Scan on relaybox_outbox_leases", record), record
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["inbox_lock", "inbox_complete", "inbox_start", "inbox_lock_group", "inbox_start_next_group"],
+)
+async def test_worker_statements_probe_ids_on_a_filled_inbox_without_statistics(
+    pg_url: str, name: str
+) -> None:
+    """The worker's statements over a list of claimed ids. Planned on a filled inbox
+    before any ANALYZE (a backlog on a young deployment), "status = 'pending'" matched
+    the pending-only due index, and the cached plan walked every pending row for each
+    group (a BitmapAnd with the ids, or a hash join). They must probe the ids."""
+    plans = await _plans_on_a_filled_table(
+        pg_url,
+        "relaybox_inbox",
+        "INSERT INTO relaybox_inbox (source, account, event_id, event_type, fingerprint,"
+        " status, next_attempt_at, received_at, updated_at)"
+        " SELECT 's', 'a', 'e' || i, 't', '\\x00', 'pending', 0, 0, 0"
+        " FROM generate_series(1, 20000) AS i",
+        {name: None},
+    )
+    plan = plans[name]
+    assert "relaybox_inbox_pkey" in plan, plan
+    assert "relaybox_inbox_due" not in plan and "status_source" not in plan, plan
