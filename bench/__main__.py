@@ -1,4 +1,4 @@
-"""python -m bench accept|process|dispatch|growth|size|all [--quick] [--seconds N]"""
+"""python -m bench accept|process|dispatch|growth|size|latency|slow|all [--quick] [--seconds N]"""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import platform
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("which", choices=["accept", "process", "dispatch", "growth", "size", "all"])
+    parser.add_argument(
+        "which",
+        choices=["accept", "process", "dispatch", "growth", "size", "latency", "slow", "all"],
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument(
@@ -51,6 +54,14 @@ def main() -> None:
         from bench import size
 
         tables.append(size.main(quick=args.quick))
+    if args.which in ("latency", "all"):
+        from bench import latency
+
+        tables.append(latency.main(quick=args.quick))
+    if args.which in ("slow", "all"):
+        from bench import slow
+
+        tables.append(slow.main(quick=args.quick))
     print()
     print("\n\n".join(tables))
     dropped = drop_databases()

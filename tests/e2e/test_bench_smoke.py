@@ -60,10 +60,13 @@ async def test_bench_quick_prints_its_goals_and_leaves_no_databases() -> None:
     before = set(await _bench_databases())
     if shutil.which("wrk"):
         runs = [["all", "--quick"]]
-        goals = 4  # accept (2 backends), process (2), dispatch (1): at least 4 rows
+        # accept (2 backends), process (2), dispatch (1), latency (4), slow (3 verdicts)
+        goals = 11
     else:
-        runs = [["process", "--quick"], ["dispatch", "--quick"], ["size", "--quick"]]
-        goals = 3
+        runs = [
+            [which, "--quick"] for which in ("process", "dispatch", "size", "latency", "slow")
+        ]
+        goals = 10  # process (2), dispatch (1), latency (4), slow (3 verdicts)
     shown = 0
     for args in runs:
         # 1,000 deliveries (the quick default is 2,000): the suite's time, not a figure.

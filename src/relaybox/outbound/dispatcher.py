@@ -63,6 +63,10 @@ __all__ = ["Dispatcher"]
 
 log = structlog.get_logger("relaybox.dispatcher")
 
+_DUE_MARGIN = 0.002
+"""Seconds past a row's due time at which the loop leases it: a timer may fire a
+little before the wall clock reaches the time (the event loop's clock is another)."""
+
 _LEASES_IN_FLIGHT = 1
 """Leases running at once. On PostgreSQL a lease is one statement (one round trip):
 slots freed meanwhile wait for that statement only, then go into the next lease. Two
@@ -100,6 +104,12 @@ class Dispatcher:
         self._ahead: list[str] = []  # channels whose lanes run() leases ahead
         self._unstarted: list[Delivery] = []  # leased ahead, never started: to release
         self._releaser: asyncio.Task[None] | None = None
+        # The earliest due time known (a retry this dispatcher scheduled, or the
+        # store's next due row) and the timer that wakes the loop then, so that a row
+        # goes when it comes due, not at the next poll.
+        self._due_at: float | None = None
+        self._due_timer: asyncio.TimerHandle | None = None
+        self._ask_due = True  # look up the store's next due row after the next short lease
 
     # -- loop -------------------------------------------------------------------
 
@@ -245,8 +255,12 @@ class Dispatcher:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.outbound.settings.poll_interval):
                         await self._wake.wait()
+                if not self._wake.is_set():  # a poll: rows may have come due unannounced
+                    self._ask_due = True
         finally:
             stopping.set()  # also when run() itself is cancelled
+            if self._due_timer is not None:
+                self._due_timer.cancel()
             recorder.folding = False
             if leasing:
                 await asyncio.gather(*leasing, return_exceptions=True)
@@ -288,6 +302,8 @@ class Dispatcher:
             if not self.recorder.folding:
                 leased = await self._lease(slots, fair)
                 self._lease_failures = 0
+                if len(leased) < slots:
+                    await self._learn_next_due()
                 return leased, {}
             if not self._lanes_ready:
                 await self._ensure_lanes()
@@ -316,7 +332,44 @@ class Dispatcher:
             return [], {}
         self._lease_failures = 0
         self.recorder.settle(carry, written)
+        if len(found) < slots:
+            await self._learn_next_due()
         return found, allowed
+
+    def _expect(self, at: float) -> None:
+        """A row comes due at ``at`` (the box's clock): wake the loop then, unless it
+        wakes for an earlier one already."""
+        loop = self.recorder.loop
+        if loop is None or (self._due_timer is not None and self._due_at is not None
+                            and self._due_at <= at):  # fmt: skip
+            return
+        if self._due_timer is not None:
+            self._due_timer.cancel()
+        self._due_at = at
+        delay = max(at - self.box.clock.now(), 0.0) + _DUE_MARGIN
+        self._due_timer = loop.call_later(delay, self._due)
+
+    def _due(self) -> None:
+        self._due_timer = self._due_at = None
+        self._ask_due = True  # the lease this wakes may leave later rows: look them up
+        self._wake.set()
+
+    async def _learn_next_due(self) -> None:
+        """After a lease that found fewer rows than it had slots for: when the store's
+        next row comes due (a retry another dispatcher scheduled, or one of this
+        dispatcher's behind its earliest), once per wake by a due time or a poll."""
+        if not self._ask_due:
+            return
+        self._ask_due = False
+        try:
+            at = await self.box.store.outbox_next_due(
+                channels=list(self.outbound.channels), now=self.box.clock.now()
+            )
+        except Exception as exc:  # the lease's own failure handling covers the database
+            log.debug("outbox_next_due_failed", dispatcher=self.name, error=short_error(exc))
+            return
+        if at is not None:
+            self._expect(at)
 
     def _release_later(self, d: Delivery) -> None:
         """A row leased ahead whose lease is too short to start it in now."""
@@ -405,7 +458,10 @@ class Dispatcher:
         except Exception as exc:  # a channel bug is a transient failure, with its trace
             result = Result("retry", error=error_text(exc))
         duration = time.perf_counter() - t0
-        await self.recorder.record(d, result, self.decide(d, result, schedule), started, duration)
+        decision = self.decide(d, result, schedule)
+        await self.recorder.record(d, result, decision, started, duration)
+        if decision.at is not None and decision.status == "retry":
+            self._expect(decision.at)
 
     def _schedule(self, d: Delivery, channel: Channel) -> Schedule:
         if d.endpoint is not None and d.endpoint.schedule is not None:

@@ -462,6 +462,13 @@ class OutboxStore:
         async with self.transaction() as conn:
             await self.rows(conn, "outbox_release", params)
 
+    async def outbox_next_due(self, *, channels: Sequence[str], now: float) -> float | None:
+        """When the next pending row of ``channels`` comes due after ``now`` (``None``:
+        no such row): a dispatcher wakes then rather than at its next poll."""
+        async with self.transaction() as conn:
+            row = await self.first(conn, "outbox_next_due", (now, self._array(channels)))
+        return None if row is None or row[0] is None else float(row[0])
+
     # -- recording ----------------------------------------------------------------------
 
     async def outbox_record(

@@ -24,6 +24,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
+from relaybox.store._commit_watch import CommitWatch
 from relaybox.store._drivers import run_on_sqlite_thread
 from relaybox.store.base import AcceptOutcome, Listener, NewDelivery, Store
 from relaybox.store.outbox import SecretOpener, leased_delivery
@@ -41,11 +42,13 @@ __all__ = ["SQLiteStore"]
 
 
 class _TaskListener:
-    def __init__(self, task: asyncio.Task[None]) -> None:
+    def __init__(self, task: asyncio.Task[None], store: SQLiteStore) -> None:
         self._task = task
+        self._store = store
 
     async def close(self) -> None:
         self._task.cancel()
+        self._store._unwatch()
 
 
 def _switch_to_wal(cur: Any, timeout: float) -> None:
@@ -86,6 +89,11 @@ class SQLiteStore(Store):
             pool_timeout=60,
         )
         self.wakeups: dict[str, asyncio.Event] = {}
+        self._file = (
+            Path(u.database).expanduser() if u.database and u.database != ":memory:" else None
+        )
+        self._watch: asyncio.Task[None] | None = None
+        self._watchers = 0
 
         @event.listens_for(self.engine.sync_engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -124,7 +132,10 @@ class SQLiteStore(Store):
         return self.wakeups.setdefault(channel, asyncio.Event())
 
     async def listen(self, channel: str, wake: asyncio.Event) -> Listener | None:
-        """Relay the in-process signal (SQLite's writers are all in this process)."""
+        """Relay the in-process signal, set by this process's writers at once and by
+        other processes' commits to the file within a few milliseconds
+        (:class:`~relaybox.store._commit_watch.CommitWatch`, one per process while
+        anything listens)."""
         signal = self.wakeup(channel)
 
         async def relay() -> None:
@@ -133,7 +144,29 @@ class SQLiteStore(Store):
                 signal.clear()
                 wake.set()
 
-        return _TaskListener(asyncio.create_task(relay()))
+        self._watchers += 1
+        if self._file is not None and (self._watch is None or self._watch.done()):
+            watch = CommitWatch(self._file, self._commit_seen)
+            self._watch = asyncio.create_task(watch.run(), name="relaybox-sqlite-watch")
+        return _TaskListener(asyncio.create_task(relay()), self)
+
+    def _commit_seen(self) -> None:
+        """Some connection committed to the file: every channel's listeners look (the
+        watch cannot tell which table changed)."""
+        for signal in self.wakeups.values():
+            signal.set()
+
+    def _unwatch(self) -> None:
+        self._watchers -= 1
+        if self._watchers <= 0 and self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        await super().close()
 
     async def notify(self, conn: AsyncConnection, channel: str) -> None:
         # The only other writer is in this process and waits for our write lock,

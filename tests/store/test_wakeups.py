@@ -1,0 +1,106 @@
+"""Conformance of what tells a waiting loop to look again: the outbox's next due time
+(both backends) and, on SQLite, the commit watch that wakes listeners when another
+connection (another process) commits to the file."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from relaybox.store import Store, open_store
+from relaybox.store._commit_watch import CommitWatch
+
+T0 = 1_000_000.0
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    s = open_store(database_url)
+    await s.migrate()
+    yield s
+    await s.close()
+
+
+async def _row(store: Store, channel: str, key: str, due: float) -> None:
+    async with store.transaction() as conn:
+        await store.outbox_insert(
+            conn, channel=channel, key=key, payload="{}", tenant=None, inbox_id=None, now=due
+        )
+
+
+async def test_outbox_next_due_is_the_earliest_pending_row_after_now(store: Store) -> None:
+    assert await store.outbox_next_due(channels=["email"], now=T0) is None
+    await _row(store, "email", "due-now", T0)
+    await _row(store, "email", "later", T0 + 7.5)
+    await _row(store, "email", "sooner", T0 + 0.25)
+    await _row(store, "sms", "another-channel", T0 + 0.1)
+    # Rows due at or before now are the lease's business, not a wake-up's.
+    assert await store.outbox_next_due(channels=["email"], now=T0) == T0 + 0.25
+    assert await store.outbox_next_due(channels=["email", "sms"], now=T0) == T0 + 0.1
+    assert await store.outbox_next_due(channels=["email"], now=T0 + 0.25) == T0 + 7.5
+    assert await store.outbox_next_due(channels=["email"], now=T0 + 8) is None
+    assert await store.outbox_next_due(channels=[], now=T0) is None
+    # A row that is no longer pending never comes due.
+    async with store.transaction() as conn:
+        sent = "UPDATE relaybox_outbox SET status = 'sent' WHERE key = 'sooner'"
+        await conn.exec_driver_sql(sent)
+    assert await store.outbox_next_due(channels=["email"], now=T0) == T0 + 7.5
+
+
+async def _woken(wake: asyncio.Event, within: float) -> float | None:
+    """Seconds until ``wake`` was set, or ``None`` if it was not within ``within``."""
+    started = time.perf_counter()
+    try:
+        await asyncio.wait_for(wake.wait(), within)
+    except TimeoutError:
+        return None
+    return time.perf_counter() - started
+
+
+async def test_sqlite_listeners_wake_on_another_connections_commit(tmp_path: Path) -> None:
+    """A commit by a connection outside the store (as another process's) wakes both
+    channels' listeners within a few watch intervals; nothing wakes them while
+    nobody writes; closing the last listener stops the watch."""
+    path = tmp_path / "relaybox.db"
+    store = open_store(f"sqlite:///{path}")
+    await store.migrate()
+    inbox, outbox = asyncio.Event(), asyncio.Event()
+    listeners = [await store.listen("inbox", inbox), await store.listen("outbox", outbox)]
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        await asyncio.sleep(0.1)  # the watch has read its first version
+        inbox.clear(), outbox.clear()
+        assert await _woken(outbox, 0.3) is None  # idle: no wake-up
+        other.execute(
+            "INSERT INTO relaybox_outbox (channel, key, payload, status, next_attempt_at,"
+            " created_at, updated_at) VALUES ('email', 'k', '{}', 'pending', 0, 0, 0)"
+        )
+        waited = await _woken(outbox, 5.0)
+        assert waited is not None and waited < 2.0, waited  # generous: a loaded machine
+        assert await _woken(inbox, 1.0) is not None
+        for listener in listeners:
+            assert listener is not None
+            await listener.close()
+        assert store._watch is None  # type: ignore[attr-defined]
+    finally:
+        other.close()
+        await store.close()
+
+
+async def test_commit_watch_waits_for_a_file_that_does_not_exist_yet(tmp_path: Path) -> None:
+    path = tmp_path / "later.db"
+    seen = asyncio.Event()
+    watch = asyncio.create_task(CommitWatch(path, seen.set, interval=0.01).run())
+    try:
+        await asyncio.sleep(0.05)
+        assert not path.exists()  # the watch never creates the database
+        assert not watch.done()
+    finally:
+        watch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await watch
