@@ -263,6 +263,7 @@ class Relaybox:
         from relaybox.portal import portal_link
 
         return portal_link(self, tenant, ttl=ttl, base_url=base_url)
+
     async def announce(
         self, conn: Any, event_type: str, data: Any, *, key: str | None = None
     ) -> None:
@@ -360,72 +361,13 @@ class Relaybox:
 
     def asgi(self, *, roles: tuple[str, ...] = ROLES) -> Starlette:
         """The app served by ``relaybox serve``. HTTP roles: ``receiver``
-        (``/webhooks/{source}``), ``api`` (tenant-facing ``/api/v1``), ``admin``
-        (``/admin``: operator API and dashboard); background roles: ``worker``,
-        ``dispatcher``. ``/healthz`` and ``/metrics`` are always there."""
-        from starlette.applications import Starlette
-        from starlette.requests import Request
-        from starlette.responses import JSONResponse, Response
-        from starlette.routing import BaseRoute, Mount, Route
+        (``/webhooks/{source}``), ``api`` (tenant-facing ``/api/v1`` and ``/portal``),
+        ``admin`` (``/admin``: operator API and dashboard); background roles:
+        ``worker``, ``dispatcher``. ``/healthz`` and ``/metrics`` are always there
+        (:func:`relaybox.web.build_asgi`)."""
+        from relaybox.web import build_asgi
 
-        async def healthz(_: Request) -> Response:
-            try:
-                applied, latest = await self.store.schema_version()
-            except Exception:
-                return JSONResponse({"status": "unavailable"}, status_code=503)
-            ok = applied == latest
-            body: dict[str, Any] = {
-                "status": "ok" if ok else "migrations_pending",
-                "schema": applied,
-            }
-            if applied == 0:
-                body["message"] = TABLES_MISSING
-            return JSONResponse(body, status_code=200 if ok else 503)
-
-        async def metrics(_: Request) -> Response:
-            body = await self.metrics.scrape(self)
-            return Response(body, media_type="text/plain; version=0.0.4")
-
-        from relaybox.config import BACKGROUND_ROLES
-
-        background = tuple(r for r in roles if r in BACKGROUND_ROLES)
-
-        @contextlib.asynccontextmanager
-        async def lifespan(_: Any) -> Any:
-            if "api" in roles or "dispatcher" in roles:
-                # A broken key file stops the start with its message (KeyFileError),
-                # rather than every endpoint's deliveries and secrets failing later.
-                self.outbound.vault.check()
-            async with self.running(background, receiver="receiver" in roles):
-                yield {"relaybox": self}
-
-        routes: list[BaseRoute] = [
-            Route("/healthz", healthz),
-            Route("/metrics", metrics),
-        ]
-        if "receiver" in roles:
-            routes.append(Mount("/webhooks", app=self.receiver))
-        if "api" in roles:
-            from relaybox.outbound.api import build_api
-
-            routes.append(Mount("/api/v1", app=build_api(self)))
-            from relaybox.portal import build_portal
-
-            routes.append(Mount("/portal", app=build_portal(self)))
-        if "admin" in roles:
-            from relaybox.admin import build_admin
-
-            routes.append(Mount("/admin", app=build_admin(self)))
-        async def no_route(request: Request, exc: Exception) -> Response:
-            # An address no mount matches (one with a newline, say) answers in the
-            # tenant API's JSON error shape under /api/, as the API's own 404s do.
-            status = getattr(exc, "status_code", 404)
-            if request.url.path.startswith("/api/"):
-                body = {"error": "not_found", "message": "no such route"}
-                return JSONResponse(body, status_code=status)
-            return Response("Not Found", status_code=status, media_type="text/plain")
-
-        return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: no_route})
+        return build_asgi(self, roles)
 
     def freeze_startup_heap(self) -> None:
         """Once started, the objects alive now (modules, the app, its settings) live as

@@ -26,6 +26,7 @@ from relaybox.store.credentials import CredentialsStore
 from relaybox.store.history import HistoryStore
 from relaybox.store.operator import OperatorStore
 from relaybox.store.outbox import OutboxStore
+from relaybox.store.outbox_catalog import CatalogStore
 from relaybox.store.outbox_flow import FlowStore
 from relaybox.store.processing import Processing
 from relaybox.store.sync import SyncStore, sync_store
@@ -229,6 +230,7 @@ class Store(
     OperatorStore,
     OutboxStore,
     FlowStore,
+    CatalogStore,
     Processing,
 ):
     """Base class of the backends. Subclasses set ``backend`` and build ``engine``."""

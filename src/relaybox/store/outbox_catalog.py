@@ -1,0 +1,96 @@
+"""The store's catalog statements: event types, tenants' API keys, and the dashboard's
+revoked sessions.
+
+:class:`CatalogStore` is a mixin of :class:`~relaybox.store.base.Store`, beside
+:class:`~relaybox.store.outbox.OutboxStore`, whose primitives it uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.store.outbox_rows import ApiKey, EventTypeRow
+
+__all__ = ["CatalogStore"]
+
+
+class CatalogStore:
+    """Event types, API keys and revoked dashboard sessions (a base of :class:`Store`)."""
+
+    if TYPE_CHECKING:
+
+        def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+
+        async def rows(
+            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
+        ) -> list[Any]: ...
+
+        async def first(
+            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
+        ) -> Any: ...
+
+    # -- admin sessions -----------------------------------------------------------------
+
+    async def admin_session_revoke(
+        self, session_id: str, *, expires_at: float, purge_before: float
+    ) -> None:
+        """Revoke a dashboard session until ``expires_at`` (idempotent), and drop the
+        revocations that expired before ``purge_before``, in one transaction."""
+        async with self.transaction() as conn:
+            await self.rows(conn, "admin_session_revoke", (session_id, expires_at))
+            await self.rows(conn, "admin_session_purge", (purge_before,))
+
+    async def admin_session_revoked(self, session_id: str) -> bool:
+        """Whether the dashboard session was revoked (one primary-key lookup)."""
+        async with self.transaction() as conn:
+            return await self.first(conn, "admin_session_revoked", (session_id,)) is not None
+
+    # -- event types --------------------------------------------------------------------
+
+    async def event_type_upsert(
+        self, name: str, description: str, schema: str | None, *, now: float
+    ) -> None:
+        """Add or replace a catalog entry (``schema``: JSON text or ``None``)."""
+        async with self.transaction() as conn:
+            await self.rows(conn, "event_type_upsert", (name, description, schema, now))
+
+    async def event_type_list(self) -> list[EventTypeRow]:
+        """The catalog, by name."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "event_type_list")
+        return [EventTypeRow(r[0], r[1], r[2]) for r in found]
+
+    async def event_type_schema(self, conn: AsyncConnection, name: str) -> str | None:
+        """The catalog's schema of ``name`` (JSON text), read in ``conn``'s transaction;
+        ``None`` for a type without one or outside the catalog."""
+        row = await self.first(conn, "event_type_get", (name,))
+        return None if row is None or not row[2] else str(row[2])
+
+    # -- API keys -----------------------------------------------------------------------
+
+    async def api_key_create(
+        self, key_id: str, tenant: str, name: str, key_hash: str, *, now: float
+    ) -> None:
+        async with self.transaction() as conn:
+            await self.rows(conn, "api_key_insert", (key_id, tenant, name, key_hash, now))
+
+    async def api_key_find(self, key_hash: str) -> str | None:
+        """The tenant of the active key with this hash, or ``None``."""
+        async with self.transaction() as conn:
+            row = await self.first(conn, "api_key_lookup", (key_hash,))
+        return None if row is None else str(row[1])
+
+    async def api_key_list(self, tenant: str | None) -> list[ApiKey]:
+        """Keys of ``tenant`` (``None``: every tenant), oldest first."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "api_key_list", (tenant,))
+        return [ApiKey(*r) for r in found]
+
+    async def api_key_revoke(self, key_id: str, *, now: float) -> bool:
+        """Revoke an active key; ``False`` when there is none with this id."""
+        async with self.transaction() as conn:
+            return await self.first(conn, "api_key_revoke", (key_id, now)) is not None
