@@ -230,6 +230,17 @@ async def test_manage_endpoints_secrets_tests_and_the_log(
         _, subs = await portal.get("/subscriptions")
         assert "order.paid" in subs
 
+        status, location, _ = await portal.post(f"/endpoints/{endpoint_id}/pause")
+        assert "notice=paused" in location
+        _, page = await portal.get(f"/endpoints/{endpoint_id}")
+        assert 'id="paused"' in page and 'id="resume"' in page
+        found = await box.store.endpoint_get(endpoint_id, "client-42")
+        assert found is not None and found.paused_at is not None
+        status, location, _ = await portal.post(f"/endpoints/{endpoint_id}/resume")
+        assert "notice=resumed" in location
+        _, page = await portal.get(f"/endpoints/{endpoint_id}")
+        assert 'id="paused"' not in page and 'id="pause"' in page
+
         status, location, _ = await portal.post(f"/endpoints/{endpoint_id}/disable")
         assert "notice=disabled" in location
         assert "status-disabled" in (await portal.get(f"/endpoints/{endpoint_id}"))[1]
@@ -269,6 +280,8 @@ PAGES = [
     ("POST", "/endpoints/{endpoint}"),
     ("POST", "/endpoints/{endpoint}/enable"),
     ("POST", "/endpoints/{endpoint}/disable"),
+    ("POST", "/endpoints/{endpoint}/pause"),
+    ("POST", "/endpoints/{endpoint}/resume"),
     ("POST", "/endpoints/{endpoint}/delete"),
     ("POST", "/endpoints/{endpoint}/secret"),
     ("POST", "/endpoints/{endpoint}/secret/rotate"),
@@ -309,7 +322,7 @@ async def test_a_tenant_reaches_no_other_tenants_ids(
             _, page = await portal.get(listing)
             assert other_endpoint not in page and message.id not in page
         found = await box.store.endpoint_get(other_endpoint, "client-b")
-        assert found is not None and found.status == "enabled"
+        assert found is not None and found.status == "enabled" and found.paused_at is None
         [row] = await box.store.delivery_list(
             "client-b", message_id=message.id, endpoint_id=None, undelivered=False, limit=5
         )

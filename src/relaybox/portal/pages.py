@@ -7,7 +7,7 @@ another tenant's endpoint or message answers 404, as an id that does not exist.
     POST  /s/<session>/endpoints                create (the page shows its secret once)
     GET   /s/<session>/endpoints/<id>           edit, disable/enable, delete, secret, test
     POST  /s/<session>/endpoints/<id>           save the edit
-    POST  /s/<session>/endpoints/<id>/enable | disable | delete | test
+    POST  /s/<session>/endpoints/<id>/enable | disable | pause | resume | delete | test
     POST  /s/<session>/endpoints/<id>/secret           reveal the active secrets
     POST  /s/<session>/endpoints/<id>/secret/rotate    a new secret; the old one
                                                        keeps signing for the grace
@@ -36,7 +36,7 @@ from relaybox.ops.delivery_log import (
     message_view,
     subscribed,
 )
-from relaybox.outbound import deliveries, endpoints
+from relaybox.outbound import deliveries, endpoints, flow
 from relaybox.outbound.catalog import list_event_types
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec
 from relaybox.outbound.portal_links import TokenRefused, open_link
@@ -153,6 +153,18 @@ async def disable_endpoint(page: Page) -> Response:
     found = await _endpoint(page)
     await endpoints.disable_endpoint(page.box, found.id, tenant=page.tenant, reason="portal")
     return page.redirect(f"/endpoints/{found.id}", notice="disabled")
+
+
+async def pause_endpoint(page: Page) -> Response:
+    found = await _endpoint(page)
+    await flow.pause_endpoint(page.box, found.id, tenant=page.tenant)
+    return page.redirect(f"/endpoints/{found.id}", notice="paused")
+
+
+async def resume_endpoint(page: Page) -> Response:
+    found = await _endpoint(page)
+    await flow.resume_endpoint(page.box, found.id, tenant=page.tenant)
+    return page.redirect(f"/endpoints/{found.id}", notice="resumed")
 
 
 async def delete_endpoint(page: Page) -> Response:
@@ -285,6 +297,8 @@ def routes(box: Runtime) -> list[BaseRoute]:
         ("/endpoints/{id}", edit_endpoint, "POST"),
         ("/endpoints/{id}/enable", enable_endpoint, "POST"),
         ("/endpoints/{id}/disable", disable_endpoint, "POST"),
+        ("/endpoints/{id}/pause", pause_endpoint, "POST"),
+        ("/endpoints/{id}/resume", resume_endpoint, "POST"),
         ("/endpoints/{id}/delete", delete_endpoint, "POST"),
         ("/endpoints/{id}/secret", reveal_secret, "POST"),
         ("/endpoints/{id}/secret/rotate", rotate_secret, "POST"),

@@ -70,6 +70,9 @@ NOTICES: dict[str, str] = {
     "saved": "The endpoint was saved.",
     "enabled": "The endpoint was enabled.",
     "disabled": "The endpoint was disabled: its waiting deliveries stop until it is enabled.",
+    "paused": "The endpoint was paused: its deliveries wait, none is dropped, until it is "
+    "resumed.",
+    "resumed": "The endpoint was resumed: waiting deliveries go out, oldest first.",
     "deleted": "The endpoint was deleted.",
     "resent": "The message was sent again ({n} deliver(ies)).",
     "nothing_to_resend": "Nothing to resend: its deliveries are still on their way, or "
