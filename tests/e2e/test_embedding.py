@@ -712,7 +712,7 @@ def test_friction11_the_example_settings_file_documents_every_key() -> None:
             section = header.group(1)
             shown.setdefault(section, set())
             continue
-        key = re.match(r"^#?\s?([a-z_]+) = ", line)
+        key = re.match(r"^#?\s?([a-z0-9_]+) = ", line)
         if key:
             shown.setdefault(section, set()).add(key.group(1))
     missing = []
