@@ -27,8 +27,11 @@ BOTH = ["default", "postgres"]
 def pytest_configure(config: pytest.Config) -> None:
     """After tests/conftest.py has the PostgreSQL server's URL in the environment."""
     if not django_settings.configured:
+        ours = "DJANGO_SETTINGS_MODULE" not in os.environ
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.django.settings")
         django.setup()
+        if ours:  # loaded now; processes other tests start are no Django project
+            del os.environ["DJANGO_SETTINGS_MODULE"]
 
 
 @pytest.fixture(scope="session", autouse=True)
