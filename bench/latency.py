@@ -137,10 +137,26 @@ async def _endpoints(box: Any, port: int) -> None:
 async def _publish(box: Any, event_type: str, n: int) -> tuple[str, float]:
     """Publish in a transaction of its own; the message's id and when ``publish`` was
     called (its ``created_at``, inside the transaction: the latency counts the commit,
-    and not the publisher's own queueing for a connection)."""
-    async with box.store.transaction() as conn:
-        message = await box.publish(conn, event_type, {"n": n}, tenant="bench")
+    and not the publisher's own queueing for a connection). At most ``PUBLISHERS`` at
+    once: the store's pool holds 20 connections and gives up on a wait of 5 s, and an
+    open loop on a loaded machine would otherwise queue past that."""
+    async with _publishers():
+        async with box.store.transaction() as conn:
+            message = await box.publish(conn, event_type, {"n": n}, tenant="bench")
     return message.id, float(message.created_at)
+
+
+PUBLISHERS = 16
+_gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+
+def _publishers() -> asyncio.Semaphore:
+    """The running loop's gate of ``PUBLISHERS`` places."""
+    loop = asyncio.get_running_loop()
+    gate = _gates.get(loop)
+    if gate is None:
+        gate = _gates[loop] = asyncio.Semaphore(PUBLISHERS)
+    return gate
 
 
 async def dispatch_session(url: str, *, quick: bool, sqlite: bool) -> list[list[Any]]:

@@ -69,7 +69,7 @@ _CACHE = 4096
 _KEY_FILE_MAX = 64 * 1024
 """The longest key file read (a key is 44 characters; a list of them stays far below)."""
 
-_PARTIAL_WAIT = 2.0
+_PARTIAL_WAIT = 10.0
 """Seconds to wait for another process to finish writing a key file that it has just
 created (only where the file system has no hard links, see :meth:`KeyFile.create`)."""
 
