@@ -73,6 +73,9 @@ _PARTIAL_WAIT = 10.0
 """Seconds to wait for another process to finish writing a key file that it has just
 created (only where the file system has no hard links, see :meth:`KeyFile.create`)."""
 
+_KEY_LINE = 45
+"""A Fernet key (44 characters) and its newline, as :meth:`KeyFile.create` writes it."""
+
 MISSING_HINT = (
     "set outbound.secrets_key (RELAYBOX_OUTBOUND__SECRETS_KEY) on every relaybox process;"
     " make a key with `relaybox endpoints new-key`"
@@ -157,7 +160,14 @@ class KeyFile:
 
     def read_or_create(self) -> str:
         """The file's keys, made first (a fresh key) when there is no file."""
-        found = self.read()
+        try:
+            found = self.read()
+        except KeyFileError:
+            if not self._maybe_being_written():
+                raise
+            # another process made the name a moment ago, without hard links, and has
+            # not finished writing its key: wait for it as a losing creator does
+            found = self._read_theirs(partial=True)
         if found is not None:
             return found
         try:
@@ -228,6 +238,16 @@ class KeyFile:
             if found is None:  # removed in between: an operator's doing; start over
                 return self.create()
             return found
+
+    def _maybe_being_written(self) -> bool:
+        """Shorter than one key and its newline, and changed within the last
+        ``_PARTIAL_WAIT`` seconds: a creator without hard links may still be writing
+        it. An old or whole file that holds no key is an operator's problem instead."""
+        try:
+            found = self.path.stat()
+        except OSError:
+            return False
+        return found.st_size < _KEY_LINE and time.time() - found.st_mtime < _PARTIAL_WAIT
 
     def mode(self) -> int | None:
         """The file's permission bits, ``None`` when it cannot be found (missing, or
