@@ -202,7 +202,6 @@ class Receiver:
             return answer.status, answer, []
         return 200, {"status": outcome.status, "event_id": delivery.event_id}, []
 
-
     async def _announce_quarantine(self, delivery: NewDelivery, inbox_id: int) -> None:
         """``relaybox.inbox.quarantined``, in a transaction of its own right after the
         accept (whose statement runs alone); once per conflicting content, as the

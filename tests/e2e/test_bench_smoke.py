@@ -63,9 +63,7 @@ async def test_bench_quick_prints_its_goals_and_leaves_no_databases() -> None:
         # accept (2 backends), process (2), dispatch (1), latency (4), slow (3 verdicts)
         goals = 11
     else:
-        runs = [
-            [which, "--quick"] for which in ("process", "dispatch", "size", "latency", "slow")
-        ]
+        runs = [[which, "--quick"] for which in ("process", "dispatch", "size", "latency", "slow")]
         goals = 10  # process (2), dispatch (1), latency (4), slow (3 verdicts)
     shown = 0
     for args in runs:

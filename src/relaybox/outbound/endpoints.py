@@ -136,6 +136,8 @@ def _filter(box: Runtime, spec: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     s = outbound(box).settings
     return check_filter(spec, max_depth=s.filter_max_depth, max_bytes=s.filter_max_bytes)
+
+
 def _extras(
     box: Runtime, patch: EndpointPatch, vault: Vault | None
 ) -> tuple[str | Keep | None, tuple[str, str] | Keep | None]:
@@ -164,9 +166,7 @@ def _extras(
     return headers, credentials
 
 
-def _check(
-    box: Runtime, url: str | None, timeout: float | None, max_in_flight: int | None
-) -> None:
+def _check(box: Runtime, url: str | None, timeout: float | None, max_in_flight: int | None) -> None:
     s = outbound(box).settings
     if max_in_flight is not None and max_in_flight > s.concurrency:
         # More than a dispatcher has slots: never reachable, and one endpoint would
@@ -346,9 +346,7 @@ async def disable_endpoint(
     return True
 
 
-async def disable_in(
-    box: Runtime, conn: AsyncConnection, endpoint_id: str, *, reason: str
-) -> bool:
+async def disable_in(box: Runtime, conn: AsyncConnection, endpoint_id: str, *, reason: str) -> bool:
     """Disable in the caller's transaction: its waiting deliveries become dead letters
     (``endpoint_disabled``, recoverable), and the operational event
     ``relaybox.endpoint.disabled`` is published to the operational tenant in the same

@@ -70,8 +70,7 @@ NOTICES: dict[str, str] = {
     "saved": "The endpoint was saved.",
     "enabled": "The endpoint was enabled.",
     "disabled": "The endpoint was disabled: its waiting deliveries stop until it is enabled.",
-    "paused": "The endpoint was paused: its deliveries wait, none is dropped, until it is "
-    "resumed.",
+    "paused": "The endpoint was paused: its deliveries wait, none is dropped, until it is resumed.",
     "resumed": "The endpoint was resumed: waiting deliveries go out, oldest first.",
     "deleted": "The endpoint was deleted.",
     "resent": "The message was sent again ({n} deliver(ies)).",
