@@ -45,7 +45,7 @@ from relaybox.errors import PermanentError
 from relaybox.store.history import Projection, ProjectionWrite
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
     from relaybox.worker import Context
     from relaybox.worker.context import Handling
 
@@ -137,7 +137,7 @@ def _resolve_order(order: VersionOrder | str) -> VersionOrder:
 
 
 async def write(
-    box: Relaybox,
+    box: Runtime,
     conn: AsyncConnection,
     *,
     resource_key: str,
@@ -166,12 +166,12 @@ async def write(
     )
 
 
-async def stored(box: Relaybox, conn: AsyncConnection, resource_key: str) -> Projection | None:
+async def stored(box: Runtime, conn: AsyncConnection, resource_key: str) -> Projection | None:
     return await box.store.projection_get(conn, resource_key)
 
 
 async def current(
-    box: Relaybox, resource_key: str, *, conn: AsyncConnection | None = None
+    box: Runtime, resource_key: str, *, conn: AsyncConnection | None = None
 ) -> Projection | None:
     """The stored current state of ``resource_key`` (in ``conn``'s transaction if given)."""
     if conn is not None:
@@ -307,7 +307,7 @@ _registered: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, Counter]] = 
 )
 
 
-def counter(box: Relaybox, attr: str) -> Counter:
+def counter(box: Runtime, attr: str) -> Counter:
     """The ordering area's counter ``attr`` on ``box.metrics``: the attribute when
     :class:`~relaybox.metrics.Metrics` defines it, else one registered once on the
     box's own registry (so ``/metrics`` shows it and two boxes never collide)."""

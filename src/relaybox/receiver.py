@@ -39,7 +39,7 @@ from relaybox.store import NewDelivery
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
-    from relaybox.app import Relaybox
+    from relaybox.runtime import ReceiverRuntime
     from relaybox.sources.base import Source
 
 __all__ = ["Receiver", "Reply"]
@@ -56,7 +56,7 @@ _DROP_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 class Receiver:
     """ASGI app answering ``POST /{source}`` relative to where it is mounted."""
 
-    def __init__(self, box: Relaybox) -> None:
+    def __init__(self, box: ReceiverRuntime) -> None:
         self.box = box
         self._verify_pool: ThreadPoolExecutor | None = None
 
@@ -220,7 +220,7 @@ class Receiver:
             await self.box.announce(conn, "relaybox.inbox.quarantined", data, key=key)
 
 
-async def _lifespan(box: Relaybox, receive: Receive, send: Send) -> None:
+async def _lifespan(box: ReceiverRuntime, receive: Receive, send: Send) -> None:
     """ASGI lifespan of the bare receiver served as the whole app: the schema checked
     (or migrated, ``migrate = "auto"``) and the accept connections opened at startup,
     everything closed at shutdown. No background role starts here: the worker runs

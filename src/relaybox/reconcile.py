@@ -55,7 +55,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from relaybox.projections import canonical_state, counter, integer_order, stored, write
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
     from relaybox.worker import Context
 
 __all__ = [
@@ -125,7 +125,7 @@ class Reconciler:
 
     def __init__(
         self,
-        box: Relaybox,
+        box: Runtime,
         source: str,
         fetch: Fetch,
         *,
@@ -265,12 +265,12 @@ class Reconciler:
         return report
 
 
-_reconcilers: weakref.WeakKeyDictionary[Relaybox, dict[str, Reconciler]] = (
+_reconcilers: weakref.WeakKeyDictionary[Runtime, dict[str, Reconciler]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def register(box: Relaybox, source: str, fetch: Fetch, **options: Any) -> Reconciler:
+def register(box: Runtime, source: str, fetch: Fetch, **options: Any) -> Reconciler:
     """Declare how to fetch ``source``'s resources; ``relaybox reconcile --source``
     finds it on the box named by ``--app``. ``options``: see :class:`Reconciler`."""
     reconciler = Reconciler(box, source, fetch, **options)
@@ -278,7 +278,7 @@ def register(box: Relaybox, source: str, fetch: Fetch, **options: Any) -> Reconc
     return reconciler
 
 
-def reconciler_for(box: Relaybox, source: str) -> Reconciler | None:
+def reconciler_for(box: Runtime, source: str) -> Reconciler | None:
     return _reconcilers.get(box, {}).get(source)
 
 

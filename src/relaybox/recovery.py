@@ -51,7 +51,7 @@ from relaybox.store import NewDelivery
 from relaybox.store.history import RecoveryRecord
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import InboundRuntime, Runtime
 
 __all__ = [
     "DeliveryLog",
@@ -286,7 +286,7 @@ class RecoveryReport:
 
 
 async def recover(
-    box: Relaybox,
+    box: InboundRuntime,
     source_name: str,
     deliveries: DeliveryLog,
     *,
@@ -362,12 +362,12 @@ async def recover(
     return report
 
 
-async def _present(box: Relaybox, source: str, event_ids: list[str]) -> set[str]:
+async def _present(box: Runtime, source: str, event_ids: list[str]) -> set[str]:
     return await box.store.inbox_find_events(source, event_ids)
 
 
 async def _ingest(
-    box: Relaybox,
+    box: Runtime,
     source: Source,
     deliveries: DeliveryLog,
     summary: DeliverySummary,
@@ -465,7 +465,7 @@ def _api_verified(
 
 
 async def _record(
-    box: Relaybox, source: str, summary: DeliverySummary, action: str, inbox_id: int | None
+    box: Runtime, source: str, summary: DeliverySummary, action: str, inbox_id: int | None
 ) -> None:
     await box.store.recovery_record(
         RecoveryRecord(
@@ -479,12 +479,12 @@ async def _record(
     )
 
 
-_logs: weakref.WeakKeyDictionary[Relaybox, dict[str, Callable[[], DeliveryLog]]] = (
+_logs: weakref.WeakKeyDictionary[Runtime, dict[str, Callable[[], DeliveryLog]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def register(box: Relaybox, source: str, factory: Callable[[], DeliveryLog]) -> None:
+def register(box: Runtime, source: str, factory: Callable[[], DeliveryLog]) -> None:
     """Declare how ``relaybox recover --source`` reaches ``source``'s delivery log
     (a factory: the client is made inside the command's event loop)::
 
@@ -494,5 +494,5 @@ def register(box: Relaybox, source: str, factory: Callable[[], DeliveryLog]) -> 
     _logs.setdefault(box, {})[source] = factory
 
 
-def log_for(box: Relaybox, source: str) -> Callable[[], DeliveryLog] | None:
+def log_for(box: Runtime, source: str) -> Callable[[], DeliveryLog] | None:
     return _logs.get(box, {}).get(source)

@@ -27,7 +27,7 @@ from relaybox.store import InboxEvent, OutboxRow
 from relaybox.worker.context import Handling, _add_row
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import InboundRuntime
 
 __all__ = ["SyncContext", "SyncOutbox", "SyncTransaction"]
 
@@ -54,7 +54,7 @@ class SyncContext(Handling):
     """What a plain ``def`` handler gets: the event and the synchronous transaction it
     runs in (``conn``; ``session`` for the ORM)."""
 
-    box: Relaybox
+    box: InboundRuntime
     conn: Connection
     event: InboxEvent
     business_keys: list[str] = field(default_factory=list)

@@ -23,7 +23,7 @@ from relaybox.outbound.publish import check_request, new_message, published, tar
 from relaybox.store.outbox_rows import Message
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import Runtime
 
 __all__ = ["connection_of", "publish_sync"]
 
@@ -42,7 +42,7 @@ def connection_of(conn_or_session: Connection | Session) -> Connection:
 
 
 def publish_sync(
-    box: Relaybox,
+    box: Runtime,
     conn_or_session: Connection | Session,
     event_type: str,
     data: Any,

@@ -16,7 +16,7 @@ from relaybox.errors import OperationConflict
 from relaybox.store import InboxEvent, OutboxRow
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import InboundRuntime, Runtime
     from relaybox.sync.context import SyncContext
 
 __all__ = ["Context", "Handler", "Handling", "Hooks", "Outbox", "Registration", "SyncHandler"]
@@ -71,7 +71,7 @@ def _add_row(ctx: Handling, channel: str, key: str, payload: Any) -> None:
 _UNKNOWN_CHANNELS_SAID: set[str] = set()
 
 
-def _check_channel(box: Relaybox, channel: str) -> None:
+def _check_channel(box: Runtime, channel: str) -> None:
     """Say once per process (an error line) that rows are recorded for a channel no
     dispatcher of this app delivers: they stay pending until it is registered.
     ``relaybox doctor`` names them too."""
@@ -95,7 +95,7 @@ class Handling:
     ones): the event, its payload, the declared business key, the outbox rows and
     business keys recorded. No I/O here."""
 
-    box: Relaybox
+    box: InboundRuntime
     event: InboxEvent
     business_keys: list[str]
     outbox_keys: list[str]
@@ -188,7 +188,7 @@ class Handling:
 class Context(Handling):
     """What a handler gets: the event and the transaction it runs in."""
 
-    box: Relaybox
+    box: InboundRuntime
     conn: AsyncConnection
     event: InboxEvent
     business_keys: list[str] = field(default_factory=list)

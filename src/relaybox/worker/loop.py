@@ -23,7 +23,7 @@ from relaybox.worker.outcomes import dead_event
 from relaybox.worker.transactions import Runners, _Batch, _Job
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import WorkerRuntime
 
 __all__ = ["Worker"]
 
@@ -37,7 +37,7 @@ class _StartMarks:
     """Start marks of events that start together, in one statement: whoever asks
     while a mark is in flight goes in the next one (group commit)."""
 
-    def __init__(self, box: Relaybox) -> None:
+    def __init__(self, box: WorkerRuntime) -> None:
         self.box = box
         self._waiting: list[tuple[int, asyncio.Future[int | None]]] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -77,7 +77,7 @@ class Worker(Runners):
 
     def __init__(
         self,
-        box: Relaybox,
+        box: WorkerRuntime,
         *,
         name: str | None = None,
         concurrency: int | None = None,

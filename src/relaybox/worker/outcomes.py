@@ -17,7 +17,7 @@ from relaybox.store import InboxEvent
 from relaybox.worker.context import Handling, Hooks
 
 if TYPE_CHECKING:
-    from relaybox.app import Relaybox
+    from relaybox.runtime import WorkerRuntime
 
 log = structlog.get_logger("relaybox.worker")
 
@@ -132,7 +132,7 @@ def _contended(exc: BaseException) -> bool:
 class Recorder:
     """The worker's outcome recording (a base of :class:`~relaybox.worker.loop.Worker`)."""
 
-    box: Relaybox
+    box: WorkerRuntime
     name: str
     backoff: Backoff
     rng: random.Random
