@@ -14,8 +14,8 @@ Deliveries reach the inbox in one of two ways, each stated in the test:
   socket (verification, tenant mapping and the group-committing acceptor all run);
   one store-level test calls ``store.inbox_accept`` with whole batches.
 
-Tests that document a known bug call ``pytest.xfail("bug: ...")`` only after
-observing it, so they pass by themselves once the bug is fixed.
+Each test that once documented a bug now asserts its fix, naming the code that
+holds it in its message.
 """
 
 from __future__ import annotations
@@ -425,13 +425,11 @@ async def test_poison_event_is_dead_exhausted_and_the_others_are_done(db: Db, pr
     assert "the worker process died" in poison["last_error"]
 
     statuses = {e: (await db.inbox(e))["status"] for e in POISON_EVENTS}
-    if statuses != {**dict.fromkeys(POISON_EVENTS, "done"), "evt_poison": "dead"}:
-        pytest.xfail(
-            "bug: a crash charges an attempt to every row its process had claimed, not "
-            "only to the one that crashed it; the good events die 'exhausted' with the "
-            f"poison: {statuses} (src/relaybox/worker/loop.py run_once + store inbox_claim: "
-            "claim a row whose previous attempt did not finish alone, in a batch of one)"
-        )
+    assert statuses == {**dict.fromkeys(POISON_EVENTS, "done"), "evt_poison": "dead"}, (
+        "a crash must charge an attempt only to the row that crashed its process: a row"
+        " whose attempt never finished comes back as a suspect and runs alone"
+        f" (relaybox/worker/loop.py): {statuses}"
+    )
     state = await db.state()
     assert (state["inbox"], state["grants"], state["credits"]) == (
         {"done": 3, "dead": 1},
@@ -459,14 +457,9 @@ async def test_concurrent_batches_with_the_same_events_do_not_deadlock(db: Db) -
         return_exceptions=True,
     )
     failed = [r for r in results if isinstance(r, BaseException)]
-    if any("deadlock" in str(e).lower() for e in failed):
-        pytest.xfail(
-            "bug: concurrent accept batches insert overlapping event keys in arbitrary "
-            "order and deadlock (the receiver answers 503 to the whole batch); "
-            "src/relaybox/store/postgres.py inbox_accept/inbox_insert: sort each batch "
-            "by (source, account, event_id) before the INSERT"
-        )
-    assert not failed
+    # a batch is inserted in key order (relaybox/store/postgres.py), so overlapping
+    # batches cannot deadlock: no 503 for a whole batch
+    assert not failed, failed
     assert await db.scalar("SELECT count(*) FROM relaybox_inbox") == 1003
     statuses = sorted(o.status for r in results for o in r)  # type: ignore[union-attr]
     assert statuses == ["accepted"] * 1000 + ["duplicate"] * 1000
@@ -477,8 +470,8 @@ async def test_worker_batches_touching_the_same_rows_do_not_deadlock(db: Db) -> 
     """Two workers, each claiming a batch of two grants for workspaces ws_0 and ws_1
     in opposite orders: A = [ws_0, ws_1], B = [ws_1, ws_0]. A barrier makes both hold
     their first balance row before they go on. With the batch in one transaction
-    this deadlocked (and cost the victim an attempt); with the PostgreSQL default of
-    one event per transaction (``worker.group``) it cannot."""
+    this deadlocked (and cost the victim an attempt); a group now waits at most 50 ms
+    for a row lock and runs that event again alone, so neither loses an attempt."""
     tenants = {"CREDITS_TENANTS": "acct_0=ws_0,acct_1=ws_1"}
     clock = FrozenClock(time.time())
     box = Relaybox(
@@ -513,13 +506,8 @@ async def test_worker_batches_touching_the_same_rows_do_not_deadlock(db: Db) -> 
             clock.advance(1)
         balances = await db.rows("SELECT workspace, credits FROM workspace_balances")
         assert {r["workspace"]: r["credits"] for r in balances} == {"ws_0": 200, "ws_1": 200}
-        if any("deadlock" in (r["error"] or "") for r in retried):
-            pytest.xfail(
-                "bug: a worker transaction holds several events' row locks, so workers "
-                "deadlock on rows their handlers share (a balance, a business key); each "
-                "deadlock stalls deadlock_timeout and spends an attempt of the victim. "
-                "src/relaybox/worker.py: one event per transaction on PostgreSQL"
-            )
+        # a group waits at most 50 ms for a row lock another group holds and runs that
+        # event again alone (relaybox/worker/__init__.py): no deadlock, no attempt spent
         assert retried == []
     finally:
         await box.close()

@@ -81,10 +81,6 @@ async def test_a_poison_event_is_dead_exhausted_and_the_others_are_done(
     poison = await db.inbox("evt_poison")
     assert (poison["status"], poison["dead_reason"], poison["attempts"]) == ("dead", "exhausted", 3)
     statuses = {e: (await db.inbox(e))["status"] for e in POISON_EVENTS}
-    if statuses != {**dict.fromkeys(POISON_EVENTS, "done"), "evt_poison": "dead"}:
-        pytest.xfail(
-            "the async handlers' known bug (tests/test_faults.py, the poison test): a crash"
-            f" charges every row its process had started, not only the poison: {statuses}"
-        )
+    assert statuses == {**dict.fromkeys(POISON_EVENTS, "done"), "evt_poison": "dead"}, statuses
     state = await db.state()
     assert (state["inbox"], state["grants"], state["credits"]) == ({"done": 3, "dead": 1}, 3, 300)
