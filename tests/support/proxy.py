@@ -22,6 +22,7 @@ class TcpProxy:
         self.port = 0
         self._conns: set[asyncio.StreamWriter] = set()
         self._cut = False
+        self._upstream: dict[str, set[int]] = {}  # client address -> our ports to the target
 
     async def start(self) -> TcpProxy:
         self.server = await asyncio.start_server(self._serve, self.listen, self.port)
@@ -41,6 +42,11 @@ class TcpProxy:
             writer.close()
             return
         self._conns.update((writer, up_w))
+        client = str(writer.get_extra_info("peername", ("?",))[0])
+        ours = up_w.get_extra_info("sockname")
+        port = ours[1] if isinstance(ours, tuple) else None
+        if port is not None:
+            self._upstream.setdefault(client, set()).add(port)
 
         async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             with contextlib.suppress(Exception):
@@ -52,6 +58,13 @@ class TcpProxy:
 
         await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
         self._conns.difference_update((writer, up_w))
+        if port is not None:
+            self._upstream.get(client, set()).discard(port)
+
+    def upstream_ports(self, client: str) -> set[int]:
+        """The local ports of this proxy's open connections to a TCP target on behalf of
+        ``client`` (an address): what the target sees as their ``client_port``."""
+        return set(self._upstream.get(client, ()))
 
     def cut(self) -> None:
         """Drop every open connection and refuse new ones."""
