@@ -150,6 +150,8 @@ async def test_admin_and_cli_show_set_and_release_a_held_key(box: Relaybox, cli:
         assert detail["blocked_keys"] == [
             {"ordering_key": "k", "sequence": 1, "dead": 1, "waiting": 1}
         ]
+        scraped = (await box.metrics.scrape(box)).decode()
+        assert "\nrelaybox_outbound_blocked_keys 1.0\n" in scraped
         await client.post("/admin/login", data={"token": TOKEN, "next": "/admin/"})
         page = (await client.get(f"/admin/endpoints/{eid}")).text
         assert "ordered per key" in page and "data-blocked-keys" in page
@@ -165,6 +167,12 @@ async def test_admin_and_cli_show_set_and_release_a_held_key(box: Relaybox, cli:
         assert again.status_code == 409 and again.json()["error"] == "key_not_held", again.text
         await cli("endpoints", "release-key", eid, "k", "--reason", "again", code=1)
         assert (await client.get(api)).json()["blocked_keys"] == []
+        for _ in range(30):  # a scrape reuses a snapshot up to 1 s old
+            scraped = (await box.metrics.scrape(box)).decode()
+            if "\nrelaybox_outbound_blocked_keys 0.0\n" in scraped:
+                break
+            await asyncio.sleep(0.1)
+        assert "\nrelaybox_outbound_blocked_keys 0.0\n" in scraped
 
         await dispatch_once(box)  # k2 goes now
         statuses = [r["status"] for r in await outbox_rows(box)]
