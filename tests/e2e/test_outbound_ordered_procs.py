@@ -8,9 +8,7 @@ it accepted for the key."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import random
 import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ from relaybox.config import Settings
 from tests.conftest import KEYED
 from tests.support.outbound_app import endpoint, local, outbox_rows, publish_one
 from tests.support.procs import Procs, wait_until
-from tests.support.receivers import HttpReceiver, Reply, Seen
+from tests.support.receivers import HttpReceiver, OrderCheckingReceiver, Seen
 
 pytestmark = pytest.mark.slow
 
@@ -45,39 +43,10 @@ async def live(pg_url: str) -> AsyncIterator[Relaybox]:
     await b.close()
 
 
-class OrderCheckingReceiver:
-    """Answers 500 to 30 % of new messages; accepts a key's message only as the next
-    one after the last it accepted; a repeat of an accepted one (an uncertain resend)
-    is answered 200 and dropped, as a receiver using the sequence would."""
-
-    def __init__(self) -> None:
-        self.accepted: dict[str, list[int]] = {k: [] for k in KEYS}
-        self.out_of_order: list[tuple[str, int, int]] = []
-        self.rng = random.Random(42)
-
-    def reply(self, seen: Seen) -> Reply:
-        key = str(json.loads(seen.body)["orderingKey"])
-        seq = int(seen.headers["webhook-sequence"])
-        done = self.accepted[key]
-        last = done[-1] if done else 0
-        if seq <= last:
-            return Reply(200)  # stale: already have it
-        if seq != last + 1:
-            self.out_of_order.append((key, last, seq))
-            return Reply(500)
-        if self.rng.random() < 0.3:
-            return Reply(500)
-        done.append(seq)
-        return Reply(200)
-
-    def total(self) -> int:
-        return sum(len(v) for v in self.accepted.values())
-
-
 async def test_two_dispatcher_processes_one_killed_keep_each_key_in_order(
     live: Relaybox, pg_url: str, procs: Procs
 ) -> None:
-    checker = OrderCheckingReceiver()
+    checker = OrderCheckingReceiver(KEYS)
     victim: list[int] = []
 
     def kill_mid_run(seen: Seen) -> None:

@@ -12,6 +12,8 @@ answer (the kill test SIGKILLs the dispatcher there).
 from __future__ import annotations
 
 import asyncio
+import json
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,8 +53,13 @@ Script = Reply | Sequence[Reply] | Callable[[Seen], Reply]
 
 class HttpReceiver:
     def __init__(
-        self, script: Script = Reply(), *, on_request: Callable[[Seen], Any] | None = None
+        self,
+        script: Script = Reply(),
+        *,
+        on_request: Callable[[Seen], Any] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
+        self.host = host
         self.script = script
         self.on_request = on_request
         self.requests: list[Seen] = []
@@ -65,7 +72,7 @@ class HttpReceiver:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
+        return f"http://{self.host}:{self.port}/hook"
 
     def reply_for(self, seen: Seen, index: int) -> Reply:
         if isinstance(self.script, Reply):
@@ -104,7 +111,7 @@ class HttpReceiver:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, self.host, 0)
         await site.start()
         server = site._server
         assert server is not None
@@ -185,3 +192,34 @@ class SmtpSink:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class OrderCheckingReceiver:
+    """An ordered endpoint's receiver: answers 500 to ``fail`` of new messages at
+    random; accepts a key's message only as the next one after the last it accepted;
+    a repeat of an accepted one (an uncertain resend) is answered 200 and dropped, as a
+    receiver using ``webhook-sequence`` would."""
+
+    def __init__(self, keys: Sequence[str], *, fail: float = 0.3, seed: int = 42) -> None:
+        self.accepted: dict[str, list[int]] = {k: [] for k in keys}
+        self.out_of_order: list[tuple[str, int, int]] = []
+        self.fail = fail
+        self.rng = random.Random(seed)
+
+    def reply(self, seen: Seen) -> Reply:
+        key = str(json.loads(seen.body)["orderingKey"])
+        seq = int(seen.headers["webhook-sequence"])
+        done = self.accepted[key]
+        last = done[-1] if done else 0
+        if seq <= last:
+            return Reply(200)  # stale: already have it
+        if seq != last + 1:
+            self.out_of_order.append((key, last, seq))
+            return Reply(500)
+        if self.rng.random() < self.fail:
+            return Reply(500)
+        done.append(seq)
+        return Reply(200)
+
+    def total(self) -> int:
+        return sum(len(v) for v in self.accepted.values())

@@ -21,6 +21,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -79,6 +80,17 @@ class Host:
         command = ["ip", "netns", "exec", self.netns, *relaybox_command(), *args]
         log = self.logs / f"{self.name}-{name}-{len(self.procs):02d}.log"
         proc = Proc(f"{self.name}/{name}", command, {**self.env, **(env or {})}, log)
+        self.procs.append(proc)
+        return proc
+
+    def forward(self, listen_port: int, host: str, port: int) -> Proc:
+        """This host's ``127.0.0.1:listen_port`` to ``host:port`` (a receiver on the
+        test's namespace): see :mod:`tests.e2e.multihost.forward`."""
+        module = "tests.e2e.multihost.forward"
+        command = ["ip", "netns", "exec", self.netns, sys.executable, "-m", module]
+        command += [str(listen_port), host, str(port)]
+        log = self.logs / f"{self.name}-forward-{len(self.procs):02d}.log"
+        proc = Proc(f"{self.name}/forward", command, self.env, log)
         self.procs.append(proc)
         return proc
 

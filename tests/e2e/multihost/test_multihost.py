@@ -34,7 +34,9 @@ from relaybox.config import Settings
 from tests.conftest import admin_url
 from tests.e2e.multihost.hostapp import EFFECTS_DDL, SECRET
 from tests.e2e.multihost.net import Network, NoNamespaces, host_env, make_network, post_all
+from tests.support.outbound_app import endpoint, local, publish_one
 from tests.support.procs import skewed
+from tests.support.receivers import HttpReceiver, OrderCheckingReceiver
 
 pytestmark = pytest.mark.slow
 
@@ -425,3 +427,52 @@ async def test_hosts_with_clocks_60_s_ahead_and_behind(net: Network, db: Relaybo
     retaken = await scalar(db, "SELECT count(*) FROM relaybox_inbox WHERE attempts > 1")
     resent = await scalar(db, "SELECT count(*) FROM relaybox_outbox WHERE attempts > 1")
     assert (retaken, resent) == (0, 0), "a held row or a leased delivery was taken"
+
+
+ORDER_KEYS = ("order_1", "order_2", "order_3")
+ORDER_PER_KEY = 40
+FORWARD_PORT = 9100  # each host's loopback port to the test's receiver
+
+
+async def test_ordered_delivery_across_hosts_one_sigkilled(net: Network, db: Relaybox) -> None:
+    """An ordered endpoint, 3 keys x 40 messages, the dispatchers of three hosts, one
+    host SIGKILLed mid-run; the receiver fails 30 % of new messages at random and
+    accepts a key's message only as the next one after the last it accepted. Every
+    message arrives, in its key's order, and more than one host delivered."""
+    checker = OrderCheckingReceiver(ORDER_KEYS)
+    async with HttpReceiver(checker.reply, host=net.gateway) as receiver:
+        await start_hosts(net, db, [host_env() for _ in range(3)])
+        for h in net.hosts:
+            h.forward(FORWARD_PORT, net.gateway, receiver.port)
+        local(db)
+        url = f"http://127.0.0.1:{FORWARD_PORT}/hook"
+        await endpoint(db, url, ordered=True, schedule=[0.05] * 30, max_in_flight=4)
+        for i in range(ORDER_PER_KEY):
+            for key in ORDER_KEYS:
+                await publish_one(db, "order.updated", {"i": i}, ordering_key=key)
+        victim = net.hosts[1]
+        total = len(ORDER_KEYS) * ORDER_PER_KEY
+        killed_at = None
+        deadline = time.monotonic() + 180
+        while checker.total() < total and time.monotonic() < deadline:
+            if killed_at is None and checker.total() >= total // 3:
+                victim.kill()
+                killed_at = checker.total()
+            await asyncio.sleep(0.05)
+        assert checker.total() == total, f"accepted {checker.accepted}\n{net.tails()}"
+        assert killed_at is not None
+        requests = len(receiver.requests)
+
+    assert checker.out_of_order == [], checker.out_of_order
+    for key in ORDER_KEYS:
+        assert checker.accepted[key] == list(range(1, ORDER_PER_KEY + 1))
+    by_pid = {p.pid: h.name for h in net.hosts for p in h.procs}
+    owners = await rows(
+        db, "SELECT DISTINCT dispatcher FROM relaybox_outbox_attempts WHERE dispatcher IS NOT NULL"
+    )
+    hosts = {by_pid.get(int(str(r[0]).split(":")[1]), "?") for r in owners}
+    print(
+        f"\nmultihost[ordered, host SIGKILLed]: messages={total} requests={requests}"
+        f" accepted_when_killed={killed_at} delivering_hosts={sorted(hosts)} out_of_order=0"
+    )
+    assert len(hosts - {"?"}) >= 2, hosts
