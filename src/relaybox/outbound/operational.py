@@ -25,7 +25,8 @@ down would otherwise feed itself). For the same reason a received event of one o
 these types that goes to dead letters raises no ``relaybox.inbox.dead``: an
 application that receives its operational events through its own receiver (a
 Standard Webhooks source holding its operator endpoint's secret) would otherwise
-turn every one it does not handle, or fails to handle, into another.
+turn every one it does not handle, or fails to handle, into another. (A dead letter
+of a worker that died names no type, so it is announced.)
 """
 
 from __future__ import annotations
