@@ -14,11 +14,14 @@ from typing import Any
 import aiohttp
 import httpx
 import standardwebhooks
+from sqlalchemy import text
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from relaybox import Context, FrozenClock, PermanentError, Relaybox, Secret, sources
 from relaybox.admin import build_admin
+from relaybox.outbound.deliveries import redeliver
+from relaybox.outbound.endpoints import disable_endpoint, enable_endpoint
 from relaybox.outbound.operational import endpoint_recovered, operational_events
 from relaybox.store import NewDelivery
 from tests.conftest import Served
@@ -339,3 +342,97 @@ async def test_a_failure_after_the_recovery_in_one_batch_is_ended_by_the_next_su
     )
     assert (row["failures"], row["failing_since"]) == (0, None)
     assert len(await ops_messages(box, "relaybox.endpoint.recovered")) == 1
+
+
+async def test_the_application_receives_its_operational_events_in_its_own_handlers(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """The recipe of docs/sending.md ("In your own handlers"): an operator endpoint
+    pointing at this box's own receiver, a Standard Webhooks source holding its
+    secret, handlers per type. Each event is handled once, in the handler's
+    transaction; a redelivery (the same webhook-id) is a duplicate; an operational
+    event nobody handles goes to dead letters without announcing itself again."""
+    local(box)
+    clock.set(time.time())
+    async with box.store.transaction() as conn:
+        await conn.execute(
+            text("CREATE TABLE ops_seen (event_id TEXT, event_type TEXT, subject TEXT)")
+        )
+
+    @box.handler("s", "invoice.bad")
+    async def bad(ctx: Context) -> None:
+        raise PermanentError("invoice is not eligible")
+
+    async def record(ctx: Context) -> None:
+        data = ctx.payload["data"]
+        await ctx.conn.execute(
+            text("INSERT INTO ops_seen VALUES (:id, :type, :subject)"),
+            {
+                "id": ctx.event.event_id,
+                "type": ctx.event.event_type,
+                "subject": data.get("endpointId") or data.get("eventId"),
+            },
+        )
+
+    box.handler("relaybox-ops", "relaybox.endpoint.disabled")(record)
+    box.handler("relaybox-ops", "relaybox.inbox.dead")(record)
+
+    async def seen() -> list[tuple[str, str, str]]:
+        rows = await box.store.fetch_all(
+            "SELECT event_id, event_type, subject FROM ops_seen ORDER BY event_type"
+        )
+        return [(r["event_id"], r["event_type"], r["subject"]) for r in rows]
+
+    async with Served(box.receiver) as server:
+        _, ops_secret = await endpoint(
+            box, server.url + "/relaybox-ops", tenant=OPS, event_types=["relaybox.*"]
+        )
+        box.source("relaybox-ops", sources.standard(secrets=[ops_secret]))
+        shop_id, _ = await endpoint(box, "http://127.0.0.1:9/hook")
+        await disable_endpoint(box, shop_id, tenant="t1")
+        await box.store.inbox_accept([_delivery(clock, "inv-1", "invoice.bad")])
+        assert await box.worker(concurrency=1).run_once() == 1
+        assert await dispatch_once(box) == 2  # both events, to this box's receiver
+        assert await box.worker(concurrency=1).run_once() == 2
+        messages = {
+            r["event_type"]: r["id"]
+            for r in await box.store.fetch_all(
+                "SELECT id, event_type FROM relaybox_messages WHERE tenant = 'relaybox'"
+            )
+        }
+        assert await seen() == [
+            (messages["relaybox.endpoint.disabled"], "relaybox.endpoint.disabled", shop_id),
+            (messages["relaybox.inbox.dead"], "relaybox.inbox.dead", "inv-1"),
+        ]
+        received_ops = await box.store.fetch_all(
+            "SELECT status FROM relaybox_inbox WHERE source = 'relaybox-ops'"
+        )
+        assert [r["status"] for r in received_ops] == ["done", "done"]
+
+        # A redelivery carries the same webhook-id: the receiver answers duplicate.
+        redelivered = messages["relaybox.endpoint.disabled"]
+        assert await redeliver(box, redelivered, tenant=OPS) == 1
+        assert await dispatch_once(box) == 1
+        assert await box.worker(concurrency=1).run_once() == 0
+        assert len(await seen()) == 2
+        [row] = await box.store.fetch_all(
+            f"SELECT status, last_status FROM relaybox_outbox WHERE message_id = '{redelivered}'"
+        )
+        assert (row["status"], row["last_status"]) == ("sent", 200)
+
+        # relaybox.endpoint.enabled has no handler: a dead letter ("unhandled") that
+        # raises no relaybox.inbox.dead of its own (it would feed itself).
+        await enable_endpoint(box, shop_id, tenant="t1")
+        assert await dispatch_once(box) == 1
+        assert await box.worker(concurrency=1).run_once() == 1
+        [unhandled] = await box.store.fetch_all(
+            "SELECT event_type, status, dead_reason FROM relaybox_inbox"
+            " WHERE source = 'relaybox-ops' AND status = 'dead'"
+        )
+        assert dict(unhandled) == {
+            "event_type": "relaybox.endpoint.enabled",
+            "status": "dead",
+            "dead_reason": "unhandled",
+        }
+        assert len(await ops_messages(box, "relaybox.inbox.dead")) == 1
+        assert await dispatch_once(box) == 0

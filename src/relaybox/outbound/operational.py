@@ -21,7 +21,12 @@ their event follows in a transaction of its own right after. The receiving side
 (``relaybox.worker``, ``relaybox.receiver``) does not import this module: it
 publishes through :meth:`Relaybox.announce`. Deliveries to the operational tenant's
 own endpoints raise no ``message.attempt.exhausted`` (an operator endpoint that is
-down would otherwise feed itself).
+down would otherwise feed itself). For the same reason a received event of one of
+these types that goes to dead letters raises no ``relaybox.inbox.dead``: an
+application that receives its operational events through its own receiver (a
+Standard Webhooks source holding its operator endpoint's secret) would otherwise
+turn every one it does not handle, or fails to handle, into another. (A dead letter
+of a worker that died names no type, so it is announced.)
 """
 
 from __future__ import annotations
@@ -66,8 +71,15 @@ async def emit(
 ) -> None:
     """Publish an operational event in ``conn``'s transaction (``key``: published once
     per key, as a message's idempotency key)."""
+    if event_type == "relaybox.inbox.dead" and _operational(data):
+        return
     tenant = outbound(box).settings.operational_tenant
     await publish(box, conn, event_type, data, tenant=tenant, idempotency_key=key)
+
+
+def _operational(data: Any) -> bool:
+    """A dead letter of a received operational event (see the module docstring)."""
+    return isinstance(data, dict) and data.get("eventType") in EVENT_TYPES
 
 
 async def attempt_exhausted(
