@@ -1,6 +1,8 @@
 """``manage.py relaybox worker`` (a real process, Django's settings) SIGKILLed before
 and after the COMMIT of the ORM handler's transaction never grants twice
-(tests/support/faultapp.py's faults, in tests/django/faults.py's box)."""
+(tests/support/faultapp.py's faults, in tests/django/faults.py's box), and a
+handler that SIGKILLs every worker running one event ends it dead ``exhausted``
+after max_attempts crashes while the others are done, granted once."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from examples.django_credits.credits.models import Balance, Grant
 
 from tests.django.conftest import BOTH, rows
 from tests.django.test_handlers import deliver
-from tests.support.faultapp import invoice_paid
+from tests.support.faultapp import POISON_INVOICE, invoice_paid
 from tests.support.procs import Proc, Procs
 
 pytestmark = [pytest.mark.django_db(transaction=True, databases=BOTH), pytest.mark.slow]
@@ -121,3 +123,60 @@ def test_worker_killed_after_commit_never_grants_twice(
         {"attempts": 1}
     ]
     assert second.terminate() == 0, second.tail()
+
+
+def supervise(
+    procs: Procs, alias: str, done: Callable[[], bool], tmp_path: Path, within: float = 90
+) -> int:
+    """``manage.py relaybox worker`` (FAULT=poison), restarted whenever it dies, until
+    ``done()``; how many times it was killed."""
+    deadline = time.monotonic() + within
+    crashes = 0
+    while True:
+        proc = worker(procs, alias, "poison", tmp_path / "unused", f"worker{crashes}")
+        while proc.alive() and not done():
+            assert time.monotonic() < deadline, f"not settled after {within} s\n{procs.tails()}"
+            time.sleep(0.05)
+        if proc.alive():
+            assert proc.terminate() == 0, proc.tail()
+            return crashes
+        assert proc.returncode == KILLED, proc.tail()
+        crashes += 1
+
+
+POISON_EVENTS = ["evt_ok_1", "evt_ok_2", "evt_poison", "evt_ok_3"]
+
+
+def test_a_poison_event_is_dead_exhausted_and_the_others_are_done(
+    alias: str, live_server: Any, procs: Procs, tmp_path: Path
+) -> None:
+    """``in_poison`` among three good invoices: each attempt SIGKILLs the worker and
+    the supervisor restarts it. The attempt is counted before the handler runs, so
+    after max_attempts (3) crashes the next claim dead-letters it as ``exhausted``;
+    the good events end done, granted once each."""
+    for event_id in POISON_EVENTS:
+        invoice = POISON_INVOICE if event_id == "evt_poison" else event_id.replace("evt", "in")
+        assert deliver(live_server.url, invoice_paid(event_id, invoice, account="acct_django")) == (
+            "accepted"
+        )
+
+    def no_pending() -> bool:
+        return not state(alias)["inbox"].get("pending")
+
+    assert supervise(procs, alias, no_pending, tmp_path) == 3  # the default max_attempts
+    inbox = {
+        r["event_id"]: (r["status"], r["dead_reason"], r["attempts"])
+        for r in rows(alias, "SELECT event_id, status, dead_reason, attempts FROM relaybox_inbox")
+    }
+    assert inbox["evt_poison"] == ("dead", "exhausted", 3), inbox
+    assert {e: s for e, (s, _, _) in inbox.items()} == {
+        **dict.fromkeys(POISON_EVENTS, "done"),
+        "evt_poison": "dead",
+    }
+    assert state(alias) == {
+        "inbox": {"done": 3, "dead": 1},
+        "grants": 3,
+        "credits": 300,
+        "operations": 3,
+    }
+    assert sorted(g.invoice_id for g in Grant.objects.all()) == ["in_ok_1", "in_ok_2", "in_ok_3"]

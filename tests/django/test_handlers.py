@@ -6,6 +6,7 @@ real; the worker runs in relaybox's loop of this process."""
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -41,6 +42,28 @@ def fails_first(ctx: SyncContext) -> None:
 
 
 get_box().handler("stripe", "test.flaky")(fails_first)
+
+PROJECTION_FAILURES: list[int] = []
+
+
+def projects_then_fails_first(ctx: SyncContext) -> None:
+    """``ctx.project()`` and a model row in the handler's transaction, then raises on
+    its first attempt."""
+    assert ctx.project("customer:cus_1", 7, {"plan": "pro"})
+    Grant.objects.create(
+        business_key=f"projected:{ctx.event.event_id}",
+        kind="grant",
+        workspace=WS,
+        invoice_id="in_projected",
+        credits=1,
+        event_id=ctx.event.event_id,
+    )
+    if not PROJECTION_FAILURES:
+        PROJECTION_FAILURES.append(ctx.event.attempts)
+        raise RuntimeError("the handler failed after projecting")
+
+
+get_box().handler("stripe", "test.projected")(projects_then_fails_first)
 
 
 def deliver(url: str, event: dict[str, Any]) -> str:
@@ -117,3 +140,39 @@ def test_a_handler_that_raises_leaves_nothing_and_retries(alias: str, live_serve
     assert len(rows(alias, "SELECT id FROM relaybox_outbox")) == 1
     [row] = rows(alias, "SELECT status, attempts FROM relaybox_inbox")
     assert row == {"status": "done", "attempts": 2}
+
+
+def test_a_projection_rolls_back_with_the_model_row_and_is_written_once_on_retry(
+    alias: str, live_server: Any
+) -> None:
+    PROJECTION_FAILURES.clear()
+    event = {
+        "id": "evt_projected",
+        "object": "event",
+        "type": "test.projected",
+        "account": "acct_django",
+        "created": 1_700_000_000,
+        "data": {"object": {}},
+    }
+    projection = "SELECT resource_key, version, state FROM relaybox_projections"
+    assert deliver(live_server.url, event) == "accepted"
+    assert drain_worker() == 1
+    assert PROJECTION_FAILURES == [1]
+    # Rolled back together: no projection, no model row; the event waits.
+    assert rows(alias, projection) == []
+    assert Grant.objects.count() == 0
+    [row] = rows(alias, "SELECT status, attempts, last_error FROM relaybox_inbox")
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert "the handler failed after projecting" in row["last_error"]
+
+    deadline = time.monotonic() + 30  # the retry comes due after its backoff (0.2 s)
+    while drain_worker() == 0:
+        assert time.monotonic() < deadline, "the retry never came due"
+        time.sleep(0.1)
+    [stored] = rows(alias, projection)
+    assert (stored["resource_key"], stored["version"]) == ("customer:cus_1", "7")
+    assert json.loads(stored["state"]) == {"plan": "pro"}
+    assert [g.invoice_id for g in Grant.objects.all()] == ["in_projected"]
+    assert rows(alias, "SELECT status, attempts FROM relaybox_inbox") == [
+        {"status": "done", "attempts": 2}
+    ]

@@ -6,10 +6,14 @@ status codes and JSON bodies, byte for byte."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from relaybox.contrib.django import get_box
 from relaybox.contrib.django.portal import run
@@ -17,6 +21,7 @@ from relaybox.testing import signed_delivery
 from tests.django.conftest import BOTH, rows
 from tests.django.servers import asgi_server, post
 from tests.support.faultapp import invoice_paid
+from tests.support.procs import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=BOTH)
 
@@ -127,3 +132,43 @@ def test_bad_requests_get_the_asgi_receivers_answers(alias: str, live_server: An
         assert answer.headers.get("retry-after") == extra.get("retry-after")
         assert status >= 400 and json.loads(raw)["error"]
     assert rows(alias, "SELECT id FROM relaybox_inbox") == []
+
+
+@contextmanager
+def database_away(alias: str, tmp_path: Path) -> Iterator[None]:
+    """relaybox's database unreachable for the view: ``DATABASES[alias]`` names a port
+    nothing listens on (PostgreSQL) or a file under a regular file, which cannot be
+    created or opened (SQLite), and the box follows (its connections closed); then the
+    real one again."""
+    params = connections[alias].settings_dict
+    if connections[alias].vendor == "sqlite":
+        (tmp_path / "not-a-directory").write_bytes(b"")
+        key, away = "NAME", str(tmp_path / "not-a-directory" / "app.db")
+    else:
+        key, away = "PORT", str(free_port())
+    real = params[key]
+    params[key] = away
+    get_box()
+    try:
+        yield
+    finally:
+        params[key] = real
+        get_box()
+
+
+def test_the_database_away_is_a_503_with_retry_after(
+    alias: str, live_server: Any, tmp_path: Path
+) -> None:
+    url = f"{live_server.url}/webhooks/stripe"
+    delivery = signed(invoice_paid("evt_view_away", "in_view_away", account="acct_django"))
+    with database_away(alias, tmp_path):
+        away = post(url, delivery.body, delivery.headers)
+    assert away.status_code == 503, away.text
+    assert away.headers["Retry-After"] == "5"
+    assert away.json()["error"] == "unavailable"
+    assert rows(alias, "SELECT id FROM relaybox_inbox") == []
+    # The sender's retry, once the database is back, is accepted.
+    again = post(url, delivery.body, delivery.headers)
+    assert again.status_code == 200, again.text
+    assert again.json() == {"status": "accepted", "event_id": "evt_view_away"}
+    assert len(rows(alias, "SELECT id FROM relaybox_inbox")) == 1
