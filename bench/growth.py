@@ -60,34 +60,38 @@ def pg_free_bytes() -> tuple[str, int] | None:
         return None
 
 
-def check_disk(per_row: float, sizes: list[int], pending: int) -> None:
-    """Stops the run before seeding ``sizes`` when PostgreSQL's disk lacks the room
-    (``per_row`` bytes per inbox row with its outbox history, measured at the smallest
-    size, times ``DISK_FACTOR``)."""
+def check_disk(inbox_row: float, history_row: float, sizes: list[int], pending: int) -> None:
+    """Stops the run before seeding ``sizes`` when PostgreSQL's disk lacks the room:
+    bytes per inbox row and per delivered message (measured at the smallest size,
+    indexes included) times the rows, times ``DISK_FACTOR``."""
     found = pg_free_bytes()
     if found is None:
         print("  growth: PostgreSQL's data directory is not on this machine: no disk check")
         return
     path, free = found
-    need = sum(per_row * (size + pending) * DISK_FACTOR for size in sizes)
+    need = DISK_FACTOR * sum(inbox_row * (size + pending) + history_row * size for size in sizes)
+    rows = ", ".join(f"{s:,}" for s in sizes)
+    measured = f"{inbox_row:,.0f} B per inbox row, {history_row:,.0f} B per delivered message"
     print(
-        f"  growth: {per_row:,.0f} B per row seeded; {', '.join(f'{s:,}' for s in sizes)}"
-        f" rows want ~{need / 2**30:,.1f} GiB free on {path}, {free / 2**30:,.1f} GiB are",
+        f"  growth: {measured}; {rows} rows want ~{need / 2**30:,.1f} GiB free on {path},"
+        f" {free / 2**30:,.1f} GiB are",
         flush=True,
     )
     if need > free:
         raise SystemExit(
-            f"bench growth: not enough disk for {', '.join(f'{s:,}' for s in sizes)} rows:"
-            f" about {need / 2**30:,.1f} GiB wanted ({per_row:,.0f} B per row measured x"
-            f" {DISK_FACTOR}), {free / 2**30:,.1f} GiB free on {path}; choose smaller"
-            " BENCH_GROWTH_SIZES"
+            f"bench growth: not enough disk for {rows} rows: about {need / 2**30:,.1f} GiB"
+            f" wanted ({measured}, x {DISK_FACTOR}), {free / 2**30:,.1f} GiB free on"
+            f" {path}; choose smaller BENCH_GROWTH_SIZES"
         )
 
 
-async def seed(url: str, done: int, pending: int, history: int | None = None) -> tuple[int, int]:
+async def seed(
+    url: str, done: int, pending: int, history: int | None = None
+) -> tuple[int, int, int]:
     """``done`` finished rows (history) and ``pending`` due rows, plus the app table;
     ``history`` (default ``done``) delivered messages in the outbox history. Returns
-    the database's size after the migrations and after the seed."""
+    the database's size, and the bytes of the inbox and of the outbox history tables
+    (indexes and TOAST included)."""
     subprocess.run(
         [sys.executable, "-m", "relaybox", "migrate", "--database-url", url],
         check=True,
@@ -97,7 +101,6 @@ async def seed(url: str, done: int, pending: int, history: int | None = None) ->
     history = done if history is None else history
     conn = await asyncpg.connect(url)
     try:
-        empty = int(await conn.fetchval("SELECT pg_database_size(current_database())"))
         await conn.execute(
             "CREATE TABLE bench_balances (workspace TEXT PRIMARY KEY, credits BIGINT NOT NULL)"
         )
@@ -128,9 +131,15 @@ async def seed(url: str, done: int, pending: int, history: int | None = None) ->
             await seed_delivered(conn, start, min(100_000, history - start), now)
         await conn.execute("VACUUM ANALYZE")
         seeded = int(await conn.fetchval("SELECT pg_database_size(current_database())"))
+        inbox, outbox = await conn.fetchrow(
+            "SELECT pg_total_relation_size('relaybox_inbox'),"
+            " pg_total_relation_size('relaybox_outbox')"
+            " + pg_total_relation_size('relaybox_messages')"
+            " + pg_total_relation_size('relaybox_outbox_attempts')"
+        )
     finally:
         await conn.close()
-    return empty, seeded
+    return seeded, int(inbox), int(outbox)
 
 
 async def seed_delivered(conn: asyncpg.Connection, start: int, n: int, now: float) -> None:
@@ -344,15 +353,14 @@ def main(*, quick: bool = False, rounds: int = 3) -> str:
         for i, size in enumerate(sizes):  # seeded once; every run gets a copy
             started = time.perf_counter()
             url = fresh_pg_database(f"bench_growth_{size}_seed")
-            empty, disk[size] = asyncio.run(seed(url, size, pending))
+            disk[size], inbox, outbox = asyncio.run(seed(url, size, pending))
             print(
                 f"  growth {size:>9,} rows: seeded in {time.perf_counter() - started:,.0f} s,"
                 f" {disk[size] / 2**20:,.0f} MiB on disk (pg_database_size)",
                 flush=True,
             )
             if i == 0 and len(sizes) > 1:
-                # Bytes per inbox row with its outbox history, from the smallest size.
-                check_disk((disk[size] - empty) / (size + pending), sizes[1:], pending)
+                check_disk(inbox / (size + pending), outbox / size, sizes[1:], pending)
         # Accept alternates over the sizes, round after round (medians): a single run
         # per size let the VM's drift between runs pass for growth (2026-12-01: the
         # first size, run first, read 1.00 against 1.22 and 1.29 for the larger ones).
