@@ -349,7 +349,6 @@ def main(*, quick: bool = False, rounds: int = 3) -> str:
     disk: dict[int, int] = {}
     with tempfile.TemporaryDirectory(prefix="relaybox-growth-") as tmp:
         reqfile = Path(tmp) / "requests.tsv"
-        make_requests(reqfile, 100_000 if not quick else 10_000)
         for i, size in enumerate(sizes):  # seeded once; every run gets a copy
             started = time.perf_counter()
             url = fresh_pg_database(f"bench_growth_{size}_seed")
@@ -367,10 +366,15 @@ def main(*, quick: bool = False, rounds: int = 3) -> str:
         for _ in range(rounds):
             for size in sizes:
                 url = fresh_pg_database(f"bench_growth_{size}", f"bench_growth_{size}_seed")
+                # Signed now: a timestamp older than the source's tolerance is refused
+                # with 401, and a 10M-row seed or copy takes longer than that.
+                make_requests(reqfile, 100_000 if not quick else 10_000)
                 app = {"BENCH_APP": "relaybox", "BENCH_DB_URL": url}
                 with serve(app, port=free_port()) as base:
                     accepts[size].append(run_wrk(base, reqfile, 3 if quick else 5, 64)["rate"])
                 print(f"  growth {size:>9,} rows: accept {accepts[size][-1]:,.0f}/s", flush=True)
+                if not accepts[size][-1]:
+                    raise RuntimeError(f"bench growth: nothing accepted at {size:,} rows")
         for size in sizes:
             url = fresh_pg_database(f"bench_growth_{size}", f"bench_growth_{size}_seed")
             processes[size] = asyncio.run(process_rate(url, pending))
