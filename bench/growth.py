@@ -1,12 +1,16 @@
-"""Memory and growth: does cost grow with the table? Accept and process rates with
-10k, 100k and 1M rows already in the inbox; the worker's RSS while it works through
-a 1M-row backlog (flat, not growing with it); EXPLAIN of the claim queries (index
-scans on the partial index, no sequential scan)."""
+"""Memory and growth: does cost grow with the tables? Accept, process and dispatch rates
+with 10k, 100k and 1M (``BENCH_GROWTH_SIZES``: any comma list, e.g. 10000,10000000)
+finished rows already in the inbox and as many delivered messages in the outbox
+history (a message, its outbox row and one attempt each); the seeded database's size;
+the worker's RSS while it works through a backlog of the largest size (at most 1M
+rows; flat, not growing with it); EXPLAIN of the claim queries (index scans on the
+partial index, no sequential scan)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,18 +22,83 @@ import asyncpg
 import psutil
 
 from bench.accept import ensure_wrk, make_requests, run_wrk
-from bench.common import ROOT, free_port, fresh_pg_database, median, serve, table
+from bench.common import PG_ADMIN, ROOT, free_port, fresh_pg_database, median, serve, table
+from bench.dispatch import start_sink
 from bench.process import WORKSPACES
 
+DEFAULT_SIZES = "10000,100000,1000000"
+HISTORY_ENDPOINTS = 20
+DISPATCH_ENDPOINTS = 20
+DISPATCH_IN_FLIGHT = 5
+RSS_BACKLOG = 1_000_000
+"""The worker's backlog for the RSS sample: the largest size, at most this many rows."""
+DISK_FACTOR = 2.5
+"""Free space wanted per byte of a seed: the seed, one copy of it, and WAL and slack."""
 
-async def seed(url: str, done: int, pending: int) -> None:
-    """``done`` finished rows (history) and ``pending`` due rows, plus the app table."""
+
+def sizes_from_env(quick: bool) -> list[int]:
+    if quick:
+        return [1_000, 10_000]
+    raw = os.environ.get("BENCH_GROWTH_SIZES", DEFAULT_SIZES)
+    sizes = sorted({int(part.replace("_", "")) for part in raw.split(",") if part.strip()})
+    if not sizes or sizes[0] <= 0:
+        raise SystemExit(f"BENCH_GROWTH_SIZES: positive row counts, not {raw!r}")
+    return sizes
+
+
+def pg_free_bytes() -> tuple[str, int] | None:
+    """PostgreSQL's data directory and the free bytes on its file system, or None when
+    it is not on this machine's file system (a server elsewhere: no check)."""
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        row = conn.execute("SHOW data_directory").fetchone()
+    path = str(row[0]) if row else ""
+    try:
+        return path, shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def check_disk(inbox_row: float, history_row: float, sizes: list[int], pending: int) -> None:
+    """Stops the run before seeding ``sizes`` when PostgreSQL's disk lacks the room:
+    bytes per inbox row and per delivered message (measured at the smallest size,
+    indexes included) times the rows, times ``DISK_FACTOR``."""
+    found = pg_free_bytes()
+    if found is None:
+        print("  growth: PostgreSQL's data directory is not on this machine: no disk check")
+        return
+    path, free = found
+    need = DISK_FACTOR * sum(inbox_row * (size + pending) + history_row * size for size in sizes)
+    rows = ", ".join(f"{s:,}" for s in sizes)
+    measured = f"{inbox_row:,.0f} B per inbox row, {history_row:,.0f} B per delivered message"
+    print(
+        f"  growth: {measured}; {rows} rows want ~{need / 2**30:,.1f} GiB free on {path},"
+        f" {free / 2**30:,.1f} GiB are",
+        flush=True,
+    )
+    if need > free:
+        raise SystemExit(
+            f"bench growth: not enough disk for {rows} rows: about {need / 2**30:,.1f} GiB"
+            f" wanted ({measured}, x {DISK_FACTOR}), {free / 2**30:,.1f} GiB free on"
+            f" {path}; choose smaller BENCH_GROWTH_SIZES"
+        )
+
+
+async def seed(
+    url: str, done: int, pending: int, history: int | None = None
+) -> tuple[int, int, int]:
+    """``done`` finished rows (history) and ``pending`` due rows, plus the app table;
+    ``history`` (default ``done``) delivered messages in the outbox history. Returns
+    the database's size, and the bytes of the inbox and of the outbox history tables
+    (indexes and TOAST included)."""
     subprocess.run(
         [sys.executable, "-m", "relaybox", "migrate", "--database-url", url],
         check=True,
         capture_output=True,
         cwd=ROOT,
     )
+    history = done if history is None else history
     conn = await asyncpg.connect(url)
     try:
         await conn.execute(
@@ -58,9 +127,63 @@ async def seed(url: str, done: int, pending: int) -> None:
                     WORKSPACES,
                     now,
                 )
+        for start in range(0, history, 100_000):
+            await seed_delivered(conn, start, min(100_000, history - start), now)
         await conn.execute("VACUUM ANALYZE")
+        seeded = int(await conn.fetchval("SELECT pg_database_size(current_database())"))
+        inbox, outbox = await conn.fetchrow(
+            "SELECT pg_total_relation_size('relaybox_inbox'),"
+            " pg_total_relation_size('relaybox_outbox')"
+            " + pg_total_relation_size('relaybox_messages')"
+            " + pg_total_relation_size('relaybox_outbox_attempts')"
+        )
     finally:
         await conn.close()
+    return seeded, int(inbox), int(outbox)
+
+
+async def seed_delivered(conn: asyncpg.Connection, start: int, n: int, now: float) -> None:
+    """``n`` published messages as delivered history: the message (a ~300-byte
+    envelope), its outbox row (sent, to one of ``HISTORY_ENDPOINTS`` endpoints) and
+    its one successful attempt, with ids shaped like relaybox's."""
+    await conn.execute(
+        "INSERT INTO relaybox_messages (id, tenant, event_type, idempotency_key, body,"
+        " created_at)"
+        " SELECT 'msg_' || lpad(to_hex($3::bigint + g), 11, '0')"
+        " || substr(md5(g::text), 1, 16), 'bench', 'order.completed', 'o' || g,"
+        " json_build_object('id', 'msg_' || g, 'type', 'order.completed', 'timestamp',"
+        " '2026-12-04T00:00:00Z', 'data', json_build_object('order', 'ord_' || g,"
+        " 'customer', 'cus_' || substr(md5(g::text), 1, 12), 'total',"
+        " json_build_object('amount', 12900, 'currency', 'EUR'), 'items',"
+        " json_build_array(json_build_object('sku', 'SKU-0001', 'qty', 1))),"
+        " 'apiVersion', '2025-01-01')::text, $4::float8"
+        " FROM generate_series($1::bigint, $2::bigint) g",
+        start,
+        start + n - 1,
+        int(now * 1000) - 10**9,
+        now,
+    )
+    await conn.execute(
+        "WITH o AS ("
+        " INSERT INTO relaybox_outbox (channel, key, payload, tenant, status, attempts,"
+        " next_attempt_at, created_at, updated_at, sent_at, lane, endpoint_id, message_id,"
+        " last_status)"
+        " SELECT 'webhook', m.id || ':' || e.ep, 'null', 'bench', 'sent', 1, $2::float8,"
+        " $2::float8, $2::float8, $2::float8, e.ep, e.ep, m.id, 200"
+        " FROM (SELECT 'msg_' || lpad(to_hex($4::bigint + g), 11, '0')"
+        " || substr(md5(g::text), 1, 16) AS id, g FROM generate_series($1::bigint,"
+        " $1::bigint + $3::bigint - 1) g) m"
+        " CROSS JOIN LATERAL (SELECT 'ep_history' || (m.g % $5) AS ep) e"
+        " RETURNING id, sent_at)"
+        " INSERT INTO relaybox_outbox_attempts (outbox_id, attempt, lease_token,"
+        " dispatcher, started_at, duration, outcome, status_code, response, headers)"
+        " SELECT id, 1, 1, 'bench', sent_at, 0.004, 'sent', 200, '', '{}' FROM o",
+        start,
+        now,
+        n,
+        int(now * 1000) - 10**9,
+        HISTORY_ENDPOINTS,
+    )
 
 
 async def explain(url: str) -> list[str]:
@@ -105,6 +228,94 @@ async def process_rate(url: str, pending: int) -> float:
     return pending / span
 
 
+async def dispatch_rate(url: str, pending: int) -> float:
+    """``pending`` messages to ``DISPATCH_ENDPOINTS`` endpoints (x ``DISPATCH_IN_FLIGHT``)
+    on a local sink, delivered by ``relaybox dispatch`` over the seeded history."""
+    from relaybox import Relaybox
+    from relaybox.outbound import configure
+    from relaybox.outbound.endpoints import EndpointSpec, create_endpoint
+    from relaybox.outbound.vault import new_key
+
+    # The dispatcher this starts inherits the key that seals the endpoints' secrets.
+    os.environ.setdefault("RELAYBOX_OUTBOUND__SECRETS_KEY", new_key())
+    port = free_port()
+    sink = start_sink(port, "uvicorn")
+    try:
+        box = Relaybox(url)
+        configure(box, allow_insecure_loopback=True, allow_networks=["127.0.0.0/8"])
+        try:
+            ids = [
+                (
+                    await create_endpoint(
+                        box,
+                        "bench",
+                        EndpointSpec(
+                            url=f"http://127.0.0.1:{port}/ok/{i}",
+                            event_types=["order.*"],
+                            max_in_flight=DISPATCH_IN_FLIGHT,
+                            timeout=5.0,
+                        ),
+                    )
+                )[0].id
+                for i in range(DISPATCH_ENDPOINTS)
+            ]
+        finally:
+            await box.close()
+        conn = await asyncpg.connect(url)
+        try:
+            first = await conn.fetchval("SELECT coalesce(max(id), 0) FROM relaybox_outbox")
+            now = time.time()
+            await conn.execute(
+                "WITH m AS (INSERT INTO relaybox_messages (id, tenant, event_type, body,"
+                " created_at)"
+                " SELECT 'msg_pending' || g, 'bench', 'order.completed',"
+                " json_build_object('id', 'msg_pending' || g, 'type', 'order.completed',"
+                " 'data', json_build_object('n', g))::text, $2::float8"
+                " FROM generate_series(0, $1::bigint - 1) g RETURNING id)"
+                " INSERT INTO relaybox_outbox (channel, key, payload, tenant, status,"
+                " next_attempt_at, created_at, updated_at, lane, endpoint_id, message_id)"
+                " SELECT 'webhook', m.id || ':' || e.ep, 'null', 'bench', 'pending',"
+                " $2::float8, $2::float8, $2::float8, e.ep, e.ep, m.id"
+                " FROM m CROSS JOIN LATERAL (SELECT ($3::text[])[1 + abs(hashtext(m.id))"
+                " % cardinality($3::text[])] AS ep) e",
+                pending,
+                now,
+                ids,
+            )
+            await conn.execute("ANALYZE relaybox_outbox")
+            env = {**os.environ, "RELAYBOX_DATABASE_URL": url, "RELAYBOX_LOG_LEVEL": "warning"}
+            proc = subprocess.Popen(
+                [
+                    *("taskset", "-c", "0", sys.executable, "-m", "relaybox", "dispatch"),
+                    *("--app", "bench.dispatch_app:box", "--concurrency", "100"),
+                ],
+                cwd=ROOT,
+                env=env,
+            )
+            try:
+                deadline = time.time() + 900
+                # The partial index on pending rows answers this, at any table size.
+                while await conn.fetchval(
+                    "SELECT count(*) FROM relaybox_outbox WHERE status = 'pending'"
+                ):
+                    if time.time() > deadline or proc.poll() is not None:
+                        raise RuntimeError("bench growth: the dispatcher did not deliver all")
+                    await asyncio.sleep(0.2)
+                span = await conn.fetchval(
+                    "SELECT max(sent_at) - min(sent_at) FROM relaybox_outbox WHERE id > $1",
+                    first,
+                )
+            finally:
+                proc.terminate()
+                proc.wait(30)
+        finally:
+            await conn.close()
+    finally:
+        sink.kill()
+        sink.wait(10)
+    return float(pending / span)
+
+
 async def worker_rss(url: str, seconds: float) -> tuple[float, float]:
     """RSS (MiB) of a worker over ``seconds`` of a large backlog: first and last sample."""
     env = {**os.environ, "RELAYBOX_DATABASE_URL": url, "RELAYBOX_LOG_LEVEL": "warning"}
@@ -126,7 +337,7 @@ async def worker_rss(url: str, seconds: float) -> tuple[float, float]:
 
 def main(*, quick: bool = False, rounds: int = 3) -> str:
     ensure_wrk()
-    sizes = [1_000, 10_000] if quick else [10_000, 100_000, 1_000_000]
+    sizes = sizes_from_env(quick)
     # 20,000 events: ~10 s at each size (5,000 took ~2.5 s, and one autovacuum or
     # checkpoint during it swung the rate by 20 %).
     pending = 1_000 if quick else 20_000
@@ -134,38 +345,70 @@ def main(*, quick: bool = False, rounds: int = 3) -> str:
     plans: list[str] = []
     accepts: dict[int, list[float]] = {size: [] for size in sizes}
     processes: dict[int, float] = {}
+    dispatches: dict[int, float] = {}
+    disk: dict[int, int] = {}
     with tempfile.TemporaryDirectory(prefix="relaybox-growth-") as tmp:
         reqfile = Path(tmp) / "requests.tsv"
-        make_requests(reqfile, 100_000 if not quick else 10_000)
-        for size in sizes:  # seeded once; every run gets a copy
-            asyncio.run(seed(fresh_pg_database(f"bench_growth_{size}_seed"), size, pending))
+        for i, size in enumerate(sizes):  # seeded once; every run gets a copy
+            started = time.perf_counter()
+            url = fresh_pg_database(f"bench_growth_{size}_seed")
+            disk[size], inbox, outbox = asyncio.run(seed(url, size, pending))
+            print(
+                f"  growth {size:>9,} rows: seeded in {time.perf_counter() - started:,.0f} s,"
+                f" {disk[size] / 2**20:,.0f} MiB on disk (pg_database_size)",
+                flush=True,
+            )
+            if i == 0 and len(sizes) > 1:
+                check_disk(inbox / (size + pending), outbox / size, sizes[1:], pending)
         # Accept alternates over the sizes, round after round (medians): a single run
         # per size let the VM's drift between runs pass for growth (2026-12-01: the
         # first size, run first, read 1.00 against 1.22 and 1.29 for the larger ones).
         for _ in range(rounds):
             for size in sizes:
                 url = fresh_pg_database(f"bench_growth_{size}", f"bench_growth_{size}_seed")
+                # Signed now: a timestamp older than the source's tolerance is refused
+                # with 401, and a 10M-row seed or copy takes longer than that.
+                make_requests(reqfile, 100_000 if not quick else 10_000)
                 app = {"BENCH_APP": "relaybox", "BENCH_DB_URL": url}
                 with serve(app, port=free_port()) as base:
                     accepts[size].append(run_wrk(base, reqfile, 3 if quick else 5, 64)["rate"])
                 print(f"  growth {size:>9,} rows: accept {accepts[size][-1]:,.0f}/s", flush=True)
+                if not accepts[size][-1]:
+                    raise RuntimeError(f"bench growth: nothing accepted at {size:,} rows")
         for size in sizes:
             url = fresh_pg_database(f"bench_growth_{size}", f"bench_growth_{size}_seed")
             processes[size] = asyncio.run(process_rate(url, pending))
             plans = asyncio.run(explain(url))
             print(f"  growth {size:>9,} rows: process {processes[size]:,.0f}/s", flush=True)
-        big = sizes[-1]
+            url = fresh_pg_database(f"bench_growth_{size}", f"bench_growth_{size}_seed")
+            dispatches[size] = asyncio.run(dispatch_rate(url, pending))
+            print(f"  growth {size:>9,} rows: dispatch {dispatches[size]:,.0f}/s", flush=True)
+            fresh_pg_database(f"bench_growth_{size}")  # the copy's disk back, now
+        big = min(sizes[-1], RSS_BACKLOG)
         url = fresh_pg_database("bench_growth_rss")
-        asyncio.run(seed(url, 0, big))
+        asyncio.run(seed(url, 0, big, history=0))
         first, last = asyncio.run(worker_rss(url, 5 if quick else 20))
-    rows: list[list[Any]] = [[f"{s:,}", median(accepts[s]), processes[s]] for s in sizes]
-    base_accept, base_process = rows[0][1], rows[0][2]
+    rows: list[list[Any]] = [
+        [f"{s:,}", f"{disk[s] / 2**20:,.0f}", median(accepts[s]), processes[s], dispatches[s]]
+        for s in sizes
+    ]
+    base = rows[0][2:5]
     for r in rows:
-        r.extend([f"{r[1] / base_accept:.2f}", f"{r[2] / base_process:.2f}"])
+        r.extend(f"{mine / at_first:.2f}" for mine, at_first in zip(r[2:5], base, strict=True))
     out = table(
-        f"growth: rows already in the inbox; accept {rounds} alternating round(s), medians;"
-        f" {pending:,} pending processed each time",
-        ["rows", "accept/s", "process/s", "accept vs first", "process vs first"],
+        f"growth: finished rows already in the inbox and as many delivered messages in the"
+        f" outbox history; accept {rounds} alternating round(s), medians; {pending:,} pending"
+        " processed, and as many messages dispatched, each time",
+        [
+            "rows",
+            "seed MiB",
+            "accept/s",
+            "process/s",
+            "dispatch/s",
+            "accept vs first",
+            "process vs first",
+            "dispatch vs first",
+        ],
         rows,
     )
     if rounds > 1:
