@@ -42,9 +42,21 @@ KEYED = OutboundSettings(secrets_key=SECRETS_KEY)
 """Outbound settings with the suite's key: ``Settings(database_url=…, outbound=KEYED)``."""
 
 
+_UNIT = Path(__file__).parent / "unit"
+
+
+def _only_unit_tests(config: pytest.Config) -> bool:
+    """Whether every path on the command line lies in ``tests/unit``, the tier that
+    needs no database (then no PostgreSQL is started)."""
+    paths = [Path(arg.split("::")[0]).resolve() for arg in config.args]
+    return bool(paths) and all(p == _UNIT or _UNIT in p.parents for p in paths)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _embedded, _embedded_dir
     if hasattr(config, "workerinput") or os.environ.get("RELAYBOX_TEST_DATABASE_URL"):
+        return
+    if _only_unit_tests(config):
         return
     from relaybox.embedded import start_embedded_postgres
 
