@@ -38,9 +38,16 @@ from relaybox.worker import Context, Handler, Hooks, Registration, Worker
 from relaybox.worker.context import SyncHandler
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Sequence
+
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.orm import Session
     from starlette.applications import Starlette
 
+    from relaybox.outbound.catalog import EventType
     from relaybox.outbound.dispatcher import Dispatcher
+    from relaybox.outbound.portal_links import PortalLink
     from relaybox.outbound.registry import Outbound
     from relaybox.retention import Maintenance
     from relaybox.store.outbox_rows import Message
@@ -232,13 +239,15 @@ class Relaybox:
 
     async def publish(
         self,
-        conn: Any,
+        conn: AsyncConnection | AsyncSession,
         event_type: str,
         data: Any,
         *,
         tenant: str,
         idempotency_key: str | None = None,
-        **options: Any,
+        endpoint_ids: Sequence[str] | None = None,
+        api_version: str | None = None,
+        ordering_key: str | None = None,
     ) -> Message:
         """Publish an outbound event inside the caller's transaction: one message
         row plus one outbox row per subscribed, enabled endpoint, committed with the
@@ -252,12 +261,20 @@ class Relaybox:
             conn = await conn.connection()
 
         return await publish(
-            self, conn, event_type, data, tenant=tenant, idempotency_key=idempotency_key, **options
+            self,
+            conn,
+            event_type,
+            data,
+            tenant=tenant,
+            idempotency_key=idempotency_key,
+            endpoint_ids=endpoint_ids,
+            api_version=api_version,
+            ordering_key=ordering_key,
         )
 
     def portal_link(
         self, tenant: str, *, ttl: float | None = None, base_url: str | None = None
-    ) -> Any:
+    ) -> PortalLink:
         """A short-lived signed link to ``tenant``'s portal (:mod:`relaybox.portal`):
         ``.url`` to hand to the tenant's browser, ``.expires_at`` (epoch seconds)."""
         from relaybox.portal import portal_link
@@ -276,14 +293,15 @@ class Relaybox:
 
     def publish_sync(
         self,
-        conn: Any,
+        conn: Connection | Session,
         event_type: str,
         data: Any,
         *,
         tenant: str,
         idempotency_key: str | None = None,
-        **options: Any,
-    ) -> Any:
+        endpoint_ids: Sequence[str] | None = None,
+        api_version: str | None = None,
+    ) -> Message:
         """:meth:`publish` for synchronous code: ``conn`` is a ``sqlalchemy.Connection``
         or an ORM ``Session`` (its connection, in its transaction); the message and its
         outbox rows commit with the caller's change or not at all. Returns the
@@ -292,7 +310,14 @@ class Relaybox:
         from relaybox.sync.publish import publish_sync
 
         return publish_sync(
-            self, conn, event_type, data, tenant=tenant, idempotency_key=idempotency_key, **options
+            self,
+            conn,
+            event_type,
+            data,
+            tenant=tenant,
+            idempotency_key=idempotency_key,
+            endpoint_ids=endpoint_ids,
+            api_version=api_version,
         )
 
     def _default_sync_transaction(self) -> contextlib.AbstractContextManager[Any]:
@@ -312,7 +337,7 @@ class Relaybox:
 
     async def define_event_type(
         self, name: str, *, description: str = "", schema: dict[str, Any] | None = None
-    ) -> Any:
+    ) -> EventType:
         """Add or replace an entry of the event catalog (``relaybox event-types``):
         tenants subscribe from it, ``publish`` checks data against its schema, and
         :func:`relaybox.embed.document_webhooks` shows it in the OpenAPI document."""
@@ -431,7 +456,7 @@ class Relaybox:
     @contextlib.asynccontextmanager
     async def running(
         self, roles: tuple[str, ...] | list[str] | None = None, *, receiver: bool = True
-    ) -> Any:
+    ) -> AsyncIterator[Relaybox]:
         """Run relaybox in this event loop for the duration of the block::
 
             async with box.running(roles=("worker",)):
