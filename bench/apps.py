@@ -9,7 +9,7 @@ same Standard Webhooks signature with the same code.
   stores nothing: ``floor`` against it is the receiver's own overhead, it against
   ``relaybox`` the cost of durability alone;
 - ``naive``: Starlette + asyncpg, "exists?" then INSERT, one commit per request
-  (seed 003's pattern);
+  (the way a receiver is usually written first);
 - ``hookrelay``: hookrelay's FastAPI router on PostgreSQL (or SQLite);
 - ``relaybox``: relaybox's receiver (group commit) on ``BENCH_DB_URL``.
 """
