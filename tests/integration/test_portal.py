@@ -5,6 +5,7 @@ and actions, and strict tenant isolation: every route of tenant A's portal answe
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 
@@ -12,7 +13,7 @@ import aiohttp
 import pytest
 
 from relaybox import FrozenClock, Relaybox
-from relaybox.outbound import create_api_key, define_event_type
+from relaybox.outbound import create_api_key, define_event_type, endpoints
 from relaybox.portal import TokenRefused, open_link, portal_link
 from tests.conftest import Served
 from tests.support.outbound_app import dispatch_once, endpoint, local, publish_one
@@ -181,14 +182,16 @@ async def test_manage_endpoints_secrets_tests_and_the_log(
         status, page = await portal.get(f"/endpoints/{endpoint_id}")
         assert status == 200 and secret not in page  # shown once, on creation
         status, _, revealed = await portal.post(f"/endpoints/{endpoint_id}/secret")
-        assert secret in revealed
+        assert status == 200 and secret not in revealed and "data-shown-before" in revealed
         status, _, rotated = await portal.post(
             f"/endpoints/{endpoint_id}/secret/rotate", {"grace_hours": "2"}
         )
         [new] = re.findall(r"whsec_[A-Za-z0-9+/=]+", rotated)
-        assert new != secret
+        assert new != secret and "Keeps signing until" not in rotated
         _, _, revealed = await portal.post(f"/endpoints/{endpoint_id}/secret")
-        assert secret in revealed and new in revealed  # overlap: both sign
+        assert not re.findall(r"whsec_[A-Za-z0-9+/=]+", revealed)  # both shown once already
+        stored = await endpoints.endpoint_secrets(box, endpoint_id, "client-42")
+        assert [s["secret"] for s in stored or []] == [new, secret]  # overlap: both sign
 
         status, location, _ = await portal.post(
             f"/endpoints/{endpoint_id}", {"url": receiver.url, "description": "orders"}
@@ -273,6 +276,31 @@ async def test_bad_input_is_a_4xx_page(
         assert r.status == 401
     async with http.get(server + "/portal/enter/l.Zm9v.1.x.y") as r:
         assert r.status == 401
+
+
+async def test_each_signing_secret_is_revealed_once(
+    box: Relaybox, server: str, http: aiohttp.ClientSession
+) -> None:
+    """An endpoint the application made through the API: its secret was never shown in
+    the portal, so the first *Reveal secret* shows it, and no later one; two reveals at
+    once show it to one of them only. A rotation shows the new secret, once."""
+    endpoint_id, secret = await endpoint(box, "http://127.0.0.1:9/hook", tenant="client-42")
+    portal = await portal_for(box, http, server, "client-42")
+    pages = await asyncio.gather(
+        *(portal.post(f"/endpoints/{endpoint_id}/secret") for _ in range(4))
+    )
+    assert {status for status, _, _ in pages} == {200}
+    assert [secret in text for _, _, text in pages].count(True) == 1
+    _, _, again = await portal.post(f"/endpoints/{endpoint_id}/secret")
+    assert secret not in again and "Rotate secret" in again
+    _, _, rotated = await portal.post(f"/endpoints/{endpoint_id}/secret/rotate")
+    [new] = re.findall(r"whsec_[A-Za-z0-9+/=]+", rotated)
+    assert new != secret and secret not in rotated
+    _, _, after = await portal.post(f"/endpoints/{endpoint_id}/secret")
+    assert new not in after and secret not in after
+    # The tenant API (the application's own key) still reads both: it is not the portal.
+    stored = await endpoints.endpoint_secrets(box, endpoint_id, "client-42")
+    assert [s["secret"] for s in stored or []] == [new, secret]
 
 
 PAGES = [

@@ -50,6 +50,7 @@ __all__ = [
     "get_endpoint",
     "list_endpoints",
     "ready_to_seal",
+    "reveal_secrets",
     "rotate_secret",
     "seal_plaintext",
     "seal_secrets",
@@ -524,3 +525,22 @@ async def endpoint_secrets(
         }
         for r in found
     ]
+
+
+async def reveal_secrets(
+    box: Runtime, endpoint_id: str, tenant: str | None
+) -> tuple[list[dict[str, Any]], int] | None:
+    """For the tenant portal, which shows each signing secret once: the active secrets
+    never revealed (newest first, in the form the owner verifies with), now marked
+    revealed, and how many active ones were revealed before. ``None``: no such
+    endpoint."""
+    if await get_endpoint(box, endpoint_id, tenant) is None:
+        return None
+    store, now, vault = box.store, box.clock.now(), outbound(box).vault
+    async with store.transaction() as conn:
+        shown = await store.endpoint_secrets_reveal(conn, endpoint_id, now=now)
+        active = await store.endpoint_secrets_active(conn, [endpoint_id], now=now)
+    fresh = [
+        {"secret": public_form(vault.open(r.secret)), "expires_at": r.expires_at} for r in shown
+    ]
+    return fresh, len(active) - len(shown)

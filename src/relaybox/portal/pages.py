@@ -105,10 +105,8 @@ async def create_endpoint(page: Page) -> Response:
         event_types=_patterns(form.get("event_types", "")),
         rate_limit=_number(form, "rate_limit"),
     )
-    created, secret = await endpoints.create_endpoint(page.box, page.tenant, spec)
-    return page.render(
-        "secret.html", active="endpoints", endpoint=created, secrets=[secret], created=True
-    )
+    created, _ = await endpoints.create_endpoint(page.box, page.tenant, spec)
+    return await _show_secrets(page, created, created=True)
 
 
 async def show_endpoint(page: Page) -> Response:
@@ -173,17 +171,30 @@ async def delete_endpoint(page: Page) -> Response:
     return page.redirect("/endpoints", notice="deleted")
 
 
-async def reveal_secret(page: Page) -> Response:
-    found = await _endpoint(page)
-    active = await endpoints.endpoint_secrets(page.box, found.id, page.tenant) or []
+async def _show_secrets(
+    page: Page, endpoint: Endpoint, *, created: bool = False, rotated: bool = False
+) -> Response:
+    """The secret page: each signing secret is shown here once (it is marked revealed
+    as it is shown); one shown before is not shown again, rotation makes a new one."""
+    revealed = await endpoints.reveal_secrets(page.box, endpoint.id, page.tenant)
+    if revealed is None:
+        raise not_found("endpoint")
+    fresh, shown_before = revealed
     return page.render(
         "secret.html",
         active="endpoints",
-        endpoint=found,
-        secrets=[s["secret"] for s in active],
-        expiries=[s["expires_at"] for s in active],
-        created=False,
+        endpoint=endpoint,
+        secrets=[s["secret"] for s in fresh],
+        expiries=[s["expires_at"] for s in fresh],
+        shown_before=shown_before,
+        grace=outbound(page.box).settings.rotation_grace,
+        created=created,
+        rotated=rotated,
     )
+
+
+async def reveal_secret(page: Page) -> Response:
+    return await _show_secrets(page, await _endpoint(page))
 
 
 async def rotate_secret(page: Page) -> Response:
@@ -192,12 +203,9 @@ async def rotate_secret(page: Page) -> Response:
     if hours is not None and not 0 <= hours <= 7 * 24:
         raise PageError(422, "grace_hours: between 0 and 168 hours")
     grace = None if hours is None else hours * 3600
-    secret = await endpoints.rotate_secret(page.box, found.id, page.tenant, grace=grace)
-    if secret is None:
+    if await endpoints.rotate_secret(page.box, found.id, page.tenant, grace=grace) is None:
         raise not_found("endpoint")
-    return page.render(
-        "secret.html", active="endpoints", endpoint=found, secrets=[secret], rotated=True
-    )
+    return await _show_secrets(page, found, rotated=True)
 
 
 async def send_test(page: Page) -> Response:

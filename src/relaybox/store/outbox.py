@@ -236,6 +236,15 @@ class OutboxStore:
         found = await self.rows(conn, "endpoint_secrets_active", params)
         return [StoredSecret(r[0], r[1], r[2], r[3]) for r in found]
 
+    async def endpoint_secrets_reveal(
+        self, conn: AsyncConnection, endpoint_id: str, *, now: float
+    ) -> list[StoredSecret]:
+        """The endpoint's active secrets not revealed before, newest first, now marked
+        revealed (at ``now``): a second call, or one racing this one, gets none of them."""
+        found = await self.rows(conn, "endpoint_secrets_reveal", (endpoint_id, now))
+        rows = [StoredSecret(r[0], r[1], r[2], r[3]) for r in found]
+        return sorted(rows, key=lambda r: r.created_at, reverse=True)
+
     async def endpoint_secret_rotate(
         self, conn: AsyncConnection, endpoint_id: str, sealed: str, *, until: float, now: float
     ) -> None:

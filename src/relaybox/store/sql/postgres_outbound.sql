@@ -87,6 +87,13 @@ SELECT endpoint_id, secret, created_at, expires_at FROM relaybox_endpoint_secret
 WHERE endpoint_id = ANY($1::text[]) AND (expires_at IS NULL OR expires_at > $2)
 ORDER BY endpoint_id, id DESC
 
+-- name: endpoint_secrets_reveal
+-- The endpoint's active secrets never shown in the portal, marked shown at $2: each
+-- is revealed once, whoever asks at the same time.
+UPDATE relaybox_endpoint_secrets SET revealed_at = $2
+WHERE endpoint_id = $1 AND revealed_at IS NULL AND (expires_at IS NULL OR expires_at > $2)
+RETURNING endpoint_id, secret, created_at, expires_at
+
 -- name: endpoint_secrets_page
 -- Up to $2 stored secrets after id $1 (expired ones too), in id order: the sealing
 -- passes (relaybox migrate, relaybox endpoints seal-secrets) and doctor walk the table
