@@ -5,6 +5,7 @@ and actions, and strict tenant isolation: every route of tenant A's portal answe
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import AsyncIterator
 
@@ -251,6 +252,109 @@ async def test_manage_endpoints_secrets_tests_and_the_log(
         status, location, _ = await portal.post(f"/endpoints/{endpoint_id}/delete")
         assert location.endswith("/endpoints?notice=deleted")
         assert (await portal.get(f"/endpoints/{endpoint_id}"))[0] == 404
+
+
+async def test_payload_filters_are_edited_checked_and_applied_at_fan_out(
+    box: Relaybox, server: str, http: aiohttp.ClientSession
+) -> None:
+    portal = await portal_for(box, http, server, "client-42")
+    receiver = HttpReceiver(Reply(200, b"ok"))
+
+    async def delivered_to(endpoint_id: str, message_id: str) -> bool:
+        rows = await box.store.delivery_list(
+            "client-42", message_id=message_id, endpoint_id=None, undelivered=False, limit=5
+        )
+        return any(r.endpoint_id == endpoint_id for r in rows)
+
+    async with receiver:
+        # Refused filters: the form again with the problem and what was typed, 422,
+        # and no endpoint stored.
+        for typed, problem in (
+            ('{"data.amount": {"$gte": 100}', "filter: not valid JSON"),
+            ('{"data.amount": {"$greater": 100}}', "data.amount.$greater: unknown operator"),
+            ('["data.amount"]', "filter: an object of conditions, not a list"),
+        ):
+            status, _, text = await portal.post(
+                "/endpoints",
+                {"url": receiver.url, "event_types": "order.*", "filter": typed},
+            )
+            assert status == 422, text
+            [shown] = re.findall(
+                r'<div class="error" role="alert" id="form-error"[^>]*>([^<]*)', text
+            )
+            assert problem in html.unescape(shown)
+            assert 'id="create-endpoint"' in text and typed in html.unescape(text)
+            assert await box.store.endpoint_list("client-42", limit=10) == []
+
+        status, _, text = await portal.post(
+            "/endpoints",
+            {
+                "url": receiver.url,
+                "event_types": "order.*",
+                "filter": '{"data.amount": {"$gte": 100}, "data.currency": "EUR"}',
+            },
+        )
+        assert status == 200, text
+        [endpoint_id] = ids_in(text, "ep")
+        found = await box.store.endpoint_get(endpoint_id, "client-42")
+        assert found is not None
+        assert found.payload_filter == {"data.amount": {"$gte": 100}, "data.currency": "EUR"}
+        _, subs = await portal.get("/subscriptions")
+        [shown] = re.findall(rf'<code data-filter="{endpoint_id}">([^<]*)</code>', subs)
+        assert html.unescape(shown) == '{"data.amount": {"$gte": 100}, "data.currency": "EUR"}'
+
+        # Applied at fan-out: only the message the filter holds for gets a delivery.
+        small = await publish_one(
+            box, "order.paid", {"amount": 50, "currency": "EUR"}, tenant="client-42"
+        )
+        dollars = await publish_one(
+            box, "order.paid", {"amount": 500, "currency": "USD"}, tenant="client-42"
+        )
+        large = await publish_one(
+            box, "order.paid", {"amount": 150, "currency": "EUR"}, tenant="client-42"
+        )
+        assert not await delivered_to(endpoint_id, small.id)
+        assert not await delivered_to(endpoint_id, dollars.id)
+        assert await delivered_to(endpoint_id, large.id)
+        assert await dispatch_once(box) == 1
+        [seen] = receiver.requests
+        assert seen.headers["webhook-id"] == large.id
+
+        # An invalid edit stores nothing: the filter stays, and the form shows the text.
+        typed = '{"$or": [{"data.amount": {"$lt": 10}}, "EUR"]}'
+        status, _, text = await portal.post(
+            f"/endpoints/{endpoint_id}", {"url": receiver.url, "filter": typed}
+        )
+        assert status == 422
+        assert "$or[1]: a filter (an object), not a string" in text
+        assert 'id="edit-endpoint"' in text and typed in html.unescape(text)
+        found = await box.store.endpoint_get(endpoint_id, "client-42")
+        assert found is not None
+        assert found.payload_filter == {"data.amount": {"$gte": 100}, "data.currency": "EUR"}
+
+        # A valid edit replaces it; the endpoint's page shows it in the form.
+        status, location, _ = await portal.post(
+            f"/endpoints/{endpoint_id}",
+            {"url": receiver.url, "filter": '{"data.amount": {"$lt": 100}}'},
+        )
+        assert status == 303 and location.endswith("notice=saved")
+        _, page = await portal.get(f"/endpoints/{endpoint_id}")
+        assert '"$lt": 100' in html.unescape(page)
+        small = await publish_one(box, "order.paid", {"amount": 50}, tenant="client-42")
+        large = await publish_one(box, "order.paid", {"amount": 150}, tenant="client-42")
+        assert await delivered_to(endpoint_id, small.id)
+        assert not await delivered_to(endpoint_id, large.id)
+
+        # A blank filter removes it: every message of the endpoint's types again.
+        status, _, _ = await portal.post(
+            f"/endpoints/{endpoint_id}", {"url": receiver.url, "filter": ""}
+        )
+        assert status == 303
+        found = await box.store.endpoint_get(endpoint_id, "client-42")
+        assert found is not None and found.payload_filter is None
+        assert "none: every message of those types" in (await portal.get("/subscriptions"))[1]
+        large = await publish_one(box, "order.paid", {"amount": 150}, tenant="client-42")
+        assert await delivered_to(endpoint_id, large.id)
 
 
 async def test_bad_input_is_a_4xx_page(
