@@ -379,6 +379,48 @@ async def test_bad_input_is_a_4xx_page(
         assert r.status == 401
 
 
+SHARED_KEY = "order-1001"
+
+
+def log_rows(page: str) -> set[str]:
+    """The message ids in the rows of a delivery-log page (not in its search form)."""
+    [table] = re.findall(r'<table class="deliveries">.*?</table>', page, re.S)
+    return ids_in(table, "msg")
+
+
+async def _searches_find_nothing_of_b(
+    box: Relaybox,
+    http: aiohttp.ClientSession,
+    server: str,
+    portal: Portal,
+    b_message: str,
+    a_message: str,
+) -> None:
+    """Tenant A searching its delivery log, in the portal and through the tenant API,
+    by B's message id, B's idempotency key and B's event type: only A's own message."""
+    for search, expected in (
+        ({"message_id": b_message}, set()),
+        ({"idempotency_key": SHARED_KEY}, {a_message}),
+        ({"event_type": "order.paid"}, {a_message}),
+        ({"event_type": "order.paid", "status": "sent"}, set()),  # B's is the sent one
+        ({}, {a_message}),
+    ):
+        status, page = await portal.get("/messages", **search)
+        assert status == 200 and log_rows(page) == expected, search
+    _, key = await create_api_key(box, "client-a")
+    auth = {"Authorization": f"Bearer {key}"}
+    api = server + "/api/v1"
+    for query in ({"event_type": "order.paid"}, {}):
+        async with http.get(api + "/messages", params=query, headers=auth) as r:
+            assert r.status == 200
+            assert [m["id"] for m in (await r.json())["data"]] == [a_message], query
+    for path in (f"/messages/{b_message}", f"/messages/{b_message}/attempts"):
+        async with http.get(api + path, headers=auth) as r:
+            assert r.status == 404, path
+    async with http.get(api + "/undelivered", headers=auth) as r:
+        assert {d["message_id"] for d in (await r.json())["data"]} == {a_message}
+
+
 PAGES = [
     ("GET", "/endpoints/{endpoint}"),
     ("POST", "/endpoints/{endpoint}"),
@@ -408,11 +450,17 @@ async def test_a_tenant_reaches_no_other_tenants_ids(
     receiver = HttpReceiver(Reply(200, b"ok"))
     async with receiver:
         other_endpoint, other_secret = await endpoint(box, receiver.url, tenant="client-b")
-        message = await publish_one(box, "order.paid", tenant="client-b")
+        message = await publish_one(
+            box, "order.paid", tenant="client-b", idempotency_key=SHARED_KEY
+        )
         assert await dispatch_once(box) == 1
         attempts = await box.store.attempt_list(message.id, "client-b")
         assert attempts
         ids = {"endpoint": other_endpoint, "message": message.id, "attempt": attempts[0].outbox_id}
+        # A has a message of the same type under the same idempotency key (keys are
+        # per tenant), never dispatched: A's searches find it, and nothing of B's.
+        await endpoint(box, "http://127.0.0.1:9/a", tenant="client-a")
+        own = await publish_one(box, "order.paid", tenant="client-a", idempotency_key=SHARED_KEY)
         portal = await portal_for(box, http, server, "client-a")
         path = route.format(**ids)
         if method == "GET":
@@ -425,6 +473,7 @@ async def test_a_tenant_reaches_no_other_tenants_ids(
         for listing in ("/endpoints", "/messages", "/subscriptions"):
             _, page = await portal.get(listing)
             assert other_endpoint not in page and message.id not in page
+        await _searches_find_nothing_of_b(box, http, server, portal, message.id, own.id)
         found = await box.store.endpoint_get(other_endpoint, "client-b")
         assert found is not None and found.status == "enabled" and found.paused_at is None
         [row] = await box.store.delivery_list(
