@@ -357,6 +357,36 @@ async def test_payload_filters_are_edited_checked_and_applied_at_fan_out(
         assert await delivered_to(endpoint_id, large.id)
 
 
+async def test_idempotency_key_search_is_exact_like_the_api_keys(
+    box: Relaybox, server: str, http: aiohttp.ClientSession
+) -> None:
+    _, key = await create_api_key(box, "client-42")
+    auth = {"Authorization": f"Bearer {key}"}
+    await endpoint(box, "http://127.0.0.1:9/x", tenant="client-42")
+    keys = ["Order-1001", "order-1001", " order-1001", "order-1001-b"]
+    published: dict[str, str] = {}
+    for idempotency_key in keys:
+        body = {"event_type": "order.paid", "data": {}, "idempotency_key": idempotency_key}
+        async with http.post(server + "/api/v1/messages", json=body, headers=auth) as r:
+            assert r.status == 202  # a new message: the API tells these keys apart
+            published[idempotency_key] = (await r.json())["id"]
+    body = {"event_type": "order.paid", "data": {}, "idempotency_key": "order-1001"}
+    async with http.post(server + "/api/v1/messages", json=body, headers=auth) as r:
+        assert r.status == 200  # the same key: the same message
+        assert (await r.json())["id"] == published["order-1001"]
+
+    portal = await portal_for(box, http, server, "client-42")
+    for idempotency_key, message_id in published.items():
+        _, page = await portal.get("/messages", idempotency_key=idempotency_key)
+        assert log_rows(page) == {message_id}, idempotency_key
+        assert f'value="{html.escape(idempotency_key)}"' in page  # the form keeps it as typed
+    for near in ("ORDER-1001", "order-1001 ", "order-100", "order", "%", "order-1001%"):
+        _, page = await portal.get("/messages", idempotency_key=near)
+        assert log_rows(page) == set(), near
+    _, page = await portal.get("/messages", idempotency_key="")  # empty: no filter
+    assert log_rows(page) == set(published.values())
+
+
 async def test_bad_input_is_a_4xx_page(
     box: Relaybox, server: str, http: aiohttp.ClientSession
 ) -> None:

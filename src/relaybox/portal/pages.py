@@ -302,7 +302,9 @@ async def messages(page: Page) -> Response:
         status=page.query("status"),
         event_type=page.query("event_type"),
         message_id=page.query("message_id"),
-        idempotency_key=page.query("idempotency_key"),
+        # As typed, not stripped: a key matches exactly (case and spaces too), as the
+        # tenant API's idempotency keys do (" k", "k" and "K" are three messages).
+        idempotency_key=page.request.query_params.get("idempotency_key", ""),
     )
     rows = await delivery_log(page.box, page.tenant, log, limit=page.box.settings.portal.page_size)
     return page.render("messages.html", active="messages", rows=rows, log=log, statuses=STATUSES)
