@@ -357,7 +357,7 @@ async def test_payload_filters_are_edited_checked_and_applied_at_fan_out(
         assert await delivered_to(endpoint_id, large.id)
 
 
-async def test_idempotency_key_search_is_exact_like_the_api_keys(
+async def test_idempotency_key_search_is_exact_in_the_portal_and_the_api(
     box: Relaybox, server: str, http: aiohttp.ClientSession
 ) -> None:
     _, key = await create_api_key(box, "client-42")
@@ -375,16 +375,24 @@ async def test_idempotency_key_search_is_exact_like_the_api_keys(
         assert r.status == 200  # the same key: the same message
         assert (await r.json())["id"] == published["order-1001"]
 
+    async def api_search(idempotency_key: str) -> set[str]:
+        async with http.get(
+            server + "/api/v1/messages", params={"idempotency_key": idempotency_key}, headers=auth
+        ) as r:
+            assert r.status == 200
+            return {m["id"] for m in (await r.json())["data"]}
+
+    # The portal's search and the API's listing find the same: each key its own message.
     portal = await portal_for(box, http, server, "client-42")
     for idempotency_key, message_id in published.items():
         _, page = await portal.get("/messages", idempotency_key=idempotency_key)
-        assert log_rows(page) == {message_id}, idempotency_key
+        assert log_rows(page) == {message_id} == await api_search(idempotency_key)
         assert f'value="{html.escape(idempotency_key)}"' in page  # the form keeps it as typed
     for near in ("ORDER-1001", "order-1001 ", "order-100", "order", "%", "order-1001%"):
         _, page = await portal.get("/messages", idempotency_key=near)
-        assert log_rows(page) == set(), near
+        assert log_rows(page) == set() == await api_search(near), near
     _, page = await portal.get("/messages", idempotency_key="")  # empty: no filter
-    assert log_rows(page) == set(published.values())
+    assert log_rows(page) == set(published.values()) == await api_search("")
 
 
 async def test_bad_input_is_a_4xx_page(
@@ -440,7 +448,7 @@ async def _searches_find_nothing_of_b(
     _, key = await create_api_key(box, "client-a")
     auth = {"Authorization": f"Bearer {key}"}
     api = server + "/api/v1"
-    for query in ({"event_type": "order.paid"}, {}):
+    for query in ({"event_type": "order.paid"}, {"idempotency_key": SHARED_KEY}, {}):
         async with http.get(api + "/messages", params=query, headers=auth) as r:
             assert r.status == 200
             assert [m["id"] for m in (await r.json())["data"]] == [a_message], query
