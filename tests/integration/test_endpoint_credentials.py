@@ -48,15 +48,21 @@ async def api(box: Relaybox) -> AsyncIterator[Api]:
 class TokenServer:
     """An OAuth2 token endpoint: counts requests, hands out tok1, tok2, ..."""
 
-    def __init__(self, expires_in: float | None = 60, status: int = 200, pad: int = 0) -> None:
-        self.expires_in, self.status, self.pad = expires_in, status, pad
+    def __init__(
+        self,
+        expires_in: float | None = 60,
+        status: int = 200,
+        pad: int = 0,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.expires_in, self.status, self.pad, self.host = expires_in, status, pad, host
         self.requests: list[tuple[dict[str, str], dict[str, str]]] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/oauth/token"
+        return f"http://{self.host}:{self.port}/oauth/token"
 
     async def _token(self, request: web.Request) -> web.Response:
         form = {k: str(v) for k, v in (await request.post()).items()}
@@ -76,7 +82,7 @@ class TokenServer:
         app.router.add_post("/oauth/token", self._token)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, self.host, 0)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         return self
@@ -176,6 +182,121 @@ async def test_credentials_are_sealed_and_never_shown_again(box: Relaybox, api: 
         },
     )
     assert status == 422 and answer["message"].startswith("token_url:")
+
+
+OAUTH2 = {"type": "oauth2", "client_id": "c", "client_secret": "s"}
+
+
+@pytest.mark.parametrize(
+    ("token_url", "reason"),
+    [
+        ("http://169.254.169.254/latest/meta-data/iam/token", "a link-local address"),
+        ("https://169.254.169.254/token", "a link-local address"),
+        ("http://10.0.0.1/token", "a private or reserved address"),
+        ("https://10.0.0.1:8443/oauth/token", "a private or reserved address"),
+        ("https://192.168.1.20/token", "a private or reserved address"),
+        ("https://[fd00::1]/token", "a private or reserved address"),
+        ("https://[::ffff:10.0.0.1]/token", "an IPv4-mapped IPv6 address"),
+        ("https://100.64.0.7/token", "a carrier-grade NAT address"),
+        ("https://0xa.0.0.1/token", "non-canonical form"),
+    ],
+)
+async def test_an_oauth2_token_url_at_a_private_address_is_refused_when_saved(
+    box: Relaybox, api: Api, token_url: str, reason: str
+) -> None:
+    credentials = {**OAUTH2, "token_url": token_url}
+    status, answer = await api.call(
+        "POST", "/endpoints", {"url": "http://127.0.0.1:9/hook", "credentials": credentials}
+    )
+    assert (status, answer["error"]) == (422, "invalid_endpoint"), answer
+    assert answer["message"].startswith("token_url: ") and reason in answer["message"]
+    assert (await api.call("GET", "/endpoints"))[1]["data"] == []  # nothing was created
+
+    status, created = await api.call("POST", "/endpoints", {"url": "http://127.0.0.1:9/hook"})
+    assert status == 201
+    path = f"/endpoints/{created['id']}"
+    status, answer = await api.call("PATCH", path, {"credentials": credentials})
+    assert (status, answer["error"]) == (422, "invalid_endpoint")
+    assert answer["message"].startswith("token_url: ") and reason in answer["message"]
+    assert (await api.call("GET", path))[1]["credentials"] is None  # nothing was set
+    [row] = await box.store.fetch_all("SELECT credentials FROM relaybox_endpoints")
+    assert row["credentials"] is None
+
+
+async def test_an_oauth2_token_url_in_an_allowed_network_is_accepted(
+    box: Relaybox, api: Api
+) -> None:
+    # The refusal above is the network rule: an operator who allows the network (a
+    # token server on a private link) may save the same URL.
+    local(box, allow_networks=["127.0.0.0/8", "10.0.0.0/8"])
+    credentials = {**OAUTH2, "token_url": "https://10.0.0.1:8443/oauth/token"}
+    status, created = await api.call(
+        "POST", "/endpoints", {"url": "http://127.0.0.1:9/hook", "credentials": credentials}
+    )
+    assert status == 201, created
+    assert created["credentials"] == {"type": "oauth2", "set": True}
+
+
+async def _refused_at_fetch(box: Relaybox, tokens: TokenServer, receiver: HttpReceiver) -> str:
+    """Publish one message, dispatch it once: the attempt's error, after checking that
+    neither the token server nor the receiver was reached and the delivery waits."""
+    await publish_one(box)
+    assert await dispatch_once(box) == 1
+    assert tokens.requests == []  # the token request was never made
+    assert receiver.requests == []  # nothing is sent without a token
+    [attempt] = await attempts(box)
+    assert attempt["outcome"] == "retry" and attempt["status_code"] is None
+    [row] = await box.store.fetch_all("SELECT status FROM relaybox_outbox")
+    assert row["status"] == "pending"
+    return str(attempt["error"])
+
+
+async def test_an_oauth2_token_host_resolving_to_a_forbidden_address_is_refused_at_fetch(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    # The token server listens on 127.0.0.2; the endpoint's receiver on 127.0.0.1, the
+    # only address allowed. A name passes the check when saved (no DNS then) and
+    # resolves to the token server's address when used: the guard refuses it there, so
+    # a request that went past the guard would reach a live server and be counted.
+    async def resolver(host: str, port: int) -> list[str]:
+        return ["127.0.0.2"] if host == "tokens.example.test" else [host]
+
+    local(box, allow_networks=["127.0.0.1/32"], resolver=resolver)
+    async with TokenServer(host="127.0.0.2") as tokens, HttpReceiver() as receiver:
+        await endpoint(
+            box,
+            receiver.url,
+            credentials={
+                **OAUTH2,
+                "token_url": f"http://tokens.example.test:{tokens.port}/oauth/token",
+            },
+        )
+        error = await _refused_at_fetch(box, tokens, receiver)
+    assert error == (
+        "OAuth2 token: refused by the SSRF guard: tokens.example.test resolves to"
+        " a loopback address"
+    )
+
+
+async def test_an_oauth2_token_url_refused_by_settings_changed_after_save(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    local(box, allow_networks=["127.0.0.0/8"])
+    async with TokenServer(host="127.0.0.2") as tokens, HttpReceiver() as receiver:
+        await endpoint(box, receiver.url, credentials={**OAUTH2, "token_url": tokens.url})
+        # The operator narrows the allowed networks: the saved token URL is now outside.
+        local(box, allow_networks=["127.0.0.1/32"])
+        error = await _refused_at_fetch(box, tokens, receiver)
+        assert error == (
+            "OAuth2 token: refused by the SSRF guard: 127.0.0.2 resolves to a loopback address"
+        )
+        # Allowed again, the same delivery gets its token and goes out.
+        local(box, allow_networks=["127.0.0.0/8"])
+        clock.advance(3600)
+        assert await dispatch_once(box) == 1
+        assert len(tokens.requests) == 1
+        [seen] = receiver.requests
+        assert seen.headers["authorization"] == "Bearer tok1"
 
 
 # -- delivery -------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ and actions, and strict tenant isolation: every route of tenant A's portal answe
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 from collections.abc import AsyncIterator
 
@@ -256,6 +257,147 @@ async def test_manage_endpoints_secrets_tests_and_the_log(
         assert (await portal.get(f"/endpoints/{endpoint_id}"))[0] == 404
 
 
+async def test_payload_filters_are_edited_checked_and_applied_at_fan_out(
+    box: Relaybox, server: str, http: aiohttp.ClientSession
+) -> None:
+    portal = await portal_for(box, http, server, "client-42")
+    receiver = HttpReceiver(Reply(200, b"ok"))
+
+    async def delivered_to(endpoint_id: str, message_id: str) -> bool:
+        rows = await box.store.delivery_list(
+            "client-42", message_id=message_id, endpoint_id=None, undelivered=False, limit=5
+        )
+        return any(r.endpoint_id == endpoint_id for r in rows)
+
+    async with receiver:
+        # Refused filters: the form again with the problem and what was typed, 422,
+        # and no endpoint stored.
+        for typed, problem in (
+            ('{"data.amount": {"$gte": 100}', "filter: not valid JSON"),
+            ('{"data.amount": {"$greater": 100}}', "data.amount.$greater: unknown operator"),
+            ('["data.amount"]', "filter: an object of conditions, not a list"),
+        ):
+            status, _, text = await portal.post(
+                "/endpoints",
+                {"url": receiver.url, "event_types": "order.*", "filter": typed},
+            )
+            assert status == 422, text
+            [shown] = re.findall(
+                r'<div class="error" role="alert" id="form-error"[^>]*>([^<]*)', text
+            )
+            assert problem in html.unescape(shown)
+            assert 'id="create-endpoint"' in text and typed in html.unescape(text)
+            assert await box.store.endpoint_list("client-42", limit=10) == []
+
+        status, _, text = await portal.post(
+            "/endpoints",
+            {
+                "url": receiver.url,
+                "event_types": "order.*",
+                "filter": '{"data.amount": {"$gte": 100}, "data.currency": "EUR"}',
+            },
+        )
+        assert status == 200, text
+        [endpoint_id] = ids_in(text, "ep")
+        found = await box.store.endpoint_get(endpoint_id, "client-42")
+        assert found is not None
+        assert found.payload_filter == {"data.amount": {"$gte": 100}, "data.currency": "EUR"}
+        _, subs = await portal.get("/subscriptions")
+        [shown] = re.findall(rf'<code data-filter="{endpoint_id}">([^<]*)</code>', subs)
+        assert html.unescape(shown) == '{"data.amount": {"$gte": 100}, "data.currency": "EUR"}'
+
+        # Applied at fan-out: only the message the filter holds for gets a delivery.
+        small = await publish_one(
+            box, "order.paid", {"amount": 50, "currency": "EUR"}, tenant="client-42"
+        )
+        dollars = await publish_one(
+            box, "order.paid", {"amount": 500, "currency": "USD"}, tenant="client-42"
+        )
+        large = await publish_one(
+            box, "order.paid", {"amount": 150, "currency": "EUR"}, tenant="client-42"
+        )
+        assert not await delivered_to(endpoint_id, small.id)
+        assert not await delivered_to(endpoint_id, dollars.id)
+        assert await delivered_to(endpoint_id, large.id)
+        assert await dispatch_once(box) == 1
+        [seen] = receiver.requests
+        assert seen.headers["webhook-id"] == large.id
+
+        # An invalid edit stores nothing: the filter stays, and the form shows the text.
+        typed = '{"$or": [{"data.amount": {"$lt": 10}}, "EUR"]}'
+        status, _, text = await portal.post(
+            f"/endpoints/{endpoint_id}", {"url": receiver.url, "filter": typed}
+        )
+        assert status == 422
+        assert "$or[1]: a filter (an object), not a string" in text
+        assert 'id="edit-endpoint"' in text and typed in html.unescape(text)
+        found = await box.store.endpoint_get(endpoint_id, "client-42")
+        assert found is not None
+        assert found.payload_filter == {"data.amount": {"$gte": 100}, "data.currency": "EUR"}
+
+        # A valid edit replaces it; the endpoint's page shows it in the form.
+        status, location, _ = await portal.post(
+            f"/endpoints/{endpoint_id}",
+            {"url": receiver.url, "filter": '{"data.amount": {"$lt": 100}}'},
+        )
+        assert status == 303 and location.endswith("notice=saved")
+        _, page = await portal.get(f"/endpoints/{endpoint_id}")
+        assert '"$lt": 100' in html.unescape(page)
+        small = await publish_one(box, "order.paid", {"amount": 50}, tenant="client-42")
+        large = await publish_one(box, "order.paid", {"amount": 150}, tenant="client-42")
+        assert await delivered_to(endpoint_id, small.id)
+        assert not await delivered_to(endpoint_id, large.id)
+
+        # A blank filter removes it: every message of the endpoint's types again.
+        status, _, _ = await portal.post(
+            f"/endpoints/{endpoint_id}", {"url": receiver.url, "filter": ""}
+        )
+        assert status == 303
+        found = await box.store.endpoint_get(endpoint_id, "client-42")
+        assert found is not None and found.payload_filter is None
+        assert "none: every message of those types" in (await portal.get("/subscriptions"))[1]
+        large = await publish_one(box, "order.paid", {"amount": 150}, tenant="client-42")
+        assert await delivered_to(endpoint_id, large.id)
+
+
+async def test_idempotency_key_search_is_exact_in_the_portal_and_the_api(
+    box: Relaybox, server: str, http: aiohttp.ClientSession
+) -> None:
+    _, key = await create_api_key(box, "client-42")
+    auth = {"Authorization": f"Bearer {key}"}
+    await endpoint(box, "http://127.0.0.1:9/x", tenant="client-42")
+    keys = ["Order-1001", "order-1001", " order-1001", "order-1001-b"]
+    published: dict[str, str] = {}
+    for idempotency_key in keys:
+        body = {"event_type": "order.paid", "data": {}, "idempotency_key": idempotency_key}
+        async with http.post(server + "/api/v1/messages", json=body, headers=auth) as r:
+            assert r.status == 202  # a new message: the API tells these keys apart
+            published[idempotency_key] = (await r.json())["id"]
+    body = {"event_type": "order.paid", "data": {}, "idempotency_key": "order-1001"}
+    async with http.post(server + "/api/v1/messages", json=body, headers=auth) as r:
+        assert r.status == 200  # the same key: the same message
+        assert (await r.json())["id"] == published["order-1001"]
+
+    async def api_search(idempotency_key: str) -> set[str]:
+        async with http.get(
+            server + "/api/v1/messages", params={"idempotency_key": idempotency_key}, headers=auth
+        ) as r:
+            assert r.status == 200
+            return {m["id"] for m in (await r.json())["data"]}
+
+    # The portal's search and the API's listing find the same: each key its own message.
+    portal = await portal_for(box, http, server, "client-42")
+    for idempotency_key, message_id in published.items():
+        _, page = await portal.get("/messages", idempotency_key=idempotency_key)
+        assert log_rows(page) == {message_id} == await api_search(idempotency_key)
+        assert f'value="{html.escape(idempotency_key)}"' in page  # the form keeps it as typed
+    for near in ("ORDER-1001", "order-1001 ", "order-100", "order", "%", "order-1001%"):
+        _, page = await portal.get("/messages", idempotency_key=near)
+        assert log_rows(page) == set() == await api_search(near), near
+    _, page = await portal.get("/messages", idempotency_key="")  # empty: no filter
+    assert log_rows(page) == set(published.values()) == await api_search("")
+
+
 async def test_bad_input_is_a_4xx_page(
     box: Relaybox, server: str, http: aiohttp.ClientSession
 ) -> None:
@@ -303,6 +445,48 @@ async def test_each_signing_secret_is_revealed_once(
     assert [s["secret"] for s in stored or []] == [new, secret]
 
 
+SHARED_KEY = "order-1001"
+
+
+def log_rows(page: str) -> set[str]:
+    """The message ids in the rows of a delivery-log page (not in its search form)."""
+    [table] = re.findall(r'<table class="deliveries">.*?</table>', page, re.S)
+    return ids_in(table, "msg")
+
+
+async def _searches_find_nothing_of_b(
+    box: Relaybox,
+    http: aiohttp.ClientSession,
+    server: str,
+    portal: Portal,
+    b_message: str,
+    a_message: str,
+) -> None:
+    """Tenant A searching its delivery log, in the portal and through the tenant API,
+    by B's message id, B's idempotency key and B's event type: only A's own message."""
+    for search, expected in (
+        ({"message_id": b_message}, set()),
+        ({"idempotency_key": SHARED_KEY}, {a_message}),
+        ({"event_type": "order.paid"}, {a_message}),
+        ({"event_type": "order.paid", "status": "sent"}, set()),  # B's is the sent one
+        ({}, {a_message}),
+    ):
+        status, page = await portal.get("/messages", **search)
+        assert status == 200 and log_rows(page) == expected, search
+    _, key = await create_api_key(box, "client-a")
+    auth = {"Authorization": f"Bearer {key}"}
+    api = server + "/api/v1"
+    for query in ({"event_type": "order.paid"}, {"idempotency_key": SHARED_KEY}, {}):
+        async with http.get(api + "/messages", params=query, headers=auth) as r:
+            assert r.status == 200
+            assert [m["id"] for m in (await r.json())["data"]] == [a_message], query
+    for path in (f"/messages/{b_message}", f"/messages/{b_message}/attempts"):
+        async with http.get(api + path, headers=auth) as r:
+            assert r.status == 404, path
+    async with http.get(api + "/undelivered", headers=auth) as r:
+        assert {d["message_id"] for d in (await r.json())["data"]} == {a_message}
+
+
 PAGES = [
     ("GET", "/endpoints/{endpoint}"),
     ("POST", "/endpoints/{endpoint}"),
@@ -332,11 +516,17 @@ async def test_a_tenant_reaches_no_other_tenants_ids(
     receiver = HttpReceiver(Reply(200, b"ok"))
     async with receiver:
         other_endpoint, other_secret = await endpoint(box, receiver.url, tenant="client-b")
-        message = await publish_one(box, "order.paid", tenant="client-b")
+        message = await publish_one(
+            box, "order.paid", tenant="client-b", idempotency_key=SHARED_KEY
+        )
         assert await dispatch_once(box) == 1
         attempts = await box.store.attempt_list(message.id, "client-b")
         assert attempts
         ids = {"endpoint": other_endpoint, "message": message.id, "attempt": attempts[0].outbox_id}
+        # A has a message of the same type under the same idempotency key (keys are
+        # per tenant), never dispatched: A's searches find it, and nothing of B's.
+        await endpoint(box, "http://127.0.0.1:9/a", tenant="client-a")
+        own = await publish_one(box, "order.paid", tenant="client-a", idempotency_key=SHARED_KEY)
         portal = await portal_for(box, http, server, "client-a")
         path = route.format(**ids)
         if method == "GET":
@@ -349,6 +539,7 @@ async def test_a_tenant_reaches_no_other_tenants_ids(
         for listing in ("/endpoints", "/messages", "/subscriptions"):
             _, page = await portal.get(listing)
             assert other_endpoint not in page and message.id not in page
+        await _searches_find_nothing_of_b(box, http, server, portal, message.id, own.id)
         found = await box.store.endpoint_get(other_endpoint, "client-b")
         assert found is not None and found.status == "enabled" and found.paused_at is None
         [row] = await box.store.delivery_list(

@@ -408,6 +408,8 @@ def build_api(box: Runtime) -> Starlette:
             event_type=request.query_params.get("event_type"),
             before=before,
             limit=_limit(request, 50, 500),
+            # Exactly as given (not stripped): the key publish told messages apart by.
+            idempotency_key=request.query_params.get("idempotency_key") or None,
         )
         return JSONResponse({"data": [m.to_json() for m in found]})
 

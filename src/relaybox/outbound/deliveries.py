@@ -42,9 +42,13 @@ async def list_messages(
     event_type: str | None = None,
     before: tuple[float, str] | None = None,
     limit: int = 50,
+    idempotency_key: str | None = None,
 ) -> list[Message]:
-    """Newest first; ``before`` is the ``(created_at, id)`` of the last one seen."""
-    return await box.store.message_list(tenant, event_type=event_type, before=before, limit=limit)
+    """Newest first; ``before`` is the ``(created_at, id)`` of the last one seen;
+    ``idempotency_key`` finds the message published with exactly that key."""
+    return await box.store.message_list(
+        tenant, event_type=event_type, before=before, limit=limit, idempotency_key=idempotency_key
+    )
 
 
 async def list_deliveries(

@@ -281,6 +281,9 @@ _QUERY: dict[tuple[str, str], list[dict[str, Any]]] = {
         {"name": "event_type", "in": "query", "schema": {"type": "string", "maxLength": 1000}},
         {"name": "before", "in": "query", "description": "the id of the last message seen",
          "schema": {"type": "string", "maxLength": 1000}},
+        {"name": "idempotency_key", "in": "query",
+         "description": "the message published with exactly this key (case and spaces too)",
+         "schema": {"type": "string", "maxLength": 1000}},
     ],
     ("get", "/undelivered"): [
         {"name": "endpoint_id", "in": "query", "schema": {"type": "string", "maxLength": 1000}},

@@ -12,7 +12,8 @@ another tenant's endpoint or message answers 404, as an id that does not exist.
     POST  /s/<session>/endpoints/<id>/secret/rotate    a new secret; the old one
                                                        keeps signing for the grace
     GET   /s/<session>/event-types              the catalog, schemas, examples
-    GET   /s/<session>/subscriptions            which endpoint receives which type
+    GET   /s/<session>/subscriptions            which endpoint receives which type, and
+                                                its payload filter
     GET   /s/<session>/messages                 the delivery log (filters, search)
     GET   /s/<session>/messages/<id>            deliveries, attempts: request, response
     POST  /s/<session>/messages/<id>/resend
@@ -39,6 +40,8 @@ from relaybox.ops.delivery_log import (
 from relaybox.outbound import deliveries, endpoints, flow
 from relaybox.outbound.catalog import list_event_types
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec
+from relaybox.outbound.filters import InvalidFilter
+from relaybox.outbound.filters import check as check_filter
 from relaybox.outbound.portal_links import TokenRefused, open_link
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
@@ -73,6 +76,23 @@ def _number(form: dict[str, str], name: str) -> float | None:
     return value
 
 
+def _payload_filter(page: Page, *, empty: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The form's ``filter`` (a JSON text) checked by the same rule as the tenant API
+    (:func:`relaybox.outbound.filters.check` with the settings' bounds); ``None`` when
+    the form has no such field, ``empty`` when it is blank. Raises :class:`InvalidFilter`."""
+    if "filter" not in page.form:
+        return None
+    raw = page.form["filter"].strip()
+    if not raw:
+        return empty
+    try:
+        spec = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidFilter(f"filter: not valid JSON ({exc})") from None
+    s = outbound(page.box).settings
+    return check_filter(spec, max_depth=s.filter_max_depth, max_bytes=s.filter_max_bytes)
+
+
 async def _endpoint(page: Page) -> Endpoint:
     found = await endpoints.get_endpoint(page.box, page.param("id"), page.tenant)
     if found is None:
@@ -90,27 +110,48 @@ async def _catalog(box: Runtime) -> list[dict[str, Any]]:
 # -- endpoints ------------------------------------------------------------------------
 
 
-async def list_endpoints(page: Page) -> Response:
+async def list_endpoints(page: Page, *, status: int = 200, error: str = "") -> Response:
+    """The endpoints and the form that creates one; after a refused filter (``error``),
+    the form again with what the tenant typed."""
     limit = page.box.settings.portal.page_size
     found = await endpoints.list_endpoints(page.box, page.tenant, limit=limit)
     catalog = await _catalog(page.box)
-    return page.render("endpoints.html", active="endpoints", endpoints=found, catalog=catalog)
+    return page.render(
+        "endpoints.html",
+        status=status,
+        active="endpoints",
+        endpoints=found,
+        catalog=catalog,
+        error=error,
+        form=page.form if error else {},
+    )
 
 
 async def create_endpoint(page: Page) -> Response:
     form = page.form
-    spec = EndpointSpec(
-        url=form.get("url", "").strip(),
-        description=form.get("description", "").strip() or None,
-        event_types=_patterns(form.get("event_types", "")),
-        rate_limit=_number(form, "rate_limit"),
-    )
-    created, _ = await endpoints.create_endpoint(page.box, page.tenant, spec)
+    try:
+        spec = EndpointSpec(
+            url=form.get("url", "").strip(),
+            description=form.get("description", "").strip() or None,
+            event_types=_patterns(form.get("event_types", "")),
+            rate_limit=_number(form, "rate_limit"),
+            filter=_payload_filter(page, empty=None),
+        )
+        created, _ = await endpoints.create_endpoint(page.box, page.tenant, spec)
+    except InvalidFilter as exc:  # nothing was stored: the form again, with the problem
+        return await list_endpoints(page, status=422, error=str(exc))
     return await _show_secrets(page, created, created=True)
 
 
 async def show_endpoint(page: Page) -> Response:
-    found = await _endpoint(page)
+    return await _endpoint_page(page, await _endpoint(page))
+
+
+async def _endpoint_page(
+    page: Page, found: Endpoint, *, status: int = 200, error: str = ""
+) -> Response:
+    """An endpoint's page; after a refused filter (``error``), the edit form again with
+    what the tenant typed."""
     rows = await deliveries.list_deliveries(
         page.box, page.tenant, endpoint_id=found.id, limit=page.box.settings.portal.page_size
     )
@@ -118,26 +159,40 @@ async def show_endpoint(page: Page) -> Response:
     test_types = [_TEST_TYPE] + [
         t["name"] for t in catalog if subscribed(t["name"], found.event_types)
     ]
+    if error:
+        filter_text = page.form.get("filter", "")
+    elif found.payload_filter is not None:
+        filter_text = json.dumps(found.payload_filter, indent=2, ensure_ascii=False)
+    else:
+        filter_text = ""
     return page.render(
         "endpoint.html",
+        status=status,
         active="endpoints",
         endpoint=found,
         deliveries=rows,
         test_types=test_types,
         grace=outbound(page.box).settings.rotation_grace,
+        error=error,
+        typed=page.form if error else None,
+        filter_text=filter_text,
     )
 
 
 async def edit_endpoint(page: Page) -> Response:
     found = await _endpoint(page)
     form = page.form
-    patch = EndpointPatch(
-        url=form.get("url", "").strip() or None,
-        description=form.get("description", "").strip(),
-        event_types=_patterns(form.get("event_types", "")),
-        rate_limit=_number(form, "rate_limit"),
-    )
-    await endpoints.update_endpoint(page.box, found.id, page.tenant, patch)
+    try:
+        patch = EndpointPatch(
+            url=form.get("url", "").strip() or None,
+            description=form.get("description", "").strip(),
+            event_types=_patterns(form.get("event_types", "")),
+            rate_limit=_number(form, "rate_limit"),
+            filter=_payload_filter(page, empty={}),  # blank: no filter (every message)
+        )
+        await endpoints.update_endpoint(page.box, found.id, page.tenant, patch)
+    except InvalidFilter as exc:  # nothing was stored: the form again, with the problem
+        return await _endpoint_page(page, found, status=422, error=str(exc))
     return page.redirect(f"/endpoints/{found.id}", notice="saved")
 
 
@@ -255,7 +310,9 @@ async def messages(page: Page) -> Response:
         status=page.query("status"),
         event_type=page.query("event_type"),
         message_id=page.query("message_id"),
-        idempotency_key=page.query("idempotency_key"),
+        # As typed, not stripped: a key matches exactly (case and spaces too), as the
+        # tenant API's idempotency keys do (" k", "k" and "K" are three messages).
+        idempotency_key=page.request.query_params.get("idempotency_key", ""),
     )
     rows = await delivery_log(page.box, page.tenant, log, limit=page.box.settings.portal.page_size)
     return page.render("messages.html", active="messages", rows=rows, log=log, statuses=STATUSES)

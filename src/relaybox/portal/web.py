@@ -30,6 +30,7 @@ from relaybox.bodies import BodyTooLarge, read_body, text_problem
 from relaybox.errors import RelayboxError
 from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import InvalidEndpoint
+from relaybox.outbound.filters import InvalidFilter
 from relaybox.outbound.portal_links import PortalSession, TokenRefused, csrf_token, read_session
 from relaybox.outbound.vault import SecretsLocked
 
@@ -63,8 +64,13 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
+def _compact(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
+
+
 ENV.filters["ts"] = _ts
 ENV.filters["pretty"] = _pretty
+ENV.filters["compact"] = _compact
 
 NOTICES: dict[str, str] = {
     "saved": "The endpoint was saved.",
@@ -196,7 +202,7 @@ def handler(box: Runtime, fn: Handler) -> Callable[[Request], Awaitable[Response
             return await fn(page)
         except PageError as exc:
             return error_page(request, box, exc.status, exc.message)
-        except (InvalidEndpoint, InvalidMessage) as exc:
+        except (InvalidEndpoint, InvalidMessage, InvalidFilter) as exc:
             return error_page(request, box, 422, str(exc))
         except ValidationError as exc:
             problems = "; ".join(

@@ -318,10 +318,12 @@ class OutboxStore:
         event_type: str | None,
         before: tuple[float, str] | None,
         limit: int,
+        idempotency_key: str | None = None,
     ) -> list[Message]:
-        """Newest first; ``before`` is the ``(created_at, id)`` of the last one seen."""
+        """Newest first; ``before`` is the ``(created_at, id)`` of the last one seen;
+        ``idempotency_key`` matches exactly (case and spaces too)."""
         after_time, after_id = before if before else (None, None)
-        params = (tenant, event_type, after_time, after_id, limit)
+        params = (tenant, event_type, after_time, after_id, limit, idempotency_key)
         async with self.transaction() as conn:
             found = await self.rows(conn, "message_list", params)
         return [Message.from_row(r) for r in found]

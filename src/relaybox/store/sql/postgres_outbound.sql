@@ -145,11 +145,13 @@ FROM relaybox_messages
 WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
 
 -- name: message_list
--- Newest first, keyset-paginated on (created_at, id) below $3/$4.
+-- Newest first, keyset-paginated on (created_at, id) below $3/$4; $6: one
+-- idempotency key, matched exactly.
 SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
 FROM relaybox_messages
 WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR event_type = $2)
   AND ($3::double precision IS NULL OR (created_at, id) < ($3, $4::text))
+  AND ($6::text IS NULL OR idempotency_key = $6)
 ORDER BY created_at DESC, id DESC
 LIMIT $5
 

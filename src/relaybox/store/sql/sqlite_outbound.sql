@@ -138,7 +138,7 @@ WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
 SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
 FROM relaybox_messages
 WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR event_type = ?2)
-  AND (?3 IS NULL OR (created_at, id) < (?3, ?4))
+  AND (?3 IS NULL OR (created_at, id) < (?3, ?4)) AND (?6 IS NULL OR idempotency_key = ?6)
 ORDER BY created_at DESC, id DESC
 LIMIT ?5
 
