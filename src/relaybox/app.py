@@ -27,6 +27,7 @@ import structlog
 from relaybox.clock import Clock, ClockGuard, DatabaseClock
 from relaybox.config import Settings, load_settings
 from relaybox.errors import TABLES_MISSING, ConfigurationError
+from relaybox.hooks import AcceptHooks, DispatchHooks
 from relaybox.inbox import Acceptor
 from relaybox.log import short_error
 from relaybox.metrics import Metrics
@@ -74,7 +75,11 @@ class Relaybox:
         self.clock: Clock = clock or DatabaseClock()
         self.clock_guard = ClockGuard(self)
         self.metrics = Metrics()
+        # Where tests wait or inject faults: the worker's COMMITs, the acceptor's, a
+        # delivery's attempt and its recorded outcome. Empty in production.
         self.hooks: Hooks = Hooks()
+        self.accept_hooks = AcceptHooks()
+        self.dispatch_hooks = DispatchHooks()
         self.sources: dict[str, Source] = {}
         self._handlers: list[Registration] = []
         self._store: Store | None = None
@@ -203,6 +208,7 @@ class Relaybox:
                 self.store,
                 timeout=self.settings.accept_timeout,
                 committers=self.settings.accept_committers,
+                hooks=self.accept_hooks,
             )
         return self._acceptor
 
@@ -222,6 +228,7 @@ class Relaybox:
         """The outbox dispatcher (``relaybox dispatch``)."""
         from relaybox.outbound.dispatcher import Dispatcher
 
+        options.setdefault("hooks", self.dispatch_hooks)
         return Dispatcher(self, **options)
 
     def maintenance(self, **options: Any) -> Maintenance:
