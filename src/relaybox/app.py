@@ -349,19 +349,20 @@ class Relaybox:
         if self._inline_worker is None:
             self._inline_worker = Worker(self, name="inline")
         store = self.store
+        result = None
         async with store.transaction() as conn:
             [outcome] = await store.inbox_insert(conn, [delivery])
             registration = self.registration_for(delivery.source, delivery.event_type)
-            if registration is not None and registration.sync:
-                # A plain-def handler runs in the worker's synchronous transaction.
-                return outcome
-            if outcome.status == "accepted":
+            # A plain-def handler runs later, in the worker's synchronous transaction.
+            if outcome.status == "accepted" and (registration is None or not registration.sync):
                 [event] = await store.inbox_lock(conn, [outcome.inbox_id])
                 result = await self._inline_worker.process(conn, event)
                 if result.kind == "done":
                     await store.inbox_complete(conn, [event.id], self.clock.now())
-        if outcome.status == "accepted" and result.outbox_created:
+        if result is not None and result.outbox_created:
             store.wake("outbox")
+        if self.accept_hooks.after_commit:
+            await self.accept_hooks.committed([(delivery, outcome)])
         return outcome
 
     # -- running --------------------------------------------------------------

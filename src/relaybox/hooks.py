@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from relaybox.errors import StoreUnavailable
+
 if TYPE_CHECKING:
     from relaybox.store import AcceptOutcome, NewDelivery
     from relaybox.store.outbox_rows import Delivery
@@ -24,15 +26,25 @@ class AcceptHooks:
 
     ``after_commit``: a batch of deliveries is committed, before their requests are
     answered; each hook gets every delivery of the batch with its outcome (inbox id;
-    ``accepted``, ``duplicate``, …). A hook that raises stands for a lost COMMIT
-    answer: the batch's requests are answered as unavailable (503, the sender retries)
-    while their rows stay committed, and a retry is found as a duplicate of the same
-    inbox row. Nothing is lost."""
+    ``accepted``, ``duplicate``, …). Inline acceptance (a source with ``inline``)
+    fires it too, for its one delivery, after the transaction that also ran the
+    handler. A hook that raises stands for a lost COMMIT answer: the requests are
+    answered as unavailable (503, the sender retries) while their rows stay committed,
+    and a retry is found as a duplicate of the same inbox row. Nothing is lost."""
 
     def __init__(self) -> None:
         self.after_commit: list[
             Callable[[list[tuple[NewDelivery, AcceptOutcome]]], Awaitable[None]]
         ] = []
+
+    async def committed(self, accepted: list[tuple[NewDelivery, AcceptOutcome]]) -> None:
+        """Run the ``after_commit`` hooks; one that raises raises
+        :class:`StoreUnavailable` (the COMMIT's answer is lost)."""
+        try:
+            for hook in self.after_commit:
+                await hook(accepted)
+        except Exception as exc:
+            raise StoreUnavailable("the database did not confirm the commit") from exc
 
 
 class DispatchHooks:

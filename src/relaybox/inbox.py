@@ -196,14 +196,13 @@ class Acceptor:
         if self.hooks.after_commit:
             accepted = [(d, o) for (d, _, _), o in zip(batch, outcomes, strict=True)]
             try:
-                for hook in self.hooks.after_commit:
-                    await hook(accepted)
+                await self.hooks.committed(accepted)
             except asyncio.CancelledError:
                 _fail(batch, "relaybox is shutting down")
                 raise
-            except Exception as exc:
+            except StoreUnavailable as exc:
                 log.warning("accept_commit_uncertain", size=len(batch), error=short_error(exc))
-                _fail(batch, "the database did not confirm the commit")
+                _fail(batch, str(exc))
                 return
         for (_, fut, _), outcome in zip(batch, outcomes, strict=True):
             if not fut.done():

@@ -21,7 +21,7 @@ from tests.support.receivers import HttpReceiver, Reply
 SECRET = "hook-secret"
 
 
-def billing(box: Relaybox) -> sources.HmacSource:
+def billing(box: Relaybox, inline: bool = False) -> sources.HmacSource:
     return box.source(
         "billing",
         sources.hmac(
@@ -31,8 +31,12 @@ def billing(box: Relaybox) -> sources.HmacSource:
             id_path="id",
             type_path="type",
             account="acct_1",
+            inline=inline,
         ),
     )
+
+
+INLINE = pytest.mark.parametrize("inline", [False, True], ids=["acceptor", "inline"])
 
 
 async def post(
@@ -52,10 +56,11 @@ async def inbox_ids(box: Relaybox) -> dict[str, int]:
 # -- the acceptor -----------------------------------------------------------------------
 
 
+@INLINE
 async def test_after_commit_fires_with_the_committed_rows_before_the_answer(
-    box: Relaybox, clock: FrozenClock
+    box: Relaybox, clock: FrozenClock, inline: bool
 ) -> None:
-    source = billing(box)
+    source = billing(box, inline)
     seen: list[tuple[tuple[str, str, str], int, str, dict[str, int]]] = []
 
     async def after_commit(accepted: list[tuple[NewDelivery, AcceptOutcome]]) -> None:
@@ -78,12 +83,14 @@ async def test_after_commit_fires_with_the_committed_rows_before_the_answer(
     assert seen[0][3] == ids
 
 
+@INLINE
 async def test_an_after_commit_hook_that_raises_is_a_lost_answer_not_a_lost_row(
-    box: Relaybox, clock: FrozenClock
+    box: Relaybox, clock: FrozenClock, inline: bool
 ) -> None:
     """The request is answered 503 (the sender retries) but its row is committed: the
-    retry is a duplicate of that row, and the worker runs the handler once."""
-    source = billing(box)
+    retry is a duplicate of that row, and the handler runs once (inline: in the
+    transaction that committed the row; else the worker, later)."""
+    source = billing(box, inline)
     handled: list[str] = []
 
     @box.handler("billing", "invoice.paid")
@@ -103,8 +110,9 @@ async def test_an_after_commit_hook_that_raises_is_a_lost_answer_not_a_lost_row(
             200,
             {"status": "duplicate", "event_id": "evt_1"},
         )
+    assert handled == (["evt_1"] if inline else [])
     worker = box.worker()
-    assert await worker.run_once() == 1
+    assert await worker.run_once() == (0 if inline else 1)
     assert await worker.run_once() == 0
     assert handled == ["evt_1"]
 
