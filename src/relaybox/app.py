@@ -27,6 +27,7 @@ import structlog
 from relaybox.clock import Clock, ClockGuard, DatabaseClock
 from relaybox.config import Settings, load_settings
 from relaybox.errors import TABLES_MISSING, ConfigurationError
+from relaybox.hooks import AcceptHooks, DispatchHooks
 from relaybox.inbox import Acceptor
 from relaybox.log import short_error
 from relaybox.metrics import Metrics
@@ -81,7 +82,11 @@ class Relaybox:
         self.clock: Clock = clock or DatabaseClock()
         self.clock_guard = ClockGuard(self)
         self.metrics = Metrics()
+        # Where tests wait or inject faults: the worker's COMMITs, the acceptor's, a
+        # delivery's attempt and its recorded outcome. Empty in production.
         self.hooks: Hooks = Hooks()
+        self.accept_hooks = AcceptHooks()
+        self.dispatch_hooks = DispatchHooks()
         self.sources: dict[str, Source] = {}
         self._handlers: list[Registration] = []
         self._store: Store | None = None
@@ -210,6 +215,7 @@ class Relaybox:
                 self.store,
                 timeout=self.settings.accept_timeout,
                 committers=self.settings.accept_committers,
+                hooks=self.accept_hooks,
             )
         return self._acceptor
 
@@ -229,6 +235,7 @@ class Relaybox:
         """The outbox dispatcher (``relaybox dispatch``)."""
         from relaybox.outbound.dispatcher import Dispatcher
 
+        options.setdefault("hooks", self.dispatch_hooks)
         return Dispatcher(self, **options)
 
     def maintenance(self, **options: Any) -> Maintenance:
@@ -367,19 +374,20 @@ class Relaybox:
         if self._inline_worker is None:
             self._inline_worker = Worker(self, name="inline")
         store = self.store
+        result = None
         async with store.transaction() as conn:
             [outcome] = await store.inbox_insert(conn, [delivery])
             registration = self.registration_for(delivery.source, delivery.event_type)
-            if registration is not None and registration.sync:
-                # A plain-def handler runs in the worker's synchronous transaction.
-                return outcome
-            if outcome.status == "accepted":
+            # A plain-def handler runs later, in the worker's synchronous transaction.
+            if outcome.status == "accepted" and (registration is None or not registration.sync):
                 [event] = await store.inbox_lock(conn, [outcome.inbox_id])
                 result = await self._inline_worker.process(conn, event)
                 if result.kind == "done":
                     await store.inbox_complete(conn, [event.id], self.clock.now())
-        if outcome.status == "accepted" and result.outbox_created:
+        if result is not None and result.outbox_created:
             store.wake("outbox")
+        if self.accept_hooks.after_commit:
+            await self.accept_hooks.committed([(delivery, outcome)])
         return outcome
 
     # -- running --------------------------------------------------------------

@@ -9,7 +9,8 @@ flush: ``alias`` empties them after each test."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,8 +18,9 @@ from django.conf import settings as django_settings
 from django.db import connections
 
 import django
-from relaybox.contrib.django import get_box, reset_box
+from relaybox.contrib.django import get_box, publish, reset_box
 from relaybox.contrib.django.portal import run
+from tests.support.procs import Proc
 
 BOTH = ["default", "postgres"]
 
@@ -85,3 +87,45 @@ def drain_worker(max_steps: int = 50) -> int:
             return total
         total += count
     raise AssertionError(f"the worker still had due rows after {max_steps} steps")
+
+
+def drain_when_due(within: float = 30) -> int:
+    """:func:`drain_worker` until it processes something: a retry comes due after its
+    backoff (wall clock), polled until ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while (count := drain_worker()) == 0:
+        assert time.monotonic() < deadline, "the retry never came due"
+        time.sleep(0.1)
+    return count
+
+
+def wait_until(check: Callable[[], bool], proc: Proc, within: float = 60) -> None:
+    """Poll ``check()`` (the database, as another process leaves it) until it is true;
+    fail with ``proc``'s log if it exits first or ``within`` seconds pass."""
+    deadline = time.monotonic() + within
+    while not check():
+        assert proc.alive(), proc.tail()
+        assert time.monotonic() < deadline, proc.tail()
+        time.sleep(0.1)
+
+
+def publish_order(
+    alias: str, workspace: str, *, before_commit: Callable[[], None] | None = None
+) -> tuple[Any, Any]:
+    """An order completed for 5 credits and its ``order.completed`` message, published
+    in the same ``transaction.atomic()``; ``before_commit`` runs inside it, last.
+    Returns (order, message)."""
+    from django.db import transaction
+    from examples.django_credits.credits.models import Order
+
+    with transaction.atomic(using=alias):
+        order = Order.objects.create(workspace=workspace, credits=5, completed=True)
+        message = publish(
+            "order.completed",
+            {"order": order.pk, "credits": 5},
+            tenant=workspace,
+            idempotency_key=f"order-{order.pk}",
+        )
+        if before_commit is not None:
+            before_commit()
+    return order, message

@@ -10,18 +10,17 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import standardwebhooks
-from django.db import connections, transaction
-from examples.django_credits.credits.models import Balance, Grant, Order
+from django.db import connections
+from examples.django_credits.credits.models import Balance, Grant
 
-from relaybox.contrib.django import get_box, publish
+from relaybox.contrib.django import get_box
 from relaybox.testing import signed_delivery
-from tests.django.conftest import BOTH, rows
+from tests.django.conftest import BOTH, publish_order, rows, wait_until
 from tests.django.servers import post
 from tests.django.test_publish import receiver
 from tests.support.faultapp import invoice_paid
@@ -56,26 +55,11 @@ def manage(procs: Procs, alias: str, name: str, *args: str) -> Proc:
     return proc
 
 
-def wait_until(check: Callable[[], bool], proc: Proc, within: float = 60) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert proc.alive(), proc.tail()
-        assert time.monotonic() < deadline, proc.tail()
-        time.sleep(0.1)
-
-
 def test_manage_py_relaybox_dispatch_delivers_what_publish_committed(
     alias: str, receiver: tuple[HttpReceiver, str], procs: Procs
 ) -> None:
     hooks, secret = receiver
-    with transaction.atomic(using=alias):
-        order = Order.objects.create(workspace=WS, credits=5, completed=True)
-        message: Any = publish(
-            "order.completed",
-            {"order": order.pk, "credits": 5},
-            tenant=WS,
-            idempotency_key=f"order-{order.pk}",
-        )
+    order, message = publish_order(alias, WS)
     dispatcher = manage(procs, alias, "dispatch", "dispatch")
 
     def sent() -> bool:

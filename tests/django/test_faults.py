@@ -7,6 +7,7 @@ after max_attempts crashes while the others are done, granted once."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ import pytest
 from django.db import connections
 from examples.django_credits.credits.models import Balance, Grant
 
-from tests.django.conftest import BOTH, rows
+from tests.django.conftest import BOTH, rows, wait_until
 from tests.django.test_handlers import deliver
 from tests.support.faultapp import POISON_INVOICE, invoice_paid
 from tests.support.procs import Proc, Procs
@@ -51,19 +52,12 @@ def worker(procs: Procs, alias: str, fault: str, marker: Path, name: str) -> Pro
 
 
 def wait_exit(proc: Proc, within: float = 60) -> int:
-    deadline = time.monotonic() + within
-    while proc.alive():
-        assert time.monotonic() < deadline, proc.tail()
-        time.sleep(0.05)
-    return proc.popen.wait()
-
-
-def wait_until(check: Callable[[], bool], proc: Proc, within: float = 60) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert proc.alive(), proc.tail()
-        assert time.monotonic() < deadline, proc.tail()
-        time.sleep(0.1)
+    """The exit code, waiting for the process itself (not polling); fail after
+    ``within`` seconds."""
+    try:
+        return proc.popen.wait(within)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{proc.name} still running after {within} s\n{proc.tail()}") from None
 
 
 def state(alias: str) -> dict[str, Any]:

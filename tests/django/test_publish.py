@@ -17,7 +17,7 @@ from examples.django_credits.credits.models import Order
 from relaybox.contrib.django import get_box, publish
 from relaybox.contrib.django.portal import run
 from relaybox.outbound import EndpointSpec, create_endpoint
-from tests.django.conftest import BOTH, rows
+from tests.django.conftest import BOTH, publish_order, rows
 from tests.support.receivers import HttpReceiver
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=BOTH)
@@ -59,16 +59,11 @@ def test_publish_rolls_back_or_commits_with_the_application(
     assert rows(alias, "SELECT id FROM relaybox_outbox") == []
     assert dispatch_once() == 0
 
-    with transaction.atomic(using=alias):
-        order = Order.objects.create(workspace=WS, credits=5, completed=True)
-        message: Any = publish(
-            "order.completed",
-            {"order": order.pk, "credits": 5},
-            tenant=WS,
-            idempotency_key=f"order-{order.pk}",
-        )
+    def nothing_before_the_commit() -> None:
         if alias == "postgres":  # (SQLite: the dispatcher would wait for this writer)
-            assert dispatch_once() == 0  # nothing to send before the COMMIT
+            assert dispatch_once() == 0
+
+    order, message = publish_order(alias, WS, before_commit=nothing_before_the_commit)
     assert dispatch_once() == 1
     [seen] = hooks.requests
     standardwebhooks.Webhook(secret).verify(seen.body, seen.headers)

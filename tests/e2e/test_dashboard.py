@@ -251,20 +251,31 @@ async def test_browser_login_find_dead_event_retry_and_see_it_done(database_url:
     endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     try:
+        committed: set[int] = set()  # inbox rows whose outcome the worker committed
+        commit = asyncio.Event()
+
+        async def after_commit(ids: list[int]) -> None:
+            committed.update(ids)
+            commit.set()
+
+        box.hooks.after_commit.append(after_commit)
         async with Served(box.asgi(roles=("receiver", "admin"))) as server:
             await box.start(("worker",))
             async with aiohttp.ClientSession() as session:
                 await post(session, server.url, "evt_paid_1", "invoice.paid", {"id": "in_1"})
                 await post(session, server.url, "evt_ok_1", "ok", {"id": "in_2"})
                 await post(session, server.url, "evt_ok_1", "ok", {"id": "in_2", "v": 2})
-            for _ in range(100):  # the worker sends it to dead letters
-                rows = await box.store.fetch_all(
-                    "SELECT id, status FROM relaybox_inbox WHERE event_id = 'evt_paid_1'"
-                )
-                if rows[0]["status"] == "dead":
-                    break
-                await asyncio.sleep(0.05)
+            rows = await box.store.fetch_all(
+                "SELECT id FROM relaybox_inbox WHERE event_id = 'evt_paid_1'"
+            )
             dead_id = rows[0]["id"]
+            async with asyncio.timeout(20):  # the worker sends it to dead letters
+                while dead_id not in committed:
+                    commit.clear()
+                    await commit.wait()
+            rows = await box.store.fetch_all(
+                "SELECT id, status FROM relaybox_inbox WHERE event_id = 'evt_paid_1'"
+            )
             assert rows[0]["status"] == "dead"
             fixed = True  # the operator deployed the fix; now retry from the dashboard
 

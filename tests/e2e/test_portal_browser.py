@@ -15,6 +15,7 @@ import aiohttp
 from relaybox import Relaybox
 from relaybox.config import Settings
 from relaybox.outbound import create_api_key, define_event_type
+from relaybox.store.outbox_rows import Delivery
 from tests.conftest import KEYED, Served
 from tests.e2e.test_dashboard import CHROMIUM, CHROMIUM_ARGS
 from tests.support.outbound_app import endpoint, local, publish_one
@@ -52,17 +53,20 @@ async def test_browser_tenant_portal_end_to_end(database_url: str) -> None:
     sink = HttpReceiver(Reply(200, b'{"received": true}', headers={"X-Sink": "yes"}))
     try:
         async with sink, Served(box.asgi(roles=("api",))) as server:
+            b_recorded = asyncio.Event()
+
+            async def recorded(batch: list[tuple[Delivery, str]]) -> None:
+                if any(d.tenant == "client-b" for d, _ in batch):
+                    b_recorded.set()
+
+            box.dispatch_hooks.after_record.append(recorded)
             await box.start(("dispatcher",))
             # Tenant B's rows, which tenant A must not reach by any id.
             other_endpoint, _ = await endpoint(box, sink.url, tenant="client-b")
             other_message = await publish_one(box, "order.paid", tenant="client-b")
             await sink.wait_for(1, within=20)
-            for _ in range(200):  # recorded once the answer is in
-                recorded = await box.store.attempt_list(other_message.id, "client-b")
-                if recorded:
-                    break
-                await asyncio.sleep(0.05)
-            [other_attempt] = recorded
+            await asyncio.wait_for(b_recorded.wait(), 20)  # its attempt is committed
+            [other_attempt] = await box.store.attempt_list(other_message.id, "client-b")
 
             _, key = await create_api_key(box, "client-a")
             async with aiohttp.ClientSession() as http:

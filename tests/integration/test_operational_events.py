@@ -24,6 +24,7 @@ from relaybox.outbound.deliveries import redeliver
 from relaybox.outbound.endpoints import disable_endpoint, enable_endpoint
 from relaybox.outbound.operational import endpoint_recovered, operational_events
 from relaybox.store import NewDelivery
+from relaybox.store.outbox_rows import Delivery
 from tests.conftest import Served
 from tests.support.outbound_app import dispatch_once, endpoint, local, publish_one
 from tests.support.receivers import HttpReceiver, Reply, Seen
@@ -282,6 +283,15 @@ async def test_failing_and_recovery_with_the_dispatcher_loop(
     def answer(seen: Seen) -> Reply:
         return Reply(next(answers, 200))
 
+    sent: set[int] = set()
+    both_sent = asyncio.Event()
+
+    async def recorded(batch: list[tuple[Delivery, str]]) -> None:
+        sent.update(d.id for d, label in batch if d.tenant == "t1" and label == "sent")
+        if len(sent) == 2:
+            both_sent.set()
+
+    box.dispatch_hooks.after_record.append(recorded)
     async with HttpReceiver(answer) as tenant_side:
         await endpoint(box, tenant_side.url, schedule=[0.0] * 10)
         await publish_one(box)
@@ -290,16 +300,12 @@ async def test_failing_and_recovery_with_the_dispatcher_loop(
         task = asyncio.create_task(dispatcher.run())
         try:
             async with asyncio.timeout(60):
-                while True:
-                    rows = await box.store.fetch_all(
-                        "SELECT status FROM relaybox_outbox WHERE tenant = 't1'"
-                    )
-                    if [r["status"] for r in rows] == ["sent", "sent"]:
-                        break
-                    await asyncio.sleep(0.05)
+                await both_sent.wait()  # both committed as sent
         finally:
             dispatcher.stop()
             await task
+    rows = await box.store.fetch_all("SELECT status FROM relaybox_outbox WHERE tenant = 't1'")
+    assert [r["status"] for r in rows] == ["sent", "sent"]
     assert len(await ops_messages(box, "relaybox.endpoint.failing")) == 1
     assert len(await ops_messages(box, "relaybox.endpoint.recovered")) == 1
 

@@ -89,7 +89,7 @@ async def test_paused_deliveries_wait_and_go_out_in_publish_order_on_resume(
 
         assert await resume_endpoint(box, endpoint_id, tenant="t1")
         seen = await drain(dispatcher, receiver, 10)
-        await asyncio.sleep(0.2)  # nothing more arrives
+        assert await dispatcher.run_once() == 0  # nothing more to send
         assert len(receiver.requests) == 10
     assert numbers(seen) == list(range(10))
     done = await rows_of(box, endpoint_id)
@@ -138,7 +138,7 @@ async def test_replay_missing_after_a_disable_delivers_each_message_once(
         assert again is not None and (again.queued, again.complete) == (0, True)
 
         seen = await drain(dispatcher, receiver, 5)
-        await asyncio.sleep(0.2)
+        assert await dispatcher.run_once() == 0  # nothing more to send
         assert len(receiver.requests) == 5
         after = await replay_missing(box, endpoint_id, since=since, tenant="t1")
         assert after is not None and after.queued == 0

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from relaybox.config.outbound import tenant_cap
+from relaybox.hooks import DispatchHooks
 from relaybox.log import error_text, short_error
 from relaybox.outbound.channels.base import Channel, Result
 from relaybox.outbound.lanes import LaneScheduler
@@ -86,8 +87,11 @@ class Dispatcher:
         concurrency: int | None = None,
         batch: int | None = None,
         rng: random.Random | None = None,
+        hooks: DispatchHooks | None = None,
     ) -> None:
         self.box = box
+        self.hooks = hooks or DispatchHooks()
+        """Where tests wait or inject faults (:class:`relaybox.hooks.DispatchHooks`)."""
         self.outbound = outbound(box)
         s = self.outbound.settings
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -100,7 +104,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._lanes_ready = False
         self._lease_failures = 0  # leases failed in a row (the database is away): back off
-        self.recorder = Recorder(box, self.name, self._wake.set)
+        self.recorder = Recorder(box, self.name, self._wake.set, self.hooks)
         self._ahead: list[str] = []  # channels whose lanes run() leases ahead
         self._unstarted: list[Delivery] = []  # leased ahead, never started: to release
         self._releaser: asyncio.Task[None] | None = None
@@ -331,7 +335,9 @@ class Dispatcher:
                 self.recorder.hand(carry)
             return [], {}
         self._lease_failures = 0
-        self.recorder.settle(carry, written)
+        recorded = self.recorder.settle(carry, written)
+        if recorded and self.hooks.after_record:
+            await self.recorder.after_record(recorded)
         if len(found) < slots:
             await self._learn_next_due()
         return found, allowed
@@ -448,6 +454,9 @@ class Dispatcher:
             return
         started, t0 = self.box.clock.now(), time.perf_counter()
         try:
+            if self.hooks.before_send:  # tests only: a hook that raises fails the attempt
+                for hook in self.hooks.before_send:
+                    await hook(d)
             if channel.bounded:
                 result = await channel.deliver(d)
             else:

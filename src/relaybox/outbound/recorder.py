@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from relaybox.hooks import DispatchHooks
 from relaybox.log import debug_enabled, short_error
 from relaybox.outbound import operational
 from relaybox.outbound.channels.base import Result
@@ -63,8 +64,15 @@ class Finished:
 class Recorder:
     """Writes the outcomes of one dispatcher's attempts (``owner``: its name)."""
 
-    def __init__(self, box: Runtime, owner: str, wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        box: Runtime,
+        owner: str,
+        wake: Callable[[], None],
+        hooks: DispatchHooks | None = None,
+    ) -> None:
         self.box = box
+        self.hooks = hooks or DispatchHooks()
         self.outbound = outbound(box)
         self.owner = owner
         self._wake = wake  # the dispatcher's loop: a carried success wants a lease
@@ -81,14 +89,28 @@ class Recorder:
         carry, self.carry = self.carry, []
         return carry
 
-    def settle(self, carry: list[Finished], written: Collection[tuple[Any, int]]) -> None:
+    def settle(
+        self, carry: list[Finished], written: Collection[tuple[Any, int]]
+    ) -> list[tuple[Delivery, str]]:
         """The lease that carried ``carry`` committed: ``written`` are the rows it
-        recorded (the others' leases were taken over)."""
+        recorded (the others' leases were taken over). Returns each row's label."""
+        labels: list[tuple[Delivery, str]] = []
         for f in carry:
             label = "sent" if (f.d.id, f.d.lease_token) in written else "fenced"
+            labels.append((f.d, label))
             self.observe(f.d, f.result, f.decision, label, f.duration)
             if f.done is not None and not f.done.done():
                 f.done.set_result(label)
+        return labels
+
+    async def after_record(self, recorded: list[tuple[Delivery, str]]) -> None:
+        """Run the ``after_record`` hooks (tests only): the outcomes are committed and
+        stand whatever a hook does; one that raises is logged."""
+        try:
+            for hook in self.hooks.after_record:
+                await hook(recorded)
+        except Exception as exc:
+            log.error("dispatch_hook_failed", hook="after_record", error=short_error(exc))
 
     async def drain(self) -> None:
         """Write everything still waiting (the dispatcher stops)."""
@@ -164,6 +186,9 @@ class Recorder:
                 continue
             for f, label in zip(batch, labels, strict=True):
                 self.observe(f.d, f.result, f.decision, label, f.duration)
+            if self.hooks.after_record:
+                await self.after_record([(f.d, lbl) for f, lbl in zip(batch, labels, strict=True)])
+            for f, label in zip(batch, labels, strict=True):
                 if f.done is not None and not f.done.done():
                     f.done.set_result(label)
 
