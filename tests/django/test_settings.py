@@ -4,6 +4,10 @@ says what to change."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,3 +70,23 @@ def test_an_in_memory_sqlite_database_is_refused() -> None:
             async_database_url("default")
     finally:
         wrapper.settings_dict["NAME"] = saved
+
+
+def test_a_box_synchronous_code_used_follows_the_database_it_is_moved_to(
+    tmp_path: Path,
+) -> None:
+    """The store synchronous code made (``publish``, ``box.store.sync``) before any
+    coroutine ran is closed when the box follows another database (a test runner's):
+    it had kept the first one, and accepted deliveries went there. In a process of its
+    own (``tests/django/moved_database.py``), where relaybox's loop has not started."""
+    root = Path(__file__).parents[2]
+    done = subprocess.run(
+        [sys.executable, str(root / "tests/django/moved_database.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0", "the box still reads the database it used before"

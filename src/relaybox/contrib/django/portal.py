@@ -48,6 +48,11 @@ async def run_async(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def close_box(box: Relaybox) -> None:
-    """Close ``box``'s connections in the loop that opened them."""
-    if _loop is not None and _pid == os.getpid() and not _loop.is_closed():
-        run(box.close(), timeout=60)
+    """Close ``box``'s connections in the loop that opened them, and forget its store:
+    also when no coroutine has run yet (synchronous code such as ``publish`` made a
+    store, whose engine points at the database the box used until now). In a child
+    forked from a process that used the loop, the connections are the parent's: left
+    alone."""
+    if _loop is not None and _pid != os.getpid():
+        return
+    run(box.close(), timeout=60)
