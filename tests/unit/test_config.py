@@ -329,3 +329,19 @@ def test_gc_freeze_is_on_by_default_and_can_be_turned_off() -> None:
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+def test_dispatch_widens_the_young_gc_pass_unless_turned_off() -> None:
+    import gc
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, before[1], before[2])
+        Relaybox(settings=Settings(dispatch_gc_threshold=0)).widen_young_gc()
+        assert gc.get_threshold() == (700, before[1], before[2])
+        Relaybox(settings=Settings()).widen_young_gc()  # the default: 10,000
+        assert gc.get_threshold() == (10_000, before[1], before[2])
+        Relaybox(settings=Settings(dispatch_gc_threshold=2_500)).widen_young_gc()
+        assert gc.get_threshold() == (2_500, before[1], before[2])
+    finally:
+        gc.set_threshold(*before)

@@ -118,6 +118,7 @@ def dispatch(
             await box.close()
 
     box.freeze_startup_heap()
+    box.widen_young_gc()
     _run_db(box, run())
 
 

@@ -1,0 +1,51 @@
+"""The attempt log's headers text (``record_headers``), written without ``json.dumps``
+for speed, is exactly what ``json.dumps`` made of the same fields, cut at the same
+byte limit (UTF-8 bytes, not characters)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from relaybox.outbound.channels.http import record_headers
+
+
+def reference(request: list[tuple[str, str]], response: list[tuple[str, str]], limit: int) -> str:
+    """The former implementation: fields while their UTF-8 bytes + 4 fit, json.dumps."""
+
+    def bounded(pairs: list[tuple[str, str]]) -> list[list[str]]:
+        kept, size = [], 0
+        for name, value in pairs:
+            size += len(name.encode()) + len(value.encode()) + 4
+            if size > limit:
+                break
+            kept.append([name, value])
+        return kept
+
+    return json.dumps({"request": bounded(request), "response": bounded(response)})
+
+
+REQUEST = [
+    ("User-Agent", "relaybox-webhooks/1"),
+    ("webhook-id", "msg_1a2b"),
+    ("webhook-signature", "v1,K5oZfzN95Z9UVu1E/H+pI4="),
+    ("X-Team", 'bl"ue\\ \t\n\x01'),
+    ("X-Name", "Zoë → 東京 🚀"),
+    ("Content-Type", "application/json"),
+]
+RESPONSE = [("date", "Fri, 04 Dec 2026 20:00:00 GMT"), ("server", "uvicorn"), ("x-é", "ü")]
+
+
+@pytest.mark.parametrize("limit", [0, 1, 33, 60, 95, 96, 97, 120, 160, 4096])
+def test_the_text_is_json_dumps_of_the_fields_within_the_byte_limit(limit: int) -> None:
+    text = record_headers(REQUEST, RESPONSE, limit)
+    assert text == reference(REQUEST, RESPONSE, limit)
+    parsed = json.loads(text)
+    assert set(parsed) == {"request", "response"}
+
+
+def test_a_multibyte_field_is_counted_in_bytes() -> None:
+    # 4 + 1 + 4 bytes ("X", "🚀") = 9: it fits 9, not 8 (as characters it would be 6).
+    assert json.loads(record_headers([("X", "🚀")], [], 9))["request"] == [["X", "🚀"]]
+    assert json.loads(record_headers([("X", "🚀")], [], 8))["request"] == []
