@@ -175,7 +175,7 @@ class _NoStoreAcceptor:
     committers = 1
 
     async def accept(self, delivery: Any) -> Any:
-        from relaybox.store.base import AcceptOutcome
+        from relaybox.store import AcceptOutcome
 
         return AcceptOutcome("accepted", 0)
 

@@ -488,6 +488,7 @@ def _safe_url(box: Relaybox) -> str:
 # this file and ``python -m relaybox.cli`` does not import this module twice over.
 _AREA_MODULES = (
     "relaybox.cli.outbound",
+    "relaybox.cli.flow",
     "relaybox.cli.credentials",
     "relaybox.cli.ordered",
     "relaybox.cli.ordering",

@@ -2,8 +2,9 @@
 ``replay-missing``, and the ``--filter`` option of ``create`` and ``update`` (a
 payload filter as JSON text, :mod:`relaybox.outbound.filters`).
 
-They join the ``endpoints`` group of :mod:`relaybox.cli.outbound` through
-:func:`register`, and act on any tenant's endpoint by id (the CLI is the operator's).
+They join the ``endpoints`` group of :mod:`relaybox.cli.outbound` (this module is one
+of the CLI's area modules, loaded after it), and act on any tenant's endpoint by id (the
+CLI is the operator's).
 """
 
 from __future__ import annotations
@@ -15,37 +16,16 @@ from typing import Any
 import click
 
 from relaybox.cli import app_options, json_option, load_box
+from relaybox.cli.outbound import _endpoint, _run, endpoints_group
 from relaybox.errors import Conflict
 from relaybox.outbound import flow
 from relaybox.timespec import TIME_FORMS, parse_time
 
-__all__ = ["FILTER", "register"]
-
-
-class _JsonObject(click.ParamType[dict[str, Any]]):
-    """A JSON object given as text (``'{"data.country": "PT"}'``)."""
-
-    name = "json"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, dict):
-            return value
-        try:
-            parsed = json.loads(value)
-        except (ValueError, RecursionError):
-            self.fail(f"{value[:80]!r} is not JSON text", param, ctx)
-        if not isinstance(parsed, dict):
-            self.fail("a payload filter is a JSON object ({} removes it)", param, ctx)
-        return parsed
-
-
-FILTER = _JsonObject()
-"""The type of ``--filter``."""
+__all__ = ["COMMANDS"]
 
 
 def register(group: click.Group) -> None:
     """Add ``pause``, ``resume`` and ``replay-missing`` to the ``endpoints`` group."""
-    from relaybox.cli.outbound import _endpoint, _run
 
     def switch(name: str, help_text: str, paused: bool) -> None:
         @group.command(name, help=help_text)
@@ -129,3 +109,8 @@ def register(group: click.Group) -> None:
         click.echo(f"{done.queued} missing deliveries queued ({done.scanned} messages read)")
         if not done.complete:
             click.echo(f"more may remain: run again with --since {done.resume_since}")
+
+
+register(endpoints_group)
+
+COMMANDS: list[click.Command] = []  # the commands join ``endpoints`` above

@@ -22,7 +22,7 @@ from relaybox import log
 from relaybox.app import Relaybox
 from relaybox.cli import _run_db, app_options, json_option, load_box
 from relaybox.cli.exits import EXIT_FAILED
-from relaybox.cli.flow import FILTER, register
+from relaybox.cli.params import FILTER
 from relaybox.cli.table import print_table
 from relaybox.outbound import apikeys, catalog, deliveries, endpoints
 from relaybox.outbound.catalog import InvalidMessage
@@ -591,7 +591,6 @@ def _accept_json(group: click.Group) -> None:
             )
 
 
-register(endpoints_group)  # pause, resume, replay-missing (relaybox.cli.flow)
 for _group in (endpoints_group, messages_group, api_keys_group, event_types_group):
     _accept_json(_group)
 

@@ -3,15 +3,8 @@
 from __future__ import annotations
 
 from relaybox.errors import ConfigurationError
-from relaybox.store.base import (
-    AcceptOutcome,
-    Claim,
-    InboxEvent,
-    NewDelivery,
-    OutboxRow,
-    Stats,
-    Store,
-)
+from relaybox.store.base import OutboxRow, Store
+from relaybox.store.inbox_rows import AcceptOutcome, Claim, InboxEvent, NewDelivery, Stats
 
 __all__ = [
     "AcceptOutcome",

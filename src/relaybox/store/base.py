@@ -12,18 +12,24 @@ Methods are noun-then-verb (``inbox_accept``, ``inbox_claim``); the ones that ta
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from relaybox.store.credentials import CredentialsStore
 from relaybox.store.history import HistoryStore
+from relaybox.store.inbox_rows import (
+    AcceptOutcome,
+    Claim,
+    InboxEvent,
+    Listener,
+    NewDelivery,
+    Stats,
+)
 from relaybox.store.operator import OperatorStore
 from relaybox.store.outbox import OutboxStore
 from relaybox.store.outbox_catalog import CatalogStore
@@ -31,160 +37,7 @@ from relaybox.store.outbox_flow import FlowStore
 from relaybox.store.processing import Processing
 from relaybox.store.sync import SyncStore, sync_store
 
-__all__ = [
-    "AcceptOutcome",
-    "Claim",
-    "InboxEvent",
-    "Listener",
-    "NewDelivery",
-    "OutboxRow",
-    "Stats",
-    "Store",
-    "load_queries",
-]
-
-
-class Listener(Protocol):
-    async def close(self) -> None: ...
-
-
-AcceptStatus = Literal["accepted", "duplicate", "quarantined", "ignored"]
-
-
-@dataclass(slots=True)
-class NewDelivery:
-    """A verified delivery on its way into the inbox."""
-
-    source: str
-    account: str
-    event_id: str
-    event_type: str
-    tenant: str | None
-    fingerprint: bytes
-    payload: bytes
-    headers: str | None
-    version: str | None
-    received_at: float
-    ignored: bool = False
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.source, self.account, self.event_id)
-
-    def quarantine_row(self, inbox_id: int) -> tuple[Any, ...]:
-        """Parameters of ``quarantine_insert``: this delivery, kept apart from the
-        original row ``inbox_id`` it conflicts with."""
-        return (
-            inbox_id,
-            self.source,
-            self.account,
-            self.event_id,
-            self.event_type,
-            self.tenant,
-            self.fingerprint,
-            self.payload,
-            self.headers,
-            self.received_at,
-        )
-
-
-@dataclass(slots=True)
-class AcceptOutcome:
-    status: AcceptStatus
-    inbox_id: int
-
-
-@dataclass(frozen=True)
-class InboxEvent:
-    """An inbox row as a handler or an operator sees it."""
-
-    id: int
-    source: str
-    account: str
-    event_id: str
-    event_type: str
-    tenant: str | None
-    payload: bytes | None
-    headers: dict[str, str]
-    version: str | None
-    attempts: int
-    received_at: float
-    status: str = "pending"
-    dead_reason: str | None = None
-    last_error: str | None = None
-    next_attempt_at: float | None = None
-    done_at: float | None = None
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.source, self.account, self.event_id)
-
-    def json(self) -> Any:
-        """The payload parsed as JSON (``None`` when it was purged)."""
-        return None if self.payload is None else json.loads(self.payload)
-
-    @classmethod
-    def from_row(cls, row: Any) -> InboxEvent:
-        m = row._mapping if hasattr(row, "_mapping") else row  # SQLAlchemy Row or asyncpg Record
-        return cls(
-            id=m["id"],
-            source=m["source"],
-            account=m["account"],
-            event_id=m["event_id"],
-            event_type=m["event_type"],
-            tenant=m["tenant"],
-            payload=bytes(m["payload"]) if m["payload"] is not None else None,
-            headers=json.loads(m["headers"]) if m["headers"] else {},
-            version=m["version"],
-            attempts=m["attempts"],
-            received_at=m["received_at"],
-            status=m.get("status", "pending"),
-            dead_reason=m.get("dead_reason"),
-            last_error=m.get("last_error"),
-            next_attempt_at=m.get("next_attempt_at"),
-            done_at=m.get("done_at"),
-        )
-
-
-@dataclass(frozen=True)
-class Claim:
-    """Result of one claim: rows to process now, and rows just dead-lettered because
-    their attempts were used up by workers that died."""
-
-    ids: list[int]
-    exhausted: list[tuple[int, str, str, str, int]]
-    suspects: list[int] = field(default_factory=list)
-    """Rows whose previous attempt started and never finished: run them alone."""
-    events: dict[int, InboxEvent] = field(default_factory=dict)
-    """The claimed pending rows (``ids`` and ``suspects``) as claimed: the worker does
-    not read them again."""
-
-    @classmethod
-    def from_rows(cls, rows: Sequence[Any]) -> Claim:
-        """Rows of ``inbox_claim``: (id, status, source, account, event_id, attempts,
-        suspect, then the other columns of :class:`InboxEvent`)."""
-        return cls(
-            ids=sorted(r[0] for r in rows if r[1] == "pending" and not r[6]),
-            exhausted=[(r[0], r[2], r[3], r[4], r[5]) for r in rows if r[1] == "dead"],
-            suspects=sorted(r[0] for r in rows if r[1] == "pending" and r[6]),
-            events={r[0]: InboxEvent.from_row(r) for r in rows if r[1] == "pending"},
-        )
-
-
-@dataclass(frozen=True)
-class Stats:
-    pending: int
-    done: int
-    ignored: int
-    dead_invalid: int
-    dead_exhausted: int
-    dead_other: int
-    quarantined: int
-    oldest_pending_at: float | None
-
-    @property
-    def dead(self) -> int:
-        return self.dead_invalid + self.dead_exhausted + self.dead_other
+__all__ = ["OutboxRow", "Store", "load_queries"]
 
 
 _BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)

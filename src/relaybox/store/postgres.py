@@ -34,7 +34,8 @@ from relaybox.store._drivers import (
 )
 from relaybox.store._drivers import driver as _driver
 from relaybox.store._drivers import plain as _plain
-from relaybox.store.base import AcceptOutcome, Claim, Listener, NewDelivery, OutboxRow, Store
+from relaybox.store.base import OutboxRow, Store
+from relaybox.store.inbox_rows import AcceptOutcome, Claim, Listener, NewDelivery
 from relaybox.store.outbox import SecretOpener, leased_delivery
 from relaybox.store.outbox_rows import Leased, LeaseRequest, MessageBody, Target, with_extras
 

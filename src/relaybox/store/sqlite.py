@@ -26,7 +26,8 @@ from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from relaybox.store._commit_watch import CommitWatch
 from relaybox.store._drivers import run_on_sqlite_thread
-from relaybox.store.base import AcceptOutcome, Listener, NewDelivery, Store
+from relaybox.store.base import Store
+from relaybox.store.inbox_rows import AcceptOutcome, Listener, NewDelivery
 from relaybox.store.outbox import SecretOpener, leased_delivery
 from relaybox.store.outbox_rows import (
     Lane,

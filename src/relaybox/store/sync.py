@@ -29,10 +29,11 @@ from sqlalchemy.engine import Connection, Engine, create_engine, make_url
 
 from relaybox.errors import ConfigurationError
 from relaybox.store.history import Projection, ProjectionWrite
+from relaybox.store.inbox_rows import InboxEvent
 from relaybox.store.outbox_rows import Message, NewMessage
 
 if TYPE_CHECKING:
-    from relaybox.store.base import InboxEvent, OutboxRow, Store
+    from relaybox.store.base import OutboxRow, Store
 
 __all__ = ["SyncStore", "sync_store"]
 
@@ -165,8 +166,6 @@ class SyncStore:
 
     def inbox_lock(self, conn: Connection, ids: Sequence[int]) -> list[InboxEvent]:
         """Lock rows still pending, until the caller's COMMIT."""
-        from relaybox.store.base import InboxEvent
-
         return [InboxEvent.from_row(r) for r in self.rows(conn, "inbox_lock", (self._ids(ids),))]
 
     def operation_insert(

@@ -17,7 +17,7 @@ import structlog
 from relaybox.log import short_error
 from relaybox.retry import Backoff
 from relaybox.store import Claim, InboxEvent
-from relaybox.store.base import Listener
+from relaybox.store.inbox_rows import Listener
 from relaybox.worker.context import Registration
 from relaybox.worker.outcomes import dead_event
 from relaybox.worker.transactions import Runners, _Batch, _Job

@@ -13,6 +13,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from relaybox.contrib.django.alias import database_alias
+
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
@@ -20,14 +22,6 @@ __all__ = ["box", "database_alias", "get_box", "publish", "reset_box"]
 
 _lock = threading.RLock()
 _box: Relaybox | None = None
-
-
-def database_alias() -> str:
-    """The Django database relaybox runs on: ``settings.RELAYBOX_DATABASE``, default
-    ``"default"``."""
-    from django.conf import settings
-
-    return str(getattr(settings, "RELAYBOX_DATABASE", "default"))
 
 
 def get_box() -> Relaybox:

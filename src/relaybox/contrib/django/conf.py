@@ -28,7 +28,7 @@ def build_box() -> Relaybox:
     Either way its database is Django's (``RELAYBOX_DATABASE``, see
     :func:`follow_database`) and its synchronous transactions are ``atomic()`` blocks
     on Django's connection."""
-    from relaybox.contrib.django import database_alias
+    from relaybox.contrib.django.alias import database_alias
     from relaybox.contrib.django.db import sync_transaction
 
     configured: Any = getattr(settings, "RELAYBOX", {})

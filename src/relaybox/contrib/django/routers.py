@@ -11,7 +11,7 @@ class RelayboxRouter:
     def _alias(self, model: Any) -> str | None:
         if model._meta.app_label != "relaybox":
             return None
-        from relaybox.contrib.django import database_alias
+        from relaybox.contrib.django.alias import database_alias
 
         return database_alias()
 
