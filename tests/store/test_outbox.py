@@ -132,6 +132,31 @@ async def test_secrets_active_rotate_pages_and_swap(store: Store) -> None:
     assert await store.endpoint_secret_sealed_any()
 
 
+async def test_secrets_reveal_each_active_secret_once(store: Store) -> None:
+    """The portal's reveal: the active secrets not revealed before, newest first, marked
+    at ``now``; a second call gets none; a rolled-back reveal reveals nothing; an expired
+    secret is never revealed; a rotation adds one to reveal."""
+    await store.endpoint_create(endpoint("ep_1"), "s-1", quota=5, now=T0)
+    await store.endpoint_create(endpoint("ep_2"), "s-2", quota=5, now=T0)
+    with pytest.raises(RuntimeError):
+        async with store.transaction() as conn:
+            assert [r.secret for r in await store.endpoint_secrets_reveal(conn, "ep_1", now=T0)]
+            raise RuntimeError("rolled back")
+    async with store.transaction() as conn:
+        await store.endpoint_secret_rotate(conn, "ep_1", "s-1b", until=T0 + 100, now=T0 + 1)
+        first = await store.endpoint_secrets_reveal(conn, "ep_1", now=T0 + 2)
+        again = await store.endpoint_secrets_reveal(conn, "ep_1", now=T0 + 3)
+    assert [(r.endpoint_id, r.secret) for r in first] == [("ep_1", "s-1b"), ("ep_1", "s-1")]
+    assert first[1].expires_at == T0 + 100 and again == []
+    async with store.transaction() as conn:
+        await store.endpoint_secret_rotate(conn, "ep_2", "s-2b", until=T0 + 10, now=T0 + 1)
+        late = await store.endpoint_secrets_reveal(conn, "ep_2", now=T0 + 11)
+        await store.endpoint_secret_rotate(conn, "ep_1", "s-1c", until=T0 + 50, now=T0 + 20)
+        rotated = await store.endpoint_secrets_reveal(conn, "ep_1", now=T0 + 21)
+    assert [r.secret for r in late] == ["s-2b"]  # s-2 expired unrevealed: never shown
+    assert [r.secret for r in rotated] == ["s-1c"]
+
+
 async def test_publish_statements_in_the_callers_transaction(store: Store) -> None:
     await store.endpoint_create(endpoint("ep_1", event_types=["pet.*"]), "s", quota=5, now=T0)
     await store.endpoint_create(endpoint("ep_2"), "s", quota=5, now=T0)
