@@ -359,7 +359,11 @@ async def test_800_slow_header_senders_are_cut_after_the_header_timeout(
         senders = [asyncio.create_task(slow_sender()) for _ in range(800)]
         await asyncio.wait_for(asyncio.gather(*senders), 30)
     assert len(cut_after) == 800, f"only {len(cut_after)} of 800 were cut"
-    assert min(cut_after) >= timeout, min(cut_after)
+    # Not before the timeout: the server's timer runs on uvloop's clock, which counts
+    # whole milliseconds read at the start of a loop iteration, so it may fire up to a
+    # millisecond or two before the client's own clock says the second is over (CI saw
+    # 0.99990 s).
+    assert min(cut_after) >= timeout - 0.005, min(cut_after)
     assert max(cut_after) < timeout + 3.0, max(cut_after)
     assert set(probe.statuses) == {200}, probe.statuses
     assert max(probe.latencies) < 0.5, f"/healthz took {max(probe.latencies):.3f} s"
