@@ -20,10 +20,10 @@ import pytest
 
 from relaybox.store import NewDelivery, Store, open_store
 from relaybox.store.credentials import KEEP
-from relaybox.store.outbox_rows import EndpointWrite
 from relaybox.store.postgres import PostgresStore
 from relaybox.store.sqlite import SQLiteStore
 from tests.conftest import _dsn, free_port
+from tests.support.store_rows import endpoint_write as endpoint
 
 T0 = 1_800_000_000.0
 SOON = 10.0
@@ -62,21 +62,6 @@ async def accepted(store: Store, *event_ids: str) -> list[int]:
 async def inbox_row(store: Store, inbox_id: int) -> dict[str, Any]:
     [r] = await store.fetch_all(f"SELECT * FROM relaybox_inbox WHERE id = {int(inbox_id)}")
     return r
-
-
-def endpoint(eid: str) -> EndpointWrite:
-    return EndpointWrite(
-        id=eid,
-        tenant="t1",
-        url=f"https://example.com/{eid}",
-        description="",
-        event_types=["*"],
-        signature="standard",
-        timeout=None,
-        schedule=None,
-        max_in_flight=4,
-        rate_limit=None,
-    )
 
 
 async def stored_credentials(store: Store, eid: str) -> tuple[str | None, str | None]:

@@ -11,7 +11,8 @@ import pytest
 
 from relaybox.store import Store, open_store
 from relaybox.store.credentials import KEEP
-from relaybox.store.outbox_rows import EndpointWrite, LeaseRequest, NewMessage, new_id
+from relaybox.store.outbox_rows import LeaseRequest, NewMessage, new_id
+from tests.support.store_rows import endpoint_write as endpoint
 
 T0 = 1_000_000.0
 
@@ -22,23 +23,6 @@ async def store(database_url: str) -> AsyncIterator[Store]:
     await s.migrate()
     yield s
     await s.close()
-
-
-def endpoint(eid: str, **fields: object) -> EndpointWrite:
-    values: dict[str, object] = {
-        "id": eid,
-        "tenant": "t1",
-        "url": f"https://example.com/{eid}",
-        "description": "",
-        "event_types": ["*"],
-        "signature": "standard",
-        "timeout": None,
-        "schedule": None,
-        "max_in_flight": 4,
-        "rate_limit": None,
-    }
-    values.update(fields)
-    return EndpointWrite(**values)  # type: ignore[arg-type]
 
 
 async def publish(store: Store, tenant: str, targets: Sequence[str]) -> None:

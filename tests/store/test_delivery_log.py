@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from relaybox.store import Store, open_store
-from relaybox.store.outbox_rows import EndpointWrite, NewMessage, new_id
+from relaybox.store.outbox_rows import NewMessage, new_id
+from tests.support.store_rows import endpoint_write as endpoint
 
 T0 = 1_000_000.0
 
@@ -20,21 +21,6 @@ async def store(database_url: str) -> AsyncIterator[Store]:
     await s.migrate()
     yield s
     await s.close()
-
-
-def endpoint(eid: str, tenant: str) -> EndpointWrite:
-    return EndpointWrite(
-        id=eid,
-        tenant=tenant,
-        url=f"https://example.com/{eid}",
-        description="",
-        event_types=["*"],
-        signature="standard",
-        timeout=None,
-        schedule=None,
-        max_in_flight=4,
-        rate_limit=None,
-    )
 
 
 async def _publish(store: Store, tenant: str, event_type: str, key: str | None, at: float) -> str:

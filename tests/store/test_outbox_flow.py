@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from relaybox.store import Store, open_store
-from relaybox.store.outbox_rows import EndpointWrite, LeaseRequest, NewMessage, new_id
+from relaybox.store.outbox_rows import LeaseRequest, NewMessage, new_id
+from tests.support.store_rows import endpoint_write as endpoint
 
 T0 = 1_000_000.0
 
@@ -21,23 +22,6 @@ async def store(database_url: str) -> AsyncIterator[Store]:
     await s.migrate()
     yield s
     await s.close()
-
-
-def endpoint(eid: str, tenant: str = "t1", **fields: object) -> EndpointWrite:
-    values: dict[str, object] = {
-        "id": eid,
-        "tenant": tenant,
-        "url": f"https://example.com/{eid}",
-        "description": "",
-        "event_types": ["*"],
-        "signature": "standard",
-        "timeout": None,
-        "schedule": None,
-        "max_in_flight": 4,
-        "rate_limit": None,
-    }
-    values.update(fields)
-    return EndpointWrite(**values)  # type: ignore[arg-type]
 
 
 async def publish(store: Store, tenant: str, targets: Sequence[str], *, at: float = T0) -> str:
