@@ -251,6 +251,7 @@ def _headers_json(headers: dict[str, str]) -> str:
 
 
 _HEADERS_ENCODER = json.JSONEncoder(check_circular=False)
+_json_string = json.encoder.encode_basestring_ascii
 
 
 def _key_log(delivery: NewDelivery) -> Any:
@@ -274,8 +275,14 @@ def _source_name(scope: Scope) -> str | None:
 
 
 def _headers(scope: Scope) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for raw_name, raw_value in scope["headers"]:
+    """The request's headers by lower-case name; a name sent more than once has its
+    values joined with commas, in order."""
+    raw = scope["headers"]
+    headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in raw}
+    if len(headers) == len(raw):
+        return headers  # no name repeated: the common case, one comprehension
+    headers = {}
+    for raw_name, raw_value in raw:
         name = raw_name.decode("latin-1").lower()
         value = raw_value.decode("latin-1")
         headers[name] = f"{headers[name]},{value}" if name in headers else value
@@ -313,8 +320,8 @@ def _internal() -> Reply:
 
 
 async def _read_body(receive: Any, headers: dict[str, str], limit: int) -> bytes:
-    """Read the body, refusing it as soon as it is known to exceed ``limit``."""
-    check_length(headers, limit)
+    """Read the body, refusing it as soon as it is known to exceed ``limit`` (the
+    declared length was checked by :meth:`Receiver.open`)."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -337,7 +344,20 @@ def _error(code: str, message: str) -> dict[str, Any]:
 async def _send_json(
     send: Any, status: int, body: dict[str, Any], extra: list[tuple[bytes, bytes]]
 ) -> None:
-    payload = json.dumps(body).encode()
+    if (
+        status == 200
+        and len(body) == 2
+        and type(body.get("status")) is str
+        and type(body.get("event_id")) is str
+    ):
+        # The 2xx of every accepted delivery, written as json.dumps writes it: the
+        # same bytes, without the encoder's general path (~1.5 µs a request).
+        payload = b'{"status": %s, "event_id": %s}' % (
+            _json_string(body["status"]).encode(),
+            _json_string(body["event_id"]).encode(),
+        )
+    else:
+        payload = json.dumps(body).encode()
     await send(
         {
             "type": "http.response.start",

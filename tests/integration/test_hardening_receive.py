@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from relaybox import Relaybox, Secret, SystemClock, sources
 from relaybox.config import Settings
 from relaybox.errors import ConfigurationError, RejectedDelivery, StoreUnavailable
-from relaybox.receiver import _read_body
+from relaybox.receiver import _read_body, check_length
 from relaybox.sources.base import Headers, Identity, Source
 from relaybox.store import NewDelivery
 from tests.conftest import Served
@@ -424,11 +424,13 @@ async def test_content_length_is_read_without_exceptions(declared: str, status: 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"x", "more_body": False}
 
+    headers = {"content-length": declared}
     if status is None:
-        assert await _read_body(receive, {"content-length": declared}, 100) == b"x"
+        check_length(headers, 100)
+        assert await _read_body(receive, headers, 100) == b"x"
         return
     with pytest.raises(RejectedDelivery) as info:
-        await _read_body(receive, {"content-length": declared}, 100)
+        check_length(headers, 100)  # what Receiver.open does before the body is read
     assert info.value.status == status
 
 

@@ -453,6 +453,8 @@ class Source:
         return hashlib.sha256(canonical_json(node)).digest()
 
     def ignores(self, event_type: str) -> bool:
+        if not self.ignore_types:
+            return False
         return any(fnmatch.fnmatchcase(event_type, pat) for pat in self.ignore_types)
 
     def signature_header(self, headers: Headers, name: str, label: str) -> str:

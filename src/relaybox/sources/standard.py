@@ -115,7 +115,7 @@ _ID_IN_HEADERS = frozenset({"event_id"})
 
 def _header_names(headers: Headers) -> tuple[str, str, str]:
     for names in _NAME_SETS:
-        if any(name in headers for name in names):
+        if not headers.keys().isdisjoint(names):  # any of them present (no generator)
             return names
     return _NAME_SETS[0]
 
