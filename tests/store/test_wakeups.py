@@ -104,3 +104,27 @@ async def test_commit_watch_waits_for_a_file_that_does_not_exist_yet(tmp_path: P
         watch.cancel()
         with pytest.raises(asyncio.CancelledError):
             await watch
+
+
+async def test_postgres_wakes_its_own_listeners_at_once_and_others_by_notify(pg_url: str) -> None:
+    """A receiver and a worker in one process: ``wake`` sets the worker's event itself,
+    before the NOTIFY's round trip; a listener of another store (another process) is
+    woken by the NOTIFY."""
+    here, there = open_store(pg_url), open_store(pg_url)
+    mine, theirs = asyncio.Event(), asyncio.Event()
+    listeners = [await here.listen("inbox", mine), await there.listen("inbox", theirs)]
+    try:
+        assert all(listener is not None for listener in listeners)
+        here.wake("inbox")
+        assert mine.is_set()  # no await since wake(): set by wake() itself
+        assert not theirs.is_set()
+        assert await _woken(theirs, 10.0) is not None
+        mine.clear()
+        here.wake("outbox")  # another channel: not this listener's
+        assert not mine.is_set()
+    finally:
+        for listener in listeners:
+            if listener is not None:
+                await listener.close()
+        await here.close()
+        await there.close()

@@ -70,6 +70,8 @@ class PostgresStore(Store):
         self._generic_pool: asyncpg.Pool | None = None
         self._pool_lock = asyncio.Lock()
         self._wakes: set[str] = set()  # channels to NOTIFY about committed rows
+        # This process's listeners per channel, woken by wake() directly.
+        self._listening: dict[str, weakref.WeakSet[asyncio.Event]] = {}
         self._waker: asyncio.Task[None] | None = None
         self._raw_pool_size = raw_pool_size
         # Connections on which the statements of _PREPARED are prepared.
@@ -235,7 +237,10 @@ class PostgresStore(Store):
             return outcomes
 
     async def inbox_claim(self, *, now: float, limit: int, max_attempts: int, hold: float) -> Claim:
-        pool = await self.raw_pool()
+        # A hold, like the start marks: on the synchronous_commit=off pool. The first
+        # durable COMMIT after it (an event's completion) flushes the WAL up to it; a
+        # database crash before that loses only holds, whose rows are claimed again.
+        pool = await self.start_pool()
         async with pool.acquire() as conn:  # one statement: its own transaction
             rows = await conn.fetch(self.q["inbox_claim"], now, limit, hold, max_attempts)
         return Claim.from_rows(rows)
@@ -450,6 +455,7 @@ class PostgresStore(Store):
         try:
             conn = await asyncpg.connect(dsn(self.url), timeout=self._connect_timeout)
             await conn.add_listener(f"relaybox_{channel}", lambda *_: wake.set())
+            self._listening.setdefault(channel, weakref.WeakSet()).add(wake)
         except Exception as exc:  # polling still finds the rows
             log.warning("listen_failed", channel=channel, error=short_error(exc))
             return None
@@ -465,7 +471,11 @@ class PostgresStore(Store):
         inside a data transaction takes a database-wide lock from its COMMIT until
         the WAL flush ends, so notifying COMMITs never share a flush (bench/README.md:
         backends queued on it, 2.6 on average, in the process benchmark). If this
-        process dies before the NOTIFY, the listeners' polling finds the rows."""
+        process dies before the NOTIFY, the listeners' polling finds the rows. This
+        process's own listeners (a receiver and a worker in one process) are woken at
+        once, without waiting for the NOTIFY's round trip."""
+        for event in self._listening.get(channel, ()):
+            event.set()  # this process's listeners at once, without the round trip
         self._wakes.add(channel)
         if self._waker is None or self._waker.done():
             self._waker = asyncio.get_running_loop().create_task(self._send_wakes())
