@@ -195,12 +195,20 @@ async def explain(url: str) -> list[str]:
     conn = await asyncpg.connect(url)
     try:
         plans = []
+        now = time.time()
         for name, params in (
-            ("inbox_claim", (time.time(), 128, 30.0, 10)),  # the worker's batch
+            ("inbox_claim", (now, 128, 30.0, 10)),  # the worker's batch
             ("inbox_lock", ([1, 2, 3],)),
         ):
             rows = await conn.fetch("EXPLAIN " + q[name], *params)
             plans.append(f"{name}: " + " / ".join(r[0].strip() for r in rows))
+        # The dispatcher's lease: 100 free slots, nothing to record.
+        empty: list[Any] = []
+        lease = (now, 100, ["webhook"], "bench", now + 30, *[empty] * 9, ["webhook"], 4)
+        rows = await conn.fetch(
+            "EXPLAIN " + q["outbox_lease"], *lease, 100, 25, empty, empty, empty
+        )
+        plans.append("outbox_lease: " + " / ".join(r[0].strip() for r in rows))
         return plans
     finally:
         await conn.close()
@@ -268,8 +276,8 @@ async def dispatch_rate(url: str, pending: int) -> float:
             await conn.execute(
                 "WITH m AS (INSERT INTO relaybox_messages (id, tenant, event_type, body,"
                 " created_at)"
-                " SELECT 'msg_pending' || g, 'bench', 'order.completed',"
-                " json_build_object('id', 'msg_pending' || g, 'type', 'order.completed',"
+                " SELECT $4::text || g, 'bench', 'order.completed',"
+                " json_build_object('id', $4::text || g, 'type', 'order.completed',"
                 " 'data', json_build_object('n', g))::text, $2::float8"
                 " FROM generate_series(0, $1::bigint - 1) g RETURNING id)"
                 " INSERT INTO relaybox_outbox (channel, key, payload, tenant, status,"
@@ -281,6 +289,7 @@ async def dispatch_rate(url: str, pending: int) -> float:
                 pending,
                 now,
                 ids,
+                f"msg_pending{first}_",  # a copy dispatched to again gets new ids
             )
             await conn.execute("ANALYZE relaybox_outbox")
             env = {**os.environ, "RELAYBOX_DATABASE_URL": url, "RELAYBOX_LOG_LEVEL": "warning"}
@@ -345,7 +354,7 @@ def main(*, quick: bool = False, rounds: int = 3) -> str:
     plans: list[str] = []
     accepts: dict[int, list[float]] = {size: [] for size in sizes}
     processes: dict[int, float] = {}
-    dispatches: dict[int, float] = {}
+    dispatches: dict[int, list[float]] = {size: [] for size in sizes}
     disk: dict[int, int] = {}
     with tempfile.TemporaryDirectory(prefix="relaybox-growth-") as tmp:
         reqfile = Path(tmp) / "requests.tsv"
@@ -378,18 +387,36 @@ def main(*, quick: bool = False, rounds: int = 3) -> str:
         for size in sizes:
             url = fresh_pg_database(f"bench_growth_{size}", f"bench_growth_{size}_seed")
             processes[size] = asyncio.run(process_rate(url, pending))
-            plans = asyncio.run(explain(url))
             print(f"  growth {size:>9,} rows: process {processes[size]:,.0f}/s", flush=True)
-            url = fresh_pg_database(f"bench_growth_{size}", f"bench_growth_{size}_seed")
-            dispatches[size] = asyncio.run(dispatch_rate(url, pending))
-            print(f"  growth {size:>9,} rows: dispatch {dispatches[size]:,.0f}/s", flush=True)
             fresh_pg_database(f"bench_growth_{size}")  # the copy's disk back, now
+        # Dispatch alternates over the sizes too, each size on one copy of its seed (a
+        # copy of the largest takes minutes): each round's 20,000 messages join that
+        # copy's history, a small part of it at the sizes that matter.
+        copies = {
+            size: fresh_pg_database(f"bench_growth_d{size}", f"bench_growth_{size}_seed")
+            for size in sizes
+        }
+        for _ in range(rounds):
+            for size in sizes:
+                dispatches[size].append(asyncio.run(dispatch_rate(copies[size], pending)))
+                print(
+                    f"  growth {size:>9,} rows: dispatch {dispatches[size][-1]:,.0f}/s", flush=True
+                )
+        plans = asyncio.run(explain(copies[sizes[-1]]))
+        for size in sizes:
+            fresh_pg_database(f"bench_growth_d{size}")  # the copies' disk back, now
         big = min(sizes[-1], RSS_BACKLOG)
         url = fresh_pg_database("bench_growth_rss")
         asyncio.run(seed(url, 0, big, history=0))
         first, last = asyncio.run(worker_rss(url, 5 if quick else 20))
     rows: list[list[Any]] = [
-        [f"{s:,}", f"{disk[s] / 2**20:,.0f}", median(accepts[s]), processes[s], dispatches[s]]
+        [
+            f"{s:,}",
+            f"{disk[s] / 2**20:,.0f}",
+            median(accepts[s]),
+            processes[s],
+            median(dispatches[s]),
+        ]
         for s in sizes
     ]
     base = rows[0][2:5]
@@ -397,8 +424,8 @@ def main(*, quick: bool = False, rounds: int = 3) -> str:
         r.extend(f"{mine / at_first:.2f}" for mine, at_first in zip(r[2:5], base, strict=True))
     out = table(
         f"growth: finished rows already in the inbox and as many delivered messages in the"
-        f" outbox history; accept {rounds} alternating round(s), medians; {pending:,} pending"
-        " processed, and as many messages dispatched, each time",
+        f" outbox history; accept and dispatch {rounds} alternating round(s), medians;"
+        f" {pending:,} pending processed, and as many messages dispatched, each time",
         [
             "rows",
             "seed MiB",
@@ -412,9 +439,10 @@ def main(*, quick: bool = False, rounds: int = 3) -> str:
         rows,
     )
     if rounds > 1:
-        out += "\naccept rounds: " + "; ".join(
-            f"{s:,}: " + ", ".join(f"{r:,.0f}" for r in accepts[s]) + "/s" for s in sizes
-        )
+        for what, runs in (("accept", accepts), ("dispatch", dispatches)):
+            out += f"\n{what} rounds: " + "; ".join(
+                f"{s:,}: " + ", ".join(f"{r:,.0f}" for r in runs[s]) + "/s" for s in sizes
+            )
     out += (
         f"\nworker RSS with {big:,} pending rows: {first:.0f} MiB after 3 s, {last:.0f} MiB later"
     )
