@@ -5,12 +5,15 @@ connection (another process) commits to the file."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from relaybox.store import Store, open_store
 from relaybox.store._commit_watch import CommitWatch
@@ -128,3 +131,56 @@ async def test_postgres_wakes_its_own_listeners_at_once_and_others_by_notify(pg_
                 await listener.close()
         await here.close()
         await there.close()
+
+
+async def test_postgres_notify_rides_on_the_commit_and_never_on_a_rollback(pg_url: str) -> None:
+    """A row added in relaybox's own transaction wakes another store's listener once
+    that transaction commits, with the COMMIT (no statement of its own), and not at
+    all when it rolls back. In a transaction the application's own statement began,
+    the NOTIFY is a statement of its own, with the same effect."""
+    here, there = open_store(pg_url), open_store(pg_url)
+    await here.migrate()
+    woken = asyncio.Event()
+    listener = await there.listen("outbox", woken)
+    statements: list[str] = []
+    try:
+        assert listener is not None
+
+        async def add(key: str, *, app_first: bool = False, commit: bool = True) -> None:
+            with contextlib.suppress(_RolledBack):
+                async with here.transaction() as conn:
+                    if app_first:  # the application's statement begins the transaction
+                        await conn.exec_driver_sql("SELECT 1")
+                    event.listen(conn.sync_connection, "before_cursor_execute", _seen)
+                    await here.outbox_insert(
+                        conn, channel="email", key=key, payload="{}", tenant=None,
+                        inbox_id=None, now=T0,
+                    )  # fmt: skip
+                    await here.notify(conn, "outbox")
+                    await here.notify(conn, "outbox")  # twice: still one NOTIFY
+                    await asyncio.sleep(0.3)
+                    assert not woken.is_set()  # not before the COMMIT
+                    if not commit:
+                        raise _RolledBack
+
+        def _seen(_c: Any, _cur: Any, sql: str, *_: Any) -> None:
+            statements.append(sql)
+
+        await add("rolled-back", commit=False)
+        assert await _woken(woken, 0.5) is None
+        await add("committed")
+        assert await _woken(woken, 10.0) is not None
+        assert not any("NOTIFY" in s.upper() for s in statements)  # it went with the COMMIT
+        woken.clear()
+        await add("app-began", app_first=True)
+        assert await _woken(woken, 10.0) is not None
+        assert any("NOTIFY" in s.upper() for s in statements)  # a statement of its own
+    finally:
+        if listener is not None:
+            await listener.close()
+        await here.close()
+        await there.close()
+
+
+class _RolledBack(Exception):
+    pass

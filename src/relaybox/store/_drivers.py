@@ -119,10 +119,11 @@ class FoldedTransaction(asyncpg.transaction.Transaction):  # type: ignore[misc]
         self._state = _STARTED
         return status
 
-    def before_commit(self, sql: str) -> None:
+    def before_commit(self, sql: str, *, once: bool = False) -> None:
         """Send ``sql`` with the COMMIT, after what was given before (its failure fails
-        the COMMIT)."""
-        self._then.append(sql)
+        the COMMIT); with ``once``, not again if it was given already."""
+        if not (once and sql in self._then):
+            self._then.append(sql)
 
     async def commit(self) -> None:
         sql, self._then = ";".join(self._then) or None, []

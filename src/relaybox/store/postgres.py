@@ -463,7 +463,17 @@ class PostgresStore(Store):
         return listener
 
     async def notify(self, conn: AsyncConnection, channel: str) -> None:
-        await conn.exec_driver_sql(self.q[f"notify_{channel}"])
+        """NOTIFY ``channel``'s listeners when ``conn``'s transaction commits. Sent with
+        the COMMIT when relaybox's own transaction object holds it (its statements
+        began the transaction, as in ``publish``): one round trip less a publish,
+        ~60 µs of the publisher's CPU (bench/README.md); as a statement of its own
+        otherwise (PostgreSQL delivers one per transaction and channel either way)."""
+        sql = self.q[f"notify_{channel}"]
+        tx = open_transaction(await _adapted(conn))
+        if isinstance(tx, _FoldedTransaction) and tx.started:
+            tx.before_commit(sql, once=True)
+            return
+        await conn.exec_driver_sql(sql)
 
     def wake(self, channel: str) -> None:
         """NOTIFY after COMMIT, coalesced: one statement at a time per process, on the
