@@ -144,9 +144,13 @@ async def test_publish_statements_in_the_callers_transaction(store: Store) -> No
     await store.endpoint_create(endpoint("ep_1", event_types=["pet.*"]), "s", quota=5, now=T0)
     await store.endpoint_create(endpoint("ep_2"), "s", quota=5, now=T0)
     await store.endpoint_create(endpoint("ep_3", tenant="t2"), "s", quota=5, now=T0)
+    await store.event_type_upsert("pet.born", "", '{"type":"object"}', now=T0)
     async with store.transaction() as conn:
-        subs = await store.endpoint_subscribers(conn, "t1")
-    assert subs == [("ep_1", '["pet.*"]', None), ("ep_2", '["*"]', None)]
+        context = await store.publish_context(conn, "t1", "pet.born")
+        # The schema's row (its id NULL) sorts first on both backends, not as a subscriber.
+        assert context.schema == '{"type":"object"}'
+        assert context.subscribers == [("ep_1", '["pet.*"]', None), ("ep_2", '["*"]', None)]
+        assert (await store.publish_context(conn, "t3", "pet.born")).subscribers == []
 
     msg_id = await publish(store, "t1", ["ep_1", "ep_2"], key="k1")
     async with store.transaction() as conn:
@@ -358,9 +362,9 @@ async def test_event_types(store: Store) -> None:
         ("pet.born", "", None),
     ]
     async with store.transaction() as conn:
-        assert await store.event_type_schema(conn, "pet.adopted") == '{"type":"array"}'
-        assert await store.event_type_schema(conn, "pet.born") is None
-        assert await store.event_type_schema(conn, "nope") is None
+        assert (await store.publish_context(conn, "t1", "pet.adopted")).schema == '{"type":"array"}'
+        assert (await store.publish_context(conn, "t1", "pet.born")).schema is None
+        assert (await store.publish_context(conn, "t1", "nope")).schema is None
 
 
 async def test_api_keys(store: Store) -> None:

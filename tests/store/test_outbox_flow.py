@@ -52,7 +52,7 @@ async def test_an_endpoint_keeps_its_filter_and_pause(store: Store) -> None:
     found = await store.endpoint_get("ep_1", "t1")
     assert found is not None and found.payload_filter == flt and found.paused_at is None
     async with store.transaction() as conn:
-        subs = await store.endpoint_subscribers(conn, "t1")
+        subs = (await store.publish_context(conn, "t1", "pet.born")).subscribers
     assert subs == [("ep_1", '["*"]', '{"data.country": {"$in": ["PT"]}}'), ("ep_2", '["*"]', None)]
 
     await store.endpoint_update(endpoint("ep_1", payload_filter=None), now=T0 + 1)
@@ -61,7 +61,8 @@ async def test_an_endpoint_keeps_its_filter_and_pause(store: Store) -> None:
     [first, _] = await store.endpoint_list("t1", limit=10)
     assert (first.payload_filter, first.paused_at) == (None, T0 + 2)
     async with store.transaction() as conn:  # a paused endpoint still subscribes
-        assert [s[0] for s in await store.endpoint_subscribers(conn, "t1")] == ["ep_1", "ep_2"]
+        subscribers = (await store.publish_context(conn, "t1", "pet.born")).subscribers
+        assert [s[0] for s in subscribers] == ["ep_1", "ep_2"]
     async with store.transaction() as conn:  # failing when paused
         await store.endpoint_failed(conn, "ep_1", now=T0 + 3)
     assert await store.endpoint_pause("ep_1", None, paused=False, now=T0 + 4)

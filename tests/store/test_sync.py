@@ -11,6 +11,7 @@ from sqlalchemy import create_engine, text
 from relaybox.errors import ConfigurationError
 from relaybox.store import Store, open_store
 from relaybox.store.history import ProjectionWrite
+from relaybox.store.outbox_rows import PublishContext
 from relaybox.store.sync import _convert
 from tests.store.test_core import T0, _started
 from tests.support.syncdb import sync_url
@@ -119,8 +120,7 @@ async def test_the_applications_own_engine_works_as_well(store: Store, database_
     try:
         with engine.begin() as conn:
             conn.execute(text("CREATE TABLE t (x INTEGER)"))
-            assert store.sync.event_type_schema(conn, "nothing") is None
-            assert store.sync.endpoint_subscribers(conn, "t1") == []
+            assert store.sync.publish_context(conn, "t1", "nothing") == PublishContext(None, [])
             assert store.sync.message_get_by_key(conn, "t1", "k") is None
     finally:
         engine.dispose()

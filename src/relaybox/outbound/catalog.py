@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.errors import RelayboxError
 
@@ -29,7 +28,6 @@ __all__ = [
     "check_schema",
     "define_event_type",
     "list_event_types",
-    "validate_data",
 ]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
@@ -92,12 +90,6 @@ async def list_event_types(box: Runtime) -> list[EventType]:
         EventType(r.name, r.description, json.loads(r.schema) if r.schema else None)
         for r in await box.store.event_type_list()
     ]
-
-
-async def validate_data(box: Runtime, conn: AsyncConnection, event_type: str, data: Any) -> None:
-    """Raise :class:`InvalidMessage` when the catalog has a schema for ``event_type``
-    and ``data`` does not match it. Types outside the catalog are not checked."""
-    check_schema(await box.store.event_type_schema(conn, event_type), event_type, data)
 
 
 def check_schema(schema: str | None, event_type: str, data: Any) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.bodies import text_problem
-from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, validate_data
+from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, check_schema
 from relaybox.outbound.filters import matching
 from relaybox.outbound.registry import outbound
 from relaybox.store.outbox_rows import Message, NewMessage, new_id
@@ -70,7 +70,7 @@ def fan_out(
     subscribers: Sequence[tuple[str, str, str | None]], event_type: str, body: str
 ) -> list[str]:
     """The endpoints among ``subscribers`` (id, event type patterns as JSON text, payload
-    filter as JSON text or ``None``: :meth:`Store.endpoint_subscribers`) that get a
+    filter as JSON text or ``None``: :meth:`Store.publish_context`) that get a
     message of ``event_type`` whose envelope is the JSON text ``body``."""
     parsed: list[Any] = []
 
@@ -131,7 +131,8 @@ async def publish(
             raise InvalidMessage("an ordering key is 1-256 characters", code="ordering_key")
         if problem := text_problem(ordering_key, "ordering key"):
             raise InvalidMessage(problem, code="ordering_key")
-    await validate_data(box, conn, event_type, data)
+    context = await store.publish_context(conn, tenant, event_type)
+    check_schema(context.schema, event_type, data)
     now = box.clock.now()
     msg_id = new_id("msg", now)
     envelope = {
@@ -168,7 +169,7 @@ async def publish(
         existing = await store.message_get_by_key(conn, tenant, idempotency_key)
         assert existing is not None  # the conflicting row is committed
         return existing
-    subscribers = await store.endpoint_subscribers(conn, tenant)
+    subscribers = context.subscribers
     if endpoint_ids is not None:
         wanted = set(endpoint_ids)
         targets = [eid for eid, _, _ in subscribers if eid in wanted]

@@ -38,9 +38,11 @@ from relaybox.store.outbox_rows import (
     Message,
     MessageBody,
     NewMessage,
+    PublishContext,
     SecretOpener,
     StoredSecret,
     Target,
+    publish_context,
 )
 
 __all__ = [
@@ -330,14 +332,14 @@ class OutboxStore:
 
     # -- deliveries ---------------------------------------------------------------------
 
-    async def endpoint_subscribers(
-        self, conn: AsyncConnection, tenant: str
-    ) -> list[tuple[str, str, str | None]]:
-        """The tenant's enabled endpoints as (id, event type patterns as JSON text,
-        payload filter as JSON text or ``None``), by id, read in ``conn``'s transaction
-        (a publish fans out to these)."""
-        found = await self.rows(conn, "endpoint_subscribers", (tenant,))
-        return [(r[0], r[1], r[2]) for r in found]
+    async def publish_context(
+        self, conn: AsyncConnection, tenant: str, event_type: str
+    ) -> PublishContext:
+        """What a publish of ``event_type`` to ``tenant`` reads, in one statement in
+        ``conn``'s transaction: the catalog's schema of the type (JSON text, ``None``
+        without one) and the tenant's enabled endpoints as (id, event type patterns as
+        JSON text, payload filter as JSON text or ``None``), by id."""
+        return publish_context(await self.rows(conn, "publish_context", (tenant, event_type)))
 
     async def delivery_insert(
         self,

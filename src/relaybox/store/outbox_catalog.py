@@ -64,12 +64,6 @@ class CatalogStore:
             found = await self.rows(conn, "event_type_list")
         return [EventTypeRow(r[0], r[1], r[2]) for r in found]
 
-    async def event_type_schema(self, conn: AsyncConnection, name: str) -> str | None:
-        """The catalog's schema of ``name`` (JSON text), read in ``conn``'s transaction;
-        ``None`` for a type without one or outside the catalog."""
-        row = await self.first(conn, "event_type_get", (name,))
-        return None if row is None or not row[2] else str(row[2])
-
     # -- API keys -----------------------------------------------------------------------
 
     async def api_key_create(

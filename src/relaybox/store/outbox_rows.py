@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,6 +37,7 @@ __all__ = [
     "Message",
     "MessageBody",
     "NewMessage",
+    "PublishContext",
     "SecretOpener",
     "StoredSecret",
     "Target",
@@ -392,6 +393,30 @@ class NewMessage:
     created_at: float
     ordering_key: str | None = None
     sequence: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PublishContext:
+    """What a publish reads (``Store.publish_context``): the catalog's schema of its
+    event type (JSON text, ``None`` without one) and its tenant's enabled endpoints as
+    (id, event type patterns as JSON text, payload filter as JSON text or ``None``),
+    by id."""
+
+    schema: str | None
+    subscribers: list[tuple[str, str, str | None]]
+
+
+def publish_context(rows: Iterable[Sequence[Any]]) -> PublishContext:
+    """A :class:`PublishContext` from ``publish_context``'s rows (the schema's row
+    first, its id NULL)."""
+    schema = None
+    subscribers = []
+    for r in rows:
+        if r[0] is None:
+            schema = str(r[3])
+        else:
+            subscribers.append((r[0], r[1], r[2]))
+    return PublishContext(schema, subscribers)
 
 
 @dataclass(frozen=True, slots=True)

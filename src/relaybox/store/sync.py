@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection, Engine, create_engine, make_url
 from relaybox.errors import ConfigurationError
 from relaybox.store.history import Projection, ProjectionWrite
 from relaybox.store.inbox_rows import InboxEvent
-from relaybox.store.outbox_rows import Message, NewMessage
+from relaybox.store.outbox_rows import Message, NewMessage, PublishContext, publish_context
 
 if TYPE_CHECKING:
     from relaybox.store.base import OutboxRow, Store
@@ -123,17 +123,10 @@ class SyncStore:
         )
         return self.first(conn, "message_insert", params) is not None
 
-    def event_type_schema(self, conn: Connection, name: str) -> str | None:
-        """The catalog's schema of ``name`` (JSON text), or ``None``."""
-        row = self.first(conn, "event_type_get", (name,))
-        return None if row is None or not row[2] else str(row[2])
-
-    def endpoint_subscribers(
-        self, conn: Connection, tenant: str
-    ) -> list[tuple[str, str, str | None]]:
-        """The tenant's enabled endpoints as (id, event type patterns as JSON text,
-        payload filter as JSON text or ``None``)."""
-        return [(r[0], r[1], r[2]) for r in self.rows(conn, "endpoint_subscribers", (tenant,))]
+    def publish_context(self, conn: Connection, tenant: str, event_type: str) -> PublishContext:
+        """The event type's schema and the tenant's enabled endpoints, in one statement
+        (:meth:`relaybox.store.Store.publish_context`)."""
+        return publish_context(self.rows(conn, "publish_context", (tenant, event_type)))
 
     def delivery_insert(
         self,

@@ -63,7 +63,8 @@ def publish_sync(
         existing = store.message_get_by_key(conn, tenant, idempotency_key)
         if existing is not None:
             return existing
-    check_schema(store.event_type_schema(conn, event_type), event_type, data)
+    context = store.publish_context(conn, tenant, event_type)
+    check_schema(context.schema, event_type, data)
     new = new_message(
         box,
         event_type,
@@ -78,7 +79,7 @@ def publish_sync(
         existing = store.message_get_by_key(conn, tenant, idempotency_key)
         assert existing is not None  # the conflicting row is committed
         return existing
-    found = targets(new, store.endpoint_subscribers(conn, tenant), endpoint_ids)
+    found = targets(new, context.subscribers, endpoint_ids)
     if found:
         store.delivery_insert(conn, new.id, tenant, found, now=new.created_at)
     return published(new, found)

@@ -46,11 +46,17 @@ LIMIT $2
 -- name: endpoint_delete
 DELETE FROM relaybox_endpoints WHERE id = $1 AND tenant = $2 RETURNING id
 
--- name: endpoint_subscribers
--- Publish fans out to these (read in the publisher's own transaction).
-SELECT id, event_types, payload_filter FROM relaybox_endpoints
+-- name: publish_context
+-- What a publish reads, in one round trip (in the publisher's own transaction): the
+-- catalog's schema of the event type $2 (a row with a NULL id, when it has one) and
+-- the endpoints of tenant $1 it fans out to (id, event type patterns, payload
+-- filter), by id.
+SELECT NULL::text AS id, NULL::text AS event_types, NULL::text AS payload_filter, schema
+FROM relaybox_event_types WHERE name = $2 AND schema IS NOT NULL AND schema <> ''
+UNION ALL
+SELECT id, event_types, payload_filter, NULL FROM relaybox_endpoints
 WHERE tenant = $1 AND status = 'enabled'
-ORDER BY id
+ORDER BY id NULLS FIRST
 
 -- name: endpoint_set_status
 -- Enabling clears the failure streak: the disable clock starts again.
@@ -333,9 +339,6 @@ INSERT INTO relaybox_event_types (name, description, schema, created_at, updated
 VALUES ($1, $2, $3, $4, $4)
 ON CONFLICT (name) DO UPDATE
 SET description = excluded.description, schema = excluded.schema, updated_at = excluded.updated_at
-
--- name: event_type_get
-SELECT name, description, schema FROM relaybox_event_types WHERE name = $1
 
 -- name: event_type_list
 SELECT name, description, schema FROM relaybox_event_types ORDER BY name
