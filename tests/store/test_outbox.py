@@ -175,6 +175,33 @@ async def test_publish_statements_in_the_callers_transaction(store: Store) -> No
     assert {r.message_id for r in rows} == {msg_id} and rows[0].event_type == "pet.adopted"
 
 
+async def test_message_publish_inserts_the_message_and_its_rows_or_nothing(store: Store) -> None:
+    """``message_publish`` inserts the message and one row
+    per endpoint named; for a taken idempotency key, neither. Ordered endpoints' rows
+    carry the message's ordering key and sequence, the others' none."""
+    await store.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
+    await store.endpoint_create(endpoint("ep_2", ordered=True), "s", quota=5, now=T0)
+    keyed = NewMessage("msg_k", "t1", "pet.adopted", "k1", "{}", T0, "order-1", 7)
+    async with store.transaction() as conn:
+        assert await store.message_publish(conn, keyed, ["ep_1", "ep_2"])
+        again = NewMessage("msg_again", "t1", "pet.adopted", "k1", "{}", T0)
+        assert not await store.message_publish(conn, again, ["ep_1"])
+        bare = NewMessage("msg_none", "t1", "pet.adopted", None, "{}", T0)
+        assert await store.message_publish(conn, bare, [])
+    rows = await store.fetch_all(
+        "SELECT message_id, endpoint_id, ordering_key, sequence FROM relaybox_outbox"
+        " ORDER BY endpoint_id"
+    )
+    assert [
+        (r["message_id"], r["endpoint_id"], r["ordering_key"], r["sequence"]) for r in rows
+    ] == [
+        ("msg_k", "ep_1", None, None),
+        ("msg_k", "ep_2", "order-1", 7),
+    ]
+    assert await store.message_get("msg_again", None) is None
+    assert await store.message_get("msg_none", None) is not None
+
+
 async def test_message_get_and_list(store: Store) -> None:
     first = await publish(store, "t1", [], at=T0)
     second = await publish(store, "t1", [], at=T0 + 1)

@@ -163,33 +163,14 @@ async def publish(
             f"the message is over {ob.settings.max_payload} bytes", code="too_large"
         )
     new = NewMessage(msg_id, tenant, event_type, idempotency_key, text, now, ordering_key, sequence)
-    if not await store.message_insert(conn, new):
+    found = targets(new, context.subscribers, endpoint_ids)
+    if not await store.message_publish(conn, new, found):
         # A concurrent publish with this key committed first.
         assert idempotency_key is not None  # only a key conflicts
         existing = await store.message_get_by_key(conn, tenant, idempotency_key)
         assert existing is not None  # the conflicting row is committed
         return existing
-    subscribers = context.subscribers
-    if endpoint_ids is not None:
-        wanted = set(endpoint_ids)
-        targets = [eid for eid, _, _ in subscribers if eid in wanted]
-    else:
-        targets = fan_out(subscribers, event_type, text)
-    if targets:
-        await store.delivery_insert(
-            conn, msg_id, tenant, targets, now=now, ordering_key=ordering_key, sequence=sequence
-        )
-    return Message(
-        id=msg_id,
-        tenant=tenant,
-        event_type=event_type,
-        idempotency_key=idempotency_key,
-        body=text.encode(),
-        created_at=now,
-        endpoints=tuple(targets),
-        ordering_key=ordering_key,
-        sequence=sequence,
-    )
+    return published(new, found)
 
 
 # -- the pure parts of a publish, shared with the synchronous one (relaybox.sync) ------
@@ -270,4 +251,6 @@ def published(new: NewMessage, endpoints: Sequence[str]) -> Message:
         body=new.body.encode(),
         created_at=new.created_at,
         endpoints=tuple(endpoints),
+        ordering_key=new.ordering_key,
+        sequence=new.sequence,
     )

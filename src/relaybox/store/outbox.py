@@ -297,6 +297,28 @@ class OutboxStore:
         )
         return await self.first(conn, "message_insert", params) is not None
 
+    async def message_publish(
+        self, conn: AsyncConnection, message: NewMessage, endpoint_ids: Sequence[str]
+    ) -> bool:
+        """:meth:`message_insert`, then, if the message was inserted,
+        :meth:`delivery_insert` for ``endpoint_ids`` (with the message's ordering key and
+        sequence); ``False`` when its (tenant, idempotency key) exists already. (One
+        statement with data-modifying CTEs on PostgreSQL cost the database more than
+        the round trip it saved: bench/README.md.)"""
+        if not await self.message_insert(conn, message):
+            return False
+        if endpoint_ids:
+            await self.delivery_insert(
+                conn,
+                message.id,
+                message.tenant,
+                endpoint_ids,
+                now=message.created_at,
+                ordering_key=message.ordering_key,
+                sequence=message.sequence,
+            )
+        return True
+
     async def message_sequence_next(
         self, conn: AsyncConnection, tenant: str, ordering_key: str
     ) -> int:
