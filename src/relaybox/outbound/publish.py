@@ -13,6 +13,7 @@ Nothing is sent here; the dispatcher delivers after COMMIT.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -82,10 +83,24 @@ def fan_out(
     return [
         eid
         for eid, patterns, flt in subscribers
-        if wants(
-            event_type, envelope, json.loads(patterns), None if flt is None else json.loads(flt)
-        )
+        if _subscribed(event_type, patterns)
+        and (flt is None or matching(_payload_filter(flt), envelope()))
     ]
+
+
+@functools.lru_cache(maxsize=4096)
+def _subscribed(event_type: str, patterns: str) -> bool:
+    """:func:`matches` for patterns as stored (JSON text). A publish asks it of every
+    enabled endpoint of its tenant: remembered, not parsed and matched again each
+    time (the same rule as :func:`wants`)."""
+    return matches(event_type, json.loads(patterns))
+
+
+@functools.lru_cache(maxsize=256)
+def _payload_filter(text: str) -> Mapping[str, Any]:
+    """A payload filter as stored (JSON text), parsed once; only read by ``matching``."""
+    parsed: Mapping[str, Any] = json.loads(text)
+    return parsed
 
 
 async def publish(
