@@ -465,8 +465,8 @@ class PostgresStore(Store):
     async def notify(self, conn: AsyncConnection, channel: str) -> None:
         """NOTIFY ``channel``'s listeners when ``conn``'s transaction commits. Sent with
         the COMMIT when relaybox's own transaction object holds it (its statements
-        began the transaction, as in ``publish``): one round trip less a publish,
-        ~60 µs of the publisher's CPU (bench/README.md); as a statement of its own
+        began the transaction, as in ``publish``): one round trip less a publish
+        (bench/README.md, the levers table); as a statement of its own
         otherwise (PostgreSQL delivers one per transaction and channel either way)."""
         sql = self.q[f"notify_{channel}"]
         tx = open_transaction(await _adapted(conn))
