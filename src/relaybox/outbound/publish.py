@@ -126,18 +126,9 @@ async def publish(
     with ``ordered`` receive the key's messages one at a time, in that order. The
     number is taken in ``conn``'s transaction: a concurrent publish with the same key
     waits for it to end."""
-    ob = outbound(box)
     store = box.store
-    check_event_type_name(event_type)
-    if not tenant:
-        raise InvalidMessage("a message needs a tenant", code="tenant")
-    if problem := text_problem(tenant, "tenant"):
-        raise InvalidMessage(problem, code="tenant")
+    check_request(event_type, tenant, idempotency_key)
     if idempotency_key is not None:
-        if not 0 < len(idempotency_key) <= 256:
-            raise InvalidMessage("an idempotency key is 1-256 characters", code="idempotency_key")
-        if problem := text_problem(idempotency_key, "idempotency key"):
-            raise InvalidMessage(problem, code="idempotency_key")
         existing = await store.message_get_by_key(conn, tenant, idempotency_key)
         if existing is not None:
             return existing
@@ -148,36 +139,21 @@ async def publish(
             raise InvalidMessage(problem, code="ordering_key")
     context = await store.publish_context(conn, tenant, event_type)
     check_schema(context.schema, event_type, data)
-    now = box.clock.now()
-    msg_id = new_id("msg", now)
-    envelope = {
-        "id": msg_id,
-        "type": event_type,
-        "timestamp": envelope_time(now),
-        "data": data,
-        "apiVersion": api_version or ob.settings.api_version,
-    }
     sequence = None
     if ordering_key is not None:
         # Taken last before the insert: the counter's row lock is held from here to
         # the end of the caller's transaction.
         sequence = await store.message_sequence_next(conn, tenant, ordering_key)
-        envelope["orderingKey"] = ordering_key
-        envelope["sequence"] = sequence
-    try:
-        text = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
-        size = len(text.encode())
-    except UnicodeEncodeError:
-        # A lone surrogate ("\ud800" in JSON) is not Unicode text: no backend stores it.
-        problem = text_problem(data, "data") or "data: not valid Unicode"
-        raise InvalidMessage(problem, code="data") from None
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidMessage(f"data is not JSON-serialisable: {exc}"[:200], code="data") from None
-    if size > ob.settings.max_payload:
-        raise InvalidMessage(
-            f"the message is over {ob.settings.max_payload} bytes", code="too_large"
-        )
-    new = NewMessage(msg_id, tenant, event_type, idempotency_key, text, now, ordering_key, sequence)
+    new = new_message(
+        box,
+        event_type,
+        data,
+        tenant=tenant,
+        idempotency_key=idempotency_key,
+        api_version=api_version,
+        ordering_key=ordering_key,
+        sequence=sequence,
+    )
     found = targets(new, context.subscribers, endpoint_ids)
     if not await store.message_publish(conn, new, found):
         # A concurrent publish with this key committed first.
@@ -214,8 +190,11 @@ def new_message(
     tenant: str,
     idempotency_key: str | None,
     api_version: str | None,
+    ordering_key: str | None = None,
+    sequence: int | None = None,
 ) -> NewMessage:
-    """The message row: its id, and the envelope as JSON text within ``max_payload``."""
+    """The message row: its id, and the envelope as JSON text within ``max_payload``
+    (with ``orderingKey`` and ``sequence`` for a keyed message)."""
     ob = outbound(box)
     now = box.clock.now()
     msg_id = new_id("msg", now)
@@ -226,6 +205,9 @@ def new_message(
         "data": data,
         "apiVersion": api_version or ob.settings.api_version,
     }
+    if ordering_key is not None:
+        envelope["orderingKey"] = ordering_key
+        envelope["sequence"] = sequence
     try:
         text = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
         size = len(text.encode())
@@ -239,7 +221,9 @@ def new_message(
         raise InvalidMessage(
             f"the message is over {ob.settings.max_payload} bytes", code="too_large"
         )
-    return NewMessage(msg_id, tenant, event_type, idempotency_key, text, now)
+    return NewMessage(
+        msg_id, tenant, event_type, idempotency_key, text, now, ordering_key, sequence
+    )
 
 
 def targets(
