@@ -5,6 +5,7 @@ keys. Rows are set up through store methods; ``store.fetch_all`` reads them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -200,6 +201,41 @@ async def test_message_publish_inserts_the_message_and_its_rows_or_nothing(store
     ]
     assert await store.message_get("msg_again", None) is None
     assert await store.message_get("msg_none", None) is not None
+
+
+async def test_message_publish_once_relaybox_began_the_transaction(store: Store) -> None:
+    """As ``publish`` calls it: after a statement of relaybox's began the transaction.
+    Committed with it, gone with a rollback; any text kept as it was."""
+    await store.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
+    await store.endpoint_create(endpoint("ep_2", ordered=True), "s", quota=5, now=T0)
+    note = "it's \"quoted\" \\ a back\\slash, $1, E'\\x41', ünïcödé ✓ 🦀"
+    body = json.dumps({"note": note}, ensure_ascii=False)
+    new = NewMessage("msg_c", "t1", "pet.adopted", None, body, T0 + 0.5, "k'1", 3)
+    async with store.transaction() as conn:
+        await store.publish_context(conn, "t1", "pet.adopted")
+        assert await store.message_publish(conn, new, ["ep_1", "ep_2"])
+        # Written at once: later statements of the transaction see it.
+        found = await conn.exec_driver_sql("SELECT count(*) FROM relaybox_messages")
+        assert found.scalar() == 1
+    got = await store.message_get("msg_c", "t1")
+    assert got is not None and got.envelope == {"note": note} and got.created_at == T0 + 0.5
+    assert (got.ordering_key, got.sequence) == ("k'1", 3)
+    rows = await store.fetch_all(
+        "SELECT message_id, endpoint_id, tenant, ordering_key, sequence, status"
+        " FROM relaybox_outbox ORDER BY endpoint_id"
+    )
+    assert [tuple(r.values()) for r in rows] == [
+        ("msg_c", "ep_1", "t1", None, None, "pending"),
+        ("msg_c", "ep_2", "t1", "k'1", 3, "pending"),
+    ]
+    with pytest.raises(RuntimeError):
+        async with store.transaction() as conn:
+            await store.publish_context(conn, "t1", "pet.adopted")
+            gone = NewMessage("msg_r", "t1", "pet.adopted", None, "{}", T0)
+            assert await store.message_publish(conn, gone, ["ep_1"])
+            raise RuntimeError("roll back")
+    assert await store.message_get("msg_r", None) is None
+    assert len(await store.fetch_all("SELECT id FROM relaybox_outbox")) == 2
 
 
 async def test_message_get_and_list(store: Store) -> None:
