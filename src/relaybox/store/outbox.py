@@ -42,7 +42,6 @@ from relaybox.store.outbox_rows import (
     SecretOpener,
     StoredSecret,
     Target,
-    publish_context,
 )
 
 __all__ = [
@@ -361,7 +360,8 @@ class OutboxStore:
         ``conn``'s transaction: the catalog's schema of the type (JSON text, ``None``
         without one) and the tenant's enabled endpoints as (id, event type patterns as
         JSON text, payload filter as JSON text or ``None``), by id."""
-        return publish_context(await self.rows(conn, "publish_context", (tenant, event_type)))
+        found = await self.rows(conn, "publish_context", (tenant, event_type))
+        return PublishContext.from_rows(found)
 
     async def delivery_insert(
         self,

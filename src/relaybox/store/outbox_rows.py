@@ -405,18 +405,18 @@ class PublishContext:
     schema: str | None
     subscribers: list[tuple[str, str, str | None]]
 
-
-def publish_context(rows: Iterable[Sequence[Any]]) -> PublishContext:
-    """A :class:`PublishContext` from ``publish_context``'s rows (the schema's row
-    first, its id NULL)."""
-    schema = None
-    subscribers = []
-    for r in rows:
-        if r[0] is None:
-            schema = str(r[3])
-        else:
-            subscribers.append((r[0], r[1], r[2]))
-    return PublishContext(schema, subscribers)
+    @classmethod
+    def from_rows(cls, rows: Iterable[Sequence[Any]]) -> PublishContext:
+        """From the ``publish_context`` statement's rows (the schema's row first, its
+        id NULL)."""
+        schema = None
+        subscribers = []
+        for r in rows:
+            if r[0] is None:
+                schema = str(r[3])
+            else:
+                subscribers.append((r[0], r[1], r[2]))
+        return cls(schema, subscribers)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection, Engine, create_engine, make_url
 from relaybox.errors import ConfigurationError
 from relaybox.store.history import Projection, ProjectionWrite
 from relaybox.store.inbox_rows import InboxEvent
-from relaybox.store.outbox_rows import Message, NewMessage, PublishContext, publish_context
+from relaybox.store.outbox_rows import Message, NewMessage, PublishContext
 
 if TYPE_CHECKING:
     from relaybox.store.base import OutboxRow, Store
@@ -126,7 +126,7 @@ class SyncStore:
     def publish_context(self, conn: Connection, tenant: str, event_type: str) -> PublishContext:
         """The event type's schema and the tenant's enabled endpoints, in one statement
         (:meth:`relaybox.store.Store.publish_context`)."""
-        return publish_context(self.rows(conn, "publish_context", (tenant, event_type)))
+        return PublishContext.from_rows(self.rows(conn, "publish_context", (tenant, event_type)))
 
     def delivery_insert(
         self,
