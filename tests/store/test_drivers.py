@@ -4,6 +4,7 @@ drops one fails here, naming it, rather than somewhere in the worker at run time
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import sqlite3
 from importlib.metadata import version
@@ -13,6 +14,7 @@ from typing import Any
 import aiosqlite
 import asyncpg
 import asyncpg.transaction
+import pytest
 from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from sqlalchemy.engine import Connection, Engine
 
@@ -89,3 +91,31 @@ async def test_live_aiosqlite_thread(tmp_path: Path) -> None:
             assert await _drivers.run_on_sqlite_thread(conn, probe, 7) == 7
     finally:
         await store.close()
+
+
+async def test_a_borrowed_connection_goes_back_after_the_caller_moved_on(pg_url: str) -> None:
+    """The PostgreSQL store's hot statements do not wait for asyncpg's release (a task
+    of its own, three passes of the event loop): the connection goes back to the pool
+    right after, also when the statement failed, and ``close()`` waits for it."""
+    from relaybox.store.postgres import PostgresStore
+
+    store = open_store(pg_url)
+    assert isinstance(store, PostgresStore)
+    pool = await store.start_pool()
+    idle = pool.get_idle_size()
+    async with store._borrow(pool) as conn:
+        assert await conn.fetchval("SELECT 1") == 1
+    assert pool.get_idle_size() == idle - 1  # still going back: the caller did not wait
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert pool.get_idle_size() == idle
+    with pytest.raises(asyncpg.DataError):
+        async with store._borrow(pool) as conn:
+            await conn.fetchval("SELECT 1/0")
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert pool.get_idle_size() == idle  # a failed statement's connection too
+    async with store._borrow(pool) as conn:
+        await conn.fetchval("SELECT 1")
+    await store.close()  # with that release still pending
+    assert not store._releasing

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import os
 import random
 import secrets
@@ -136,7 +135,7 @@ class Dispatcher:
         listener = await self._listen()
         loop = self.recorder.loop = asyncio.get_running_loop()
         recorder = self.recorder
-        leasing: set[asyncio.Task[tuple[list[Delivery], dict[str, int]]]] = set()
+        leasing: set[asyncio.Task[None]] = set()
         reserved = 0  # rows asked of leases still running
         deferred = False  # slots were free while every lease slot was busy: lease again after
         recorder.folding = self.box.store.lease_records
@@ -192,45 +191,63 @@ class Dispatcher:
                     lanes.finished(lane)
                 self._wake.set()  # a slot is free: another lane may go, or a lease
 
-        def start_lease() -> None:
-            """Lease every free slot (the successes it records freed theirs) and, leasing
-            ahead, as many again to hold."""
+        def next_lease() -> tuple[int, list[Finished], Fairness]:
+            """The next lease's rows asked (every free slot, the successes it records
+            freeing theirs, and, leasing ahead, as many again to hold), counted as
+            reserved, the successes it carries, and its bounds."""
             nonlocal reserved
             carry = recorder.take_carry()
             asked = max(limit - lanes.busy - lanes.held_n - reserved, 0)
             reserved += asked
-            lease_task = asyncio.create_task(
-                self._lease_safely(asked, carry, lanes.fairness(self.concurrency))
-            )
-            leasing.add(lease_task)
-            lease_task.add_done_callback(functools.partial(leased, asked=asked))
+            return asked, carry, lanes.fairness(self.concurrency)
 
-        def leased(
-            lease_task: asyncio.Task[tuple[list[Delivery], dict[str, int]]], asked: int
-        ) -> None:
+        def start_lease() -> None:
+            leasing.add(asyncio.create_task(leases(*next_lease())))
+
+        async def leases(asked: int, carry: list[Finished], fair: Fairness) -> None:
+            """Lease, hand the rows to idle slots, and while successes finished meanwhile
+            lease again at once, in this task: the next statement is sent in the same
+            step as the last one's rows are handed out, with no pass of the event loop
+            in between (a pass of a busy loop runs every slot's ready callbacks first)."""
+            try:
+                await lease_until_done(asked, carry, fair)
+            finally:
+                # At once, not in a done callback: the loop, once woken, counts the
+                # leases in flight.
+                leasing.discard(asyncio.current_task())
+
+        async def lease_until_done(asked: int, carry: list[Finished], fair: Fairness) -> None:
             nonlocal reserved, deferred
-            reserved -= asked
-            leasing.discard(lease_task)
-            found, allowances = ([], {}) if lease_task.cancelled() else lease_task.result()
-            now = monotonic()
-            lanes.leased(found, allowances, now)  # held, then handed to idle slots below
-            if recorder.carry and len(leasing) < _LEASES_IN_FLIGHT and not stopping.is_set():
-                # Successes that finished during this lease: send the next lease before
+            while True:
+                try:
+                    found, allowances = await self._lease_safely(asked, carry, fair)
+                finally:
+                    reserved -= asked
+                now = monotonic()
+                lanes.leased(found, allowances, now)  # held, then handed to idle slots below
+                full = len(found) == asked
+                # Successes that finished during this lease: the next lease goes before
                 # the slots start the deliveries just leased, so that PostgreSQL runs it
                 # while they send them.
-                start_lease()
-            while idle and lanes.turns and not stopping.is_set():
-                row = lanes.next_row()
-                if row is None:
-                    break
-                if not hand(row):  # no slot waits after all: back to its lane's front
-                    lanes.untake(row, now)
-                    break
-            if len(found) == asked or deferred:
-                deferred = False
-                self._wake.set()  # more may be due, or slots freed meanwhile
-            # else nothing more is due or no lane has room: a freed slot, a NOTIFY or
-            # the poll interval wakes the loop (no busy loop on an empty outbox).
+                again = bool(recorder.carry) and not stopping.is_set() and not self._lease_failures
+                if again:
+                    deferred = False  # the next lease asks for every free slot
+                    asked, carry, fair = next_lease()
+                while idle and lanes.turns and not stopping.is_set():
+                    row = lanes.next_row()
+                    if row is None:
+                        break
+                    if not hand(row):  # no slot waits after all: back to its lane's front
+                        lanes.untake(row, now)
+                        break
+                if not again:
+                    if full or deferred:
+                        deferred = False
+                        self._wake.set()  # more may be due, or slots freed meanwhile
+                    # else nothing more is due or no lane has room: a freed slot, a
+                    # NOTIFY or the poll interval wakes the loop (no busy loop on an
+                    # empty outbox).
+                    return
 
         slots = [asyncio.create_task(slot()) for _ in range(self.concurrency)]
         try:
