@@ -209,45 +209,42 @@ class Dispatcher:
             lease again at once, in this task: the next statement is sent in the same
             step as the last one's rows are handed out, with no pass of the event loop
             in between (a pass of a busy loop runs every slot's ready callbacks first)."""
+            nonlocal reserved, deferred
             try:
-                await lease_until_done(asked, carry, fair)
+                while True:
+                    try:
+                        found, allowances = await self._lease_safely(asked, carry, fair)
+                    finally:
+                        reserved -= asked
+                    now = monotonic()
+                    lanes.leased(found, allowances, now)  # held, then handed out below
+                    full = len(found) == asked
+                    # Successes that finished during this lease: the next lease goes
+                    # before the slots start the deliveries just leased, so that
+                    # PostgreSQL runs it while they send them.
+                    again = bool(recorder.carry) and not (stopping.is_set() or self._lease_failures)
+                    if again:
+                        deferred = False  # the next lease asks for every free slot
+                        asked, carry, fair = next_lease()
+                    while idle and lanes.turns and not stopping.is_set():
+                        row = lanes.next_row()
+                        if row is None:
+                            break
+                        if not hand(row):  # no slot waits after all: back to its lane's front
+                            lanes.untake(row, now)
+                            break
+                    if not again:
+                        if full or deferred:
+                            deferred = False
+                            self._wake.set()  # more may be due, or slots freed meanwhile
+                        # else nothing more is due or no lane has room: a freed slot, a
+                        # NOTIFY or the poll interval wakes the loop (no busy loop on an
+                        # empty outbox).
+                        return
             finally:
                 # At once, not in a done callback: the loop, once woken, counts the
                 # leases in flight.
                 leasing.discard(asyncio.current_task())
-
-        async def lease_until_done(asked: int, carry: list[Finished], fair: Fairness) -> None:
-            nonlocal reserved, deferred
-            while True:
-                try:
-                    found, allowances = await self._lease_safely(asked, carry, fair)
-                finally:
-                    reserved -= asked
-                now = monotonic()
-                lanes.leased(found, allowances, now)  # held, then handed to idle slots below
-                full = len(found) == asked
-                # Successes that finished during this lease: the next lease goes before
-                # the slots start the deliveries just leased, so that PostgreSQL runs it
-                # while they send them.
-                again = bool(recorder.carry) and not stopping.is_set() and not self._lease_failures
-                if again:
-                    deferred = False  # the next lease asks for every free slot
-                    asked, carry, fair = next_lease()
-                while idle and lanes.turns and not stopping.is_set():
-                    row = lanes.next_row()
-                    if row is None:
-                        break
-                    if not hand(row):  # no slot waits after all: back to its lane's front
-                        lanes.untake(row, now)
-                        break
-                if not again:
-                    if full or deferred:
-                        deferred = False
-                        self._wake.set()  # more may be due, or slots freed meanwhile
-                    # else nothing more is due or no lane has room: a freed slot, a
-                    # NOTIFY or the poll interval wakes the loop (no busy loop on an
-                    # empty outbox).
-                    return
 
         slots = [asyncio.create_task(slot()) for _ in range(self.concurrency)]
         try:
