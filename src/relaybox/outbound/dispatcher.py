@@ -122,7 +122,8 @@ class Dispatcher:
         self._wake.set()
 
     async def run(self) -> None:
-        """Deliver until :meth:`stop`: ``concurrency`` slots, a lease whenever some free.
+        """Deliver until :meth:`stop`: ``concurrency`` slots, a lease whenever some free
+        (:class:`_Run`).
 
         Leasing ahead (PostgreSQL, channels whose uncertain policy is resend), a lane
         may have up to ``lease_ahead`` times its cap leased by this dispatcher while no
@@ -133,11 +134,8 @@ class Dispatcher:
         within the cap."""
         self.outbound.vault.check()  # a broken key file: KeyFileError, before any lease
         listener = await self._listen()
-        loop = self.recorder.loop = asyncio.get_running_loop()
         recorder = self.recorder
-        leasing: set[asyncio.Task[None]] = set()
-        reserved = 0  # rows asked of leases still running
-        deferred = False  # slots were free while every lease slot was busy: lease again after
+        recorder.loop = asyncio.get_running_loop()
         recorder.folding = self.box.store.lease_records
         # PostgreSQL: lanes of channels whose uncertain policy is resend may be leased
         # up to lease_ahead times their cap (outbox_lease), so that an attempt's end
@@ -150,142 +148,22 @@ class Dispatcher:
             for name, channel in self.outbound.channels.items()
             if channel.uncertain == "resend" and ahead > 1
         ]
-        limit = ahead * self.concurrency if self._ahead else self.concurrency
-        monotonic = time.monotonic
-        stopping = self._stopping
         lanes = LaneScheduler(
-            limit=limit,
+            limit=ahead * self.concurrency if self._ahead else self.concurrency,
             tenant_cap=self.tenant_cap,
             tenant_hold=self.tenant_cap * (ahead if "webhook" in self._ahead else 1),
             give_back=self._release_later,
-            clock=monotonic,
+            clock=time.monotonic,
         )
-        # ``concurrency`` slots, each a task that runs one attempt after another (no
-        # task per delivery); an idle slot waits on a future in ``idle``.
-        idle: collections.deque[asyncio.Future[Delivery | None]] = collections.deque()
-
-        def hand(d: Delivery) -> bool:
-            """Give ``d`` (already counted as running) to an idle slot."""
-            while idle:
-                waiter = idle.popleft()
-                if not waiter.done():
-                    waiter.set_result(d)
-                    return True
-            return False
-
-        async def slot() -> None:
-            while True:
-                d = None if stopping.is_set() else lanes.next_row()
-                if d is None:
-                    if stopping.is_set():
-                        return
-                    waiter: asyncio.Future[Delivery | None] = loop.create_future()
-                    idle.append(waiter)
-                    d = await waiter
-                    if d is None:
-                        return
-                lane = d.lane or d.channel
-                try:
-                    await self.handle(d)
-                finally:
-                    lanes.finished(lane)
-                self._wake.set()  # a slot is free: another lane may go, or a lease
-
-        def next_lease() -> tuple[int, list[Finished], Fairness]:
-            """The next lease's rows asked (every free slot, the successes it records
-            freeing theirs, and, leasing ahead, as many again to hold), counted as
-            reserved, the successes it carries, and its bounds."""
-            nonlocal reserved
-            carry = recorder.take_carry()
-            asked = max(limit - lanes.busy - lanes.held_n - reserved, 0)
-            reserved += asked
-            return asked, carry, lanes.fairness(self.concurrency)
-
-        def start_lease() -> None:
-            leasing.add(asyncio.create_task(leases(*next_lease())))
-
-        async def leases(asked: int, carry: list[Finished], fair: Fairness) -> None:
-            """Lease, hand the rows to idle slots, and while successes finished meanwhile
-            lease again at once, in this task: the next statement is sent in the same
-            step as the last one's rows are handed out, with no pass of the event loop
-            in between (a pass of a busy loop runs every slot's ready callbacks first)."""
-            nonlocal reserved, deferred
-            try:
-                while True:
-                    try:
-                        found, allowances = await self._lease_safely(asked, carry, fair)
-                    finally:
-                        reserved -= asked
-                    now = monotonic()
-                    lanes.leased(found, allowances, now)  # held, then handed out below
-                    full = len(found) == asked
-                    # Successes that finished during this lease: the next lease goes
-                    # before the slots start the deliveries just leased, so that
-                    # PostgreSQL runs it while they send them.
-                    again = bool(recorder.carry) and not (stopping.is_set() or self._lease_failures)
-                    if again:
-                        deferred = False  # the next lease asks for every free slot
-                        asked, carry, fair = next_lease()
-                    while idle and lanes.turns and not stopping.is_set():
-                        row = lanes.next_row()
-                        if row is None:
-                            break
-                        if not hand(row):  # no slot waits after all: back to its lane's front
-                            lanes.untake(row, now)
-                            break
-                    if not again:
-                        if full or deferred:
-                            deferred = False
-                            self._wake.set()  # more may be due, or slots freed meanwhile
-                        # else nothing more is due or no lane has room: a freed slot, a
-                        # NOTIFY or the poll interval wakes the loop (no busy loop on an
-                        # empty outbox).
-                        return
-            finally:
-                # At once, not in a done callback: the loop, once woken, counts the
-                # leases in flight.
-                leasing.discard(asyncio.current_task())
-
-        slots = [asyncio.create_task(slot()) for _ in range(self.concurrency)]
+        run = _Run(self, lanes)
         try:
-            while not stopping.is_set():
-                if self._lease_failures and not leasing:
-                    # The database is failing: doubling pauses up to 10 s before the next
-                    # lease, which no wake-up cuts short (it would only fail again).
-                    pause = self.outbound.settings.poll_interval * 2 ** min(
-                        self._lease_failures, 10
-                    )
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stopping.wait(), min(pause, 10.0))
-                    if stopping.is_set():
-                        break
-                self._wake.clear()
-                free = limit - lanes.busy - lanes.held_n - reserved
-                # Up to _LEASES_IN_FLIGHT leases in flight, each for every slot free
-                # when it starts (the successes it records freed theirs); slots freed
-                # meanwhile go into the next.
-                if (free > 0 or recorder.carry) and len(leasing) < _LEASES_IN_FLIGHT:
-                    start_lease()
-                elif free > 0 or recorder.carry:
-                    deferred = True
-                # Wake on new rows, on a freed slot, on a lease done, or poll. (Slots
-                # set the event: waiting on every slot costs O(slots).)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.outbound.settings.poll_interval):
-                        await self._wake.wait()
-                if not self._wake.is_set():  # a poll: rows may have come due unannounced
-                    self._ask_due = True
+            await run.loop()
         finally:
-            stopping.set()  # also when run() itself is cancelled
+            self._stopping.set()  # also when run() itself is cancelled
             if self._due_timer is not None:
                 self._due_timer.cancel()
             recorder.folding = False
-            if leasing:
-                await asyncio.gather(*leasing, return_exceptions=True)
-            for waiter in idle:  # idle slots end; busy ones finish their attempt first
-                if not waiter.done():
-                    waiter.set_result(None)
-            await asyncio.gather(*slots, return_exceptions=True)
+            await run.wind_down()
             recorder.loop = None
             # Rows leased ahead and never started go back at once (not after their
             # lease runs out, and not as uncertain).
@@ -504,3 +382,161 @@ class Dispatcher:
         if delay is None:
             return Decision("dead", "exhausted", "exhausted")
         return Decision("retry", "retry", at=self.box.clock.now() + delay)
+
+
+class _Run:
+    """One :meth:`Dispatcher.run`: its slots, the lanes they take rows from, and the
+    lease in flight.
+
+    ``concurrency`` slots, each a task that runs one attempt after another (no task
+    per delivery); an idle slot waits on a future in ``idle``. :meth:`loop` starts a
+    lease whenever slots are free (or successes wait to be recorded) and no lease is
+    running; a lease (:meth:`leases`) hands its rows to idle slots and, while
+    successes finished meanwhile, leases again in the same task. Each freed slot,
+    finished lease, NOTIFY or due time wakes :meth:`loop`; otherwise it polls."""
+
+    def __init__(self, dispatcher: Dispatcher, lanes: LaneScheduler) -> None:
+        self.dispatcher = dispatcher
+        self.lanes = lanes
+        self.limit = lanes.limit
+        self.recorder = dispatcher.recorder
+        self.stopping = dispatcher._stopping
+        self.idle: collections.deque[asyncio.Future[Delivery | None]] = collections.deque()
+        self.slots: list[asyncio.Task[None]] = []
+        self.leasing: set[asyncio.Task[None]] = set()
+        self.reserved = 0
+        """Rows asked of leases still running."""
+        self.deferred = False
+        """Slots were free while every lease slot was busy: lease again after."""
+
+    def free(self) -> int:
+        """Rows the next lease may ask for: the limit less rows running, held and asked."""
+        lanes = self.lanes
+        return self.limit - lanes.busy - lanes.held_n - self.reserved
+
+    async def loop(self) -> None:
+        d = self.dispatcher
+        stopping, wake, recorder = self.stopping, d._wake, self.recorder
+        poll_interval = d.outbound.settings.poll_interval
+        self.slots = [asyncio.create_task(self.slot()) for _ in range(d.concurrency)]
+        while not stopping.is_set():
+            if d._lease_failures and not self.leasing:
+                # The database is failing: doubling pauses up to 10 s before the next
+                # lease, which no wake-up cuts short (it would only fail again).
+                pause = poll_interval * 2 ** min(d._lease_failures, 10)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), min(pause, 10.0))
+                if stopping.is_set():
+                    break
+            wake.clear()
+            # Up to _LEASES_IN_FLIGHT leases in flight, each for every slot free when
+            # it starts (the successes it records freed theirs); slots freed meanwhile
+            # go into the next.
+            if self.free() > 0 or recorder.carry:
+                if len(self.leasing) < _LEASES_IN_FLIGHT:
+                    self.start_lease()
+                else:
+                    self.deferred = True
+            # Wake on new rows, on a freed slot, on a lease done, or poll. (Slots set
+            # the event: waiting on every slot costs O(slots).)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(poll_interval):
+                    await wake.wait()
+            if not wake.is_set():  # a poll: rows may have come due unannounced
+                d._ask_due = True
+
+    async def wind_down(self) -> None:
+        """After :meth:`loop` (``stopping`` set): the lease in flight ends, idle slots
+        end, busy ones finish their attempt first."""
+        if self.leasing:
+            await asyncio.gather(*self.leasing, return_exceptions=True)
+        for waiter in self.idle:
+            if not waiter.done():
+                waiter.set_result(None)
+        await asyncio.gather(*self.slots, return_exceptions=True)
+
+    async def slot(self) -> None:
+        lanes, stopping, idle = self.lanes, self.stopping, self.idle
+        handle, wake = self.dispatcher.handle, self.dispatcher._wake
+        loop = asyncio.get_running_loop()
+        while True:
+            d = None if stopping.is_set() else lanes.next_row()
+            if d is None:
+                if stopping.is_set():
+                    return
+                waiter: asyncio.Future[Delivery | None] = loop.create_future()
+                idle.append(waiter)
+                d = await waiter
+                if d is None:
+                    return
+            lane = d.lane or d.channel
+            try:
+                await handle(d)
+            finally:
+                lanes.finished(lane)
+            wake.set()  # a slot is free: another lane may go, or a lease
+
+    def hand(self, d: Delivery) -> bool:
+        """Give ``d`` (already counted as running) to an idle slot."""
+        idle = self.idle
+        while idle:
+            waiter = idle.popleft()
+            if not waiter.done():
+                waiter.set_result(d)
+                return True
+        return False
+
+    def next_lease(self) -> tuple[int, list[Finished], Fairness]:
+        """The next lease's rows asked (every free slot, the successes it records
+        freeing theirs, and, leasing ahead, as many again to hold), counted as
+        reserved, the successes it carries, and its bounds."""
+        carry = self.recorder.take_carry()
+        asked = max(self.free(), 0)
+        self.reserved += asked
+        return asked, carry, self.lanes.fairness(self.dispatcher.concurrency)
+
+    def start_lease(self) -> None:
+        self.leasing.add(asyncio.create_task(self.leases(*self.next_lease())))
+
+    async def leases(self, asked: int, carry: list[Finished], fair: Fairness) -> None:
+        """Lease, hand the rows to idle slots, and while successes finished meanwhile
+        lease again at once, in this task: the next statement is sent in the same step
+        as the last one's rows are handed out, with no pass of the event loop in
+        between (a pass of a busy loop runs every slot's ready callbacks first)."""
+        d, lanes, idle = self.dispatcher, self.lanes, self.idle
+        stopping, recorder, monotonic = self.stopping, self.recorder, time.monotonic
+        try:
+            while True:
+                try:
+                    found, allowances = await d._lease_safely(asked, carry, fair)
+                finally:
+                    self.reserved -= asked
+                now = monotonic()
+                lanes.leased(found, allowances, now)  # held, then handed out below
+                full = len(found) == asked
+                # Successes that finished during this lease: the next lease goes before
+                # the slots start the deliveries just leased, so that PostgreSQL runs it
+                # while they send them.
+                again = bool(recorder.carry) and not (stopping.is_set() or d._lease_failures)
+                if again:
+                    self.deferred = False  # the next lease asks for every free slot
+                    asked, carry, fair = self.next_lease()
+                while idle and lanes.turns and not stopping.is_set():
+                    row = lanes.next_row()
+                    if row is None:
+                        break
+                    if not self.hand(row):  # no slot waits after all: back to its lane's front
+                        lanes.untake(row, now)
+                        break
+                if not again:
+                    if full or self.deferred:
+                        self.deferred = False
+                        d._wake.set()  # more may be due, or slots freed meanwhile
+                    # else nothing more is due or no lane has room: a freed slot, a
+                    # NOTIFY or the poll interval wakes the loop (no busy loop on an
+                    # empty outbox).
+                    return
+        finally:
+            # At once, not in a done callback: the loop, once woken, counts the leases
+            # in flight.
+            self.leasing.discard(asyncio.current_task())
