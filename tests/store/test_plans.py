@@ -13,7 +13,9 @@ and their names say so.
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 import asyncpg
 import pytest
@@ -159,3 +161,68 @@ async def test_worker_statements_probe_ids_on_a_filled_inbox_without_statistics(
     plan = plans[name]
     assert "relaybox_inbox_pkey" in plan, plan
     assert "relaybox_inbox_due" not in plan and "status_source" not in plan, plan
+
+
+# Each retention purge statement, with what makes the rows of its table purgeable.
+_PURGES = {
+    "ops_purge_inbox": (
+        "INSERT INTO relaybox_inbox (source, account, event_id, event_type, fingerprint,"
+        " status, payload, next_attempt_at, received_at, updated_at)"
+        " SELECT 's', 'a', 'e' || i, 't', '\\x00', 'done', '{}', 0, 0, 0"
+        " FROM generate_series(1, 500) AS i"
+    ),
+    "ops_purge_quarantine": (
+        "INSERT INTO relaybox_inbox (id, source, account, event_id, event_type, fingerprint,"
+        " status, payload, next_attempt_at, received_at, updated_at)"
+        " VALUES (1, 's', 'a', 'e', 't', '\\x00', 'done', '{}', 0, 0, 0);"
+        " INSERT INTO relaybox_quarantine (inbox_id, source, account, event_id, event_type,"
+        " fingerprint, payload, received_at, resolved_at)"
+        " SELECT 1, 's', 'a', 'e', 't', int4send(i), '{}', 0, 0 FROM generate_series(1, 500) AS i"
+    ),
+    "ops_purge_outbox": (
+        "INSERT INTO relaybox_outbox (channel, key, payload, status, next_attempt_at,"
+        " created_at, updated_at) SELECT 'webhook', 'k' || i, '{}', 'sent', 0, 0, 0"
+        " FROM generate_series(1, 500) AS i"
+    ),
+    "ops_purge_messages": (
+        "INSERT INTO relaybox_messages (id, tenant, event_type, body, created_at)"
+        " SELECT 'msg_' || i, 't', 'x', '{}', 0 FROM generate_series(1, 500) AS i"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PURGES))
+async def test_a_purge_batch_is_chosen_once_whatever_the_plan(pg_url: str, name: str) -> None:
+    """A purge batch is ``LIMIT n … FOR UPDATE SKIP LOCKED``. Written as ``id IN
+    (SELECT … LIMIT n)``, a nested-loop plan runs that subquery again for each row it
+    joins, and with other transactions locking rows between two runs each run can
+    skip to other rows: more than ``n`` rows purged in one batch. Here the planner is
+    pushed to nested loops without materialising (as statistics may push it on a big
+    table): the batch's LIMIT must still run once and purge at most ``n`` rows."""
+    conn = await asyncpg.connect(_dsn(pg_url))
+    try:
+        await conn.execute(_PURGES[name])
+        await conn.execute(
+            "SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_material = off"
+        )
+        # EXPLAIN ANALYZE runs the UPDATE (the database is this test's own).
+        [[document]] = await conn.fetch(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + load_queries("postgres")[name],
+            1.0,  # cutoff: every row finished before it
+            2.0,  # now
+            10,  # the batch's limit
+        )
+    finally:
+        await conn.close()
+    plan = json.loads(document)[0]["Plan"]
+    [lock] = _nodes(plan, "LockRows")  # the batch's rows, locked
+    assert lock["Actual Loops"] == 1, document
+    assert plan["Node Type"] == "ModifyTable" and plan["Actual Rows"] <= 10, document
+
+
+def _nodes(plan: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """The nodes of type ``kind`` in an EXPLAIN (FORMAT JSON) plan, depth first."""
+    found = [plan] if plan["Node Type"] == kind else []
+    for child in plan.get("Plans", []):
+        found += _nodes(child, kind)
+    return found

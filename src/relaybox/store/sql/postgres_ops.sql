@@ -151,16 +151,21 @@ WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < $1
 -- name: ops_purge_inbox
 -- One batch: drop payload and headers, keep key, fingerprint, status and outcome.
 -- SKIP LOCKED: a row a replay holds right now is purged by the next run instead.
-UPDATE relaybox_inbox SET payload = NULL, headers = NULL, purged_at = $2
-WHERE id IN (SELECT i.id FROM relaybox_inbox i
-             WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < $1
-               AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-               AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                               WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
-             ORDER BY i.updated_at LIMIT $3
-             FOR NO KEY UPDATE SKIP LOCKED)
-  AND payload IS NOT NULL AND status <> 'pending'
-RETURNING id
+-- The batch is a MATERIALIZED CTE, run once: as `id IN (SELECT … LIMIT)` the planner
+-- may run the locking subquery again for each outer row (a nested-loop semi-join),
+-- and with SKIP LOCKED each run can pick other rows: more than the limit purged.
+WITH batch AS MATERIALIZED (
+    SELECT i.id FROM relaybox_inbox i
+    WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < $1
+      AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
+      AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
+                      WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+    ORDER BY i.updated_at LIMIT $3
+    FOR NO KEY UPDATE SKIP LOCKED)
+UPDATE relaybox_inbox t SET payload = NULL, headers = NULL, purged_at = $2
+FROM batch
+WHERE t.id = batch.id AND t.payload IS NOT NULL AND t.status <> 'pending'
+RETURNING t.id
 
 -- name: ops_purge_quarantine_count
 SELECT count(*) FROM relaybox_quarantine
@@ -168,12 +173,16 @@ WHERE payload IS NOT NULL AND resolved_at IS NOT NULL AND resolved_at < $1
 
 -- name: ops_purge_quarantine
 -- Resolved quarantine entries lose their payload like finished events do.
-UPDATE relaybox_quarantine SET payload = NULL, headers = NULL, purged_at = $2
-WHERE id IN (SELECT id FROM relaybox_quarantine
-             WHERE payload IS NOT NULL AND resolved_at IS NOT NULL AND resolved_at < $1
-             ORDER BY resolved_at LIMIT $3
-             FOR UPDATE SKIP LOCKED)
-RETURNING id
+-- One batch, a MATERIALIZED CTE as in ops_purge_inbox.
+WITH batch AS MATERIALIZED (
+    SELECT id FROM relaybox_quarantine
+    WHERE payload IS NOT NULL AND resolved_at IS NOT NULL AND resolved_at < $1
+    ORDER BY resolved_at LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+UPDATE relaybox_quarantine t SET payload = NULL, headers = NULL, purged_at = $2
+FROM batch
+WHERE t.id = batch.id
+RETURNING t.id
 
 -- name: ops_purge_outbox_count
 -- What ops_purge_outbox would drop for cutoff $1: deliveries that finished (sent, or
@@ -187,13 +196,16 @@ WHERE purged_at IS NULL AND status IN ('sent', 'dead') AND updated_at < $1
 -- body is the message's) and purged_at is set; key, status, attempts and errors stay.
 -- SKIP LOCKED: a row a dispatcher or a redelivery holds right now is left to the next
 -- run, and the outer conditions re-read the row once it is locked.
-UPDATE relaybox_outbox SET payload = 'null', purged_at = $2
-WHERE id IN (SELECT id FROM relaybox_outbox
-             WHERE purged_at IS NULL AND status IN ('sent', 'dead') AND updated_at < $1
-             ORDER BY updated_at LIMIT $3
-             FOR NO KEY UPDATE SKIP LOCKED)
-  AND purged_at IS NULL AND status IN ('sent', 'dead')
-RETURNING id
+-- The batch a MATERIALIZED CTE, as in ops_purge_inbox.
+WITH batch AS MATERIALIZED (
+    SELECT id FROM relaybox_outbox
+    WHERE purged_at IS NULL AND status IN ('sent', 'dead') AND updated_at < $1
+    ORDER BY updated_at LIMIT $3
+    FOR NO KEY UPDATE SKIP LOCKED)
+UPDATE relaybox_outbox t SET payload = 'null', purged_at = $2
+FROM batch
+WHERE t.id = batch.id AND t.purged_at IS NULL AND t.status IN ('sent', 'dead')
+RETURNING t.id
 
 -- name: ops_purge_outbox_responses
 -- The first bytes of the receivers' answers to the deliveries ops_purge_outbox just
@@ -221,15 +233,18 @@ WHERE m.purged_at IS NULL AND m.created_at < $1
 -- not NOT EXISTS: PostgreSQL turns that into an anti-join, which it may plan as a
 -- hash of every unpurged delivery, a scan of the whole outbox for each batch (a
 -- purge of 5,000 messages ran past the statement timeout that way).
-UPDATE relaybox_messages SET body = 'null', purged_at = $2
-WHERE id IN (SELECT m.id FROM relaybox_messages m
-             WHERE m.purged_at IS NULL AND m.created_at < $1
-               AND (SELECT 1 FROM relaybox_outbox o
-                    WHERE o.message_id = m.id AND o.purged_at IS NULL LIMIT 1) IS NULL
-             ORDER BY m.created_at LIMIT $3
-             FOR UPDATE SKIP LOCKED)
-  AND purged_at IS NULL
-RETURNING id
+-- The batch a MATERIALIZED CTE, as in ops_purge_inbox.
+WITH batch AS MATERIALIZED (
+    SELECT m.id FROM relaybox_messages m
+    WHERE m.purged_at IS NULL AND m.created_at < $1
+      AND (SELECT 1 FROM relaybox_outbox o
+           WHERE o.message_id = m.id AND o.purged_at IS NULL LIMIT 1) IS NULL
+    ORDER BY m.created_at LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+UPDATE relaybox_messages t SET body = 'null', purged_at = $2
+FROM batch
+WHERE t.id = batch.id AND t.purged_at IS NULL
+RETURNING t.id
 
 -- name: ops_message_purged_at
 -- When retention emptied a message's body (NULL: it is there).
