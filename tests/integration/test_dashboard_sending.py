@@ -98,6 +98,14 @@ async def test_endpoint_create_edit_rotate_test_and_the_log(admin: Any) -> None:
         assert keyed.id not in await log(tenant="shop-2") and other.id not in everything
         assert keyed.id in await log(q="k-9") and message_id not in await log(q="k-9")
         assert message_id in await log(q=message_id) and keyed.id not in await log(q=message_id)
+        # Keys as typed, as the portal and the tenant API match them; a key that looks
+        # like a message id is still found as a key.
+        spaced = await publish_one(box, "order.paid", tenant="shop-1", idempotency_key=" k-9")
+        id_like = await publish_one(box, "order.paid", tenant="shop-1", idempotency_key="msg_o7")
+        assert spaced.id in await log(q=" k-9") and keyed.id not in await log(q=" k-9")
+        assert spaced.id not in await log(q="k-9") and spaced.id not in await log(q="K-9")
+        assert id_like.id in await log(q="msg_o7") and keyed.id not in await log(q="msg_o7")
+        assert message_id in await log(q=f" {message_id} ")  # an id pasted with spaces
         assert keyed.id in await log(type="order.paid") and message_id not in await log(
             type="order.paid"
         )

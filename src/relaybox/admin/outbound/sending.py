@@ -10,9 +10,10 @@ The delivery table and the attempt blocks are the tenant portal's templates
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
@@ -28,6 +29,9 @@ from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
 from relaybox.outbound.publish import publish
 from relaybox.timespec import TIME_FORMS, parse_time_or_none
+
+if TYPE_CHECKING:
+    from relaybox.runtime import Runtime
 
 __all__ = ["PAGES", "attempts_html", "chart_svg"]
 
@@ -126,17 +130,14 @@ async def deliveries_page(request: Request) -> Response:
     status = q.get("status", "")
     if status and status not in _STATUSES:
         raise InvalidRequest(f"status is one of {', '.join(_STATUSES)}")
-    search = q.get("q", "").strip()
     log = LogFilter(
         status=status,
         event_type=q.get("type", "").strip(),
-        message_id=search if search.startswith("msg_") else "",
-        idempotency_key=search if search and not search.startswith("msg_") else "",
         since=since,
         until=until,
     )
     tenant = q.get("tenant", "").strip() or None
-    rows = await delivery_log(box, tenant, log, limit=100)
+    rows = await _search(box, tenant, log, q.get("q", ""))
     start = (now // 60 - 59) * 60
     chart = chart_svg(await box.store.attempt_minutes(start), start, 60)
     table = _macro("delivery_table", rows, _base(request), True)
@@ -150,6 +151,24 @@ async def deliveries_page(request: Request) -> Response:
         statuses=_STATUSES,
         time_forms=TIME_FORMS,
     )
+
+
+async def _search(
+    box: Runtime, tenant: str | None, log: LogFilter, search: str
+) -> list[dict[str, Any]]:
+    """The log under the one search box, "message id or idempotency key": a value that
+    looks like a message id (``msg_…``, spaces around it ignored) is looked up as one;
+    when that finds nothing, and for any other value, it is an idempotency key matched
+    exactly as typed (case and spaces too), as the portal and the tenant API match
+    keys — so a key that itself starts with ``msg_`` is found as well."""
+    if not search:
+        return await delivery_log(box, tenant, log, limit=100)
+    as_id = search.strip()
+    if as_id.startswith("msg_"):
+        rows = await delivery_log(box, tenant, replace(log, message_id=as_id), limit=100)
+        if rows:
+            return rows
+    return await delivery_log(box, tenant, replace(log, idempotency_key=search), limit=100)
 
 
 def _base(request: Request) -> str:
