@@ -8,6 +8,7 @@ warm-up. Last, a guard that every public method of the store is called somewhere
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import inspect
 import re
@@ -424,25 +425,24 @@ async def test_row_error_tells_a_rows_values_from_the_database_being_away(
 
 async def test_warm_accept_opens_the_accepts_connections_beforehand(store: Store) -> None:
     """PostgreSQL: the accept's pool holds one connection per committer (up to its
-    size) with the accept's statement prepared on each, and the first accept opens
-    none; it inserts nothing. SQLite: nothing to open, and nothing changes."""
+    size) with the accept's statement prepared on each, waiting for the accept's
+    uses (the store's idle connections), and the first accept opens none; it inserts
+    nothing. SQLite: nothing to open, and nothing changes."""
     await store.warm_accept(3)
     assert await store.fetch_all("SELECT id FROM relaybox_inbox") == []
     if isinstance(store, PostgresStore):
         pool = await store.generic_pool()
-        assert (pool.get_size(), pool.get_idle_size()) == (3, 3)
+        assert pool.get_size() == 3
         statement = store.q["inbox_accept_fast"]
-        held = [await pool.acquire() for _ in range(3)]
-        try:
+        async with contextlib.AsyncExitStack() as uses:  # three uses at once: all three
+            held = [await uses.enter_async_context(store._borrow(pool)) for _ in range(3)]
+            assert pool.get_size() == 3 and len(set(held)) == 3
             for conn in held:
                 prepared = await conn.fetchval(
                     "SELECT count(*) FROM pg_prepared_statements WHERE statement = $1",
                     statement,
                 )
                 assert prepared == 1
-        finally:
-            for conn in held:
-                await pool.release(conn)
         await accepted(store, "a", "b")
         assert pool.get_size() == 3
         await store.warm_accept(100)  # never more than the pool's size

@@ -93,29 +93,88 @@ async def test_live_aiosqlite_thread(tmp_path: Path) -> None:
         await store.close()
 
 
-async def test_a_borrowed_connection_goes_back_after_the_caller_moved_on(pg_url: str) -> None:
-    """The PostgreSQL store's hot statements do not wait for asyncpg's release (a task
-    of its own, three passes of the event loop): the connection goes back to the pool
-    right after, also when the statement failed, and ``close()`` waits for it."""
+async def test_a_borrowed_connection_waits_for_the_next_use(pg_url: str) -> None:
+    """The PostgreSQL store's hot statements borrow a connection per statement without
+    asyncpg's acquire and release: a use that ended cleanly leaves its connection with
+    the store for the next use (the pool does not see it come back); a failed use's
+    connection goes back to the pool in a task the caller does not wait for (three
+    passes of the event loop); a connection lost while idle is not handed out; and
+    ``close()`` gives every one back and waits for them."""
     from relaybox.store.postgres import PostgresStore
 
     store = open_store(pg_url)
     assert isinstance(store, PostgresStore)
     pool = await store.start_pool()
     idle = pool.get_idle_size()
-    async with store._borrow(pool) as conn:
-        assert await conn.fetchval("SELECT 1") == 1
-    assert pool.get_idle_size() == idle - 1  # still going back: the caller did not wait
+    async with store._borrow(pool) as first:
+        assert await first.fetchval("SELECT 1") == 1
     for _ in range(5):
         await asyncio.sleep(0)
-    assert pool.get_idle_size() == idle
+    assert pool.get_idle_size() == idle - 1  # kept by the store
+    async with store._borrow(pool) as again:
+        assert again is first
     with pytest.raises(asyncpg.DataError):
         async with store._borrow(pool) as conn:
             await conn.fetchval("SELECT 1/0")
+    assert pool.get_idle_size() == idle - 1  # still going back: the caller did not wait
     for _ in range(5):
         await asyncio.sleep(0)
-    assert pool.get_idle_size() == idle  # a failed statement's connection too
+    assert pool.get_idle_size() == idle  # a failed statement's connection: to the pool
     async with store._borrow(pool) as conn:
         await conn.fetchval("SELECT 1")
-    await store.close()  # with that release still pending
-    assert not store._releasing
+    conn.terminate()  # lost while idle
+    async with store._borrow(pool) as other:
+        assert other is not conn and await other.fetchval("SELECT 2") == 2
+    await store.close()
+    assert not store._releasing and pool.is_closing()
+
+
+async def test_a_use_waiting_for_the_pool_gets_the_connection_another_use_ends_with(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every connection of the pool out, a use that waits for the pool gets the
+    next connection whose use ends (it would wait forever if the store kept it), and
+    a connection unused for ``IDLE_KEEP`` seconds goes back to the pool."""
+    from relaybox.store import postgres
+
+    store = postgres.PostgresStore(pg_url, raw_pool_size=1)
+    pool = await store.start_pool()
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with store._borrow(pool) as conn:
+            await conn.fetchval("SELECT 1")
+            entered.set()
+            await release.wait()
+
+    async def wait_then_use() -> int:
+        async with store._borrow(pool) as conn:
+            return int(await conn.fetchval("SELECT 3"))
+
+    holding = asyncio.create_task(hold())
+    await entered.wait()
+    waiting = asyncio.create_task(wait_then_use())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert store._waiting[pool] == 1
+    release.set()
+    assert await asyncio.wait_for(waiting, 10) == 3
+    await holding
+
+    big = postgres.PostgresStore(pg_url, raw_pool_size=2)
+    pool = await big.start_pool()
+    monkeypatch.setattr(postgres, "IDLE_KEEP", 0.0)
+    both = asyncio.Barrier(2)
+
+    async def use() -> None:
+        async with big._borrow(pool) as conn:
+            await conn.fetchval("SELECT 1")
+            await both.wait()
+
+    await asyncio.gather(use(), use())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert pool.get_size() == 2 and pool.get_idle_size() == 1  # the older one went back
+    await store.close()
+    await big.close()

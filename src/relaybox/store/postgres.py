@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import re
+import time
 import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -74,6 +75,9 @@ class PostgresStore(Store):
         self._listening: dict[str, weakref.WeakSet[asyncio.Event]] = {}
         self._waker: asyncio.Task[None] | None = None
         self._releasing: set[asyncio.Task[None]] = set()  # connections going back (_borrow)
+        # Per pool, connections whose last use ended cleanly, with when it ended (_borrow).
+        self._idle: dict[asyncpg.Pool, list[tuple[asyncpg.Connection, float]]] = {}
+        self._waiting: Counter[asyncpg.Pool] = Counter()  # uses waiting in pool.acquire()
         self._raw_pool_size = raw_pool_size
         # Connections on which the statements of _PREPARED are prepared.
         self._prepared: weakref.WeakSet[asyncpg.Connection] = weakref.WeakSet()
@@ -149,18 +153,50 @@ class PostgresStore(Store):
 
     @contextlib.asynccontextmanager
     async def _borrow(self, pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
-        """``pool.acquire()`` whose release the caller does not wait for. asyncpg's
-        ``Pool.release`` shields the release in a task of its own, so the caller goes on
-        three passes of the event loop after its statement returned: on a loop busy with
-        a hundred deliveries, ~4 ms added to every lease (bench/README.md). The
-        connection goes back to the pool in that task; :meth:`close` waits for it."""
-        conn = await pool.acquire()
+        """A connection of ``pool`` for one use, most often without asyncpg's acquire
+        and release: a connection whose use ended cleanly (no error, no transaction
+        left open, not closed) waits in this store's idle list for the next use (unless
+        another use waits for the pool: every connection is out, so it goes there); one
+        unused for :data:`IDLE_KEEP` seconds goes back to the pool when a use ends, and
+        every one when the store closes. asyncpg's
+        ``acquire`` and ``release`` cost ~65 µs of CPU together, more than the round
+        trip of a statement (~43 µs), and the accept, the lease, the claims and the
+        wake-ups borrow a connection per statement (bench/README.md).
+
+        A use that raised (cancelled, connection lost, statement refused) hands its
+        connection back to the pool, which cleans up after each. That release is a
+        task the caller does not wait for: asyncpg's ``Pool.release`` shields it in a
+        task of its own, and the caller would go on three passes of the event loop
+        later (~4 ms a lease on a busy dispatcher). :meth:`close` waits for them."""
+        idle = self._idle.setdefault(pool, [])
+        while idle:
+            conn = idle.pop()[0]
+            if _reusable(conn):
+                break
+            self._give_back(pool, conn)  # lost while idle: the pool opens another
+        else:
+            self._waiting[pool] += 1
+            try:
+                conn = await pool.acquire()
+            finally:
+                self._waiting[pool] -= 1
         try:
             yield conn
-        finally:
-            task = asyncio.get_running_loop().create_task(pool.release(conn))
-            self._releasing.add(task)
-            task.add_done_callback(self._released)
+        except BaseException:
+            self._give_back(pool, conn)
+            raise
+        if self._waiting[pool] or not _reusable(conn):
+            self._give_back(pool, conn)  # to a use waiting for the pool, or to be cleaned
+            return
+        now = time.monotonic()
+        idle.append((conn, now))
+        if idle[0][1] < now - IDLE_KEEP:  # the longest unused goes back to the pool
+            self._give_back(pool, idle.pop(0)[0])
+
+    def _give_back(self, pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
+        task = asyncio.get_running_loop().create_task(pool.release(conn))
+        self._releasing.add(task)
+        task.add_done_callback(self._released)
 
     def _released(self, task: asyncio.Task[None]) -> None:
         self._releasing.discard(task)
@@ -184,6 +220,10 @@ class PostgresStore(Store):
         if self._waker is not None:
             with contextlib.suppress(Exception):
                 await self._waker
+        for pool, idle in self._idle.items():
+            for conn, _ in idle:
+                self._give_back(pool, conn)
+        self._idle.clear()
         if self._releasing:
             await asyncio.gather(*self._releasing, return_exceptions=True)
         for pool in (self._raw_pool, self._start_pool, self._generic_pool):
@@ -221,13 +261,19 @@ class PostgresStore(Store):
         for the connections to open one by one under load: the p99 of the first 3 s
         under wrk was 55-73 ms without this, 11-16 ms with it (bench/README.md)."""
         pool = await self.generic_pool()
-        held = [await pool.acquire() for _ in range(min(connections, self._raw_pool_size))]
+        idle = self._idle.setdefault(pool, [])
+        held = [
+            idle.pop()[0] if idle else await pool.acquire()
+            for _ in range(min(connections, self._raw_pool_size))
+        ]
         try:
             for conn in held:
                 await conn.fetch(self.q["inbox_accept_fast"], *_columns([]), 0.0)
-        finally:
+        except BaseException:
             for conn in held:
-                await pool.release(conn)
+                self._give_back(pool, conn)
+            raise
+        idle.extend((conn, time.monotonic()) for conn in held)  # the next uses' (_borrow)
 
     async def _accept_sorted(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
         now = max(d.received_at for d in batch)
@@ -680,6 +726,10 @@ class PostgresStore(Store):
 
 
 _ROW_ERROR_CLASSES = ("22", "23", "54")
+
+IDLE_KEEP = 30.0
+"""Seconds a connection waits unused in a store's idle list (``_borrow``) before it
+goes back to its asyncpg pool, which closes it after its own inactive lifetime."""
 _PARAM = re.compile(r"\$(\d+)")
 _TEMPLATES: dict[str, tuple[list[str], list[int]]] = {}
 
@@ -750,6 +800,15 @@ _GROUP_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '50ms';"
 """A group's handlers hold every event's row locks until its COMMIT: a group waiting
 longer than this for another's (a deadlock, or a long handler) falls back to one
 transaction per event, where nothing times out."""
+
+
+def _reusable(conn: asyncpg.Connection) -> bool:
+    """Open and outside a transaction. A pool's connection that closed is handed back
+    to its pool by asyncpg itself, after which asking it anything raises."""
+    try:
+        return not conn.is_closed() and not conn.is_in_transaction()
+    except asyncpg.InterfaceError:
+        return False
 
 
 async def _no_reset(_conn: asyncpg.Connection) -> None:
