@@ -332,6 +332,39 @@ async def test_original_row_untouched_by_duplicates_and_conflicts(store: Store) 
     assert await row(store, first.inbox_id) == done
 
 
+async def test_a_batch_larger_than_a_statement_keeps_each_keys_first_row(store: Store) -> None:
+    """A batch of 100 (SQLite inserts 32 rows a statement): each key's first row in the
+    batch is the one stored; a repeat with the same bytes is a duplicate and one with
+    other bytes quarantined, whether it shares the first row's statement or not; a key
+    stored by an earlier batch keeps its row; an ignored delivery is stored ignored."""
+    earlier = await accept_one(store, delivery("k33", "stored before"))
+    batch = [delivery(f"k{i:02d}", f"body {i}", ignored=i == 7) for i in range(90)]
+    batch[10] = delivery("k01", "body 1")  # same statement as k01, same bytes
+    batch[12] = delivery("k02", "other")  # same statement, other bytes
+    batch[75] = delivery("k05", "body 5")  # a later statement, same bytes
+    batch[80] = delivery("k40", "changed")  # a later statement, other bytes
+    batch[33] = delivery("k33", "stored before")  # as stored by the earlier batch
+    outcomes = await store.inbox_accept(batch)
+    status = {i: o.status for i, o in enumerate(outcomes)}
+    replaced = {10, 12, 75, 80, 33}
+    first = {d.event_id: outcomes[i].inbox_id for i, d in enumerate(batch) if i not in replaced}
+    assert {i for i, s in status.items() if s == "duplicate"} == {10, 33, 75}
+    assert {i for i, s in status.items() if s == "quarantined"} == {12, 80}
+    assert status[7] == "ignored"
+    accepted = {i for i, s in status.items() if s == "accepted"}
+    assert accepted == set(range(90)) - replaced - {7}
+    assert outcomes[33].inbox_id == earlier.inbox_id
+    for i, j in ((10, 1), (12, 2), (75, 5), (80, 40)):
+        assert outcomes[i].inbox_id == first[batch[j].event_id]
+    rows = await store.fetch_all("SELECT id, event_id, payload, status FROM relaybox_inbox")
+    assert len(rows) == 90 - 4  # k10, k12, k75, k80 never stored: their slots held repeats
+    by_id = {r["id"]: r for r in rows}
+    assert bytes(by_id[first["k02"]]["payload"]) == b"body 2"
+    assert bytes(by_id[earlier.inbox_id]["payload"]) == b"stored before"
+    assert by_id[outcomes[7].inbox_id]["status"] == "ignored"
+    assert len(await store.fetch_all("SELECT id FROM relaybox_quarantine")) == 2
+
+
 async def _accept_concurrently(
     stores: Sequence[Store], *, tasks: int, keys: int, per_batch: int, same_order: bool
 ) -> None:

@@ -73,6 +73,9 @@ class SQLiteStore(Store):
     float_type: ClassVar[str] = "REAL"
     single_writer: ClassVar[bool] = True
     clock_from_database: ClassVar[bool] = False  # one host: its own clock is the database's
+    INSERT_ROWS: ClassVar[int] = 32
+    """Rows an inbox insert statement carries at most (13 parameters each: 416, under
+    SQLite's oldest limit of 999 parameters a statement)."""
 
     def __init__(self, url: str, *, busy_timeout_ms: int = 10_000) -> None:
         super().__init__()
@@ -95,6 +98,7 @@ class SQLiteStore(Store):
         )
         self._watch: asyncio.Task[None] | None = None
         self._watchers = 0
+        self._insert_texts: dict[int, str] = {}  # inbox_insert for n rows (_insert_sql)
 
         @event.listens_for(self.engine.sync_engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -198,14 +202,18 @@ class SQLiteStore(Store):
         return outcomes
 
     def _insert_rows(self, db: Any, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
-        """Insert each delivery in the open transaction of ``db`` (sqlite3, on the
-        connection's own thread): new row, duplicate, or quarantined newcomer."""
-        q = self.q
-        outcomes: list[AcceptOutcome] = []
-        for d in batch:
-            row = db.execute(
-                q["inbox_insert"],
-                (
+        """Insert the deliveries in the open transaction of ``db`` (sqlite3, on the
+        connection's own thread), :attr:`INSERT_ROWS` a statement: new row, duplicate,
+        or quarantined newcomer. Of rows with one key, the first in the batch is the
+        one inserted (SQLite inserts a statement's rows in order); the others, like a
+        row whose key was already stored, are compared with the stored fingerprint."""
+        inserted: dict[tuple[str, str, str], int] = {}
+        for start in range(0, len(batch), self.INSERT_ROWS):
+            part = batch[start : start + self.INSERT_ROWS]
+            values = [
+                value
+                for d in part
+                for value in (
                     d.source,
                     d.account,
                     d.event_id,
@@ -219,10 +227,18 @@ class SQLiteStore(Store):
                     d.received_at,
                     d.received_at,
                     d.received_at,
-                ),
-            ).fetchone()
-            if row is not None:
-                outcomes.append(AcceptOutcome("ignored" if d.ignored else "accepted", row[0]))
+                )
+            ]
+            for inbox_id, source, account, event_id in db.execute(
+                self._insert_sql(len(part)), values
+            ):
+                inserted[source, account, event_id] = inbox_id
+        q = self.q
+        outcomes: list[AcceptOutcome] = []
+        for d in batch:
+            inbox_id = inserted.pop(d.key, None)  # the key's first row only
+            if inbox_id is not None:
+                outcomes.append(AcceptOutcome("ignored" if d.ignored else "accepted", inbox_id))
                 continue
             inbox_id, *_, stored_fp = db.execute(q["inbox_existing_one"], d.key).fetchone()
             if bytes(stored_fp) == d.fingerprint:
@@ -234,6 +250,17 @@ class SQLiteStore(Store):
             )
             outcomes.append(AcceptOutcome("quarantined", inbox_id))
         return outcomes
+
+    def _insert_sql(self, rows: int) -> str:
+        """``inbox_insert`` with its VALUES row repeated ``rows`` times (made once per
+        count: at most :attr:`INSERT_ROWS` texts, which sqlite3's statement cache of
+        128 keeps prepared)."""
+        sql = self._insert_texts.get(rows)
+        if sql is None:
+            head, _, rest = self.q["inbox_insert"].partition("VALUES ")
+            row, _, tail = rest.partition(")")
+            sql = self._insert_texts[rows] = f"{head}VALUES {', '.join([row + ')'] * rows)}{tail}"
+        return sql
 
     async def inbox_insert(
         self, conn: AsyncConnection, batch: Sequence[NewDelivery]
