@@ -308,12 +308,13 @@ class Relaybox:
         idempotency_key: str | None = None,
         endpoint_ids: Sequence[str] | None = None,
         api_version: str | None = None,
+        ordering_key: str | None = None,
     ) -> Message:
         """:meth:`publish` for synchronous code: ``conn`` is a ``sqlalchemy.Connection``
         or an ORM ``Session`` (its connection, in its transaction); the message and its
         outbox rows commit with the caller's change or not at all. Returns the
         :class:`~relaybox.outbound.Message` (the existing one for an idempotency key
-        the tenant used already)."""
+        the tenant used already). ``ordering_key`` as in :meth:`publish`."""
         from relaybox.sync.publish import publish_sync
 
         return publish_sync(
@@ -325,6 +326,7 @@ class Relaybox:
             idempotency_key=idempotency_key,
             endpoint_ids=endpoint_ids,
             api_version=api_version,
+            ordering_key=ordering_key,
         )
 
     def _default_sync_transaction(self) -> contextlib.AbstractContextManager[Any]:

@@ -84,6 +84,24 @@ def test_the_same_idempotency_key_publishes_once(alias: str) -> None:
     assert len(rows(alias, "SELECT id FROM relaybox_messages")) == 1
 
 
+def test_an_ordering_key_numbers_the_keys_messages(alias: str) -> None:
+    """``ordering_key`` goes through to ``publish_sync``: numbered per key in the
+    application's transaction; a rolled-back publish gives its number back."""
+    with transaction.atomic(using=alias):
+        first: Any = publish("order.completed", {"n": 1}, tenant=WS, ordering_key="order-7")
+    with pytest.raises(RuntimeError), transaction.atomic(using=alias):
+        publish("order.completed", {"n": 2}, tenant=WS, ordering_key="order-7")
+        raise RuntimeError("the order failed after publishing")
+    with transaction.atomic(using=alias):
+        second: Any = publish("order.completed", {"n": 3}, tenant=WS, ordering_key="order-7")
+    assert (first.sequence, second.sequence) == (1, 2)
+    stored = rows(alias, "SELECT ordering_key, sequence FROM relaybox_messages ORDER BY sequence")
+    assert stored == [
+        {"ordering_key": "order-7", "sequence": 1},
+        {"ordering_key": "order-7", "sequence": 2},
+    ]
+
+
 def test_publish_outside_atomic_is_refused(alias: str) -> None:
     with pytest.raises(ImproperlyConfigured, match="atomic"):
         publish("order.completed", {}, tenant=WS)

@@ -117,6 +117,51 @@ async def test_an_idempotency_key_returns_the_existing_message(
     assert len(await outbox_rows(box)) == 1  # t2 has no endpoint
 
 
+async def test_an_ordering_key_numbers_the_keys_messages_with_the_async_publish(
+    box: Relaybox, clock: FrozenClock, dispatcher: Dispatcher, engine: Engine
+) -> None:
+    """``ordering_key``: the key's next number in the caller's transaction (one counter
+    with ``publish``; a rolled-back publish's number is taken again), the rows of an
+    ordered endpoint carry key and sequence, and the receiver gets ``webhook-sequence``."""
+    clock.set(time.time())
+    async with HttpReceiver() as receiver:
+        await endpoint(box, receiver.url, ordered=True)
+        with engine.begin() as conn:
+            a1 = box.publish_sync(conn, "pet.adopted", {"n": 1}, tenant="t1", ordering_key="a")
+            b1 = box.publish_sync(conn, "pet.adopted", {"n": 2}, tenant="t1", ordering_key="b")
+        a2 = await publish_one(box, ordering_key="a")
+        with pytest.raises(RuntimeError), engine.begin() as conn:
+            box.publish_sync(conn, "pet.adopted", {"n": 3}, tenant="t1", ordering_key="a")
+            raise RuntimeError("the application's change failed")
+        with Session(engine) as session, session.begin():
+            a3 = box.publish_sync(session, "pet.adopted", {"n": 4}, tenant="t1", ordering_key="a")
+        published = [a1, b1, a2, a3]
+        assert [(m.ordering_key, m.sequence) for m in published] == [
+            ("a", 1),
+            ("b", 1),
+            ("a", 2),
+            ("a", 3),
+        ]
+        assert a3.envelope["orderingKey"] == "a" and a3.envelope["sequence"] == 3
+        rows = await box.store.fetch_all(
+            "SELECT message_id, ordering_key, sequence FROM relaybox_outbox ORDER BY id"
+        )
+        assert [(r["message_id"], r["ordering_key"], r["sequence"]) for r in rows] == [
+            (m.id, m.ordering_key, m.sequence) for m in published
+        ]
+        assert await dispatcher.run_once() == 2  # the head of each key
+        assert await dispatcher.run_once() == 1 and await dispatcher.run_once() == 1
+        by_id = {s.headers["webhook-id"]: s for s in receiver.requests}
+    assert {m.id: by_id[m.id].headers["webhook-sequence"] for m in published} == {
+        m.id: str(m.sequence) for m in published
+    }
+    with engine.begin() as conn:
+        for bad in ["", "x" * 257, "a\x00b"]:
+            with pytest.raises(InvalidMessage) as refused:
+                box.publish_sync(conn, "pet.adopted", {}, tenant="t1", ordering_key=bad)
+            assert refused.value.code == "ordering_key"
+
+
 async def test_the_checks_are_those_of_publish(box: Relaybox, engine: Engine) -> None:
     local(box, max_payload=2048)
     schema = {"type": "object", "required": ["petId"], "properties": {"petId": {"type": "string"}}}

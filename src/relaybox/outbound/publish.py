@@ -134,11 +134,7 @@ async def publish(
         existing = await store.message_get_by_key(conn, tenant, idempotency_key)
         if existing is not None:
             return existing
-    if ordering_key is not None:
-        if not 0 < len(ordering_key) <= 256:
-            raise InvalidMessage("an ordering key is 1-256 characters", code="ordering_key")
-        if problem := text_problem(ordering_key, "ordering key"):
-            raise InvalidMessage(problem, code="ordering_key")
+    check_ordering_key(ordering_key)
     context = await store.publish_context(conn, tenant, event_type)
     check_schema(context.schema, event_type, data)
     sequence = None
@@ -182,6 +178,16 @@ def check_request(event_type: str, tenant: str, idempotency_key: str | None) -> 
             raise InvalidMessage("an idempotency key is 1-256 characters", code="idempotency_key")
         if problem := text_problem(idempotency_key, "idempotency key"):
             raise InvalidMessage(problem, code="idempotency_key")
+
+
+def check_ordering_key(ordering_key: str | None) -> None:
+    """:class:`InvalidMessage` for an ordering key that is empty, longer than 256
+    characters or text no database stores; ``None`` is no key."""
+    if ordering_key is not None:
+        if not 0 < len(ordering_key) <= 256:
+            raise InvalidMessage("an ordering key is 1-256 characters", code="ordering_key")
+        if problem := text_problem(ordering_key, "ordering key"):
+            raise InvalidMessage(problem, code="ordering_key")
 
 
 def new_message(

@@ -154,43 +154,50 @@ class PostgresStore(Store):
     @contextlib.asynccontextmanager
     async def _borrow(self, pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
         """A connection of ``pool`` for one use, most often without asyncpg's acquire
-        and release: a connection whose use ended cleanly (no error, no transaction
-        left open, not closed) waits in this store's idle list for the next use (unless
-        another use waits for the pool: every connection is out, so it goes there); one
-        unused for :data:`IDLE_KEEP` seconds goes back to the pool when a use ends, and
-        every one when the store closes. asyncpg's
-        ``acquire`` and ``release`` cost ~65 µs of CPU together, more than the round
-        trip of a statement (~43 µs), and the accept, the lease, the claims and the
-        wake-ups borrow a connection per statement (bench/README.md).
+        and release (~65 µs of CPU together, more than a statement's round trip of ~43
+        µs; the accept, the lease, the claims and the wake-ups borrow one for each
+        statement, bench/README.md): a use that ends cleanly leaves its connection in
+        this store's idle list for the next (:meth:`_keep`).
 
         A use that raised (cancelled, connection lost, statement refused) hands its
         connection back to the pool, which cleans up after each. That release is a
         task the caller does not wait for: asyncpg's ``Pool.release`` shields it in a
         task of its own, and the caller would go on three passes of the event loop
         later (~4 ms a lease on a busy dispatcher). :meth:`close` waits for them."""
-        idle = self._idle.setdefault(pool, [])
-        while idle:
-            conn = idle.pop()[0]
-            if _reusable(conn):
-                break
-            self._give_back(pool, conn)  # lost while idle: the pool opens another
-        else:
-            self._waiting[pool] += 1
-            try:
-                conn = await pool.acquire()
-            finally:
-                self._waiting[pool] -= 1
+        conn = await self._take(pool)
         try:
             yield conn
         except BaseException:
             self._give_back(pool, conn)
             raise
+        self._keep(pool, conn)
+
+    async def _take(self, pool: asyncpg.Pool) -> asyncpg.Connection:
+        """The idle connection of ``pool`` used last, or one from the pool."""
+        idle = self._idle.setdefault(pool, [])
+        while idle:
+            conn = idle.pop()[0]
+            if _reusable(conn):
+                return conn
+            self._give_back(pool, conn)  # lost while idle: the pool opens another
+        self._waiting[pool] += 1
+        try:
+            return await pool.acquire()
+        finally:
+            self._waiting[pool] -= 1
+
+    def _keep(self, pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
+        """After a clean use: ``conn`` waits in the idle list, unless a use waits for the
+        pool (every connection is out: it goes there) or it closed or kept a
+        transaction open; the idle connection unused for :data:`IDLE_KEEP` seconds goes
+        back to the pool (and every one when the store closes)."""
         if self._waiting[pool] or not _reusable(conn):
-            self._give_back(pool, conn)  # to a use waiting for the pool, or to be cleaned
+            self._give_back(pool, conn)
             return
+        idle = self._idle.setdefault(pool, [])
         now = time.monotonic()
         idle.append((conn, now))
-        if idle[0][1] < now - IDLE_KEEP:  # the longest unused goes back to the pool
+        if idle[0][1] < now - IDLE_KEEP:
             self._give_back(pool, idle.pop(0)[0])
 
     def _give_back(self, pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
@@ -261,11 +268,7 @@ class PostgresStore(Store):
         for the connections to open one by one under load: the p99 of the first 3 s
         under wrk was 55-73 ms without this, 11-16 ms with it (bench/README.md)."""
         pool = await self.generic_pool()
-        idle = self._idle.setdefault(pool, [])
-        held = [
-            idle.pop()[0] if idle else await pool.acquire()
-            for _ in range(min(connections, self._raw_pool_size))
-        ]
+        held = [await self._take(pool) for _ in range(min(connections, self._raw_pool_size))]
         try:
             for conn in held:
                 await conn.fetch(self.q["inbox_accept_fast"], *_columns([]), 0.0)
@@ -273,7 +276,8 @@ class PostgresStore(Store):
             for conn in held:
                 self._give_back(pool, conn)
             raise
-        idle.extend((conn, time.monotonic()) for conn in held)  # the next uses' (_borrow)
+        for conn in held:
+            self._keep(pool, conn)  # for the accept's next uses (_borrow)
 
     async def _accept_sorted(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
         now = max(d.received_at for d in batch)
@@ -730,6 +734,7 @@ _ROW_ERROR_CLASSES = ("22", "23", "54")
 IDLE_KEEP = 30.0
 """Seconds a connection waits unused in a store's idle list (``_borrow``) before it
 goes back to its asyncpg pool, which closes it after its own inactive lifetime."""
+
 _PARAM = re.compile(r"\$(\d+)")
 _TEMPLATES: dict[str, tuple[list[str], list[int]]] = {}
 

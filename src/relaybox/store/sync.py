@@ -128,6 +128,12 @@ class SyncStore:
         (:meth:`relaybox.store.Store.publish_context`)."""
         return PublishContext.from_rows(self.rows(conn, "publish_context", (tenant, event_type)))
 
+    def message_sequence_next(self, conn: Connection, tenant: str, ordering_key: str) -> int:
+        """The next sequence number of the tenant's ``ordering_key``, in ``conn``'s
+        transaction (:meth:`relaybox.store.Store.message_sequence_next`: a concurrent
+        publish with the same key waits until this transaction ends)."""
+        return int(self.first(conn, "message_sequence_next", (tenant, ordering_key))[0])
+
     def delivery_insert(
         self,
         conn: Connection,
@@ -136,10 +142,13 @@ class SyncStore:
         endpoint_ids: Sequence[str],
         *,
         now: float,
+        ordering_key: str | None = None,
+        sequence: int | None = None,
     ) -> None:
         """One pending outbox row per endpoint for the message, and a wake for the
-        dispatchers when it commits (PostgreSQL; on SQLite they poll)."""
-        params = (message_id, tenant, now, self._ids(endpoint_ids), None, None)  # no ordering key
+        dispatchers when it commits (PostgreSQL; on SQLite they poll). The rows of
+        ordered endpoints carry ``ordering_key`` and ``sequence``."""
+        params = (message_id, tenant, now, self._ids(endpoint_ids), ordering_key, sequence)
         self.rows(conn, "delivery_insert", params)
         self.notify(conn, "outbox")
 

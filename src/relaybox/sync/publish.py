@@ -19,7 +19,13 @@ from sqlalchemy.orm import Session
 
 from relaybox.errors import ConfigurationError
 from relaybox.outbound.catalog import check_schema
-from relaybox.outbound.publish import check_request, new_message, published, targets
+from relaybox.outbound.publish import (
+    check_ordering_key,
+    check_request,
+    new_message,
+    published,
+    targets,
+)
 from relaybox.store.outbox_rows import Message
 
 if TYPE_CHECKING:
@@ -51,11 +57,14 @@ def publish_sync(
     idempotency_key: str | None = None,
     endpoint_ids: Sequence[str] | None = None,
     api_version: str | None = None,
+    ordering_key: str | None = None,
 ) -> Message:
     """Publish ``data`` as ``event_type`` to ``tenant``'s subscribed, enabled endpoints
     in the transaction of ``conn_or_session``; nothing is committed here. Raises
     :class:`~relaybox.outbound.InvalidMessage` as ``publish`` does; with an
-    ``idempotency_key`` already used by the tenant, returns that message."""
+    ``idempotency_key`` already used by the tenant, returns that message.
+    ``ordering_key`` as in ``publish``: the key's next sequence number, taken in this
+    transaction (a concurrent publish with the same key waits for it to end)."""
     conn = connection_of(conn_or_session)
     store = box.store.sync
     check_request(event_type, tenant, idempotency_key)
@@ -63,8 +72,12 @@ def publish_sync(
         existing = store.message_get_by_key(conn, tenant, idempotency_key)
         if existing is not None:
             return existing
+    check_ordering_key(ordering_key)
     context = store.publish_context(conn, tenant, event_type)
     check_schema(context.schema, event_type, data)
+    sequence = None
+    if ordering_key is not None:  # last before the insert, as publish() takes it
+        sequence = store.message_sequence_next(conn, tenant, ordering_key)
     new = new_message(
         box,
         event_type,
@@ -72,6 +85,8 @@ def publish_sync(
         tenant=tenant,
         idempotency_key=idempotency_key,
         api_version=api_version,
+        ordering_key=ordering_key,
+        sequence=sequence,
     )
     if not store.message_insert(conn, new):
         # A concurrent publish with this key committed first.
@@ -81,5 +96,13 @@ def publish_sync(
         return existing
     found = targets(new, context.subscribers, endpoint_ids)
     if found:
-        store.delivery_insert(conn, new.id, tenant, found, now=new.created_at)
+        store.delivery_insert(
+            conn,
+            new.id,
+            tenant,
+            found,
+            now=new.created_at,
+            ordering_key=ordering_key,
+            sequence=sequence,
+        )
     return published(new, found)
