@@ -63,13 +63,14 @@ async def seed_relaybox(url: str, n: int) -> None:
         await conn.close()
 
 
-async def relaybox_run(n: int, processes: int) -> dict[str, Any]:
-    url = fresh_pg_database(f"process_rb_{processes}")
+async def relaybox_run(n: int, processes: int, app: str = "box") -> dict[str, Any]:
+    """``processes`` workers of ``bench.process_app``'s ``app``."""
+    url = fresh_pg_database(f"process_rb_{processes}_{app}")
     await seed_relaybox(url, n)
     env = {**os.environ, "RELAYBOX_DATABASE_URL": url, "RELAYBOX_LOG_LEVEL": "warning"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "relaybox", "worker", "--app", "bench.process_app:box"],
+            [sys.executable, "-m", "relaybox", "worker", "--app", f"bench.process_app:{app}"],
             cwd=ROOT,
             env=env,
         )
@@ -262,6 +263,8 @@ async def hookrelay_run(n: int) -> dict[str, Any]:
 
 RAW_CONNECTIONS = (1, 4, 16)
 GOAL_RAW = 0.8
+DRIVER = "relaybox, handler on ctx.driver"
+"""The same handler with its statement on asyncpg (``ctx.driver``), as the floor's."""
 """relaybox's best rate, at least this share of the grouped raw loop's best."""
 GOAL_PROCRASTINATE = 7.0
 """relaybox's best rate, at least this many times procrastinate's."""
@@ -278,6 +281,7 @@ def main(*, quick: bool = False) -> str:
 
     for _ in range(rounds):
         record("relaybox, 1 worker process", asyncio.run(relaybox_run(n, 1)))
+        record(DRIVER, asyncio.run(relaybox_run(n, 1, "driver_box")))
         record("procrastinate", asyncio.run(procrastinate_run(n)))
     for c in RAW_CONNECTIONS:
         record(f"raw SQL grouped, {c} conn", uvloop.run(raw_run(n, c)))
@@ -285,6 +289,7 @@ def main(*, quick: bool = False) -> str:
     record("hookrelay worker", asyncio.run(hookrelay_run(n)))
     order = [
         "relaybox, 1 worker process",
+        DRIVER,
         *(f"raw SQL grouped, {c} conn" for c in RAW_CONNECTIONS),
         "relaybox, 2 worker processes",
         "procrastinate",
@@ -302,6 +307,8 @@ def main(*, quick: bool = False) -> str:
     raw_best = results[raw_name]["rate"]
     goals = {
         raw_name: verdict(best / raw_best, GOAL_RAW, "relaybox / this (its best count)"),
+        # Like for like: the handler's statement on asyncpg, as the floor runs it.
+        DRIVER: verdict(results[DRIVER]["rate"] / raw_best, GOAL_RAW, "this / the raw loop's best"),
         "procrastinate": verdict(
             best / results["procrastinate"]["rate"], GOAL_PROCRASTINATE, "relaybox / this"
         ),

@@ -158,6 +158,33 @@ async def test_session_project_and_outbox_share_the_handlers_transaction(
     assert keys == ["welcome:cus_1:2"]
 
 
+async def test_a_sync_handler_on_the_driver_connection_shares_its_transaction(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """``ctx.driver`` in a plain-def handler: psycopg's or sqlite3's connection, in the
+    handler's transaction (a failing handler's write rolls back)."""
+    async with box.store.transaction() as conn:
+        await conn.execute(text("CREATE TABLE notes (id TEXT PRIMARY KEY, body TEXT)"))
+    drivers: set[str] = set()
+
+    @box.handler("stripe", "customer.updated")
+    def customer(ctx: SyncContext) -> None:
+        drivers.add(type(ctx.driver).__module__.split(".")[0])
+        mark = "?" if box.store.single_writer else "%s"
+        ctx.driver.execute(f"INSERT INTO notes VALUES ({mark}, 'x')", (ctx.event.event_id,))
+        if ctx.event.event_id == "evt_bad":
+            raise RuntimeError("after the driver's write")
+
+    for event_id in ("evt_ok", "evt_bad"):
+        event = invoice_paid(event_id, "in_x")
+        event["type"] = "customer.updated"
+        await deliver(box, event)
+    await box.worker().run_once()
+    assert drivers == {"sqlite3" if box.store.single_writer else "psycopg"}
+    assert await rows(box, "SELECT id FROM notes") == [{"id": "evt_ok"}]
+    assert (await inbox(box, "evt_bad"))["status"] == "pending"
+
+
 async def test_the_provider_of_sync_transactions_is_pluggable(
     database_url: str, clock: FrozenClock
 ) -> None:

@@ -92,6 +92,39 @@ async def test_failing_event_rolls_back_only_its_savepoint(
     assert [o["key"] for o in outbox] == ["op:ok1", "op:ok2"]
 
 
+async def test_a_handler_on_the_driver_connection_commits_and_rolls_back_with_its_event(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """``ctx.driver`` is the driver's connection in the handler's transaction: a write
+    through it commits with the event's completion, and rolls back with a failing
+    handler (on PostgreSQL inside a group, which runs again with savepoints)."""
+    async with box.store.transaction() as conn:
+        await conn.execute(text("CREATE TABLE effects (name TEXT PRIMARY KEY)"))
+    sqlite = box.store.single_writer
+    drivers: set[str] = set()
+
+    @box.handler("s", "*")
+    async def handler(ctx: Context) -> None:
+        drivers.add(type(ctx.driver).__module__.split(".")[0])
+        if sqlite:
+            await ctx.driver.execute("INSERT INTO effects VALUES (?)", (ctx.event.event_id,))
+        else:
+            await ctx.driver.execute("INSERT INTO effects VALUES ($1)", ctx.event.event_id)
+        await ctx.once(f"op:{ctx.event.event_id}")
+        if ctx.event.event_type == "fail":
+            raise RuntimeError("transient")
+
+    await box.store.inbox_accept(
+        [delivery(clock, n, "fail" if n == "bad" else "ok", {}) for n in ("ok1", "bad", "ok2")]
+    )
+    assert await box.worker().run_once() == 3
+    assert drivers == {"aiosqlite" if sqlite else "asyncpg"}
+    state = await rows(box)
+    assert [state[k]["status"] for k in ("ok1", "bad", "ok2")] == ["done", "pending", "done"]
+    effects = await box.store.fetch_all("SELECT name FROM effects ORDER BY name")
+    assert [e["name"] for e in effects] == ["ok1", "ok2"]
+
+
 async def test_backoff_schedule_follows_the_settings(box: Relaybox, clock: FrozenClock) -> None:
     box.settings.worker.backoff_jitter = 0.0
     box.settings.worker.backoff_base = 2.0

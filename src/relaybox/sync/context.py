@@ -78,6 +78,15 @@ class SyncContext(Handling):
         session: Session = self._session
         return session
 
+    @property
+    def driver(self) -> Any:
+        """The database driver's own connection under :attr:`conn`, in the same
+        transaction: psycopg's ``Connection`` on PostgreSQL (``%s`` placeholders), the
+        ``sqlite3`` module's on SQLite (``?``); see ``Context.driver``."""
+        if self.conn.closed or self.conn.invalidated:
+            raise RuntimeError("ctx.driver is only available while the handler runs")
+        return self.conn.connection.driver_connection
+
     def _flush_session(self) -> None:
         if self._session is not None:
             self._session.flush()
