@@ -517,8 +517,8 @@ class PostgresStore(Store):
     async def rows(self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()) -> list[Any]:
         """relaybox's own statements run on the asyncpg connection beneath ``conn``, in
         the same transaction, with asyncpg's prepared-statement cache: ~18 µs of CPU a
-        statement against ~60 µs through SQLAlchemy (bench/README.md). Handlers keep
-        SQLAlchemy."""
+        statement against ~60 µs through SQLAlchemy (bench/README.md). Handlers have
+        ``ctx.conn`` (SQLAlchemy) and ``ctx.driver`` (this connection)."""
         driver = await _driver(conn)
         rows: list[Any] = await driver.fetch(self.q[name], *params)
         return rows
