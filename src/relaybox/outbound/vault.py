@@ -36,6 +36,7 @@ answers 503.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import hashlib
@@ -286,12 +287,18 @@ class Vault:
         self.key_file = None if found else key_file
         self._first: Fernet | None = None
         self._all: MultiFernet | None = None
+        self._material = b""  # the first key's 32 bytes (derive)
         self._opened: dict[str, str] = {}
         if found:
-            self._use(found)
+            self._use(keys or "")
 
-    def _use(self, found: list[Fernet]) -> None:
+    def _use(self, keys: str) -> None:
+        found = parse_keys(keys)
         self._first, self._all = found[0], MultiFernet(found)
+        # Fernet's own halves of it (signing, encryption) are not readable since
+        # cryptography 51 implements Fernet in Rust.
+        first = next(part.strip() for part in keys.split(",") if part.strip())
+        self._material = base64.urlsafe_b64decode(first.encode())
 
     def _load(self, *, create: bool) -> bool:
         """Whether a key is at hand, reading (or making) the key file if need be."""
@@ -302,7 +309,7 @@ class Vault:
         found = self.key_file.read_or_create() if create else self.key_file.read()
         if found is None:
             return False
-        self._use(parse_keys(found))
+        self._use(found)
         return True
 
     @property
@@ -340,8 +347,8 @@ class Vault:
         key: the portal signs its links with it when it has no key of its own."""
         self.ensure()
         assert self._first is not None
-        material = self._first._signing_key + self._first._encryption_key
-        return hmac.new(material, b"relaybox-derive\0" + label.encode(), hashlib.sha256).digest()
+        message = b"relaybox-derive\0" + label.encode()
+        return hmac.new(self._material, message, hashlib.sha256).digest()
 
     def open(self, stored: str) -> str:
         """The secret behind a stored value (a plaintext one is returned as it is)."""
