@@ -93,6 +93,51 @@ async def test_live_aiosqlite_thread(tmp_path: Path) -> None:
         await store.close()
 
 
+async def test_a_sqlite_connection_goes_back_rolled_back_only_when_a_transaction_is_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SQLite pool resets a connection it gets back by rolling back what is still
+    open on it (a raw BEGIN left behind: its writes are undone) and otherwise leaves
+    it alone (no hop to aiosqlite's thread per checkout)."""
+    store = open_store(f"sqlite:///{tmp_path / 'reset.db'}")
+    rollbacks: list[bool] = []
+    try:
+        async with store.transaction() as conn:
+            await conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+        async with store.connection() as conn:
+            adapter = type((await conn.get_raw_connection()).dbapi_connection)
+            real = adapter.rollback
+
+            def rollback(self: Any) -> None:
+                rollbacks.append(True)
+                real(self)
+
+            monkeypatch.setattr(adapter, "rollback", rollback)
+
+            def leave_open(db: Any) -> None:
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("INSERT INTO t VALUES (1)")
+
+            await _drivers.run_on_sqlite_thread(conn, leave_open)
+        assert rollbacks == [True]
+        async with store.connection() as conn:
+
+            def state(db: Any) -> tuple[bool, int]:
+                return db.in_transaction, db.execute("SELECT count(*) FROM t").fetchone()[0]
+
+            assert await _drivers.run_on_sqlite_thread(conn, state) == (False, 0)
+        async with store.transaction() as conn:
+            await conn.exec_driver_sql("INSERT INTO t VALUES (2)")
+        for _ in range(3):
+            async with store.connection() as conn:
+                await _drivers.run_on_sqlite_thread(conn, state)
+        assert rollbacks == [True]  # nothing open: no rollback
+        async with store.connection() as conn:
+            assert await _drivers.run_on_sqlite_thread(conn, state) == (False, 1)
+    finally:
+        await store.close()
+
+
 async def test_a_borrowed_connection_waits_for_the_next_use(pg_url: str) -> None:
     """The PostgreSQL store's hot statements borrow a connection per statement without
     asyncpg's acquire and release: a use that ended cleanly leaves its connection with
