@@ -217,9 +217,9 @@ class Context(Handling):
         """The database driver's own connection under :attr:`conn`, in the same
         transaction: asyncpg's ``Connection`` on PostgreSQL (``$1`` placeholders),
         aiosqlite's on SQLite (``?``). What it writes commits or rolls back with the
-        event, as through :attr:`conn`. A statement here skips SQLAlchemy's layer:
-        ~45 µs of CPU less per statement on the process benchmark's machine
-        (bench/README.md), for handlers on the hot path."""
+        event, as through :attr:`conn`. A statement here skips SQLAlchemy's layer,
+        for handlers on the hot path: ``bench process``'s one-statement handler took
+        ~70 µs of CPU less an event (bench/README.md)."""
         sync = self.conn.sync_connection
         if sync is None or sync.closed or sync.invalidated:
             raise RuntimeError("ctx.driver is only available while the handler runs")
