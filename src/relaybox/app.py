@@ -203,9 +203,11 @@ class Relaybox:
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = open_store(
-                self.settings.database_url, worker_chains=self.settings.worker.concurrency
-            )
+            s = self.settings
+            sizes: dict[str, int] = {"max_overflow": s.pool_overflow}
+            if s.pool_size is not None:
+                sizes["pool_size"] = s.pool_size
+            self._store = open_store(s.database_url, worker_chains=s.worker.concurrency, **sizes)
         return self._store
 
     @property

@@ -880,6 +880,21 @@ async def test_the_connection_pool_has_room_for_every_chain(database_url: str) -
         await wide.close()
 
 
+async def test_the_pool_sizes_are_settings(database_url: str) -> None:
+    """``pool_size`` and ``pool_overflow`` size SQLAlchemy's pool on PostgreSQL (an
+    application running more transactions at once than the pool keeps opened and
+    closed a connection for each one over); SQLite keeps its one connection."""
+    box = Relaybox(settings=Settings(database_url=database_url, pool_size=3, pool_overflow=0))
+    try:
+        pool = box.store.engine.pool
+        sqlite = box.store.single_writer
+        assert (pool.size(), pool._max_overflow) == ((1, 0) if sqlite else (3, 0))  # type: ignore[attr-defined]
+        async with box.store.transaction() as conn:
+            assert (await conn.exec_driver_sql("SELECT 1")).scalar() == 1
+    finally:
+        await box.close()
+
+
 # -- declared business keys ------------------------------------------------------------
 
 

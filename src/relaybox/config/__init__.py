@@ -296,6 +296,20 @@ class Settings(BaseModel):
         "at 700 each pass traversed again the objects of the attempts in flight, ~15 % of "
         "the dispatcher's CPU",
     )
+    pool_size: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="PostgreSQL: connections SQLAlchemy's pool keeps for handlers, publish and "
+        "the API (default: the worker's concurrency + 2, at least 10)",
+    )
+    pool_overflow: int = Field(
+        10,
+        ge=0,
+        le=1000,
+        description="PostgreSQL: connections opened beyond pool_size while all are in use, "
+        "each closed when it comes back to a full pool",
+    )
     admin_token: SecretStr | None = Field(
         None, description="bearer token of the admin API and the dashboard login"
     )

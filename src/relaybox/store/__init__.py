@@ -24,11 +24,14 @@ def open_store(url: str, *, worker_chains: int | None = None, **options: object)
 
     ``worker_chains``: connections the worker's chains hold at once while their events
     run. A pooled backend (PostgreSQL) sizes its pool for them and for the other roles
-    besides, unless ``pool_size`` is given; SQLite has one connection either way."""
+    besides, unless ``pool_size`` is given; SQLite has one connection either way
+    (``pool_size`` and ``max_overflow`` are ignored there)."""
     scheme = check_database_url(url)
     if scheme == "sqlite":
         from relaybox.store.sqlite import SQLiteStore
 
+        options.pop("pool_size", None)
+        options.pop("max_overflow", None)
         return SQLiteStore(url, **options)  # type: ignore[arg-type]
     if scheme in ("postgresql", "postgres"):
         from relaybox.store.postgres import PostgresStore
