@@ -4,7 +4,9 @@ every queue is full and latency only says how long the queues are):
 - **accept → handler committed** (PostgreSQL): signed POSTs to ``relaybox serve
   --roles receiver,worker`` (``bench/latency_app.py``: a handler that writes nothing
   of its own); per event ``done_at - received_at`` from the rows. The peak is a burst
-  of signed POSTs from 64 pooled senders, first receipt to last completion.
+  of signed POSTs from 64 pooled senders, first receipt to last completion. Then the
+  same with the worker apart: ``relaybox serve --roles receiver`` on core 0 and
+  ``relaybox worker`` on core 1 (each its own event loop), with its own peak.
 - **publish → delivered** (PostgreSQL): ``box.publish`` in this process, one
   transaction each, to 20 endpoints of a local sink (``bench/sink.py``, KIND
   ``record``, its own core) that notes when each ``webhook-id`` arrived; a
@@ -322,14 +324,18 @@ def signed(event_id: str) -> tuple[bytes, dict[str, str]]:
     }
 
 
-async def accept_session(url: str, *, quick: bool) -> list[list[Any]]:
+async def accept_session(url: str, *, quick: bool, split: bool = False) -> list[list[Any]]:
+    """``relaybox serve`` with the receiver and the worker in one process on core 0;
+    ``split``: the receiver alone there and ``relaybox worker`` on core 1."""
     import asyncpg
 
     migrate(url)
     port = free_port()
     env = {"RELAYBOX_DATABASE_URL": url}
-    args = ["serve", "--app", "bench.latency_app:box", "--roles", "receiver,worker"]
+    roles = "receiver" if split else "receiver,worker"
+    args = ["serve", "--app", "bench.latency_app:box", "--roles", roles]
     proc = relaybox([*args, "--host", "127.0.0.1", "--port", str(port), "--no-migrate"], env)
+    worker = relaybox(["worker", "--app", "bench.latency_app:box"], env, cpu=1) if split else None
     base = f"http://127.0.0.1:{port}"
     conn = await asyncpg.connect(url.replace("postgresql+asyncpg", "postgresql"))
     try:
@@ -393,13 +399,16 @@ async def accept_session(url: str, *, quick: bool) -> list[list[Any]]:
     finally:
         await conn.close()
         stop(proc)
+        if worker is not None:
+            stop(worker)
     g50, g99 = GOALS["accept"]
     p50, p99 = pct(waits, 0.5), pct(waits, 0.99)
     note = f"{len(waits)} events; peak {peak:,.0f}/s (a burst of {burst:,}, 64 senders)"
+    path = "accept -> handler committed" + (", worker apart" if split else "")
     return [
-        ["accept -> handler committed", "postgres", reached, f"{reached / peak:.2f}", p50, p99,
+        [path, "postgres", reached, f"{reached / peak:.2f}", p50, p99,
          both(p50, g50, p99, g99), note],
-        ["accept -> handler committed, 200/s", "postgres", low, f"{low / peak:.2f}",
+        [f"{path}, 200/s", "postgres", low, f"{low / peak:.2f}",
          pct(low_waits, 0.5), pct(low_waits, 0.99), "-", f"{len(low_waits)} events"],
     ]  # fmt: skip
 
@@ -409,6 +418,8 @@ def main(*, quick: bool = False) -> str:
 
     async def go() -> None:
         rows.extend(await accept_session(fresh_pg_database("latency_accept"), quick=quick))
+        url = fresh_pg_database("latency_accept_apart")
+        rows.extend(await accept_session(url, quick=quick, split=True))
         url = fresh_pg_database("latency_dispatch")
         rows.extend(await dispatch_session(url, quick=quick, sqlite=False))
         with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
