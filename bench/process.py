@@ -263,9 +263,9 @@ async def hookrelay_run(n: int) -> dict[str, Any]:
 
 RAW_CONNECTIONS = (1, 4, 16)
 GOAL_RAW = 0.8
+"""relaybox's best rate, at least this share of the grouped raw loop's best."""
 DRIVER = "relaybox, handler on ctx.driver"
 """The same handler with its statement on asyncpg (``ctx.driver``), as the floor's."""
-"""relaybox's best rate, at least this share of the grouped raw loop's best."""
 GOAL_PROCRASTINATE = 7.0
 """relaybox's best rate, at least this many times procrastinate's."""
 
