@@ -365,6 +365,50 @@ async def test_a_batch_larger_than_a_statement_keeps_each_keys_first_row(store: 
     assert len(await store.fetch_all("SELECT id FROM relaybox_quarantine")) == 2
 
 
+async def test_accept_ids_name_their_rows_across_random_batches(store: Store) -> None:
+    """Random batches over a small key space (repeats, conflicting copies, ignored
+    ones, batches over a statement's 32 rows), the newest rows deleted between some
+    batches (ids then skip: SQLite's AUTOINCREMENT never reuses one): every outcome
+    against a model of first-stored-wins, and every id names the row of its key."""
+    rng = random.Random(11)
+    stored: dict[str, tuple[int, bytes]] = {}  # event id -> (inbox id, body)
+    for round_ in range(12):
+        batch = []
+        for _ in range(rng.choice((1, 5, 31, 32, 33, 70))):
+            key = f"k{rng.randrange(120)}"
+            body = f"{key}-{rng.randrange(3)}".encode()
+            batch.append(delivery(key, body, ignored=rng.random() < 0.1))
+        outcomes = await store.inbox_accept(batch)
+        rows = {r["id"]: r for r in await inbox_rows(store)}
+        for d, o in zip(batch, outcomes, strict=True):
+            assert rows[o.inbox_id]["event_id"] == d.event_id, (round_, d.event_id)
+            if d.event_id not in stored:
+                assert o.status == ("ignored" if d.ignored else "accepted")
+                stored[d.event_id] = (o.inbox_id, d.payload)
+                continue
+            inbox_id, body = stored[d.event_id]
+            assert o.inbox_id == inbox_id
+            assert o.status == ("duplicate" if body == d.payload else "quarantined")
+        if round_ % 4 == 1:  # the newest rows go: the next ids skip theirs
+            newest = sorted(rows)[-3:]
+            async with store.transaction() as conn:
+                for inbox_id in newest:
+                    await conn.exec_driver_sql(
+                        "DELETE FROM relaybox_quarantine WHERE inbox_id = " + str(inbox_id)
+                    )
+                    await conn.exec_driver_sql(
+                        "DELETE FROM relaybox_inbox WHERE id = " + str(inbox_id)
+                    )
+            for key in [k for k, (i, _) in stored.items() if i in newest]:
+                del stored[key]
+            fresh = [delivery(f"fresh{round_}-{i}") for i in range(40)]  # new keys only
+            outcomes = await store.inbox_accept(fresh)
+            rows = {r["id"]: r for r in await inbox_rows(store)}
+            assert all(o.inbox_id not in newest for o in outcomes)
+            for d, o in zip(fresh, outcomes, strict=True):
+                assert (o.status, rows[o.inbox_id]["event_id"]) == ("accepted", d.event_id)
+
+
 async def _accept_concurrently(
     stores: Sequence[Store], *, tasks: int, keys: int, per_batch: int, same_order: bool
 ) -> None:
