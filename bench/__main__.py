@@ -5,6 +5,19 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
+import time
+
+
+def cpu_reference(additions: int = 10_000_000) -> float:
+    """Seconds a plain Python loop takes for ``additions`` additions: the VM's speed of
+    the moment. This VM has run the same code three times slower for hours (a floor of
+    6,500/s where it had run 20,000/s); a table's ratios hold within a run, its times
+    and rates only beside runs of about the same reference."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(additions):
+        total += i
+    return time.perf_counter() - started
 
 
 def main() -> None:
@@ -21,6 +34,9 @@ def main() -> None:
     args = parser.parse_args()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"relaybox bench, {stamp}, {platform.node()}, {platform.python_version()}")
+    additions = 1_000_000 if args.quick else 10_000_000
+    before = cpu_reference(additions)
+    print(f"CPU reference: {additions:,} additions in a Python loop: {before:.2f} s", flush=True)
     from bench.common import RUN_ID, MissingTool, drop_databases
 
     skipped = ""
@@ -64,6 +80,11 @@ def main() -> None:
         tables.append(slow.main(quick=args.quick))
     print()
     print("\n\n".join(tables))
+    after = cpu_reference(additions)
+    print(
+        f"\nCPU reference: {additions:,} additions in a Python loop, {before:.2f} s before"
+        f" the run and {after:.2f} s after"
+    )
     dropped = drop_databases()
     print(f"\nbench: dropped {len(dropped)} database(s) bench_{RUN_ID}_*")
     if skipped:
