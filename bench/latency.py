@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,22 @@ async def until(check: Callable[[], Awaitable[bool]], within: float, what: str) 
         if time.monotonic() > deadline:
             raise RuntimeError(f"latency bench: {what} not within {within:g} s")
         await asyncio.sleep(0.2)
+
+
+async def delivered(
+    port: int, ids: Collection[str], within: float, what: str
+) -> dict[str, list[float]]:
+    """Wait until each of ``ids`` arrived at the sink; the arrivals then. One look at a
+    time (the sink answers each with every arrival so far)."""
+    seen: dict[str, list[float]] = {}
+
+    async def check() -> bool:
+        nonlocal seen
+        seen = arrivals(port)
+        return all(i in seen for i in ids)
+
+    await until(check, within, what)
+    return seen
 
 
 async def paced(rate: float, seconds: float, one: Callable[[int], Awaitable[None]]) -> float:
@@ -209,13 +225,7 @@ async def dispatch_session(url: str, *, quick: bool, sqlite: bool) -> list[list[
             ["dispatch", "--app", "bench.latency_app:box", "--concurrency", "100"], env, cpu=0
         )
         if not sqlite:
-
-            async def backlog_sent() -> bool:
-                seen = arrivals(port)  # once per look: the sink answers with every arrival
-                return all(i in seen for i in ids)
-
-            await until(backlog_sent, 300, "the backlog delivered")
-            seen = arrivals(port)
+            seen = await delivered(port, ids, 300, "the backlog delivered")
             firsts = [seen[i][0] for i in ids]
             peak = len(ids) / (max(firsts) - min(firsts))
         else:  # the dispatcher is up and idle once a first message went through
@@ -245,12 +255,7 @@ async def dispatch_session(url: str, *, quick: bool, sqlite: bool) -> list[list[
 
             await asyncio.gather(*(publisher() for _ in range(PUBLISHERS)))
 
-            async def flat_sent() -> bool:
-                seen = arrivals(port)
-                return all(m in seen for m in flat)
-
-            await until(flat_sent, 120, "the flat-out publishes delivered")
-            seen = arrivals(port)
+            seen = await delivered(port, flat, 120, "the flat-out publishes delivered")
             last = max(seen[m][0] for m in flat)
             path_peak = len(flat) / (last - min(flat.values()))
         # Publishes paced at half the path's peak (SQLite: 20 a second), commit to arrival.
@@ -265,12 +270,7 @@ async def dispatch_session(url: str, *, quick: bool, sqlite: bool) -> list[list[
 
             reached = await paced(rate, 1.5 if quick else 10.0, publish_one)
 
-            async def all_sent() -> bool:
-                seen = arrivals(port)
-                return all(m in seen for m in committed)
-
-            await until(all_sent, 120, "the paced publishes delivered")
-            seen = arrivals(port)
+            seen = await delivered(port, committed, 120, "the paced publishes delivered")
             return reached, [(seen[m][0] - at) * 1000 for m, at in committed.items()]
 
         reached, waits = await phase(rate)
