@@ -59,15 +59,17 @@ def corrected(env: dict[str, str] | None = None) -> dict[str, str]:
 async def test_a_dispatcher_60_s_ahead_does_not_resend_a_webhook_another_is_sending(
     pg_box: Relaybox, pg_url: str, procs: Procs, tmp_path: Path
 ) -> None:
-    # The holder's attempt may take 15 s, its lease 20 s: both well within the 60 s.
-    local(pg_box, timeout=15.0, max_timeout=15.0, lease_ttl=20.0)
+    # The holder's attempt may take 40 s, its lease 50 s: both within the 60 s, and the
+    # attempt outlasts the skewed process's start and its probe delivery (up to 30 s)
+    # on a slow machine (with 15 s the attempt timed out there: a retry, not a send).
+    local(pg_box, timeout=40.0, max_timeout=40.0, lease_ttl=50.0)
     config = tmp_path / "skewed.toml"
     config.write_text("clock_max_skew = 120\n")  # the app's box takes no RELAYBOX_* itself
     async with (
         HttpReceiver([Reply(hang=True), Reply(200)]) as hooks,
         HttpReceiver(Reply(200)) as probe,
     ):
-        await endpoint(pg_box, hooks.url, event_types=["slow.thing"], timeout=15.0)
+        await endpoint(pg_box, hooks.url, event_types=["slow.thing"], timeout=40.0)
         await endpoint(pg_box, probe.url, event_types=["probe.thing"])
         await publish_one(pg_box, "slow.thing")
         # A dispatcher on a right clock leases the row (10 s) and hangs in the request.
