@@ -174,6 +174,12 @@ def begin_has_listeners(sync: Connection) -> bool:
     return bool(sync._has_events or sync.engine._has_events)
 
 
+def sqlite_in_transaction(aio: Any) -> bool:
+    """Whether a transaction is open on the sqlite3 connection under aiosqlite's ``aio``
+    (read without a hop to its thread)."""
+    return bool(aio._conn.in_transaction)
+
+
 async def run_on_sqlite_thread(conn: AsyncConnection, fn: Callable[..., T], *args: Any) -> T:
     """``fn(sqlite3_connection, *args)`` on the aiosqlite connection's own thread, in
     one hop (aiosqlite otherwise hops threads once per statement)."""

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from relaybox.store._commit_watch import CommitWatch
-from relaybox.store._drivers import run_on_sqlite_thread
+from relaybox.store._drivers import run_on_sqlite_thread, sqlite_in_transaction
 from relaybox.store.base import Store
 from relaybox.store.inbox_rows import AcceptOutcome, Listener, NewDelivery
 from relaybox.store.outbox import SecretOpener, leased_delivery
@@ -124,7 +124,7 @@ class SQLiteStore(Store):
             # batch (bench/README.md).
             if state.terminate_only or not state.asyncio_safe:
                 return  # closed instead: SQLite rolls back what was open
-            if dbapi_conn.driver_connection._conn.in_transaction:
+            if sqlite_in_transaction(dbapi_conn.driver_connection):
                 dbapi_conn.rollback()
 
         @event.listens_for(self.engine.sync_engine, "begin")
