@@ -41,7 +41,7 @@ async def test_publish_numbers_each_key_and_the_header_carries_it(live: Relaybox
     async with HttpReceiver(Reply(200)) as receiver:
         await endpoint(live, receiver.url, ordered=True)
         published = [
-            await publish_one(live, ordering_key=k, data={"n": i})
+            await publish_one(live, ordering_key=k, data={"n": i}, idempotency_key=f"k{i}")
             for i, k in enumerate(["a", "b", "a"])
         ]
         plain = await publish_one(live)
@@ -67,6 +67,10 @@ async def test_publish_numbers_each_key_and_the_header_carries_it(live: Relaybox
     for bad in ["", "x" * 257, "a\x00b"]:
         with pytest.raises(InvalidMessage):
             await publish_one(live, ordering_key=bad)
+        # Refused before the key's stored message is looked up, not answered with it.
+        with pytest.raises(InvalidMessage) as refused:
+            await publish_one(live, ordering_key=bad, idempotency_key=published[0].idempotency_key)
+        assert refused.value.code == "ordering_key"
 
 
 async def test_a_failing_key_does_not_delay_the_others(live: Relaybox) -> None:

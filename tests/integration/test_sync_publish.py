@@ -156,9 +156,19 @@ async def test_an_ordering_key_numbers_the_keys_messages_with_the_async_publish(
         m.id: str(m.sequence) for m in published
     }
     with engine.begin() as conn:
+        kept = box.publish_sync(conn, "pet.adopted", {}, tenant="t1", idempotency_key="k1")
+    with engine.begin() as conn:
+        again = box.publish_sync(conn, "pet.adopted", {}, tenant="t1", idempotency_key="k1")
+        assert (again.id, again.created) == (kept.id, False)
         for bad in ["", "x" * 257, "a\x00b"]:
             with pytest.raises(InvalidMessage) as refused:
                 box.publish_sync(conn, "pet.adopted", {}, tenant="t1", ordering_key=bad)
+            assert refused.value.code == "ordering_key"
+            # Refused before the key's stored message is looked up, not answered with it.
+            with pytest.raises(InvalidMessage) as refused:
+                box.publish_sync(
+                    conn, "pet.adopted", {}, tenant="t1", ordering_key=bad, idempotency_key="k1"
+                )
             assert refused.value.code == "ordering_key"
 
 

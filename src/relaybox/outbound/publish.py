@@ -129,12 +129,11 @@ async def publish(
     number is taken in ``conn``'s transaction: a concurrent publish with the same key
     waits for it to end."""
     store = box.store
-    check_request(event_type, tenant, idempotency_key)
+    check_request(event_type, tenant, idempotency_key, ordering_key)
     if idempotency_key is not None:
         existing = await store.message_get_by_key(conn, tenant, idempotency_key)
         if existing is not None:
             return existing
-    check_ordering_key(ordering_key)
     context = await store.publish_context(conn, tenant, event_type)
     check_schema(context.schema, event_type, data)
     sequence = None
@@ -165,9 +164,13 @@ async def publish(
 # -- the pure parts of a publish, shared with the synchronous one (relaybox.sync) ------
 
 
-def check_request(event_type: str, tenant: str, idempotency_key: str | None) -> None:
-    """The checks of a publish that need no database: :class:`InvalidMessage` for a
-    bad type, tenant or idempotency key."""
+def check_request(
+    event_type: str, tenant: str, idempotency_key: str | None, ordering_key: str | None
+) -> None:
+    """The checks of a publish that need no database, made before anything is looked
+    up (a repeated idempotency key with a bad value beside it is refused, not answered
+    with the stored message): :class:`InvalidMessage` for a bad type, tenant,
+    idempotency key or ordering key."""
     check_event_type_name(event_type)
     if not tenant:
         raise InvalidMessage("a message needs a tenant", code="tenant")
@@ -178,6 +181,7 @@ def check_request(event_type: str, tenant: str, idempotency_key: str | None) -> 
             raise InvalidMessage("an idempotency key is 1-256 characters", code="idempotency_key")
         if problem := text_problem(idempotency_key, "idempotency key"):
             raise InvalidMessage(problem, code="idempotency_key")
+    check_ordering_key(ordering_key)
 
 
 def check_ordering_key(ordering_key: str | None) -> None:

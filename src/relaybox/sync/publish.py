@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session
 from relaybox.errors import ConfigurationError
 from relaybox.outbound.catalog import check_schema
 from relaybox.outbound.publish import (
-    check_ordering_key,
     check_request,
     new_message,
     published,
@@ -67,12 +66,11 @@ def publish_sync(
     transaction (a concurrent publish with the same key waits for it to end)."""
     conn = connection_of(conn_or_session)
     store = box.store.sync
-    check_request(event_type, tenant, idempotency_key)
+    check_request(event_type, tenant, idempotency_key, ordering_key)
     if idempotency_key is not None:
         existing = store.message_get_by_key(conn, tenant, idempotency_key)
         if existing is not None:
             return existing
-    check_ordering_key(ordering_key)
     context = store.publish_context(conn, tenant, event_type)
     check_schema(context.schema, event_type, data)
     sequence = None
