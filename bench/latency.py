@@ -54,7 +54,7 @@ from typing import Any
 import aiohttp
 
 from bench.apps import SECRET
-from bench.common import ROOT, free_port, fresh_pg_database, table
+from bench.common import ROOT, free_port, fresh_pg_database, fsync_probe, table
 from bench.dispatch import cpu_seconds, start_sink
 
 ENDPOINTS = 20
@@ -220,7 +220,8 @@ async def dispatch_session(url: str, *, quick: bool, sqlite: bool) -> list[list[
                             conn, f"bench.e{n % ENDPOINTS}", {"n": n}, tenant="bench"
                         )
                         ids.append(m.id)
-        env = {"RELAYBOX_DATABASE_URL": url}
+        # The retry phase's 500s are each logged as a warning, by design: errors only.
+        env = {"RELAYBOX_DATABASE_URL": url, "RELAYBOX_LOG_LEVEL": "error"}
         proc = relaybox(
             ["dispatch", "--app", "bench.latency_app:box", "--concurrency", "100"], env, cpu=0
         )
@@ -309,23 +310,28 @@ async def dispatch_session(url: str, *, quick: bool, sqlite: bool) -> list[list[
                 mid, _ = await _publish(box, "bench.flaky", n)
                 flaky.append(mid)
 
-            await paced(10.0, 1.0 if quick else 5.0, publish_flaky)
-
             async def retried() -> bool:
                 seen = arrivals(port)
                 return all(len(seen.get(m, ())) >= 2 for m in flaky)
 
-            await until(retried, 120, "the retries delivered")
+            # A retry is scheduled when its failed attempt's record commits: a flush
+            # the disk holds back holds the retry back too (the note gives the disk's
+            # slowest fdatasync meanwhile, from a probe beside PostgreSQL's files).
+            with fsync_probe(Path(tempfile.gettempdir())) as disk:
+                await paced(10.0, 1.0 if quick else 5.0, publish_flaky)
+                await until(retried, 120, "the retries delivered")
             seen = arrivals(port)
             gaps = [(seen[m][1] - seen[m][0]) * 1000 for m in flaky]
             low, high = (RETRY - RETRY_SLACK) * 1000, (RETRY + RETRY_SLACK) * 1000
             ok = min(gaps) >= low and pct(gaps, 0.99) <= high
+            late = sum(gap > high for gap in gaps)
             rows.append(
                 ["retry scheduled 200 ms out: sent after", db, "-", "-", pct(gaps, 0.5),
                  pct(gaps, 0.99),
                  f"{min(gaps):.0f}..p99 {pct(gaps, 0.99):.0f} ms within 200 ± 50:"
                  f" {'met' if ok else 'MISSED'}",
-                 f"{len(gaps)} retries; max {max(gaps):.0f} ms"]
+                 f"{len(gaps)} retries, {late} later than {high:.0f} ms; max {max(gaps):.0f}"
+                 f" ms; the disk's fdatasync max {disk.get('max', float('nan')):.0f} ms"]
             )  # fmt: skip
     finally:
         if proc is not None:
@@ -451,6 +457,9 @@ async def accept_session(url: str, *, quick: bool, split: bool = False) -> list[
 
 
 def main(*, quick: bool = False) -> str:
+    from relaybox.log import configure_logging
+
+    configure_logging("warning")  # not a line per endpoint this process creates
     rows: list[list[Any]] = []
 
     async def go() -> None:
