@@ -232,6 +232,42 @@ async def test_a_completed_row_is_never_overwritten(box: Relaybox, clock: Frozen
     assert (state["status"], state["last_error"]) == ("done", None)
 
 
+@pytest.mark.parametrize("others", [0, 2])
+async def test_a_row_completed_between_claim_and_start_is_left_out(
+    box: Relaybox, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch, others: int
+) -> None:
+    """Another worker completed the claim's first row before this one counted its
+    attempt (PostgreSQL counts a group's attempts together, the chain's first event's
+    among them): that row is left alone, the others run."""
+    handled: list[str] = []
+
+    @box.handler("s")
+    async def handler(ctx: Context) -> None:
+        handled.append(ctx.event.event_id)
+
+    names = ["a", *(f"b{i}" for i in range(others))]
+    await box.store.inbox_accept([delivery(clock, n, "x", {"n": n}) for n in names])
+    start = box.store.inbox_start
+
+    async def completed_first(ids: list[int], now: float) -> dict[int, int]:
+        async with box.store.transaction() as conn:
+            await conn.execute(
+                text("UPDATE relaybox_inbox SET status = 'done', done_at = :now"
+                     " WHERE event_id = 'a'"),
+                {"now": now},
+            )  # fmt: skip
+        return await start(ids, now)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(box.store, "inbox_start", completed_first)
+    assert await box.worker().run_once() == len(names)
+    assert sorted(handled) == names[1:]
+    state = await rows(box)
+    assert {n: (r["status"], r["attempts"]) for n, r in state.items()} == {
+        "a": ("done", 0),
+        **{n: ("done", 1) for n in names[1:]},
+    }
+
+
 async def test_handler_resolution_prefers_the_most_specific(box: Relaybox) -> None:
     async def a(ctx: Context) -> None: ...
     async def b(ctx: Context) -> None: ...

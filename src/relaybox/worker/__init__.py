@@ -7,8 +7,9 @@
 2. **start**: an attempt is counted (``attempts + 1``, ``started_at``) and committed as
    the event starts, before its handler runs, so an event that kills its worker
    (segfault, SIGKILL, OOM) still uses its budget. Events that start together share one
-   statement; on PostgreSQL the next event of a connection is started by the previous
-   event's COMMIT itself (the same round trip), right as it starts.
+   statement (on PostgreSQL a group's events all at once, the chain's first among
+   them); on PostgreSQL the next group of a connection is started by the previous
+   group's COMMIT itself (the same round trip), right as it starts.
 3. **process**, PostgreSQL: a group of events (``group``, 16 by default) per
    transaction, at most ``concurrency`` groups at once: one COMMIT, one WAL flush, for
    the group. Its BEGIN locks the rows (fenced by the attempts counted in 2); the

@@ -317,9 +317,14 @@ class Worker(Runners):
             self._chains -= 1
             self._spawn_chains()
 
+    def _in_group(self, job: _Job) -> bool:
+        """Whether ``job`` runs in a group (PostgreSQL), whose start counts the
+        attempts of all its fresh events in one statement (:meth:`_start_group`)."""
+        return self._grouped and not job.alone and self._threaded(job.event) is None
+
     async def _run_chain(self, job: _Job | None) -> None:
         while job is not None:
-            if job.attempt is None:
+            if job.attempt is None and not self._in_group(job):
                 # Counted with no connection held (SQLite's pool has one connection);
                 # chains starting together share one statement.
                 try:
@@ -333,19 +338,18 @@ class Worker(Runners):
                     continue
             threaded = self._threaded(job.event)
             if threaded is not None:  # its own sync transaction: no async connection held
+                assert job.attempt is not None
                 job = await self._run_threaded_job(job, job.attempt, threaded)
                 continue
             try:
                 async with self.box.store.connection() as conn:
-                    while (
-                        job is not None
-                        and job.attempt is not None
-                        and self._threaded(job.event) is None
-                    ):
-                        if self._grouped and not job.alone:
+                    while job is not None:
+                        if self._in_group(job):
                             job = await self._run_group(conn, job)
-                        else:
+                        elif job.attempt is not None and self._threaded(job.event) is None:
                             job = await self._run_job(conn, job)
+                        else:
+                            break
             except Exception as exc:  # no connection: the row comes back after the hold
                 if job is not None:
                     job.batch.finish(exc)

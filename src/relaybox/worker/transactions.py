@@ -191,6 +191,8 @@ class Runners(Threaded):
         next job for this chain."""
         store = self.box.store
         jobs = await self._start_group(first)
+        if not jobs:
+            return self._take()
         careful = self.savepoints or self._careful > 0 or any(j.failed for j in jobs)
         if careful and self._careful > 0:
             self._careful -= 1
@@ -311,11 +313,12 @@ class Runners(Threaded):
         return self._take()
 
     async def _start_group(self, first: _Job) -> list[_Job]:
-        """``first`` and up to ``group - 1`` more claimed events, their attempts counted
-        (chains starting together share one start statement)."""
-        taken = self._take_group(self.group - 1)
-        jobs = [first, *(job for job in taken if job.attempt is not None)]
-        fresh = [job for job in taken if job.attempt is None]  # not started yet
+        """``first`` and up to ``group - 1`` more claimed events, their attempts counted:
+        those not counted yet (``first`` too, when a chain starts with it) in one
+        statement, shared with chains starting together. Events no longer pending, or
+        whose count failed, are finished and left out."""
+        jobs = [first, *self._take_group(self.group - 1)]
+        fresh = [job for job in jobs if job.attempt is None]  # not started yet
         if fresh:
             marks = await asyncio.gather(
                 *(self._marks.start(job.event.id) for job in fresh), return_exceptions=True
@@ -327,8 +330,7 @@ class Runners(Threaded):
                     job.batch.finish()
                 else:
                     job.attempt = mark
-                    jobs.append(job)
-        return jobs
+        return [job for job in jobs if job.attempt is not None]
 
     def _put_back(self, jobs: list[_Job]) -> None:
         """Return ``jobs`` to the front of the queue, in order."""
