@@ -323,6 +323,27 @@ def test_concurrent_creators_end_with_one_key_file_of_mode_0600(
     assert [p.name for p in tmp_path.iterdir()] == ["relaybox.db.key"]  # no temporary left
 
 
+def test_a_key_file_finished_between_the_read_and_the_look_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A creator without hard links wrote its key right after this process read the
+    file empty and before it looked at its size: the key is read, not refused."""
+    path = tmp_path / "relaybox.db.key"
+    key = KeyFile(path).create()
+    keys = KeyFile(path)
+    read = keys.read
+    reads = []
+
+    def empty_first() -> str | None:
+        reads.append(1)
+        if len(reads) == 1:  # what the first read saw, a moment before the write
+            return keys._parse(b"")
+        return read()
+
+    monkeypatch.setattr(keys, "read", empty_first)
+    assert keys.read_or_create() == key
+
+
 async def test_two_processes_starting_at_once_share_one_key(procs: Procs, tmp_path: Path) -> None:
     """Two ``relaybox endpoints create`` on a fresh database at once: one key file,
     and each secret opens with it."""

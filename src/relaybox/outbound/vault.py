@@ -164,11 +164,15 @@ class KeyFile:
         try:
             found = self.read()
         except KeyFileError:
-            if not self._maybe_being_written():
-                raise
-            # another process made the name a moment ago, without hard links, and has
-            # not finished writing its key: wait for it as a losing creator does
-            found = self._read_theirs(partial=True)
+            if self._maybe_being_written():
+                # another process made the name a moment ago, without hard links, and
+                # has not finished writing its key: wait for it as a losing creator does
+                found = self._read_theirs(partial=True)
+            else:
+                # Whole now, or old: that creator may have finished writing between the
+                # read and the look. Read once more; a file that still holds no key
+                # raises the same error.
+                found = self.read()
         if found is not None:
             return found
         try:
