@@ -111,6 +111,11 @@ async def test_replay_cli(box: Relaybox, clock: FrozenClock, tmp_path: Path) -> 
     worker = box.worker()
     await worker.run_once()
     assert await statuses(box) == {"e1": "done", "e2": "done", "e3": "dead", "e4": "done"}
+    # e3 failing rolled its group back (PostgreSQL runs the claim's events in one
+    # transaction): the group ran again with a savepoint each and e3's outcome kept, so
+    # the others may have run twice, e3 once.
+    assert set(calls) == {"e1", "e2", "e3", "e4"} and calls.count("e3") == 1
+    calls.clear()
 
     # The bug is fixed: replay the dead letters.
     async with box.store.transaction() as conn:
@@ -152,8 +157,8 @@ async def test_replay_cli(box: Relaybox, clock: FrozenClock, tmp_path: Path) -> 
     assert set((await statuses(box)).values()) == {"done"}
     grants = await box.store.fetch_all("SELECT invoice FROM grants ORDER BY invoice")
     assert [g["invoice"] for g in grants] == ["inv_1", "inv_2", "inv_3"]
-    first, dead, by_id, whole = ["e1", "e2", "e3", "e4"], ["e3"], ["e1", "e4"], list(ids)
-    assert sorted(calls) == sorted(first + dead + by_id + whole)
+    dead, by_id, whole = ["e3"], ["e1", "e4"], list(ids)
+    assert sorted(calls) == sorted(dead + by_id + whole)
     recorded = await box.store.fetch_all(
         "SELECT inbox_id, actor, reason, previous_status FROM relaybox_replays ORDER BY id"
     )
