@@ -197,7 +197,7 @@ async def explain(url: str) -> list[str]:
         plans = []
         now = time.time()
         for name, params in (
-            ("inbox_claim", (now, 128, 30.0, 10)),  # the worker's batch
+            ("inbox_claim", (now, 128, 30.0, 10, 64)),  # the worker's batch, 4 chains free
             ("inbox_lock", ([1, 2, 3],)),
         ):
             rows = await conn.fetch("EXPLAIN " + q[name], *params)

@@ -233,12 +233,18 @@ async def test_a_completed_row_is_never_overwritten(box: Relaybox, clock: Frozen
 
 
 @pytest.mark.parametrize("others", [0, 2])
-async def test_a_row_completed_between_claim_and_start_is_left_out(
-    box: Relaybox, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch, others: int
+@pytest.mark.parametrize("counted_by", ["claim", "start"])
+async def test_a_row_completed_after_its_claim_is_left_out(
+    box: Relaybox,
+    clock: FrozenClock,
+    monkeypatch: pytest.MonkeyPatch,
+    others: int,
+    counted_by: str,
 ) -> None:
-    """Another worker completed the claim's first row before this one counted its
-    attempt (PostgreSQL counts a group's attempts together, the chain's first event's
-    among them): that row is left alone, the others run."""
+    """Another worker completed the claim's first row before this one ran it: whether
+    the claim counted its attempt (chains free for it, PostgreSQL) or its start mark
+    does (the chain's first event counted with the rest of its group), that row is
+    left alone and the others run."""
     handled: list[str] = []
 
     @box.handler("s")
@@ -247,24 +253,40 @@ async def test_a_row_completed_between_claim_and_start_is_left_out(
 
     names = ["a", *(f"b{i}" for i in range(others))]
     await box.store.inbox_accept([delivery(clock, n, "x", {"n": n}) for n in names])
-    start = box.store.inbox_start
 
-    async def completed_first(ids: list[int], now: float) -> dict[int, int]:
+    async def complete_a(now: float) -> None:
         async with box.store.transaction() as conn:
             await conn.execute(
                 text("UPDATE relaybox_inbox SET status = 'done', done_at = :now"
                      " WHERE event_id = 'a'"),
                 {"now": now},
             )  # fmt: skip
-        return await start(ids, now)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(box.store, "inbox_start", completed_first)
-    assert await box.worker().run_once() == len(names)
+    worker = box.worker()
+    if counted_by == "claim":
+        claim = box.store.inbox_claim
+
+        async def claimed_then_completed(**kwargs: Any) -> Any:
+            found = await claim(**kwargs)
+            await complete_a(kwargs["now"])
+            return found
+
+        monkeypatch.setattr(box.store, "inbox_claim", claimed_then_completed)
+    else:
+        monkeypatch.setattr(worker, "_room", lambda: 0)  # no chain free at the claim
+        start = box.store.inbox_start
+
+        async def completed_first(ids: list[int], now: float) -> dict[int, int]:
+            await complete_a(now)
+            return await start(ids, now)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(box.store, "inbox_start", completed_first)
+    assert await worker.run_once() == len(names)
     assert sorted(handled) == names[1:]
     state = await rows(box)
-    assert {n: (r["status"], r["attempts"]) for n, r in state.items()} == {
-        "a": ("done", 0),
-        **{n: ("done", 1) for n in names[1:]},
+    assert state["a"]["status"] == "done"
+    assert {n: (state[n]["status"], state[n]["attempts"]) for n in names[1:]} == {
+        n: ("done", 1) for n in names[1:]
     }
 
 

@@ -514,6 +514,29 @@ async def test_claim_counts_attempts_holds_and_skips_rows_not_due(store: Store) 
     assert (retried.ids, retried.suspects) == ([a.inbox_id], [])
 
 
+async def test_claim_counts_the_attempts_of_the_rows_it_starts(store: Store) -> None:
+    """``start``: the first rows by due time, suspects excepted, are started by the
+    claim itself (PostgreSQL; SQLite's worker runs a claim as one batch and counts
+    none here); the rest are counted when they start."""
+    ids = [(await accept_one(store, delivery(f"e{i}", at=T0 + i))).inbox_id for i in range(4)]
+    suspect = await accept_one(store, delivery("suspect", at=T0 - 10))
+    await store.inbox_claim(now=T0 - 5, limit=1, max_attempts=5, hold=1)
+    await store.inbox_start([suspect.inbox_id], T0 - 5)  # its worker died in the handler
+
+    claim = await store.inbox_claim(now=T0 + 100, limit=10, max_attempts=5, hold=30, start=2)
+    assert (claim.ids, claim.suspects) == (ids, [suspect.inbox_id])
+    counted = set(ids[:2]) if store.groups else set()
+    assert claim.started == counted
+    for inbox_id in ids:
+        r = await row(store, inbox_id)
+        started = inbox_id in counted
+        assert (r["attempts"], r["started_at"]) == ((1, T0 + 100) if started else (0, None))
+        assert claim.events[inbox_id].attempts == r["attempts"]
+    assert (await row(store, suspect.inbox_id))["attempts"] == 1  # a suspect: not counted
+    # The rest start as usual; a row the claim started is not counted twice.
+    assert await store.inbox_start(ids[2:], T0 + 101) == {i: 1 for i in ids[2:]}
+
+
 async def test_claim_respects_limit_and_due_order(store: Store) -> None:
     ids = [(await accept_one(store, delivery(f"e{i}", at=T0 + i))).inbox_id for i in range(5)]
     claim = await store.inbox_claim(now=T0 + 100, limit=2, max_attempts=5, hold=30)

@@ -271,10 +271,14 @@ class Store(
         """How a list of ids is passed to the driver."""
         return list(ids)
 
-    async def inbox_claim(self, *, now: float, limit: int, max_attempts: int, hold: float) -> Claim:
-        """Phase 1 of processing, its own short transaction: count one more attempt on
-        up to ``limit`` due rows and hold them back ``hold`` seconds; dead-letter the
-        ones whose attempts were already used up by workers that died."""
+    async def inbox_claim(
+        self, *, now: float, limit: int, max_attempts: int, hold: float, start: int = 0
+    ) -> Claim:
+        """Phase 1 of processing, its own short transaction: hold up to ``limit`` due
+        rows back ``hold`` seconds, and dead-letter the ones whose attempts were used up
+        by workers that died. ``start``: how many of them (the first due, suspects
+        excepted) the worker starts at once, whose attempts the claim counts
+        (PostgreSQL; SQLite counts none here: its worker runs a claim as one batch)."""
         async with self.connect() as conn:
             rows = await self.rows(conn, "inbox_claim", (now, limit, hold, max_attempts))
         return Claim.from_rows(rows)

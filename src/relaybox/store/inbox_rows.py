@@ -127,16 +127,21 @@ class Claim:
     events: dict[int, InboxEvent] = field(default_factory=dict)
     """The claimed pending rows (``ids`` and ``suspects``) as claimed: the worker does
     not read them again."""
+    started: frozenset[int] = frozenset()
+    """Rows of ``ids`` whose attempt the claim counted (``start``): their ``attempts``
+    in :attr:`events` is that attempt's number; the others' are counted as they start."""
 
     @classmethod
     def from_rows(cls, rows: Sequence[Any]) -> Claim:
         """Rows of ``inbox_claim``: (id, status, source, account, event_id, attempts,
-        suspect, then the other columns of :class:`InboxEvent`)."""
+        suspect, the other columns of :class:`InboxEvent`, then whether the claim
+        counted the row's attempt)."""
         return cls(
             ids=sorted(r[0] for r in rows if r[1] == "pending" and not r[6]),
             exhausted=[(r[0], r[2], r[3], r[4], r[5]) for r in rows if r[1] == "dead"],
             suspects=sorted(r[0] for r in rows if r[1] == "pending" and r[6]),
             events={r[0]: InboxEvent.from_row(r) for r in rows if r[1] == "pending"},
+            started=frozenset(r[0] for r in rows if r[1] == "pending" and r[13]),
         )
 
 

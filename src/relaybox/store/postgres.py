@@ -309,13 +309,15 @@ class PostgresStore(Store):
                     await conn.executemany(self.q["quarantine_insert"], quarantine)
             return outcomes
 
-    async def inbox_claim(self, *, now: float, limit: int, max_attempts: int, hold: float) -> Claim:
+    async def inbox_claim(
+        self, *, now: float, limit: int, max_attempts: int, hold: float, start: int = 0
+    ) -> Claim:
         # A hold, like the start marks: on the synchronous_commit=off pool. The first
         # durable COMMIT after it (an event's completion) flushes the WAL up to it; a
         # database crash before that loses only holds, whose rows are claimed again.
         pool = await self.start_pool()
         async with self._borrow(pool) as conn:  # one statement: its own transaction
-            rows = await conn.fetch(self.q["inbox_claim"], now, limit, hold, max_attempts)
+            rows = await conn.fetch(self.q["inbox_claim"], now, limit, hold, max_attempts, start)
         return Claim.from_rows(rows)
 
     async def inbox_begin(

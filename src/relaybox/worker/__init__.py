@@ -2,8 +2,10 @@
 
 1. **claim** (one autocommit statement): hold up to ``batch`` due rows back
    ``claim_hold`` seconds, returning their columns; the same statement dead-letters
-   rows whose budget was used up by workers that died (``exhausted``). Nothing is
-   charged yet: a claimed row waiting for its turn costs no attempt if the process dies.
+   rows whose budget was used up by workers that died (``exhausted``). A claimed row
+   waiting for its turn is not charged: it costs no attempt if the process dies. The
+   rows that free chains start at once (PostgreSQL) are the exception: the claim counts
+   their attempts itself, as their start (2) would, a round trip sooner.
 2. **start**: an attempt is counted (``attempts + 1``, ``started_at``) and committed as
    the event starts, before its handler runs, so an event that kills its worker
    (segfault, SIGKILL, OOM) still uses its budget. Events that start together share one

@@ -112,6 +112,7 @@ class Worker(Runners):
         self._isolation = asyncio.Lock()
         self._isolating = 0  # suspects waiting to run alone: chains stop taking events
         self._ready: deque[_Job] = deque()  # claimed events waiting for a chain
+        self._reserved = 0  # events a claim in flight counts (see _room)
         self._chains = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._marks = _StartMarks(box)
@@ -207,9 +208,21 @@ class Worker(Runners):
         if not await self.box.clock_guard.check():
             return 0
         now = self.box.clock.now()
-        claim = await store.inbox_claim(
-            now=now, limit=self.batch, max_attempts=self.backoff.max_attempts, hold=self.claim_hold
-        )
+        # Rows that free chains start at once have their attempts counted by the claim
+        # itself: their start mark's round trip saved. Reserved while the claim is in
+        # flight, so that the other claimer does not count for the same chains.
+        start = self._room()
+        self._reserved += start
+        try:
+            claim = await store.inbox_claim(
+                now=now,
+                limit=self.batch,
+                max_attempts=self.backoff.max_attempts,
+                hold=self.claim_hold,
+                start=start,
+            )
+        finally:
+            self._reserved -= start
         for inbox_id, source, account, event_id, attempts in claim.exhausted:
             self.box.metrics.processed.labels(source, "dead_exhausted").inc()
             log.error(
@@ -241,6 +254,15 @@ class Worker(Runners):
                 await asyncio.gather(keeper, return_exceptions=True)
         return len(claim.ids) + len(claim.suspects) + len(claim.exhausted)
 
+    def _room(self) -> int:
+        """How many claimed events would start at once (PostgreSQL groups): the groups
+        free chains would run, less the events waiting for a chain and those counted
+        by a claim in flight."""
+        if not self._grouped or self._isolating:
+            return 0
+        free = (self.concurrency - self._chains) * self.group
+        return max(0, free - len(self._ready) - self._reserved)
+
     async def _keep_hold(self, ids: list[int], until: float, stop: asyncio.Event) -> None:
         """While the claim runs, renew its rows' hold every third of ``claim_hold``
         (``inbox_keep_hold``): a row that waits its turn, or waits for a lock, longer
@@ -264,7 +286,12 @@ class Worker(Runners):
     async def _run_claim(self, claim: Claim) -> None:
         if self.group == 1 or self._grouped:
             batch = _Batch(len(claim.ids) + len(claim.suspects))
-            self._ready.extend(self._job(claim.events[i], batch) for i in claim.ids)
+            started = claim.started
+            for i in sorted(claim.ids, key=lambda i: i not in started):  # counted first
+                job = self._job(claim.events[i], batch)
+                if i in started:
+                    job.attempt = claim.events[i].attempts
+                self._ready.append(job)
             self._spawn_chains()
             for inbox_id in claim.suspects:
                 self._spawn(self._run_suspect(self._job(claim.events[inbox_id], batch)))

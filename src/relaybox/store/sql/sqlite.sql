@@ -92,7 +92,7 @@ SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL
 
 -- name: inbox_claim
 -- Holds up to ?2 due rows back ?3 seconds. Attempts are counted when an event starts
--- (inbox_start), not here. A row whose last attempt never recorded an outcome
+-- (inbox_start), not here (the worker runs a claim as one batch: no row starts ahead). A row whose last attempt never recorded an outcome
 -- (started_at still set) was running when its worker died: dead once its budget (?4)
 -- is used up, otherwise returned as a suspect to run alone.
 UPDATE relaybox_inbox SET
@@ -107,7 +107,7 @@ WHERE id IN (SELECT id FROM relaybox_inbox
              WHERE status = 'pending' AND next_attempt_at <= ?1
              ORDER BY next_attempt_at LIMIT ?2)
 RETURNING id, status, source, account, event_id, attempts, started_at IS NOT NULL AS suspect,
-          event_type, tenant, payload, headers, version, received_at
+          event_type, tenant, payload, headers, version, received_at, 0 AS starts
 
 -- name: inbox_start
 -- An attempt starts: counted durably before the handler runs.
