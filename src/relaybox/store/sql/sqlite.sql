@@ -92,9 +92,10 @@ SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL
 
 -- name: inbox_claim
 -- Holds up to ?2 due rows back ?3 seconds. Attempts are counted when an event starts
--- (inbox_start), not here (the worker runs a claim as one batch: no row starts ahead). A row whose last attempt never recorded an outcome
--- (started_at still set) was running when its worker died: dead once its budget (?4)
--- is used up, otherwise returned as a suspect to run alone.
+-- (inbox_start), not here (the worker runs a claim as one batch: no row starts
+-- ahead). A row whose last attempt never recorded an outcome (started_at still set)
+-- was running when its worker died: dead once its budget (?4) is used up, otherwise
+-- returned as a suspect to run alone.
 UPDATE relaybox_inbox SET
     status = CASE WHEN started_at IS NOT NULL AND attempts >= ?4 THEN 'dead' ELSE 'pending' END,
     dead_reason = CASE WHEN started_at IS NOT NULL AND attempts >= ?4 THEN 'exhausted' END,
