@@ -243,11 +243,20 @@ async def _lifespan(box: ReceiverRuntime, receive: Receive, send: Send) -> None:
 
 def _headers_json(headers: dict[str, str]) -> str:
     """The headers kept with the delivery, as JSON (the credentials of the hop left
-    out): the text ``json.dumps`` writes for a dict of strings, joined from the C
-    string escaper (~2 µs a request, where one encoder without the circular check
-    took ~3 and ``json.dumps`` ~5)."""
+    out): the text ``json.dumps`` writes for a dict of strings. Nearly every request's
+    names and values are printable ASCII without a quote or a backslash, which JSON
+    writes as they are: joined in C (``str.join`` over the items) and checked in one
+    pass, ~1.1 µs a request where escaping each name and value took ~1.7. Any other
+    request's headers take the C string escaper for each."""
     if not _DROP_HEADERS.isdisjoint(headers):
         headers = {k: v for k, v in headers.items() if k not in _DROP_HEADERS}
+    text = '{"' + '", "'.join(map('": "'.join, headers.items())) + '"}'
+    if text.isascii():
+        raw = text.encode()
+        # Deleting every byte JSON escapes, and the quotes, leaves all but the four
+        # quotes around each name and value only when no name or value holds one.
+        if len(raw.translate(None, _ESCAPED)) == len(raw) - 4 * len(headers):
+            return text
     return (
         "{"
         + ", ".join([_json_string(k) + ": " + _json_string(v) for k, v in headers.items()])
@@ -255,6 +264,8 @@ def _headers_json(headers: dict[str, str]) -> str:
     )
 
 
+# What JSON writes escaped in an ASCII string (json.dumps escapes DEL too).
+_ESCAPED = bytes(range(0x20)) + b'"\\\x7f'
 _json_string = json.encoder.encode_basestring_ascii
 
 
