@@ -75,30 +75,38 @@ async def test_a_dispatcher_60_s_ahead_does_not_resend_a_webhook_another_is_send
         # A dispatcher on a right clock leases the row (10 s) and hangs in the request.
         holder = pg_box.dispatcher()
         holding = asyncio.create_task(holder.run_once())
-        await hooks.wait_for(1, within=20)
-
-        skewed_proc = procs.start(
-            "dispatch+60s",
-            [
-                *("dispatch", "--app", "tests.support.outbound_app:box", "--config", str(config)),
-                *("--database-url", pg_url),
-            ],
-            skewed(AHEAD),
-        )
-        # Published after the skewed dispatcher started: only it can deliver this one
-        # (the holder leases once), so its delivery proves it has leased since.
-        await publish_one(pg_box, "probe.thing")
         try:
-            await probe.wait_for(1, within=30)
-        except TimeoutError:
-            detail = procs.tails()
-            raise AssertionError(f"the skewed dispatcher never delivered\n{detail}") from None
-        assert skewed_proc.alive(), skewed_proc.tail()
-        assert len(hooks.requests) == 1, "the webhook another dispatcher holds went out twice"
+            await hooks.wait_for(1, within=20)
 
-        hooks.release()
-        assert await asyncio.wait_for(holding, 20) == 1
-        await holder.close()
+            skewed_proc = procs.start(
+                "dispatch+60s",
+                [
+                    *("dispatch", "--app", "tests.support.outbound_app:box"),
+                    *("--config", str(config), "--database-url", pg_url),
+                ],
+                skewed(AHEAD),
+            )
+            # Published after the skewed dispatcher started: only it can deliver this one
+            # (the holder leases once), so its delivery proves it has leased since.
+            await publish_one(pg_box, "probe.thing")
+            try:
+                await probe.wait_for(1, within=30)
+            except TimeoutError:
+                detail = procs.tails()
+                raise AssertionError(f"the skewed dispatcher never delivered\n{detail}") from None
+            assert skewed_proc.alive(), skewed_proc.tail()
+            assert len(hooks.requests) == 1, "the webhook another dispatcher holds went out twice"
+
+            hooks.release()
+            assert await asyncio.wait_for(holding, 20) == 1
+        finally:
+            # On a failure too: the holder's attempt ends and its connection goes back
+            # (a task left holding it would keep the box's close waiting forever).
+            hooks.release()
+            if not holding.done():
+                holding.cancel()
+            await asyncio.gather(holding, return_exceptions=True)
+            await holder.close()
     rows = await outbox_rows(pg_box)
     assert sorted((r["status"], r["attempts"]) for r in rows) == [("sent", 1), ("sent", 1)]
 

@@ -17,6 +17,7 @@ import asyncpg.transaction
 import pytest
 from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from sqlalchemy.engine import Connection, Engine
+from structlog.testing import capture_logs
 
 from relaybox.store import _drivers, open_store
 
@@ -223,3 +224,22 @@ async def test_a_use_waiting_for_the_pool_gets_the_connection_another_use_ends_w
     assert pool.get_size() == 2 and pool.get_idle_size() == 1  # the older one went back
     await store.close()
     await big.close()
+
+
+async def test_close_does_not_wait_forever_for_a_connection_never_given_back(
+    pg_url: str,
+) -> None:
+    """A connection held by a task that never gives it back (here: acquired and
+    abandoned) kept asyncpg's pool close, and so ``Relaybox.close`` and the process's
+    exit, waiting forever; after ``close_timeout`` the store closes it and says so."""
+    from relaybox.store import postgres
+
+    store = postgres.PostgresStore(pg_url)
+    store.close_timeout = 0.5
+    pool = await store.raw_pool()
+    await pool.acquire()  # and never released
+    with capture_logs() as logs:
+        await asyncio.wait_for(store.close(), 10)
+    assert pool.is_closing() and pool.get_size() == 0  # the held connection closed too
+    [line] = [entry for entry in logs if entry["event"] == "store_close_timed_out"]
+    assert line["in_use"] == 1 and line["log_level"] == "warning"

@@ -54,6 +54,8 @@ def async_url(url: str) -> str:
 class PostgresStore(Store):
     backend: ClassVar[str] = "postgres"
     groups: ClassVar[bool] = True
+    close_timeout: float = 10.0
+    """Seconds :meth:`close` waits for connections still in use before it closes them."""
 
     def __init__(
         self,
@@ -235,9 +237,22 @@ class PostgresStore(Store):
             await asyncio.gather(*self._releasing, return_exceptions=True)
         for pool in (self._raw_pool, self._start_pool, self._generic_pool):
             if pool is not None:
-                await pool.close()
+                await self._close_pool(pool)
         self._raw_pool = self._start_pool = self._generic_pool = None
         await super().close()
+
+    async def _close_pool(self, pool: asyncpg.Pool) -> None:
+        """asyncpg's close waits for every connection to come back: one held by a task
+        that never gives it back (destroyed while holding it, or still running after
+        the app's shutdown) would keep the close, and the process's exit, waiting
+        forever. After ``close_timeout`` seconds the pool is terminated instead
+        (asyncpg does so when its close is cancelled), which closes the connections
+        still out."""
+        in_use = pool.get_size() - pool.get_idle_size()
+        try:
+            await asyncio.wait_for(pool.close(), self.close_timeout)
+        except TimeoutError:
+            log.warning("store_close_timed_out", seconds=self.close_timeout, in_use=in_use)
 
     async def inbox_accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
         """Group commit on the raw driver: the batch insert is one autocommit
