@@ -56,6 +56,7 @@ async def _bench_databases() -> list[str]:
     return [r[0] for r in rows]
 
 
+@pytest.mark.timeout(900)  # every bench at its smallest size: ~4 min on two cores
 async def test_bench_quick_prints_its_goals_and_leaves_no_databases() -> None:
     before = set(await _bench_databases())
     if shutil.which("wrk"):
