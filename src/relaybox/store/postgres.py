@@ -235,9 +235,8 @@ class PostgresStore(Store):
         self._idle.clear()
         if self._releasing:
             await asyncio.gather(*self._releasing, return_exceptions=True)
-        for pool in (self._raw_pool, self._start_pool, self._generic_pool):
-            if pool is not None:
-                await self._close_pool(pool)
+        pools = (self._raw_pool, self._start_pool, self._generic_pool)
+        await asyncio.gather(*(self._close_pool(pool) for pool in pools if pool is not None))
         self._raw_pool = self._start_pool = self._generic_pool = None
         await super().close()
 
