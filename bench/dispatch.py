@@ -1,7 +1,8 @@
 """Dispatch: N outbox rows (20 endpoints, 5 in flight each = 100 in flight) delivered
 by ``relaybox dispatch`` to a local sink answering 200 (uvicorn, its own process and
 core), against a pooled bare aiohttp loop (100 workers taking the same bodies from
-one iterator, on uvloop), and httpx the same way; then the same with 1 of the 20
+one iterator, on uvloop, each request signed with the Standard Webhooks headers
+relaybox sends), the same loop unsigned, and httpx; then the same with 1 of the 20
 endpoints hanging; then both senders again against an aiohttp sink, which needs
 twice the CPU per request (bench/sink.py)."""
 
@@ -28,6 +29,7 @@ from bench.common import (
     table,
     verdict,
 )
+from relaybox.outbound.signing import sign
 
 ENDPOINTS = 20
 IN_FLIGHT = 5
@@ -108,7 +110,7 @@ def sink_note(cpu: float, wall: float, requests: int) -> str:
     return f", sink {cpu / requests * 1e6:.0f} µs/request, its core {cpu / wall:.0%} busy"
 
 
-async def relaybox_run(n: int, hanging: bool, sink_kind: str) -> dict[str, Any]:
+async def relaybox_run(n: int, sink_kind: str, hanging: bool = False) -> dict[str, Any]:
     port = free_port()
     sink = start_sink(port, sink_kind)
     url = fresh_pg_database(f"dispatch_{int(hanging)}")
@@ -219,19 +221,36 @@ async def pooled(post: Any, payloads: list[bytes]) -> None:
     await asyncio.gather(*(worker() for _ in range(WORKERS)))
 
 
-async def aiohttp_run(n: int, sink_kind: str) -> dict[str, Any]:
+FLOOR_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+def signed(j: int, body: bytes) -> dict[str, str]:
+    """The headers a pooled loop sends with body ``j``: what relaybox sends with each
+    webhook (``webhook-id`` of a message id's length, ``webhook-timestamp``, the
+    Standard Webhooks HMAC signature, made by relaybox's own signing code, and the
+    content type). Signing is part of the job, as verifying is part of accept's floor;
+    ``signed=False`` runs leave it out (the floor before 2026-12-06)."""
+    headers = sign(
+        msg_id=f"msg_{j:026d}", timestamp=int(time.time()), body=body, secrets=[FLOOR_SECRET]
+    )
+    headers["Content-Type"] = "application/json"
+    return headers
+
+
+async def aiohttp_run(n: int, sink_kind: str, signing: bool = True) -> dict[str, Any]:
     port = free_port()
     sink = start_sink(port, sink_kind)
     try:
         payloads = bodies(n)
         connector = aiohttp.TCPConnector(limit=WORKERS)
+        plain = {"content-type": "application/json"}
         async with aiohttp.ClientSession(connector=connector) as http:
 
             async def post(j: int, body: bytes) -> None:
                 async with http.post(
                     f"http://127.0.0.1:{port}/ok/{j % ENDPOINTS}",
                     data=body,
-                    headers={"content-type": "application/json"},
+                    headers=signed(j, body) if signing else plain,
                 ) as r:
                     await r.read()
                     if r.status != 200:
@@ -247,7 +266,8 @@ async def aiohttp_run(n: int, sink_kind: str) -> dict[str, Any]:
         sink.wait(10)
     per = cpu / n * 1e6
     note = (
-        f"pooled bare aiohttp, {WORKERS} workers, {per:.0f} µs CPU/request"
+        f"pooled bare aiohttp, {WORKERS} workers, {'signed' if signing else 'unsigned'},"
+        f" {per:.0f} µs CPU/request"
         f"{sink_note(sink_cpu, elapsed, n)}"
     )
     return {"rate": n / elapsed, "note": note}
@@ -264,7 +284,11 @@ async def httpx_run(n: int, sink_kind: str) -> dict[str, Any]:
         async with httpx.AsyncClient(limits=limits) as http:
 
             async def post(j: int, body: bytes) -> None:
-                r = await http.post(f"http://127.0.0.1:{port}/ok/{j % ENDPOINTS}", content=body)
+                r = await http.post(
+                    f"http://127.0.0.1:{port}/ok/{j % ENDPOINTS}",
+                    content=body,
+                    headers=signed(j, body),
+                )
                 if r.status_code != 200:
                     raise RuntimeError(f"sink answered {r.status_code}")
 
@@ -274,15 +298,21 @@ async def httpx_run(n: int, sink_kind: str) -> dict[str, Any]:
     finally:
         sink.kill()  # hanging handlers would hold a graceful stop for a minute
         sink.wait(10)
-    return {"rate": n / elapsed, "note": f"pooled bare httpx, {WORKERS} workers ({n} requests)"}
+    note = f"pooled bare httpx, {WORKERS} workers, signed ({n} requests)"
+    return {"rate": n / elapsed, "note": note}
 
 
 def run_child(
-    which: str, n: int, hanging: bool, loop: str = "asyncio", sink: str = "uvicorn"
+    which: str,
+    n: int,
+    options: dict[str, Any],
+    loop: str = "asyncio",
+    sink: str = "uvicorn",
 ) -> dict[str, Any]:
     """Each measurement in its own process, pinned to core 0 (the sink has core 1), on
     ``loop``: ``uvloop`` (what ``relaybox dispatch`` runs on) or the plain ``asyncio``;
-    ``sink``: the receiver (bench/sink.py)."""
+    ``sink``: the receiver (bench/sink.py); ``options``: the runner's keywords
+    (``hanging`` for relaybox, ``signing`` for the pooled aiohttp loop)."""
     children_create_databases()
     out = subprocess.run(
         [
@@ -293,8 +323,9 @@ def run_child(
             "-c",
             "import asyncio, json, sys, uvloop; from bench import dispatch as d; "
             f"run = {loop}.run; "
-            f"print('RESULT', json.dumps(run(d.{which}(*json.loads(sys.argv[1])))))",
-            json.dumps([n, hanging, sink] if which == "relaybox_run" else [n, sink]),
+            "args, kwargs = json.loads(sys.argv[1]); "
+            f"print('RESULT', json.dumps(run(d.{which}(*args, **kwargs))))",
+            json.dumps([[n, sink], options]),
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,  # stderr passes through: a failing run shows its traceback
@@ -315,29 +346,32 @@ def main(*, quick: bool = False) -> str:
     # ±15 %: with 2 rounds the hanging endpoint's cost read 4 % in one run and 10 % in
     # the next (2026-12-02).
     rounds = 1 if quick else 3
-    # (name, child, rows, hanging, loop, sink); each row's ratio is against the bare
+    # (name, child, rows, options, loop, sink); each row's ratio is against the bare
     # loop on uvloop on the same sink.
-    runners = (
+    signing, unsigned, hanging = {"signing": True}, {"signing": False}, {"hanging": True}
+    runners: tuple[tuple[str, str, int, dict[str, Any], str, str], ...] = (
         # The base: the pooled bare loop on uvloop, the loop `relaybox dispatch` runs
-        # on (a second row shows it on the plain asyncio loop).
-        ("pooled aiohttp loop", "aiohttp_run", n, False, "uvloop", "uvicorn"),
-        ("pooled aiohttp loop, asyncio loop", "aiohttp_run", n, False, "asyncio", "uvicorn"),
-        ("relaybox dispatch", "relaybox_run", n, False, "asyncio", "uvicorn"),  # on uvloop
-        ("relaybox, 1 of 20 endpoints hanging", "relaybox_run", n, True, "asyncio", "uvicorn"),
-        ("pooled httpx loop", "httpx_run", max(500, n // 10), False, "uvloop", "uvicorn"),
+        # on, signing each request as relaybox does (a second row shows it on the
+        # plain asyncio loop, a third without the signature).
+        ("pooled aiohttp loop", "aiohttp_run", n, signing, "uvloop", "uvicorn"),
+        ("pooled aiohttp loop, asyncio loop", "aiohttp_run", n, signing, "asyncio", "uvicorn"),
+        ("pooled aiohttp loop, unsigned", "aiohttp_run", n, unsigned, "uvloop", "uvicorn"),
+        ("relaybox dispatch", "relaybox_run", n, {}, "asyncio", "uvicorn"),  # on uvloop
+        ("relaybox, 1 of 20 endpoints hanging", "relaybox_run", n, hanging, "asyncio", "uvicorn"),
+        ("pooled httpx loop", "httpx_run", max(500, n // 10), {}, "uvloop", "uvicorn"),
         # The same two senders against aiohttp's web server as the receiver (2.4 times
         # the CPU per request: relaybox loses more there, bench/README.md "The sink").
-        ("pooled aiohttp loop, aiohttp sink", "aiohttp_run", n, False, "uvloop", "aiohttp"),
-        ("relaybox dispatch, aiohttp sink", "relaybox_run", n, False, "asyncio", "aiohttp"),
+        ("pooled aiohttp loop, aiohttp sink", "aiohttp_run", n, signing, "uvloop", "aiohttp"),
+        ("relaybox dispatch, aiohttp sink", "relaybox_run", n, {}, "asyncio", "aiohttp"),
     )
     runs: dict[str, list[dict[str, Any]]] = {}
     for round_ in range(rounds):
-        for name, which, count, hanging, loop, sink in runners[:: -1 if round_ % 2 else 1]:
+        for name, which, count, options, loop, sink in runners[:: -1 if round_ % 2 else 1]:
             if ONLY and not any(word.strip() and word.strip() in name for word in ONLY.split(",")):
                 continue
             if round_ and "httpx" in name:
                 continue  # once: it only confirms the collapse
-            r = run_child(which, count, hanging, loop, sink)
+            r = run_child(which, count, options, loop, sink)
             runs.setdefault(name, []).append(r)
             print(f"  dispatch {name:38} {r['rate']:8.0f}/s  {r['note']}", flush=True)
     results = {name: merged(rs) for name, rs in runs.items()}

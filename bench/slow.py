@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 
 from bench.common import ROOT, free_port, fresh_pg_database, table
-from bench.dispatch import bodies, cpu_seconds, start_sink
+from bench.dispatch import bodies, cpu_seconds, signed, start_sink
 
 GOAL_RATE = 0.8
 GOAL_RSS_MB = 250
@@ -151,7 +151,8 @@ async def relaybox_run(endpoints: int, seconds: float, hanging: bool) -> dict[st
 
 async def aiohttp_run(endpoints: int, seconds: float) -> dict[str, Any]:
     """The floor: ``endpoints`` workers sharing one iterator of every row (round robin
-    over the endpoints), one aiohttp session, on uvloop."""
+    over the endpoints), one aiohttp session, on uvloop, each request signed as
+    relaybox signs its webhooks (:func:`bench.dispatch.signed`)."""
     plan = layout(endpoints, seconds)
     port = free_port()
     sink = start_sink(port, "record")
@@ -163,15 +164,13 @@ async def aiohttp_run(endpoints: int, seconds: float) -> dict[str, Any]:
             if j < rows
         ]
         payloads = bodies(len(urls))
-        work = iter(zip(urls, payloads, strict=True))
+        work = enumerate(zip(urls, payloads, strict=True))
         connector = aiohttp.TCPConnector(limit=endpoints)
         async with aiohttp.ClientSession(connector=connector) as http:
 
             async def worker() -> None:
-                for target, body in work:
-                    async with http.post(
-                        target, data=body, headers={"content-type": "application/json"}
-                    ) as r:
+                for j, (target, body) in work:
+                    async with http.post(target, data=body, headers=signed(j, body)) as r:
                         await r.read()
                         if r.status != 200:
                             raise RuntimeError(f"sink answered {r.status}")
