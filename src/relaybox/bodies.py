@@ -7,6 +7,9 @@ callers answer :class:`BodyTooLarge` with a 413 in their own format (JSON for th
 APIs, a page for the dashboard). The rest of the body is never read: the server
 closes the connection after the answer.
 
+:func:`json_as_is` tells whether strings joined between JSON quotes are already
+what JSON writes of them (the hot paths that write JSON by hand use it).
+
 :func:`text_problem` finds what a database cannot store: NUL characters (PostgreSQL
 text refuses them) and lone surrogates (not encodable as UTF-8, so no backend stores
 them), anywhere in a decoded JSON value or a string.
@@ -82,3 +85,18 @@ def text_problem(
             stack.extend((child, f"{path}[{i}]", strict) for i, child in enumerate(item))
         top = False
     return None
+
+
+# What JSON writes escaped in an ASCII string (json.dumps escapes DEL too).
+_JSON_ESCAPED = bytes(range(0x20)) + b'"\\\x7f'
+
+
+def json_as_is(text: str, quotes: int) -> bool:
+    """Whether ``text``, strings joined between ``quotes`` JSON quote marks, is what
+    JSON writes of them: ASCII, and no byte that JSON escapes but those quotes. One
+    pass in C: deleting every such byte leaves all but the quotes only when no string
+    holds one."""
+    if not text.isascii():
+        return False
+    raw = text.encode()
+    return len(raw.translate(None, _JSON_ESCAPED)) == len(raw) - quotes

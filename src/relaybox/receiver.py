@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from relaybox.bodies import json_as_is
 from relaybox.errors import (
     TABLES_MISSING,
     PayloadTooLarge,
@@ -251,12 +252,8 @@ def _headers_json(headers: dict[str, str]) -> str:
     if not _DROP_HEADERS.isdisjoint(headers):
         headers = {k: v for k, v in headers.items() if k not in _DROP_HEADERS}
     text = '{"' + '", "'.join(map('": "'.join, headers.items())) + '"}'
-    if text.isascii():
-        raw = text.encode()
-        # Deleting every byte JSON escapes, and the quotes, leaves all but the four
-        # quotes around each name and value only when no name or value holds one.
-        if len(raw.translate(None, _ESCAPED)) == len(raw) - 4 * len(headers):
-            return text
+    if json_as_is(text, 4 * len(headers)):
+        return text
     return (
         "{"
         + ", ".join([_json_string(k) + ": " + _json_string(v) for k, v in headers.items()])
@@ -264,8 +261,6 @@ def _headers_json(headers: dict[str, str]) -> str:
     )
 
 
-# What JSON writes escaped in an ASCII string (json.dumps escapes DEL too).
-_ESCAPED = bytes(range(0x20)) + b'"\\\x7f'
 _json_string = json.encoder.encode_basestring_ascii
 
 

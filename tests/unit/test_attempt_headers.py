@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from relaybox.outbound.channels.http import record_headers
 
@@ -43,6 +45,34 @@ def test_the_text_is_json_dumps_of_the_fields_within_the_byte_limit(limit: int) 
     assert text == reference(REQUEST, RESPONSE, limit)
     parsed = json.loads(text)
     assert set(parsed) == {"request", "response"}
+
+
+# Fields as attempts have them: lists of printable ASCII without a quote or a
+# backslash (joined as they are when the list fits), and lists where characters JSON
+# escapes and characters of several UTF-8 bytes are common.
+clean = st.text(
+    alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E, exclude_characters='"\\'),
+    max_size=30,
+)
+mixed = st.text(
+    alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E)
+    | st.sampled_from('"\\\x7f\t\x00é🚀'),
+    max_size=30,
+)
+fields = st.lists(st.tuples(clean, clean), max_size=8) | st.lists(
+    st.tuples(mixed, mixed), max_size=8
+)
+
+
+@given(fields, fields, st.integers(min_value=0, max_value=400), st.integers(-3, 3))
+def test_any_fields_at_any_limit_are_json_dumps_within_the_limit(
+    request: list[tuple[str, str]], response: list[tuple[str, str]], limit: int, edge: int
+) -> None:
+    assert record_headers(request, response, limit) == reference(request, response, limit)
+    # And a limit at the request's own size, or a few bytes either side.
+    size = sum(len(name.encode()) + len(value.encode()) + 4 for name, value in request)
+    limit = max(size + edge, 0)
+    assert record_headers(request, response, limit) == reference(request, response, limit)
 
 
 def test_a_multibyte_field_is_counted_in_bytes() -> None:
