@@ -11,7 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from relaybox.metrics import _LATENCY_BUCKETS, AcceptTally
+from relaybox.metrics import (
+    _DELIVERY_BUCKETS,
+    _LATENCY_BUCKETS,
+    AcceptTally,
+    Metrics,
+    status_class,
+)
 from relaybox.receiver import _headers_json
 
 # Header names and values as the receiver has them: latin-1 text, any code point < 256.
@@ -87,6 +93,46 @@ def test_the_tally_exposes_what_a_prometheus_histogram_and_counter_would(
         seconds.labels(f"{status // 100}xx").observe(took)
         statuses.labels(str(status)).inc()
     assert _samples(ours) == _samples(theirs)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["webhook", "http", "sqs"]),
+            st.sampled_from([200, 204, 410, 429, 500, None]),
+            st.sampled_from([None, "timeout", "refused"]),
+            st.floats(min_value=0, max_value=60, allow_nan=False)
+            | st.sampled_from(_DELIVERY_BUCKETS),
+        ),
+        max_size=30,
+    )
+)
+def test_the_delivery_series_are_what_a_prometheus_histogram_and_counter_would_expose(
+    observations: list[tuple[str, int | None, str | None, float]],
+) -> None:
+    ours = Metrics()
+    theirs = CollectorRegistry()
+    seconds = Histogram(
+        "relaybox_delivery_seconds",
+        "Duration of one outbound delivery attempt (request sent to answer read), by channel.",
+        ["channel", "status_class"],
+        registry=theirs,
+        buckets=_DELIVERY_BUCKETS,
+    )
+    results = Counter(
+        "relaybox_delivery_results",
+        "Outbound delivery attempts by channel and result (2xx…5xx, timeout, network).",
+        ["channel", "status_class"],
+        registry=theirs,
+    )
+    for channel, status, error, took in observations:
+        ours.observe_delivery(channel, status, took, error=error)
+        cls = status_class(status, error)
+        seconds.labels(channel, cls).observe(took)
+        results.labels(channel, cls).inc()
+    delivery = ("relaybox_delivery_seconds", "relaybox_delivery_results")
+    mine = {line for line in _samples(ours.registry) if line.startswith(delivery)}
+    assert mine == _samples(theirs)
 
 
 def test_the_tally_loses_no_count_to_threads() -> None:
