@@ -235,10 +235,20 @@ class AcceptTally(Tally):
         self._keys: dict[int, tuple[tuple[str], tuple[str]]] = {}
 
     def observe(self, status: int, seconds: float) -> None:
+        # Tally.count's body, inlined: this runs for every request the receiver
+        # answers, and the call was 15 of its ~1,870 Python opcodes.
         keys = self._keys.get(status)
         if keys is None:
             keys = self._keys[status] = ((f"{status // 100}xx",), (str(status),))
-        self.count(keys[0], keys[1], seconds)
+        cls, counted = keys
+        slot = bisect.bisect_left(self._bounds, seconds) + 1
+        with self._lock:
+            row = self._seconds.get(cls)
+            if row is None:
+                row = self._seconds[cls] = [0.0] * (len(self._bounds) + 2)
+            row[0] += seconds
+            row[slot] += 1
+            self._counts[counted] = self._counts.get(counted, 0) + 1
 
 
 class QueueCollector(Collector):

@@ -50,6 +50,9 @@ Reply = tuple[int, "dict[str, Any] | Answer", list[tuple[bytes, bytes]]]
 
 log = structlog.get_logger("relaybox.receiver")
 
+_ROUTES_KEPT = 1024
+"""Paths the receiver remembers the source name of (:meth:`Receiver.open`)."""
+
 # Not kept with the delivery: credentials of the hop, not part of the provider's message.
 _DROP_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 
@@ -60,6 +63,10 @@ class Receiver:
     def __init__(self, box: ReceiverRuntime) -> None:
         self.box = box
         self._verify_pool: ThreadPoolExecutor | None = None
+        # (root path, path) -> source name, for paths naming a registered source: the
+        # same few paths come again and again (~30 of a request's Python opcodes).
+        # Paths naming no source are not kept, so a client cannot grow it.
+        self._names: dict[tuple[str, str], str] = {}
 
     def _verifier(self) -> ThreadPoolExecutor:
         """Threads for the verifications a source offloads. Two at a time: Ed25519
@@ -101,8 +108,15 @@ class Receiver:
         not POST, a GET handshake, a declared length over the source's limit). A
         host framework reading the body itself (the Django view) calls this, reads
         at most ``source.max_body`` bytes, then :meth:`answer`."""
-        name = _source_name(scope)
-        source = self.box.sources.get(name) if name else None
+        route = (scope.get("root_path", ""), scope.get("path", ""))
+        name = self._names.get(route)
+        if name is not None:
+            source = self.box.sources.get(name)
+        else:
+            name = _source_name(scope)
+            source = self.box.sources.get(name) if name else None
+            if source is not None and name is not None and len(self._names) < _ROUTES_KEPT:
+                self._names[route] = name
         if source is None:
             return None, {}, (404, _error("unknown_source", f"no source named {name!r}"), [])
         headers = _headers(scope)
@@ -306,10 +320,14 @@ def check_length(headers: dict[str, str], limit: int) -> None:
     if declared is not None:
         if not (declared.isascii() and declared.isdigit()):
             raise RejectedDelivery("content-length is not a number", code="malformed_headers")
-        # More digits than the limit has are over it: no int() of an endless number.
-        digits = declared.lstrip("0") or "0"
-        if len(digits) > len(str(limit)) or int(digits) > limit:
-            raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
+        # Up to 18 digits is a cheap int(); more are over any limit once their leading
+        # zeros are gone (no int() of an endless number).
+        if len(declared) > 18:
+            declared = declared.lstrip("0") or "0"
+            if len(declared) > 18:
+                raise over_limit(limit)
+        if int(declared) > limit:
+            raise over_limit(limit)
 
 
 def over_limit(limit: int) -> PayloadTooLarge:

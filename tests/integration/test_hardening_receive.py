@@ -415,7 +415,18 @@ async def test_heavy_ed25519_verification_leaves_the_loop_free(sqlite_url: str) 
 
 
 @pytest.mark.parametrize(
-    ("declared", "status"), [("0" * 5000 + "1", None), ("9" * 5000, 413), ("\u00b2", 400)]
+    ("declared", "status"),
+    [
+        ("0" * 5000 + "1", None),
+        ("9" * 5000, 413),
+        ("\u00b2", 400),
+        ("100", None),
+        ("101", 413),
+        ("0" * 18 + "100", None),  # 21 digits, 3 once the zeros are gone
+        ("0" * 18 + "101", 413),
+        ("1" + "0" * 18, 413),  # 19 digits
+        ("0" * 19, None),
+    ],
 )
 async def test_content_length_is_read_without_exceptions(declared: str, status: int | None) -> None:
     """The HTTP servers in front check Content-Length too; the receiver, mountable in
