@@ -23,6 +23,7 @@ from typing import Any
 from relaybox import Relaybox, Secret, sources
 from relaybox.config import Settings
 from relaybox.errors import RejectedDelivery
+from relaybox.store import AcceptOutcome
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 _source = sources.standard(secrets=[Secret(SECRET)])
@@ -169,15 +170,16 @@ def relaybox_app() -> Any:
     return box.receiver
 
 
+_ACCEPTED = AcceptOutcome("accepted", 0)
+
+
 class _NoStoreAcceptor:
     """An acceptor that stores nothing and answers "accepted" at once."""
 
     committers = 1
 
     async def accept(self, delivery: Any) -> Any:
-        from relaybox.store import AcceptOutcome
-
-        return AcceptOutcome("accepted", 0)
+        return _ACCEPTED  # made once: an import per request here cost ~24 opcodes
 
     async def close(self) -> None:
         return None
