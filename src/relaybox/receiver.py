@@ -320,11 +320,11 @@ def check_length(headers: dict[str, str], limit: int) -> None:
     if declared is not None:
         if not (declared.isascii() and declared.isdigit()):
             raise RejectedDelivery("content-length is not a number", code="malformed_headers")
-        # Up to 18 digits is a cheap int(); more are over any limit once their leading
-        # zeros are gone (no int() of an endless number).
+        # Up to 18 digits is a cheap int(). Longer, without its leading zeros: more
+        # digits than the limit has are over it (no int() of an endless number).
         if len(declared) > 18:
             declared = declared.lstrip("0") or "0"
-            if len(declared) > 18:
+            if len(declared) > len(str(limit)):
                 raise over_limit(limit)
         if int(declared) > limit:
             raise over_limit(limit)

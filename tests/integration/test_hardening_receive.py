@@ -445,6 +445,14 @@ async def test_content_length_is_read_without_exceptions(declared: str, status: 
     assert info.value.status == status
 
 
+def test_a_long_content_length_is_measured_against_the_limit_itself() -> None:
+    """Past 18 digits the length is compared by its digits, against a limit of any size."""
+    check_length({"content-length": "000" + "1" + "0" * 19}, 10**21)  # 10**19: under
+    with pytest.raises(RejectedDelivery) as info:
+        check_length({"content-length": "1" + "0" * 21}, 10**21)
+    assert info.value.status == 413
+
+
 def test_a_bad_value_from_a_header_is_malformed_headers() -> None:
     """Where the value came from decides the code: a header (GitHub's delivery id,
     Shopify's topic) is ``malformed_headers``, a payload field ``malformed_payload``."""
