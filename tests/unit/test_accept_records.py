@@ -19,6 +19,7 @@ from relaybox.metrics import (
     status_class,
 )
 from relaybox.receiver import _headers_json
+from tests.support.json_text import mixed, plain
 
 # Header names and values as the receiver has them: latin-1 text, any code point < 256.
 latin1 = st.text(alphabet=st.characters(max_codepoint=255), max_size=40)
@@ -26,15 +27,8 @@ latin1 = st.text(alphabet=st.characters(max_codepoint=255), max_size=40)
 
 # Printable ASCII without a quote or a backslash, which the receiver joins as it is;
 # and the same with characters JSON escapes common.
-clean = st.text(
-    alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E, exclude_characters='"\\'),
-    max_size=40,
-)
-plainish = st.text(
-    alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E)
-    | st.sampled_from('"\\\x7f\t\x00é'),
-    max_size=40,
-)
+clean = plain(40)
+plainish = mixed(40)
 
 
 @given(

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relaybox.outbound.channels.http import record_headers
+from tests.support.json_text import mixed, plain
 
 
 def reference(request: list[tuple[str, str]], response: list[tuple[str, str]], limit: int) -> str:
@@ -50,17 +51,10 @@ def test_the_text_is_json_dumps_of_the_fields_within_the_byte_limit(limit: int) 
 # Fields as attempts have them: lists of printable ASCII without a quote or a
 # backslash (joined as they are when the list fits), and lists where characters JSON
 # escapes and characters of several UTF-8 bytes are common.
-clean = st.text(
-    alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E, exclude_characters='"\\'),
-    max_size=30,
-)
-mixed = st.text(
-    alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E)
-    | st.sampled_from('"\\\x7f\t\x00é🚀'),
-    max_size=30,
-)
+clean = plain(30)
+escaped = mixed(30, '"\\\x7f\t\x00é🚀')
 fields = st.lists(st.tuples(clean, clean), max_size=8) | st.lists(
-    st.tuples(mixed, mixed), max_size=8
+    st.tuples(escaped, escaped), max_size=8
 )
 
 
