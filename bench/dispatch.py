@@ -229,7 +229,7 @@ def signed(j: int, body: bytes) -> dict[str, str]:
     webhook (``webhook-id`` of a message id's length, ``webhook-timestamp``, the
     Standard Webhooks HMAC signature, made by relaybox's own signing code, and the
     content type). Signing is part of the job, as verifying is part of accept's floor;
-    ``signed=False`` runs leave it out (the floor before 2026-12-06)."""
+    ``signing=False`` runs leave it out (the floor before 2026-12-06)."""
     headers = sign(
         msg_id=f"msg_{j:026d}", timestamp=int(time.time()), body=body, secrets=[FLOOR_SECRET]
     )
