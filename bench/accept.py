@@ -7,6 +7,7 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import os
 import re
 import subprocess
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.apps import SECRET
+from bench.apps import DURABLE_TABLE, SECRET
 from bench.common import (
     PG_ADMIN,
     ROOT,
@@ -157,6 +158,14 @@ def setup_peer(name: str, backend: str, tmp: Path, run: int) -> tuple[dict[str, 
     """Environment for the server, and a function counting stored rows afterwards."""
     if backend == "sqlite":
         db = tmp / f"{name}-{run}.db"
+        if name == "floor-durable":
+            import sqlite3
+
+            with sqlite3.connect(db) as conn:
+                conn.execute(DURABLE_TABLE)
+            return {"BENCH_APP": name, "BENCH_SQLITE": str(db)}, lambda: _sqlite_count(
+                db, "durable_events"
+            )
         if name == "relaybox-nostore":
             url = f"sqlite:///{db}"
             _migrate(url)
@@ -175,6 +184,11 @@ def setup_peer(name: str, backend: str, tmp: Path, run: int) -> tuple[dict[str, 
             )
         return {"BENCH_APP": name}, lambda: None
     url = fresh_pg_database(f"accept_{name}_{run}")
+    if name == "floor-durable":
+        pg_scalar(url, DURABLE_TABLE)
+        return {"BENCH_APP": name, "BENCH_DSN": url}, lambda: pg_scalar(
+            url, "SELECT count(*) FROM durable_events"
+        )
     if name == "relaybox-nostore":  # a migrated database for its start-up; no rows
         _migrate(url)
         return {"BENCH_APP": name, "BENCH_DB_URL": url}, lambda: None
@@ -235,8 +249,15 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
         seconds, rounds = 2, 1
     ensure_wrk()
     peers = {
-        "postgres": ["floor", "relaybox-nostore", "relaybox", "naive", "hookrelay"],
-        "sqlite": ["floor", "relaybox-nostore", "relaybox", "hookrelay"],
+        "postgres": [
+            "floor",
+            "floor-durable",
+            "relaybox-nostore",
+            "relaybox",
+            "naive",
+            "hookrelay",
+        ],
+        "sqlite": ["floor", "floor-durable", "relaybox-nostore", "relaybox", "hookrelay"],
     }
     only = os.environ.get("BENCH_ONLY")  # e.g. "postgres:floor,relaybox" while iterating
     if only:
@@ -351,6 +372,7 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
     rows = []
     for backend, names in peers.items():
         floor = median([r["rate"] for r in results.get((backend, "floor"), [])])
+        durable = median([r["rate"] for r in results.get((backend, "floor-durable"), [])])
         mine = median([r["rate"] for r in results.get((backend, "relaybox"), [])])
         for name in names:
             rs = results[(backend, name)]
@@ -366,6 +388,7 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
                     median([r["p50_ms"] for r in rs]),
                     median([r["p99_ms"] for r in rs]),
                     f"{rate / floor:.2f}",
+                    f"{rate / durable:.2f}" if not math.isnan(durable) else "-",
                     f"{mine / rate:.2f}",
                     rs[-1]["rows"],
                     rs[-1]["distinct"],
@@ -386,6 +409,7 @@ def main(*, seconds: int = 10, connections: int = 64, rounds: int = 2, quick: bo
                 "p50 ms",
                 "p99 ms",
                 "x floor",
+                "x durable floor",
                 "relaybox x",
                 "rows",
                 "distinct ids sent",

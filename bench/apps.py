@@ -5,6 +5,12 @@ same Standard Webhooks signature with the same code.
 - ``floor``: a raw ASGI app that reads the body, checks the signature, parses the JSON
   and answers 200, storing nothing: the fastest honest way to do the receiving part of
   the job on this stack (no routing, no request or response objects), the floor;
+- ``floor-durable``: ``floor`` plus the least that makes its 2xx durable: the event id,
+  a SHA-256 of the body, the headers as JSON, and a group commit of the waiting
+  requests (one statement a batch: asyncpg, 3 committers, on PostgreSQL; one writer
+  thread, ``synchronous=FULL``, on SQLite) before the answer. One unique key, no
+  duplicate or conflict reported, no limits, tenants or metrics: the fastest honest way
+  to do the whole job on this stack, less everything else a receiver is for;
 - ``relaybox-nostore``: relaybox's own receiver with its acceptor replaced by one that
   stores nothing: ``floor`` against it is the receiver's own overhead, it against
   ``relaybox`` the cost of durability alone;
@@ -64,6 +70,120 @@ def floor_app() -> Any:
         elif _verify(body, headers):
             json.loads(body)
             status, answer = 200, ok
+        else:
+            status, answer = 401, bad
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(answer)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": answer})
+
+    return app
+
+
+DURABLE_TABLE = (
+    "CREATE TABLE durable_events (event_id TEXT PRIMARY KEY, fingerprint BYTEA NOT NULL,"
+    " payload BYTEA NOT NULL, headers TEXT NOT NULL)"
+)
+"""The durable floor's one table (SQLite reads ``BYTEA`` as a blob)."""
+
+_PG_INSERT = (
+    "INSERT INTO durable_events SELECT * FROM"
+    " unnest($1::text[], $2::bytea[], $3::bytea[], $4::text[]) ON CONFLICT DO NOTHING"
+)
+
+
+def durable_floor_app() -> Any:
+    """``floor`` with a durable 2xx: each verified request waits for the COMMIT of the
+    batch that holds it (``BENCH_DSN``: PostgreSQL; ``BENCH_SQLITE``: a SQLite file)."""
+    import asyncio
+    import hashlib
+
+    dsn, path = os.environ.get("BENCH_DSN"), os.environ.get("BENCH_SQLITE")
+    committers = 3 if dsn else 1  # SQLite has one writer
+    pending: list[tuple[str, bytes, bytes, str, asyncio.Future[None]]] = []
+    state: dict[str, Any] = {"running": 0}
+    ok = b'{"status":"accepted"}'
+    bad = b'{"error":"bad_signature"}'
+
+    async def start() -> None:
+        if dsn:
+            import asyncpg
+
+            state["pool"] = await asyncpg.create_pool(dsn, min_size=committers, max_size=committers)
+        else:
+            import sqlite3
+            from concurrent.futures import ThreadPoolExecutor
+
+            conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            state["sqlite"], state["thread"] = conn, ThreadPoolExecutor(1)
+
+    def write_sqlite(rows: list[tuple[str, bytes, bytes, str]]) -> None:
+        conn = state["sqlite"]
+        conn.execute("BEGIN")
+        conn.executemany("INSERT OR IGNORE INTO durable_events VALUES (?, ?, ?, ?)", rows)
+        conn.execute("COMMIT")
+
+    async def commit() -> None:
+        while pending:
+            batch = pending[:]
+            del pending[:]
+            rows = [b[:4] for b in batch]
+            try:
+                if dsn:
+                    async with state["pool"].acquire() as conn:
+                        await conn.execute(_PG_INSERT, *map(list, zip(*rows, strict=True)))
+                else:
+                    loop = asyncio.get_running_loop()
+                    await loop.run_in_executor(state["thread"], write_sqlite, rows)
+            except Exception as exc:
+                for b in batch:
+                    b[4].set_exception(exc)
+            else:
+                for b in batch:
+                    b[4].set_result(None)
+        state["running"] -= 1
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] == "lifespan.startup":
+                await start()
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["type"] != "http":
+            return
+        chunks = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if scope["method"] != "POST" or scope["path"] != "/webhooks/bench":
+            status, answer = 405, bad
+        elif _verify(body, headers):
+            json.loads(body)
+            done = asyncio.get_running_loop().create_future()
+            fingerprint = hashlib.sha256(body).digest()
+            pending.append((headers["webhook-id"], fingerprint, body, json.dumps(headers), done))
+            if state["running"] < committers:
+                state["running"] += 1
+                asyncio.get_running_loop().create_task(commit())
+            try:
+                await done
+                status, answer = 200, ok
+            except Exception:
+                status, answer = 503, bad
         else:
             status, answer = 401, bad
         await send(
@@ -195,6 +315,7 @@ def relaybox_nostore_app() -> Any:
 
 _FACTORIES = {
     "floor": floor_app,
+    "floor-durable": durable_floor_app,
     "relaybox-nostore": relaybox_nostore_app,
     "verify": verify_app,
     "naive": naive_app,

@@ -75,6 +75,8 @@ async def test_bench_quick_prints_its_goals_and_leaves_no_databases() -> None:
         assert "dropped" in done.stdout, done.stdout[-2000:]
         # The VM's speed stamped before and after (times and rates read beside it).
         assert done.stdout.count("CPU reference: 1,000,000 additions") == 2, done.stdout[:500]
+        if args[0] == "all":  # the durable floor ran on both databases
+            assert done.stdout.count("floor-durable") >= 4, done.stdout[-4000:]
         if args[0] in ("size", "all"):
             assert "all relaybox tables" in done.stdout, done.stdout[-2000:]
     assert shown >= goals, shown
