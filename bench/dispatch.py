@@ -471,7 +471,7 @@ def main(*, quick: bool = False) -> str:
         ("relaybox, 1 of 20 endpoints hanging", "relaybox_run", n, hanging, "asyncio", "uvicorn"),
         ("pooled httpx loop", "httpx_run", max(500, n // 10), {}, "uvloop", "uvicorn"),
         # The same two senders against aiohttp's web server as the receiver (2.4 times
-        # the CPU per request: relaybox loses more there, bench/README.md "The sink").
+        # the CPU per request: relaybox loses more there, bench/RUNS.md "The sink").
         ("pooled aiohttp loop, aiohttp sink", "aiohttp_run", n, signing, "uvloop", "aiohttp"),
         ("relaybox dispatch, aiohttp sink", "relaybox_run", n, {}, "asyncio", "aiohttp"),
     )

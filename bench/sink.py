@@ -10,7 +10,7 @@ KIND ``uvicorn`` (the default): a bare ASGI app on uvicorn with httptools + uvlo
 21-24 µs of CPU per request against 54-56 µs for ``aiohttp`` (aiohttp's own web
 server). The receiver is not what the bench measures, and a real one runs on another
 host: the bare loop runs at the same rate on either, while relaybox, whose PostgreSQL
-shares the sink's core, waits longer for a heavier sink's answers (bench/README.md,
+shares the sink's core, waits longer for a heavier sink's answers (bench/RUNS.md,
 "The sink").
 """
 
