@@ -318,10 +318,14 @@ async def durable_run(n: int, sink_kind: str) -> dict[str, Any]:
 
         async def claim() -> None:
             nonlocal claimed
-            rows = await pool.fetch(_CLAIM, 2 * WORKERS)
-            claimed += len(rows)
-            waiting.extend(rows)
-            refilled.set()
+            try:
+                rows = await pool.fetch(_CLAIM, 2 * WORKERS)
+                if not rows:  # one sender on a table of its own: never, unless rows went
+                    raise RuntimeError(f"the outbox loop claimed nothing after {claimed} of {n}")
+                claimed += len(rows)
+                waiting.extend(rows)
+            finally:
+                refilled.set()  # also when the claim failed: the workers raise its error
 
         async def record() -> None:
             while sent:
@@ -346,6 +350,8 @@ async def durable_run(n: int, sink_kind: str) -> dict[str, Any]:
                             return
                         refilled.clear()
                         await refilled.wait()
+                        if (claiming := tasks["claim"]) is not None and claiming.done():
+                            claiming.result()  # a failed claim's error, not a wait forever
                         continue
                     j, endpoint, body = waiting.popleft()
                     async with http.post(
