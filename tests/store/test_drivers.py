@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 from structlog.testing import capture_logs
 
 from relaybox.store import _drivers, open_store
+from relaybox.store.sqlite import SQLiteStore
 
 
 def _has(owner: Any, name: str, package: str) -> None:
@@ -136,6 +137,40 @@ async def test_a_sqlite_connection_goes_back_rolled_back_only_when_a_transaction
         assert rollbacks == [True]  # nothing open: no rollback
         async with store.connection() as conn:
             assert await _drivers.run_on_sqlite_thread(conn, state) == (False, 1)
+    finally:
+        await store.close()
+
+
+async def test_run_on_pooled_sqlite_gives_the_connection_back_closed_out(
+    tmp_path: Path,
+) -> None:
+    """``run_on_pooled_sqlite`` (the accept's checkout): the function's result; a
+    transaction the function left open is rolled back (its writes undone) before the
+    pool's one connection goes back, an error of the function still raised; the same
+    connection serves every call, and the pool's other users after it."""
+    store = open_store(f"sqlite:///{tmp_path / 'pooled.db'}")
+    assert isinstance(store, SQLiteStore)
+    try:
+        async with store.transaction() as conn:
+            await conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+
+        def leave_open(db: Any) -> None:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("INSERT INTO t VALUES (1)")
+            raise RuntimeError("before its own ROLLBACK")
+
+        def state(db: Any) -> tuple[bool, int, int]:
+            count = db.execute("SELECT count(*) FROM t").fetchone()[0]
+            return db.in_transaction, count, id(db)
+
+        with pytest.raises(RuntimeError, match="before its own ROLLBACK"):
+            await _drivers.run_on_pooled_sqlite(store.engine, leave_open)
+        first = await _drivers.run_on_pooled_sqlite(store.engine, state)
+        assert first[:2] == (False, 0)
+        assert await _drivers.run_on_pooled_sqlite(store.engine, state) == first
+        async with store.transaction() as conn:
+            await conn.exec_driver_sql("INSERT INTO t VALUES (2)")
+        assert (await _drivers.run_on_pooled_sqlite(store.engine, state))[:2] == (False, 1)
     finally:
         await store.close()
 

@@ -25,7 +25,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from relaybox.store._commit_watch import CommitWatch
-from relaybox.store._drivers import run_on_sqlite_thread, sqlite_in_transaction
+from relaybox.store._drivers import (
+    run_on_pooled_sqlite,
+    run_on_sqlite_thread,
+    sqlite_in_transaction,
+)
 from relaybox.store.base import Store
 from relaybox.store.inbox_rows import AcceptOutcome, Listener, NewDelivery
 from relaybox.store.outbox import SecretOpener, leased_delivery
@@ -198,8 +202,7 @@ class SQLiteStore(Store):
         """Group commit in one hop to the connection's thread: BEGIN IMMEDIATE, every
         insert, COMMIT, without a thread round trip per statement (aiosqlite runs each
         call on its own thread; per-row hops cost more than the inserts)."""
-        async with self.engine.connect() as conn:
-            outcomes = await run_on_sqlite_thread(conn, self._accept_sync, batch)
+        outcomes = await run_on_pooled_sqlite(self.engine, self._accept_sync, batch)
         if any(o.status == "accepted" for o in outcomes):
             self.wakeup("inbox").set()
         return outcomes
