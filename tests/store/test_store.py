@@ -158,6 +158,58 @@ async def test_concurrent_migrators_apply_each_migration_once(fresh_url: str) ->
             await s.close()
 
 
+async def test_sqlite_event_key_migration_keeps_rows_references_and_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0019 rebuilds the SQLite inbox with the event key in PostgreSQL's column order:
+    every row and column kept, a quarantine entry still pointing at its row, the id
+    counter going on past a deleted newest row, one index fewer."""
+    path = tmp_path / "old.db"
+    url = f"sqlite:///{path}"
+    from relaybox.store import base
+
+    every = base.load_migrations
+    monkeypatch.setattr(base, "load_migrations", lambda b: [m for m in every(b) if m[0] < 19])
+    store = open_store(url)
+    try:
+        assert "0019_event_key_order" not in await store.migrate()
+        first = await accept_one(store, delivery("e1", b'{"v": 1}'))
+        assert (await accept_one(store, delivery("e1", b'{"v": 2}'))).status == "quarantined"
+        for n in range(2, 6):
+            await accept_one(store, delivery(f"e{n}"))
+        before = await store.fetch_all("SELECT * FROM relaybox_inbox ORDER BY id")
+    finally:
+        await store.close()
+    db = sqlite3.connect(path)
+    newest = db.execute("SELECT max(id) FROM relaybox_inbox").fetchone()[0]
+    db.execute("DELETE FROM relaybox_inbox WHERE id = ?", (newest,))
+    db.commit()
+    db.close()
+
+    monkeypatch.setattr(base, "load_migrations", every)
+    store = open_store(url)
+    try:
+        assert await store.migrate() == ["0019_event_key_order"]
+        after = await store.fetch_all("SELECT * FROM relaybox_inbox ORDER BY id")
+        assert [dict(r) for r in after] == [dict(r) for r in before[:-1]]
+        assert (await accept_one(store, delivery("e1", b'{"v": 1}'))).status == "duplicate"
+        again = await accept_one(store, delivery("e9"))
+        assert again.inbox_id > newest  # never the deleted row's id
+    finally:
+        await store.close()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA foreign_key_check").fetchall() == []
+        assert db.execute("SELECT inbox_id FROM relaybox_quarantine").fetchall() == [
+            (first.inbox_id,)
+        ]
+        indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert "relaybox_inbox_source_event" not in indexes
+        assert "relaybox_inbox_due" in indexes
+    finally:
+        db.close()
+
+
 # -- accept ---------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ INSERT INTO relaybox_inbox
     (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
      version, status, attempts, next_attempt_at, received_at, updated_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)
-ON CONFLICT (source, account, event_id) DO NOTHING
+ON CONFLICT (source, event_id, account) DO NOTHING
 RETURNING id, source, account, event_id
 
 -- name: inbox_existing_one
