@@ -3,7 +3,9 @@ every queue is full and latency only says how long the queues are):
 
 - **accept → handler committed** (PostgreSQL): signed POSTs to ``relaybox serve
   --roles receiver,worker`` (``bench/latency_app.py``: a handler that writes nothing
-  of its own); per event ``done_at - received_at`` from the rows. The peak is a burst
+  of its own); per event from its ``received_at`` to the moment its handler's
+  transaction committed (the COMMIT returned: the app's ``after_commit`` hook notes
+  it, ``BENCH_COMMITS``). The peak is a burst
   of signed POSTs from 64 pooled senders, first receipt to last completion. Then the
   same with the worker apart: ``relaybox serve --roles receiver`` on core 0 and
   ``relaybox worker`` on core 1 (each its own event loop), with its own peak.
@@ -388,8 +390,20 @@ async def accept_session(url: str, *, quick: bool, split: bool = False) -> list[
     env = {"RELAYBOX_DATABASE_URL": url}
     roles = "receiver" if split else "receiver,worker"
     args = ["serve", "--app", "bench.latency_app:box", "--roles", roles]
-    proc = relaybox([*args, "--host", "127.0.0.1", "--port", str(port), "--no-migrate"], env)
-    worker = relaybox(["worker", "--app", "bench.latency_app:box"], env, cpu=1) if split else None
+    notes = Path(tempfile.mkdtemp(prefix="bench-commits-"))
+    proc = relaybox(
+        [*args, "--host", "127.0.0.1", "--port", str(port), "--no-migrate"],
+        {**env, "BENCH_COMMITS": str(notes / "serve")},
+    )
+    worker = (
+        relaybox(
+            ["worker", "--app", "bench.latency_app:box"],
+            {**env, "BENCH_COMMITS": str(notes / "worker")},
+            cpu=1,
+        )
+        if split
+        else None
+    )
     base = f"http://127.0.0.1:{port}"
     conn = await asyncpg.connect(url.replace("postgresql+asyncpg", "postgresql"))
     try:
@@ -436,25 +450,29 @@ async def accept_session(url: str, *, quick: bool, split: bool = False) -> list[
             )
             peak = burst / span
 
-            async def phase(rate: float, prefix: str) -> tuple[float, list[float]]:
+            async def phase(rate: float, prefix: str) -> tuple[float, dict[int, float]]:
+                """The rate reached, and each event's received_at by inbox id."""
                 reached = await paced(rate, 1.5 if quick else 10.0, lambda n: post(f"{prefix}{n}"))
                 sent = await conn.fetchval(
                     "SELECT count(*) FROM relaybox_inbox WHERE event_id LIKE $1", prefix + "%"
                 )
                 await until(lambda: done(prefix, sent), 120, "the paced events processed")
                 found = await conn.fetch(
-                    "SELECT done_at - received_at FROM relaybox_inbox WHERE event_id LIKE $1",
+                    "SELECT id, received_at FROM relaybox_inbox WHERE event_id LIKE $1",
                     prefix + "%",
                 )
-                return reached, [r[0] * 1000 for r in found]
+                return reached, {r[0]: r[1] for r in found}
 
-            reached, waits = await phase(peak / 2, "p_")
-            low, low_waits = await phase(LOW_RATE, "q_")
+            reached, received = await phase(peak / 2, "p_")
+            low, low_received = await phase(LOW_RATE, "q_")
     finally:
         await conn.close()
         stop(proc)
         if worker is not None:
             stop(worker)
+    committed = _commits(notes)
+    waits = _waits(received, committed)
+    low_waits = _waits(low_received, committed)
     g50, g99 = GOALS["accept"]
     p50, p99 = pct(waits, 0.5), pct(waits, 0.99)
     note = f"{len(waits)} events; peak {peak:,.0f}/s (a burst of {burst:,}, 64 senders)"
@@ -465,6 +483,30 @@ async def accept_session(url: str, *, quick: bool, split: bool = False) -> list[
         [f"{path}, 200/s", "postgres", low, f"{low / peak:.2f}",
          pct(low_waits, 0.5), pct(low_waits, 0.99), "-", f"{len(low_waits)} events"],
     ]  # fmt: skip
+
+
+def _commits(notes: Path) -> dict[int, float]:
+    """When each event's transaction committed, by inbox id, from the files the
+    processes of the session wrote as they exited (``bench/latency_app.py``)."""
+    committed: dict[int, float] = {}
+    for path in notes.iterdir():
+        for line in path.read_text().splitlines():
+            inbox_id, at = line.split()
+            committed[int(inbox_id)] = float(at)
+        path.unlink()
+    notes.rmdir()
+    return committed
+
+
+def _waits(received: dict[int, float], committed: dict[int, float]) -> list[float]:
+    """received_at -> COMMIT in ms, of every event; one whose commit was not noted fails
+    the run (a process that did not exit cleanly wrote nothing)."""
+    missing = [i for i in received if i not in committed]
+    if missing:
+        raise RuntimeError(
+            f"latency bench: no commit noted for {len(missing)} of {len(received)} events"
+        )
+    return [(committed[i] - at) * 1000 for i, at in received.items()]
 
 
 def main(*, quick: bool = False) -> str:
