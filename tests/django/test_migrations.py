@@ -43,7 +43,9 @@ def test_manage_py_migrate_makes_relayboxs_own_schema(alias: str) -> None:
 
 def test_every_relaybox_migration_has_its_django_migration() -> None:
     """A new file in relaybox/store/migrations needs a Django migration of
-    ``relaybox.contrib.django`` whose ``ApplyRelayboxMigrations`` names its version."""
+    ``relaybox.contrib.django`` whose ``ApplyRelayboxMigrations`` names its version
+    (or a later one). A version may exist for one backend only (SQLite's 0019 redoes
+    what PostgreSQL's 0007 did): the Django migrations reach the newest of either."""
     loader = MigrationLoader(None, ignore_no_migrations=True)
     covered = max(
         getattr(operation, "relaybox_upto", 0)
@@ -51,9 +53,9 @@ def test_every_relaybox_migration_has_its_django_migration() -> None:
         if app == "relaybox"
         for operation in migration.operations
     )
-    for backend in ("sqlite", "postgres"):
-        assert latest_migration(backend) == covered, (
-            f"relaybox's {backend} migrations reach {latest_migration(backend)}, its Django "
-            f"migrations {covered}: add relaybox/contrib/django/migrations/NNNN_*.py with "
-            f"ApplyRelayboxMigrations({latest_migration(backend)})"
-        )
+    newest = {backend: latest_migration(backend) for backend in ("sqlite", "postgres")}
+    assert max(newest.values()) == covered, (
+        f"relaybox's migrations reach {newest}, its Django migrations {covered}: add "
+        "relaybox/contrib/django/migrations/NNNN_*.py with "
+        f"ApplyRelayboxMigrations({max(newest.values())})"
+    )
