@@ -189,7 +189,7 @@ async def test_sqlite_event_key_migration_keeps_rows_references_and_ids(
     monkeypatch.setattr(base, "load_migrations", every)
     store = open_store(url)
     try:
-        assert await store.migrate() == ["0019_event_key_order"]
+        assert "0019_event_key_order" in await store.migrate()
         after = await store.fetch_all("SELECT * FROM relaybox_inbox ORDER BY id")
         assert [dict(r) for r in after] == [dict(r) for r in before[:-1]]
         assert (await accept_one(store, delivery("e1", b'{"v": 1}'))).status == "duplicate"
@@ -206,6 +206,32 @@ async def test_sqlite_event_key_migration_keeps_rows_references_and_ids(
         indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert "relaybox_inbox_source_event" not in indexes
         assert "relaybox_inbox_due" in indexes
+    finally:
+        db.close()
+
+
+async def test_sqlite_counts_finished_rows_from_their_partial_index(tmp_path: Path) -> None:
+    """The stats' count of done and ignored rows reads the partial "finished" index
+    (accepted rows enter it only once done), and counts them right."""
+    store = open_store(f"sqlite:///{tmp_path / 'counts.db'}")
+    try:
+        await store.migrate()
+        await accept_one(store, delivery("e1"))
+        await accept_one(store, delivery("e2", ignored=True))
+        sql = load_queries("sqlite")["ops_stats_inbox"]
+        first = sql.split("UNION ALL")[0]
+    finally:
+        await store.close()
+    db = sqlite3.connect(tmp_path / "counts.db")
+    try:
+        plan = " ".join(r[3] for r in db.execute("EXPLAIN QUERY PLAN " + first))
+        assert "relaybox_inbox_finished" in plan, plan
+        assert db.execute(first).fetchall() == [("src", "ignored", "", 0, 1, None, 0, 0)]
+        entries = db.execute(
+            "SELECT count(*) FROM relaybox_inbox INDEXED BY relaybox_inbox_finished"
+            " WHERE status IN ('done', 'ignored')"
+        ).fetchone()
+        assert entries == (1,)  # the pending row is not in it
     finally:
         db.close()
 

@@ -97,7 +97,8 @@ RETURNING id
 
 -- name: ops_stats_inbox
 -- One row per (source, status, reason, discarded), in three parts so each reads an
--- index: finished rows from (status, source), pending rows from the partial "due"
+-- index: finished rows from the partial "finished" index (source, status; its WHERE
+-- is this part's, word for word), pending rows from the partial "due"
 -- index (they are few: oldest, retrying and attempts cost nothing), dead rows from
 -- the partial "dead" index. Nothing here scans the payloads.
 SELECT source, status, '' AS reason, false AS discarded, count(*) AS n,
