@@ -470,7 +470,7 @@ async def accept_session(url: str, *, quick: bool, split: bool = False) -> list[
         stop(proc)
         if worker is not None:
             stop(worker)
-    committed = _commits(notes)
+        committed = _commits(notes)  # read and removed however the session ended
     waits = _waits(received, committed)
     low_waits = _waits(low_received, committed)
     g50, g99 = GOALS["accept"]
