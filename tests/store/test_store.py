@@ -294,6 +294,19 @@ async def test_accept_outcomes_one_by_one(store: Store) -> None:
     assert len(await quarantine_rows(store)) == 2
 
 
+async def test_each_row_keeps_its_own_receipt_time(store: Store) -> None:
+    """A batch's rows keep the times their requests were received, not the batch's
+    (PostgreSQL stored the batch's latest until 2026-12-06, which made every other
+    row of the batch look younger than it was), in the accept and in one transaction
+    (inline mode)."""
+    outcomes = await store.inbox_accept([delivery("r1", at=T0 + 1), delivery("r2", at=T0 + 3)])
+    async with store.transaction() as conn:
+        more = await store.inbox_insert(conn, [delivery("r3", at=T0 + 2), delivery("r4", at=T0)])
+    received = {r["event_id"]: r["received_at"] for r in await inbox_rows(store)}
+    assert received == {"r1": T0 + 1, "r2": T0 + 3, "r3": T0 + 2, "r4": T0}
+    assert statuses([*outcomes, *more]) == ["accepted"] * 4
+
+
 async def test_several_copies_of_one_key_inside_one_batch(store: Store) -> None:
     batch = [
         delivery("a", b"1"),
@@ -677,7 +690,10 @@ async def test_pg_accept_probes_the_event_key_even_without_statistics(pg_url: st
         try:
             await conn.execute("SET plan_cache_mode = force_generic_plan")
             for name, args in [
-                ("inbox_accept_fast", "'{a}','{b}','{c}','{d}',NULL,'{}','{}','{}','{}','{x}',1"),
+                (
+                    "inbox_accept_fast",
+                    "'{a}','{b}','{c}','{d}',NULL,'{}','{}','{}','{}','{x}','{1}',1",
+                ),
                 ("inbox_existing", "'{a}','{b}','{c}'"),
             ]:
                 stmt = await conn.prepare(store.q[name])

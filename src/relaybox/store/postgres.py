@@ -849,6 +849,7 @@ def _columns(batch: Sequence[NewDelivery]) -> list[list[Any]]:
         [d.headers for d in batch],
         [d.version for d in batch],
         ["ignored" if d.ignored else "pending" for d in batch],
+        [d.received_at for d in batch],
     ]
 
 

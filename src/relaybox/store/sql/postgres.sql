@@ -9,11 +9,11 @@ INSERT INTO relaybox_inbox
     (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
      version, status, attempts, next_attempt_at, received_at, updated_at)
 SELECT u.source, u.account, u.event_id, u.event_type, u.tenant, u.fingerprint, u.payload,
-       u.headers, u.version, u.status, 0, $11, $11, $11
+       u.headers, u.version, u.status, 0, $12, u.received_at, $12
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
-            $7::bytea[], $8::text[], $9::text[], $10::text[])
+            $7::bytea[], $8::text[], $9::text[], $10::text[], $11::double precision[])
      AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-          version, status)
+          version, status, received_at)
 ON CONFLICT (source, account, event_id) DO NOTHING
 RETURNING id, source, account, event_id
 
@@ -146,15 +146,16 @@ SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL
 -- The workers are woken after this COMMIT (Store.wake), not by a NOTIFY in it.
 WITH u AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                         $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[])
+                         $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
+                         $11::double precision[])
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-              version, status)
+              version, status, received_at)
 ), ins AS (
     INSERT INTO relaybox_inbox
         (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
          version, status, attempts, next_attempt_at, received_at, updated_at)
     SELECT u.source, u.account, u.event_id, u.event_type, u.tenant, u.fingerprint, u.payload,
-           u.headers, u.version, u.status, 0, $11, $11, $11
+           u.headers, u.version, u.status, 0, $12, u.received_at, $12
     FROM u
     ON CONFLICT (source, account, event_id) DO NOTHING
     RETURNING id, source, account, event_id, fingerprint
