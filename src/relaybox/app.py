@@ -449,6 +449,10 @@ class Relaybox:
             if role in factories:
                 runner = factories[role]()
                 self._workers.append(runner)
+                if isinstance(runner, Worker) and self.settings.worker.handoff:
+                    # A receiver in this process hands its new rows to this worker.
+                    if self.acceptor.handoff is None:
+                        self.acceptor.handoff = runner
                 self._background.append(asyncio.create_task(runner.run(), name=f"relaybox-{role}"))
         if self.clock_guard.applies and self._clock_task is None:
             # Keeps the database's clock read for the receiver's times too.

@@ -10,6 +10,10 @@ given before the COMMIT that holds its row. A batch the database refuses because
 row's values (:meth:`Store.row_error`) is committed again in halves, down to that row,
 so that only it fails; any other error fails the whole batch (the receiver answers 503
 and the sender retries: a row that did commit is then found as a duplicate).
+
+In a process that also runs the worker (PostgreSQL), the worker takes the new rows it
+has room for straight from the batch (:class:`Handoff`): they go in started and held
+for it, and it runs them once the COMMIT returns, without a claim's round trip.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
 
 import structlog
 
@@ -25,12 +31,28 @@ from relaybox.hooks import AcceptHooks
 from relaybox.log import short_error
 from relaybox.store import AcceptOutcome, NewDelivery, Store
 
-__all__ = ["Acceptor"]
+__all__ = ["Acceptor", "Handoff"]
 
 _Item = tuple[NewDelivery, "asyncio.Future[AcceptOutcome]", float]
 """A queued delivery, the future its request awaits, and when it was queued."""
 
 log = structlog.get_logger("relaybox.inbox")
+
+
+class Handoff(Protocol):
+    """This process's worker, taking rows from the accept (``worker.handoff``)."""
+
+    def offer(self, batch: Sequence[NewDelivery]) -> int:
+        """Before the batch's insert: set :attr:`NewDelivery.held_until` on the
+        deliveries the worker has room for; how many."""
+        ...
+
+    def settle(
+        self, batch: Sequence[NewDelivery], outcomes: Sequence[AcceptOutcome] | None
+    ) -> None:
+        """After it: run the held deliveries that were inserted (``accepted``), and
+        free the room of the others; ``outcomes`` is ``None`` when the insert failed."""
+        ...
 
 
 class Acceptor:
@@ -61,6 +83,7 @@ class Acceptor:
         # WAL flushes a second for 3,613 rows); bench/README.md has the figures.
         self.parallel_at = parallel_at
         self.patience = patience
+        self.handoff: Handoff | None = None
         self._said_tables_missing = False
         self._items: deque[_Item] | None = None  # queued, oldest first
         self._wakeup = asyncio.Event()
@@ -128,7 +151,7 @@ class Acceptor:
             entry = (loop.time(), batch)
             self._inflight.append(entry)
             try:
-                outcomes = await self.store.inbox_accept([d for d, _, _ in batch])
+                outcomes = await self._insert([d for d, _, _ in batch])
             except asyncio.CancelledError:
                 for _, fut, _ in batch:
                     if not fut.done():
@@ -156,6 +179,24 @@ class Acceptor:
                     self._wakeup.set()  # rows that waited for this commit
             await self._answer(batch, outcomes)
 
+    async def _insert(self, batch: list[NewDelivery]) -> list[AcceptOutcome]:
+        """One batch's insert and COMMIT, the worker taking what it has room for
+        (:class:`Handoff`); a part of a refused batch is offered again."""
+        handoff = self.handoff
+        if handoff is None:
+            return await self.store.inbox_accept(batch)
+        for d in batch:
+            d.held_until = None
+        if not handoff.offer(batch):
+            return await self.store.inbox_accept(batch)
+        try:
+            outcomes = await self.store.inbox_accept(batch)
+        except BaseException:
+            handoff.settle(batch, None)
+            raise
+        handoff.settle(batch, outcomes)
+        return outcomes
+
     async def _commit_apart(self, batch: list[_Item]) -> None:
         """Commit the rows of a batch refused for a row's values in halves, halving
         again each part that is refused the same way: a single refused row fails
@@ -168,7 +209,7 @@ class Acceptor:
             if not part:
                 continue
             try:
-                outcomes = await self.store.inbox_accept([d for d, _, _ in part])
+                outcomes = await self._insert([d for d, _, _ in part])
             except asyncio.CancelledError:
                 _fail(part, "relaybox is shutting down")
                 for rest in parts:

@@ -21,6 +21,7 @@ holds it in its message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import signal
@@ -308,6 +309,78 @@ async def test_worker_killed_after_commit_never_grants_twice(
     assert await db.deliver(invoice_paid("evt_1", "in_1")) == "duplicate"
     assert await db.deliver(invoice_paid("evt_2", "in_1")) == "accepted"
     second = procs.worker(db.url, env=env)
+    await wait_until(lambda: db.settled(2), within=15, what="evt_2 processed", procs=procs)
+    assert await db.state() == {**committed, "inbox": {"done": 2}}  # balance exactly +100
+    assert (await db.inbox("evt_1"))["attempts"] == 1  # never run again
+    assert second.terminate() == 0
+
+
+# -- 4b. one process that receives and works dies with rows it took at accept ----------
+
+
+async def _one_process_row(db: Db) -> dict[str, Any]:
+    [row] = await db.rows("SELECT status, attempts, started_at, received_at FROM relaybox_inbox")
+    if db.url.startswith("postgresql"):
+        # Taken by this process's worker at accept: the attempt was counted by the
+        # accept's own statement (started at its time), not by a claim after it.
+        assert row["started_at"] == row["received_at"], row
+    return row
+
+
+async def test_one_process_killed_before_commit_of_a_row_taken_at_accept(
+    db: Db, procs: Procs, tmp_path: Path
+) -> None:
+    """HTTP to ``serve --roles receiver,worker``, which SIGKILLs itself in
+    before_commit: on PostgreSQL its worker took the row from the accept (the attempt
+    counted and the row held in the accept's COMMIT). Rolled back, the row comes back
+    once its hold ends, and the next process grants once."""
+    env = {"FAULT": "kill_before_commit", "FAULT_MARKER": str(tmp_path / "fired")}
+    first = await procs.serve(db.url, env=env)
+    async with aiohttp.ClientSession() as http:
+        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+            await post(http, first.url, invoice_paid("evt_1", "in_1"))  # 2xx or not
+        assert await first.wait_exit(20) == KILLED, first.tail()
+        row = await _one_process_row(db)
+        assert (row["status"], row["attempts"]) == ("pending", 1)
+        assert (await db.state())["grants"] == 0
+
+        second = await procs.serve(db.url, env=env)  # the marker exists: no fault
+        # The sender retries if it got no 2xx: the row is stored already.
+        assert await post_until_2xx(http, second.url, invoice_paid("evt_1", "in_1")) == "duplicate"
+    await wait_until(lambda: db.settled(1), within=15, what="the row run again", procs=procs)
+    assert await db.state() == {
+        "inbox": {"done": 1},
+        "grants": 1,
+        "credits": 100,
+        "operations": 1,
+        "outbox": 1,
+    }
+    assert (await db.inbox("evt_1"))["attempts"] == 2
+    assert second.terminate() == 0
+
+
+async def test_one_process_killed_after_commit_of_a_row_taken_at_accept(
+    db: Db, procs: Procs, tmp_path: Path
+) -> None:
+    """The same process SIGKILLs itself in after_commit: the grant is committed, and
+    neither the sender's retry nor the next process runs the row again."""
+    env = {"FAULT": "kill_after_commit", "FAULT_MARKER": str(tmp_path / "fired")}
+    first = await procs.serve(db.url, env=env)
+    async with aiohttp.ClientSession() as http:
+        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+            await post(http, first.url, invoice_paid("evt_1", "in_1"))
+        assert await first.wait_exit(20) == KILLED, first.tail()
+        committed = {
+            "inbox": {"done": 1},
+            "grants": 1,
+            "credits": 100,
+            "operations": 1,
+            "outbox": 1,
+        }
+        assert await db.state() == committed
+        second = await procs.serve(db.url, env=env)
+        assert await post_until_2xx(http, second.url, invoice_paid("evt_1", "in_1")) == "duplicate"
+        assert await post_until_2xx(http, second.url, invoice_paid("evt_2", "in_1")) == "accepted"
     await wait_until(lambda: db.settled(2), within=15, what="evt_2 processed", procs=procs)
     assert await db.state() == {**committed, "inbox": {"done": 2}}  # balance exactly +100
     assert (await db.inbox("evt_1"))["attempts"] == 1  # never run again

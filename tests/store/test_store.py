@@ -692,7 +692,7 @@ async def test_pg_accept_probes_the_event_key_even_without_statistics(pg_url: st
             for name, args in [
                 (
                     "inbox_accept_fast",
-                    "'{a}','{b}','{c}','{d}',NULL,'{}','{}','{}','{}','{x}','{1}',1",
+                    "'{a}','{b}','{c}','{d}',NULL,'{}','{}','{}','{}','{x}','{1}',NULL,1",
                 ),
                 ("inbox_existing", "'{a}','{b}','{c}'"),
             ]:

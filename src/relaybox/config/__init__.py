@@ -67,6 +67,14 @@ class WorkerSettings(BaseModel):
     claim_hold: float = Field(
         30.0, gt=0, description="seconds a claimed row is held back if its worker dies"
     )
+    handoff: bool = Field(
+        True,
+        description=(
+            "PostgreSQL, a receiver and a worker in one process: the worker takes the new"
+            " rows it has room for from the accept's COMMIT, their first attempt counted"
+            " in it, instead of claiming them afterwards"
+        ),
+    )
     backoff_base: float = Field(1.0, gt=0)
     backoff_factor: float = Field(2.0, ge=1)
     backoff_cap: float = Field(600.0, gt=0)

@@ -35,6 +35,11 @@ class NewDelivery:
     version: str | None
     received_at: float
     ignored: bool = False
+    held_until: float | None = None
+    """Set by this process's worker when it takes the row from the accept
+    (:meth:`relaybox.inbox.Handoff.offer`; stores with ``starts_at_accept``): the row
+    goes in with its first attempt counted and started, held back from every claimer
+    until then, as a claim that started it would leave it."""
 
     @property
     def key(self) -> tuple[str, str, str]:

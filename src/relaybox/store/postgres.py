@@ -54,6 +54,7 @@ def async_url(url: str) -> str:
 class PostgresStore(Store):
     backend: ClassVar[str] = "postgres"
     groups: ClassVar[bool] = True
+    starts_at_accept: ClassVar[bool] = True
     close_timeout: float = 10.0
     """Seconds :meth:`close` waits for connections still in use before it closes them."""
 
@@ -285,7 +286,7 @@ class PostgresStore(Store):
         held = [await self._take(pool) for _ in range(min(connections, self._raw_pool_size))]
         try:
             for conn in held:
-                await conn.fetch(self.q["inbox_accept_fast"], *_columns([]), 0.0)
+                await conn.fetch(self.q["inbox_accept_fast"], *_columns([]), [], 0.0)
         except BaseException:
             for conn in held:
                 self._give_back(pool, conn)
@@ -297,9 +298,13 @@ class PostgresStore(Store):
         now = max(d.received_at for d in batch)
         pool = await self.generic_pool()
         async with self._borrow(pool) as conn:
-            rows = await conn.fetch(self.q["inbox_accept_fast"], *_columns(batch), now)
+            held = [d.held_until for d in batch]
+            rows = await conn.fetch(self.q["inbox_accept_fast"], *_columns(batch), held, now)
             inserted = {(r[1], r[2], r[3]): r[0] for r in rows if r[5]}
-            if inserted:
+            if inserted and (
+                held.count(None) == len(held)
+                or any(d.held_until is None and d.key in inserted for d in batch)
+            ):  # rows for any worker (those this process's worker took need no claim)
                 self.wake("inbox")
             stored = {(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in rows}
             missing = {d.key for d in batch if d.key not in stored}

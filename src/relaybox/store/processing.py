@@ -33,10 +33,15 @@ class Processing:
     completions sent with its COMMIT (:meth:`inbox_finish_group_on_commit`). A store
     without it raises :class:`NotImplementedError` from these; the worker does not
     call them then.
+
+    ``starts_at_accept``: :meth:`inbox_accept` honours :attr:`NewDelivery.held_until`
+    (the row goes in started and held, for this process's worker); a store without it
+    ignores the field, and no worker sets it then.
     """
 
     single_writer: ClassVar[bool] = False
     groups: ClassVar[bool] = False
+    starts_at_accept: ClassVar[bool] = False
     engine: AsyncEngine
 
     def connection(self) -> AbstractAsyncContextManager[AsyncConnection]:

@@ -144,18 +144,23 @@ SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL
 -- snapshot per statement). A key in neither set was committed by a concurrent inserter
 -- after that snapshot (ON CONFLICT waited for it): inbox_existing resolves it.
 -- The workers are woken after this COMMIT (Store.wake), not by a NOTIFY in it.
+-- A row with a hold ($12, NewDelivery.held_until) goes to this process's worker from
+-- here: it goes in with its first attempt counted and started at $13, held back from
+-- every claimer until then, as a claim that started it would leave it.
 WITH u AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
-                         $11::double precision[])
+                         $11::double precision[], $12::double precision[])
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-              version, status, received_at)
+              version, status, received_at, held_until)
 ), ins AS (
     INSERT INTO relaybox_inbox
         (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-         version, status, attempts, next_attempt_at, received_at, updated_at)
+         version, status, attempts, next_attempt_at, started_at, received_at, updated_at)
     SELECT u.source, u.account, u.event_id, u.event_type, u.tenant, u.fingerprint, u.payload,
-           u.headers, u.version, u.status, 0, $12, u.received_at, $12
+           u.headers, u.version, u.status,
+           CASE WHEN u.held_until IS NULL THEN 0 ELSE 1 END, coalesce(u.held_until, $13),
+           CASE WHEN u.held_until IS NOT NULL THEN $13 END, u.received_at, $13
     FROM u
     ON CONFLICT (source, account, event_id) DO NOTHING
     RETURNING id, source, account, event_id, fingerprint
