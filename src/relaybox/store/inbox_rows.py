@@ -98,6 +98,25 @@ class InboxEvent:
         return None if self.payload is None else json.loads(self.payload)
 
     @classmethod
+    def from_delivery(cls, d: NewDelivery, inbox_id: int, *, attempts: int) -> InboxEvent:
+        """The row ``inbox_id`` as ``d`` inserted it, read back without a query (a row
+        the accept inserted started and held: :attr:`NewDelivery.held_until`)."""
+        return cls(
+            id=inbox_id,
+            source=d.source,
+            account=d.account,
+            event_id=d.event_id,
+            event_type=d.event_type,
+            tenant=d.tenant,
+            payload=d.payload,
+            headers=json.loads(d.headers) if d.headers else {},
+            version=d.version,
+            attempts=attempts,
+            received_at=d.received_at,
+            next_attempt_at=d.held_until,
+        )
+
+    @classmethod
     def from_row(cls, row: Any) -> InboxEvent:
         m = row._mapping if hasattr(row, "_mapping") else row  # SQLAlchemy Row or asyncpg Record
         return cls(

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import random
 import socket
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -244,18 +243,14 @@ class Worker(Runners):
                 log.error("operational_event_failed", event="inbox.dead", error=short_error(exc))
         if not claim.ids and not claim.suspects:
             return len(claim.exhausted)
-        stop_keeping = asyncio.Event()
-        keeper = None
-        if not store.single_writer:  # one writer's batch: no other claimer passes it
-            keeper = asyncio.create_task(
-                self._keep_hold([*claim.ids, *claim.suspects], now + self.claim_hold, stop_keeping)
-            )
-        try:
+        # One writer's batch needs no renewal: no other claimer passes it.
+        held = (
+            contextlib.nullcontext()
+            if store.single_writer
+            else self._holding([*claim.ids, *claim.suspects], now + self.claim_hold)
+        )
+        async with held:
             await self._run_claim(claim)
-        finally:
-            stop_keeping.set()
-            if keeper is not None:
-                await asyncio.gather(keeper, return_exceptions=True)
         return len(claim.ids) + len(claim.suspects) + len(claim.exhausted)
 
     # -- rows from the accept (a receiver in this process) ---------------------------
@@ -296,26 +291,11 @@ class Worker(Runners):
         self._reserved -= len(held)
         if outcomes is None:
             return
-        events = []
-        for i in held:
-            d, outcome = batch[i], outcomes[i]
-            if outcome.status == "accepted":
-                events.append(
-                    InboxEvent(
-                        id=outcome.inbox_id,
-                        source=d.source,
-                        account=d.account,
-                        event_id=d.event_id,
-                        event_type=d.event_type,
-                        tenant=d.tenant,
-                        payload=d.payload,
-                        headers=json.loads(d.headers) if d.headers else {},
-                        version=d.version,
-                        attempts=1,
-                        received_at=d.received_at,
-                        next_attempt_at=d.held_until,
-                    )
-                )
+        events = [
+            InboxEvent.from_delivery(batch[i], outcomes[i].inbox_id, attempts=1)
+            for i in held
+            if outcomes[i].status == "accepted"
+        ]
         if not events:
             return
         until = batch[held[0]].held_until
@@ -329,15 +309,22 @@ class Worker(Runners):
         self._spawn(self._hold_taken([e.id for e in events], until, run))
 
     async def _hold_taken(self, ids: list[int], until: float, run: _Batch) -> None:
-        """Keep the hold of rows taken from the accept until they have run (as
-        :meth:`run_once` does for a claim's), and log a failure of theirs as a
-        claim's."""
+        """Hold rows taken from the accept until they have run, as :meth:`run_once`
+        does a claim's, and log a failure of theirs as a claim's."""
+        try:
+            async with self._holding(ids, until):
+                await run.wait()
+        except Exception as exc:  # the database went away: the rows come back
+            log.warning("worker_batch_failed", worker=self.name, error=short_error(exc))
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, ids: list[int], until: float) -> AsyncIterator[None]:
+        """Renew the hold of ``ids`` (``until`` written) while the block runs
+        (:meth:`_keep_hold`)."""
         stop = asyncio.Event()
         keeper = asyncio.create_task(self._keep_hold(ids, until, stop))
         try:
-            await run.wait()
-        except Exception as exc:  # the database went away: the rows come back
-            log.warning("worker_batch_failed", worker=self.name, error=short_error(exc))
+            yield
         finally:
             stop.set()
             await asyncio.gather(keeper, return_exceptions=True)
