@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -95,6 +96,54 @@ async def test_the_store_next_due_row_wakes_a_dispatcher_that_did_not_schedule_i
             await receiver.wait_for(1, within=20)
     late = arrived[0] - due
     assert -0.01 <= late <= 1.0, late
+
+
+async def test_a_wake_up_during_a_lease_that_asked_every_slot_is_not_lost(
+    sender: Relaybox,
+) -> None:
+    """A publish whose wake-up (NOTIFY, or SQLite's commit watch) comes while a lease
+    that asked for every free slot is in flight, its statement begun before that
+    publish committed (here: the lease answers "nothing" only once the wake-up has
+    come): the loop cannot start another lease then (no slot is free of that lease's
+    count), so the lease in flight looks again when it ends. Before, the row waited
+    for the next poll (30 s here)."""
+    async with HttpReceiver() as receiver:
+        await endpoint(sender, receiver.url)
+        dispatcher = sender.dispatcher()
+        real = dispatcher._lease_safely
+        in_flight, woken = asyncio.Event(), asyncio.Event()
+        first = True
+
+        async def lease(*args: Any) -> Any:
+            nonlocal first
+            if not first:
+                return await real(*args)
+            first = False
+            in_flight.set()
+            await woken.wait()
+            return [], {}  # what a statement that began before the publish finds
+
+        dispatcher._lease_safely = lease  # type: ignore[method-assign]
+        wake, rung = dispatcher._wake.set, asyncio.Event()
+
+        def ring() -> None:
+            rung.set()
+            wake()
+
+        task = asyncio.create_task(dispatcher.run())
+        try:
+            await asyncio.wait_for(in_flight.wait(), 10)
+            dispatcher._wake.set = ring  # type: ignore[method-assign]
+            await publish_one(sender)
+            await asyncio.wait_for(rung.wait(), 10)  # the wake-up came
+            await asyncio.sleep(0.05)  # the loop saw it, with the lease still in flight
+            committed = time.time()
+            woken.set()
+            [seen] = await receiver.wait_for(1, within=10)
+        finally:
+            dispatcher.stop()
+            await asyncio.wait_for(task, 30)
+    assert seen.at - committed <= 2.0
 
 
 _PUBLISHER = """

@@ -441,6 +441,11 @@ class _Run:
                     self.start_lease()
                 else:
                     self.deferred = True
+            elif self.leasing:
+                # Every free slot is asked for by a lease in flight, whose statement
+                # may have begun before what woke this loop (a NOTIFY for a row it
+                # does not see): it wakes the loop when it ends, to look again.
+                self.deferred = True
             # Wake on new rows, on a freed slot, on a lease done, or poll. (Slots set
             # the event: waiting on every slot costs O(slots).)
             with contextlib.suppress(TimeoutError):
