@@ -46,6 +46,9 @@ pytestmark = pytest.mark.slow
 
 KILLED = -signal.SIGKILL
 
+GRANTED_ONCE = {"inbox": {"done": 1}, "grants": 1, "credits": 100, "operations": 1, "outbox": 1}
+"""The state after one invoice.paid processed once: one grant of 100, its key, its e-mail."""
+
 
 class Db:
     """The test's own view of the database: the example's tables and relaybox's."""
@@ -182,13 +185,7 @@ async def test_fifty_concurrent_copies_make_one_receipt_and_one_grant(db: Db, pr
     assert sorted(a["status"] for _, a in results) == ["accepted"] + ["duplicate"] * 49
 
     await wait_until(lambda: db.settled(1), within=15, what="the event processed", procs=procs)
-    assert await db.state() == {
-        "inbox": {"done": 1},
-        "grants": 1,
-        "credits": 100,
-        "operations": 1,
-        "outbox": 1,
-    }
+    assert await db.state() == GRANTED_ONCE
 
 
 # -- 2. different events, one invoice ---------------------------------------------------
@@ -282,13 +279,7 @@ async def test_worker_killed_before_commit_rolls_back_and_a_new_worker_grants_on
 
     second = procs.worker(db.url, env=env)  # the marker exists: no fault this time
     await wait_until(lambda: db.settled(1), within=15, what="the retry", procs=procs)
-    assert await db.state() == {
-        "inbox": {"done": 1},
-        "grants": 1,
-        "credits": 100,
-        "operations": 1,
-        "outbox": 1,
-    }
+    assert await db.state() == GRANTED_ONCE
     assert (await db.inbox("evt_1"))["attempts"] == 2
     assert second.terminate() == 0
 
@@ -302,15 +293,14 @@ async def test_worker_killed_after_commit_never_grants_twice(
 
     first = procs.worker(db.url, env=env)
     assert await first.wait_exit(20) == KILLED, first.tail()
-    committed = {"inbox": {"done": 1}, "grants": 1, "credits": 100, "operations": 1, "outbox": 1}
-    assert await db.state() == committed
+    assert await db.state() == GRANTED_ONCE
 
     # The sender re-delivers, and another event names the same invoice.
     assert await db.deliver(invoice_paid("evt_1", "in_1")) == "duplicate"
     assert await db.deliver(invoice_paid("evt_2", "in_1")) == "accepted"
     second = procs.worker(db.url, env=env)
     await wait_until(lambda: db.settled(2), within=15, what="evt_2 processed", procs=procs)
-    assert await db.state() == {**committed, "inbox": {"done": 2}}  # balance exactly +100
+    assert await db.state() == {**GRANTED_ONCE, "inbox": {"done": 2}}  # balance exactly +100
     assert (await db.inbox("evt_1"))["attempts"] == 1  # never run again
     assert second.terminate() == 0
 
@@ -348,13 +338,7 @@ async def test_one_process_killed_before_commit_of_a_row_taken_at_accept(
         # The sender retries if it got no 2xx: the row is stored already.
         assert await post_until_2xx(http, second.url, invoice_paid("evt_1", "in_1")) == "duplicate"
     await wait_until(lambda: db.settled(1), within=15, what="the row run again", procs=procs)
-    assert await db.state() == {
-        "inbox": {"done": 1},
-        "grants": 1,
-        "credits": 100,
-        "operations": 1,
-        "outbox": 1,
-    }
+    assert await db.state() == GRANTED_ONCE
     assert (await db.inbox("evt_1"))["attempts"] == 2
     assert second.terminate() == 0
 
@@ -370,19 +354,12 @@ async def test_one_process_killed_after_commit_of_a_row_taken_at_accept(
         with contextlib.suppress(TimeoutError, aiohttp.ClientError):
             await post(http, first.url, invoice_paid("evt_1", "in_1"))
         assert await first.wait_exit(20) == KILLED, first.tail()
-        committed = {
-            "inbox": {"done": 1},
-            "grants": 1,
-            "credits": 100,
-            "operations": 1,
-            "outbox": 1,
-        }
-        assert await db.state() == committed
+        assert await db.state() == GRANTED_ONCE
         second = await procs.serve(db.url, env=env)
         assert await post_until_2xx(http, second.url, invoice_paid("evt_1", "in_1")) == "duplicate"
         assert await post_until_2xx(http, second.url, invoice_paid("evt_2", "in_1")) == "accepted"
     await wait_until(lambda: db.settled(2), within=15, what="evt_2 processed", procs=procs)
-    assert await db.state() == {**committed, "inbox": {"done": 2}}  # balance exactly +100
+    assert await db.state() == {**GRANTED_ONCE, "inbox": {"done": 2}}  # balance exactly +100
     assert (await db.inbox("evt_1"))["attempts"] == 1  # never run again
     assert second.terminate() == 0
 
@@ -415,14 +392,7 @@ async def test_lost_commit_answer_is_resolved_from_persisted_state(db: Db) -> No
         await post_asgi(box, invoice_paid("evt_1", "in_1"))
         with pytest.raises(ConnectionResetError):
             await box.worker().run_once()
-        committed = {
-            "inbox": {"done": 1},
-            "grants": 1,
-            "credits": 100,
-            "operations": 1,
-            "outbox": 1,
-        }
-        assert await db.state() == committed
+        assert await db.state() == GRANTED_ONCE
 
         clock.advance(60)  # past any hold: the row is done, there is nothing to redo
         assert await box.worker().run_once() == 0
@@ -436,7 +406,7 @@ async def test_lost_commit_answer_is_resolved_from_persisted_state(db: Db) -> No
             now=clock.now(),
         )
         assert await box.worker().run_once() == 2
-        assert await db.state() == {**committed, "inbox": {"done": 2}}
+        assert await db.state() == {**GRANTED_ONCE, "inbox": {"done": 2}}
     finally:
         await box.close()
 
