@@ -190,6 +190,26 @@ def serve(env: dict[str, str], *, port: int, cpu: int | None = 0) -> Iterator[st
 
 
 @contextmanager
+def pinned(cpu: int) -> Iterator[None]:
+    """Every thread of this process on core ``cpu`` for the block, then back where it
+    was: a load generator kept off the core of the server it measures (as ``wrk`` is in
+    ``bench accept``). Unpinned, the scheduler put the latency bench's sender on the
+    server's core in some runs, and the server's p50 doubled in those (bench/README.md)."""
+    threads = [int(t) for t in os.listdir("/proc/self/task")]
+    before = {t: os.sched_getaffinity(t) for t in threads}
+    for t in threads:
+        os.sched_setaffinity(t, {cpu})
+    try:
+        yield
+    finally:
+        for t, cpus in before.items():
+            try:
+                os.sched_setaffinity(t, cpus)
+            except OSError:  # the thread has ended
+                pass
+
+
+@contextmanager
 def fsync_probe(directory: Path, every: float = 0.02) -> Iterator[dict[str, float]]:
     """The disk's own flush latency while the body runs: a thread writes 8 KiB to a file
     in ``directory`` and times ``fdatasync`` every ``every`` seconds. The result (filled

@@ -8,7 +8,9 @@ every queue is full and latency only says how long the queues are):
   it, ``BENCH_COMMITS``). The peak is a burst
   of signed POSTs from 64 pooled senders, first receipt to last completion. Then the
   same with the worker apart: ``relaybox serve --roles receiver`` on core 0 and
-  ``relaybox worker`` on core 1 (each its own event loop), with its own peak.
+  ``relaybox worker`` on core 1 (each its own event loop), with its own peak. In both,
+  ``relaybox serve`` runs on core 0 and this process, the sender, on core 1
+  (:func:`bench.common.pinned`), as ``wrk`` in ``bench accept``.
 - **publish → delivered** (PostgreSQL): ``box.publish`` in this process, one
   transaction each, to 20 endpoints of a local sink (``bench/sink.py``, KIND
   ``record``, its own core) that notes when each ``webhook-id`` arrived; a
@@ -57,7 +59,7 @@ from typing import Any
 import aiohttp
 
 from bench.apps import SECRET
-from bench.common import ROOT, free_port, fresh_pg_database, fsync_probe, table
+from bench.common import ROOT, free_port, fresh_pg_database, fsync_probe, pinned, table
 from bench.dispatch import cpu_seconds, start_sink
 
 ENDPOINTS = 20
@@ -516,9 +518,11 @@ def main(*, quick: bool = False) -> str:
     rows: list[list[Any]] = []
 
     async def go() -> None:
-        rows.extend(await accept_session(fresh_pg_database("latency_accept"), quick=quick))
-        url = fresh_pg_database("latency_accept_apart")
-        rows.extend(await accept_session(url, quick=quick, split=True))
+        # The sender (this process) off core 0, where the receiver runs.
+        with pinned(1):
+            rows.extend(await accept_session(fresh_pg_database("latency_accept"), quick=quick))
+            url = fresh_pg_database("latency_accept_apart")
+            rows.extend(await accept_session(url, quick=quick, split=True))
         url = fresh_pg_database("latency_dispatch")
         rows.extend(await dispatch_session(url, quick=quick, sqlite=False))
         with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
