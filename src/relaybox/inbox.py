@@ -183,16 +183,14 @@ class Acceptor:
         """One batch's insert and COMMIT, the worker taking what it has room for
         (:class:`Handoff`); a part of a refused batch is offered again."""
         handoff = self.handoff
-        if handoff is None:
-            return await self.store.inbox_accept(batch)
-        for d in batch:
-            d.held_until = None
-        if not handoff.offer(batch):
+        if handoff is None or not handoff.offer(batch):
             return await self.store.inbox_accept(batch)
         try:
             outcomes = await self.store.inbox_accept(batch)
         except BaseException:
             handoff.settle(batch, None)
+            for d in batch:  # not taken: a part committed again is offered afresh
+                d.held_until = None
             raise
         handoff.settle(batch, outcomes)
         return outcomes

@@ -163,9 +163,11 @@ async def test_a_duplicate_or_a_failed_insert_gives_the_room_back(box: Relaybox)
         raise ConnectionError("the database went away")
 
     box.store.inbox_accept = refused  # type: ignore[method-assign]
+    second = delivery(box, "second")
     with pytest.raises(Exception, match="unavailable"):
-        await box.acceptor.accept(delivery(box, "second"))
+        await box.acceptor.accept(second)
     assert len(worker._ready) == 0 and worker._reserved == 0
+    assert second.held_until is None  # a part committed again is offered afresh
 
 
 async def test_nothing_is_taken_when_off_stopping_or_full(box: Relaybox, pg_url: str) -> None:
