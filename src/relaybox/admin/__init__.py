@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from relaybox.admin import api, dashboard
-from relaybox.admin.auth import AdminAuth, SecurityHeaders
+from relaybox.admin.auth import AdminAuth, security_headers
 from relaybox.admin.sections import (
     Call,
     Operation,
@@ -28,6 +28,7 @@ from relaybox.admin.sections import (
     register_section,
     sections,
 )
+from relaybox.browser import ResponseHeaders
 from relaybox.limits import FailureThrottle
 from relaybox.metrics import read_ops_stats
 
@@ -153,7 +154,7 @@ def build_admin(box: Runtime) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[
-            Middleware(SecurityHeaders, box=box),
+            Middleware(ResponseHeaders, headers=security_headers(box)),
             Middleware(AdminAuth, box=box, login_page=dashboard.login_page, tables=tables),
         ],
     )

@@ -14,7 +14,7 @@ checks on every page: several processes behind one load balancer share nothing b
 the database, so that is where a revocation must live for all of them to see it at
 once (a per-process list would leave the cookie valid on the other processes).
 
-:class:`SecurityHeaders` adds the browser protections to every admin answer:
+:func:`security_headers` lists the browser protections of every admin answer:
 framing refused (``X-Frame-Options``, CSP ``frame-ancestors``), no MIME sniffing,
 no referrer sent off the admin app.
 """
@@ -29,9 +29,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import Response
+
+from relaybox.browser import framing
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -40,13 +41,13 @@ __all__ = [
     "COOKIE",
     "SESSIONS_TABLE",
     "AdminAuth",
-    "SecurityHeaders",
     "Session",
     "bearer_ok",
     "issue_session",
     "read_session",
     "revoke_session",
     "route_path",
+    "security_headers",
     "session_revoked",
     "token_ok",
 ]
@@ -213,33 +214,15 @@ class AdminAuth:
         await self.app(scope, receive, send)
 
 
-class SecurityHeaders:
-    """ASGI middleware: the browser protections on every answer of the admin app
-    (pages, the login form, errors and the JSON API alike). ``frame_ancestors`` is
-    the CSP source list of who may frame the dashboard; ``'none'`` (the default) also
-    sends ``X-Frame-Options: DENY`` for browsers that predate CSP."""
-
-    def __init__(self, app: Callable[..., Awaitable[None]], box: Runtime) -> None:
-        self.app = app
-        ancestors = box.settings.admin.frame_ancestors.strip()
-        self.headers = [
-            ("content-security-policy", f"frame-ancestors {ancestors}"),
-            ("x-content-type-options", "nosniff"),
-            ("referrer-policy", "same-origin"),
-        ]
-        if ancestors == "'none'":
-            self.headers.append(("x-frame-options", "DENY"))
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_headers(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                for name, value in self.headers:
-                    headers[name] = value
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
+def security_headers(box: Runtime) -> list[tuple[str, str]]:
+    """The browser protections on every answer of the admin app (pages, the login
+    form, errors and the JSON API alike), set by :class:`relaybox.browser.ResponseHeaders`.
+    ``admin.frame_ancestors`` is the CSP source list of who may frame the dashboard;
+    ``'none'`` (the default) also sends ``X-Frame-Options: DENY``."""
+    ancestors = box.settings.admin.frame_ancestors.strip()
+    return [
+        ("content-security-policy", f"frame-ancestors {ancestors}"),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "same-origin"),
+        *framing(ancestors),
+    ]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
+from relaybox.browser import ResponseHeaders
 from relaybox.outbound.portal_links import (
     PortalLink,
     PortalSession,
@@ -24,7 +25,7 @@ from relaybox.outbound.portal_links import (
     read_session,
 )
 from relaybox.portal.pages import routes
-from relaybox.portal.web import SecurityHeaders
+from relaybox.portal.web import security_headers
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -42,6 +43,7 @@ __all__ = [
 
 def build_portal(box: Runtime) -> Starlette:
     """The ASGI app ``relaybox serve`` mounts at ``/portal`` with the ``api`` role."""
-    app = Starlette(routes=routes(box), middleware=[Middleware(SecurityHeaders, box=box)])
+    headers = Middleware(ResponseHeaders, headers=security_headers(box))
+    app = Starlette(routes=routes(box), middleware=[headers])
     app.state.box = box
     return app

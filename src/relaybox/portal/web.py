@@ -22,11 +22,11 @@ from urllib.parse import parse_qs, urlencode
 from jinja2 import ChoiceLoader, Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 from pydantic import ValidationError
-from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from relaybox.bodies import BodyTooLarge, read_body, text_problem
+from relaybox.browser import framing
 from relaybox.errors import RelayboxError
 from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import InvalidEndpoint
@@ -37,7 +37,7 @@ from relaybox.outbound.vault import SecretsLocked
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
 
-__all__ = ["ENV", "NOTICES", "Page", "PageError", "SecurityHeaders", "handler", "theme_css"]
+__all__ = ["ENV", "NOTICES", "Page", "PageError", "handler", "security_headers", "theme_css"]
 
 ENV = Environment(
     loader=ChoiceLoader([PackageLoader("relaybox.portal", "templates")]),
@@ -216,37 +216,20 @@ def handler(box: Runtime, fn: Handler) -> Callable[[Request], Awaitable[Response
     return endpoint
 
 
-class SecurityHeaders:
-    """ASGI middleware: every portal answer says who may frame it
-    (``portal.frame_ancestors``), loads nothing from elsewhere, sends no referrer
-    (the address holds the session), and is not cached."""
-
-    def __init__(self, app: Callable[..., Awaitable[None]], box: Runtime) -> None:
-        self.app = app
-        ancestors = box.settings.portal.frame_ancestors.strip()
-        csp = (
-            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
-            f"form-action 'self'; base-uri 'none'; frame-ancestors {ancestors}"
-        )
-        self.headers = [
-            ("content-security-policy", csp),
-            ("x-content-type-options", "nosniff"),
-            ("referrer-policy", "no-referrer"),
-            ("cache-control", "no-store"),
-        ]
-        if ancestors == "'none'":
-            self.headers.append(("x-frame-options", "DENY"))
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_headers(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                for name, value in self.headers:
-                    headers[name] = value
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
+def security_headers(box: Runtime) -> list[tuple[str, str]]:
+    """The browser protections on every portal answer, set by
+    :class:`relaybox.browser.ResponseHeaders`: who may frame it
+    (``portal.frame_ancestors``), nothing loaded from elsewhere, no referrer sent (the
+    address holds the session), nothing cached."""
+    ancestors = box.settings.portal.frame_ancestors.strip()
+    csp = (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+        f"form-action 'self'; base-uri 'none'; frame-ancestors {ancestors}"
+    )
+    return [
+        ("content-security-policy", csp),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "no-referrer"),
+        ("cache-control", "no-store"),
+        *framing(ancestors),
+    ]
