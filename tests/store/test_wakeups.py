@@ -76,7 +76,16 @@ async def test_sqlite_listeners_wake_on_another_connections_commit(tmp_path: Pat
     listeners = [await store.listen("inbox", inbox), await store.listen("outbox", outbox)]
     other = sqlite3.connect(path, isolation_level=None)
     try:
-        await asyncio.sleep(0.1)  # the watch has read its first version
+        # The watch has read its first version once another connection's commit wakes
+        # the listeners (a fixed wait could end before that on a slow machine, and a
+        # commit made before that first read wakes nobody).
+        other.execute("CREATE TABLE warm_up (n INTEGER)")
+        for n in range(50):
+            if await _woken(outbox, 0.2) is not None:
+                break
+            other.execute("INSERT INTO warm_up VALUES (?)", (n,))
+        else:
+            raise AssertionError("the watch never saw a commit of another connection")
         inbox.clear(), outbox.clear()
         assert await _woken(outbox, 0.3) is None  # idle: no wake-up
         other.execute(
