@@ -193,6 +193,27 @@ async def test_nothing_is_taken_when_off_stopping_or_full(box: Relaybox, pg_url:
     assert worker.offer(fresh) == 0 and fresh[0].held_until is None
 
 
+async def test_a_claim_in_flight_counts_the_free_chains_as_its_own(box: Relaybox) -> None:
+    """While a claim is in flight it has counted the free chains for the rows it will
+    start at once: an offer then takes nothing, and its rows go to the next claim
+    (woken by their insert). Once the claim returns, offers take again."""
+    worker = box.worker()
+    during: list[int] = []
+    claim = box.store.inbox_claim
+
+    async def offering(**kwargs: Any) -> Claim:
+        during.append(worker.offer([delivery(box, "meanwhile")]))
+        return await claim(**kwargs)
+
+    box.store.inbox_claim = offering  # type: ignore[method-assign]
+    assert await worker.run_once() == 0  # nothing to claim
+    assert during == [0]
+    after = [delivery(box, "after")]
+    assert worker.offer(after) == 1 and after[0].held_until is not None
+    worker.settle(after, None)
+    assert worker._reserved == 0
+
+
 async def test_sqlite_takes_nothing(tmp_path: Any) -> None:
     """SQLite's worker runs claimed batches in its single writer: no row is taken."""
     box = Relaybox(settings=Settings(database_url=f"sqlite:///{tmp_path / 'h.db'}"))
