@@ -47,8 +47,14 @@ pytestmark = pytest.mark.slow
 
 KILLED = -signal.SIGKILL
 
-GRANTED_ONCE = {"inbox": {"done": 1}, "grants": 1, "credits": 100, "operations": 1, "outbox": 1}
-"""The state after one invoice.paid processed once: one grant of 100, its key, its e-mail."""
+
+def granted(n: int) -> dict[str, Any]:
+    """The state after ``n`` invoice.paid events, each of its own invoice and processed
+    once: a grant of 100 each, its business key, its e-mail."""
+    return {"inbox": {"done": n}, "grants": n, "credits": 100 * n, "operations": n, "outbox": n}
+
+
+GRANTED_ONCE = granted(1)
 
 
 class Db:
@@ -350,14 +356,7 @@ async def test_one_process_killed_before_commit_of_a_row_taken_at_accept(
         await wait_until(
             functools.partial(db.settled, n), within=15, what="the row run again", procs=procs
         )
-        # Each try's invoice granted once: n grants of 100, their keys, their e-mails.
-        assert await db.state() == {
-            "inbox": {"done": n},
-            "grants": n,
-            "credits": 100 * n,
-            "operations": n,
-            "outbox": n,
-        }
+        assert await db.state() == granted(n)  # each try's invoice granted once
         assert (await db.inbox(f"evt_{n}"))["attempts"] == 2
         assert second.terminate() == 0
         if _taken_at_accept(db, row):
