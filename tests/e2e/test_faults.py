@@ -86,8 +86,8 @@ class Db:
 
     async def inbox(self, event_id: str) -> dict[str, Any]:
         [row] = await self.rows(
-            "SELECT status, dead_reason, attempts, last_error FROM relaybox_inbox"
-            " WHERE event_id = :e",
+            "SELECT status, dead_reason, attempts, last_error, started_at, received_at"
+            " FROM relaybox_inbox WHERE event_id = :e",
             e=event_id,
         )
         return row
@@ -342,11 +342,7 @@ async def test_one_process_killed_before_commit_of_a_row_taken_at_accept(
             with contextlib.suppress(TimeoutError, aiohttp.ClientError):
                 await post(http, first.url, event)  # 2xx or not
             assert await first.wait_exit(20) == KILLED, first.tail()
-            [row] = await db.rows(
-                "SELECT status, attempts, started_at, received_at FROM relaybox_inbox"
-                " WHERE event_id = :e",
-                e=f"evt_{n}",
-            )
+            row = await db.inbox(f"evt_{n}")
             assert (row["status"], row["attempts"]) == ("pending", 1)
             assert (await db.state())["grants"] == n - 1
 
