@@ -396,6 +396,12 @@ class Relaybox:
 
     # -- running --------------------------------------------------------------
 
+    @property
+    def started(self) -> bool:
+        """Whether background roles run here (:meth:`start`, the lifespan, or a
+        lifespan waiting for the database to start them)."""
+        return bool(self._background) or self._watcher is not None
+
     def asgi(self, *, roles: tuple[str, ...] = ROLES) -> Starlette:
         """The app served by ``relaybox serve``. HTTP roles: ``receiver``
         (``/webhooks/{source}``), ``api`` (tenant-facing ``/api/v1`` and ``/portal``),

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -172,3 +175,76 @@ async def test_send_test_reaches_a_receiver_for_every_provider(tmp_path: Path) -
             assert len(await Harness(box, FrozenClock(NOW)).inbox(provider)) == 1, provider
     finally:
         await box.close()
+
+
+# -- a fresh project: the docs' first test, pytest's default settings --------------------
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "testing.md"
+
+
+def _docs_file(name: str) -> str:
+    """The Python block of docs/testing.md introduced by a line naming ``name``."""
+    text = DOCS.read_text()
+    at = text.index(f"`{name}`:")
+    start = text.index("```python\n", at) + len("```python\n")
+    return text[start : text.index("```\n", start)]
+
+
+def test_the_docs_first_test_passes_in_a_new_project_with_default_settings(
+    tmp_path: Path,
+) -> None:
+    """docs/testing.md's ``myapp.py`` and ``test_myapp.py``, as written, in a project
+    with no pytest settings at all: pytest-asyncio in its default strict mode (the
+    suite's own ``asyncio_mode = auto`` hid that the fixture failed there)."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "myapp"\nversion = "0"\n')
+    (tmp_path / "myapp.py").write_text(_docs_file("myapp.py"))
+    (tmp_path / "test_myapp.py").write_text(_docs_file("test_myapp.py"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "1 passed" in done.stdout
+    assert not (tmp_path / "app.db").exists()  # the app's own database was never touched
+
+
+async def test_a_harness_borrows_the_apps_box_and_gives_it_back(
+    relaybox_harness: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The app's module-level box (the README's shape) is tested as it is: its sources
+    and handlers, on the test database and clock, and its own database afterwards."""
+    own = f"sqlite:///{tmp_path / 'own.db'}"
+    box = Relaybox(own)
+    box.source("stripe", test_source("stripe", account="acct_1"))
+    seen: list[str] = []
+
+    @box.handler("stripe", "invoice.paid")
+    async def grant(ctx: Context) -> None:
+        seen.append(ctx.event.event_id)
+        await ctx.outbox.add("email", f"grant:{ctx.event.event_id}", {"ok": True})
+
+    kit: Harness = await relaybox_harness(box, inline=True)
+    assert kit.box is box and kit.store is box.store
+    assert box.settings.database_url != own and isinstance(box.clock, FrozenClock)
+    await kit.send("stripe", event_id="evt_1", payload=invoice_paid("evt_1", "in_1"))
+    assert seen == ["evt_1"]
+    await kit.assert_outbox("email", count=1)
+    await kit.close()
+    assert box.settings.database_url == own and not isinstance(box.clock, FrozenClock)
+    assert box.sources["stripe"].inline is False
+    assert not (tmp_path / "own.db").exists()
+
+
+async def test_a_running_box_is_refused_with_what_to_do(
+    relaybox_harness: Callable[..., Any], tmp_path: Path
+) -> None:
+    box = Relaybox(f"sqlite:///{tmp_path / 'own.db'}", clock=FrozenClock(NOW))
+    async with box.running(roles=("worker",), receiver=False):
+        with pytest.raises(RuntimeError, match="before the app starts"):
+            await relaybox_harness(box)

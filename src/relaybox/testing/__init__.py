@@ -5,12 +5,17 @@ stored.
 Installed as a pytest plugin (entry point ``pytest11``), it gives every test the
 fixtures ``signed_delivery``, ``relaybox_clock`` and ``relaybox_harness``::
 
+    @pytest.mark.asyncio
     async def test_grant(relaybox_harness):
-        box = await relaybox_harness(credits.configure, setup=credits.setup)
-        await box.send("stripe", event_type="invoice.paid", payload=invoice_event)
-        assert await box.run_worker() == 1
-        await box.assert_business_key("stripe:acct_1:in_1:initial-credit-grant")
-        await box.assert_outbox("email", count=1)
+        kit = await relaybox_harness(myapp.box, setup=myapp.create_tables)
+        await kit.send("stripe", event_type="invoice.paid", payload=invoice_event)
+        assert await kit.run_worker() == 1
+        await kit.assert_business_key("stripe:acct_1:in_1:initial-credit-grant")
+        await kit.assert_outbox("email", count=1)
+
+The harness borrows the application's own box (``myapp.box``: its sources and
+handlers) and points it at a fresh SQLite file with a frozen clock until the test
+ends; or it takes a ``configure(box)`` function that registers them on a new box.
 
 Deliveries go through the box's real receiver (signature, tenant mapping, the inbox's
 unique key) in process, without a socket; nothing runs in the background.
@@ -38,6 +43,7 @@ from relaybox.config import Settings
 from relaybox.sources import PROVIDERS, from_config
 from relaybox.sources.base import Secret, Source
 from relaybox.sources.kit import DEFAULT_URL, PRIVATE_PREFIX
+from relaybox.store import Store
 
 __all__ = [
     "TEST_SECRETS",
@@ -221,6 +227,13 @@ class Harness:
     clock: FrozenClock
     _worker: Any = field(default=None, repr=False)
     _dispatcher: Any = field(default=None, repr=False)
+    _restore: Callable[[], None] | None = field(default=None, repr=False)
+
+    @property
+    def store(self) -> Store:
+        """The box's store, on the test's database: ``async with kit.store.transaction()
+        as conn`` reads (or prepares) the application's own tables."""
+        return self.box.store
 
     @classmethod
     def of(cls, box: Relaybox) -> Harness:
@@ -449,9 +462,16 @@ class Harness:
         await self.assert_status(event_id, "dead", reason=reason)
 
     async def close(self) -> None:
+        """Close the box (and its test database); an application's box that the
+        harness borrowed gets its own database URL, clock and sources back."""
         if self._dispatcher is not None:
             await self._dispatcher.close()
+            self._dispatcher = None
+        self._worker = None
         await self.box.close()
+        if self._restore is not None:
+            self._restore()
+            self._restore = None
 
 
 Configure = Callable[[Relaybox], Any]
@@ -460,7 +480,7 @@ Setup = Callable[[Relaybox], Awaitable[Any]]
 
 async def make_harness(
     directory: Path,
-    configure: Configure | None = None,
+    target: Relaybox | Configure | None = None,
     *,
     setup: Setup | None = None,
     inline: bool = False,
@@ -469,19 +489,61 @@ async def make_harness(
     name: str = "relaybox",
 ) -> Harness:
     """A migrated box on a new SQLite file in ``directory``, with a
-    :class:`FrozenClock` at ``start``; ``configure(box)`` adds sources and handlers,
-    ``await setup(box)`` the app's own tables. ``inline`` runs handlers in the
-    accept's transaction (no worker step needed)."""
+    :class:`FrozenClock` at ``start``.
+
+    ``target`` is the application's own :class:`Relaybox` (its sources and handlers
+    as registered, its settings but for the database) or a ``configure(box)``
+    function that registers them on a new box. The application's box is *borrowed*:
+    until :meth:`Harness.close` it works on the test database with the frozen clock
+    (so code that refers to it, such as ``box.publish`` in a handler, does too), and
+    then gets its own back. ``await setup(box)`` makes the app's own tables.
+    ``inline`` runs handlers in the accept's transaction (no worker step needed)."""
     url = f"sqlite:///{directory / f'{name}-{uuid.uuid4().hex[:8]}.db'}"
-    settings = (settings or Settings()).model_copy(update={"database_url": url})
     clock = FrozenClock(start)
-    box = Relaybox(settings=settings, clock=clock)
-    if configure is not None:
-        configure(box)
-    await box.migrate()
-    if setup is not None:
-        await setup(box)
+    restore: Callable[[], None] | None = None
+    if isinstance(target, Relaybox):
+        box = target
+        restore = await _borrow(box, url, clock, settings)
+    else:
+        settings = (settings or Settings()).model_copy(update={"database_url": url})
+        box = Relaybox(settings=settings, clock=clock)
+        if target is not None:
+            target(box)
+    try:
+        await box.migrate()
+        if setup is not None:
+            await setup(box)
+    except BaseException:
+        await box.close()
+        if restore is not None:
+            restore()
+        raise
     if inline:
         for source in box.sources.values():
             source.inline = True
-    return Harness(box, clock)
+    return Harness(box, clock, _restore=restore)
+
+
+async def _borrow(
+    box: Relaybox, url: str, clock: FrozenClock, settings: Settings | None
+) -> Callable[[], None]:
+    """Point the application's ``box`` at the test database and clock; returns what
+    gives it its own back."""
+    if box.started:
+        raise RuntimeError(
+            "the box is running (its lifespan or box.start()): the harness steps the worker"
+            " and the dispatcher itself; give it the box before the app starts"
+        )
+    await box.close()  # a connection the app opened stays on its own database
+    saved_settings, saved_clock = box.settings, box.clock
+    saved_inline = {name: source.inline for name, source in box.sources.items()}
+    box.settings = (settings or box.settings).model_copy(update={"database_url": url})
+    box.clock = clock
+
+    def restore() -> None:
+        box.settings, box.clock = saved_settings, saved_clock
+        for name, source in box.sources.items():
+            if name in saved_inline:
+                source.inline = saved_inline[name]
+
+    return restore

@@ -5,9 +5,16 @@
 ``relaybox_clock``
     a :class:`~relaybox.FrozenClock` at :data:`relaybox.testing.TEST_START`.
 ``relaybox_harness``
-    an async factory: ``await relaybox_harness(configure, setup=..., inline=...)``
+    an async factory: ``await relaybox_harness(box_or_configure, setup=..., inline=...)``
     returns a :class:`~relaybox.testing.Harness` on a fresh SQLite database in the
-    test's ``tmp_path``; every harness made is closed after the test.
+    test's ``tmp_path``; every harness made is closed after the test (a borrowed
+    application box gets its own database back).
+
+``relaybox_harness`` is an async fixture of pytest-asyncio, declared with
+``pytest_asyncio.fixture``: it works in pytest-asyncio's default *strict* mode (the
+test itself carries ``@pytest.mark.asyncio``, as every async test there does) and
+in ``asyncio_mode = "auto"`` alike. Without pytest-asyncio the fixture fails with
+what to install.
 """
 
 from __future__ import annotations
@@ -34,8 +41,7 @@ def relaybox_clock() -> FrozenClock:
     return FrozenClock(TEST_START)
 
 
-@pytest.fixture
-async def relaybox_harness(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+async def _harnesses(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     made: list[Harness] = []
 
     async def make(*args: Any, **options: Any) -> Harness:
@@ -43,6 +49,25 @@ async def relaybox_harness(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
         made.append(harness)
         return harness
 
-    yield make
-    for harness in made:
-        await harness.close()
+    try:
+        yield make
+    finally:
+        for harness in reversed(made):
+            await harness.close()
+
+
+def _needs_pytest_asyncio() -> None:
+    pytest.fail(
+        "relaybox_harness is an async fixture: pip install pytest-asyncio, and mark"
+        " the test @pytest.mark.asyncio",
+        pytrace=False,
+    )
+
+
+relaybox_harness: Any
+try:
+    import pytest_asyncio
+except ImportError:  # pragma: no cover - the suite has pytest-asyncio
+    relaybox_harness = pytest.fixture(name="relaybox_harness")(_needs_pytest_asyncio)
+else:
+    relaybox_harness = pytest_asyncio.fixture(name="relaybox_harness")(_harnesses)
