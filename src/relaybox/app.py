@@ -18,7 +18,7 @@ import fnmatch
 import gc
 import inspect
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = ["ROLES", "Relaybox"]
 
 H = TypeVar("H", bound=Handler | SyncHandler)
+R = TypeVar("R", bound="Callable[[Relaybox], Awaitable[Any]]")
 """A handler: ``async def`` (:data:`Handler`) or plain ``def`` (:data:`SyncHandler`)."""
 
 ROLES = ("receiver", "api", "admin", "worker", "dispatcher", "maintenance")
@@ -89,6 +90,8 @@ class Relaybox:
         self.dispatch_hooks = DispatchHooks()
         self.sources: dict[str, Source] = {}
         self._handlers: list[Registration] = []
+        self._on_ready: list[Callable[[Relaybox], Awaitable[Any]]] = []
+        self._ready_ran = False
         self._store: Store | None = None
         self._acceptor: Acceptor | None = None
         self._heap_frozen = False
@@ -183,6 +186,21 @@ class Relaybox:
             return fn
 
         return register
+
+    def on_ready(self, fn: R) -> R:
+        """Register ``async def fn(box)`` to run once the database answers and
+        relaybox's tables are current, before the worker and the other roles start
+        (the lifespan, :meth:`running`, the test kit's harness): where an application
+        creates or checks its own tables. With the database down at startup the app
+        still starts and ``fn`` runs when it answers; a failing ``fn`` is logged and
+        tried again the same way, and the roles wait for it. Usable as a decorator."""
+        self._on_ready.append(fn)
+        return fn
+
+    async def run_on_ready(self) -> None:
+        """Run the :meth:`on_ready` functions, in the order they were registered."""
+        for fn in self._on_ready:
+            await fn(self)
 
     def handler_for(self, source: str, event_type: str) -> Handler | SyncHandler | None:
         found = self.registration_for(source, event_type)
@@ -563,6 +581,18 @@ class Relaybox:
                     detail="the receiver answers 503; roles start once migrated",
                 )
             return False
+        if not self._ready_ran:
+            try:
+                await self.run_on_ready()
+            except Exception as exc:
+                if first:
+                    log.error(
+                        "relaybox_on_ready_failed",
+                        error=short_error(exc),
+                        detail="the roles start once the on_ready functions succeed",
+                    )
+                return False
+            self._ready_ran = True
         return True
 
     async def _refresh_webhooks_quietly(self) -> None:
@@ -611,3 +641,4 @@ class Relaybox:
         if self._store is not None:
             await self._store.close()
             self._store = None
+        self._ready_ran = False

@@ -212,6 +212,40 @@ async def test_the_readme_fastapi_app_receives_and_its_handler_runs(
         assert '"level": "debug"' not in log, log  # friction 9: info by default
 
 
+async def test_the_readme_fastapi_app_starts_with_the_database_down(tmp_path: Path) -> None:
+    """The README's myapp.py with its PostgreSQL unreachable, as the bullet under it
+    promises: uvicorn starts, the receiver answers a signed delivery 503, and nothing
+    prints a traceback (the app's own tables are made by ``@box.on_ready`` once the
+    database answers; a lifespan that made them before relaybox's died here)."""
+    [app_code] = [b for b in readme_blocks("python", "## Receiving") if "app.mount" in b][:1]
+    (tmp_path / "myapp.py").write_text(app_code, encoding="utf-8")
+    [shell] = readme_blocks("sh", "## Receiving")[:1]
+    serve_line = next(line for line in shell.splitlines() if line.startswith("uvicorn "))
+    port, nowhere = free_port(), free_port()
+    env = clean_env(DATABASE_URL=f"postgresql://postgres@127.0.0.1:{nowhere}/app")
+    with server(readme_command(serve_line, port), tmp_path, env, tmp_path / "uvicorn.log") as p:
+        await wait_for(
+            lambda: _is(http_status(f"http://127.0.0.1:{port}/docs"), 200),
+            within=30,
+            what="uvicorn serving myapp:app with the database down",
+            proc=p,
+        )
+        send_line = next(ln for ln in shell.splitlines() if ln.startswith("relaybox send-test"))
+        sent = await asyncio.to_thread(
+            subprocess.run,
+            readme_command(send_line, port),
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "-> 503" in sent.stdout, sent.stdout + sent.stderr
+    log = (tmp_path / "uvicorn.log").read_text(errors="replace")
+    assert "Application startup complete" in log, log
+    assert "Traceback" not in log, log
+
+
 async def _is(value: Any, expected: Any) -> bool:
     return bool(await value == expected)
 
@@ -288,6 +322,28 @@ async def test_roles_start_once_the_schema_is_migrated(tmp_path: Path) -> None:
         await other.migrate()
         await other.close()
         await wait_for(lambda: _is(_len(box._workers), 1), within=10, what="the worker to start")
+
+
+async def test_on_ready_runs_before_the_roles_and_a_failing_one_is_tried_again(
+    tmp_path: Path,
+) -> None:
+    """``@box.on_ready``: after relaybox's migrations and before the worker; when it
+    fails the roles wait, and it is tried again until it succeeds (once)."""
+    box = _box(f"sqlite:///{tmp_path / 'ready.db'}")
+    calls: list[int] = []
+
+    @box.on_ready
+    async def make_tables(b: Relaybox) -> None:
+        calls.append(len(b._workers))
+        if len(calls) == 1:
+            raise RuntimeError("the app's own migration failed once")
+
+    with structlog.testing.capture_logs() as logs:
+        async with box.running(roles=("worker",)):
+            assert box._workers == []  # waits for on_ready
+            await wait_for(lambda: _is(_len(box._workers), 1), within=10, what="the worker")
+            assert calls == [0, 0]  # before the roles, each time
+    assert [e["event"] for e in logs].count("relaybox_on_ready_failed") == 1
 
 
 async def test_lifespan_with_the_database_down_starts_and_answers_503() -> None:

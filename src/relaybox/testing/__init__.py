@@ -7,7 +7,7 @@ fixtures ``signed_delivery``, ``relaybox_clock`` and ``relaybox_harness``::
 
     @pytest.mark.asyncio
     async def test_grant(relaybox_harness):
-        kit = await relaybox_harness(myapp.box, setup=myapp.create_tables)
+        kit = await relaybox_harness(myapp.box)   # its @box.on_ready tables made
         await kit.send("stripe", event_type="invoice.paid", payload=invoice_event)
         assert await kit.run_worker() == 1
         await kit.assert_business_key("stripe:acct_1:in_1:initial-credit-grant")
@@ -496,7 +496,9 @@ async def make_harness(
     function that registers them on a new box. The application's box is *borrowed*:
     until :meth:`Harness.close` it works on the test database with the frozen clock
     (so code that refers to it, such as ``box.publish`` in a handler, does too), and
-    then gets its own back. ``await setup(box)`` makes the app's own tables.
+    then gets its own back. The box's :meth:`~relaybox.Relaybox.on_ready` functions
+    run after relaybox's migrations, as at the app's startup; ``await setup(box)``
+    then does what else the test needs.
     ``inline`` runs handlers in the accept's transaction (no worker step needed)."""
     url = f"sqlite:///{directory / f'{name}-{uuid.uuid4().hex[:8]}.db'}"
     clock = FrozenClock(start)
@@ -511,6 +513,7 @@ async def make_harness(
             target(box)
     try:
         await box.migrate()
+        await box.run_on_ready()
         if setup is not None:
             await setup(box)
     except BaseException:
