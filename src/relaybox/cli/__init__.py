@@ -365,7 +365,11 @@ async def _migrate_and_close(box: Relaybox) -> tuple[list[str], dict[str, int]]:
     default=None,
     help="event type (default: the first one the app handles, else the provider's example)",
 )
-@click.option("--event-id", default=None, help="event id (default: a new one; a given one resends)")
+@click.option(
+    "--event-id",
+    default=None,
+    help="event id (default: a new one); the id of an earlier send resends it, byte for byte",
+)
 @click.option("--body", "body_file", type=click.File("rb"), default=None, help="JSON body file")
 @click.option("--url", default=None, help="receiver base URL (default: settings host:port)")
 def send_test(
@@ -386,11 +390,12 @@ def send_test(
         raise click.UsageError(f"no source named {source_name!r} (configured: {names})")
     now = time.time()
     event_type = event_type or _handled_type(box, source_name)
-    # A given --event-id gets the same body every time, as a provider's retry does, so
-    # that sending it again is a duplicate (not other content under a known id).
-    body_time = now if event_id is None else _EXAMPLE_TIME
+    # The example's body carries a fixed time, never the send's: the event id of any
+    # send, given again with --event-id, is then the same bytes, as a provider's retry
+    # is (a duplicate, not other content under a known id). The signature, made now,
+    # still passes the receiver's tolerance.
     event_id = event_id or f"evt_test_{uuid.uuid4().hex[:16]}"
-    body = body_file.read() if body_file else source.example(event_type, event_id, body_time)
+    body = body_file.read() if body_file else source.example(event_type, event_id, _EXAMPLE_TIME)
     base = (url or f"http://{box.settings.host}:{box.settings.port}").rstrip("/")
     target = f"{base}/webhooks/{source_name}"
     headers = test_headers(source, body, event_id, event_type, now, target)
