@@ -252,6 +252,28 @@ async def test_a_hanging_receiver_is_aborted_at_the_timeout(
     assert counted == 1
 
 
+async def test_an_endpoint_without_a_timeout_of_its_own_waits_5_seconds(box: Relaybox) -> None:
+    """The default per-attempt timeout is 5 s (the sending rules relaybox follows; it
+    was 15): a receiver that answers later is a timeout to retry."""
+    from relaybox.outbound import configure
+
+    configure(box, allow_insecure_loopback=True, allow_networks=["127.0.0.0/8"])
+    assert box.outbound.settings.timeout == 5.0
+    dispatcher = box.dispatcher()
+    try:
+        async with HttpReceiver(Reply(hang=True)) as receiver:
+            await endpoint(box, receiver.url)  # no timeout of its own
+            await publish_one(box)
+            started = time.monotonic()
+            await dispatcher.run_once()
+            elapsed = time.monotonic() - started
+    finally:
+        await dispatcher.close()
+    assert 5.0 <= elapsed < 9.0
+    [row] = await outbox_rows(box)
+    assert row["status"] == "pending" and "timed out after 5 s" in row["last_error"]
+
+
 async def test_an_endpoint_failing_for_days_is_disabled(
     box: Relaybox, clock: FrozenClock, dispatcher: Dispatcher
 ) -> None:

@@ -118,7 +118,7 @@ class OutboundSettings(BaseModel):
             "1: off)"
         ),
     )
-    timeout: float = Field(default=15.0, gt=0, description="default total seconds per attempt")
+    timeout: float = Field(default=5.0, gt=0, description="default total seconds per attempt")
     connect_timeout: float = Field(default=5.0, gt=0, description="seconds to open a connection")
     min_timeout: float = Field(default=5.0, gt=0, description="lowest endpoint timeout")
     max_timeout: float = Field(default=30.0, gt=0, description="highest endpoint timeout")
