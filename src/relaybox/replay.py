@@ -5,6 +5,10 @@ grant twice: ``ctx.once()`` finds the operation already recorded. The row goes b
 to ``pending`` with a fresh attempt budget; each replay is recorded (who, when, why,
 the previous status). A row whose payload was purged by retention cannot be replayed
 and is reported as such.
+
+A dead letter an operator discarded (``relaybox dead discard``) is out of the queue
+for good: a selection by source, time range or status leaves it out (and says so)
+unless it asks with ``include_discarded``; replaying it by its id is asking.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Selection:
     until: float | None = None
     statuses: Sequence[str] | None = None
     limit: int = 10_000
+    include_discarded: bool | None = None  # default: only when named by id
 
     def __post_init__(self) -> None:
         if (
@@ -53,15 +58,28 @@ class Selection:
         if bad:
             raise ValueError(f"cannot replay status {sorted(bad)}: use done, dead or ignored")
 
+    @property
+    def takes_discarded(self) -> bool:
+        """Whether discarded dead letters are replayed: when asked, or named by id."""
+        if self.include_discarded is not None:
+            return self.include_discarded
+        return self.ids is not None
+
 
 @dataclass
 class ReplayResult:
     replayed: list[int] = field(default_factory=list)
     purged: list[int] = field(default_factory=list)  # payload gone: cannot replay
     skipped: list[int] = field(default_factory=list)  # changed status meanwhile
+    discarded: list[int] = field(default_factory=list)  # discarded: left out, not asked
 
     def as_dict(self) -> dict[str, Any]:
-        return {"replayed": self.replayed, "purged": self.purged, "skipped": self.skipped}
+        return {
+            "replayed": self.replayed,
+            "purged": self.purged,
+            "skipped": self.skipped,
+            "discarded": self.discarded,
+        }
 
 
 Candidate = ReplayCandidate
@@ -99,6 +117,9 @@ async def replay(box: Runtime, selection: Selection, *, actor: str, reason: str)
             if candidate.purged:
                 result.purged.append(candidate.inbox_id)
                 continue
+            if candidate.discarded and not selection.takes_discarded:
+                result.discarded.append(candidate.inbox_id)
+                continue
             # Judged again: a projection may now accept or refuse it anew.
             if not await store.replay_mark(
                 conn, candidate.inbox_id, status=candidate.status, now=now
@@ -116,5 +137,6 @@ async def replay(box: Runtime, selection: Selection, *, actor: str, reason: str)
         replayed=len(result.replayed),
         purged=result.purged,
         skipped=result.skipped,
+        discarded=len(result.discarded),
     )
     return result

@@ -193,3 +193,50 @@ async def test_replay_cli_refuses_an_empty_selection(tmp_path: Path) -> None:
     assert code == 2 and "select rows" in err
     code, _, err = await invoke("replay", "1", "--database-url", url)
     assert code == 2 and "--reason" in err
+
+
+async def test_a_discarded_dead_letter_stays_out_of_a_replay_unless_asked(
+    box: Relaybox, clock: FrozenClock, tmp_path: Path
+) -> None:
+    """``dead discard`` is "out of the queue for good": a replay by source and time
+    (CLI and admin use case alike) leaves it out and says so; --include-discarded, or
+    naming its id, replays it."""
+    from relaybox.ops.inbound import dead_discard, replay_selection
+
+    cfg = settings_file(tmp_path, box.settings.database_url)
+
+    @box.handler("billing", "invoice.paid")
+    async def refuse(ctx: Context) -> None:
+        raise PermanentError("not ours")
+
+    t0 = clock.now()
+    [kept, thrown] = await box.store.inbox_accept([paid("d1", "i1", t0), paid("d2", "i2", t0)])
+    await box.worker().run_once()
+    assert await statuses(box) == {"d1": "dead", "d2": "dead"}
+    await dead_discard(box, thrown.inbox_id, actor="ops", reason="sandbox event")
+
+    window = ["--source", "billing", "--since", str(t0 - 1), "--until", str(t0 + 1)]
+    code, out, err = await invoke("replay", *window, "--reason", "outage", "--json", "--config", cfg)
+    assert code == 0, err
+    answer = json.loads(out)
+    assert (answer["replayed"], answer["discarded"]) == ([kept.inbox_id], [thrown.inbox_id])
+    assert await statuses(box) == {"d1": "pending", "d2": "dead"}
+    [row] = await box.store.fetch_all(
+        "SELECT discarded_at FROM relaybox_inbox WHERE event_id = 'd2'"
+    )
+    assert row["discarded_at"] is not None  # still discarded, not cleared
+
+    result = await replay_selection(
+        box, source="billing", since=None, until=None, statuses=["dead"], limit=10,
+        actor="ops", reason="again",
+    )  # fmt: skip
+    assert (result.replayed, result.discarded) == ([], [thrown.inbox_id])
+    assert "left out" in result.message
+
+    code, out, err = await invoke(
+        "replay", *window, "--status", "dead", "--include-discarded", "--reason", "yes, it",
+        "--json", "--config", cfg,
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["replayed"] == [thrown.inbox_id]
+    assert await statuses(box) == {"d1": "pending", "d2": "pending"}

@@ -82,6 +82,7 @@ async def _replay_many(c: Call) -> BaseModel:
         limit=b.limit,
         actor=c.actor,
         reason=b.reason,
+        include_discarded=b.include_discarded,
     )
 
 

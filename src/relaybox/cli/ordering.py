@@ -61,6 +61,11 @@ def _print_table(title: str, rows: list[tuple[str, Any]]) -> None:
 )
 @click.option("--limit", default=10_000, show_default=True, help="at most this many rows")
 @click.option("--batch", default=500, show_default=True, help="rows per transaction")
+@click.option(
+    "--include-discarded",
+    is_flag=True,
+    help="replay discarded dead letters too (a range leaves them out; ids name them)",
+)
 @click.option("--dry-run", is_flag=True, help="show what would be replayed, change nothing")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def replay(
@@ -76,6 +81,7 @@ def replay(
     reason: str | None,
     limit: int,
     batch: int,
+    include_discarded: bool,
     dry_run: bool,
     as_json: bool,
 ) -> None:
@@ -84,7 +90,11 @@ def replay(
     By id (relaybox replay 12 13), by source and time range (--source stripe
     --since 6h), by status (--status dead). The handler's business keys make a
     replay safe: an operation that already happened is not applied again. Each
-    replayed row is recorded with --actor and --reason.
+    replayed row is recorded with --actor and --reason (required).
+
+    Dead letters discarded with `relaybox dead discard` are out of the queue for
+    good: a range or a status leaves them out unless --include-discarded; giving
+    their ids replays them.
     """
     from relaybox.replay import ReplayResult, Selection, select
     from relaybox.replay import replay as do_replay
@@ -106,6 +116,7 @@ def replay(
             until=None if until is None else parse_time(until, now),
             statuses=chosen,
             limit=limit,
+            include_discarded=include_discarded or None,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -114,13 +125,19 @@ def replay(
     async def run() -> dict[str, Any]:
         try:
             candidates = await select(box, selection)
-            replayable = [c.inbox_id for c in candidates if not c.purged]
+            kept = selection.takes_discarded
+            replayable = [
+                c.inbox_id for c in candidates if not c.purged and (kept or not c.discarded)
+            ]
             out: dict[str, Any] = {
                 "dry_run": dry_run,
                 "actor": who,
                 "reason": reason,
                 "selected": len(candidates),
                 "purged": [c.inbox_id for c in candidates if c.purged],
+                "discarded": [
+                    c.inbox_id for c in candidates if c.discarded and not c.purged and not kept
+                ],
             }
             if ids:
                 found = {c.inbox_id for c in candidates}
@@ -137,7 +154,9 @@ def replay(
                     # else) is skipped, not replayed twice.
                     part = await do_replay(
                         box,
-                        Selection(ids=chunk, statuses=chosen, limit=len(chunk)),
+                        Selection(
+                            ids=chunk, statuses=chosen, limit=len(chunk), include_discarded=kept
+                        ),
                         actor=who,
                         reason=reason or "",
                     )
@@ -147,7 +166,11 @@ def replay(
                         i for i in chunk if i not in {*part.replayed, *part.purged, *part.skipped}
                     ]
                     advance(len(chunk))
-            out.update(total.as_dict(), purged=sorted({*out["purged"], *total.purged}))
+            out.update(
+                total.as_dict(),
+                purged=sorted({*out["purged"], *total.purged}),
+                discarded=out["discarded"],
+            )
             return out
         finally:
             await box.close()
@@ -164,6 +187,11 @@ def replay(
             click.echo(f"payload purged, cannot replay: {_ids(out['purged'])}", err=True)
         if out.get("skipped"):
             click.echo(f"changed meanwhile, skipped: {_ids(out['skipped'])}", err=True)
+        if out.get("discarded"):
+            click.echo(
+                f"discarded dead letters left out (--include-discarded): {_ids(out['discarded'])}",
+                err=True,
+            )
         if out.get("not_found_or_pending"):
             click.echo(f"not found or still pending: {_ids(out['not_found_or_pending'])}", err=True)
     incomplete = out["purged"] or out.get("not_found_or_pending")

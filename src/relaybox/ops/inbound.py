@@ -210,6 +210,11 @@ def _replay_message(result: Any, purged_at: dict[int, float | None]) -> str:
         )
     if result.skipped:
         parts.append(f"{len(result.skipped)} skipped (status changed meanwhile)")
+    if result.discarded:
+        parts.append(
+            f"{len(result.discarded)} discarded dead letter(s) left out"
+            " (include_discarded to replay them)"
+        )
     return "; ".join(parts) or "nothing matched"
 
 
@@ -241,10 +246,16 @@ async def replay_selection(
     limit: int,
     actor: str,
     reason: str,
+    include_discarded: bool = False,
 ) -> ReplayResult:
     try:
         selection = Selection(
-            source=source, since=since, until=until, statuses=statuses, limit=limit
+            source=source,
+            since=since,
+            until=until,
+            statuses=statuses,
+            limit=limit,
+            include_discarded=include_discarded,
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None

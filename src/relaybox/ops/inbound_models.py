@@ -124,6 +124,9 @@ class ReplaySelectionRequest(_Audited):
     until: float | None = None
     statuses: list[Literal["done", "dead", "ignored"]] | None = Field(None, min_length=1)
     limit: int = Field(1000, ge=1, le=10_000)
+    include_discarded: bool = Field(
+        False, description="replay discarded dead letters too (left out otherwise)"
+    )
 
 
 class DeadRetryRequest(_Audited):
@@ -235,6 +238,10 @@ class ReplayResult(_Model):
     replayed: list[int]
     purged: list[int] = Field(description="payload dropped by retention: cannot be replayed")
     skipped: list[int] = Field(description="changed status meanwhile, or not a dead letter")
+    discarded: list[int] = Field(
+        default_factory=list,
+        description="discarded dead letters the selection left out (include_discarded)",
+    )
     message: str
 
 

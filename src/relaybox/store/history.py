@@ -63,6 +63,7 @@ class ReplayCandidate:
     status: str
     dead_reason: str | None
     purged: bool
+    discarded: bool = False  # a dead letter an operator discarded
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +203,7 @@ class HistoryStore:
             selection.limit,
         )
         rows = await self.rows(conn, "replay_select", params)
-        return [ReplayCandidate(r[0], r[1], r[2], bool(r[3])) for r in rows]
+        return [ReplayCandidate(r[0], r[1], r[2], bool(r[3]), bool(r[4])) for r in rows]
 
     async def replay_mark(
         self, conn: AsyncConnection, inbox_id: int, *, status: str, now: float

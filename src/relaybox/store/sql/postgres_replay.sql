@@ -2,9 +2,11 @@
 -- handler's business keys), recording who asked and why.
 
 -- name: replay_select
--- Rows matching a selection; NULL parameters do not filter. Pending rows are
+-- Rows matching a selection (discarded dead letters marked: the caller decides);
+-- NULL parameters do not filter. Pending rows are
 -- already on their way and are never selected.
-SELECT id, status, dead_reason, payload IS NULL AS purged
+SELECT id, status, dead_reason, payload IS NULL AS purged,
+       discarded_at IS NOT NULL AS discarded
 FROM relaybox_inbox
 WHERE status <> 'pending'
   AND ($1::bigint[] IS NULL OR id = ANY($1::bigint[]))

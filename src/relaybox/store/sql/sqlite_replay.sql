@@ -1,9 +1,11 @@
 -- Replay: put finished rows back on the same idempotent path, recording who and why.
 
 -- name: replay_select
--- Rows matching a selection; NULL parameters do not filter. Ids and statuses come
+-- Rows matching a selection (discarded dead letters marked: the caller decides);
+-- NULL parameters do not filter. Ids and statuses come
 -- as JSON arrays. Pending rows are already on their way and are never selected.
-SELECT id, status, dead_reason, payload IS NULL AS purged
+SELECT id, status, dead_reason, payload IS NULL AS purged,
+       discarded_at IS NOT NULL AS discarded
 FROM relaybox_inbox
 WHERE status <> 'pending'
   AND (?1 IS NULL OR id IN (SELECT value FROM json_each(?1)))
