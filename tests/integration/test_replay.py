@@ -216,7 +216,9 @@ async def test_a_discarded_dead_letter_stays_out_of_a_replay_unless_asked(
     await dead_discard(box, thrown.inbox_id, actor="ops", reason="sandbox event")
 
     window = ["--source", "billing", "--since", str(t0 - 1), "--until", str(t0 + 1)]
-    code, out, err = await invoke("replay", *window, "--reason", "outage", "--json", "--config", cfg)
+    code, out, err = await invoke(
+        "replay", *window, "--reason", "outage", "--json", "--config", cfg
+    )
     assert code == 0, err
     answer = json.loads(out)
     assert (answer["replayed"], answer["discarded"]) == ([kept.inbox_id], [thrown.inbox_id])
