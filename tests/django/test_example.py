@@ -124,3 +124,32 @@ async def test_the_example_grants_credits_once(
         outbox = conn.execute("SELECT channel FROM relaybox_outbox").fetchall()
     assert outbox == [("email",)]
     assert worker.terminate() == 0, worker.tail()
+
+
+def test_the_models_docs_django_md_shows_are_the_examples() -> None:
+    """docs/django.md shows ``credits/models.py`` (it does not run it: the page's other
+    blocks import the example's own models): every class and field it shows is the
+    example's, of the same kind, and it leaves none of them out."""
+    import ast
+    import re
+
+    from django.apps import apps
+
+    text = (ROOT / "docs" / "django.md").read_text()
+    [block] = re.findall(r"```python\n# credits/models.py\n(.*?)```", text, flags=re.S)
+    shown: dict[str, dict[str, str]] = {}
+    for node in ast.parse(block).body:
+        if isinstance(node, ast.ClassDef):
+            fields = shown.setdefault(node.name, {})
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
+                    [target] = stmt.targets
+                    assert isinstance(target, ast.Name) and isinstance(
+                        stmt.value.func, ast.Attribute
+                    )
+                    fields[target.id] = stmt.value.func.attr
+    assert set(shown) == {"Grant", "Balance", "Order"}
+    for name, fields in shown.items():
+        model = apps.get_model("credits", name)
+        actual = {f.name: type(f).__name__ for f in model._meta.get_fields() if f.name != "id"}
+        assert fields == actual, name

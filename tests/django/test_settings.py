@@ -90,3 +90,23 @@ def test_a_box_synchronous_code_used_follows_the_database_it_is_moved_to(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0", "the box still reads the database it used before"
+
+
+def test_relaybox_environment_variables_apply_over_the_dict(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``RELAYBOX_*`` variables apply over ``settings.RELAYBOX`` as they do over a
+    relaybox.toml (they were ignored); ``RELAYBOX_DATABASE_URL`` does not: the
+    database is Django's."""
+    settings.RELAYBOX = {"worker": {"concurrency": 2}, "log_level": "info"}
+    monkeypatch.setenv("RELAYBOX_WORKER__CONCURRENCY", "7")
+    monkeypatch.setenv("RELAYBOX_OUTBOUND__TIMEOUT", "9")
+    monkeypatch.setenv("RELAYBOX_DATABASE_URL", "postgresql://elsewhere/db")
+    box = build_box()
+    assert box.settings.worker.concurrency == 7
+    assert box.settings.outbound.timeout == 9.0
+    assert box.settings.log_level == "info"  # the dict's, where no variable says
+    assert "elsewhere" not in box.settings.database_url
+    monkeypatch.setenv("RELAYBOX_WORKER__CONCURRENCY", "0")
+    with pytest.raises(ImproperlyConfigured, match=r"worker\.concurrency"):
+        build_box()

@@ -448,14 +448,21 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    """Read settings; raise :class:`ConfigurationError` with every problem named."""
+def load_settings(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    given: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Read settings: ``given`` (settings as a dict, e.g. Django's ``RELAYBOX``), then
+    the TOML file at ``path``, then ``RELAYBOX_*`` variables of ``env``, each over the
+    one before; raise :class:`ConfigurationError` with every problem named."""
     env = os.environ if env is None else env
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = dict(given or {})
     if path is not None:
         p = Path(path)
         try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
+            data = _merge(data, tomllib.loads(p.read_text(encoding="utf-8")))
         except FileNotFoundError:
             raise ConfigurationError(f"config file {p} does not exist") from None
         except tomllib.TOMLDecodeError as exc:

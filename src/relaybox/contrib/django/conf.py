@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from django.conf import settings
 from django.utils.module_loading import import_string
-from pydantic import ValidationError
 
 from relaybox.app import Relaybox
-from relaybox.config import Settings
+from relaybox.config import Settings, load_settings
 from relaybox.contrib.django.errors import ImproperlyConfigured
 from relaybox.errors import ConfigurationError
 
@@ -20,8 +20,10 @@ def build_box() -> Relaybox:
     """The box named or described by ``settings.RELAYBOX``:
 
     - a dict: relaybox settings, as in ``relaybox.toml`` (``sources``, ``worker``,
-      ``outbound``…); ``migrate`` defaults to ``"check"`` (``manage.py migrate``
-      creates the tables);
+      ``outbound``…), under the ``RELAYBOX_*`` environment variables as a
+      ``relaybox.toml`` is (``RELAYBOX_DATABASE_URL`` aside: the database is
+      Django's); ``migrate`` defaults to ``"check"`` (``manage.py migrate`` creates
+      the tables);
     - a string: the dotted path of a ``Relaybox`` (or of a function returning one)
       defined in the project.
 
@@ -81,10 +83,7 @@ def follow_database(box: Relaybox, using: str) -> None:
 
 
 def _settings(options: dict[str, Any]) -> Settings:
-    try:
-        return Settings.model_validate(options)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
-        raise ConfigurationError(f"invalid settings: {problems}") from None
+    """``options`` under the environment's ``RELAYBOX_*`` variables, as a
+    ``relaybox.toml`` is; not ``RELAYBOX_DATABASE_URL`` (Django's database is used)."""
+    env = {k: v for k, v in os.environ.items() if k != "RELAYBOX_DATABASE_URL"}
+    return load_settings(env=env, given=options)
