@@ -9,6 +9,7 @@ message per id. Queue, stream and subject names are unique per test and deleted 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import uuid
@@ -22,6 +23,7 @@ import pytest
 import redis.asyncio as aredis
 
 from relaybox import Relaybox
+from relaybox.clock import FrozenClock
 from relaybox.config import load_settings
 from relaybox.errors import ConfigurationError
 from relaybox.outbound import (
@@ -35,7 +37,7 @@ from relaybox.outbound import (
 )
 from relaybox.outbound.channels.base import Delivery
 from tests.support.cutproxy import CutProxy
-from tests.support.outbound_app import outbox_rows
+from tests.support.outbound_app import dispatch_once, endpoint, outbox_rows, publish_one
 
 N = 200
 RABBIT = ("127.0.0.1", 5672)
@@ -240,6 +242,160 @@ async def test_redis_stream_gets_every_row_across_a_connection_cut(
     entries = await client.xrange(stream)
     received = [(fields[b"id"].decode(), fields[b"body"]) for _, fields in entries]
     _check_delivered(received, keys, attempts)
+
+
+# -- a destination that takes nothing ------------------------------------------------
+#
+# A row and an endpoint's delivery to a destination nothing takes (no queue bound to the
+# routing key, no stream on the subject, a key of another type) are failed attempts,
+# retried on the schedule, never counted as sent; once the destination takes them
+# they arrive, each once under its id.
+
+LATER = [30.0] * 5
+
+
+async def _two_rows(box: Relaybox, channel: str) -> tuple[str, str]:
+    """A handler's row and a tenant's message to an endpoint ``broker:<channel>`` (on
+    the endpoint's schedule, here the channel's): their ids on the broker (the row's
+    key; ``<message id>:<endpoint id>``)."""
+    [key] = await _outbox(box, channel, 1)
+    endpoint_id, _ = await endpoint(box, f"broker:{channel}", schedule=LATER)
+    message = await publish_one(box, "order.paid", {"orderId": "o-1"})
+    return key, f"{message.id}:{endpoint_id}"
+
+
+async def _refused_then_sent(
+    box: Relaybox, clock: FrozenClock, problem: str, fix: Any
+) -> list[dict[str, Any]]:
+    """Both rows fail their first attempt with ``problem`` in the error and wait for
+    the schedule; after ``fix()`` and the delay both are sent on the second attempt."""
+    assert await dispatch_once(box) == 2
+    rows = await outbox_rows(box)
+    for row in rows:
+        assert (row["status"], row["attempts"]) == ("pending", 1), row
+        assert problem in (row["last_error"] or ""), row
+        assert row["next_attempt_at"] == clock.now() + LATER[0], row
+    assert await dispatch_once(box) == 0  # nothing before the schedule says
+    await fix()
+    clock.advance(LATER[0])
+    assert await dispatch_once(box) == 2
+    rows = await outbox_rows(box)
+    assert [(r["status"], r["attempts"]) for r in rows] == [("sent", 2)] * 2, rows
+    return rows
+
+
+@pytest.fixture
+async def rabbit(name: str) -> AsyncIterator[aio_pika.abc.AbstractChannel]:
+    """A channel of this machine's RabbitMQ; the queue ``name`` is deleted after."""
+    conn = await aio_pika.connect(f"amqp://guest:guest@{RABBIT[0]}:{RABBIT[1]}/", timeout=5)
+    try:
+        channel = await conn.channel()
+        try:
+            yield channel
+        finally:
+            await channel.queue_delete(name)
+    finally:
+        await conn.close()
+
+
+async def test_rabbitmq_a_message_no_queue_takes_is_retried_until_a_queue_is_bound(
+    box: Relaybox, clock: FrozenClock, name: str, rabbit: aio_pika.abc.AbstractChannel
+) -> None:
+    configure(
+        box,
+        brokers={
+            "rmq": {
+                "kind": "rabbitmq",
+                "url": f"amqp://guest:guest@{RABBIT[0]}:{RABBIT[1]}/",
+                "routing_key": name,  # no queue has this name yet
+                "publish_timeout": 5,
+                "schedule": LATER,
+            }
+        },
+        jitter=0.0,
+    )
+    ids = await _two_rows(box, "rmq")
+
+    async def bind() -> None:
+        await rabbit.declare_queue(name, durable=True)
+
+    await _refused_then_sent(box, clock, f"no queue is bound to routing key {name!r}", bind)
+    queue = await rabbit.get_queue(name)
+    received = []
+    while (message := await queue.get(no_ack=True, fail=False, timeout=5)) is not None:
+        received.append(message.message_id)
+    assert sorted(received) == sorted(ids)  # each once, under its id
+
+
+async def test_nats_a_subject_no_stream_captures_is_retried_until_a_stream_does(
+    box: Relaybox, clock: FrozenClock, name: str
+) -> None:
+    nc = await nats.connect(f"nats://{NATS[0]}:{NATS[1]}", connect_timeout=5)
+    js = nc.jetstream(timeout=5)
+    try:
+        configure(
+            box,
+            brokers={
+                "events": {
+                    "kind": "nats",
+                    "url": f"nats://{NATS[0]}:{NATS[1]}",
+                    "subject": f"{name}.orders",  # no stream captures it yet
+                    "publish_timeout": 5,
+                    "schedule": LATER,
+                }
+            },
+            jitter=0.0,
+        )
+        ids = await _two_rows(box, "events")
+
+        async def add() -> None:
+            await js.add_stream(name=name, subjects=[f"{name}.>"])
+
+        try:
+            await _refused_then_sent(
+                box, clock, f"no JetStream stream takes subject '{name}.orders'", add
+            )
+            info = await js.stream_info(name)
+            assert info.state.messages == 2
+            received = []
+            for seq in range(1, info.state.last_seq + 1):
+                msg = await js.get_msg(name, seq)
+                assert msg.headers is not None
+                received.append(msg.headers["Nats-Msg-Id"])
+            assert sorted(received) == sorted(ids)
+        finally:
+            with contextlib.suppress(Exception):
+                await js.delete_stream(name)
+    finally:
+        await nc.close()
+
+
+async def test_redis_a_key_that_is_not_a_stream_is_retried_until_it_is_free(
+    box: Relaybox, clock: FrozenClock, redis_stream: tuple[str, aredis.Redis]
+) -> None:
+    stream, client = redis_stream
+    await client.set(stream, "someone else's value")  # XADD answers WRONGTYPE
+    configure(
+        box,
+        brokers={
+            "feed": {
+                "kind": "redis",
+                "url": f"redis://{REDIS[0]}:{REDIS[1]}/0",
+                "stream": stream,
+                "publish_timeout": 5,
+                "schedule": LATER,
+            }
+        },
+        jitter=0.0,
+    )
+    ids = await _two_rows(box, "feed")
+
+    async def free() -> None:
+        await client.delete(stream)
+
+    await _refused_then_sent(box, clock, "WRONGTYPE", free)
+    entries = await client.xrange(stream)
+    assert sorted(fields[b"id"].decode() for _, fields in entries) == sorted(ids)
 
 
 # -- configuration -------------------------------------------------------------------

@@ -10,14 +10,18 @@ Every attempt of a row carries the row's key as the message id, so a resend is
 recognisably the same message:
 
     rabbitmq  ``message_id`` = key, persistent, published with ``mandatory`` and waited
-              for the publisher confirm (a nack or an unroutable message is a retry)
+              for the publisher confirm (a nack, or a message the broker returns
+              because no queue is bound to its routing key, is a retry)
     nats      JetStream publish with ``Nats-Msg-Id`` = key, waited for the stream's ack
-              (JetStream drops a resend within its duplicate window)
+              (JetStream drops a resend within its duplicate window; a subject no
+              stream takes is a retry)
     redis     ``XADD`` of ``{"id": key, "body": ...}`` to the stream
 
 The body is the row's payload as compact JSON. Each channel keeps one long-lived
-connection, made on first use and again after any failure. A connection error, a
-timeout or a refused publish is a ``retry`` (like a 5xx); a publish whose confirm never
+connection, made on first use and again after any other failure than a refusal. A
+connection error, a timeout or a refused publish is a ``retry`` (like a 5xx), recorded
+with what the broker said (``no queue is bound to routing key 'x' on the default
+exchange: …``); only a confirm counts as sent. A publish whose confirm never
 came is exactly the uncertain outcome the ``uncertain`` policy covers (default
 ``resend``, under the same id). The client libraries are optional extras
 (``relaybox[rabbitmq]``, ``relaybox[nats]``, ``relaybox[redis]``), imported only when a
@@ -124,9 +128,20 @@ class BrokerChannel(Channel):
             await self._drop(conn)
             return Result("retry", error=f"{self.extra}: the connection closed mid-publish")
         except Exception as exc:
+            refusal = self._refusal(exc)
+            if refusal is not None:  # the broker answered: the connection is sound
+                return Result("retry", error=f"{self.extra}: {refusal[:400]}")
             await self._drop(conn)
             return Result("retry", error=f"{self.extra}: {type(exc).__name__}: {str(exc)[:300]}")
         return Result("sent")
+
+    def _refusal(self, exc: Exception) -> str | None:
+        """What the broker refused, when ``exc`` is its answer to this one publish (a
+        message no queue or stream takes, a nack, a command error): the attempt is a
+        retry and the connection, which the broker still serves, is kept, so the
+        other publishes in flight on it go on. ``None``: any other failure, after
+        which the connection is dropped."""
+        return None
 
     async def _connection(self) -> Any:
         async with self._lock:
@@ -184,7 +199,11 @@ class RabbitMQChannel(BrokerChannel):
     async def _connect(self) -> Any:
         conn = await self._pika.connect(self._url, timeout=self.connect_timeout)
         try:
-            channel = await conn.channel(publisher_confirms=True)
+            # on_return_raises: a message the broker returns (basic.return: mandatory and
+            # no queue bound) fails its publish. Without it aio-pika resolves the
+            # publish with the returned message, and the broker's ack that follows a
+            # return would count a message nobody received as sent.
+            channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
             if self.exchange:
                 exchange = await channel.get_exchange(self.exchange, ensure=False)
             else:
@@ -204,7 +223,26 @@ class RabbitMQChannel(BrokerChannel):
             content_type="application/json",
             delivery_mode=self._pika.DeliveryMode.PERSISTENT,
         )
-        await conn[2].publish(message, self.routing_key, mandatory=True)
+        confirm = await conn[2].publish(message, self.routing_key, mandatory=True)
+        if getattr(confirm, "name", None) != "Basic.Ack":  # never "sent" on less than an ack
+            raise self._pika.exceptions.DeliveryError(None, confirm)
+
+    def _refusal(self, exc: Exception) -> str | None:
+        errors = self._pika.exceptions
+        if isinstance(exc, errors.PublishError):  # returned: basic.return
+            frame = exc.message.delivery
+            exchange = f"exchange {frame.exchange!r}" if frame.exchange else "the default exchange"
+            return (
+                f"no queue is bound to routing key {frame.routing_key!r} on {exchange}:"
+                f" the broker returned the message ({frame.reply_code} {frame.reply_text})"
+            )
+        if isinstance(exc, errors.DeliveryError):  # basic.nack, or no ack at all
+            frame = getattr(exc.frame, "name", None) or type(exc.frame).__name__
+            return (
+                f"the broker refused the message ({frame}; e.g. a queue at its length"
+                " limit with overflow reject-publish)"
+            )
+        return None
 
     async def _disconnect(self, conn: Any) -> None:
         await conn[0].close()
@@ -253,6 +291,15 @@ class NatsChannel(BrokerChannel):
             headers={MESSAGE_ID_HEADER: key},
         )
 
+    def _refusal(self, exc: Exception) -> str | None:
+        errors = importlib.import_module("nats.js.errors")
+        if isinstance(exc, errors.NoStreamResponseError):  # no responders on the subject
+            expected = f" (expected: {self.stream!r})" if self.stream else ""
+            return f"no JetStream stream takes subject {self.subject!r}{expected}"
+        if isinstance(exc, errors.APIError):  # the stream answered with an error
+            return f"the stream refused the message: {exc}"
+        return None
+
     async def _disconnect(self, conn: Any) -> None:
         await conn[0].close()
 
@@ -296,6 +343,15 @@ class RedisStreamChannel(BrokerChannel):
             maxlen=self.maxlen,
             approximate=True,
         )
+
+    def _refusal(self, exc: Exception) -> str | None:
+        errors = importlib.import_module("redis.exceptions")
+        moved = (errors.ReadOnlyError, errors.AskError, errors.ClusterError)
+        if isinstance(exc, errors.ResponseError) and not isinstance(exc, moved):
+            # An error reply to XADD (WRONGTYPE, OOM, NOPERM): a replica's READONLY or
+            # a cluster's redirect means the connection points at the wrong server.
+            return f"XADD to {self.stream!r} refused: {exc}"
+        return None
 
     async def _disconnect(self, conn: Any) -> None:
         await conn.aclose()
