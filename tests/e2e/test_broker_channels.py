@@ -284,6 +284,18 @@ async def _refused_then_sent(
     return rows
 
 
+def _check_marked(received: list[tuple[str, str | None, bytes]], ids: tuple[str, str]) -> None:
+    """Each of the two arrived once under its id; the endpoint's delivery carries its
+    tenant in the envelope and as the header or field, the handler's row neither."""
+    row, delivery = ids
+    assert sorted(i for i, _, _ in received) == sorted(ids)  # each once, under its id
+    found = {i: (tenant, json.loads(body)) for i, tenant, body in received}
+    assert found[row] == (None, {"n": 0, "key": row})  # the handler's payload, as today
+    tenant, envelope = found[delivery]
+    assert tenant == "t1" and envelope["tenant"] == "t1", found[delivery]
+    assert envelope["type"] == "order.paid" and envelope["data"] == {"orderId": "o-1"}
+
+
 @pytest.fixture
 async def rabbit(name: str) -> AsyncIterator[aio_pika.abc.AbstractChannel]:
     """A channel of this machine's RabbitMQ; the queue ``name`` is deleted after."""
@@ -310,6 +322,7 @@ async def test_rabbitmq_a_message_no_queue_takes_is_retried_until_a_queue_is_bou
                 "routing_key": name,  # no queue has this name yet
                 "publish_timeout": 5,
                 "schedule": LATER,
+                "tenants": ["t1"],
             }
         },
         jitter=0.0,
@@ -323,8 +336,11 @@ async def test_rabbitmq_a_message_no_queue_takes_is_retried_until_a_queue_is_bou
     queue = await rabbit.get_queue(name)
     received = []
     while (message := await queue.get(no_ack=True, fail=False, timeout=5)) is not None:
-        received.append(message.message_id)
-    assert sorted(received) == sorted(ids)  # each once, under its id
+        assert message.message_id is not None
+        tenant = message.headers.get("Relaybox-Tenant")
+        assert tenant is None or isinstance(tenant, str)
+        received.append((message.message_id, tenant, message.body))
+    _check_marked(received, ids)
 
 
 async def test_nats_a_subject_no_stream_captures_is_retried_until_a_stream_does(
@@ -342,6 +358,7 @@ async def test_nats_a_subject_no_stream_captures_is_retried_until_a_stream_does(
                     "subject": f"{name}.orders",  # no stream captures it yet
                     "publish_timeout": 5,
                     "schedule": LATER,
+                    "tenants": ["t1"],
                 }
             },
             jitter=0.0,
@@ -361,8 +378,9 @@ async def test_nats_a_subject_no_stream_captures_is_retried_until_a_stream_does(
             for seq in range(1, info.state.last_seq + 1):
                 msg = await js.get_msg(name, seq)
                 assert msg.headers is not None
-                received.append(msg.headers["Nats-Msg-Id"])
-            assert sorted(received) == sorted(ids)
+                tenant = msg.headers.get("Relaybox-Tenant")
+                received.append((msg.headers["Nats-Msg-Id"], tenant, msg.data))
+            _check_marked(received, ids)
         finally:
             with contextlib.suppress(Exception):
                 await js.delete_stream(name)
@@ -384,6 +402,7 @@ async def test_redis_a_key_that_is_not_a_stream_is_retried_until_it_is_free(
                 "stream": stream,
                 "publish_timeout": 5,
                 "schedule": LATER,
+                "tenants": ["t1"],
             }
         },
         jitter=0.0,
@@ -395,7 +414,11 @@ async def test_redis_a_key_that_is_not_a_stream_is_retried_until_it_is_free(
 
     await _refused_then_sent(box, clock, "WRONGTYPE", free)
     entries = await client.xrange(stream)
-    assert sorted(fields[b"id"].decode() for _, fields in entries) == sorted(ids)
+    received = [
+        (f[b"id"].decode(), f[b"tenant"].decode() if b"tenant" in f else None, f[b"body"])
+        for _, f in entries
+    ]
+    _check_marked(received, ids)
 
 
 # -- configuration -------------------------------------------------------------------
@@ -494,6 +517,11 @@ def test_changing_the_brokers_setting_replaces_only_what_changed() -> None:
     orders, feed = ob.channels["orders"], ob.channels["feed"]
     configure(box, timeout=10)  # an unrelated change keeps the connections
     assert ob.channels["orders"] is orders and ob.channels["feed"] is feed
+    configure(
+        box, brokers={"orders": {**spec, "tenants": ["acme"]}, "feed": {**spec, "stream": "f"}}
+    )
+    # a grant is read at each delivery: changing one keeps the connection
+    assert ob.channels["orders"] is orders and ob.settings.brokers["orders"].tenants == ["acme"]
     configure(box, brokers={"orders": {**spec, "stream": "s2"}})
     assert isinstance(ob.channels["orders"], RedisStreamChannel)
     assert ob.channels["orders"] is not orders and ob.channels["orders"].stream == "s2"

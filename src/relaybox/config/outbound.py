@@ -86,6 +86,25 @@ class BrokerSettings(BaseModel):
     max_in_flight: int = Field(default=16, ge=1, le=1000, description="publishes in flight")
     uncertain: UncertainPolicy = "resend"
     schedule: list[float] | None = Field(default=None, description="retry delays (default: ours)")
+    tenants: list[str] = Field(
+        default_factory=list,
+        description=(
+            "tenants whose endpoints may route here (url 'broker:<name>'); '*': every "
+            "tenant; default: none (only handlers write here)"
+        ),
+    )
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenants(cls, value: list[str]) -> list[str]:
+        for tenant in value:
+            if not tenant or tenant != tenant.strip():
+                raise ValueError(f"tenants: {tenant!r} is not a tenant name (nor '*')")
+        return value
+
+    def grants(self, tenant: str | None) -> bool:
+        """Whether ``tenant``'s endpoints may route to this destination."""
+        return tenant is not None and ("*" in self.tenants or tenant in self.tenants)
 
     @model_validator(mode="after")
     def _fields(self) -> Self:

@@ -167,7 +167,13 @@ def _extras(
     return headers, credentials
 
 
-def _check(box: Runtime, url: str | None, timeout: float | None, max_in_flight: int | None) -> None:
+def _check(
+    box: Runtime,
+    tenant: str,
+    url: str | None,
+    timeout: float | None,
+    max_in_flight: int | None,
+) -> None:
     s = outbound(box).settings
     if max_in_flight is not None and max_in_flight > s.concurrency:
         # More than a dispatcher has slots: never reachable, and one endpoint would
@@ -176,10 +182,17 @@ def _check(box: Runtime, url: str | None, timeout: float | None, max_in_flight: 
             f"max_in_flight must be at most {s.concurrency} (the dispatcher's concurrency)"
         )
     if url is not None and url.startswith(BROKER_PREFIX):
-        # An operator-declared broker destination, by name only: never a host.
+        # An operator-declared broker destination, by name only (never a host), and
+        # only one granted to this tenant. One answer for a name that does not exist
+        # and one not granted: a tenant learns nothing of the operator's other names.
         name = url[len(BROKER_PREFIX) :]
-        if name not in s.brokers:
-            raise InvalidEndpoint(f"no broker destination named {name[:100]!r}")
+        broker = s.brokers.get(name)
+        if broker is None or not broker.grants(tenant):
+            raise InvalidEndpoint(
+                f"no broker destination {name[:100]!r} is granted to tenant {tenant[:100]!r}"
+                " (the operator lists the tenants a broker takes in"
+                " outbound.brokers.<name>.tenants)"
+            )
     elif url is not None:
         if len(url) > 2000:
             raise InvalidEndpoint("the URL is longer than 2000 characters")
@@ -194,7 +207,7 @@ def _check(box: Runtime, url: str | None, timeout: float | None, max_in_flight: 
 async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tuple[Endpoint, str]:
     """Create an endpoint with a fresh secret; returns it and the secret in the form
     its owner verifies with (``whsec_…``, or ``whpk_…`` for ed25519)."""
-    _check(box, spec.url, spec.timeout, spec.max_in_flight)
+    _check(box, tenant, spec.url, spec.timeout, spec.max_in_flight)
     payload_filter = _filter(box, spec.filter) or None
     if spec.signature == "sha256" and spec.secret_type == "ed25519":
         raise InvalidEndpoint("sha256 signatures (X-Webhook-Signature) need an hmac secret")
@@ -259,7 +272,7 @@ async def update_endpoint(
 ) -> Endpoint | None:
     """Apply ``patch``; ``enabled`` switches the endpoint on or off. ``None`` when
     the tenant has no such endpoint."""
-    _check(box, patch.url, patch.timeout, patch.max_in_flight)
+    _check(box, tenant, patch.url, patch.timeout, patch.max_in_flight)
     payload_filter = _filter(box, patch.filter)
     current = await get_endpoint(box, endpoint_id, tenant)
     if current is None:

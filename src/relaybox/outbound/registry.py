@@ -99,8 +99,12 @@ class Outbound:
                 self._close_later(made)
         for name, spec in self.settings.brokers.items():
             known = self._brokers.get(name)
-            if known is not None and known[0] == spec and self.channels.get(name) is known[1]:
-                continue
+            if known is not None and self.channels.get(name) is known[1]:
+                # The grants (``tenants``) are read at each delivery: a change of them
+                # alone keeps the connection.
+                if known[0].model_copy(update={"tenants": spec.tenants}) == spec:
+                    self._brokers[name] = (spec, known[1])
+                    continue
             old = self.channels.get(name)
             made = self.channel(name, broker_channel(spec))
             self._brokers[name] = (spec, made)

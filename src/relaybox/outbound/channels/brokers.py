@@ -6,6 +6,14 @@ and the name is the channel a handler writes to::
 
     await ctx.outbox.add("orders", f"order:{order.id}:paid", {"order": order.id})
 
+A tenant's endpoint may route to a destination that grants it (``broker:<name>``,
+``tenants`` in the settings; checked by :mod:`relaybox.outbound.endpoints` when the
+endpoint is saved and by the webhook channel at each delivery). Such a delivery
+publishes the message's envelope with ``"tenant"`` added, marked with the tenant
+(:data:`TENANT_HEADER`, the Redis field ``tenant``), under the delivery's key
+``<message id>:<endpoint id>``: consumers deduplicate on that id. A handler's row
+carries its payload alone, without a tenant mark.
+
 Every attempt of a row carries the row's key as the message id, so a resend is
 recognisably the same message:
 
@@ -53,6 +61,9 @@ __all__ = [
 ]
 
 MESSAGE_ID_HEADER = "Nats-Msg-Id"
+TENANT_HEADER = "Relaybox-Tenant"
+"""The tenant of an endpoint's delivery (AMQP and NATS header; Redis field ``tenant``).
+A handler's row carries none: a message without it is the operator's own."""
 
 
 def _require(module: str, extra: str) -> ModuleType:
@@ -110,11 +121,13 @@ class BrokerChannel(Channel):
         except (TypeError, ValueError) as exc:
             return Result("failed", error=f"cannot encode the payload: {exc}")
         timeout = min(self.publish_timeout, delivery.deadline)
+        # An endpoint's delivery (a tenant's message) is marked with its tenant.
+        tenant = delivery.tenant if delivery.endpoint is not None else None
         conn = None
         try:
             async with asyncio.timeout(timeout):
                 conn = await self._connection()
-                await self._publish(conn, delivery.key, body)
+                await self._publish(conn, delivery.key, body, tenant)
         except TimeoutError:
             await self._drop(conn)
             return Result(
@@ -178,7 +191,9 @@ class BrokerChannel(Channel):
     def _usable(self, conn: Any) -> bool: ...
 
     @abc.abstractmethod
-    async def _publish(self, conn: Any, key: str, body: bytes) -> None: ...
+    async def _publish(self, conn: Any, key: str, body: bytes, tenant: str | None) -> None:
+        """Publish ``body`` under the id ``key``; ``tenant``, when set, goes with it as
+        :data:`TENANT_HEADER` (or the Redis field ``tenant``)."""
 
     @abc.abstractmethod
     async def _disconnect(self, conn: Any) -> None: ...
@@ -216,12 +231,13 @@ class RabbitMQChannel(BrokerChannel):
     def _usable(self, conn: Any) -> bool:
         return not conn[0].is_closed and not conn[1].is_closed
 
-    async def _publish(self, conn: Any, key: str, body: bytes) -> None:
+    async def _publish(self, conn: Any, key: str, body: bytes, tenant: str | None) -> None:
         message = self._pika.Message(
             body,
             message_id=key,
             content_type="application/json",
             delivery_mode=self._pika.DeliveryMode.PERSISTENT,
+            headers=None if tenant is None else {TENANT_HEADER: tenant},
         )
         confirm = await conn[2].publish(message, self.routing_key, mandatory=True)
         if getattr(confirm, "name", None) != "Basic.Ack":  # never "sent" on less than an ack
@@ -282,13 +298,16 @@ class NatsChannel(BrokerChannel):
     def _usable(self, conn: Any) -> bool:
         return bool(conn[0].is_connected)
 
-    async def _publish(self, conn: Any, key: str, body: bytes) -> None:
+    async def _publish(self, conn: Any, key: str, body: bytes, tenant: str | None) -> None:
+        headers = {MESSAGE_ID_HEADER: key}
+        if tenant is not None:
+            headers[TENANT_HEADER] = tenant
         await conn[1].publish(
             self.subject,
             body,
             timeout=self.publish_timeout,
             stream=self.stream,
-            headers={MESSAGE_ID_HEADER: key},
+            headers=headers,
         )
 
     def _refusal(self, exc: Exception) -> str | None:
@@ -336,10 +355,13 @@ class RedisStreamChannel(BrokerChannel):
     def _usable(self, conn: Any) -> bool:
         return True  # a failed command drops the client (BrokerChannel.deliver)
 
-    async def _publish(self, conn: Any, key: str, body: bytes) -> None:
+    async def _publish(self, conn: Any, key: str, body: bytes, tenant: str | None) -> None:
+        fields: dict[str, str | bytes] = {"id": key, "body": body}
+        if tenant is not None:
+            fields["tenant"] = tenant
         await conn.xadd(
             self.stream,
-            {"id": key, "body": body},
+            fields,
             maxlen=self.maxlen,
             approximate=True,
         )

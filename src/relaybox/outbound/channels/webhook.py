@@ -69,9 +69,23 @@ class WebhookChannel(HttpBase):
 
     async def _to_broker(self, delivery: Delivery, name: str, body: bytes) -> Result:
         """An endpoint routed to an operator's broker destination (``broker:<name>``):
-        the envelope goes to that channel, under the delivery's stable key."""
+        the envelope, with the tenant, goes to that channel, under the delivery's
+        stable key (``<message id>:<endpoint id>``). Only while the destination grants
+        the tenant (``outbound.brokers.<name>.tenants``): a grant revoked after the
+        endpoint was made stops its deliveries as ``blocked``, like a URL the SSRF
+        guard refuses."""
         assert self.outbound is not None
         channel = self.outbound.channels.get(name)
         if not isinstance(channel, BrokerChannel):
             return Result("retry", error=f"no broker destination named {name!r} is configured")
-        return await channel.deliver(replace(delivery, payload=json.loads(body)))
+        broker = self.outbound.settings.brokers.get(name)
+        if broker is None or not broker.grants(delivery.tenant):
+            # (A broker channel registered in code has no settings: it grants nobody.)
+            return Result(
+                "blocked",
+                error=f"broker destination {name!r} is not granted to tenant"
+                f" {delivery.tenant!r} (outbound.brokers.{name}.tenants)",
+            )
+        envelope = json.loads(body)
+        envelope["tenant"] = delivery.tenant
+        return await channel.deliver(replace(delivery, payload=envelope))
