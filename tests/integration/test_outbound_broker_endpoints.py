@@ -91,6 +91,14 @@ async def test_a_tenant_routes_an_endpoint_to_a_broker_by_name(
         assert envelope["id"] == message["id"] and envelope["data"] == {"orderId": "o-1"}
         assert envelope["tenant"] == "client-42"
 
+        # The tenant API names the way out: the broker's name and kind, not "webhook".
+        status, shown = await api.call("GET", f"messages/{message['id']}")
+        assert status == 200, shown
+        [delivery] = shown["deliveries"]
+        assert (delivery["channel"], delivery["kind"]) == ("feed", "redis"), delivery
+        status, listed = await api.call("GET", f"endpoints/{created['id']}/deliveries")
+        assert [(d["channel"], d["kind"]) for d in listed["data"]] == [("feed", "redis")]
+
 
 async def test_a_broker_takes_the_endpoints_of_the_tenants_it_grants_only(
     box: Relaybox, stream: tuple[str, aredis.Redis]

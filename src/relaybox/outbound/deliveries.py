@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from relaybox.outbound.endpoints import get_endpoint
+from relaybox.outbound.registry import outbound
 from relaybox.store.outbox_rows import Message
 
 if TYPE_CHECKING:
@@ -61,7 +62,13 @@ async def list_deliveries(
     limit: int = 100,
 ) -> list[dict[str, Any]]:
     """Outbox rows (webhook deliveries and channel rows), newest first. With
-    ``undelivered``: only rows not sent — pending, dead or held — with the reason."""
+    ``undelivered``: only rows not sent — pending, dead or held — with the reason.
+
+    Each row names its way out: ``channel`` is the channel that delivers it (an
+    endpoint's deliveries: ``webhook``, or the destination's name for an endpoint
+    routed to ``broker:<name>``), ``kind`` what that channel is (``webhook``,
+    ``rabbitmq``, ``nats``, ``redis``, ``email``, ``http``, ``custom``; ``None``: a
+    channel this process does not have)."""
     found = await box.store.delivery_list(
         tenant,
         message_id=message_id,
@@ -69,7 +76,20 @@ async def list_deliveries(
         undelivered=undelivered,
         limit=limit,
     )
-    return [asdict(r) for r in found]
+    ob = outbound(box)
+    rows = []
+    for r in found:
+        row = asdict(r)
+        name = row.pop("broker")
+        if name is not None:  # the endpoint's current destination
+            row["channel"] = name
+            broker = ob.settings.brokers.get(name)
+            row["kind"] = broker.kind if broker is not None else None
+        else:
+            channel = ob.channels.get(r.channel) if r.channel is not None else None
+            row["kind"] = channel.kind if channel is not None else None
+        rows.append(row)
+    return rows
 
 
 async def list_attempts(box: Runtime, message_id: str, tenant: str | None) -> list[dict[str, Any]]:

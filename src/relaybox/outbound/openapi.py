@@ -141,8 +141,24 @@ class DeliveryRow(_Out):
     id: int | str
     message_id: str | None
     endpoint_id: str | None
-    channel: str | None
-    key: str | None
+    channel: str | None = Field(
+        description=(
+            "the channel that delivers it: 'webhook' for an endpoint's deliveries, the "
+            "destination's name for an endpoint routed to 'broker:<name>'"
+        )
+    )
+    kind: str | None = Field(
+        description=(
+            "what that channel is: webhook, rabbitmq, nats, redis, email, http or "
+            "custom (null: not known to this server)"
+        )
+    )
+    key: str | None = Field(
+        description=(
+            "stable across attempts; an endpoint's delivery: '<message id>:<endpoint id>', "
+            "the message id on a broker (a webhook's webhook-id is the message id)"
+        )
+    )
     tenant: str | None
     status: str = Field(description="pending, sent, dead or held")
     dead_reason: str | None

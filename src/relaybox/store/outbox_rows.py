@@ -440,6 +440,9 @@ class DeliveryRow:
     updated_at: float | None
     sent_at: float | None
     event_type: str | None
+    broker: str | None = None
+    """``delivery_list``: the broker destination of the row's endpoint, when it routes
+    to one (``broker:<name>``): its deliveries go out through that channel."""
 
 
 @dataclass(frozen=True, slots=True)

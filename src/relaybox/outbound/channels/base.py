@@ -68,6 +68,9 @@ class Channel(abc.ABC):
     """Base class of channels. Subclasses implement :meth:`deliver`; the class
     attributes are defaults that subclasses or constructor arguments override."""
 
+    kind: str = "custom"
+    """What the channel is, as delivery listings show it: ``webhook``, ``http``,
+    ``email``, ``rabbitmq``, ``nats``, ``redis``; ``custom`` for one of yours."""
     uncertain: UncertainPolicy = "resend"
     max_in_flight: int = 4
     rate_limit: float | None = None

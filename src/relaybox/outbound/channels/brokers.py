@@ -204,7 +204,7 @@ class RabbitMQChannel(BrokerChannel):
     ``mandatory`` (a message no queue takes is refused, not dropped). ``exchange`` ""
     is the default exchange, where ``routing_key`` names the queue."""
 
-    extra = "rabbitmq"
+    kind = extra = "rabbitmq"
 
     def __init__(self, *, url: str, routing_key: str, exchange: str = "", **kw: Any) -> None:
         self._pika = _require("aio_pika", "rabbitmq")
@@ -269,7 +269,7 @@ class NatsChannel(BrokerChannel):
     waited for the stream's ack. ``stream``, when given, is the stream the subject
     must land in (a publish captured by another stream is refused)."""
 
-    extra = "nats"
+    kind = extra = "nats"
 
     def __init__(self, *, url: str, subject: str, stream: str | None = None, **kw: Any) -> None:
         self._nats = _require("nats", "nats")
@@ -327,7 +327,7 @@ class RedisStreamChannel(BrokerChannel):
     """A Redis stream through redis-py: ``XADD <stream> * id <key> body <json>``.
     ``maxlen`` trims the stream approximately to that many entries (``None``: never)."""
 
-    extra = "redis"
+    kind = extra = "redis"
 
     def __init__(self, *, url: str, stream: str, maxlen: int | None = None, **kw: Any) -> None:
         self._redis = _require("redis.asyncio", "redis")

@@ -57,6 +57,7 @@ class EmailChannel(Channel):
     """SMTP delivery. ``render`` turns the outbox payload into a message (default
     :func:`render_message`); ``sender`` fills ``From`` when the payload has none."""
 
+    kind = "email"
     max_in_flight = 2
 
     def __init__(

@@ -337,6 +337,7 @@ class HttpChannel(HttpBase):
     ``{"url": ..., "body": ...}``. The URL passes the same SSRF guard as webhooks.
     """
 
+    kind = "http"
     bounded = True  # post() times the whole attempt, within delivery.deadline
 
     def __init__(

@@ -30,6 +30,7 @@ class WebhookChannel(HttpBase):
     Its uncertain-outcome policy is the outbound setting ``webhook_uncertain``
     (default ``resend``: the receiver sees the same ``webhook-id`` twice)."""
 
+    kind = "webhook"
     bounded = True  # post() times the whole attempt, within delivery.deadline
     _tokens: TokenCache | None = None  # OAuth2 tokens, made for the first endpoint using one
 

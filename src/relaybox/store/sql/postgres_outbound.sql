@@ -191,12 +191,15 @@ RETURNING id
 
 -- name: delivery_list
 -- Deliveries of one message, or the undelivered ones (not sent) of a tenant or an
--- endpoint. Any NULL parameter does not filter.
+-- endpoint. Any NULL parameter does not filter. ``broker``: the destination of an
+-- endpoint routed to one (``broker:<name>``), which its deliveries go out through.
 -- A row under a lease has its attempt, counted before it was sent, in the lease.
 SELECT o.id, o.message_id, o.endpoint_id, o.channel, o.key, o.tenant, o.status, o.dead_reason,
        COALESCE(l.attempt, o.attempts) AS attempts, o.next_attempt_at, o.last_error,
-       o.last_status, o.created_at, o.updated_at, o.sent_at, m.event_type
+       o.last_status, o.created_at, o.updated_at, o.sent_at, m.event_type,
+       CASE WHEN e.url LIKE 'broker:%' THEN substr(e.url, 8) END AS broker
 FROM relaybox_outbox o LEFT JOIN relaybox_messages m ON m.id = o.message_id
+LEFT JOIN relaybox_endpoints e ON e.id = o.endpoint_id
 LEFT JOIN relaybox_outbox_leases l ON l.outbox_id = o.id
 WHERE ($1::text IS NULL OR o.tenant = $1) AND ($2::text IS NULL OR o.message_id = $2)
   AND ($3::text IS NULL OR o.endpoint_id = $3)

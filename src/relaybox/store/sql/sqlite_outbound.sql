@@ -174,10 +174,13 @@ ON CONFLICT (channel, key) DO NOTHING
 RETURNING id
 
 -- name: delivery_list
+-- ``broker``: the destination of an endpoint routed to one (``broker:<name>``).
 SELECT o.id, o.message_id, o.endpoint_id, o.channel, o.key, o.tenant, o.status, o.dead_reason,
        o.attempts, o.next_attempt_at, o.last_error, o.last_status, o.created_at,
-       o.updated_at, o.sent_at, m.event_type
+       o.updated_at, o.sent_at, m.event_type,
+       CASE WHEN e.url LIKE 'broker:%' THEN substr(e.url, 8) END AS broker
 FROM relaybox_outbox o LEFT JOIN relaybox_messages m ON m.id = o.message_id
+LEFT JOIN relaybox_endpoints e ON e.id = o.endpoint_id
 WHERE (?1 IS NULL OR o.tenant = ?1) AND (?2 IS NULL OR o.message_id = ?2)
   AND (?3 IS NULL OR o.endpoint_id = ?3)
   AND (NOT ?4 OR o.status <> 'sent')
