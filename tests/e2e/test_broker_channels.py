@@ -431,10 +431,13 @@ def test_brokers_are_declared_in_the_environment_and_become_channels() -> None:
             "RELAYBOX_OUTBOUND__BROKERS__ORDERS__URL": "nats://127.0.0.1:4222",
             "RELAYBOX_OUTBOUND__BROKERS__ORDERS__SUBJECT": "orders.paid",
             "RELAYBOX_OUTBOUND__BROKERS__ORDERS__SCHEDULE": "1,5",
+            "RELAYBOX_OUTBOUND__BROKERS__ORDERS__TENANTS": "acme, globex",
         }
     )
     spec = settings.outbound.brokers["orders"]
     assert (spec.kind, spec.subject, spec.schedule) == ("nats", "orders.paid", [1.0, 5.0])
+    assert spec.tenants == ["acme", "globex"]
+    assert (spec.grants("acme"), spec.grants("initech"), spec.grants(None)) == (True, False, False)
     assert "4222" not in repr(spec)  # the URL (and any password in it) is a secret
     box = Relaybox(settings=settings)
     channel = outbound(box).channels["orders"]
@@ -451,6 +454,9 @@ def test_brokers_are_declared_in_the_environment_and_become_channels() -> None:
         ({"kind": "redis", "url": "http://h", "stream": "s"}, "redis://"),
         ({"kind": "kafka", "url": "kafka://h"}, "kind"),
         ({"kind": "nats", "url": "nats://h", "subject": "s", "publish_timeout": 0}, "publish"),
+        ({"kind": "redis", "url": "redis://h", "stream": "s", "tenants": [""]}, "tenants"),
+        ({"kind": "redis", "url": "redis://h", "stream": "s", "tenants": [" acme"]}, "tenants"),
+        ({"kind": "redis", "url": "redis://h", "stream": "s", "tenants": "acme"}, "tenants"),
     ],
 )
 def test_a_broker_that_cannot_work_is_refused(spec: dict[str, Any], problem: str) -> None:
@@ -463,6 +469,13 @@ def test_a_broker_name_must_be_a_plain_channel_name(bad: str) -> None:
     spec = {"kind": "redis", "url": "redis://h", "stream": "s"}
     with pytest.raises(ValueError, match="broker name"):
         OutboundSettings.model_validate({"brokers": {bad: spec}})
+
+
+def test_a_broker_grants_no_tenant_unless_told() -> None:
+    spec = {"kind": "redis", "url": "redis://h", "stream": "s"}
+    assert not BrokerSettings.model_validate(spec).grants("acme")
+    every = BrokerSettings.model_validate({**spec, "tenants": ["*"]})
+    assert every.grants("acme") and every.grants("*") and not every.grants(None)
 
 
 def test_a_missing_client_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
