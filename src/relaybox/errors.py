@@ -22,6 +22,8 @@
     │   ├── NotFound                404 not_found: no such event, entry or endpoint
     │   └── Conflict                409: the row is not in the state the action needs
     │                               (its code says which: not_dead, resolved, ...)
+    ├── PublishLimited              a tenant over its publish rate, however it sends
+    │                               (relaybox.outbound.registry; the API and portal: 429)
     └── ApiError                    the tenant API's answer to a request it refuses
                                     (relaybox.outbound.api; status and code it carries)
 

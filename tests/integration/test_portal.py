@@ -398,6 +398,69 @@ async def test_idempotency_key_search_is_exact_in_the_portal_and_the_api(
     assert log_rows(page) == set(published.values()) == await api_search("")
 
 
+async def test_the_portal_and_the_api_draw_from_one_publish_bucket(
+    box: Relaybox, server: str, http: aiohttp.ClientSession
+) -> None:
+    """A burst of 4 and one token every 1000 s, spent by the tenant API's publish and
+    test routes, the portal's test events and resends, and the API's redeliver alike:
+    together they send 4 messages, the rest is refused (429, with Retry-After) and
+    writes nothing. Another tenant has its own bucket."""
+    local(box, publish_rate=0.001, publish_burst=4)
+    endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/x", tenant="client-42")
+    _, key = await create_api_key(box, "client-42")
+    auth = {"Authorization": f"Bearer {key}"}
+    api = server + "/api/v1"
+    body = {"event_type": "order.paid", "data": {"n": 1}}
+    portal = await portal_for(box, http, server, "client-42")
+
+    async with http.post(api + "/messages", json=body, headers=auth) as r:
+        assert r.status == 202
+        first = (await r.json())["id"]
+    async with http.post(api + f"/endpoints/{endpoint_id}/test", json={}, headers=auth) as r:
+        assert r.status == 202
+    sent = []
+    for _ in range(3):
+        sent.append(await portal.post(f"/endpoints/{endpoint_id}/test"))
+    assert [status for status, _, _ in sent] == [303, 303, 429]
+    status, _, text = sent[2]
+    assert "Too many messages" in text and "Nothing was sent" in text
+    assert 'class="tabs"' in text  # the page keeps the session's tabs
+
+    async with http.post(
+        server + portal.base + f"/endpoints/{endpoint_id}/test",
+        data={"csrf": portal.csrf},
+        allow_redirects=False,
+    ) as r:
+        assert r.status == 429 and 1 <= int(r.headers["retry-after"]) <= 1000
+    async with http.post(api + "/messages", json=body, headers=auth) as r:
+        assert r.status == 429 and (await r.json())["error"] == "rate_limited"
+        assert 1 <= int(r.headers["retry-after"]) <= 1000
+    async with http.post(api + f"/endpoints/{endpoint_id}/test", json={}, headers=auth) as r:
+        assert r.status == 429
+    # Sending a message again takes a token as well, through either door.
+    async with box.store.transaction() as conn:
+        await conn.exec_driver_sql(
+            f"UPDATE relaybox_outbox SET status = 'dead' WHERE message_id = '{first}'"
+        )
+    status, _, text = await portal.post(f"/messages/{first}/resend")
+    assert status == 429 and "Too many messages" in text
+    async with http.post(api + f"/messages/{first}/redeliver", json={}, headers=auth) as r:
+        assert r.status == 429
+    [row] = await box.store.fetch_all(
+        "SELECT COUNT(*) AS n FROM relaybox_messages WHERE tenant = 'client-42'"
+    )
+    assert row["n"] == 4
+    [row] = await box.store.fetch_all(
+        f"SELECT status FROM relaybox_outbox WHERE message_id = '{first}'"
+    )
+    assert row["status"] == "dead"  # the refused resends changed nothing
+
+    other, _ = await endpoint(box, "http://127.0.0.1:9/y", tenant="client-b")
+    neighbour = await portal_for(box, http, server, "client-b")
+    status, _, _ = await neighbour.post(f"/endpoints/{other}/test")
+    assert status == 303
+
+
 async def test_bad_input_is_a_4xx_page(
     box: Relaybox, server: str, http: aiohttp.ClientSession
 ) -> None:

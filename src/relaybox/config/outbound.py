@@ -158,7 +158,8 @@ class OutboundSettings(BaseModel):
     publish_rate: float = Field(
         default=50.0,
         gt=0,
-        description="messages per second one tenant may publish through the API, per process",
+        description="messages per second one tenant may send through the tenant API and "
+        "the portal together (publish, test events, redeliver), per process",
     )
     publish_burst: int = Field(
         default=100, ge=1, description="messages a tenant may publish at once above the rate"

@@ -7,9 +7,11 @@ errors are ``{"error": code, "message": text}``.
 What comes in is checked before it reaches the database: a body over
 ``outbound.api_max_body`` is a 413 before it is read, a path id or query value with a
 NUL (or longer than any id) a 404 / 422, a lone surrogate anywhere in a body, or a NUL
-outside published ``data``, a 422 ``invalid_text``. Publishing (``POST /messages``,
-``POST /endpoints/{id}/test``) is limited per tenant and per process by a token bucket
-(``outbound.publish_rate``, ``outbound.publish_burst``): past it, 429 with
+outside published ``data``, a 422 ``invalid_text``. Sending a message (``POST
+/messages``, ``POST /endpoints/{id}/test``, ``POST /messages/{id}/redeliver``) is
+limited per tenant and per process by a token bucket (``outbound.publish_rate``,
+``outbound.publish_burst``) that the portal's test events and resends draw from too
+(:meth:`relaybox.outbound.registry.Outbound.spend_publish_token`): past it, 429 with
 ``Retry-After``.
 
     GET/POST          /endpoints                 list, create (201, with the secret)
@@ -35,7 +37,6 @@ outside published ``data``, a 422 ``invalid_text``. Publishing (``POST /messages
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -48,7 +49,6 @@ from starlette.routing import Route
 
 from relaybox.bodies import BodyTooLarge, read_body, text_problem
 from relaybox.errors import Conflict, RelayboxError
-from relaybox.limits import TokenBuckets
 from relaybox.outbound import apikeys, deliveries, endpoints, flow
 from relaybox.outbound.catalog import InvalidMessage, list_event_types
 from relaybox.outbound.endpoints import (
@@ -60,7 +60,7 @@ from relaybox.outbound.endpoints import (
 from relaybox.outbound.filters import InvalidFilter
 from relaybox.outbound.portal_links import portal_link
 from relaybox.outbound.publish import publish
-from relaybox.outbound.registry import outbound
+from relaybox.outbound.registry import PublishLimited, outbound
 from relaybox.outbound.signing import SecretKind
 from relaybox.outbound.vault import SecretsLocked
 from relaybox.store.outbox_rows import Endpoint, Message
@@ -177,7 +177,6 @@ def build_api(box: Runtime) -> Starlette:
     """The ``/api/v1`` Starlette app for ``box``."""
     settings = outbound(box).settings
     max_body = settings.api_max_body or settings.max_payload + 64 * 1024
-    publish_limit = TokenBuckets(settings.publish_rate, settings.publish_burst)
 
     def route(path: str, fn: Handler, methods: list[str]) -> Route:
         async def endpoint(request: Request) -> Response:
@@ -240,15 +239,11 @@ def build_api(box: Runtime) -> Starlette:
         return data
 
     def rate_limited(tenant: str) -> None:
-        wait = publish_limit.take(tenant)
-        if wait:
-            seconds = max(1, math.ceil(wait))
-            raise ApiError(
-                429,
-                "rate_limited",
-                f"over {settings.publish_rate:g} messages per second: retry in {seconds} s",
-                retry_after=seconds,
-            )
+        """Spend a token of the tenant's one publish bucket, shared with the portal."""
+        try:
+            outbound(box).spend_publish_token(tenant)
+        except PublishLimited as exc:
+            raise ApiError(429, "rate_limited", str(exc), retry_after=exc.retry_after) from None
 
     async def endpoint_of(request: Request, tenant: str) -> Endpoint:
         found = await endpoints.get_endpoint(box, request.path_params["id"], tenant)
@@ -431,6 +426,7 @@ def build_api(box: Runtime) -> Starlette:
     async def redeliver(request: Request, tenant: str) -> Response:
         message = await message_of(request, tenant)
         which = _strict(Redelivery, await body(request))
+        rate_limited(tenant)  # the message goes out again: as a publish would
         count = await deliveries.redeliver(
             box, message.id, tenant=tenant, endpoint_id=which.endpoint_id
         )

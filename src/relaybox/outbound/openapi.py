@@ -281,7 +281,7 @@ OPERATIONS: list[Op] = [
     ("get", "/messages/{id}/attempts", "listAttempts", "A message's delivery attempts", None,
      200, Attempts, set()),
     ("post", "/messages/{id}/redeliver", "redeliverMessage", "Send a message again",
-     Redelivery, 202, Count, set()),
+     Redelivery, 202, Count, {429}),
     ("get", "/undelivered", "listUndelivered", "Pending, dead and held deliveries", None, 200,
      Deliveries, set()),
     ("get", "/event-types", "listEventTypes", "The event-type catalog", None, 200, EventTypes,

@@ -1,5 +1,5 @@
 """The sending side of one :class:`~relaybox.app.Relaybox`: settings, the SSRF guard,
-the registered channels and their metrics.
+the registered channels and their metrics, and the tenants' publish rate limit.
 
     from relaybox.outbound import configure, EmailChannel
 
@@ -13,6 +13,7 @@ a box that goes away takes its channels with it.
 from __future__ import annotations
 
 import asyncio
+import math
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,8 @@ from prometheus_client import Counter
 from sqlalchemy.engine import make_url
 
 from relaybox.config.outbound import BrokerSettings, OutboundSettings
+from relaybox.errors import RelayboxError
+from relaybox.limits import TokenBuckets
 from relaybox.outbound.channels.base import Channel
 from relaybox.outbound.channels.brokers import broker_channel
 from relaybox.outbound.channels.webhook import WebhookChannel
@@ -32,9 +35,19 @@ from relaybox.retry import Schedule
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
 
-__all__ = ["Outbound", "configure", "key_file_path", "outbound"]
+__all__ = ["Outbound", "PublishLimited", "configure", "key_file_path", "outbound"]
 
 _boxes: weakref.WeakKeyDictionary[Runtime, Outbound] = weakref.WeakKeyDictionary()
+
+
+class PublishLimited(RelayboxError):
+    """A tenant over its publish rate (``outbound.publish_rate``): nothing was
+    written; a token is available again in ``retry_after`` seconds (at least 1). The
+    tenant API answers 429 with ``Retry-After``, the portal a 429 page."""
+
+    def __init__(self, rate: float, retry_after: int) -> None:
+        super().__init__(f"over {rate:g} messages per second: retry in {retry_after} s")
+        self.rate, self.retry_after = rate, retry_after
 
 
 class Outbound:
@@ -63,6 +76,7 @@ class Outbound:
         self._brokers: dict[str, tuple[BrokerSettings, Channel]] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._register_brokers()
+        self._publish_limit: TokenBuckets | None = None
 
     def channel(self, name: str, channel: Channel) -> Channel:
         """Register ``channel`` for outbox rows whose channel is ``name``."""
@@ -132,6 +146,23 @@ class Outbound:
                 self._memory_key = new_key()
             self._vault = (url, _vault(self.settings, url, self._memory_key))
         return self._vault[1]
+
+    def spend_publish_token(self, tenant: str) -> None:
+        """Spend one of ``tenant``'s publish tokens, or raise :class:`PublishLimited`
+        (nothing spent) with the seconds until one is available. Every way a tenant
+        makes a message go out (the tenant API's ``POST /messages``, its test and
+        redeliver routes, the portal's *Send test event* and *Resend*) draws from this
+        one bucket per tenant: ``publish_burst`` at once, refilled at ``publish_rate``
+        per second. It is held here, once per box and process, so the API and the
+        portal cannot each allow the full rate."""
+        s = self.settings
+        bucket = self._publish_limit
+        if bucket is None or (bucket.rate, bucket.burst) != (s.publish_rate, s.publish_burst):
+            # Made on first use, and again when configure() changed the rate.
+            bucket = self._publish_limit = TokenBuckets(s.publish_rate, s.publish_burst)
+        wait = bucket.take(tenant)
+        if wait:
+            raise PublishLimited(s.publish_rate, max(1, math.ceil(wait)))
 
     def schedule(self, delays: Sequence[float] | None = None) -> Schedule:
         """The retry schedule for ``delays`` (an endpoint's or a channel's), or the

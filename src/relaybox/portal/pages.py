@@ -46,7 +46,14 @@ from relaybox.outbound.portal_links import TokenRefused, open_link
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.vault import SecretsLocked
-from relaybox.portal.web import Page, PageError, error_page, handler, not_found
+from relaybox.portal.web import (
+    Page,
+    PageError,
+    error_page,
+    handler,
+    not_found,
+    spend_publish_token,
+)
 from relaybox.store.outbox_rows import Endpoint
 
 if TYPE_CHECKING:
@@ -274,6 +281,7 @@ async def send_test(page: Page) -> Response:
         if event_type not in types:
             raise PageError(422, f"{event_type[:60]!r} is not an event type of the catalog")
         data = example_for(types[event_type]["schema"])
+    spend_publish_token(page)  # the tenant API's bucket: one rate, however it publishes
     async with page.box.store.transaction() as conn:
         message = await publish(
             page.box, conn, event_type, data, tenant=page.tenant, endpoint_ids=[found.id]
@@ -330,6 +338,7 @@ async def resend(page: Page) -> Response:
     found = await deliveries.get_message(page.box, page.param("id"), page.tenant)
     if found is None:
         raise not_found("message")
+    spend_publish_token(page)  # the message goes out again, as the API's redeliver
     count = await deliveries.redeliver(page.box, found.id, tenant=page.tenant)
     if not count:
         return page.redirect(f"/messages/{found.id}", notice="nothing_to_resend")

@@ -6,7 +6,8 @@ session proves, and helpers to render and redirect. Whatever goes wrong for the
 request becomes a page with a 4xx status: a session that is forged or expired (401),
 an id the tenant does not own (404, the same as an id that does not exist), a form
 without the session's CSRF token (403), a form over ``portal.form_max_body`` (413),
-a value relaybox refuses (422).
+a value relaybox refuses (422), a test event or resend over the tenant's publish rate
+(429, with ``Retry-After``: the bucket the tenant API draws from).
 """
 
 from __future__ import annotations
@@ -32,12 +33,22 @@ from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import InvalidEndpoint
 from relaybox.outbound.filters import InvalidFilter
 from relaybox.outbound.portal_links import PortalSession, TokenRefused, csrf_token, read_session
+from relaybox.outbound.registry import PublishLimited, outbound
 from relaybox.outbound.vault import SecretsLocked
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
 
-__all__ = ["ENV", "NOTICES", "Page", "PageError", "handler", "security_headers", "theme_css"]
+__all__ = [
+    "ENV",
+    "NOTICES",
+    "Page",
+    "PageError",
+    "handler",
+    "security_headers",
+    "spend_publish_token",
+    "theme_css",
+]
 
 ENV = Environment(
     loader=ChoiceLoader([PackageLoader("relaybox.portal", "templates")]),
@@ -88,11 +99,12 @@ NOTICES: dict[str, str] = {
 
 
 class PageError(RelayboxError):
-    """A request the portal refuses: its status and the text the page shows."""
+    """A request the portal refuses: its status and the text the page shows;
+    ``retry_after`` (seconds) becomes the answer's ``Retry-After``."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.retry_after = status, message, retry_after
 
 
 def not_found(what: str) -> PageError:
@@ -157,11 +169,42 @@ class Page:
 Handler = Callable[[Page], Awaitable[Response]]
 
 
-def error_page(request: Request, box: Runtime, status: int, message: str) -> HTMLResponse:
+def error_page(
+    request: Request,
+    box: Runtime,
+    status: int,
+    message: str,
+    *,
+    page: Page | None = None,
+    retry_after: int | None = None,
+) -> HTMLResponse:
+    """The error page; within a valid session (``page``) with the portal's tabs and
+    its logout button, so the tenant goes on from there."""
+    context: dict[str, Any] = {}
+    if page is not None:
+        context = {"base": page.base, "csrf": csrf_token(box, page.session)}
     html = ENV.get_template("error.html").render(
-        message=message, status=status, theme=theme_css(box.settings.portal.theme)
+        message=message, status=status, theme=theme_css(box.settings.portal.theme), **context
     )
-    return HTMLResponse(html, status_code=status)
+    response = HTMLResponse(html, status_code=status)
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(retry_after)
+    return response
+
+
+def spend_publish_token(page: Page) -> None:
+    """Take a token of the tenant's publish bucket (:meth:`relaybox.outbound.registry.
+    Outbound.spend_publish_token`, the one the tenant API draws from) before a test
+    event or a resend writes anything; past the rate, a 429 page with ``Retry-After``."""
+    try:
+        outbound(page.box).spend_publish_token(page.tenant)
+    except PublishLimited as exc:
+        raise PageError(
+            429,
+            f"Too many messages: at most {exc.rate:g} per second may be sent. Nothing "
+            f"was sent; try again in {exc.retry_after} s.",
+            retry_after=exc.retry_after,
+        ) from None
 
 
 async def _form(request: Request, limit: int) -> dict[str, str]:
@@ -181,6 +224,7 @@ def handler(box: Runtime, fn: Handler) -> Callable[[Request], Awaitable[Response
     form and its CSRF token, then ``fn``; refusals become error pages."""
 
     async def endpoint(request: Request) -> Response:
+        page: Page | None = None
         try:
             for name, value in request.path_params.items():
                 if len(str(value)) > 600 or text_problem(str(value)):
@@ -201,16 +245,18 @@ def handler(box: Runtime, fn: Handler) -> Callable[[Request], Awaitable[Response
                     raise PageError(403, "The form expired: reload the page and try again.")
             return await fn(page)
         except PageError as exc:
-            return error_page(request, box, exc.status, exc.message)
+            return error_page(
+                request, box, exc.status, exc.message, page=page, retry_after=exc.retry_after
+            )
         except (InvalidEndpoint, InvalidMessage, InvalidFilter) as exc:
-            return error_page(request, box, 422, str(exc))
+            return error_page(request, box, 422, str(exc), page=page)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'form'}: {e['msg']}" for e in exc.errors()
             )
-            return error_page(request, box, 422, problems)
+            return error_page(request, box, 422, problems, page=page)
         except SecretsLocked as exc:
-            return error_page(request, box, 503, str(exc))
+            return error_page(request, box, 503, str(exc), page=page)
 
     endpoint.__name__ = fn.__name__
     return endpoint
