@@ -300,13 +300,20 @@ class Relaybox:
         )
 
     def portal_link(
-        self, tenant: str, *, ttl: float | None = None, base_url: str | None = None
+        self,
+        tenant: str,
+        *,
+        ttl: float | None = None,
+        base_url: str | None = None,
+        single_use: bool | None = None,
     ) -> PortalLink:
         """A short-lived signed link to ``tenant``'s portal (:mod:`relaybox.portal`):
-        ``.url`` to hand to the tenant's browser, ``.expires_at`` (epoch seconds)."""
+        ``.url`` to hand to the tenant's browser, ``.expires_at`` (epoch seconds).
+        ``single_use``: it opens one session only (default
+        ``portal.single_use_links``)."""
         from relaybox.portal import portal_link
 
-        return portal_link(self, tenant, ttl=ttl, base_url=base_url)
+        return portal_link(self, tenant, ttl=ttl, base_url=base_url, single_use=single_use)
 
     async def announce(
         self, conn: Any, event_type: str, data: Any, *, key: str | None = None

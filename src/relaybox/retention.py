@@ -27,11 +27,13 @@ The sending side has its own age (``retention.outbox_payload_max_age``):
 A purged delivery is never sent again: redeliver and recover skip it, and the admin
 API answers 409 ``payload_purged`` for a purged message.
 
-The scheduled job (:class:`Maintenance`) runs in the ``maintenance`` role (or
-``relaybox maintenance``). With several processes on one PostgreSQL, one runs it at a
-time: a session-level advisory lock (``pg_try_advisory_lock``) on a connection of its
-own, released when the run ends or when that connection dies with its process. SQLite
-has one process per database file, and purging is idempotent anyway.
+The scheduled job (:class:`Maintenance`) also drops the rows of portal tokens ended
+early (logouts, opened single-use links) once those tokens have expired anyway. It
+runs in the ``maintenance`` role (or ``relaybox maintenance``). With several
+processes on one PostgreSQL, one runs it at a time: a session-level advisory lock
+(``pg_try_advisory_lock``) on a connection of its own, released when the run ends or
+when that connection dies with its process. SQLite has one process per database
+file, and purging is idempotent anyway.
 """
 
 from __future__ import annotations
@@ -191,7 +193,13 @@ class Maintenance:
             if not mine:
                 log.info("maintenance_skipped", reason="another process holds the lock")
                 return None
-            return await purge(self.box)
+            result = await purge(self.box)
+            # Portal sessions logged out of and single-use links opened: each row was
+            # written to expire a minute after its token would have anyway.
+            tokens = await self.box.store.portal_tokens_purge(self.box.clock.now())
+            if tokens:
+                log.info("portal_tokens_purged", rows=tokens)
+            return result
 
     async def run(self) -> None:
         if not self.box.settings.retention.enabled:

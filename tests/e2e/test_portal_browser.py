@@ -2,8 +2,8 @@
 driven by Playwright), on SQLite and PostgreSQL: the application asks the API for a
 portal link; the tenant opens it, adds an endpoint pointing at a local sink, sends a
 test event, sees the attempt with its request and response, resends it; tenant B's
-ids are out of reach; a link past its expiry is refused. Screenshots of every page go
-to ``test-artifacts/screenshots/portal-*.png``."""
+ids are out of reach; the logout button ends the session; a link past its expiry is
+refused. Screenshots of every page go to ``test-artifacts/screenshots/portal-*.png``."""
 
 from __future__ import annotations
 
@@ -154,6 +154,16 @@ async def test_browser_tenant_portal_end_to_end(database_url: str) -> None:
                     assert answer is not None and answer.status == 404, path
                     assert "There is no such" in await page.inner_text("[role=alert]")
                 await shot("not-found")
+
+                # Log out from a page of the session: its address opens nothing after.
+                await page.goto(base + "/endpoints")
+                await page.click("form#logout button[type=submit]")
+                await page.wait_for_selector("#logged-out")
+                assert "You have logged out" in await page.inner_text("#logged-out")
+                await shot("logged-out")
+                answer = await page.goto(base + "/messages")
+                assert answer is not None and answer.status == 401
+                assert "this session has ended" in await page.inner_text("[role=alert]")
 
                 await asyncio.sleep(1.2)  # the short link's second is over
                 answer = await page.goto(short)

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from relaybox import FrozenClock, Relaybox
-from relaybox.outbound import create_api_key, define_event_type, endpoints
+from relaybox.outbound import create_api_key, define_event_type, endpoints, revoke_api_key
 from relaybox.portal import TokenRefused, open_link, portal_link
 from tests.conftest import Served
 from tests.support.outbound_app import dispatch_once, endpoint, local, publish_one
@@ -84,20 +84,27 @@ async def test_links_are_signed_for_one_tenant_and_expire(
 ) -> None:
     local(box)
     link = portal_link(box, "client-42", ttl=60)
-    assert link.expires_at == clock.now() + 60
+    assert link.expires_at == clock.now() + 60 and not link.single_use
     token = link.url.rsplit("/", 1)[1]
-    session = open_link(box, token)
-    assert session.tenant == "client-42"
+    session = await open_link(box, token)
+    assert session.tenant == "client-42" and session.key_id is None
+    assert (await open_link(box, token)).tenant == "client-42"  # not single-use: again
     forged = token.replace("l.", "s.", 1)
     with pytest.raises(TokenRefused):
-        open_link(box, forged)  # a link is not a session, and the signature covers it
-    kind, tenant, expires, nonce, sig = token.split(".")
+        await open_link(box, forged)  # a link is not a session, and the signature covers it
+    kind, tenant, expires, nonce, key, sig = token.split(".")
     with pytest.raises(TokenRefused):  # a later expiry breaks the signature
-        open_link(box, ".".join([kind, tenant, str(int(expires) + 3600), nonce, sig]))
+        await open_link(box, ".".join([kind, tenant, str(int(expires) + 3600), nonce, key, sig]))
+    with pytest.raises(TokenRefused):  # so does a key id, or a link made single-use
+        await open_link(box, ".".join([kind, tenant, expires, nonce, "key_x", sig]))
+    with pytest.raises(TokenRefused):
+        await open_link(box, ".".join(["u", tenant, expires, nonce, key, sig]))
+    with pytest.raises(TokenRefused):  # the five-part tokens of earlier versions
+        await open_link(box, ".".join([kind, tenant, expires, nonce, sig]))
     clock.advance(61)
     with pytest.raises(TokenRefused) as refused:
-        open_link(box, token)
-    assert refused.value.expired
+        await open_link(box, token)
+    assert refused.value.expired and refused.value.status == 410
     with pytest.raises(ValueError):
         portal_link(box, "client-42", ttl=box.settings.portal.max_link_ttl + 1)
 
@@ -130,6 +137,144 @@ async def test_the_api_makes_links_and_sessions_expire(
     assert status == 401 and "expired" in text
     status, _, _ = await portal.post("/endpoints", {"url": "http://127.0.0.1:9/x"})
     assert status == 401
+
+
+async def _api_link(
+    http: aiohttp.ClientSession, server: str, key: str, **asked: object
+) -> dict[str, object]:
+    async with http.post(
+        server + "/api/v1/portal/sessions", json=asked, headers={"Authorization": f"Bearer {key}"}
+    ) as r:
+        assert r.status == 201, await r.text()
+        answer: dict[str, object] = await r.json()
+        return answer
+
+
+async def test_logout_ends_the_session_for_every_process(
+    box: Relaybox, server: str, http: aiohttp.ClientSession, clock: FrozenClock
+) -> None:
+    """Every page (an error page within the session too) has the logout button; a
+    logout needs the session's CSRF token, and ends the session: its address opens
+    nothing any more, here and in another process over the same database."""
+    endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/x", tenant="client-42")
+    message = await publish_one(box, "order.paid", tenant="client-42")
+    portal = await portal_for(box, http, server, "client-42")
+    for path in (
+        "/endpoints",
+        f"/endpoints/{endpoint_id}",
+        "/event-types",
+        "/subscriptions",
+        "/messages",
+        f"/messages/{message.id}",
+        "/messages/msg_nope",  # a 404 page of the session
+    ):
+        _, page = await portal.get(path)
+        [form] = re.findall(r'<form method="post" action="([^"]+)" id="logout"', page)
+        assert form == portal.base + "/logout", path
+        assert f'name="csrf" value="{portal.csrf}"' in page
+
+    status, _, _ = await portal.post("/logout", csrf=False)
+    assert status == 403  # a forged logout is refused: the session goes on
+    assert (await portal.get("/endpoints"))[0] == 200
+    other = await portal_for(box, http, server, "client-42")  # a second session
+
+    local(box)
+    async with Served(box.asgi(roles=("api",))) as elsewhere:  # another process
+        assert (await http.get(elsewhere.url + portal.base + "/endpoints")).status == 200
+        status, location, _ = await portal.post("/logout")
+        assert status == 303 and location == "/portal/logged-out"
+        async with http.get(server + location) as r:
+            assert r.status == 200 and "You have logged out" in await r.text()
+        for origin in (server, elsewhere.url):
+            async with http.get(origin + portal.base + "/endpoints") as r:
+                text = await r.text()
+                assert r.status == 401 and "this session has ended" in text
+                assert "Session ended" in text and portal.base not in text
+        status, _, _ = await portal.post(f"/endpoints/{endpoint_id}/disable")
+        assert status == 401
+        found = await box.store.endpoint_get(endpoint_id, "client-42")
+        assert found is not None and found.status == "enabled"
+        assert (await portal.post("/logout"))[0] == 401  # once is enough
+    assert (await other.get("/endpoints"))[0] == 200  # only that session ended
+
+    # The revocation is kept while the session could be used, then maintenance drops it.
+    count = "SELECT COUNT(*) AS n FROM relaybox_portal_revoked_tokens"
+    await box.maintenance().run_once()
+    assert (await box.store.fetch_all(count))[0]["n"] == 1
+    clock.advance(box.settings.portal.session_ttl + 61)
+    await box.maintenance().run_once()
+    assert (await box.store.fetch_all(count))[0]["n"] == 0
+
+
+async def test_revoking_the_api_key_ends_the_sessions_of_its_links(
+    box: Relaybox, server: str, http: aiohttp.ClientSession
+) -> None:
+    """Links the tenant API made carry the key that asked for them: once the key is
+    revoked, their sessions end and their unopened links open nothing. Another key's
+    sessions, and those of links the application made itself, go on."""
+    revoked_id, revoked = await create_api_key(box, "client-42")
+    _, kept = await create_api_key(box, "client-42")
+    doomed = Portal(http, server)
+    await doomed.enter(str((await _api_link(http, server, revoked))["url"]))
+    unopened = str((await _api_link(http, server, revoked))["url"])
+    survivor = Portal(http, server)
+    await survivor.enter(str((await _api_link(http, server, kept))["url"]))
+    own = await portal_for(box, http, server, "client-42")  # box.portal_link: no key
+
+    assert await revoke_api_key(box, revoked_id)
+    status, text = await doomed.get("/endpoints")
+    assert status == 401 and "this session has ended" in text
+    status, _, _ = await doomed.post("/endpoints", {"url": "http://127.0.0.1:9/x"})
+    assert status == 401
+    assert await box.store.endpoint_list("client-42", limit=10) == []
+    async with http.get(unopened, allow_redirects=False) as r:
+        assert r.status == 401 and "no longer valid" in await r.text()
+    assert (await survivor.get("/endpoints"))[0] == 200
+    assert (await own.get("/endpoints"))[0] == 200
+
+
+async def test_a_single_use_link_opens_one_session(
+    box: Relaybox, server: str, http: aiohttp.ClientSession
+) -> None:
+    _, key = await create_api_key(box, "client-42")
+    answer = await _api_link(http, server, key, single_use=True)
+    assert answer["single_use"] is True
+    url = str(answer["url"])
+    portal = Portal(http, server)
+    await portal.enter(url)
+    async with http.get(url, allow_redirects=False) as r:
+        text = await r.text()
+        assert r.status == 410 and "this link has been used" in text and "Link used" in text
+    assert (await portal.get("/endpoints"))[0] == 200  # its session goes on
+
+    # Opened by several at once, it starts one session.
+    url = str((await _api_link(http, server, key, single_use=True))["url"])
+
+    async def opening() -> int:
+        async with http.get(url, allow_redirects=False) as r:
+            return r.status
+
+    assert sorted(await asyncio.gather(*(opening() for _ in range(6)))) == [303] + [410] * 5
+
+    # Links are not single-use unless asked (or the setting says so).
+    answer = await _api_link(http, server, key)
+    assert answer["single_use"] is False
+    for _ in range(2):
+        await Portal(http, server).enter(str(answer["url"]))
+    async with http.post(
+        server + "/api/v1/portal/sessions",
+        json={"single_use": "yes"},
+        headers={"Authorization": f"Bearer {key}"},
+    ) as r:
+        assert r.status == 422
+    link = box.portal_link("client-42", single_use=True)
+    await Portal(http, server).enter(server + link.url)
+    async with http.get(server + link.url, allow_redirects=False) as r:
+        assert r.status == 410
+    box.settings.portal.single_use_links = True
+    assert (await _api_link(http, server, key))["single_use"] is True
+    assert (await _api_link(http, server, key, single_use=False))["single_use"] is False
+    assert box.portal_link("client-42").single_use
 
 
 async def test_forms_need_the_sessions_csrf_token(
@@ -424,7 +569,7 @@ async def test_the_portal_and_the_api_draw_from_one_publish_bucket(
     assert [status for status, _, _ in sent] == [303, 303, 429]
     status, _, text = sent[2]
     assert "Too many messages" in text and "Nothing was sent" in text
-    assert 'class="tabs"' in text  # the page keeps the session's tabs
+    assert 'class="tabs"' in text and 'id="logout"' in text  # the session's tabs stay
 
     async with http.post(
         server + portal.base + f"/endpoints/{endpoint_id}/test",

@@ -1,7 +1,7 @@
 """Conformance of the store's sending side (``store/outbox.py``) on SQLite and
 PostgreSQL: endpoints, lanes and secrets, messages and deliveries, the dispatcher's
-lease, release and records, the operator views, admin sessions, event types and API
-keys. Rows are set up through store methods; ``store.fetch_all`` reads them."""
+lease, release and records, the operator views, admin sessions, portal tokens, event
+types and API keys. Rows are set up through store methods; ``store.fetch_all`` reads them."""
 
 from __future__ import annotations
 
@@ -452,3 +452,45 @@ async def test_admin_sessions(store: Store) -> None:
     await store.admin_session_revoke("s2", expires_at=T0 + 500, purge_before=T0 + 200)
     assert not await store.admin_session_revoked("s1")  # expired anyway: purged
     assert await store.admin_session_revoked("s2")
+
+
+async def test_portal_tokens(store: Store) -> None:
+    """Revoked portal tokens: a revocation says whether it was the first; a link opens
+    once when single-use, never when its key is revoked; a session is live until it is
+    revoked or its key is; rows of expired tokens go, a few per revocation (bounded
+    work per call) and all at maintenance."""
+    await store.api_key_create("key_1", "t1", "", "hash-1", now=T0)
+    assert await store.portal_session_live("s1", None)
+    assert await store.portal_session_live("s1", "key_1")
+    assert not await store.portal_session_live("s1", "key_gone")  # no such key: refused
+    assert await store.portal_token_revoke("s1", expires_at=T0 + 100, purge_before=T0)
+    assert not await store.portal_token_revoke("s1", expires_at=T0 + 100, purge_before=T0)
+    assert not await store.portal_session_live("s1", None)
+    assert await store.portal_session_live("s2", "key_1")
+
+    async def opening(token: str, *, single_use: bool, key: str | None = "key_1") -> str:
+        return await store.portal_link_open(
+            token, key_id=key, single_use=single_use, expires_at=T0 + 100, purge_before=T0
+        )
+
+    assert await opening("l1", single_use=False) == "ok"
+    assert await opening("l1", single_use=False) == "ok"
+    assert await opening("u1", single_use=True) == "ok"
+    assert await opening("u1", single_use=True) == "used"
+    assert await opening("u2", single_use=True, key=None) == "ok"
+    assert await store.api_key_revoke("key_1", now=T0 + 1)
+    assert not await store.portal_session_live("s2", "key_1")
+    assert await opening("l1", single_use=False) == "revoked"
+    assert await opening("u3", single_use=True) == "revoked"
+    assert await opening("u3", single_use=True, key=None) == "ok"  # not spent by a refusal
+
+    for n in range(40):  # tokens that expired long ago
+        await store.portal_token_revoke(f"old{n}", expires_at=T0 - 1000 + n, purge_before=0)
+    await store.portal_token_revoke("s9", expires_at=T0 + 100, purge_before=T0)
+    [left] = await store.fetch_all(
+        "SELECT COUNT(*) AS n FROM relaybox_portal_revoked_tokens WHERE token_id LIKE 'old%'"
+    )
+    assert left["n"] == 40 - 16  # the oldest 16 went with this revocation
+    assert await store.portal_tokens_purge(T0) == 24
+    assert await store.portal_tokens_purge(T0) == 0
+    assert not await store.portal_session_live("s9", None)  # live rows stay

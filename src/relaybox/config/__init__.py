@@ -153,6 +153,12 @@ class PortalSettings(BaseModel):
     session_ttl: float = Field(
         3600.0, gt=0, le=24 * 3600, description="seconds a session opened by a link lasts"
     )
+    single_use_links: bool = Field(
+        False,
+        description="links open one session only, unless the caller says otherwise (a "
+        "used link answers 410); off by default: mail and chat link scanners open links "
+        "before the person does, and would spend them",
+    )
     frame_ancestors: str = Field(
         "'none'",
         max_length=1000,

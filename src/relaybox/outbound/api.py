@@ -130,6 +130,11 @@ class PortalRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     ttl: float | None = Field(None, gt=0, description="seconds the link is valid")
+    single_use: bool | None = Field(
+        None,
+        description="the link opens one session only; opened again it answers 410 "
+        "(default: the server's portal.single_use_links, false unless set)",
+    )
 
 
 class Redelivery(BaseModel):
@@ -212,12 +217,15 @@ def build_api(box: Runtime) -> Starlette:
         return Route(path, endpoint, methods=methods)
 
     async def _tenant(request: Request) -> str:
+        """The key's tenant; the key's id goes to ``request.state.api_key_id`` (the
+        portal links it asks for end with it)."""
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        tenant = None
+        found = None
         if scheme.lower() == "bearer":
-            tenant = await apikeys.authenticate(box, key.strip())
-        if tenant is None:
+            found = await apikeys.authenticate_key(box, key.strip())
+        if found is None:
             raise ApiError(401, "unauthorized", "a valid API key is required (Bearer rbk_…)")
+        request.state.api_key_id, tenant = found
         return tenant
 
     async def body(request: Request, free: frozenset[str] = frozenset()) -> Any:
@@ -454,7 +462,14 @@ def build_api(box: Runtime) -> Starlette:
         root = str(request.scope.get("root_path", ""))
         if not box.settings.portal.public_url and root.endswith("/api/v1"):
             base = base[: -len("/api/v1")] if base.endswith("/api/v1") else base
-        link = portal_link(box, tenant, ttl=asked.ttl, base_url=base)
+        link = portal_link(
+            box,
+            tenant,
+            ttl=asked.ttl,
+            base_url=base,
+            single_use=asked.single_use,
+            key_id=request.state.api_key_id,  # revoking the key ends the link's sessions
+        )
         return JSONResponse(link.to_json(), status_code=201)
 
     return Starlette(

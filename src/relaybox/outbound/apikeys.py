@@ -14,7 +14,7 @@ from relaybox.store.outbox_rows import new_id
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
 
-__all__ = ["authenticate", "create_api_key", "list_api_keys", "revoke_api_key"]
+__all__ = ["authenticate", "authenticate_key", "create_api_key", "list_api_keys", "revoke_api_key"]
 
 PREFIX = "rbk_"
 
@@ -36,9 +36,15 @@ async def create_api_key(box: Runtime, tenant: str, name: str = "") -> tuple[str
 
 async def authenticate(box: Runtime, key: str) -> str | None:
     """The tenant of an active key, or ``None``."""
+    found = await authenticate_key(box, key)
+    return None if found is None else found[1]
+
+
+async def authenticate_key(box: Runtime, key: str) -> tuple[str, str] | None:
+    """``(key id, tenant)`` of an active key, or ``None``."""
     if not key.startswith(PREFIX):
         return None
-    return await box.store.api_key_find(_hash(key))
+    return await box.store.api_key_match(_hash(key))
 
 
 async def list_api_keys(box: Runtime, tenant: str | None) -> list[dict[str, Any]]:
@@ -46,4 +52,6 @@ async def list_api_keys(box: Runtime, tenant: str | None) -> list[dict[str, Any]
 
 
 async def revoke_api_key(box: Runtime, key_id: str) -> bool:
+    """Revoke a key: the API refuses it at once, and the portal sessions opened by links
+    it asked for end (each portal request checks the key)."""
     return await box.store.api_key_revoke(key_id, now=box.clock.now())

@@ -225,6 +225,7 @@ class Recovered(_Out):
 class PortalLink(_Out):
     url: str = Field(description="open it in the tenant's browser (or an iframe)")
     expires_at: str = Field(description="ISO 8601 time after which the link is refused")
+    single_use: bool = Field(description="true: the link opens one session only")
 
 
 _ERRORS = {

@@ -2,6 +2,8 @@
 another tenant's endpoint or message answers 404, as an id that does not exist.
 
     GET   /enter/<link>                         start a session, go to the endpoints
+                                                (a single-use link: once)
+    GET   /logged-out                           what a logout leaves: no session
     GET   /s/<session>/                         the endpoints
     GET   /s/<session>/endpoints                list, and the form that creates one
     POST  /s/<session>/endpoints                create (the page shows its secret once)
@@ -17,6 +19,7 @@ another tenant's endpoint or message answers 404, as an id that does not exist.
     GET   /s/<session>/messages                 the delivery log (filters, search)
     GET   /s/<session>/messages/<id>            deliveries, attempts: request, response
     POST  /s/<session>/messages/<id>/resend
+    POST  /s/<session>/logout                   end the session (every page's button)
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from relaybox.ops.delivery_log import (
@@ -42,17 +45,19 @@ from relaybox.outbound.catalog import list_event_types
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec
 from relaybox.outbound.filters import InvalidFilter
 from relaybox.outbound.filters import check as check_filter
-from relaybox.outbound.portal_links import TokenRefused, open_link
+from relaybox.outbound.portal_links import TokenRefused, end_session, open_link
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.vault import SecretsLocked
 from relaybox.portal.web import (
+    ENV,
     Page,
     PageError,
     error_page,
     handler,
     not_found,
     spend_publish_token,
+    theme_css,
 )
 from relaybox.store.outbox_rows import Endpoint
 
@@ -349,17 +354,35 @@ async def home(page: Page) -> Response:
     return page.redirect("/endpoints")
 
 
+async def logout(page: Page) -> Response:
+    """End the session for every process; its address opens nothing from now on."""
+    await end_session(page.box, page.session)
+    root = str(page.request.scope.get("root_path", ""))
+    return RedirectResponse(f"{root}/logged-out", status_code=303)
+
+
+_LINK_TITLES = {"expired": "Link expired", "used": "Link used", "ended": "Link ended"}
+
+
 def routes(box: Runtime) -> list[BaseRoute]:
     async def enter(request: Request) -> Response:
         token = str(request.path_params["token"])
         try:
-            session = open_link(box, token)
+            session = await open_link(box, token)
         except TokenRefused as exc:
-            return error_page(request, box, 410 if exc.expired else 401, str(exc))
+            return error_page(
+                request, box, exc.status, str(exc), title=_LINK_TITLES.get(exc.reason)
+            )
         except SecretsLocked as exc:  # no key to check links with: the server's problem
             return error_page(request, box, 503, str(exc))
         root = str(request.scope.get("root_path", ""))
         return RedirectResponse(f"{root}/s/{session.token}/endpoints", status_code=303)
+
+    async def logged_out(request: Request) -> Response:
+        html = ENV.get_template("logged_out.html").render(
+            theme=theme_css(box.settings.portal.theme)
+        )
+        return HTMLResponse(html)
 
     s = "/s/{session}"
     table: list[tuple[str, Any, str]] = [
@@ -382,8 +405,12 @@ def routes(box: Runtime) -> list[BaseRoute]:
         ("/messages", messages, "GET"),
         ("/messages/{id}", show_message, "GET"),
         ("/messages/{id}/resend", resend, "POST"),
+        ("/logout", logout, "POST"),
     ]
-    out: list[BaseRoute] = [Route("/enter/{token}", enter, methods=["GET"])]
+    out: list[BaseRoute] = [
+        Route("/enter/{token}", enter, methods=["GET"]),
+        Route("/logged-out", logged_out, methods=["GET"]),
+    ]
     for path, fn, method in table:
         out.append(Route(s + path, handler(box, fn), methods=[method]))
     return out

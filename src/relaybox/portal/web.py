@@ -32,7 +32,7 @@ from relaybox.errors import RelayboxError
 from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import InvalidEndpoint
 from relaybox.outbound.filters import InvalidFilter
-from relaybox.outbound.portal_links import PortalSession, TokenRefused, csrf_token, read_session
+from relaybox.outbound.portal_links import PortalSession, TokenRefused, check_session, csrf_token
 from relaybox.outbound.registry import PublishLimited, outbound
 from relaybox.outbound.vault import SecretsLocked
 
@@ -102,9 +102,21 @@ class PageError(RelayboxError):
     """A request the portal refuses: its status and the text the page shows;
     ``retry_after`` (seconds) becomes the answer's ``Retry-After``."""
 
-    def __init__(self, status: int, message: str, *, retry_after: int | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        retry_after: int | None = None,
+        title: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.retry_after = status, message, retry_after
+        self.title = title
+
+
+_TITLES = {"expired": "Session expired", "ended": "Session ended"}
+"""The heading of a refused session's page, by :attr:`TokenRefused.reason`."""
 
 
 def not_found(what: str) -> PageError:
@@ -177,14 +189,20 @@ def error_page(
     *,
     page: Page | None = None,
     retry_after: int | None = None,
+    title: str | None = None,
 ) -> HTMLResponse:
     """The error page; within a valid session (``page``) with the portal's tabs and
-    its logout button, so the tenant goes on from there."""
+    its logout button, so the tenant goes on from there. ``title``: the heading (by
+    default one for the status)."""
     context: dict[str, Any] = {}
     if page is not None:
         context = {"base": page.base, "csrf": csrf_token(box, page.session)}
     html = ENV.get_template("error.html").render(
-        message=message, status=status, theme=theme_css(box.settings.portal.theme), **context
+        message=message,
+        status=status,
+        title=title,
+        theme=theme_css(box.settings.portal.theme),
+        **context,
     )
     response = HTMLResponse(html, status_code=status)
     if retry_after is not None:
@@ -233,10 +251,10 @@ def handler(box: Runtime, fn: Handler) -> Callable[[Request], Awaitable[Response
                 raise PageError(422, problem)
             if any(len(v) > 1000 for v in request.query_params.values()):
                 raise PageError(422, "A search value is longer than 1000 characters.")
-            try:
-                session = read_session(box, request.path_params["session"])
+            try:  # signed, not expired, not logged out of, its API key not revoked
+                session = await check_session(box, request.path_params["session"])
             except TokenRefused as exc:
-                raise PageError(401, str(exc).replace("link", "session")) from None
+                raise PageError(401, str(exc), title=_TITLES.get(exc.reason)) from None
             page = Page(request, box, session)
             if request.method == "POST":
                 page.form = await _form(request, box.settings.portal.form_max_body)
@@ -246,7 +264,13 @@ def handler(box: Runtime, fn: Handler) -> Callable[[Request], Awaitable[Response
             return await fn(page)
         except PageError as exc:
             return error_page(
-                request, box, exc.status, exc.message, page=page, retry_after=exc.retry_after
+                request,
+                box,
+                exc.status,
+                exc.message,
+                page=page,
+                retry_after=exc.retry_after,
+                title=exc.title,
             )
         except (InvalidEndpoint, InvalidMessage, InvalidFilter) as exc:
             return error_page(request, box, 422, str(exc), page=page)
