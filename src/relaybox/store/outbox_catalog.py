@@ -76,6 +76,8 @@ class CatalogStore:
         """Open a portal link, in one transaction: ``"revoked"`` when the API key that
         asked for it (``key_id``) is revoked; ``"used"`` when it is single-use and was
         opened before; otherwise ``"ok"`` (a single-use link is then spent)."""
+        if key_id is None and not single_use:
+            return "ok"  # nothing to look up: the application's own reusable link
         async with self.transaction() as conn:
             if key_id is not None:
                 if await self.first(conn, "portal_key_active", (key_id,)) is None:
