@@ -19,11 +19,12 @@ from click.testing import CliRunner
 
 from relaybox import FrozenClock, Relaybox
 from relaybox.cli import main
-from relaybox.outbound import configure, create_api_key, seal_secrets
+from relaybox.outbound import configure, create_api_key, outbound, seal_secrets
+from relaybox.outbound.deliveries import redeliver
 from relaybox.outbound.endpoints import EndpointPatch, secrets_at_rest, update_endpoint
 from relaybox.outbound.vault import new_key
 from tests.conftest import Served
-from tests.support.outbound_app import dispatch_once, endpoint, local, publish_one
+from tests.support.outbound_app import dispatch_once, endpoint, local, outbox_rows, publish_one
 from tests.support.receivers import HttpReceiver, Reply, Seen
 
 
@@ -239,15 +240,17 @@ async def test_an_oauth2_token_url_in_an_allowed_network_is_accepted(
 
 async def _refused_at_fetch(box: Relaybox, tokens: TokenServer, receiver: HttpReceiver) -> str:
     """Publish one message, dispatch it once: the attempt's error, after checking that
-    neither the token server nor the receiver was reached and the delivery waits."""
+    neither the token server nor the receiver was reached and the delivery is dead at
+    once as ``blocked`` (like an endpoint URL the guard refuses: every retry would be
+    refused the same way)."""
     await publish_one(box)
     assert await dispatch_once(box) == 1
     assert tokens.requests == []  # the token request was never made
     assert receiver.requests == []  # nothing is sent without a token
     [attempt] = await attempts(box)
-    assert attempt["outcome"] == "retry" and attempt["status_code"] is None
-    [row] = await box.store.fetch_all("SELECT status FROM relaybox_outbox")
-    assert row["status"] == "pending"
+    assert attempt["outcome"] == "blocked" and attempt["status_code"] is None
+    [row] = await outbox_rows(box)
+    assert (row["status"], row["dead_reason"], row["attempts"]) == ("dead", "blocked", 1)
     return str(attempt["error"])
 
 
@@ -290,13 +293,31 @@ async def test_an_oauth2_token_url_refused_by_settings_changed_after_save(
         assert error == (
             "OAuth2 token: refused by the SSRF guard: 127.0.0.2 resolves to a loopback address"
         )
-        # Allowed again, the same delivery gets its token and goes out.
+        # Allowed again, the dead delivery sent again by hand gets its token and goes out.
         local(box, allow_networks=["127.0.0.0/8"])
-        clock.advance(3600)
+        [row] = await outbox_rows(box)
+        assert await redeliver(box, row["message_id"], tenant="t1") == 1
         assert await dispatch_once(box) == 1
         assert len(tokens.requests) == 1
         [seen] = receiver.requests
         assert seen.headers["authorization"] == "Bearer tok1"
+
+
+async def test_an_invalid_oauth2_token_url_at_fetch_is_dead_blocked(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """A token URL aiohttp cannot read (stored before the checks, or edited in the
+    database) fails the same way every time: dead at once, ``blocked``."""
+    local(box)
+    async with TokenServer() as tokens, HttpReceiver() as receiver:
+        spec = {**OAUTH2, "token_url": "http://[::1/oauth/token"}
+        await endpoint(box, receiver.url, credentials={**OAUTH2, "token_url": tokens.url})
+        sealed = outbound(box).vault.seal(json.dumps(spec))
+        async with box.store.transaction() as conn:
+            [(endpoint_id, stored)] = await box.store.endpoint_credentials_page(conn, "", 10)
+            assert await box.store.endpoint_credentials_swap(conn, endpoint_id, stored, sealed)
+        error = await _refused_at_fetch(box, tokens, receiver)
+    assert error == "OAuth2 token: refused by the SSRF guard: not a valid URL"
 
 
 # -- delivery -------------------------------------------------------------------------------

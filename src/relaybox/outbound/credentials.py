@@ -11,8 +11,10 @@ how the webhook channel applies them to an attempt.
   section 4.4: the token is fetched from ``token_url`` through the SSRF guard, kept
   until ``expires_in`` minus ``outbound.oauth2_token_margin``, fetched again after
   that or once when the endpoint answers 401; a failed fetch is a failed attempt,
-  retried on the schedule like a 5xx). Stored as JSON sealed by the vault like the
-  signing secrets, and never shown again: answers say only which kind is set.
+  retried on the schedule like a 5xx, but a ``token_url`` the SSRF guard refuses
+  (an address it forbids, a URL it cannot read) is dead at once as ``blocked``, like
+  the endpoint's own URL). Stored as JSON sealed by the vault like the signing
+  secrets, and never shown again: answers say only which kind is set.
 
 Endpoints with neither pay nothing: the lease leaves their :class:`Target` without
 them, and the channel checks two attributes.
@@ -270,8 +272,9 @@ class TokenCache:
                 seconds=seconds,
                 limit=settings.oauth2_token_bytes,
             )
-        except UnsafeDestination as exc:
-            return Result("retry", error=f"OAuth2 token: refused by the SSRF guard: {exc}")
+        except UnsafeDestination as exc:  # as for the endpoint's own URL: dead now, nothing
+            # was sent, and every retry would be refused the same way
+            return Result("blocked", error=f"OAuth2 token: refused by the SSRF guard: {exc}")
         except TimeoutError:
             return Result("retry", error=f"OAuth2 token: no answer within {seconds:g} s")
         except Exception as exc:  # DNS, connection, protocol: a transient failure
