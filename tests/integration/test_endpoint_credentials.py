@@ -47,7 +47,8 @@ async def api(box: Relaybox) -> AsyncIterator[Api]:
 
 
 class TokenServer:
-    """An OAuth2 token endpoint: counts requests, hands out tok1, tok2, ..."""
+    """An OAuth2 token endpoint: counts requests, hands out tok1, tok2, ... (``prefix``
+    1, 2, ...)."""
 
     def __init__(
         self,
@@ -55,8 +56,10 @@ class TokenServer:
         status: int = 200,
         pad: int = 0,
         host: str = "127.0.0.1",
+        prefix: str = "tok",
     ) -> None:
         self.expires_in, self.status, self.pad, self.host = expires_in, status, pad, host
+        self.prefix = prefix
         self.requests: list[tuple[dict[str, str], dict[str, str]]] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -70,7 +73,7 @@ class TokenServer:
         self.requests.append((dict(request.headers), form))
         if self.status != 200:
             return web.json_response({"error": "invalid_client"}, status=self.status)
-        answer: dict[str, Any] = {"access_token": f"tok{len(self.requests)}"}
+        answer: dict[str, Any] = {"access_token": f"{self.prefix}{len(self.requests)}"}
         answer["token_type"] = "Bearer"
         if self.expires_in is not None:
             answer["expires_in"] = self.expires_in

@@ -14,6 +14,7 @@ import os
 import stat
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,10 +32,13 @@ from relaybox.config.outbound import OutboundSettings
 from relaybox.outbound import configure, create_api_key, endpoints, outbound, seal_secrets
 from relaybox.outbound.endpoints import seal_plaintext
 from relaybox.outbound.vault import PREFIX, KeyFile, KeyFileError, SecretsKeyMissing, new_key
-from tests.conftest import Served, _dsn
-from tests.support.outbound_app import LOCAL, dispatch_once, endpoint, publish_one
+from tests.conftest import KEYED, Served, _dsn
+from tests.integration.test_admin_api import AUTH, TOKEN
+from tests.integration.test_endpoint_credentials import TokenServer
+from tests.integration.test_portal import portal_for
+from tests.support.outbound_app import LOCAL, dispatch_once, endpoint, local, publish_one
 from tests.support.procs import Procs, free_port, wait_http
-from tests.support.receivers import HttpReceiver
+from tests.support.receivers import HttpReceiver, Reply, Seen
 
 # -- helpers ----------------------------------------------------------------------------
 
@@ -547,3 +551,174 @@ async def test_serve_and_dispatch_refuse_to_start_with_an_invalid_key_file(
         assert code == 2, out
         assert "relaybox.db.key holds no valid key" in out and "Traceback" not in out
     assert (tmp_path / "relaybox.db.key").read_text() == "not a key\n"
+
+
+# -- endpoint credentials are never in the attempt log ---------------------------------
+
+
+class Secrets:
+    """Credentials of one run, each unique to it (a hit cannot be a coincidence)."""
+
+    def __init__(self) -> None:
+        run = uuid.uuid4().hex[:12]
+        self.password = f"pw-{run}-basic"
+        self.token = f"tk-{run}-bearer"
+        self.access = f"at-{run}-oauth-"  # the token server's prefix: at-…-1, at-…-2
+        self.client_secret = f"cs-{run}-client"
+        self.api_key = f"ak-{run}-custom"
+        self.cookie = f"sc-{run}-cookie"
+
+    def sealed(self) -> list[str]:
+        """What no byte of the database may hold: the credentials (sealed at rest), the
+        headers they make, the tokens fetched with them, the receiver's cookie."""
+        basic = base64.b64encode(f"relay:{self.password}".encode()).decode()
+        client = base64.b64encode(f"relay-client:{self.client_secret}".encode()).decode()
+        return [self.password, basic, self.token, self.access, self.client_secret, client,
+                self.cookie]  # fmt: skip
+
+    def shown(self) -> list[str]:
+        """What no surface may show: the above and the custom X-Api-Key header's value
+        (which the endpoint keeps as it keeps its other custom headers)."""
+        return [*self.sealed(), self.api_key]
+
+
+def no_credential_in(text: str, found: list[str], where: str) -> None:
+    leaked = [value for value in found if value in text]
+    assert not leaked, f"{where} shows {leaked}"
+
+
+async def test_endpoint_credentials_are_on_no_surface_and_in_no_database_byte(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Endpoints with Basic, bearer and OAuth2 credentials and one with a custom
+    ``X-Api-Key`` header, at a receiver that echoes every request header in its answer
+    and sets a cookie. After a delivery to each, no surface that shows attempts (the
+    tenant API, the portal's pages, the admin API, the dashboard's pages, ``relaybox
+    messages show``) and no byte of the database (the SQLite file; every relaybox
+    table of PostgreSQL as text) holds a credential: the attempt log names each
+    header with the value ``[redacted]``, and still shows the signature."""
+    for name in list(os.environ):
+        if name.startswith("RELAYBOX_") and not name.startswith("RELAYBOX_TEST_"):
+            monkeypatch.delenv(name)
+    s = Secrets()
+
+    def echo(seen: Seen) -> Reply:
+        cookie = {"Set-Cookie": f"session={s.cookie}; HttpOnly"}
+        return Reply(200, json.dumps(seen.headers).encode(), headers=cookie)
+
+    settings = Settings(database_url=database_url, admin_token=TOKEN, outbound=KEYED)
+    box = Relaybox(settings=settings)
+    local(box)
+    try:
+        async with TokenServer(prefix=s.access) as tokens, HttpReceiver(echo) as receiver:
+            basic = {"type": "basic", "username": "relay", "password": s.password}
+            await endpoint(box, receiver.url + "?basic", credentials=basic)
+            bearer = {"type": "bearer", "token": s.token}
+            await endpoint(box, receiver.url + "?bearer", credentials=bearer)
+            oauth2 = {"type": "oauth2", "token_url": tokens.url, "client_id": "relay-client",
+                      "client_secret": s.client_secret}  # fmt: skip
+            await endpoint(box, receiver.url + "?oauth2", credentials=oauth2)
+            await endpoint(box, receiver.url + "?custom", headers={"X-Api-Key": s.api_key})
+            message = await publish_one(box)
+            assert await dispatch_once(box) == 4
+            sent = {seen.path: seen.headers for seen in receiver.requests}
+        # Each credential went out (and came back in the answer, which echoes it).
+        assert sent["/hook?basic"]["authorization"].startswith("Basic ")
+        assert sent["/hook?bearer"]["authorization"] == f"Bearer {s.token}"
+        assert sent["/hook?oauth2"]["authorization"] == f"Bearer {s.access}1"
+        assert sent["/hook?custom"]["x-api-key"] == s.api_key
+
+        # The attempt log: every credential header named, its value redacted.
+        rows = await box.store.fetch_all(
+            "SELECT headers, response FROM relaybox_outbox_attempts ORDER BY id"
+        )
+        assert len(rows) == 4
+        for row in rows:
+            recorded = json.loads(row["headers"])
+            request, response = dict(recorded["request"]), dict(recorded["response"])
+            hidden = "X-Api-Key" if "X-Api-Key" in request else "Authorization"
+            assert request[hidden] == "[redacted]", request
+            assert request["webhook-signature"].startswith("v1,")  # an HMAC: shown
+            assert response["Set-Cookie"] == "[redacted]"
+            assert "[redacted]" in row["response"]  # the echoed credential, cut out
+            assert json.loads(row["response"])["webhook-id"] == message.id
+
+        _, api_key = await create_api_key(box, "t1", "tests")
+        pages: dict[str, str] = {}
+        async with (
+            Served(box.asgi(roles=("api", "admin"))) as served,
+            aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http,
+        ):
+            base = served.url
+
+            async def get(path: str, headers: dict[str, str] | None = None) -> str:
+                async with http.get(base + path, headers=headers) as r:
+                    assert r.status == 200, (path, r.status)
+                    return await r.text()
+
+            tenant = {"Authorization": f"Bearer {api_key}"}
+            for path in (f"/messages/{message.id}/attempts", f"/messages/{message.id}"):
+                pages[f"tenant API {path}"] = await get("/api/v1" + path, tenant)
+            portal = await portal_for(box, http, base, "t1")
+            for path in (f"/messages/{message.id}", "/messages"):
+                pages[f"portal {path}"] = (await portal.get(path))[1]
+            pages["admin API"] = await get(f"/admin/api/v1/messages/{message.id}", AUTH)
+            async with http.post(
+                base + "/admin/login", data={"token": TOKEN, "next": "/admin/"}
+            ) as r:
+                assert r.status == 200
+            for path in (f"/admin/messages/{message.id}", "/admin/deliveries"):
+                pages[f"dashboard {path}"] = await get(path)
+        shown = await asyncio.to_thread(
+            CliRunner().invoke,
+            main,
+            ["messages", "show", message.id, "--database-url", database_url],
+        )
+        assert shown.exit_code == 0, shown.output
+        pages["relaybox messages show"] = shown.stdout
+        for where, text in pages.items():
+            no_credential_in(text, s.shown(), where)
+        with_attempts = (
+            f"tenant API /messages/{message.id}/attempts",
+            f"portal /messages/{message.id}",
+            "admin API",
+            f"dashboard /admin/messages/{message.id}",
+            "relaybox messages show",
+        )
+        for where in with_attempts:  # each shows the attempts' headers, redacted
+            assert "[redacted]" in pages[where] and "webhook-signature" in pages[where], where
+
+        # The database: the attempts hold none of them, and nothing else holds a sealed one.
+        attempts = await box.store.fetch_all("SELECT * FROM relaybox_outbox_attempts")
+        no_credential_in(repr(attempts), s.shown(), "relaybox_outbox_attempts")
+        if database_url.startswith("postgres"):
+            dump = await _postgres_dump(database_url)
+            no_credential_in("\n".join(dump.values()), s.sealed(), "the database")
+            custom = [t for t, text in dump.items() if s.api_key in text]
+            assert custom == ["relaybox_endpoints"]  # its custom headers, as configured
+    finally:
+        await box.close()
+    if database_url.startswith("sqlite"):
+        db_file = Path(database_url.removeprefix("sqlite:///"))
+        files = [p for p in db_file.parent.iterdir() if p.name.startswith(db_file.name)]
+        blob = b"".join(p.read_bytes() for p in files if p.suffix != ".key")
+        no_credential_in(blob.decode("latin-1"), s.sealed(), "the SQLite file")
+
+
+async def _postgres_dump(database_url: str) -> dict[str, str]:
+    """Every row of every relaybox table as PostgreSQL writes it as text, by table."""
+    conn = await asyncpg.connect(_dsn(database_url))
+    try:
+        tables = [
+            r["tablename"]
+            for r in await conn.fetch(
+                "SELECT tablename FROM pg_tables WHERE tablename LIKE 'relaybox%'"
+            )
+        ]
+        return {
+            table: "\n".join(r[0] for r in await conn.fetch(f'SELECT t::text FROM "{table}" t'))
+            for table in tables
+        }
+    finally:
+        await conn.close()
+

@@ -14,7 +14,9 @@ how the webhook channel applies them to an attempt.
   retried on the schedule like a 5xx, but a ``token_url`` the SSRF guard refuses
   (an address it forbids, a URL it cannot read) is dead at once as ``blocked``, like
   the endpoint's own URL). Stored as JSON sealed by the vault like the signing
-  secrets, and never shown again: answers say only which kind is set.
+  secrets, and never shown again: answers say only which kind is set, and the
+  attempt log shows the ``Authorization`` they add (and any custom header named as a
+  credential) as ``[redacted]``.
 
 Endpoints with neither pay nothing: the lease leaves their :class:`Target` without
 them, and the channel checks two attributes.
@@ -33,6 +35,7 @@ from urllib.parse import quote_plus
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from relaybox.outbound.channels.base import Result
+from relaybox.outbound.channels.http import credential_header
 from relaybox.outbound.ssrf import UnsafeDestination
 
 if TYPE_CHECKING:
@@ -320,19 +323,25 @@ async def authorized_post(
     """One attempt to an endpoint with custom headers or credentials: the headers
     first (the signature headers win), then the credentials' ``Authorization``. With
     OAuth2, a 401 drops the token and the attempt is made once more with a new one,
-    within the same time."""
+    within the same time.
+
+    The attempt log shows the value of the ``Authorization`` the credentials add,
+    and of every custom header named as a credential (``X-Api-Key``, ``Cookie``, ...:
+    :func:`~relaybox.outbound.channels.http.credential_header`), as ``[redacted]``."""
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
     sent = {**dict(endpoint.headers), **headers}
+    hidden = {name for name, _ in endpoint.headers if credential_header(name)}
     if endpoint.credentials is None:
-        return await client.post(endpoint.url, body, sent, seconds=seconds)
+        return await client.post(endpoint.url, body, sent, seconds=seconds, hidden=hidden)
+    hidden.add("Authorization")
     spec = parse_credentials(endpoint.credentials)
     if isinstance(spec, BasicCredentials):
         sent["Authorization"] = _basic(spec.username, spec.password)
-        return await client.post(endpoint.url, body, sent, seconds=seconds)
+        return await client.post(endpoint.url, body, sent, seconds=seconds, hidden=hidden)
     if isinstance(spec, BearerCredentials):
         sent["Authorization"] = f"Bearer {spec.token}"
-        return await client.post(endpoint.url, body, sent, seconds=seconds)
+        return await client.post(endpoint.url, body, sent, seconds=seconds, hidden=hidden)
     key = cache.key(endpoint.id, endpoint.credentials)
     result: Result | None = None
     for _ in range(2):  # a 401: once more with a fresh token
@@ -346,7 +355,7 @@ async def authorized_post(
         left = end - loop.time()
         if left <= 0:
             break
-        result = await client.post(endpoint.url, body, sent, seconds=left)
+        result = await client.post(endpoint.url, body, sent, seconds=left, hidden=hidden)
         if result.status_code != 401:
             return result
         cache.drop(key, token)

@@ -14,6 +14,13 @@ a :class:`~relaybox.outbound.channels.base.Result`:
     410                              gone (the endpoint is disabled)
     3xx                              failed: a redirect is not followed
     other 4xx, 1xx                   failed: the receiver rejected it; retrying won't help
+
+What an attempt records never holds a credential: the value of every header that
+carries one (the ``Authorization`` the endpoint's credentials add, and any header named
+as a credential, :func:`credential_header`) is written as :data:`REDACTED`, so is a
+``Set-Cookie`` of the answer, and a credential value the answer echoes is cut out of
+its first bytes. The signature headers are shown: an HMAC or Ed25519 signature of one
+body is no key, and signs nothing else.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _quoted  # what json.dumps quotes with
 from typing import Any
 
@@ -37,15 +44,81 @@ from relaybox.retry import parse_retry_after
 from relaybox.store.outbox_rows import Delivery
 
 __all__ = [
+    "REDACTED",
     "HttpBase",
     "HttpChannel",
     "HttpClient",
     "VettedResolver",
     "classify",
+    "credential_header",
     "record_headers",
+    "scrub",
 ]
 
 USER_AGENT = "relaybox-webhooks/1"
+
+REDACTED = "[redacted]"
+"""What the attempt log shows instead of a credential."""
+
+CREDENTIAL_WORDS = (
+    "auth",
+    "token",
+    "secret",
+    "passw",
+    "apikey",
+    "api-key",
+    "api_key",
+    "cookie",
+    "session",
+    "credential",
+)
+"""A header whose name holds one of these (any case) carries a credential:
+``Authorization``, ``Proxy-Authorization``, ``Cookie``, ``X-Api-Key``,
+``X-Auth-Token``, ``Private-Token``, ... Migration 0021 redacted the attempts older
+versions stored by the same words."""
+
+SCRUB_MIN = 8
+"""Credential values at least this long are cut out of an answer's first bytes (a
+shorter value would cut ordinary words out of it)."""
+
+
+def credential_header(name: str) -> bool:
+    """Whether a request header named ``name`` carries a credential by its name
+    (:data:`CREDENTIAL_WORDS`)."""
+    lower = name.lower()
+    return any(word in lower for word in CREDENTIAL_WORDS)
+
+
+def scrub(snippet: bytes, values: Collection[str], *, cut: bool) -> bytes:
+    """``snippet`` (an answer's first bytes) with every credential of ``values`` at
+    least :data:`SCRUB_MIN` characters long, and its part after an auth scheme
+    (``Bearer <token>``: the token), replaced by :data:`REDACTED`: a receiver that
+    echoes the request (httpbin's ``/anything``, a debugging endpoint) would
+    otherwise put them in the attempt log. ``cut``: the answer went on past
+    ``snippet``, which may end with the start of one; that start goes too (from 4
+    bytes on)."""
+    secrets: set[bytes] = set()
+    for value in values:
+        secrets.add(value.encode())
+        scheme, _, rest = value.partition(" ")
+        if rest and scheme.isalpha():
+            secrets.add(rest.encode())
+    marker = REDACTED.encode()
+    for secret in sorted(secrets, key=len, reverse=True):  # "Bearer t" before "t"
+        if len(secret) < SCRUB_MIN:
+            continue
+        if secret in snippet:
+            snippet = snippet.replace(secret, marker)
+        if cut:
+            # A start of 4 bytes or more in the last len(secret) - 1 bytes (a shorter
+            # one tells little, and would cut a snippet's last letters too often).
+            at = snippet.find(secret[:4], max(len(snippet) - len(secret) + 1, 0))
+            while at != -1:
+                if secret.startswith(snippet[at:]):
+                    snippet = snippet[:at] + marker
+                    break
+                at = snippet.find(secret[:4], at + 1)
+    return snippet
 
 
 def classify(
@@ -211,10 +284,25 @@ class HttpClient:
         return self._session
 
     async def post(
-        self, url: str, body: bytes, headers: Mapping[str, str], *, seconds: float
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        seconds: float,
+        hidden: Collection[str] | None = None,
     ) -> Result:
         """One POST; the guard's check (DNS included), connecting, sending and reading
-        the answer all end within ``seconds`` (give or take :data:`WATCH_INTERVAL`)."""
+        the answer all end within ``seconds`` (give or take :data:`WATCH_INTERVAL`).
+
+        ``hidden``: the names (as keys of ``headers``) of the headers that carry a
+        credential, which the attempt log shows as :data:`REDACTED` (and whose values
+        are cut out of the answer's first bytes). ``None``: every name
+        :func:`credential_header` flags; a caller that knows its headers says which
+        (the webhook channel: none of its own, the endpoint's credentials'
+        ``Authorization``)."""
+        if hidden is None:
+            hidden = [name for name in headers if credential_header(name)]
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -239,10 +327,20 @@ class HttpClient:
                 timeout=self._limits,
             ) as response:
                 snippet = await response.content.read(self.response_bytes)
+                if hidden:
+                    values = [headers[name] for name in hidden]
+                    cut = len(snippet) == self.response_bytes
+                    snippet = scrub(snippet, values, cut=cut)
                 kept = None
                 if self.headers_bytes:
                     sent = list({"User-Agent": USER_AGENT, **headers}.items())
+                    if hidden:
+                        sent = [(n, REDACTED if n in hidden else v) for n, v in sent]
                     received = list(response.headers.items())
+                    if "Set-Cookie" in response.headers:  # the receiver's session: a credential
+                        received = [
+                            (n, REDACTED if n.lower() == "set-cookie" else v) for n, v in received
+                        ]
                     kept = record_headers(sent, received, self.headers_bytes)
                 # The headers go into the result as it is made (no copy of it per attempt).
                 return classify(response.status, response.headers.get("Retry-After"), snippet, kept)
@@ -360,6 +458,9 @@ class HttpChannel(HttpBase):
         self.url = url
         self.headers = dict(headers or {})
         self.timeout = timeout
+        # Names checked once (an operator's Authorization, X-Api-Key, ...): the
+        # attempt log shows their values as REDACTED.
+        self._hidden = frozenset(name for name in self.headers if credential_header(name))
 
     async def deliver(self, delivery: Delivery) -> Result:
         payload: Any = delivery.payload
@@ -377,7 +478,7 @@ class HttpChannel(HttpBase):
         assert self.outbound is not None
         timeout = min(self.timeout or self.outbound.settings.timeout, delivery.deadline)
         data = json.dumps(body, separators=(",", ":")).encode()
-        result = await self.client().post(url, data, headers, seconds=timeout)
+        result = await self.client().post(url, data, headers, seconds=timeout, hidden=self._hidden)
         if result.outcome == "gone":  # no endpoint to disable: a plain permanent failure
             return Result("failed", status_code=410, error="410 Gone", response=result.response)
         return result

@@ -66,7 +66,10 @@ class WebhookChannel(HttpBase):
             return await authorized_post(
                 self._tokens, self.client(), endpoint, message.body, headers, seconds=timeout
             )
-        return await self.client().post(endpoint.url, message.body, headers, seconds=timeout)
+        # Only relaybox's own headers (signatures, not credentials: hidden is empty).
+        return await self.client().post(
+            endpoint.url, message.body, headers, seconds=timeout, hidden=()
+        )
 
     async def _to_broker(self, delivery: Delivery, name: str, body: bytes) -> Result:
         """An endpoint routed to an operator's broker destination (``broker:<name>``):
