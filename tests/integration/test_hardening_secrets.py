@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
+import sqlalchemy
 import standardwebhooks
 from click.testing import CliRunner
 
@@ -30,8 +31,10 @@ from relaybox.cli import main
 from relaybox.config import Settings
 from relaybox.config.outbound import OutboundSettings
 from relaybox.outbound import configure, create_api_key, endpoints, outbound, seal_secrets
+from relaybox.outbound.channels.http import credential_header, record_headers
 from relaybox.outbound.endpoints import seal_plaintext
 from relaybox.outbound.vault import PREFIX, KeyFile, KeyFileError, SecretsKeyMissing, new_key
+from relaybox.store.schema_sync import migrate_sync
 from tests.conftest import KEYED, Served, _dsn
 from tests.integration.test_admin_api import AUTH, TOKEN
 from tests.integration.test_endpoint_credentials import TokenServer
@@ -722,3 +725,94 @@ async def _postgres_dump(database_url: str) -> dict[str, str]:
     finally:
         await conn.close()
 
+
+# Header names: the first ones carry a credential by their name, the others do not.
+CREDENTIAL_NAMES = ["Authorization", "proxy-authorization", "Cookie", "X-Api-Key", "X-API-KEY",
+                    "Api_Key", "apikey", "X-Auth-Token", "Private-Token", "X-Client-Secret",
+                    "X-Password", "X-Session-Id", "X-Credentials"]  # fmt: skip
+OTHER_NAMES = ["webhook-id", "webhook-timestamp", "webhook-signature", "X-Webhook-Signature",
+               "Content-Type", "Idempotency-Key", "User-Agent", "X-Team", "X-Key-Id"]  # fmt: skip
+
+
+def _as_relaybox_records(
+    request: list[tuple[str, str]], response: list[tuple[str, str]]
+) -> dict[str, list[list[str]]]:
+    """What relaybox records now of the same fields."""
+    return {
+        "request": [[n, "[redacted]" if credential_header(n) else v] for n, v in request],
+        "response": [[n, "[redacted]" if n.lower() == "set-cookie" else v] for n, v in response],
+    }
+
+
+async def test_migrate_redacts_the_credentials_earlier_versions_kept_in_the_attempt_log(
+    box: Relaybox,
+) -> None:
+    """Attempt rows as earlier versions recorded them (credential headers in clear):
+    migration 0022 writes each credential as ``[redacted]``, every other field kept
+    in its place, by the same names relaybox redacts now; rows with nothing to
+    redact are not rewritten, and running it again (the sync path Django's
+    migrations take) changes nothing."""
+    basic = "Basic " + base64.b64encode(b"relay:pw-older-version").decode()
+    older = {
+        "basic": (
+            [
+                ("User-Agent", "relaybox-webhooks/1"),
+                ("webhook-id", "msg_1"),
+                ("webhook-signature", "v1,K5oZfzN95Z9UVu1E/H+pI4="),
+                ("Authorization", basic),
+                ("X-Team", 'Zoë → 東京 "q" \\'),
+                ("Content-Type", "application/json"),
+            ],
+            [
+                ("Date", "Fri, 04 Dec 2026 20:00:00 GMT"),
+                ("Set-Cookie", "sid=ck-older-version"),
+                ("Server", "uvicorn"),
+            ],
+        ),
+        "names": (
+            [(name, f"value-of-{name}") for name in [*CREDENTIAL_NAMES, *OTHER_NAMES]],
+            [("set-cookie", "a=b"), ("WWW-Authenticate", 'Bearer realm="x"')],
+        ),
+        "plain": (
+            [("webhook-id", "msg_2"), ("X-Session-Note", "[redacted]")],
+            [("Access-Control-Allow-Credentials", "true"), ("X-Token-Count", "2")],
+        ),
+        "redacted": ([("Authorization", "[redacted]")], [("Set-Cookie", "[redacted]")]),
+        "empty": ([], []),
+    }
+    texts = {key: record_headers(req, resp, 4096) for key, (req, resp) in older.items()}
+    insert = sqlalchemy.text(
+        "INSERT INTO relaybox_outbox_attempts"
+        " (outbox_id, attempt, started_at, duration, outcome, response, headers)"
+        " VALUES (:outbox_id, 1, 0, 0, 'sent', :key, :headers)"
+    )
+    async with box.store.transaction() as conn:
+        for i, key in enumerate([*texts, None]):
+            await conn.execute(
+                insert, {"outbox_id": i, "key": key, "headers": texts.get(key or "")}
+            )
+        await conn.execute(sqlalchemy.text("DELETE FROM relaybox_migrations WHERE version = 21"))
+
+    async def stored() -> dict[str | None, str | None]:
+        rows = await box.store.fetch_all("SELECT response, headers FROM relaybox_outbox_attempts")
+        return {r["response"]: r["headers"] for r in rows}
+
+    assert await box.store.migrate() == ["0022_attempt_credentials"]
+    after = await stored()
+    for key, (request, response) in older.items():
+        assert json.loads(after[key] or "") == _as_relaybox_records(request, response), key
+    for key in ("plain", "redacted", "empty"):  # nothing to redact: not rewritten
+        assert after[key] == texts[key], key
+    assert after[None] is None
+    dump = repr(after)
+    for value in ("pw-older-version", basic.split()[1], "ck-older-version", "value-of-X-Api"):
+        assert value not in dump
+    assert "value-of-X-Team" in dump and "K5oZfzN95Z9UVu1E/H+pI4=" in dump
+
+    def again() -> list[str]:
+        with box.store.sync.transaction() as sync:
+            sync.exec_driver_sql("DELETE FROM relaybox_migrations WHERE version = 21")
+            return migrate_sync(sync)
+
+    assert await asyncio.to_thread(again) == ["0022_attempt_credentials"]
+    assert await stored() == after
