@@ -1,4 +1,5 @@
-"""Reading a request's body with a limit, and checking text that came from outside.
+"""Reading a request's body with a limit, strict JSON, and checking text that came
+from outside.
 
 :func:`read_body` refuses a body over its limit before reading it when the request
 declares its length (``Content-Length``), and while streaming it otherwise (chunked),
@@ -13,15 +14,33 @@ what JSON writes of them (the hot paths that write JSON by hand use it).
 :func:`text_problem` finds what a database cannot store: NUL characters (PostgreSQL
 text refuses them) and lone surrogates (not encodable as UTF-8, so no backend stores
 them), anywhere in a decoded JSON value or a string.
+
+JSON in and out is strict (RFC 8259), everywhere JSON enters or leaves relaybox:
+:func:`parse_json` refuses ``NaN``, ``Infinity``, ``-Infinity`` and numbers beyond a
+double's range (``1e999``), which Python's ``json`` reads as floats; :func:`write_json`
+refuses non-finite floats, which ``json.dumps`` writes as those words. Neither is JSON:
+a receiver's parser refuses the document, and a JSON answer that holds one cannot be
+written (Starlette's ``JSONResponse`` raises). :func:`stored_json` reads what earlier
+versions stored with them anyway, as ``null``.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 from starlette.requests import Request
 
-__all__ = ["BodyTooLarge", "read_body", "text_problem"]
+__all__ = [
+    "BodyTooLarge",
+    "NotJsonNumber",
+    "parse_json",
+    "read_body",
+    "stored_json",
+    "text_problem",
+    "write_json",
+]
 
 
 class BodyTooLarge(Exception):
@@ -46,6 +65,63 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise BodyTooLarge(limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class NotJsonNumber(ValueError):
+    """``NaN``, ``Infinity``, ``-Infinity`` or a number beyond a double's range: not a
+    JSON number (RFC 8259 section 6), though Python's ``json`` reads and writes them."""
+
+
+def _constant(name: str) -> Any:
+    raise NotJsonNumber(f"{name} is not a JSON number (JSON has no NaN or Infinity)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NotJsonNumber(f"{text[:40]} is beyond the range of a JSON number (a double)")
+    return value
+
+
+def parse_json(raw: str | bytes) -> Any:
+    """``json.loads`` of JSON as RFC 8259 has it: :class:`NotJsonNumber` (a
+    ``ValueError``, as for any text that is not JSON) for ``NaN``, ``Infinity``,
+    ``-Infinity`` and numbers a double cannot hold (``1e999``); ``RecursionError`` for
+    a document too deep for the parser."""
+    return json.loads(raw, parse_constant=_constant, parse_float=_finite)
+
+
+_PLAIN = json.JSONEncoder(allow_nan=False)
+"""``json.dumps``'s default encoder, strict: made once, as ``json.dumps`` keeps its own
+(a call with options makes one each time)."""
+
+
+def write_json(value: Any, **options: Any) -> str:
+    """``json.dumps(value, **options)`` that refuses a float NaN or infinity with
+    :class:`NotJsonNumber` instead of writing a document no JSON parser reads."""
+    try:
+        if not options:
+            return _PLAIN.encode(value)
+        return json.dumps(value, allow_nan=False, **options)
+    except ValueError as exc:
+        if str(exc).startswith("Out of range float values"):
+            raise NotJsonNumber("NaN and Infinity are not JSON numbers") from None
+        raise
+
+
+def _as_null(_: str) -> None:
+    return None
+
+
+_STORED = json.JSONDecoder(parse_constant=_as_null)
+
+
+def stored_json(text: str) -> Any:
+    """JSON text relaybox wrote itself: earlier versions wrote a float NaN or infinity
+    of published data as ``NaN`` / ``Infinity`` (not JSON), read here as ``null``, as
+    JavaScript's ``JSON.stringify`` writes them, so that such a message can still be
+    listed and shown. Costs nothing where there is none (one decoder, made once)."""
+    return _STORED.decode(text)
 
 
 def _string_problem(text: str, *, nul: bool) -> str | None:

@@ -14,7 +14,6 @@ column stores them.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from relaybox.admin.sections import Call, Operation, Section
-from relaybox.bodies import BodyTooLarge, read_body, text_problem
+from relaybox.bodies import BodyTooLarge, NotJsonNumber, parse_json, read_body, text_problem
 from relaybox.errors import OpsError
 from relaybox.ops import inbound as ops
 from relaybox.ops import inbound_models as m
@@ -318,7 +317,9 @@ def _endpoint(box: Runtime, op: Operation, section: Section, tables: TablesCheck
                 except BodyTooLarge as exc:
                     return error_response(413, "too_large", str(exc))
                 try:
-                    data = json.loads(raw_body or b"null")
+                    data = parse_json(raw_body or b"null")
+                except NotJsonNumber as exc:
+                    return error_response(400, "invalid_request", f"the body is not JSON: {exc}")
                 except (ValueError, RecursionError):
                     return error_response(400, "invalid_request", "the body is not JSON")
                 if problem := text_problem(data):

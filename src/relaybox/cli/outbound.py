@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from relaybox import log
 from relaybox.app import Relaybox
+from relaybox.bodies import NotJsonNumber, parse_json
 from relaybox.cli import _run_db, app_options, json_option, load_box
 from relaybox.cli.exits import EXIT_FAILED
 from relaybox.cli.params import FILTER
@@ -377,8 +378,10 @@ def messages_publish(
     """Publish a message (its own transaction)."""
     box = load_box(app, config, database_url)
     try:
-        payload = json.loads(data)
-    except ValueError:
+        payload = parse_json(data)
+    except NotJsonNumber as exc:
+        raise click.BadParameter(f"--data is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError):
         raise click.BadParameter("--data is not valid JSON") from None
 
     async def send() -> Any:
@@ -564,7 +567,11 @@ def event_types_define(
 ) -> None:
     """Add or replace an event type; publishing checks data against its schema."""
     box = load_box(app, config, database_url)
-    schema = json.load(schema_file) if schema_file else None
+    try:
+        schema = parse_json(schema_file.read()) if schema_file else None
+    except (ValueError, RecursionError) as exc:
+        message = f"not a JSON document: {exc}"[:200]
+        raise click.BadParameter(message, param_hint="--schema") from None
     defined = _run(
         box, lambda: catalog.define_event_type(box, name, description=description, schema=schema)
     )

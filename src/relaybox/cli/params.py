@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
+
+from relaybox.bodies import parse_json
 
 __all__ = ["FILTER"]
 
@@ -19,8 +20,8 @@ class _JsonObject(click.ParamType[dict[str, Any]]):
         if isinstance(value, dict):
             return value
         try:
-            parsed = json.loads(value)
-        except (ValueError, RecursionError):
+            parsed = parse_json(value)
+        except (ValueError, RecursionError):  # NaN, Infinity and 1e999 too: not JSON
             self.fail(f"{value[:80]!r} is not JSON text", param, ctx)
         if not isinstance(parsed, dict):
             self.fail("a payload filter is a JSON object ({} removes it)", param, ctx)

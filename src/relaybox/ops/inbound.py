@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from relaybox.bodies import parse_json
 from relaybox.errors import Conflict, InvalidRequest, NotFound
 from relaybox.metrics import read_ops_stats
 from relaybox.ops.inbound_models import (
@@ -124,8 +125,8 @@ def decode_payload(raw: bytes | memoryview | None) -> Any:
         return None
     data = bytes(raw)
     try:
-        return json.loads(data)
-    except ValueError:
+        return parse_json(data)  # NaN or Infinity: not JSON, shown as the text it is
+    except (ValueError, RecursionError):
         return data.decode("utf-8", errors="replace")
 
 

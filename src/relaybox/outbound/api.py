@@ -47,7 +47,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from relaybox.bodies import BodyTooLarge, read_body, text_problem
+from relaybox.bodies import BodyTooLarge, NotJsonNumber, parse_json, read_body, text_problem
 from relaybox.errors import Conflict, RelayboxError
 from relaybox.outbound import apikeys, deliveries, endpoints, flow
 from relaybox.outbound.catalog import InvalidMessage, list_event_types
@@ -239,7 +239,9 @@ def build_api(box: Runtime) -> Starlette:
         if not raw:
             return {}
         try:
-            data = json.loads(raw)
+            data = parse_json(raw)
+        except NotJsonNumber as exc:  # Python reads NaN, Infinity and 1e999: JSON does not
+            raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
         except (ValueError, RecursionError):
             raise ApiError(400, "malformed_json", "the body is not valid JSON") from None
         if problem := text_problem(data, nul_ok_under=free):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
+from relaybox.bodies import write_json
 from relaybox.errors import RelayboxError
 
 if TYPE_CHECKING:
@@ -80,7 +81,10 @@ async def define_event_type(
             cls.check_schema(schema)
         except jsonschema.SchemaError as exc:
             raise InvalidMessage(f"not a valid JSON Schema: {exc.message}", code="schema") from None
-        text = json.dumps(schema, sort_keys=True)
+        try:
+            text = write_json(schema, sort_keys=True)
+        except ValueError as exc:  # NaN or Infinity in it: no tenant could read it
+            raise InvalidMessage(f"not a valid JSON Schema: {exc}", code="schema") from None
     await box.store.event_type_upsert(name, description, text, now=box.clock.now())
     return EventType(name, description, schema)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from relaybox.bodies import text_problem
+from relaybox.bodies import NotJsonNumber, text_problem, write_json
 from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, check_schema
 from relaybox.outbound.filters import matching
 from relaybox.outbound.registry import outbound
@@ -221,12 +221,14 @@ def new_message(
         envelope["orderingKey"] = ordering_key
         envelope["sequence"] = sequence
     try:
-        text = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
+        text = write_json(envelope, separators=(",", ":"), ensure_ascii=False)
         size = len(text.encode())
     except UnicodeEncodeError:
         # A lone surrogate ("\ud800" in JSON) is not Unicode text: no backend stores it.
         problem = text_problem(data, "data") or "data: not valid Unicode"
         raise InvalidMessage(problem, code="data") from None
+    except NotJsonNumber as exc:  # a float NaN or infinity: receivers could not parse it
+        raise InvalidMessage(f"data: {exc}", code="data") from None
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidMessage(f"data is not JSON-serialisable: {exc}"[:200], code="data") from None
     if size > ob.settings.max_payload:

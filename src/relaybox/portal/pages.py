@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from relaybox.bodies import parse_json
 from relaybox.ops.delivery_log import (
     STATUSES,
     LogFilter,
@@ -98,8 +99,8 @@ def _payload_filter(page: Page, *, empty: dict[str, Any] | None) -> dict[str, An
     if not raw:
         return empty
     try:
-        spec = json.loads(raw)
-    except ValueError as exc:
+        spec = parse_json(raw)
+    except ValueError as exc:  # NaN, Infinity and 1e999 too: not JSON
         raise InvalidFilter(f"filter: not valid JSON ({exc})") from None
     s = outbound(page.box).settings
     return check_filter(spec, max_depth=s.filter_max_depth, max_bytes=s.filter_max_bytes)

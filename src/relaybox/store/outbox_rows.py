@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from relaybox.bodies import stored_json
+
 __all__ = [
     "UNBOUNDED",
     "ApiKey",
@@ -350,7 +352,8 @@ class Message:
 
     @property
     def envelope(self) -> dict[str, Any]:
-        result: dict[str, Any] = json.loads(self.body)
+        # stored_json: a NaN or Infinity an earlier version stored reads as null
+        result: dict[str, Any] = stored_json(self.body.decode())
         return result
 
     @classmethod

@@ -3,7 +3,6 @@ is registered (:class:`Registration`), and the worker's test :class:`Hooks`."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -12,6 +11,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from relaybox import projections
+from relaybox.bodies import write_json
 from relaybox.errors import OperationConflict
 from relaybox.store import InboxEvent, OutboxRow
 
@@ -64,7 +64,9 @@ def _add_row(ctx: Handling, channel: str, key: str, payload: Any) -> None:
         value.encode()  # lone surrogates cannot be stored: fail in the handler
     event = ctx.event
     _check_channel(ctx.box, channel)
-    ctx.outbox_rows.append((channel, key, json.dumps(payload), event.tenant, event.id))
+    # Strict JSON: a float NaN or infinity fails here (NotJsonNumber), in the handler,
+    # not as a document no destination can parse.
+    ctx.outbox_rows.append((channel, key, write_json(payload), event.tenant, event.id))
     ctx.outbox_keys.append(f"{channel}:{key}")
 
 
