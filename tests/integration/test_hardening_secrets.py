@@ -34,6 +34,7 @@ from relaybox.outbound import configure, create_api_key, endpoints, outbound, se
 from relaybox.outbound.channels.http import credential_header, record_headers
 from relaybox.outbound.endpoints import seal_plaintext
 from relaybox.outbound.vault import PREFIX, KeyFile, KeyFileError, SecretsKeyMissing, new_key
+from relaybox.store.base import load_migrations
 from relaybox.store.schema_sync import migrate_sync
 from tests.conftest import KEYED, Served, _dsn
 from tests.integration.test_admin_api import AUTH, TOKEN
@@ -748,10 +749,10 @@ async def test_migrate_redacts_the_credentials_earlier_versions_kept_in_the_atte
     box: Relaybox,
 ) -> None:
     """Attempt rows as earlier versions recorded them (credential headers in clear):
-    migration 0022 writes each credential as ``[redacted]``, every other field kept
-    in its place, by the same names relaybox redacts now; rows with nothing to
-    redact are not rewritten, and running it again (the sync path Django's
-    migrations take) changes nothing."""
+    the migration ``attempt_credentials`` writes each credential as ``[redacted]``,
+    every other field kept in its place, by the same names relaybox redacts now; rows
+    with nothing to redact are not rewritten, and running it again (the sync path
+    Django's migrations take) changes nothing."""
     basic = "Basic " + base64.b64encode(b"relay:pw-older-version").decode()
     older = {
         "basic": (
@@ -781,6 +782,12 @@ async def test_migrate_redacts_the_credentials_earlier_versions_kept_in_the_atte
         "empty": ([], []),
     }
     texts = {key: record_headers(req, resp, 4096) for key, (req, resp) in older.items()}
+    [(version, name)] = [
+        (v, f"{v:04d}_{n}")
+        for v, n, _ in load_migrations(box.store.backend)
+        if n == "attempt_credentials"
+    ]
+    undo = sqlalchemy.text("DELETE FROM relaybox_migrations WHERE version = :version")
     insert = sqlalchemy.text(
         "INSERT INTO relaybox_outbox_attempts"
         " (outbox_id, attempt, started_at, duration, outcome, response, headers)"
@@ -791,13 +798,13 @@ async def test_migrate_redacts_the_credentials_earlier_versions_kept_in_the_atte
             await conn.execute(
                 insert, {"outbox_id": i, "key": key, "headers": texts.get(key or "")}
             )
-        await conn.execute(sqlalchemy.text("DELETE FROM relaybox_migrations WHERE version = 21"))
+        await conn.execute(undo, {"version": version})
 
     async def stored() -> dict[str | None, str | None]:
         rows = await box.store.fetch_all("SELECT response, headers FROM relaybox_outbox_attempts")
         return {r["response"]: r["headers"] for r in rows}
 
-    assert await box.store.migrate() == ["0022_attempt_credentials"]
+    assert await box.store.migrate() == [name]
     after = await stored()
     for key, (request, response) in older.items():
         assert json.loads(after[key] or "") == _as_relaybox_records(request, response), key
@@ -811,8 +818,8 @@ async def test_migrate_redacts_the_credentials_earlier_versions_kept_in_the_atte
 
     def again() -> list[str]:
         with box.store.sync.transaction() as sync:
-            sync.exec_driver_sql("DELETE FROM relaybox_migrations WHERE version = 21")
+            sync.execute(undo, {"version": version})
             return migrate_sync(sync)
 
-    assert await asyncio.to_thread(again) == ["0022_attempt_credentials"]
+    assert await asyncio.to_thread(again) == [name]
     assert await stored() == after
