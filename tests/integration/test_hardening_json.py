@@ -106,11 +106,11 @@ async def test_the_tenant_api_refuses_a_number_json_has_not_before_writing_anyth
 async def test_an_endpoint_filter_with_a_number_json_has_not_is_refused_everywhere(
     served: tuple[Relaybox, Http], database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A filter holding NaN had been stored (Python reads it), after which every
-    answer showing the endpoint failed (500). The tenant API and the admin API answer
-    400, the portal's form 422 (its answer to a refused form), the CLI exits 2, and
-    ``create_endpoint`` raises: the endpoint is created without a filter, or not at
-    all, and still shows."""
+    """The filter grammar already refused a non-finite number (422 ``invalid_filter``,
+    ``create_endpoint`` raises); a body holding one is now refused as not JSON
+    before that: the tenant API and the admin API answer 400, the portal's form 422
+    (its answer to a refused form), the CLI exits 2. Nothing is stored, and the
+    endpoint still shows."""
     box, api = served
     spec = '{"data.v": {"$gt": NaN}}'
     raw = f'{{"url": "http://127.0.0.1:9/hook", "filter": {spec}}}'
@@ -132,7 +132,7 @@ async def test_an_endpoint_filter_with_a_number_json_has_not_is_refused_everywhe
         assert status == 422 and "filter: not valid JSON" in page
         assert (await portal.get("/endpoints"))[0] == 200
 
-    with pytest.raises(InvalidFilter, match="not a JSON document"):
+    with pytest.raises(InvalidFilter, match="v: a finite number"):
         await create_endpoint(
             box, "t1", EndpointSpec(url="http://127.0.0.1:9/x", filter={"v": float("nan")})
         )

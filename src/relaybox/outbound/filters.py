@@ -31,11 +31,11 @@ filter. Both are pure.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
-from relaybox.bodies import write_json
 from relaybox.errors import RelayboxError
 
 __all__ = [
@@ -78,7 +78,7 @@ def check(spec: Any, *, max_depth: int, max_bytes: int) -> dict[str, Any]:
     anything outside the grammar, a document nested deeper than ``max_depth`` levels
     (objects and lists) or longer than ``max_bytes`` as compact JSON."""
     try:
-        size = len(write_json(spec, separators=(",", ":"), ensure_ascii=False).encode())
+        size = len(json.dumps(spec, separators=(",", ":"), ensure_ascii=False).encode())
     except (TypeError, ValueError, RecursionError):
         raise InvalidFilter("filter: not a JSON document") from None
     if size > max_bytes:
