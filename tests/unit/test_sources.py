@@ -29,7 +29,7 @@ from relaybox.errors import (
     MalformedPayload,
     StaleTimestamp,
 )
-from relaybox.sources import Secret, Source
+from relaybox.sources import Secret, Source, registry
 
 NOW = 1_700_000_000.0
 TOO_FAR = 301  # just over the default 300 s tolerance
@@ -976,7 +976,7 @@ def test_from_config_reads_environment_strings() -> None:
 def test_from_config_knows_every_source_option() -> None:
     parameters = inspect.signature(Source.__init__).parameters
     expected = {name for name, p in parameters.items() if p.kind is p.KEYWORD_ONLY}
-    assert set(sources._BASE_OPTIONS) == expected - {"secrets"}
+    assert set(registry.BASE_OPTIONS) == expected - {"secrets"}
 
 
 def test_package_exports() -> None:

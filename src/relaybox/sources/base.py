@@ -18,7 +18,6 @@ an unverified payload field alone.
 
 from __future__ import annotations
 
-import base64
 import fnmatch
 import hashlib
 import hmac
@@ -240,13 +239,6 @@ def extract(path: str, headers: Headers, payload: Any) -> str | None:
     if isinstance(node, bool):
         return "true" if node else "false"
     return str(node)
-
-
-def b64decode_secret(value: str) -> bytes:
-    try:
-        return base64.b64decode(value, validate=True)
-    except Exception:
-        raise ConfigurationError("secret is not valid base64") from None
 
 
 class Source:

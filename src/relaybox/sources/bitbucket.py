@@ -12,76 +12,28 @@ account (the webhook that sent it).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-from collections.abc import Iterable
-from typing import Any
-
-from relaybox.errors import BadSignature, MalformedHeaders
-from relaybox.sources.base import Headers, Identity, Secret, Source, shared_key
-from relaybox.sources.kit import require_header, unhex
+from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, factory
 
 __all__ = ["BitbucketSource", "bitbucket"]
 
-_SIGNATURE = "x-hub-signature"
 
-
-def _compute(key: bytes, body: bytes) -> bytes:
-    return hmac.new(key, body, hashlib.sha256).digest()
-
-
-class BitbucketSource(Source):
+class BitbucketSource(SchemeSource):
     """Bitbucket Cloud webhooks."""
 
     provider = "bitbucket"
-
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        header = require_header(headers, _SIGNATURE, "X-Hub-Signature")
-        if not header.startswith("sha256="):
-            raise BadSignature("X-Hub-Signature must start with sha256=")
-        given = unhex(header[7:], "X-Hub-Signature")
-        return self.try_secrets(
-            lambda s: hmac.compare_digest(_compute(shared_key("bitbucket", s), body), given)
-        ), None
-
-    def identify(self, headers: Headers, payload: Any) -> Identity:
-        request = (headers.get("x-request-uuid") or "").strip()
-        event_key = (headers.get("x-event-key") or "").strip()
-        if not request or not event_key:
-            raise MalformedHeaders("missing X-Request-UUID or X-Event-Key header")
-        hook = (headers.get("x-hook-uuid") or "").strip() or None
-        return Identity(event_id=request, event_type=event_key, account=hook)
-
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        key = shared_key("bitbucket", secret or self.secrets[0])
-        return {
-            _SIGNATURE: "sha256=" + _compute(key, body).hex(),
-            "x-request-uuid": event_id,
-            "x-event-key": event_type or "repo:push",
-            "x-hook-uuid": self.account or "{relaybox-test-hook}",
-            "content-type": "application/json",
-        }
-
-    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        document = {
+    scheme = Scheme(
+        Hmac("X-Hub-Signature", prefix="sha256="),
+        event_id="header:X-Request-UUID",
+        event_type="header:X-Event-Key",
+        account="header:X-Hook-UUID",
+        default_type="repo:push",
+        default_account="{relaybox-test-hook}",
+        example=lambda event: {
             "repository": {"full_name": "relaybox/test", "uuid": "{relaybox-test-repo}"},
             "actor": {"display_name": "relaybox"},
             "push": {"changes": []},
-        }
-        return json.dumps(document, separators=(",", ":")).encode()
+        },
+    )
 
 
-def bitbucket(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> BitbucketSource:
-    """A Bitbucket Cloud source; ``secrets`` are webhook secrets."""
-    return BitbucketSource(secrets=secrets, **options)
+bitbucket = factory(BitbucketSource, "A Bitbucket Cloud source; ``secrets`` are webhook secrets.")

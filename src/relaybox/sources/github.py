@@ -23,32 +23,16 @@ webhook).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from relaybox.errors import BadSignature, MalformedHeaders, MalformedPayload
-from relaybox.sources.base import Headers, Identity, Secret, Source, shared_key
+from relaybox.errors import MalformedPayload
+from relaybox.sources.base import Headers, Identity, Secret
+from relaybox.sources.scheme import Example, Hmac, Scheme, SchemeSource, factory
 
 __all__ = ["GitHubSource", "github"]
 
-_SIGNATURE = "x-hub-signature-256"
-_DELIVERY = "x-github-delivery"
-_EVENT = "x-github-event"
-_PREFIX = "sha256="
-_IN_HEADERS = frozenset({"event_id", "event_type"})
 _ID_IN_HEADERS = frozenset({"event_id"})
-_DEFAULT_TYPE = "ping"  # what example() builds and sign() announces when no type is given
-
-
-def _key(secret: Secret) -> bytes:
-    return shared_key("github", secret)
-
-
-def _compute(key: bytes, body: bytes) -> str:
-    return hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
 def _login(node: Any) -> str | None:
@@ -56,42 +40,52 @@ def _login(node: Any) -> str | None:
     return login if isinstance(login, str) and login else None
 
 
-class GitHubSource(Source):
+def _example(event: Example) -> dict[str, Any]:
+    name, _, action = event.type.partition(".")
+    owner = {"login": event.account, "id": 1, "type": "Organization"}
+    payload: dict[str, Any] = {}
+    if action:
+        payload["action"] = action
+    if name == "ping":
+        payload.update(zen="Design for failure.", hook_id=1, hook={"type": "Repository"})
+    payload["repository"] = {
+        "id": 1296269,
+        "name": "hello-world",
+        "full_name": f"{owner['login']}/hello-world",
+        "owner": owner,
+    }
+    payload["sender"] = {"login": "octocat", "id": 583231, "type": "User"}
+    return payload
+
+
+class GitHubSource(SchemeSource):
     """GitHub repository, organization and App webhooks."""
 
     provider = "github"
-
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        header = self.signature_header(headers, _SIGNATURE, "X-Hub-Signature-256")
-        if not header:
-            raise BadSignature("missing X-Hub-Signature-256 header", code="missing_signature")
-        if not header.startswith(_PREFIX):
-            raise BadSignature("X-Hub-Signature-256 header must start with sha256=")
-        given = header[len(_PREFIX) :].lower().encode()
-
-        def matches(secret: Secret) -> bool:
-            return hmac.compare_digest(_compute(_key(secret), body).encode(), given)
-
-        return self.try_secrets(matches), None
+    scheme = Scheme(
+        Hmac("X-Hub-Signature-256", prefix="sha256="),
+        event_id="header:X-GitHub-Delivery",
+        event_type="header:X-GitHub-Event",
+        default_type="ping",
+        default_account="octo-org",
+        example=_example,
+        content_type=None,
+    )
 
     def identify(self, headers: Headers, payload: Any) -> Identity:
-        delivery = (headers.get(_DELIVERY) or "").strip()
-        if not delivery:
-            raise MalformedHeaders("missing X-GitHub-Delivery header")
-        event = (headers.get(_EVENT) or "").strip()
-        if not event:
-            raise MalformedHeaders("missing X-GitHub-Event header")
+        # The type is the event header plus the payload's action (``issues.opened``);
+        # the account an App installation, else the repository owner or organization.
+        identity = super().identify(headers, payload)
         if not isinstance(payload, Mapping):
             raise MalformedPayload("GitHub payload must be a JSON object")
-        in_headers = _IN_HEADERS
+        in_headers = identity.from_headers
+        event = identity.event_type
         action = payload.get("action")
         if isinstance(action, str) and action:
             event = f"{event}.{action}"
             in_headers = _ID_IN_HEADERS  # the type is partly the payload's
         return Identity(
-            event_id=delivery,
+            event_id=identity.event_id,
             event_type=event,
             account=_account(payload),
             from_headers=in_headers,
@@ -105,31 +99,11 @@ class GitHubSource(Source):
         event_type: str,
         now: float,
         secret: Secret | None = None,
+        url: str | None = None,
     ) -> dict[str, str]:
-        signature = _compute(_key(secret or self.secrets[0]), body)
-        return {
-            _SIGNATURE: _PREFIX + signature,
-            _DELIVERY: event_id,
-            # The action travels in the body: the header carries the bare event name.
-            _EVENT: event_type.partition(".")[0] or _DEFAULT_TYPE,
-        }
-
-    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        event, _, action = (event_type or _DEFAULT_TYPE).partition(".")
-        owner = {"login": self.account or "octo-org", "id": 1, "type": "Organization"}
-        payload: dict[str, Any] = {}
-        if action:
-            payload["action"] = action
-        if event == "ping":
-            payload.update(zen="Design for failure.", hook_id=1, hook={"type": "Repository"})
-        payload["repository"] = {
-            "id": 1296269,
-            "name": "hello-world",
-            "full_name": f"{owner['login']}/hello-world",
-            "owner": owner,
-        }
-        payload["sender"] = {"login": "octocat", "id": 583231, "type": "User"}
-        return json.dumps(payload, separators=(",", ":")).encode()
+        # The action travels in the body: the header carries the bare event name.
+        name = event_type.partition(".")[0]
+        return super().sign(body, event_id=event_id, event_type=name, now=now, secret=secret)
 
 
 def _account(payload: Mapping[str, Any]) -> str | None:
@@ -144,7 +118,8 @@ def _account(payload: Mapping[str, Any]) -> str | None:
     return _login(payload.get("organization"))
 
 
-def github(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> GitHubSource:
+github = factory(
+    GitHubSource,
     """A GitHub webhook source. ``options`` are :class:`Source` arguments; ``tolerance``
-    and ``verify_timestamp`` are accepted but unused (GitHub signs no timestamp)."""
-    return GitHubSource(secrets=secrets, **options)
+    and ``verify_timestamp`` are accepted but unused (GitHub signs no timestamp).""",
+)

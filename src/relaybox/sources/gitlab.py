@@ -13,71 +13,33 @@ header (the sending GitLab's URL).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
-from typing import Any
-
-from relaybox.errors import MalformedHeaders
-from relaybox.sources.base import Headers, Identity, Secret, Source, constant_time_equal
-from relaybox.sources.kit import require_header, text
+from relaybox.sources.scheme import Scheme, SchemeSource, Token, factory
 
 __all__ = ["GitLabSource", "gitlab"]
 
-_TOKEN = "x-gitlab-token"
 
-
-class GitLabSource(Source):
+class GitLabSource(SchemeSource):
     """GitLab project, group and system webhooks."""
 
     provider = "gitlab"
-
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        given = require_header(headers, _TOKEN, "X-Gitlab-Token").encode()
-        return self.try_secrets(lambda s: constant_time_equal(s.value.encode(), given)), None
-
-    def identify(self, headers: Headers, payload: Any) -> Identity:
-        event_id = headers.get("idempotency-key") or headers.get("x-gitlab-event-uuid") or ""
-        if not event_id.strip():
-            raise MalformedHeaders("missing Idempotency-Key or X-Gitlab-Event-UUID header")
-        kind = text(payload.get("object_kind")) if isinstance(payload, Mapping) else None
-        event_type = kind or (headers.get("x-gitlab-event") or "").strip()
-        return Identity(
-            event_id=event_id.strip(),
-            event_type=event_type,
-            account=(headers.get("x-gitlab-instance") or "").strip() or None,
-        )
-
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        kind = event_type or "push"
-        return {
-            _TOKEN: (secret or self.secrets[0]).value,
-            "x-gitlab-event": kind.replace("_", " ").title() + " Hook",
-            "x-gitlab-event-uuid": event_id,
-            "idempotency-key": event_id,
-            "content-type": "application/json",
-        }
-
-    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        document = {
-            "object_kind": event_type or "push",
-            "event_name": event_type or "push",
+    scheme = Scheme(
+        Token("X-Gitlab-Token"),
+        event_id=("header:Idempotency-Key", "header:X-Gitlab-Event-UUID"),
+        event_type=("object_kind", "header:X-Gitlab-Event"),
+        account="header:X-Gitlab-Instance",
+        default_type="push",
+        example=lambda event: {
+            "object_kind": event.type,
+            "event_name": event.type,
             "ref": "refs/heads/main",
             "checkout_sha": "da1560886d4f094c3e6c9ef40349f7d38b5d27d7",
             "project": {"id": 15, "path_with_namespace": "relaybox/test"},
-        }
-        return json.dumps(document, separators=(",", ":")).encode()
+        },
+        headers=lambda event: {
+            "X-Gitlab-Event": event.type.replace("_", " ").title() + " Hook",
+            "X-Gitlab-Event-UUID": event.id,
+        },
+    )
 
 
-def gitlab(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> GitLabSource:
-    """A GitLab source; ``secrets`` are webhook secret tokens."""
-    return GitLabSource(secrets=secrets, **options)
+gitlab = factory(GitLabSource, "A GitLab source; ``secrets`` are webhook secret tokens.")

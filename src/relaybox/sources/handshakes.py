@@ -29,11 +29,9 @@ bodies, so content is not an identity: every request gets its own id
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from relaybox.errors import BadSignature, MalformedPayload
@@ -43,10 +41,10 @@ from relaybox.sources.base import (
     Secret,
     Source,
     constant_time_equal,
-    shared_key,
 )
 from relaybox.sources.hooks import Answer, Request
-from relaybox.sources.kit import b64, derived_id, json_object, require_header, text, unb64, unhex
+from relaybox.sources.kit import b64, derived_id, digest, json_object, text
+from relaybox.sources.scheme import Digest, Hmac, Scheme, SchemeSource, factory
 
 __all__ = [
     "DropboxSource",
@@ -133,40 +131,32 @@ def _graph_items(payload: Any) -> list[Mapping[str, Any]]:
 # -- X (Twitter) ------------------------------------------------------------------------
 
 
-def _twitter_mac(secret: Secret, message: bytes) -> str:
-    return "sha256=" + b64(
-        hmac.new(shared_key("twitter", secret), message, hashlib.sha256).digest()
-    )
-
-
-class TwitterSource(Source):
+class TwitterSource(SchemeSource):
     """X (Twitter) Account Activity API webhooks (consumer secret as the secret)."""
 
     provider = "twitter"
+    scheme = Scheme(
+        Hmac("x-twitter-webhooks-signature", prefix="sha256=", encoding="base64"),
+        event_id=Digest(),
+        event_type="event",
+        account="for_user_id",
+        default_type="tweet_create_events",
+        default_account="2244994945",
+        example=lambda event: {
+            "for_user_id": event.account,
+            event.type: [{"id_str": event.id, "text": "relaybox test"}],
+        },
+    )
 
     def handshake(self, request: Request) -> Answer | None:
         token = _first(request.query, "crc_token")
         if token is None or request.method != "GET":
             return None
-        return Answer.json({"response_token": _twitter_mac(self.secrets[0], token.encode())})
-
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        header = require_header(
-            headers, "x-twitter-webhooks-signature", "x-twitter-webhooks-signature"
-        )
-        if not header.startswith("sha256="):
-            raise BadSignature("x-twitter-webhooks-signature must start with sha256=")
-        given = unb64(header[7:], "x-twitter-webhooks-signature")
-
-        def matches(secret: Secret) -> bool:
-            expected = hmac.new(shared_key("twitter", secret), body, hashlib.sha256).digest()
-            return hmac.compare_digest(expected, given)
-
-        return self.try_secrets(matches), None
+        mac = b64(digest(self.key(self.secrets[0]), token.encode()))
+        return Answer.json({"response_token": "sha256=" + mac})
 
     def identify(self, headers: Headers, payload: Any) -> Identity:
+        # The type is the body's ``*_events`` key: the events carry their own ids.
         document = json_object(payload, "X")
         kinds = sorted(k for k in document if k.endswith("_events"))
         return Identity(
@@ -175,36 +165,24 @@ class TwitterSource(Source):
             account=text(document.get("for_user_id")),
         )
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        return {
-            "x-twitter-webhooks-signature": _twitter_mac(secret or self.secrets[0], body),
-            "content-type": "application/json",
-        }
-
-    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        kind = event_type or "tweet_create_events"
-        document = {
-            "for_user_id": self.account or "2244994945",
-            kind: [{"id_str": event_id, "text": "relaybox test"}],
-        }
-        return json.dumps(document, separators=(",", ":")).encode()
-
 
 # -- Dropbox ----------------------------------------------------------------------------
 
 
-class DropboxSource(Source):
+class DropboxSource(SchemeSource):
     """Dropbox webhooks (app secret as the secret)."""
 
     provider = "dropbox"
+    scheme = Scheme(
+        Hmac("X-Dropbox-Signature"),
+        event_id=Digest(),
+        event_type="list_folder",
+        default_type="list_folder",
+        example=lambda event: {
+            "list_folder": {"accounts": [f"dbid:{event.id}"]},
+            "delta": {"users": [12345678]},
+        },
+    )
 
     def handshake(self, request: Request) -> Answer | None:
         challenge = _first(request.query, "challenge")
@@ -212,56 +190,17 @@ class DropboxSource(Source):
             return None
         return Answer.text(challenge)
 
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        given = unhex(require_header(headers, "x-dropbox-signature", "X-Dropbox-Signature"), "sig")
-
-        def matches(secret: Secret) -> bool:
-            expected = hmac.new(shared_key("dropbox", secret), body, hashlib.sha256).digest()
-            return hmac.compare_digest(expected, given)
-
-        return self.try_secrets(matches), None
-
     def identify(self, headers: Headers, payload: Any) -> Identity:
+        # Two different changes can arrive as identical bodies: every request is its own.
         json_object(payload, "Dropbox")
         return Identity(event_id=f"request:{uuid.uuid4()}", event_type="list_folder")
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        key = shared_key("dropbox", secret or self.secrets[0])
-        return {
-            "x-dropbox-signature": hmac.new(key, body, hashlib.sha256).hexdigest(),
-            "content-type": "application/json",
-        }
 
-    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        document = {
-            "list_folder": {"accounts": [f"dbid:{event_id}"]},
-            "delta": {"users": [12345678]},
-        }
-        return json.dumps(document, separators=(",", ":")).encode()
-
-
-def msgraph(
-    *, secrets: Iterable[Secret | str] | Secret | str, **options: Any
-) -> MicrosoftGraphSource:
-    """A Microsoft Graph source; ``secrets`` are subscriptions' ``clientState`` values."""
-    return MicrosoftGraphSource(secrets=secrets, **options)
-
-
-def twitter(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> TwitterSource:
-    """An X (Twitter) Account Activity source; ``secrets`` are consumer secrets."""
-    return TwitterSource(secrets=secrets, **options)
-
-
-def dropbox(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> DropboxSource:
-    """A Dropbox source; ``secrets`` are app secrets."""
-    return DropboxSource(secrets=secrets, **options)
+msgraph = factory(
+    MicrosoftGraphSource,
+    "A Microsoft Graph source; ``secrets`` are subscriptions' ``clientState`` values.",
+)
+twitter = factory(
+    TwitterSource, "An X (Twitter) Account Activity source; ``secrets`` are consumer secrets."
+)
+dropbox = factory(DropboxSource, "A Dropbox source; ``secrets`` are app secrets.")

@@ -33,80 +33,22 @@ part decides whether a resend is a duplicate or a conflicting change.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import json
 from collections.abc import Iterable
-from hmac import compare_digest
-from hmac import new as hmac_new
-from string import Formatter
 from typing import Any
 from urllib.parse import urlencode
 
-from relaybox.errors import (
-    BadSignature,
-    ConfigurationError,
-    MalformedHeaders,
-    MalformedPayload,
-)
-from relaybox.sources.base import (
-    Headers,
-    Identity,
-    Secret,
-    Source,
-    check_timestamp,
-    extract,
-    parse_int_timestamp,
-    shared_key,
-)
+from relaybox.errors import ConfigurationError
+from relaybox.sources.base import Headers, Secret
 from relaybox.sources.bodies import FORMATS, decode
+from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, compile_template, header_name
 
 __all__ = ["HmacSource", "hmac"]
 
-_ALGORITHMS = {"sha256": hashlib.sha256, "sha512": hashlib.sha512}
+_ALGORITHMS = ("sha256", "sha512")
 _ENCODINGS = ("hex", "base64")
 _FIELDS = ("body", "timestamp", "id")
-_MILLISECONDS_ABOVE = 10**12
 _DEFAULT_TYPE = "test.event"  # example() and sign() agree when no type is given
-
-# A compiled template: literal bytes, or the name of a field to insert.
-_Segment = bytes | str
-
-
-def _key(secret: Secret) -> bytes:
-    return shared_key("hmac", secret)
-
-
-def _compile(signed: str) -> tuple[_Segment, ...]:
-    if signed == "body":
-        return ("body",)
-    segments: list[_Segment] = []
-    try:
-        parsed = list(Formatter().parse(signed))
-    except ValueError:
-        raise ConfigurationError(f"hmac source: signed template {signed!r} is malformed") from None
-    for literal, field, spec, conversion in parsed:
-        if literal:
-            segments.append(literal.encode())
-        if field is None:
-            continue
-        if field not in _FIELDS or spec or conversion:
-            raise ConfigurationError(
-                "hmac source: signed template may only use {body}, {timestamp} and {id} "
-                f"(no format specs); got {{{field}}}"
-            )
-        segments.append(field)
-    if segments.count("body") != 1:
-        raise ConfigurationError("hmac source: signed template must contain {body} exactly once")
-    return tuple(segments)
-
-
-def _header_name(path: str | None) -> str | None:
-    """The lower-cased header name of a ``header:Name`` path, else ``None``."""
-    if path is not None and path.startswith("header:"):
-        return path[len("header:") :].strip().lower()
-    return None
 
 
 def _put(document: dict[str, Any], path: str, value: Any) -> None:
@@ -120,8 +62,9 @@ def _put(document: dict[str, Any], path: str, value: Any) -> None:
     node[last] = value
 
 
-class HmacSource(Source):
-    """Any provider that signs with an HMAC over the body (and maybe a timestamp/id)."""
+class HmacSource(SchemeSource):
+    """Any provider that signs with an HMAC over the body (and maybe a timestamp/id):
+    a :class:`~relaybox.sources.scheme.Scheme` made from configuration."""
 
     provider = "hmac"
 
@@ -141,12 +84,10 @@ class HmacSource(Source):
         secrets: Iterable[Secret | str] | Secret | str = (),
         **options: Any,
     ) -> None:
-        super().__init__(secrets=secrets, **options)
         if format not in FORMATS:
             raise ConfigurationError(
                 f"hmac source: format must be one of {', '.join(FORMATS)}, not {format!r}"
             )
-        self.format = format
         for name, value in (
             ("header", header),
             ("id_path", id_path),
@@ -172,6 +113,7 @@ class HmacSource(Source):
             raise ConfigurationError(
                 f"hmac source: encoding must be hex or base64, not {encoding!r}"
             )
+        self.format = format
         self.header = header.strip()
         self.algorithm = algorithm
         self.encoding = encoding
@@ -181,141 +123,36 @@ class HmacSource(Source):
         self.id_path = id_path.strip()
         self.type_path = type_path.strip()
         self.account_path = (account_path or "").strip() or None
-        self._segments = _compile(signed)
-        self._from_headers = frozenset(
-            field
-            for field, path in (
-                ("event_id", self.id_path),
-                ("event_type", self.type_path),
-                ("account", self.account_path),
-            )
-            if _header_name(path) is not None
-        )
-        if "timestamp" in self._segments and self.timestamp_header is None:
+        segments = compile_template(signed, _FIELDS, "hmac source: signed template")
+        if "timestamp" in segments and self.timestamp_header is None:
             raise ConfigurationError("hmac source: {timestamp} in signed needs timestamp_header")
-        if "id" in self._segments and _header_name(self.id_path) is None:
+        if "id" in segments and header_name(self.id_path) is None:
             raise ConfigurationError(
                 "hmac source: {id} in signed needs id_path to be a header (header:Name)"
             )
-
-    # -- signing primitives ---------------------------------------------------
-
-    def _digest(self, key: bytes, body: bytes, timestamp: str, event_id: str) -> bytes:
-        mac = hmac_new(key, digestmod=_ALGORITHMS[self.algorithm])
-        for segment in self._segments:
-            if isinstance(segment, bytes):
-                mac.update(segment)
-            elif segment == "body":
-                mac.update(body)
-            elif segment == "timestamp":
-                mac.update(timestamp.encode())
-            else:
-                mac.update(event_id.encode())
-        return mac.digest()
-
-    def _encode(self, digest: bytes) -> str:
-        if self.encoding == "hex":
-            return self.prefix + digest.hex()
-        return self.prefix + base64.b64encode(digest).decode()
-
-    def _decode(self, value: str) -> bytes:
-        try:
-            if self.encoding == "hex":
-                return bytes.fromhex(value)
-            return base64.b64decode(value, validate=True)
-        except (ValueError, binascii.Error):
-            raise BadSignature(f"{self.header} header is not {self.encoding}") from None
-
-    # -- Source hooks ---------------------------------------------------------
+        timestamp = f"header:{self.timestamp_header}" if self.timestamp_header else None
+        self.scheme = Scheme(
+            Hmac(
+                self.header,
+                signed,
+                digest=algorithm,
+                encoding=encoding,
+                prefix=self.prefix,
+                timestamp=timestamp,
+                unit="auto",
+            ),
+            event_id=self.id_path,
+            event_type=self.type_path,
+            account=self.account_path,
+            default_type=_DEFAULT_TYPE,
+            content_type="application/x-www-form-urlencoded" if format == "form" else None,
+        )
+        super().__init__(secrets=secrets, **options)
 
     def decode(self, headers: Headers, body: bytes) -> Any:
         if self.format == "json":
             return self.parse(body)
         return decode(self.format, headers, body, self.body_limits, parse_json=self.parse)
-
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        raw = self.signature_header(headers, self.header.lower(), self.header)
-        if not raw:
-            raise BadSignature(f"missing {self.header} header", code="missing_signature")
-        raw_timestamp = ""
-        seconds: float | None = None
-        if self.timestamp_header is not None:
-            raw_timestamp = (headers.get(self.timestamp_header.lower()) or "").strip()
-            value = parse_int_timestamp(raw_timestamp, self.timestamp_header)
-            seconds = value / 1000 if value > _MILLISECONDS_ABOVE else float(value)
-        event_id = ""
-        id_header = _header_name(self.id_path)
-        if "id" in self._segments and id_header is not None:
-            event_id = (headers.get(id_header) or "").strip()
-            if not event_id:
-                raise MalformedHeaders(f"missing {self.id_path[len('header:') :].strip()} header")
-        if not raw.startswith(self.prefix):
-            raise BadSignature(f"{self.header} header must start with {self.prefix!r}")
-        given = self._decode(raw[len(self.prefix) :])
-
-        def matches(secret: Secret) -> bool:
-            expected = self._digest(_key(secret), body, raw_timestamp, event_id)
-            return compare_digest(expected, given)
-
-        secret = self.try_secrets(matches)
-        if check_time and seconds is not None:
-            check_timestamp(seconds, now, self.tolerance)
-        return secret, seconds
-
-    def identify(self, headers: Headers, payload: Any) -> Identity:
-        event_id = self._required(self.id_path, headers, payload, "event id", "missing_event_id")
-        event_type = self._required(
-            self.type_path, headers, payload, "event type", "missing_event_type"
-        )
-        account = None
-        if self.account_path is not None:
-            account = extract(self.account_path, headers, payload) or None
-        return Identity(
-            event_id=event_id,
-            event_type=event_type,
-            account=account,
-            from_headers=self._from_headers,
-        )
-
-    def _required(self, path: str, headers: Headers, payload: Any, what: str, code: str) -> str:
-        value = extract(path, headers, payload)
-        if value is not None and value.strip():
-            return value.strip()
-        header = _header_name(path)
-        if header is not None:
-            raise MalformedHeaders(f"missing {path[len('header:') :].strip()} header")
-        raise MalformedPayload(f"no {what} at {path!r} in the payload", code=code)
-
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        secret = secret or self.secrets[0]
-        timestamp = str(int(now))
-        headers = {
-            self.header.lower(): self._encode(self._digest(_key(secret), body, timestamp, event_id))
-        }
-        if self.timestamp_header is not None:
-            headers[self.timestamp_header.lower()] = timestamp
-        if self.format == "form":
-            headers["content-type"] = "application/x-www-form-urlencoded"
-        # Whatever identity is read from headers has to be sent in headers.
-        for path, value in (
-            (self.id_path, event_id),
-            (self.type_path, event_type or _DEFAULT_TYPE),
-            (self.account_path, secret.account or self.account),
-        ):
-            name = _header_name(path)
-            if name is not None and value:
-                headers[name] = value
-        return headers
 
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
         document: dict[str, Any] = {"created": int(now)}
@@ -325,7 +162,7 @@ class HmacSource(Source):
             (self.type_path, event_type or _DEFAULT_TYPE),
             (self.account_path, account),
         ):
-            if path is not None and _header_name(path) is None:
+            if path is not None and header_name(path) is None:
                 _put(document, path, value)
         if self.format == "form":
             flat = {k: v for k, v in document.items() if not isinstance(v, dict)}

@@ -24,38 +24,16 @@ events' ``subscriptionType`` when they share one, else ``batch``; the account
 from __future__ import annotations
 
 import hashlib
-import hmac
-import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from relaybox.errors import MalformedPayload
-from relaybox.sources.base import (
-    Headers,
-    Identity,
-    Secret,
-    Source,
-    canonical_json,
-    check_timestamp,
-    parse_int_timestamp,
-    shared_key,
-)
-from relaybox.sources.kit import (
-    DEFAULT_URL,
-    b64,
-    check_url,
-    derived_id,
-    digest,
-    require_header,
-    signed_url,
-    text,
-    unb64,
-)
+from relaybox.sources.base import Headers, Identity, canonical_json
+from relaybox.sources.kit import derived_id, text
+from relaybox.sources.scheme import Example, Hmac, Scheme, UrlSchemeSource, factory
 
 __all__ = ["HubSpotSource", "hubspot"]
 
-_SIGNATURE = "x-hubspot-signature-v3"
-_TIMESTAMP = "x-hubspot-request-timestamp"
 _DECODED = {
     "%3A": ":", "%2F": "/", "%3F": "?", "%40": "@", "%21": "!", "%24": "$",
     "%27": "'", "%28": "(", "%29": ")", "%2A": "*", "%2C": ",", "%3B": ";",
@@ -68,43 +46,44 @@ def _decode_uri(uri: str) -> str:
     return uri
 
 
-def _content(method: str, uri: str, body: bytes, timestamp: str) -> bytes:
-    return f"{method}{uri}".encode() + body + timestamp.encode()
+def _example(event: Example) -> list[dict[str, Any]]:
+    account = event.account
+    return [
+        {
+            "eventId": int(hashlib.sha256(event.id.encode()).hexdigest()[:12], 16),
+            "subscriptionId": 12345,
+            "portalId": int(account) if account.isdigit() else 62515,
+            "appId": 54321,
+            "occurredAt": event.ms,
+            "subscriptionType": event.type,
+            "attemptNumber": 0,
+            "objectId": 123,
+            "changeSource": "CRM",
+        }
+    ]
 
 
-class HubSpotSource(Source):
+class HubSpotSource(UrlSchemeSource):
     """HubSpot app webhooks (signature v3)."""
 
     provider = "hubspot"
-    signs_url = True
+    scheme = Scheme(
+        Hmac(
+            "X-HubSpot-Signature-v3",
+            "POST{url}{body}{timestamp}",
+            encoding="base64",
+            timestamp="header:X-HubSpot-Request-Timestamp",
+            unit="ms",
+        ),
+        event_id="eventId",
+        event_type="subscriptionType",
+        default_type="contact.creation",
+        example=_example,
+    )
 
-    def __init__(
-        self,
-        *,
-        url: str | None = None,
-        secrets: Iterable[Secret | str] | Secret | str = (),
-        **options: Any,
-    ) -> None:
-        super().__init__(secrets=secrets, **options)
-        self.url = check_url(url, "hubspot")
-
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        given = unb64(require_header(headers, _SIGNATURE, "X-HubSpot-Signature-v3"), "signature")
-        raw_timestamp = (headers.get(_TIMESTAMP) or "").strip()
-        millis = parse_int_timestamp(raw_timestamp, "X-HubSpot-Request-Timestamp")
-        uri = signed_url(headers, self.url)
-        contents = {_content("POST", u, body, raw_timestamp) for u in (uri, _decode_uri(uri))}
-
-        def matches(secret: Secret) -> bool:
-            key = shared_key("hubspot", secret)
-            return any(hmac.compare_digest(digest(key, c), given) for c in contents)
-
-        secret = self.try_secrets(matches)
-        if check_time:
-            check_timestamp(millis / 1000, now, self.tolerance)
-        return secret, millis / 1000
+    def signed_urls(self, headers: Headers) -> tuple[str, ...]:
+        uri = super().signed_urls(headers)[0]
+        return tuple(dict.fromkeys((uri, _decode_uri(uri))))
 
     def identify(self, headers: Headers, payload: Any) -> Identity:
         if isinstance(payload, Mapping):
@@ -143,43 +122,7 @@ class HubSpotSource(Source):
             return hashlib.sha256(canonical_json(stable)).digest()
         return super().fingerprint(body, headers, payload)
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-        url: str | None = None,
-    ) -> dict[str, str]:
-        key = shared_key("hubspot", secret or self.secrets[0])
-        target = url or self.url or DEFAULT_URL.format(name=self.name)
-        timestamp = str(int(now * 1000))
-        return {
-            _SIGNATURE: b64(digest(key, _content("POST", target, body, timestamp))),
-            _TIMESTAMP: timestamp,
-            "content-type": "application/json",
-        }
 
-    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        account = self.account or ""
-        events = [
-            {
-                "eventId": int(hashlib.sha256(event_id.encode()).hexdigest()[:12], 16),
-                "subscriptionId": 12345,
-                "portalId": int(account) if account.isdigit() else 62515,
-                "appId": 54321,
-                "occurredAt": int(now * 1000),
-                "subscriptionType": event_type or "contact.creation",
-                "attemptNumber": 0,
-                "objectId": 123,
-                "changeSource": "CRM",
-            }
-        ]
-        return json.dumps(events, separators=(",", ":")).encode()
-
-
-def hubspot(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> HubSpotSource:
-    """A HubSpot source; ``secrets`` are app client secrets; ``url`` the public URL."""
-    return HubSpotSource(secrets=secrets, **options)
+hubspot = factory(
+    HubSpotSource, "A HubSpot source; ``secrets`` are app client secrets; ``url`` the public URL."
+)

@@ -13,81 +13,33 @@ has a new ``updated_at`` and is its own event. The type is ``meta.event_name``
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-from collections.abc import Iterable
-from typing import Any
-
-from relaybox.errors import MalformedPayload
-from relaybox.sources.base import Headers, Identity, Secret, Source, shared_key
-from relaybox.sources.kit import json_object, path, require_header, text, unhex
+from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, factory
 
 __all__ = ["LemonSqueezySource", "lemonsqueezy"]
 
-_HEADER = "x-signature"
 
-
-def _compute(key: bytes, body: bytes) -> bytes:
-    return hmac.new(key, body, hashlib.sha256).digest()
-
-
-class LemonSqueezySource(Source):
+class LemonSqueezySource(SchemeSource):
     """Lemon Squeezy webhooks."""
 
     provider = "lemonsqueezy"
-
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        given = unhex(require_header(headers, _HEADER, "X-Signature"), "X-Signature")
-        return self.try_secrets(
-            lambda s: hmac.compare_digest(_compute(shared_key("lemonsqueezy", s), body), given)
-        ), None
-
-    def identify(self, headers: Headers, payload: Any) -> Identity:
-        document = json_object(payload, "Lemon Squeezy")
-        name = text(path(document, "meta", "event_name"))
-        kind, ident = text(path(document, "data", "type")), text(path(document, "data", "id"))
-        if name is None or kind is None or ident is None:
-            raise MalformedPayload("Lemon Squeezy payload has no meta.event_name or data.id")
-        updated = text(path(document, "data", "attributes", "updated_at")) or ""
-        return Identity(
-            event_id=f"{name}:{kind}:{ident}:{updated}",
-            event_type=name,
-            account=text(path(document, "data", "attributes", "store_id")),
-        )
-
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        key = shared_key("lemonsqueezy", secret or self.secrets[0])
-        return {
-            _HEADER: _compute(key, body).hex(),
-            "x-event-name": event_type or "order_created",
-            "content-type": "application/json",
-        }
-
-    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        document = {
-            "meta": {"event_name": event_type or "order_created", "test_mode": True},
+    scheme = Scheme(
+        Hmac("X-Signature"),
+        event_id="{meta.event_name}:{data.type}:{data.id}:{data.attributes.updated_at?}",
+        event_type="meta.event_name",
+        account="data.attributes.store_id",
+        default_type="order_created",
+        example=lambda event: {
+            "meta": {"event_name": event.type, "test_mode": True},
             "data": {
                 "type": "orders",
-                "id": event_id,
-                "attributes": {"store_id": 1, "status": "paid", "updated_at": int(now)},
+                "id": event.id,
+                "attributes": {"store_id": 1, "status": "paid", "updated_at": int(event.now)},
             },
-        }
-        return json.dumps(document, separators=(",", ":")).encode()
+        },
+        headers=lambda event: {"X-Event-Name": event.type},
+    )
 
 
-def lemonsqueezy(
-    *, secrets: Iterable[Secret | str] | Secret | str, **options: Any
-) -> LemonSqueezySource:
-    """A Lemon Squeezy source; ``secrets`` are webhook signing secrets."""
-    return LemonSqueezySource(secrets=secrets, **options)
+lemonsqueezy = factory(
+    LemonSqueezySource, "A Lemon Squeezy source; ``secrets`` are webhook signing secrets."
+)

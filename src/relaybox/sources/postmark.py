@@ -16,43 +16,39 @@ timestamp: no tolerance.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-from collections.abc import Iterable
 from typing import Any
 
-from relaybox.errors import BadSignature, ConfigurationError, MalformedPayload
-from relaybox.sources.base import Headers, Identity, Secret, Source, constant_time_equal
-from relaybox.sources.kit import json_object, require_header, text
+from relaybox.errors import MalformedPayload
+from relaybox.sources.base import Headers, Identity
+from relaybox.sources.kit import json_object, text
+from relaybox.sources.scheme import BasicAuth, Scheme, SchemeSource, factory
 
 __all__ = ["PostmarkSource", "postmark"]
 
 _TIMES = ("DeliveredAt", "BouncedAt", "ReceivedAt", "ChangedAt")
 
 
-class PostmarkSource(Source):
+class PostmarkSource(SchemeSource):
     """Postmark webhooks (delivery, bounce, open, click, inbound...)."""
 
     provider = "postmark"
-
-    def check_secret(self, secret: Secret) -> None:
-        user, sep, password = secret.value.partition(":")
-        if not sep or not user or not password:
-            raise ConfigurationError("postmark source: a secret is 'user:password'")
-
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        header = require_header(headers, "authorization", "Authorization")
-        scheme, _, encoded = header.partition(" ")
-        if scheme.lower() != "basic":
-            raise BadSignature("Authorization is not HTTP Basic")
-        try:
-            given = base64.b64decode(encoded.strip(), validate=True)
-        except (ValueError, binascii.Error):
-            raise BadSignature("Authorization credentials are not base64") from None
-        return self.try_secrets(lambda s: constant_time_equal(s.value.encode(), given)), None
+    scheme = Scheme(
+        BasicAuth(),
+        event_id="MessageID",
+        event_type="RecordType",
+        default_type="Delivery",
+        example=lambda event: {
+            "RecordType": event.type,
+            "ServerID": 23,
+            "MessageStream": "outbound",
+            "MessageID": event.id,
+            "Recipient": "alice@example.com",
+            "Tag": "relaybox-test",
+            "DeliveredAt": "2023-11-14T22:13:20Z",
+            "Details": "Test delivery webhook details",
+            "Metadata": {},
+        },
+    )
 
     def identify(self, headers: Headers, payload: Any) -> Identity:
         record = json_object(payload, "Postmark")
@@ -65,36 +61,7 @@ class PostmarkSource(Source):
         event_id = ":".join(part for part in (kind, ident, at) if part)
         return Identity(event_id=event_id, event_type=kind)
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        credentials = (secret or self.secrets[0]).value.encode()
-        return {
-            "authorization": "Basic " + base64.b64encode(credentials).decode(),
-            "content-type": "application/json",
-        }
 
-    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        record = {
-            "RecordType": event_type or "Delivery",
-            "ServerID": 23,
-            "MessageStream": "outbound",
-            "MessageID": event_id,
-            "Recipient": "alice@example.com",
-            "Tag": "relaybox-test",
-            "DeliveredAt": "2023-11-14T22:13:20Z",
-            "Details": "Test delivery webhook details",
-            "Metadata": {},
-        }
-        return json.dumps(record, separators=(",", ":")).encode()
-
-
-def postmark(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> PostmarkSource:
-    """A Postmark source; ``secrets`` are ``"user:password"`` Basic credentials."""
-    return PostmarkSource(secrets=secrets, **options)
+postmark = factory(
+    PostmarkSource, 'A Postmark source; ``secrets`` are ``"user:password"`` Basic credentials.'
+)

@@ -36,72 +36,40 @@ follow up through ``response_url`` or the API).
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from relaybox.errors import BadSignature, MalformedPayload
-from relaybox.sources.base import (
-    Headers,
-    Identity,
-    Secret,
-    Source,
-    Verified,
-    canonical_json,
-    check_timestamp,
-    parse_int_timestamp,
-    shared_key,
-)
+from relaybox.errors import MalformedPayload
+from relaybox.sources.base import Headers, Identity, Verified, canonical_json
 from relaybox.sources.bodies import decode_form
 from relaybox.sources.hooks import Answer
+from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, factory
 
 __all__ = ["SlackSource", "slack"]
-
-_SIGNATURE = "x-slack-signature"
-_TIMESTAMP = "x-slack-request-timestamp"
-_PREFIX = "v0="
-
-
-def _key(secret: Secret) -> bytes:
-    return shared_key("slack", secret)
-
-
-def _compute(key: bytes, timestamp: str, body: bytes) -> str:
-    mac = hmac.new(key, f"v0:{timestamp}:".encode(), hashlib.sha256)
-    mac.update(body)
-    return mac.hexdigest()
 
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-class SlackSource(Source):
+class SlackSource(SchemeSource):
     """Slack Events API requests (JSON)."""
 
     provider = "slack"
-
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        header = self.signature_header(headers, _SIGNATURE, "X-Slack-Signature")
-        if not header:
-            raise BadSignature("missing X-Slack-Signature header", code="missing_signature")
-        raw_timestamp = (headers.get(_TIMESTAMP) or "").strip()
-        timestamp = parse_int_timestamp(raw_timestamp, "X-Slack-Request-Timestamp")
-        if not header.startswith(_PREFIX):
-            raise BadSignature("X-Slack-Signature header must start with v0=")
-        given = header[len(_PREFIX) :].lower().encode()
-
-        def matches(secret: Secret) -> bool:
-            expected = _compute(_key(secret), raw_timestamp, body).encode()
-            return hmac.compare_digest(expected, given)
-
-        secret = self.try_secrets(matches)
-        if check_time:
-            check_timestamp(timestamp, now, self.tolerance)
-        return secret, float(timestamp)
+    scheme = Scheme(
+        Hmac(
+            "X-Slack-Signature",
+            "v0:{timestamp}:{body}",
+            prefix="v0=",
+            timestamp="header:X-Slack-Request-Timestamp",
+        ),
+        event_id="event_id",
+        event_type="type",
+        account="team_id",
+        default_type="message",
+        content_type=None,
+    )
 
     def decode(self, headers: Headers, body: bytes) -> Any:
         if body.lstrip()[:1] in (b"{", b"["):
@@ -155,19 +123,6 @@ class SlackSource(Source):
             return Answer(200, b"", "text/plain")
         return None
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        timestamp = str(int(now))
-        signature = _compute(_key(secret or self.secrets[0]), timestamp, body)
-        return {_SIGNATURE: _PREFIX + signature, _TIMESTAMP: timestamp}
-
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
         payload: dict[str, Any]
         if event_type == "url_verification":
@@ -218,7 +173,8 @@ def _form_identity(payload: Any) -> Identity:
     return Identity(event_id=trigger or fallback, event_type=event_type, account=account)
 
 
-def slack(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> SlackSource:
+slack = factory(
+    SlackSource,
     """A Slack Events API source; ``secrets`` are app signing secrets. ``options`` are
-    :class:`Source` arguments (``tolerance``, ``tenants`` keyed by team id, ...)."""
-    return SlackSource(secrets=secrets, **options)
+    :class:`Source` arguments (``tolerance``, ``tenants`` keyed by team id, ...).""",
+)

@@ -18,94 +18,45 @@ JSON. The type is the topic (``order.created``), the account the
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any
 
-from relaybox.errors import MalformedHeaders
-from relaybox.sources.base import Headers, Identity, Secret, Source, shared_key
 from relaybox.sources.hooks import Answer, Request
-from relaybox.sources.kit import b64, derived_id, require_header, text, unb64
+from relaybox.sources.scheme import Digest, Hmac, Scheme, SchemeSource, factory
 
 __all__ = ["WooCommerceSource", "woocommerce"]
 
-_SIGNATURE = "x-wc-webhook-signature"
 _PING = re.compile(rb"webhook_id=\d{1,20}")
 
 
-def _compute(key: bytes, body: bytes) -> bytes:
-    return hmac.new(key, body, hashlib.sha256).digest()
-
-
-class WooCommerceSource(Source):
+class WooCommerceSource(SchemeSource):
     """WooCommerce webhooks."""
 
     provider = "woocommerce"
+    scheme = Scheme(
+        Hmac("X-WC-Webhook-Signature", encoding="base64"),
+        event_id=("{header:X-WC-Webhook-Topic}:{id}:{date_modified_gmt?}", Digest()),
+        event_type="header:X-WC-Webhook-Topic",
+        account="header:X-WC-Webhook-Source",
+        default_type="order.created",
+        default_account="https://shop.example.com/",
+        example=lambda event: {
+            "id": event.id,
+            "status": "processing",
+            "currency": "EUR",
+            "total": "29.35",
+            "date_modified_gmt": "2023-11-14T22:13:20",
+        },
+        headers=lambda event: {
+            "X-WC-Webhook-Resource": event.type.partition(".")[0],
+            "X-WC-Webhook-Event": event.type.partition(".")[2],
+            "X-WC-Webhook-Delivery-ID": event.id,
+        },
+    )
 
     def handshake(self, request: Request) -> Answer | None:
         if request.method == "POST" and _PING.fullmatch(request.body.strip()):
             return Answer(200, b"", "text/plain")
         return None
 
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        given = unb64(require_header(headers, _SIGNATURE, "X-WC-Webhook-Signature"), "signature")
-        return self.try_secrets(
-            lambda s: hmac.compare_digest(_compute(shared_key("woocommerce", s), body), given)
-        ), None
 
-    def identify(self, headers: Headers, payload: Any) -> Identity:
-        topic = (headers.get("x-wc-webhook-topic") or "").strip()
-        if not topic:
-            raise MalformedHeaders("missing X-WC-Webhook-Topic header")
-        resource = text(payload.get("id")) if isinstance(payload, Mapping) else None
-        if resource is None:
-            event_id = derived_id(payload)
-        else:
-            modified = text(payload.get("date_modified_gmt")) or ""
-            event_id = f"{topic}:{resource}:{modified}"
-        shop = (headers.get("x-wc-webhook-source") or "").strip() or None
-        return Identity(event_id=event_id, event_type=topic, account=shop)
-
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        key = shared_key("woocommerce", secret or self.secrets[0])
-        topic = event_type or "order.created"
-        resource, _, event = topic.partition(".")
-        return {
-            _SIGNATURE: b64(_compute(key, body)),
-            "x-wc-webhook-topic": topic,
-            "x-wc-webhook-resource": resource,
-            "x-wc-webhook-event": event,
-            "x-wc-webhook-source": self.account or "https://shop.example.com/",
-            "x-wc-webhook-delivery-id": event_id,
-            "content-type": "application/json",
-        }
-
-    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        order = {
-            "id": event_id,
-            "status": "processing",
-            "currency": "EUR",
-            "total": "29.35",
-            "date_modified_gmt": "2023-11-14T22:13:20",
-        }
-        return json.dumps(order, separators=(",", ":")).encode()
-
-
-def woocommerce(
-    *, secrets: Iterable[Secret | str] | Secret | str, **options: Any
-) -> WooCommerceSource:
-    """A WooCommerce source; ``secrets`` are webhook secrets."""
-    return WooCommerceSource(secrets=secrets, **options)
+woocommerce = factory(WooCommerceSource, "A WooCommerce source; ``secrets`` are webhook secrets.")

@@ -20,75 +20,51 @@ event does not. The type is ``event`` (``meeting.started``), the account
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-from collections.abc import Iterable
 from typing import Any
 
-from relaybox.errors import BadSignature, MalformedPayload
-from relaybox.sources.base import (
-    Headers,
-    Identity,
-    Secret,
-    Source,
-    Verified,
-    check_timestamp,
-    parse_int_timestamp,
-    shared_key,
-)
+from relaybox.errors import MalformedPayload
+from relaybox.sources.base import Verified
 from relaybox.sources.hooks import Answer
-from relaybox.sources.kit import derived_id, json_object, path, require_header, text
+from relaybox.sources.kit import digest, path, text
+from relaybox.sources.scheme import Digest, Example, Hmac, Scheme, SchemeSource, factory
 
 __all__ = ["ZoomSource", "zoom"]
 
-_SIGNATURE = "x-zm-signature"
-_TIMESTAMP = "x-zm-request-timestamp"
 _VALIDATION = "endpoint.url_validation"
 
 
-def _compute(key: bytes, timestamp: str, body: bytes) -> str:
-    mac = hmac.new(key, f"v0:{timestamp}:".encode(), hashlib.sha256)
-    mac.update(body)
-    return mac.hexdigest()
+def _example(event: Example) -> dict[str, Any]:
+    if event.type == _VALIDATION:
+        return {"payload": {"plainToken": event.id}, "event_ts": event.ms, "event": _VALIDATION}
+    return {
+        "event": event.type,
+        "event_ts": event.ms,
+        "payload": {
+            "account_id": event.account,
+            "object": {"id": event.id, "uuid": event.id, "topic": "relaybox test"},
+        },
+    }
 
 
-class ZoomSource(Source):
+class ZoomSource(SchemeSource):
     """Zoom webhooks (event subscriptions)."""
 
     provider = "zoom"
-
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        header = require_header(headers, _SIGNATURE, "x-zm-signature")
-        raw_timestamp = (headers.get(_TIMESTAMP) or "").strip()
-        timestamp = parse_int_timestamp(raw_timestamp, "x-zm-request-timestamp")
-        if not header.startswith("v0="):
-            raise BadSignature("x-zm-signature must start with v0=")
-        given = header[3:].lower().encode()
-
-        def matches(secret: Secret) -> bool:
-            expected = _compute(shared_key("zoom", secret), raw_timestamp, body).encode()
-            return hmac.compare_digest(expected, given)
-
-        secret = self.try_secrets(matches)
-        seconds = timestamp / 1000 if timestamp > 10**12 else float(timestamp)
-        if check_time:
-            check_timestamp(seconds, now, self.tolerance)
-        return secret, seconds
-
-    def identify(self, headers: Headers, payload: Any) -> Identity:
-        document = json_object(payload, "Zoom")
-        event = text(document.get("event"))
-        if event is None:
-            raise MalformedPayload('Zoom payload has no "event"', code="missing_event_type")
-        key = {k: document.get(k) for k in ("event", "event_ts", "payload")}
-        return Identity(
-            event_id=derived_id(key),
-            event_type=event,
-            account=text(path(document, "payload", "account_id")),
-        )
+    scheme = Scheme(
+        Hmac(
+            "x-zm-signature",
+            "v0:{timestamp}:{body}",
+            prefix="v0=",
+            timestamp="header:x-zm-request-timestamp",
+            unit="auto",
+        ),
+        event_id=Digest(("event", "event_ts", "payload")),
+        event_type="event",
+        account="payload.account_id",
+        default_type="meeting.started",
+        default_account="relaybox-test-account",
+        example=_example,
+    )
 
     def challenge(self, verified: Verified) -> Answer | None:
         if verified.event_type != _VALIDATION:
@@ -97,46 +73,8 @@ class ZoomSource(Source):
         if plain is None:
             raise MalformedPayload("endpoint.url_validation has no payload.plainToken")
         secret = next((s for s in self.secrets if s.account == verified.account), self.secrets[0])
-        encrypted = hmac.new(shared_key("zoom", secret), plain.encode(), hashlib.sha256)
-        return Answer.json({"plainToken": plain, "encryptedToken": encrypted.hexdigest()})
-
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        timestamp = str(int(now))
-        signature = _compute(shared_key("zoom", secret or self.secrets[0]), timestamp, body)
-        return {
-            _SIGNATURE: "v0=" + signature,
-            _TIMESTAMP: timestamp,
-            "content-type": "application/json",
-        }
-
-    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        document: dict[str, Any]
-        if event_type == _VALIDATION:
-            document = {
-                "payload": {"plainToken": event_id},
-                "event_ts": int(now * 1000),
-                "event": _VALIDATION,
-            }
-        else:
-            document = {
-                "event": event_type or "meeting.started",
-                "event_ts": int(now * 1000),
-                "payload": {
-                    "account_id": self.account or "relaybox-test-account",
-                    "object": {"id": event_id, "uuid": event_id, "topic": "relaybox test"},
-                },
-            }
-        return json.dumps(document, separators=(",", ":")).encode()
+        encrypted = digest(self.key(secret), plain.encode()).hex()
+        return Answer.json({"plainToken": plain, "encryptedToken": encrypted})
 
 
-def zoom(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> ZoomSource:
-    """A Zoom source; ``secrets`` are the app's webhook secret tokens."""
-    return ZoomSource(secrets=secrets, **options)
+zoom = factory(ZoomSource, "A Zoom source; ``secrets`` are the app's webhook secret tokens.")

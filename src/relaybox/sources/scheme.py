@@ -1,0 +1,694 @@
+"""Providers described as data: one frame for the many that sign alike.
+
+Most providers authenticate a delivery in one of three ways: an HMAC over a string
+built from the raw body (maybe with a timestamp, the event id or the URL), encoded
+in hex or base64 and sent in a header (behind a prefix such as ``sha256=``, or as
+``key=value`` entries such as ``t=…,v1=…``); HTTP Basic credentials; or a shared
+token in a header. A :class:`Scheme` says which, with where the event id, type,
+account and version live and what an example event looks like; :class:`SchemeSource`
+verifies, signs and builds examples for every scheme in one place. A provider module
+is then its class (so ``isinstance``, ``PROVIDERS`` and the public names keep
+working), a scheme, and a factory. Providers that truly differ (public keys,
+signatures inside the body, URL + form parameters) keep a class of their own;
+handshakes and challenges are a method on a scheme's class.
+
+Where a value lives (``event_id``, ``event_type``, ``account``, ``version``) is a
+:data:`Spec`: a path read by :func:`~relaybox.sources.base.extract` (``"id"``,
+``"data.order.id"``, ``"header:X-Event-Id"``); a template joining several
+(``"{meta.event_name}:{data.id}:{data.updated_at?}"``, ``?`` for a part that may be
+missing); a :class:`Digest` (``"sha256:" + hex`` of the canonical JSON, for a
+provider that sends no id); or a tuple of these, the first found winning.
+
+The signature is checked on the raw bytes, before anything is parsed, by comparing
+the canonical text of the expected digest (lower-case hex, padded base64) in
+constant time with each signature the request carries, for each configured secret
+(rotation). A signed timestamp is checked against ``tolerance`` in both directions,
+after a signature matched.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from hmac import compare_digest
+from hmac import new as hmac_new
+from string import Formatter
+from typing import Any, ClassVar, TypeVar
+
+from relaybox.errors import BadSignature, ConfigurationError, MalformedHeaders, MalformedPayload
+from relaybox.sources.base import (
+    DEFAULT_TOLERANCE,
+    Headers,
+    Identity,
+    Secret,
+    Source,
+    canonical_json,
+    check_timestamp,
+    constant_time_equal,
+    extract,
+    parse_int_timestamp,
+    shared_key,
+)
+from relaybox.sources.kit import DEFAULT_URL, check_url, derived_id, signed_url
+
+__all__ = [
+    "BasicAuth",
+    "Digest",
+    "Entries",
+    "Example",
+    "Hmac",
+    "Scheme",
+    "SchemeSource",
+    "Token",
+    "UrlSchemeSource",
+    "compile_template",
+    "factory",
+]
+
+DIGESTS: dict[str, Callable[..., Any]] = {
+    "sha1": hashlib.sha1,
+    "sha256": hashlib.sha256,
+    "sha512": hashlib.sha512,
+}
+ENCODINGS = ("hex", "base64")
+UNITS = ("s", "ms", "auto", "iso")
+MILLISECONDS_ABOVE = 10**12
+"""An ``auto`` timestamp above this is milliseconds, else seconds."""
+MAX_ISO_CHARS = 40
+"""Characters of an RFC 3339 timestamp header (nanoseconds and an offset need 35)."""
+_FIELD = re.compile(r"\{([^{}]+)\}")
+
+
+@dataclass(frozen=True)
+class Digest:
+    """An id derived from content: ``"sha256:" + hex`` of the canonical JSON of the
+    payload, or of its top-level ``keys`` (a missing key counts as ``null``)."""
+
+    keys: tuple[str, ...] = ()
+
+    def read(self, payload: Any) -> str | None:
+        if not self.keys:
+            return derived_id(payload)
+        if not isinstance(payload, Mapping):
+            return None
+        return derived_id({k: payload.get(k) for k in self.keys})
+
+
+Spec = str | Digest | tuple[str | Digest, ...]
+"""Where a value lives: a path, a template, a :class:`Digest`, or alternatives."""
+
+
+@dataclass(frozen=True)
+class Entries:
+    """A signature header of ``key=value`` entries: Stripe's ``t=…,v1=…``, Paddle's
+    ``ts=…;h1=…``. ``timestamp`` names the entry holding the signed timestamp (none
+    when the scheme signs none); every ``signature`` entry is a candidate (a provider
+    sends one per active secret while one is rotated). ``separator`` joins the
+    entries when signing; they are split on it stripped of spaces."""
+
+    separator: str = ","
+    timestamp: str | None = "t"
+    signature: str = "v1"
+
+
+@dataclass(frozen=True)
+class Hmac:
+    """An HMAC of ``signed`` (a template over ``{body}``, ``{timestamp}``, ``{id}`` and
+    ``{url}``; other text is literal, ``{{``/``}}`` braces) in ``header`` (or any of
+    several headers, each with the digest of one key), after ``prefix`` or as
+    :class:`Entries`. ``timestamp``: the header (``header:Name``) or JSON path it is
+    read from, unless the entries carry it; ``unit`` ``s``, ``ms``, ``auto`` (ms above
+    10**12) or ``iso`` (RFC 3339). ``{timestamp}`` is the text as sent, or its integer
+    re-formatted with ``canonical_timestamp`` (as Stripe's library signs it)."""
+
+    header: str | tuple[str, ...]
+    signed: str = "{body}"
+    digest: str = "sha256"
+    encoding: str = "hex"
+    prefix: str = ""
+    entries: Entries | None = None
+    timestamp: str | None = None
+    unit: str = "s"
+    canonical_timestamp: bool = False
+
+
+@dataclass(frozen=True)
+class BasicAuth:
+    """HTTP Basic credentials (``Authorization: Basic``); a secret is ``user:password``."""
+
+
+@dataclass(frozen=True)
+class Token:
+    """A shared token sent as is in ``header`` (compared in constant time)."""
+
+    header: str
+
+
+@dataclass(frozen=True)
+class Example:
+    """What an example event is built from: its id, type (the scheme's default when
+    none was asked) and account, and the time it is sent."""
+
+    id: str
+    type: str
+    account: str
+    now: float
+
+    @property
+    def iso(self) -> str:
+        """``now`` as RFC 3339 UTC with milliseconds (``2027-01-15T08:00:00.000Z``)."""
+        stamp = datetime.fromtimestamp(self.now, UTC).isoformat(timespec="milliseconds")
+        return stamp.replace("+00:00", "Z")
+
+    @property
+    def ms(self) -> int:
+        return int(self.now * 1000)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A provider as data: how a delivery is authenticated (``check``), where its
+    identity lives, the defaults of its source, and its example envelope."""
+
+    check: Hmac | BasicAuth | Token
+    event_id: Spec
+    event_type: Spec
+    account: Spec | None = None
+    version: Spec | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+    fingerprint_path: str | None = None
+    unstable: tuple[str, ...] = ()
+    """Top-level fields a resend changes (a send time, an attempt number): left out of
+    the fingerprint, so a resend is a duplicate rather than a conflict."""
+    default_type: str = "test.event"
+    default_account: str = ""
+    example: Callable[[Example], Any] | None = None
+    headers: Callable[[Example], Mapping[str, str]] | None = None
+    """Headers besides the signature and identity that ``sign`` sends."""
+    content_type: str | None = "application/json"
+
+
+# -- templates and specs ------------------------------------------------------------------
+
+_Segment = bytes | str
+
+
+def compile_template(
+    signed: str, fields: Iterable[str], what: str = "signed template"
+) -> tuple[_Segment, ...]:
+    """``signed`` split into literal bytes and field names, ``{body}`` exactly once."""
+    allowed = tuple(fields)
+    if signed in ("body", "{body}"):
+        return ("body",)
+    segments: list[_Segment] = []
+    try:
+        parsed = list(Formatter().parse(signed))
+    except ValueError:
+        raise ConfigurationError(f"{what} {signed!r} is malformed") from None
+    for literal, field, spec, conversion in parsed:
+        if literal:
+            segments.append(literal.encode())
+        if field is None:
+            continue
+        if field not in allowed or spec or conversion:
+            names = ", ".join("{" + f + "}" for f in allowed)
+            raise ConfigurationError(
+                f"{what} may only use {names} (no format specs); got {{{field}}}"
+            )
+        segments.append(field)
+    if segments.count("body") != 1:
+        raise ConfigurationError(f"{what} must contain {{body}} exactly once")
+    return tuple(segments)
+
+
+def header_name(path: str | None) -> str | None:
+    """The lower-cased header name of a ``header:Name`` path, else ``None``."""
+    if path is not None and path.startswith("header:"):
+        return path[len("header:") :].strip().lower()
+    return None
+
+
+def _alternatives(spec: Spec) -> tuple[str | Digest, ...]:
+    return spec if isinstance(spec, tuple) else (spec,)
+
+
+def _read_one(spec: str | Digest, headers: Headers, payload: Any) -> str | None:
+    if isinstance(spec, Digest):
+        return spec.read(payload)
+    if "{" not in spec:
+        value = extract(spec, headers, payload)
+        value = value.strip() if value is not None else None
+        return value or None
+    parts: list[str] = []
+    position = 0
+    for match in _FIELD.finditer(spec):
+        parts.append(spec[position : match.start()])
+        path = match.group(1)
+        optional = path.endswith("?")
+        value = extract(path.rstrip("?"), headers, payload)
+        value = value.strip() if value is not None else ""
+        if not value and not optional:
+            return None
+        parts.append(value)
+        position = match.end()
+    parts.append(spec[position:])
+    return "".join(parts)
+
+
+def read(spec: Spec, headers: Headers, payload: Any) -> tuple[str | None, bool]:
+    """The first value ``spec`` finds, and whether it came from a header alone."""
+    for alternative in _alternatives(spec):
+        value = _read_one(alternative, headers, payload)
+        if value is not None:
+            from_header = isinstance(alternative, str) and header_name(alternative) is not None
+            return value, from_header
+    return None, False
+
+
+def _missing(spec: Spec, what: str, code: str) -> Exception:
+    first = _alternatives(spec)[0]
+    if isinstance(first, str) and (name := header_name(first)) is not None:
+        return MalformedHeaders(f"missing {first[len('header:') :].strip() or name} header")
+    where = f" at {first!r}" if isinstance(first, str) else ""
+    return MalformedPayload(f"no {what}{where} in the payload", code=code)
+
+
+def _json_document(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _put(document: dict[str, Any], path: str, value: Any) -> None:
+    node = document
+    *parents, last = path.split(".")
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[last] = value
+
+
+# -- the source ---------------------------------------------------------------------------
+
+
+class SchemeSource(Source):
+    """A source whose provider is described by its :attr:`scheme`."""
+
+    scheme: Scheme
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        scheme = cls.__dict__.get("scheme")
+        if isinstance(scheme, Scheme) and isinstance(scheme.check, Hmac):
+            cls.signs_url = "url" in compile_template(scheme.check.signed, _HMAC_FIELDS)
+
+    def __init__(
+        self, *, secrets: Iterable[Secret | str] | Secret | str = (), **options: Any
+    ) -> None:
+        scheme = self.scheme
+        options.setdefault("tolerance", scheme.tolerance)
+        if scheme.fingerprint_path is not None:
+            options.setdefault("fingerprint_path", scheme.fingerprint_path)
+        super().__init__(secrets=secrets, **options)
+        self._prepare(scheme)
+
+    def _prepare(self, scheme: Scheme) -> None:
+        """Check and compile ``scheme`` once (its template, digest and encoding)."""
+        check = scheme.check
+        self._segments: tuple[_Segment, ...] = ()
+        if isinstance(check, Hmac):
+            if check.digest not in DIGESTS:
+                raise ConfigurationError(f"{self.provider}: unknown digest {check.digest!r}")
+            if check.encoding not in ENCODINGS:
+                raise ConfigurationError(f"{self.provider}: unknown encoding {check.encoding!r}")
+            if check.unit not in UNITS:
+                raise ConfigurationError(f"{self.provider}: unknown unit {check.unit!r}")
+            self._segments = compile_template(check.signed, _HMAC_FIELDS)
+            names = (check.header,) if isinstance(check.header, str) else check.header
+            self._signature_headers = tuple((n.lower(), n) for n in names)
+
+    # -- the signature ----------------------------------------------------------------
+
+    def check_secret(self, secret: Secret) -> None:
+        if isinstance(self.scheme.check, BasicAuth):
+            user, sep, password = secret.value.partition(":")
+            if not sep or not user or not password:
+                raise ConfigurationError(f"{self.provider} source: a secret is 'user:password'")
+            return
+        super().check_secret(secret)
+
+    def authenticate(
+        self, headers: Headers, body: bytes, now: float, check_time: bool
+    ) -> tuple[Secret, float | None]:
+        check = self.scheme.check
+        if isinstance(check, Hmac):
+            return self._authenticate_hmac(check, headers, body, now, check_time)
+        if isinstance(check, Token):
+            given = self.signature_header(headers, check.header.lower(), check.header)
+            if not given:
+                raise BadSignature(f"missing {check.header} header", code="missing_signature")
+            token = given.encode()
+            return self.try_secrets(lambda s: constant_time_equal(s.value.encode(), token)), None
+        header = self.signature_header(headers, "authorization", "Authorization")
+        credentials = _basic_credentials(header)
+        return self.try_secrets(lambda s: constant_time_equal(s.value.encode(), credentials)), None
+
+    def _authenticate_hmac(
+        self, check: Hmac, headers: Headers, body: bytes, now: float, check_time: bool
+    ) -> tuple[Secret, float | None]:
+        raw_timestamp, given = self._signatures(check, headers)
+        seconds: float | None = None
+        if check.timestamp is not None and header_name(check.timestamp) is not None:
+            raw_timestamp = (headers.get(header_name(check.timestamp) or "") or "").strip()
+            seconds = _seconds(raw_timestamp, check.timestamp[len("header:") :], check.unit)
+        elif raw_timestamp is not None:
+            entry = check.entries.timestamp if check.entries is not None else ""
+            label = f"{self._signature_headers[0][1]} {entry}="
+            seconds = _seconds(raw_timestamp, label, check.unit)
+        if raw_timestamp is not None and check.canonical_timestamp and seconds is not None:
+            raw_timestamp = str(int(raw_timestamp))
+        signed_id = self._signed_id(headers) if "id" in self._segments else ""
+        urls = self.signed_urls(headers) if "url" in self._segments else ("",)
+        candidates = [{"timestamp": raw_timestamp or "", "id": signed_id, "url": u} for u in urls]
+
+        def matches(secret: Secret) -> bool:
+            key = self.key(secret)
+            for values in candidates:
+                expected = self._encode(check, self._digest(check, key, body, values))
+                if any(compare_digest(expected, sig) for sig in given):
+                    return True
+            return False
+
+        secret = self.try_secrets(matches)
+        if check.timestamp is not None and header_name(check.timestamp) is None:
+            seconds = self._body_timestamp(check.timestamp, check.unit, body)
+        if check_time and seconds is not None:
+            check_timestamp(seconds, now, self.tolerance)
+        return secret, seconds
+
+    def _signatures(self, check: Hmac, headers: Headers) -> tuple[str | None, list[str]]:
+        """The signed timestamp the entries carry (``None`` when they carry none) and
+        every signature the request holds, in canonical text (hex lower-cased)."""
+        found: list[str] = []
+        timestamp: str | None = None
+        for name, label in self._signature_headers:
+            raw = self.signature_header(headers, name, label)
+            if not raw:
+                continue
+            if check.entries is None:
+                if not raw.startswith(check.prefix):
+                    raise BadSignature(f"{label} header must start with {check.prefix!r}")
+                found.append(raw[len(check.prefix) :])
+                continue
+            items = raw.split(check.entries.separator.strip())
+            self.check_signature_count(len(items), label)
+            for item in items:
+                key, sep, value = item.partition("=")
+                key, value = key.strip(), value.strip()
+                if not sep:
+                    continue
+                if key == check.entries.timestamp and timestamp is None:
+                    timestamp = value
+                elif key == check.entries.signature:
+                    found.append(value)
+            if check.entries.timestamp is not None and timestamp is None:
+                raise MalformedHeaders(f"{label} header has no {check.entries.timestamp}= entry")
+        if not found and not any(headers.get(name) for name, _ in self._signature_headers):
+            label = self._signature_headers[0][1]
+            raise BadSignature(f"missing {label} header", code="missing_signature")
+        if not found:
+            raise BadSignature(f"no signature in {self._signature_headers[0][1]} header")
+        if check.encoding == "hex":
+            found = [value.lower() for value in found]
+        return timestamp, found
+
+    def _signed_id(self, headers: Headers) -> str:
+        """The id a template signs: read from its header before the body is trusted."""
+        for alternative in _alternatives(self.scheme.event_id):
+            if isinstance(alternative, str) and (name := header_name(alternative)):
+                value = (headers.get(name) or "").strip()
+                if value:
+                    return value
+        raise _missing(self.scheme.event_id, "event id", "missing_event_id")
+
+    def signed_urls(self, headers: Headers) -> tuple[str, ...]:
+        """The URLs ``{url}`` may stand for (any may match): the request's, or what
+        :class:`UrlSchemeSource` makes of a configured one."""
+        return (signed_url(headers, None),)
+
+    def key(self, secret: Secret) -> bytes:
+        """The HMAC key of ``secret`` (its UTF-8 bytes)."""
+        return shared_key(self.provider, secret)
+
+    def _digest(self, check: Hmac, key: bytes, body: bytes, values: Mapping[str, str]) -> bytes:
+        mac = hmac_new(key, digestmod=DIGESTS[check.digest])
+        for segment in self._segments:
+            if isinstance(segment, bytes):
+                mac.update(segment)
+            elif segment == "body":
+                mac.update(body)
+            else:
+                mac.update(values[segment].encode())
+        return mac.digest()
+
+    @staticmethod
+    def _encode(check: Hmac, digest: bytes) -> str:
+        if check.encoding == "hex":
+            return digest.hex()
+        return base64.b64encode(digest).decode()
+
+    def _body_timestamp(self, path: str, unit: str, body: bytes) -> float:
+        sent = extract_value(self.parse(body), path)
+        if isinstance(sent, bool) or not isinstance(sent, int) or not 0 <= sent < 10**16:
+            raise BadSignature(f"{self.provider} payload has no integer {path}")
+        return _scale(sent, unit)
+
+    # -- identity -----------------------------------------------------------------------
+
+    def identify(self, headers: Headers, payload: Any) -> Identity:
+        scheme = self.scheme
+        from_headers: set[str] = set()
+        values: dict[str, str | None] = {}
+        for field, spec, what, code in (
+            ("event_id", scheme.event_id, "event id", "missing_event_id"),
+            ("event_type", scheme.event_type, "event type", "missing_event_type"),
+            ("account", scheme.account, "", ""),
+            ("version", scheme.version, "", ""),
+        ):
+            if spec is None:
+                values[field] = None
+                continue
+            value, in_header = read(spec, headers, payload)
+            if value is None and code:
+                raise _missing(spec, what, code)
+            if in_header:
+                from_headers.add(field)
+            values[field] = value
+        return Identity(
+            event_id=values["event_id"] or "",
+            event_type=values["event_type"] or "",
+            account=values["account"],
+            version=values["version"],
+            from_headers=frozenset(from_headers),
+        )
+
+    def fingerprint(self, body: bytes, headers: Headers, payload: Any) -> bytes:
+        unstable = self.scheme.unstable
+        if unstable and self.fingerprint_path is None and isinstance(payload, Mapping):
+            stable = {k: v for k, v in payload.items() if k not in unstable}
+            return hashlib.sha256(canonical_json(stable)).digest()
+        return super().fingerprint(body, headers, payload)
+
+    # -- signing and examples (send-test, relaybox.testing) ---------------------------------
+
+    def sign(
+        self,
+        body: bytes,
+        *,
+        event_id: str,
+        event_type: str,
+        now: float,
+        secret: Secret | None = None,
+        url: str | None = None,
+    ) -> dict[str, str]:
+        scheme, check = self.scheme, self.scheme.check
+        secret = secret or self.secrets[0]
+        event = Example(
+            id=event_id,
+            type=event_type or scheme.default_type,
+            account=secret.account or self.account or scheme.default_account,
+            now=now,
+        )
+        headers: dict[str, str] = {}
+        if isinstance(check, Hmac):
+            headers.update(self._sign_hmac(check, body, event, secret, url))
+        elif isinstance(check, Token):
+            headers[check.header.lower()] = secret.value
+        else:
+            headers["authorization"] = "Basic " + base64.b64encode(secret.value.encode()).decode()
+        # Whatever identity is read from headers has to be sent in headers.
+        for spec, value in (
+            (scheme.event_id, event.id),
+            (scheme.event_type, event.type),
+            (scheme.account, event.account),
+        ):
+            first = _alternatives(spec)[0] if spec is not None else None
+            name = header_name(first) if isinstance(first, str) else None
+            if name is not None and value:
+                headers[name] = value
+        if scheme.headers is not None:
+            headers.update({k.lower(): v for k, v in scheme.headers(event).items()})
+        if scheme.content_type is not None:
+            headers["content-type"] = scheme.content_type
+        return headers
+
+    def _sign_hmac(
+        self, check: Hmac, body: bytes, event: Example, secret: Secret, url: str | None
+    ) -> dict[str, str]:
+        timestamp = _timestamp_text(event.now, check.unit)
+        values = {
+            "timestamp": timestamp,
+            "id": event.id,
+            "url": self._sign_url(url),
+        }
+        signature = self._encode(check, self._digest(check, self.key(secret), body, values))
+        headers: dict[str, str] = {}
+        if check.entries is None:
+            value = check.prefix + signature
+        else:
+            parts = [f"{check.entries.signature}={signature}"]
+            if check.entries.timestamp is not None:
+                parts.insert(0, f"{check.entries.timestamp}={timestamp}")
+            value = check.entries.separator.join(parts)
+        headers[self._signature_headers[0][0]] = value
+        if check.timestamp is not None and (name := header_name(check.timestamp)):
+            headers[name] = timestamp
+        return headers
+
+    def _sign_url(self, url: str | None) -> str:
+        return url or DEFAULT_URL.format(name=self.name)
+
+    def embed(self, body: bytes, *, now: float, secret: Secret | None = None) -> bytes:
+        """``body`` with the send time set where the scheme signs it in the body (as
+        Linear does); other bodies are returned as they are."""
+        check = self.scheme.check
+        if not isinstance(check, Hmac) or check.timestamp is None or header_name(check.timestamp):
+            return body
+        document = json.loads(body)
+        _put(document, check.timestamp, int(now * 1000) if check.unit == "ms" else int(now))
+        return _json_document(document)
+
+    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
+        scheme = self.scheme
+        if scheme.example is None:
+            raise ConfigurationError(f"{self.provider} source: no example event; send your own")
+        event = Example(
+            id=event_id,
+            type=event_type or scheme.default_type,
+            account=self.account or scheme.default_account,
+            now=now,
+        )
+        return _json_document(scheme.example(event))
+
+
+class UrlSchemeSource(SchemeSource):
+    """A scheme that signs the URL: ``url`` is the public URL configured at the
+    provider, for a request whose URL a proxy changed (else the request's own)."""
+
+    append_query: ClassVar[bool] = True
+    """Whether the request's query string is appended to the configured ``url``."""
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        secrets: Iterable[Secret | str] | Secret | str = (),
+        **options: Any,
+    ) -> None:
+        super().__init__(secrets=secrets, **options)
+        self.url = check_url(url, self.provider)
+
+    def signed_urls(self, headers: Headers) -> tuple[str, ...]:
+        if self.url is not None and not self.append_query:
+            return (self.url,)
+        return (signed_url(headers, self.url),)
+
+    def _sign_url(self, url: str | None) -> str:
+        if self.url is not None and not self.append_query:
+            return self.url
+        return url or self.url or DEFAULT_URL.format(name=self.name)
+
+
+_HMAC_FIELDS = ("body", "timestamp", "id", "url")
+
+
+def _basic_credentials(header: str) -> bytes:
+    if not header:
+        raise BadSignature("missing Authorization header", code="missing_signature")
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic":
+        raise BadSignature("Authorization is not HTTP Basic")
+    try:
+        return base64.b64decode(encoded.strip(), validate=True)
+    except (ValueError, binascii.Error):
+        raise BadSignature("Authorization credentials are not base64") from None
+
+
+def _scale(value: int, unit: str) -> float:
+    if unit == "ms" or (unit == "auto" and value > MILLISECONDS_ABOVE):
+        return value / 1000
+    return float(value)
+
+
+def _seconds(raw: str, label: str, unit: str) -> float:
+    if unit != "iso":
+        return _scale(parse_int_timestamp(raw, label), unit)
+    if not raw:
+        raise MalformedHeaders(f"missing {label} header")
+    try:
+        if len(raw) > MAX_ISO_CHARS:
+            raise ValueError(raw)
+        moment = datetime.fromisoformat(raw)
+    except ValueError:
+        raise MalformedHeaders(f"{label} header is not an RFC 3339 timestamp") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _timestamp_text(now: float, unit: str) -> str:
+    if unit == "ms":
+        return str(int(now * 1000))
+    if unit == "iso":
+        return datetime.fromtimestamp(int(now), UTC).isoformat().replace("+00:00", "Z")
+    return str(int(now))
+
+
+def extract_value(payload: Any, path: str) -> Any:
+    """The JSON value at a dotted ``path`` (objects only), or ``None``."""
+    node = payload
+    for part in path.split("."):
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node
+
+
+S = TypeVar("S", bound=Source)
+
+
+def factory(cls: type[S], doc: str) -> Callable[..., S]:
+    """The ``relaybox.sources.<provider>(secrets=..., **options)`` function of ``cls``."""
+
+    def make(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> S:
+        return cls(secrets=secrets, **options)
+
+    make.__name__ = make.__qualname__ = cls.provider
+    make.__doc__ = doc
+    return make
