@@ -19,10 +19,15 @@ StripeSource``) or from this package. A provider described as data is a
 from __future__ import annotations
 
 from relaybox.sources.adyen import AdyenSource, adyen
+from relaybox.sources.asana import AsanaSource, asana
 from relaybox.sources.base import Headers, Identity, Secret, Source, Verified
 from relaybox.sources.bitbucket import BitbucketSource, bitbucket
+from relaybox.sources.box import BoxSource, box
 from relaybox.sources.calendly import CalendlySource, calendly
+from relaybox.sources.chargebee import ChargebeeSource, chargebee
+from relaybox.sources.coinbase_commerce import CoinbaseCommerceSource, coinbase_commerce
 from relaybox.sources.discord import DiscordSource, discord
+from relaybox.sources.docusign import DocuSignSource, docusign
 from relaybox.sources.github import GitHubSource, github
 from relaybox.sources.gitlab import GitLabSource, gitlab
 from relaybox.sources.handshakes import (
@@ -39,28 +44,44 @@ from relaybox.sources.intercom import IntercomSource, intercom
 from relaybox.sources.lemonsqueezy import LemonSqueezySource, lemonsqueezy
 from relaybox.sources.linear import LinearSource, linear
 from relaybox.sources.mailgun import MailgunSource, mailgun
+from relaybox.sources.notion import NotionSource, notion
+from relaybox.sources.okta import OktaSource, okta
 from relaybox.sources.paddle import PaddleSource, paddle
+from relaybox.sources.pagerduty import PagerDutySource, pagerduty
+from relaybox.sources.pipedrive import PipedriveSource, pipedrive
 from relaybox.sources.postmark import PostmarkSource, postmark
 from relaybox.sources.presets import ClerkSource, ResendSource, clerk, resend
+from relaybox.sources.razorpay import RazorpaySource, razorpay
+from relaybox.sources.recurly import RecurlySource, recurly
 from relaybox.sources.registry import PROVIDERS as PROVIDERS
 from relaybox.sources.registry import from_config
 from relaybox.sources.sendgrid import SendGridSource, sendgrid
+from relaybox.sources.sentry import SentrySource, sentry
 from relaybox.sources.shopify import ShopifySource, shopify
 from relaybox.sources.slack import SlackSource, slack
 from relaybox.sources.square import SquareSource, square
 from relaybox.sources.standard import StandardSource, standard
 from relaybox.sources.stripe import StripeSource, stripe
 from relaybox.sources.twilio import TwilioSource, twilio
+from relaybox.sources.twitch import TwitchSource, twitch
 from relaybox.sources.typeform import TypeformSource, typeform
+from relaybox.sources.vercel import VercelSource, vercel
 from relaybox.sources.woocommerce import WooCommerceSource, woocommerce
+from relaybox.sources.workos import WorkOSSource, workos
+from relaybox.sources.zendesk import ZendeskSource, zendesk
 from relaybox.sources.zoom import ZoomSource, zoom
 
 __all__ = [
     "AdyenSource",
+    "AsanaSource",
     "BitbucketSource",
+    "BoxSource",
     "CalendlySource",
+    "ChargebeeSource",
     "ClerkSource",
+    "CoinbaseCommerceSource",
     "DiscordSource",
+    "DocuSignSource",
     "DropboxSource",
     "GitHubSource",
     "GitLabSource",
@@ -73,11 +94,18 @@ __all__ = [
     "LinearSource",
     "MailgunSource",
     "MicrosoftGraphSource",
+    "NotionSource",
+    "OktaSource",
     "PaddleSource",
+    "PagerDutySource",
+    "PipedriveSource",
     "PostmarkSource",
+    "RazorpaySource",
+    "RecurlySource",
     "ResendSource",
     "Secret",
     "SendGridSource",
+    "SentrySource",
     "ShopifySource",
     "SlackSource",
     "Source",
@@ -85,16 +113,25 @@ __all__ = [
     "StandardSource",
     "StripeSource",
     "TwilioSource",
+    "TwitchSource",
     "TwitterSource",
     "TypeformSource",
+    "VercelSource",
     "Verified",
     "WooCommerceSource",
+    "WorkOSSource",
+    "ZendeskSource",
     "ZoomSource",
     "adyen",
+    "asana",
     "bitbucket",
+    "box",
     "calendly",
+    "chargebee",
     "clerk",
+    "coinbase_commerce",
     "discord",
+    "docusign",
     "dropbox",
     "from_config",
     "github",
@@ -106,18 +143,29 @@ __all__ = [
     "linear",
     "mailgun",
     "msgraph",
+    "notion",
+    "okta",
     "paddle",
+    "pagerduty",
+    "pipedrive",
     "postmark",
+    "razorpay",
+    "recurly",
     "resend",
     "sendgrid",
+    "sentry",
     "shopify",
     "slack",
     "square",
     "standard",
     "stripe",
     "twilio",
+    "twitch",
     "twitter",
     "typeform",
+    "vercel",
     "woocommerce",
+    "workos",
+    "zendesk",
     "zoom",
 ]

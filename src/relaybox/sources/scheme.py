@@ -115,6 +115,9 @@ class Entries:
     separator: str = ","
     timestamp: str | None = "t"
     signature: str = "v1"
+    positional: bool = False
+    """Entries without keys (Recurly's ``<timestamp>,<sig>[,<sig>]``): the first is
+    the timestamp, the others signatures."""
 
 
 @dataclass(frozen=True)
@@ -408,9 +411,12 @@ class SchemeSource(Source):
                 continue
             items = raw.split(check.entries.separator.strip())
             self.check_signature_count(len(items), label)
-            for item in items:
+            for position, item in enumerate(items):
                 key, sep, value = item.partition("=")
                 key, value = key.strip(), value.strip()
+                if check.entries.positional:  # the first is the timestamp, then signatures
+                    sep, value = "=", item.strip()
+                    key = check.entries.signature if position else check.entries.timestamp or ""
                 if not sep:
                     continue
                 if key == check.entries.timestamp and timestamp is None:
@@ -562,10 +568,13 @@ class SchemeSource(Source):
         if check.entries is None:
             value = check.prefix + signature
         else:
-            parts = [f"{check.entries.signature}={signature}"]
-            if check.entries.timestamp is not None:
-                parts.insert(0, f"{check.entries.timestamp}={timestamp}")
-            value = check.entries.separator.join(parts)
+            entries = check.entries
+            parts = [f"{entries.signature}={signature}"]
+            if entries.timestamp is not None:
+                parts.insert(0, f"{entries.timestamp}={timestamp}")
+            if entries.positional:
+                parts = [part.partition("=")[2] for part in parts]
+            value = entries.separator.join(parts)
         headers[self._signature_headers[0][0]] = value
         if check.timestamp is not None and (name := header_name(check.timestamp)):
             headers[name] = timestamp
