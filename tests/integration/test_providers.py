@@ -2,7 +2,8 @@
 
 Signatures are made (or checked) by the provider's official Python SDK where one is
 on PyPI (``twilio``, ``sendgrid``, ``paddle-python-sdk``, ``discord-interactions``,
-``hubspot-api-client``, ``squareup``), and otherwise by the provider's documented
+``hubspot-api-client``, ``squareup``, ``razorpay``, ``coinbase-commerce``,
+``twitchAPI``, ``box-sdk-gen``), and otherwise by the provider's documented
 algorithm written out here from its documentation (Mailgun, Zoom, Linear, Lemon
 Squeezy), or its documented credential (Postmark's HTTP Basic, GitLab's token).
 Each provider: accepted when correctly signed, 401 with one byte changed, 401
@@ -18,6 +19,7 @@ import hmac
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import urlencode
 
@@ -400,6 +402,383 @@ def dropbox_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
     return {"x-dropbox-signature": mac, "content-type": "application/json"}, body
 
 
+# -- providers described as data (relaybox.sources.scheme) ----------------------------------
+
+
+def _iso(now: float, suffix: str = "Z") -> str:
+    return datetime.fromtimestamp(int(now), UTC).strftime("%Y-%m-%dT%H:%M:%S") + suffix
+
+
+def _hex(key: bytes, message: bytes, digest: Any = hashlib.sha256) -> str:
+    return hmac.new(key, message, digest).hexdigest()
+
+
+def _b64(key: bytes, message: bytes) -> str:
+    return base64.b64encode(hmac.new(key, message, hashlib.sha256).digest()).decode()
+
+
+def razorpay_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """Signed by hand, accepted by the ``razorpay`` SDK's ``verify_webhook_signature``."""
+    from razorpay.utility.utility import Utility
+
+    body = _compact(
+        {
+            "entity": "event",
+            "account_id": "acc_BFQ7uQEaa7j2z7",
+            "event": "payment.captured",
+            "contains": ["payment"],
+            "payload": {"payment": {"entity": {"id": "pay_DESlfW9H8K9uqM", "amount": 100}}},
+            "created_at": 1567674606,
+        }
+    )
+    signature = _hex(b"razorpay-secret", body)
+    assert Utility().verify_webhook_signature(body.decode(), signature, "razorpay-secret")
+    return {
+        "x-razorpay-signature": signature,
+        "x-razorpay-event-id": "FEpYQ3LWrQ7qbc",
+        "content-type": "application/json",
+    }, body
+
+
+def coinbase_commerce_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """Signed by the ``coinbase-commerce`` SDK's ``WebhookSignature``, which verifies it."""
+    from coinbase_commerce.webhook import WebhookSignature
+
+    body = _compact(
+        {
+            "attempt_number": 1,
+            "event": {
+                "api_version": "2018-03-22",
+                "data": {"code": "66BEOV2A", "pricing_type": "no_price"},
+                "id": "24934862-d980-46cb-9402-43c81b0cdba6",
+                "resource": "event",
+                "type": "charge:created",
+            },
+            "id": "f6a6b0c0-0d53-4bfe-8e3f-7b5d9c1a9b31",
+            "scheduled_for": "2017-01-31T20:50:02Z",
+        }
+    )
+    signature = WebhookSignature._compute_signature(body.decode(), "coinbase-secret")
+    assert WebhookSignature.verify_sig_header(body.decode(), signature, "coinbase-secret")
+    return {"x-cc-webhook-signature": signature, "content-type": "application/json"}, body
+
+
+def _twitch_headers(body: bytes, now: float, kind: str) -> dict[str, str]:
+    """Signed by hand, accepted by the ``twitchAPI`` SDK's EventSub signature check."""
+    from twitchAPI.eventsub.webhook import EventSubWebhook
+
+    timestamp = _iso(now, ".123456789Z")
+    message_id = "e76c6bd4-55c9-4987-8304-da1588d8988b"
+    headers = {
+        "Twitch-Eventsub-Message-Id": message_id,
+        "Twitch-Eventsub-Message-Timestamp": timestamp,
+        "Twitch-Eventsub-Message-Type": kind,
+        "Twitch-Eventsub-Message-Signature": "sha256="
+        + _hex(b"twitch-secret", message_id.encode() + timestamp.encode() + body),
+    }
+
+    class Received:  # what the SDK reads of an aiohttp request
+        def __init__(self) -> None:
+            self.headers = headers
+
+        async def text(self) -> str:
+            return body.decode()
+
+    hook = EventSubWebhook.__new__(EventSubWebhook)
+    hook.secret = "twitch-secret"
+    # The check awaits nothing but text(): run it to its end here (an event loop may be
+    # running already, in the HTTP tests).
+    check = hook._verify_signature(Received())  # type: ignore[arg-type]
+    with pytest.raises(StopIteration) as done:
+        check.send(None)
+    assert done.value.value is True
+    return {k.lower(): v for k, v in headers.items()} | {"content-type": "application/json"}
+
+
+TWITCH_SUBSCRIPTION = {
+    "id": "f1c2a387-161a-49f9-a165-0f21d7a4e1c4",
+    "status": "enabled",
+    "type": "channel.follow",
+    "version": "2",
+    "condition": {"broadcaster_user_id": "1337", "moderator_user_id": "1337"},
+    "transport": {"method": "webhook", "callback": "https://example.com/webhooks/callback"},
+    "created_at": "2019-11-16T10:11:12.634234626Z",
+}
+
+
+def twitch_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    body = _compact(
+        {
+            "subscription": TWITCH_SUBSCRIPTION,
+            "event": {"user_id": "1234", "user_login": "cool_user", "broadcaster_user_id": "1337"},
+        }
+    )
+    return _twitch_headers(body, now, "notification"), body
+
+
+def box_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """Signed by the ``box-sdk-gen`` SDK's ``compute_webhook_signature``."""
+    from box_sdk_gen.internal.utils import compute_webhook_signature
+
+    body = _compact(
+        {
+            "type": "webhook_event",
+            "id": "25ee8a5c-9a9b-4a37-8e1d-7f1b1d5f1e83",
+            "created_at": "2020-07-10T12:00:00-07:00",
+            "trigger": "FILE.UPLOADED",
+            "webhook": {"id": "1234567890", "type": "webhook"},
+            "source": {"id": "12345", "type": "file", "name": "Contract.pdf"},
+        }
+    )
+    headers = {
+        "box-delivery-id": "f96bb54b-ee16-4fc5-aa65-8c2d9e5b546f",
+        "box-delivery-timestamp": datetime.fromtimestamp(int(now), UTC)
+        .astimezone(timezone(timedelta(hours=-7)))
+        .isoformat(),
+        "box-signature-algorithm": "HmacSHA256",
+        "box-signature-version": "1",
+        "content-type": "application/json",
+    }
+    # Primary and secondary keys: the secondary one is configured (rotation).
+    headers["box-signature-primary"] = compute_webhook_signature(body.decode(), headers, "old")
+    headers["box-signature-secondary"] = compute_webhook_signature(
+        body.decode(), headers, "box-key"
+    )
+    return headers, body
+
+
+def workos_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """The ``workos`` SDK's ``webhooks.verify_header`` (the SDK pins cryptography ~=50, so it
+    cannot be installed beside relaybox's; its algorithm is written out): ``t=<ms>, v1=<hex
+    HMAC-SHA256(secret, "{t}.{body}")>``. https://workos.com/docs/events/data-syncing/webhooks"""
+    body = _compact(
+        {
+            "id": "event_01H2GQD7FJY9S6RFYHAF8MCRZB",
+            "event": "user.created",
+            "data": {"object": "user", "id": "user_01E4ZCR3C56J083X43JQXF3JK5"},
+            "created_at": "2023-06-09T18:14:48.513Z",
+        }
+    )
+    millis = str(int(now * 1000))
+    signature = _hex(b"workos-secret", millis.encode() + b"." + body)
+    return {"workos-signature": f"t={millis}, v1={signature}"}, body
+
+
+def recurly_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """Recurly's documented check: ``recurly-signature: <timestamp>,<hex>[,<hex>]``, HMAC-SHA256
+    of ``"{timestamp}.{body}"``; two signatures while a key is regenerated.
+    https://docs.recurly.com/recurly-subscriptions/docs/signature-verification"""
+    body = _compact(
+        {
+            "id": "sjbxo83gpyq6",
+            "object_type": "subscription",
+            "site_id": "hqv3frpbuqb4",
+            "event_type": "created",
+            "event_time": "2022-08-04T19:17:31Z",
+            "account_code": "recurly-account",
+        }
+    )
+    millis = str(int(now * 1000))
+    old = _hex(b"recurly-old-key", millis.encode() + b"." + body)
+    new = _hex(b"recurly-key", millis.encode() + b"." + body)
+    return {"recurly-signature": f"{millis},{old},{new}", "content-type": "application/json"}, body
+
+
+def zendesk_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """Zendesk's documented ``base64(HMACSHA256(TIMESTAMP + BODY))``.
+    https://developer.zendesk.com/documentation/webhooks/verifying/"""
+    body = _compact(
+        {
+            "account_id": 12514403,
+            "detail": {"id": "35436", "subject": "Help, my printer is on fire!"},
+            "id": "cbe4028c-7239-495d-b020-f22348516046",
+            "subject": "zen:ticket:35436",
+            "time": "2021-08-31T20:35:05Z",
+            "type": "zen:event-type:ticket.created",
+            "zendesk_event_version": "2022-11-06",
+        }
+    )
+    timestamp = _iso(now)
+    return {
+        "x-zendesk-webhook-signature": _b64(b"zendesk-secret", timestamp.encode() + body),
+        "x-zendesk-webhook-signature-timestamp": timestamp,
+        "content-type": "application/json",
+    }, body
+
+
+ASANA_BODY = _compact(
+    {
+        "events": [
+            {
+                "user": {"gid": "1516", "resource_type": "user"},
+                "created_at": "2023-11-14T22:13:20.000Z",
+                "action": "changed",
+                "resource": {"gid": "1337", "resource_type": "task"},
+                "parent": None,
+                "change": {"field": "assignee", "action": "changed"},
+            }
+        ]
+    }
+)
+
+
+def asana_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """Asana's documented ``X-Hook-Signature``: hex HMAC-SHA256 of the body, keyed with the
+    handshake's X-Hook-Secret. https://developers.asana.com/docs/webhooks-guide"""
+    return {
+        "x-hook-signature": _hex(b"asana-hook-secret", ASANA_BODY),
+        "content-type": "application/json",
+    }, ASANA_BODY
+
+
+def notion_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """Notion's documented ``X-Notion-Signature: sha256=<hex HMAC-SHA256(verification_token,
+    body)>``. https://developers.notion.com/reference/webhooks"""
+    body = _compact(
+        {
+            "id": "367cba44-b6f3-4c92-81e7-6a2e9659efd4",
+            "timestamp": "2024-12-05T23:55:34.285Z",
+            "workspace_id": "13950b26-c203-4f3b-b97d-93ec06319565",
+            "subscription_id": "29d75c0d-5546-4414-8459-7b7a92f1fc4b",
+            "type": "page.created",
+            "entity": {"id": "153104cd-477e-809d-8dc4-ff2d96ae3090", "type": "page"},
+        }
+    )
+    token = b"secret_notion_verification_token"
+    return {"x-notion-signature": "sha256=" + _hex(token, body)}, body
+
+
+def vercel_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """Vercel's documented ``x-vercel-signature``: hex HMAC-SHA1 of the body.
+    https://vercel.com/docs/webhooks/webhooks-api#securing-webhooks"""
+    body = _compact(
+        {
+            "id": "uev_ZmFrZWV2ZW50MQ",
+            "type": "deployment.succeeded",
+            "createdAt": 1700000000000,
+            "payload": {"team": {"id": "team_1a2b3c"}, "deployment": {"id": "dpl_2qK"}},
+        }
+    )
+    return {"x-vercel-signature": _hex(b"vercel-secret", body, hashlib.sha1)}, body
+
+
+def sentry_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """Sentry's documented ``Sentry-Hook-Signature``: hex HMAC-SHA256 of the JSON body, keyed
+    with the client secret. https://docs.sentry.io/integrations/integration-platform/webhooks/"""
+    body = _compact(
+        {
+            "action": "created",
+            "installation": {"uuid": "7a485448-a9e2-4c85-8a3c-4f44175783c9"},
+            "data": {"issue": {"id": "1170820242", "title": "Error: boom"}},
+            "actor": {"type": "application", "id": "sentry", "name": "Sentry"},
+        }
+    )
+    return {
+        "sentry-hook-signature": _hex(b"sentry-client-secret", body),
+        "sentry-hook-resource": "issue",
+        "sentry-hook-timestamp": str(int(now)),
+        "request-id": "a0e4b2cc-9f4c-4c1b-8f4e-6a1c7d7f9b11",
+        "content-type": "application/json",
+    }, body
+
+
+def pagerduty_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """PagerDuty's documented ``X-PagerDuty-Signature: v1=<hex>[,v1=<hex>]`` (one per secret).
+    https://developer.pagerduty.com/docs/webhooks/webhook-signatures/"""
+    body = _compact(
+        {
+            "event": {
+                "id": "01BZ9PQ7X6XJDXW8RJ4VC3T2DN",
+                "event_type": "incident.triggered",
+                "resource_type": "incident",
+                "occurred_at": "2020-10-02T18:45:22.169Z",
+                "account": {"id": "PQ6T4N1", "type": "account_reference"},
+                "data": {"id": "PGR0VU2", "type": "incident", "title": "A little bump"},
+            }
+        }
+    )
+    old, new = _hex(b"pagerduty-old", body), _hex(b"pagerduty-secret", body)
+    return {"x-pagerduty-signature": f"v1={old},v1={new}"}, body
+
+
+def docusign_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """DocuSign Connect's documented HMAC: base64 HMAC-SHA256 of the body in
+    ``X-DocuSign-Signature-<n>``, one per key. https://developers.docusign.com/platform/webhooks/connect/hmac/"""
+    body = _compact(
+        {
+            "event": "envelope-completed",
+            "apiVersion": "v2.1",
+            "uri": "/restapi/v2.1/accounts/b2f1/envelopes/93be49ab",
+            "retryCount": 0,
+            "configurationId": 10418,
+            "generatedDateTime": "2023-11-14T22:13:20.0000000Z",
+            "data": {"accountId": "b2f1", "userId": "d94a", "envelopeId": "93be49ab"},
+        }
+    )
+    return {
+        "x-docusign-signature-1": _b64(b"docusign-other-key", body),
+        "x-docusign-signature-2": _b64(b"docusign-key", body),
+        "content-type": "application/json",
+    }, body
+
+
+def okta_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """Okta event hooks send the configured header value as is.
+    https://developer.okta.com/docs/concepts/event-hooks/"""
+    body = _compact(
+        {
+            "eventType": "com.okta.event_hook",
+            "eventTypeVersion": "1.0",
+            "eventId": "b5a188b9-5ece-4636-b041-482ffda96311",
+            "eventTime": "2019-03-27T16:59:53.032Z",
+            "data": {"events": [{"uuid": "4f2e", "eventType": "user.session.start"}]},
+        }
+    )
+    return {"authorization": "okta-hook-secret", "content-type": "application/json"}, body
+
+
+def _basic(credentials: bytes) -> str:
+    return "Basic " + base64.b64encode(credentials).decode()
+
+
+def pipedrive_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """Pipedrive's webhooks v2 carry ``http_auth_user``/``http_auth_password`` as HTTP Basic.
+    https://pipedrive.readme.io/docs/guide-for-webhooks-v2"""
+    body = _compact(
+        {
+            "meta": {
+                "action": "create",
+                "entity": "deal",
+                "company_id": "123123",
+                "entity_id": "123",
+                "id": "123456789-1234-1234-1234-123456789012",
+                "timestamp": "2023-01-01T00:00:00.000Z",
+                "version": "2.0",
+                "attempt": 1,
+            },
+            "data": {"id": 123, "title": "deal"},
+            "previous": None,
+        }
+    )
+    return {"authorization": _basic(b"hooks:pipedrive-password")}, body
+
+
+def chargebee_delivery(url: str, now: float) -> tuple[dict[str, str], bytes]:
+    """Chargebee protects webhooks with HTTP Basic credentials.
+    https://www.chargebee.com/docs/2.0/webhook_settings.html"""
+    body = _compact(
+        {
+            "id": "ev_16BPgETyVrQbiGhA",
+            "occurred_at": 1700000000,
+            "object": "event",
+            "api_version": "v2",
+            "content": {"subscription": {"id": "16BPgETyVrQbiGh8", "status": "active"}},
+            "event_type": "subscription_created",
+        }
+    )
+    return {"authorization": _basic(b"hooks:chargebee-password")}, body
+
+
 # -- the cases --------------------------------------------------------------------------
 
 
@@ -629,6 +1008,126 @@ CASES = [
         "list_folder",
         dedupe=False,
     ),
+    Case(
+        "razorpay",
+        lambda: sources.razorpay(secrets=["razorpay-secret"]),
+        razorpay_delivery,
+        "FEpYQ3LWrQ7qbc",
+        "payment.captured",
+    ),
+    Case(
+        "coinbase_commerce",
+        lambda: sources.coinbase_commerce(secrets=["coinbase-secret"]),
+        coinbase_commerce_delivery,
+        "24934862-d980-46cb-9402-43c81b0cdba6",
+        "charge:created",
+    ),
+    Case(
+        "twitch",
+        lambda: sources.twitch(secrets=["twitch-secret"]),
+        twitch_delivery,
+        "e76c6bd4-55c9-4987-8304-da1588d8988b",
+        "channel.follow",
+        tolerance=600,
+    ),
+    Case(
+        "box",
+        lambda: sources.box(secrets=["box-key"]),
+        box_delivery,
+        "25ee8a5c-9a9b-4a37-8e1d-7f1b1d5f1e83",
+        "FILE.UPLOADED",
+        tolerance=600,
+    ),
+    Case(
+        "workos",
+        lambda: sources.workos(secrets=["workos-secret"]),
+        workos_delivery,
+        "event_01H2GQD7FJY9S6RFYHAF8MCRZB",
+        "user.created",
+        tolerance=180,
+    ),
+    Case(
+        "recurly",
+        lambda: sources.recurly(secrets=["recurly-key"]),
+        recurly_delivery,
+        "sjbxo83gpyq6",
+        "subscription.created",
+        tolerance=300,
+    ),
+    Case(
+        "zendesk",
+        lambda: sources.zendesk(secrets=["zendesk-secret"]),
+        zendesk_delivery,
+        "cbe4028c-7239-495d-b020-f22348516046",
+        "zen:event-type:ticket.created",
+        tolerance=300,
+    ),
+    Case(
+        "asana",
+        lambda: sources.asana(secrets=["asana-hook-secret"]),
+        asana_delivery,
+        derived_id(json.loads(ASANA_BODY)),
+        "task.changed",
+    ),
+    Case(
+        "notion",
+        lambda: sources.notion(secrets=["secret_notion_verification_token"]),
+        notion_delivery,
+        "367cba44-b6f3-4c92-81e7-6a2e9659efd4",
+        "page.created",
+    ),
+    Case(
+        "vercel",
+        lambda: sources.vercel(secrets=["vercel-secret"]),
+        vercel_delivery,
+        "uev_ZmFrZWV2ZW50MQ",
+        "deployment.succeeded",
+    ),
+    Case(
+        "sentry",
+        lambda: sources.sentry(secrets=["sentry-client-secret"]),
+        sentry_delivery,
+        "a0e4b2cc-9f4c-4c1b-8f4e-6a1c7d7f9b11",
+        "issue.created",
+    ),
+    Case(
+        "pagerduty",
+        lambda: sources.pagerduty(secrets=["pagerduty-secret"]),
+        pagerduty_delivery,
+        "01BZ9PQ7X6XJDXW8RJ4VC3T2DN",
+        "incident.triggered",
+    ),
+    Case(
+        "docusign",
+        lambda: sources.docusign(secrets=["docusign-key"]),
+        docusign_delivery,
+        "93be49ab:envelope-completed:2023-11-14T22:13:20.0000000Z",
+        "envelope-completed",
+    ),
+    Case(
+        "okta",
+        lambda: sources.okta(secrets=["okta-hook-secret"]),
+        okta_delivery,
+        "b5a188b9-5ece-4636-b041-482ffda96311",
+        "user.session.start",
+        tamper=_flip_header("authorization"),
+    ),
+    Case(
+        "pipedrive",
+        lambda: sources.pipedrive(secrets=["hooks:pipedrive-password"]),
+        pipedrive_delivery,
+        "deal:123:create:123456789-1234-1234-1234-123456789012:2023-01-01T00:00:00.000Z",
+        "deal.create",
+        tamper=_flip_header("authorization"),
+    ),
+    Case(
+        "chargebee",
+        lambda: sources.chargebee(secrets=["hooks:chargebee-password"]),
+        chargebee_delivery,
+        "ev_16BPgETyVrQbiGhA",
+        "subscription_created",
+        tamper=_flip_header("authorization"),
+    ),
 ]
 IDS = [c.name for c in CASES]
 
@@ -823,6 +1322,51 @@ async def test_unsigned_handshakes_are_answered_and_nothing_is_stored(
     assert (await _post(f"{base}/dropbox", {}, b"", method="GET"))[0] == 405
     assert (await _post(f"{base}/stripe?challenge=x", {}, b"", method="GET"))[0] == 405
     for name in ("msgraph", "twitter", "dropbox", "woocommerce"):
+        assert await _inbox(box, name) == [], name
+
+
+async def test_handshakes_of_providers_described_as_data(
+    served_box: tuple[Relaybox, Served], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Asana's X-Hook-Secret echo, Twitch's signed challenge, Okta's verification GET and
+    Notion's verification token, each through the real receiver, storing nothing."""
+    box, served = served_box
+    base = served.url + "/webhooks"
+    # Asana: POST with X-Hook-Secret, answered 200 with the same header (the documented
+    # example: https://developers.asana.com/reference/createwebhook).
+    secret = "b537207f20cbfa02357cf448134da559e8bd39d61597dcd5631b8012eae53e81"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{base}/asana", headers={"X-Hook-Secret": secret}) as response,
+    ):
+        assert (response.status, response.headers.get("X-Hook-Secret")) == (200, secret)
+    # Twitch: a signed webhook_callback_verification answered with the raw challenge.
+    body = _compact(
+        {"challenge": "pogchamp-kappa-360noscope-vohiyo", "subscription": TWITCH_SUBSCRIPTION}
+    )
+    headers = _twitch_headers(body, NOW, "webhook_callback_verification")
+    status, answer, kind = await _post(f"{base}/twitch", headers, body)
+    assert (status, answer, kind.split(";")[0]) == (
+        200,
+        b"pogchamp-kappa-360noscope-vohiyo",
+        "text/plain",
+    )
+    forged = {**headers, "twitch-eventsub-message-signature": "sha256=" + "0" * 64}
+    assert (await _post(f"{base}/twitch", forged, body))[0] == 401
+    # Okta: GET with X-Okta-Verification-Challenge, answered {"verification": ...}.
+    challenge = {"X-Okta-Verification-Challenge": "rKhRJA6tLVHwMF-Kjxk5oRQx3pCOGYRLw0zm4ChR"}
+    status, answer, _ = await _post(f"{base}/okta", challenge, b"", method="GET")
+    assert (status, json.loads(answer)) == (200, {"verification": challenge.popitem()[1]})
+    # Notion: the unsigned verification_token POST is answered 200 and logged.
+    token = _compact({"verification_token": "secret_tMrlL1qK5vuQAh1b6cZGhFChZTSYJlce98V0pYn7yBl"})
+    with caplog.at_level("WARNING", logger="relaybox.sources.notion"):
+        status, _, _ = await _post(f"{base}/notion", {"content-type": "application/json"}, token)
+    assert status == 200
+    assert "secret_tMrlL1qK5vuQAh1b6cZGhFChZTSYJlce98V0pYn7yBl" in caplog.text
+    # Any other unsigned request to them is still refused.
+    assert (await _post(f"{base}/notion", {}, _compact({"id": "x", "type": "t"})))[0] == 401
+    assert (await _post(f"{base}/okta", {}, b"", method="GET"))[0] == 405
+    for name in ("asana", "twitch", "okta", "notion"):
         assert await _inbox(box, name) == [], name
 
 

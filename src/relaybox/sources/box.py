@@ -45,7 +45,11 @@ class BoxSource(SchemeSource):
             "webhook": {"id": event.account, "type": "webhook"},
             "source": {"id": "12345", "type": "file", "name": "relaybox.txt"},
         },
-        headers=lambda event: {"BOX-DELIVERY-ID": event.id, "BOX-SIGNATURE-VERSION": "1"},
+        headers=lambda event: {
+            "BOX-DELIVERY-ID": event.id,
+            "BOX-SIGNATURE-ALGORITHM": "HmacSHA256",
+            "BOX-SIGNATURE-VERSION": "1",
+        },
     )
 
 
