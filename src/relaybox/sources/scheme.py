@@ -699,5 +699,6 @@ def factory(cls: type[S], doc: str) -> Callable[..., S]:
         return cls(secrets=secrets, **options)
 
     make.__name__ = make.__qualname__ = cls.provider
+    make.__module__ = cls.__module__
     make.__doc__ = doc
     return make
