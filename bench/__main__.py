@@ -1,4 +1,5 @@
-"""python -m bench accept|process|dispatch|growth|size|latency|slow|all [--quick] [--seconds N]"""
+"""python -m bench accept|process|dispatch|growth|size|latency|slow|filters|all [--quick]
+[--seconds N]"""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument(
         "which",
-        choices=["accept", "process", "dispatch", "growth", "size", "latency", "slow", "all"],
+        choices=("accept process dispatch growth size latency slow filters all").split(),
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--seconds", type=int, default=10)
@@ -78,6 +79,10 @@ def main() -> None:
         from bench import slow
 
         tables.append(slow.main(quick=args.quick))
+    if args.which in ("filters", "all"):
+        from bench import filters
+
+        tables.append(filters.main(quick=args.quick, seconds=args.seconds))
     print()
     print("\n\n".join(tables))
     after = cpu_reference(additions)
