@@ -1,6 +1,8 @@
 """Payload filters (relaybox.outbound.filters): hypothesis checks evaluate() against a
-reference evaluator written here from the documented grammar, and check() refuses what
-is outside it with a message naming the place. No database."""
+reference evaluator written here from the documented grammar, and the compiled filters
+fan-out runs (compile_filter) against evaluate(); check() refuses what is outside the
+grammar with a message naming the place, and what costs more than its bound; cost()
+bounds the work of an evaluation. No database."""
 
 from __future__ import annotations
 
@@ -11,7 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relaybox.outbound.filters import InvalidFilter, check, evaluate
+from relaybox.outbound.filters import (
+    InvalidFilter,
+    check,
+    compile_filter,
+    cost,
+    evaluate,
+    parse,
+)
 
 BOUNDS = {"max_depth": 8, "max_bytes": 4096}
 
@@ -324,3 +333,124 @@ def test_check_bounds_depth_and_size() -> None:
         very_deep = [very_deep]
     with pytest.raises(InvalidFilter, match=r"not a JSON document|levels deep"):
         check({"a": very_deep}, **BOUNDS)
+
+
+# -- compiled filters and their cost --------------------------------------------------------
+
+# Values that JSON equality tells apart where Python's does not (true / 1 / 1.0 / "1"),
+# and lists and objects inside $in and $nin, which the compiled filter compares whole.
+twins = st.sampled_from([0, 1, -1, 0.0, 1.0, -0.0, 2.5, True, False, None, "1", "", 10**20, 1e20])
+wide_values = st.recursive(
+    st.one_of(scalars, twins),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(KEYS), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+wide_documents = st.dictionaries(st.sampled_from(KEYS), wide_values, max_size=4)
+wide_operators = st.one_of(
+    st.tuples(st.sampled_from(["$eq", "$neq"]), wide_values),
+    st.tuples(st.sampled_from(["$in", "$nin"]), st.lists(wide_values, max_size=6)),
+    st.tuples(st.sampled_from(["$gt", "$gte", "$lt", "$lte"]), orderable),
+    st.tuples(st.just("$exists"), st.booleans()),
+)
+wide_filters = st.recursive(
+    st.dictionaries(paths, st.lists(wide_operators, min_size=1, max_size=3).map(dict), max_size=3),
+    lambda inner: st.builds(
+        lambda op, subs, rest: {**rest, op: subs},
+        st.sampled_from(["$and", "$or"]),
+        st.lists(inner, min_size=1, max_size=3),
+        st.dictionaries(paths, conditions, max_size=2),
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=focused())
+def test_compiled_filters_agree_with_evaluate_on_each_operator(
+    case: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    spec, doc = case
+    assert compile_filter(spec).holds(doc) is evaluate(spec, doc)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=st.one_of(filters, wide_filters), doc=st.one_of(documents, wide_documents))
+def test_compiled_filters_agree_with_evaluate(spec: dict[str, Any], doc: dict[str, Any]) -> None:
+    check(spec, max_depth=64, max_bytes=1 << 20)
+    compiled = compile_filter(spec)
+    assert compiled.holds(doc) is evaluate(spec, doc)
+    # As fan-out reads them: the filter from its stored text, the envelope from its.
+    stored = compile_filter(json.loads(json.dumps(spec)))
+    assert stored.holds(json.loads(json.dumps(doc))) is evaluate(spec, doc)
+    assert stored.cost == compiled.cost == cost(spec)
+
+
+@pytest.mark.parametrize(
+    ("value", "operand", "expected"),
+    [
+        (1, [True], False),  # true is not 1, though True == 1 in Python
+        (True, [1, 1.0], False),
+        (True, [True], True),
+        (0, [False, None, "0"], False),
+        (1.0, [1], True),  # 1 equals 1.0
+        (-0.0, [0], True),
+        (10**20, [1e20], True),
+        (10**20 + 1, [1e20], False),
+        ([1, True], [[1, True]], True),
+        ([1, True], [[1, 1]], False),
+        ({"a": [1]}, [{"a": [1.0]}], True),
+        (None, [None], True),
+    ],
+)
+def test_in_compares_as_json(value: Any, operand: list[Any], expected: bool) -> None:
+    doc = {"data": {"v": value}}
+    for op, holds in (("$in", expected), ("$nin", not expected)):
+        spec = {"data.v": {op: operand}}
+        assert compile_filter(spec).holds(doc) is holds is evaluate(spec, doc)
+
+
+@pytest.mark.parametrize(
+    ("spec", "steps"),
+    [
+        ({}, 0),
+        ({"type": "order.paid"}, 2),  # one path key, one operator
+        ({"data.customer.country": {"$in": ["PT", "BR"]}, "data.amount": {"$gte": 100}}, 7),
+        ({"data.v": {"$in": [0] * 2030}}, 3),  # a set: one lookup however long
+        ({"data.v": {"$in": [[1, 2], {"a": 1}, 3]}}, 3 + 3 + 2),  # lists/objects whole
+        ({"data.v": {"$eq": [1, [2]]}}, 3 + 4),
+        ({"data.v": {"$gt": 1, "$lt": 5}}, 4),
+        ({"$or": [{"a": 1}, {"b.c": 2}]}, (1 + 2) + (1 + 3)),
+        ({"$and": [{"$or": [{"a": 1}]}], "b": 1}, (1 + (1 + 2)) + 2),
+    ],
+)
+def test_cost_counts_steps(spec: dict[str, Any], steps: int) -> None:
+    assert cost(spec) == steps == compile_filter(spec).cost
+
+
+def test_check_bounds_the_cost() -> None:
+    many = {f"data.k{i}": i for i in range(100)}  # 3 steps each
+    assert check(many, **BOUNDS, max_cost=300) == many
+    with pytest.raises(
+        InvalidFilter, match=r"^filter: 300 steps to evaluate, over the limit of 299 \(a step is"
+    ):
+        check(many, **BOUNDS, max_cost=299)
+    # The largest $in that fits the size costs next to nothing: it is a set.
+    zeros = {"data.v": {"$in": [0] * 2030}}
+    assert check(zeros, **BOUNDS, max_cost=3) == zeros
+
+
+def test_parse_reads_text_and_refuses_what_json_cannot_read() -> None:
+    assert parse(' {"data.v": 1} ', **BOUNDS) == {"data.v": 1}
+    with pytest.raises(InvalidFilter, match=r"^filter: not valid JSON"):
+        parse("{nope", **BOUNDS)
+    with pytest.raises(InvalidFilter, match=r"^data\.v\.\$gt: a number or a string"):
+        parse('{"data.v": {"$gt": [1]}}', **BOUNDS)
+    # Deeper than the parser's stack: a refusal like any other, never RecursionError.
+    deep = '{"a": ' + "[" * 10_000 + "]" * 10_000 + "}"
+    with pytest.raises(InvalidFilter, match=r"^filter: nested too deep to read"):
+        parse(deep, **BOUNDS)
+    shallow_enough = '{"a": {"$eq": ' + "[" * 500 + "]" * 500 + "}}"
+    with pytest.raises(InvalidFilter, match=r"^filter: nested 502 levels deep"):
+        parse(shallow_enough, **BOUNDS)
