@@ -386,8 +386,16 @@ def messages_publish(
 
     async def send() -> Any:
         async with box.store.transaction() as conn:
-            keys = {"idempotency_key": idempotency_key, "ordering_key": ordering_key}
-            return await publish(box, conn, event_type, payload, tenant=tenant, **keys)
+            return await publish(
+                box,
+                conn,
+                event_type,
+                payload,
+                tenant=tenant,
+                idempotency_key=idempotency_key,
+                ordering_key=ordering_key,
+                json_data=True,  # parsed from --data
+            )
 
     message = _run(box, send)
     _echo({**message.to_json(), "created": message.created, "endpoints": message.endpoints})

@@ -397,6 +397,7 @@ def build_api(box: Runtime) -> Starlette:
                 tenant=tenant,
                 idempotency_key=key,
                 ordering_key=new.ordering_key,
+                json_data=True,  # parsed from the body's JSON text
             )
         return JSONResponse(message.to_json(), status_code=202 if message.created else 200)
 

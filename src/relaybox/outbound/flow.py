@@ -27,6 +27,7 @@ import structlog
 
 from relaybox.errors import Conflict
 from relaybox.outbound.endpoints import get_endpoint
+from relaybox.outbound.filters import compile_filter
 from relaybox.outbound.publish import wants
 from relaybox.outbound.registry import outbound
 
@@ -115,6 +116,7 @@ async def replay_missing(
         )
     settings, store = outbound(box).settings, box.store
     most = settings.replay_max if limit is None else max(1, min(limit, settings.replay_max))
+    flt = None if endpoint.payload_filter is None else compile_filter(endpoint.payload_filter)
     queued = scanned = 0
     after: tuple[float, str] | None = None
     complete = False
@@ -132,7 +134,7 @@ async def replay_missing(
                     m.event_type,
                     functools.partial(json.loads, m.body),
                     endpoint.event_types,
-                    endpoint.payload_filter,
+                    flt,
                 ):
                     chosen.append(m.id)
                     if queued + len(chosen) >= most:

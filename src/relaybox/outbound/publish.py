@@ -12,10 +12,12 @@ Nothing is sent here; the dispatcher delivers after COMMIT.
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import functools
 import json
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.bodies import NotJsonNumber, text_problem, write_json
 from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, check_schema
-from relaybox.outbound.filters import matching
+from relaybox.outbound.filters import CompiledFilter, compile_filter
 from relaybox.outbound.registry import outbound
 from relaybox.store.outbox_rows import Message, NewMessage, new_id
 
@@ -38,6 +40,7 @@ __all__ = [
     "new_message",
     "publish",
     "published",
+    "stored_filter",
     "targets",
     "wants",
 ]
@@ -57,35 +60,84 @@ def wants(
     event_type: str,
     envelope: Callable[[], Any],
     patterns: Sequence[str],
-    payload_filter: Mapping[str, Any] | None,
+    payload_filter: CompiledFilter | Mapping[str, Any] | None,
 ) -> bool:
     """Does an endpoint subscribed to ``patterns`` with ``payload_filter`` get this
     message? ``envelope`` gives the parsed envelope, read only when there is a filter
-    (the one rule of a subscription: publish and replay missing both ask here)."""
+    (the one rule of a subscription: publish and replay missing both ask here). A
+    caller asking about many messages passes the filter compiled once
+    (:func:`~relaybox.outbound.filters.compile_filter`)."""
     if not matches(event_type, patterns):
         return False
-    return payload_filter is None or matching(payload_filter, envelope())
+    if payload_filter is None:
+        return True
+    if not isinstance(payload_filter, CompiledFilter):
+        payload_filter = compile_filter(payload_filter)
+    return payload_filter.holds(envelope())
+
+
+SLICE = 0.002
+"""Seconds of fan-out work a publish does on the event loop before it lets other tasks
+run (:func:`fan_out_sliced`)."""
 
 
 def fan_out(
-    subscribers: Sequence[tuple[str, str, str | None]], event_type: str, body: str
+    subscribers: Sequence[tuple[str, str, str | None]],
+    event_type: str,
+    body: str,
+    *,
+    envelope: Any = None,
 ) -> list[str]:
     """The endpoints among ``subscribers`` (id, event type patterns as JSON text, payload
     filter as JSON text or ``None``: :meth:`Store.publish_context`) that get a
-    message of ``event_type`` whose envelope is the JSON text ``body``."""
-    parsed: list[Any] = []
+    message of ``event_type`` whose envelope is the JSON text ``body`` (``envelope``:
+    that text already parsed, when the caller has it)."""
+    return [eid for eid in _choices(subscribers, event_type, body, envelope) if eid]
 
-    def envelope() -> Any:
-        if not parsed:
-            parsed.append(json.loads(body))
-        return parsed[0]
 
-    return [
-        eid
-        for eid, patterns, flt in subscribers
-        if _subscribed(event_type, patterns)
-        and (flt is None or matching(_payload_filter(flt), envelope()))
-    ]
+async def fan_out_sliced(
+    subscribers: Sequence[tuple[str, str, str | None]],
+    event_type: str,
+    body: str,
+    *,
+    envelope: Any = None,
+) -> list[str]:
+    """:func:`fan_out` on the event loop, in slices: after each :data:`SLICE` of work
+    (compiling filters this process has not seen yet, evaluating them) it lets the
+    other tasks run, so that a tenant with many large filters delays nobody else by
+    more than a slice. What a publish evaluates is bounded when filters are saved
+    (``filter_max_cost``, ``filter_tenant_max_cost``); compiling is bounded per filter
+    by its size and happens once per filter and process (:func:`stored_filter`)."""
+    chosen: list[str] = []
+    began = time.perf_counter()
+    for eid in _choices(subscribers, event_type, body, envelope):
+        if eid:
+            chosen.append(eid)
+        if time.perf_counter() - began >= SLICE:
+            await asyncio.sleep(0)
+            began = time.perf_counter()
+    return chosen
+
+
+def _choices(
+    subscribers: Sequence[tuple[str, str, str | None]],
+    event_type: str,
+    body: str,
+    envelope: Any,
+) -> Iterator[str | None]:
+    """Per subscriber in turn: its id when it gets the message, else ``None``. The
+    envelope is parsed from ``body`` at most once, and only when a filter needs it."""
+    parsed: list[Any] = [] if envelope is None else [envelope]
+    for eid, patterns, flt in subscribers:
+        if not _subscribed(event_type, patterns):
+            yield None
+        elif flt is None:
+            yield eid
+        else:
+            compiled = stored_filter(flt)
+            if not parsed:
+                parsed.append(json.loads(body))
+            yield eid if compiled.holds(parsed[0]) else None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -98,11 +150,18 @@ def _subscribed(event_type: str, patterns: str) -> bool:
     return matches(event_type, json.loads(patterns))
 
 
-@functools.lru_cache(maxsize=256)
-def _payload_filter(text: str) -> Mapping[str, Any]:
-    """A payload filter as stored (JSON text), parsed once; only read by ``matching``."""
-    parsed: Mapping[str, Any] = json.loads(text)
-    return parsed
+@functools.lru_cache(maxsize=1024)
+def stored_filter(text: str) -> CompiledFilter:
+    """A payload filter as stored (JSON text, checked when it was saved), compiled
+    once per process: a publish asks it of every filtered endpoint of its tenant, and
+    parsing and compiling each again would cost in proportion to the filters' size,
+    per message. At most 1,024 kept, ten tenants' worth of ``max_endpoints`` with
+    every filter distinct: a filter within the defaults (4 KiB, 250 steps) takes at
+    most ~100 KiB compiled (a few KiB as usually written), so the cache stays under
+    ~100 MiB however tenants write them. One dropped and needed again costs its
+    compile once more: bounded by its size and cost, and done in a slice of its own
+    (:func:`fan_out_sliced`)."""
+    return compile_filter(json.loads(text))
 
 
 async def publish(
@@ -116,12 +175,18 @@ async def publish(
     endpoint_ids: Sequence[str] | None = None,
     api_version: str | None = None,
     ordering_key: str | None = None,
+    json_data: bool = False,
 ) -> Message:
     """Publish ``data`` as ``event_type`` to ``tenant``'s subscribed, enabled
     endpoints (or only to ``endpoint_ids`` among them, subscribed or not: test sends)
     in ``conn``'s transaction. Raises :class:`InvalidMessage` (bad type, data not
     matching the catalog's schema, data that is not JSON text (a lone surrogate),
     body over ``max_payload``, a bad ordering key).
+
+    ``json_data``: ``data`` is what parsing JSON text gave (the tenant API's body), so
+    payload filters read it as it is instead of parsing the message's text again
+    (other Python values, tuples or keys that are not strings, read differently once
+    written as JSON).
 
     ``ordering_key``: the message takes the key's next sequence number (the envelope's
     ``orderingKey`` and ``sequence``, the ``webhook-sequence`` header), and endpoints
@@ -151,7 +216,17 @@ async def publish(
         ordering_key=ordering_key,
         sequence=sequence,
     )
-    found = targets(new, context.subscribers, endpoint_ids)
+    if endpoint_ids is not None:
+        found = targets(new, context.subscribers, endpoint_ids)
+    else:
+        # Data parsed from JSON text is what parsing the envelope's text gives again:
+        # the filters read it in place.
+        envelope = None
+        if json_data:
+            envelope = envelope_of(
+                box, new.id, new.created_at, event_type, data, api_version, ordering_key, sequence
+            )
+        found = await fan_out_sliced(context.subscribers, event_type, new.body, envelope=envelope)
     if not await store.message_publish(conn, new, found):
         # A concurrent publish with this key committed first.
         assert idempotency_key is not None  # only a key conflicts
@@ -210,16 +285,7 @@ def new_message(
     ob = outbound(box)
     now = box.clock.now()
     msg_id = new_id("msg", now)
-    envelope = {
-        "id": msg_id,
-        "type": event_type,
-        "timestamp": envelope_time(now),
-        "data": data,
-        "apiVersion": api_version or ob.settings.api_version,
-    }
-    if ordering_key is not None:
-        envelope["orderingKey"] = ordering_key
-        envelope["sequence"] = sequence
+    envelope = envelope_of(box, msg_id, now, event_type, data, api_version, ordering_key, sequence)
     try:
         text = write_json(envelope, separators=(",", ":"), ensure_ascii=False)
         size = len(text.encode())
@@ -238,6 +304,30 @@ def new_message(
     return NewMessage(
         msg_id, tenant, event_type, idempotency_key, text, now, ordering_key, sequence
     )
+
+
+def envelope_of(
+    box: Runtime,
+    msg_id: str,
+    now: float,
+    event_type: str,
+    data: Any,
+    api_version: str | None,
+    ordering_key: str | None,
+    sequence: int | None,
+) -> dict[str, Any]:
+    """The envelope a receiver gets (:func:`new_message` writes it as JSON text)."""
+    envelope = {
+        "id": msg_id,
+        "type": event_type,
+        "timestamp": envelope_time(now),
+        "data": data,
+        "apiVersion": api_version or outbound(box).settings.api_version,
+    }
+    if ordering_key is not None:
+        envelope["orderingKey"] = ordering_key
+        envelope["sequence"] = sequence
+    return envelope
 
 
 def targets(
