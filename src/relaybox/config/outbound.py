@@ -192,6 +192,20 @@ class OutboundSettings(BaseModel):
     filter_max_depth: int = Field(
         default=8, ge=2, le=32, description="deepest endpoint payload filter (objects and lists)"
     )
+    filter_max_cost: int = Field(
+        default=250,
+        ge=1,
+        le=100_000,
+        description="steps one endpoint payload filter may take per message (each path key, "
+        "operator, $and/$or branch and value compared whole; a $in of plain values is one)",
+    )
+    filter_tenant_max_cost: int = Field(
+        default=4000,
+        ge=1,
+        le=10_000_000,
+        description="steps the payload filters of all of one tenant's endpoints may take "
+        "together per message: what one publish of the tenant evaluates at most",
+    )
     replay_max: int = Field(
         default=1000,
         ge=1,

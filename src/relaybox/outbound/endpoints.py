@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
@@ -24,7 +25,9 @@ from relaybox.outbound.credentials import (
     credentials_at_rest,
     reseal_credentials,
 )
+from relaybox.outbound.filters import COST_RULE, InvalidFilter
 from relaybox.outbound.filters import check as check_filter
+from relaybox.outbound.filters import cost as filter_cost
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind, new_secret, public_form
@@ -136,7 +139,35 @@ def _filter(box: Runtime, spec: dict[str, Any] | None) -> dict[str, Any] | None:
     if spec is None:
         return None
     s = outbound(box).settings
-    return check_filter(spec, max_depth=s.filter_max_depth, max_bytes=s.filter_max_bytes)
+    return check_filter(
+        spec,
+        max_depth=s.filter_max_depth,
+        max_bytes=s.filter_max_bytes,
+        max_cost=s.filter_max_cost,
+    )
+
+
+def _tenant_budget(box: Runtime, spec: dict[str, Any]) -> Callable[[list[str]], None]:
+    """The check of a tenant's filters with ``spec`` (checked) on one of its endpoints:
+    given the filters of its other endpoints (JSON text, whatever their status, so
+    that enabling one needs no check), their costs and this one's together within
+    ``filter_tenant_max_cost``, else :class:`InvalidFilter`. The store runs it under
+    the tenant's lock (:meth:`Store.endpoint_update`). The others are read from their
+    JSON text: a C parse and a walk of their operators, at most ``max_endpoints``
+    filters of ``filter_max_bytes`` each."""
+    limit = outbound(box).settings.filter_tenant_max_cost
+    own = filter_cost(spec)
+
+    def check(others: list[str]) -> None:
+        spent = sum(filter_cost(json.loads(text)) for text in others)
+        if spent + own > limit:
+            raise InvalidFilter(
+                f"filter: {own:,} steps to evaluate, and this tenant's other filters"
+                f" take {spent:,}: over the limit of {limit:,} for all of a tenant's"
+                f" filters together ({COST_RULE})"
+            )
+
+    return check
 
 
 def _extras(
@@ -240,6 +271,7 @@ async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tupl
             now=now,
             headers=None if isinstance(headers, Keep) else headers,
             credentials=None if isinstance(credentials, Keep) else credentials,
+            filters_check=None if payload_filter is None else _tenant_budget(box, payload_filter),
         )
     except EndpointQuotaReached as exc:
         raise EndpointQuotaExceeded(
@@ -300,7 +332,12 @@ async def update_endpoint(
     vault = await ready_to_seal(box) if sealing else None
     headers, credentials = _extras(box, patch, vault)
     await box.store.endpoint_update(
-        write, now=box.clock.now(), headers=headers, credentials=credentials
+        write,
+        now=box.clock.now(),
+        headers=headers,
+        credentials=credentials,
+        # A filter set (not kept, not removed) counts against the tenant's budget.
+        filters_check=_tenant_budget(box, payload_filter) if payload_filter else None,
     )
     if patch.enabled is True:
         await enable_endpoint(box, endpoint_id, tenant=tenant)

@@ -13,7 +13,7 @@ them (arrays on PostgreSQL, JSON text on SQLite: :meth:`Store._ids`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -131,16 +131,20 @@ class OutboxStore:
         now: float,
         headers: str | None = None,
         credentials: tuple[str, str] | None = None,
+        filters_check: Callable[[list[str]], None] | None = None,
     ) -> Endpoint:
         """Create an enabled endpoint, its lane and its first (sealed) secret, with its
         headers and credentials (:meth:`endpoint_extras_write`). Creates of one tenant
         run one at a time, so the quota holds: raises :class:`EndpointQuotaReached`
-        when the tenant has ``quota`` endpoints."""
+        when the tenant has ``quota`` endpoints. ``filters_check`` as in
+        :meth:`endpoint_update`."""
         async with self.transaction() as conn:
             await self.first(conn, "endpoint_quota_lock", (endpoint.tenant,))
             count = await self.first(conn, "endpoint_count", (endpoint.tenant,))
             if count[0] >= quota:
                 raise EndpointQuotaReached(int(count[0]))
+            if filters_check is not None:
+                await self._check_filters(conn, endpoint, filters_check)
             await self.rows(conn, "endpoint_insert", self._endpoint_params(endpoint, now))
             await self.lane_upsert(conn, endpoint.id, endpoint.max_in_flight, endpoint.rate_limit)
             await self.rows(conn, "endpoint_secret_insert", (endpoint.id, sealed_secret, now))
@@ -170,10 +174,18 @@ class OutboxStore:
         now: float,
         headers: str | Keep | None = KEEP,
         credentials: tuple[str, str] | Keep | None = KEEP,
+        filters_check: Callable[[list[str]], None] | None = None,
     ) -> None:
         """Write every mutable field and the lane settings of the tenant's endpoint, and
-        its headers and credentials unless :data:`KEEP` (:meth:`endpoint_extras_write`)."""
+        its headers and credentials unless :data:`KEEP` (:meth:`endpoint_extras_write`).
+        ``filters_check``, given when the endpoint's payload filter changes, is called
+        first with the payload filters (JSON text) of the tenant's other endpoints,
+        under the tenant's lock (one create or filter change per tenant at a time, as
+        the quota): it raises to refuse the write."""
         async with self.transaction() as conn:
+            if filters_check is not None:
+                await self.first(conn, "endpoint_quota_lock", (endpoint.tenant,))
+                await self._check_filters(conn, endpoint, filters_check)
             await self.rows(conn, "endpoint_update", self._endpoint_params(endpoint, now))
             await self.lane_upsert(conn, endpoint.id, endpoint.max_in_flight, endpoint.rate_limit)
             await self.endpoint_extras_write(
@@ -181,6 +193,15 @@ class OutboxStore:
             )
             if not endpoint.ordered:  # nothing of it waits for its key any more
                 await self.rows(conn, "ordering_clear", (endpoint.id,))
+
+    async def _check_filters(
+        self,
+        conn: AsyncConnection,
+        endpoint: EndpointWrite,
+        filters_check: Callable[[list[str]], None],
+    ) -> None:
+        found = await self.rows(conn, "endpoint_filters", (endpoint.tenant, endpoint.id))
+        filters_check([str(r[0]) for r in found])
 
     async def endpoint_delete(
         self, endpoint_id: str, tenant: str, *, reason: str, now: float

@@ -9,14 +9,22 @@ INSERT INTO relaybox_endpoints
 VALUES ($1, $2, $3, $4, $5, 'enabled', $6, $7, $8, $9, $9, $10, $11, $12)
 
 -- name: endpoint_quota_lock
--- Creating an endpoint: one create per tenant at a time (a transaction-scoped advisory
--- lock on the tenant), so that endpoint_count, a statement after it with its own
--- snapshot, sees every endpoint committed before, and the quota holds.
+-- Creating an endpoint or changing its payload filter: one at a time per tenant (a
+-- transaction-scoped advisory lock on the tenant), so that endpoint_count and
+-- endpoint_filters, statements after it with their own snapshots, see every endpoint
+-- committed before, and the quota and the tenant's filter cost hold.
 SELECT pg_advisory_xact_lock(hashtextextended('relaybox.endpoints:' || $1::text, 0))
 
 -- name: endpoint_count
 -- The tenant's endpoints (relaybox_endpoints_tenant index).
 SELECT count(*)::int AS n FROM relaybox_endpoints WHERE tenant = $1
+
+-- name: endpoint_filters
+-- The payload filters of tenant $1's endpoints other than $2, whatever their status:
+-- what a filter saved on $2 adds to (filter_tenant_max_cost).
+SELECT payload_filter FROM relaybox_endpoints
+WHERE tenant = $1 AND id <> $2 AND payload_filter IS NOT NULL
+ORDER BY id
 
 -- name: endpoint_update
 -- Every mutable field at once: the caller merged the patch into the current row.

@@ -10,12 +10,17 @@ INSERT INTO relaybox_endpoints
 VALUES (?1, ?2, ?3, ?4, ?5, 'enabled', ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12)
 
 -- name: endpoint_quota_lock
--- Nothing to lock: the transaction began IMMEDIATE (one writer), so endpoint_count
--- sees every endpoint committed before and no other create runs meanwhile.
+-- Nothing to lock: the transaction began IMMEDIATE (one writer), so endpoint_count and
+-- endpoint_filters see every endpoint committed before and no other write runs meanwhile.
 SELECT ?1 AS tenant
 
 -- name: endpoint_count
 SELECT count(*) AS n FROM relaybox_endpoints WHERE tenant = ?1
+
+-- name: endpoint_filters
+SELECT payload_filter FROM relaybox_endpoints
+WHERE tenant = ?1 AND id <> ?2 AND payload_filter IS NOT NULL
+ORDER BY id
 
 -- name: endpoint_update
 UPDATE relaybox_endpoints
