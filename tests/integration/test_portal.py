@@ -505,6 +505,31 @@ async def test_payload_filters_are_edited_checked_and_applied_at_fan_out(
         assert await delivered_to(endpoint_id, large.id)
 
 
+async def test_a_filter_nested_too_deep_to_read_is_refused_like_any_bad_filter(
+    box: Relaybox, server: str, http: aiohttp.ClientSession
+) -> None:
+    """A filter nested 10,000 deep (deeper than the JSON parser's stack) on the create
+    and edit forms: 422 and the form again with the problem, as the tenant API refuses
+    it (400 there: its whole body is that JSON); nothing stored. It was a 500."""
+    portal = await portal_for(box, http, server, "client-42")
+    deep = '{"data.a": {"$eq": ' + "[" * 10_000 + "]" * 10_000 + "}}"
+    problem = "filter: nested too deep to read, over the limit of 8"
+    status, _, text = await portal.post(
+        "/endpoints", {"url": "https://hooks.example.com/x", "filter": deep}
+    )
+    assert status == 422, text
+    assert problem in html.unescape(text) and 'id="create-endpoint"' in text
+    assert await box.store.endpoint_list("client-42", limit=10) == []
+    endpoint_id, _ = await endpoint(box, "https://hooks.example.com/x", tenant="client-42")
+    status, _, text = await portal.post(
+        f"/endpoints/{endpoint_id}", {"url": "https://hooks.example.com/x", "filter": deep}
+    )
+    assert status == 422, text
+    assert problem in html.unescape(text) and 'id="edit-endpoint"' in text
+    found = await box.store.endpoint_get(endpoint_id, "client-42")
+    assert found is not None and found.payload_filter is None
+
+
 async def test_idempotency_key_search_is_exact_in_the_portal_and_the_api(
     box: Relaybox, server: str, http: aiohttp.ClientSession
 ) -> None:

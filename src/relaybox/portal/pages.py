@@ -32,7 +32,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from relaybox.bodies import parse_json
 from relaybox.ops.delivery_log import (
     STATUSES,
     LogFilter,
@@ -45,7 +44,7 @@ from relaybox.outbound import deliveries, endpoints, flow
 from relaybox.outbound.catalog import list_event_types
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec
 from relaybox.outbound.filters import InvalidFilter
-from relaybox.outbound.filters import check as check_filter
+from relaybox.outbound.filters import parse as parse_filter
 from relaybox.outbound.portal_links import TokenRefused, end_session, open_link
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
@@ -90,20 +89,20 @@ def _number(form: dict[str, str], name: str) -> float | None:
 
 
 def _payload_filter(page: Page, *, empty: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The form's ``filter`` (a JSON text) checked by the same rule as the tenant API
-    (:func:`relaybox.outbound.filters.check` with the settings' bounds); ``None`` when
-    the form has no such field, ``empty`` when it is blank. Raises :class:`InvalidFilter`."""
+    """The form's ``filter`` (a JSON text) read and checked by the same rule as the
+    tenant API (:func:`relaybox.outbound.filters.parse` with the settings' bounds);
+    ``None`` when the form has no such field, ``empty`` when it is blank. Raises
+    :class:`InvalidFilter`."""
     if "filter" not in page.form:
         return None
     raw = page.form["filter"].strip()
     if not raw:
         return empty
-    try:
-        spec = parse_json(raw)
-    except ValueError as exc:  # NaN, Infinity and 1e999 too: not JSON
-        raise InvalidFilter(f"filter: not valid JSON ({exc})") from None
     s = outbound(page.box).settings
-    return check_filter(spec, max_depth=s.filter_max_depth, max_bytes=s.filter_max_bytes)
+    spec: dict[str, Any] = parse_filter(
+        raw, max_depth=s.filter_max_depth, max_bytes=s.filter_max_bytes
+    )
+    return spec
 
 
 async def _endpoint(page: Page) -> Endpoint:
