@@ -7,8 +7,8 @@ SQLite and PostgreSQL.
   evaluation, ~80 ms and more per message, in one go), and another tenant's publish
   and ``/healthz`` keep answering.
 * Filters are bounded when saved: each by ``filter_max_cost``, all of a tenant's
-  together by ``filter_tenant_max_cost`` (422 ``invalid_filter``, nothing written),
-  also when two changes race.
+  together by ``filter_tenant_max_cost`` and ``filter_tenant_max_bytes`` (422
+  ``invalid_filter``, nothing written), also when changes race.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from tests.conftest import KEYED, Served
 from tests.support.outbound_app import local
 
 ZEROS = 8_000
-"""The attacker's ``$in`` list: 16 KB of zeros (``filter_max_bytes`` raised to allow
-it), four times the issue's 4,080-byte filter, so that the code before the fix spends
-well over the bound per message even on a fast machine."""
+"""The attacker's ``$in`` list: 16 KB of zeros (``filter_max_bytes`` and
+``filter_tenant_max_bytes`` raised to allow 100 of them), four times the issue's
+4,080-byte filter, so that the code before the fix spends well over the bound per
+message even on a fast machine."""
 
 
 @contextlib.asynccontextmanager
@@ -99,7 +100,8 @@ async def test_a_tenants_filters_do_not_hold_the_event_loop(
 ) -> None:
     big = {"data.v": {"$in": [0] * ZEROS}}
     size = len(json.dumps(big, separators=(",", ":")))
-    async with serve(database_url, clock, filter_max_bytes=size) as (url, keys):
+    bounds = {"filter_max_bytes": size, "filter_tenant_max_bytes": 100 * size}
+    async with serve(database_url, clock, **bounds) as (url, keys):
         async with client(url, keys["attacker"]) as attacker:
             ids = []
             for i in range(100):
@@ -178,6 +180,29 @@ async def test_filters_are_bounded_in_cost_when_saved(
             for _ in range(2):
                 r = await api.post("/endpoints", json={**new, "filter": six})
                 assert r.status_code == 201, r.text
+
+
+async def test_a_tenants_filters_are_bounded_in_bytes(
+    database_url: str, clock: FrozenClock
+) -> None:
+    """``filter_tenant_max_bytes``: the filters of all of a tenant's endpoints, as
+    compact JSON (what a publish reads of them), together."""
+    async with serve(database_url, clock, filter_tenant_max_bytes=100) as (url, keys):
+        forty = {"data.sku": {"$in": ["A-1", "A-2"]}, "x": 1}
+        assert len(json.dumps(forty, separators=(",", ":"))) == 40
+        new = {"url": "https://hooks.example.com/x", "event_types": ["f.*"]}
+        async with client(url, keys["attacker"]) as api:
+            for _ in range(2):
+                r = await api.post("/endpoints", json={**new, "filter": forty})
+                assert r.status_code == 201, r.text
+            r = await api.post("/endpoints", json={**new, "filter": forty})
+            assert r.status_code == 422, r.text
+            assert r.json() == {
+                "error": "invalid_filter",
+                "message": "filter: 40 bytes as JSON, and this tenant's other filters take 80:"
+                " over the limit of 100 for all of a tenant's filters together",
+            }
+            assert len((await api.get("/endpoints")).json()["data"]) == 2
 
 
 async def test_concurrent_filter_changes_respect_the_tenants_budget(

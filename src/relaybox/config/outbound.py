@@ -206,6 +206,13 @@ class OutboundSettings(BaseModel):
         description="steps the payload filters of all of one tenant's endpoints may take "
         "together per message: what one publish of the tenant evaluates at most",
     )
+    filter_tenant_max_bytes: int = Field(
+        default=65536,
+        ge=64,
+        le=100 * 1024 * 1024,
+        description="JSON bytes of the payload filters of all of one tenant's endpoints "
+        "together: what one publish of the tenant reads of them at most",
+    )
     replay_max: int = Field(
         default=1000,
         ge=1,

@@ -34,7 +34,13 @@ from relaybox.outbound.signing import SecretKind, new_secret, public_form
 from relaybox.outbound.ssrf import UnsafeDestination
 from relaybox.outbound.vault import MISSING_HINT, KeyFileError, Vault
 from relaybox.store.credentials import KEEP, Keep
-from relaybox.store.outbox_rows import Endpoint, EndpointQuotaReached, EndpointWrite, new_id
+from relaybox.store.outbox_rows import (
+    Endpoint,
+    EndpointQuotaReached,
+    EndpointWrite,
+    filter_text,
+    new_id,
+)
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -149,22 +155,30 @@ def _filter(box: Runtime, spec: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _tenant_budget(box: Runtime, spec: dict[str, Any]) -> Callable[[list[str]], None]:
     """The check of a tenant's filters with ``spec`` (checked) on one of its endpoints:
-    given the filters of its other endpoints (JSON text, whatever their status, so
-    that enabling one needs no check), their costs and this one's together within
-    ``filter_tenant_max_cost``, else :class:`InvalidFilter`. The store runs it under
+    given the filters of its other endpoints (JSON text as stored, whatever their
+    status, so that enabling one needs no check), their costs and this one's together
+    within ``filter_tenant_max_cost``, and their sizes within
+    ``filter_tenant_max_bytes``, else :class:`InvalidFilter`. The store runs it under
     the tenant's lock (:meth:`Store.endpoint_update`). The others are read from their
-    JSON text: a C parse and a walk of their operators, at most ``max_endpoints``
-    filters of ``filter_max_bytes`` each."""
-    limit = outbound(box).settings.filter_tenant_max_cost
-    own = filter_cost(spec)
+    text: at most ``max_endpoints`` filters of ``filter_max_bytes`` each, each a C
+    parse and a walk of its operators."""
+    settings = outbound(box).settings
+    own_cost, own_size = filter_cost(spec), len(filter_text(spec).encode())
 
     def check(others: list[str]) -> None:
-        spent = sum(filter_cost(json.loads(text)) for text in others)
-        if spent + own > limit:
+        size = sum(len(text.encode()) for text in others)
+        if size + own_size > settings.filter_tenant_max_bytes:
             raise InvalidFilter(
-                f"filter: {own:,} steps to evaluate, and this tenant's other filters"
-                f" take {spent:,}: over the limit of {limit:,} for all of a tenant's"
-                f" filters together ({COST_RULE})"
+                f"filter: {own_size:,} bytes as JSON, and this tenant's other filters"
+                f" take {size:,}: over the limit of {settings.filter_tenant_max_bytes:,}"
+                " for all of a tenant's filters together"
+            )
+        cost = sum(filter_cost(json.loads(text)) for text in others)
+        if cost + own_cost > settings.filter_tenant_max_cost:
+            raise InvalidFilter(
+                f"filter: {own_cost:,} steps to evaluate, and this tenant's other filters"
+                f" take {cost:,}: over the limit of {settings.filter_tenant_max_cost:,}"
+                f" for all of a tenant's filters together ({COST_RULE})"
             )
 
     return check

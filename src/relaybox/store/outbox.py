@@ -42,6 +42,7 @@ from relaybox.store.outbox_rows import (
     SecretOpener,
     StoredSecret,
     Target,
+    filter_text,
 )
 
 __all__ = [
@@ -106,7 +107,7 @@ class OutboxStore:
 
     def _endpoint_params(self, e: EndpointWrite, now: float) -> tuple[Any, ...]:
         schedule = None if e.schedule is None else json.dumps(list(e.schedule))
-        payload_filter = None if e.payload_filter is None else json.dumps(e.payload_filter)
+        payload_filter = None if e.payload_filter is None else filter_text(e.payload_filter)
         return (
             e.id,
             e.tenant,

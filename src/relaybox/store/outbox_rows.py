@@ -44,6 +44,7 @@ __all__ = [
     "StoredSecret",
     "Target",
     "allocate",
+    "filter_text",
     "new_id",
     "with_extras",
 ]
@@ -312,6 +313,14 @@ class EndpointWrite:
     payload_filter: Mapping[str, Any] | None = None
     ordered: bool = False
     on_dead: str = "hold"
+
+
+def filter_text(payload_filter: Mapping[str, Any]) -> str:
+    """A payload filter as stored: compact JSON, so that what a publish reads of it
+    (``publish_context`` reads every filter of the tenant, each time) is the size the
+    filter was checked against (``filter_max_bytes``, ``filter_tenant_max_bytes``).
+    A filter was checked before (no lone surrogate: it encodes as UTF-8)."""
+    return json.dumps(payload_filter, separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True, slots=True)
