@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from relaybox.bodies import parse_json
 from relaybox.errors import RelayboxError
 
 __all__ = [
@@ -94,7 +95,7 @@ def parse(text: str, *, max_depth: int, max_bytes: int, max_cost: int | None = N
     :func:`check`-ed. Text nested too deep for the parser is refused like any other
     bad JSON (:class:`InvalidFilter`), never a crash."""
     try:
-        spec = json.loads(text)
+        spec = parse_json(text)  # strict: NaN, Infinity and 1e999 are not JSON
     except RecursionError:
         raise InvalidFilter(
             f"filter: nested too deep to read, over the limit of {max_depth}"
