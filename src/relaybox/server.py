@@ -1,5 +1,6 @@
 """The HTTP server that ``relaybox serve`` runs: uvicorn on httptools, every request
-head bounded in size, header count and time, and the open connections capped.
+head bounded in size, header count and time, every request body bounded in time and
+rate, and the open connections capped, in all and per client address.
 
 httptools (llhttp) has no limit of its own on a request head: it hands header values
 to Python piece by piece, concatenating each piece onto what came before, so without
@@ -11,13 +12,32 @@ a head before they reach the parser and never feeds it more than
 and the connection closed. Heads that arrive slowly are answered ``408`` and closed
 after ``server.header_timeout``. Requests within the limits take httptools' path
 unchanged.
+
+A body is timed as Apache's mod_reqtimeout times it (``body=5,MinRate=500`` with a
+ceiling): it has ``body_grace`` seconds from the end of its head, each byte received
+extends that by ``1 / body_min_rate`` s, and ``body_timeout`` is the most it ever gets.
+nginx's ``client_body_timeout`` only times the gap between two reads, which a client
+sending a byte every few seconds never exceeds; Go's ``ReadTimeout`` (one deadline
+for the whole request) leaves a byte every few seconds for the whole deadline. A
+late body is answered ``408`` and its request's handler sees the client gone
+(``http.disconnect``), never a body cut short as if it were whole.
+
+When every connection the server may hold is open, a new one is not refused while
+some connection is waiting on its client (a head or a body still arriving, or idle
+between requests): the one that has waited longest is closed to make room
+(:class:`_Room`). So slow clients, however many, cannot lock out ``/healthz``, the
+dashboard or a provider's next delivery; the newcomer is refused (503) only when the
+server is working on every open connection. One client address may hold at most
+``max_connections_per_address`` connections (429 beyond).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import resource
+import weakref
 from typing import Any, ClassVar
 
 import httptools
@@ -48,8 +68,67 @@ class _HeadRefused(Exception):
     """Raised in a parser callback to stop parsing a head that is refused."""
 
 
+class _Room:
+    """What the connections of one server share: which of them wait on their client,
+    in the order they began waiting (the first is the one to close when the server
+    needs room), which linger after a refusal (closed first), and how many are open
+    per client address.
+
+    A connection waits on its client from its opening, and again from the end of each
+    answer, until its request has fully arrived (head and body); the server's turn,
+    from then until the answer is written, is never cut for room. Keeping the order
+    costs a dict removal and insertion per request; choosing whom to close, one
+    lookup.
+    """
+
+    __slots__ = ("closing", "lingering", "per_address", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting: dict[BoundedHttpToolsProtocol, None] = {}
+        self.lingering: dict[BoundedHttpToolsProtocol, None] = {}
+        self.per_address: dict[str, int] = {}
+        self.closing = 0  # closed to make room, their connection_lost still to come
+
+    def make_room(self) -> bool:
+        """Close the connection that lingers longest after a refusal, or else the one
+        that has waited longest on its client; ``False`` when none does."""
+        for pool in (self.lingering, self.waiting):
+            if pool:
+                next(iter(pool))._evict()
+                return True
+        return False
+
+
+_rooms: weakref.WeakKeyDictionary[Any, _Room] = weakref.WeakKeyDictionary()
+
+
+def _room(server_state: Any) -> _Room:
+    room = _rooms.get(server_state)
+    if room is None:
+        room = _rooms[server_state] = _Room()
+    return room
+
+
+def address_key(client: tuple[str, int] | None) -> str | None:
+    """The address a client's connections are counted under: its IPv4 address, or the
+    /64 network of an IPv6 one (one host or site usually has a whole /64, so counting
+    single IPv6 addresses would cap nothing)."""
+    if client is None:
+        return None
+    host = client[0]
+    if ":" not in host:
+        return host
+    try:
+        ip = ipaddress.IPv6Address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with bounded request heads and connections.
+    """uvicorn's httptools protocol with bounded request heads, bodies and connections.
 
     ``limits`` is set on the subclass :func:`protocol_class` makes. A head is
     "pending" from the connection's start, and again from the end of each request,
@@ -58,6 +137,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     begins inside a piece of input already being parsed (a pipelined request after a
     body) is counted from the next piece on, so what is parsed of it uncounted is at
     most that one socket read.
+
+    A body is "pending" from the end of its head to the end of its request. Its timer
+    is armed only when a piece of input leaves it unfinished, so the common request,
+    whose head and body come in one read, arms none. The body's clock stops while the
+    server itself has stopped reading (the app has not taken what came, or a
+    pipelined request waits for the answer before it): then the client is not late.
     """
 
     limits: ClassVar[ServerSettings] = ServerSettings()
@@ -71,6 +156,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         limits = self.limits
+        self._room = _room(server_state)
+        self._address: str | None = None
+        self._evicted = False
         self._max_head = limits.max_header_bytes
         self._max_headers = limits.max_headers
         self._head_timeout = limits.header_timeout
@@ -79,6 +167,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._heads_done = 0
         self._head_timer: asyncio.TimerHandle | None = None
+        self._body_pending = False
+        self._body_started = 0.0
+        self._body_bytes = 0
+        self._body_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str, str] | None = None
         self._discarding = False
         self._discarded = 0
@@ -88,17 +180,56 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
+        limits, room = self.limits, self._room
+        per_address = limits.max_connections_per_address
+        if per_address:
+            key = address_key(self.client)
+            if key is not None:
+                self._address = key
+                count = room.per_address[key] = room.per_address.get(key, 0) + 1
+                if count > per_address:
+                    self._refuse(
+                        429,
+                        "too_many_connections_from_address",
+                        f"more than {per_address} connections are open from this address",
+                    )
+                    return
+        if len(self.connections) - room.closing > limits.max_connections and not room.make_room():
             self._refuse(503, "too_many_connections", "the server has too many connections open")
             return
+        room.waiting[self] = None
         # Armed at once: a connection that never sends a complete head is closed too.
         self._head_timer = self.loop.call_later(self._head_timeout, self._head_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._leave()
+        super().connection_lost(exc)
+
+    def handle_websocket_upgrade(self) -> None:
+        # The connection is the WebSocket protocol's from now on (uvicorn stops
+        # counting it here too): this one's connection_lost will not come.
+        self._leave()
+        super().handle_websocket_upgrade()
+
+    def _leave(self) -> None:
+        """Stop this protocol's timers and take it out of what the room counts."""
         self._cancel_head_timer()
+        self._cancel_body_timer()
         if self._linger_timer is not None:
             self._linger_timer.cancel()
-        super().connection_lost(exc)
+        room = self._room
+        room.waiting.pop(self, None)
+        room.lingering.pop(self, None)
+        if self._evicted:
+            self._evicted = False
+            room.closing -= 1
+        if self._address is not None:
+            left = room.per_address[self._address] - 1
+            if left:
+                room.per_address[self._address] = left
+            else:
+                del room.per_address[self._address]
+            self._address = None
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
@@ -123,6 +254,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 # none): the rest must follow within header_timeout.
                 self._arm_head_timer()
         else:
+            if self._body_pending:
+                # Counted as it comes (chunk framing too: a byte is a byte of progress).
+                self._body_bytes += len(data)
             try:
                 self.parser.feed_data(data)
             except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
@@ -130,6 +264,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if self._head_pending and self._head_begun and self._head_timer is None:
                 # A pipelined request began after this piece's body.
                 self._arm_head_timer()
+        if self._body_pending and self._body_timer is None:
+            # A body began in this piece and did not end in it.
+            self._body_bytes = 0
+            self._arm_body_timer()
 
     def _receive_long_head(self, data: bytes | memoryview) -> None:
         """Feed ``data``, more than the room left for the pending head, letting at most
@@ -197,24 +335,38 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._heads_done += 1
         self._cancel_head_timer()
+        # Until on_message_complete, which follows at once when there is no body.
+        self._body_pending = True
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._head_pending = True
+        self._body_pending = False
+        if self._body_timer is not None:
+            self._cancel_body_timer()
         cycle = self.cycle
-        if (
-            cycle is not None
-            and cycle.response_complete
-            and self.timeout_keep_alive_task is None
-            and not self.pipeline
-            and not self.transport.is_closing()
-        ):
-            # Answered before its body had arrived (413, 401): the keep-alive timer the
-            # answer armed was cancelled by the body's bytes; the connection is idle now.
-            self.timeout_keep_alive_task = self.loop.call_later(
-                self.timeout_keep_alive, self.timeout_keep_alive_handler
-            )
+        if cycle is not None and cycle.response_complete:
+            # Answered before its body had arrived (413, 401): the connection is idle
+            # now, waiting on its client since this moment.
+            self._room.waiting.pop(self, None)
+            if not self._discarding and not self.transport.is_closing():
+                self._room.waiting[self] = None
+            if self.timeout_keep_alive_task is None and not self.pipeline:
+                # The keep-alive timer the answer armed was cancelled by the body's
+                # bytes: arm it again.
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
+        else:
+            self._room.waiting.pop(self, None)  # the server's turn
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.pipeline and not self._discarding and not self.transport.is_closing():
+            # Waiting on the client again (its next request, or the rest of a body
+            # answered early, whose place in the order is kept).
+            self._room.waiting.setdefault(self, None)
 
     # -- timers and refusals ---------------------------------------------------------
 
@@ -238,21 +390,129 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 f"the request head did not arrive within {self._head_timeout} s",
             )
         else:
+            self._room.waiting.pop(self, None)
             self.transport.close()
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _arm_body_timer(self) -> None:
+        """Start the pending body's clock now (the bytes of the piece its head came in
+        do not count: body_grace covers them)."""
+        if not self._discarding and not self.transport.is_closing():
+            self._body_started = self.loop.time()
+            self._body_timer = self.loop.call_at(self._body_deadline(), self._body_timed_out)
+
+    def _body_deadline(self) -> float:
+        """When the pending body is late: ``body_grace`` after its start plus the time
+        its bytes so far earned at ``body_min_rate``, and never after ``body_timeout``."""
+        limits = self.limits
+        allowed = limits.body_timeout
+        if limits.body_min_rate:
+            allowed = min(allowed, limits.body_grace + self._body_bytes / limits.body_min_rate)
+        return self._body_started + allowed
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if not self._body_pending or self._discarding or self.transport.is_closing():
+            return
+        if self.flow.read_paused:
+            # The server is not reading (see the class docstring): counted again from
+            # now, as if the body began now.
+            self._body_bytes = 0
+            self._arm_body_timer()
+            return
+        deadline = self._body_deadline()
+        if deadline > self.loop.time() + 0.001:  # what arrived meanwhile moved it
+            self._body_timer = self.loop.call_at(deadline, self._body_timed_out)
+            return
+        limits = self.limits
+        self._cut_body(
+            408,
+            "body_timeout",
+            f"the request body did not arrive in time ({limits.body_min_rate} bytes a second "
+            f"after {limits.body_grace} s, all of it within {limits.body_timeout} s)",
+            linger=True,
+        )
 
     def _refuse(self, status: int, code: str, message: str) -> None:
         """Answer ``status`` with a JSON error, then read and drop input until the
         client closes, for at most LINGER_SECONDS / LINGER_BYTES."""
-        self._cancel_head_timer()
-        self._unset_keepalive_if_required()
-        self._head_pending = False
-        self._discarding = True
-        log.debug("http_refused", status=status, reason=code, client=_client(self.client))
+        self._stop_reading(status, code)
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             # An earlier request's answer is still being written: it ends the connection.
             cycle.keep_alive = False
             return
+        self._answer(status, code, message)
+        self._linger()
+
+    def _cut_body(self, status: int, code: str, message: str, *, linger: bool) -> None:
+        """End a request whose body is still arriving: its handler is told the client
+        is gone (``receive()`` answers ``http.disconnect``, what it sends is dropped),
+        and ``status`` is answered unless an answer was already begun (then the
+        connection is only closed)."""
+        self._stop_reading(status, code)
+        cycle = self.cycle
+        speak = True
+        if cycle is not None:
+            # An answer sent, being sent, or to come for an earlier pipelined request.
+            speak = not (cycle.response_started or self.pipeline)
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        if speak:
+            self._answer(status, code, message)
+        if speak and linger:
+            self._linger()
+        else:
+            self.transport.close()
+
+    def _evict(self) -> None:
+        """Close this connection to make room for a new one (it waits on its client, or
+        lingers after a refusal): ``503`` to a request under way, silence otherwise."""
+        room = self._room
+        room.waiting.pop(self, None)
+        room.lingering.pop(self, None)
+        if self._evicted:
+            return
+        self._evicted = True
+        room.closing += 1  # until its connection_lost
+        if self.transport.is_closing():
+            return
+        message = "the server needed this connection: it had waited longest for its client"
+        if self._discarding:
+            self.transport.close()
+        elif self._body_pending:
+            self._cut_body(503, "too_many_connections", message, linger=False)
+        elif (
+            self._head_pending
+            and (self._head_bytes or self._head_begun)
+            and (self.cycle is None or self.cycle.response_complete)
+        ):
+            self._stop_reading(503, "too_many_connections")
+            self._answer(503, "too_many_connections", message)
+            self.transport.close()
+        else:
+            self._stop_reading(503, "too_many_connections")
+            self.transport.close()
+
+    def _stop_reading(self, status: int, code: str) -> None:
+        """No more input is parsed on this connection, and no timer of it runs."""
+        self._cancel_head_timer()
+        self._cancel_body_timer()
+        self._unset_keepalive_if_required()
+        self._head_pending = False
+        self._body_pending = False
+        self._discarding = True
+        self._room.waiting.pop(self, None)
+        log.debug("http_refused", status=status, reason=code, client=_client(self.client))
+
+    def _answer(self, status: int, code: str, message: str) -> None:
+        """Write ``status`` with a JSON error and ``connection: close``, and shut the
+        sending side."""
         body = json.dumps({"error": code, "message": message}).encode()
         content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
@@ -268,7 +528,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.write(b"".join(content))
         if self.transport.can_write_eof():
             self.transport.write_eof()
-        self._linger_timer = self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+    def _linger(self) -> None:
+        """Read and drop what the client still sends, then close (see LINGER_SECONDS);
+        closed sooner when the server needs room."""
+        if not self.transport.is_closing():
+            self._room.lingering[self] = None
+            self._linger_timer = self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
     def _discard(self, size: int) -> None:
         self._discarded += size

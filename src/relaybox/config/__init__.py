@@ -198,8 +198,9 @@ _CSS_VALUE = re.compile(r"[A-Za-z0-9#%.,()\- \"']{1,200}")
 class ServerSettings(BaseModel):
     """Limits of the HTTP server that ``relaybox serve`` runs (uvicorn on httptools).
     A request head (request line and headers) over a limit answers 431 and its
-    connection is closed; a head that does not arrive in time answers 408. When the
-    app runs under your own server, these are that server's job (docs/operating.md)."""
+    connection is closed; a head or a body that does not arrive in time answers 408.
+    When the app runs under your own server, these are that server's job
+    (docs/operating.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -218,6 +219,28 @@ class ServerSettings(BaseModel):
         description="seconds within which a request head must arrive in full, counted from "
         "the connection's opening or the first byte of a later request; then 408 and close",
     )
+    body_grace: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="seconds a request body has from the end of its head before "
+        "body_min_rate applies",
+    )
+    body_min_rate: int = Field(
+        500,
+        ge=0,
+        le=1024 * 1024 * 1024,
+        description="bytes a second a request body must keep up after body_grace: each "
+        "byte received gives 1/body_min_rate s more (0: body_timeout alone); a body "
+        "behind that answers 408 and is closed",
+    )
+    body_timeout: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="seconds a whole request body may take at most, from the end of its "
+        "head, whatever its rate; then 408 and close",
+    )
     keep_alive_timeout: float = Field(
         5.0, gt=0, description="seconds an idle keep-alive connection stays open"
     )
@@ -225,7 +248,17 @@ class ServerSettings(BaseModel):
         1000,
         ge=1,
         le=1_000_000,
-        description="open connections at once; one more is answered 503 and closed",
+        description="open connections at once; when all are open, the one that has waited "
+        "longest on its client (a head or body still arriving, or idle) is closed for a new "
+        "one; when none waits, the new one is answered 503 and closed",
+    )
+    max_connections_per_address: int = Field(
+        100,
+        ge=0,
+        le=1_000_000,
+        description="open connections from one client address (IPv6: one /64); one more "
+        "is answered 429 and closed (0: no per-address cap; behind a reverse proxy every "
+        "connection comes from the proxy's address)",
     )
     backlog: int = Field(
         2048, ge=1, le=65535, description="connections the kernel queues before accept"
