@@ -22,6 +22,12 @@ refuses non-finite floats, which ``json.dumps`` writes as those words. Neither i
 a receiver's parser refuses the document, and a JSON answer that holds one cannot be
 written (Starlette's ``JSONResponse`` raises). :func:`stored_json` reads what earlier
 versions stored with them anyway, as ``null``.
+
+:class:`JSONAnswer` and :class:`HTMLAnswer` write such text back out, where it can
+still come from: a provider's payload is kept as the bytes it sent, and JSON may
+escape a lone surrogate (``"\\ud800"``, valid JSON, not Unicode), which decoding it
+for a page turns into a string no UTF-8 encoder takes. They write it escaped, as the
+provider's JSON had it, rather than fail the answer.
 """
 
 from __future__ import annotations
@@ -31,9 +37,12 @@ import math
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse
 
 __all__ = [
     "BodyTooLarge",
+    "HTMLAnswer",
+    "JSONAnswer",
     "NotJsonNumber",
     "parse_json",
     "read_body",
@@ -176,3 +185,25 @@ def json_as_is(text: str, quotes: int) -> bool:
         return False
     raw = text.encode()
     return len(raw.translate(None, _JSON_ESCAPED)) == len(raw) - quotes
+
+
+class JSONAnswer(JSONResponse):
+    """starlette's :class:`JSONResponse`, with a lone surrogate in ``content`` written
+    as its JSON escape (``\\ud800``: a JSON reader gets back the same string)
+    instead of an encoding error."""
+
+    def render(self, content: Any) -> bytes:
+        text = json.dumps(
+            content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+        )
+        return text.encode("utf-8", "backslashreplace")
+
+
+class HTMLAnswer(HTMLResponse):
+    """starlette's :class:`HTMLResponse`, with a lone surrogate in the page shown as
+    its escape (``\\ud800``) instead of an encoding error."""
+
+    def render(self, content: Any) -> bytes:
+        if isinstance(content, str):
+            return content.encode("utf-8", "backslashreplace")
+        return bytes(super().render(content))

@@ -54,9 +54,11 @@ def configure(box: Relaybox) -> Relaybox:
     return box
 
 
-def stripe_signed(body: bytes, timestamp: str | None = None) -> dict[str, str]:
+def stripe_signed(
+    body: bytes, timestamp: str | None = None, secret: str = STRIPE_SECRET
+) -> dict[str, str]:
     t = timestamp if timestamp is not None else str(int(time.time()))
-    mac = std_hmac.new(STRIPE_SECRET.encode(), t.encode() + b"." + body, hashlib.sha256)
+    mac = std_hmac.new(secret.encode(), t.encode() + b"." + body, hashlib.sha256)
     return {"stripe-signature": f"t={t},v1={mac.hexdigest()}", "content-type": "application/json"}
 
 
@@ -180,6 +182,34 @@ async def test_poison_delivery_fails_alone(database_url: str) -> None:
         for name, (status, answer, _) in zip(POISON, poisoned, strict=True):
             assert (status, answer["error"]) == (400, "malformed_payload"), (name, answer)
         assert [(s, a["status"]) for s, a, _ in fine] == [(200, "accepted")] * 200
+    await box.close()
+
+
+async def test_an_account_no_database_stores_is_refused_when_the_secret_names_one_too(
+    database_url: str,
+) -> None:
+    """The secret names the account, so the payload's own ``account`` is not the one
+    stored: a lone surrogate or a NUL in it is still a 400 (every identity field the
+    pipeline reads is checked, for every provider), and nothing is stored."""
+    pinned = "whsec_hardening_pinned"
+    box = configure(Relaybox(settings=Settings(database_url=database_url), clock=SystemClock()))
+    box.source("pinned", sources.stripe(secrets=[Secret(pinned, account="acct_pinned")]))
+    await box.migrate()
+    async with (
+        Served(box.asgi(roles=("receiver",)), lifespan="on") as server,
+        aiohttp.ClientSession(timeout=TIMEOUT) as http,
+    ):
+        url = f"{server.url}/webhooks/pinned"
+        for n, account in enumerate(["acct_\ud800", "acct_\x00", "a" * 200]):
+            body = stripe_event(f"evt_pinned_{n}", account=account)
+            status, answer, _ = await post(http, url, body, stripe_signed(body, secret=pinned))
+            assert (status, answer["error"]) == (400, "malformed_payload"), (account, answer)
+            assert "account" in answer["message"]
+        body = stripe_event("evt_pinned_ok", account="acct_other")
+        status, answer, _ = await post(http, url, body, stripe_signed(body, secret=pinned))
+        assert (status, answer["status"]) == (200, "accepted"), answer
+    rows = await box.store.fetch_all("SELECT event_id, account FROM relaybox_inbox")
+    assert [(r["event_id"], r["account"]) for r in rows] == [("evt_pinned_ok", "acct_pinned")]
     await box.close()
 
 

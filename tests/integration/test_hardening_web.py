@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -32,7 +33,7 @@ from relaybox.admin import build_admin
 from relaybox.config import Settings
 from relaybox.outbound import create_api_key
 from tests.conftest import Served
-from tests.integration.test_admin_api import AUTH, TOKEN, seed
+from tests.integration.test_admin_api import AUTH, TOKEN, delivery, seed
 from tests.support.outbound_app import local
 from tests.support.procs import Procs, free_port, wait_http
 
@@ -291,6 +292,42 @@ async def test_nul_and_lone_surrogates_are_4xx_on_the_admin_api_and_pages(
         assert form.status_code == 400
         [row] = await box.store.fetch_all(f"SELECT status FROM relaybox_inbox WHERE id = {dead}")
         assert row["status"] == "dead"
+
+
+async def test_lone_surrogates_in_stored_payloads_are_shown_escaped_on_the_admin_api_and_pages(
+    site: Any, clock: FrozenClock
+) -> None:
+    """A provider's payload is kept as the bytes it sent, and JSON may escape a lone
+    surrogate anywhere in it (only the identity fields are refused at the edge). Rows
+    written straight to the store, an event and a quarantined copy whose payloads and
+    headers hold ``\\ud800``: every admin answer and page that shows them answers,
+    with the escape as the provider wrote it (they used to answer 500)."""
+    box, url = site
+    raw = b'{"id": "evt_s", "account": "acct_\\ud800", "data": {"note": "x\\udfff"}}'
+    headers = '{"x-note": "\\ud800"}'
+    for payload in (raw, raw.replace(b"x", b"y")):  # the event, then a copy quarantined
+        found = hashlib.sha256(payload).digest()
+        row = delivery(clock, "evt_s", "ok", None, payload=payload, fingerprint=found,
+                       headers=headers)  # fmt: skip
+        await box.store.inbox_accept([row])
+    [event] = await box.store.fetch_all("SELECT id FROM relaybox_inbox WHERE event_id = 'evt_s'")
+    async with httpx.AsyncClient(base_url=url + "/admin", timeout=30) as admin:
+        r = await admin.get(f"/api/v1/inbox/{event['id']}", headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert b'"acct_\\ud800"' in r.content and b'"x\\udfff"' in r.content
+        assert r.json()["payload"]["account"] == "acct_\ud800"  # what the provider sent
+        assert r.json()["headers"]["x-note"] == "\ud800"
+        listed = await admin.get("/api/v1/quarantine", headers=AUTH)
+        [entry] = listed.json()["items"]
+        r = await admin.get(f"/api/v1/quarantine/{entry['id']}", headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["original"]["payload"]["data"]["note"] == "x\udfff"
+
+        await login(admin)
+        for path in (f"/inbox/{event['id']}", f"/quarantine/{entry['id']}"):
+            page = await admin.get(path)
+            assert page.status_code == 200, (path, page.text[:300])
+            assert "acct_\\ud800" in page.text, path
 
 
 # -- the dashboard -------------------------------------------------------------------

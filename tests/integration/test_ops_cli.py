@@ -18,7 +18,7 @@ from relaybox import FrozenClock, Relaybox
 from relaybox.cli import main
 from relaybox.config import Settings
 from tests.conftest import SECRETS_KEY, free_port
-from tests.integration.test_admin_api import seed
+from tests.integration.test_admin_api import delivery, seed
 
 Invoke = Callable[..., Any]
 
@@ -88,6 +88,21 @@ async def test_inbox_list_and_show(cli: Invoke, seeded: Any) -> None:
     missing = await cli("inbox", "show", "999999", "--json", "--database-url", url, code=1)
     assert json.loads(missing.stdout) == {"error": "not_found", "message": "no inbox event 999999"}
     await cli("inbox", "list", "--status", "nope", "--database-url", url, code=2)
+
+
+async def test_inbox_show_prints_a_payload_with_a_lone_surrogate_escaped(
+    cli: Invoke, database_url: str, clock: FrozenClock
+) -> None:
+    """A provider's JSON may escape a lone surrogate anywhere in its payload (kept as
+    sent): ``inbox show`` prints it escaped, where it used to end in a traceback."""
+    box = Relaybox(settings=Settings(database_url=database_url), clock=clock)
+    raw = b'{"id": "evt_s", "account": "acct_\\ud800", "note": "caf\\u00e9"}'
+    row = delivery(clock, "evt_s", "ok", None, payload=raw, fingerprint=b"s" * 32)
+    await box.store.inbox_accept([row])
+    [found] = await box.store.fetch_all("SELECT id FROM relaybox_inbox")
+    await box.close()
+    human = (await cli("inbox", "show", str(found["id"]), "--database-url", database_url)).stdout
+    assert '"acct_\\ud800"' in human and '"caf\\u00e9"' in human
 
 
 async def test_dead_letters_list_retry_and_discard(cli: Invoke, seeded: Any) -> None:

@@ -23,11 +23,18 @@ from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from relaybox.admin.sections import Call, Operation, Section
-from relaybox.bodies import BodyTooLarge, NotJsonNumber, parse_json, read_body, text_problem
+from relaybox.bodies import (
+    BodyTooLarge,
+    JSONAnswer,
+    NotJsonNumber,
+    parse_json,
+    read_body,
+    text_problem,
+)
 from relaybox.errors import OpsError
 from relaybox.ops import inbound as ops
 from relaybox.ops import inbound_models as m
@@ -52,7 +59,7 @@ def error_response(status: int, code: str, message: str, details: Any = None) ->
     body: dict[str, Any] = {"error": code, "message": message}
     if details is not None:
         body["details"] = details
-    return JSONResponse(body, status_code=status)
+    return JSONAnswer(body, status_code=status)
 
 
 # -- handlers -------------------------------------------------------------------
@@ -334,7 +341,8 @@ def _endpoint(box: Runtime, op: Operation, section: Section, tables: TablesCheck
             return error_response(exc.status, exc.code, exc.message)
         if op.method != "GET":
             log.info("admin_action", operation=op.operation_id, actor=actor, path=path)
-        return JSONResponse(result.model_dump(mode="json", by_alias=True), status_code=op.status)
+        # JSONAnswer: a payload may hold a lone surrogate its provider escaped.
+        return JSONAnswer(result.model_dump(mode="json", by_alias=True), status_code=op.status)
 
     endpoint.__name__ = op.operation_id
     return endpoint

@@ -40,7 +40,7 @@ from relaybox.admin.auth import (
     revoke_session,
     token_ok,
 )
-from relaybox.bodies import BodyTooLarge, read_body, text_problem
+from relaybox.bodies import BodyTooLarge, HTMLAnswer, read_body, text_problem
 from relaybox.errors import InvalidRequest, NotFound, OpsError
 from relaybox.limits import FailureThrottle
 from relaybox.ops import inbound as ops
@@ -169,7 +169,8 @@ async def render(
         error=error,
         **context,
     )
-    return HTMLResponse(html, status_code=status)
+    # HTMLAnswer: a payload may hold a lone surrogate its provider escaped.
+    return HTMLAnswer(html, status_code=status)
 
 
 async def login_page(request: Request, problem: str = "") -> Response:

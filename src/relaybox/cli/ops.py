@@ -24,6 +24,7 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from relaybox.app import Relaybox
+from relaybox.bodies import text_problem
 from relaybox.cli import _run_db, app_options, json_option
 from relaybox.cli import load_box as _load_box
 from relaybox.cli.exits import EXIT_FAILED, exit_code_for
@@ -234,7 +235,10 @@ def inbox_show(
             head.add_row(key, value)
         console.print(head)
         if not e.purged:
-            console.print_json(json.dumps(e.payload))
+            # A lone surrogate (a provider's JSON may escape one) cannot be printed:
+            # then the payload is shown with every non-ASCII character escaped.
+            escape = text_problem(e.payload, nul=False) is not None
+            console.print_json(json.dumps(e.payload), ensure_ascii=escape)
         if e.attempt_log:
             t = Table("#", "outcome", "error", "worker", "started", title="attempts")
             replay = previous = 0

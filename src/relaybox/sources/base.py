@@ -382,7 +382,9 @@ class Source:
                 MAX_EVENT_TYPE_CHARS,
                 in_headers="event_type" in where,
             )
-        if ident.account and not secret.account:
+        if ident.account:
+            # Even when the secret names the account (then this one is not stored): an
+            # account no database can store is no account a provider sends.
             check_text(ident.account, "account", MAX_ACCOUNT_CHARS, in_headers="account" in where)
         account = secret.account or ident.account or self.account or "default"
         tenant = secret.tenant or self.tenants.get(account) or self.tenant
