@@ -435,12 +435,15 @@ async def test_api_keys(store: Store) -> None:
     await store.api_key_create("key_2", "t2", "", "hash-2", now=T0 + 1)
     assert await store.api_key_find("hash-1") == "t1"
     assert await store.api_key_find("hash-x") is None
+    assert await store.api_key_match("hash-1") == ("key_1", "t1")
+    assert await store.api_key_match("hash-x") is None
     assert [k.id for k in await store.api_key_list(None)] == ["key_1", "key_2"]
     (only,) = await store.api_key_list("t1")
     assert (only.tenant, only.name, only.created_at, only.revoked_at) == ("t1", "ci", T0, None)
     assert await store.api_key_revoke("key_1", now=T0 + 2)
     assert not await store.api_key_revoke("key_1", now=T0 + 3)
     assert await store.api_key_find("hash-1") is None
+    assert await store.api_key_match("hash-1") is None
     assert (await store.api_key_list("t1"))[0].revoked_at == T0 + 2
 
 
