@@ -1,5 +1,5 @@
-"""Every Python snippet of README.md and docs/*.md runs, in order, one namespace per
-document (Sybil parses them). Setup a snippet needs but a reader does not, and checks
+"""Every Python snippet of README.md and the docs (docs/**/*.md) runs, in order, one
+namespace per document (Sybil parses them). Setup a snippet needs but a reader does not, and checks
 of what it did, are in invisible blocks beside it::
 
     <!-- invisible-code-block: python
@@ -27,7 +27,7 @@ from sybil import Example, Sybil
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 class AsyncPythonEvaluator:
