@@ -78,7 +78,7 @@ class OpsStats:
     groups: tuple[QueueGroup, ...]
     quarantined_by_source: dict[str, int] = field(default_factory=dict)
     blocked_keys: int = 0
-    """Ordering keys dead deliveries hold back (docs/sending.md, "Ordered delivery")."""
+    """Ordering keys dead deliveries hold back (docs/howto/ordered-delivery.md)."""
 
     def _sum(self, queue: str, *, status: str, **match: Any) -> int:
         return sum(

@@ -353,9 +353,9 @@ async def test_a_failure_after_the_recovery_in_one_batch_is_ended_by_the_next_su
 async def test_the_application_receives_its_operational_events_in_its_own_handlers(
     box: Relaybox, clock: FrozenClock
 ) -> None:
-    """The recipe of docs/sending.md ("In your own handlers"): an operator endpoint
-    pointing at this box's own receiver, a Standard Webhooks source holding its
-    secret, handlers per type. Each event is handled once, in the handler's
+    """The recipe of docs/howto/operational-events.md ("In your own handlers"): an
+    operator endpoint pointing at this box's own receiver, a Standard Webhooks source
+    holding its secret, handlers per type. Each event is handled once, in the handler's
     transaction; a redelivery (the same webhook-id) is a duplicate; an operational
     event nobody handles goes to dead letters without announcing itself again."""
     local(box)

@@ -1,4 +1,4 @@
-"""Ordered delivery per key (docs/sending.md, "Ordered delivery") end to end, with real
+"""Ordered delivery per key (docs/howto/ordered-delivery.md) end to end, with real
 HTTP receivers on free ports: publish with an ordering key, endpoints with ``ordered``,
 the ``webhook-sequence`` header, keys that never wait for each other, a dead head held
 or skipped. The test with two ``relaybox dispatch`` processes, one SIGKILLed mid-run,

@@ -59,7 +59,9 @@ class OperationalEvent(_Model):
     id: str
     event_type: str
     created_at: float
-    data: Any = Field(description="the event's payload (docs/sending.md lists each)")
+    data: Any = Field(
+        description="the event's payload (docs/howto/operational-events.md lists each)"
+    )
 
 
 class OperationalEventList(_Model):

@@ -1,4 +1,4 @@
-"""Ordered delivery per key, the operator's side (docs/sending.md, "Ordered delivery"):
+"""Ordered delivery per key, the operator's side (docs/howto/ordered-delivery.md):
 an endpoint's ordering settings, the keys dead deliveries hold back, and their release.
 Shared by the admin API, the dashboard and the CLI.
 
