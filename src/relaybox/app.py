@@ -66,6 +66,17 @@ log = structlog.get_logger("relaybox")
 
 
 class Relaybox:
+    """The box: settings, the database (``store``), the sources that may deliver, the
+    handlers that run their events, and the roles that run them (receiver, worker,
+    dispatcher, maintenance).
+
+    ``Relaybox(url)`` reads settings as ``load_settings`` does (a TOML file named by
+    ``config``, then ``RELAYBOX_*`` variables) with ``url`` as the database;
+    ``Relaybox(settings=Settings(...))`` takes exactly the settings given. ``clock``
+    replaces the database's clock (a test's ``FrozenClock``); ``sync_transaction``
+    gives plain ``def`` handlers their transactions (:mod:`relaybox.sync`).
+    """
+
     def __init__(
         self,
         database_url: str | None = None,

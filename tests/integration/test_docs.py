@@ -18,6 +18,8 @@ import asyncio
 import contextlib
 import inspect
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,3 +95,25 @@ def test_every_python_snippet_runs(
     finally:
         _teardown(document.namespace)
     assert ran >= visible, f"{path.name}: {visible} python blocks, {ran} ran"
+
+
+def test_the_site_builds_with_every_link_and_reference_resolved(tmp_path: Path) -> None:
+    """``mkdocs build --strict`` (mkdocs.yml): a link to a page or heading that does not
+    exist, a page left out of the navigation, or an API reference (mkdocstrings) to a
+    name that is gone is a warning, and strict makes it fail the build."""
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
+    api = (site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
+    assert "Publish an outbound event inside the caller" in api  # Relaybox.publish's docstring
+    assert "Record that the operation named by" in api  # Context.once's
+    cli = (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
+    assert "relaybox endpoints replay-missing" in cli  # every command's --help
