@@ -1,14 +1,17 @@
 """MkDocs hooks (``hooks:`` in mkdocs.yml): the CLI reference page's command list is
 ``relaybox COMMAND --help`` of every command, read from the click commands when the
-site is built, so it cannot fall behind the code."""
+site is built, so it cannot fall behind the code; and the Sphinx roles of docstrings
+(``:meth:`publish```) read as plain code on the API page."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
 
 MARKER = "<!-- relaybox --help of every command -->"
+ROLE = re.compile(r":(?:attr|class|data|exc|func|meth|mod|obj):(?=<code>)")
 
 
 def _context(command: click.Command, parent: click.Context | None, name: str) -> click.Context:
@@ -43,3 +46,7 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
         if command is not None and not command.hidden:
             blocks += _sections(command, root, name, f"relaybox {name}", 2)
     return markdown.replace(MARKER, "\n".join(blocks))
+
+
+def on_page_content(html: str, page: Any, **_: Any) -> str:
+    return ROLE.sub("", html)
