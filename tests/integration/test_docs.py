@@ -117,3 +117,14 @@ def test_the_site_builds_with_every_link_and_reference_resolved(tmp_path: Path) 
     assert "Record that the operation named by" in api  # Context.once's
     cli = (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
     assert "relaybox endpoints replay-missing" in cli  # every command's --help
+
+
+def test_the_readme_opens_with_its_two_commands() -> None:
+    """The README's first block is the two commands a newcomer runs, before anything
+    else: run relaybox (the demo) and run the tests."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    first = text.index("```")
+    assert text[:first].strip() == "# relaybox"
+    block = text[first : text.index("```", first + 3) + 3].splitlines()
+    assert block[0] == "```sh" and block[-1] == "```"
+    assert [line.split()[0] for line in block[1:-1]] == ["./scripts/serve", "./scripts/test"]
