@@ -15,6 +15,7 @@ import shlex
 import sqlite3
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,6 +76,11 @@ async def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
                 proc=proc,
             )
 
+        async def settled() -> dict[str, Any] | None:  # the worker ran what is pending
+            out = await run("relaybox stats --json --app app:box", port, tmp_path)
+            found: dict[str, Any] = json.loads(out)
+            return found if found["pending"] == 0 else None
+
         async def stop() -> None:
             await asyncio.to_thread(stack.close)  # SIGTERM, and wait for its exit
 
@@ -93,8 +99,8 @@ async def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
                     outputs.append(await run(line, port, tmp_path))
                     if line.startswith("relaybox send-test"):
                         assert '"status": "accepted"' in outputs[-1], outputs[-1]
-                        await asyncio.sleep(0.5)  # the worker runs the handler
-        stats = json.loads(await run("relaybox stats --json --app app:box", port, tmp_path))
+                        await wait_for(settled, within=30, what="the handler of that event")
+        stats = await wait_for(settled, within=30, what="the replayed events to finish")
         await stop()
     assert len(outputs) >= 8, outputs  # the pages' commands all ran
     assert stats["done"] == 2 and stats["dead"] == 0 and stats["pending"] == 0, stats
