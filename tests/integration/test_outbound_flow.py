@@ -28,6 +28,7 @@ from relaybox.outbound import Dispatcher, create_api_key, disable_endpoint, enab
 from relaybox.outbound.endpoints import EndpointPatch, update_endpoint
 from relaybox.outbound.filters import InvalidFilter
 from relaybox.outbound.flow import pause_endpoint, replay_missing, resume_endpoint
+from relaybox.outbound.replays import ReplayJob, ReplayRunner, ReplayRunning, start_replay
 from tests.conftest import Served
 from tests.support.outbound_app import endpoint, local, outbox_rows, publish_one
 from tests.support.receivers import HttpReceiver, Seen
@@ -147,18 +148,27 @@ async def test_replay_missing_after_a_disable_delivers_each_message_once(
     assert [r["status"] for r in await rows_of(box, endpoint_id)] == ["sent"] * 5
 
 
-async def test_two_replays_at_once_queue_each_message_once(
+async def test_four_replays_at_once_make_one_job_that_queues_each_message_once(
     box: Relaybox, clock: FrozenClock
 ) -> None:
-    local(box)
+    local(box, replay_batch=7)
     for n in range(40):
         clock.advance(0.01)
         await publish_one(box, "pet.adopted", {"n": n})
     endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook")  # created after
-    runs = await asyncio.gather(
-        *(replay_missing(box, endpoint_id, since=0.0, tenant="t1") for _ in range(4))
+    started = await asyncio.gather(
+        *(start_replay(box, endpoint_id, since=0.0, tenant="t1") for _ in range(4)),
+        return_exceptions=True,
     )
-    assert sum(r.queued for r in runs if r is not None) == 40
+    [job] = [s for s in started if isinstance(s, ReplayJob)]
+    refused = [s for s in started if not isinstance(s, ReplayJob)]
+    assert len(refused) == 3
+    assert all(isinstance(r, ReplayRunning) and r.job_id == job.id for r in refused)
+    assert await rows_of(box, endpoint_id) == []  # queued, not run by the request
+    # Two runners at once: one claims the job, the other finds nothing to claim.
+    ran = await asyncio.gather(ReplayRunner(box).run_once(), ReplayRunner(box).run_once())
+    [done] = [r for r in ran if r is not None]
+    assert (done.id, done.status, done.queued, done.scanned) == (job.id, "done", 40, 40)
     rows = await rows_of(box, endpoint_id)
     assert len(rows) == len({r["message_id"] for r in rows}) == 40
     # Queued in publish order.
@@ -166,6 +176,9 @@ async def test_two_replays_at_once_queue_each_message_once(
         m.id for m in await box.store.message_list("t1", event_type=None, before=None, limit=100)
     ]
     assert [r["message_id"] for r in rows] == order[::-1]
+    # The endpoint is free for the next replay once the job ended.
+    again = await replay_missing(box, endpoint_id, since=0.0, tenant="t1")
+    assert again is not None and (again.queued, again.complete) == (0, True)
 
 
 async def test_replay_missing_is_bounded_and_says_where_to_go_on(
@@ -319,10 +332,24 @@ async def test_the_tenant_api_pauses_resumes_and_replays(
     assert (status, refused["error"]) == (409, "endpoint_disabled")
     await api("PATCH", f"/endpoints/{endpoint_id}", {"enabled": True})
     body = {"since": "2027-01-15T08:00:00Z"}  # T0 is 2027-01-15T08:00:00Z
-    status, replayed = await api("POST", f"/endpoints/{endpoint_id}/replay-missing", body)
-    assert status == 202 and (replayed["queued"], replayed["complete"]) == (2, True)
+    status, job = await api("POST", f"/endpoints/{endpoint_id}/replay-missing", body)
+    assert status == 202 and (job["status"], job["queued"], job["since"]) == ("queued", 0, T0)
+    assert job["url"].endswith(f"/api/v1/endpoints/{endpoint_id}/replay-missing/{job['id']}")
+    status, busy = await api("POST", f"/endpoints/{endpoint_id}/replay-missing", body)
+    assert (status, busy["error"], busy["id"]) == (409, "replay_running", job["id"])
+    assert (await ReplayRunner(box).run_once()) is not None  # a dispatcher's runner
+    status, replayed = await api("GET", f"/endpoints/{endpoint_id}/replay-missing/{job['id']}")
+    assert status == 200 and (replayed["status"], replayed["queued"]) == ("done", 2)
+    assert replayed["complete"] and replayed["url"] == job["url"]
     status, again = await api("POST", f"/endpoints/{endpoint_id}/replay-missing", body)
-    assert status == 202 and again["queued"] == 0
+    assert status == 202 and again["id"] != job["id"]
+    await ReplayRunner(box).run_once()
+    status, again = await api("GET", f"/endpoints/{endpoint_id}/replay-missing/{again['id']}")
+    assert (again["status"], again["queued"]) == ("done", 0)
+    status, other = await api("GET", f"/endpoints/ep_nope/replay-missing/{job['id']}")
+    assert (status, other["error"]) == (404, "not_found")
+    status, other = await api("GET", f"/endpoints/{endpoint_id}/replay-missing/rpl_nope")
+    assert (status, other["error"]) == (404, "not_found")
     status, bad = await api("POST", f"/endpoints/{endpoint_id}/replay-missing", {"limit": 0})
     assert (status, bad["error"]) == (422, "invalid_request")
     status, missing = await api("POST", "/endpoints/ep_nope/pause")
@@ -373,10 +400,24 @@ async def test_the_admin_api_pauses_resumes_replays_and_sets_filters(
             async with box.store.transaction() as conn:  # published to nobody
                 await box.publish(conn, "pet.adopted", {"n": 2}, tenant="t1", endpoint_ids=[])
             replay = {**why, "since": "1h"}
-            done = await post(f"{endpoint_id}/replay-missing", replay)
-            assert done.status_code == 200
+            started = await post(f"{endpoint_id}/replay-missing", replay)
+            assert started.status_code == 202 and started.json()["status"] == "queued"
+            busy = await post(f"{endpoint_id}/replay-missing", replay)
+            assert (busy.status_code, busy.json()["error"]) == (409, "replay_running")
+            await ReplayRunner(box).run_once()
+            job = f"{endpoint_id}/replay-missing/{started.json()['id']}"
+            done = await post(job, None, "GET")
+            assert done.status_code == 200 and done.json()["status"] == "done"
             assert (done.json()["queued"], done.json()["complete"]) == (1, True)
-            assert (await post(f"{endpoint_id}/replay-missing", replay)).json()["queued"] == 0
+            again = await post(f"{endpoint_id}/replay-missing", replay)
+            assert again.status_code == 202
+            await ReplayRunner(box).run_once()
+            assert (
+                await post(f"{endpoint_id}/replay-missing/{again.json()['id']}", None, "GET")
+            ).json()["queued"] == 0
+            assert (
+                await post(f"{endpoint_id}/replay-missing/rpl_nope", None, "GET")
+            ).status_code == 404
             bad_time = await post(f"{endpoint_id}/replay-missing", {**why, "since": "soon"})
             assert bad_time.status_code == 400
             missing = await post("ep_nope/pause", why)
@@ -488,9 +529,12 @@ async def test_the_dashboard_pauses_resumes_and_replays(
             async with box.store.transaction() as conn:  # published to nobody
                 for n in range(3):
                     await box.publish(conn, "pet.adopted", {"n": n}, tenant="t1", endpoint_ids=[])
-            replayed = await act("replay-missing", since="1h")
-            assert "notice=replayed_missing" in replayed and "n=2" in replayed
-            assert "n=0" in await act("replay-missing", since="1h")
+            assert "notice=replay_started" in await act("replay-missing", since="1h")
+            assert "error=replay_running" in await act("replay-missing", since="1h")
+            assert 'data-replay="queued"' in (await client.get(page)).text
+            await ReplayRunner(box).run_once()
+            shown = (await client.get(page)).text
+            assert 'data-replay="done"' in shown and "2 missing deliver(ies) queued" in shown
             assert "error=bad_time" in await act("replay-missing", since="yesterday-ish")
     finally:
         await box.close()

@@ -1,7 +1,8 @@
 """Conformance of the store's endpoint-flow statements (``store/outbox_flow.py``) on
 SQLite and PostgreSQL: the payload filter and pause columns of an endpoint, the lease
 skipping a paused endpoint, the paused backlog, and replay missing's page and insert
-(once per message and endpoint, in the order given, never for a purged body)."""
+(once per message and endpoint, in the order given, never for a purged body), and
+its jobs (one per endpoint, a tenant's hourly count, leased, fenced, taken over)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from relaybox.store import Store, open_store
+from relaybox.store.outbox_flow import ReplayStart
 from relaybox.store.outbox_rows import LeaseRequest, NewMessage, new_id
 from tests.support.store_rows import endpoint_write as endpoint
 
@@ -94,14 +96,19 @@ async def test_missing_messages_are_paged_and_inserted_once(store: Store) -> Non
     delivered = await publish(store, "t1", ["ep_1"], at=T0 + 5)
     async with store.transaction() as conn:
         page = await store.message_missing_page(
-            conn, "t1", "ep_1", since=T0 + 1, after=None, limit=2
+            conn, "t1", "ep_1", since=T0 + 1, until=T0 + 9, after=None, limit=2
         )
         assert [m.id for m in page] == ids[1:3]
         assert page[0].event_type == "pet.adopted" and page[0].body.startswith('{"id":')
+        after = (page[-1].created_at, page[-1].id)
         rest = await store.message_missing_page(
-            conn, "t1", "ep_1", since=T0 + 1, after=(page[-1].created_at, page[-1].id), limit=10
+            conn, "t1", "ep_1", since=T0 + 1, until=T0 + 9, after=after, limit=10
         )
         assert [m.id for m in rest] == ids[3:]  # not `delivered`: it has a delivery
+        upto = await store.message_missing_page(
+            conn, "t1", "ep_1", since=T0 + 1, until=T0 + 3, after=after, limit=10
+        )
+        assert [m.id for m in upto] == ids[3:4]  # published at or before until only
         # In the order given, once: a second insert of the same ids inserts nothing.
         wanted = [ids[4], ids[1], delivered, "msg_none"]
         assert await store.delivery_insert_missing(conn, "ep_1", "t1", wanted, now=T0 + 9) == 2
@@ -109,7 +116,9 @@ async def test_missing_messages_are_paged_and_inserted_once(store: Store) -> Non
         assert await store.delivery_insert_missing(conn, "ep_1", "t1", [], now=T0 + 9) == 0
         # Another tenant's message is never inserted for this endpoint's tenant.
         assert await store.delivery_insert_missing(conn, "ep_1", "t2", ids[:1], now=T0) == 0
-        left = await store.message_missing_page(conn, "t1", "ep_1", since=0, after=None, limit=9)
+        left = await store.message_missing_page(
+            conn, "t1", "ep_1", since=0, until=T0 + 9, after=None, limit=9
+        )
         assert [m.id for m in left] == [ids[0], ids[2], ids[3]]
     rows = await store.delivery_list(
         "t1", message_id=None, endpoint_id="ep_1", undelivered=False, limit=10
@@ -132,7 +141,83 @@ async def test_a_purged_message_is_neither_read_nor_inserted(store: Store) -> No
             f"UPDATE relaybox_messages SET body = 'null', purged_at = 1 WHERE id = '{purged}'"
         )
     async with store.transaction() as conn:
-        page = await store.message_missing_page(conn, "t1", "ep_1", since=0, after=None, limit=9)
+        page = await store.message_missing_page(
+            conn, "t1", "ep_1", since=0, until=T0 + 9, after=None, limit=9
+        )
         assert [m.id for m in page] == [kept]
         both = [kept, purged]
         assert await store.delivery_insert_missing(conn, "ep_1", "t1", both, now=T0) == 1
+
+
+async def start_job(
+    store: Store,
+    job_id: str,
+    endpoint_id: str = "ep_1",
+    *,
+    now: float = T0,
+    per_hour: int | None = None,
+) -> ReplayStart:
+    return await store.replay_job_start(
+        job_id, "t1", endpoint_id, since=0.0, until=T0 + 9, max_queued=10, now=now,
+        per_hour=per_hour,
+    )  # fmt: skip
+
+
+async def test_a_replay_job_is_one_per_endpoint_and_rate_limited_per_tenant(store: Store) -> None:
+    first = await start_job(store, "rpl_1")
+    assert first.job is not None and first.job.status == "queued"
+    assert (first.job.since, first.job.until, first.job.cursor) == (0.0, T0 + 9, None)
+    # A second one for the same endpoint, while the first waits: refused, naming it.
+    again = await start_job(store, "rpl_2")
+    assert (again.job, again.running) == (None, "rpl_1")
+    # Another endpoint's is fine, until the tenant's hourly count is reached.
+    other = await start_job(store, "rpl_3", "ep_2", per_hour=2, now=T0 + 10)
+    assert other.job is not None
+    limited = await start_job(store, "rpl_4", "ep_3", per_hour=2, now=T0 + 20)
+    assert limited.job is None and limited.retry_after == 3600 - 20
+    # An hour after the first, one more may start.
+    later = await start_job(store, "rpl_5", "ep_3", per_hour=2, now=T0 + 3601)
+    assert later.job is not None
+    assert (await store.replay_job_get("rpl_3", "t1")) is not None
+    assert (await store.replay_job_get("rpl_3", "t2")) is None  # another tenant's
+
+
+async def test_a_replay_job_is_leased_fenced_and_taken_over_once_its_lease_ran_out(
+    store: Store,
+) -> None:
+    await start_job(store, "rpl_1")
+    await start_job(store, "rpl_2", "ep_2", now=T0 + 1)
+    a = await store.replay_job_claim("a", now=T0, ttl=60)
+    b = await store.replay_job_claim("b", now=T0, ttl=60)
+    assert a is not None and b is not None and (a.id, b.id) == ("rpl_1", "rpl_2")
+    assert a.status == "running" and a.started_at == T0
+    assert await store.replay_job_claim("c", now=T0 + 59, ttl=60) is None  # both held
+    async with store.transaction() as conn:
+        counts = await store.replay_job_advance(
+            conn, "rpl_1", "a", scanned=5, queued=2, cursor=(T0, "msg_x"), now=T0 + 1, ttl=60
+        )
+    assert counts == (5, 2)
+    # a's lease (renewed to T0 + 61) runs out: c takes the job on where a left it.
+    taken = await store.replay_job_claim("c", now=T0 + 62, ttl=60, job_id="rpl_1")
+    assert taken is not None and (taken.scanned, taken.queued, taken.cursor) == (
+        5, 2, (T0, "msg_x")
+    )  # fmt: skip
+    async with store.transaction() as conn:  # a's next step is fenced off
+        assert await store.replay_job_advance(
+            conn, "rpl_1", "a", scanned=1, queued=1, cursor=(T0, "msg_y"), now=T0 + 63, ttl=60
+        ) is None  # fmt: skip
+        assert not await store.replay_job_finish(conn, "rpl_1", "a", status="done", now=T0)
+        assert await store.replay_job_finish(
+            conn, "rpl_1", "c", status="done", now=T0 + 63, resume_since=T0
+        )
+    done = await store.replay_job_get("rpl_1", None)
+    assert done is not None and (done.status, done.resume_since, done.finished_at) == (
+        "done", T0, T0 + 63
+    )  # fmt: skip
+    # A finished job is never claimed again, and frees its endpoint for the next one.
+    assert await store.replay_job_claim("d", now=T0 + 999, ttl=60, job_id="rpl_1") is None
+    assert (await start_job(store, "rpl_3", now=T0 + 64)).job is not None
+    # A released job is claimable at once.
+    await store.replay_job_release("rpl_2", "b", now=T0 + 2)
+    back = await store.replay_job_claim("e", now=T0 + 2, ttl=60, job_id="rpl_2")
+    assert back is not None and back.status == "running"

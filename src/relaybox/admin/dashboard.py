@@ -103,7 +103,8 @@ NOTICES: dict[str, str] = {
     "endpoint_paused": "The endpoint was paused: its {n} waiting deliveries (and new ones) "
     "wait until it is resumed.",
     "endpoint_resumed": "The endpoint was resumed: its {n} waiting deliveries go out.",
-    "replayed_missing": "{n} missing deliver(ies) queued.",
+    "replay_started": "Replay missing started: a dispatcher queues the missing deliveries; "
+    "this page shows its progress.",
 }
 """What ``?notice=<code>`` shows; ``{n}`` is the count from ``?n=`` (digits only)."""
 
@@ -128,6 +129,8 @@ ERRORS: dict[str, str] = {
     "until_before_since": "until must be after since.",
     "already_paused": "The endpoint is already paused.",
     "not_paused": "The endpoint is not paused.",
+    "replay_running": "A replay of this endpoint is already queued or running: wait for it "
+    "to finish (this page shows it).",
 }
 """What ``?error=<code>`` shows: the dashboard's own messages for the codes its
 actions fail with."""

@@ -18,7 +18,7 @@ import click
 from relaybox.cli import app_options, json_option, load_box
 from relaybox.cli.outbound import _endpoint, _run, endpoints_group
 from relaybox.errors import Conflict
-from relaybox.outbound import flow
+from relaybox.outbound import flow, replays
 from relaybox.timespec import TIME_FORMS, parse_time
 
 __all__ = ["COMMANDS"]
@@ -75,6 +75,13 @@ def register(group: click.Group) -> None:
     @click.argument("endpoint_id")
     @click.option("--since", required=True, help=f"messages published since: {TIME_FORMS}")
     @click.option("--limit", type=click.IntRange(min=1), default=None, help="queue at most")
+    @click.option(
+        "--wait/--no-wait",
+        default=True,
+        show_default=True,
+        help="run the job here until it ends (or wait for the dispatcher running it); "
+        "--no-wait: queue it for a dispatcher and print its id",
+    )
     @json_option
     def replay_missing(
         app: str | None,
@@ -83,32 +90,40 @@ def register(group: click.Group) -> None:
         endpoint_id: str,
         since: str,
         limit: int | None,
+        wait: bool,
         as_json: bool,
     ) -> None:
         """Deliver the messages since a time that an endpoint's subscription matches
         but that it never got (published while it was disabled, or before it existed).
-        Each once, however often this runs."""
+        Each once, however often this runs. A job: one per endpoint at a time."""
         box = load_box(app, config, database_url)
         start = parse_time(since, time.time())
 
-        async def act() -> flow.Replayed:
+        async def act() -> replays.ReplayJob:
             await _endpoint(box, endpoint_id)
             try:
-                done = await flow.replay_missing(
+                job = await replays.start_replay(
                     box, endpoint_id, since=start, tenant=None, limit=limit
                 )
             except Conflict as exc:
                 raise click.ClickException(exc.message) from None
-            assert done is not None  # _endpoint found it
-            return done
+            assert job is not None  # _endpoint found it
+            return await replays.run_replay(box, job.id) if wait else job
 
         done = _run(box, act)
         if as_json:
-            click.echo(json.dumps(done.to_json()))
-            return
-        click.echo(f"{done.queued} missing deliveries queued ({done.scanned} messages read)")
-        if not done.complete:
-            click.echo(f"more may remain: run again with --since {done.resume_since}")
+            click.echo(json.dumps(replays.job_json(done)))
+        elif done.status == "queued":
+            click.echo(f"replay job {done.id} queued: a dispatcher runs it")
+        elif done.status == "done":
+            click.echo(
+                f"{done.queued} missing deliveries queued ({done.scanned} messages read; "
+                f"job {done.id})"
+            )
+            if done.resume_since is not None:
+                click.echo(f"more may remain: run again with --since {done.resume_since}")
+        if done.status == "failed":
+            raise click.ClickException(f"replay job {done.id} failed: {done.error}")
 
 
 register(endpoints_group)

@@ -217,12 +217,26 @@ class OutboundSettings(BaseModel):
         default=1000,
         ge=1,
         le=1_000_000,
-        description="deliveries one replay-missing call may queue for an endpoint",
+        description="deliveries one replay-missing job may queue for an endpoint",
     )
     replay_scan_max: int = Field(
         default=100_000,
         ge=1,
-        description="messages one replay-missing call may read (matching its endpoint or not)",
+        description="messages one replay-missing job may read (matching its endpoint or not)",
+    )
+    replay_batch: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        description="messages a replay-missing job reads, checks off the event loop and "
+        "queues per step (one short transaction each; its progress is saved after each)",
+    )
+    replay_jobs_per_hour: int = Field(
+        default=20,
+        ge=1,
+        le=100_000,
+        description="replay-missing jobs one tenant may start per hour through the tenant "
+        "API (429 beyond; the admin API, dashboard and CLI are not limited)",
     )
     allow_insecure_loopback: bool = Field(
         default=False, description="development only: allow http:// to loopback addresses"

@@ -18,6 +18,7 @@ from relaybox.timespec import TIME_FORMS, parse_time
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
+    from relaybox.store.outbox_flow import ReplayJob
 
 __all__ = [
     "FilterRequest",
@@ -27,8 +28,10 @@ __all__ = [
     "ReplayMissingRequest",
     "ReplayMissingResult",
     "endpoint_pause",
+    "endpoint_replay_job",
     "endpoint_replay_missing",
     "endpoint_set_filter",
+    "replay_result",
 ]
 
 log = structlog.get_logger("relaybox.admin")
@@ -59,12 +62,22 @@ class ReplayMissingRequest(EndpointActionRequest):
 
 
 class ReplayMissingResult(_Model):
+    id: str = Field(description="the job's id (rpl_…)")
     endpoint_id: str
+    status: str = Field(description="queued, running, done or failed")
     since: float
-    queued: int = Field(description="deliveries created")
-    scanned: int = Field(description="messages without a delivery read")
-    complete: bool = Field(description="every message up to now was read")
-    resume_since: float | None = Field(description="when not complete: since of the next call")
+    until: float = Field(description="messages published up to this time (the request's)")
+    limit: int = Field(description="deliveries the job queues at most")
+    queued: int = Field(description="deliveries created so far")
+    scanned: int = Field(description="messages without a delivery read so far")
+    complete: bool = Field(description="done, and every message up to until was read")
+    resume_since: float | None = Field(
+        description="when done and not complete (a limit reached): since of the next replay"
+    )
+    error: str | None = Field(description="why it failed (the endpoint deleted or disabled)")
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
     message: str
 
 
@@ -127,14 +140,16 @@ async def endpoint_pause(
 async def endpoint_replay_missing(
     box: Runtime, endpoint_id: str, body: ReplayMissingRequest, *, actor: str
 ) -> ReplayMissingResult:
-    """Queue the messages since ``body.since`` the endpoint's subscription matches and
-    it has no delivery of; 409 ``endpoint_disabled``."""
-    from relaybox.outbound.flow import replay_missing
+    """Queue a replay-missing job: a dispatcher delivers the messages since
+    ``body.since`` the endpoint's subscription matches and it has no delivery of;
+    409 ``endpoint_disabled``, 409 ``replay_running``."""
+    from relaybox.outbound.replays import start_replay
 
     since = body.since if isinstance(body.since, float) else parse_time(body.since, box.clock.now())
     await _endpoint(box, endpoint_id)
-    result = await replay_missing(box, endpoint_id, since=since, tenant=None, limit=body.limit)
-    assert result is not None  # the endpoint exists (deleted meanwhile: 404 above next time)
+    job = await start_replay(box, endpoint_id, since=since, tenant=None, limit=body.limit)
+    if job is None:  # deleted meanwhile
+        raise NotFound(f"no endpoint {endpoint_id}")
     log.info(
         "endpoint_action",
         action="replay_missing",
@@ -142,13 +157,39 @@ async def endpoint_replay_missing(
         actor=actor,
         reason=body.reason,
         since=since,
-        queued=result.queued,
+        job_id=job.id,
     )
-    more = "" if result.complete else f"; more may remain: go on with since={result.resume_since}"
-    return ReplayMissingResult(
-        **result.to_json(),
-        message=f"{result.queued} missing deliver(ies) queued for {endpoint_id}{more}",
-    )
+    return replay_result(job)
+
+
+async def endpoint_replay_job(box: Runtime, endpoint_id: str, job_id: str) -> ReplayMissingResult:
+    """The endpoint's replay-missing job, by id (404 when there is none)."""
+    from relaybox.outbound.replays import get_replay
+
+    job = await get_replay(box, job_id, tenant=None, endpoint_id=endpoint_id)
+    if job is None:
+        raise NotFound(f"no replay job {job_id} of endpoint {endpoint_id}")
+    return replay_result(job)
+
+
+def replay_result(job: ReplayJob) -> ReplayMissingResult:
+    """The job as the admin API shows it, with a sentence saying where it is."""
+    from relaybox.outbound.replays import job_json
+
+    shown = job_json(job)
+    if job.status in ("queued", "running"):
+        message = (
+            f"replay job {job.id} {job.status}: {job.queued} missing deliver(ies) queued, "
+            f"{job.scanned} messages read so far"
+        )
+    elif job.status == "failed":
+        message = f"replay job {job.id} failed: {job.error}"
+    else:
+        more = (
+            "" if shown["complete"] else f"; more may remain: go on with since={job.resume_since}"
+        )
+        message = f"{job.queued} missing deliver(ies) queued for {job.endpoint_id}{more}"
+    return ReplayMissingResult(**shown, message=message)
 
 
 async def endpoint_set_filter(

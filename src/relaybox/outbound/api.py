@@ -23,6 +23,9 @@ limited per tenant and per process by a token bucket (``outbound.publish_rate``,
     POST              /endpoints/{id}/pause      deliveries wait until resume
     POST              /endpoints/{id}/resume     waiting deliveries go out, oldest first
     POST              /endpoints/{id}/replay-missing   deliver what it never got since a time
+                      (a job: 202 with its id and url; 409 while one runs; 429 past the
+                      tenant's outbound.replay_jobs_per_hour)
+    GET               /endpoints/{id}/replay-missing/{job}   the job's status and counts
     GET               /endpoints/{id}/deliveries
     POST/GET          /webhooks                  the simple registration API: {"url", "events"}
     POST/GET          /messages                  publish (202) / list
@@ -49,7 +52,7 @@ from starlette.routing import Route
 
 from relaybox.bodies import BodyTooLarge, NotJsonNumber, parse_json, read_body, text_problem
 from relaybox.errors import Conflict, RelayboxError
-from relaybox.outbound import apikeys, deliveries, endpoints, flow
+from relaybox.outbound import apikeys, deliveries, endpoints, flow, replays
 from relaybox.outbound.catalog import InvalidMessage, list_event_types
 from relaybox.outbound.endpoints import (
     EndpointPatch,
@@ -348,14 +351,37 @@ def build_api(box: Runtime) -> Starlette:
             raise ApiError(409, "endpoint_disabled", "enable the endpoint first")
         replay = _strict(ReplayMissing, await body(request))
         try:
-            done = await flow.replay_missing(
-                box, found.id, since=_epoch(replay.since) or 0.0, tenant=tenant, limit=replay.limit
+            job = await replays.start_replay(
+                box,
+                found.id,
+                since=_epoch(replay.since) or 0.0,
+                tenant=tenant,
+                limit=replay.limit,
+                rate_limited=True,
             )
+        except replays.ReplayRunning as exc:
+            return JSONResponse(
+                {"error": exc.code, "message": exc.message, "id": exc.job_id}, status_code=409
+            )
+        except replays.ReplayLimited as exc:
+            raise ApiError(429, "rate_limited", str(exc), retry_after=exc.retry_after) from None
         except Conflict as exc:  # disabled meanwhile
-            raise ApiError(409, exc.code, exc.message) from None
-        if done is None:
+            raise ApiError(exc.status, exc.code, exc.message) from None
+        if job is None:
             raise _not_found("endpoint")
-        return JSONResponse(done.to_json(), status_code=202)
+        url = f"{str(request.url).split('?')[0].rstrip('/')}/{job.id}"
+        return JSONResponse(
+            {**replays.job_json(job), "url": url}, status_code=202, headers={"Location": url}
+        )
+
+    async def replay_job(request: Request, tenant: str) -> Response:
+        found = await endpoint_of(request, tenant)
+        job = await replays.get_replay(
+            box, request.path_params["job"], tenant=tenant, endpoint_id=found.id
+        )
+        if job is None:
+            raise _not_found("replay job")
+        return JSONResponse({**replays.job_json(job), "url": str(request.url).split("?")[0]})
 
     async def endpoint_deliveries(request: Request, tenant: str) -> Response:
         found = await endpoint_of(request, tenant)
@@ -490,6 +516,7 @@ def build_api(box: Runtime) -> Starlette:
             route("/endpoints/{id}/pause", pause, ["POST"]),
             route("/endpoints/{id}/resume", resume, ["POST"]),
             route("/endpoints/{id}/replay-missing", replay_missing, ["POST"]),
+            route("/endpoints/{id}/replay-missing/{job}", replay_job, ["GET"]),
             route("/webhooks", create_webhook, ["POST"]),
             route("/webhooks", list_webhooks, ["GET"]),
             route("/messages", create_message, ["POST"]),

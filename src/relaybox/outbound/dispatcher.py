@@ -29,6 +29,8 @@ next lane's, never its own lane's next row ahead of lanes waiting. On PostgreSQL
 dispatcher alone in a lane may hold more of its rows than its cap (``lease_ahead``),
 so that a slot finishing an attempt takes the next row at once; it still runs at most
 the cap (see :meth:`Dispatcher.run`).
+
+Each dispatcher also runs replay-missing jobs (:class:`~relaybox.outbound.replays.ReplayRunner`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from relaybox.outbound.lanes import LaneScheduler
 from relaybox.outbound.leases import lease, lease_recording, release
 from relaybox.outbound.recorder import Decision, Finished, Recorder, sent_row
 from relaybox.outbound.registry import outbound
+from relaybox.outbound.replays import ReplayRunner
 from relaybox.retry import Schedule
 from relaybox.store.outbox_rows import Delivery, Fairness
 
@@ -160,10 +163,16 @@ class Dispatcher:
             clock=time.monotonic,
         )
         run = _Run(self, lanes)
+        # Replay-missing jobs run beside the deliveries, one at a time, in bounded
+        # batches whose filter checks are off the event loop (relaybox.outbound.replays).
+        replaying = asyncio.create_task(
+            ReplayRunner(self.box, self.name).run(self._stopping), name="relaybox-replays"
+        )
         try:
             await run.loop()
         finally:
             self._stopping.set()  # also when run() itself is cancelled
+            await asyncio.gather(replaying, return_exceptions=True)
             if self._due_timer is not None:
                 self._due_timer.cancel()
             recorder.folding = False

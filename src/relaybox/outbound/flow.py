@@ -12,14 +12,14 @@ that its subscription (event types and payload filter) matches and that it has n
 delivery of: messages published while it was disabled, before it existed, or before
 its filter was widened. Each message gets at most one delivery per endpoint whatever
 runs at once (the delivery key is UNIQUE), so running it twice queues nothing twice.
-A call queues at most ``outbound.replay_max`` deliveries and reads at most
+It is a job (:mod:`relaybox.outbound.replays`) that a dispatcher runs in bounded
+batches; :func:`replay_missing` queues one and runs it to its end in the caller's
+process. A job queues at most ``outbound.replay_max`` deliveries and reads at most
 ``outbound.replay_scan_max`` messages; its result says where to go on from.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,9 +27,7 @@ import structlog
 
 from relaybox.errors import Conflict
 from relaybox.outbound.endpoints import get_endpoint
-from relaybox.outbound.filters import compile_filter
-from relaybox.outbound.publish import wants
-from relaybox.outbound.registry import outbound
+from relaybox.outbound.replays import ReplayJob, run_replay, start_replay
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -38,13 +36,10 @@ __all__ = ["Replayed", "pause_endpoint", "paused_backlog", "replay_missing", "re
 
 log = structlog.get_logger("relaybox.outbound")
 
-_PAGE = 500
-"""Messages read per transaction by replay missing."""
-
 
 @dataclass(frozen=True, slots=True)
 class Replayed:
-    """What a replay-missing call did. ``queued``: deliveries it created; ``scanned``:
+    """What a replay-missing job did. ``queued``: deliveries it created; ``scanned``:
     messages without a delivery it read; ``complete``: it reached the newest message.
     When not complete, ``resume_since`` is the time to pass to the next call (the
     publish time of the last message it read; what it read again there is skipped)."""
@@ -55,6 +50,13 @@ class Replayed:
     scanned: int
     complete: bool
     resume_since: float | None
+
+    @classmethod
+    def of(cls, job: ReplayJob) -> Replayed:
+        """What the finished ``job`` did."""
+        complete = job.resume_since is None
+        resume = None if complete else job.resume_since
+        return cls(job.endpoint_id, job.since, job.queued, job.scanned, complete, resume)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,56 +104,19 @@ async def replay_missing(
     tenant: str | None,
     limit: int | None = None,
 ) -> Replayed | None:
-    """Queue a delivery to the endpoint of each message published at or after
-    ``since`` that its subscription matches and that it has no delivery of, in publish
-    order, at most ``limit`` (and ``outbound.replay_max``). ``None``: no such endpoint;
-    :class:`~relaybox.errors.Conflict` (``endpoint_disabled``) when it is disabled
-    (its deliveries would die: enable it first)."""
-    endpoint = await get_endpoint(box, endpoint_id, tenant)
-    if endpoint is None:
+    """Queue a replay-missing job (:func:`relaybox.outbound.replays.start_replay`) and
+    run it here to its end (waiting instead when a dispatcher took it on): a delivery
+    to the endpoint of each message published from ``since`` until now that its
+    subscription matches and that it has no delivery of, in publish order, at most
+    ``limit`` (and ``outbound.replay_max``). ``None``: no such endpoint;
+    :class:`~relaybox.errors.Conflict` ``endpoint_disabled`` when it is disabled (its
+    deliveries would die: enable it first), ``replay_running``
+    (:class:`~relaybox.outbound.replays.ReplayRunning`) when a job of the endpoint is
+    queued or running."""
+    job = await start_replay(box, endpoint_id, since=since, tenant=tenant, limit=limit)
+    if job is None:
         return None
-    if endpoint.status != "enabled":
-        raise Conflict(
-            f"endpoint {endpoint_id} is disabled: enable it first", code="endpoint_disabled"
-        )
-    settings, store = outbound(box).settings, box.store
-    most = settings.replay_max if limit is None else max(1, min(limit, settings.replay_max))
-    flt = None if endpoint.payload_filter is None else compile_filter(endpoint.payload_filter)
-    queued = scanned = 0
-    after: tuple[float, str] | None = None
-    complete = False
-    while queued < most and scanned < settings.replay_scan_max:
-        size = min(_PAGE, settings.replay_scan_max - scanned)
-        async with store.transaction() as conn:
-            page = await store.message_missing_page(
-                conn, endpoint.tenant, endpoint_id, since=since, after=after, limit=size
-            )
-            chosen: list[str] = []
-            for m in page:
-                scanned += 1
-                after = (m.created_at, m.id)
-                if wants(
-                    m.event_type,
-                    functools.partial(json.loads, m.body),
-                    endpoint.event_types,
-                    flt,
-                ):
-                    chosen.append(m.id)
-                    if queued + len(chosen) >= most:
-                        break
-            queued += await store.delivery_insert_missing(
-                conn, endpoint_id, endpoint.tenant, chosen, now=box.clock.now()
-            )
-        if len(page) < size and (not page or after == (page[-1].created_at, page[-1].id)):
-            complete = True
-            break
-    resume = None if complete else (after[0] if after else since)
-    log.info(
-        "endpoint_replayed_missing",
-        endpoint_id=endpoint_id,
-        since=since,
-        queued=queued,
-        scanned=scanned,
-        complete=complete,
-    )
-    return Replayed(endpoint_id, since, queued, scanned, complete, resume)
+    done = await run_replay(box, job.id)
+    if done.status == "failed":
+        raise Conflict(f"replay of {endpoint_id} failed: {done.error}", code="replay_failed")
+    return Replayed.of(done)

@@ -18,6 +18,7 @@ from relaybox.ops.outbound_flow import (
     ReplayMissingRequest,
     ReplayMissingResult,
     endpoint_pause,
+    endpoint_replay_job,
     endpoint_replay_missing,
     endpoint_set_filter,
 )
@@ -40,6 +41,10 @@ async def _resume(c: Call) -> BaseModel:
 
 async def _replay_missing(c: Call) -> BaseModel:
     return await endpoint_replay_missing(c.box, c.path["id"], c.body, actor=c.actor)
+
+
+async def _replay_job(c: Call) -> BaseModel:
+    return await endpoint_replay_job(c.box, c.path["id"], c.path["job"])
 
 
 async def _set_filter(c: Call) -> BaseModel:
@@ -79,11 +84,26 @@ FLOW_OPERATIONS = (
         _replay_missing,
         ReplayMissingResult,
         body=ReplayMissingRequest,
+        status=202,
         errors=(400, 404, 409),
         description="Messages published while the endpoint was disabled or before it "
         "existed: each gets one delivery, however often this runs (the delivery key is "
-        "unique). At most `limit` (and `outbound.replay_max`) per call; `complete` false "
-        "and `resume_since` when more may remain. 409 `endpoint_disabled`: enable it first.",
+        "unique). The answer is a job (`id`, `status` queued) that a dispatcher runs in "
+        "batches of `outbound.replay_batch` messages; `getReplayMissing` shows its progress. "
+        "At most `limit` (and `outbound.replay_max`) deliveries per job; when done, "
+        "`complete` false and `resume_since` say more may remain. 409 `endpoint_disabled`: "
+        "enable it first; 409 `replay_running`: the endpoint has a job queued or running.",
+    ),
+    Operation(
+        "GET",
+        "/endpoints/{id:str}/replay-missing/{job:str}",
+        "getReplayMissing",
+        "A replay-missing job: its status and what it queued so far",
+        _replay_job,
+        ReplayMissingResult,
+        errors=(404,),
+        description="`status`: queued, running, done or failed (`error` says why: the "
+        "endpoint was deleted or disabled).",
     ),
     Operation(
         "PUT",
@@ -145,10 +165,10 @@ async def endpoint_replay_missing_action(
             "reason": form.get("reason") or "replayed from the dashboard",
         }
     )
-    result = await endpoint_replay_missing(
+    await endpoint_replay_missing(
         dashboard.box_of(request), _endpoint_id(request), body, actor=dashboard.actor_of(request)
     )
-    return "replayed_missing", result.queued
+    return "replay_started"
 
 
 FLOW_PAGES = (

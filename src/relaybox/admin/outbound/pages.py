@@ -22,6 +22,7 @@ from relaybox.ops.outbound import (
     message_list,
     message_redeliver,
 )
+from relaybox.ops.outbound_flow import replay_result
 from relaybox.ops.outbound_models import (
     EndpointActionRequest,
     EndpointFilter,
@@ -59,8 +60,13 @@ async def endpoints_page(request: Request) -> Response:
 
 @dashboard.page
 async def endpoint_page(request: Request) -> Response:
-    detail = await endpoint_get(dashboard.box_of(request), _text_id(request))
-    return await dashboard.render(request, "endpoint.html", active="endpoints", e=detail)
+    box = dashboard.box_of(request)
+    detail = await endpoint_get(box, _text_id(request))
+    latest = await box.store.replay_job_latest(detail.id)
+    replay = None if latest is None else replay_result(latest)
+    return await dashboard.render(
+        request, "endpoint.html", active="endpoints", e=detail, replay=replay
+    )
 
 
 @dashboard.page

@@ -43,6 +43,9 @@ SELECT pg_notify('relaybox_inbox', '')
 -- name: notify_outbox
 SELECT pg_notify('relaybox_outbox', '')
 
+-- name: notify_replay
+SELECT pg_notify('relaybox_replay', '')
+
 -- name: notify_channels
 -- Store.wake: rows committed already, channels by name ('inbox', 'outbox'). Its own
 -- short transaction, on the synchronous_commit=off pool.

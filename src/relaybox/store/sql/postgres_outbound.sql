@@ -279,12 +279,12 @@ WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
 RETURNING id, tenant
 
 -- name: message_missing_page
--- Replay missing, one page: the tenant's messages published since $3, after the
+-- Replay missing, one page: the tenant's messages published from $3 to $7, after the
 -- keyset ($4, $5) (created_at, id), oldest first, whose body is still there and that
 -- have no delivery to endpoint $2 (the delivery key is message id ':' endpoint id:
 -- a probe of the relaybox_outbox_key UNIQUE index per message).
 SELECT m.id, m.event_type, m.body, m.created_at FROM relaybox_messages m
-WHERE m.tenant = $1 AND m.created_at >= $3 AND m.purged_at IS NULL
+WHERE m.tenant = $1 AND m.created_at >= $3 AND m.created_at <= $7 AND m.purged_at IS NULL
   AND ($4::double precision IS NULL OR (m.created_at, m.id) > ($4, $5::text))
   AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
                   WHERE o.channel = 'webhook' AND o.key = m.id || ':' || $2::text)
@@ -714,3 +714,76 @@ SELECT count(*)::int AS n FROM (
 -- nothing holds them back any more.
 UPDATE relaybox_outbox SET ordering_key = NULL
 WHERE endpoint_id = $1 AND ordering_key IS NOT NULL AND status IN ('pending', 'dead')
+
+-- name: replay_job_active
+-- The endpoint's queued or running replay-missing job (at most one: a UNIQUE index).
+SELECT id FROM relaybox_replay_jobs
+WHERE endpoint_id = $1 AND status IN ('queued', 'running')
+
+-- name: replay_job_recent
+-- How many replay-missing jobs the tenant started after $2, and the first of them.
+SELECT count(*), min(created_at) FROM relaybox_replay_jobs
+WHERE tenant = $1 AND created_at > $2
+
+-- name: replay_job_insert
+-- A new job, queued; nothing when the endpoint has one queued or running already
+-- (relaybox_replay_jobs_active: of two at once, the later one inserts nothing).
+INSERT INTO relaybox_replay_jobs
+    (id, tenant, endpoint_id, since, until_at, max_queued, status, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, 'queued', $7, $7)
+ON CONFLICT DO NOTHING
+RETURNING id, tenant, endpoint_id, since, until_at, max_queued, status, scanned, queued, cursor_at,
+       cursor_id, resume_since, error, created_at, started_at, finished_at
+
+-- name: replay_job_get
+-- A job, by id; $2 NULL: of any tenant.
+SELECT id, tenant, endpoint_id, since, until_at, max_queued, status, scanned, queued, cursor_at,
+       cursor_id, resume_since, error, created_at, started_at, finished_at
+FROM relaybox_replay_jobs WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
+
+-- name: replay_job_claim
+-- The oldest job waiting ($4 NULL) or job $4, queued or running under no live lease (a
+-- dispatcher that died or stopped), leased to $1 until $2 + $3. Two claims at once
+-- never get the same job (FOR UPDATE SKIP LOCKED; the lease is checked again).
+UPDATE relaybox_replay_jobs
+SET status = 'running', lease_owner = $1, lease_until = $2::double precision + $3::double precision,
+    started_at = coalesce(started_at, $2), updated_at = $2
+WHERE id = (
+    SELECT id FROM relaybox_replay_jobs
+    WHERE status IN ('queued', 'running') AND (lease_until IS NULL OR lease_until <= $2)
+      AND ($4::text IS NULL OR id = $4)
+    ORDER BY created_at, id LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+  AND status IN ('queued', 'running') AND (lease_until IS NULL OR lease_until <= $2)
+RETURNING id, tenant, endpoint_id, since, until_at, max_queued, status, scanned, queued, cursor_at,
+       cursor_id, resume_since, error, created_at, started_at, finished_at
+
+-- name: replay_job_advance
+-- One batch's progress, and the lease renewed, only while $2 still holds it: first in
+-- the batch's transaction (the row stays locked until the COMMIT, so a claim waits for
+-- it); no row back means the lease was lost and the batch rolls back.
+UPDATE relaybox_replay_jobs
+SET scanned = scanned + $3, queued = queued + $4, cursor_at = $5, cursor_id = $6,
+    lease_until = $7::double precision + $8::double precision, updated_at = $7
+WHERE id = $1 AND lease_owner = $2 AND status = 'running'
+RETURNING scanned, queued
+
+-- name: replay_job_finish
+-- The job done or failed ($3), while $2 holds its lease.
+UPDATE relaybox_replay_jobs
+SET status = $3, error = $4, resume_since = $5, finished_at = $6, updated_at = $6,
+    lease_owner = NULL, lease_until = NULL
+WHERE id = $1 AND lease_owner = $2 AND status = 'running'
+RETURNING id
+
+-- name: replay_job_release
+-- A stopping dispatcher gives its job back: the next claim takes it on at once.
+UPDATE relaybox_replay_jobs SET lease_owner = NULL, lease_until = NULL, updated_at = $3
+WHERE id = $1 AND lease_owner = $2 AND status = 'running'
+
+-- name: replay_job_latest
+-- The endpoint's newest replay-missing job (the dashboard's endpoint page).
+SELECT id, tenant, endpoint_id, since, until_at, max_queued, status, scanned, queued, cursor_at,
+       cursor_id, resume_since, error, created_at, started_at, finished_at
+FROM relaybox_replay_jobs WHERE endpoint_id = $1 ORDER BY created_at DESC, id DESC LIMIT 1

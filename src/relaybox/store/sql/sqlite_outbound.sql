@@ -230,7 +230,7 @@ RETURNING id, tenant
 
 -- name: message_missing_page
 SELECT m.id, m.event_type, m.body, m.created_at FROM relaybox_messages m
-WHERE m.tenant = ?1 AND m.created_at >= ?3 AND m.purged_at IS NULL
+WHERE m.tenant = ?1 AND m.created_at >= ?3 AND m.created_at <= ?7 AND m.purged_at IS NULL
   AND (?4 IS NULL OR m.created_at > ?4 OR (m.created_at = ?4 AND m.id > ?5))
   AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
                   WHERE o.channel = 'webhook' AND o.key = m.id || ':' || ?2)
@@ -462,3 +462,61 @@ SELECT count(*) AS n FROM (
 -- nothing holds them back any more.
 UPDATE relaybox_outbox SET ordering_key = NULL
 WHERE endpoint_id = ?1 AND ordering_key IS NOT NULL AND status IN ('pending', 'dead')
+
+-- name: replay_job_active
+SELECT id FROM relaybox_replay_jobs
+WHERE endpoint_id = ?1 AND status IN ('queued', 'running')
+
+-- name: replay_job_recent
+SELECT count(*), min(created_at) FROM relaybox_replay_jobs
+WHERE tenant = ?1 AND created_at > ?2
+
+-- name: replay_job_insert
+INSERT INTO relaybox_replay_jobs
+    (id, tenant, endpoint_id, since, until_at, max_queued, status, created_at, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?7)
+ON CONFLICT DO NOTHING
+RETURNING id, tenant, endpoint_id, since, until_at, max_queued, status, scanned, queued, cursor_at,
+       cursor_id, resume_since, error, created_at, started_at, finished_at
+
+-- name: replay_job_get
+SELECT id, tenant, endpoint_id, since, until_at, max_queued, status, scanned, queued, cursor_at,
+       cursor_id, resume_since, error, created_at, started_at, finished_at
+FROM relaybox_replay_jobs WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
+
+-- name: replay_job_claim
+-- One writer at a time (BEGIN IMMEDIATE): the lease is checked and taken at once.
+UPDATE relaybox_replay_jobs
+SET status = 'running', lease_owner = ?1, lease_until = ?2 + ?3,
+    started_at = coalesce(started_at, ?2), updated_at = ?2
+WHERE id = (
+    SELECT id FROM relaybox_replay_jobs
+    WHERE status IN ('queued', 'running') AND (lease_until IS NULL OR lease_until <= ?2)
+      AND (?4 IS NULL OR id = ?4)
+    ORDER BY created_at, id LIMIT 1
+)
+RETURNING id, tenant, endpoint_id, since, until_at, max_queued, status, scanned, queued, cursor_at,
+       cursor_id, resume_since, error, created_at, started_at, finished_at
+
+-- name: replay_job_advance
+UPDATE relaybox_replay_jobs
+SET scanned = scanned + ?3, queued = queued + ?4, cursor_at = ?5, cursor_id = ?6,
+    lease_until = ?7 + ?8, updated_at = ?7
+WHERE id = ?1 AND lease_owner = ?2 AND status = 'running'
+RETURNING scanned, queued
+
+-- name: replay_job_finish
+UPDATE relaybox_replay_jobs
+SET status = ?3, error = ?4, resume_since = ?5, finished_at = ?6, updated_at = ?6,
+    lease_owner = NULL, lease_until = NULL
+WHERE id = ?1 AND lease_owner = ?2 AND status = 'running'
+RETURNING id
+
+-- name: replay_job_release
+UPDATE relaybox_replay_jobs SET lease_owner = NULL, lease_until = NULL, updated_at = ?3
+WHERE id = ?1 AND lease_owner = ?2 AND status = 'running'
+
+-- name: replay_job_latest
+SELECT id, tenant, endpoint_id, since, until_at, max_queued, status, scanned, queued, cursor_at,
+       cursor_id, resume_since, error, created_at, started_at, finished_at
+FROM relaybox_replay_jobs WHERE endpoint_id = ?1 ORDER BY created_at DESC, id DESC LIMIT 1
