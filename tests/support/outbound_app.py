@@ -101,4 +101,7 @@ async def outbox_rows(b: Relaybox) -> list[dict[str, Any]]:
 box = Relaybox(
     settings=Settings(database_url=os.environ.get("RELAYBOX_DATABASE_URL", "sqlite:///unused.db"))
 )
-local(box)
+# A process test may ask for small replay-missing steps (tests/e2e/test_replay_kill.py).
+local(
+    box, **({"replay_batch": int(b)} if (b := os.environ.get("RELAYBOX_TEST_REPLAY_BATCH")) else {})
+)
