@@ -16,7 +16,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
@@ -45,6 +45,9 @@ class _Out(BaseModel):
 class ErrorBody(_Out):
     error: str = Field(description="a stable code, e.g. not_found, invalid_request")
     message: str
+    id: str | None = Field(
+        None, description="replay_running: the endpoint's replay-missing job queued or running"
+    )
 
 
 class EndpointCredentials(_Out):
@@ -52,13 +55,25 @@ class EndpointCredentials(_Out):
     set: bool
 
 
-class ReplayMissingResult(_Out):
+class ReplayMissingJob(_Out):
+    id: str = Field(description="the job's id (rpl_…)")
     endpoint_id: str
+    status: Literal["queued", "running", "done", "failed"]
     since: float
-    queued: int = Field(description="deliveries created by this call")
-    scanned: int
-    complete: bool = Field(description="false: more may match; call again from resume_since")
+    until: float = Field(description="messages published up to this time (the request's)")
+    limit: int = Field(description="deliveries the job queues at most")
+    queued: int = Field(description="deliveries created so far")
+    scanned: int = Field(description="messages without a delivery read so far")
+    complete: bool = Field(
+        description="done, and every message up to until was read; done and false: a limit "
+        "was reached, start another replay from resume_since"
+    )
     resume_since: float | None
+    error: str | None = Field(description="why it failed (the endpoint deleted or disabled)")
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    url: str = Field(description="where to follow the job (GET)")
 
 
 class Endpoint(_Out):
@@ -269,8 +284,12 @@ OPERATIONS: list[Op] = [
     ("post", "/endpoints/{id}/resume", "resumeEndpoint",
      "Resume: waiting deliveries go out, oldest first", None, 200, Endpoint, set()),
     ("post", "/endpoints/{id}/replay-missing", "replayMissing",
-     "Send, once, every message since a time it matched but never got", ReplayMissing, 202,
-     ReplayMissingResult, {409}),
+     "Start a job sending, once, every message since a time it matched but never got "
+     "(409 replay_running while one is queued or running)", ReplayMissing, 202,
+     ReplayMissingJob, {409, 429}),
+    ("get", "/endpoints/{id}/replay-missing/{job}", "getReplayMissing",
+     "A replay-missing job: its status and what it queued so far", None, 200,
+     ReplayMissingJob, set()),
     ("post", "/webhooks", "createWebhook", "Register a webhook: {url, events}", EndpointSpec,
      201, CreatedWebhook, {409} | _SECRETS),
     ("get", "/webhooks", "listWebhooks", "Registered webhooks", None, 200, Webhooks, set()),
@@ -333,6 +352,11 @@ def openapi_document() -> dict[str, Any]:
                 {"name": "id", "in": "path", "required": True,
                  "schema": {"type": "string", "maxLength": 200}}
             )  # fmt: skip
+        if "{job}" in path:
+            params.append(
+                {"name": "job", "in": "path", "required": True,
+                 "schema": {"type": "string", "maxLength": 200}}
+            )  # fmt: skip
         if method == "get" and path in _LIMIT:
             params.append(
                 {"name": "limit", "in": "query", "required": False,
@@ -357,6 +381,10 @@ def openapi_document() -> dict[str, Any]:
             responses[str(status)] = {"description": "OK", "content": content}
             if op_id == "publishMessage":
                 responses["200"] = {"description": "Published before", "content": content}
+            if op_id == "replayMissing":
+                responses[str(status)]["headers"] = {
+                    "Location": {"schema": {"type": "string"}, "required": True}
+                }
         error = {"application/json": {"schema": keys[(ErrorBody, "serialization")]}}
         for code in sorted(errors):
             responses[str(code)] = {"description": _ERRORS[code], "content": error}
