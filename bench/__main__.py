@@ -1,4 +1,4 @@
-"""python -m bench accept|process|dispatch|growth|size|latency|slow|filters|all [--quick]
+"""python -m bench accept|process|dispatch|growth|size|latency|slow|filters|replay|all [--quick]
 [--seconds N]"""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument(
         "which",
-        choices=("accept process dispatch growth size latency slow filters all").split(),
+        choices=("accept process dispatch growth size latency slow filters replay all").split(),
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--seconds", type=int, default=10)
@@ -83,6 +83,10 @@ def main() -> None:
         from bench import filters
 
         tables.append(filters.main(quick=args.quick, seconds=args.seconds))
+    if args.which in ("replay", "all"):
+        from bench import replay
+
+        tables.append(replay.main(messages=100 if args.quick else 1003))
     print()
     print("\n\n".join(tables))
     after = cpu_reference(additions)
