@@ -28,7 +28,8 @@ A purged delivery is never sent again: redeliver and recover skip it, and the ad
 API answers 409 ``payload_purged`` for a purged message.
 
 The scheduled job (:class:`Maintenance`) also drops the rows of portal tokens ended
-early (logouts, opened single-use links) once those tokens have expired anyway. It
+early (logouts, opened single-use links) once those tokens have expired anyway, and
+replay-missing jobs that ended ``retention.outbox_payload_max_age`` ago. It
 runs in the ``maintenance`` role (or ``relaybox maintenance``). With several
 processes on one PostgreSQL, one runs it at a time: a session-level advisory lock
 (``pg_try_advisory_lock``) on a connection of its own, released when the run ends or
@@ -199,6 +200,14 @@ class Maintenance:
             tokens = await self.box.store.portal_tokens_purge(self.box.clock.now())
             if tokens:
                 log.info("portal_tokens_purged", rows=tokens)
+            # Replay-missing jobs that ended as long ago as a message's body is kept.
+            store, settings = self.box.store, self.box.settings.retention
+            before = self.box.clock.now() - settings.outbox_payload_max_age
+            jobs = 0
+            while purged := await store.replay_jobs_purge(before, limit=settings.batch):
+                jobs += purged
+            if jobs:
+                log.info("replay_jobs_purged", rows=jobs)
             return result
 
     async def run(self) -> None:

@@ -214,3 +214,17 @@ async def test_a_running_dispatcher_runs_the_job_it_is_told_of(
         dispatcher.stop()
         await asyncio.wait_for(running, 30)
     assert len(await rows_of(box, endpoint_id)) == 8
+
+
+async def test_the_maintenance_job_drops_replay_jobs_once_their_age_is_past(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    local(box)
+    endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook")
+    job = await start_replay(box, endpoint_id, since=0.0, tenant="t1")
+    assert job is not None and await ReplayRunner(box).run_once() is not None
+    await box.maintenance().run_once()
+    assert await box.store.replay_job_get(job.id, None) is not None  # ended just now
+    clock.advance(box.settings.retention.outbox_payload_max_age + 1)
+    await box.maintenance().run_once()
+    assert await box.store.replay_job_get(job.id, None) is None

@@ -221,3 +221,22 @@ async def test_a_replay_job_is_leased_fenced_and_taken_over_once_its_lease_ran_o
     await store.replay_job_release("rpl_2", "b", now=T0 + 2)
     back = await store.replay_job_claim("e", now=T0 + 2, ttl=60, job_id="rpl_2")
     assert back is not None and back.status == "running"
+
+
+async def test_maintenance_drops_replay_jobs_that_ended_long_enough_ago(store: Store) -> None:
+    for n, endpoint_id in enumerate(("ep_1", "ep_2", "ep_3")):
+        await start_job(store, f"rpl_{n}", endpoint_id, now=T0 + n)
+    for n in range(2):  # rpl_0 ends at T0 + 10, rpl_1 at T0 + 20; rpl_2 still waits
+        claimed = await store.replay_job_claim("a", now=T0 + n, ttl=60, job_id=f"rpl_{n}")
+        assert claimed is not None
+        async with store.transaction() as conn:
+            assert await store.replay_job_finish(
+                conn, f"rpl_{n}", "a", status="done" if n else "failed", now=T0 + 10 * (n + 1)
+            )
+    assert await store.replay_jobs_purge(T0 + 15, limit=10) == 1
+    assert await store.replay_jobs_purge(T0 + 999, limit=10) == 1
+    assert await store.replay_jobs_purge(T0 + 999, limit=10) == 0
+    assert await store.replay_job_get("rpl_0", None) is None
+    assert await store.replay_job_get("rpl_1", None) is None
+    waiting = await store.replay_job_get("rpl_2", None)
+    assert waiting is not None and waiting.status == "queued"  # never dropped unfinished

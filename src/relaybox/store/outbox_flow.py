@@ -245,3 +245,8 @@ class FlowStore:
         """Give the job's lease back (a stopping dispatcher): claimable at once."""
         async with self.transaction() as conn:
             await self.rows(conn, "replay_job_release", (job_id, owner, now))
+
+    async def replay_jobs_purge(self, before: float, *, limit: int) -> int:
+        """Maintenance: drop up to ``limit`` jobs that ended before ``before``."""
+        async with self.transaction() as conn:
+            return len(await self.rows(conn, "replay_jobs_purge", (before, limit)))

@@ -787,3 +787,11 @@ WHERE id = $1 AND lease_owner = $2 AND status = 'running'
 SELECT id, tenant, endpoint_id, since, until_at, max_queued, status, scanned, queued, cursor_at,
        cursor_id, resume_since, error, created_at, started_at, finished_at
 FROM relaybox_replay_jobs WHERE endpoint_id = $1 ORDER BY created_at DESC, id DESC LIMIT 1
+
+-- name: replay_jobs_purge
+-- Maintenance: up to $2 replay jobs that ended before $1 (kept as long as a message's
+-- body, retention.outbox_payload_max_age).
+DELETE FROM relaybox_replay_jobs
+WHERE id IN (SELECT id FROM relaybox_replay_jobs
+             WHERE status IN ('done', 'failed') AND finished_at < $1 LIMIT $2)
+RETURNING id

@@ -520,3 +520,9 @@ WHERE id = ?1 AND lease_owner = ?2 AND status = 'running'
 SELECT id, tenant, endpoint_id, since, until_at, max_queued, status, scanned, queued, cursor_at,
        cursor_id, resume_since, error, created_at, started_at, finished_at
 FROM relaybox_replay_jobs WHERE endpoint_id = ?1 ORDER BY created_at DESC, id DESC LIMIT 1
+
+-- name: replay_jobs_purge
+DELETE FROM relaybox_replay_jobs
+WHERE id IN (SELECT id FROM relaybox_replay_jobs
+             WHERE status IN ('done', 'failed') AND finished_at < ?1 LIMIT ?2)
+RETURNING id

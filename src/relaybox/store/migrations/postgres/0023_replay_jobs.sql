@@ -6,7 +6,8 @@
 -- the request's time: messages published later get their deliveries at publish.
 -- At most one queued or running job per endpoint (the partial UNIQUE index);
 -- (tenant, created_at) counts a tenant's recent jobs for its rate limit;
--- (endpoint_id, created_at) finds an endpoint's newest job.
+-- (endpoint_id, created_at) finds an endpoint's newest job; the maintenance job drops
+-- the jobs that ended retention.outbox_payload_max_age ago.
 CREATE TABLE relaybox_replay_jobs (
     id           TEXT PRIMARY KEY,
     tenant       TEXT NOT NULL,
@@ -34,3 +35,5 @@ CREATE INDEX relaybox_replay_jobs_waiting
     ON relaybox_replay_jobs (created_at) WHERE status IN ('queued', 'running');
 CREATE INDEX relaybox_replay_jobs_tenant ON relaybox_replay_jobs (tenant, created_at);
 CREATE INDEX relaybox_replay_jobs_endpoint ON relaybox_replay_jobs (endpoint_id, created_at);
+CREATE INDEX relaybox_replay_jobs_finished
+    ON relaybox_replay_jobs (finished_at) WHERE status IN ('done', 'failed');
