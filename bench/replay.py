@@ -20,7 +20,8 @@ A replay has finished when its ``POST`` answered (a replay that runs in the requ
 or, when it answers 202 with a job, once ``GET`` on the job's ``url`` says ``done``
 (polled every 100 ms). Rows: the ``POST``'s answer time (max of the four), the time
 until every replay finished, ``/healthz`` p50 and max, the other tenant's publish p50
-and max, in ms; failed requests (a 5xx, or no answer) are counted in the note.
+and max, in ms; failed probes (a 5xx, or no answer) are counted in the note, and a
+replay that failed (its status) is named there.
 
     python -m bench.replay                      # both backends
     python -m bench.replay --messages 200       # a smoke run
@@ -84,23 +85,28 @@ async def seed(url: str, key: str, messages: int) -> int:
 
 async def replay(
     http: aiohttp.ClientSession, base: str, auth: dict[str, str], endpoint_id: str
-) -> tuple[float, float]:
-    """(ms until the POST answered, ms until the replay finished)."""
+) -> tuple[float, float, str]:
+    """(ms until the POST answered, ms until the replay finished, what failed: "" when
+    nothing did)."""
     started = time.perf_counter()
     url = f"{base}/api/v1/endpoints/{endpoint_id}/replay-missing"
-    async with http.post(url, json={"since": 0}, headers=auth) as r:
-        body = await r.json()
-        if r.status != 202:
-            raise RuntimeError(f"replay-missing: {r.status} {body}")
-    answered = (time.perf_counter() - started) * 1000
-    if "url" in body:  # a job: poll it until it ends
-        while body.get("status") not in ("done", "failed"):
-            await asyncio.sleep(0.1)
-            async with http.get(body["url"], headers=auth) as r:
-                body = await r.json()
-        if body["status"] != "done":
-            raise RuntimeError(f"replay job failed: {body}")
-    return answered, (time.perf_counter() - started) * 1000
+    try:
+        async with http.post(url, json={"since": 0}, headers=auth) as r:
+            answered = (time.perf_counter() - started) * 1000
+            if r.status != 202:
+                return answered, answered, f"replay {r.status}"
+            body = await r.json()
+        if "url" in body:  # a job: poll it until it ends
+            while body.get("status") not in ("done", "failed"):
+                await asyncio.sleep(0.1)
+                async with http.get(body["url"], headers=auth) as r:
+                    body = await r.json()
+            if body["status"] != "done":
+                return answered, answered, f"job {body['status']}: {body['error']}"
+    except aiohttp.ClientError as exc:
+        elapsed = (time.perf_counter() - started) * 1000
+        return elapsed, elapsed, f"replay {type(exc).__name__}"
+    return answered, (time.perf_counter() - started) * 1000, ""
 
 
 async def probes(
@@ -149,8 +155,9 @@ async def row(
     failed = sum(1 for t in (*health, *theirs) if t < 0)
     health, theirs = [abs(t) for t in health], [abs(t) for t in theirs]
     return {
-        "post_max": max((a for a, _ in done), default=float("nan")),
-        "finished": max((f for _, f in done), default=float("nan")),
+        "post_max": max((a for a, _, _ in done), default=float("nan")),
+        "finished": max((f for _, f, _ in done), default=float("nan")),
+        "replays_failed": sorted(why for _, _, why in done if why),
         "healthz_p50": pct(health, 0.5),
         "healthz_max": max(health),
         "other_p50": pct(theirs, 0.5),
@@ -207,7 +214,9 @@ async def session(backend: str, messages: int, label: str) -> list[list[Any]]:
                 with pinned(1):
                     got = await row(http, base, keys, chosen)
                 print(f"  replay {backend:8} {label:6} {name:12} {got}", flush=True)
-                note = f"{got['failed']} requests failed" if got["failed"] else ""
+                notes = [f"{got['failed']} probes failed (5xx or none)"] if got["failed"] else []
+                notes += [f"{why}" for why in got["replays_failed"]]
+                note = "; ".join(notes)
                 rows.append([backend, label, name, got["post_max"], got["finished"],
                              got["healthz_p50"], got["healthz_max"], got["other_p50"],
                              got["other_max"], note])  # fmt: skip
