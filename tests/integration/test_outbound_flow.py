@@ -28,7 +28,8 @@ from relaybox.outbound import Dispatcher, create_api_key, disable_endpoint, enab
 from relaybox.outbound.endpoints import EndpointPatch, update_endpoint
 from relaybox.outbound.filters import InvalidFilter
 from relaybox.outbound.flow import pause_endpoint, replay_missing, resume_endpoint
-from relaybox.outbound.replays import ReplayJob, ReplayRunner, ReplayRunning, start_replay
+from relaybox.outbound.replays import ReplayRunner, ReplayRunning, start_replay
+from relaybox.store.outbox_flow import ReplayJob
 from tests.conftest import Served
 from tests.support.outbound_app import endpoint, local, outbox_rows, publish_one
 from tests.support.receivers import HttpReceiver, Seen

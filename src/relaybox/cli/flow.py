@@ -19,6 +19,7 @@ from relaybox.cli import app_options, json_option, load_box
 from relaybox.cli.outbound import _endpoint, _run, endpoints_group
 from relaybox.errors import Conflict
 from relaybox.outbound import flow, replays
+from relaybox.store.outbox_flow import ReplayJob
 from relaybox.timespec import TIME_FORMS, parse_time
 
 __all__ = ["COMMANDS"]
@@ -99,7 +100,7 @@ def register(group: click.Group) -> None:
         box = load_box(app, config, database_url)
         start = parse_time(since, time.time())
 
-        async def act() -> replays.ReplayJob:
+        async def act() -> ReplayJob:
             await _endpoint(box, endpoint_id)
             try:
                 job = await replays.start_replay(

@@ -27,7 +27,8 @@ import structlog
 
 from relaybox.errors import Conflict
 from relaybox.outbound.endpoints import get_endpoint
-from relaybox.outbound.replays import ReplayJob, run_replay, start_replay
+from relaybox.outbound.replays import run_replay, start_replay
+from relaybox.store.outbox_flow import ReplayJob
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime

@@ -56,7 +56,6 @@ if TYPE_CHECKING:
     from relaybox.runtime import Runtime
 
 __all__ = [
-    "ReplayJob",
     "ReplayLimited",
     "ReplayRunner",
     "ReplayRunning",
