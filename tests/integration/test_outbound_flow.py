@@ -476,6 +476,10 @@ def test_the_cli_pauses_resumes_replays_and_takes_filters(
         "endpoints", "replay-missing", endpoint_id, "--since", "1h"
     )
     run("endpoints", "replay-missing", endpoint_id, "--since", "later", code=2)
+    queued = run("endpoints", "replay-missing", endpoint_id, "--since", "1h", "--no-wait")
+    assert re.fullmatch(r"replay job rpl_\w+ queued: a dispatcher runs it\n", queued)
+    busy = run("endpoints", "replay-missing", endpoint_id, "--since", "1h", code=1)
+    assert "has a replay-missing job running" in busy
 
 
 # -- the dashboard ------------------------------------------------------------------------------
