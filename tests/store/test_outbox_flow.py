@@ -217,6 +217,9 @@ async def test_a_replay_job_is_leased_fenced_and_taken_over_once_its_lease_ran_o
     # A finished job is never claimed again, and frees its endpoint for the next one.
     assert await store.replay_job_claim("d", now=T0 + 999, ttl=60, job_id="rpl_1") is None
     assert (await start_job(store, "rpl_3", now=T0 + 64)).job is not None
+    latest = await store.replay_job_latest("ep_1")  # the endpoint's newest job
+    assert latest is not None and latest.id == "rpl_3"
+    assert await store.replay_job_latest("ep_none") is None
     # A released job is claimable at once.
     await store.replay_job_release("rpl_2", "b", now=T0 + 2)
     back = await store.replay_job_claim("e", now=T0 + 2, ttl=60, job_id="rpl_2")
