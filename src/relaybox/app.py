@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from relaybox.outbound.portal_links import PortalLink
     from relaybox.outbound.registry import Outbound
     from relaybox.retention import Maintenance
+    from relaybox.silence import SilenceWatch
     from relaybox.store.outbox_rows import Message
 
 __all__ = ["ROLES", "Relaybox"]
@@ -111,7 +112,7 @@ class Relaybox:
         self._clock_task: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self.webhooks_doc: dict[str, Any] = {}  # the catalog as OpenAPI webhooks
-        self._workers: list[Worker | Dispatcher | Maintenance] = []
+        self._workers: list[Worker | Dispatcher | Maintenance | SilenceWatch] = []
         self._made: weakref.WeakSet[Worker] = weakref.WeakSet()  # box.worker()'s
         # Synchronous transactions for plain-def handlers (relaybox.sync): this
         # callable, or the store's sync engine.
@@ -274,6 +275,12 @@ class Relaybox:
         from relaybox.retention import Maintenance
 
         return Maintenance(self, **options)
+
+    def silence_watch(self, **options: Any) -> SilenceWatch:
+        """The silence check (:mod:`relaybox.silence`), run with the maintenance role."""
+        from relaybox.silence import SilenceWatch
+
+        return SilenceWatch(self, **options)
 
     async def publish(
         self,
@@ -496,6 +503,12 @@ class Relaybox:
                     if self.acceptor.handoff is None:
                         self.acceptor.handoff = runner
                 self._background.append(asyncio.create_task(runner.run(), name=f"relaybox-{role}"))
+            if role == "maintenance":
+                watch = self.silence_watch()
+                if watch.watching:
+                    self._workers.append(watch)
+                    task = asyncio.create_task(watch.run(), name="relaybox-silence")
+                    self._background.append(task)
         if self.clock_guard.applies and self._clock_task is None:
             # Keeps the database's clock read for the receiver's times too.
             self._clock_task = asyncio.create_task(self.clock_guard.run(), name="relaybox-clock")

@@ -38,6 +38,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from relaybox.store.history import QueueGroup
+from relaybox.store.silence import SilenceSummary
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -338,11 +339,44 @@ class QueueCollector(Collector):
                 "Webhook deliveries waiting for their paused endpoint to be resumed.",
                 value=sum(paused.values()),
             )
+        yield from _silence_gauges(self._metrics.silences, snap.taken_at)
         yield GaugeMetricFamily(
             "relaybox_outbound_blocked_keys",
             "Ordering keys that a dead delivery holds back on an ordered endpoint (on_dead hold).",
             value=snap.blocked_keys,
         )
+
+
+def _silence_gauges(summary: SilenceSummary | None, now: float) -> Iterator[Metric]:
+    """Silence detection's gauges (:mod:`relaybox.silence`), from the state its last
+    check left: per watched source, seconds since its last arrival while it is silent
+    (0 otherwise); for endpoints, labelled by nothing a tenant creates, how many are
+    silent and the longest silence."""
+    if summary is None:
+        return
+    sources = GaugeMetricFamily(
+        "relaybox_source_silent_seconds",
+        "Seconds since a watched source's last arrival while it is silent (past its "
+        "traffic window, [silence.sources]); 0 while it is not.",
+        labels=["source"],
+    )
+    for state in summary.sources:
+        silent = state.silent_since is not None and state.last_seen is not None
+        seconds = max(0.0, now - (state.last_seen or now)) if silent else 0.0
+        sources.add_metric([state.name], seconds)
+    yield sources
+    yield GaugeMetricFamily(
+        "relaybox_silent_endpoints",
+        "Webhook endpoints that took nothing for their window while deliveries wait.",
+        value=summary.silent_endpoints,
+    )
+    longest = summary.endpoints[0].last_seen if summary.endpoints else None
+    yield GaugeMetricFamily(
+        "relaybox_endpoint_silent_seconds",
+        "Seconds since the last success of the silent endpoint that has been silent "
+        "longest (0: none is silent).",
+        value=0.0 if longest is None else max(0.0, now - longest),
+    )
 
 
 class Metrics:
@@ -409,6 +443,8 @@ class Metrics:
         self.snapshot: OpsStats | None = None
         # Per paused endpoint, its waiting deliveries (summed: no per-endpoint series).
         self.paused: dict[str, int] | None = None
+        # Silence detection's state rows, as its last check left them.
+        self.silences: SilenceSummary | None = None
         self.snapshot_error: str | None = None
         self._snapshot_read_at = -math.inf
         self._refresh_lock = asyncio.Lock()
@@ -452,6 +488,7 @@ class Metrics:
             try:
                 self.snapshot = await read_ops_stats(box.store, box.clock.now())
                 self.paused = await box.store.endpoint_paused_backlog()
+                self.silences = await box.store.silence_summary(limit=1)
                 self.snapshot_error = None
             except Exception as exc:
                 first_line = str(exc).splitlines()[0] if str(exc) else ""

@@ -131,34 +131,61 @@ def _err_console() -> Any:
 def maintenance(
     app: str | None, config: str | None, database_url: str | None, once: bool, as_json: bool
 ) -> None:
-    """Run the scheduled maintenance (retention purge) until SIGTERM; with several
-    processes on one PostgreSQL, one of them runs it at a time (advisory lock)."""
+    """Run the scheduled maintenance (retention purge, and the silence check of the
+    sources and endpoints [silence] watches) until SIGTERM; with several processes on
+    one PostgreSQL, one of them purges at a time (advisory lock)."""
     from relaybox.retention import Maintenance
+    from relaybox.silence import SilenceWatch
 
     box = load_box(app, config, database_url)
     runner = Maintenance(box)
+    watch = SilenceWatch(box)
     if once:
-        result = _run(box, runner.run_once, as_json=as_json)
-        data = {"ran": result is not None, **(result.as_dict() if result else {})}
-        _emit(
-            data,
-            as_json,
-            lambda: click.echo(
+
+        async def both() -> tuple[Any, Any]:
+            result = await runner.run_once()
+            found = await watch.run_once() if watch.watching else None
+            return result, found
+
+        result, found = _run(box, both, as_json=as_json)
+        data = {
+            "ran": result is not None,
+            **(result.as_dict() if result else {}),
+            "silence": found.as_dict() if found is not None else None,
+        }
+
+        def human() -> None:
+            click.echo(
                 "another process holds the maintenance lock: skipped"
                 if result is None
                 else f"purged {result.inbox} event, {result.quarantine} quarantine, "
                 f"{result.outbox} delivery payload(s) and {result.messages} message body(ies)"
-            ),
-        )
+            )
+            if found is not None:
+                for kind in ("source", "endpoint"):
+                    for name in found.silent[kind]:
+                        click.echo(f"{kind} {name} went silent")
+                    for name in found.resumed[kind]:
+                        click.echo(f"{kind} {name} resumed")
+
+        _emit(data, as_json, human)
         return
 
     async def loop() -> None:
         running = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            running.add_signal_handler(sig, runner.stop)
-        await runner.run()
+            running.add_signal_handler(sig, _both_stop(runner, watch))
+        await asyncio.gather(runner.run(), watch.run())
 
     _run(box, loop, as_json=as_json)
+
+
+def _both_stop(runner: Any, watch: Any) -> Any:
+    def stop() -> None:
+        runner.stop()
+        watch.stop()
+
+    return stop
 
 
 COMMANDS = [stats, purge, maintenance]

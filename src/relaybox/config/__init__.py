@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from relaybox.config.outbound import OutboundSettings
+from relaybox.config.silence import SilenceSettings
 from relaybox.errors import ConfigurationError
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "RetentionSettings",
     "ServerSettings",
     "Settings",
+    "SilenceSettings",
     "WorkerSettings",
     "load_settings",
     "merge_settings",
@@ -376,6 +378,7 @@ class Settings(BaseModel):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     outbound: OutboundSettings = Field(default_factory=OutboundSettings)
     bodies: BodySettings = Field(default_factory=BodySettings)
+    silence: SilenceSettings = Field(default_factory=SilenceSettings)
     sources: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("lifespan_roles")

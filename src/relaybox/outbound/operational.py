@@ -12,6 +12,10 @@ them signed and retried like any webhook.
     relaybox.endpoint.enabled            (outbound.endpoints.enable_endpoint)
     relaybox.inbox.dead                  a received event went to dead letters
     relaybox.inbox.quarantined           a received event conflicts with one accepted
+    relaybox.source.silent               a source sent nothing for its traffic window
+    relaybox.source.resumed              (relaybox.silence)
+    relaybox.endpoint.silent             an endpoint took nothing for its window while
+    relaybox.endpoint.resumed            deliveries wait (relaybox.silence)
 
 Each is published in the transaction that records the change behind it, so it exists
 exactly when the change does. The exceptions are an inbox event dead-lettered by a
@@ -63,6 +67,10 @@ EVENT_TYPES = (
     "relaybox.endpoint.enabled",
     "relaybox.inbox.dead",
     "relaybox.inbox.quarantined",
+    "relaybox.source.silent",
+    "relaybox.source.resumed",
+    "relaybox.endpoint.silent",
+    "relaybox.endpoint.resumed",
 )
 
 
@@ -130,12 +138,14 @@ async def endpoint_failing(
     log.warning("endpoint_failing", endpoint_id=endpoint_id, tenant=tenant, failures=failures)
 
 
-async def endpoint_recovered(box: Runtime, conn: AsyncConnection, endpoint_ids: list[str]) -> None:
+async def endpoint_recovered(
+    box: Runtime, conn: AsyncConnection, endpoint_ids: list[str], *, now: float | None = None
+) -> None:
     """A success of endpoints leased as announced failing: each that still was is
     announced recovered; every one's failure run ends (one that failed again within
     the batch, after an earlier success recovered it, included)."""
     recovered = await box.store.endpoints_recovered(conn, endpoint_ids)
-    await box.store.endpoints_succeeded(conn, endpoint_ids)
+    await box.store.endpoints_succeeded(conn, endpoint_ids, now=now)
     for row in recovered:
         data = {"endpointId": row.id, "tenant": row.tenant, "url": row.url}
         await emit(box, conn, "relaybox.endpoint.recovered", data)

@@ -265,10 +265,10 @@ class Recorder:
         # recovers the endpoint.)
         failing = [e for e in clean if _failing(mixed[e])]
         if failing:
-            await operational.endpoint_recovered(self.box, conn, failing)
+            await operational.endpoint_recovered(self.box, conn, failing, now=now)
             clean = [e for e in clean if e not in failing]
         if clean:
-            await self.box.store.endpoints_succeeded(conn, clean)
+            await self.box.store.endpoints_succeeded(conn, clean, now=now)
         for endpoint_id in sorted(mixed):
             if endpoint_id not in clean and endpoint_id not in failing:
                 for d, result in mixed[endpoint_id]:
@@ -283,9 +283,9 @@ class Recorder:
         store = self.box.store
         if result.outcome == "sent":
             if d.endpoint.failing:
-                await operational.endpoint_recovered(self.box, conn, [d.endpoint.id])
+                await operational.endpoint_recovered(self.box, conn, [d.endpoint.id], now=now)
             else:
-                await store.endpoint_succeeded(conn, d.endpoint.id)
+                await store.endpoint_succeeded(conn, d.endpoint.id, now=now)
             return
         streak = await store.endpoint_failed(conn, d.endpoint.id, now=now)
         if streak is not None:

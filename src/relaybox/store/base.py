@@ -35,6 +35,7 @@ from relaybox.store.outbox import OutboxStore
 from relaybox.store.outbox_catalog import CatalogStore
 from relaybox.store.outbox_flow import FlowStore
 from relaybox.store.processing import Processing
+from relaybox.store.silence import SilenceStore
 from relaybox.store.sync import SyncStore, sync_store
 
 __all__ = ["OutboxRow", "Store", "load_queries"]
@@ -82,6 +83,7 @@ class Store(
     HistoryStore,
     OperatorStore,
     OutboxStore,
+    SilenceStore,
     FlowStore,
     CatalogStore,
     Processing,

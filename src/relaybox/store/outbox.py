@@ -544,13 +544,20 @@ class OutboxStore:
         rows = [(*r, None) if len(r) == 10 else r for r in attempts]
         await self.rows(conn, "outbox_attempts_insert", self._columns(rows))
 
-    async def endpoints_succeeded(self, conn: AsyncConnection, endpoint_ids: Sequence[str]) -> None:
-        """End the endpoints' failure streaks, in ``conn``'s transaction."""
-        await self.rows(conn, "endpoints_succeeded", (self._array(endpoint_ids),))
+    async def endpoints_succeeded(
+        self, conn: AsyncConnection, endpoint_ids: Sequence[str], *, now: float | None = None
+    ) -> None:
+        """End the endpoints' failure streaks, in ``conn``'s transaction, and note
+        ``now`` as their last success (silence detection) where the one noted is over
+        a minute old."""
+        await self.rows(conn, "endpoints_succeeded", (self._array(endpoint_ids), now))
 
-    async def endpoint_succeeded(self, conn: AsyncConnection, endpoint_id: str) -> None:
-        """End the endpoint's failure streak, in ``conn``'s transaction."""
-        await self.rows(conn, "endpoint_succeeded", (endpoint_id,))
+    async def endpoint_succeeded(
+        self, conn: AsyncConnection, endpoint_id: str, *, now: float | None = None
+    ) -> None:
+        """End the endpoint's failure streak, in ``conn``'s transaction (``now``: as
+        :meth:`endpoints_succeeded`)."""
+        await self.rows(conn, "endpoint_succeeded", (endpoint_id, now))
 
     async def endpoint_failed(
         self, conn: AsyncConnection, endpoint_id: str, *, now: float

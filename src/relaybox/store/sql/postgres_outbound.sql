@@ -84,8 +84,13 @@ WHERE id = $1
 RETURNING status, failing_since, failures, failing_level
 
 -- name: endpoint_succeeded
-UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0
-WHERE id = $1 AND failing_since IS NOT NULL
+-- As endpoints_succeeded, for one endpoint.
+UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0,
+    last_success_at = COALESCE($2::double precision, last_success_at)
+WHERE id = $1
+  AND (failing_since IS NOT NULL
+       OR ($2::double precision IS NOT NULL
+           AND (last_success_at IS NULL OR last_success_at < $2::double precision - 60)))
 
 -- name: endpoint_secret_insert
 INSERT INTO relaybox_endpoint_secrets (endpoint_id, secret, created_at) VALUES ($1, $2, $3)
@@ -453,10 +458,19 @@ WITH u AS (
     FROM u LEFT JOIN done d ON d.id = u.id AND d.lease_token = u.token
     ORDER BY u.ord
 ), healthy AS (
-    UPDATE relaybox_endpoints e SET failing_since = NULL, failures = 0
-    FROM (SELECT DISTINCT u.endpoint FROM u JOIN done d ON d.id = u.id AND d.lease_token = u.token
-          WHERE u.endpoint IS NOT NULL) s
-    WHERE e.id = s.endpoint AND e.failing_since IS NOT NULL
+    -- Also the last success (silence detection), written when the one noted is a
+    -- minute old; the rows to write are locked in id order (no deadlock between two
+    -- leases recording successes of the same endpoints).
+    UPDATE relaybox_endpoints e SET failing_since = NULL, failures = 0, last_success_at = $1
+    WHERE e.id IN (
+        SELECT x.id FROM relaybox_endpoints x
+        WHERE x.id IN (SELECT u.endpoint FROM u JOIN done d
+                       ON d.id = u.id AND d.lease_token = u.token
+                       WHERE u.endpoint IS NOT NULL)
+          AND (x.failing_since IS NOT NULL OR x.last_success_at IS NULL
+               OR x.last_success_at < $1 - 60)
+        ORDER BY x.id FOR UPDATE
+    )
 ), locked AS (
     SELECT l.lane, l.xmin AS version, l.leased_at, b.tokens, e.tenant,
            cap.n - busy.others AS allowed,
@@ -667,9 +681,20 @@ SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::doub
                      $11::text[])
 
 -- name: endpoints_succeeded
--- Clears the failure streak of every endpoint in $1 (a recorded batch's successes).
-UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0
-WHERE id = ANY($1::text[]) AND failing_since IS NOT NULL
+-- Clears the failure streak of every endpoint in $1 (a recorded batch's successes)
+-- and notes its last success ($2, silence detection) when the one noted is a minute
+-- old: an endpoint's row is written at most once a minute while it succeeds. Rows
+-- are locked in id order, so two batches naming the same endpoints never deadlock.
+UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0,
+    last_success_at = COALESCE($2::double precision, last_success_at)
+WHERE id IN (
+    SELECT id FROM relaybox_endpoints
+    WHERE id = ANY($1::text[])
+      AND (failing_since IS NOT NULL
+           OR ($2::double precision IS NOT NULL
+               AND (last_success_at IS NULL OR last_success_at < $2::double precision - 60)))
+    ORDER BY id FOR UPDATE
+)
 
 -- name: ops_attempt_minutes
 -- Delivery attempts started since $1, counted per minute and outcome (the dashboard's

@@ -75,8 +75,12 @@ WHERE id = ?1
 RETURNING status, failing_since, failures, failing_level
 
 -- name: endpoint_succeeded
-UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0
-WHERE id = ?1 AND failing_since IS NOT NULL
+-- Ends the failure streak; notes the last success (?2) at most once a minute.
+UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0,
+    last_success_at = COALESCE(?2, last_success_at)
+WHERE id = ?1
+  AND (failing_since IS NOT NULL
+       OR (?2 IS NOT NULL AND (last_success_at IS NULL OR last_success_at < ?2 - 60)))
 
 -- name: endpoint_secret_insert
 INSERT INTO relaybox_endpoint_secrets (endpoint_id, secret, created_at) VALUES (?1, ?2, ?3)
@@ -422,8 +426,12 @@ FROM json_each(?1) AS i
 ORDER BY i.key
 
 -- name: endpoints_succeeded
-UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0
-WHERE id IN (SELECT value FROM json_each(?1)) AND failing_since IS NOT NULL
+-- Ends the failure streaks; notes the last success (?2) at most once a minute.
+UPDATE relaybox_endpoints SET failing_since = NULL, failures = 0,
+    last_success_at = COALESCE(?2, last_success_at)
+WHERE id IN (SELECT value FROM json_each(?1))
+  AND (failing_since IS NOT NULL
+       OR (?2 IS NOT NULL AND (last_success_at IS NULL OR last_success_at < ?2 - 60)))
 
 -- name: ops_attempt_minutes
 SELECT CAST(started_at / 60 AS INTEGER) * 60 AS minute, outcome, count(*) AS n
