@@ -435,6 +435,9 @@ async def overview(request: Request) -> Response:
         if panel is not None:
             panels.append(panel)
     chart = _chart(await ops.throughput(box))
+    # Silence detection's state (relaybox.silence): the watched sources and at most
+    # ten silent endpoints, whatever the number of endpoints.
+    silence = await box.store.silence_summary(limit=10)
     return await render(
         request,
         "overview.html",
@@ -443,6 +446,9 @@ async def overview(request: Request) -> Response:
         chart=chart,
         panels=panels,
         unregistered=await ops.unregistered_channels(box),
+        silence=silence,
+        silent=len(silence.silent_sources) + silence.silent_endpoints,
+        now=box.clock.now(),
     )
 
 

@@ -86,6 +86,7 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
     if not missing:
         await _doctor_secrets(box, checks)
         await _doctor_channels(box, checks)
+        await _doctor_silence(box, checks, probe.db_now)
     # Rounded to the millisecond shown, without a negative zero ("-0.000 s").
     skew = round(probe.db_now - (probe.before + probe.after) / 2, 3) + 0.0
     detail = f"database clock {skew:+.3f} s from this machine's"
@@ -123,6 +124,48 @@ async def _doctor_channels(box: Relaybox, checks: _Checks) -> None:
             f"outbox rows for channels this app does not register: {named}; register them "
             "with box.outbound.channel(name, ...) or they are never delivered",
         )
+
+
+async def _doctor_silence(box: Relaybox, checks: _Checks, now: float) -> None:
+    """Sources and endpoints the last silence check found silent (relaybox.silence),
+    and watched source names this app does not have."""
+    from relaybox.ops.inbound import age_text
+
+    settings = box.settings.silence
+    summary = await box.store.silence_summary(limit=5)
+    unknown = sorted(set(settings.sources) - set(box.sources))
+    found = [
+        f"source {s.name} (nothing for {age_text(now - s.last_seen)})"
+        for s in summary.silent_sources
+        if s.last_seen is not None
+    ]
+    if summary.silent_endpoints:
+        longest = summary.endpoints[0].last_seen if summary.endpoints else None
+        found.append(
+            f"{summary.silent_endpoints} endpoint(s) taking nothing while deliveries wait"
+            + (
+                f" (longest {age_text(now - longest)}: {summary.endpoints[0].name})"
+                if longest
+                else ""
+            )
+        )
+    if found:
+        checks.add(
+            "silence",
+            "warn",
+            "silent: " + "; ".join(found) + ": see docs/operating.md, Alerts and runbooks",
+        )
+    if unknown:
+        checks.add(
+            "silence",
+            "warn",
+            f"[silence.sources] names source(s) this app does not have: {', '.join(unknown)}",
+        )
+    if not found and not unknown and (settings.sources or settings.endpoints is not None):
+        what = f"{len(settings.sources)} source(s)"
+        if settings.endpoints is not None:
+            what += " and the endpoints"
+        checks.add("silence", "ok", f"{what} watched, none silent")
 
 
 def _doctor_secrets_key(box: Relaybox, checks: _Checks) -> None:

@@ -155,9 +155,10 @@ class SilenceWindow(BaseModel):
         return {"hours": self.hours, "days": self.days, "timezone": self.timezone}
 
     def counted(self, start: float, end: float, enough: float) -> float:
-        """Seconds from ``start`` to ``end`` inside the window, counted up to
-        ``enough`` (and over at most 100 days): the check only needs to know whether
-        a silence reached its limit."""
+        """Seconds from ``start`` to ``end`` inside the window, counted until they
+        reach ``enough`` (the result may pass it by up to a quarter hour) and over
+        at most the last 100 days: the check only needs to know whether a silence
+        reached its limit."""
         if end <= start:
             return 0.0
         if self.always:
