@@ -50,8 +50,10 @@ async def boxes(database_url: str, clock: FrozenClock) -> AsyncIterator[Any]:
         await b.close()
 
 
-async def arrive(box: Relaybox, source: str, at: float, event_id: str | None = None) -> None:
-    raw = b"{}"
+async def arrive(
+    box: Relaybox, source: str, at: float, event_id: str | None = None, *, body: bytes = b"{}"
+) -> None:
+    raw = body
     delivery = NewDelivery(
         source=source,
         account="a",
