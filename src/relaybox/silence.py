@@ -52,7 +52,7 @@ from relaybox.outbound.registry import outbound
 if TYPE_CHECKING:
     from relaybox.config.silence import SilenceSettings, SilenceWindow
     from relaybox.runtime import InboundRuntime
-    from relaybox.store.silence import SilenceKind
+    from relaybox.store.silence import SilenceKind, SilenceState
 
 __all__ = ["SilenceReport", "SilenceWatch", "learned_window"]
 
@@ -92,6 +92,26 @@ def learned_window(arrivals: list[float], settings: SilenceSettings) -> float | 
     rank = max(0, math.ceil(settings.learn_percentile / 100 * len(gaps)) - 1)
     window = gaps[rank] * settings.learn_margin
     return min(settings.learn_cap, max(settings.learn_floor, window))
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """One watched name in a check: what the database shows (``seen``: a source's
+    newest arrival, an endpoint's last success), the window in force, its state."""
+
+    name: str
+    window: SilenceWindow
+    seen: float | None
+    expected: float | None
+    state: SilenceState | None
+
+    def last_seen(self, now: float) -> float:
+        """``seen``; else the one stored; else ``now`` (first seen by this check)."""
+        if self.seen is not None:
+            return self.seen
+        if self.state is not None and self.state.last_seen is not None:
+            return self.state.last_seen
+        return now
 
 
 class SilenceWatch:
@@ -147,35 +167,27 @@ class SilenceWatch:
             return []
         seen = await store.silence_sources_seen(list(windows))
         learned = await self._learned(windows, now)
-        raised: list[tuple[str, float]] = []
+        states = await store.silence_rows("source")
+        judged = []
         for name, window in windows.items():
             expected = window.every if window.every is not None else learned.get(name)
-            async with store.transaction() as conn:
-                note = await store.silence_note(
-                    conn, "source", name, last_seen=seen.get(name), expected=expected, now=now
-                )
-                last = note.last_seen if note.last_seen is not None else now
-                silent = expected is not None and window.counted(last, now, expected) >= expected
-                data = {
-                    "source": name,
-                    "lastArrivalAt": seen.get(name),
-                    "expectedEvery": expected,
-                    "learned": window.learned,
-                    "window": window.describe(),
-                }
-                if silent and note.silent_since is None:
-                    if await store.silence_raise(conn, "source", name, now=now):
-                        await self._announce(
-                            conn, "source", name, "silent", last, now, data, note.silent_since
-                        )
-                        report.silent["source"].append(name)
-                        raised.append((name, last))
-                elif not silent and note.silent_since is not None:
-                    if await store.silence_end(conn, "source", name):
-                        await self._announce(
-                            conn, "source", name, "resumed", last, now, data, note.silent_since
-                        )
-                        report.resumed["source"].append(name)
+            judged.append(_Judged(name, window, seen.get(name), expected, states.get(name)))
+        await self._note("source", judged, now)
+        raised: list[tuple[str, float]] = []
+        for j in judged:
+            if j.expected is None:
+                continue  # a window still to learn: nothing is raised, nothing ended
+            last = j.last_seen(now)
+            silent = j.window.counted(last, now, j.expected) >= j.expected
+            data = {
+                "source": j.name,
+                "lastArrivalAt": j.seen,
+                "expectedEvery": j.expected,
+                "learned": j.window.learned,
+                "window": j.window.describe(),
+            }
+            if await self._turn("source", j, silent, last, now, data, report):
+                raised.append((j.name, last))
         return raised
 
     async def _learned(
@@ -187,7 +199,7 @@ class SilenceWatch:
         if not wanted:
             return {}
         store = self.box.store
-        stored = {s.name: s for s in await store.silence_states() if s.kind == "source"}
+        stored = await store.silence_rows("source")
         out: dict[str, float | None] = {}
         s = self.settings
         for name in wanted:
@@ -202,10 +214,6 @@ class SilenceWatch:
             since = now - s.learn_weeks * 7 * 86400
             arrivals = await store.silence_arrivals(name, since, s.learn_max_arrivals)
             out[name] = learned_window(arrivals, s)
-            async with store.transaction() as conn:  # the row exists before learning
-                await store.silence_note(
-                    conn, "source", name, last_seen=None, expected=out[name], now=now
-                )
             await store.silence_learned("source", name, out[name], now=now)
             log.info(
                 "silence_window_learned", source=name, arrivals=len(arrivals), window=out[name]
@@ -224,41 +232,80 @@ class SilenceWatch:
         tenant = outbound(self.box).settings.operational_tenant
         found = await store.silence_endpoints(tenant)
         await store.silence_forget("endpoint", [e.id for e in found])
-        for e in found:
+        states = await store.silence_rows("endpoint")
+        # No success noted (none since the endpoint was made, or since migration
+        # 0024): the wait of its deliveries alone counts.
+        judged = [
+            _Judged(
+                e.id,
+                window,
+                e.last_success_at if e.last_success_at is not None else e.created_at,
+                expected,
+                states.get(e.id),
+            )
+            for e in found
+        ]
+        await self._note("endpoint", judged, now)
+        for e, j in zip(found, judged, strict=True):
+            last = j.last_seen(now)
+            silent = False
+            start = last
+            if e.waiting_since is not None:
+                start = max(last, e.waiting_since)
+                silent = window.counted(start, now, expected) >= expected
+            data = {
+                "endpointId": e.id,
+                "tenant": e.tenant,
+                "url": e.url,
+                "lastSuccessAt": e.last_success_at,
+                "waitingSince": e.waiting_since,
+                "expectedEvery": expected,
+                "window": window.describe(),
+            }
+            await self._turn("endpoint", j, silent, start, now, data, report)
+
+    # -- state ----------------------------------------------------------------------------
+
+    async def _note(self, kind: SilenceKind, judged: list[_Judged], now: float) -> None:
+        """Write what this check saw, for the names whose values changed (or new):
+        one statement, however many names."""
+        changed = [
+            (j.name, j.last_seen(now), j.expected)
+            for j in judged
+            if j.state is None
+            or j.state.last_seen != j.last_seen(now)
+            or j.state.expected != j.expected
+        ]
+        await self.box.store.silence_note(kind, changed, now=now)
+
+    async def _turn(
+        self,
+        kind: SilenceKind,
+        j: _Judged,
+        silent: bool,
+        since: float,
+        now: float,
+        data: dict[str, Any],
+        report: SilenceReport,
+    ) -> bool:
+        """Raise a silence, or end one, in one transaction with its event; ``True``
+        when this check raised it (another host's check may have been first)."""
+        was = j.state.silent_since if j.state is not None else None
+        store = self.box.store
+        if silent and was is None:
             async with store.transaction() as conn:
-                # No success noted (none since the endpoint was made, or since
-                # migration 0024): its deliveries' wait alone counts.
-                seen = e.last_success_at if e.last_success_at is not None else e.created_at
-                note = await store.silence_note(
-                    conn, "endpoint", e.id, last_seen=seen, expected=expected, now=now
-                )
-                last = note.last_seen if note.last_seen is not None else now
-                silent = False
-                if e.waiting_since is not None:
-                    start = max(last, e.waiting_since)
-                    silent = window.counted(start, now, expected) >= expected
-                data = {
-                    "endpointId": e.id,
-                    "tenant": e.tenant,
-                    "url": e.url,
-                    "lastSuccessAt": e.last_success_at,
-                    "waitingSince": e.waiting_since,
-                    "expectedEvery": expected,
-                    "window": window.describe(),
-                }
-                if silent and note.silent_since is None:
-                    if await store.silence_raise(conn, "endpoint", e.id, now=now):
-                        start = max(last, e.waiting_since or last)
-                        await self._announce(
-                            conn, "endpoint", e.id, "silent", start, now, data, None
-                        )
-                        report.silent["endpoint"].append(e.id)
-                elif not silent and note.silent_since is not None:
-                    if await store.silence_end(conn, "endpoint", e.id):
-                        await self._announce(
-                            conn, "endpoint", e.id, "resumed", last, now, data, note.silent_since
-                        )
-                        report.resumed["endpoint"].append(e.id)
+                if not await store.silence_raise(conn, kind, j.name, now=now):
+                    return False
+                await self._announce(conn, kind, j.name, "silent", since, now, data, None)
+            report.silent[kind].append(j.name)
+            return True
+        if not silent and was is not None:
+            async with store.transaction() as conn:
+                if not await store.silence_end(conn, kind, j.name):
+                    return False
+                await self._announce(conn, kind, j.name, "resumed", since, now, data, was)
+            report.resumed[kind].append(j.name)
+        return False
 
     # -- events and recovery ------------------------------------------------------------
 

@@ -75,34 +75,36 @@ async def test_endpoints_with_their_last_success_and_waiting_deliveries(store: S
 
 
 async def test_a_silence_is_raised_and_ended_once(store: Store) -> None:
+    await store.silence_note("source", [], now=T0)  # nothing changed: no statement
+    await store.silence_note("source", [("a", T0, 60.0), ("b", None, None)], now=T0)
+    rows = await store.silence_rows("source")
+    assert (rows["a"].last_seen, rows["a"].expected, rows["a"].checked_at) == (T0, 60, T0)
+    assert (rows["b"].last_seen, rows["b"].silent_since) == (None, None)
+    await store.silence_note("source", [("a", T0 + 5, 90.0)], now=T0 + 5)
+    rows = await store.silence_rows("source")
+    assert (rows["a"].last_seen, rows["a"].expected) == (T0 + 5, 90)
+    assert rows["b"].checked_at == T0  # not written again
     async with store.transaction() as conn:
-        note = await store.silence_note(conn, "source", "a", last_seen=None, expected=60, now=T0)
-        assert (note.last_seen, note.silent_since) == (T0, None)  # first seen: now
-        note = await store.silence_note(
-            conn, "source", "a", last_seen=None, expected=60, now=T0 + 5
-        )
-        assert note.last_seen == T0  # kept
         assert await store.silence_raise(conn, "source", "a", now=T0 + 70)
         assert not await store.silence_raise(conn, "source", "a", now=T0 + 71)
+    notes = [(f"ep_{n}", T0 + n, 600.0) for n in range(3)]
+    await store.silence_note("endpoint", notes, now=T0 + 70)
+    async with store.transaction() as conn:
         for n in range(3):
-            await store.silence_note(
-                conn, "endpoint", f"ep_{n}", last_seen=T0 + n, expected=600, now=T0 + 70
-            )
             assert await store.silence_raise(conn, "endpoint", f"ep_{n}", now=T0 + 70)
-    [state] = await store.silence_states()
-    assert (state.name, state.silent_since, state.expected) == ("a", T0 + 70, 60)
+    assert set(await store.silence_rows("endpoint")) == {"ep_0", "ep_1", "ep_2"}
+    states = await store.silence_states()  # the sources
+    assert [(s.name, s.silent_since) for s in states] == [("a", T0 + 70), ("b", None)]
     summary = await store.silence_summary(limit=2)
     assert [s.name for s in summary.silent_sources] == ["a"]
     assert summary.silent_endpoints == 3
     assert [e.name for e in summary.endpoints] == ["ep_0", "ep_1"]  # the longest first
     await store.silence_learned("source", "a", 1800.0, now=T0 + 80)
-    [state] = await store.silence_states()
-    assert (state.learned, state.learned_at) == (1800.0, T0 + 80)
+    await store.silence_learned("source", "new", None, now=T0 + 80)  # makes its row
+    rows = await store.silence_rows("source")
+    assert (rows["a"].learned, rows["a"].learned_at) == (1800.0, T0 + 80)
+    assert (rows["new"].learned, rows["new"].learned_at) == (None, T0 + 80)
     async with store.transaction() as conn:
-        note = await store.silence_note(
-            conn, "source", "a", last_seen=T0 + 90, expected=60, now=T0 + 90
-        )
-        assert (note.last_seen, note.silent_since) == (T0 + 90, T0 + 70)
         assert await store.silence_end(conn, "source", "a")
         assert not await store.silence_end(conn, "source", "a")
     assert sorted(await store.silence_forget("endpoint", ["ep_1"])) == ["ep_0", "ep_2"]

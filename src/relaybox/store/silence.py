@@ -11,17 +11,17 @@ checking at once one raises it (and publishes its event) and one ends it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 __all__ = [
     "EndpointActivity",
     "SilenceKind",
-    "SilenceNote",
     "SilenceState",
     "SilenceStore",
     "SilenceSummary",
@@ -44,16 +44,6 @@ class EndpointActivity:
     last_success_at: float | None
     created_at: float
     waiting_since: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class SilenceNote:
-    """The state of one watched name after a check noted what it saw."""
-
-    last_seen: float | None
-    silent_since: float | None
-    learned: float | None
-    learned_at: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +79,7 @@ class SilenceStore:
 
     if TYPE_CHECKING:  # what Store provides
         q: dict[str, str]
+        backend: ClassVar[str]
 
         def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
 
@@ -155,20 +146,30 @@ class SilenceStore:
             [SilenceState(*r) for r in endpoints],
         )
 
+    async def silence_rows(self, kind: SilenceKind) -> dict[str, SilenceState]:
+        """The state of every watched name of ``kind``, by name."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "silence_rows", (kind,))
+        return {str(r[1]): SilenceState(*r) for r in found}
+
     async def silence_note(
         self,
-        conn: AsyncConnection,
         kind: SilenceKind,
-        name: str,
+        notes: Sequence[tuple[str, float | None, float | None]],
         *,
-        last_seen: float | None,
-        expected: float | None,
         now: float,
-    ) -> SilenceNote:
-        """Record what a check saw (``last_seen`` ``None``: keep the stored one, or
-        ``now`` the first time) and the window in force; return the row's state."""
-        row = await self.first(conn, "silence_note", (kind, name, last_seen, expected, now, now))
-        return SilenceNote(*row)
+    ) -> None:
+        """Record what a check saw, ``(name, last_seen, expected)`` per name whose
+        values changed or that is new, in one statement."""
+        if not notes:
+            return
+        if self.backend == "sqlite":
+            params: tuple[Any, ...] = (kind, json.dumps([list(n) for n in notes]), now)
+        else:
+            names, seen, expected = (list(column) for column in zip(*notes, strict=True))
+            params = (kind, names, seen, expected, now)
+        async with self.transaction() as conn:
+            await self.rows(conn, "silence_note", params)
 
     async def silence_raise(
         self, conn: AsyncConnection, kind: SilenceKind, name: str, *, now: float
@@ -183,7 +184,8 @@ class SilenceStore:
     async def silence_learned(
         self, kind: SilenceKind, name: str, learned: float | None, *, now: float
     ) -> None:
-        """Store a learned window (``None``: too few arrivals to learn one)."""
+        """Store a learned window (``None``: too few arrivals to learn one), the
+        name's row made if it has none yet."""
         async with self.transaction() as conn:
             await self.rows(conn, "silence_learned", (kind, name, learned, now))
 

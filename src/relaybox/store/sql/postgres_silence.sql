@@ -55,16 +55,22 @@ SELECT count(*) FROM (
     LIMIT $1
 ) x
 
+-- name: silence_rows
+-- The state of every watched name of kind $1, as the last check left it.
+SELECT kind, name, last_seen, expected, silent_since, learned, learned_at, checked_at
+FROM relaybox_silences WHERE kind = $1
+
 -- name: silence_note
--- What a check saw ($3 last_seen, $4 the window in force, $5 now); silent_since is
--- left to silence_raise and silence_end. A last_seen of NULL keeps the stored one (an
--- endpoint that never succeeded counts from the first check that saw it: $6).
+-- What a check saw, for the names whose last_seen ($3) or window ($4) changed or that
+-- are new ($2), in one statement; silent_since is left to silence_raise and
+-- silence_end.
 INSERT INTO relaybox_silences (kind, name, last_seen, expected, checked_at)
-VALUES ($1, $2, COALESCE($3::double precision, $6), $4, $5)
+SELECT $1, r.name, r.last_seen, r.expected, $5
+FROM unnest($2::text[], $3::double precision[], $4::double precision[])
+    AS r(name, last_seen, expected)
 ON CONFLICT (kind, name) DO UPDATE
-SET last_seen = COALESCE($3::double precision, relaybox_silences.last_seen),
-    expected = EXCLUDED.expected, checked_at = EXCLUDED.checked_at
-RETURNING last_seen, silent_since, learned, learned_at
+SET last_seen = EXCLUDED.last_seen, expected = EXCLUDED.expected,
+    checked_at = EXCLUDED.checked_at
 
 -- name: silence_raise
 -- Only the first check that finds the silence raises it (its event is published in
@@ -80,7 +86,9 @@ WHERE kind = $1 AND name = $2 AND silent_since IS NOT NULL
 RETURNING kind
 
 -- name: silence_learned
-UPDATE relaybox_silences SET learned = $3, learned_at = $4 WHERE kind = $1 AND name = $2
+INSERT INTO relaybox_silences (kind, name, learned, learned_at, checked_at)
+VALUES ($1, $2, $3, $4, $4)
+ON CONFLICT (kind, name) DO UPDATE SET learned = $3, learned_at = $4
 
 -- name: silence_forget
 -- Sources and endpoints no longer watched ($2: the watched names of kind $1) leave.

@@ -44,13 +44,20 @@ SELECT count(*) FROM (
     LIMIT ?1
 ) x
 
+-- name: silence_rows
+SELECT kind, name, last_seen, expected, silent_since, learned, learned_at, checked_at
+FROM relaybox_silences WHERE kind = ?1
+
 -- name: silence_note
+-- ?2: a JSON array of [name, last_seen, expected] (WHERE true: SQLite's upsert after
+-- a SELECT needs it).
 INSERT INTO relaybox_silences (kind, name, last_seen, expected, checked_at)
-VALUES (?1, ?2, COALESCE(?3, ?6), ?4, ?5)
+SELECT ?1, json_extract(r.value, '$[0]'), json_extract(r.value, '$[1]'),
+       json_extract(r.value, '$[2]'), ?3
+FROM json_each(?2) AS r WHERE true
 ON CONFLICT (kind, name) DO UPDATE
-SET last_seen = COALESCE(?3, relaybox_silences.last_seen),
-    expected = excluded.expected, checked_at = excluded.checked_at
-RETURNING last_seen, silent_since, learned, learned_at
+SET last_seen = excluded.last_seen, expected = excluded.expected,
+    checked_at = excluded.checked_at
 
 -- name: silence_raise
 UPDATE relaybox_silences SET silent_since = ?3
@@ -63,7 +70,9 @@ WHERE kind = ?1 AND name = ?2 AND silent_since IS NOT NULL
 RETURNING kind
 
 -- name: silence_learned
-UPDATE relaybox_silences SET learned = ?3, learned_at = ?4 WHERE kind = ?1 AND name = ?2
+INSERT INTO relaybox_silences (kind, name, learned, learned_at, checked_at)
+VALUES (?1, ?2, ?3, ?4, ?4)
+ON CONFLICT (kind, name) DO UPDATE SET learned = ?3, learned_at = ?4
 
 -- name: silence_forget
 DELETE FROM relaybox_silences
