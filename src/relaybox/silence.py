@@ -154,7 +154,9 @@ class SilenceWatch:
         raised = await self._sources(now, report)
         await self._endpoints(now, report)
         for name, last_seen in raised:
-            report.recoveries[name] = await self._recover(name, last_seen, now)
+            ran = await self._recover(name, last_seen, now)
+            if ran is not None:
+                report.recoveries[name] = ran
         return report
 
     # -- sources ------------------------------------------------------------------------

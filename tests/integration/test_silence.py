@@ -5,8 +5,10 @@ gauges; and the pull recovery a silent GitHub source gets, against a fake GitHub
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -298,3 +300,59 @@ async def test_a_silent_github_source_gets_one_recovery_run(boxes: Any, clock: F
     )
     assert [r["event_id"] for r in rows] == [ok["guid"], missed["guid"]]
     assert rows[1]["recovered_via"].startswith("github-api:")
+
+
+async def test_hosts_checking_at_once_raise_the_silence_once(
+    boxes: Any, clock: FrozenClock
+) -> None:
+    """Four boxes (four hosts' connections) run the check at the same moment, each
+    having read the state before any acts on it (a barrier): one event, and one
+    host's report names the silence; the same for its end."""
+    watched = {"sources": {"s": {"expect_every": "30m"}}, "endpoints": {"expect_every": "1h"}}
+    hosts = [boxes(**watched) for _ in range(4)]
+    barrier = asyncio.Barrier(len(hosts))
+    for b in hosts:
+        local(b)
+        read = b.store.silence_rows
+
+        async def read_then_wait(kind: Any, read: Any = read) -> Any:
+            found = await read(kind)
+            if kind == "source":
+                await asyncio.wait_for(barrier.wait(), 10)
+            return found
+
+        setattr(b.store, "silence_rows", read_then_wait)  # noqa: B010
+    await arrive(hosts[0], "s", clock.now())
+    await asyncio.gather(*(SilenceWatch(b).run_once() for b in hosts))  # the rows exist
+    clock.advance(31 * MINUTE)
+    reports = await asyncio.gather(*(SilenceWatch(b).run_once() for b in hosts))
+    assert sorted(len(r.silent["source"]) for r in reports) == [0, 0, 0, 1]
+    assert len(await events(hosts[0], "relaybox.source.silent")) == 1
+    await arrive(hosts[0], "s", clock.now())
+    reports = await asyncio.gather(*(SilenceWatch(b).run_once() for b in hosts))
+    assert sorted(len(r.resumed["source"]) for r in reports) == [0, 0, 0, 1]
+    assert len(await events(hosts[0], "relaybox.source.resumed")) == 1
+
+
+async def test_a_recovery_that_fails_is_reported_and_the_check_goes_on(
+    boxes: Any, clock: FrozenClock
+) -> None:
+    box = boxes(sources={"github": {"expect_every": "10m"}, "other": {"expect_every": "10m"}})
+    local(box)
+    box.source("github", sources.github(secrets=[Secret("x")]))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    recovery.register(
+        box,
+        "github",
+        lambda: recovery.GitHubDeliveries(token="t", repo="o/r", hook_id=1, api_url=closed),
+    )
+    await arrive(box, "github", clock.now())
+    await arrive(box, "other", clock.now())
+    clock.advance(11 * MINUTE)
+    report = await SilenceWatch(box).run_once()
+    assert sorted(report.silent["source"]) == ["github", "other"]
+    assert "GitHub API unreachable" in report.recoveries["github"]["error"]
+    assert "other" not in report.recoveries  # no delivery log: no recovery
+    assert len(await events(box, "relaybox.source.silent")) == 2
