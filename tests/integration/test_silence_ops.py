@@ -171,3 +171,27 @@ async def _serve(procs: Procs, database_url: str, config: Path, env: dict[str, s
     server.url = f"http://127.0.0.1:{port}"
     await wait_http(server.url + "/healthz", proc=server)
     return server
+
+
+@pytest.mark.slow
+async def test_relaybox_maintenance_runs_the_check_until_sigterm(
+    database_url: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "relaybox.toml"
+    config.write_text(CONFIG.format(every="1s"))
+    procs = Procs(tmp_path)
+    box = Relaybox(settings=Settings(database_url=database_url, outbound=KEYED))
+    try:
+        args = ["maintenance", "--config", str(config), "--database-url", database_url]
+        proc = procs.start("maintenance", args, {"RELAYBOX_SILENCE__CHECK_EVERY": "0.2"})
+        [silent] = await wait_until(
+            lambda: events(box, "relaybox.source.silent"),
+            within=20,
+            what="relaybox.source.silent from relaybox maintenance",
+            procs=procs,
+        )
+        assert silent["source"] == "github" and silent["lastArrivalAt"] is None
+        assert Procs.stop(proc) == [0]
+    finally:
+        procs.cleanup()
+        await box.close()
