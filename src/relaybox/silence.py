@@ -94,6 +94,12 @@ def learned_window(arrivals: list[float], settings: SilenceSettings) -> float | 
     return min(settings.learn_cap, max(settings.learn_floor, window))
 
 
+def _past(window: SilenceWindow, since: float, now: float, expected: float) -> bool:
+    """Whether the time inside ``window`` since ``since`` reached ``expected`` (the
+    wall clock first: the window's time is never more)."""
+    return now - since >= expected and window.counted(since, now, expected) >= expected
+
+
 @dataclass(frozen=True)
 class _Judged:
     """One watched name in a check: what the database shows (``seen``: a source's
@@ -180,7 +186,7 @@ class SilenceWatch:
             if j.expected is None:
                 continue  # a window still to learn: nothing is raised, nothing ended
             last = j.last_seen(now)
-            silent = j.window.counted(last, now, j.expected) >= j.expected
+            silent = _past(j.window, last, now, j.expected)
             data = {
                 "source": j.name,
                 "lastArrivalAt": j.seen,
@@ -248,13 +254,15 @@ class SilenceWatch:
             for e in found
         ]
         await self._note("endpoint", judged, now)
-        for e, j in zip(found, judged, strict=True):
+        for n, (e, j) in enumerate(zip(found, judged, strict=True)):
+            if n % 100 == 99:
+                await asyncio.sleep(0)  # the maintenance role may share a server's loop
             last = j.last_seen(now)
             silent = False
             start = last
             if e.waiting_since is not None:
                 start = max(last, e.waiting_since)
-                silent = window.counted(start, now, expected) >= expected
+                silent = _past(window, start, now, expected)
             data = {
                 "endpointId": e.id,
                 "tenant": e.tenant,
