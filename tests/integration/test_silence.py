@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import standardwebhooks
 from prometheus_client.parser import text_string_to_metric_families
 
 from relaybox import FrozenClock, Relaybox, Secret, recovery, sources
@@ -356,3 +357,20 @@ async def test_a_recovery_that_fails_is_reported_and_the_check_goes_on(
     assert "GitHub API unreachable" in report.recoveries["github"]["error"]
     assert "other" not in report.recoveries  # no delivery log: no recovery
     assert len(await events(box, "relaybox.source.silent")) == 2
+
+
+async def test_the_operators_endpoint_receives_the_silence_signed(
+    boxes: Any, clock: FrozenClock
+) -> None:
+    clock.set(time.time() - 31 * MINUTE)  # signed now: the receiver checks the time
+    box = boxes(sources={"s": {"expect_every": "30m"}})
+    local(box)
+    async with HttpReceiver(Reply(204)) as ops:
+        _, secret = await endpoint(box, ops.url, tenant="relaybox", event_types=["relaybox.*"])
+        await arrive(box, "s", clock.now())
+        clock.advance(31 * MINUTE)
+        await SilenceWatch(box).run_once()
+        await dispatch_once(box)
+        [seen] = ops.requests
+        body = standardwebhooks.Webhook(secret).verify(seen.body, seen.headers)
+        assert body["type"] == "relaybox.source.silent" and body["data"]["source"] == "s"
