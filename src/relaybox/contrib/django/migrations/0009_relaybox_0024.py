@@ -7,6 +7,6 @@ from relaybox.contrib.django.migrating import ApplyRelayboxMigrations
 
 
 class Migration(migrations.Migration):
-    dependencies = [("relaybox", "0007_relaybox_0022")]
+    dependencies = [("relaybox", "0008_relaybox_0023")]
 
     operations = [ApplyRelayboxMigrations(24)]
