@@ -234,7 +234,11 @@ class Relaybox:
     def store(self) -> Store:
         if self._store is None:
             s = self.settings
-            sizes: dict[str, int] = {"max_overflow": s.pool_overflow}
+            sizes: dict[str, float] = {
+                "max_overflow": s.pool_overflow,
+                "pool_timeout": s.pool_timeout,
+                "idle_in_transaction_timeout": s.idle_in_transaction_timeout,
+            }
             if s.pool_size is not None:
                 sizes["pool_size"] = s.pool_size
             self._store = open_store(s.database_url, worker_chains=s.worker.concurrency, **sizes)

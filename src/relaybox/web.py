@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from relaybox.config import BACKGROUND_ROLES
 from relaybox.errors import TABLES_MISSING
+from relaybox.outage import UNAVAILABLE_MESSAGE
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -30,7 +31,8 @@ def build_asgi(box: Relaybox, roles: tuple[str, ...]) -> Starlette:
         try:
             applied, latest = await box.store.schema_version()
         except Exception:
-            return JSONResponse({"status": "unavailable"}, status_code=503)
+            down = {"status": "unavailable", "message": UNAVAILABLE_MESSAGE}
+            return JSONResponse(down, status_code=503, headers={"Retry-After": "5"})
         ok = applied == latest
         body: dict[str, Any] = {
             "status": "ok" if ok else "migrations_pending",

@@ -31,6 +31,7 @@ from relaybox.admin.sections import (
 from relaybox.browser import ResponseHeaders
 from relaybox.limits import FailureThrottle
 from relaybox.metrics import read_ops_stats
+from relaybox.outage import UnavailableAnswer
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -141,6 +142,10 @@ def registered_sections() -> list[Section]:
     return sections()
 
 
+def _api_path(path: str) -> bool:
+    return path == "/api" or path.startswith("/api/")
+
+
 def build_admin(box: Runtime) -> Starlette:
     """The ASGI app ``relaybox serve`` mounts at ``/admin`` when the admin role is on."""
     current = sections()
@@ -155,6 +160,8 @@ def build_admin(box: Runtime) -> Starlette:
         routes=routes,
         middleware=[
             Middleware(ResponseHeaders, headers=security_headers(box)),
+            # The database out of reach: 503 (JSON for the API, a page otherwise).
+            Middleware(UnavailableAnswer, json_for=_api_path),
             Middleware(AdminAuth, box=box, login_page=dashboard.login_page, tables=tables),
         ],
     )

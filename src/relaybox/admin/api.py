@@ -22,6 +22,7 @@ import structlog
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -38,6 +39,7 @@ from relaybox.bodies import (
 from relaybox.errors import OpsError
 from relaybox.ops import inbound as ops
 from relaybox.ops import inbound_models as m
+from relaybox.outage import UnavailableAnswer
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -362,4 +364,9 @@ def build_api(box: Runtime, sections: Sequence[Section]) -> Starlette:
         for section in sections
         for op in section.operations
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    return Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: _http_error},
+        # The database out of reach (or its pool's wait timed out): 503, not 500.
+        middleware=[Middleware(UnavailableAnswer)],
+    )

@@ -359,6 +359,24 @@ class Settings(BaseModel):
         description="PostgreSQL: connections opened beyond pool_size while all are in use, "
         "each closed when it comes back to a full pool",
     )
+    pool_timeout: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="seconds a request or a role waits for a pooled connection while all "
+        "are in use (SQLite: its one connection) before it gives up (the HTTP surfaces "
+        "answer 503)",
+    )
+    idle_in_transaction_timeout: float = Field(
+        20.0,
+        ge=0,
+        le=24 * 3600,
+        description="PostgreSQL: seconds a session of relaybox's may sit idle inside an "
+        "open transaction before the server ends it (idle_in_transaction_session_timeout): "
+        "the row locks of a handler stuck after a statement, or of a frozen process, are "
+        "released; keep it below worker.claim_hold, so that its rows come back to other "
+        "workers when their hold ends (0: the server's own setting)",
+    )
     admin_token: SecretStr | None = Field(
         None, description="bearer token of the admin API and the dashboard login"
     )

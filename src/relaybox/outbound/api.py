@@ -46,12 +46,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from relaybox.bodies import BodyTooLarge, NotJsonNumber, parse_json, read_body, text_problem
 from relaybox.errors import Conflict, RelayboxError
+from relaybox.outage import UnavailableAnswer
 from relaybox.outbound import apikeys, deliveries, endpoints, flow, replays
 from relaybox.outbound.catalog import InvalidMessage, list_event_types
 from relaybox.outbound.endpoints import (
@@ -529,6 +531,8 @@ def build_api(box: Runtime) -> Starlette:
             route("/portal/sessions", portal_session, ["POST"]),
         ],
         exception_handlers={404: _no_route, 405: _no_route},
+        # The database out of reach (or its pool's wait timed out): 503, not 500.
+        middleware=[Middleware(UnavailableAnswer)],
     )
 
 

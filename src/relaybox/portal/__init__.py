@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from relaybox.browser import ResponseHeaders
+from relaybox.outage import UnavailableAnswer
 from relaybox.outbound.portal_links import (
     PortalLink,
     PortalSession,
@@ -51,6 +52,8 @@ __all__ = [
 def build_portal(box: Runtime) -> Starlette:
     """The ASGI app ``relaybox serve`` mounts at ``/portal`` with the ``api`` role."""
     headers = Middleware(ResponseHeaders, headers=security_headers(box))
-    app = Starlette(routes=routes(box), middleware=[headers])
+    # The database out of reach: a 503 page (inside the security headers), not a 500.
+    unavailable = Middleware(UnavailableAnswer, json_for=lambda _: False)
+    app = Starlette(routes=routes(box), middleware=[headers, unavailable])
     app.state.box = box
     return app

@@ -25,13 +25,15 @@ def open_store(url: str, *, worker_chains: int | None = None, **options: object)
     ``worker_chains``: connections the worker's chains hold at once while their events
     run. A pooled backend (PostgreSQL) sizes its pool for them and for the other roles
     besides, unless ``pool_size`` is given; SQLite has one connection either way
-    (``pool_size`` and ``max_overflow`` are ignored there)."""
+    (``pool_size``, ``max_overflow`` and ``idle_in_transaction_timeout`` are ignored
+    there)."""
     scheme = check_database_url(url)
     if scheme == "sqlite":
         from relaybox.store.sqlite import SQLiteStore
 
         options.pop("pool_size", None)
         options.pop("max_overflow", None)
+        options.pop("idle_in_transaction_timeout", None)
         return SQLiteStore(url, **options)  # type: ignore[arg-type]
     if scheme in ("postgresql", "postgres"):
         from relaybox.store.postgres import PostgresStore

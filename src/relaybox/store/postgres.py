@@ -66,6 +66,8 @@ class PostgresStore(Store):
         max_overflow: int = 10,
         connect_timeout: float = 5,
         raw_pool_size: int = 8,
+        pool_timeout: float = 10,
+        idle_in_transaction_timeout: float = 20,
     ) -> None:
         super().__init__()
         self.url = url
@@ -85,15 +87,22 @@ class PostgresStore(Store):
         # Connections on which the statements of _PREPARED are prepared.
         self._prepared: weakref.WeakSet[asyncpg.Connection] = weakref.WeakSet()
         self._connect_timeout = connect_timeout
+        self._pool_timeout = pool_timeout
+        # Every session of ours: the server ends one left idle inside a transaction
+        # (a handler stuck after a statement, a frozen process) and its row locks go.
+        self._session_settings = {"application_name": "relaybox"}
+        if idle_in_transaction_timeout > 0:
+            ms = max(1, round(idle_in_transaction_timeout * 1000))
+            self._session_settings["idle_in_transaction_session_timeout"] = str(ms)
         self.engine = create_async_engine(
             async_url(url),
             pool_size=pool_size,
             max_overflow=max_overflow,
-            pool_timeout=connect_timeout,
+            pool_timeout=pool_timeout,
             connect_args={
                 "timeout": connect_timeout,
                 "command_timeout": 60,
-                "server_settings": {"application_name": "relaybox"},
+                "server_settings": dict(self._session_settings),
             },
         )
 
@@ -184,8 +193,8 @@ class PostgresStore(Store):
                 return conn
             self._give_back(pool, conn)  # lost while idle: the pool opens another
         self._waiting[pool] += 1
-        try:
-            return await pool.acquire()
+        try:  # TimeoutError past pool_timeout: the HTTP surfaces answer 503
+            return await pool.acquire(timeout=self._pool_timeout)
         finally:
             self._waiting[pool] -= 1
 
@@ -220,7 +229,7 @@ class PostgresStore(Store):
             max_size=self._raw_pool_size,
             timeout=self._connect_timeout,
             command_timeout=60,
-            server_settings={"application_name": "relaybox", **settings},
+            server_settings={**self._session_settings, **settings},
             # These connections never LISTEN, SET or leave a transaction open, so
             # the default reset (one more round trip per release) buys nothing.
             reset=_no_reset,

@@ -81,7 +81,9 @@ class SQLiteStore(Store):
     """Rows an inbox insert statement carries at most (13 parameters each: 416, under
     SQLite's oldest limit of 999 parameters a statement)."""
 
-    def __init__(self, url: str, *, busy_timeout_ms: int = 10_000) -> None:
+    def __init__(
+        self, url: str, *, busy_timeout_ms: int = 10_000, pool_timeout: float = 10.0
+    ) -> None:
         super().__init__()
         self.url = url
         u = make_url(url)
@@ -94,7 +96,9 @@ class SQLiteStore(Store):
             poolclass=AsyncAdaptedQueuePool,
             pool_size=1,
             max_overflow=0,
-            pool_timeout=60,
+            # Bounded: when the file cannot be opened, SQLAlchemy's pool does not wake
+            # the uses waiting for the connection whose opening failed; they wait this.
+            pool_timeout=pool_timeout,
             pool_reset_on_return=None,  # _on_reset instead
         )
         self.wakeups: dict[str, asyncio.Event] = {}
