@@ -26,6 +26,7 @@ import functools
 import json
 import random
 import signal
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
@@ -310,6 +311,82 @@ async def test_worker_killed_after_commit_never_grants_twice(
     assert await db.state() == {**GRANTED_ONCE, "inbox": {"done": 2}}  # balance exactly +100
     assert (await db.inbox("evt_1"))["attempts"] == 1  # never run again
     assert second.terminate() == 0
+
+
+# -- 4a. the worker freezes inside its transaction ----------------------------------------
+
+
+def _frozen(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP): state ``T`` in /proc."""
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] == "T"
+    return False
+
+
+async def _stopped(pid: int) -> bool:
+    return _frozen(pid)
+
+
+async def test_worker_frozen_in_its_transaction(db: Db, procs: Procs, tmp_path: Path) -> None:
+    """``relaybox worker`` runs the grant's statements, then its process freezes
+    (SIGSTOP) with the transaction open: its connection idle in transaction, holding the
+    row and the balance's locks, its hold no longer renewed.
+
+    PostgreSQL: the server ends that session after ``idle_in_transaction_timeout`` (1
+    s here), which rolls the grant back and releases the locks; once the hold (4 s)
+    ends, another worker takes the row and grants once, with the frozen process still
+    stopped. SQLite: no server ends anything, and the frozen process keeps the file's
+    write lock: no other worker can take the row, and a delivery meanwhile is answered
+    503 (not stored, the sender retries) once the lock wait gives up. Only when the
+    process dies (an operator's or a supervisor's kill) does the row come back, a hold
+    later."""
+    postgres = db.url.startswith("postgresql")
+    await db.deliver(invoice_paid("evt_1", "in_1"))
+    env = {
+        "FAULT": "freeze",
+        "FAULT_MARKER": str(tmp_path / "fired"),
+        "RELAYBOX_IDLE_IN_TRANSACTION_TIMEOUT": "1",
+        "RELAYBOX_WORKER__CLAIM_HOLD": "4",
+        "RELAYBOX_WORKER__POLL_INTERVAL": "0.1",
+    }
+    first = procs.worker(db.url, env=env)
+    await wait_until(lambda: _stopped(first.pid), within=20, what="the worker frozen", procs=procs)
+    frozen_at = time.monotonic()
+    if postgres:
+        stuck = await db.rows(
+            "SELECT pid, state FROM pg_stat_activity WHERE datname = current_database()"
+            " AND state = 'idle in transaction' AND pid <> pg_backend_pid()"
+        )
+        assert len(stuck) == 1, stuck  # (a second later the server has ended it)
+
+    second = procs.worker(db.url, env=env)  # the marker exists: no fault this time
+    if postgres:
+        await wait_until(lambda: db.settled(1), within=15, what="the row taken over", procs=procs)
+        took = time.monotonic() - frozen_at
+        assert took < 4 + 4, f"taken over {took:.1f} s after the freeze (hold 4 s)"
+        assert _frozen(first.pid)  # still stopped: the server ended its transaction
+        ended = await db.rows(
+            "SELECT pid FROM pg_stat_activity WHERE pid = :pid", pid=stuck[0]["pid"]
+        )
+        assert ended == [], "the frozen worker's session still exists"
+    else:
+        await asyncio.sleep(4 + 2)  # past the hold: still nobody can take the row
+        # A plain read (relaybox's own transactions all take the write lock first).
+        with contextlib.closing(sqlite3.connect(db.url.removeprefix("sqlite:///"))) as plain:
+            [(status,)] = plain.execute(
+                "SELECT status FROM relaybox_inbox WHERE event_id = 'evt_1'"
+            ).fetchall()
+        assert status == "pending"
+        assert _frozen(first.pid)
+        status, answer = await post_asgi(db.box, invoice_paid("evt_2", "in_2"))
+        assert status == 503, answer  # the write lock wait gave up: not stored
+        first.kill()
+        await wait_until(lambda: db.settled(1), within=30, what="the row taken over", procs=procs)
+    assert await db.state() == GRANTED_ONCE
+    assert (await db.inbox("evt_1"))["attempts"] == 2
+    assert second.terminate() == 0
+    first.kill()
 
 
 # -- 4b. one process that receives and works dies with rows it took at accept ----------

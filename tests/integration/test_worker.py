@@ -92,6 +92,42 @@ async def test_failing_event_rolls_back_only_its_savepoint(
     assert [o["key"] for o in outbox] == ["op:ok1", "op:ok2"]
 
 
+async def test_a_handler_that_hangs_is_cancelled_and_its_attempt_retried(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """A handler that hangs after its first statement (a call without a timeout of its
+    own) is cancelled past ``worker.handler_timeout``: its statements roll back, the
+    others of its group commit, and the event is retried and done at its next attempt."""
+    box.settings.worker.handler_timeout = 0.5
+    async with box.store.transaction() as conn:
+        await conn.execute(text("CREATE TABLE effects (name TEXT PRIMARY KEY)"))
+    forever = asyncio.Event()
+
+    @box.handler("s", "*")
+    async def handler(ctx: Context) -> None:
+        await ctx.conn.execute(text("INSERT INTO effects VALUES (:n)"), {"n": ctx.event.event_id})
+        if ctx.event.event_type == "hang" and ctx.event.attempts == 1:
+            await forever.wait()
+
+    await box.store.inbox_accept(
+        [delivery(clock, "ok1", "ok", {}), delivery(clock, "stuck", "hang", {})]
+    )
+    started = time.monotonic()
+    assert await asyncio.wait_for(box.worker().run_once(), 20) == 2
+    assert time.monotonic() - started < 10
+    state = await rows(box)
+    assert (state["ok1"]["status"], state["stuck"]["status"]) == ("done", "pending")
+    assert "HandlerTimeout" in state["stuck"]["last_error"]
+    assert "worker.handler_timeout (0.5 s)" in state["stuck"]["last_error"]
+    effects = await box.store.fetch_all("SELECT name FROM effects ORDER BY name")
+    assert [e["name"] for e in effects] == ["ok1"]
+
+    clock.advance(3600)
+    assert await box.worker().run_once() == 1
+    state = await rows(box)
+    assert (state["stuck"]["status"], state["stuck"]["attempts"]) == ("done", 2)
+
+
 async def test_a_handler_on_the_driver_connection_commits_and_rolls_back_with_its_event(
     box: Relaybox, clock: FrozenClock
 ) -> None:

@@ -9,7 +9,11 @@ the helpers tests use to build and deliver its Stripe events.
     ``kill_after_commit``   SIGKILL itself in ``hooks.after_commit`` (committed, but
                             the process dies before it can do anything else);
     ``poison``              the ``invoice.paid`` handler SIGKILLs its process for the
-                            invoice ``in_poison``, on every attempt.
+                            invoice ``in_poison``, on every attempt;
+    ``freeze``              the ``invoice.paid`` handler grants the credits (its
+                            statements run, its transaction stays open) and then
+                            SIGSTOPs its process: a handler stuck after its first
+                            statements, its connection idle in transaction.
 ``FAULT_MARKER``
     A file path: the ``kill_*`` faults fire only in the process that creates this file
     (``O_EXCL``), so the worker started after the crash runs normally.
@@ -71,6 +75,12 @@ async def grant_unless_poison(ctx: Context) -> None:
     await credits.grant_initial_credits(ctx)
 
 
+async def grant_then_freeze(ctx: Context) -> None:
+    await credits.grant_initial_credits(ctx)
+    if _first_time():
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def make_box(fault: str | None = None) -> Relaybox:
     fault = os.environ.get("FAULT", "") if fault is None else fault
     box = Relaybox(settings=credits.default_settings())
@@ -78,12 +88,14 @@ def make_box(fault: str | None = None) -> Relaybox:
         # Registered before the example's handlers: the first of equally specific
         # registrations wins.
         box.handler("stripe", "invoice.paid")(grant_unless_poison)
+    elif fault == "freeze":
+        box.handler("stripe", "invoice.paid")(grant_then_freeze)
     credits.configure(box)
     if fault == "kill_before_commit":
         box.hooks.before_commit.append(_kill_once)
     elif fault == "kill_after_commit":
         box.hooks.after_commit.append(_kill_once)
-    elif fault not in ("", "poison"):
+    elif fault not in ("", "poison", "freeze"):
         raise ConfigurationError(f"unknown FAULT {fault!r}")
     return box
 

@@ -69,6 +69,14 @@ class WorkerSettings(BaseModel):
     claim_hold: float = Field(
         30.0, gt=0, description="seconds a claimed row is held back if its worker dies"
     )
+    handler_timeout: float = Field(
+        30.0,
+        gt=0,
+        le=24 * 3600,
+        description="seconds an async handler may run before it is cancelled and its "
+        "attempt fails as a transient error (its transaction rolled back); a plain-def "
+        "handler's thread cannot be cancelled",
+    )
     handoff: bool = Field(
         True,
         description=(

@@ -121,6 +121,7 @@ class Worker(Runners):
         self._marks = _StartMarks(box)
         self.poll_interval = s.poll_interval
         self.claim_hold = s.claim_hold
+        self.handler_timeout = s.handler_timeout
         self.backoff = Backoff(
             base=s.backoff_base,
             factor=s.backoff_factor,

@@ -79,6 +79,10 @@ class _Job:
     plain: bool = False
 
 
+class HandlerTimeout(Exception):
+    """A handler ran past ``worker.handler_timeout``: a transient failure."""
+
+
 class Runners(Threaded):
     """The worker's transaction runners (a base of :class:`~relaybox.worker.loop.Worker`,
     which owns the queue of claimed events and the chains that take from it)."""
@@ -86,6 +90,7 @@ class Runners(Threaded):
     group: int
     savepoints: bool
     concurrency: int
+    handler_timeout: float
     _careful: int
     _ready: deque[_Job]
     _isolating: int
@@ -519,13 +524,13 @@ class Runners(Threaded):
         try:
             if savepoint:
                 async with conn.begin_nested():
-                    await handler(ctx)
+                    await self._call_async(handler, ctx)
                     await ctx._flush_session()
                     await self.box.store.outbox_insert_rows(
                         conn, ctx.outbox_rows, now=self.box.clock.now()
                     )
             else:
-                await handler(ctx)
+                await self._call_async(handler, ctx)
                 await ctx._flush_session()
             return ctx, _Outcome("done")
         except OperationConflict as exc:
@@ -539,6 +544,23 @@ class Runners(Threaded):
             return ctx, _Outcome("retry", error_text(exc), aborted=aborted)
         finally:
             await ctx._close_session()
+
+    async def _call_async(self, handler: Handler, ctx: Context) -> None:
+        """``handler(ctx)``, cancelled past ``worker.handler_timeout``: a handler that
+        hangs (a call without a timeout of its own) fails its attempt as a transient
+        error, and its transaction is rolled back, instead of holding its rows, their
+        locks and a chain for good while the worker renews their hold."""
+        limit = asyncio.timeout(self.handler_timeout)
+        try:
+            async with limit:
+                await handler(ctx)
+        except TimeoutError:
+            if not limit.expired():
+                raise  # the handler's own
+            raise HandlerTimeout(
+                f"the handler ran longer than worker.handler_timeout"
+                f" ({self.handler_timeout:g} s) and was cancelled"
+            ) from None
 
     def _registration(self, source: str, event_type: str) -> Registration | None:
         """``box.registration_for``, remembered until a handler is registered."""
