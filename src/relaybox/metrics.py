@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from relaybox.store.history import QueueGroup
 from relaybox.store.silence import SilenceSummary
+from relaybox.store.operator import DatabaseHealth
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -345,6 +346,64 @@ class QueueCollector(Collector):
             "Ordering keys that a dead delivery holds back on an ordered endpoint (on_dead hold).",
             value=snap.blocked_keys,
         )
+        health = self._metrics.health
+        if health is not None:
+            yield from _health_metrics(health)
+
+
+def _health_metrics(health: DatabaseHealth) -> Iterator[Metric]:
+    """Long transactions and dead rows (PostgreSQL), free pages and the write-ahead
+    log (SQLite): :class:`~relaybox.store.operator.DatabaseHealth`."""
+    if health.pages is None:  # PostgreSQL
+        oldest = GaugeMetricFamily(
+            "relaybox_db_oldest_transaction_seconds",
+            "Seconds the oldest open transaction of another session has run: scope "
+            "'relaybox' those holding a lock on relaybox's tables, 'database' any (which "
+            "keeps vacuum from removing dead rows); 0 when none is open.",
+            labels=["scope"],
+        )
+        oldest.add_metric(["relaybox"], health.oldest(relaybox=True) or 0.0)
+        oldest.add_metric(["database"], health.oldest(relaybox=False) or 0.0)
+        yield oldest
+        idle = GaugeMetricFamily(
+            "relaybox_db_idle_in_transaction",
+            "Sessions idle inside an open transaction that holds a lock on relaybox's tables.",
+            value=sum(
+                1
+                for t in health.transactions
+                if t["relaybox"] and t["state"] == "idle in transaction"
+            ),
+        )
+        yield idle
+        dead = GaugeMetricFamily(
+            "relaybox_db_dead_rows",
+            "Dead row versions in relaybox's tables (pg_stat_user_tables), by table.",
+            labels=["table"],
+        )
+        ratio = GaugeMetricFamily(
+            "relaybox_db_dead_row_ratio",
+            "Dead rows over live and dead rows of a relaybox table (0 when empty).",
+            labels=["table"],
+        )
+        for t in health.tables:
+            total = t["live"] + t["dead"]
+            dead.add_metric([t["table"]], t["dead"])
+            ratio.add_metric([t["table"]], t["dead"] / total if total else 0.0)
+        yield dead
+        yield ratio
+    else:  # SQLite
+        yield GaugeMetricFamily(
+            "relaybox_db_free_page_ratio",
+            "SQLite: pages of the file freed by deletes (only VACUUM returns them) over all.",
+            value=(health.free_pages or 0) / health.pages if health.pages else 0.0,
+        )
+        if health.wal_bytes is not None:
+            yield GaugeMetricFamily(
+                "relaybox_db_wal_bytes",
+                "SQLite: size of the write-ahead log; it grows while a long read keeps "
+                "checkpoints from reaching its end.",
+                value=health.wal_bytes,
+            )
 
 
 def _silence_gauges(summary: SilenceSummary | None, now: float) -> Iterator[Metric]:
@@ -446,6 +505,7 @@ class Metrics:
         # Silence detection's state rows, as its last check left them.
         self.silences: SilenceSummary | None = None
         self.snapshot_error: str | None = None
+        self.health: DatabaseHealth | None = None
         self._snapshot_read_at = -math.inf
         self._refresh_lock = asyncio.Lock()
         self.registry.register(QueueCollector(self))
@@ -489,6 +549,7 @@ class Metrics:
                 self.snapshot = await read_ops_stats(box.store, box.clock.now())
                 self.paused = await box.store.endpoint_paused_backlog()
                 self.silences = await box.store.silence_summary(limit=1)
+                self.health = await box.store.database_health()
                 self.snapshot_error = None
             except Exception as exc:
                 first_line = str(exc).splitlines()[0] if str(exc) else ""

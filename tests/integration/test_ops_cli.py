@@ -171,6 +171,66 @@ async def test_doctor_passes_on_a_migrated_database(
     assert out["ok"] and checks["database"] == checks["migrations"] == checks["clock"] == "ok"
 
 
+async def test_doctor_names_long_transactions_and_dead_rows(
+    cli: Invoke, database_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: a session idle in a transaction that read relaybox_inbox is named
+    past --max-transaction-age, a table whose deleted rows wait for vacuum past
+    --max-dead-ratio; SQLite: a file whose deletes freed most of its pages. Warnings:
+    the exit code stays 0."""
+    from relaybox.cli import doctor as doctor_module
+
+    monkeypatch.setattr(doctor_module, "MIN_DEAD_ROWS", 1)
+    config = tmp_path / "relaybox.toml"
+    config.write_text(f'[outbound]\nsecrets_key = "{SECRETS_KEY}"\n')
+    box = Relaybox(settings=Settings(database_url=database_url))
+    await box.store.inbox_accept(
+        [delivery(FrozenClock(1.8e9), f"e{i}", "x", {}) for i in range(50)]
+    )
+    args = ("doctor", "--json", "--config", str(config), "--database-url", database_url)
+    try:
+        if database_url.startswith("postgresql"):
+            import asyncpg
+
+            other = await asyncpg.connect(database_url)
+            try:
+                await other.execute("BEGIN")
+                await other.fetch("SELECT count(*) FROM relaybox_inbox")
+                await box.store.fetch_all("DELETE FROM relaybox_inbox RETURNING id")
+                await box.store.fetch_all("SELECT pg_stat_force_next_flush()")
+                await asyncio.sleep(1.2)
+                out = json.loads((await cli(*args, "--max-transaction-age", "1")).stdout)
+                pid = (await other.fetchrow("SELECT pg_backend_pid() AS pid"))["pid"]
+            finally:
+                await other.close()
+            checks = {c["check"]: c for c in out["checks"]}
+            assert checks["transactions"]["status"] == "warn"
+            assert f"pid {pid} " in checks["transactions"]["detail"]
+            assert "idle in transaction" in checks["transactions"]["detail"]
+            assert checks["dead rows"]["status"] == "warn"
+            assert "relaybox_inbox " in checks["dead rows"]["detail"]
+            out = json.loads((await cli(*args)).stdout)  # the session is gone; default limits
+            checks = {c["check"]: c for c in out["checks"]}
+            assert checks["transactions"]["status"] == "ok"
+        else:
+            async with box.store.transaction() as conn:
+                await conn.exec_driver_sql("CREATE TABLE filler (b BLOB)")
+                await conn.exec_driver_sql(
+                    "INSERT INTO filler SELECT zeroblob(4096) FROM (WITH RECURSIVE n(i) AS"
+                    " (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200) SELECT i FROM n)"
+                )
+            async with box.store.transaction() as conn:
+                await conn.exec_driver_sql("DELETE FROM filler")
+            out = json.loads((await cli(*args)).stdout)
+            checks = {c["check"]: c for c in out["checks"]}
+            assert checks["database health"]["status"] == "warn"
+            assert "run VACUUM" in checks["database health"]["detail"]
+            assert "transactions" not in checks
+        assert out["ok"]
+    finally:
+        await box.close()
+
+
 async def test_doctor_names_pending_migrations(cli: Invoke, tmp_path: Any) -> None:
     url = f"sqlite:///{tmp_path}/empty.db"
     result = await cli("doctor", "--database-url", url, code=4)  # tables missing: its own exit code

@@ -1,5 +1,6 @@
 """``relaybox doctor``: check configuration, the key of endpoint signing secrets,
-database reachability, migrations, registered channels and clock skew; name each
+database reachability, migrations, registered channels, clock skew, long transactions
+and dead rows (warnings); name each
 problem and exit with the code of the worst (see :mod:`relaybox.cli.exits`)."""
 
 from __future__ import annotations
@@ -40,7 +41,87 @@ class _Checks:
             self.exit_code = exit_code
 
 
-async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> None:
+MIN_DEAD_ROWS = 10_000
+"""Dead rows a table must have before its dead-row ratio is worth a warning."""
+
+
+async def _doctor_health(box: Relaybox, checks: _Checks, limits: tuple[float, float]) -> None:
+    """Long transactions and dead rows on PostgreSQL; free pages and the write-ahead
+    log on SQLite (:meth:`~relaybox.store.operator.OperatorStore.database_health`)."""
+    max_age, max_ratio = limits
+    health = await box.store.database_health()
+    if health.pages is not None:  # SQLite
+        free = (health.free_pages or 0) / health.pages if health.pages else 0.0
+        wal = health.wal_bytes or 0
+        detail = (
+            f"{health.free_pages} of {health.pages} pages free ({free:.0%}), write-ahead "
+            f"log {wal / 1048576:.1f} MiB; SQLite shows no other connection's transactions"
+        )
+        if wal > 64 * 1048576:
+            checks.add(
+                "database health",
+                "warn",
+                detail + ": a long read (another process's open transaction) keeps "
+                "checkpoints from emptying the log",
+            )
+        elif free > max_ratio and (health.free_pages or 0) > MIN_DEAD_ROWS:
+            checks.add(
+                "database health",
+                "warn",
+                detail + ": run VACUUM at a quiet time to give the space back",
+            )
+        else:
+            checks.add("database health", "ok", detail)
+        return
+    long = [t for t in health.transactions if t["relaybox"] and t["age"] > max_age]
+    if long:
+        named = "; ".join(
+            f"pid {t['pid']} ({t['application_name'] or 'no application_name'}, "
+            f"{t['state']}) open {t['age']:.0f} s"
+            for t in long[:5]
+        )
+        checks.add(
+            "transactions",
+            "warn",
+            f"{len(long)} transaction(s) holding relaybox's tables open longer than "
+            f"{max_age:g} s: {named}: its row locks stall the rows it holds, and vacuum "
+            "cannot remove dead rows meanwhile (pg_terminate_backend(pid) ends one)",
+        )
+    else:
+        oldest = health.oldest(relaybox=True)
+        checks.add(
+            "transactions",
+            "ok",
+            f"none holding relaybox's tables longer than {max_age:g} s"
+            + (f" (oldest {oldest:.1f} s)" if oldest is not None else ""),
+        )
+    bloated = []
+    worst = 0.0
+    for t in health.tables:
+        total = t["live"] + t["dead"]
+        ratio = t["dead"] / total if total else 0.0
+        worst = max(worst, ratio)
+        if ratio > max_ratio and t["dead"] >= MIN_DEAD_ROWS:
+            bloated.append(f"{t['table']} {t['dead']} dead ({ratio:.0%})")
+    if bloated:
+        checks.add(
+            "dead rows",
+            "warn",
+            f"dead rows over {max_ratio:.0%} of {', '.join(bloated)}: autovacuum is behind "
+            "or a long transaction keeps it from cleaning up (check 'transactions'); "
+            "VACUUM the table, then tune autovacuum for it",
+        )
+    else:
+        checks.add(
+            "dead rows",
+            "ok",
+            f"no relaybox table over {max_ratio:.0%} dead rows (highest {worst:.0%})",
+        )
+
+
+async def _doctor_database(
+    box: Relaybox, checks: _Checks, max_skew: float, limits: tuple[float, float] = (60.0, 0.2)
+) -> None:
     from relaybox.store.base import load_migrations
 
     url = _safe_url(box)
@@ -87,6 +168,7 @@ async def _doctor_database(box: Relaybox, checks: _Checks, max_skew: float) -> N
         await _doctor_secrets(box, checks)
         await _doctor_channels(box, checks)
         await _doctor_silence(box, checks, probe.db_now)
+        await _doctor_health(box, checks, limits)
     # Rounded to the millisecond shown, without a negative zero ("-0.000 s").
     skew = round(probe.db_now - (probe.before + probe.after) / 2, 3) + 0.0
     detail = f"database clock {skew:+.3f} s from this machine's"
@@ -270,20 +352,38 @@ async def _doctor_secrets(box: Relaybox, checks: _Checks) -> None:
     default=None,
     help="seconds of clock skew allowed  [default: the clock_max_skew setting, 5]",
 )
+@click.option(
+    "--max-transaction-age",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="PostgreSQL: seconds a transaction holding relaybox's tables may be open before "
+    "it is named",
+)
+@click.option(
+    "--max-dead-ratio",
+    type=click.FloatRange(0, 1),
+    default=0.2,
+    show_default=True,
+    help="dead rows (PostgreSQL) or free pages (SQLite) over all of a table or file "
+    "before it is named (when there are 10,000 or more)",
+)
 @_json_option
 def doctor(
     app: str | None,
     config: str | None,
     database_url: str | None,
     max_skew: float | None,
+    max_transaction_age: float,
+    max_dead_ratio: float,
     as_json: bool,
 ) -> None:
     """Check configuration, the key of endpoint secrets, database reachability,
-    migrations and clock skew; name each problem and exit non-zero (2 configuration,
-    3 database unreachable, 4 tables missing or migrations pending, 5 endpoint secrets
-    not protected at rest: no outbound.secrets_key on PostgreSQL or a key file open to
-    other users, 6 this machine's clock past clock_max_skew from the database's; 1
-    other)."""
+    migrations, clock skew, long transactions and dead rows (warnings); name each
+    problem and exit non-zero (2 configuration, 3 database unreachable, 4 tables
+    missing or migrations pending, 5 endpoint secrets not protected at rest: no
+    outbound.secrets_key on PostgreSQL or a key file open to other users, 6 this
+    machine's clock past clock_max_skew from the database's; 1 other)."""
     checks = _Checks()
     box: Relaybox | None = None
     try:
@@ -307,7 +407,8 @@ def doctor(
             assert box is not None
             try:
                 skew = box.settings.clock_max_skew if max_skew is None else max_skew
-                await asyncio.wait_for(_doctor_database(box, checks, skew), 30)
+                limits = (max_transaction_age, max_dead_ratio)
+                await asyncio.wait_for(_doctor_database(box, checks, skew, limits), 30)
             except TimeoutError:
                 checks.add(
                     "database",

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-__all__ = ["DoctorProbe", "EventHistory", "OperatorStore", "Row", "ThroughputRow"]
+__all__ = [
+    "DatabaseHealth",
+    "DoctorProbe",
+    "EventHistory",
+    "OperatorStore",
+    "Row",
+    "ThroughputRow",
+]
 
 Row = dict[str, Any]
 """A row keyed by the columns its query names."""
@@ -57,6 +64,37 @@ class DoctorProbe:
     db_now: float
     before: float
     after: float
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseHealth:
+    """What long transactions and dead rows look like, read from the database's own
+    statistics (``/metrics`` and ``relaybox doctor``).
+
+    PostgreSQL: ``transactions`` are the open transactions of this database's other
+    sessions, oldest first (``pid``, ``state``, ``application_name``, ``age`` in
+    seconds, ``relaybox``: whether it holds a lock on one of relaybox's tables), from
+    ``pg_stat_activity`` and ``pg_locks``; ``tables`` are relaybox's tables with their
+    ``live`` and ``dead`` row estimates and when they were last vacuumed
+    (``vacuumed_at``, epoch seconds or ``None``), from ``pg_stat_user_tables``. A role
+    without ``pg_read_all_stats`` sees only its own sessions' transactions.
+
+    SQLite shows no other connection's transactions; its counterparts are the pages
+    deletes freed that only ``VACUUM`` returns (``free_pages`` of ``pages``) and the
+    size of the write-ahead log (``wal_bytes``), which grows while a long read keeps
+    checkpoints from reaching its end."""
+
+    transactions: list[Row]
+    tables: list[Row]
+    pages: int | None = None
+    free_pages: int | None = None
+    wal_bytes: int | None = None
+
+    def oldest(self, *, relaybox: bool) -> float | None:
+        """Seconds the oldest open transaction has run (``relaybox``: of those holding
+        a lock on relaybox's tables); ``None`` when there is none or it cannot be seen."""
+        ages = [t["age"] for t in self.transactions if t["relaybox"] or not relaybox]
+        return max(ages) if ages else None
 
 
 class OperatorStore:
@@ -110,6 +148,18 @@ class OperatorStore:
             db_now = float((await conn.exec_driver_sql(self.q["ops_db_now"])).scalar_one())
             after = time.time()
         return DoctorProbe(applied=applied, db_now=db_now, before=before, after=after)
+
+    async def database_health(self) -> DatabaseHealth:
+        """Long transactions and dead rows (:class:`DatabaseHealth`), in one
+        transaction of its own."""
+        async with self.connect() as conn:
+            transactions = await self._rows(conn, "ops_open_transactions")
+            tables = await self._rows(conn, "ops_table_rows")
+        return DatabaseHealth(transactions=transactions, tables=tables)
+
+    async def _rows(self, conn: AsyncConnection, name: str) -> list[Row]:
+        result = await conn.exec_driver_sql(self.q[name])
+        return [dict(r._mapping) for r in result]
 
     # -- inbox ------------------------------------------------------------------------
 

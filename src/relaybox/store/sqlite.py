@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections import Counter
@@ -32,6 +33,7 @@ from relaybox.store._drivers import (
 )
 from relaybox.store.base import Store
 from relaybox.store.inbox_rows import AcceptOutcome, Listener, NewDelivery
+from relaybox.store.operator import DatabaseHealth
 from relaybox.store.outbox import SecretOpener, leased_delivery
 from relaybox.store.outbox_rows import (
     Lane,
@@ -193,6 +195,20 @@ class SQLiteStore(Store):
             self._watch.cancel()
             self._watch = None
         await super().close()
+
+    async def database_health(self) -> DatabaseHealth:
+        """SQLite shows no other connection's transactions nor dead rows: the file's
+        free pages and the write-ahead log's size instead (:class:`DatabaseHealth`)."""
+        async with self.connect() as conn:
+            row: Any = (await conn.exec_driver_sql(self.q["ops_file_pages"])).one()
+        pages, free = int(row[0]), int(row[1])
+        wal_bytes = None
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                wal_bytes = await asyncio.to_thread(os.path.getsize, f"{self._file}-wal")
+        return DatabaseHealth(
+            transactions=[], tables=[], pages=pages, free_pages=free, wal_bytes=wal_bytes
+        )
 
     async def notify(self, conn: AsyncConnection, channel: str) -> None:
         # The only other writer is in this process and waits for our write lock,

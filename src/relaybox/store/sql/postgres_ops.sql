@@ -262,6 +262,29 @@ SELECT pg_advisory_unlock(hashtext('relaybox_maintenance'))
 -- The database server's clock (doctor compares it with this machine's).
 SELECT extract(epoch FROM clock_timestamp())::double precision
 
+-- name: ops_open_transactions
+-- The open transactions of this database's other sessions, oldest first, and whether
+-- each holds a lock on one of relaybox's tables (a table read or written in it).
+SELECT a.pid, a.state, a.application_name,
+       extract(epoch FROM clock_timestamp() - a.xact_start)::double precision AS age,
+       EXISTS (
+           SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+           WHERE l.pid = a.pid AND left(c.relname, 9) = 'relaybox_'
+       ) AS relaybox
+FROM pg_stat_activity a
+WHERE a.datname = current_database() AND a.xact_start IS NOT NULL
+  AND a.pid <> pg_backend_pid()
+ORDER BY a.xact_start
+
+-- name: ops_table_rows
+-- Live and dead row estimates of relaybox's tables (the statistics collector's).
+SELECT relname AS "table", n_live_tup AS live, n_dead_tup AS dead,
+       extract(epoch FROM greatest(last_vacuum, last_autovacuum))::double precision
+           AS vacuumed_at
+FROM pg_stat_user_tables
+WHERE schemaname = current_schema() AND left(relname, 9) = 'relaybox_'
+ORDER BY relname
+
 -- name: ops_migrations_applied
 SELECT version FROM relaybox_migrations ORDER BY version
 
