@@ -549,12 +549,17 @@ class Metrics:
                 self.snapshot = await read_ops_stats(box.store, box.clock.now())
                 self.paused = await box.store.endpoint_paused_backlog()
                 self.silences = await box.store.silence_summary(limit=1)
-                self.health = await box.store.database_health()
                 self.snapshot_error = None
             except Exception as exc:
                 first_line = str(exc).splitlines()[0] if str(exc) else ""
                 self.snapshot_error = f"{type(exc).__name__}: {first_line[:200]}"
                 log.warning("metrics_snapshot_failed", error=self.snapshot_error)
+            if self.snapshot_error is None:
+                try:  # statistics views: their failure is not the queues'
+                    self.health = await box.store.database_health()
+                except Exception as exc:
+                    self.health = None
+                    log.warning("metrics_health_failed", error=f"{type(exc).__name__}: {exc}"[:200])
             self._snapshot_read_at = loop.time()
             return self.snapshot
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -223,6 +224,32 @@ async def test_sqlite_file_gone(http: aiohttp.ClientSession, tmp_path: Path) -> 
                 assert_unavailable(await walk(s, http, "msg_during"), within=10)
             finally:
                 (tmp_path / "elsewhere").rename(folder)
+            assert_serving(await walk(s, http, "msg_after"))
+    finally:
+        await box.close()
+
+
+@pytest.mark.slow
+async def test_sqlite_locked_by_another_process(
+    http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Another process keeps the file's write lock (a frozen writer, a long migration):
+    relaybox's transactions all take that lock first, so every surface waits out the
+    10 s lock wait (or ``pool_timeout`` behind the one that waits) and answers 503."""
+    path = tmp_path / "relaybox.db"
+    box = make_box(f"sqlite:///{path}", pool_timeout=2.0)
+    await box.store.migrate()
+    try:
+        async with Served(box.asgi(roles=ROLES)) as served:
+            s = await prepare(box, served.url, http)
+            assert_serving(await walk(s, http, "msg_before"))
+            other = sqlite3.connect(path, isolation_level=None)
+            try:
+                other.execute("BEGIN IMMEDIATE")
+                assert_unavailable(await walk(s, http, "msg_during"), within=15)
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
             assert_serving(await walk(s, http, "msg_after"))
     finally:
         await box.close()

@@ -283,3 +283,36 @@ async def test_close_does_not_wait_forever_for_a_connection_never_given_back(
         assert pool.is_closing() and pool.get_size() == 0  # the held connection closed too
     lines = [entry for entry in logs if entry["event"] == "store_close_timed_out"]
     assert [(line["in_use"], line["log_level"]) for line in lines] == [(1, "warning")] * 2
+
+
+async def test_every_postgres_session_ends_when_idle_in_a_transaction(pg_url: str) -> None:
+    """``idle_in_transaction_timeout`` reaches every session relaybox opens: the
+    SQLAlchemy pool (handlers, the API), the asyncpg pools (accept, leases, holds) and
+    the synchronous engine of plain-def handlers; and the server ends one left idle in
+    a transaction past it."""
+    from relaybox.store import postgres
+
+    store = postgres.PostgresStore(pg_url, idle_in_transaction_timeout=0.5)
+    show = "SHOW idle_in_transaction_session_timeout"
+    try:
+        async with store.connect() as conn:
+            assert (await conn.exec_driver_sql(show)).scalar() == "500ms"
+        for pool in (await store.raw_pool(), await store.generic_pool(), await store.start_pool()):
+            async with store._borrow(pool) as raw:
+                assert await raw.fetchval(show) == "500ms"
+
+        def synchronous() -> str:
+            with store.sync.transaction() as conn:
+                return str(conn.exec_driver_sql(show).scalar())
+
+        assert await asyncio.to_thread(synchronous) == "500ms"
+
+        async with store.engine.connect() as conn:
+            await conn.exec_driver_sql("BEGIN")
+            await conn.exec_driver_sql("SELECT 1")
+            await asyncio.sleep(1.0)
+            with pytest.raises(Exception, match=r"idle-in-transaction|closed|terminat"):
+                await conn.exec_driver_sql("SELECT 1")
+    finally:
+        await store.close()
+        store.sync.close()

@@ -90,10 +90,10 @@ class PostgresStore(Store):
         self._pool_timeout = pool_timeout
         # Every session of ours: the server ends one left idle inside a transaction
         # (a handler stuck after a statement, a frozen process) and its row locks go.
-        self._session_settings = {"application_name": "relaybox"}
+        self.session_settings: dict[str, str] = {"application_name": "relaybox"}
         if idle_in_transaction_timeout > 0:
             ms = max(1, round(idle_in_transaction_timeout * 1000))
-            self._session_settings["idle_in_transaction_session_timeout"] = str(ms)
+            self.session_settings["idle_in_transaction_session_timeout"] = str(ms)
         self.engine = create_async_engine(
             async_url(url),
             pool_size=pool_size,
@@ -102,7 +102,7 @@ class PostgresStore(Store):
             connect_args={
                 "timeout": connect_timeout,
                 "command_timeout": 60,
-                "server_settings": dict(self._session_settings),
+                "server_settings": dict(self.session_settings),
             },
         )
 
@@ -229,7 +229,7 @@ class PostgresStore(Store):
             max_size=self._raw_pool_size,
             timeout=self._connect_timeout,
             command_timeout=60,
-            server_settings={**self._session_settings, **settings},
+            server_settings={**self.session_settings, **settings},
             # These connections never LISTEN, SET or leave a transaction open, so
             # the default reset (one more round trip per release) buys nothing.
             reset=_no_reset,

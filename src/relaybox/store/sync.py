@@ -239,15 +239,25 @@ class SyncStore:
 class PostgresSyncStore(SyncStore):
     backend: ClassVar[str] = "postgres"
 
+    def __init__(
+        self, queries: Mapping[str, str], url: str, *, session: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(queries, url)
+        # The async store's session settings (idle_in_transaction_session_timeout).
+        self._session = {k: v for k, v in (session or {}).items() if k != "application_name"}
+
     def _make_engine(self) -> Engine:
         url = make_url(self.url).set(drivername="postgresql+psycopg")
+        connect_args: dict[str, Any] = {"connect_timeout": 5, "application_name": "relaybox"}
+        if self._session:
+            connect_args["options"] = " ".join(f"-c {k}={v}" for k, v in self._session.items())
         try:
             return create_engine(
                 url,
                 pool_size=self._pool_size,
                 max_overflow=self._pool_size,
                 pool_pre_ping=True,
-                connect_args={"connect_timeout": 5, "application_name": "relaybox"},
+                connect_args=connect_args,
             )
         except ModuleNotFoundError as exc:
             raise ConfigurationError(
@@ -333,5 +343,6 @@ class SQLiteSyncStore(SyncStore):
 def sync_store(store: Store) -> SyncStore:
     """The synchronous side of ``store`` (same statements, same database)."""
     if store.backend == "postgres":
-        return PostgresSyncStore(store.q, store.url)
+        session: Mapping[str, str] = getattr(store, "session_settings", {})
+        return PostgresSyncStore(store.q, store.url, session=session)
     return SQLiteSyncStore(store.q, store.url)
