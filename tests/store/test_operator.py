@@ -153,6 +153,15 @@ async def test_throughput_table_exists_probe_and_test_views(store: Store) -> Non
     assert before <= probe.before <= probe.after
     assert abs(probe.db_now - probe.before) < 60
 
+    health = await store.database_health()
+    if store.backend == "postgres":
+        assert health.pages is None and health.oldest(relaybox=True) is None
+        tables = {t["table"]: t for t in health.tables}
+        assert "relaybox_inbox" in tables and tables["relaybox_inbox"]["dead"] >= 0
+    else:
+        assert health.transactions == health.tables == []
+        assert health.pages and 0 <= (health.free_pages or 0) < health.pages
+
     inbox = await store.testing_inbox("s", "a")
     assert [r["id"] for r in inbox] == [a] and bytes(inbox[0]["payload"]) == b"{}"
     assert len(await store.testing_inbox(None, None)) == 3

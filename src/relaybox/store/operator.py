@@ -150,16 +150,9 @@ class OperatorStore:
         return DoctorProbe(applied=applied, db_now=db_now, before=before, after=after)
 
     async def database_health(self) -> DatabaseHealth:
-        """Long transactions and dead rows (:class:`DatabaseHealth`), in one
-        transaction of its own."""
-        async with self.connect() as conn:
-            transactions = await self._rows(conn, "ops_open_transactions")
-            tables = await self._rows(conn, "ops_table_rows")
-        return DatabaseHealth(transactions=transactions, tables=tables)
-
-    async def _rows(self, conn: AsyncConnection, name: str) -> list[Row]:
-        result = await conn.exec_driver_sql(self.q[name])
-        return [dict(r._mapping) for r in result]
+        """Long transactions and dead rows (:class:`DatabaseHealth`), read from the
+        backend's own statistics (each backend implements it)."""
+        raise NotImplementedError
 
     # -- inbox ------------------------------------------------------------------------
 

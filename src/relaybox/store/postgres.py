@@ -37,6 +37,7 @@ from relaybox.store._drivers import driver as _driver
 from relaybox.store._drivers import plain as _plain
 from relaybox.store.base import OutboxRow, Store
 from relaybox.store.inbox_rows import AcceptOutcome, Claim, Listener, NewDelivery
+from relaybox.store.operator import DatabaseHealth
 from relaybox.store.outbox import SecretOpener, leased_delivery
 from relaybox.store.outbox_rows import Leased, LeaseRequest, MessageBody, Target, with_extras
 
@@ -234,6 +235,16 @@ class PostgresStore(Store):
             # the default reset (one more round trip per release) buys nothing.
             reset=_no_reset,
         )
+
+    async def database_health(self) -> DatabaseHealth:
+        """The open transactions of this database's other sessions and the dead rows of
+        relaybox's tables, in one transaction (:class:`DatabaseHealth`)."""
+        async with self.connect() as conn:
+            result = await conn.exec_driver_sql(self.q["health_open_transactions"])
+            transactions = [dict(r._mapping) for r in result]
+            result = await conn.exec_driver_sql(self.q["health_table_rows"])
+            tables = [dict(r._mapping) for r in result]
+        return DatabaseHealth(transactions=transactions, tables=tables)
 
     async def close(self) -> None:
         if self._waker is not None:

@@ -200,7 +200,7 @@ class SQLiteStore(Store):
         """SQLite shows no other connection's transactions nor dead rows: the file's
         free pages and the write-ahead log's size instead (:class:`DatabaseHealth`)."""
         async with self.connect() as conn:
-            row: Any = (await conn.exec_driver_sql(self.q["ops_file_pages"])).one()
+            row: Any = (await conn.exec_driver_sql(self.q["health_file_pages"])).one()
         pages, free = int(row[0]), int(row[1])
         wal_bytes = None
         if self._file is not None:

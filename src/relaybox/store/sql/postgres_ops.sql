@@ -262,7 +262,7 @@ SELECT pg_advisory_unlock(hashtext('relaybox_maintenance'))
 -- The database server's clock (doctor compares it with this machine's).
 SELECT extract(epoch FROM clock_timestamp())::double precision
 
--- name: ops_open_transactions
+-- name: health_open_transactions
 -- The open transactions of this database's other sessions, oldest first, and whether
 -- each holds a lock on one of relaybox's tables (a table read or written in it).
 SELECT a.pid, a.state, a.application_name,
@@ -276,7 +276,7 @@ WHERE a.datname = current_database() AND a.xact_start IS NOT NULL
   AND a.pid <> pg_backend_pid()
 ORDER BY a.xact_start
 
--- name: ops_table_rows
+-- name: health_table_rows
 -- Live and dead row estimates of relaybox's tables (the statistics collector's).
 SELECT relname AS "table", n_live_tup AS live, n_dead_tup AS dead,
        extract(epoch FROM greatest(last_vacuum, last_autovacuum))::double precision

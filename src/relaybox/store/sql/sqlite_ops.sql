@@ -228,7 +228,7 @@ SELECT purged_at FROM relaybox_messages WHERE id = ?1
 -- In-process on SQLite: the same clock as this machine's, read through SQLite.
 SELECT (julianday('now') - 2440587.5) * 86400.0
 
--- name: ops_file_pages
+-- name: health_file_pages
 -- Pages of the file, and those deletes freed that only VACUUM returns.
 SELECT page_count AS pages, freelist_count AS free_pages
 FROM pragma_page_count(), pragma_freelist_count()
