@@ -333,8 +333,8 @@ async def test_worker_frozen_in_its_transaction(db: Db, procs: Procs, tmp_path: 
     (SIGSTOP) with the transaction open: its connection idle in transaction, holding the
     row and the balance's locks, its hold no longer renewed.
 
-    PostgreSQL: the server ends that session after ``idle_in_transaction_timeout`` (1
-    s here), which rolls the grant back and releases the locks; once the hold (4 s)
+    PostgreSQL: the server ends that session after ``idle_in_transaction_timeout`` (2
+    s here), which rolls the grant back and releases the locks; once the hold (5 s)
     ends, another worker takes the row and grants once, with the frozen process still
     stopped. SQLite: no server ends anything, and the frozen process keeps the file's
     write lock: no other worker can take the row, and a delivery meanwhile is answered
@@ -346,8 +346,8 @@ async def test_worker_frozen_in_its_transaction(db: Db, procs: Procs, tmp_path: 
     env = {
         "FAULT": "freeze",
         "FAULT_MARKER": str(tmp_path / "fired"),
-        "RELAYBOX_IDLE_IN_TRANSACTION_TIMEOUT": "1",
-        "RELAYBOX_WORKER__CLAIM_HOLD": "4",
+        "RELAYBOX_IDLE_IN_TRANSACTION_TIMEOUT": "2",
+        "RELAYBOX_WORKER__CLAIM_HOLD": "5",
         "RELAYBOX_WORKER__POLL_INTERVAL": "0.1",
     }
     first = procs.worker(db.url, env=env)
@@ -358,20 +358,20 @@ async def test_worker_frozen_in_its_transaction(db: Db, procs: Procs, tmp_path: 
             "SELECT pid, state FROM pg_stat_activity WHERE datname = current_database()"
             " AND state = 'idle in transaction' AND pid <> pg_backend_pid()"
         )
-        assert len(stuck) == 1, stuck  # (a second later the server has ended it)
+        assert len(stuck) == 1, stuck  # (2 s later the server has ended it)
 
     second = procs.worker(db.url, env=env)  # the marker exists: no fault this time
     if postgres:
         await wait_until(lambda: db.settled(1), within=15, what="the row taken over", procs=procs)
         took = time.monotonic() - frozen_at
-        assert took < 4 + 4, f"taken over {took:.1f} s after the freeze (hold 4 s)"
+        assert took < 5 + 4, f"taken over {took:.1f} s after the freeze (hold 5 s)"
         assert _frozen(first.pid)  # still stopped: the server ended its transaction
         ended = await db.rows(
             "SELECT pid FROM pg_stat_activity WHERE pid = :pid", pid=stuck[0]["pid"]
         )
         assert ended == [], "the frozen worker's session still exists"
     else:
-        await asyncio.sleep(4 + 2)  # past the hold: still nobody can take the row
+        await asyncio.sleep(5 + 2)  # past the hold: still nobody can take the row
         # A plain read (relaybox's own transactions all take the write lock first).
         with contextlib.closing(sqlite3.connect(db.url.removeprefix("sqlite:///"))) as plain:
             [(status,)] = plain.execute(
