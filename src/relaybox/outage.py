@@ -59,8 +59,9 @@ _SQLITE_OUTAGE = (
 
 # asyncpg's errors that say the server or the connection is gone or refusing work:
 # class 08 (connection exception), 53 (insufficient resources: too many connections,
-# out of memory or disk), 57P01-57P03 (shutdown, crash, cannot connect now).
-_PG_OUTAGE_STATES = ("08", "53", "57P01", "57P02", "57P03")
+# out of memory or disk), 57P01-57P03 (shutdown, crash, cannot connect now), 25P03 and
+# 57P05 (the session ended for sitting idle: in a transaction, or at all).
+_PG_OUTAGE_STATES = ("08", "53", "57P01", "57P02", "57P03", "57P05", "25P03")
 _PG_CLOSED = ("connection is closed", "underlying connection is closed", "connection was closed")
 
 
