@@ -38,8 +38,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from relaybox.store.history import QueueGroup
-from relaybox.store.silence import SilenceSummary
 from relaybox.store.operator import DatabaseHealth
+from relaybox.store.silence import SilenceSummary
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
