@@ -21,6 +21,7 @@ from relaybox import Relaybox
 from relaybox.config import Settings, load_settings
 from relaybox.config.silence import SilenceSettings
 from relaybox.silence import SilenceWatch
+from tests.conftest import create_pg_database, drop_pg_database
 from tests.integration.test_silence import arrive
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,10 +77,22 @@ def anchors() -> set[str]:
 
 
 async def exported(tmp_path: Path) -> dict[str, set[str]]:
-    """Every metric name a scrape of relaybox shows (samples, histogram parts and
-    _total included), with the labels its samples carry."""
+    """Every metric name a scrape of relaybox shows on SQLite or on PostgreSQL (some
+    series are one backend's: PostgreSQL's long transactions, SQLite's free pages),
+    samples, histogram parts and _total included, with the labels its samples carry."""
+    names = await scraped(f"sqlite:///{tmp_path / 'm.db'}")
+    url = await create_pg_database()
+    try:
+        for name, labels in (await scraped(url)).items():
+            names.setdefault(name, set()).update(labels)
+    finally:
+        await drop_pg_database(url)
+    return names
+
+
+async def scraped(database_url: str) -> dict[str, set[str]]:
     silence = SilenceSettings(sources={"github": {"expect_every": "1h"}})  # type: ignore[dict-item]
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'm.db'}", silence=silence)
+    settings = Settings(database_url=database_url, silence=silence)
     box = Relaybox(settings=settings)
     try:
         await box.store.migrate()
