@@ -33,7 +33,7 @@ def run(monkeypatch: pytest.MonkeyPatch, database_url: str) -> Any:
 
 
 def test_every_printing_command_takes_json() -> None:
-    """Every command but the long-running ones (they print logs) and send-test."""
+    """Every command but the long-running ones (they print logs)."""
     ctx = click.Context(main)
     missing = []
 
@@ -47,7 +47,7 @@ def test_every_printing_command_takes_json() -> None:
             missing.append(" ".join(path))
 
     walk(main, [])
-    assert sorted(missing) == ["dispatch", "send-test", "serve", "worker"]
+    assert sorted(missing) == ["dispatch", "serve", "worker"]
 
 
 def test_json_output_of_actions(run: Any) -> None:

@@ -37,22 +37,23 @@ def run(monkeypatch: pytest.MonkeyPatch, database_url: str) -> Any:
 def test_operator_commands(run: Any, tmp_path: Path) -> None:
     key = json.loads(run("api-keys", "create", "--tenant", "t1", "--name", "ci"))
     assert key["key"].startswith("rbk_") and key["tenant"] == "t1"
-    assert [k["id"] for k in json.loads(run("api-keys", "list", "--json"))] == [key["id"]]
+    assert [k["id"] for k in json.loads(run("api-keys", "list", "--json"))["items"]] == [key["id"]]
 
     schema = tmp_path / "pet.json"
     schema.write_text(json.dumps({"type": "object", "required": ["petId"]}))
     run("event-types", "define", "pet.adopted", "--schema", str(schema))
-    assert json.loads(run("event-types", "list"))[0]["name"] == "pet.adopted"
+    assert json.loads(run("event-types", "list", "--json"))["items"][0]["name"] == "pet.adopted"
 
     created = json.loads(
         run(
             "endpoints", "create", "--tenant", "t1", "--url", "https://hooks.example.com/x",
-            "--events", "pet.*,order.*", "--max-in-flight", "2",
+            "--type", "pet.*,order.*", "--max-in-flight", "2",
         )
     )  # fmt: skip
     endpoint_id = created["id"]
     assert created["secret"].startswith("whsec_") and created["max_in_flight"] == 2
-    assert [e["id"] for e in json.loads(run("endpoints", "list", "--json"))] == [endpoint_id]
+    listed = json.loads(run("endpoints", "list", "--json"))["items"]
+    assert [e["id"] for e in listed] == [endpoint_id]
 
     published = json.loads(
         run("messages", "publish", "--tenant", "t1", "--type", "pet.adopted", "--data",
@@ -60,11 +61,11 @@ def test_operator_commands(run: Any, tmp_path: Path) -> None:
     )  # fmt: skip
     assert published["endpoints"] == [endpoint_id] and published["created"]
     run("messages", "publish", "--tenant", "t1", "--type", "pet.adopted", "--data", "{}", code=2)
-    [pending] = json.loads(run("messages", "undelivered", "--json"))
+    [pending] = json.loads(run("messages", "undelivered", "--json"))["items"]
     assert (pending["message_id"], pending["status"]) == (published["id"], "pending")
 
     assert "disabled" in run("endpoints", "disable", endpoint_id)
-    [dead] = json.loads(run("messages", "undelivered", "--json"))
+    [dead] = json.loads(run("messages", "undelivered", "--json"))["items"]
     assert (dead["status"], dead["dead_reason"]) == ("dead", "endpoint_disabled")
     assert "enabled" in run("endpoints", "enable", endpoint_id)
     assert "1 deliveries queued again" in run(

@@ -156,7 +156,7 @@ async def test_admin_and_cli_show_set_and_release_a_held_key(box: Relaybox, cli:
         page = (await client.get(f"/admin/endpoints/{eid}")).text
         assert "ordered per key" in page and "data-blocked-keys" in page
         assert "<code>k</code>" in page
-        listed = json.loads(await cli("endpoints", "blocked-keys", "--json"))
+        listed = json.loads(await cli("endpoints", "blocked-keys", "--json"))["items"]
         assert [(b["endpoint_id"], b["ordering_key"]) for b in listed] == [(eid, "k")]
         assert "k" in await cli("endpoints", "blocked-keys", eid)
 

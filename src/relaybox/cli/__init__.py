@@ -35,6 +35,7 @@ from relaybox.cli.exits import (
     EXIT_USAGE,
     exit_code_for,
 )
+from relaybox.cli.grammar import CliError, GrammarOption
 from relaybox.config import load_settings
 from relaybox.errors import ConfigurationError, InvalidTimeSpec, StoreUnavailable
 from relaybox.store import check_database_url
@@ -158,6 +159,28 @@ class _AreaGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         self._load_areas()
         return super().get_command(ctx, cmd_name)
+
+    def main(self, args: Any = None, *pos: Any, **kwargs: Any) -> Any:
+        """With ``--json``, every failure is one JSON document on stdout too,
+        ``{"error": code, "message": sentence}`` (its sentence also on stderr as
+        ``Error: …``), whether click, the command or the database raised it."""
+        argv = list(sys.argv[1:] if args is None else args)
+        wants_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
+        if not wants_json or kwargs.get("standalone_mode") is False:
+            return super().main(argv, *pos, **kwargs)
+        kwargs["standalone_mode"] = False
+        try:
+            result = super().main(argv, *pos, **kwargs)
+        except click.ClickException as exc:
+            from relaybox.cli.grammar import error_code
+
+            click.echo(json.dumps({"error": error_code(exc), "message": exc.format_message()}))
+            click.echo(f"Error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo(json.dumps({"error": "aborted", "message": "aborted"}))
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         """A time or duration in none of the accepted forms is a usage error (exit 2),
@@ -361,7 +384,10 @@ async def _migrate_and_close(box: Relaybox) -> tuple[list[str], dict[str, int]]:
 @app_options
 @click.argument("source_name", metavar="SOURCE")
 @click.option(
-    "--event-type",
+    "--type",
+    "event_type",
+    cls=GrammarOption,
+    deprecated_names=("--event-type",),
     default=None,
     help="event type (default: the first one the app handles, else the provider's example)",
 )
@@ -372,6 +398,7 @@ async def _migrate_and_close(box: Relaybox) -> tuple[list[str], dict[str, int]]:
 )
 @click.option("--body", "body_file", type=click.File("rb"), default=None, help="JSON body file")
 @click.option("--url", default=None, help="receiver base URL (default: settings host:port)")
+@json_option
 def send_test(
     app: str | None,
     config: str | None,
@@ -381,8 +408,10 @@ def send_test(
     event_id: str | None,
     body_file: Any,
     url: str | None,
+    as_json: bool,
 ) -> None:
-    """Send a delivery signed the way the real provider signs it."""
+    """Send a delivery signed the way the real provider signs it; exit 1 unless the
+    receiver answers 2xx."""
     box = load_box(app, config, database_url)
     source = box.sources.get(source_name)
     if source is None:
@@ -410,9 +439,14 @@ def send_test(
     except urllib.error.HTTPError as exc:
         status, answer = exc.code, exc.read()
     except urllib.error.URLError as exc:
-        click.echo(f"could not reach {target}: {exc.reason}", err=True)
-        sys.exit(EXIT_FAILED)
-    click.echo(f"POST {target} -> {status} {answer.decode(errors='replace')}")
+        raise CliError(f"could not reach {target}: {exc.reason}", code="unreachable") from None
+    text = answer.decode(errors="replace")
+    if as_json:
+        click.echo(
+            json.dumps({"url": target, "event_id": event_id, "status": status, "answer": text})
+        )
+    else:
+        click.echo(f"POST {target} -> {status} {text}")
     sys.exit(0 if 200 <= status < 300 else EXIT_FAILED)
 
 
@@ -444,7 +478,10 @@ def _handled_type(box: Relaybox, source_name: str) -> str | None:
 
 def _run_db(box: Relaybox, coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` (an operation on ``box``'s database); an error that means usage or
-    configuration exits 2, one of the database exits 3 (:func:`exit_code_for`)."""
+    configuration exits 2, one of the database exits 3 (:func:`exit_code_for`), each
+    as one ``Error:`` line (with ``--json``, ``{"error": …}`` on stdout)."""
+    from relaybox.cli.grammar import CliError
+
     try:
         return run_async(coro)  # `relaybox dispatch` runs here: uvloop too
     except Exception as exc:
@@ -454,15 +491,24 @@ def _run_db(box: Relaybox, coro: Coroutine[Any, Any, T]) -> T:
         if code != EXIT_DATABASE:
             raise
         if isinstance(exc, OSError | ConnectionError | StoreUnavailable):
-            click.echo(f"database unreachable ({_safe_url(box)}): {exc}", err=True)
-        else:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            click.echo(f"database error ({_safe_url(box)}): {first}", err=True)
-            if re.search(r"relaybox_\w+", first) and re.search(
-                r"no such table|does not exist", first
-            ):
-                click.echo("relaybox's tables are missing: run `relaybox migrate`", err=True)
-        sys.exit(EXIT_DATABASE)
+            raise CliError(
+                f"database unreachable ({_safe_url(box)}): {exc}",
+                code="database_unavailable",
+                exit_code=EXIT_DATABASE,
+            ) from None
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if re.search(r"relaybox_\w+", first) and re.search(r"no such table|does not exist", first):
+            raise CliError(
+                f"database error ({_safe_url(box)}): {first}: relaybox's tables are missing,"
+                " run `relaybox migrate`",
+                code="not_migrated",
+                exit_code=EXIT_DATABASE,
+            ) from None
+        raise CliError(
+            f"database error ({_safe_url(box)}): {first}",
+            code="database_error",
+            exit_code=EXIT_DATABASE,
+        ) from None
 
 
 def _relaybox_command() -> str:
@@ -500,6 +546,7 @@ _AREA_MODULES = (
     "relaybox.cli.ops",
     "relaybox.cli.maintenance",
     "relaybox.cli.doctor",
+    "relaybox.cli.portal",
 )
 
 

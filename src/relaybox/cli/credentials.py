@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from relaybox.cli import app_options, load_box
+from relaybox.cli.grammar import GrammarOption
 from relaybox.cli.outbound import _echo, _endpoint, _model, _run, endpoints_group
 from relaybox.outbound import endpoints
 from relaybox.outbound.endpoints import EndpointPatch
@@ -73,11 +74,12 @@ def endpoints_headers(
 @app_options
 @click.argument("endpoint_id")
 @click.option(
-    "--type",
-    "kind",
+    "--kind",
+    cls=GrammarOption,
+    deprecated_names=("--type",),
     type=click.Choice(["basic", "bearer", "oauth2", "none"]),
     required=True,
-    help="none removes them",
+    help="which credentials (none removes them)",
 )
 @click.option("--username", help="basic")
 @click.option("--password", help="basic ('-': read from stdin)")

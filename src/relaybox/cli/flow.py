@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from relaybox.cli import app_options, json_option, load_box
+from relaybox.cli.grammar import CliError
 from relaybox.cli.outbound import _endpoint, _run, endpoints_group
 from relaybox.errors import Conflict
 from relaybox.outbound import flow, replays
@@ -107,7 +108,7 @@ def register(group: click.Group) -> None:
                     box, endpoint_id, since=start, tenant=None, limit=limit
                 )
             except Conflict as exc:
-                raise click.ClickException(exc.message) from None
+                raise CliError(exc.message, code=exc.code) from None
             assert job is not None  # _endpoint found it
             return await replays.run_replay(box, job.id) if wait else job
 
@@ -124,7 +125,7 @@ def register(group: click.Group) -> None:
             if done.resume_since is not None:
                 click.echo(f"more may remain: run again with --since {done.resume_since}")
         if done.status == "failed":
-            raise click.ClickException(f"replay job {done.id} failed: {done.error}")
+            raise CliError(f"replay job {done.id} failed: {done.error}", code="replay_failed")
 
 
 register(endpoints_group)

@@ -11,14 +11,11 @@ unreachable.
 
 from __future__ import annotations
 
-import getpass
 import json
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import click
 from pydantic import BaseModel, ValidationError
@@ -28,7 +25,16 @@ from relaybox.bodies import text_problem
 from relaybox.cli import _run_db, app_options, json_option
 from relaybox.cli import load_box as _load_box
 from relaybox.cli.exits import EXIT_FAILED, exit_code_for
-from relaybox.cli.table import keep_whole, print_table
+from relaybox.cli.grammar import (
+    CliError,
+    GrammarOption,
+    actor_option,
+    default_actor,
+    reason_option,
+    since_options,
+    type_option,
+)
+from relaybox.cli.table import format_time, keep_whole, print_table
 from relaybox.errors import OpsError
 from relaybox.timespec import parse_time_or_none
 
@@ -37,18 +43,8 @@ __all__ = ["COMMANDS"]
 T = TypeVar("T")
 
 
-def _iso(ts: float | None) -> str:
-    return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def _actor(actor: str | None) -> str:
-    if actor:
-        return actor
-    try:
-        user = getpass.getuser()
-    except Exception:  # no login name in some containers
-        user = "unknown"
-    return f"cli:{user}@{socket.gethostname()}"
+_iso = format_time
+_actor = default_actor
 
 
 def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
@@ -62,18 +58,10 @@ def load_box(app: str | None, config: str | None, database_url: str | None) -> R
     return box
 
 
-def _fail(message: str, *, code: str, as_json: bool, exit_code: int = EXIT_FAILED) -> None:
-    if as_json:
-        click.echo(json.dumps({"error": code, "message": message}))
-    else:
-        click.echo(f"error: {message}", err=True)
-    sys.exit(exit_code)
-
-
 def _run(box: Relaybox, make: Callable[[], Awaitable[T]], *, as_json: bool) -> T:
     """Run one async operation against the box's database, close it, and map an
     operator error to its exit code (unknown id, wrong state: 1) with its message
-    (``--json``: ``{"error": code, "message": ...}`` on stdout)."""
+    (``--json``: ``{"error": code, "message": ...}`` on stdout, :mod:`.grammar`)."""
 
     async def go() -> T | OpsError:
         try:
@@ -86,8 +74,8 @@ def _run(box: Relaybox, make: Callable[[], Awaitable[T]], *, as_json: bool) -> T
     result = _run_db(box, go())
     if isinstance(result, OpsError):
         exit_code = exit_code_for(result) or EXIT_FAILED
-        _fail(result.message, code=result.code, as_json=as_json, exit_code=exit_code)
-    return cast(T, result)  # not an OpsError: what make() returned
+        raise CliError(result.message, code=result.code, exit_code=exit_code)
+    return result
 
 
 def _emit(model: BaseModel | dict[str, Any], as_json: bool, human: Callable[[], None]) -> None:
@@ -143,14 +131,16 @@ def _filter_options(fn: Any) -> Any:
     for option in reversed(
         [
             click.option("--source", help="only this source"),
-            click.option("--type", "event_type", help="only this event type"),
+            type_option("only this event type", deprecated=("--event-type",)),
             click.option("--tenant", help="only this tenant"),
-            click.option("--since", help="received at or after: 2h, epoch, ISO 8601"),
-            click.option("--until", help="received before: 2h, epoch, ISO 8601"),
+            since_options("received"),
         ]
     ):
         fn = option(fn)
     return fn
+
+
+_DEAD_REASONS = click.Choice(["invalid", "exhausted", "conflict", "unhandled"])
 
 
 # -- inbox ----------------------------------------------------------------------
@@ -164,8 +154,10 @@ def inbox() -> None:
 @inbox.command("list")
 @app_options
 @_filter_options
-@click.option("--status", type=click.Choice(["pending", "done", "dead", "ignored"]))
-@click.option("--limit", default=50, show_default=True, type=int)
+@click.option(
+    "--status", type=click.Choice(["pending", "done", "dead", "ignored"]), help="only this status"
+)
+@click.option("--limit", default=50, show_default=True, type=int, help="a page's size")
 @click.option("--cursor", help="next page (printed after a full page)")
 @_json_option
 def inbox_list(
@@ -276,9 +268,13 @@ def dead() -> None:
 @app_options
 @_filter_options
 @click.option(
-    "--reason", "dead_reason", type=click.Choice(["invalid", "exhausted", "conflict", "unhandled"])
+    "--dead-reason",
+    cls=GrammarOption,
+    deprecated_names=("--reason",),
+    type=_DEAD_REASONS,
+    help="only dead letters of this cause",
 )
-@click.option("--limit", default=50, show_default=True, type=int)
+@click.option("--limit", default=50, show_default=True, type=int, help="a page's size")
 @click.option("--cursor", help="next page (printed after a full page)")
 @_json_option
 def dead_list(
@@ -321,10 +317,10 @@ def dead_list(
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--all", "retry_all", is_flag=True, help="every dead letter matching the filters")
 @_filter_options
-@click.option("--dead-reason", type=click.Choice(["invalid", "exhausted", "conflict", "unhandled"]))
+@click.option("--dead-reason", type=_DEAD_REASONS, help="only dead letters of this cause")
 @click.option("--limit", default=1000, show_default=True, type=int, help="with --all")
-@click.option("--reason", required=True, help="why: recorded with each retried event")
-@click.option("--actor", help="who asks (default: cli:LOGIN@HOST)")
+@reason_option("with each retried event")
+@actor_option
 @_json_option
 def dead_retry(
     app: str | None,
@@ -375,16 +371,26 @@ def dead_retry(
         async def each() -> Any:
             replayed: list[int] = []
             purged: list[int] = []
-            problems: list[str] = []
+            problems: list[OpsError] = []
             for inbox_id in ids:
                 try:
                     r = await ops.dead_retry(box, inbox_id, actor=who, reason=reason)
                     replayed += r.replayed
                 except OpsError as exc:
-                    problems.append(exc.message)
+                    problems.append(exc)
                     if exc.code == "payload_purged":
                         purged.append(inbox_id)
-            return {"replayed": replayed, "purged": purged, "problems": problems}
+            if problems and not replayed:  # nothing done: the failure is the answer
+                raise CliError(
+                    "; ".join(p.message for p in problems),
+                    code=problems[0].code if len(problems) == 1 else "failed",
+                    exit_code=exit_code_for(problems[0]) or EXIT_FAILED,
+                )
+            return {
+                "replayed": replayed,
+                "purged": purged,
+                "problems": [p.message for p in problems],
+            }
 
         result = _run(box, each, as_json=as_json)
     data = result.model_dump(mode="json") if isinstance(result, BaseModel) else result
@@ -393,7 +399,7 @@ def dead_retry(
     else:
         click.echo(f"retried {len(data['replayed'])} dead letter(s) as {who}")
         for problem in data.get("problems", []):
-            click.echo(f"error: {problem}", err=True)
+            click.echo(f"Error: {problem}", err=True)
         if data.get("message") and isinstance(result, BaseModel):
             click.echo(data["message"])
     if data.get("problems"):
@@ -403,8 +409,8 @@ def dead_retry(
 @dead.command("discard")
 @app_options
 @click.argument("inbox_id", type=int)
-@click.option("--reason", required=True, help="why: kept with the row")
-@click.option("--actor", help="who (default: cli:LOGIN@HOST)")
+@reason_option("with the row")
+@actor_option
 @_json_option
 def dead_discard(
     app: str | None,
@@ -438,9 +444,13 @@ def quarantine() -> None:
 @app_options
 @click.option("--source", help="only this source")
 @click.option(
-    "--state", type=click.Choice(["open", "resolved", "all"]), default="open", show_default=True
+    "--state",
+    type=click.Choice(["open", "resolved", "all"]),
+    default="open",
+    show_default=True,
+    help="which entries",
 )
-@click.option("--limit", default=50, show_default=True, type=int)
+@click.option("--limit", default=50, show_default=True, type=int, help="a page's size")
 @click.option("--cursor", help="next page")
 @_json_option
 def quarantine_list(
@@ -518,10 +528,13 @@ def quarantine_show(
 @app_options
 @click.argument("quarantine_id", type=int)
 @click.option(
-    "--resolution", required=True, type=click.Choice(["kept_original", "handled_manually"])
+    "--resolution",
+    required=True,
+    type=click.Choice(["kept_original", "handled_manually"]),
+    help="the decision",
 )
-@click.option("--reason", required=True, help="why: kept with the entry")
-@click.option("--actor", help="who (default: cli:LOGIN@HOST)")
+@reason_option("with the entry")
+@actor_option
 @_json_option
 def quarantine_resolve(
     app: str | None,

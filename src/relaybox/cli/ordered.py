@@ -11,6 +11,7 @@ import json
 import click
 
 from relaybox.cli import app_options, json_option, load_box
+from relaybox.cli.grammar import CliError, actor_option, default_actor, emit_list, reason_option
 from relaybox.cli.outbound import _run, _table, endpoints_group
 from relaybox.outbound import ordered
 
@@ -23,7 +24,9 @@ _COLUMNS = ("endpoint_id", "ordering_key", "sequence", "dead", "waiting")
 @app_options
 @click.argument("endpoint_id", required=False)
 @click.option("--tenant", default=None, help="only this tenant's endpoints")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=100)
+@click.option(
+    "--limit", type=click.IntRange(1, 10_000), default=100, show_default=True, help="at most"
+)
 @json_option
 def endpoints_blocked_keys(
     app: str | None,
@@ -42,7 +45,7 @@ def endpoints_blocked_keys(
     )
     rows = [b.to_json() for b in found]
     if as_json:
-        click.echo(json.dumps(rows))
+        emit_list(rows)
     else:
         _table(rows, _COLUMNS, "blocked keys")
 
@@ -51,7 +54,8 @@ def endpoints_blocked_keys(
 @app_options
 @click.argument("endpoint_id")
 @click.argument("ordering_key")
-@click.option("--reason", required=True, help="why: logged with the action")
+@reason_option("with the action")
+@actor_option
 @json_option
 def endpoints_release_key(
     app: str | None,
@@ -60,19 +64,23 @@ def endpoints_release_key(
     endpoint_id: str,
     ordering_key: str,
     reason: str,
+    actor: str | None,
     as_json: bool,
 ) -> None:
     """Let a key's later deliveries go past its dead ones (which stay dead letters)."""
     box = load_box(app, config, database_url)
+    who = default_actor(actor)
     n = _run(
-        box, lambda: ordered.release_key(box, endpoint_id, ordering_key, actor="cli", reason=reason)
+        box, lambda: ordered.release_key(box, endpoint_id, ordering_key, actor=who, reason=reason)
     )
+    if not n:
+        raise CliError(
+            f"no dead delivery of {endpoint_id} holds {ordering_key!r}", code="not_found"
+        )
     if as_json:
         click.echo(json.dumps({"released": n}))
-    elif n:
-        click.echo(f"released {ordering_key!r}: {n} dead deliveries no longer hold it")
     else:
-        raise click.ClickException(f"no dead delivery of {endpoint_id} holds {ordering_key!r}")
+        click.echo(f"released {ordering_key!r}: {n} dead deliveries no longer hold it")
 
 
 COMMANDS: list[click.Command] = []

@@ -8,7 +8,6 @@ work failed, 2 usage or configuration error, 3 the database is unreachable.
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import sys
@@ -21,9 +20,10 @@ from relaybox import log
 from relaybox.app import Relaybox
 from relaybox.cli import _run_db, app_options, load_box
 from relaybox.cli.exits import EXIT_FAILED
+from relaybox.cli.grammar import actor_option, default_actor, since_options
 from relaybox.cli.table import print_pairs
 from relaybox.errors import ConfigurationError
-from relaybox.timespec import parse_time
+from relaybox.timespec import TIME_FORMS, parse_time
 
 __all__ = ["COMMANDS"]
 
@@ -46,8 +46,7 @@ def _print_table(title: str, rows: list[tuple[str, Any]]) -> None:
 @app_options
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--source", default=None, help="only this source")
-@click.option("--since", default=None, help="received at or after: 2h, 3d, epoch, ISO 8601")
-@click.option("--until", default=None, help="received before (same forms as --since)")
+@since_options("received")
 @click.option(
     "--status",
     "statuses",
@@ -55,9 +54,11 @@ def _print_table(title: str, rows: list[tuple[str, Any]]) -> None:
     type=click.Choice(["done", "dead", "ignored"]),
     help="repeatable; default for a range: done and dead (ids: any finished status)",
 )
-@click.option("--actor", default=None, help="who asks (default: your login name)")
+@actor_option
 @click.option(
-    "--reason", default=None, help="why: recorded with each replayed row (not for --dry-run)"
+    "--reason",
+    default=None,
+    help="why: recorded with each replayed row (required, except with --dry-run)",
 )
 @click.option("--limit", default=10_000, show_default=True, help="at most this many rows")
 @click.option("--batch", default=500, show_default=True, help="rows per transaction")
@@ -120,7 +121,7 @@ def replay(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    who = actor or _login()
+    who = default_actor(actor)
 
     async def run() -> dict[str, Any]:
         try:
@@ -197,13 +198,6 @@ def replay(
     incomplete = out["purged"] or out.get("not_found_or_pending")
     if ids and incomplete and not dry_run:
         sys.exit(EXIT_FAILED)
-
-
-def _login() -> str:
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):
-        return "unknown"
 
 
 def _ids(values: list[int]) -> str:
@@ -315,12 +309,12 @@ def reconcile(
 @click.command()
 @app_options
 @click.option("--source", required=True, help="the source whose deliveries to recover")
-@click.option("--since", required=True, help="delivered at or after: 6h, 2d, epoch, ISO 8601")
+@click.option("--since", required=True, help=f"delivered at or after: {TIME_FORMS}")
 @click.option("--repo", default=None, help="GitHub: owner/name of the repository hook")
 @click.option("--org", default=None, help="GitHub: organization of the org hook")
 @click.option("--hook-id", default=None, help="GitHub: the hook's id")
 @click.option("--app-hook", is_flag=True, help="GitHub: the App's hook (token: an App JWT)")
-@click.option("--api-url", default="https://api.github.com", show_default=True)
+@click.option("--api-url", default="https://api.github.com", show_default=True, help="GitHub's API")
 @click.option(
     "--token-env",
     default="GITHUB_TOKEN",

@@ -2,7 +2,7 @@
 ``api-keys`` and ``event-types``.
 
 The CLI is the operator's: it may act on any tenant's endpoint or message by id.
-Times (``--since``) are ISO 8601 (``2026-03-13T10:30:00Z``) or epoch seconds.
+Options, times and ``--json`` follow the CLI's grammar (:mod:`relaybox.cli.grammar`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import json
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -22,9 +21,9 @@ from relaybox import log
 from relaybox.app import Relaybox
 from relaybox.bodies import NotJsonNumber, parse_json
 from relaybox.cli import _run_db, app_options, json_option, load_box
-from relaybox.cli.exits import EXIT_FAILED
+from relaybox.cli.grammar import CliError, emit_list, type_option
 from relaybox.cli.params import FILTER
-from relaybox.cli.table import print_table
+from relaybox.cli.table import format_time, print_table
 from relaybox.outbound import apikeys, catalog, deliveries, endpoints
 from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
@@ -55,7 +54,7 @@ def _run(box: Relaybox, work: Callable[[], Awaitable[Any]]) -> Any:
     except (InvalidEndpoint, InvalidMessage, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     except SecretsLocked as exc:
-        raise click.ClickException(str(exc)) from None
+        raise CliError(str(exc), code="secrets_unavailable") from None
 
 
 def _model(cls: type[EndpointPatch], **fields: Any) -> Any:
@@ -70,28 +69,54 @@ def _echo(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: str) -> None:
+def _header(column: str) -> str:
+    """A JSON field as a table's header: ``created_at`` → ``created``,
+    ``event_type`` → ``type``, ``message_id`` → ``message``, ``last_error`` → ``last
+    error`` (the inbox's tables' words)."""
+    if column == "event_type":
+        return "type"
+    if column == "event_types":
+        return "types"
+    return column.removesuffix("_at").removesuffix("_id").replace("_", " ")
+
+
+def _table(
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[str],
+    title: str,
+    *,
+    drop: Sequence[str] = (),
+) -> None:
+    """``rows`` (JSON records) under ``columns`` (their fields); times as every table
+    prints them; ids and times whole; ``drop``: fields left out first when narrow."""
+
     def cell(column: str, value: Any) -> Any:
         if column.endswith("_at") and isinstance(value, (int, float)):
-            return datetime.fromtimestamp(value, UTC).isoformat(timespec="seconds")
+            return format_time(value)
+        if isinstance(value, list):
+            return ", ".join(map(str, value))
         return value
 
+    whole = [c for c in columns if c == "id" or c.endswith(("_id", "_at"))]
     print_table(
-        columns,
+        [_header(c) for c in columns],
         ([cell(c, row.get(c)) for c in columns] for row in rows),
         title=title,
-        whole=[c for c in columns if c == "id" or c.endswith(("_id", "_at"))],
+        whole=[_header(c) for c in whole],
+        drop=[_header(c) for c in drop],
     )
 
 
-def _split(value: str | None) -> list[str] | None:
-    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+def _types(values: Sequence[str]) -> list[str] | None:
+    """``--type`` given once or more, each maybe comma-separated; ``None`` when not."""
+    found = [v.strip() for value in values for v in value.split(",") if v.strip()]
+    return found or None
 
 
 async def _endpoint(box: Relaybox, endpoint_id: str) -> Endpoint:
     found = await endpoints.get_endpoint(box, endpoint_id, None)
     if found is None:
-        raise click.ClickException(f"no endpoint {endpoint_id}")
+        raise CliError(f"no endpoint {endpoint_id}", code="not_found")
     return found
 
 
@@ -136,15 +161,29 @@ def endpoints_group() -> None:
 def _endpoint_options(fn: Any) -> Any:
     for option in reversed(
         (
-            click.option("--events", help="comma-separated event types (wildcards: pet.*)"),
-            click.option("--description", default=None),
-            click.option("--signature", type=click.Choice(["standard", "sha256"]), default=None),
+            type_option(
+                "an event type it subscribes to (repeat, or comma-separated; wildcards: pet.*)",
+                deprecated=("--events",),
+                multiple=True,
+            ),
+            click.option("--description", default=None, help="free text for its owner"),
+            click.option(
+                "--signature",
+                type=click.Choice(["standard", "sha256"]),
+                default=None,
+                help="standard: Standard Webhooks headers; sha256: one HMAC header",
+            ),
             click.option("--timeout", type=float, default=None, help="seconds per attempt"),
-            click.option("--max-in-flight", type=int, default=None),
+            click.option("--max-in-flight", type=int, default=None, help="attempts at once"),
             click.option("--rate-limit", type=float, default=None, help="deliveries per second"),
             click.option("--filter", type=FILTER, default=None, help="payload filter, JSON"),
             click.option("--ordered/--unordered", default=None, help="ordered delivery per key"),
-            click.option("--on-dead", type=click.Choice(["hold", "skip"]), default=None),
+            click.option(
+                "--on-dead",
+                type=click.Choice(["hold", "skip"]),
+                default=None,
+                help="ordered: a dead delivery holds its key's later ones, or not",
+            ),
         )
     ):
         fn = option(fn)
@@ -154,7 +193,7 @@ def _endpoint_options(fn: Any) -> Any:
 @endpoints_group.command("list")
 @app_options
 @click.option("--tenant", default=None, help="only this tenant's")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 def endpoints_list(
     app: str | None, config: str | None, database_url: str | None, tenant: str | None, as_json: bool
 ) -> None:
@@ -163,17 +202,23 @@ def endpoints_list(
     found = _run(box, lambda: endpoints.list_endpoints(box, tenant, limit=1000))
     rows = [{**e.to_json(), "tenant": e.tenant, "status": e.status} for e in found]
     if as_json:
-        _echo(rows)
+        emit_list(rows)
     else:
-        _table(rows, _ENDPOINT_COLUMNS, "endpoints")
+        _table(rows, _ENDPOINT_COLUMNS, "endpoints", drop=("disabled_reason", "event_types"))
 
 
 @endpoints_group.command("create")
 @app_options
-@click.option("--tenant", required=True)
-@click.option("--url", required=True)
+@click.option("--tenant", required=True, help="whose endpoint it is")
+@click.option("--url", required=True, help="where deliveries go (https)")
 @_endpoint_options
-@click.option("--secret-type", type=click.Choice(["hmac", "ed25519"]), default="hmac")
+@click.option(
+    "--secret-type",
+    type=click.Choice(["hmac", "ed25519"]),
+    default="hmac",
+    show_default=True,
+    help="how deliveries are signed",
+)
 def endpoints_create(
     app: str | None,
     config: str | None,
@@ -189,7 +234,7 @@ def endpoints_create(
         EndpointSpec,
         url=url,
         secret_type=secret_type,
-        event_types=_split(fields.pop("events")),
+        event_types=_types(fields.pop("event_type")),
         **fields,
     )
     created, secret = _run(box, lambda: endpoints.create_endpoint(box, tenant, spec))
@@ -222,7 +267,7 @@ def endpoints_show(
 @endpoints_group.command("update")
 @app_options
 @click.argument("endpoint_id")
-@click.option("--url", default=None)
+@click.option("--url", default=None, help="where deliveries go (https)")
 @_endpoint_options
 def endpoints_update(
     app: str | None,
@@ -234,7 +279,7 @@ def endpoints_update(
 ) -> None:
     """Change an endpoint's settings."""
     box = load_box(app, config, database_url)
-    patch = _model(EndpointPatch, url=url, event_types=_split(fields.pop("events")), **fields)
+    patch = _model(EndpointPatch, url=url, event_types=_types(fields.pop("event_type")), **fields)
 
     async def update() -> Any:
         found = await _endpoint(box, endpoint_id)
@@ -346,7 +391,7 @@ def endpoints_recover(
         box, lambda: deliveries.recover(box, endpoint_id, since=start, until=end, tenant=None)
     )
     if count is None:
-        raise click.ClickException(f"no endpoint {endpoint_id}")
+        raise CliError(f"no endpoint {endpoint_id}", code="not_found")
     click.echo(json.dumps({"queued": count}) if as_json else f"{count} deliveries queued again")
 
 
@@ -360,10 +405,10 @@ def messages_group() -> None:
 
 @messages_group.command("publish")
 @app_options
-@click.option("--tenant", required=True)
-@click.option("--type", "event_type", required=True)
-@click.option("--data", default="{}", help="JSON")
-@click.option("--idempotency-key", default=None)
+@click.option("--tenant", required=True, help="whose endpoints get it")
+@type_option("its event type", required=True)
+@click.option("--data", default="{}", help="its data, JSON")
+@click.option("--idempotency-key", default=None, help="publishing it again returns the first")
 @click.option("--ordering-key", default=None, help="deliver in order with this key's others")
 def messages_publish(
     app: str | None,
@@ -403,10 +448,10 @@ def messages_publish(
 
 @messages_group.command("list")
 @app_options
-@click.option("--tenant", default=None)
-@click.option("--event-type", default=None)
-@click.option("--limit", type=int, default=50)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--tenant", default=None, help="only this tenant's")
+@type_option("only this event type", deprecated=("--event-type",))
+@click.option("--limit", type=int, default=50, show_default=True, help="at most this many")
+@json_option
 def messages_list(
     app: str | None,
     config: str | None,
@@ -423,9 +468,9 @@ def messages_list(
     )
     rows = [{**m.to_json(), "tenant": m.tenant} for m in found]
     if as_json:
-        _echo(rows)
+        emit_list(rows)
     else:
-        _table(rows, ("id", "tenant", "event_type", "created_at"), "messages")
+        _table(rows, ("id", "tenant", "event_type", "created_at"), "messages", drop=("tenant",))
 
 
 @messages_group.command("show")
@@ -440,7 +485,7 @@ def messages_show(
     async def read() -> dict[str, Any]:
         message = await deliveries.get_message(box, message_id, None)
         if message is None:
-            raise click.ClickException(f"no message {message_id}")
+            raise CliError(f"no message {message_id}", code="not_found")
         return {
             **message.to_json(),
             "tenant": message.tenant,
@@ -469,17 +514,21 @@ def messages_redeliver(
     count = _run(
         box, lambda: deliveries.redeliver(box, message_id, tenant=None, endpoint_id=endpoint_id)
     )
-    click.echo(json.dumps({"queued": count}) if as_json else f"{count} deliveries queued again")
     if count == 0:
-        raise SystemExit(EXIT_FAILED)
+        raise CliError(
+            f"message {message_id} has no finished delivery to send again (no such message,"
+            " or still pending)",
+            code="nothing_to_redeliver",
+        )
+    click.echo(json.dumps({"queued": count}) if as_json else f"{count} deliveries queued again")
 
 
 @messages_group.command("undelivered")
 @app_options
-@click.option("--tenant", default=None)
-@click.option("--endpoint", "endpoint_id", default=None)
-@click.option("--limit", type=int, default=100)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--tenant", default=None, help="only this tenant's")
+@click.option("--endpoint", "endpoint_id", default=None, help="only this endpoint's")
+@click.option("--limit", type=int, default=100, show_default=True, help="at most this many")
+@json_option
 def messages_undelivered(
     app: str | None,
     config: str | None,
@@ -498,10 +547,15 @@ def messages_undelivered(
         ),
     )
     if as_json:
-        _echo(rows)
+        emit_list(rows)
     else:
         columns = ("id", "message_id", "endpoint_id", "channel", "status", "dead_reason")
-        _table(rows, (*columns, "attempts", "last_error"), "undelivered")
+        _table(
+            rows,
+            (*columns, "attempts", "last_error"),
+            "undelivered",
+            drop=("channel", "attempts", "dead_reason", "endpoint_id"),
+        )
 
 
 # -- API keys and the event-type catalog ---------------------------------------------------
@@ -514,7 +568,7 @@ def api_keys_group() -> None:
 
 @api_keys_group.command("create")
 @app_options
-@click.option("--tenant", required=True)
+@click.option("--tenant", required=True, help="the tenant the key acts for")
 @click.option("--name", default="", help="a label for the key")
 def api_keys_create(
     app: str | None, config: str | None, database_url: str | None, tenant: str, name: str
@@ -527,8 +581,8 @@ def api_keys_create(
 
 @api_keys_group.command("list")
 @app_options
-@click.option("--tenant", default=None)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--tenant", default=None, help="only this tenant's")
+@json_option
 def api_keys_list(
     app: str | None, config: str | None, database_url: str | None, tenant: str | None, as_json: bool
 ) -> None:
@@ -536,7 +590,7 @@ def api_keys_list(
     box = load_box(app, config, database_url)
     rows = _run(box, lambda: apikeys.list_api_keys(box, tenant))
     if as_json:
-        _echo(rows)
+        emit_list(rows)
     else:
         _table(rows, ("id", "tenant", "name", "created_at", "revoked_at"), "API keys")
 
@@ -551,7 +605,7 @@ def api_keys_revoke(
     """Revoke a key at once."""
     box = load_box(app, config, database_url)
     if not _run(box, lambda: apikeys.revoke_api_key(box, key_id)):
-        raise click.ClickException(f"no active key {key_id}")
+        raise CliError(f"no active key {key_id}", code="not_found")
     click.echo(json.dumps({"id": key_id, "revoked": True}) if as_json else f"{key_id}: revoked")
 
 
@@ -563,7 +617,7 @@ def event_types_group() -> None:
 @event_types_group.command("define")
 @app_options
 @click.argument("name")
-@click.option("--description", default="")
+@click.option("--description", default="", help="what it means, for subscribers")
 @click.option("--schema", "schema_file", type=click.File("r"), default=None, help="JSON Schema")
 def event_types_define(
     app: str | None,
@@ -588,10 +642,17 @@ def event_types_define(
 
 @event_types_group.command("list")
 @app_options
-def event_types_list(app: str | None, config: str | None, database_url: str | None) -> None:
+@json_option
+def event_types_list(
+    app: str | None, config: str | None, database_url: str | None, as_json: bool
+) -> None:
     """The catalog."""
     box = load_box(app, config, database_url)
-    _echo([t.to_json() for t in _run(box, lambda: catalog.list_event_types(box))])
+    rows = [t.to_json() for t in _run(box, lambda: catalog.list_event_types(box))]
+    if as_json:
+        emit_list(rows)
+    else:
+        _table(rows, ("name", "description"), "event types")
 
 
 def _accept_json(group: click.Group) -> None:
