@@ -68,3 +68,34 @@ def test_absent_time() -> None:
     assert parse_time_or_none(None, NOW) is None
     assert parse_time_or_none("  ", NOW) is None
     assert parse_time_or_none("1h", NOW) == NOW - 3600
+
+
+@pytest.mark.parametrize(
+    "text", ["99999999999999", "10000-01-01T00:00:00Z", "1969-12-31T23:59:59Z", "3000w", "9" * 80]
+)
+def test_times_are_bounded_to_years_1970_to_9999(text: str) -> None:
+    with pytest.raises(InvalidTimeSpec, match="is not a time"):
+        parse_time(text, NOW)
+
+
+def test_durations_are_bounded() -> None:
+    with pytest.raises(InvalidTimeSpec, match="longer than any time"):
+        parse_duration("99999999999w")
+    assert parse_duration("52w") == 52 * 7 * 86400
+
+
+@pytest.mark.parametrize("value", [1e999, float("nan"), -1, 1e12, True, [1], "1e999", "2x"])
+def test_the_pydantic_field_refuses_what_is_not_a_bounded_time(value: object) -> None:
+    from pydantic import BaseModel, ValidationError
+
+    from relaybox.timespec import TimeSpec
+
+    class Query(BaseModel):
+        since: TimeSpec | None = None
+
+    with pytest.raises(ValidationError, match="since"):
+        Query.model_validate({"since": value})
+    now = {"now": NOW}
+    assert Query.model_validate({"since": "2h"}, context=now).since == NOW - 7200
+    assert Query.model_validate({"since": 1767225600}).since == 1767225600.0
+    assert Query.model_validate({"since": "2026-01-01T00:00:00Z"}).since == 1767225600.0

@@ -316,7 +316,9 @@ def _endpoint(box: Runtime, op: Operation, section: Section, tables: TablesCheck
         if problem := text_problem(raw_query, "query"):
             return error_response(400, "invalid_request", problem)
         try:
-            query = op.query.model_validate(raw_query) if op.query else None
+            # A time's relative form (since=2h) counts back from the box's clock.
+            context = {"now": box.clock.now()}
+            query = op.query.model_validate(raw_query, context=context) if op.query else None
             if op.query is None and request.query_params:
                 return error_response(400, "invalid_request", "this operation takes no query")
             body = None
@@ -333,7 +335,7 @@ def _endpoint(box: Runtime, op: Operation, section: Section, tables: TablesCheck
                     return error_response(400, "invalid_request", "the body is not JSON")
                 if problem := text_problem(data):
                     return error_response(400, "invalid_request", problem)
-                body = op.body.model_validate(data)
+                body = op.body.model_validate(data, context=context)
         except ValidationError as exc:
             return error_response(400, "invalid_request", "invalid request", _details(exc))
         actor = getattr(body, "actor", None) or "admin-api"

@@ -45,6 +45,7 @@ from relaybox.errors import InvalidRequest, NotFound, OpsError
 from relaybox.limits import FailureThrottle
 from relaybox.ops import inbound as ops
 from relaybox.ops import inbound_models as m
+from relaybox.timespec import TIME_FORMS
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
@@ -281,7 +282,7 @@ def action(
 def _filters(request: Request, model: type[BaseModel]) -> Any:
     """Query string → filter model; empty form fields mean "no filter"."""
     raw = {k: v for k, v in request.query_params.items() if v != "" and k in model.model_fields}
-    return model.model_validate(raw)
+    return model.model_validate(raw, context={"now": box_of(request).clock.now()})
 
 
 def _next_url(request: Request, cursor: str | None) -> str | None:
@@ -464,6 +465,8 @@ async def inbox(request: Request) -> Response:
         "inbox.html",
         active="inbox",
         f=f,
+        q=request.query_params,
+        time_forms=TIME_FORMS,
         page=result,
         next_url=_next_url(request, result.next_cursor),
     )
@@ -496,6 +499,8 @@ async def dead(request: Request) -> Response:
         "dead.html",
         active="dead",
         f=f,
+        q=request.query_params,
+        time_forms=TIME_FORMS,
         page=result,
         next_url=_next_url(request, result.next_cursor),
     )
@@ -515,7 +520,9 @@ async def dead_retry_all(request: Request, form: dict[str, str]) -> Notice:
     fields = {k: v for k, v in form.items() if v and k in m.DeadRetryRequest.model_fields}
     fields.setdefault("reason", "retried from the dashboard (all matching)")
     result = await ops.dead_retry_many(
-        box_of(request), m.DeadRetryRequest.model_validate(fields), actor=actor_of(request)
+        box_of(request),
+        m.DeadRetryRequest.model_validate(fields, context={"now": box_of(request).clock.now()}),
+        actor=actor_of(request),
     )
     return "retried", len(result.replayed)
 

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from relaybox.timespec import TIME_FORMS, TimeSpec
+
 __all__ = [
     "Attempt",
     "BusinessKey",
@@ -89,8 +91,8 @@ class InboxFilter(PageQuery):
     type: str | None = Field(None, max_length=200, description="event type, exact")
     status: Status | None = None
     tenant: str | None = Field(None, max_length=200)
-    since: float | None = Field(None, description="received at or after (epoch seconds)")
-    until: float | None = Field(None, description="received before (epoch seconds)")
+    since: TimeSpec | None = Field(None, description=f"received at or after: {TIME_FORMS}")
+    until: TimeSpec | None = Field(None, description=f"received before: {TIME_FORMS}")
 
 
 class DeadFilter(PageQuery):
@@ -98,8 +100,8 @@ class DeadFilter(PageQuery):
     type: str | None = Field(None, max_length=200)
     reason: DeadReason | None = Field(None, description="why it died")
     tenant: str | None = Field(None, max_length=200)
-    since: float | None = Field(None, description="received at or after (epoch seconds)")
-    until: float | None = Field(None, description="received before (epoch seconds)")
+    since: TimeSpec | None = Field(None, description=f"received at or after: {TIME_FORMS}")
+    until: TimeSpec | None = Field(None, description=f"received before: {TIME_FORMS}")
 
 
 class QuarantineFilter(PageQuery):
@@ -120,8 +122,8 @@ class ReplayRequest(_Audited):
 
 class ReplaySelectionRequest(_Audited):
     source: str | None = Field(None, max_length=200)
-    since: float | None = None
-    until: float | None = None
+    since: TimeSpec | None = Field(None, description=f"received at or after: {TIME_FORMS}")
+    until: TimeSpec | None = Field(None, description=f"received before: {TIME_FORMS}")
     statuses: list[Literal["done", "dead", "ignored"]] | None = Field(None, min_length=1)
     limit: int = Field(1000, ge=1, le=10_000)
     include_discarded: bool = Field(
@@ -136,8 +138,8 @@ class DeadRetryRequest(_Audited):
     type: str | None = Field(None, max_length=200)
     dead_reason: DeadReason | None = None
     tenant: str | None = Field(None, max_length=200)
-    since: float | None = None
-    until: float | None = None
+    since: TimeSpec | None = Field(None, description=f"received at or after: {TIME_FORMS}")
+    until: TimeSpec | None = Field(None, description=f"received before: {TIME_FORMS}")
     limit: int = Field(1000, ge=1, le=10_000)
 
 

@@ -14,7 +14,7 @@ from pydantic import Field
 from relaybox.errors import Conflict, NotFound, OpsError
 from relaybox.ops.outbound_models import EndpointActionRequest, _Model
 from relaybox.outbound.filters import InvalidFilter
-from relaybox.timespec import TIME_FORMS, parse_time
+from relaybox.timespec import TIME_FORMS, TimeSpec
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -53,9 +53,7 @@ class PauseResult(_Model):
 
 
 class ReplayMissingRequest(EndpointActionRequest):
-    since: float | str = Field(
-        description=f"messages published at or after: {TIME_FORMS}", union_mode="left_to_right"
-    )
+    since: TimeSpec = Field(description=f"messages published at or after: {TIME_FORMS}")
     limit: int | None = Field(
         None, ge=1, description="deliveries to queue at most (default and cap: replay_max)"
     )
@@ -145,7 +143,7 @@ async def endpoint_replay_missing(
     409 ``endpoint_disabled``, 409 ``replay_running``."""
     from relaybox.outbound.replays import start_replay
 
-    since = body.since if isinstance(body.since, float) else parse_time(body.since, box.clock.now())
+    since = body.since
     await _endpoint(box, endpoint_id)
     job = await start_replay(box, endpoint_id, since=since, tenant=None, limit=body.limit)
     if job is None:  # deleted meanwhile

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from relaybox.ops.inbound_models import RequestModel
+from relaybox.timespec import TIME_FORMS, TimeSpec
 
 if TYPE_CHECKING:
     pass
@@ -175,8 +176,8 @@ class EndpointActionResult(_Model):
 
 
 class RecoverRequest(EndpointActionRequest):
-    since: float = Field(description="dead deliveries created at or after (epoch seconds)")
-    until: float | None = Field(None, description="created before (epoch seconds)")
+    since: TimeSpec = Field(description=f"dead deliveries created at or after: {TIME_FORMS}")
+    until: TimeSpec | None = Field(None, description=f"created before: {TIME_FORMS}")
 
 
 class RecoverResult(_Model):

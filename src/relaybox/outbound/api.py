@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -69,6 +68,7 @@ from relaybox.outbound.registry import PublishLimited, outbound
 from relaybox.outbound.signing import SecretKind
 from relaybox.outbound.vault import SecretsLocked
 from relaybox.store.outbox_rows import Endpoint, Message
+from relaybox.timespec import TimeSpec
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -120,14 +120,14 @@ class TestEvent(BaseModel):
 class Recovery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    since: float | datetime
-    until: float | datetime | None = None
+    since: TimeSpec
+    until: TimeSpec | None = None
 
 
 class ReplayMissing(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    since: float | datetime
+    since: TimeSpec
     limit: int | None = Field(None, ge=1)
 
 
@@ -151,18 +151,16 @@ class Redelivery(BaseModel):
 M = TypeVar("M", bound=BaseModel)
 
 
-def _strict(model: type[M], data: Any) -> M:
+def _strict(model: type[M], data: Any, *, now: float | None = None) -> M:
     """``data`` (parsed JSON) as ``model``, in pydantic's strict JSON mode: a JSON
-    ``false`` is not the number 0 nor ``"5"`` the number 5, as the document says."""
-    return model.model_validate_json(json.dumps(data), strict=True)
+    ``false`` is not the number 0 nor ``"5"`` the number 5, as the document says.
+    A time (:data:`~relaybox.timespec.TimeSpec`) takes a number or any form of the
+    time grammar, ``2h`` meaning two hours before ``now``."""
+    return model.model_validate_json(json.dumps(data), strict=True, context={"now": now})
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": code, "message": message}, status_code=status)
-
-
-def _epoch(value: float | datetime | None) -> float | None:
-    return value.timestamp() if isinstance(value, datetime) else value
 
 
 def _not_found(what: str) -> ApiError:
@@ -325,12 +323,12 @@ def build_api(box: Runtime) -> Starlette:
         return JSONResponse(message.to_json(), status_code=202)
 
     async def recover(request: Request, tenant: str) -> Response:
-        recovery = _strict(Recovery, await body(request))
+        recovery = _strict(Recovery, await body(request), now=box.clock.now())
         count = await deliveries.recover(
             box,
             request.path_params["id"],
-            since=_epoch(recovery.since) or 0.0,
-            until=_epoch(recovery.until),
+            since=recovery.since,
+            until=recovery.until,
             tenant=tenant,
         )
         if count is None:
@@ -351,12 +349,12 @@ def build_api(box: Runtime) -> Starlette:
         found = await endpoint_of(request, tenant)
         if found.status != "enabled":
             raise ApiError(409, "endpoint_disabled", "enable the endpoint first")
-        replay = _strict(ReplayMissing, await body(request))
+        replay = _strict(ReplayMissing, await body(request), now=box.clock.now())
         try:
             job = await replays.start_replay(
                 box,
                 found.id,
-                since=_epoch(replay.since) or 0.0,
+                since=replay.since,
                 tenant=tenant,
                 limit=replay.limit,
                 rate_limited=True,

@@ -23,6 +23,7 @@ from relaybox.ops.outbound_flow import (
     endpoint_set_filter,
 )
 from relaybox.ops.outbound_models import EndpointActionRequest
+from relaybox.timespec import parse_time
 
 __all__ = ["FLOW_OPERATIONS", "FLOW_PAGES"]
 
@@ -159,9 +160,11 @@ async def endpoint_resume_action(request: Request, form: dict[str, str]) -> dash
 async def endpoint_replay_missing_action(
     request: Request, form: dict[str, str]
 ) -> dashboard.Notice:
+    now = dashboard.box_of(request).clock.now()
     body = ReplayMissingRequest.model_validate(
         {
-            "since": form.get("since") or "24h",
+            # Parsed here so that a bad time reads as one (bad_time), not a bad form.
+            "since": parse_time(form.get("since") or "24h", now),
             "reason": form.get("reason") or "replayed from the dashboard",
         }
     )
