@@ -218,3 +218,22 @@ async def test_a_failed_lookup_is_not_kept() -> None:
         await guard.check("https://flaky.example/x")
     vetted = await guard.check("https://flaky.example/x")
     assert vetted.addresses == ("93.184.215.14",) and answers == []
+
+
+async def test_a_refusal_names_the_setting_that_changes_it() -> None:
+    """As the secrets_key error does: the operator reads what to set, not only "no"."""
+    with pytest.raises(UnsafeDestination) as http:
+        Guard().check_static("http://127.0.0.1:9000/hook")
+    assert str(http.value).startswith("https is required: plain http goes to loopback")
+    assert "outbound.allow_insecure_loopback" in str(http.value)
+    assert "RELAYBOX_OUTBOUND__ALLOW_INSECURE_LOOPBACK" in str(http.value)
+    assert "relaybox serve --dev" in str(http.value)
+
+    for url in ("http://127.0.0.1:9000/hook", "https://10.0.0.5/hook"):
+        with pytest.raises(UnsafeDestination) as address:
+            await Guard(allow_insecure_loopback=True).check(url)
+        assert " resolves to a " in str(address.value)
+        assert "outbound.allow_networks" in str(address.value), url
+        assert "RELAYBOX_OUTBOUND__ALLOW_NETWORKS" in str(address.value), url
+    allowed = Guard(allow_insecure_loopback=True, allow_networks=["127.0.0.0/8"])
+    assert (await allowed.check("http://127.0.0.1:9000/hook")).addresses == ("127.0.0.1",)

@@ -40,6 +40,8 @@ import yarl
 from relaybox.errors import RelayboxError
 
 __all__ = [
+    "ALLOW_NETWORKS_HINT",
+    "INSECURE_LOOPBACK_HINT",
     "Guard",
     "IPAddress",
     "Resolver",
@@ -52,6 +54,19 @@ __all__ = [
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 """``(host, port) -> addresses``; raises ``OSError`` when the name does not resolve."""
+
+INSECURE_LOOPBACK_HINT = (
+    ": plain http goes to loopback addresses only, in development (set"
+    " outbound.allow_insecure_loopback = true, RELAYBOX_OUTBOUND__ALLOW_INSECURE_LOOPBACK=1,"
+    " or run `relaybox serve --dev`)"
+)
+"""What a refused ``http://`` URL's message adds: the setting that allows it."""
+ALLOW_NETWORKS_HINT = (
+    ": to deliver there, add its network to outbound.allow_networks"
+    """ (RELAYBOX_OUTBOUND__ALLOW_NETWORKS='["127.0.0.0/8"]' for loopback;"""
+    " `relaybox serve --dev` allows loopback)"
+)
+"""What a refused address's message adds: the setting that lets it through."""
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
@@ -184,7 +199,7 @@ class Guard:
             return
         reason = forbidden_reason(ip)
         if reason:
-            raise UnsafeDestination(f"{host} resolves to {reason}")
+            raise UnsafeDestination(f"{host} resolves to {reason}{ALLOW_NETWORKS_HINT}")
 
     def check_static(self, url: str) -> tuple[yarl.URL, IPAddress | None]:
         """The checks that need no DNS: scheme, credentials, host, literal addresses.
@@ -199,7 +214,7 @@ class Guard:
         if parsed.user is not None or parsed.password is not None:
             raise UnsafeDestination("credentials in the URL are not allowed; use a secret")
         if scheme == "http" and not self.allow_insecure_loopback:
-            raise UnsafeDestination("https is required (plain http only in development)")
+            raise UnsafeDestination(f"https is required{INSECURE_LOOPBACK_HINT}")
         literal = _ip_literal(host)
         if literal is not None:
             self._check_address(literal, host)
