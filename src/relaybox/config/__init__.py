@@ -428,12 +428,23 @@ class Settings(BaseModel):
         return value
 
 
+CLI_VARIABLES = frozenset({"RELAYBOX_APP", "RELAYBOX_DEV"})
+"""Environment variables of the ``relaybox`` command (``--app``, development mode), not
+settings: the settings leave them alone."""
+
+
 def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     # Shorter names first, so a scalar that clashes with a nested setting
     # (RELAYBOX_WORKER and RELAYBOX_WORKER__CONCURRENCY) is found in any order.
     names = sorted(
-        (k for k in env if k.startswith("RELAYBOX_") and not k.startswith("RELAYBOX_TEST_")),
+        (
+            k
+            for k in env
+            if k.startswith("RELAYBOX_")
+            and not k.startswith("RELAYBOX_TEST_")
+            and k not in CLI_VARIABLES
+        ),
         key=lambda k: (k.count("__"), k),
     )
     for key in names:
