@@ -428,3 +428,28 @@ def test_serve_postgres_embedded_from_an_empty_folder(tmp_path: Path) -> None:
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_reading_an_absent_sqlite_database_does_not_create_it(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In an empty folder, ``stats`` (the demo's sqlite:///relaybox.db) says there is no
+    database there instead of leaving an empty relaybox.db behind; ``doctor`` too;
+    ``migrate`` creates it. In a folder that does not exist either, nothing is made."""
+    monkeypatch.chdir(tmp_path)
+    for args in (["stats"], ["inbox", "list", "--json"], ["dead", "retry", "1", "--reason", "r"]):
+        result = invoke(runner, *args)
+        assert result.exit_code == 3, (args, output(result))
+        assert "no database at relaybox.db (sqlite:///relaybox.db): run `relaybox migrate`" in (
+            result.stderr
+        )
+    doctor = invoke(runner, "doctor", "--json")
+    assert doctor.exit_code == 4  # tables missing: run migrate
+    checks = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}
+    assert checks["database"]["detail"].startswith("no database at relaybox.db")
+    assert "run `relaybox migrate`" in checks["migrations"]["detail"]
+    assert invoke(runner, "stats", "--database-url", "sqlite:///data/x.db").exit_code == 3
+    assert list(tmp_path.iterdir()) == []
+    assert invoke(runner, "migrate").exit_code == 0
+    assert (tmp_path / "relaybox.db").exists()
+    assert invoke(runner, "stats").exit_code == 0

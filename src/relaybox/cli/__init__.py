@@ -443,7 +443,7 @@ def migrate(app: str | None, config: str | None, database_url: str | None, as_js
     from relaybox.outbound.vault import MISSING_HINT
 
     box = load_box(app, config, database_url)
-    applied, secrets = _run_db(box, _migrate_and_close(box))
+    applied, secrets = _run_db(box, _migrate_and_close(box), creates=True)
     if as_json:
         click.echo(json.dumps({"applied": applied, **secrets}))
     else:
@@ -565,12 +565,43 @@ def _handled_type(box: Relaybox, source_name: str) -> str | None:
     return None
 
 
-def _run_db(box: Relaybox, coro: Coroutine[Any, Any, T]) -> T:
+def missing_sqlite_file(box: Relaybox) -> Path | None:
+    """The SQLite file ``box``'s settings name when it does not exist (opening it
+    would create an empty database), else ``None``."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(box.settings.database_url)
+    except Exception:
+        return None  # the store says what is wrong with it
+    name = url.database
+    if url.get_backend_name() != "sqlite" or not name or name == ":memory:":
+        return None
+    if name.startswith("file:") or url.query.get("uri"):
+        return None  # a URI names its own mode
+    path = Path(name).expanduser()
+    if path.exists() or (path.parent.exists() and not path.parent.is_dir()):
+        return None  # there, or not a place for a file: opening it says what is wrong
+    return path
+
+
+def _run_db(box: Relaybox, coro: Coroutine[Any, Any, T], *, creates: bool = False) -> T:
     """Run ``coro`` (an operation on ``box``'s database); an error that means usage or
     configuration exits 2, one of the database exits 3 (:func:`exit_code_for`), each
-    as one ``Error:`` line (with ``--json``, ``{"error": …}`` on stdout)."""
+    as one ``Error:`` line (with ``--json``, ``{"error": …}`` on stdout). Unless the
+    command ``creates`` the database (``migrate``), a SQLite file that does not exist
+    is that error, and stays absent (opening it would make an empty one)."""
     from relaybox.cli.grammar import CliError
 
+    missing = None if creates else missing_sqlite_file(box)
+    if missing is not None:
+        coro.close()
+        raise CliError(
+            f"no database at {missing} ({_safe_url(box)}): run `relaybox migrate` to create"
+            " it, or name yours with --database-url",
+            code="not_migrated",
+            exit_code=EXIT_DATABASE,
+        )
     try:
         return run_async(coro)  # `relaybox dispatch` runs here: uvloop too
     except Exception as exc:

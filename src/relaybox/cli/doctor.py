@@ -12,7 +12,7 @@ import sys
 import click
 
 from relaybox.app import Relaybox
-from relaybox.cli import _safe_url, app_options
+from relaybox.cli import _safe_url, app_options, missing_sqlite_file
 from relaybox.cli import load_box as _load_box
 from relaybox.cli.exits import (
     EXIT_CLOCK,
@@ -422,8 +422,19 @@ def doctor(
                 except Exception:  # closing a store that never connected
                     pass
 
+        missing = missing_sqlite_file(box)
         try:
-            asyncio.run(run())
+            if missing is not None:  # opening it would create an empty database
+                checks.add("database", "warn", f"no database at {missing} ({_safe_url(box)})")
+                checks.add(
+                    "migrations",
+                    "fail",
+                    "not applied: run `relaybox migrate` to create the database, or name"
+                    " yours with --database-url",
+                    exit_code=EXIT_SCHEMA,
+                )
+            else:
+                asyncio.run(run())
         except (OSError, ConfigurationError) as exc:  # the store could not even be opened
             checks.add(
                 "database",

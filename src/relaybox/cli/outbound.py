@@ -145,7 +145,7 @@ def dispatch(
 
     box.freeze_startup_heap()
     box.widen_young_gc()
-    _run_db(box, run())
+    _run_db(box, run(), creates=True)  # it waits for migrations, as serve does
 
 
 # -- endpoints -----------------------------------------------------------------------------
