@@ -37,6 +37,7 @@ import asyncio
 import ipaddress
 import json
 import resource
+import socket
 import weakref
 from typing import Any, ClassVar
 
@@ -48,7 +49,15 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from relaybox.config import ServerSettings
 
-__all__ = ["BoundedHttpToolsProtocol", "protocol_class", "run", "uvicorn_config"]
+__all__ = [
+    "STARTUP_FAILURE",
+    "BindError",
+    "BoundedHttpToolsProtocol",
+    "bind",
+    "protocol_class",
+    "run",
+    "uvicorn_config",
+]
 
 log = structlog.get_logger("relaybox.server")
 
@@ -566,13 +575,43 @@ def uvicorn_config(
     )
 
 
-def run(app: Any, limits: ServerSettings, *, host: str, port: int) -> None:
-    """Serve ``app`` until SIGTERM/SIGINT, as ``uvicorn.run`` does with these settings."""
+def run(
+    app: Any,
+    limits: ServerSettings,
+    *,
+    host: str,
+    port: int,
+    sock: socket.socket | None = None,
+) -> None:
+    """Serve ``app`` until SIGTERM/SIGINT, as ``uvicorn.run`` does with these settings,
+    on ``sock`` (:func:`bind` it first to say where it serves only once it is bound;
+    else it is bound here, and a taken port raises :class:`BindError`)."""
     _raise_fd_limit(limits.max_connections + _FD_HEADROOM)
-    server = uvicorn.Server(uvicorn_config(app, limits, host=host, port=port))
-    server.run()
+    config = uvicorn_config(app, limits, host=host, port=port)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock if sock is not None else bind(host, port)])
     if not server.started:
         raise SystemExit(STARTUP_FAILURE)
+
+
+class BindError(OSError):
+    """The address to serve on cannot be bound (taken, or not this machine's)."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (IPv6 when ``host`` is an IPv6 address), as
+    uvicorn binds one; :class:`BindError` names the address when it cannot be."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family=family, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        shown = f"[{host}]" if family == socket.AF_INET6 else host
+        raise BindError(exc.errno, f"cannot serve on {shown}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _raise_fd_limit(wanted: int) -> None:

@@ -208,6 +208,26 @@ def test_serve_refuses_unknown_roles(runner: CliRunner, tmp_path: Path) -> None:
     assert "juggler" in output(result)
 
 
+def test_serve_says_a_port_is_taken_before_claiming_to_serve_on_it(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    """The banner ("… on http://127.0.0.1:PORT") comes once the address is bound: a
+    taken port is one error line and exit 3, nothing claiming to serve before it."""
+    import socket
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke(runner, "serve", "--port", str(port), "--database-url", url)
+    assert result.exit_code == 3, output(result)
+    assert result.stderr.splitlines() == [
+        f"Error: cannot serve on 127.0.0.1:{port}: Address already in use"
+    ]
+    assert result.stdout == ""
+
+
 def test_help_and_version(runner: CliRunner) -> None:
     result = invoke(runner, "--help")
     assert result.exit_code == 0

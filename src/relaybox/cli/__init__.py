@@ -343,7 +343,18 @@ def serve(
             raise _ConfigError(str(exc)) from None
     host = host or box.settings.host
     port = port if port is not None else box.settings.port
-    base = f"http://{host}:{port}"
+    base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    from relaybox import server
+
+    try:  # bound before the banner: a taken port says so, and nothing claims to serve
+        sock = server.bind(host, port)
+    except server.BindError as exc:
+        from relaybox.cli.grammar import CliError
+
+        raise CliError(
+            exc.strerror or str(exc), code="cannot_bind", exit_code=server.STARTUP_FAILURE
+        ) from None
     click.echo(f"relaybox {', '.join(role_set)} on {base}  (database: {_safe_url(box)})", err=True)
     if dev:
         allowed = "; ".join(relaxed) or "nothing more (the settings allow it already)"
@@ -365,13 +376,13 @@ def serve(
     if "admin" in role_set:
         if box.settings.admin_token is None:
             click.echo(
-                f"Dashboard: {base}/admin/  (closed: set RELAYBOX_ADMIN_TOKEN to log in)", err=True
+                f"Dashboard: {base}/admin/  (closed: set RELAYBOX_ADMIN_TOKEN to log in)",
+                err=True,
             )
         else:
             click.echo(f"Dashboard: {base}/admin/  (log in with the admin token)", err=True)
-    from relaybox import server
 
-    server.run(box.asgi(roles=role_set), box.settings.server, host=host, port=port)
+    server.run(box.asgi(roles=role_set), box.settings.server, host=host, port=port, sock=sock)
     del server_handle
 
 
