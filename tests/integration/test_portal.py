@@ -9,6 +9,7 @@ import asyncio
 import html
 import re
 from collections.abc import AsyncIterator
+from html.parser import HTMLParser
 
 import aiohttp
 import pytest
@@ -780,3 +781,40 @@ async def test_a_tenant_reaches_no_other_tenants_ids(
         )
         assert row.status == "sent" and row.attempts == 1
         assert len(receiver.requests) == 1
+
+
+class _LabelChildren(HTMLParser):
+    """The tags directly inside each ``<label>`` (a flex column in the portal's forms:
+    each direct child is a line of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.direct: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self.stack and self.stack[-1] == "label":
+            self.direct.append(tag)
+        if tag not in ("input", "br", "img"):
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        while self.stack and self.stack.pop() != tag:
+            pass
+
+
+async def test_form_labels_keep_their_inline_code_in_the_sentence(
+    box: Relaybox, http: aiohttp.ClientSession, server: str
+) -> None:
+    """A form label is a flex column (its text above its field): a ``<code>`` placed
+    directly in it became a line of its own, cutting the sentence in three."""
+    endpoint_id, _ = await endpoint(box, "https://hooks.example.com/x", tenant="client-42")
+    portal = await portal_for(box, http, server, "client-42")
+    for path in ("/endpoints", f"/endpoints/{endpoint_id}", "/messages"):
+        status, text = await portal.get(path)
+        assert status == 200, text
+        labels = _LabelChildren()
+        labels.feed(text)
+        assert "code" not in labels.direct, (path, labels.direct)
+    _, page = await portal.get("/endpoints")
+    assert "<span>Event types (patterns such as <code>order.*</code>" in page
