@@ -110,3 +110,23 @@ def test_relaybox_environment_variables_apply_over_the_dict(
     monkeypatch.setenv("RELAYBOX_WORKER__CONCURRENCY", "0")
     with pytest.raises(ImproperlyConfigured, match=r"worker\.concurrency"):
         build_box()
+
+
+def test_manage_py_relaybox_help_names_the_projects_box(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``manage.py relaybox … --help``: --app defaults to settings.RELAYBOX's box there,
+    and the help says so (it said "the demo")."""
+    from relaybox.contrib.django.management.commands.relaybox import Command
+
+    monkeypatch.setenv("RELAYBOX_APP", "restored-after-the-test")
+    monkeypatch.delenv("RELAYBOX_APP")  # unset, as in a shell; the command sets it
+    with pytest.raises(SystemExit) as done:
+        Command().run_from_argv(["manage.py", "relaybox", "stats", "--help"])
+    assert done.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert (
+        "--app TEXT module:attribute of your Relaybox (default: relaybox.contrib.django:box)"
+        in (shown)
+    )
+    assert "the demo" not in shown

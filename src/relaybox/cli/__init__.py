@@ -195,11 +195,19 @@ def app_options(fn: Any) -> Any:
         "--config", "config", type=click.Path(dir_okay=False), help="TOML settings file"
     )(fn)
     fn = click.option(
-        "--app",
-        envvar="RELAYBOX_APP",
-        help="module:attribute of your Relaybox (default: the demo)",
+        "--app", cls=_AppOption, envvar="RELAYBOX_APP", help="module:attribute of your Relaybox"
     )(fn)
     return fn
+
+
+class _AppOption(click.Option):
+    """``--app``, whose help names the default in effect: ``RELAYBOX_APP`` when set
+    (``manage.py relaybox`` sets it to the project's box), else the demo."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        default = os.environ.get("RELAYBOX_APP") or "the demo"
+        self.help = f"module:attribute of your Relaybox (default: {default})"
+        return super().get_help_record(ctx)
 
 
 class _AreaGroup(click.Group):
