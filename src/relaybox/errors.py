@@ -44,6 +44,7 @@ __all__ = [
     "MalformedHeaders",
     "MalformedPayload",
     "NotFound",
+    "NotInTransaction",
     "OperationConflict",
     "OpsError",
     "PayloadTooLarge",
@@ -126,6 +127,12 @@ class StoreUnavailable(RelayboxError):
 
 class ConfigurationError(RelayboxError):
     """Settings or source definitions that cannot work."""
+
+
+class NotInTransaction(RelayboxError):
+    """A write that relaybox makes in the application's own transaction (publishing
+    with Django's connection) was called outside one: it would commit apart from the
+    change it belongs to. Call it inside the transaction (``transaction.atomic()``)."""
 
 
 class PermanentError(RelayboxError):

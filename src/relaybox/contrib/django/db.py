@@ -18,6 +18,7 @@ from sqlalchemy import Connection, Engine, NullPool, create_engine
 from sqlalchemy.engine import URL
 
 from relaybox.contrib.django.errors import ImproperlyConfigured
+from relaybox.errors import NotInTransaction
 
 __all__ = ["async_database_url", "connection", "sync_transaction"]
 
@@ -87,9 +88,10 @@ def connection(using: str = "default") -> Iterator[Connection]:
     """A SQLAlchemy ``Connection`` over Django's connection ``using`` of this thread,
     in the transaction Django has open (call it inside ``transaction.atomic()``)."""
     if not connections[using].in_atomic_block:
-        raise ImproperlyConfigured(
-            "relaybox writes in the application's transaction: call it inside "
-            "django.db.transaction.atomic()"
+        raise NotInTransaction(
+            "relaybox writes in the application's transaction, so that the message commits"
+            " with the change it belongs to, or not at all: call it inside"
+            f" django.db.transaction.atomic(using={using!r})"
         )
     with _engine(using).connect() as conn:
         yield conn

@@ -12,5 +12,7 @@ __all__ = ["ImproperlyConfigured"]
 
 
 class ImproperlyConfigured(ConfigurationError, exceptions.ImproperlyConfigured):
-    """relaybox in this Django project cannot work as configured or called (settings,
-    a database relaybox does not run on, ``publish()`` outside ``atomic()``)."""
+    """relaybox in this Django project cannot work as configured (settings, a
+    database relaybox does not run on). ``publish()`` outside ``atomic()`` raises
+    :class:`relaybox.errors.NotInTransaction` instead: a call's mistake, not the
+    settings'."""
