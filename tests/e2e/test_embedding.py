@@ -457,7 +457,7 @@ async def test_fastapi_example_receives_with_the_orm_and_sends_with_a_session(
                     "shop-1",
                     "--url",
                     f"{receiver.url}/hook",
-                    "--events",
+                    "--type",
                     "order.completed",
                 )
                 assert made.returncode == 0, made.stderr

@@ -425,14 +425,13 @@ def doctor(
         missing = missing_sqlite_file(box)
         try:
             if missing is not None:  # opening it would create an empty database
-                checks.add("database", "warn", f"no database at {missing} ({_safe_url(box)})")
                 checks.add(
-                    "migrations",
-                    "fail",
-                    "not applied: run `relaybox migrate` to create the database, or name"
-                    " yours with --database-url",
-                    exit_code=EXIT_SCHEMA,
+                    "database",
+                    "warn",
+                    f"no database at {missing} ({_safe_url(box)}): `relaybox migrate` creates"
+                    " it, or name yours with --database-url",
                 )
+                checks.add("migrations", "fail", TABLES_MISSING, exit_code=EXIT_SCHEMA)
             else:
                 asyncio.run(run())
         except (OSError, ConfigurationError) as exc:  # the store could not even be opened
