@@ -20,6 +20,7 @@ from click.testing import CliRunner, Result
 
 from relaybox.cli import main
 from relaybox.timespec import TIME_FORMS
+from tests.conftest import free_port
 
 APP = "tests.support.outbound_app:box"
 LONG_RUNNING = {"serve", "worker", "dispatch"}
@@ -321,3 +322,19 @@ def test_documented_commands_use_the_grammar() -> None:
                 problems.append(f"{where}: {name} is not an option of it")
     assert seen > 20
     assert problems == [], "\n".join(problems)
+
+
+def test_a_failed_recovery_is_one_error_document(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The provider's API unreachable: {"error": "recovery_failed"} (was stderr only)."""
+    url = f"sqlite:///{tmp_path / 'relaybox.db'}"
+    assert runner.invoke(main, ["migrate", "--database-url", url]).exit_code == 0
+    monkeypatch.setenv("GITHUB_TOKEN", "not-a-token")
+    result = runner.invoke(main, ["recover", "--source", "stripe", "--since", "1h",
+                                  "--repo", "o/n", "--hook-id", "1",
+                                  "--api-url", f"http://127.0.0.1:{free_port()}",
+                                  "--database-url", url, "--json"])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    doc = _document(result, "recover")
+    assert doc["error"] == "recovery_failed" and "GitHub API unreachable" in doc["message"]

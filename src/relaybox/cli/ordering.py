@@ -20,7 +20,7 @@ from relaybox import log
 from relaybox.app import Relaybox
 from relaybox.cli import _run_db, app_options, load_box
 from relaybox.cli.exits import EXIT_FAILED
-from relaybox.cli.grammar import actor_option, default_actor, since_options
+from relaybox.cli.grammar import CliError, actor_option, default_actor, since_options
 from relaybox.cli.table import print_pairs
 from relaybox.errors import ConfigurationError
 from relaybox.timespec import TIME_FORMS, parse_time
@@ -408,8 +408,7 @@ def recover(
         from relaybox.recovery import RecoveryError
 
         if isinstance(exc, RecoveryError):
-            click.echo(f"recovery failed: {exc}", err=True)
-            sys.exit(EXIT_FAILED)
+            raise CliError(f"recovery failed: {exc}", code="recovery_failed") from None
         raise
     if as_json:
         click.echo(json.dumps(out))
