@@ -14,6 +14,7 @@ import pytest
 
 from relaybox import FrozenClock, Relaybox
 from relaybox.outbound import create_api_key
+from relaybox.outbound.replays import ReplayRunner
 from relaybox.timespec import TIME_FORMS
 from tests.conftest import Served
 from tests.integration.test_admin_api import AUTH, TOKEN, admin, seed  # noqa: F401
@@ -96,6 +97,8 @@ async def test_tenant_api_recover_and_replay_missing_take_every_form(
             "POST", f"/endpoints/{ep_id}/replay-missing", {"since": since}
         )
         assert status == 202, (since, answer)
+        ran = await ReplayRunner(box).run_once(answer["id"])  # one job an endpoint at a time
+        assert ran is not None and ran.status == "done", (since, ran)
     for since in ("1e999", "99999999999w", "tomorrow", True, -1, 10**20):
         status, answer = await tenant_api.call(
             "POST", f"/endpoints/{ep_id}/recover", {"since": since}
