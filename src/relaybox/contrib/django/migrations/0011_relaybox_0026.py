@@ -1,0 +1,12 @@
+"""relaybox's migration 0026: erasing one subject (relaybox.erasure): the subject index,
+the erasures record and erased_at columns."""
+
+from django.db import migrations
+
+from relaybox.contrib.django.migrating import ApplyRelayboxMigrations
+
+
+class Migration(migrations.Migration):
+    dependencies = [("relaybox", "0007_relaybox_0022")]
+
+    operations = [ApplyRelayboxMigrations(26)]
