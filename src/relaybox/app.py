@@ -32,7 +32,7 @@ from relaybox.inbox import Acceptor
 from relaybox.log import short_error
 from relaybox.metrics import Metrics
 from relaybox.receiver import Receiver
-from relaybox.sources.base import Source
+from relaybox.sources.base import Source, check_subject_path
 from relaybox.sources.bodies import BodyLimits
 from relaybox.store import AcceptOutcome, NewDelivery, Store, check_database_url, open_store
 from relaybox.worker import Context, Handler, Hooks, Registration, Worker
@@ -153,6 +153,13 @@ class Relaybox:
         if not name or "/" in name:
             raise ConfigurationError(f"invalid source name {name!r}")
         source.name = name
+        if source.subject_path is not None:
+            erasure = self.settings.erasure
+            check_subject_path(
+                source.subject_path,
+                max_depth=erasure.path_max_depth,
+                max_chars=erasure.path_max_chars,
+            )
         bodies = self.settings.bodies
         source.body_limits = BodyLimits(
             max_fields=bodies.max_fields,
@@ -297,11 +304,13 @@ class Relaybox:
         endpoint_ids: Sequence[str] | None = None,
         api_version: str | None = None,
         ordering_key: str | None = None,
+        subject: str | None = None,
     ) -> Message:
         """Publish an outbound event inside the caller's transaction: one message
         row plus one outbox row per subscribed, enabled endpoint, committed with the
         caller's change or not at all. ``conn`` is an ``AsyncConnection`` or an ORM
-        ``AsyncSession`` (its connection, in its transaction, is used)."""
+        ``AsyncSession`` (its connection, in its transaction, is used). ``subject``:
+        whom it is about, for :meth:`erase`."""
         from sqlalchemy.ext.asyncio import AsyncSession
 
         from relaybox.outbound.publish import publish
@@ -319,6 +328,7 @@ class Relaybox:
             endpoint_ids=endpoint_ids,
             api_version=api_version,
             ordering_key=ordering_key,
+            subject=subject,
         )
 
     def portal_link(

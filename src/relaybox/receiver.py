@@ -183,6 +183,7 @@ class Receiver:
             version=verified.version,
             received_at=self.box.clock.now(),
             ignored=source.ignores(verified.event_type),
+            subject=verified.subject,
         )
         try:
             if source.inline and not delivery.ignored:

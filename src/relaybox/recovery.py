@@ -404,6 +404,7 @@ async def _ingest(
         version=verified.version,
         received_at=now,
         ignored=source.ignores(verified.event_type),
+        subject=verified.subject,
     )
     via = f"{deliveries.name}:delivery/{summary.delivery_id} (signature {signature})"
     store = box.store
@@ -461,6 +462,7 @@ def _api_verified(
         fingerprint=source.fingerprint(body, headers, payload),
         payload=payload,
         version=version,
+        subject=source.subject_of(headers, payload),
     )
 
 

@@ -29,7 +29,9 @@ API answers 409 ``payload_purged`` for a purged message.
 
 The scheduled job (:class:`Maintenance`) also drops the rows of portal tokens ended
 early (logouts, opened single-use links) once those tokens have expired anyway, and
-replay-missing jobs that ended ``retention.outbox_payload_max_age`` ago. It
+replay-missing jobs that ended ``retention.outbox_payload_max_age`` ago, and
+resumes the erasures (:mod:`relaybox.erasure`) still waiting for rows that were
+pending. It
 runs in the ``maintenance`` role (or ``relaybox maintenance``). With several
 processes on one PostgreSQL, one runs it at a time: a session-level advisory lock
 (``pg_try_advisory_lock``) on a connection of its own, released when the run ends or
@@ -48,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from relaybox.erasure import resume_waiting
 from relaybox.store.history import PurgeTable
 
 if TYPE_CHECKING:
@@ -208,6 +211,8 @@ class Maintenance:
                 jobs += purged
             if jobs:
                 log.info("replay_jobs_purged", rows=jobs)
+            # Erasures waiting for rows that were pending: emptied once they finished.
+            await resume_waiting(self.box)
             return result
 
     async def run(self) -> None:

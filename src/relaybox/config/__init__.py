@@ -302,6 +302,24 @@ class RetentionSettings(BaseModel):
     batch: int = Field(1000, ge=1, le=100_000, description="rows purged per transaction")
 
 
+class ErasureSettings(BaseModel):
+    """Erasing one subject (:mod:`relaybox.erasure`): how much one transaction empties,
+    and the bounds of the subject paths sources declare."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch: int = Field(
+        500,
+        ge=1,
+        le=100_000,
+        description="rows an erasure empties per transaction (short locks on big subjects)",
+    )
+    path_max_depth: int = Field(
+        8, ge=1, le=32, description="names in a subject path (data.object.customer: 3)"
+    )
+    path_max_chars: int = Field(200, ge=1, le=512, description="characters in a subject path")
+
+
 class BodySettings(BaseModel):
     """Bounds on request bodies that are not JSON (form, multipart, XML) and on the
     query strings of handshakes (:mod:`relaybox.sources.bodies`). The byte size is
@@ -401,6 +419,7 @@ class Settings(BaseModel):
     portal: PortalSettings = Field(default_factory=PortalSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    erasure: ErasureSettings = Field(default_factory=ErasureSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     outbound: OutboundSettings = Field(default_factory=OutboundSettings)
     bodies: BodySettings = Field(default_factory=BodySettings)

@@ -190,6 +190,7 @@ async def event_get(box: Runtime, inbox_id: int) -> EventDetail:
         headers=_headers(m["headers"]),
         version=m["version"],
         purged_at=m["purged_at"],
+        erased_at=m.get("erased_at"),
         discarded_by=m["discarded_by"],
         discard_reason=m["discard_reason"],
         attempt_log=[Attempt(**a) for a in history.attempts],
@@ -200,11 +201,23 @@ async def event_get(box: Runtime, inbox_id: int) -> EventDetail:
     )
 
 
-def _replay_message(result: Any, purged_at: dict[int, float | None]) -> str:
+def _replay_message(
+    result: Any,
+    purged_at: dict[int, float | None],
+    erased_at: dict[int, float | None] | None = None,
+) -> str:
     parts = []
     if result.replayed:
         parts.append(f"{len(result.replayed)} event(s) back to pending")
     for inbox_id in result.purged:
+        erased = (erased_at or {}).get(inbox_id)
+        if erased is not None:
+            parts.append(
+                f"event {inbox_id} cannot be replayed: its payload was erased on "
+                f"{when(erased)} at a request to erase its subject (its keys and outcome "
+                "are kept)"
+            )
+            continue
         parts.append(
             f"event {inbox_id} cannot be replayed: its payload was purged by retention "
             f"on {when(purged_at.get(inbox_id))} (its keys and outcome are kept)"
@@ -222,7 +235,8 @@ def _replay_message(result: Any, purged_at: dict[int, float | None]) -> str:
 async def _replay(box: Runtime, selection: Selection, actor: str, reason: str) -> ReplayResult:
     result = await replay(box, selection, actor=actor, reason=reason)
     purged = await box.store.inbox_purged_at(result.purged)
-    return ReplayResult(**result.as_dict(), message=_replay_message(result, purged))
+    erased = await box.store.inbox_purged_at(result.purged, column="erased_at")
+    return ReplayResult(**result.as_dict(), message=_replay_message(result, purged, erased))
 
 
 async def replay_event(box: Runtime, inbox_id: int, *, actor: str, reason: str) -> ReplayResult:

@@ -227,6 +227,10 @@ class EventDetail(EventSummary):
     headers: dict[str, str] | None
     version: str | None
     purged_at: float | None
+    erased_at: float | None = Field(
+        None,
+        description="when an erasure of its subject emptied it (purged_at is set with it)",
+    )
     discarded_by: str | None
     discard_reason: str | None
     attempt_log: list[Attempt]

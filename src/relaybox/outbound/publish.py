@@ -27,6 +27,7 @@ from relaybox.bodies import NotJsonNumber, text_problem, write_json
 from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, check_schema
 from relaybox.outbound.filters import CompiledFilter, compile_filter
 from relaybox.outbound.registry import outbound
+from relaybox.sources.base import MAX_SUBJECT_CHARS, subject_digest
 from relaybox.store.outbox_rows import Message, NewMessage, new_id
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ async def publish(
     api_version: str | None = None,
     ordering_key: str | None = None,
     json_data: bool = False,
+    subject: str | None = None,
 ) -> Message:
     """Publish ``data`` as ``event_type`` to ``tenant``'s subscribed, enabled
     endpoints (or only to ``endpoint_ids`` among them, subscribed or not: test sends)
@@ -192,9 +194,14 @@ async def publish(
     ``orderingKey`` and ``sequence``, the ``webhook-sequence`` header), and endpoints
     with ``ordered`` receive the key's messages one at a time, in that order. The
     number is taken in ``conn``'s transaction: a concurrent publish with the same key
-    waits for it to end."""
+    waits for it to end.
+
+    ``subject``: whom the message is about (a customer id): the message is indexed
+    under it in ``conn``'s transaction, and ``relaybox erase --subject`` empties it
+    and its deliveries (:mod:`relaybox.erasure`)."""
     store = box.store
     check_request(event_type, tenant, idempotency_key, ordering_key)
+    digest = subject_of(subject)
     if idempotency_key is not None:
         existing = await store.message_get_by_key(conn, tenant, idempotency_key)
         if existing is not None:
@@ -233,6 +240,8 @@ async def publish(
         existing = await store.message_get_by_key(conn, tenant, idempotency_key)
         assert existing is not None  # the conflicting row is committed
         return existing
+    if digest is not None:
+        await store.subject_index(conn, digest, "message", new.id)
     return published(new, found)
 
 
@@ -257,6 +266,18 @@ def check_request(
         if problem := text_problem(idempotency_key, "idempotency key"):
             raise InvalidMessage(problem, code="idempotency_key")
     check_ordering_key(ordering_key)
+
+
+def subject_of(subject: str | None) -> bytes | None:
+    """The digest a message is indexed under (:func:`subject_digest`), or ``None``;
+    :class:`InvalidMessage` for a subject no erasure could name."""
+    if subject is None:
+        return None
+    if not 0 < len(subject) <= MAX_SUBJECT_CHARS:
+        raise InvalidMessage(f"a subject is 1-{MAX_SUBJECT_CHARS} characters", code="subject")
+    if problem := text_problem(subject, "subject"):
+        raise InvalidMessage(problem, code="subject")
+    return subject_digest(subject)
 
 
 def check_ordering_key(ordering_key: str | None) -> None:

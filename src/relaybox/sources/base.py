@@ -44,6 +44,7 @@ __all__ = [
     "MAX_ACCOUNT_CHARS",
     "MAX_EVENT_ID_CHARS",
     "MAX_EVENT_TYPE_CHARS",
+    "MAX_SUBJECT_CHARS",
     "MAX_TIMESTAMP_DIGITS",
     "MAX_VERSION_CHARS",
     "SIGNATURE_ENTRY_CHARS",
@@ -56,6 +57,7 @@ __all__ = [
     "check_timestamp",
     "constant_time_equal",
     "extract",
+    "subject_digest",
 ]
 
 _JSON_OPENERS = (b"{", b"[")
@@ -77,6 +79,12 @@ MAX_EVENT_ID_CHARS = 512
 MAX_EVENT_TYPE_CHARS = 256
 MAX_ACCOUNT_CHARS = 128
 MAX_VERSION_CHARS = 128
+MAX_SUBJECT_CHARS = 1024
+"""The longest subject an erasure or a publish names."""
+MAX_SUBJECT_PATH_DEPTH = 32
+"""The most names a subject path may have (``erasure.path_max_depth`` may lower it)."""
+MAX_SUBJECT_PATH_CHARS = 512
+"""The longest subject path (``erasure.path_max_chars`` may lower it)."""
 # The event key (source, account, event_id) is one unique index entry: 512 + 128
 # characters stay within PostgreSQL's ~2,700-byte b-tree entry even at 4 bytes each.
 
@@ -133,6 +141,9 @@ class Verified:
     payload: Any
     timestamp: float | None = None
     version: str | None = None
+    subject: bytes | None = None
+    """The digest of the subject the payload names at the source's ``subject`` path
+    (:func:`subject_digest`); ``None`` without a path or a value there."""
 
 
 def constant_time_equal(a: bytes | str, b: bytes | str) -> bool:
@@ -218,6 +229,28 @@ def canonical_json(value: Any) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+def subject_digest(subject: str) -> bytes:
+    """What relaybox stores to find a subject's rows (``relaybox_subjects``) and
+    records of an erasure: the SHA-256 of the subject's text, never the text itself.
+    One digest for every source and event type: erasing ``cus_123`` finds it
+    wherever a path declared it."""
+    text = subject.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(b"relaybox.subject\x00" + text).digest()
+
+
+def check_subject_path(path: str, *, max_depth: int, max_chars: int) -> None:
+    """Refuse a subject path outside the grammar: a dotted JSON path of 1 to
+    ``max_depth`` non-empty names (list indexes as numbers) within ``max_chars``."""
+    parts = path.split(".")
+    if not path or len(path) > max_chars or len(parts) > max_depth or not all(parts):
+        raise ConfigurationError(
+            f"subject path {path[:80]!r} must be a dotted JSON path of at most "
+            f"{max_depth} names and {max_chars} characters (data.object.customer)"
+        )
+    if path.startswith("header:"):
+        raise ConfigurationError("a subject path reads the payload, not a header")
+
+
 def extract(path: str, headers: Headers, payload: Any) -> str | None:
     """Read a value named by ``path``: ``header:Name`` or a dotted JSON path (``data.order.id``).
 
@@ -270,6 +303,7 @@ class Source:
         inline: bool = False,
         fingerprint_path: str | None = None,
         version_path: str | None = None,
+        subject: str | None = None,
         name: str | None = None,
     ) -> None:
         if isinstance(secrets, (str, Secret)):
@@ -312,6 +346,11 @@ class Source:
         self.inline = inline
         self.fingerprint_path = fingerprint_path
         self.version_path = version_path
+        if subject is not None:
+            check_subject_path(
+                subject, max_depth=MAX_SUBJECT_PATH_DEPTH, max_chars=MAX_SUBJECT_PATH_CHARS
+            )
+        self.subject_path = subject
         self.name = name or self.provider
 
     # -- provider hooks -------------------------------------------------------
@@ -405,6 +444,7 @@ class Source:
             payload=payload,
             timestamp=ts,
             version=version,
+            subject=None if self.subject_path is None else self.subject_of(headers, payload),
         )
 
     def parse(self, body: bytes) -> Any:
@@ -445,6 +485,15 @@ class Source:
         for part in self.fingerprint_path.split("."):
             node = node.get(part) if isinstance(node, Mapping) else None
         return hashlib.sha256(canonical_json(node)).digest()
+
+    def subject_of(self, headers: Headers, payload: Any) -> bytes | None:
+        """The digest of the subject at the ``subject`` path of the parsed payload
+        (:func:`subject_digest`; no second parse); ``None`` without a path or a
+        scalar value there."""
+        if self.subject_path is None:
+            return None
+        value = extract(self.subject_path, headers, payload)
+        return None if value is None or value == "" else subject_digest(value)
 
     def ignores(self, event_type: str) -> bool:
         if not self.ignore_types:
@@ -495,6 +544,7 @@ class Source:
             "tenant": self.tenant,
             "ignore_types": list(self.ignore_types),
             "inline": self.inline,
+            "subject": self.subject_path,
         }
 
     # -- bodies and answers (relaybox.sources.bodies, relaybox.sources.hooks) ---

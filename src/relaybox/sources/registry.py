@@ -119,6 +119,7 @@ BASE_OPTIONS: dict[str, str] = {
     "inline": "true or false",
     "fingerprint_path": "a dotted JSON path",
     "version_path": "a path (header:Name or dotted JSON path)",
+    "subject": "a dotted JSON path naming the subject an erasure finds (data.object.customer)",
     "name": "a string",
 }
 _TRUE = ("true", "1", "yes", "on")

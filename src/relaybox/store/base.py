@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from relaybox.store.credentials import CredentialsStore
+from relaybox.store.erasure import ErasureStore
 from relaybox.store.history import HistoryStore
 from relaybox.store.inbox_rows import (
     AcceptOutcome,
@@ -80,6 +81,7 @@ def load_migrations(backend: str) -> list[tuple[int, str, list[str]]]:
 
 class Store(
     CredentialsStore,
+    ErasureStore,
     HistoryStore,
     OperatorStore,
     OutboxStore,

@@ -35,6 +35,9 @@ class NewDelivery:
     version: str | None
     received_at: float
     ignored: bool = False
+    subject: bytes | None = None
+    """The digest of the subject its source's ``subject`` path names: the accept
+    indexes the new row under it (``relaybox_subjects``) in the same transaction."""
     held_until: float | None = None
     """Set by this process's worker when it takes the row from the accept
     (:meth:`relaybox.inbox.Handoff.offer`; stores with ``starts_at_accept``): the row

@@ -188,13 +188,16 @@ class OperatorStore:
                 quarantine=await self._maps(conn, "ops_inbox_quarantine", (inbox_id,)),
             )
 
-    async def inbox_purged_at(self, inbox_ids: Sequence[int]) -> dict[int, float | None]:
-        """When retention purged each event's payload (``None``: not purged or absent)."""
+    async def inbox_purged_at(
+        self, inbox_ids: Sequence[int], *, column: str = "purged_at"
+    ) -> dict[int, float | None]:
+        """When retention purged each event's payload (``None``: not purged or absent);
+        with ``column="erased_at"``, when an erasure emptied it."""
         out: dict[int, float | None] = {}
         async with self.connect() as conn:
             for inbox_id in inbox_ids:
                 found = await self._maps(conn, "inbox_get", (inbox_id,))
-                out[inbox_id] = found[0]["purged_at"] if found else None
+                out[inbox_id] = found[0][column] if found else None
         return out
 
     async def inbox_throughput(self, since: float) -> list[ThroughputRow]:

@@ -319,7 +319,13 @@ class PostgresStore(Store):
         pool = await self.generic_pool()
         async with self._borrow(pool) as conn:
             held = [d.held_until for d in batch]
-            rows = await conn.fetch(self.q["inbox_accept_fast"], *_columns(batch), held, now)
+            subjects = [d.subject for d in batch]
+            if subjects.count(None) == len(subjects):
+                rows = await conn.fetch(self.q["inbox_accept_fast"], *_columns(batch), held, now)
+            else:
+                rows = await conn.fetch(
+                    self.q["inbox_accept_fast_subjects"], *_columns(batch), held, now, subjects
+                )
             inserted = {(r[1], r[2], r[3]): r[0] for r in rows if r[5]}
             if inserted and (
                 held.count(None) == len(held)
@@ -634,6 +640,10 @@ class PostgresStore(Store):
             existing = {(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in rows}
         outcomes = self._classify(batch, inserted, existing)
         for d, o in zip(batch, outcomes, strict=True):
+            if d.subject is not None and o.status in ("accepted", "ignored"):
+                await conn.exec_driver_sql(
+                    self.q["subject_index"], (d.subject, "inbox", str(o.inbox_id))
+                )
             if o.status == "quarantined":
                 await conn.exec_driver_sql(
                     self.q["quarantine_insert"],

@@ -74,6 +74,12 @@ def _switch_to_wal(cur: Any, timeout: float) -> None:
             time.sleep(0.02)
 
 
+def _checkpoint(db: Any) -> None:
+    """``PRAGMA wal_checkpoint(TRUNCATE)`` outside any transaction (it refuses to run
+    inside one)."""
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+
 class SQLiteStore(Store):
     backend: ClassVar[str] = "sqlite"
     float_type: ClassVar[str] = "REAL"
@@ -275,6 +281,8 @@ class SQLiteStore(Store):
             inbox_id = inserted.pop(d.key, None)  # the key's first row only
             if inbox_id is not None:
                 outcomes.append(AcceptOutcome("ignored" if d.ignored else "accepted", inbox_id))
+                if d.subject is not None:
+                    db.execute(q["subject_index"], (d.subject, "inbox", str(inbox_id)))
                 continue
             inbox_id, *_, stored_fp = db.execute(q["inbox_existing_one"], d.key).fetchone()
             if bytes(stored_fp) == d.fingerprint:
@@ -307,6 +315,26 @@ class SQLiteStore(Store):
         if any(o.status == "accepted" for o in outcomes):
             self.wakeup("inbox").set()
         return outcomes
+
+    # -- erasure --------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _erasing(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        """``secure_delete`` on for the batch: the cells and overflow pages its
+        UPDATEs free are overwritten with zeros, not left in the file's free space.
+        The setting in force before comes back after (it is the connection's)."""
+        before = (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one()
+        await conn.exec_driver_sql("PRAGMA secure_delete = 1")
+        try:
+            yield
+        finally:
+            await conn.exec_driver_sql(f"PRAGMA secure_delete = {int(before)}")
+
+    async def erasure_flush(self) -> None:
+        """Copy the WAL into the database file and truncate it to nothing: the pages
+        written before the erasure no longer sit in the WAL. A reader in another
+        process can hold the checkpoint back; the next one completes it."""
+        await run_on_pooled_sqlite(self.engine, _checkpoint)
 
     # -- history --------------------------------------------------------------------------
 

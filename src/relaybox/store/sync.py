@@ -89,6 +89,11 @@ class SyncStore:
         result = conn.exec_driver_sql(sql, bound)
         return list(result.all()) if result.returns_rows else []
 
+    def subject_index(self, conn: Connection, digest: bytes, kind: str, ref: str) -> None:
+        """:meth:`ErasureStore.subject_index <relaybox.store.erasure.ErasureStore.subject_index>`
+        in a synchronous transaction."""
+        self.rows(conn, "subject_index", (digest, kind, ref))
+
     def first(self, conn: Connection, name: str, params: Sequence[Any] = ()) -> Any:
         found = self.rows(conn, name, params)
         return found[0] if found else None

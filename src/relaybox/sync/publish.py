@@ -23,6 +23,7 @@ from relaybox.outbound.publish import (
     check_request,
     new_message,
     published,
+    subject_of,
     targets,
 )
 from relaybox.store.outbox_rows import Message
@@ -57,6 +58,7 @@ def publish_sync(
     endpoint_ids: Sequence[str] | None = None,
     api_version: str | None = None,
     ordering_key: str | None = None,
+    subject: str | None = None,
 ) -> Message:
     """Publish ``data`` as ``event_type`` to ``tenant``'s subscribed, enabled endpoints
     in the transaction of ``conn_or_session``; nothing is committed here. Raises
@@ -67,6 +69,7 @@ def publish_sync(
     conn = connection_of(conn_or_session)
     store = box.store.sync
     check_request(event_type, tenant, idempotency_key, ordering_key)
+    digest = subject_of(subject)
     if idempotency_key is not None:
         existing = store.message_get_by_key(conn, tenant, idempotency_key)
         if existing is not None:
@@ -103,4 +106,6 @@ def publish_sync(
             ordering_key=ordering_key,
             sequence=sequence,
         )
+    if digest is not None:
+        store.subject_index(conn, digest, "message", new.id)
     return published(new, found)

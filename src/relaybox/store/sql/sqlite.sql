@@ -20,6 +20,12 @@ RETURNING id, source, account, event_id
 SELECT id, source, account, event_id, fingerprint FROM relaybox_inbox
 WHERE source = ? AND account = ? AND event_id = ?
 
+-- name: subject_index
+-- One row indexed under a subject digest (relaybox_subjects), in the caller's
+-- transaction.
+INSERT INTO relaybox_subjects (digest, kind, ref) VALUES (?, ?, ?)
+ON CONFLICT DO NOTHING
+
 -- name: quarantine_insert
 -- The newcomer is stored once per distinct content; the original row is not touched.
 INSERT INTO relaybox_quarantine

@@ -1,0 +1,219 @@
+"""The store's erasure area: one subject's (or one tenant's) rows emptied in batches,
+and the record of each erasure (:mod:`relaybox.erasure` drives it).
+
+:class:`ErasureStore` is a mixin of :class:`~relaybox.store.base.Store`. Its methods
+run the named queries of ``sql/<backend>_erasure.sql``, each in a transaction of its
+own: one batch locks at most ``limit`` rows of each kind, briefly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+__all__ = ["ERASED_KINDS", "Erasure", "ErasureScope", "ErasureStore"]
+
+ErasureScope = Literal["subject", "tenant"]
+"""What an erasure names: a subject (its digest, through ``relaybox_subjects``) or a
+tenant (every message published to it and their deliveries)."""
+
+ERASED_KINDS = ("inbox", "quarantine", "outbox", "attempts", "messages")
+"""The kinds of rows an erasure empties, as its counts name them: inbox events,
+quarantine entries, outbox deliveries, delivery attempts (the receiver's answer),
+messages."""
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """One erasure as recorded: who asked, when, what, and the rows it emptied by
+    kind. ``waiting``: rows of the subject still pending at its last run (emptied
+    once they finish); ``finished_at`` is ``None`` until none waits."""
+
+    id: int
+    actor: str
+    reason: str
+    scope: ErasureScope
+    digest: bytes | None
+    tenant: str | None
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    waiting: int
+    rows: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def key(self) -> bytes | str:
+        """What the erase statements take: the digest, or the tenant."""
+        if self.scope == "subject":
+            assert self.digest is not None
+            return self.digest
+        assert self.tenant is not None
+        return self.tenant
+
+    @classmethod
+    def from_row(cls, row: Any) -> Erasure:
+        return cls(
+            id=int(row[0]),
+            actor=row[1],
+            reason=row[2],
+            scope=row[3],
+            digest=None if row[4] is None else bytes(row[4]),
+            tenant=row[5],
+            created_at=row[6],
+            updated_at=row[7],
+            finished_at=row[8],
+            waiting=int(row[9]),
+            rows={kind: int(row[10 + i]) for i, kind in enumerate(ERASED_KINDS)},
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as the admin API and the CLI show it (the digest in hex, never
+        the subject: relaybox does not keep it)."""
+        return {
+            "id": self.id,
+            "actor": self.actor,
+            "reason": self.reason,
+            "scope": self.scope,
+            "subject_digest": None if self.digest is None else self.digest.hex(),
+            "tenant": self.tenant,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "finished_at": self.finished_at,
+            "status": "finished" if self.finished_at is not None else "waiting",
+            "waiting": self.waiting,
+            "rows": dict(self.rows),
+        }
+
+
+class ErasureStore:
+    """Erasure batches and records."""
+
+    if TYPE_CHECKING:  # what Store provides
+        q: dict[str, str]
+
+        def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+
+        async def rows(
+            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
+        ) -> list[Any]: ...
+
+        async def first(
+            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
+        ) -> Any: ...
+
+        def _ids(self, ids: Sequence[int]) -> Any: ...
+
+    async def subject_index(
+        self, conn: AsyncConnection, digest: bytes, kind: str, ref: str
+    ) -> None:
+        """Index one row (``kind``: ``inbox`` or ``message``) under a subject digest,
+        in ``conn``'s transaction."""
+        await self.rows(conn, "subject_index", (digest, kind, ref))
+
+    async def erasure_begin(
+        self,
+        *,
+        actor: str,
+        reason: str,
+        scope: ErasureScope,
+        digest: bytes | None,
+        tenant: str | None,
+        now: float,
+    ) -> tuple[int, bool]:
+        """The erasure's id, and whether it is one recorded before that still waits
+        for rows (asking again resumes it: no second record)."""
+        async with self.transaction() as conn:
+            row = await self.first(conn, "erasure_find_open", (scope, digest, tenant))
+            if row is not None:
+                return int(row[0]), True
+            row = await self.first(
+                conn, "erasure_insert", (actor, reason, scope, digest, tenant, now)
+            )
+        return int(row[0]), False
+
+    async def erase_batch(self, erasure: Erasure, *, now: float, limit: int) -> dict[str, int]:
+        """Empty up to ``limit`` rows of each kind of the erasure's subject or tenant
+        that are not pending, and add them to its counts, in one transaction; the
+        rows emptied by kind (all zero: nothing left that can be erased now)."""
+        key = erasure.key
+        by_subject = erasure.scope == "subject"
+        async with self.transaction() as conn, self._erasing(conn):
+            inbox: list[Any] = []
+            quarantine: list[Any] = []
+            if by_subject:
+                inbox = await self.rows(conn, "erase_inbox_subject", (key, now, limit))
+                if inbox:
+                    ids = self._ids([int(r[0]) for r in inbox])
+                    quarantine = await self.rows(conn, "erase_quarantine", (ids, now))
+            outbox = await self.rows(
+                conn,
+                "erase_outbox_subject" if by_subject else "erase_outbox_tenant",
+                (key, now, limit),
+            )
+            attempts: list[Any] = []
+            if outbox:
+                ids = self._ids([int(r[0]) for r in outbox])
+                attempts = await self.rows(conn, "erase_attempts", (ids,))
+            messages = await self.rows(
+                conn,
+                "erase_messages_subject" if by_subject else "erase_messages_tenant",
+                (key, now, limit),
+            )
+            counts = {
+                "inbox": len(inbox),
+                "quarantine": len(quarantine),
+                "outbox": len(outbox),
+                "attempts": len(attempts),
+                "messages": len(messages),
+            }
+            if any(counts.values()):
+                await self.rows(
+                    conn,
+                    "erasure_add",
+                    (erasure.id, *(counts[kind] for kind in ERASED_KINDS), now),
+                )
+        return counts
+
+    def _erasing(self, conn: AsyncConnection) -> AbstractAsyncContextManager[None]:
+        """Around one batch's statements: how the backend makes the bytes it frees
+        unreadable (SQLite: ``secure_delete``); nothing by default."""
+        return contextlib.nullcontext()
+
+    async def erasure_flush(self) -> None:
+        """After a run: move what the erasure changed out of the backend's logs where
+        it can (SQLite: a checkpoint that truncates the WAL); nothing by default
+        (PostgreSQL keeps old row versions until VACUUM: docs/operating.md)."""
+
+    async def erasure_settle(self, erasure: Erasure, *, now: float) -> int:
+        """Record how many of the erasure's rows still wait (finished at none); how
+        many."""
+        async with self.transaction() as conn:
+            if erasure.scope == "subject":
+                row = await self.first(conn, "erase_waiting_subject", (erasure.key,))
+            else:
+                row = await self.first(conn, "erase_waiting_tenant", (erasure.key,))
+            waiting = int(row[0])
+            await self.rows(conn, "erasure_settle", (erasure.id, waiting, now))
+        return waiting
+
+    async def erasure_get(self, erasure_id: int) -> Erasure | None:
+        async with self.transaction() as conn:
+            row = await self.first(conn, "erasure_get", (erasure_id,))
+        return None if row is None else Erasure.from_row(row)
+
+    async def erasure_list(self, limit: int = 100) -> list[Erasure]:
+        """The latest erasures, newest first."""
+        async with self.transaction() as conn:
+            rows = await self.rows(conn, "erasure_list", (limit,))
+        return [Erasure.from_row(r) for r in rows]
+
+    async def erasure_open_ids(self, limit: int = 100) -> list[int]:
+        """Erasures still waiting for rows, oldest first."""
+        async with self.transaction() as conn:
+            rows = await self.rows(conn, "erasure_open_ids", (limit,))
+        return [int(r[0]) for r in rows]

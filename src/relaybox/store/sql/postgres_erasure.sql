@@ -1,0 +1,148 @@
+-- Erasing one subject (relaybox.erasure, ErasureStore). Each erase_* statement empties
+-- one batch of a subject's rows (by digest through relaybox_subjects) or a tenant's
+-- (by the tenant column of relaybox_messages) and returns their ids: payload and
+-- headers become NULL (JSON null where the column is NOT NULL), erased_at and
+-- purged_at are set; keys, fingerprints, statuses, attempts and errors stay.
+-- Pending rows are left to a later run (they are still needed); rows another
+-- transaction holds right now (SKIP LOCKED) too. A batch is a MATERIALIZED CTE, run
+-- once (see ops_purge_inbox).
+
+-- name: erase_inbox_subject
+WITH batch AS MATERIALIZED (
+    SELECT i.id FROM relaybox_subjects s
+    JOIN relaybox_inbox i ON i.id = s.ref::bigint
+    WHERE s.digest = $1 AND s.kind = 'inbox' AND i.erased_at IS NULL
+      AND i.status <> 'pending'
+    LIMIT $3
+    FOR NO KEY UPDATE OF i SKIP LOCKED)
+UPDATE relaybox_inbox t
+SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+FROM batch
+WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
+RETURNING t.id
+
+-- name: erase_quarantine
+-- The quarantine entries of the inbox rows just erased ($1: their ids): a conflicting
+-- content stored under the same event key.
+UPDATE relaybox_quarantine
+SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(purged_at, $2)
+WHERE inbox_id = ANY($1::bigint[]) AND erased_at IS NULL
+RETURNING id
+
+-- name: erase_outbox_subject
+-- The deliveries of the subject's messages that are not pending (sent, dead, held).
+WITH batch AS MATERIALIZED (
+    SELECT o.id FROM relaybox_subjects s
+    JOIN relaybox_outbox o ON o.message_id = s.ref
+    WHERE s.digest = $1 AND s.kind = 'message' AND o.erased_at IS NULL
+      AND o.status <> 'pending'
+    LIMIT $3
+    FOR NO KEY UPDATE OF o SKIP LOCKED)
+UPDATE relaybox_outbox t
+SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+FROM batch
+WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
+RETURNING t.id
+
+-- name: erase_outbox_tenant
+WITH batch AS MATERIALIZED (
+    SELECT o.id FROM relaybox_messages m
+    JOIN relaybox_outbox o ON o.message_id = m.id
+    WHERE m.tenant = $1 AND o.erased_at IS NULL AND o.status <> 'pending'
+    LIMIT $3
+    FOR NO KEY UPDATE OF o SKIP LOCKED)
+UPDATE relaybox_outbox t
+SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+FROM batch
+WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
+RETURNING t.id
+
+-- name: erase_attempts
+-- What the receivers answered to the deliveries just erased ($1: their ids): response
+-- excerpt and headers. Outcome, status code, error and timing stay.
+UPDATE relaybox_outbox_attempts SET response = NULL, headers = NULL
+WHERE outbox_id = ANY($1::bigint[]) AND (response IS NOT NULL OR headers IS NOT NULL)
+RETURNING id
+
+-- name: erase_messages_subject
+-- A message's body goes once none of its deliveries keeps its payload: the body is
+-- what a retry signs.
+WITH batch AS MATERIALIZED (
+    SELECT m.id FROM relaybox_subjects s
+    JOIN relaybox_messages m ON m.id = s.ref
+    WHERE s.digest = $1 AND s.kind = 'message' AND m.erased_at IS NULL
+      AND (SELECT 1 FROM relaybox_outbox o
+           WHERE o.message_id = m.id AND o.erased_at IS NULL LIMIT 1) IS NULL
+    LIMIT $3
+    FOR UPDATE OF m SKIP LOCKED)
+UPDATE relaybox_messages t
+SET body = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+FROM batch
+WHERE t.id = batch.id AND t.erased_at IS NULL
+RETURNING t.id
+
+-- name: erase_messages_tenant
+WITH batch AS MATERIALIZED (
+    SELECT m.id FROM relaybox_messages m
+    WHERE m.tenant = $1 AND m.erased_at IS NULL
+      AND (SELECT 1 FROM relaybox_outbox o
+           WHERE o.message_id = m.id AND o.erased_at IS NULL LIMIT 1) IS NULL
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+UPDATE relaybox_messages t
+SET body = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+FROM batch
+WHERE t.id = batch.id AND t.erased_at IS NULL
+RETURNING t.id
+
+-- name: erase_waiting_subject
+-- The subject's rows not erased yet: pending ones, and any a batch skipped.
+SELECT (SELECT count(*) FROM relaybox_subjects s
+        JOIN relaybox_inbox i ON i.id = s.ref::bigint
+        WHERE s.digest = $1 AND s.kind = 'inbox' AND i.erased_at IS NULL)
+     + (SELECT count(*) FROM relaybox_subjects s
+        JOIN relaybox_messages m ON m.id = s.ref
+        WHERE s.digest = $1 AND s.kind = 'message' AND m.erased_at IS NULL)
+
+-- name: erase_waiting_tenant
+SELECT count(*) FROM relaybox_messages WHERE tenant = $1 AND erased_at IS NULL
+
+-- name: erasure_find_open
+-- The erasure of the same subject (or tenant) that is still waiting for rows: asking
+-- again resumes it rather than recording another.
+SELECT id FROM relaybox_erasures
+WHERE finished_at IS NULL AND scope = $1
+  AND digest IS NOT DISTINCT FROM $2 AND tenant IS NOT DISTINCT FROM $3
+ORDER BY id LIMIT 1
+
+-- name: erasure_insert
+INSERT INTO relaybox_erasures (actor, reason, scope, digest, tenant, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $6)
+RETURNING id
+
+-- name: erasure_add
+-- Rows one batch erased, added to the erasure's counts in the batch's transaction.
+UPDATE relaybox_erasures
+SET inbox = inbox + $2, quarantine = quarantine + $3, outbox = outbox + $4,
+    attempts = attempts + $5, messages = messages + $6, updated_at = $7
+WHERE id = $1
+
+-- name: erasure_settle
+-- After a run: how many of its rows still wait; finished once none does.
+UPDATE relaybox_erasures
+SET waiting = $2::bigint, updated_at = $3,
+    finished_at = CASE WHEN $2::bigint = 0 THEN coalesce(finished_at, $3) END
+WHERE id = $1
+
+-- name: erasure_get
+SELECT id, actor, reason, scope, digest, tenant, created_at, updated_at, finished_at,
+       waiting, inbox, quarantine, outbox, attempts, messages
+FROM relaybox_erasures WHERE id = $1
+
+-- name: erasure_list
+SELECT id, actor, reason, scope, digest, tenant, created_at, updated_at, finished_at,
+       waiting, inbox, quarantine, outbox, attempts, messages
+FROM relaybox_erasures ORDER BY id DESC LIMIT $1
+
+-- name: erasure_open_ids
+SELECT id FROM relaybox_erasures WHERE finished_at IS NULL ORDER BY id LIMIT $1

@@ -1,0 +1,313 @@
+"""Erasing one subject (relaybox.erasure), on SQLite and PostgreSQL: every payload,
+header, attempt body and response excerpt of the subject goes, found through the
+index the accept and the publish wrote; keys, fingerprints, statuses and outcomes
+stay (a resend is still a duplicate, a changed payload still quarantined, business
+keys still hold); each erasure is recorded and idempotent; pending rows wait and are
+emptied once they finish; and the database files no longer hold the subject's bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from relaybox import Context, Relaybox
+from relaybox.erasure import erase, resume_waiting, run_erasure, start_erasure
+from relaybox.errors import Conflict, InvalidRequest
+from relaybox.ops import inbound as ops
+from relaybox.retention import Maintenance
+from relaybox.sources.base import subject_digest
+from relaybox.testing import Harness, test_source
+from tests.support.outbound_app import dispatch_once, endpoint, local, publish_one
+from tests.support.receivers import HttpReceiver, Reply
+
+ALICE = "cus_alice"
+BOB = "cus_bob"
+# What the database must no longer hold once Alice is erased: in her payloads, in the
+# headers her deliveries came with, in what a receiver answered about her.
+ALICE_EMAIL = "alice.erasure-marker@example.com"
+BOB_EMAIL = "bob.kept-marker@example.com"
+
+
+def invoice(event_id: str, customer: str, email: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": event_id,
+        "type": "invoice.paid",
+        "data": {"object": {"id": f"in_{event_id}", "customer": customer, "email": email}},
+        **extra,
+    }
+
+
+def configure(box: Relaybox) -> Harness:
+    box.source("stripe", test_source("stripe", subject="data.object.customer"))
+
+    @box.handler("stripe", "invoice.paid")
+    async def paid(ctx: Context) -> None:
+        await ctx.once(f"grant:{ctx.payload['data']['object']['id']}")
+
+    return Harness.of(box)
+
+
+async def inbox(box: Relaybox) -> dict[str, dict[str, Any]]:
+    rows = await box.store.fetch_all(
+        "SELECT event_id, status, payload, headers, fingerprint, purged_at, erased_at"
+        " FROM relaybox_inbox"
+    )
+    return {r["event_id"]: r for r in rows}
+
+
+async def test_erase_a_subject_keeps_keys_and_outcomes(box: Relaybox) -> None:
+    kit = configure(box)
+    for i in range(3):
+        await kit.send("stripe", payload=invoice(f"evt_a{i}", ALICE, ALICE_EMAIL))
+    for i in range(2):
+        await kit.send("stripe", payload=invoice(f"evt_b{i}", BOB, BOB_EMAIL))
+    assert await kit.run_worker() == 5
+    # A changed payload under one of Alice's event ids: kept apart, in quarantine.
+    changed = invoice("evt_a0", ALICE, ALICE_EMAIL, note="changed")
+    assert (await kit.deliver(kit.signed("stripe", payload=changed))).outcome == "quarantined"
+
+    done = await erase(box, subject=ALICE, actor="dpo@example.com", reason="GDPR art. 17")
+
+    assert done.rows == {"inbox": 3, "quarantine": 1, "outbox": 0, "attempts": 0, "messages": 0}
+    assert done.finished_at is not None and done.waiting == 0
+    assert (done.actor, done.reason, done.scope) == ("dpo@example.com", "GDPR art. 17", "subject")
+    assert done.digest == subject_digest(ALICE) and done.tenant is None
+    rows = await inbox(box)
+    for i in range(3):
+        row = rows[f"evt_a{i}"]
+        assert row["payload"] is None and row["headers"] is None
+        assert row["status"] == "done" and row["erased_at"] is not None
+        assert row["purged_at"] == row["erased_at"] and bytes(row["fingerprint"])
+    for i in range(2):
+        assert ALICE_EMAIL.encode() not in bytes(rows[f"evt_b{i}"]["payload"])
+        assert BOB_EMAIL.encode() in bytes(rows[f"evt_b{i}"]["payload"])
+        assert rows[f"evt_b{i}"]["erased_at"] is None
+    [entry] = await box.store.fetch_all(
+        "SELECT payload, headers, erased_at FROM relaybox_quarantine"
+    )
+    assert entry["payload"] is None and entry["headers"] is None and entry["erased_at"]
+    keys = await box.store.fetch_all("SELECT business_key FROM relaybox_operations")
+    assert len(keys) == 5  # business keys hold
+
+    # Duplicates still deduplicate, a changed payload is still quarantined.
+    again = await kit.deliver(kit.signed("stripe", payload=invoice("evt_a1", ALICE, ALICE_EMAIL)))
+    assert again.status == 200 and again.outcome == "duplicate"
+    other = invoice("evt_a1", ALICE, ALICE_EMAIL, note="other")
+    assert (await kit.deliver(kit.signed("stripe", payload=other))).outcome == "quarantined"
+    assert (await inbox(box))["evt_a1"]["payload"] is None
+    # Nothing to replay: refused, saying why.
+    event_id = (await box.store.fetch_all(
+        "SELECT id FROM relaybox_inbox WHERE event_id = 'evt_a2'"
+    ))[0]["id"]  # fmt: skip
+    with pytest.raises(Conflict, match="erased") as refused:
+        await ops.replay_event(box, event_id, actor="op", reason="again")
+    assert refused.value.code == "payload_purged"
+    detail = await ops.event_get(box, event_id)
+    assert detail.payload is None and detail.erased_at is not None and detail.purged
+
+    # Idempotent: asking again records it and finds nothing left.
+    second = await erase(box, subject=ALICE, actor="dpo@example.com")
+    assert second.id != done.id and not any(second.rows.values()) and second.finished_at
+    assert len(await box.store.erasure_list()) == 2
+
+
+async def test_arguments_are_checked(box: Relaybox) -> None:
+    for bad in (
+        {"actor": "a"},
+        {"subject": "x", "tenant": "t", "actor": "a"},
+        {"subject": "", "actor": "a"},
+        {"subject": "x" * 2000, "actor": "a"},
+        {"subject": "nul\x00", "actor": "a"},
+        {"subject": "x", "actor": ""},
+    ):
+        with pytest.raises(InvalidRequest):
+            await start_erasure(box, **bad)
+    assert await box.store.erasure_list() == []
+
+
+async def test_pending_rows_wait_until_they_finish(box: Relaybox) -> None:
+    kit = configure(box)
+    await kit.send("stripe", payload=invoice("evt_done", ALICE, ALICE_EMAIL))
+    assert await kit.run_worker() == 1
+    await kit.send("stripe", payload=invoice("evt_pending", ALICE, ALICE_EMAIL))
+
+    first = await erase(box, subject=ALICE, actor="dpo")
+
+    assert first.rows["inbox"] == 1 and first.waiting == 1 and first.finished_at is None
+    rows = await inbox(box)
+    assert rows["evt_pending"]["payload"] is not None  # its handler still needs it
+    assert rows["evt_done"]["payload"] is None
+    # Asking again resumes the same erasure: no second record while it waits.
+    again, resumed = await start_erasure(box, subject=ALICE, actor="someone else")
+    assert resumed and again.id == first.id and again.actor == "dpo"
+
+    assert await kit.run_worker() == 1  # the handler runs on the whole payload
+    await Maintenance(box).run_once()
+
+    finished = await box.store.erasure_get(first.id)
+    assert finished is not None and finished.finished_at is not None
+    assert finished.waiting == 0 and finished.rows["inbox"] == 2
+    assert (await inbox(box))["evt_pending"]["payload"] is None
+    assert await resume_waiting(box) == []
+
+
+async def test_outbound_subject_and_tenant(box: Relaybox) -> None:
+    local(box)
+    answers = Reply(200, b'{"seen": "' + ALICE_EMAIL.encode() + b'"}')
+    async with HttpReceiver(answers) as receiver:
+        await endpoint(box, receiver.url, tenant="t1")
+        await endpoint(box, receiver.url, tenant="t2")
+        a = await publish_one(box, "invoice.paid", {"email": ALICE_EMAIL}, subject=ALICE)
+        b = await publish_one(box, "invoice.paid", {"email": BOB_EMAIL}, subject=BOB)
+        t2 = await publish_one(box, "invoice.paid", {"email": ALICE_EMAIL}, tenant="t2")
+        pending = await erase(box, subject=ALICE, actor="dpo")
+        # Its delivery is not sent yet: message and delivery wait.
+        assert pending.waiting == 1 and not any(pending.rows.values())
+        while await dispatch_once(box):
+            pass
+        assert len(receiver.requests) == 3
+        [done] = await resume_waiting(box)
+
+    assert done.rows == {"inbox": 0, "quarantine": 0, "outbox": 1, "attempts": 1, "messages": 1}
+    assert done.finished_at is not None
+    messages = {
+        r["id"]: r
+        for r in await box.store.fetch_all("SELECT id, body, erased_at FROM relaybox_messages")
+    }
+    assert json.loads(messages[a.id]["body"]) is None and messages[a.id]["erased_at"]
+    assert BOB_EMAIL in messages[b.id]["body"] and ALICE_EMAIL in messages[t2.id]["body"]
+    attempts = await box.store.fetch_all(
+        "SELECT o.message_id, a.response, a.headers, a.status_code, o.status"
+        " FROM relaybox_outbox_attempts a JOIN relaybox_outbox o ON o.id = a.outbox_id"
+    )
+    by_message = {r["message_id"]: r for r in attempts}
+    assert by_message[a.id]["response"] is None and by_message[a.id]["headers"] is None
+    assert (by_message[a.id]["status_code"], by_message[a.id]["status"]) == (200, "sent")
+    assert by_message[b.id]["response"] is not None
+
+    # A tenant: every message published to it, with its deliveries and their answers.
+    tenant = await erase(box, tenant="t2", actor="dpo", reason="account closed")
+    assert tenant.rows == {"inbox": 0, "quarantine": 0, "outbox": 1, "attempts": 1, "messages": 1}
+    assert tenant.scope == "tenant" and tenant.digest is None and tenant.tenant == "t2"
+    [row] = await box.store.fetch_all(
+        "SELECT body FROM relaybox_messages WHERE id = :id".replace(":id", f"'{t2.id}'")
+    )
+    assert json.loads(row["body"]) is None
+    # The idempotency key still finds its message after erasure.
+    keyed = await publish_one(box, "invoice.paid", {"n": 1}, subject=ALICE, idempotency_key="k1")
+    await erase(box, subject=ALICE, actor="dpo")
+    same = await publish_one(box, "invoice.paid", {"n": 2}, subject=ALICE, idempotency_key="k1")
+    assert same.id == keyed.id
+
+
+async def test_erasure_races_a_worker(box: Relaybox) -> None:
+    """The handler holds its transaction (and on PostgreSQL the row's lock) while an
+    erasure of its subject runs: the handler still sees the whole payload, the row is
+    emptied only once it finished, and nothing is left behind."""
+    box.source("stripe", test_source("stripe", subject="data.object.customer"))
+    entered, release = asyncio.Event(), asyncio.Event()
+    seen: list[str] = []
+
+    @box.handler("stripe", "invoice.paid")
+    async def paid(ctx: Context) -> None:
+        entered.set()
+        await release.wait()
+        seen.append(ctx.payload["data"]["object"]["email"])
+        await ctx.once(f"grant:{ctx.event.event_id}")
+
+    kit = Harness.of(box)
+    await kit.send("stripe", payload=invoice("evt_busy", ALICE, ALICE_EMAIL))
+    await kit.send("stripe", payload=invoice("evt_other", ALICE, ALICE_EMAIL))
+    worker = asyncio.create_task(kit.run_worker())
+    await asyncio.wait_for(entered.wait(), 10)
+    erasing = asyncio.create_task(erase(box, subject=ALICE, actor="dpo"))
+    await asyncio.sleep(0.3)  # the erasure runs (PostgreSQL) or waits for the writer
+    release.set()
+    await asyncio.wait_for(worker, 30)
+    first = await asyncio.wait_for(erasing, 30)
+    assert seen == [ALICE_EMAIL, ALICE_EMAIL]
+    final = await run_erasure(box, first.id)
+    assert final.finished_at is not None and final.rows["inbox"] == 2
+    rows = await inbox(box)
+    assert all(r["payload"] is None and r["status"] == "done" for r in rows.values())
+    assert len(await box.store.fetch_all("SELECT * FROM relaybox_operations")) == 2
+
+
+# -- the database's bytes -----------------------------------------------------------------
+
+
+async def _files_hold(box: Relaybox, marker: bytes) -> list[str]:
+    """The database files (SQLite: the file and its WAL; PostgreSQL: every relation
+    file of relaybox's tables, their TOAST tables and indexes, read by the server after
+    a CHECKPOINT) that hold ``marker``."""
+    store = box.store
+    if store.backend == "sqlite":
+        await store.erasure_flush()
+        path = Path(make_url(store.url).database or "")
+        found = []
+        for file in (path, Path(f"{path}-wal")):
+            if file.exists() and marker in file.read_bytes():
+                found.append(file.name)
+        return found
+    async with store.engine.connect() as conn:
+        conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await conn.exec_driver_sql("CHECKPOINT")
+        rows = await conn.exec_driver_sql(
+            "SELECT c.relname, pg_relation_filepath(c.oid) FROM pg_class c"
+            " WHERE c.relkind IN ('r', 't', 'i') AND pg_relation_filepath(c.oid) IS NOT NULL"
+            "   AND (c.relname LIKE 'relaybox%' OR c.oid IN (SELECT reltoastrelid FROM pg_class"
+            "        WHERE relname LIKE 'relaybox%'))"
+        )
+        found = []
+        for name, filepath in rows.all():
+            data = (
+                await conn.exec_driver_sql("SELECT pg_read_binary_file($1)", (filepath,))
+            ).scalar_one()
+            if data and marker in bytes(data):
+                found.append(name)
+        return found
+
+
+async def test_no_byte_of_the_subject_is_left(box: Relaybox) -> None:
+    """Scans the database files: before the erasure they hold Alice's e-mail (the scan
+    can fail), after it (and, on PostgreSQL, a VACUUM FULL that drops the old row
+    versions, as docs/operating.md says) they do not; Bob's is still there."""
+    kit = configure(box)
+    local(box)
+    big = "x" * 9000  # over PostgreSQL's TOAST threshold and SQLite's overflow size
+    answers = Reply(200, b'{"seen": "' + ALICE_EMAIL.encode() + b'"}')
+    async with HttpReceiver(answers) as receiver:
+        await endpoint(box, receiver.url, tenant="t1")
+        for i in range(3):
+            await kit.send("stripe", payload=invoice(f"evt_a{i}", ALICE, ALICE_EMAIL, pad=big))
+            await kit.send("stripe", payload=invoice(f"evt_b{i}", BOB, BOB_EMAIL))
+        await publish_one(box, "invoice.paid", {"email": ALICE_EMAIL, "pad": big}, subject=ALICE)
+        await kit.run_worker()
+        while await dispatch_once(box):
+            pass
+    marker = ALICE_EMAIL.encode()
+    assert await _files_hold(box, marker)
+
+    done = await erase(box, subject=ALICE, actor="dpo")
+    assert done.finished_at is not None
+    assert done.rows["inbox"] == 3 and done.rows["messages"] == 1
+    left = await _files_hold(box, marker)
+    if box.store.backend == "postgres":
+        # The old row versions go with a VACUUM FULL, once no snapshot older than the
+        # erasure is open (an autovacuum ANALYZE of another table holds one briefly).
+        for _ in range(20):
+            async with box.store.engine.connect() as conn:
+                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                for table in ("inbox", "quarantine", "outbox", "outbox_attempts", "messages"):
+                    await conn.exec_driver_sql(f"VACUUM FULL relaybox_{table}")
+            left = await _files_hold(box, marker)
+            if not left:
+                break
+            await asyncio.sleep(0.5)
+    assert left == []
+    assert await _files_hold(box, BOB_EMAIL.encode())
