@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
     from starlette.applications import Starlette
 
+    from relaybox.erasure import Erasure
     from relaybox.outbound.catalog import EventType
     from relaybox.outbound.dispatcher import Dispatcher
     from relaybox.outbound.portal_links import PortalLink
@@ -331,6 +332,25 @@ class Relaybox:
             subject=subject,
         )
 
+    async def erase(
+        self,
+        *,
+        subject: str | None = None,
+        tenant: str | None = None,
+        actor: str,
+        reason: str = "",
+    ) -> Erasure:
+        """Erase every payload, header, attempt body and response excerpt relaybox
+        holds of ``subject`` (as a source's ``subject`` path or ``publish(...,
+        subject=...)`` named it) or of ``tenant``, in batches of ``erasure.batch`` rows
+        per transaction, and record who asked (``actor``) and why. Keys, fingerprints,
+        statuses and outcomes stay. Rows still pending wait: the erasure returned has
+        ``finished_at`` ``None`` and ``waiting`` > 0 until the maintenance job empties
+        them once they finish. See :mod:`relaybox.erasure`."""
+        from relaybox.erasure import erase
+
+        return await erase(self, subject=subject, tenant=tenant, actor=actor, reason=reason)
+
     def portal_link(
         self,
         tenant: str,
@@ -368,12 +388,13 @@ class Relaybox:
         endpoint_ids: Sequence[str] | None = None,
         api_version: str | None = None,
         ordering_key: str | None = None,
+        subject: str | None = None,
     ) -> Message:
         """:meth:`publish` for synchronous code: ``conn`` is a ``sqlalchemy.Connection``
         or an ORM ``Session`` (its connection, in its transaction); the message and its
         outbox rows commit with the caller's change or not at all. Returns the
         :class:`~relaybox.outbound.Message` (the existing one for an idempotency key
-        the tenant used already). ``ordering_key`` as in :meth:`publish`."""
+        the tenant used already). ``ordering_key`` and ``subject`` as in :meth:`publish`."""
         from relaybox.sync.publish import publish_sync
 
         return publish_sync(
@@ -386,6 +407,7 @@ class Relaybox:
             endpoint_ids=endpoint_ids,
             api_version=api_version,
             ordering_key=ordering_key,
+            subject=subject,
         )
 
     def _default_sync_transaction(self) -> contextlib.AbstractContextManager[Any]:

@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from relaybox import Context, Relaybox
+from relaybox.config import Settings
 from relaybox.erasure import erase, resume_waiting, run_erasure, start_erasure
 from relaybox.errors import Conflict, InvalidRequest
 from relaybox.ops import inbound as ops
@@ -311,3 +312,111 @@ async def test_no_byte_of_the_subject_is_left(box: Relaybox) -> None:
             await asyncio.sleep(0.5)
     assert left == []
     assert await _files_hold(box, BOB_EMAIL.encode())
+
+
+# -- the admin API, the command line, the facade ------------------------------------------
+
+TOKEN = "test-admin-token-0123456789"
+
+
+async def test_admin_api_answers_202_and_erases_off_the_request(
+    database_url: str, clock: Any
+) -> None:
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from relaybox.admin import build_admin
+
+    box = Relaybox(settings=Settings(database_url=database_url, admin_token=TOKEN), clock=clock)
+    kit = configure(box)
+    for i in range(5):
+        await kit.send("stripe", payload=invoice(f"evt_a{i}", ALICE, ALICE_EMAIL))
+    await kit.run_worker()
+    app = Starlette(routes=[Mount("/admin", app=build_admin(box))])
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://admin.test", headers=headers
+        ) as client:
+            url = "/admin/api/v1/erasures"
+            for bad in (
+                {"reason": "r"},
+                {"subject": ALICE, "tenant": "t", "reason": "r"},
+                {"subject": ALICE},
+                {"subject": "", "reason": "r"},
+                {"subject": "x" * 2000, "reason": "r"},
+                {"subject": "a\u0000", "reason": "r"},
+                {"subject": ALICE, "reason": "r", "extra": 1},
+            ):
+                answer = await client.post(url, json=bad)
+                assert answer.status_code == 400, (bad, answer.text)
+            assert (await client.get(f"{url}/999")).status_code == 404
+            answer = await client.post(
+                url, json={"subject": ALICE, "reason": "ticket 42", "actor": "dpo"}
+            )
+            assert answer.status_code == 202, answer.text
+            record = answer.json()
+            assert record["actor"] == "dpo" and record["scope"] == "subject"
+            assert record["subject_digest"] == subject_digest(ALICE).hex()
+            assert ALICE not in answer.text
+            for _ in range(200):
+                record = (await client.get(f"{url}/{record['id']}")).json()
+                if record["status"] == "finished":
+                    break
+                await asyncio.sleep(0.02)
+            assert record["status"] == "finished" and record["rows"]["inbox"] == 5
+            listed = (await client.get(url)).json()["items"]
+            assert [r["id"] for r in listed] == [record["id"]]
+            [event] = (await client.get("/admin/api/v1/inbox?limit=1")).json()["items"]
+            detail = (await client.get(f"/admin/api/v1/inbox/{event['id']}")).json()
+            assert detail["payload"] is None and detail["erased_at"] is not None
+            replay = await client.post(
+                f"/admin/api/v1/inbox/{event['id']}/replay", json={"reason": "again"}
+            )
+            assert replay.status_code == 409 and "erased" in replay.json()["message"]
+    finally:
+        await box.close()
+
+
+async def test_cli_erase_and_erasures(database_url: str, clock: Any) -> None:
+    from tests.integration.test_ops_cli import cli_runner
+
+    box = Relaybox(settings=Settings(database_url=database_url), clock=clock)
+    kit = configure(box)
+    await kit.send("stripe", payload=invoice("evt_a0", ALICE, ALICE_EMAIL))
+    await kit.run_worker()
+    await kit.send("stripe", payload=invoice("evt_a1", ALICE, ALICE_EMAIL))  # pending
+    await box.close()
+    for cli in cli_runner():
+        await cli("erase", "--database-url", database_url, "--reason", "r", code=2)
+        out = await cli(
+            "erase", "--subject", ALICE, "--reason", "ticket 7", "--actor", "dpo",
+            "--database-url", database_url, "--json",
+        )  # fmt: skip
+        done = json.loads(out.stdout)
+        assert done["status"] == "waiting" and done["waiting"] == 1
+        assert done["rows"]["inbox"] == 1
+        human = await cli("erase", "--subject", ALICE, "--reason", "again",
+                          "--database-url", database_url)  # fmt: skip
+        assert "1 row(s) still pending" in human.stdout
+        shown = await cli("erasures", str(done["id"]), "--database-url", database_url, "--json")
+        assert json.loads(shown.stdout)["actor"] == "dpo"
+        listed = await cli("erasures", "--database-url", database_url, "--json")
+        assert len(json.loads(listed.stdout)["items"]) == 1  # resumed, not recorded twice
+        await cli("erasures", "99", "--database-url", database_url, code=1)
+
+
+async def test_facade_and_sync_publish(box: Relaybox) -> None:
+    local(box)
+    async with HttpReceiver(Reply(200)) as receiver:
+        await endpoint(box, receiver.url, tenant="t1")
+        with box.store.sync.transaction() as conn:
+            message = box.publish_sync(conn, "invoice.paid", {"e": ALICE_EMAIL}, tenant="t1",
+                                       subject=ALICE)  # fmt: skip
+        while await dispatch_once(box):
+            pass
+    done = await box.erase(subject=ALICE, actor="dpo", reason="ticket 9")
+    assert done.rows["messages"] == 1 and done.rows["outbox"] == 1 and done.finished_at
+    [row] = await box.store.fetch_all("SELECT body FROM relaybox_messages")
+    assert json.loads(row["body"]) is None and message.id

@@ -115,6 +115,17 @@ def _register_builtins() -> None:
             tag_description="Deliveries that reused an accepted event id with other content.",
         )
     )
+    register_section(
+        Section(
+            "erasures",
+            "Erasures",
+            35,
+            operations=api.ERASURE_OPERATIONS,
+            requires_tables=("relaybox_erasures",),
+            tag_description="Erasing one subject (data-protection requests): every payload, "
+            "header and response excerpt of it goes; keys and outcomes stay.",
+        )
+    )
     from relaybox.admin import operational, outbound
 
     outbound.register()

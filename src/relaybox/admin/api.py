@@ -37,6 +37,7 @@ from relaybox.bodies import (
     text_problem,
 )
 from relaybox.errors import OpsError
+from relaybox.ops import erasure as erasures
 from relaybox.ops import inbound as ops
 from relaybox.ops import inbound_models as m
 from relaybox.outage import UnavailableAnswer
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEAD_OPERATIONS",
+    "ERASURE_OPERATIONS",
     "INBOX_OPERATIONS",
     "QUARANTINE_OPERATIONS",
     "STATS_OPERATIONS",
@@ -258,6 +260,55 @@ STATS_OPERATIONS = (
         "Queue numbers (the same as /metrics and the overview)",
         _stats,
         m.StatsResponse,
+    ),
+)
+
+
+async def _erasure_request(c: Call) -> BaseModel:
+    return await erasures.erasure_request(c.box, c.body, actor=c.actor)
+
+
+async def _erasure_get(c: Call) -> BaseModel:
+    return await erasures.erasure_get(c.box, c.path["id"])
+
+
+async def _erasure_list(c: Call) -> BaseModel:
+    return await erasures.erasure_list(c.box)
+
+
+ERASURE_OPERATIONS = (
+    Operation(
+        "POST",
+        "/erasures",
+        "eraseSubject",
+        "Erase every payload relaybox holds of a subject or a tenant",
+        _erasure_request,
+        erasures.ErasureRecord,
+        body=erasures.ErasureRequest,
+        status=202,
+        errors=(400,),
+        description="Records the erasure and answers 202 at once; its rows are emptied "
+        "in batches by this process (poll GET /erasures/{id}). Keys, fingerprints, "
+        "statuses and outcomes stay. Rows still pending wait (status waiting) and are "
+        "emptied by the maintenance job once they finish. Asking again for a subject "
+        "whose erasure still waits answers that erasure.",
+    ),
+    Operation(
+        "GET",
+        "/erasures",
+        "listErasures",
+        "The latest 100 erasures, newest first",
+        _erasure_list,
+        erasures.ErasureList,
+    ),
+    Operation(
+        "GET",
+        "/erasures/{id}",
+        "getErasure",
+        "One erasure: who asked, when, what, and the rows it emptied by kind",
+        _erasure_get,
+        erasures.ErasureRecord,
+        errors=(404,),
     ),
 )
 

@@ -1,5 +1,6 @@
-"""``relaybox stats | purge | maintenance``: the queues' numbers now, retention's
-purge of old payloads (once or on a schedule)."""
+"""``relaybox stats | purge | maintenance | erase | erasures``: the queues' numbers
+now, retention's purge of old payloads (once or on a schedule), erasing one subject
+(data-protection requests) and the record of erasures."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import click
 
 from relaybox.cli import app_options
+from relaybox.cli.grammar import actor_option, default_actor, reason_option
 from relaybox.cli.ops import _console, _emit, _iso, _json_option, _run, load_box
 from relaybox.timespec import parse_duration
 
@@ -188,4 +190,116 @@ def _both_stop(runner: Any, watch: Any) -> Any:
     return stop
 
 
-COMMANDS = [stats, purge, maintenance]
+# -- erase ----------------------------------------------------------------------
+
+
+@click.command()
+@app_options
+@click.option(
+    "--subject", help="the subject's id, as a source's subject path or a publish named it"
+)
+@click.option("--tenant", help="a tenant: every message published to it")
+@reason_option("with the erasure (the request's reference)")
+@actor_option
+@click.option("--batch", type=int, help="rows per transaction (default: erasure.batch)")
+@_json_option
+def erase(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    subject: str | None,
+    tenant: str | None,
+    reason: str,
+    actor: str | None,
+    batch: int | None,
+    as_json: bool,
+) -> None:
+    """Erase every payload, header and response excerpt relaybox holds of a subject
+    (or a tenant), here and now, in batches; keys, fingerprints, statuses and outcomes
+    stay. Rows still pending are left for the maintenance job, which empties them once
+    they finish (the erasure's status is then ``waiting``, see ``relaybox erasures``)."""
+    from relaybox import erasure as erasing
+
+    if (subject is None) == (tenant is None):
+        raise click.UsageError("give --subject or --tenant (one of them)")
+    if batch is not None and batch < 1:
+        raise click.UsageError("--batch must be positive")
+    who = default_actor(actor)
+    box = load_box(app, config, database_url)
+
+    async def go() -> erasing.Erasure:
+        return await erasing.erase(
+            box, subject=subject, tenant=tenant, actor=who, reason=reason, batch=batch
+        )
+
+    done = _run(box, go, as_json=as_json)
+
+    def human() -> None:
+        rows = done.rows
+        click.echo(
+            f"erasure {done.id}: emptied {rows['inbox']} event(s), {rows['quarantine']} "
+            f"quarantine entry(ies), {rows['outbox']} delivery(ies), {rows['attempts']} "
+            f"attempt response(s), {rows['messages']} message(s)"
+        )
+        if done.finished_at is None:
+            click.echo(
+                f"{done.waiting} row(s) still pending: emptied by the maintenance job once "
+                f"they finish (relaybox erasures {done.id})"
+            )
+
+    _emit(done.as_dict(), as_json, human)
+
+
+@click.command()
+@app_options
+@click.argument("erasure_id", type=int, required=False)
+@_json_option
+def erasures(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    erasure_id: int | None,
+    as_json: bool,
+) -> None:
+    """The latest erasures (or one): who asked, when, what, rows emptied by kind."""
+    from relaybox.errors import NotFound
+    from relaybox.store.erasure import Erasure
+
+    box = load_box(app, config, database_url)
+
+    async def go() -> list[Erasure]:
+        if erasure_id is None:
+            return await box.store.erasure_list()
+        one = await box.store.erasure_get(erasure_id)
+        if one is None:
+            raise NotFound(f"no erasure {erasure_id}")
+        return [one]
+
+    found = _run(box, go, as_json=as_json)
+
+    def human() -> None:
+        from rich.table import Table
+
+        t = Table("id", "status", "scope", "actor", "created", "rows", "waiting", "reason")
+        for e in found:
+            d = e.as_dict()
+            t.add_row(
+                str(e.id),
+                d["status"],
+                e.tenant if e.scope == "tenant" else f"subject {d['subject_digest'][:12]}…",
+                e.actor,
+                _iso(e.created_at),
+                ", ".join(f"{k} {v}" for k, v in e.rows.items() if v) or "none",
+                str(e.waiting),
+                e.reason,
+            )
+        _console().print(t)
+
+    _emit(
+        {"items": [e.as_dict() for e in found]} if erasure_id is None else found[0].as_dict(),
+        as_json,
+        human,
+    )
+
+
+COMMANDS = [stats, purge, maintenance, erase, erasures]
