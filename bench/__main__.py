@@ -1,4 +1,5 @@
-"""python -m bench accept|process|dispatch|growth|size|latency|slow|filters|replay|all [--quick]
+"""python -m bench accept|process|dispatch|growth|size|latency|slow|filters|replay|erase|all
+[--quick]
 [--seconds N]"""
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument(
         "which",
-        choices=("accept process dispatch growth size latency slow filters replay all").split(),
+        choices=(
+            "accept process dispatch growth size latency slow filters replay erase all"
+        ).split(),
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--seconds", type=int, default=10)
@@ -87,6 +90,10 @@ def main() -> None:
         from bench import replay
 
         tables.append(replay.main(messages=100 if args.quick else 1003))
+    if args.which in ("erase", "all"):
+        from bench import erase
+
+        tables.append(erase.main(quick=args.quick))
     print()
     print("\n\n".join(tables))
     after = cpu_reference(additions)
