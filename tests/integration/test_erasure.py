@@ -375,6 +375,12 @@ async def test_admin_api_answers_202_and_erases_off_the_request(
                 f"/admin/api/v1/inbox/{event['id']}/replay", json={"reason": "again"}
             )
             assert replay.status_code == 409 and "erased" in replay.json()["message"]
+            await client.post("/admin/login", data={"token": TOKEN, "next": "/admin/"})
+            page = await client.get(f"/admin/inbox/{event['id']}")
+            assert page.status_code == 200 and "data-erased" in page.text
+            assert ALICE_EMAIL not in page.text
+            message = (await client.get("/admin/messages")).status_code
+            assert message in (200, 404)  # no outbound configured: never a 500
     finally:
         await box.close()
 
@@ -405,6 +411,8 @@ async def test_cli_erase_and_erasures(database_url: str, clock: Any) -> None:
         listed = await cli("erasures", "--database-url", database_url, "--json")
         assert len(json.loads(listed.stdout)["items"]) == 1  # resumed, not recorded twice
         await cli("erasures", "99", "--database-url", database_url, code=1)
+        shown = await cli("inbox", "show", "1", "--database-url", database_url)
+        assert "erased" in shown.stdout and ALICE_EMAIL not in shown.stdout
 
 
 async def test_facade_and_sync_publish(box: Relaybox) -> None:

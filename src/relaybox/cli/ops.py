@@ -222,7 +222,14 @@ def inbox_show(
             ("received", _iso(e.received_at)),
             ("done", _iso(e.done_at)),
             ("last error", e.last_error or "-"),
-            ("payload", f"purged {_iso(e.purged_at)}" if e.purged else "kept"),
+            (
+                "payload",
+                f"erased {_iso(e.erased_at)} (its subject's erasure)"
+                if e.erased_at is not None
+                else f"purged {_iso(e.purged_at)}"
+                if e.purged
+                else "kept",
+            ),
         ):
             head.add_row(key, value)
         console.print(head)
