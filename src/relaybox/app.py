@@ -46,13 +46,13 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
     from starlette.applications import Starlette
 
-    from relaybox.erasure import Erasure
     from relaybox.outbound.catalog import EventType
     from relaybox.outbound.dispatcher import Dispatcher
     from relaybox.outbound.portal_links import PortalLink
     from relaybox.outbound.registry import Outbound
     from relaybox.retention import Maintenance
     from relaybox.silence import SilenceWatch
+    from relaybox.store.erasure import Erasure
     from relaybox.store.outbox_rows import Message
 
 __all__ = ["ROLES", "Relaybox"]

@@ -43,21 +43,12 @@ import structlog
 
 from relaybox.errors import InvalidRequest, NotFound
 from relaybox.sources.base import MAX_SUBJECT_CHARS, subject_digest, text_problem
-from relaybox.store.erasure import ERASED_KINDS, Erasure, ErasureScope
+from relaybox.store.erasure import Erasure, ErasureScope
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
 
-__all__ = [
-    "ERASED_KINDS",
-    "MAX_SUBJECT_CHARS",
-    "Erasure",
-    "erase",
-    "resume_waiting",
-    "run_erasure",
-    "start_erasure",
-    "subject_digest",
-]
+__all__ = ["erase", "resume_waiting", "run_erasure", "start_erasure"]
 
 log = structlog.get_logger("relaybox.erasure")
 

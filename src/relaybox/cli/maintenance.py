@@ -219,6 +219,7 @@ def erase(
     stay. Rows still pending are left for the maintenance job, which empties them once
     they finish (the erasure's status is then ``waiting``, see ``relaybox erasures``)."""
     from relaybox import erasure as erasing
+    from relaybox.store.erasure import Erasure
 
     if (subject is None) == (tenant is None):
         raise click.UsageError("give --subject or --tenant (one of them)")
@@ -227,7 +228,7 @@ def erase(
     who = default_actor(actor)
     box = load_box(app, config, database_url)
 
-    async def go() -> erasing.Erasure:
+    async def go() -> Erasure:
         return await erasing.erase(
             box, subject=subject, tenant=tenant, actor=who, reason=reason, batch=batch
         )
