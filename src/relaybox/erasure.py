@@ -5,8 +5,9 @@ An erasure names a **subject** (a customer id, an e-mail address: whatever a sou
 payload, header, attempt body and response excerpt relaybox holds of it:
 
 * inbox events a source indexed under the subject at accept (``subject =
-  "data.object.customer"`` in ``[sources.NAME]``), and the quarantine entries stored
-  under their event keys;
+  "data.object.customer"`` in ``[sources.NAME]``), the quarantine entries stored
+  under their event keys, and the rows their handlers added to the outbox (with what
+  the channel's receiver answered);
 * messages published with the subject (``box.publish(..., subject=...)``), or to the
   tenant, their deliveries, and what the receivers answered to those deliveries.
 

@@ -239,6 +239,50 @@ async def test_erasure_races_a_worker(box: Relaybox) -> None:
     assert len(await box.store.fetch_all("SELECT * FROM relaybox_operations")) == 2
 
 
+async def test_rows_handlers_added_to_the_outbox(box: Relaybox) -> None:
+    """What a handler of the subject's event added to the outbox (an e-mail to the
+    subject) is the subject's too: kept while pending, emptied once sent."""
+    from relaybox.outbound import outbound
+    from relaybox.outbound.channels.base import Channel, Result
+    from relaybox.store.outbox_rows import Delivery
+
+    sent: list[Any] = []
+
+    class Mail(Channel):
+        async def deliver(self, delivery: Delivery) -> Result:
+            sent.append(delivery.payload)
+            return Result("sent")
+
+    local(box)
+    outbound(box).channel("mail", Mail())
+    box.source("stripe", test_source("stripe", subject="data.object.customer"))
+
+    @box.handler("stripe", "invoice.paid")
+    async def paid(ctx: Context) -> None:
+        customer = ctx.payload["data"]["object"]
+        await ctx.outbox.add("mail", f"receipt:{customer['id']}", {"to": customer["email"]})
+
+    kit = Harness.of(box)
+    await kit.send("stripe", payload=invoice("evt_a0", ALICE, ALICE_EMAIL))
+    await kit.send("stripe", payload=invoice("evt_b0", BOB, BOB_EMAIL))
+    assert await kit.run_worker() == 2
+
+    first = await erase(box, subject=ALICE, actor="dpo")
+    assert first.rows["inbox"] == 1 and first.rows["outbox"] == 0 and first.waiting == 1
+    await kit.drain_dispatcher()
+    assert sorted(p["to"] for p in sent) == [ALICE_EMAIL, BOB_EMAIL]  # sent whole
+    [done] = await resume_waiting(box)
+
+    assert done.rows["outbox"] == 1 and done.finished_at is not None
+    rows = {
+        r["key"]: r
+        for r in await box.store.fetch_all("SELECT key, payload, status FROM relaybox_outbox")
+    }
+    assert json.loads(rows["receipt:in_evt_a0"]["payload"]) is None
+    assert rows["receipt:in_evt_a0"]["status"] == "sent"
+    assert BOB_EMAIL in rows["receipt:in_evt_b0"]["payload"]
+
+
 # -- the database's bytes -----------------------------------------------------------------
 
 

@@ -155,6 +155,10 @@ class ErasureStore:
                 "erase_outbox_subject" if by_subject else "erase_outbox_tenant",
                 (key, now, limit),
             )
+            if by_subject:
+                outbox += await self.rows(
+                    conn, "erase_handler_outbox_subject", (key, now, limit)
+                )
             attempts: list[Any] = []
             if outbox:
                 ids = self._ids([int(r[0]) for r in outbox])

@@ -44,6 +44,22 @@ FROM batch
 WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
 RETURNING t.id
 
+-- name: erase_handler_outbox_subject
+-- The rows handlers added to the outbox (ctx.outbox.add: an e-mail's address and text)
+-- while handling the subject's inbox events, once they are not pending.
+WITH batch AS MATERIALIZED (
+    SELECT o.id FROM relaybox_subjects s
+    JOIN relaybox_outbox o ON o.inbox_id = s.ref::bigint
+    WHERE s.digest = $1 AND s.kind = 'inbox' AND o.erased_at IS NULL
+      AND o.status <> 'pending'
+    LIMIT $3
+    FOR NO KEY UPDATE OF o SKIP LOCKED)
+UPDATE relaybox_outbox t
+SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+FROM batch
+WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
+RETURNING t.id
+
 -- name: erase_outbox_tenant
 WITH batch AS MATERIALIZED (
     SELECT o.id FROM relaybox_messages m
@@ -103,6 +119,9 @@ SELECT (SELECT count(*) FROM relaybox_subjects s
      + (SELECT count(*) FROM relaybox_subjects s
         JOIN relaybox_messages m ON m.id = s.ref
         WHERE s.digest = $1 AND s.kind = 'message' AND m.erased_at IS NULL)
+     + (SELECT count(*) FROM relaybox_subjects s
+        JOIN relaybox_outbox o ON o.inbox_id = s.ref::bigint
+        WHERE s.digest = $1 AND s.kind = 'inbox' AND o.erased_at IS NULL)
 
 -- name: erase_waiting_tenant
 SELECT count(*) FROM relaybox_messages WHERE tenant = $1 AND erased_at IS NULL

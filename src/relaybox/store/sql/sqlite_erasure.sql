@@ -37,6 +37,19 @@ WHERE id IN (SELECT o.id FROM relaybox_subjects s
   AND erased_at IS NULL AND status <> 'pending'
 RETURNING id
 
+-- name: erase_handler_outbox_subject
+-- The rows handlers added to the outbox (ctx.outbox.add: an e-mail's address and text)
+-- while handling the subject's inbox events, once they are not pending.
+UPDATE relaybox_outbox
+SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2)
+WHERE id IN (SELECT o.id FROM relaybox_subjects s
+             JOIN relaybox_outbox o ON o.inbox_id = CAST(s.ref AS INTEGER)
+             WHERE s.digest = ?1 AND s.kind = 'inbox' AND o.erased_at IS NULL
+               AND o.status <> 'pending'
+             LIMIT ?3)
+  AND erased_at IS NULL AND status <> 'pending'
+RETURNING id
+
 -- name: erase_outbox_tenant
 UPDATE relaybox_outbox
 SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2)
@@ -88,6 +101,9 @@ SELECT (SELECT count(*) FROM relaybox_subjects s
      + (SELECT count(*) FROM relaybox_subjects s
         JOIN relaybox_messages m ON m.id = s.ref
         WHERE s.digest = ?1 AND s.kind = 'message' AND m.erased_at IS NULL)
+     + (SELECT count(*) FROM relaybox_subjects s
+        JOIN relaybox_outbox o ON o.inbox_id = CAST(s.ref AS INTEGER)
+        WHERE s.digest = ?1 AND s.kind = 'inbox' AND o.erased_at IS NULL)
 
 -- name: erase_waiting_tenant
 SELECT count(*) FROM relaybox_messages WHERE tenant = ?1 AND erased_at IS NULL
