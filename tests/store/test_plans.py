@@ -38,8 +38,9 @@ BIG = {
 # The settings of PostgresStore.generic_pool, where the hot batch statements run.
 GENERIC_POOL = "SET plan_cache_mode = force_generic_plan; SET enable_bitmapscan = off"
 
-# Operators' reads and maintenance: listed, counted or purged on demand.
-OPERATOR = re.compile(r"^(ops_|stats_|replay_select$|.*_list$|.*_count$)")
+# Operators' reads and maintenance: listed, counted or purged on demand; erasures
+# (test_an_erasure_probes_the_subjects_rows checks they reach rows by index).
+OPERATOR = re.compile(r"^(ops_|stats_|erase_|erasure_|replay_select$|.*_list$|.*_count$)")
 
 
 def _generic_plans(queries: dict[str, str]) -> list[str]:
@@ -226,3 +227,45 @@ def _nodes(plan: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     for child in plan.get("Plans", []):
         found += _nodes(child, kind)
     return found
+
+
+_SUBJECT_FILL = (
+    "INSERT INTO relaybox_inbox (source, account, event_id, event_type, fingerprint,"
+    " status, payload, next_attempt_at, received_at, updated_at)"
+    " SELECT 's', 'a', 'e' || i, 't', '\\x00', 'done', '{}', 0, 0, 0"
+    " FROM generate_series(1, 20000) AS i;"
+    " INSERT INTO relaybox_subjects (digest, kind, ref)"
+    " SELECT int4send(i % 2000), 'inbox', i::text FROM generate_series(1, 20000) AS i;"
+    " INSERT INTO relaybox_messages (id, tenant, event_type, body, created_at)"
+    " SELECT 'msg_' || i, 't' || (i % 100), 'x', '{}', 0 FROM generate_series(1, 20000) AS i;"
+    " INSERT INTO relaybox_outbox (channel, key, payload, status, next_attempt_at,"
+    " created_at, updated_at, message_id, inbox_id) SELECT 'webhook', 'k' || i, '{}', 'sent',"
+    " 0, 0, 0, 'msg_' || i, i FROM generate_series(1, 20000) AS i;"
+    " INSERT INTO relaybox_subjects (digest, kind, ref)"
+    " SELECT int4send(i % 2000), 'message', 'msg_' || i FROM generate_series(1, 20000) AS i"
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "table"),
+    [
+        ("erase_inbox_subject", "relaybox_inbox"),
+        ("erase_handler_outbox_subject", "relaybox_outbox"),
+        ("erase_outbox_subject", "relaybox_outbox"),
+        ("erase_messages_subject", "relaybox_messages"),
+        ("erase_waiting_subject", "relaybox_inbox"),
+        ("erase_outbox_tenant", "relaybox_outbox"),
+        ("erase_messages_tenant", "relaybox_messages"),
+        ("erase_waiting_tenant", "relaybox_messages"),
+    ],
+)
+async def test_an_erasure_probes_the_subjects_rows(pg_url: str, name: str, table: str) -> None:
+    """An erasure must not scan history: planned on filled tables that were never
+    analyzed (a young deployment), each statement reaches the rows of one subject (or
+    tenant) by index, whatever the tables hold."""
+    key = "'\\x00000007'::bytea" if "subject" in name else "'t7'"
+    n = {"erase_waiting_subject": 1, "erase_waiting_tenant": 1}.get(name, 3)
+    args = ", ".join([key, "1.0", "500"][:n])
+    plans = await _plans_on_a_filled_table(pg_url, table, _SUBJECT_FILL, {name: args})
+    plan = plans[name]
+    assert not set(re.findall(r"Seq Scan on (\w+)", plan)) & BIG, plan

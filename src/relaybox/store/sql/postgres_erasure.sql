@@ -61,12 +61,16 @@ WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
 RETURNING t.id
 
 -- name: erase_outbox_tenant
+-- The deliveries of each of the tenant's messages by the message index: as a join, a
+-- tenant with many messages was planned as a scan of the whole outbox.
 WITH batch AS MATERIALIZED (
     SELECT o.id FROM relaybox_messages m
-    JOIN relaybox_outbox o ON o.message_id = m.id
-    WHERE m.tenant = $1 AND o.erased_at IS NULL AND o.status <> 'pending'
-    LIMIT $3
-    FOR NO KEY UPDATE OF o SKIP LOCKED)
+    CROSS JOIN LATERAL (
+        SELECT o.id FROM relaybox_outbox o
+        WHERE o.message_id = m.id AND o.erased_at IS NULL AND o.status <> 'pending'
+        FOR NO KEY UPDATE SKIP LOCKED) o
+    WHERE m.tenant = $1 AND m.erased_at IS NULL
+    LIMIT $3)
 UPDATE relaybox_outbox t
 SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2)
 FROM batch
