@@ -12,7 +12,7 @@ SET payload = NULL, headers = NULL, erased_at = ?2, purged_at = coalesce(purged_
 WHERE id IN (SELECT i.id FROM relaybox_subjects s
              JOIN relaybox_inbox i ON i.id = CAST(s.ref AS INTEGER)
              WHERE s.digest = ?1 AND s.kind = 'inbox' AND i.erased_at IS NULL
-             AND i.status <> 'pending'
+               AND i.status <> 'pending'
              LIMIT ?3)
   AND erased_at IS NULL AND status <> 'pending'
 RETURNING id
@@ -32,7 +32,7 @@ SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2)
 WHERE id IN (SELECT o.id FROM relaybox_subjects s
              JOIN relaybox_outbox o ON o.message_id = s.ref
              WHERE s.digest = ?1 AND s.kind = 'message' AND o.erased_at IS NULL
-             AND o.status <> 'pending'
+               AND o.status <> 'pending'
              LIMIT ?3)
   AND erased_at IS NULL AND status <> 'pending'
 RETURNING id
@@ -76,8 +76,8 @@ SET body = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2)
 WHERE id IN (SELECT m.id FROM relaybox_subjects s
              JOIN relaybox_messages m ON m.id = s.ref
              WHERE s.digest = ?1 AND s.kind = 'message' AND m.erased_at IS NULL
-             AND (SELECT 1 FROM relaybox_outbox o
-             WHERE o.message_id = m.id AND o.erased_at IS NULL LIMIT 1) IS NULL
+               AND (SELECT 1 FROM relaybox_outbox o
+                    WHERE o.message_id = m.id AND o.erased_at IS NULL LIMIT 1) IS NULL
              LIMIT ?3)
   AND erased_at IS NULL
 RETURNING id
@@ -87,8 +87,8 @@ UPDATE relaybox_messages
 SET body = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2)
 WHERE id IN (SELECT m.id FROM relaybox_messages m
              WHERE m.tenant = ?1 AND m.erased_at IS NULL
-             AND (SELECT 1 FROM relaybox_outbox o
-             WHERE o.message_id = m.id AND o.erased_at IS NULL LIMIT 1) IS NULL
+               AND (SELECT 1 FROM relaybox_outbox o
+                    WHERE o.message_id = m.id AND o.erased_at IS NULL LIMIT 1) IS NULL
              LIMIT ?3)
   AND erased_at IS NULL
 RETURNING id
