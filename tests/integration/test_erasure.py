@@ -157,6 +157,34 @@ async def test_pending_rows_wait_until_they_finish(box: Relaybox) -> None:
     assert await resume_waiting(box) == []
 
 
+async def test_an_erasure_cut_short_is_finished_by_maintenance(box: Relaybox) -> None:
+    """The process dies after one batch (a task cancelled between two transactions):
+    the erasure stays open, the maintenance job finishes it, and every row is counted
+    once."""
+    kit = configure(box)
+    for i in range(5):
+        await kit.send("stripe", payload=invoice(f"evt_a{i}", ALICE, ALICE_EMAIL))
+    assert await kit.run_worker() == 5
+    erasure, _ = await start_erasure(box, subject=ALICE, actor="dpo", reason="r")
+    one_batch = asyncio.Event()
+    task = asyncio.create_task(
+        run_erasure(box, erasure.id, batch=2, progress=lambda _: one_batch.set())
+    )
+    await asyncio.wait_for(one_batch.wait(), 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    cut = await box.store.erasure_get(erasure.id)
+    assert cut is not None and cut.finished_at is None and 2 <= cut.rows["inbox"] < 5
+
+    await Maintenance(box).run_once()
+
+    done = await box.store.erasure_get(erasure.id)
+    assert done is not None and done.finished_at is not None
+    assert done.rows["inbox"] == 5 and done.waiting == 0
+    assert all(r["payload"] is None for r in (await inbox(box)).values())
+
+
 async def test_outbound_subject_and_tenant(box: Relaybox) -> None:
     local(box)
     answers = Reply(200, b'{"seen": "' + ALICE_EMAIL.encode() + b'"}')
