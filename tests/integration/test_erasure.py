@@ -203,6 +203,19 @@ async def test_outbound_subject_and_tenant(box: Relaybox) -> None:
         for r in await box.store.fetch_all("SELECT id, body, erased_at FROM relaybox_messages")
     }
     assert json.loads(messages[a.id]["body"]) is None and messages[a.id]["erased_at"]
+    # What operators and the tenant read of it: the erased message, never a 500.
+    from relaybox.errors import Conflict as Refused
+    from relaybox.ops import delivery_log
+    from relaybox.ops import outbound as ops_outbound
+
+    detail = await ops_outbound.message_get(box, a.id)
+    assert detail.payload is None and detail.purged_at is not None
+    assert ALICE_EMAIL not in detail.model_dump_json()
+    view = await delivery_log.message_view(box, a.id, "t1")
+    assert view is not None and ALICE_EMAIL not in json.dumps(view, default=str)
+    with pytest.raises(Refused) as refused:
+        await ops_outbound.message_redeliver(box, a.id, endpoint_id=None)
+    assert refused.value.code == "payload_purged"
     assert BOB_EMAIL in messages[b.id]["body"] and ALICE_EMAIL in messages[t2.id]["body"]
     attempts = await box.store.fetch_all(
         "SELECT o.message_id, a.response, a.headers, a.status_code, o.status"
