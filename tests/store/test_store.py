@@ -191,7 +191,7 @@ async def test_sqlite_event_key_migration_keeps_rows_references_and_ids(
     try:
         assert "0019_event_key_order" in await store.migrate()
         after = await store.fetch_all("SELECT * FROM relaybox_inbox ORDER BY id")
-        # Later migrations add columns (0026: erased_at), empty on the rows kept.
+        # Later migrations add columns (0025: erased_at), empty on the rows kept.
         added = {k for r in after for k in r} - {k for r in before for k in r}
         assert all(r[k] is None for r in after for k in added)
         kept = [{k: v for k, v in r.items() if k not in added} for r in after]

@@ -156,9 +156,7 @@ class ErasureStore:
                 (key, now, limit),
             )
             if by_subject:
-                outbox += await self.rows(
-                    conn, "erase_handler_outbox_subject", (key, now, limit)
-                )
+                outbox += await self.rows(conn, "erase_handler_outbox_subject", (key, now, limit))
             attempts: list[Any] = []
             if outbox:
                 ids = self._ids([int(r[0]) for r in outbox])

@@ -1,4 +1,4 @@
-"""relaybox's migration 0026: erasing one subject (relaybox.erasure): the subject index,
+"""relaybox's migration 0025: erasing one subject (relaybox.erasure): the subject index,
 the erasures record and erased_at columns."""
 
 from django.db import migrations
@@ -7,6 +7,6 @@ from relaybox.contrib.django.migrating import ApplyRelayboxMigrations
 
 
 class Migration(migrations.Migration):
-    dependencies = [("relaybox", "0007_relaybox_0022")]
+    dependencies = [("relaybox", "0009_relaybox_0024")]
 
-    operations = [ApplyRelayboxMigrations(26)]
+    operations = [ApplyRelayboxMigrations(25)]
