@@ -1,0 +1,85 @@
+"""The erasure store (relaybox.store.erasure) on SQLite and PostgreSQL: the subject
+index, an erasure's record, its batches (finished rows only), what still waits, and
+the record's reads. relaybox.erasure drives these; tests/integration/test_erasure.py
+proves the whole (surfaces, database bytes, races)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from relaybox.store import Store, open_store
+from tests.store.test_store import T0, delivery
+
+DIGEST = hashlib.sha256(b"cus_alice").digest()
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    s = open_store(database_url)
+    await s.migrate()
+    yield s
+    await s.close()
+
+
+async def test_an_erasure_empties_finished_rows_and_waits_for_pending_ones(store: Store) -> None:
+    finished = dataclasses.replace(
+        delivery("e1", b'{"email": "alice@example.com"}', ignored=True), subject=DIGEST
+    )
+    pending = dataclasses.replace(delivery("e2", b'{"email": "alice@example.com"}'), subject=DIGEST)
+    other = delivery("e3", b'{"email": "bob@example.com"}', ignored=True)
+    [a, b, c] = await store.inbox_accept([finished, pending, other])
+    assert [o.status for o in (a, b, c)] == ["ignored", "accepted", "ignored"]
+
+    erasure_id, resumed = await store.erasure_begin(
+        actor="dpo", reason="art. 17", scope="subject", digest=DIGEST, tenant=None, now=T0
+    )
+    assert not resumed
+    erasure = await store.erasure_get(erasure_id)
+    assert erasure is not None and erasure.finished_at is None
+    counts = await store.erase_batch(erasure, now=T0 + 1, limit=10)
+    assert counts == {"inbox": 1, "quarantine": 0, "outbox": 0, "attempts": 0, "messages": 0}
+    assert await store.erase_batch(erasure, now=T0 + 1, limit=10) == dict.fromkeys(counts, 0)
+    await store.erasure_flush()
+    assert await store.erasure_settle(erasure, now=T0 + 2) == 1  # the pending row waits
+    assert await store.erasure_open_ids() == [erasure_id]
+    # Asked again while it waits: the same erasure, resumed.
+    assert await store.erasure_begin(
+        actor="dpo", reason="again", scope="subject", digest=DIGEST, tenant=None, now=T0 + 3
+    ) == (erasure_id, True)  # fmt: skip
+
+    rows = {
+        r["event_id"]: r
+        for r in await store.fetch_all("SELECT event_id, payload, erased_at FROM relaybox_inbox")
+    }
+    assert rows["e1"]["payload"] is None and rows["e1"]["erased_at"] == T0 + 1
+    assert rows["e2"]["payload"] is not None and rows["e2"]["erased_at"] is None
+    assert rows["e3"]["payload"] is not None  # another subject's row
+
+    # A row indexed by hand (as publish indexes its message) is found by the next batch.
+    async with store.transaction() as conn:
+        await store.subject_index(conn, DIGEST, "inbox", str(c.inbox_id))
+    again = await store.erasure_get(erasure_id)
+    assert again is not None
+    assert (await store.erase_batch(again, now=T0 + 4, limit=10))["inbox"] == 1
+    assert await store.erasure_settle(again, now=T0 + 5) == 1
+    [listed] = await store.erasure_list()
+    assert (listed.id, listed.rows["inbox"], listed.waiting) == (erasure_id, 2, 1)
+    assert (listed.actor, listed.reason, listed.scope) == ("dpo", "art. 17", "subject")
+
+
+async def test_a_tenant_erasure_with_nothing_left_finishes(store: Store) -> None:
+    erasure_id, resumed = await store.erasure_begin(
+        actor="dpo", reason="", scope="tenant", digest=None, tenant="tenant-9", now=T0
+    )
+    erasure = await store.erasure_get(erasure_id)
+    assert erasure is not None and not resumed
+    assert sum((await store.erase_batch(erasure, now=T0, limit=10)).values()) == 0
+    assert await store.erasure_settle(erasure, now=T0 + 1) == 0
+    assert await store.erasure_open_ids() == []
+    done = await store.erasure_get(erasure_id)
+    assert done is not None and done.finished_at == T0 + 1
+    assert await store.erasure_get(erasure_id + 1000) is None
