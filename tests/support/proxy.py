@@ -1,5 +1,8 @@
 """A TCP proxy the tests put between relaybox and PostgreSQL, to cut the database
-off mid-test without touching the shared server."""
+off mid-test without touching the shared server: :meth:`TcpProxy.cut` resets every
+connection, :meth:`TcpProxy.blackhole` keeps them open but stops forwarding (a network
+that drops packets) until :meth:`TcpProxy.flow`, and ``delay`` holds every chunk that
+long before forwarding it (a slow network)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ class TcpProxy:
         self._conns: set[asyncio.StreamWriter] = set()
         self._cut = False
         self._upstream: dict[str, set[int]] = {}  # client address -> our ports to the target
+        self.delay = 0.0  # seconds each chunk waits before it is forwarded
+        self._flowing = asyncio.Event()
+        self._flowing.set()
 
     async def start(self) -> TcpProxy:
         self.server = await asyncio.start_server(self._serve, self.listen, self.port)
@@ -51,6 +57,9 @@ class TcpProxy:
         async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             with contextlib.suppress(Exception):
                 while data := await r.read(65536):
+                    if self.delay:
+                        await asyncio.sleep(self.delay)
+                    await self._flowing.wait()
                     w.write(data)
                     await w.drain()
             with contextlib.suppress(Exception):
@@ -76,6 +85,13 @@ class TcpProxy:
 
     def restore(self) -> None:
         self._cut = False
+
+    def blackhole(self) -> None:
+        """Keep every connection open but forward nothing (either way) until :meth:`flow`."""
+        self._flowing.clear()
+
+    def flow(self) -> None:
+        self._flowing.set()
 
     async def close(self) -> None:
         self.cut()
