@@ -81,6 +81,7 @@ def summary(report: Report) -> str:
         f" ({report.acked} 2xx), {report.webhooks} webhooks received, settled {report.settled}",
         f"  faults: {faults}",
         f"  checks: {sum(report.checks.values())} ({len(report.checks)} checkers)",
+        "  observed: " + ", ".join(f"{k} {v}" for k, v in sorted(report.observed.items())),
     ]
     for v in report.violations:
         lines.append(f"  VIOLATION {v.text()}")
@@ -124,6 +125,7 @@ async def long_run(args: argparse.Namespace) -> int:
     totals: dict[str, object] = {}
     faults: Counter[str] = Counter()
     checks: Counter[str] = Counter()
+    observed: Counter[str] = Counter()
     runs, steps, events, deliveries, webhooks = 0, 0, 0, 0, 0
     failures: list[dict[str, object]] = []
     seed = args.seed
@@ -137,6 +139,7 @@ async def long_run(args: argparse.Namespace) -> int:
         webhooks += report.webhooks
         faults.update(report.faults)
         checks.update(report.checks)
+        observed.update(report.observed)
         print(summary(report), flush=True)
         if report.failed:
             failures.append(report.as_dict())
@@ -152,6 +155,7 @@ async def long_run(args: argparse.Namespace) -> int:
             "faults": dict(faults),
             "checks": dict(checks),
             "check_total": sum(checks.values()),
+            "observed": dict(observed),
             "violations": sum(len(f["violations"]) for f in failures),  # type: ignore[arg-type,misc]
             "failures": failures,
         }

@@ -39,6 +39,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+from sqlalchemy import text
 
 if TYPE_CHECKING:
     from tests.sim.run import Sim
@@ -60,7 +61,8 @@ async def check(sim: Sim, *, final: bool) -> None:
 
 async def _rows(sim: Sim, sql: str, **params: Any) -> list[dict[str, Any]]:
     assert sim.box is not None
-    return await sim.box.store.fetch_all(sql, params)
+    async with sim.box.store.connect() as conn:
+        return [dict(r._mapping) for r in await conn.execute(text(sql), params)]
 
 
 def _hex(fp: Any) -> str:
@@ -94,6 +96,8 @@ async def conflict_quarantined(sim: Sim, final: bool) -> list[str]:
         for r in await _rows(sim, "SELECT event_id, fingerprint FROM relaybox_quarantine")
     }
     out = []
+    if final:
+        sim.report.observed["quarantined"] += len(held)
     for event_id, sent in list(sim.sent.items()):
         for status, answer, fp in list(sent.answers):
             if not 200 <= status < 300 or event_id not in stored:
@@ -104,6 +108,8 @@ async def conflict_quarantined(sim: Sim, final: bool) -> list[str]:
 
 
 async def stale_refused(sim: Sim, final: bool) -> list[str]:
+    if final:
+        sim.report.observed["stale refused"] += sum(s >= 400 for _, s in sim.stale_answers)
     return [f"{e} signed an hour ago was answered {s}" for e, s in sim.stale_answers if s < 400]
 
 
@@ -113,6 +119,8 @@ async def handled_or_dead(sim: Sim, final: bool) -> list[str]:
     )
     out = []
     for r in rows:
+        reason = f":{r['dead_reason']}" if r["status"] == "dead" else ""
+        sim.report.observed[f"inbox {r['status']}{reason}"] += 1
         if r["status"] == "dead" and not r["dead_reason"]:
             out.append(f"{r['event_id']} dead without a reason")
         elif r["status"] == "pending":
@@ -139,6 +147,8 @@ async def effect_once(sim: Sim, final: bool) -> list[str]:
             )
     if not final:
         return out
+    sim.report.observed["grants"] += sum(g["kind"] == "grant" for g in grants)
+    sim.report.observed["reversals"] += sum(g["kind"] == "reversal" for g in grants)
     events = await _rows(
         sim,
         "SELECT event_id, status, event_type FROM relaybox_inbox WHERE event_type = 'invoice.paid'",
@@ -215,6 +225,8 @@ async def delivered_or_dead(sim: Sim, final: bool) -> list[str]:
         for seen in receiver.requests:
             seen_ids[name].setdefault(seen.webhook_id, set()).add(seen.body.decode())
     for r in rows:
+        reason = f":{r['dead_reason']}" if r["status"] == "dead" else ""
+        sim.report.observed[f"outbox {r['channel']} {r['status']}{reason}"] += 1
         where = f"outbox row {r['id']} ({r['channel']}, {r['key']})"
         if r["status"] == "pending":
             out.append(f"{where} still pending after the run settled")
@@ -268,6 +280,8 @@ async def fifo_per_key(sim: Sim, final: bool) -> list[str]:
         if sequence is not None:
             firsts[key].append(int(sequence))
     out = []
+    if final:
+        sim.report.observed["ordered first acceptances"] += sum(map(len, firsts.values()))
     for key, order in firsts.items():
         if order != sorted(order):
             out.append(f"ordering key {key}: accepted in the order {order}")

@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,9 @@ class Report:
     webhooks: int = 0  # requests the endpoints received
     faults: Counter[str] = field(default_factory=Counter)
     checks: Counter[str] = field(default_factory=Counter)
+    observed: Counter[str] = field(default_factory=Counter)
+    """What the final checks looked at (rows by status, quarantines, ordered sequences
+    compared...): a check that saw nothing proves nothing."""
     violations: list[Violation] = field(default_factory=list)
     settled: bool = False
     workdir: str = ""
@@ -94,6 +98,7 @@ class Report:
             "webhooks": self.webhooks,
             "faults": dict(self.faults),
             "checks": dict(self.checks),
+            "observed": dict(self.observed),
             "settled": self.settled,
             "violations": [v.__dict__ for v in self.violations],
         }
@@ -214,7 +219,7 @@ class Sim:
             proc = self.procs.start(name, ["maintenance", "--app", APP, "--database-url", url], env)
         self.running[name] = proc
 
-    async def close(self) -> None:
+    async def close(self, *, keep_database: bool = False) -> None:
         for task in [*self.senders, *self.restarts]:
             task.cancel()
         self.procs.cleanup()
@@ -227,7 +232,12 @@ class Sim:
             await self.box.close()
         if self.proxy is not None:
             await self.proxy.close()
-        if self.backend == "postgres" and self.admin_url and self.database_url:
+        if (
+            self.backend == "postgres"
+            and self.admin_url
+            and self.database_url
+            and not keep_database
+        ):
             name = make_url(self.database_url).database
             conn = await asyncpg.connect(_dsn(self.admin_url))
             try:
@@ -539,8 +549,12 @@ async def simulate(
     workdir: Path | None = None,
     settle_within: float = 90.0,
     keep: bool = False,
+    before_final: Callable[[Sim], Awaitable[None]] | None = None,
+    reenable_at_end: bool = False,
 ) -> Report:
-    """Run ``schedule(seed, steps)`` against fresh processes and a fresh database."""
+    """Run ``schedule(seed, steps)`` against fresh processes and a fresh database.
+    ``reenable_at_end``: switch disabled endpoints back on before settling, which
+    releases the deliveries tests/sim/test_found.py shows stranded."""
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix=f"relaybox-sim-{seed}-")) if workdir is None else workdir
     sim = Sim(seed, backend, work, admin_url)
@@ -560,13 +574,19 @@ async def simulate(
                     break
         if not report.violations:
             await sim.heal()
+            if reenable_at_end:  # an operator switches disabled endpoints back on
+                await sim._reenable()
             report.settled = await sim.settle(settle_within)
+            if before_final is not None:  # the tests' way to prove a checker can fail
+                await before_final(sim)
             await invariants.check(sim, final=True)
     finally:
         report.seconds = time.monotonic() - began
         report.events = len(sim.sent)
         report.webhooks = sum(len(r.requests) for r in sim.endpoints.values())
-        await sim.close()
+        await sim.close(keep_database=keep and report.failed)
+        if keep and report.failed and backend == "postgres":
+            report.workdir += f" (database kept: {sim.database_url})"
         if own and not keep and not report.violations:
             shutil.rmtree(work, ignore_errors=True)
     return report
