@@ -41,7 +41,9 @@ def _admin(backend: str) -> str | None:
 
 
 async def run_once(seed: int, steps: int, backend: str, *, keep: bool = False) -> Report:
-    return await simulate(seed, steps, backend=backend, admin_url=_admin(backend), keep=keep)
+    return await simulate(
+        seed, steps, backend=backend, admin_url=_admin(backend), keep=keep, settle_within=45.0
+    )
 
 
 async def shrink(

@@ -73,7 +73,12 @@ async def test_the_checkers_report_a_broken_state(backend: str) -> None:
             )
 
     report = await simulate(
-        4, 25, backend=backend, admin_url=admin_url(backend), before_final=break_it
+        4,
+        25,
+        backend=backend,
+        admin_url=admin_url(backend),
+        before_final=break_it,
+        reenable_at_end=True,
     )
     broken = {v.checker for v in report.violations}
     assert {"effect_once", "handled_or_dead"} <= broken, report.as_dict()
