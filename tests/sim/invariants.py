@@ -26,6 +26,8 @@ is over, every process is up and the rows settled.
                             first accepted in their ``webhook-sequence`` order
 ``lease_fenced``            no claim or lease left expired longer than its hold while
                             every process runs: a dead holder's rows are taken back
+``recorded_once``           no event has two ``done`` attempts, no outbox row two
+                            ``sent`` ones (an outcome recorded over a lost claim/lease)
 ``metrics_agree``           (final) ``/metrics`` counts agree with the tables
 ==========================  ==========================================================
 """
@@ -324,6 +326,20 @@ async def lease_fenced(sim: Sim, final: bool) -> list[str]:
     return out
 
 
+async def recorded_once(sim: Sim, final: bool) -> list[str]:
+    """An outcome is recorded by the holder of the claim or lease only: no event has two
+    ``done`` attempts, no outbox row two ``sent`` attempts (a second one means a worker
+    or a dispatcher recorded over a claim or lease it no longer held)."""
+    twice = await _rows(
+        sim,
+        "SELECT 'inbox' AS q, inbox_id AS id, count(*) AS n FROM relaybox_inbox_attempts"
+        " WHERE outcome = 'done' GROUP BY inbox_id HAVING count(*) > 1"
+        " UNION ALL SELECT 'outbox', outbox_id, count(*) FROM relaybox_outbox_attempts"
+        " WHERE outcome = 'sent' GROUP BY outbox_id HAVING count(*) > 1",
+    )
+    return [f"{r['q']} row {r['id']}: {r['n']} successful attempts recorded" for r in twice]
+
+
 async def metrics_agree(sim: Sim, final: bool) -> list[str]:
     receiver = sim.running.get("receiver")
     if receiver is None:
@@ -388,6 +404,7 @@ CHECKERS = {
     "delivered_or_dead": delivered_or_dead,
     "fifo_per_key": fifo_per_key,
     "lease_fenced": lease_fenced,
+    "recorded_once": recorded_once,
     "metrics_agree": metrics_agree,
 }
 CONTINUOUS = {
@@ -398,4 +415,5 @@ CONTINUOUS = {
     "no_rollback_leak",
     "fifo_per_key",
     "lease_fenced",
+    "recorded_once",
 }
