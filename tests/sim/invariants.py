@@ -27,7 +27,8 @@ is over, every process is up and the rows settled.
 ``lease_fenced``            no claim or lease left expired longer than its hold while
                             every process runs: a dead holder's rows are taken back
 ``recorded_once``           no event has two ``done`` attempts, no outbox row two
-                            ``sent`` ones (an outcome recorded over a lost claim/lease)
+                            ``sent`` ones; (final) a finished row's outcome was written
+                            by the attempt of its last lease (lease tokens fence)
 ``metrics_agree``           (final) ``/metrics`` counts agree with the tables
 ==========================  ==========================================================
 """
@@ -337,7 +338,26 @@ async def recorded_once(sim: Sim, final: bool) -> list[str]:
         " UNION ALL SELECT 'outbox', outbox_id, count(*) FROM relaybox_outbox_attempts"
         " WHERE outcome = 'sent' GROUP BY outbox_id HAVING count(*) > 1",
     )
-    return [f"{r['q']} row {r['id']}: {r['n']} successful attempts recorded" for r in twice]
+    out = [f"{r['q']} row {r['id']}: {r['n']} successful attempts recorded" for r in twice]
+    if not final:
+        return out
+    # The attempt that decided a finished row is the last one whose outcome was written
+    # (neither fenced nor a note of an expired lease): it held the row's last lease.
+    decided = await _rows(
+        sim,
+        "SELECT o.id, o.lease_token AS row_token, a.lease_token AS attempt_token, a.outcome"
+        " FROM relaybox_outbox o JOIN relaybox_outbox_attempts a ON a.id = ("
+        "   SELECT max(b.id) FROM relaybox_outbox_attempts b WHERE b.outbox_id = o.id"
+        "   AND b.outcome NOT IN ('fenced', 'uncertain'))"
+        " WHERE o.status IN ('sent', 'dead') AND o.channel = 'webhook'",
+    )
+    for r in decided:
+        if r["row_token"] is not None and r["row_token"] != r["attempt_token"]:
+            out.append(
+                f"outbox row {r['id']}: {r['outcome']!r} written by lease {r['attempt_token']},"
+                f" the row's last lease is {r['row_token']}"
+            )
+    return out
 
 
 async def metrics_agree(sim: Sim, final: bool) -> list[str]:
