@@ -332,7 +332,6 @@ class Sim:
             original = self.sent[args["event"]].event
             other = json.loads(json.dumps(original))
             other["data"]["object"]["conflict"] = step.n  # other content, same id
-            self._conflicts.append(original["id"])
             self.send(other)
         elif kind == "stale":
             self.send(self.sent[args["event"]].event, at=time.time() - 3600)
@@ -350,8 +349,6 @@ class Sim:
             await self._fault(kind, args)
         if step.gap:
             await asyncio.sleep(step.gap)
-
-    _conflicts: list[str] = []
 
     async def _fault(self, kind: str, args: dict[str, Any]) -> None:
         now = time.monotonic()
@@ -558,7 +555,6 @@ async def simulate(
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix=f"relaybox-sim-{seed}-")) if workdir is None else workdir
     sim = Sim(seed, backend, work, admin_url)
-    sim._conflicts = []
     report = sim.report
     report.steps = steps
     began = time.monotonic()
