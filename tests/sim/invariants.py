@@ -349,7 +349,7 @@ async def recorded_once(sim: Sim, final: bool) -> list[str]:
         " FROM relaybox_outbox o JOIN relaybox_outbox_attempts a ON a.id = ("
         "   SELECT max(b.id) FROM relaybox_outbox_attempts b WHERE b.outbox_id = o.id"
         "   AND b.outcome NOT IN ('fenced', 'uncertain'))"
-        " WHERE o.status IN ('sent', 'dead') AND o.channel = 'webhook'",
+        " WHERE o.status IN ('sent', 'dead')",
     )
     for r in decided:
         if r["row_token"] is not None and r["row_token"] != r["attempt_token"]:
