@@ -219,8 +219,9 @@ async def delivered_or_dead(sim: Sim, final: bool) -> list[str]:
     out = []
     rows = await _rows(
         sim,
-        "SELECT id, channel, key, endpoint_id, message_id, status, dead_reason"
-        " FROM relaybox_outbox",
+        "SELECT o.id, o.channel, o.key, o.endpoint_id, o.message_id, o.status,"
+        " o.dead_reason, e.status AS endpoint_status"
+        " FROM relaybox_outbox o LEFT JOIN relaybox_endpoints e ON e.id = o.endpoint_id",
     )
     names = {v: k for k, v in sim.endpoint_ids.items()}
     seen_ids: dict[str, dict[str, set[str]]] = {name: {} for name in sim.endpoints}
@@ -232,7 +233,8 @@ async def delivered_or_dead(sim: Sim, final: bool) -> list[str]:
         sim.report.observed[f"outbox {r['channel']} {r['status']}{reason}"] += 1
         where = f"outbox row {r['id']} ({r['channel']}, {r['key']})"
         if r["status"] == "pending":
-            out.append(f"{where} still pending after the run settled")
+            state = f", its endpoint {r['endpoint_status']}" if r["endpoint_status"] else ""
+            out.append(f"{where} still pending after the run settled{state}")
         elif r["status"] == "dead" and not r["dead_reason"]:
             out.append(f"{where} dead without a reason")
         elif r["status"] not in ("sent", "dead"):
