@@ -7,10 +7,14 @@ it must fail, and the day it passes the mark has to go.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from relaybox import FrozenClock, Relaybox
+from relaybox.config import Settings
 from relaybox.outbound import disable_endpoint
+from tests.conftest import KEYED
 from tests.support.outbound_app import LOCAL, endpoint, local, outbox_rows, publish_one
 from tests.support.receivers import HttpReceiver, Reply
 
@@ -51,3 +55,43 @@ async def test_seed3_a_delivery_in_flight_when_its_endpoint_is_disabled_is_not_s
             await second.close()
     [row] = await outbox_rows(box)
     assert (row["status"], row["dead_reason"]) == ("dead", "endpoint_disabled")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a delivery published while its endpoint is being disabled stays pending forever",
+)
+async def test_seed3_a_delivery_published_while_its_endpoint_is_disabled_is_not_stranded(
+    pg_url: str, clock: FrozenClock
+) -> None:
+    """Found by the same seed in a replay (``--seed 3 --steps 150 --backend postgres
+    --replay 3``): nine rows of an ordered endpoint pending for good, none of them
+    leased, all created before the 410 that disabled it, and one created after.
+
+    Diagnosis (PostgreSQL): ``publish`` reads the endpoint as enabled in its own
+    transaction and inserts the outbox row; ``disable_in`` kills the rows it can see.
+    A publishing transaction that commits after the disabling one began (a worker's
+    group of handlers, slow under load) leaves a pending row that the disabling
+    transaction never saw and that no lease will ever take (only rows of enabled
+    endpoints are leased). SQLite's single writer orders the two transactions, so it
+    cannot happen there.
+    """
+    box = Relaybox(settings=Settings(database_url=pg_url, outbound=KEYED), clock=clock)
+    try:
+        local(box)
+        async with HttpReceiver(Reply(200)) as receiver:
+            endpoint_id, _ = await endpoint(box, receiver.url)
+            async with box.store.transaction() as conn:
+                await box.publish(conn, "pet.adopted", {"petId": "p1"}, tenant="t1")
+                # Another connection disables the endpoint, and commits, meanwhile.
+                disabled = disable_endpoint(box, endpoint_id, tenant="t1", reason="by hand")
+                assert await asyncio.wait_for(disabled, 10)
+            dispatcher = box.dispatcher()
+            try:
+                await dispatcher.run_once()
+            finally:
+                await dispatcher.close()
+        [row] = await outbox_rows(box)
+        assert (row["status"], row["dead_reason"]) == ("dead", "endpoint_disabled")
+    finally:
+        await box.close()
