@@ -81,7 +81,8 @@ async def acked_stored(sim: Sim, final: bool) -> list[str]:
     for event_id, sent in list(sim.sent.items()):
         acked = {_hex(fp) for status, _, fp in sent.answers if 200 <= status < 300}
         if acked and event_id not in stored:
-            out.append(f"{event_id} answered 2xx but not in the inbox")
+            how = [a for status, a, _ in sent.answers if 200 <= status < 300]
+            out.append(f"{event_id} answered 2xx ({how[0]}) but not in the inbox")
         # A send may be stored and answered 503 (its COMMIT's answer lost), then 2xx'd
         # as a duplicate on a later try: its content is checked once the provider is done.
         sent_any = {_hex(fp) for _, _, fp in sent.answers}
