@@ -72,26 +72,34 @@ def _hex(fp: Any) -> str:
     return bytes(fp).hex()
 
 
+def _answers(sim: Sim) -> list[tuple[str, list[tuple[int, str, bytes]]]]:
+    """What the provider was answered so far, copied *before* the database is read: an
+    answer that arrives while the read runs may be for a row committed after it."""
+    return [(event_id, list(sent.answers)) for event_id, sent in list(sim.sent.items())]
+
+
 async def acked_stored(sim: Sim, final: bool) -> list[str]:
+    answered = _answers(sim)
     stored = {
         r["event_id"]: _hex(r["fingerprint"])
         for r in await _rows(sim, "SELECT event_id, fingerprint FROM relaybox_inbox")
     }
     out = []
-    for event_id, sent in list(sim.sent.items()):
-        acked = {_hex(fp) for status, _, fp in sent.answers if 200 <= status < 300}
+    for event_id, answers in answered:
+        acked = {_hex(fp) for status, _, fp in answers if 200 <= status < 300}
         if acked and event_id not in stored:
-            how = [a for status, a, _ in sent.answers if 200 <= status < 300]
+            how = [a for status, a, _ in answers if 200 <= status < 300]
             out.append(f"{event_id} answered 2xx ({how[0]}) but not in the inbox")
         # A send may be stored and answered 503 (its COMMIT's answer lost), then 2xx'd
         # as a duplicate on a later try: its content is checked once the provider is done.
-        sent_any = {_hex(fp) for _, _, fp in sent.answers}
+        sent_any = {_hex(fp) for _, _, fp in answers}
         if final and event_id in stored and stored[event_id] not in sent_any:
             out.append(f"{event_id} is stored with content the provider never sent")
     return out
 
 
 async def conflict_quarantined(sim: Sim, final: bool) -> list[str]:
+    answered = _answers(sim)
     stored = {
         r["event_id"]: _hex(r["fingerprint"])
         for r in await _rows(sim, "SELECT event_id, fingerprint FROM relaybox_inbox")
@@ -103,8 +111,8 @@ async def conflict_quarantined(sim: Sim, final: bool) -> list[str]:
     out = []
     if final:
         sim.report.observed["quarantined"] += len(held)
-    for event_id, sent in list(sim.sent.items()):
-        for status, answer, fp in list(sent.answers):
+    for event_id, answers in answered:
+        for status, answer, fp in answers:
             if not 200 <= status < 300 or event_id not in stored:
                 continue
             if _hex(fp) != stored[event_id] and (event_id, _hex(fp)) not in held:
@@ -191,14 +199,17 @@ async def effect_once(sim: Sim, final: bool) -> list[str]:
 
 
 async def no_rollback_leak(sim: Sim, final: bool) -> list[str]:
+    # What arrived, copied before the database is read (see _answers).
+    received = {name: list(r.requests) for name, r in sim.endpoints.items()}
+    mailed = sim.mailbox.read_text().splitlines() if sim.mailbox.exists() else []
     messages = {r["id"] for r in await _rows(sim, "SELECT id FROM relaybox_messages")}
     done = {
         r["event_id"]
         for r in await _rows(sim, "SELECT event_id FROM relaybox_inbox WHERE status = 'done'")
     }
     out = []
-    for name, receiver in sim.endpoints.items():
-        for seen in list(receiver.requests):
+    for name, requests in received.items():
+        for seen in requests:
             if seen.webhook_id not in messages:
                 out.append(f"{name} received {seen.webhook_id}, which was never committed")
                 continue
@@ -209,11 +220,13 @@ async def no_rollback_leak(sim: Sim, final: bool) -> list[str]:
         r["business_key"]
         for r in await _rows(sim, "SELECT business_key FROM credit_grants WHERE kind = 'grant'")
     }
-    if sim.mailbox.exists():
-        for line in sim.mailbox.read_text().splitlines():
+    for line in mailed:
+        try:
             key = json.loads(line)["key"]
-            if key.endswith(":confirmation") and key.removesuffix(":confirmation") not in granted:
-                out.append(f"e-mail {key} sent for a grant never committed")
+        except ValueError:  # a line being written right now
+            continue
+        if key.endswith(":confirmation") and key.removesuffix(":confirmation") not in granted:
+            out.append(f"e-mail {key} sent for a grant never committed")
     return out
 
 
