@@ -9,6 +9,8 @@ import traceback
 
 import structlog
 
+from relaybox import tracing
+
 __all__ = ["configure_logging", "debug_enabled", "error_text", "short_error"]
 
 _debug = False
@@ -39,6 +41,7 @@ def configure_logging(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
+            tracing.structlog_processor,  # trace_id / span_id while a span is current
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,
         ],

@@ -43,6 +43,9 @@ class NewDelivery:
     (:meth:`relaybox.inbox.Handoff.offer`; stores with ``starts_at_accept``): the row
     goes in with its first attempt counted and started, held back from every claimer
     until then, as a claim that started it would leave it."""
+    traceparent: str | None = None
+    """The W3C trace context the delivery was received in (:mod:`relaybox.tracing`):
+    the sender's ``traceparent``, else the receive span's; ``None`` when not traced."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -91,6 +94,8 @@ class InboxEvent:
     last_error: str | None = None
     next_attempt_at: float | None = None
     done_at: float | None = None
+    traceparent: str | None = None
+    """The trace context the event was received in (``None`` when not traced)."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -117,6 +122,7 @@ class InboxEvent:
             attempts=attempts,
             received_at=d.received_at,
             next_attempt_at=d.held_until,
+            traceparent=d.traceparent,
         )
 
     @classmethod
@@ -139,6 +145,7 @@ class InboxEvent:
             last_error=m.get("last_error"),
             next_attempt_at=m.get("next_attempt_at"),
             done_at=m.get("done_at"),
+            traceparent=m.get("traceparent"),
         )
 
 

@@ -315,6 +315,7 @@ class OutboxStore:
             message.created_at,
             message.ordering_key,
             message.sequence,
+            message.traceparent,
         )
         return await self.first(conn, "message_insert", params) is not None
 

@@ -110,6 +110,8 @@ class MessageBody:
     body: bytes
     sequence: int | None = None
     """Its number within its ordering key (``webhook-sequence``); ``None``: no key."""
+    traceparent: str | None = None
+    """The trace context it was published in (:mod:`relaybox.tracing`), if traced."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,6 +407,8 @@ class NewMessage:
     created_at: float
     ordering_key: str | None = None
     sequence: int | None = None
+    traceparent: str | None = None
+    """The trace context of the publish (:func:`relaybox.tracing.traceparent`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -306,7 +306,7 @@ class PostgresStore(Store):
         held = [await self._take(pool) for _ in range(min(connections, self._raw_pool_size))]
         try:
             for conn in held:
-                await conn.fetch(self.q["inbox_accept_fast"], *_columns([]), [], 0.0)
+                await conn.fetch(self.q["inbox_accept_fast"], *_columns([]), [], 0.0, [])
         except BaseException:
             for conn in held:
                 self._give_back(pool, conn)
@@ -320,11 +320,19 @@ class PostgresStore(Store):
         async with self._borrow(pool) as conn:
             held = [d.held_until for d in batch]
             subjects = [d.subject for d in batch]
+            traces = [d.traceparent for d in batch]
             if subjects.count(None) == len(subjects):
-                rows = await conn.fetch(self.q["inbox_accept_fast"], *_columns(batch), held, now)
+                rows = await conn.fetch(
+                    self.q["inbox_accept_fast"], *_columns(batch), held, now, traces
+                )
             else:
                 rows = await conn.fetch(
-                    self.q["inbox_accept_fast_subjects"], *_columns(batch), held, now, subjects
+                    self.q["inbox_accept_fast_subjects"],
+                    *_columns(batch),
+                    held,
+                    now,
+                    traces,
+                    subjects,
                 )
             inserted = {(r[1], r[2], r[3]): r[0] for r in rows if r[5]}
             if inserted and (
@@ -626,7 +634,7 @@ class PostgresStore(Store):
         now = max(d.received_at for d in batch)
         cols = _columns(batch)
         new_rows: Iterable[Sequence[Any]] = await conn.exec_driver_sql(
-            self.q["inbox_insert_batch"], (*cols, now)
+            self.q["inbox_insert_batch"], (*cols, now, [d.traceparent for d in batch])
         )
         inserted = {(r[1], r[2], r[3]): r[0] for r in new_rows}
         counts = Counter(d.key for d in batch)
@@ -770,7 +778,9 @@ class PostgresStore(Store):
             message_id = r["message_id"]
             body = r["body"]
             message = (
-                MessageBody(message_id, r["event_type"], body.encode(), r["sequence"])
+                MessageBody(
+                    message_id, r["event_type"], body.encode(), r["sequence"], r["traceparent"]
+                )
                 if message_id is not None and body is not None
                 else None
             )

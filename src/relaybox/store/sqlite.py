@@ -269,6 +269,7 @@ class SQLiteStore(Store):
                     d.received_at,
                     d.received_at,
                     d.received_at,
+                    d.traceparent,
                 )
             ]
             for inbox_id, source, account, event_id in db.execute(
@@ -424,7 +425,7 @@ class SQLiteStore(Store):
         if message_ids:
             found = await self.rows(conn, "delivery_messages", (self._array(message_ids),))
             for r in found:
-                messages[r[0]] = MessageBody(r[0], r[1], r[2].encode(), r[3])
+                messages[r[0]] = MessageBody(r[0], r[1], r[2].encode(), r[3], r[4])
         if endpoint_ids:
             secrets: dict[str, list[str]] = {}
             for s in await self.endpoint_secrets_active(conn, endpoint_ids, now=now):

@@ -125,6 +125,7 @@ class SyncStore:
             message.created_at,
             message.ordering_key,
             message.sequence,
+            message.traceparent,
         )
         return self.first(conn, "message_insert", params) is not None
 

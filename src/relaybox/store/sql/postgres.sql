@@ -7,13 +7,14 @@
 -- existed are not returned and are looked up by inbox_existing.
 INSERT INTO relaybox_inbox
     (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-     version, status, attempts, next_attempt_at, received_at, updated_at)
+     version, status, attempts, next_attempt_at, received_at, updated_at, traceparent)
 SELECT u.source, u.account, u.event_id, u.event_type, u.tenant, u.fingerprint, u.payload,
-       u.headers, u.version, u.status, 0, $12, u.received_at, $12
+       u.headers, u.version, u.status, 0, $12, u.received_at, $12, u.traceparent
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
-            $7::bytea[], $8::text[], $9::text[], $10::text[], $11::double precision[])
+            $7::bytea[], $8::text[], $9::text[], $10::text[], $11::double precision[],
+            $13::text[])
      AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-          version, status, received_at)
+          version, status, received_at, traceparent)
 ON CONFLICT (source, account, event_id) DO NOTHING
 RETURNING id, source, account, event_id
 
@@ -69,7 +70,7 @@ SELECT * FROM relaybox_inbox WHERE source = $1 AND account = $2 AND event_id = $
 -- Locks claimed rows until COMMIT; the handler's effect and the completion commit
 -- together. A row completed meanwhile by a late worker is no longer pending.
 SELECT id, source, account, event_id, event_type, tenant, payload, headers, version,
-       attempts, received_at
+       attempts, received_at, traceparent
 FROM relaybox_inbox
 -- "Not done, dead or ignored" is pending (the status CHECK) but matches no partial index:
 -- the ids decide the path even in a generic plan made on a filled inbox before any
@@ -159,17 +160,18 @@ SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL
 WITH u AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
-                         $11::double precision[], $12::double precision[])
+                         $11::double precision[], $12::double precision[], $14::text[])
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-              version, status, received_at, held_until)
+              version, status, received_at, held_until, traceparent)
 ), ins AS (
     INSERT INTO relaybox_inbox
         (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-         version, status, attempts, next_attempt_at, started_at, received_at, updated_at)
+         version, status, attempts, next_attempt_at, started_at, received_at, updated_at,
+         traceparent)
     SELECT u.source, u.account, u.event_id, u.event_type, u.tenant, u.fingerprint, u.payload,
            u.headers, u.version, u.status,
            CASE WHEN u.held_until IS NULL THEN 0 ELSE 1 END, coalesce(u.held_until, $13),
-           CASE WHEN u.held_until IS NOT NULL THEN $13 END, u.received_at, $13
+           CASE WHEN u.held_until IS NOT NULL THEN $13 END, u.received_at, $13, u.traceparent
     FROM u
     ON CONFLICT (source, account, event_id) DO NOTHING
     RETURNING id, source, account, event_id, fingerprint
@@ -191,7 +193,7 @@ CROSS JOIN LATERAL (
 ) e
 
 -- name: inbox_accept_fast_subjects
--- inbox_accept_fast for a batch with subjects ($14: each delivery's subject digest or
+-- inbox_accept_fast for a batch with subjects ($15: each delivery's subject digest or
 -- NULL, NewDelivery.subject): the new rows are indexed under them in the same
 -- statement, so in the same commit (an erasure finds every row that was acknowledged).
 -- Batches without one run inbox_accept_fast: the accept pays nothing when no source
@@ -199,17 +201,19 @@ CROSS JOIN LATERAL (
 WITH u AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
-                         $11::double precision[], $12::double precision[], $14::bytea[])
+                         $11::double precision[], $12::double precision[], $14::text[],
+                         $15::bytea[])
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-              version, status, received_at, held_until, subject)
+              version, status, received_at, held_until, traceparent, subject)
 ), ins AS (
     INSERT INTO relaybox_inbox
         (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-         version, status, attempts, next_attempt_at, started_at, received_at, updated_at)
+         version, status, attempts, next_attempt_at, started_at, received_at, updated_at,
+         traceparent)
     SELECT u.source, u.account, u.event_id, u.event_type, u.tenant, u.fingerprint, u.payload,
            u.headers, u.version, u.status,
            CASE WHEN u.held_until IS NULL THEN 0 ELSE 1 END, coalesce(u.held_until, $13),
-           CASE WHEN u.held_until IS NOT NULL THEN $13 END, u.received_at, $13
+           CASE WHEN u.held_until IS NOT NULL THEN $13 END, u.received_at, $13, u.traceparent
     FROM u
     ON CONFLICT (source, account, event_id) DO NOTHING
     RETURNING id, source, account, event_id, fingerprint
@@ -267,7 +271,7 @@ FROM (SELECT d.id, d.suspect,
 WHERE i.id = due.id
 RETURNING i.id, i.status, i.source, i.account, i.event_id, i.attempts,
           due.suspect, i.event_type, i.tenant, i.payload, i.headers,
-          i.version, i.received_at, due.starts
+          i.version, i.received_at, due.starts, i.traceparent
 
 -- name: inbox_keep_hold
 -- A live worker keeps the hold on the rows of its claim not finished yet ($1), which

@@ -148,8 +148,9 @@ DELETE FROM relaybox_lanes WHERE lane = $1
 -- name: message_insert
 -- The (tenant, idempotency_key) UNIQUE constraint decides which publish is first.
 INSERT INTO relaybox_messages
-    (id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    (id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence,
+     traceparent)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (tenant, idempotency_key) DO NOTHING
 RETURNING id
 
@@ -613,12 +614,13 @@ FROM (SELECT array_agg(id) AS recorded, array_agg(lease_token) AS tokens FROM do
 LEFT JOIN (
     SELECT r.id, r.channel, r.key, r.payload, r.tenant, r.endpoint_id, r.message_id,
            r.new_attempt AS attempts, r.new_token AS lease_token, r.uncertain, r.lane,
-           r.allowed, m.event_type, m.body, m.sequence, e.tenant AS endpoint_tenant, e.url,
+           r.allowed, m.event_type, m.body, m.sequence, m.traceparent,
+           e.tenant AS endpoint_tenant, e.url,
            e.signature, e.timeout, e.schedule, e.secrets, e.headers, e.credentials,
            e.failing_level
     FROM picked r
     LEFT JOIN LATERAL (
-        SELECT event_type, body, sequence FROM relaybox_messages
+        SELECT event_type, body, sequence, traceparent FROM relaybox_messages
         WHERE id = r.message_id OFFSET 0) m ON true
     LEFT JOIN targets e ON e.id = r.endpoint_id AND e.first_id = r.id
 ) x ON true

@@ -11,8 +11,8 @@
 -- not inserted; RETURNING names the inserted rows by their key, in no set order.
 INSERT INTO relaybox_inbox
     (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-     version, status, attempts, next_attempt_at, received_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)
+     version, status, attempts, next_attempt_at, received_at, updated_at, traceparent)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?)
 ON CONFLICT (source, event_id, account) DO NOTHING
 RETURNING id, source, account, event_id
 
@@ -45,7 +45,7 @@ SELECT * FROM relaybox_inbox WHERE source = ? AND account = ? AND event_id = ?
 -- name: inbox_lock
 -- BEGIN IMMEDIATE already holds the database's write lock until COMMIT.
 SELECT id, source, account, event_id, event_type, tenant, payload, headers, version,
-       attempts, received_at
+       attempts, received_at, traceparent
 FROM relaybox_inbox
 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'
 ORDER BY id
@@ -114,7 +114,7 @@ WHERE id IN (SELECT id FROM relaybox_inbox
              WHERE status = 'pending' AND next_attempt_at <= ?1
              ORDER BY next_attempt_at LIMIT ?2)
 RETURNING id, status, source, account, event_id, attempts, started_at IS NOT NULL AS suspect,
-          event_type, tenant, payload, headers, version, received_at, 0 AS starts
+          event_type, tenant, payload, headers, version, received_at, 0 AS starts, traceparent
 
 -- name: inbox_start
 -- An attempt starts: counted durably before the handler runs.

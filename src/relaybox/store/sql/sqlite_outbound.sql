@@ -134,8 +134,9 @@ DELETE FROM relaybox_lanes WHERE lane = ?1
 
 -- name: message_insert
 INSERT INTO relaybox_messages
-    (id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+    (id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence,
+     traceparent)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
 ON CONFLICT (tenant, idempotency_key) DO NOTHING
 RETURNING id
 
@@ -366,7 +367,7 @@ SET leased_at = ?1, refilled_at = ?1,
 WHERE lane IN (SELECT value FROM json_each(?2))
 
 -- name: delivery_messages
-SELECT id, event_type, body, sequence FROM relaybox_messages
+SELECT id, event_type, body, sequence, traceparent FROM relaybox_messages
 WHERE id IN (SELECT value FROM json_each(?1))
 
 -- name: delivery_endpoints
