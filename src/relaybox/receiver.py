@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from relaybox import tracing
 from relaybox.bodies import json_as_is
 from relaybox.errors import (
     TABLES_MISSING,
@@ -144,7 +145,22 @@ class Receiver:
         self, source: Source, scope: Scope, headers: dict[str, str], body: bytes
     ) -> Reply:
         """Verify, accept and answer a POST whose body is read: the answer is sent
-        only after the COMMIT that holds the delivery."""
+        only after the COMMIT that holds the delivery. Traced as ``relaybox.receive``
+        (a child of the ``traceparent`` the sender sent, if any), with the
+        verification and the accept's commit as its children."""
+        with tracing.span(
+            "relaybox.receive",
+            kind="server",
+            headers=headers,
+            attributes={"relaybox.source": source.name, "http.request.method": "POST"},
+        ) as span:
+            reply = await self._answer(source, scope, headers, body, span)
+            span.set_attribute("http.response.status_code", reply[0])
+            return reply
+
+    async def _answer(
+        self, source: Source, scope: Scope, headers: dict[str, str], body: bytes, span: Any
+    ) -> Reply:
         name = source.name
         try:
             answer = handshake(source, scope, headers, body)
@@ -153,14 +169,15 @@ class Receiver:
             if source.signs_url:
                 headers[URL_HEADER] = request_url(scope, headers)
             now = self.box.clock.now()
-            if source.may_offload and source.offload(headers, body):
-                # Public-key checks on a large body: in a thread, so that the loop
-                # keeps answering other requests meanwhile.
-                verified = await asyncio.get_running_loop().run_in_executor(
-                    self._verifier(), functools.partial(source.verify, headers, body, now)
-                )
-            else:
-                verified = source.verify(headers, body, now)
+            with tracing.span("relaybox.verify", attributes={"relaybox.source": name}):
+                if source.may_offload and source.offload(headers, body):
+                    # Public-key checks on a large body: in a thread, so that the loop
+                    # keeps answering other requests meanwhile.
+                    verified = await asyncio.get_running_loop().run_in_executor(
+                        self._verifier(), functools.partial(source.verify, headers, body, now)
+                    )
+                else:
+                    verified = source.verify(headers, body, now)
             answer = source.challenge(verified)
         except RejectedDelivery as exc:
             log.info("delivery_rejected", source=name, status=exc.status, reason=exc.code)
@@ -184,12 +201,25 @@ class Receiver:
             received_at=self.box.clock.now(),
             ignored=source.ignores(verified.event_type),
             subject=verified.subject,
+            # The sender's traceparent, else this request's span (None untraced).
+            traceparent=tracing.traceparent(headers),
         )
+        if span.is_recording():
+            span.set_attributes(_span_keys(delivery))
         try:
-            if source.inline and not delivery.ignored:
-                outcome = await self.box.accept_inline(delivery)
-            else:
-                outcome = await self.box.acceptor.accept(delivery)
+            with tracing.span("relaybox.accept") as accepting:
+                if source.inline and not delivery.ignored:
+                    outcome = await self.box.accept_inline(delivery)
+                else:
+                    outcome = await self.box.acceptor.accept(delivery)
+                if accepting.is_recording():
+                    accepting.set_attributes(
+                        {
+                            "relaybox.accept.status": outcome.status,
+                            "relaybox.inbox_id": outcome.inbox_id,
+                        }
+                    )
+                    span.set_attribute("relaybox.accept.status", outcome.status)
         except StoreUnavailable as exc:
             _key_log(delivery).warning("delivery_not_committed", error=str(exc))
             return 503, _error("unavailable", str(exc)), [(b"retry-after", b"5")]
@@ -277,6 +307,22 @@ def _headers_json(headers: dict[str, str]) -> str:
 
 
 _json_string = json.encoder.encode_basestring_ascii
+
+
+def _span_keys(delivery: NewDelivery) -> dict[str, str | bool]:
+    """A delivery's keys as span attributes (each bounded by the accept's checks; no
+    payload, no header)."""
+    keys: dict[str, str | bool] = {
+        "relaybox.source": delivery.source,
+        "relaybox.event_id": delivery.event_id,
+        "relaybox.event_type": delivery.event_type,
+        "relaybox.ignored": delivery.ignored,
+    }
+    if delivery.account:
+        keys["relaybox.account"] = delivery.account
+    if delivery.tenant is not None:
+        keys["relaybox.tenant"] = delivery.tenant
+    return keys
 
 
 def _key_log(delivery: NewDelivery) -> Any:

@@ -29,6 +29,7 @@ from typing import Any
 __all__ = [
     "TRACEPARENT",
     "current_ids",
+    "current_span",
     "enabled",
     "inject",
     "parse_traceparent",
@@ -161,18 +162,20 @@ def span(
     kind: str = "internal",
     attributes: Attributes | None = None,
     parent: str | None = None,
+    link: bool = True,
     headers: Mapping[str, str] | None = None,
 ) -> AbstractContextManager[Any]:
     """A span around a ``with`` block, current within it (a span started inside is its
     child). ``kind``: internal, server, client, producer or consumer. ``parent``: a
-    stored ``traceparent``: the span is its child and links to it (a context that came
-    through the database). ``headers``: a request's headers, whose trace context (the
+    stored ``traceparent``: the span is its child and, with ``link``, links to it (a
+    context that came through the database: the messaging conventions' creation
+    context). ``headers``: a request's headers, whose trace context (the
     configured propagators: ``traceparent`` by default) becomes the parent. Off: one
     shared object doing nothing."""
     tracer = _tracer if _tracer is not _UNSET else _resolve()
     if tracer is None:
         return NO_SPAN
-    return _span(tracer, name, kind, attributes, parent, headers)
+    return _span(tracer, name, kind, attributes, parent, link, headers)
 
 
 @contextmanager
@@ -182,6 +185,7 @@ def _span(
     kind: str,
     attributes: Attributes | None,
     parent: str | None,
+    link: bool,
     headers: Mapping[str, str] | None,
 ) -> Iterator[Any]:
     from opentelemetry import propagate, trace
@@ -192,7 +196,8 @@ def _span(
         stored = _span_context(parent)
         if stored is not None:
             context = trace.set_span_in_context(trace.NonRecordingSpan(stored))
-            links = (trace.Link(stored, {"relaybox.link": "stored"}),)
+            if link:
+                links = (trace.Link(stored, {"relaybox.link": "stored"}),)
     elif headers is not None and "traceparent" in headers:
         context = propagate.extract(headers)
     with tracer.start_as_current_span(
@@ -245,6 +250,16 @@ def traceparent(headers: Mapping[str, str] | None = None) -> str | None:
     if not context.is_valid:
         return None
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+def current_span() -> Any:
+    """The current span (to add attributes to), or a no-op one."""
+    tracer = _tracer if _tracer is not _UNSET else _resolve()
+    if tracer is None:
+        return NO_SPAN
+    from opentelemetry import trace
+
+    return trace.get_current_span()
 
 
 def inject(headers: MutableMapping[str, str]) -> None:

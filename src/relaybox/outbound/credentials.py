@@ -333,15 +333,36 @@ async def authorized_post(
     sent = {**dict(endpoint.headers), **headers}
     hidden = {name for name, _ in endpoint.headers if credential_header(name)}
     if endpoint.credentials is None:
-        return await client.post(endpoint.url, body, sent, seconds=seconds, hidden=hidden)
+        return await client.post(
+            endpoint.url,
+            body,
+            sent,
+            seconds=seconds,
+            hidden=hidden,
+            trace_context=endpoint.trace_context,
+        )
     hidden.add("Authorization")
     spec = parse_credentials(endpoint.credentials)
     if isinstance(spec, BasicCredentials):
         sent["Authorization"] = _basic(spec.username, spec.password)
-        return await client.post(endpoint.url, body, sent, seconds=seconds, hidden=hidden)
+        return await client.post(
+            endpoint.url,
+            body,
+            sent,
+            seconds=seconds,
+            hidden=hidden,
+            trace_context=endpoint.trace_context,
+        )
     if isinstance(spec, BearerCredentials):
         sent["Authorization"] = f"Bearer {spec.token}"
-        return await client.post(endpoint.url, body, sent, seconds=seconds, hidden=hidden)
+        return await client.post(
+            endpoint.url,
+            body,
+            sent,
+            seconds=seconds,
+            hidden=hidden,
+            trace_context=endpoint.trace_context,
+        )
     key = cache.key(endpoint.id, endpoint.credentials)
     result: Result | None = None
     for _ in range(2):  # a 401: once more with a fresh token

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from relaybox import tracing
 from relaybox.config.outbound import tenant_cap
 from relaybox.hooks import DispatchHooks
 from relaybox.log import error_text, short_error
@@ -345,17 +346,28 @@ class Dispatcher:
             )
 
     async def _handle(self, d: Delivery) -> None:
+        """One attempt, traced as ``relaybox.deliver``: a child of the context its
+        message was published in (and linked to it), whatever process leased it."""
+        with tracing.span(
+            "relaybox.deliver",
+            kind="producer",
+            parent=d.message.traceparent if d.message is not None else None,
+            attributes=delivery_attributes(d),
+        ):
+            await self._deliver(d)
+
+    async def _deliver(self, d: Delivery) -> None:
         channel = self.outbound.channels[d.channel]
         schedule = self._schedule(d, channel)
         if d.uncertain and channel.uncertain == "review":
-            await self.recorder.record(d, None, Decision("held", "held", "uncertain"), 0.0, 0.0)
+            await self._record(d, None, Decision("held", "held", "uncertain"), 0.0, 0.0)
             return
         if d.uncertain and channel.uncertain == "accept":
-            await self.recorder.record(d, None, Decision("sent", "accepted"), 0.0, 0.0)
+            await self._record(d, None, Decision("sent", "accepted"), 0.0, 0.0)
             return
         if d.attempt > schedule.max_attempts:
             decision = Decision("dead", "exhausted", "exhausted")
-            await self.recorder.record(d, None, decision, 0.0, 0.0)
+            await self._record(d, None, decision, 0.0, 0.0)
             return
         started, t0 = self.box.clock.now(), time.perf_counter()
         try:
@@ -373,9 +385,18 @@ class Dispatcher:
             result = Result("retry", error=error_text(exc))
         duration = time.perf_counter() - t0
         decision = self.decide(d, result, schedule)
-        await self.recorder.record(d, result, decision, started, duration)
+        await self._record(d, result, decision, started, duration)
         if decision.at is not None and decision.status == "retry":
             self._expect(decision.at)
+
+    async def _record(
+        self, d: Delivery, result: Result | None, decision: Decision, started: float, took: float
+    ) -> None:
+        """Record the attempt; its span (when traced) gets the decision."""
+        span = tracing.current_span()
+        if span.is_recording():
+            span.set_attributes(decision_attributes(decision, result, self.box.clock.now()))
+        await self.recorder.record(d, result, decision, started, took)
 
     def _schedule(self, d: Delivery, channel: Channel) -> Schedule:
         if d.endpoint is not None and d.endpoint.schedule is not None:
@@ -395,6 +416,39 @@ class Dispatcher:
         if delay is None:
             return Decision("dead", "exhausted", "exhausted")
         return Decision("retry", "retry", at=self.box.clock.now() + delay)
+
+
+def delivery_attributes(d: Delivery) -> dict[str, str | int | bool]:
+    """The attributes of an attempt's ``relaybox.deliver`` span (ids, the channel, the
+    attempt's number: no payload, no URL, no secret)."""
+    attributes: dict[str, str | int | bool] = {
+        "relaybox.outbox_id": d.id,
+        "relaybox.channel": d.channel,
+        "relaybox.attempt": d.attempt,
+        "relaybox.uncertain": d.uncertain,
+    }
+    if d.message is not None:
+        attributes["relaybox.message_id"] = d.message.id
+        attributes["relaybox.event_type"] = d.message.event_type
+    if d.endpoint is not None:
+        attributes["relaybox.endpoint_id"] = d.endpoint.id
+        attributes["relaybox.tenant"] = d.endpoint.tenant
+    return attributes
+
+
+def decision_attributes(
+    decision: Decision, result: Result | None, now: float
+) -> dict[str, str | float | int]:
+    """The decision on an attempt, for its span: what the row becomes, why, and the
+    retry's delay in seconds."""
+    attributes: dict[str, str | float | int] = {"relaybox.decision": decision.status}
+    if decision.reason is not None:
+        attributes["relaybox.decision.reason"] = decision.reason
+    if decision.at is not None and decision.status == "retry":
+        attributes["relaybox.retry.delay"] = round(max(decision.at - now, 0.0), 3)
+    if result is not None and result.status_code is not None:
+        attributes["http.response.status_code"] = result.status_code
+    return attributes
 
 
 class _Run:

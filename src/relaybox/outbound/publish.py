@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox import tracing
 from relaybox.bodies import NotJsonNumber, text_problem, write_json
 from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, check_schema
 from relaybox.outbound.filters import CompiledFilter, compile_filter
@@ -40,6 +41,7 @@ __all__ = [
     "matches",
     "new_message",
     "publish",
+    "publish_attributes",
     "published",
     "stored_filter",
     "targets",
@@ -198,7 +200,56 @@ async def publish(
 
     ``subject``: whom the message is about (a customer id): the message is indexed
     under it in ``conn``'s transaction, and ``relaybox erase --subject`` empties it
-    and its deliveries (:mod:`relaybox.erasure`)."""
+    and its deliveries (:mod:`relaybox.erasure`).
+
+    Traced as ``relaybox.publish`` (a child of the current span: the handler's, the
+    request's), whose context the message keeps for its delivery attempts."""
+    with tracing.span("relaybox.publish", kind="producer") as span:
+        message = await _publish(
+            box,
+            conn,
+            event_type,
+            data,
+            tenant=tenant,
+            idempotency_key=idempotency_key,
+            endpoint_ids=endpoint_ids,
+            api_version=api_version,
+            ordering_key=ordering_key,
+            json_data=json_data,
+            subject=subject,
+        )
+        if span.is_recording():
+            span.set_attributes(publish_attributes(message))
+        return message
+
+
+def publish_attributes(message: Message) -> dict[str, str | int | bool]:
+    """The attributes of a ``relaybox.publish`` span, once the message is checked and
+    written: its id, type and tenant, how many endpoints it fans out to, and whether
+    it is new (not an earlier publish with the same idempotency key)."""
+    return {
+        "relaybox.message_id": message.id,
+        "relaybox.event_type": message.event_type,
+        "relaybox.tenant": message.tenant,
+        "relaybox.fan_out": len(message.endpoints),
+        "relaybox.created": message.created,
+    }
+
+
+async def _publish(
+    box: Runtime,
+    conn: AsyncConnection,
+    event_type: str,
+    data: Any,
+    *,
+    tenant: str,
+    idempotency_key: str | None,
+    endpoint_ids: Sequence[str] | None,
+    api_version: str | None,
+    ordering_key: str | None,
+    json_data: bool,
+    subject: str | None,
+) -> Message:
     store = box.store
     check_request(event_type, tenant, idempotency_key, ordering_key)
     digest = subject_of(subject)
@@ -323,7 +374,15 @@ def new_message(
             f"the message is over {ob.settings.max_payload} bytes", code="too_large"
         )
     return NewMessage(
-        msg_id, tenant, event_type, idempotency_key, text, now, ordering_key, sequence
+        msg_id,
+        tenant,
+        event_type,
+        idempotency_key,
+        text,
+        now,
+        ordering_key,
+        sequence,
+        tracing.traceparent(),  # the publish's span (None untraced)
     )
 
 

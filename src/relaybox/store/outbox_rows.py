@@ -69,6 +69,8 @@ class Target:
     failing: bool = False
     """It was announced failing (``relaybox.endpoint.failing``): a success is recorded
     with its recovery (``relaybox.endpoint.recovered``)."""
+    trace_context: bool = True
+    """Its requests carry the attempt's ``traceparent`` when tracing is on."""
 
     def __repr__(self) -> str:  # never print secret material
         return f"Target(id={self.id!r}, tenant={self.tenant!r}, secrets=<{len(self.secrets)}>)"

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from relaybox import tracing
 from relaybox.errors import ConfigurationError
 from relaybox.outbound.catalog import check_schema
 from relaybox.outbound.publish import (
     check_request,
     new_message,
+    publish_attributes,
     published,
     subject_of,
     targets,
@@ -65,7 +67,37 @@ def publish_sync(
     :class:`~relaybox.outbound.InvalidMessage` as ``publish`` does; with an
     ``idempotency_key`` already used by the tenant, returns that message.
     ``ordering_key`` as in ``publish``: the key's next sequence number, taken in this
-    transaction (a concurrent publish with the same key waits for it to end)."""
+    transaction (a concurrent publish with the same key waits for it to end). Traced
+    as ``relaybox.publish``, like ``publish``."""
+    with tracing.span("relaybox.publish", kind="producer") as span:
+        message = _publish_sync(
+            box,
+            conn_or_session,
+            event_type,
+            data,
+            tenant=tenant,
+            idempotency_key=idempotency_key,
+            endpoint_ids=endpoint_ids,
+            api_version=api_version,
+            ordering_key=ordering_key,
+        )
+        if span.is_recording():
+            span.set_attributes(publish_attributes(message))
+        return message
+
+
+def _publish_sync(
+    box: Runtime,
+    conn_or_session: Connection | Session,
+    event_type: str,
+    data: Any,
+    *,
+    tenant: str,
+    idempotency_key: str | None,
+    endpoint_ids: Sequence[str] | None,
+    api_version: str | None,
+    ordering_key: str | None,
+) -> Message:
     conn = connection_of(conn_or_session)
     store = box.store.sync
     check_request(event_type, tenant, idempotency_key, ordering_key)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from relaybox import projections
+from relaybox import projections, tracing
 from relaybox.bodies import write_json
 from relaybox.errors import OperationConflict
 from relaybox.store import InboxEvent, OutboxRow
@@ -19,7 +19,32 @@ if TYPE_CHECKING:
     from relaybox.runtime import InboundRuntime, Runtime
     from relaybox.sync.context import SyncContext
 
-__all__ = ["Context", "Handler", "Handling", "Hooks", "Outbox", "Registration", "SyncHandler"]
+__all__ = [
+    "Context",
+    "Handler",
+    "Handling",
+    "Hooks",
+    "Outbox",
+    "Registration",
+    "SyncHandler",
+    "process_attributes",
+]
+
+
+def process_attributes(event: InboxEvent) -> dict[str, str | int]:
+    """The attributes of an event's ``relaybox.process`` span: its keys and attempt
+    (bounded by the accept's checks; no payload)."""
+    attributes: dict[str, str | int] = {
+        "relaybox.inbox_id": event.id,
+        "relaybox.source": event.source,
+        "relaybox.event_id": event.event_id,
+        "relaybox.event_type": event.event_type,
+        "relaybox.attempt": event.attempts,
+    }
+    if event.tenant is not None:
+        attributes["relaybox.tenant"] = event.tenant
+    return attributes
+
 
 log = structlog.get_logger("relaybox.worker")
 
@@ -113,6 +138,9 @@ class Handling:
         self._key_error: Exception | None = None
         self._claimed = False
         self._session: Any = None
+        # The handler's span (relaybox.process) as a traceparent, when traced: the
+        # outcome's span (Recorder._record) is its child.
+        self._trace: str | None = None
 
     def _declare(self, registration: Registration) -> None:
         if registration.business_key is None:
@@ -255,16 +283,19 @@ class Context(Handling):
         if asked is None:
             return True
         business_key, fingerprint = asked
-        created, stored = await self.box.store.operation_insert(
-            self.conn,
-            business_key=business_key,
-            fingerprint=fingerprint,
-            inbox_id=self.event.id,
-            source=self.event.source,
-            tenant=self.event.tenant,
-            now=self.box.clock.now(),
-        )
-        return self._once_answer(business_key, fingerprint, created, stored)
+        with tracing.span("relaybox.once") as span:
+            created, stored = await self.box.store.operation_insert(
+                self.conn,
+                business_key=business_key,
+                fingerprint=fingerprint,
+                inbox_id=self.event.id,
+                source=self.event.source,
+                tenant=self.event.tenant,
+                now=self.box.clock.now(),
+            )
+            first = self._once_answer(business_key, fingerprint, created, stored)
+            span.set_attribute("relaybox.once.first", first)
+            return first
 
     async def project(
         self, resource_key: str, version: str | int | None, state: Any, **options: Any

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox import tracing
 from relaybox.retry import Backoff
 from relaybox.store import InboxEvent
 from relaybox.worker.context import Handling, Hooks
@@ -159,8 +160,20 @@ class Recorder:
         """Write the outcome in ``conn``'s transaction. Its log line and metric go to
         ``reports`` when given, for the caller to emit once the transaction commits
         (:meth:`_report`); otherwise now."""
-        store = self.box.store
         plan = self._plan(event, ctx, outcome, started)
+        if ctx._trace is not None:  # the decision, a child of the handler's span
+            with tracing.span("relaybox.outcome", parent=ctx._trace, link=False) as span:
+                span.set_attributes(outcome_attributes(plan))
+                await self._write_plan(conn, event, plan)
+        else:
+            await self._write_plan(conn, event, plan)
+        if reports is None:
+            self._report([plan.report])
+        else:
+            reports.append(plan.report)
+
+    async def _write_plan(self, conn: AsyncConnection, event: InboxEvent, plan: _Plan) -> None:
+        store = self.box.store
         if plan.retry_at is not None:
             await store.inbox_retry_later(
                 conn, event.id, at=plan.retry_at, error=plan.error, now=plan.now
@@ -173,10 +186,6 @@ class Recorder:
             await self.box.announce(conn, "relaybox.inbox.dead", data)
         if plan.history:
             await store.attempt_insert(conn, **plan.attempt_row(event, self.name))
-        if reports is None:
-            self._report([plan.report])
-        else:
-            reports.append(plan.report)
 
     def _plan(self, event: InboxEvent, ctx: Handling, outcome: _Outcome, started: float) -> _Plan:
         """What recording ``outcome`` writes (the same for every kind of handler and
@@ -225,3 +234,15 @@ class Recorder:
                 log.warning("event_retry", error=error, **fields)
             else:
                 log.error("event_dead", reason=kind, error=error, **fields)
+
+
+def outcome_attributes(plan: _Plan) -> dict[str, str | float | bool]:
+    """The attributes of an attempt's ``relaybox.outcome`` span: the decision, and the
+    retry's delay in seconds (the error's text stays in the database)."""
+    attributes: dict[str, str | float | bool] = {
+        "relaybox.outcome": plan.kind,
+        "relaybox.dead": plan.dead,
+    }
+    if plan.retry_at is not None:
+        attributes["relaybox.retry.delay"] = round(plan.retry_at - plan.now, 3)
+    return attributes

@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from sqlalchemy.engine import Connection
 
+from relaybox import tracing
 from relaybox.errors import OperationConflict, PermanentError
 from relaybox.log import error_text, short_error
 from relaybox.store import InboxEvent
+from relaybox.worker.context import process_attributes
 from relaybox.worker.outcomes import Recorder, _NotOurs, _Outcome, _Plan, _Report, _RolledBack
 
 if TYPE_CHECKING:
@@ -60,7 +62,14 @@ class Threaded(Recorder):
         own synchronous transaction; emit its report after the COMMIT. ``False``: the
         row was not this worker's any more (completed, or started again elsewhere)."""
         loop = asyncio.get_running_loop()
-        reports = await asyncio.to_thread(self._in_thread, loop, event, attempt, registration)
+        # The thread runs in a copy of this context: the span is current there.
+        with tracing.span(
+            "relaybox.process",
+            kind="consumer",
+            parent=event.traceparent,
+            attributes={**process_attributes(event), "relaybox.attempt": attempt},
+        ):
+            reports = await asyncio.to_thread(self._in_thread, loop, event, attempt, registration)
         if reports is None:
             return False
         self._report(reports)

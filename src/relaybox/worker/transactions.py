@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, cast
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox import tracing
 from relaybox.errors import OperationConflict, PermanentError
 from relaybox.log import error_text, short_error
 from relaybox.store import InboxEvent
-from relaybox.worker.context import Context, Handler, Registration
+from relaybox.worker.context import Context, Handler, Registration, process_attributes
 from relaybox.worker.outcomes import (
     _ABORTED,
     _IN_FAILED_TRANSACTION,
@@ -510,6 +511,33 @@ class Runners(Threaded):
         savepoint: bool,
         grouped: bool = False,
         ctx: Context | None = None,
+    ) -> tuple[Context, _Outcome]:
+        """The handler of ``event`` in ``conn``'s transaction, traced as
+        ``relaybox.process``: a child of the context the event was received in (and
+        linked to it), current while the handler runs, so that what it publishes
+        carries it."""
+        with tracing.span(
+            "relaybox.process",
+            kind="consumer",
+            parent=event.traceparent,
+            attributes=process_attributes(event),
+        ) as span:
+            ctx, outcome = await self._run_handler(
+                conn, event, savepoint=savepoint, grouped=grouped, ctx=ctx
+            )
+            if span.is_recording():
+                span.set_attribute("relaybox.outcome", outcome.kind)
+                ctx._trace = tracing.traceparent()
+            return ctx, outcome
+
+    async def _run_handler(
+        self,
+        conn: AsyncConnection,
+        event: InboxEvent,
+        *,
+        savepoint: bool,
+        grouped: bool,
+        ctx: Context | None,
     ) -> tuple[Context, _Outcome]:
         registration = self._registration(event.source, event.event_type)
         if ctx is None:

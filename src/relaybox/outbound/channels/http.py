@@ -32,10 +32,12 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _quoted  # what json.dumps quotes with
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from relaybox import tracing
 from relaybox.bodies import json_as_is
 from relaybox.config.outbound import UncertainPolicy
 from relaybox.outbound.channels.base import Channel, Result
@@ -291,9 +293,13 @@ class HttpClient:
         *,
         seconds: float,
         hidden: Collection[str] | None = None,
+        trace_context: bool = True,
     ) -> Result:
         """One POST; the guard's check (DNS included), connecting, sending and reading
         the answer all end within ``seconds`` (give or take :data:`WATCH_INTERVAL`).
+        Traced as an HTTP client span (the semantic conventions' ``POST``), whose
+        context the request carries as ``traceparent`` unless ``trace_context`` is
+        false (an endpoint whose receiver must not see it).
 
         ``hidden``: the names (as keys of ``headers``) of the headers that carry a
         credential, which the attempt log shows as :data:`REDACTED` (and whose values
@@ -303,6 +309,25 @@ class HttpClient:
         ``Authorization``)."""
         if hidden is None:
             hidden = [name for name in headers if credential_header(name)]
+        if not tracing.enabled():
+            return await self._post(url, body, headers, seconds, hidden)
+        with tracing.span("POST", kind="client", attributes=http_attributes(url)) as span:
+            if trace_context:
+                headers = dict(headers)
+                tracing.inject(headers)
+            result = await self._post(url, body, headers, seconds, hidden)
+            if span.is_recording():
+                span.set_attributes(result_attributes(result))
+            return result
+
+    async def _post(
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        seconds: float,
+        hidden: Collection[str],
+    ) -> Result:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -399,6 +424,41 @@ class HttpClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def http_attributes(url: str) -> dict[str, str | int]:
+    """An HTTP client span's attributes for a POST to ``url`` (the semantic
+    conventions'): the URL without its credentials and query, which may carry a
+    token; the server's address and port."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        port = 0
+    shown = f"{host}:{parts.port}" if parts.port else host
+    attributes: dict[str, str | int] = {
+        "http.request.method": "POST",
+        "url.full": urlunsplit((parts.scheme, shown, parts.path, "", ""))[:2048],
+        "server.address": host[:255],
+    }
+    if port:
+        attributes["server.port"] = port
+    return attributes
+
+
+def result_attributes(result: Result) -> dict[str, str | int]:
+    """An HTTP client span's attributes for the answer: its status code, and
+    ``error.type`` for a failed attempt (the status code, or what went wrong)."""
+    attributes: dict[str, str | int] = {"relaybox.result": result.outcome}
+    if result.status_code is not None:
+        attributes["http.response.status_code"] = result.status_code
+    if result.outcome != "sent":
+        if result.status_code is not None:
+            attributes["error.type"] = str(result.status_code)
+        else:
+            attributes["error.type"] = "timeout" if result.timed_out else result.outcome
+    return attributes
 
 
 def _short(exc: BaseException) -> str:

@@ -68,7 +68,12 @@ class WebhookChannel(HttpBase):
             )
         # Only relaybox's own headers (signatures, not credentials: hidden is empty).
         return await self.client().post(
-            endpoint.url, message.body, headers, seconds=timeout, hidden=()
+            endpoint.url,
+            message.body,
+            headers,
+            seconds=timeout,
+            hidden=(),
+            trace_context=endpoint.trace_context,
         )
 
     async def _to_broker(self, delivery: Delivery, name: str, body: bytes) -> Result:
