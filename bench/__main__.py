@@ -1,5 +1,5 @@
-"""python -m bench accept|process|dispatch|growth|size|latency|slow|filters|replay|erase|all
-[--quick]
+"""python -m bench accept|process|dispatch|growth|size|latency|slow|filters|replay|erase|otel|
+all [--quick]
 [--seconds N]"""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument(
         "which",
         choices=(
-            "accept process dispatch growth size latency slow filters replay erase all"
+            "accept process dispatch growth size latency slow filters replay erase otel all"
         ).split(),
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
@@ -94,6 +94,10 @@ def main() -> None:
         from bench import erase
 
         tables.append(erase.main(quick=args.quick))
+    if args.which == "otel":  # not in `all`: the cost of tracing, on demand
+        from bench import otel
+
+        tables.append(otel.main(seconds=args.seconds, rounds=args.rounds, quick=args.quick))
     print()
     print("\n\n".join(tables))
     after = cpu_reference(additions)

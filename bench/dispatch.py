@@ -111,7 +111,10 @@ def sink_note(cpu: float, wall: float, requests: int) -> str:
     return f", sink {cpu / requests * 1e6:.0f} µs/request, its core {cpu / wall:.0%} busy"
 
 
-async def relaybox_run(n: int, sink_kind: str, hanging: bool = False) -> dict[str, Any]:
+async def relaybox_run(
+    n: int, sink_kind: str, hanging: bool = False, otel: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``otel``: the dispatcher's ``OTEL_*`` environment (bench/otel.py), if traced."""
     port = free_port()
     sink = start_sink(port, sink_kind)
     url = fresh_pg_database(f"dispatch_{int(hanging)}")
@@ -119,6 +122,7 @@ async def relaybox_run(n: int, sink_kind: str, hanging: bool = False) -> dict[st
         await seed(url, port, n, hanging)
         healthy = n - (n // ENDPOINTS if hanging else 0)
         env = {**os.environ, "RELAYBOX_DATABASE_URL": url, "RELAYBOX_LOG_LEVEL": "warning"}
+        env.update(otel or {})
         proc = subprocess.Popen(
             [
                 "taskset",

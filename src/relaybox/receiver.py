@@ -148,6 +148,8 @@ class Receiver:
         only after the COMMIT that holds the delivery. Traced as ``relaybox.receive``
         (a child of the ``traceparent`` the sender sent, if any), with the
         verification and the accept's commit as its children."""
+        if not tracing.enabled():  # one call, no span objects: the accept's hot path
+            return await self._answer(source, scope, headers, body, tracing.NO_SPAN)
         with tracing.span(
             "relaybox.receive",
             kind="server",
@@ -169,14 +171,17 @@ class Receiver:
             if source.signs_url:
                 headers[URL_HEADER] = request_url(scope, headers)
             now = self.box.clock.now()
-            with tracing.span("relaybox.verify", attributes={"relaybox.source": name}):
-                if source.may_offload and source.offload(headers, body):
-                    # Public-key checks on a large body: in a thread, so that the loop
-                    # keeps answering other requests meanwhile.
+            if source.may_offload and source.offload(headers, body):
+                # Public-key checks on a large body: in a thread, so that the loop
+                # keeps answering other requests meanwhile.
+                with tracing.child(span, "relaybox.verify", {"relaybox.offloaded": True}):
                     verified = await asyncio.get_running_loop().run_in_executor(
                         self._verifier(), functools.partial(source.verify, headers, body, now)
                     )
-                else:
+            elif span is tracing.NO_SPAN:
+                verified = source.verify(headers, body, now)
+            else:
+                with tracing.span("relaybox.verify"):
                     verified = source.verify(headers, body, now)
             answer = source.challenge(verified)
         except RejectedDelivery as exc:
@@ -202,12 +207,12 @@ class Receiver:
             ignored=source.ignores(verified.event_type),
             subject=verified.subject,
             # The sender's traceparent, else this request's span (None untraced).
-            traceparent=tracing.traceparent(headers),
+            traceparent=None if span is tracing.NO_SPAN else tracing.traceparent(headers),
         )
         if span.is_recording():
             span.set_attributes(_span_keys(delivery))
         try:
-            with tracing.span("relaybox.accept") as accepting:
+            with tracing.child(span, "relaybox.accept") as accepting:
                 if source.inline and not delivery.ignored:
                     outcome = await self.box.accept_inline(delivery)
                 else:

@@ -27,7 +27,9 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 __all__ = [
+    "NO_SPAN",
     "TRACEPARENT",
+    "child",
     "current_ids",
     "current_span",
     "enabled",
@@ -208,6 +210,16 @@ def _span(
         links=links,
     ) as current:
         yield current
+
+
+def child(
+    parent: Any, name: str, attributes: Attributes | None = None
+) -> AbstractContextManager[Any]:
+    """:func:`span` ``name`` when ``parent`` is a real span, else the no-op: a hot
+    path that got :data:`NO_SPAN` makes no span object below it."""
+    if isinstance(parent, _NoSpan):
+        return NO_SPAN
+    return span(name, attributes=attributes)
 
 
 def _span_context(text: str) -> Any:

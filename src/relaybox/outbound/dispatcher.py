@@ -348,6 +348,8 @@ class Dispatcher:
     async def _handle(self, d: Delivery) -> None:
         """One attempt, traced as ``relaybox.deliver``: a child of the context its
         message was published in (and linked to it), whatever process leased it."""
+        if not tracing.enabled():
+            return await self._deliver(d)
         with tracing.span(
             "relaybox.deliver",
             kind="producer",

@@ -204,6 +204,19 @@ async def publish(
 
     Traced as ``relaybox.publish`` (a child of the current span: the handler's, the
     request's), whose context the message keeps for its delivery attempts."""
+    if not tracing.enabled():
+        return await _publish(
+            box,
+            conn,
+            event_type,
+            data,
+            tenant=tenant,
+            idempotency_key=idempotency_key,
+            endpoint_ids=endpoint_ids,
+            api_version=api_version,
+            ordering_key=ordering_key,
+            json_data=json_data,
+        )
     with tracing.span("relaybox.publish", kind="producer") as span:
         message = await _publish(
             box,

@@ -516,6 +516,10 @@ class Runners(Threaded):
         ``relaybox.process``: a child of the context the event was received in (and
         linked to it), current while the handler runs, so that what it publishes
         carries it."""
+        if not tracing.enabled():
+            return await self._run_handler(
+                conn, event, savepoint=savepoint, grouped=grouped, ctx=ctx
+            )
         with tracing.span(
             "relaybox.process",
             kind="consumer",

@@ -1,0 +1,143 @@
+"""The cost of tracing (relaybox.tracing, docs/tracing.md): relaybox's accept (wrk, as
+``bench accept`` runs it) and ``relaybox dispatch`` (as ``bench dispatch`` runs it),
+each with tracing off (the OpenTelemetry packages installed, no ``OTEL_*``
+configuration) and configured to export over OTLP/HTTP with the sampler at 0 %, 1 %
+and 100 % (``parentbased_traceidratio``), alternating within each round; medians. The
+exporter sends to bench/otlp_sink.py on core 1 (the load generator's and the sink's
+core), which answers 200 without decoding. First, what a span costs where tracing is
+off: ``tracing.span()`` entered and left, in a loop."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+from typing import Any
+
+from bench.accept import distinct_sent, ensure_wrk, make_requests, run_wrk, setup_peer
+from bench.common import ROOT, free_port, median, serve, table
+from bench.dispatch import run_child
+
+MODES: tuple[tuple[str, str | None], ...] = (
+    ("off", None),
+    ("sampled 0 %", "0"),
+    ("sampled 1 %", "0.01"),
+    ("sampled 100 %", "1"),
+)
+
+
+def otel_env(ratio: str | None, endpoint: str) -> dict[str, str]:
+    """The ``OTEL_*`` environment of a mode; none when off."""
+    if ratio is None:
+        return {}
+    return {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint,
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": ratio,
+        "OTEL_SERVICE_NAME": "relaybox-bench",
+    }
+
+
+def span_cost_off() -> float:
+    """Nanoseconds for one ``with tracing.span(...)`` where tracing is off."""
+    from relaybox import tracing
+
+    for key in [k for k in os.environ if k.startswith("OTEL_")]:
+        del os.environ[key]
+    tracing.reset()
+    assert not tracing.enabled()
+    n = 1_000_000
+    took = min(
+        timeit.repeat(
+            "with span('relaybox.accept'): pass", globals={"span": tracing.span}, number=n, repeat=5
+        )
+    )
+    return took / n * 1e9
+
+
+def main(*, seconds: int = 10, rounds: int = 3, quick: bool = False) -> str:
+    if quick:
+        seconds, rounds = 2, 1
+    ensure_wrk()
+    off_ns = span_cost_off()
+    print(f"  a span where tracing is off: {off_ns:.0f} ns", flush=True)
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}/v1/traces"
+    sink = subprocess.Popen(
+        ["taskset", "-c", "1", sys.executable, "-m", "bench.otlp_sink", str(port)], cwd=ROOT
+    )
+    accept: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    dispatch: dict[str, list[dict[str, Any]]] = {}
+    n = 2_000 if quick else 20_000
+    backends = os.environ.get("BENCH_OTEL_BACKENDS", "postgres,sqlite").split(",")
+    try:
+        with tempfile.TemporaryDirectory(prefix="relaybox-bench-otel-") as tmpdir:
+            tmp = Path(tmpdir)
+            reqfile = tmp / "requests.tsv"
+            ids = make_requests(reqfile, 30_000 * seconds if not quick else 20_000)
+            for run in range(rounds):
+                order = MODES if run % 2 == 0 else MODES[::-1]
+                for backend in backends:
+                    make_requests(reqfile, len(ids))  # signed again: a fresh timestamp
+                    for mode, ratio in order:
+                        env, count_rows = setup_peer("relaybox", backend, tmp, run)
+                        env.update(otel_env(ratio, endpoint))
+                        with serve(env, port=free_port()) as url:
+                            r = run_wrk(url, reqfile, seconds, 64)
+                        r["rows"] = count_rows()
+                        r["distinct"] = distinct_sent(ids, r["per_thread"])
+                        accept.setdefault((backend, mode), []).append(r)
+                        print(
+                            f"  accept {backend:8} {mode:13} {r['rate']:8.0f} 2xx/s"
+                            f"  p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms"
+                            f"  bad {r['bad']}  rows {r['rows']}  distinct {r['distinct']}",
+                            flush=True,
+                        )
+                for mode, ratio in order:
+                    options = {"otel": otel_env(ratio, endpoint)}
+                    d = run_child("relaybox_run", n, options, "asyncio", "uvicorn")
+                    dispatch.setdefault(mode, []).append(d)
+                    print(f"  dispatch {mode:13} {d['rate']:8.0f}/s  {d['note']}", flush=True)
+    finally:
+        sink.kill()
+        sink.wait(10)
+    rows: list[list[Any]] = []
+    for backend in backends:
+        base = median([r["rate"] for r in accept[(backend, "off")]])
+        for mode, _ in MODES:
+            runs = accept[(backend, mode)]
+            rate = median([r["rate"] for r in runs])
+            rows.append(
+                [
+                    f"accept, {backend}",
+                    mode,
+                    " / ".join(f"{r['rate']:.0f}" for r in runs),
+                    f"{rate / base:.3f}",
+                    f"{median([r['p99_ms'] for r in runs]):.1f}",
+                ]
+            )
+    base = median([d["rate"] for d in dispatch["off"]])
+    for mode, _ in MODES:
+        runs = dispatch[mode]
+        rate = median([d["rate"] for d in runs])
+        rows.append(
+            [
+                "dispatch, postgres",
+                mode,
+                " / ".join(f"{d['rate']:.0f}" for d in runs),
+                f"{rate / base:.3f}",
+                "",
+            ]
+        )
+    stamp = time.strftime("%H:%M", time.gmtime())
+    return table(
+        f"tracing: accept (wrk, 64 connections, {seconds} s) and dispatch ({n:,} deliveries),"
+        f" {rounds} round(s) alternating, medians (ended {stamp} UTC); a span where"
+        f" tracing is off: {off_ns:.0f} ns",
+        ["path", "tracing", "per run (/s)", "x off (median)", "p99 ms (median)"],
+        rows,
+    )
