@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox import tracing
 from relaybox.projections import canonical_state, counter, integer_order, stored, write
 
 if TYPE_CHECKING:
@@ -145,7 +146,17 @@ class Reconciler:
         self.concurrency = concurrency
 
     async def reconcile(self, resource_id: str) -> Result:
-        """Ticket, fetch, compare-and-set write. Never raises: a failure is a result."""
+        """Ticket, fetch, compare-and-set write. Never raises: a failure is a result.
+        Traced as ``relaybox.reconcile`` with its outcome."""
+        with tracing.span(
+            "relaybox.reconcile", attributes={"relaybox.source": self.source}
+        ) as span:
+            result = await self._reconcile(resource_id)
+            if span.is_recording():
+                span.set_attribute("relaybox.reconcile.outcome", result.outcome)
+            return result
+
+    async def _reconcile(self, resource_id: str) -> Result:
         box, store = self.box, self.box.store
         resource_key = self.key(resource_id)
         outcomes = counter(box, "reconcile_outcomes")

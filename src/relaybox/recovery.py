@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import aiohttp
 import structlog
 
+from relaybox import tracing
 from relaybox.errors import ConfigurationError, RejectedDelivery, RelayboxError
 from relaybox.projections import counter
 from relaybox.sources.base import Source, Verified, extract
@@ -298,7 +299,46 @@ async def recover(
 ) -> RecoveryReport:
     """Bring in the deliveries of ``source_name`` made since ``since`` and missing from
     the inbox. ``account``/``tenant`` override what a recovered delivery maps to when
-    its signature cannot be checked again (the source's secrets then prove nothing)."""
+    its signature cannot be checked again (the source's secrets then prove nothing).
+
+    Traced as ``relaybox.recovery`` (its counts); each delivery it brings in keeps
+    this span's context, as a received one keeps its request's."""
+    with tracing.span(
+        "relaybox.recovery", attributes={"relaybox.source": source_name, "relaybox.mode": mode}
+    ) as span:
+        report = await _recover(
+            box,
+            source_name,
+            deliveries,
+            since=since,
+            mode=mode,
+            dry_run=dry_run,
+            account=account,
+            tenant=tenant,
+        )
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "relaybox.recovery.listed": report.listed,
+                    "relaybox.recovery.missing": len(report.missing),
+                    "relaybox.recovery.ingested": len(report.ingested),
+                    "relaybox.recovery.failed": len(report.failed),
+                }
+            )
+        return report
+
+
+async def _recover(
+    box: InboundRuntime,
+    source_name: str,
+    deliveries: DeliveryLog,
+    *,
+    since: float,
+    mode: Mode = "ingest",
+    dry_run: bool = False,
+    account: str | None = None,
+    tenant: str | None = None,
+) -> RecoveryReport:
     source = box.sources.get(source_name)
     if source is None:
         raise ConfigurationError(f"no source named {source_name!r}")
@@ -405,6 +445,7 @@ async def _ingest(
         received_at=now,
         ignored=source.ignores(verified.event_type),
         subject=verified.subject,
+        traceparent=tracing.traceparent(),  # the recovery's span (None untraced)
     )
     via = f"{deliveries.name}:delivery/{summary.delivery_id} (signature {signature})"
     store = box.store

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from relaybox import tracing
 from relaybox.store.history import ReplayCandidate, ReplayFilter
 
 if TYPE_CHECKING:
@@ -106,7 +107,23 @@ async def select(box: Runtime, selection: Selection) -> list[Candidate]:
 
 
 async def replay(box: Runtime, selection: Selection, *, actor: str, reason: str) -> ReplayResult:
-    """Put the selected rows back to pending, in one transaction, and record why."""
+    """Put the selected rows back to pending, in one transaction, and record why.
+    Traced as ``relaybox.replay`` (the counts; not the actor's words)."""
+    with tracing.span("relaybox.replay") as span:
+        result = await _replay(box, selection, actor=actor, reason=reason)
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "relaybox.replay.replayed": len(result.replayed),
+                    "relaybox.replay.purged": len(result.purged),
+                    "relaybox.replay.skipped": len(result.skipped),
+                    "relaybox.replay.discarded": len(result.discarded),
+                }
+            )
+        return result
+
+
+async def _replay(box: Runtime, selection: Selection, *, actor: str, reason: str) -> ReplayResult:
     if not actor or not reason:
         raise ValueError("a replay needs an actor and a reason")
     store = box.store

@@ -39,6 +39,7 @@ __all__ = [
     "span",
     "structlog_processor",
     "traceparent",
+    "use_provider",
 ]
 
 TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
@@ -151,6 +152,13 @@ def enabled() -> bool:
     return tracer is not None
 
 
+def use_provider(provider: Any) -> None:
+    """Trace with ``provider`` (an SDK ``TracerProvider``) rather than the global one,
+    from now on; ``None``: decide again from the global provider and the environment."""
+    global _tracer
+    _tracer = _UNSET if provider is None else provider.get_tracer("relaybox")
+
+
 def reset() -> None:
     """Decide again at the next span whether tracing is on (after a test changed the
     environment or the global provider)."""
@@ -215,9 +223,10 @@ def _span(
 def child(
     parent: Any, name: str, attributes: Attributes | None = None
 ) -> AbstractContextManager[Any]:
-    """:func:`span` ``name`` when ``parent`` is a real span, else the no-op: a hot
-    path that got :data:`NO_SPAN` makes no span object below it."""
-    if isinstance(parent, _NoSpan):
+    """:func:`span` ``name`` when ``parent`` records (it was sampled), else the no-op:
+    a hot path whose span is :data:`NO_SPAN` or was not sampled makes no span object
+    below it (its children would not be sampled either)."""
+    if isinstance(parent, _NoSpan) or not parent.is_recording():
         return NO_SPAN
     return span(name, attributes=attributes)
 

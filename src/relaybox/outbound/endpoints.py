@@ -105,6 +105,9 @@ class EndpointPatch(BaseModel):
     removes them."""
     ordered: bool | None = None
     on_dead: Literal["hold", "skip"] | None = None
+    trace_context: bool | None = None
+    """Whether its requests carry the attempt's W3C ``traceparent`` while tracing is on
+    (default true; false for a receiver that must not see it)."""
 
     @field_validator("event_types")
     @classmethod
@@ -275,6 +278,7 @@ async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tupl
         payload_filter=payload_filter,
         ordered=bool(spec.ordered),
         on_dead=spec.on_dead or "hold",
+        trace_context=spec.trace_context is not False,
     )
     quota = settings.max_endpoints
     try:
@@ -341,6 +345,9 @@ async def update_endpoint(
         payload_filter=current.payload_filter if payload_filter is None else payload_filter or None,
         ordered=current.ordered if patch.ordered is None else patch.ordered,
         on_dead=patch.on_dead or current.on_dead,
+        trace_context=(
+            current.trace_context if patch.trace_context is None else patch.trace_context
+        ),
     )
     sealing = patch.credentials is not None and not isinstance(patch.credentials, NoCredentials)
     vault = await ready_to_seal(box) if sealing else None

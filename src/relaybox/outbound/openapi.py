@@ -90,6 +90,9 @@ class Endpoint(_Out):
     rate_limit: float | None
     ordered: bool = Field(description="ordered delivery per ordering key")
     on_dead: str = Field(description="a dead head of a key: hold the key, or skip it")
+    trace_context: bool = Field(
+        description="its requests carry the W3C traceparent while tracing is on"
+    )
     failing_since: float | None
     created_at: float
     updated_at: float

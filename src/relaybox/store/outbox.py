@@ -121,6 +121,7 @@ class OutboxStore:
             payload_filter,
             self._flag(e.ordered),
             e.on_dead,
+            self._flag(e.trace_context),
         )
 
     async def endpoint_create(

@@ -241,6 +241,8 @@ class Endpoint:
     """Which credentials are set (``basic``, ``bearer``, ``oauth2``); never them."""
     ordered: bool = False
     on_dead: str = "hold"
+    trace_context: bool = True
+    """Its requests carry ``traceparent`` when tracing is on (:mod:`relaybox.tracing`)."""
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Endpoint:
@@ -267,6 +269,7 @@ class Endpoint:
             credentials_type=row[18] if len(row) > 18 else None,
             ordered=bool(row[19]),
             on_dead=row[20],
+            trace_context=bool(row[21]),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -284,6 +287,7 @@ class Endpoint:
             "rate_limit": self.rate_limit,
             "ordered": self.ordered,
             "on_dead": self.on_dead,
+            "trace_context": self.trace_context,
             "failing_since": self.failing_since,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
@@ -317,6 +321,7 @@ class EndpointWrite:
     payload_filter: Mapping[str, Any] | None = None
     ordered: bool = False
     on_dead: str = "hold"
+    trace_context: bool = True
 
 
 def filter_text(payload_filter: Mapping[str, Any]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import re
@@ -769,6 +770,10 @@ class PostgresStore(Store):
                         secrets=opened,
                         locked=locked,
                     )
+                    if not r["trace_context"]:
+                        target = targets[endpoint_id] = dataclasses.replace(
+                            target, trace_context=False
+                        )
                     if r["headers"] or r["credentials"] or r["failing_level"]:
                         target = targets[endpoint_id] = with_extras(
                             target, r["headers"], r["credentials"], r["failing_level"], open_secrets

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import sqlite3
@@ -443,6 +444,8 @@ class SQLiteStore(Store):
                     secrets=opened,
                     locked=locked,
                 )
+                if not r[9]:
+                    target = dataclasses.replace(target, trace_context=False)
                 if r[6] or r[7] or r[8]:
                     target = with_extras(target, r[6], r[7], r[8], open_secrets)
                 endpoints[r[0]] = target

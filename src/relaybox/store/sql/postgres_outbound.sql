@@ -5,8 +5,8 @@
 -- name: endpoint_insert
 INSERT INTO relaybox_endpoints
     (id, tenant, url, description, event_types, status, signature, timeout, schedule,
-     created_at, updated_at, payload_filter, ordered, on_dead)
-VALUES ($1, $2, $3, $4, $5, 'enabled', $6, $7, $8, $9, $9, $10, $11, $12)
+     created_at, updated_at, payload_filter, ordered, on_dead, trace_context)
+VALUES ($1, $2, $3, $4, $5, 'enabled', $6, $7, $8, $9, $9, $10, $11, $12, $13)
 
 -- name: endpoint_quota_lock
 -- Creating an endpoint or changing its payload filter: one at a time per tenant (a
@@ -30,7 +30,8 @@ ORDER BY id
 -- Every mutable field at once: the caller merged the patch into the current row.
 UPDATE relaybox_endpoints
 SET url = $3, description = $4, event_types = $5, signature = $6, timeout = $7,
-    schedule = $8, updated_at = $9, payload_filter = $10, ordered = $11, on_dead = $12
+    schedule = $8, updated_at = $9, payload_filter = $10, ordered = $11, on_dead = $12,
+    trace_context = $13
 WHERE id = $1 AND tenant = $2
 RETURNING id
 
@@ -38,14 +39,16 @@ RETURNING id
 -- One endpoint with its lane settings; $2 NULL reads any tenant (operators).
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead,
+       e.trace_context
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE e.id = $1 AND ($2::text IS NULL OR e.tenant = $2)
 
 -- name: endpoint_list
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead,
+       e.trace_context
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE ($1::text IS NULL OR e.tenant = $1)
 ORDER BY e.created_at, e.id
@@ -595,7 +598,7 @@ WITH u AS (
         WHERE endpoint_id IS NOT NULL GROUP BY endpoint_id) p
     CROSS JOIN LATERAL (
         SELECT x.id, x.tenant, x.url, x.signature, x.timeout, x.schedule, x.headers,
-               x.credentials, x.failing_level,
+               x.credentials, x.failing_level, x.trace_context,
                (SELECT array_agg(s.secret ORDER BY s.id DESC) FROM relaybox_endpoint_secrets s
                 WHERE s.endpoint_id = x.id AND (s.expires_at IS NULL OR s.expires_at > $1))
                    AS secrets
@@ -617,7 +620,7 @@ LEFT JOIN (
            r.allowed, m.event_type, m.body, m.sequence, m.traceparent,
            e.tenant AS endpoint_tenant, e.url,
            e.signature, e.timeout, e.schedule, e.secrets, e.headers, e.credentials,
-           e.failing_level
+           e.failing_level, e.trace_context
     FROM picked r
     LEFT JOIN LATERAL (
         SELECT event_type, body, sequence, traceparent FROM relaybox_messages

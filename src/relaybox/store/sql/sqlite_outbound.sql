@@ -6,8 +6,8 @@
 -- name: endpoint_insert
 INSERT INTO relaybox_endpoints
     (id, tenant, url, description, event_types, status, signature, timeout, schedule,
-     created_at, updated_at, payload_filter, ordered, on_dead)
-VALUES (?1, ?2, ?3, ?4, ?5, 'enabled', ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12)
+     created_at, updated_at, payload_filter, ordered, on_dead, trace_context)
+VALUES (?1, ?2, ?3, ?4, ?5, 'enabled', ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13)
 
 -- name: endpoint_quota_lock
 -- Nothing to lock: the transaction began IMMEDIATE (one writer), so endpoint_count and
@@ -25,21 +25,24 @@ ORDER BY id
 -- name: endpoint_update
 UPDATE relaybox_endpoints
 SET url = ?3, description = ?4, event_types = ?5, signature = ?6, timeout = ?7,
-    schedule = ?8, updated_at = ?9, payload_filter = ?10, ordered = ?11, on_dead = ?12
+    schedule = ?8, updated_at = ?9, payload_filter = ?10, ordered = ?11, on_dead = ?12,
+    trace_context = ?13
 WHERE id = ?1 AND tenant = ?2
 RETURNING id
 
 -- name: endpoint_get
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead,
+       e.trace_context
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE e.id = ?1 AND (?2 IS NULL OR e.tenant = ?2)
 
 -- name: endpoint_list
 SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
        e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead
+       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead,
+       e.trace_context
 FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
 WHERE (?1 IS NULL OR e.tenant = ?1)
 ORDER BY e.created_at, e.id
@@ -372,7 +375,7 @@ WHERE id IN (SELECT value FROM json_each(?1))
 
 -- name: delivery_endpoints
 SELECT id, tenant, url, signature, timeout, schedule, headers, credentials,
-       failing_level
+       failing_level, trace_context
 FROM relaybox_endpoints
 WHERE id IN (SELECT value FROM json_each(?1))
 

@@ -11,3 +11,7 @@ ALTER TABLE relaybox_inbox ADD CONSTRAINT relaybox_inbox_traceparent CHECK (
 ALTER TABLE relaybox_messages ADD COLUMN traceparent text;
 ALTER TABLE relaybox_messages ADD CONSTRAINT relaybox_messages_traceparent CHECK (
     traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$') NOT VALID;
+
+-- An endpoint's requests carry the attempt's traceparent (tracing on) unless its
+-- receiver must not see it: trace_context false (EndpointSpec.trace_context).
+ALTER TABLE relaybox_endpoints ADD COLUMN trace_context boolean NOT NULL DEFAULT true;

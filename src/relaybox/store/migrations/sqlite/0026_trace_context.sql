@@ -16,3 +16,7 @@ ALTER TABLE relaybox_messages ADD COLUMN traceparent TEXT CHECK (
     AND substr(traceparent, 36, 1) = '-'
     AND NOT substr(traceparent, 4, 32) GLOB '*[^0-9a-f]*'
     AND NOT substr(traceparent, 37, 16) GLOB '*[^0-9a-f]*');
+
+-- An endpoint's requests carry the attempt's traceparent (tracing on) unless its
+-- receiver must not see it: trace_context false (EndpointSpec.trace_context).
+ALTER TABLE relaybox_endpoints ADD COLUMN trace_context INTEGER NOT NULL DEFAULT 1;
