@@ -113,7 +113,13 @@ async def test_one_event_is_one_trace_from_receive_to_delivered(
             )
     print(render(spans, SENDER_TRACE))
     assert otlp.content_types == {"application/x-protobuf"}
-    assert {s.trace_id for s in spans} == {SENDER_TRACE}  # one trace, the sender's
+    # One trace, the sender's; but the claims and leases that took rows, each a root
+    # linked to the contexts of the rows it took.
+    apart = {"relaybox.claim", "relaybox.lease"}
+    assert {s.trace_id for s in spans if s.name not in apart} == {SENDER_TRACE}
+    claims = [s for s in spans if s.name == "relaybox.claim"]
+    assert claims and all(s.links == [(SENDER_TRACE, SENDER_SPAN)] for s in claims)
+    assert all(s.trace_id != SENDER_TRACE and s.parent_span_id == "" for s in claims)
     assert {s.service for s in spans} == {"orders-service"}
 
     # Receive: a server span under the sender's span; verification and the commit
@@ -169,6 +175,9 @@ async def test_one_event_is_one_trace_from_receive_to_delivered(
         assert post.attributes["url.full"] == hooks.url
         assert seen.headers["traceparent"] == f"00-{SENDER_TRACE}-{post.span_id}-01"
     assert posts[deliver[0].span_id].attributes["error.type"] == "500"
+    leases = [s for s in spans if s.name == "relaybox.lease"]
+    assert len(leases) == 2  # one per attempt: the retry is leased again
+    assert all(s.links == [(SENDER_TRACE, publish.span_id)] for s in leases)
 
     # The handler's log lines carry the trace: both processes logged one per attempt.
     lines = [

@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from relaybox import tracing
 from relaybox.clock import may_take_work
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.vault import SecretsLocked
@@ -88,8 +89,22 @@ async def lease(
         deadline=lease_ttl - LEASE_MARGIN,
         fair=fair,
     )
+    began = tracing.now_ns() if tracing.enabled() else 0
     leased = await box.store.outbox_lease(request, _opener(box))
+    if began and leased.deliveries:
+        _traced(began, owner, leased.deliveries)
     return leased.deliveries
+
+
+def _traced(began: int, owner: str, deliveries: Sequence[Delivery]) -> None:
+    """A ``relaybox.lease`` span for a lease that took rows, linked to their messages'
+    contexts."""
+    tracing.record(
+        "relaybox.lease",
+        began,
+        {"relaybox.leased": len(deliveries), "relaybox.dispatcher": owner},
+        (d.message.traceparent for d in deliveries if d.message is not None),
+    )
 
 
 async def lease_recording(
@@ -130,7 +145,10 @@ async def lease_recording(
         ahead=ahead,
         factor=factor,
     )
+    began = tracing.now_ns() if tracing.enabled() else 0
     leased = await box.store.outbox_lease(request, _opener(box))
+    if began and leased.deliveries:
+        _traced(began, owner, leased.deliveries)
     return leased.deliveries, leased.written, leased.allowed
 
 

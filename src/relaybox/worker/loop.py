@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from relaybox import tracing
 from relaybox.log import short_error
 from relaybox.retry import Backoff
 from relaybox.store import AcceptOutcome, Claim, InboxEvent, NewDelivery
@@ -217,6 +218,7 @@ class Worker(Runners):
         # flight, so that the other claimer does not count for the same chains.
         start = self._room()
         self._reserved += start
+        began = tracing.now_ns() if tracing.enabled() else 0
         try:
             claim = await store.inbox_claim(
                 now=now,
@@ -227,6 +229,13 @@ class Worker(Runners):
             )
         finally:
             self._reserved -= start
+        if began and claim.events:  # a span only for a claim that took rows
+            tracing.record(
+                "relaybox.claim",
+                began,
+                {"relaybox.claimed": len(claim.events), "relaybox.worker": self.name},
+                (e.traceparent for e in claim.events.values()),
+            )
         for inbox_id, source, account, event_id, attempts in claim.exhausted:
             self.box.metrics.processed.labels(source, "dead_exhausted").inc()
             log.error(
