@@ -145,8 +145,11 @@ def pg_scalar(url: str, sql: str) -> Any:
 
 
 @contextmanager
-def serve(env: dict[str, str], *, port: int, cpu: int | None = 0) -> Iterator[str]:
-    """uvicorn (httptools + uvloop, one process) serving ``bench.apps:app``."""
+def serve(
+    env: dict[str, str], *, port: int, cpu: int | None = 0, pids: list[int] | None = None
+) -> Iterator[str]:
+    """uvicorn (httptools + uvloop, one process) serving ``bench.apps:app``; its pid
+    appended to ``pids`` when given (taskset execs it: the same process)."""
     cmd = [
         sys.executable,
         "-m",
@@ -168,6 +171,8 @@ def serve(env: dict[str, str], *, port: int, cpu: int | None = 0) -> Iterator[st
     if cpu is not None:
         cmd = ["taskset", "-c", str(cpu), *cmd]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env})
+    if pids is not None:
+        pids.append(proc.pid)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 30

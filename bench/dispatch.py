@@ -191,6 +191,7 @@ async def relaybox_run(
     return {
         "rate": healthy / span,
         "note": f"{healthy} delivered to healthy endpoints{cpu_note}",
+        "cpu_us": per if first is not None and sent > first[0] else float("nan"),
     }
 
 

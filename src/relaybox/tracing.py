@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 __all__ = [
@@ -114,7 +114,14 @@ def _resolve() -> Any:
         trace.set_tracer_provider(provider)
         provider = trace.get_tracer_provider()
     _tracer = provider.get_tracer("relaybox")
+    _kinds()
     return _tracer
+
+
+def _kinds() -> None:
+    from opentelemetry.trace import SpanKind
+
+    _KINDS.update((kind.name.lower(), kind) for kind in SpanKind)
 
 
 def _is_sdk(provider: Any) -> bool:
@@ -160,6 +167,8 @@ def use_provider(provider: Any) -> None:
     from now on; ``None``: decide again from the global provider and the environment."""
     global _tracer
     _tracer = _UNSET if provider is None else provider.get_tracer("relaybox")
+    if provider is not None:
+        _kinds()
 
 
 def reset() -> None:
@@ -191,7 +200,6 @@ def span(
     return _span(tracer, name, kind, attributes, parent, link, headers)
 
 
-@contextmanager
 def _span(
     tracer: Any,
     name: str,
@@ -200,7 +208,8 @@ def _span(
     parent: str | None,
     link: bool,
     headers: Mapping[str, str] | None,
-) -> Iterator[Any]:
+) -> AbstractContextManager[Any]:
+    """The SDK's own context manager for the span (no second layer of ours)."""
     from opentelemetry import propagate, trace
 
     context = None
@@ -213,14 +222,14 @@ def _span(
                 links = (trace.Link(stored, {"relaybox.link": "stored"}),)
     elif headers is not None and "traceparent" in headers:
         context = propagate.extract(headers)
-    with tracer.start_as_current_span(
-        name,
-        context=context,
-        kind=getattr(trace.SpanKind, kind.upper()),
-        attributes=attributes,
-        links=links,
-    ) as current:
-        yield current
+    manager: AbstractContextManager[Any] = tracer.start_as_current_span(
+        name, context=context, kind=_KINDS[kind], attributes=attributes, links=links
+    )
+    return manager
+
+
+_KINDS: dict[str, Any] = {}
+"""Span kinds by name, filled by :func:`_resolve` when tracing is on."""
 
 
 def child(
