@@ -86,7 +86,10 @@ def main(*, seconds: int = 10, rounds: int = 3, quick: bool = False) -> str:
                 for backend in backends:
                     make_requests(reqfile, len(ids))  # signed again: a fresh timestamp
                     for mode, ratio in order:
-                        env, count_rows = setup_peer("relaybox", backend, tmp, run)
+                        # A database of its own per run and mode (an SQLite file named
+                        # by the run alone would carry one mode's rows into the next).
+                        slot = run * len(MODES) + [m for m, _ in MODES].index(mode)
+                        env, count_rows = setup_peer("relaybox", backend, tmp, slot)
                         env.update(otel_env(ratio, endpoint))
                         pids: list[int] = []
                         with serve(env, port=free_port(), pids=pids) as url:

@@ -530,7 +530,9 @@ class Runners(Threaded):
                 conn, event, savepoint=savepoint, grouped=grouped, ctx=ctx
             )
             if span.is_recording():
-                span.set_attribute("relaybox.outcome", outcome.kind)
+                span.set_attributes(
+                    {"relaybox.outcome": outcome.kind, "relaybox.outbox_rows": len(ctx.outbox_rows)}
+                )
                 ctx._trace = tracing.traceparent()
             return ctx, outcome
 
