@@ -24,18 +24,29 @@ from bench.accept import distinct_sent, ensure_wrk, make_requests, run_wrk, setu
 from bench.common import ROOT, free_port, median, serve, table
 from bench.dispatch import cpu_seconds, run_child
 
+BASE = os.environ.get("BENCH_OTEL_BASE", "")
+"""The ``src`` folder of a relaybox without tracing (``git archive <commit> src | tar
+-x -C /tmp/base``): adds a mode running it, the same way, against which "off" shows
+what the tracing code costs while off. Its databases are migrated by this relaybox
+(the columns it adds are nullable: the older code never sees them)."""
+
 MODES: tuple[tuple[str, str | None], ...] = (
     ("off", None),
     ("sampled 0 %", "0"),
     ("sampled 1 %", "0.01"),
     ("sampled 100 %", "1"),
-)
+) + ((("before tracing", "base"),) if BASE else ())
+if os.environ.get("BENCH_OTEL_ONLY"):  # e.g. "off,before tracing"
+    MODES = tuple(m for m in MODES if m[0] in os.environ["BENCH_OTEL_ONLY"].split(","))
 
 
 def otel_env(ratio: str | None, endpoint: str) -> dict[str, str]:
-    """The ``OTEL_*`` environment of a mode; none when off."""
+    """The ``OTEL_*`` environment of a mode; none when off (and for the code before
+    tracing, its ``src`` first on the path)."""
     if ratio is None:
         return {}
+    if ratio == "base":
+        return {"PYTHONPATH": BASE}
     return {
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint,
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
