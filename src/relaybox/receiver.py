@@ -211,20 +211,28 @@ class Receiver:
         )
         if span.is_recording():
             span.set_attributes(_span_keys(delivery))
+        inline = source.inline and not delivery.ignored
         try:
-            with tracing.child(span, "relaybox.accept") as accepting:
-                if source.inline and not delivery.ignored:
-                    outcome = await self.box.accept_inline(delivery)
-                else:
-                    outcome = await self.box.acceptor.accept(delivery)
-                if accepting.is_recording():
+            if not span.is_recording():  # off, or not sampled: no span object
+                outcome = await (
+                    self.box.accept_inline(delivery)
+                    if inline
+                    else self.box.acceptor.accept(delivery)
+                )
+            else:
+                with tracing.span("relaybox.accept") as accepting:
+                    outcome = await (
+                        self.box.accept_inline(delivery)
+                        if inline
+                        else self.box.acceptor.accept(delivery)
+                    )
                     accepting.set_attributes(
                         {
                             "relaybox.accept.status": outcome.status,
                             "relaybox.inbox_id": outcome.inbox_id,
                         }
                     )
-                    span.set_attribute("relaybox.accept.status", outcome.status)
+                span.set_attribute("relaybox.accept.status", outcome.status)
         except StoreUnavailable as exc:
             _key_log(delivery).warning("delivery_not_committed", error=str(exc))
             return 503, _error("unavailable", str(exc)), [(b"retry-after", b"5")]
