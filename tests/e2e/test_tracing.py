@@ -68,6 +68,7 @@ async def test_one_event_is_one_trace_from_receive_to_delivered(
                 roles="receiver,worker,dispatcher",
                 env={**env, "TRACE_HANDLER": "hang"},
                 name="serve-1",
+                within=60,
             )
             body = json.dumps({"type": "order.paid", "data": {"order": "o1"}}).encode()
             headers = sign(msg_id="evt_1", timestamp=int(time.time()), body=body, secrets=[SECRET])
@@ -84,14 +85,14 @@ async def test_one_event_is_one_trace_from_receive_to_delivered(
             # log line) and hangs: the process dies in the middle of it.
             await otlp.wait_for(
                 lambda spans: any(s.attributes.get("relaybox.outcome") == "retry" for s in spans),
-                within=20,
+                within=60,
                 what="the first attempt's outcome",
             )
 
             async def second_started() -> bool:
                 return '"attempt": 2' in first.output()
 
-            await wait_until(second_started, within=20, what="attempt 2", procs=procs)
+            await wait_until(second_started, within=60, what="attempt 2", procs=procs)
             first.kill()
             assert first.returncode == -signal.SIGKILL
 
@@ -101,14 +102,15 @@ async def test_one_event_is_one_trace_from_receive_to_delivered(
                 roles="receiver,worker,dispatcher",
                 env=env,
                 name="serve-2",
+                within=60,
             )
-            await hooks.wait_for(2, within=30)
+            await hooks.wait_for(2, within=60)
             spans = await otlp.wait_for(
                 lambda spans: (
                     sum(s.name == "relaybox.deliver" for s in spans) == 2
                     and sum(s.name == "POST" for s in spans) == 2
                 ),
-                within=20,
+                within=60,
                 what="both delivery attempts",
             )
     print(render(spans, SENDER_TRACE))
@@ -176,7 +178,9 @@ async def test_one_event_is_one_trace_from_receive_to_delivered(
         assert seen.headers["traceparent"] == f"00-{SENDER_TRACE}-{post.span_id}-01"
     assert posts[deliver[0].span_id].attributes["error.type"] == "500"
     leases = [s for s in spans if s.name == "relaybox.lease"]
-    assert len(leases) == 2  # one per attempt: the retry is leased again
+    # One per attempt at least (the retry is leased again; a row leased ahead and
+    # given back unstarted is leased once more).
+    assert len(leases) >= 2
     assert all(s.links == [(SENDER_TRACE, publish.span_id)] for s in leases)
 
     # The handler's log lines carry the trace: both processes logged one per attempt.
