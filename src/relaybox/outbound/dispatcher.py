@@ -354,8 +354,9 @@ class Dispatcher:
             "relaybox.deliver",
             kind="producer",
             parent=d.message.traceparent if d.message is not None else None,
-            attributes=delivery_attributes(d),
-        ):
+        ) as span:
+            if span.is_recording():  # sampled: the attributes are built only then
+                span.set_attributes(delivery_attributes(d))
             await self._deliver(d)
 
     async def _deliver(self, d: Delivery) -> None:

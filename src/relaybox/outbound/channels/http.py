@@ -311,6 +311,13 @@ class HttpClient:
             hidden = [name for name in headers if credential_header(name)]
         if not tracing.enabled():
             return await self._post(url, body, headers, seconds, hidden)
+        if not tracing.current_span().is_recording():
+            # Not sampled: no span of its own (it would not be sampled either); the
+            # request still carries the context, and with it the decision.
+            if trace_context:
+                headers = dict(headers)
+                tracing.inject(headers)
+            return await self._post(url, body, headers, seconds, hidden)
         with tracing.span("POST", kind="client", attributes=http_attributes(url)) as span:
             if trace_context:
                 headers = dict(headers)
