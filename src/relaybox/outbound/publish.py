@@ -216,6 +216,7 @@ async def publish(
             api_version=api_version,
             ordering_key=ordering_key,
             json_data=json_data,
+            subject=subject,
         )
     with tracing.span("relaybox.publish", kind="producer") as span:
         message = await _publish(

@@ -80,6 +80,7 @@ def publish_sync(
             endpoint_ids=endpoint_ids,
             api_version=api_version,
             ordering_key=ordering_key,
+            subject=subject,
         )
         if span.is_recording():
             span.set_attributes(publish_attributes(message))
@@ -97,6 +98,7 @@ def _publish_sync(
     endpoint_ids: Sequence[str] | None,
     api_version: str | None,
     ordering_key: str | None,
+    subject: str | None,
 ) -> Message:
     conn = connection_of(conn_or_session)
     store = box.store.sync
