@@ -211,6 +211,19 @@ class Maintenance:
                 jobs += purged
             if jobs:
                 log.info("replay_jobs_purged", rows=jobs)
+            # Waiting deliveries of disabled endpoints that disabling left to a
+            # dispatcher (in flight then) or never saw (a publish committing meanwhile):
+            # dead letters, as the others became (Store.delivery_sweep_disabled).
+            strays = 0
+            while True:
+                killed = await store.delivery_sweep_disabled(
+                    now=self.box.clock.now(), limit=settings.batch
+                )
+                strays += killed
+                if killed < settings.batch:
+                    break
+            if strays:
+                log.info("disabled_endpoint_deliveries_dead", rows=strays)
             # Erasures waiting for rows that were pending: emptied once they finished.
             await resume_waiting(self.box)
             return result

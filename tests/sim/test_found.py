@@ -14,15 +14,12 @@ import pytest
 from relaybox import FrozenClock, Relaybox
 from relaybox.config import Settings
 from relaybox.outbound import disable_endpoint
+from relaybox.retention import Maintenance
 from tests.conftest import KEYED
 from tests.support.outbound_app import LOCAL, endpoint, local, outbox_rows, publish_one
 from tests.support.receivers import HttpReceiver, Reply
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a delivery in flight when its endpoint is disabled stays pending forever",
-)
 async def test_seed3_a_delivery_in_flight_when_its_endpoint_is_disabled_is_not_stranded(
     box: Relaybox, clock: FrozenClock
 ) -> None:
@@ -38,6 +35,9 @@ async def test_seed3_a_delivery_in_flight_when_its_endpoint_is_disabled_is_not_s
     a retry (a 5xx, a timeout), it stays ``pending`` for good, neither delivered nor a
     dead letter, although docs/sending.md says the waiting deliveries of a disabled
     endpoint become dead letters. Switching the endpoint back on releases them.
+
+    Fixed: maintenance makes such strays dead letters (``endpoint_disabled``) once no
+    live lease holds them (``Store.delivery_sweep_disabled``).
     """
     local(box)
     async with HttpReceiver(Reply(200)) as receiver:
@@ -50,17 +50,14 @@ async def test_seed3_a_delivery_in_flight_when_its_endpoint_is_disabled_is_not_s
         clock.advance(LOCAL["lease_ttl"] + 1)  # the dead dispatcher's lease ran out
         second = box.dispatcher()
         try:
-            await second.run_once()
+            await second.run_once()  # leases only rows of enabled endpoints
         finally:
             await second.close()
+        await Maintenance(box).run_once()  # the sweep of disabled endpoints' strays
     [row] = await outbox_rows(box)
     assert (row["status"], row["dead_reason"]) == ("dead", "endpoint_disabled")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a delivery published while its endpoint is being disabled stays pending forever",
-)
 async def test_seed3_a_delivery_published_while_its_endpoint_is_disabled_is_not_stranded(
     pg_url: str, clock: FrozenClock
 ) -> None:
@@ -75,6 +72,8 @@ async def test_seed3_a_delivery_published_while_its_endpoint_is_disabled_is_not_
     transaction never saw and that no lease will ever take (only rows of enabled
     endpoints are leased). SQLite's single writer orders the two transactions, so it
     cannot happen there.
+
+    Fixed by the same sweep: the row is pending, of a disabled endpoint, unleased.
     """
     box = Relaybox(settings=Settings(database_url=pg_url, outbound=KEYED), clock=clock)
     try:
@@ -91,6 +90,7 @@ async def test_seed3_a_delivery_published_while_its_endpoint_is_disabled_is_not_
                 await dispatcher.run_once()
             finally:
                 await dispatcher.close()
+            await Maintenance(box).run_once()  # the sweep of disabled endpoints' strays
         [row] = await outbox_rows(box)
         assert (row["status"], row["dead_reason"]) == ("dead", "endpoint_disabled")
     finally:

@@ -407,6 +407,33 @@ async def test_status_kill_redeliver_recover_delete(store: Store) -> None:
     assert lanes == []
 
 
+async def test_sweep_of_disabled_endpoints_takes_rows_no_live_lease_holds(store: Store) -> None:
+    """Disabling leaves a leased row to its dispatcher, and the lease takes only rows of
+    enabled endpoints: once that lease has run out, the sweep makes the row dead;
+    a row published after the disabling (a publish that began before it), too."""
+    await store.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
+    await store.endpoint_create(endpoint("ep_2"), "s", quota=5, now=T0)
+    await publish(store, "t1", ["ep_1", "ep_2"])
+    leased = await store.outbox_lease(lease_request(at=T0 + 1), no_secrets)  # until T0 + 61
+    assert len(leased.deliveries) == 2
+    async with store.transaction() as conn:
+        await store.endpoint_set_status(conn, "ep_1", "disabled", reason="manual", now=T0 + 2)
+        await store.delivery_kill_endpoint(conn, "ep_1", "endpoint_disabled", now=T0 + 2)
+    late = await publish(store, "t1", ["ep_1"], at=T0 + 3)  # committed after the disabling
+    # The leased row is its dispatcher's while the lease lives; the late one goes now.
+    assert await store.delivery_sweep_disabled(now=T0 + 4, limit=10) == 1
+    (row,) = await store.delivery_list(
+        None, message_id=late, endpoint_id=None, undelivered=True, limit=10
+    )
+    assert (row.status, row.dead_reason) == ("dead", "endpoint_disabled")
+    # The dispatcher died: its lease runs out, the row goes; ep_2's stays (enabled).
+    assert await store.delivery_sweep_disabled(now=T0 + 62, limit=10) == 1
+    assert await store.delivery_sweep_disabled(now=T0 + 63, limit=10) == 0
+    backlog = await store.endpoint_backlog()
+    assert (backlog["ep_1"].dead, backlog["ep_1"].pending) == (2, 0)
+    assert backlog["ep_2"].pending == 1
+
+
 async def test_lane_upsert_keeps_one_row_per_lane(store: Store) -> None:
     async with store.transaction() as conn:
         await store.lane_upsert(conn, "email", 3, None)

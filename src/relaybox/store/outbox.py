@@ -244,6 +244,28 @@ class OutboxStore:
             params = (endpoint_id, reason, now, self._ids(ids))
             await self.rows(conn, "delivery_kill_endpoint", params)
 
+    async def delivery_sweep_disabled(self, *, now: float, limit: int) -> int:
+        """Waiting deliveries of disabled endpoints that no live lease holds become dead
+        letters (``endpoint_disabled``), at most ``limit`` in one transaction; how many.
+        Disabling kills an endpoint's waiting rows but leaves those a dispatcher holds,
+        and the lease only takes rows of enabled endpoints: a row whose attempt was then
+        retried, whose dispatcher died, or that a publish committed after the disabling
+        transaction began, would otherwise wait for good (maintenance runs this)."""
+        async with self.transaction() as conn:
+            found = await self.rows(conn, "delivery_strays", (now, limit))
+            by_endpoint: dict[str, list[int]] = {}
+            for outbox_id, endpoint_id in found:
+                by_endpoint.setdefault(str(endpoint_id), []).append(int(outbox_id))
+            killed = 0
+            for endpoint_id, ids in by_endpoint.items():
+                locked = [
+                    r[0] for r in await self.rows(conn, "delivery_lock_ids", (self._ids(ids),))
+                ]
+                if locked:
+                    params = (endpoint_id, "endpoint_disabled", now, self._ids(locked))
+                    killed += len(await self.rows(conn, "delivery_kill_strays", params))
+        return killed
+
     async def lane_upsert(
         self, conn: AsyncConnection, lane: str, max_in_flight: int, rate_limit: float | None
     ) -> None:

@@ -347,6 +347,46 @@ WITH killed AS (
 )
 DELETE FROM relaybox_outbox_leases WHERE outbox_id IN (SELECT id FROM killed)
 
+-- name: delivery_strays
+-- Waiting rows of disabled endpoints ($2 at most) that no live lease holds: the rows
+-- disabling could not kill (in flight then, their attempt since retried or their
+-- dispatcher dead; published by a transaction that committed after it). Found per
+-- disabled endpoint through its lane's partial index of pending rows (the lane is the
+-- endpoint), so the cost follows the strays, not the history. The endpoints are locked
+-- FOR SHARE: switching one back on waits for this transaction.
+SELECT o.id, e.id
+FROM relaybox_endpoints e
+CROSS JOIN LATERAL (
+    SELECT o.id FROM relaybox_outbox o
+    WHERE coalesce(o.lane, o.channel) = e.id AND o.status = 'pending' AND o.endpoint_id = e.id
+      AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_leases l
+                      WHERE l.outbox_id = o.id AND l.until > $1)
+    LIMIT $2
+) o
+WHERE e.status = 'disabled'
+LIMIT $2
+FOR SHARE OF e
+
+-- name: delivery_lock_ids
+-- Those rows, locked (SKIP LOCKED: a dispatcher leasing or recording one keeps it).
+SELECT id FROM relaybox_outbox
+WHERE id = ANY ($1::bigint[]) AND status = 'pending'
+FOR NO KEY UPDATE SKIP LOCKED
+
+-- name: delivery_kill_strays
+-- delivery_kill_endpoint for the strays of endpoint $1 ($4: their locked ids), with
+-- the ids it killed.
+WITH killed AS (
+    UPDATE relaybox_outbox SET status = 'dead', dead_reason = $2, updated_at = $3
+    WHERE id = ANY ($4::bigint[]) AND endpoint_id = $1 AND status = 'pending'
+      AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_leases l
+                      WHERE l.outbox_id = relaybox_outbox.id AND l.until > $3)
+    RETURNING id
+), gone AS (
+    DELETE FROM relaybox_outbox_leases WHERE outbox_id IN (SELECT id FROM killed)
+)
+SELECT id FROM killed
+
 -- name: delivery_attempts
 SELECT a.outbox_id, o.endpoint_id, a.attempt, a.started_at, a.duration, a.outcome,
        a.status_code, a.error, a.response, a.headers

@@ -273,6 +273,28 @@ UPDATE relaybox_outbox SET status = 'dead', dead_reason = ?2, updated_at = ?3
 WHERE id IN (SELECT value FROM json_each(?4)) AND endpoint_id = ?1 AND status = 'pending'
   AND (lease_until IS NULL OR lease_until <= ?3)
 
+-- name: delivery_strays
+-- Waiting rows of disabled endpoints (?2 at most) that no live lease holds
+-- (postgres_outbound.sql says which), through the lane's partial index.
+SELECT o.id, e.id
+FROM relaybox_endpoints e
+JOIN relaybox_outbox o
+  ON coalesce(o.lane, o.channel) = e.id AND o.status = 'pending' AND o.endpoint_id = e.id
+WHERE e.status = 'disabled' AND (o.lease_until IS NULL OR o.lease_until <= ?1)
+LIMIT ?2
+
+-- name: delivery_lock_ids
+-- Those rows (postgres_outbound.sql locks them; one writer here).
+SELECT id FROM relaybox_outbox
+WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'
+
+-- name: delivery_kill_strays
+-- delivery_kill_endpoint for the strays of endpoint ?1, with the ids it killed.
+UPDATE relaybox_outbox SET status = 'dead', dead_reason = ?2, updated_at = ?3
+WHERE id IN (SELECT value FROM json_each(?4)) AND endpoint_id = ?1 AND status = 'pending'
+  AND (lease_until IS NULL OR lease_until <= ?3)
+RETURNING id
+
 -- name: delivery_attempts
 SELECT a.outbox_id, o.endpoint_id, a.attempt, a.started_at, a.duration, a.outcome,
        a.status_code, a.error, a.response, a.headers
