@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from relaybox import FrozenClock, Relaybox
 from relaybox.config import Settings
 from relaybox.outbound import disable_endpoint
