@@ -81,6 +81,27 @@ async def test_live_asyncpg_adapter(pg_url: str) -> None:
         await store.close()
 
 
+async def test_a_closed_connection_is_discarded_not_given_back(pg_url: str) -> None:
+    """A pooled connection closed under SQLAlchemy (a reset, found by the simulation's
+    seed 3: the maintenance process failed every run after one) fails its next use
+    once, then the pool opens a new one: statements on the driver bypass SQLAlchemy,
+    which would otherwise give the dead connection back to every later use."""
+    store = open_store(pg_url)
+    try:
+        async with store.transaction() as conn:
+            first = await _drivers.driver(conn)
+            assert await first.fetchval("SELECT 1") == 1
+        first.terminate()  # the pool holds it, closed
+        with pytest.raises(asyncpg.ConnectionDoesNotExistError):
+            async with store.transaction() as conn:
+                await _drivers.driver(conn)
+        async with store.transaction() as conn:
+            second = await _drivers.driver(conn)
+            assert second is not first and await second.fetchval("SELECT 1") == 1
+    finally:
+        await store.close()
+
+
 async def test_live_aiosqlite_thread(tmp_path: Path) -> None:
     """``run_on_sqlite_thread`` hands the function the sqlite3 connection itself."""
     store = open_store(f"sqlite:///{tmp_path / 'drivers.db'}")

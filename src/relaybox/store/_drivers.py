@@ -29,6 +29,7 @@ __all__ = [
     "adopt",
     "asyncpg_of",
     "begin_has_listeners",
+    "discard_if_closed",
     "driver",
     "open_transaction",
     "plain",
@@ -69,6 +70,7 @@ async def driver(conn: AsyncConnection) -> asyncpg.Connection:
     so that its COMMIT can carry a statement.
     """
     found = await adapted(conn)
+    await discard_if_closed(conn, found)
     if found._transaction is None and conn.in_transaction():
         if plain(found):
             tx = FoldedTransaction(found._connection)
@@ -77,6 +79,20 @@ async def driver(conn: AsyncConnection) -> asyncpg.Connection:
         else:
             await found._start_transaction()
     return found._connection
+
+
+async def discard_if_closed(conn: AsyncConnection, found: Any) -> None:
+    """Raise ``ConnectionDoesNotExistError`` if the asyncpg connection under ``conn``
+    is closed (a reset, the server gone), after invalidating ``conn``: the pool then
+    opens a new connection for the next transaction. relaybox's statements on the
+    driver bypass SQLAlchemy, which therefore never saw the disconnect, and would
+    have given the same dead connection back to every later use (the maintenance
+    process failed every run after one database reset until it was restarted)."""
+    if found._connection.is_closed():
+        await conn.invalidate()
+        raise asyncpg.ConnectionDoesNotExistError(
+            "the database connection was closed: the next transaction opens a new one"
+        )
 
 
 class FoldedTransaction(asyncpg.transaction.Transaction):  # type: ignore[misc]

@@ -32,6 +32,7 @@ from relaybox.store._drivers import (
     adopt,
     asyncpg_of,
     begin_has_listeners,
+    discard_if_closed,
     open_transaction,
 )
 from relaybox.store._drivers import driver as _driver
@@ -436,6 +437,7 @@ class PostgresStore(Store):
         transaction SQLAlchemy already began (or an adapted connection we do not
         fold), just ``sql``."""
         adapted = await _adapted(conn)
+        await discard_if_closed(conn, adapted)
         try:
             if open_transaction(adapted) is not None or not _plain(adapted):
                 driver = await _driver(conn)
