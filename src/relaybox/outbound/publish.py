@@ -204,34 +204,23 @@ async def publish(
 
     Traced as ``relaybox.publish`` (a child of the current span: the handler's, the
     request's), whose context the message keeps for its delivery attempts."""
+    publishing = _publish(  # runs when awaited: inside the span when there is one
+        box,
+        conn,
+        event_type,
+        data,
+        tenant=tenant,
+        idempotency_key=idempotency_key,
+        endpoint_ids=endpoint_ids,
+        api_version=api_version,
+        ordering_key=ordering_key,
+        json_data=json_data,
+        subject=subject,
+    )
     if not tracing.enabled():
-        return await _publish(
-            box,
-            conn,
-            event_type,
-            data,
-            tenant=tenant,
-            idempotency_key=idempotency_key,
-            endpoint_ids=endpoint_ids,
-            api_version=api_version,
-            ordering_key=ordering_key,
-            json_data=json_data,
-            subject=subject,
-        )
+        return await publishing
     with tracing.span("relaybox.publish", kind="producer") as span:
-        message = await _publish(
-            box,
-            conn,
-            event_type,
-            data,
-            tenant=tenant,
-            idempotency_key=idempotency_key,
-            endpoint_ids=endpoint_ids,
-            api_version=api_version,
-            ordering_key=ordering_key,
-            json_data=json_data,
-            subject=subject,
-        )
+        message = await publishing
         if span.is_recording():
             span.set_attributes(publish_attributes(message))
         return message
