@@ -133,7 +133,7 @@ async def long_run(args: argparse.Namespace) -> int:
     seed = args.seed
     began = time.monotonic()
     while time.monotonic() < deadline:
-        report = await run_once(seed, args.steps, args.backend)
+        report = await run_once(seed, args.steps, args.backend, keep=True)
         runs += 1
         steps += report.ran
         events += report.events
