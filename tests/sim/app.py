@@ -10,7 +10,8 @@ An invoice may carry ``"sim": {...}`` (written by the schedule, signed with the 
 ``slow: S``                      sleep S seconds inside the transaction first.
 
 Every granted invoice publishes ``credits.granted`` to tenant ``t1`` with the
-invoice's ``customer`` as its ordering key, and the credits e-mail goes to a file
+invoice's ``customer`` as its ordering key and its subject (the inbox event is indexed
+under the same subject: ``data.object.customer``), and the credits e-mail goes to a file
 (``SIM_MAILBOX``, one JSON line per send): the broker the simulation reads back.
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 
 from examples.credits import app as credits
 
-from relaybox import Context, PermanentError, Relaybox
+from relaybox import Context, PermanentError, Relaybox, sources
 from relaybox.outbound import Outbound
 from relaybox.outbound.channels.base import Channel, Result
 from relaybox.store.outbox_rows import Delivery
@@ -94,6 +95,7 @@ async def grant_and_publish(ctx: Context) -> None:
             },
             tenant="t1",
             ordering_key=str(invoice.get("customer") or "none"),
+            subject=invoice.get("customer"),
         )
     if plan.get("fail") == "permanent":
         raise PermanentError("planned permanent failure after the effect")
@@ -107,7 +109,19 @@ def make_box() -> Relaybox:
         business_key=credits.initial_grant_key,
         fingerprint=f"credits={credits.CREDITS_PER_INVOICE}",
     )(grant_and_publish)
-    credits.configure(b)
+    # credits.configure(b), with the customer as the subject an erasure names.
+    env = os.environ
+    b.source(
+        "stripe",
+        sources.stripe(
+            secrets=[env.get("CREDITS_STRIPE_SECRET") or credits.DEV_SECRET],
+            account=env.get("CREDITS_ACCOUNT") or credits.DEV_ACCOUNT,
+            tenants=credits.tenants_from_env(env),
+            subject="data.object.customer",
+        ),
+    )
+    b.handler("stripe", "charge.refunded")(credits.reverse_credits)
+    b.handler("stripe", "*")(credits.record_only)
     outbound: Outbound = local(b, **OUTBOUND)
     outbound.channel(credits.EMAIL, MailboxChannel(os.environ.get("SIM_MAILBOX", "mailbox.jsonl")))
     return b

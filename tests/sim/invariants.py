@@ -30,6 +30,9 @@ is over, every process is up and the rows settled.
                             ``sent`` ones; (final) a finished row's outcome was written
                             by the attempt of its last lease (lease tokens fence)
 ``metrics_agree``           (final) ``/metrics`` counts agree with the tables
+``erased``                  (final) every erasure asked for is finished, and every
+                            row indexed under its customer when it was asked holds no
+                            payload, header, body or response any more
 ==========================  ==========================================================
 """
 
@@ -47,7 +50,7 @@ from sqlalchemy import text
 if TYPE_CHECKING:
     from tests.sim.run import Sim
 
-__all__ = ["CHECKERS", "check"]
+__all__ = ["CHECKERS", "check", "fetch_rows"]
 
 TIMEOUT = 1.0  # the endpoints' timeout (tests.sim.app.OUTBOUND)
 
@@ -62,7 +65,7 @@ async def check(sim: Sim, *, final: bool) -> None:
                 sim.report.violations.append(Violation(name, sim.step, detail))
 
 
-async def _rows(sim: Sim, sql: str, **params: Any) -> list[dict[str, Any]]:
+async def fetch_rows(sim: Sim, sql: str, **params: Any) -> list[dict[str, Any]]:
     assert sim.box is not None
     async with sim.box.store.connect() as conn:
         return [dict(r._mapping) for r in await conn.execute(text(sql), params)]
@@ -82,7 +85,7 @@ async def acked_stored(sim: Sim, final: bool) -> list[str]:
     answered = _answers(sim)
     stored = {
         r["event_id"]: _hex(r["fingerprint"])
-        for r in await _rows(sim, "SELECT event_id, fingerprint FROM relaybox_inbox")
+        for r in await fetch_rows(sim, "SELECT event_id, fingerprint FROM relaybox_inbox")
     }
     out = []
     for event_id, answers in answered:
@@ -102,11 +105,11 @@ async def conflict_quarantined(sim: Sim, final: bool) -> list[str]:
     answered = _answers(sim)
     stored = {
         r["event_id"]: _hex(r["fingerprint"])
-        for r in await _rows(sim, "SELECT event_id, fingerprint FROM relaybox_inbox")
+        for r in await fetch_rows(sim, "SELECT event_id, fingerprint FROM relaybox_inbox")
     }
     held = {
         (r["event_id"], _hex(r["fingerprint"]))
-        for r in await _rows(sim, "SELECT event_id, fingerprint FROM relaybox_quarantine")
+        for r in await fetch_rows(sim, "SELECT event_id, fingerprint FROM relaybox_quarantine")
     }
     out = []
     if final:
@@ -127,7 +130,7 @@ async def stale_refused(sim: Sim, final: bool) -> list[str]:
 
 
 async def handled_or_dead(sim: Sim, final: bool) -> list[str]:
-    rows = await _rows(
+    rows = await fetch_rows(
         sim, "SELECT event_id, status, dead_reason, attempts, last_error FROM relaybox_inbox"
     )
     out = []
@@ -146,7 +149,7 @@ async def handled_or_dead(sim: Sim, final: bool) -> list[str]:
 
 async def effect_once(sim: Sim, final: bool) -> list[str]:
     out = []
-    grants = await _rows(
+    grants = await fetch_rows(
         sim,
         "SELECT g.business_key, g.invoice_id, g.event_id, g.kind, i.status"
         " FROM credit_grants g LEFT JOIN relaybox_inbox i"
@@ -162,7 +165,7 @@ async def effect_once(sim: Sim, final: bool) -> list[str]:
         return out
     sim.report.observed["grants"] += sum(g["kind"] == "grant" for g in grants)
     sim.report.observed["reversals"] += sum(g["kind"] == "reversal" for g in grants)
-    events = await _rows(
+    events = await fetch_rows(
         sim,
         "SELECT event_id, status, event_type FROM relaybox_inbox WHERE event_type = 'invoice.paid'",
     )
@@ -181,14 +184,14 @@ async def effect_once(sim: Sim, final: bool) -> list[str]:
                 f"invoice {invoice}: {granted[invoice]} grant(s),"
                 f" an invoice.paid done: {invoice in done_invoices}"
             )
-    emails = await _rows(sim, "SELECT key FROM relaybox_outbox WHERE channel = 'email'")
+    emails = await fetch_rows(sim, "SELECT key FROM relaybox_outbox WHERE channel = 'email'")
     keys = [e["key"] for e in emails]
     for g in grants:
         if g["kind"] == "grant" and keys.count(g["business_key"] + ":confirmation") != 1:
             out.append(
                 f"{g['business_key']}: {keys.count(g['business_key'] + ':confirmation')} e-mails"
             )
-    [balance] = await _rows(
+    [balance] = await fetch_rows(
         sim,
         "SELECT (SELECT coalesce(sum(credits), 0) FROM workspace_balances) AS b,"
         " (SELECT coalesce(sum(credits), 0) FROM credit_grants) AS l",
@@ -202,10 +205,10 @@ async def no_rollback_leak(sim: Sim, final: bool) -> list[str]:
     # What arrived, copied before the database is read (see _answers).
     received = {name: list(r.requests) for name, r in sim.endpoints.items()}
     mailed = sim.mailbox.read_text().splitlines() if sim.mailbox.exists() else []
-    messages = {r["id"] for r in await _rows(sim, "SELECT id FROM relaybox_messages")}
+    messages = {r["id"] for r in await fetch_rows(sim, "SELECT id FROM relaybox_messages")}
     done = {
         r["event_id"]
-        for r in await _rows(sim, "SELECT event_id FROM relaybox_inbox WHERE status = 'done'")
+        for r in await fetch_rows(sim, "SELECT event_id FROM relaybox_inbox WHERE status = 'done'")
     }
     out = []
     for name, requests in received.items():
@@ -218,7 +221,9 @@ async def no_rollback_leak(sim: Sim, final: bool) -> list[str]:
                 out.append(f"{name} received {seen.webhook_id} of {event}, whose row is not done")
     granted = {
         r["business_key"]
-        for r in await _rows(sim, "SELECT business_key FROM credit_grants WHERE kind = 'grant'")
+        for r in await fetch_rows(
+            sim, "SELECT business_key FROM credit_grants WHERE kind = 'grant'"
+        )
     }
     for line in mailed:
         try:
@@ -232,7 +237,7 @@ async def no_rollback_leak(sim: Sim, final: bool) -> list[str]:
 
 async def delivered_or_dead(sim: Sim, final: bool) -> list[str]:
     out = []
-    rows = await _rows(
+    rows = await fetch_rows(
         sim,
         "SELECT o.id, o.channel, o.key, o.endpoint_id, o.message_id, o.status,"
         " o.dead_reason, e.status AS endpoint_status"
@@ -318,7 +323,7 @@ async def lease_fenced(sim: Sim, final: bool) -> list[str]:
     if calm < grace + 25.0 or any(s for s in sim.skews.values()):  # clock-stepped: skip
         return []
     out = []
-    held = await _rows(
+    held = await fetch_rows(
         sim,
         "SELECT event_id, next_attempt_at FROM relaybox_inbox WHERE status = 'pending'"
         " AND started_at IS NOT NULL AND next_attempt_at < :t",
@@ -327,13 +332,13 @@ async def lease_fenced(sim: Sim, final: bool) -> list[str]:
     for r in held:
         out.append(f"{r['event_id']} claimed, its hold over for {now - r['next_attempt_at']:.1f} s")
     if sim.backend == "postgres":
-        leases = await _rows(
+        leases = await fetch_rows(
             sim,
             "SELECT outbox_id, until FROM relaybox_outbox_leases WHERE until < :t",
             t=now - grace,
         )
     else:
-        leases = await _rows(
+        leases = await fetch_rows(
             sim,
             "SELECT id AS outbox_id, lease_until AS until FROM relaybox_outbox"
             " WHERE status = 'pending' AND lease_until IS NOT NULL AND lease_until < :t",
@@ -348,7 +353,7 @@ async def recorded_once(sim: Sim, final: bool) -> list[str]:
     """An outcome is recorded by the holder of the claim or lease only: no event has two
     ``done`` attempts, no outbox row two ``sent`` attempts (a second one means a worker
     or a dispatcher recorded over a claim or lease it no longer held)."""
-    twice = await _rows(
+    twice = await fetch_rows(
         sim,
         "SELECT 'inbox' AS q, inbox_id AS id, count(*) AS n FROM relaybox_inbox_attempts"
         " WHERE outcome = 'done' GROUP BY inbox_id HAVING count(*) > 1"
@@ -360,7 +365,7 @@ async def recorded_once(sim: Sim, final: bool) -> list[str]:
         return out
     # The attempt that decided a finished row is the last one whose outcome was written
     # (neither fenced nor a note of an expired lease): it held the row's last lease.
-    decided = await _rows(
+    decided = await fetch_rows(
         sim,
         "SELECT o.id, o.lease_token AS row_token, a.lease_token AS attempt_token, a.outcome"
         " FROM relaybox_outbox o JOIN relaybox_outbox_attempts a ON a.id = ("
@@ -381,7 +386,7 @@ async def metrics_agree(sim: Sim, final: bool) -> list[str]:
     receiver = sim.running.get("receiver")
     if receiver is None:
         return ["no receiver to scrape"]
-    want = await _rows(
+    want = await fetch_rows(
         sim,
         "SELECT 'inbox' AS q, status, count(*) AS n FROM relaybox_inbox GROUP BY status"
         " UNION ALL SELECT 'outbox', status, count(*) FROM relaybox_outbox GROUP BY status",
@@ -431,6 +436,95 @@ def _data(body: bytes) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+async def erased(sim: Sim, final: bool) -> list[str]:
+    if not final or not sim.erasures:
+        return []
+    out: list[str] = []
+    asked = [e for e in sim.erasures if e.erasure is not None]
+    for e in sim.erasures:
+        if e.erasure is None:
+            out.append(f"erasure of {e.customer} was never recorded ({e.error or 'no answer'})")
+    # The maintenance job (every second here) empties the rows an erasure waited for
+    # once they finish: give it a few runs after the rows settled.
+    deadline = time.monotonic() + 20
+    while True:
+        ids = [e.erasure for e in asked]
+        open_ = await fetch_rows(
+            sim,
+            "SELECT id, waiting FROM relaybox_erasures WHERE finished_at IS NULL",
+        )
+        still = {r["id"]: r["waiting"] for r in open_ if r["id"] in ids}
+        if not still or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    for e in asked:
+        sim.report.observed["erasures"] += 1
+        if e.erasure in still:
+            out.append(
+                f"erasure {e.erasure} of {e.customer}: still waiting for {still[e.erasure]} rows"
+            )
+            continue
+        for r in await fetch_rows(
+            sim,
+            "SELECT i.id, i.status, i.erased_at, i.payload IS NULL AND i.headers IS NULL AS empty,"
+            " (SELECT count(*) FROM relaybox_outbox o WHERE o.inbox_id = i.id"
+            "  AND o.payload IS NOT NULL AND o.payload <> 'null') AS handler_rows"
+            " FROM relaybox_inbox i",
+        ):
+            if r["id"] not in e.inbox:
+                continue
+            sim.report.observed["erased inbox rows"] += 1
+            what = [
+                name
+                for name, bad in (
+                    ("not marked erased", r["erased_at"] is None),
+                    ("payload or headers kept", not r["empty"]),
+                    (f"{r['handler_rows']} handler outbox payloads kept", r["handler_rows"]),
+                )
+                if bad
+            ]
+            if what:
+                out.append(
+                    f"inbox row {r['id']} ({r['status']}) of {e.customer}, erased by"
+                    f" {e.erasure}: {', '.join(what)}"
+                )
+        for r in await fetch_rows(
+            sim, "SELECT id, payload IS NULL AND headers IS NULL AS empty FROM relaybox_quarantine"
+        ):
+            if r["id"] in e.quarantine and not r["empty"]:
+                out.append(f"quarantine row {r['id']} of {e.customer}: content kept after erasure")
+        for r in await fetch_rows(
+            sim,
+            "SELECT m.id, m.erased_at, m.body, (SELECT count(*) FROM relaybox_outbox o"
+            "  WHERE o.message_id = m.id AND o.payload IS NOT NULL AND o.payload <> 'null')"
+            "  AS deliveries,"
+            " (SELECT count(*) FROM relaybox_outbox_attempts a JOIN relaybox_outbox o"
+            "  ON o.id = a.outbox_id WHERE o.message_id = m.id"
+            "  AND (a.response IS NOT NULL OR a.headers IS NOT NULL)) AS responses"
+            " FROM relaybox_messages m",
+        ):
+            if r["id"] not in e.messages:
+                continue
+            sim.report.observed["erased messages"] += 1
+            body = r["body"]
+            kept = body is not None and body not in ("null", b"null") and body != "null"
+            what = [
+                name
+                for name, bad in (
+                    ("not marked erased", r["erased_at"] is None),
+                    ("body kept", kept),
+                    (f"{r['deliveries']} delivery payloads kept", r["deliveries"]),
+                    (f"{r['responses']} responses kept", r["responses"]),
+                )
+                if bad
+            ]
+            if what:
+                out.append(
+                    f"message {r['id']} of {e.customer}, erased by {e.erasure}: {', '.join(what)}"
+                )
+    return out
+
+
 CHECKERS = {
     "acked_stored": acked_stored,
     "conflict_quarantined": conflict_quarantined,
@@ -443,6 +537,7 @@ CHECKERS = {
     "lease_fenced": lease_fenced,
     "recorded_once": recorded_once,
     "metrics_agree": metrics_agree,
+    "erased": erased,
 }
 CONTINUOUS = {
     "acked_stored",

@@ -35,6 +35,7 @@ from sqlalchemy.engine import make_url
 from relaybox import Relaybox
 from relaybox.config import Settings
 from relaybox.outbound import enable_endpoint, list_endpoints
+from relaybox.sources.base import subject_digest
 from tests.sim import invariants
 from tests.sim.app import OUTBOUND
 from tests.sim.schedule import ACCOUNTS, Step, answer, schedule
@@ -105,6 +106,19 @@ class Report:
 
 
 @dataclass
+class Erased:
+    """An erasure the run asked for: the customer, and what relaybox had indexed under
+    it just before (the rows that must end up emptied)."""
+
+    customer: str
+    inbox: list[int] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+    quarantine: list[int] = field(default_factory=list)
+    erasure: int | None = None  # relaybox_erasures.id, once box.erase() answered
+    error: str = ""
+
+
+@dataclass
 class Sent:
     """What the provider sent for one event id, and what it was answered."""
 
@@ -129,6 +143,7 @@ class Sim:
         self.proxy: TcpProxy | None = None
         self.endpoints: dict[str, HttpReceiver] = {}
         self.endpoint_ids: dict[str, str] = {}
+        self.erasures: list[Erased] = []
         self.requests_per: Counter[tuple[str, str]] = Counter()
         self.step = 0
         self.database_url = ""  # what the checks use (never through the proxy)
@@ -360,6 +375,9 @@ class Sim:
 
     async def _fault(self, kind: str, args: dict[str, Any]) -> None:
         now = time.monotonic()
+        if "erase" in args:
+            self.report.faults["erase"] += 1
+            self._later(0, self._erase(args["erase"]))
         if kind == "kill":
             name = args["proc"]
             proc = self.running.pop(name, None)
@@ -393,6 +411,36 @@ class Sim:
         elif kind == "pause":
             await self._reenable()
         self.calm_since = max(self.calm_since, now)
+
+    async def _erase(self, customer: str) -> None:
+        """A data-protection request for one customer, as ``relaybox erase --subject``
+        makes it (``box.erase``), while the processes run and faults happen. What is
+        indexed under the customer when it is asked must be emptied once its rows have
+        finished (the ``erased`` checker); keys and fingerprints stay, so every other
+        checker holds as before."""
+        assert self.box is not None
+        erased = Erased(customer)
+        self.erasures.append(erased)
+        refs = await invariants.fetch_rows(
+            self,
+            "SELECT kind, ref FROM relaybox_subjects WHERE digest = :d",
+            d=subject_digest(customer),
+        )
+        erased.inbox = [int(r["ref"]) for r in refs if r["kind"] == "inbox"]
+        erased.messages = [str(r["ref"]) for r in refs if r["kind"] == "message"]
+        held = await invariants.fetch_rows(self, "SELECT id, inbox_id FROM relaybox_quarantine")
+        erased.quarantine = [r["id"] for r in held if r["inbox_id"] in set(erased.inbox)]
+        for _ in range(20):  # SQLite: the write lock may be held for seconds right now
+            try:
+                erasure = await self.box.erase(
+                    subject=customer, actor="simulation", reason=f"step {self.step}"
+                )
+            except Exception as exc:
+                erased.error = f"{type(exc).__name__}: {exc}"[:300]
+                await asyncio.sleep(1.0)
+                continue
+            erased.erasure, erased.error = erasure.id, ""
+            return
 
     def _later(self, seconds: float, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -505,17 +553,23 @@ class Sim:
         self.calm_since = time.monotonic()
 
     async def settle(self, within: float) -> bool:
-        """Until the provider has its answers and no row is pending."""
+        """Until the provider has its answers and no row is pending. ``within`` seconds
+        without progress (the provider's answers and the pending rows unchanged) is a
+        failure; a slow machine that still makes progress gets up to four times that."""
         assert self.box is not None
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            if not self.senders:
-                pending = await self.box.store.fetch_all(
-                    "SELECT (SELECT count(*) FROM relaybox_inbox WHERE status = 'pending') AS i,"
-                    " (SELECT count(*) FROM relaybox_outbox WHERE status = 'pending') AS o"
-                )
-                if pending[0]["i"] == 0 and pending[0]["o"] == 0:
-                    return True
+        began = last_change = time.monotonic()
+        seen: tuple[int, int, int] | None = None
+        while time.monotonic() - last_change < within and time.monotonic() - began < 4 * within:
+            pending = await invariants.fetch_rows(
+                self,
+                "SELECT (SELECT count(*) FROM relaybox_inbox WHERE status = 'pending') AS i,"
+                " (SELECT count(*) FROM relaybox_outbox WHERE status = 'pending') AS o",
+            )
+            now = (len(self.senders), int(pending[0]["i"]), int(pending[0]["o"]))
+            if now == (0, 0, 0):
+                return True
+            if now != seen:
+                seen, last_change = now, time.monotonic()
             await asyncio.sleep(0.25)
         return False
 

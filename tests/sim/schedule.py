@@ -29,7 +29,8 @@ __all__ = [
 ACCOUNTS = ("acct_credits_dev", "acct_sim_a", "acct_sim_b")
 """Connect accounts the provider signs for (each maps to a workspace)."""
 CUSTOMERS = ("cus_0", "cus_1", "cus_2", "cus_3")
-"""Ordering keys of the published webhooks (an invoice's customer)."""
+"""An invoice's customer: the ordering key of its published webhook, and the subject
+its inbox event and its message are indexed under (what an erasure names)."""
 PROCESSES = ("receiver", "worker0", "worker1", "dispatcher0", "dispatcher1", "maintenance")
 """The long-running processes of a run: any of them may be SIGKILLed or clock-stepped."""
 
@@ -49,8 +50,8 @@ KINDS: dict[str, int] = {
     "db_blackhole": 2,  # the database stops answering for a while
     "db_delay": 2,  # every database packet delayed for a while
     "idle_tx": 2,  # a connection left idle in a transaction holding rows
-    "maintenance": 2,  # the retention purge runs now (relaybox maintenance --once)
-    "pause": 4,  # nothing new for a moment
+    "maintenance": 2,  # the retention purge runs now (relaybox maintenance --once); may erase
+    "pause": 4,  # nothing new for a moment; may erase one customer
 }
 
 
@@ -145,6 +146,13 @@ def schedule(seed: int, steps: int) -> list[Step]:
                 args["ms"] = rng.choice([20, 50, 200, 800])
         else:
             args = {}
+        if kind in ("maintenance", "pause"):
+            # Half of them also erase one customer (a data-protection request), drawn
+            # from a stream of the step's own: the schedule of every other step, and
+            # of every seed recorded before erasures were simulated, stays the same.
+            erasing = random.Random(f"erase:{seed}:{n}")
+            if erasing.random() < 0.5:
+                args["erase"] = CUSTOMERS[erasing.randrange(len(CUSTOMERS))]
         gap = round(rng.expovariate(1 / 0.15), 3) if kind != "pause" else rng.uniform(0.5, 2.0)
         out.append(Step(n, kind, args, round(min(gap, 3.0), 3)))
     return out

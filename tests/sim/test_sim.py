@@ -54,10 +54,13 @@ async def test_seed_keeps_every_invariant(seed: int, backend: str) -> None:
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 async def test_the_checkers_report_a_broken_state(backend: str) -> None:
     """After the run settled, the test breaks the tables the way a bug would: a grant
-    lost with its event done, an event left pending, a webhook row never sent."""
+    lost with its event done, an event left pending, an erased row not erased."""
 
     async def break_it(sim: Sim) -> None:
         assert sim.box is not None
+        await sim._erase("cus_1")  # nothing pending: finished at once
+        erased = sim.erasures[-1]
+        assert erased.erasure is not None and erased.inbox, erased
         async with sim.box.store.transaction() as conn:
             await conn.execute(
                 text(
@@ -74,6 +77,10 @@ async def test_the_checkers_report_a_broken_state(backend: str) -> None:
                     " (SELECT min(id) FROM relaybox_inbox WHERE status = 'done')"
                 )
             )
+            await conn.execute(
+                text("UPDATE relaybox_inbox SET erased_at = NULL WHERE id = :id"),
+                {"id": erased.inbox[0]},
+            )
 
     report = await simulate(
         4,
@@ -84,5 +91,5 @@ async def test_the_checkers_report_a_broken_state(backend: str) -> None:
         reenable_at_end=True,
     )
     broken = {v.checker for v in report.violations}
-    assert {"effect_once", "handled_or_dead"} <= broken, report.as_dict()
+    assert {"effect_once", "handled_or_dead", "erased"} <= broken, report.as_dict()
     assert report.settled
