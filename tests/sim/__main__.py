@@ -132,8 +132,15 @@ async def long_run(args: argparse.Namespace) -> int:
     failures: list[dict[str, object]] = []
     seed = args.seed
     began = time.monotonic()
+    aborted: list[dict[str, object]] = []
     while time.monotonic() < deadline:
-        report = await run_once(seed, args.steps, args.backend, keep=True)
+        try:
+            report = await run_once(seed, args.steps, args.backend, keep=True)
+        except Exception as exc:  # the run could not start (a process not up in time)
+            print(f"seed {seed} ({args.backend}): aborted: {type(exc).__name__}: {exc}"[:500])
+            aborted.append({"seed": seed, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            seed += 1
+            continue
         runs += 1
         steps += report.ran
         events += report.events
@@ -159,6 +166,7 @@ async def long_run(args: argparse.Namespace) -> int:
             "check_total": sum(checks.values()),
             "observed": dict(observed),
             "violations": sum(len(f["violations"]) for f in failures),  # type: ignore[arg-type,misc]
+            "aborted": aborted,
             "failures": failures,
         }
         if args.out:
