@@ -51,7 +51,10 @@ async def test_sigkill_in_a_replay_job_loses_nothing_and_doubles_nothing(
         ["dispatch", "--app", "tests.support.outbound_app:box", "--database-url", database_url],
         env={"RELAYBOX_TEST_REPLAY_BATCH": "1"},
     )
-    for _ in range(600):  # until the process has committed some steps, not all
+    # Until the process has committed some steps, not all (a loaded machine may take
+    # long to start it).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         current = await box.store.replay_job_get(job.id, None)
         assert current is not None
         if current.queued >= 20:

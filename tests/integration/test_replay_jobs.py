@@ -191,6 +191,51 @@ async def test_a_job_of_an_endpoint_disabled_meanwhile_fails_saying_why(
     assert done.finished_at is not None and await rows_of(box, endpoint_id) == []
 
 
+async def test_a_step_that_keeps_failing_ends_the_job_failed_saying_why(
+    box: Relaybox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error in the data or the code is tried three times, then the job ends
+    ``failed`` with the error (it would otherwise hold the endpoint's one slot for
+    good); the database being away is not such an error: the lease runs out and the
+    job is taken again."""
+    local(box)
+    await publish_one(box, "pet.adopted", {"n": 1})
+    endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook")
+    job = await start_replay(box, endpoint_id, since=0.0, tenant="t1")
+    assert job is not None
+    page = type(box.store).message_missing_page
+    calls = 0
+
+    async def outage(*args: Any, **kw: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        raise ConnectionResetError("the database went away")
+
+    monkeypatch.setattr(type(box.store), "message_missing_page", outage)
+    runner = ReplayRunner(box)
+    again = await runner.run_once()
+    assert calls == 1 and again is not None and again.status == "running"
+
+    async def broken(*args: Any, **kw: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        raise ValueError("a message the filter cannot read")
+
+    calls = 0
+    monkeypatch.setattr(type(box.store), "message_missing_page", broken)
+    await box.store.replay_job_release(job.id, runner.name, now=box.clock.now())
+    failed = await runner.run_once()
+    assert calls == 3 and failed is not None
+    assert (failed.status, failed.error) == (
+        "failed",
+        "a step failed 3 times: ValueError: a message the filter cannot read",
+    )
+    monkeypatch.setattr(type(box.store), "message_missing_page", page)
+    assert await rows_of(box, endpoint_id) == []
+    # The endpoint's slot is free again: a new job can start.
+    assert await start_replay(box, endpoint_id, since=0.0, tenant="t1") is not None
+
+
 async def test_a_running_dispatcher_runs_the_job_it_is_told_of(
     box: Relaybox, clock: FrozenClock
 ) -> None:

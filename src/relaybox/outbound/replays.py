@@ -45,6 +45,7 @@ import structlog
 
 from relaybox.errors import Conflict, InvalidRequest, RelayboxError
 from relaybox.log import short_error
+from relaybox.outage import database_unavailable
 from relaybox.outbound.endpoints import get_endpoint
 from relaybox.outbound.filters import CompiledFilter, compile_filter
 from relaybox.outbound.publish import wants
@@ -239,6 +240,30 @@ class _LeaseLost(Exception):
     """Another runner took the job over (this one's lease ran out): roll back."""
 
 
+STEP_TRIES = 3
+"""How many times a replay job's step is tried when it fails for a reason other than
+the database being away, before the job ends ``failed``."""
+
+# Lock conflicts (serialization failure, deadlock, lock not available): the next try
+# may well pass, like an outage.
+_PASSING_STATES = ("40001", "40P01", "55P03")
+
+
+def _passing(exc: BaseException) -> bool:
+    """Whether ``exc`` is a condition that passes (the database away, a lock conflict)
+    rather than an error in the job's data or the code."""
+    if database_unavailable(exc):
+        return True
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if str(getattr(current, "sqlstate", "") or "") in _PASSING_STATES:
+            return True
+        current = getattr(current, "orig", None) or current.__cause__ or current.__context__
+    return False
+
+
 class ReplayRunner:
     """Claims replay-missing jobs and runs them in steps (see the module's text).
     :meth:`run` loops until its ``stopping`` event is set (a dispatcher runs it);
@@ -302,8 +327,13 @@ class ReplayRunner:
 
     async def run_job(self, job: ReplayJob, stopping: asyncio.Event) -> None:
         """Run the claimed job step by step until it ends, its lease is lost, or
-        ``stopping`` (then the lease is given back)."""
+        ``stopping`` (then the lease is given back). A step that fails for a reason
+        other than the database being away (or a lock conflict) is tried
+        :data:`STEP_TRIES` times in all, then the job ends ``failed`` with that error:
+        an error in the data or the code does not go away by itself, and a job retried
+        forever would hold its endpoint's one slot for good."""
         state = job
+        failures = 0
         try:
             while True:
                 if stopping.is_set():
@@ -311,7 +341,28 @@ class ReplayRunner:
                         job.id, self.name, now=self.box.clock.now()
                     )
                     return
-                next_state = await self.step(state)
+                try:
+                    next_state = await self.step(state)
+                except _LeaseLost:
+                    raise
+                except Exception as exc:
+                    if _passing(exc):
+                        raise
+                    failures += 1
+                    log.warning(
+                        "replay_job_step_failed",
+                        job_id=job.id,
+                        attempt=failures,
+                        error=short_error(exc),
+                    )
+                    if failures < STEP_TRIES:
+                        await asyncio.sleep(min(0.2 * 2**failures, 2.0))
+                        continue
+                    await self._finish(
+                        state, "failed", error=f"a step failed {failures} times: {short_error(exc)}"
+                    )
+                    return
+                failures = 0
                 if next_state is None:
                     return
                 state = next_state
