@@ -111,10 +111,14 @@ async def test_erase_a_subject_keeps_keys_and_outcomes(box: Relaybox) -> None:
     detail = await ops.event_get(box, event_id)
     assert detail.payload is None and detail.erased_at is not None and detail.purged
 
-    # Idempotent: asking again records it and finds nothing left.
+    # Asking again records it: it finds nothing left of what the first one emptied, and
+    # empties the conflicting content quarantined since, under an erased event's id.
     second = await erase(box, subject=ALICE, actor="dpo@example.com")
-    assert second.id != done.id and not any(second.rows.values()) and second.finished_at
-    assert len(await box.store.erasure_list()) == 2
+    assert second.id != done.id and second.finished_at
+    assert second.rows == {"inbox": 0, "quarantine": 1, "outbox": 0, "attempts": 0, "messages": 0}
+    third = await erase(box, subject=ALICE, actor="dpo@example.com")
+    assert third.id != second.id and not any(third.rows.values()) and third.finished_at
+    assert len(await box.store.erasure_list()) == 3
 
 
 async def test_arguments_are_checked(box: Relaybox) -> None:

@@ -71,6 +71,42 @@ async def test_an_erasure_empties_finished_rows_and_waits_for_pending_ones(store
     assert (listed.actor, listed.reason, listed.scope) == ("dpo", "art. 17", "subject")
 
 
+async def test_a_later_erasure_reaches_a_conflict_that_came_after_an_earlier_one(
+    store: Store,
+) -> None:
+    """Other content under an erased event's id is quarantined (the key and fingerprint
+    stayed): a later erasure of the subject empties it, although the inbox row it is
+    stored under was emptied already. The simulation found this (tests/sim, seed 5002
+    on SQLite: erasures of one customer before and after a conflicting resend)."""
+    first = dataclasses.replace(
+        delivery("e1", b'{"email": "alice@example.com"}', ignored=True), subject=DIGEST
+    )
+    await store.inbox_accept([first])
+    erasure_id, _ = await store.erasure_begin(
+        actor="dpo", reason="", scope="subject", digest=DIGEST, tenant=None, now=T0
+    )
+    erasure = await store.erasure_get(erasure_id)
+    assert erasure is not None
+    assert (await store.erase_batch(erasure, now=T0 + 1, limit=10))["inbox"] == 1
+    assert await store.erasure_settle(erasure, now=T0 + 1) == 0
+
+    conflict = dataclasses.replace(
+        delivery("e1", b'{"email": "alice@new.example.com"}', ignored=True), subject=DIGEST
+    )
+    [outcome] = await store.inbox_accept([conflict])
+    assert outcome.status == "quarantined"
+    later_id, resumed = await store.erasure_begin(
+        actor="dpo", reason="again", scope="subject", digest=DIGEST, tenant=None, now=T0 + 2
+    )
+    later = await store.erasure_get(later_id)
+    assert later is not None and not resumed and later_id != erasure_id
+    counts = await store.erase_batch(later, now=T0 + 3, limit=10)
+    assert (counts["inbox"], counts["quarantine"]) == (0, 1)
+    assert await store.erase_batch(later, now=T0 + 3, limit=10) == dict.fromkeys(counts, 0)
+    [held] = await store.fetch_all("SELECT payload, headers, erased_at FROM relaybox_quarantine")
+    assert (held["payload"], held["headers"], held["erased_at"]) == (None, None, T0 + 3)
+
+
 async def test_a_tenant_erasure_with_nothing_left_finishes(store: Store) -> None:
     erasure_id, resumed = await store.erasure_begin(
         actor="dpo", reason="", scope="tenant", digest=None, tenant="tenant-9", now=T0

@@ -242,7 +242,10 @@ _SUBJECT_FILL = (
     " created_at, updated_at, message_id, inbox_id) SELECT 'webhook', 'k' || i, '{}', 'sent',"
     " 0, 0, 0, 'msg_' || i, i FROM generate_series(1, 20000) AS i;"
     " INSERT INTO relaybox_subjects (digest, kind, ref)"
-    " SELECT int4send(i % 2000), 'message', 'msg_' || i FROM generate_series(1, 20000) AS i"
+    " SELECT int4send(i % 2000), 'message', 'msg_' || i FROM generate_series(1, 20000) AS i;"
+    " INSERT INTO relaybox_quarantine (inbox_id, source, account, event_id, event_type,"
+    " fingerprint, payload, received_at)"
+    " SELECT i, 's', 'a', 'e' || i, 't', '\\x01', '{}', 0 FROM generate_series(1, 20000) AS i"
 )
 
 
@@ -250,6 +253,7 @@ _SUBJECT_FILL = (
     ("name", "table"),
     [
         ("erase_inbox_subject", "relaybox_inbox"),
+        ("erase_quarantine_subject", "relaybox_quarantine"),
         ("erase_handler_outbox_subject", "relaybox_outbox"),
         ("erase_outbox_subject", "relaybox_outbox"),
         ("erase_messages_subject", "relaybox_messages"),

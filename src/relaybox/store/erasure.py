@@ -147,9 +147,7 @@ class ErasureStore:
             quarantine: list[Any] = []
             if by_subject:
                 inbox = await self.rows(conn, "erase_inbox_subject", (key, now, limit))
-                if inbox:
-                    ids = self._ids([int(r[0]) for r in inbox])
-                    quarantine = await self.rows(conn, "erase_quarantine", (ids, now))
+                quarantine = await self.rows(conn, "erase_quarantine_subject", (key, now, limit))
             outbox = await self.rows(
                 conn,
                 "erase_outbox_subject" if by_subject else "erase_outbox_tenant",

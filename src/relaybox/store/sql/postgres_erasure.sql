@@ -21,13 +21,22 @@ FROM batch
 WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
 RETURNING t.id
 
--- name: erase_quarantine
--- The quarantine entries of the inbox rows just erased ($1: their ids): a conflicting
--- content stored under the same event key.
-UPDATE relaybox_quarantine
-SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(purged_at, $2)
-WHERE inbox_id = ANY($1::bigint[]) AND erased_at IS NULL
-RETURNING id
+-- name: erase_quarantine_subject
+-- The quarantine entries stored under the event keys of the subject's inbox rows (a
+-- conflicting content), whenever they came: also those that came after an earlier
+-- erasure had emptied their inbox row, which a later erasure of the subject must
+-- reach. By the quarantine's (inbox_id, fingerprint) index.
+WITH batch AS MATERIALIZED (
+    SELECT q.id FROM relaybox_subjects s
+    JOIN relaybox_quarantine q ON q.inbox_id = s.ref::bigint
+    WHERE s.digest = $1 AND s.kind = 'inbox' AND q.erased_at IS NULL
+    LIMIT $3
+    FOR NO KEY UPDATE OF q SKIP LOCKED)
+UPDATE relaybox_quarantine t
+SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+FROM batch
+WHERE t.id = batch.id AND t.erased_at IS NULL
+RETURNING t.id
 
 -- name: erase_outbox_subject
 -- The deliveries of the subject's messages that are not pending (sent, dead, held).

@@ -17,12 +17,18 @@ WHERE id IN (SELECT i.id FROM relaybox_subjects s
   AND erased_at IS NULL AND status <> 'pending'
 RETURNING id
 
--- name: erase_quarantine
--- The quarantine entries of the inbox rows just erased (?1: their ids): a conflicting
--- content stored under the same event key.
+-- name: erase_quarantine_subject
+-- The quarantine entries stored under the event keys of the subject's inbox rows (a
+-- conflicting content), whenever they came: also those that came after an earlier
+-- erasure had emptied their inbox row, which a later erasure of the subject must
+-- reach.
 UPDATE relaybox_quarantine
 SET payload = NULL, headers = NULL, erased_at = ?2, purged_at = coalesce(purged_at, ?2)
-WHERE inbox_id IN (SELECT value FROM json_each(?1)) AND erased_at IS NULL
+WHERE id IN (SELECT q.id FROM relaybox_subjects s
+             JOIN relaybox_quarantine q ON q.inbox_id = CAST(s.ref AS INTEGER)
+             WHERE s.digest = ?1 AND s.kind = 'inbox' AND q.erased_at IS NULL
+             LIMIT ?3)
+  AND erased_at IS NULL
 RETURNING id
 
 -- name: erase_outbox_subject
