@@ -5,6 +5,7 @@ types and API keys. Rows are set up through store methods; ``store.fetch_all`` r
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator, Sequence
 
@@ -345,6 +346,42 @@ async def test_lease_records_successes_where_the_store_can(store: Store) -> None
     assert leased.deliveries == [] and leased.written == {(d.id, d.lease_token)}
     rows = await store.fetch_all("SELECT status FROM relaybox_outbox")
     assert [r["status"] for r in rows] == ["sent"]
+
+
+async def test_a_late_fenced_attempt_keeps_no_answer_of_an_erased_delivery(store: Store) -> None:
+    """A dispatcher whose lease ran out records its attempt late, fenced, after another
+    one sent the row and an erasure emptied it: the attempt is logged without what the
+    receiver answered (found by the simulation's ``erased`` checker, seed 5019 on
+    SQLite)."""
+    await store.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
+    msg_id = await publish(store, "t1", ["ep_1"])
+    (d,) = (await store.outbox_lease(lease_request(), no_secrets)).deliveries
+    digest = hashlib.sha256(b"cus_late").digest()
+    async with store.transaction() as conn:
+        await store.subject_index(conn, digest, "message", msg_id)
+        mark = (d.id, d.lease_token, "sent", None, None, None, 200)
+        assert await store.outbox_record(conn, [mark], now=T0 + 2) == {(d.id, d.lease_token)}
+    erasure_id, _ = await store.erasure_begin(
+        actor="dpo", reason="", scope="subject", digest=digest, tenant=None, now=T0 + 3
+    )
+    erasure = await store.erasure_get(erasure_id)
+    assert erasure is not None
+    assert (await store.erase_batch(erasure, now=T0 + 3, limit=10))["outbox"] == 1
+    answer, headers = '{"customer": "cus_late"}', '{"response": [["X-Customer", "cus_late"]]}'
+    async with store.transaction() as conn:  # the late one, through the generic path
+        log = (d.id, 1, d.lease_token - 1, "d0", T0 + 1, 0.2, "fenced", 200, None, answer, headers)
+        await store.outbox_attempts_insert(conn, [log])
+    if store.lease_records:  # and through the lease that records successes
+        stale = (d.id, d.lease_token - 1, 1, "ep_1", T0 + 1, 0.2, 200, None, answer, headers)
+        request = LeaseRequest(
+            owner="d0", slots=0, channels=[], now=T0 + 4, until=T0 + 64, deadline=30, sent=[stale]
+        )
+        assert (await store.outbox_lease(request, no_secrets)).written == set()
+    logged = await store.fetch_all(
+        "SELECT outcome, status_code, response, headers FROM relaybox_outbox_attempts"
+    )
+    assert logged and all(r["outcome"] == "fenced" for r in logged), logged
+    assert all((r["status_code"], r["response"], r["headers"]) == (200, None, None) for r in logged)
 
 
 async def test_failure_streaks(store: Store) -> None:

@@ -496,9 +496,15 @@ WITH u AS (
     INSERT INTO relaybox_outbox_attempts
         (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome,
          status_code, error, response, headers)
+    -- A fenced success's answer is not kept for a delivery erased meanwhile.
     SELECT u.id, u.attempt, u.token, $4, u.started, u.duration,
-           CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code, u.error, u.response,
-           u.headers
+           CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code, u.error,
+           CASE WHEN d.id IS NOT NULL OR NOT EXISTS (
+               SELECT 1 FROM relaybox_outbox x WHERE x.id = u.id AND x.erased_at IS NOT NULL)
+               THEN u.response END,
+           CASE WHEN d.id IS NOT NULL OR NOT EXISTS (
+               SELECT 1 FROM relaybox_outbox x WHERE x.id = u.id AND x.erased_at IS NOT NULL)
+               THEN u.headers END
     FROM u LEFT JOIN done d ON d.id = u.id AND d.lease_token = u.token
     ORDER BY u.ord
 ), healthy AS (
@@ -718,12 +724,22 @@ RETURNING o.id, o.lease_token
 
 -- name: outbox_attempts_insert
 -- The attempt log of a recorded batch, one multi-row insert (array order = id order).
+-- What the receiver answered is not kept for a delivery erased meanwhile (an attempt
+-- recorded late, fenced, after an erasure emptied its row: relaybox.erasure).
 INSERT INTO relaybox_outbox_attempts
     (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
      error, response, headers)
-SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::double precision[],
-                     $6::double precision[], $7::text[], $8::int[], $9::text[], $10::text[],
-                     $11::text[])
+SELECT a.id, a.attempt, a.token, a.dispatcher, a.started, a.duration, a.outcome, a.code,
+       a.error,
+       CASE WHEN a.response IS NULL OR o.erased_at IS NULL THEN a.response END,
+       CASE WHEN a.headers IS NULL OR o.erased_at IS NULL THEN a.headers END
+FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::double precision[],
+            $6::double precision[], $7::text[], $8::int[], $9::text[], $10::text[],
+            $11::text[])
+     WITH ORDINALITY AS a(id, attempt, token, dispatcher, started, duration, outcome, code,
+                          error, response, headers, ord)
+LEFT JOIN relaybox_outbox o ON o.id = a.id AND o.erased_at IS NOT NULL
+ORDER BY a.ord
 
 -- name: endpoints_succeeded
 -- Clears the failure streak of every endpoint in $1 (a recorded batch's successes)
