@@ -365,13 +365,17 @@ async def recorded_once(sim: Sim, final: bool) -> list[str]:
         return out
     # The attempt that decided a finished row is the last one whose outcome was written
     # (neither fenced nor a note of an expired lease): it held the row's last lease.
+    # Except a row killed because its endpoint is disabled, which no attempt decided:
+    # the disabling or the maintenance sweep kills rows no live lease holds, and a
+    # lease that ran out (its dispatcher died or stalled) leaves its token behind.
     decided = await fetch_rows(
         sim,
         "SELECT o.id, o.lease_token AS row_token, a.lease_token AS attempt_token, a.outcome"
         " FROM relaybox_outbox o JOIN relaybox_outbox_attempts a ON a.id = ("
         "   SELECT max(b.id) FROM relaybox_outbox_attempts b WHERE b.outbox_id = o.id"
         "   AND b.outcome NOT IN ('fenced', 'uncertain'))"
-        " WHERE o.status IN ('sent', 'dead')",
+        " WHERE o.status IN ('sent', 'dead')"
+        " AND NOT (o.status = 'dead' AND o.dead_reason = 'endpoint_disabled')",
     )
     for r in decided:
         if r["row_token"] is not None and r["row_token"] != r["attempt_token"]:
