@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from relaybox.cli import app_options, load_box
+from relaybox.cli.common import app_options, load_box
 from relaybox.cli.grammar import GrammarOption
 from relaybox.cli.outbound import _echo, _endpoint, _model, _run, endpoints_group
 from relaybox.outbound import endpoints

@@ -12,8 +12,8 @@ import sys
 import click
 
 from relaybox.app import Relaybox
-from relaybox.cli import _safe_url, app_options, missing_sqlite_file
-from relaybox.cli import load_box as _load_box
+from relaybox.cli.common import app_options, missing_sqlite_file, safe_url
+from relaybox.cli.common import load_box as _load_box
 from relaybox.cli.exits import (
     EXIT_CLOCK,
     EXIT_DATABASE,
@@ -124,7 +124,7 @@ async def _doctor_database(
 ) -> None:
     from relaybox.store.base import load_migrations
 
-    url = _safe_url(box)
+    url = safe_url(box)
     try:
         store = box.store
         probe = await store.doctor_probe()
@@ -413,7 +413,7 @@ def doctor(
                 checks.add(
                     "database",
                     "fail",
-                    f"no answer within 30 s ({_safe_url(box)})",
+                    f"no answer within 30 s ({safe_url(box)})",
                     exit_code=EXIT_DATABASE,
                 )
             finally:
@@ -428,7 +428,7 @@ def doctor(
                 checks.add(
                     "database",
                     "warn",
-                    f"no database at {missing} ({_safe_url(box)}): `relaybox migrate` creates"
+                    f"no database at {missing} ({safe_url(box)}): `relaybox migrate` creates"
                     " it, or name yours with --database-url",
                 )
                 checks.add("migrations", "fail", TABLES_MISSING, exit_code=EXIT_SCHEMA)
@@ -438,7 +438,7 @@ def doctor(
             checks.add(
                 "database",
                 "fail",
-                f"database unreachable ({_safe_url(box)}): {type(exc).__name__}: {exc}",
+                f"database unreachable ({safe_url(box)}): {type(exc).__name__}: {exc}",
                 exit_code=EXIT_DATABASE,
             )
         # After the database: with both wrong, the exit code names the database.

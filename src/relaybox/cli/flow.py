@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from relaybox.cli import app_options, json_option, load_box
+from relaybox.cli.common import app_options, json_option, load_box
 from relaybox.cli.grammar import CliError
 from relaybox.cli.outbound import _endpoint, _run, endpoints_group
 from relaybox.errors import Conflict

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from relaybox.cli import app_options
+from relaybox.cli.common import app_options
 from relaybox.cli.grammar import actor_option, default_actor, reason_option
 from relaybox.cli.ops import _console, _emit, _iso, _json_option, _run, load_box
 from relaybox.timespec import parse_duration

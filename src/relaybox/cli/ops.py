@@ -22,8 +22,8 @@ from pydantic import BaseModel, ValidationError
 
 from relaybox.app import Relaybox
 from relaybox.bodies import text_problem
-from relaybox.cli import _run_db, app_options, json_option
-from relaybox.cli import load_box as _load_box
+from relaybox.cli.common import app_options, json_option, run_db
+from relaybox.cli.common import load_box as _load_box
 from relaybox.cli.exits import EXIT_FAILED, exit_code_for
 from relaybox.cli.grammar import (
     CliError,
@@ -71,7 +71,7 @@ def _run(box: Relaybox, make: Callable[[], Awaitable[T]], *, as_json: bool) -> T
         finally:
             await box.close()
 
-    result = _run_db(box, go())
+    result = run_db(box, go())
     if isinstance(result, OpsError):
         exit_code = exit_code_for(result) or EXIT_FAILED
         raise CliError(result.message, code=result.code, exit_code=exit_code)

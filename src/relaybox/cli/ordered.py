@@ -10,7 +10,7 @@ import json
 
 import click
 
-from relaybox.cli import app_options, json_option, load_box
+from relaybox.cli.common import app_options, json_option, load_box
 from relaybox.cli.grammar import CliError, actor_option, default_actor, emit_list, reason_option
 from relaybox.cli.outbound import _run, _table, endpoints_group
 from relaybox.outbound import ordered

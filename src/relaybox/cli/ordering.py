@@ -18,7 +18,7 @@ import click
 
 from relaybox import log
 from relaybox.app import Relaybox
-from relaybox.cli import _run_db, app_options, load_box
+from relaybox.cli.common import app_options, load_box, run_db
 from relaybox.cli.exits import EXIT_FAILED
 from relaybox.cli.grammar import CliError, actor_option, default_actor, since_options
 from relaybox.cli.table import print_pairs
@@ -176,7 +176,7 @@ def replay(
         finally:
             await box.close()
 
-    out = _run_db(box, run())
+    out = run_db(box, run())
     if as_json:
         click.echo(json.dumps(out))
     elif dry_run:
@@ -287,7 +287,7 @@ def reconcile(
         finally:
             await box.close()
 
-    out = _run_db(box, run())
+    out = run_db(box, run())
     if as_json:
         click.echo(json.dumps(out))
     else:
@@ -403,7 +403,7 @@ def recover(
             await box.close()
 
     try:
-        out = _run_db(box, run())
+        out = run_db(box, run())
     except Exception as exc:
         from relaybox.recovery import RecoveryError
 

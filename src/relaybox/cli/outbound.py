@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from relaybox import log
 from relaybox.app import Relaybox
 from relaybox.bodies import NotJsonNumber, parse_json
-from relaybox.cli import _run_db, app_options, json_option, load_box
+from relaybox.cli.common import app_options, json_option, load_box, run_db
 from relaybox.cli.grammar import CliError, emit_list, type_option
 from relaybox.cli.params import FILTER
 from relaybox.cli.table import format_time, print_table
@@ -50,7 +50,7 @@ def _run(box: Relaybox, work: Callable[[], Awaitable[Any]]) -> Any:
             await box.close()
 
     try:
-        return _run_db(box, run())
+        return run_db(box, run())
     except (InvalidEndpoint, InvalidMessage, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     except SecretsLocked as exc:
@@ -145,7 +145,7 @@ def dispatch(
 
     box.freeze_startup_heap()
     box.widen_young_gc()
-    _run_db(box, run(), creates=True)  # it waits for migrations, as serve does
+    run_db(box, run(), creates=True)  # it waits for migrations, as serve does
 
 
 # -- endpoints -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import json
 
 import click
 
-from relaybox.cli import app_options, json_option, load_box
+from relaybox.cli.common import app_options, json_option, load_box
 from relaybox.cli.grammar import CliError
 from relaybox.cli.table import format_time
 from relaybox.errors import ConfigurationError
