@@ -143,6 +143,77 @@ def _filter_options(fn: Any) -> Any:
 _DEAD_REASONS = click.Choice(["invalid", "exhausted", "conflict", "unhandled"])
 
 
+def _filter_fields(
+    source: str | None,
+    event_type: str | None,
+    tenant: str | None,
+    since: str | None,
+    until: str | None,
+) -> dict[str, Any]:
+    """The fields of :func:`_filter_options` as an inbox filter of
+    :mod:`relaybox.ops.inbound_models` names them, times read now."""
+    now = time.time()
+    return {
+        "source": source,
+        "type": event_type,
+        "tenant": tenant,
+        "since": parse_time_or_none(since, now),
+        "until": parse_time_or_none(until, now),
+    }
+
+
+def _list_command(
+    group: click.Group,
+    option: Callable[[Callable[..., None]], Callable[..., None]],
+    *,
+    field: str,
+    model: str,
+    use_case: str,
+    title: str,
+    doc: str,
+) -> None:
+    """``<group> list``: inbox events through the filters, ``option`` (one more filter,
+    its value the model's ``field``), a page at a time, newest first. ``model`` is the
+    filter of :mod:`relaybox.ops.inbound_models`, ``use_case`` the function of
+    :mod:`relaybox.ops.inbound` that lists (both imported when the command runs)."""
+
+    @group.command("list", help=doc)
+    @app_options
+    @_filter_options
+    @option
+    @click.option("--limit", default=50, show_default=True, type=int, help="a page's size")
+    @click.option("--cursor", help="next page (printed after a full page)")
+    @_json_option
+    def command(
+        app: str | None,
+        config: str | None,
+        database_url: str | None,
+        source: str | None,
+        event_type: str | None,
+        tenant: str | None,
+        since: str | None,
+        until: str | None,
+        limit: int,
+        cursor: str | None,
+        as_json: bool,
+        **chosen: str | None,
+    ) -> None:
+        from relaybox.ops import inbound as ops
+        from relaybox.ops import inbound_models as models
+
+        (value,) = chosen.values()
+        f = _validate(
+            getattr(models, model),
+            **_filter_fields(source, event_type, tenant, since, until),
+            **{field: value},
+            limit=limit,
+            cursor=cursor,
+        )
+        box = load_box(app, config, database_url)
+        page = _run(box, lambda: getattr(ops, use_case)(box, f), as_json=as_json)
+        _emit(page, as_json, lambda: _events_table(title, page.items, page.next_cursor))
+
+
 # -- inbox ----------------------------------------------------------------------
 
 
@@ -151,48 +222,19 @@ def inbox() -> None:
     """Inbox events: list them, show one with its attempts and keys."""
 
 
-@inbox.command("list")
-@app_options
-@_filter_options
-@click.option(
-    "--status", type=click.Choice(["pending", "done", "dead", "ignored"]), help="only this status"
+_list_command(
+    inbox,
+    click.option(
+        "--status",
+        type=click.Choice(["pending", "done", "dead", "ignored"]),
+        help="only this status",
+    ),
+    field="status",
+    model="InboxFilter",
+    use_case="inbox_list",
+    title="inbox",
+    doc="Inbox events, newest first.",
 )
-@click.option("--limit", default=50, show_default=True, type=int, help="a page's size")
-@click.option("--cursor", help="next page (printed after a full page)")
-@_json_option
-def inbox_list(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
-    source: str | None,
-    event_type: str | None,
-    tenant: str | None,
-    since: str | None,
-    until: str | None,
-    status: str | None,
-    limit: int,
-    cursor: str | None,
-    as_json: bool,
-) -> None:
-    """Inbox events, newest first."""
-    from relaybox.ops import inbound as ops
-    from relaybox.ops import inbound_models as models
-
-    now = time.time()
-    f = _validate(
-        models.InboxFilter,
-        source=source,
-        type=event_type,
-        tenant=tenant,
-        status=status,
-        since=parse_time_or_none(since, now),
-        until=parse_time_or_none(until, now),
-        limit=limit,
-        cursor=cursor,
-    )
-    box = load_box(app, config, database_url)
-    page = _run(box, lambda: ops.inbox_list(box, f), as_json=as_json)
-    _emit(page, as_json, lambda: _events_table("inbox", page.items, page.next_cursor))
 
 
 @inbox.command("show")
@@ -271,52 +313,21 @@ def dead() -> None:
     """Dead letters: list, retry (one, several, or every one matching a filter), discard."""
 
 
-@dead.command("list")
-@app_options
-@_filter_options
-@click.option(
-    "--dead-reason",
-    cls=GrammarOption,
-    deprecated_names=("--reason",),
-    type=_DEAD_REASONS,
-    help="only dead letters of this cause",
+_list_command(
+    dead,
+    click.option(
+        "--dead-reason",
+        cls=GrammarOption,
+        deprecated_names=("--reason",),
+        type=_DEAD_REASONS,
+        help="only dead letters of this cause",
+    ),
+    field="reason",
+    model="DeadFilter",
+    use_case="dead_list",
+    title="dead letters",
+    doc="Dead letters waiting for an operator, newest first.",
 )
-@click.option("--limit", default=50, show_default=True, type=int, help="a page's size")
-@click.option("--cursor", help="next page (printed after a full page)")
-@_json_option
-def dead_list(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
-    source: str | None,
-    event_type: str | None,
-    tenant: str | None,
-    since: str | None,
-    until: str | None,
-    dead_reason: str | None,
-    limit: int,
-    cursor: str | None,
-    as_json: bool,
-) -> None:
-    """Dead letters waiting for an operator, newest first."""
-    from relaybox.ops import inbound as ops
-    from relaybox.ops import inbound_models as models
-
-    now = time.time()
-    f = _validate(
-        models.DeadFilter,
-        source=source,
-        type=event_type,
-        tenant=tenant,
-        reason=dead_reason,
-        since=parse_time_or_none(since, now),
-        until=parse_time_or_none(until, now),
-        limit=limit,
-        cursor=cursor,
-    )
-    box = load_box(app, config, database_url)
-    page = _run(box, lambda: ops.dead_list(box, f), as_json=as_json)
-    _emit(page, as_json, lambda: _events_table("dead letters", page.items, page.next_cursor))
 
 
 @dead.command("retry")
@@ -359,15 +370,10 @@ def dead_retry(
     who = _actor(actor)
     box = load_box(app, config, database_url)
     if retry_all:
-        now = time.time()
         req = _validate(
             models.DeadRetryRequest,
-            source=source,
-            type=event_type,
-            tenant=tenant,
+            **_filter_fields(source, event_type, tenant, since, until),
             dead_reason=dead_reason,
-            since=parse_time_or_none(since, now),
-            until=parse_time_or_none(until, now),
             limit=limit,
             reason=reason,
             actor=who,
