@@ -21,15 +21,8 @@ from __future__ import annotations
 from relaybox.sources.adyen import AdyenSource, adyen
 from relaybox.sources.asana import AsanaSource, asana
 from relaybox.sources.base import Headers, Identity, Secret, Source, Verified
-from relaybox.sources.bitbucket import BitbucketSource, bitbucket
-from relaybox.sources.box import BoxSource, box
-from relaybox.sources.calendly import CalendlySource, calendly
-from relaybox.sources.chargebee import ChargebeeSource, chargebee
-from relaybox.sources.coinbase_commerce import CoinbaseCommerceSource, coinbase_commerce
 from relaybox.sources.discord import DiscordSource, discord
-from relaybox.sources.docusign import DocuSignSource, docusign
 from relaybox.sources.github import GitHubSource, github
-from relaybox.sources.gitlab import GitLabSource, gitlab
 from relaybox.sources.handshakes import (
     DropboxSource,
     MicrosoftGraphSource,
@@ -40,35 +33,67 @@ from relaybox.sources.handshakes import (
 )
 from relaybox.sources.hmac import HmacSource, hmac
 from relaybox.sources.hubspot import HubSpotSource, hubspot
-from relaybox.sources.intercom import IntercomSource, intercom
-from relaybox.sources.lemonsqueezy import LemonSqueezySource, lemonsqueezy
-from relaybox.sources.linear import LinearSource, linear
 from relaybox.sources.mailgun import MailgunSource, mailgun
 from relaybox.sources.notion import NotionSource, notion
 from relaybox.sources.okta import OktaSource, okta
-from relaybox.sources.paddle import PaddleSource, paddle
-from relaybox.sources.pagerduty import PagerDutySource, pagerduty
-from relaybox.sources.pipedrive import PipedriveSource, pipedrive
 from relaybox.sources.postmark import PostmarkSource, postmark
 from relaybox.sources.presets import ClerkSource, ResendSource, clerk, resend
-from relaybox.sources.razorpay import RazorpaySource, razorpay
-from relaybox.sources.recurly import RecurlySource, recurly
+from relaybox.sources.providers import (
+    BitbucketSource,
+    BoxSource,
+    CalendlySource,
+    CoinbaseCommerceSource,
+    DocuSignSource,
+    IntercomSource,
+    LemonSqueezySource,
+    LinearSource,
+    PaddleSource,
+    PagerDutySource,
+    RazorpaySource,
+    RecurlySource,
+    SentrySource,
+    SquareSource,
+    TypeformSource,
+    VercelSource,
+    WorkOSSource,
+    ZendeskSource,
+    bitbucket,
+    box,
+    calendly,
+    coinbase_commerce,
+    docusign,
+    intercom,
+    lemonsqueezy,
+    linear,
+    paddle,
+    pagerduty,
+    razorpay,
+    recurly,
+    sentry,
+    square,
+    typeform,
+    vercel,
+    workos,
+    zendesk,
+)
 from relaybox.sources.registry import PROVIDERS as PROVIDERS
 from relaybox.sources.registry import from_config
 from relaybox.sources.sendgrid import SendGridSource, sendgrid
-from relaybox.sources.sentry import SentrySource, sentry
 from relaybox.sources.shopify import ShopifySource, shopify
 from relaybox.sources.slack import SlackSource, slack
-from relaybox.sources.square import SquareSource, square
 from relaybox.sources.standard import StandardSource, standard
 from relaybox.sources.stripe import StripeSource, stripe
 from relaybox.sources.twilio import TwilioSource, twilio
 from relaybox.sources.twitch import TwitchSource, twitch
-from relaybox.sources.typeform import TypeformSource, typeform
-from relaybox.sources.vercel import VercelSource, vercel
+from relaybox.sources.unsigned import (
+    ChargebeeSource,
+    GitLabSource,
+    PipedriveSource,
+    chargebee,
+    gitlab,
+    pipedrive,
+)
 from relaybox.sources.woocommerce import WooCommerceSource, woocommerce
-from relaybox.sources.workos import WorkOSSource, workos
-from relaybox.sources.zendesk import ZendeskSource, zendesk
 from relaybox.sources.zoom import ZoomSource, zoom
 
 __all__ = [

@@ -23,7 +23,8 @@ from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Headers, Identity
 from relaybox.sources.hooks import Answer, Request
 from relaybox.sources.kit import derived_id, path, text
-from relaybox.sources.scheme import Digest, Example, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Example, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.specs import Digest
 
 __all__ = ["AsanaSource", "asana"]
 

@@ -44,7 +44,8 @@ from relaybox.sources.base import (
 )
 from relaybox.sources.hooks import Answer, Request
 from relaybox.sources.kit import b64, derived_id, digest, json_object, text
-from relaybox.sources.scheme import Digest, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.specs import Digest
 
 __all__ = [
     "DropboxSource",

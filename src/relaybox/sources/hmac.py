@@ -41,7 +41,8 @@ from urllib.parse import urlencode
 from relaybox.errors import ConfigurationError
 from relaybox.sources.base import Headers, Secret
 from relaybox.sources.bodies import FORMATS, decode
-from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, compile_template, header_name
+from relaybox.sources.scheme import Hmac, Scheme, SchemeSource
+from relaybox.sources.specs import compile_template, header_name, put
 
 __all__ = ["HmacSource", "hmac"]
 
@@ -49,17 +50,6 @@ _ALGORITHMS = ("sha256", "sha512")
 _ENCODINGS = ("hex", "base64")
 _FIELDS = ("body", "timestamp", "id")
 _DEFAULT_TYPE = "test.event"  # example() and sign() agree when no type is given
-
-
-def _put(document: dict[str, Any], path: str, value: Any) -> None:
-    node = document
-    *parents, last = path.split(".")
-    for part in parents:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = node[part] = {}
-        node = child
-    node[last] = value
 
 
 class HmacSource(SchemeSource):
@@ -163,7 +153,7 @@ class HmacSource(SchemeSource):
             (self.account_path, account),
         ):
             if path is not None and header_name(path) is None:
-                _put(document, path, value)
+                put(document, path, value)
         if self.format == "form":
             flat = {k: v for k, v in document.items() if not isinstance(v, dict)}
             return urlencode(flat).encode()

@@ -14,45 +14,45 @@ from relaybox.errors import ConfigurationError
 from relaybox.sources.adyen import AdyenSource
 from relaybox.sources.asana import AsanaSource
 from relaybox.sources.base import Secret, Source
-from relaybox.sources.bitbucket import BitbucketSource
-from relaybox.sources.box import BoxSource
-from relaybox.sources.calendly import CalendlySource
-from relaybox.sources.chargebee import ChargebeeSource
-from relaybox.sources.coinbase_commerce import CoinbaseCommerceSource
 from relaybox.sources.discord import DiscordSource
-from relaybox.sources.docusign import DocuSignSource
 from relaybox.sources.github import GitHubSource
-from relaybox.sources.gitlab import GitLabSource
 from relaybox.sources.handshakes import DropboxSource, MicrosoftGraphSource, TwitterSource
 from relaybox.sources.hmac import HmacSource
 from relaybox.sources.hubspot import HubSpotSource
-from relaybox.sources.intercom import IntercomSource
-from relaybox.sources.lemonsqueezy import LemonSqueezySource
-from relaybox.sources.linear import LinearSource
 from relaybox.sources.mailgun import MailgunSource
 from relaybox.sources.notion import NotionSource
 from relaybox.sources.okta import OktaSource
-from relaybox.sources.paddle import PaddleSource
-from relaybox.sources.pagerduty import PagerDutySource
-from relaybox.sources.pipedrive import PipedriveSource
 from relaybox.sources.postmark import PostmarkSource
 from relaybox.sources.presets import ClerkSource, ResendSource
-from relaybox.sources.razorpay import RazorpaySource
-from relaybox.sources.recurly import RecurlySource
+from relaybox.sources.providers import (
+    BitbucketSource,
+    BoxSource,
+    CalendlySource,
+    CoinbaseCommerceSource,
+    DocuSignSource,
+    IntercomSource,
+    LemonSqueezySource,
+    LinearSource,
+    PaddleSource,
+    PagerDutySource,
+    RazorpaySource,
+    RecurlySource,
+    SentrySource,
+    SquareSource,
+    TypeformSource,
+    VercelSource,
+    WorkOSSource,
+    ZendeskSource,
+)
 from relaybox.sources.sendgrid import SendGridSource
-from relaybox.sources.sentry import SentrySource
 from relaybox.sources.shopify import ShopifySource
 from relaybox.sources.slack import SlackSource
-from relaybox.sources.square import SquareSource
 from relaybox.sources.standard import StandardSource
 from relaybox.sources.stripe import StripeSource
 from relaybox.sources.twilio import TwilioSource
 from relaybox.sources.twitch import TwitchSource
-from relaybox.sources.typeform import TypeformSource
-from relaybox.sources.vercel import VercelSource
+from relaybox.sources.unsigned import ChargebeeSource, GitLabSource, PipedriveSource
 from relaybox.sources.woocommerce import WooCommerceSource
-from relaybox.sources.workos import WorkOSSource
-from relaybox.sources.zendesk import ZendeskSource
 from relaybox.sources.zoom import ZoomSource
 
 __all__ = ["BASE_OPTIONS", "PROVIDERS", "from_config"]

@@ -13,11 +13,10 @@ signatures inside the body, URL + form parameters) keep a class of their own;
 handshakes and challenges are a method on a scheme's class.
 
 Where a value lives (``event_id``, ``event_type``, ``account``, ``version``) is a
-:data:`Spec`: a path read by :func:`~relaybox.sources.base.extract` (``"id"``,
-``"data.order.id"``, ``"header:X-Event-Id"``); a template joining several
-(``"{meta.event_name}:{data.id}:{data.updated_at?}"``, ``?`` for a part that may be
-missing); a :class:`Digest` (``"sha256:" + hex`` of the canonical JSON, for a
-provider that sends no id); or a tuple of these, the first found winning.
+:data:`~relaybox.sources.specs.Spec` (:mod:`relaybox.sources.specs`).
+
+A provider whose class would hold nothing but its scheme is a :class:`Preset` row in
+:mod:`relaybox.sources.providers`: :func:`publish` makes its class and its factory.
 
 The signature is checked on the raw bytes, before anything is parsed, by comparing
 the canonical text of the expected digest (lower-case hex, padded base64) in
@@ -32,16 +31,14 @@ import base64
 import binascii
 import hashlib
 import json
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from hmac import compare_digest
 from hmac import new as hmac_new
-from string import Formatter
 from typing import Any, ClassVar, TypeVar
 
-from relaybox.errors import BadSignature, ConfigurationError, MalformedHeaders, MalformedPayload
+from relaybox.errors import BadSignature, ConfigurationError, MalformedHeaders
 from relaybox.sources.base import (
     DEFAULT_TOLERANCE,
     Headers,
@@ -51,24 +48,35 @@ from relaybox.sources.base import (
     canonical_json,
     check_timestamp,
     constant_time_equal,
-    extract,
     parse_int_timestamp,
     shared_key,
 )
-from relaybox.sources.kit import DEFAULT_URL, check_url, derived_id, signed_url
+from relaybox.sources.kit import DEFAULT_URL, check_url, signed_url
+from relaybox.sources.specs import (
+    Segment,
+    Spec,
+    alternatives,
+    compile_template,
+    extract_value,
+    header_name,
+    json_document,
+    missing,
+    put,
+    read,
+)
 
 __all__ = [
     "BasicAuth",
-    "Digest",
     "Entries",
     "Example",
     "Hmac",
+    "Preset",
     "Scheme",
     "SchemeSource",
     "Token",
     "UrlSchemeSource",
-    "compile_template",
     "factory",
+    "publish",
 ]
 
 DIGESTS: dict[str, Callable[..., Any]] = {
@@ -82,26 +90,6 @@ MILLISECONDS_ABOVE = 10**12
 """An ``auto`` timestamp above this is milliseconds, else seconds."""
 MAX_ISO_CHARS = 40
 """Characters of an RFC 3339 timestamp header (nanoseconds and an offset need 35)."""
-_FIELD = re.compile(r"\{([^{}]+)\}")
-
-
-@dataclass(frozen=True)
-class Digest:
-    """An id derived from content: ``"sha256:" + hex`` of the canonical JSON of the
-    payload, or of its top-level ``keys`` (a missing key counts as ``null``)."""
-
-    keys: tuple[str, ...] = ()
-
-    def read(self, payload: Any) -> str | None:
-        if not self.keys:
-            return derived_id(payload)
-        if not isinstance(payload, Mapping):
-            return None
-        return derived_id({k: payload.get(k) for k in self.keys})
-
-
-Spec = str | Digest | tuple[str | Digest, ...]
-"""Where a value lives: a path, a template, a :class:`Digest`, or alternatives."""
 
 
 @dataclass(frozen=True)
@@ -197,106 +185,6 @@ class Scheme:
     content_type: str | None = "application/json"
 
 
-# -- templates and specs ------------------------------------------------------------------
-
-_Segment = bytes | str
-
-
-def compile_template(
-    signed: str, fields: Iterable[str], what: str = "signed template"
-) -> tuple[_Segment, ...]:
-    """``signed`` split into literal bytes and field names, ``{body}`` exactly once."""
-    allowed = tuple(fields)
-    if signed in ("body", "{body}"):
-        return ("body",)
-    segments: list[_Segment] = []
-    try:
-        parsed = list(Formatter().parse(signed))
-    except ValueError:
-        raise ConfigurationError(f"{what} {signed!r} is malformed") from None
-    for literal, field, spec, conversion in parsed:
-        if literal:
-            segments.append(literal.encode())
-        if field is None:
-            continue
-        if field not in allowed or spec or conversion:
-            names = ", ".join("{" + f + "}" for f in allowed)
-            raise ConfigurationError(
-                f"{what} may only use {names} (no format specs); got {{{field}}}"
-            )
-        segments.append(field)
-    if segments.count("body") != 1:
-        raise ConfigurationError(f"{what} must contain {{body}} exactly once")
-    return tuple(segments)
-
-
-def header_name(path: str | None) -> str | None:
-    """The lower-cased header name of a ``header:Name`` path, else ``None``."""
-    if path is not None and path.startswith("header:"):
-        return path[len("header:") :].strip().lower()
-    return None
-
-
-def _alternatives(spec: Spec) -> tuple[str | Digest, ...]:
-    return spec if isinstance(spec, tuple) else (spec,)
-
-
-def _read_one(spec: str | Digest, headers: Headers, payload: Any) -> str | None:
-    if isinstance(spec, Digest):
-        return spec.read(payload)
-    if "{" not in spec:
-        value = extract(spec, headers, payload)
-        value = value.strip() if value is not None else None
-        return value or None
-    parts: list[str] = []
-    position = 0
-    for match in _FIELD.finditer(spec):
-        parts.append(spec[position : match.start()])
-        path = match.group(1)
-        optional = path.endswith("?")
-        value = extract(path.rstrip("?"), headers, payload)
-        value = value.strip() if value is not None else ""
-        if not value and not optional:
-            return None
-        parts.append(value)
-        position = match.end()
-    parts.append(spec[position:])
-    return "".join(parts)
-
-
-def read(spec: Spec, headers: Headers, payload: Any) -> tuple[str | None, bool]:
-    """The first value ``spec`` finds, and whether it came from a header alone."""
-    for alternative in _alternatives(spec):
-        value = _read_one(alternative, headers, payload)
-        if value is not None:
-            from_header = isinstance(alternative, str) and header_name(alternative) is not None
-            return value, from_header
-    return None, False
-
-
-def _missing(spec: Spec, what: str, code: str) -> Exception:
-    first = _alternatives(spec)[0]
-    if isinstance(first, str) and (name := header_name(first)) is not None:
-        return MalformedHeaders(f"missing {first[len('header:') :].strip() or name} header")
-    where = f" at {first!r}" if isinstance(first, str) else ""
-    return MalformedPayload(f"no {what}{where} in the payload", code=code)
-
-
-def _json_document(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
-
-
-def _put(document: dict[str, Any], path: str, value: Any) -> None:
-    node = document
-    *parents, last = path.split(".")
-    for part in parents:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = node[part] = {}
-        node = child
-    node[last] = value
-
-
 # -- the source ---------------------------------------------------------------------------
 
 
@@ -324,7 +212,7 @@ class SchemeSource(Source):
     def _prepare(self, scheme: Scheme) -> None:
         """Check and compile ``scheme`` once (its template, digest and encoding)."""
         check = scheme.check
-        self._segments: tuple[_Segment, ...] = ()
+        self._segments: tuple[Segment, ...] = ()
         if isinstance(check, Hmac):
             if check.digest not in DIGESTS:
                 raise ConfigurationError(f"{self.provider}: unknown digest {check.digest!r}")
@@ -436,12 +324,12 @@ class SchemeSource(Source):
 
     def _signed_id(self, headers: Headers) -> str:
         """The id a template signs: read from its header before the body is trusted."""
-        for alternative in _alternatives(self.scheme.event_id):
+        for alternative in alternatives(self.scheme.event_id):
             if isinstance(alternative, str) and (name := header_name(alternative)):
                 value = (headers.get(name) or "").strip()
                 if value:
                     return value
-        raise _missing(self.scheme.event_id, "event id", "missing_event_id")
+        raise missing(self.scheme.event_id, "event id", "missing_event_id")
 
     def signed_urls(self, headers: Headers) -> tuple[str, ...]:
         """The URLs ``{url}`` may stand for (any may match): the request's, or what
@@ -492,7 +380,7 @@ class SchemeSource(Source):
                 continue
             value, in_header = read(spec, headers, payload)
             if value is None and code:
-                raise _missing(spec, what, code)
+                raise missing(spec, what, code)
             if in_header:
                 from_headers.add(field)
             values[field] = value
@@ -544,7 +432,7 @@ class SchemeSource(Source):
             (scheme.event_type, event.type),
             (scheme.account, event.account),
         ):
-            first = _alternatives(spec)[0] if spec is not None else None
+            first = alternatives(spec)[0] if spec is not None else None
             name = header_name(first) if isinstance(first, str) else None
             if name is not None and value:
                 headers[name] = value
@@ -590,8 +478,8 @@ class SchemeSource(Source):
         if not isinstance(check, Hmac) or check.timestamp is None or header_name(check.timestamp):
             return body
         document = json.loads(body)
-        _put(document, check.timestamp, int(now * 1000) if check.unit == "ms" else int(now))
-        return _json_document(document)
+        put(document, check.timestamp, int(now * 1000) if check.unit == "ms" else int(now))
+        return json_document(document)
 
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
         scheme = self.scheme
@@ -603,7 +491,7 @@ class SchemeSource(Source):
             account=self.account or scheme.default_account,
             now=now,
         )
-        return _json_document(scheme.example(event))
+        return json_document(scheme.example(event))
 
 
 class UrlSchemeSource(SchemeSource):
@@ -679,16 +567,6 @@ def _timestamp_text(now: float, unit: str) -> str:
     return str(int(now))
 
 
-def extract_value(payload: Any, path: str) -> Any:
-    """The JSON value at a dotted ``path`` (objects only), or ``None``."""
-    node = payload
-    for part in path.split("."):
-        if not isinstance(node, Mapping):
-            return None
-        node = node.get(part)
-    return node
-
-
 S = TypeVar("S", bound=Source)
 
 
@@ -702,3 +580,39 @@ def factory(cls: type[S], doc: str) -> Callable[..., S]:
     make.__module__ = cls.__module__
     make.__doc__ = doc
     return make
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A provider that is data only: its :class:`Scheme`, published by :func:`publish`
+    as the class ``name`` (``doc`` its docstring) and the factory ``provider``
+    (``factory_doc`` its docstring). ``url``: the source takes a
+    ``url`` option, the public URL the provider signs (a :class:`UrlSchemeSource`),
+    with the request's query appended (``"with query"``) or exactly as configured
+    (``"exact"``)."""
+
+    provider: str
+    name: str
+    scheme: Scheme
+    doc: str
+    factory_doc: str
+    url: str | None = None
+
+
+def publish(preset: Preset, module: str) -> tuple[type[SchemeSource], Callable[..., SchemeSource]]:
+    """The class and the factory of ``preset``, defined in ``module``."""
+    base: type[SchemeSource] = SchemeSource
+    namespace: dict[str, Any] = {
+        "__doc__": preset.doc,
+        "__module__": module,
+        "__qualname__": preset.name,
+        "provider": preset.provider,
+        "scheme": preset.scheme,
+    }
+    if preset.url is not None:
+        if preset.url not in ("with query", "exact"):
+            raise ConfigurationError(f"{preset.provider}: unknown url {preset.url!r}")
+        base = UrlSchemeSource
+        namespace["append_query"] = preset.url == "with query"
+    cls = type(preset.name, (base,), namespace)
+    return cls, factory(cls, preset.factory_doc)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import re
 
 from relaybox.sources.hooks import Answer, Request
-from relaybox.sources.scheme import Digest, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.specs import Digest
 
 __all__ = ["WooCommerceSource", "woocommerce"]
 

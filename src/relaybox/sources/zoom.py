@@ -26,7 +26,8 @@ from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Verified
 from relaybox.sources.hooks import Answer
 from relaybox.sources.kit import digest, path, text
-from relaybox.sources.scheme import Digest, Example, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Example, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.specs import Digest
 
 __all__ = ["ZoomSource", "zoom"]
 

@@ -1,0 +1,115 @@
+"""Providers that sign nothing and are data only: the delivery carries a shared
+credential, HTTP Basic (a secret is ``"user:password"``) or a token sent as is,
+compared in constant time (use HTTPS). A :class:`~relaybox.sources.scheme.Preset` row
+each, published as in :mod:`relaybox.sources.providers`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from relaybox.sources.scheme import BasicAuth, Preset, Scheme, SchemeSource, Token, publish
+
+__all__ = [
+    "PRESETS",
+    "ChargebeeSource",
+    "GitLabSource",
+    "PipedriveSource",
+    "chargebee",
+    "gitlab",
+    "pipedrive",
+]
+
+PRESETS: tuple[Preset, ...] = (
+    Preset(
+        "chargebee",
+        "ChargebeeSource",
+        Scheme(
+            BasicAuth(),
+            event_id="id",
+            event_type="event_type",
+            version="api_version",
+            default_type="subscription_created",
+            example=lambda event: {
+                "id": event.id,
+                "occurred_at": int(event.now),
+                "source": "admin_console",
+                "object": "event",
+                "api_version": "v2",
+                "content": {"subscription": {"id": "relaybox-sub", "status": "active"}},
+                "event_type": event.type,
+                "webhook_status": "scheduled",
+            },
+        ),
+        doc="""Chargebee webhooks: Chargebee signs nothing, the endpoint is protected by
+        HTTP Basic credentials (a secret is ``"user:password"``).""",
+        factory_doc="A Chargebee source; ``secrets`` are ``user:password``.",
+    ),
+    Preset(
+        "gitlab",
+        "GitLabSource",
+        Scheme(
+            Token("X-Gitlab-Token"),
+            event_id=("header:Idempotency-Key", "header:X-Gitlab-Event-UUID"),
+            event_type=("object_kind", "header:X-Gitlab-Event"),
+            account="header:X-Gitlab-Instance",
+            default_type="push",
+            example=lambda event: {
+                "object_kind": event.type,
+                "event_name": event.type,
+                "ref": "refs/heads/main",
+                "checkout_sha": "da1560886d4f094c3e6c9ef40349f7d38b5d27d7",
+                "project": {"id": 15, "path_with_namespace": "relaybox/test"},
+            },
+            headers=lambda event: {
+                "X-Gitlab-Event": event.type.replace("_", " ").title() + " Hook",
+                "X-Gitlab-Event-UUID": event.id,
+            },
+        ),
+        doc="""GitLab project, group and system webhooks: GitLab signs nothing, the
+        webhook's secret token comes back as sent (use HTTPS). ``Idempotency-Key``
+        (GitLab 17.4 and later) is the same on every retry of one event.""",
+        factory_doc="A GitLab source; ``secrets`` are webhook secret tokens.",
+    ),
+    Preset(
+        "pipedrive",
+        "PipedriveSource",
+        Scheme(
+            BasicAuth(),
+            event_id="{meta.entity}:{meta.entity_id}:{meta.action}:{meta.id?}:{meta.timestamp?}",
+            event_type="{meta.entity}.{meta.action}",
+            account="meta.company_id",
+            version="meta.version",
+            fingerprint_path="data",
+            default_type="deal.change",
+            default_account="12882925",
+            example=lambda event: {
+                "meta": {
+                    "action": event.type.partition(".")[2] or "change",
+                    "entity": event.type.partition(".")[0],
+                    "entity_id": event.id,
+                    "id": event.id,
+                    "company_id": event.account,
+                    "version": "2.0",
+                    "attempt": 1,
+                    "host": "relaybox.pipedrive.com",
+                    "timestamp": event.iso,
+                },
+                "data": {"id": event.id, "title": "relaybox test deal", "status": "open"},
+                "previous": None,
+            },
+        ),
+        doc="""Pipedrive webhooks (v2): Pipedrive signs nothing, a webhook is created with
+        HTTP Basic credentials (a secret is ``"user:password"``). A retry raises
+        ``meta.attempt``, so only ``data`` counts for the fingerprint.""",
+        factory_doc="A Pipedrive source; ``secrets`` are ``user:password``.",
+    ),
+)
+
+_published: dict[str, tuple[type[SchemeSource], Callable[..., SchemeSource]]] = {
+    preset.provider: publish(preset, __name__) for preset in PRESETS
+}
+
+ChargebeeSource, chargebee = _published["chargebee"]
+GitLabSource, gitlab = _published["gitlab"]
+PipedriveSource, pipedrive = _published["pipedrive"]
