@@ -9,11 +9,13 @@ Each factory takes ``secrets`` plus any :class:`Source` argument (``tolerance``,
 its provider's own options (only :func:`hmac` has some). :func:`from_config` builds
 the same from a TOML table.
 
-The factories share their modules' names, so ``relaybox.sources.stripe`` is the
-factory; import classes from the modules (``from relaybox.sources.stripe import
-StripeSource``) or from this package. A provider described as data is a
-:class:`~relaybox.sources.scheme.Scheme` on its class (:mod:`relaybox.sources.scheme`);
-``PROVIDERS`` and :func:`from_config` live in :mod:`relaybox.sources.registry`.
+``relaybox.sources.stripe`` is the factory (it shares its module's name); import
+classes from this package. A provider described as data is a
+:class:`~relaybox.sources.scheme.Scheme` on its class (:mod:`relaybox.sources.scheme`):
+a row of the preset tables :mod:`relaybox.sources.providers` (HMAC signers) and
+:mod:`relaybox.sources.unsigned` (HTTP Basic, tokens) when that is all it is, else a
+module of its own; ``PROVIDERS`` and :func:`from_config` live in
+:mod:`relaybox.sources.registry`.
 """
 
 from __future__ import annotations
