@@ -41,7 +41,7 @@ from urllib.parse import urlencode
 from relaybox.errors import ConfigurationError
 from relaybox.sources.base import Headers, Secret
 from relaybox.sources.bodies import FORMATS, decode
-from relaybox.sources.scheme import Hmac, Scheme, SchemeSource
+from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, factory
 from relaybox.sources.specs import compile_template, header_name, put
 
 __all__ = ["HmacSource", "hmac"]
@@ -181,34 +181,8 @@ class HmacSource(SchemeSource):
         return described
 
 
-def hmac(
-    *,
-    secrets: Iterable[Secret | str] | Secret | str,
-    header: str,
-    id_path: str,
-    algorithm: str = "sha256",
-    encoding: str = "hex",
-    prefix: str = "",
-    signed: str = "body",
-    timestamp_header: str | None = None,
-    type_path: str = "type",
-    account_path: str | None = None,
-    format: str = "json",
-    **options: Any,
-) -> HmacSource:
+hmac = factory(
+    HmacSource,
     """A generic HMAC source (see the module docstring for every option).
-    ``options`` are :class:`Source` arguments (``tolerance``, ``fingerprint_path``, ...)."""
-    return HmacSource(
-        secrets=secrets,
-        header=header,
-        id_path=id_path,
-        algorithm=algorithm,
-        encoding=encoding,
-        prefix=prefix,
-        signed=signed,
-        timestamp_header=timestamp_header,
-        type_path=type_path,
-        account_path=account_path,
-        format=format,
-        **options,
-    )
+    ``options`` are :class:`Source` arguments (``tolerance``, ``fingerprint_path``, ...).""",
+)

@@ -26,6 +26,7 @@ from relaybox.sources.scheme import (
 
 __all__ = [
     "PRESETS",
+    "PUBLISHED",
     "BitbucketSource",
     "BoxSource",
     "CalendlySource",
@@ -544,25 +545,26 @@ PRESETS: tuple[Preset, ...] = (
     ),
 )
 
-_published: dict[str, tuple[type[SchemeSource], Callable[..., SchemeSource]]] = {
+PUBLISHED: dict[str, tuple[type[SchemeSource], Callable[..., SchemeSource]]] = {
     preset.provider: publish(preset, __name__) for preset in PRESETS
 }
+"""Each provider's class and factory, by provider name."""
 
-BitbucketSource, bitbucket = _published["bitbucket"]
-BoxSource, box = _published["box"]
-CalendlySource, calendly = _published["calendly"]
-CoinbaseCommerceSource, coinbase_commerce = _published["coinbase_commerce"]
-DocuSignSource, docusign = _published["docusign"]
-IntercomSource, intercom = _published["intercom"]
-LemonSqueezySource, lemonsqueezy = _published["lemonsqueezy"]
-LinearSource, linear = _published["linear"]
-PaddleSource, paddle = _published["paddle"]
-PagerDutySource, pagerduty = _published["pagerduty"]
-RazorpaySource, razorpay = _published["razorpay"]
-RecurlySource, recurly = _published["recurly"]
-SentrySource, sentry = _published["sentry"]
-SquareSource, square = _published["square"]
-TypeformSource, typeform = _published["typeform"]
-VercelSource, vercel = _published["vercel"]
-WorkOSSource, workos = _published["workos"]
-ZendeskSource, zendesk = _published["zendesk"]
+BitbucketSource, bitbucket = PUBLISHED["bitbucket"]
+BoxSource, box = PUBLISHED["box"]
+CalendlySource, calendly = PUBLISHED["calendly"]
+CoinbaseCommerceSource, coinbase_commerce = PUBLISHED["coinbase_commerce"]
+DocuSignSource, docusign = PUBLISHED["docusign"]
+IntercomSource, intercom = PUBLISHED["intercom"]
+LemonSqueezySource, lemonsqueezy = PUBLISHED["lemonsqueezy"]
+LinearSource, linear = PUBLISHED["linear"]
+PaddleSource, paddle = PUBLISHED["paddle"]
+PagerDutySource, pagerduty = PUBLISHED["pagerduty"]
+RazorpaySource, razorpay = PUBLISHED["razorpay"]
+RecurlySource, recurly = PUBLISHED["recurly"]
+SentrySource, sentry = PUBLISHED["sentry"]
+SquareSource, square = PUBLISHED["square"]
+TypeformSource, typeform = PUBLISHED["typeform"]
+VercelSource, vercel = PUBLISHED["vercel"]
+WorkOSSource, workos = PUBLISHED["workos"]
+ZendeskSource, zendesk = PUBLISHED["zendesk"]

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from relaybox.errors import ConfigurationError
+from relaybox.sources import providers, unsigned
 from relaybox.sources.adyen import AdyenSource
 from relaybox.sources.asana import AsanaSource
 from relaybox.sources.base import Secret, Source
@@ -24,26 +25,6 @@ from relaybox.sources.notion import NotionSource
 from relaybox.sources.okta import OktaSource
 from relaybox.sources.postmark import PostmarkSource
 from relaybox.sources.presets import ClerkSource, ResendSource
-from relaybox.sources.providers import (
-    BitbucketSource,
-    BoxSource,
-    CalendlySource,
-    CoinbaseCommerceSource,
-    DocuSignSource,
-    IntercomSource,
-    LemonSqueezySource,
-    LinearSource,
-    PaddleSource,
-    PagerDutySource,
-    RazorpaySource,
-    RecurlySource,
-    SentrySource,
-    SquareSource,
-    TypeformSource,
-    VercelSource,
-    WorkOSSource,
-    ZendeskSource,
-)
 from relaybox.sources.sendgrid import SendGridSource
 from relaybox.sources.shopify import ShopifySource
 from relaybox.sources.slack import SlackSource
@@ -51,59 +32,40 @@ from relaybox.sources.standard import StandardSource
 from relaybox.sources.stripe import StripeSource
 from relaybox.sources.twilio import TwilioSource
 from relaybox.sources.twitch import TwitchSource
-from relaybox.sources.unsigned import ChargebeeSource, GitLabSource, PipedriveSource
 from relaybox.sources.woocommerce import WooCommerceSource
 from relaybox.sources.zoom import ZoomSource
 
 __all__ = ["BASE_OPTIONS", "PROVIDERS", "from_config"]
 
-PROVIDERS: dict[str, type[Source]] = {
+_BY_NAME: dict[str, type[Source]] = {
+    **{name: cls for name, (cls, _) in providers.PUBLISHED.items()},
+    **{name: cls for name, (cls, _) in unsigned.PUBLISHED.items()},
     "adyen": AdyenSource,
     "asana": AsanaSource,
-    "bitbucket": BitbucketSource,
-    "box": BoxSource,
-    "calendly": CalendlySource,
-    "chargebee": ChargebeeSource,
     "clerk": ClerkSource,
-    "coinbase_commerce": CoinbaseCommerceSource,
     "discord": DiscordSource,
-    "docusign": DocuSignSource,
     "dropbox": DropboxSource,
     "github": GitHubSource,
-    "gitlab": GitLabSource,
     "hmac": HmacSource,
     "hubspot": HubSpotSource,
-    "intercom": IntercomSource,
-    "lemonsqueezy": LemonSqueezySource,
-    "linear": LinearSource,
     "mailgun": MailgunSource,
     "msgraph": MicrosoftGraphSource,
     "notion": NotionSource,
     "okta": OktaSource,
-    "paddle": PaddleSource,
-    "pagerduty": PagerDutySource,
-    "pipedrive": PipedriveSource,
     "postmark": PostmarkSource,
-    "razorpay": RazorpaySource,
-    "recurly": RecurlySource,
     "resend": ResendSource,
     "sendgrid": SendGridSource,
-    "sentry": SentrySource,
     "shopify": ShopifySource,
     "slack": SlackSource,
-    "square": SquareSource,
     "standard": StandardSource,
     "stripe": StripeSource,
     "twilio": TwilioSource,
     "twitch": TwitchSource,
     "twitter": TwitterSource,
-    "typeform": TypeformSource,
-    "vercel": VercelSource,
     "woocommerce": WooCommerceSource,
-    "workos": WorkOSSource,
-    "zendesk": ZendeskSource,
     "zoom": ZoomSource,
 }
+PROVIDERS: dict[str, type[Source]] = dict(sorted(_BY_NAME.items()))
 
 # Source.__init__ options as they can appear in TOML, with what they must be.
 BASE_OPTIONS: dict[str, str] = {

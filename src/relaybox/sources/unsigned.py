@@ -12,6 +12,7 @@ from relaybox.sources.scheme import BasicAuth, Preset, Scheme, SchemeSource, Tok
 
 __all__ = [
     "PRESETS",
+    "PUBLISHED",
     "ChargebeeSource",
     "GitLabSource",
     "PipedriveSource",
@@ -106,10 +107,11 @@ PRESETS: tuple[Preset, ...] = (
     ),
 )
 
-_published: dict[str, tuple[type[SchemeSource], Callable[..., SchemeSource]]] = {
+PUBLISHED: dict[str, tuple[type[SchemeSource], Callable[..., SchemeSource]]] = {
     preset.provider: publish(preset, __name__) for preset in PRESETS
 }
+"""Each provider's class and factory, by provider name."""
 
-ChargebeeSource, chargebee = _published["chargebee"]
-GitLabSource, gitlab = _published["gitlab"]
-PipedriveSource, pipedrive = _published["pipedrive"]
+ChargebeeSource, chargebee = PUBLISHED["chargebee"]
+GitLabSource, gitlab = PUBLISHED["gitlab"]
+PipedriveSource, pipedrive = PUBLISHED["pipedrive"]
