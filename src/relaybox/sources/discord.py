@@ -33,18 +33,14 @@ from relaybox.sources.base import (
     Headers,
     Identity,
     Secret,
-    Source,
     Verified,
-    check_timestamp,
-    parse_int_timestamp,
 )
 from relaybox.sources.hooks import Answer
-from relaybox.sources.kit import PRIVATE_PREFIX, json_object, require_header, text, unhex
+from relaybox.sources.kit import PRIVATE_PREFIX, json_object, text
+from relaybox.sources.publickey import TimestampKeySource
 
 __all__ = ["DiscordSource", "discord"]
 
-_SIGNATURE = "x-signature-ed25519"
-_TIMESTAMP = "x-signature-timestamp"
 TYPES = {
     1: "PING",
     2: "APPLICATION_COMMAND",
@@ -75,39 +71,27 @@ def _load(secret: Secret) -> tuple[Ed25519PublicKey, Ed25519PrivateKey | None]:
         ) from None
 
 
-class DiscordSource(Source):
+class DiscordSource(TimestampKeySource[Ed25519PublicKey, Ed25519PrivateKey]):
     """Discord interactions endpoint."""
 
     provider = "discord"
 
-    def __init__(
-        self, *, secrets: Iterable[Secret | str] | Secret | str = (), **options: Any
-    ) -> None:
-        self._keys: dict[Secret, tuple[Ed25519PublicKey, Ed25519PrivateKey | None]] = {}
-        super().__init__(secrets=secrets, **options)
+    signature_name = "X-Signature-Ed25519"
+    timestamp_name = "X-Signature-Timestamp"
+    private_form = "private:<hex seed>"
 
-    def check_secret(self, secret: Secret) -> None:
-        self._keys[secret] = _load(secret)
+    def load_key(self, secret: Secret) -> tuple[Ed25519PublicKey, Ed25519PrivateKey | None]:
+        return _load(secret)
 
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        given = unhex(require_header(headers, _SIGNATURE, "X-Signature-Ed25519"), "signature")
-        raw_timestamp = (headers.get(_TIMESTAMP) or "").strip()
-        timestamp = parse_int_timestamp(raw_timestamp, "X-Signature-Timestamp")
-        content = raw_timestamp.encode() + body
+    def verify_signature(self, public: Ed25519PublicKey, signature: bytes, content: bytes) -> bool:
+        try:
+            public.verify(signature, content)
+        except InvalidSignature:
+            return False
+        return True
 
-        def matches(secret: Secret) -> bool:
-            try:
-                self._keys[secret][0].verify(given, content)
-            except InvalidSignature:
-                return False
-            return True
-
-        secret = self.try_secrets(matches)
-        if check_time:
-            check_timestamp(timestamp, now, self.tolerance)
-        return secret, float(timestamp)
+    def make_signature(self, private: Ed25519PrivateKey, content: bytes) -> bytes:
+        return private.sign(content)
 
     def identify(self, headers: Headers, payload: Any) -> Identity:
         interaction = json_object(payload, "Discord")
@@ -126,25 +110,6 @@ class DiscordSource(Source):
     def acknowledge(self, verified: Verified, status: str) -> Answer | None:
         response = _DEFERRED.get(verified.event_type)
         return Answer.json(response) if response is not None else None
-
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        private = self._keys[secret or self.secrets[0]][1]
-        if private is None:
-            raise ConfigurationError("discord source: signing needs a private:<hex seed> secret")
-        timestamp = str(int(now))
-        return {
-            _SIGNATURE: private.sign(timestamp.encode() + body).hex(),
-            _TIMESTAMP: timestamp,
-            "content-type": "application/json",
-        }
 
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
         numbers = {v: k for k, v in TYPES.items()}

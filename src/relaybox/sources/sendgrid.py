@@ -33,16 +33,11 @@ from relaybox.sources.base import (
     Headers,
     Identity,
     Secret,
-    Source,
-    check_timestamp,
-    parse_int_timestamp,
 )
-from relaybox.sources.kit import PRIVATE_PREFIX, require_header, text, unb64
+from relaybox.sources.kit import PRIVATE_PREFIX, text
+from relaybox.sources.publickey import TimestampKeySource
 
 __all__ = ["SendGridSource", "sendgrid"]
-
-_SIGNATURE = "x-twilio-email-event-webhook-signature"
-_TIMESTAMP = "x-twilio-email-event-webhook-timestamp"
 
 
 def _load(secret: Secret) -> tuple[ec.EllipticCurvePublicKey, ec.EllipticCurvePrivateKey | None]:
@@ -67,43 +62,32 @@ def _load(secret: Secret) -> tuple[ec.EllipticCurvePublicKey, ec.EllipticCurvePr
     return public, None
 
 
-class SendGridSource(Source):
+class SendGridSource(TimestampKeySource[ec.EllipticCurvePublicKey, ec.EllipticCurvePrivateKey]):
     """SendGrid's signed Event Webhook."""
 
     provider = "sendgrid"
 
-    def __init__(
-        self, *, secrets: Iterable[Secret | str] | Secret | str = (), **options: Any
-    ) -> None:
-        self._keys: dict[Secret, Any] = {}
-        super().__init__(secrets=secrets, **options)
+    signature_name = "X-Twilio-Email-Event-Webhook-Signature"
+    timestamp_name = "X-Twilio-Email-Event-Webhook-Timestamp"
+    encoding = "base64"
+    private_form = "private:<key>"
 
-    def check_secret(self, secret: Secret) -> None:
-        self._keys[secret] = _load(secret)
+    def load_key(
+        self, secret: Secret
+    ) -> tuple[ec.EllipticCurvePublicKey, ec.EllipticCurvePrivateKey | None]:
+        return _load(secret)
 
-    def authenticate(
-        self, headers: Headers, body: bytes, now: float, check_time: bool
-    ) -> tuple[Secret, float | None]:
-        given = unb64(
-            require_header(headers, _SIGNATURE, "X-Twilio-Email-Event-Webhook-Signature"),
-            "signature",
-        )
-        raw_timestamp = (headers.get(_TIMESTAMP) or "").strip()
-        timestamp = parse_int_timestamp(raw_timestamp, "X-Twilio-Email-Event-Webhook-Timestamp")
-        content = raw_timestamp.encode() + body
+    def verify_signature(
+        self, public: ec.EllipticCurvePublicKey, signature: bytes, content: bytes
+    ) -> bool:
+        try:
+            public.verify(signature, content, ec.ECDSA(hashes.SHA256()))
+        except InvalidSignature:
+            return False
+        return True
 
-        def matches(secret: Secret) -> bool:
-            public = self._keys[secret][0]
-            try:
-                public.verify(given, content, ec.ECDSA(hashes.SHA256()))
-            except InvalidSignature:
-                return False
-            return True
-
-        secret = self.try_secrets(matches)
-        if check_time:
-            check_timestamp(timestamp, now, self.tolerance)
-        return secret, float(timestamp)
+    def make_signature(self, private: ec.EllipticCurvePrivateKey, content: bytes) -> bytes:
+        return private.sign(content, ec.ECDSA(hashes.SHA256()))
 
     def identify(self, headers: Headers, payload: Any) -> Identity:
         if not isinstance(payload, list) or not payload:
@@ -124,26 +108,6 @@ class SendGridSource(Source):
             event_id="batch:" + hashlib.sha256(joined).hexdigest(),
             event_type=event_type or "batch",
         )
-
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        private = self._keys[secret or self.secrets[0]][1]
-        if private is None:
-            raise ConfigurationError("sendgrid source: signing needs a private:<key> secret")
-        timestamp = str(int(now))
-        signature = private.sign(timestamp.encode() + body, ec.ECDSA(hashes.SHA256()))
-        return {
-            _SIGNATURE: base64.b64encode(signature).decode(),
-            _TIMESTAMP: timestamp,
-            "content-type": "application/json",
-        }
 
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
         events = [
