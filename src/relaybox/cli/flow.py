@@ -15,9 +15,10 @@ from typing import Any
 
 import click
 
+from relaybox.app import Relaybox
 from relaybox.cli.common import app_options, json_option, load_box
 from relaybox.cli.grammar import CliError
-from relaybox.cli.outbound import _endpoint, _run, endpoints_group
+from relaybox.cli.outbound import _endpoint, _run, endpoint_action, endpoints_group
 from relaybox.errors import Conflict
 from relaybox.outbound import flow, replays
 from relaybox.store.outbox_flow import ReplayJob
@@ -30,40 +31,24 @@ def register(group: click.Group) -> None:
     """Add ``pause``, ``resume`` and ``replay-missing`` to the ``endpoints`` group."""
 
     def switch(name: str, help_text: str, paused: bool) -> None:
-        @group.command(name, help=help_text)
-        @app_options
-        @click.argument("endpoint_id")
-        @json_option
-        def command(
-            app: str | None,
-            config: str | None,
-            database_url: str | None,
-            endpoint_id: str,
-            as_json: bool,
-        ) -> None:
-            box = load_box(app, config, database_url)
+        async def act(box: Relaybox, endpoint_id: str) -> dict[str, Any]:
+            before = await _endpoint(box, endpoint_id)
+            action = flow.pause_endpoint if paused else flow.resume_endpoint
+            await action(box, endpoint_id, tenant=None)
+            backlog = (await box.store.endpoint_backlog()).get(endpoint_id)
+            return {
+                "endpoint": endpoint_id,
+                "action": name,
+                "changed": (before.paused_at is None) == paused,
+                "waiting": backlog.pending if backlog else 0,
+            }
 
-            async def act() -> dict[str, Any]:
-                before = await _endpoint(box, endpoint_id)
-                action = flow.pause_endpoint if paused else flow.resume_endpoint
-                await action(box, endpoint_id, tenant=None)
-                backlog = (await box.store.endpoint_backlog()).get(endpoint_id)
-                return {
-                    "endpoint": endpoint_id,
-                    "action": name,
-                    "changed": (before.paused_at is None) == paused,
-                    "waiting": backlog.pending if backlog else 0,
-                }
+        def say(endpoint_id: str, done: dict[str, Any]) -> str:
+            if not done["changed"]:
+                return f"{endpoint_id}: unchanged (already {'paused' if paused else 'running'})"
+            return f"{endpoint_id}: {name}d, {done['waiting']} deliveries waiting"
 
-            done = _run(box, act)
-            if as_json:
-                click.echo(json.dumps(done))
-            elif not done["changed"]:
-                click.echo(
-                    f"{endpoint_id}: unchanged (already {'paused' if paused else 'running'})"
-                )
-            else:
-                click.echo(f"{endpoint_id}: {name}d, {done['waiting']} deliveries waiting")
+        endpoint_action(group, name, help_text, act, say)
 
     switch(
         "pause",

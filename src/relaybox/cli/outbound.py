@@ -288,8 +288,17 @@ def endpoints_update(
     _echo(_run(box, update).to_json())
 
 
-def _switch(name: str, help_text: str, action: Callable[[Relaybox, str], Awaitable[bool]]) -> Any:
-    @endpoints_group.command(name, help=help_text)
+def endpoint_action(
+    group: click.Group,
+    name: str,
+    help_text: str,
+    act: Callable[[Relaybox, str], Awaitable[dict[str, Any]]],
+    say: Callable[[str, dict[str, Any]], str],
+) -> None:
+    """``<group> <name> ENDPOINT_ID``: ``act`` on the endpoint, its answer printed as
+    JSON (``--json``) or as the sentence ``say`` makes of it."""
+
+    @group.command(name, help=help_text)
     @app_options
     @click.argument("endpoint_id")
     @json_option
@@ -301,18 +310,20 @@ def _switch(name: str, help_text: str, action: Callable[[Relaybox, str], Awaitab
         as_json: bool,
     ) -> None:
         box = load_box(app, config, database_url)
+        done = _run(box, lambda: act(box, endpoint_id))
+        click.echo(json.dumps(done) if as_json else say(endpoint_id, done))
 
-        async def act() -> bool:
-            await _endpoint(box, endpoint_id)
-            return await action(box, endpoint_id)
 
-        changed = _run(box, act)
-        if as_json:
-            click.echo(json.dumps({"endpoint": endpoint_id, "action": name, "changed": changed}))
-        else:
-            click.echo(f"{endpoint_id}: {name}d" if changed else f"{endpoint_id}: unchanged")
+def _switch(name: str, help_text: str, action: Callable[[Relaybox, str], Awaitable[bool]]) -> None:
+    async def act(box: Relaybox, endpoint_id: str) -> dict[str, Any]:
+        await _endpoint(box, endpoint_id)
+        changed = await action(box, endpoint_id)
+        return {"endpoint": endpoint_id, "action": name, "changed": changed}
 
-    return command
+    def say(endpoint_id: str, done: dict[str, Any]) -> str:
+        return f"{endpoint_id}: {name}d" if done["changed"] else f"{endpoint_id}: unchanged"
+
+    endpoint_action(endpoints_group, name, help_text, act, say)
 
 
 async def _delete(box: Relaybox, endpoint_id: str) -> bool:
