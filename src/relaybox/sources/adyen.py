@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from relaybox.errors import BadSignature, ConfigurationError, MalformedPayload
-from relaybox.sources.base import Headers, Identity, Secret, Source, Verified
+from relaybox.sources.base import Headers, Identity, Secret, Signing, Source, Verified
 from relaybox.sources.hooks import Answer
 from relaybox.sources.kit import text
 
@@ -144,15 +144,7 @@ class AdyenSource(Source):
             item["additionalData"] = {**extra, "hmacSignature": _sign(key, unsigned)}
         return json.dumps(document, separators=(",", ":")).encode()
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
+    def signed_headers(self, body: bytes, signing: Signing) -> dict[str, str]:
         return {"content-type": "application/json"}
 
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:

@@ -51,6 +51,7 @@ __all__ = [
     "Headers",
     "Identity",
     "Secret",
+    "Signing",
     "Source",
     "Verified",
     "canonical_json",
@@ -274,6 +275,19 @@ def extract(path: str, headers: Headers, payload: Any) -> str | None:
     return str(node)
 
 
+@dataclass(frozen=True)
+class Signing:
+    """What :meth:`Source.sign` signs a body for: the event's id and type, the time it
+    is sent, the secret (the source's first unless one is given) and the URL it is
+    sent to (``None``: the source's default)."""
+
+    event_id: str
+    event_type: str
+    now: float
+    secret: Secret
+    url: str | None = None
+
+
 class Source:
     """Base class of inbound sources. Subclasses set ``provider`` and implement
     :meth:`authenticate`, :meth:`identify`, :meth:`sign` and :meth:`example`."""
@@ -382,9 +396,16 @@ class Source:
         event_type: str,
         now: float,
         secret: Secret | None = None,
+        url: str | None = None,
     ) -> dict[str, str]:
         """Headers that the real provider would send with ``body`` (for
-        ``relaybox send-test`` and tests). Uses the first secret by default."""
+        ``relaybox send-test`` and tests). Uses the first secret by default; ``url``
+        is where it is sent, for a source that signs it (:attr:`signs_url`)."""
+        signing = Signing(event_id, event_type, now, secret or self.secrets[0], url)
+        return self.signed_headers(body, signing)
+
+    def signed_headers(self, body: bytes, signing: Signing) -> dict[str, str]:
+        """What :meth:`sign` returns: each provider's own."""
         raise NotImplementedError
 
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:

@@ -24,10 +24,11 @@ webhook).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from relaybox.errors import MalformedPayload
-from relaybox.sources.base import Headers, Identity, Secret
+from relaybox.sources.base import Headers, Identity, Signing
 from relaybox.sources.scheme import Example, Hmac, Scheme, SchemeSource, factory
 
 __all__ = ["GitHubSource", "github"]
@@ -91,19 +92,10 @@ class GitHubSource(SchemeSource):
             from_headers=in_headers,
         )
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-        url: str | None = None,
-    ) -> dict[str, str]:
+    def signed_headers(self, body: bytes, signing: Signing) -> dict[str, str]:
         # The action travels in the body: the header carries the bare event name.
-        name = event_type.partition(".")[0]
-        return super().sign(body, event_id=event_id, event_type=name, now=now, secret=secret)
+        name = signing.event_type.partition(".")[0]
+        return super().signed_headers(body, replace(signing, event_type=name))
 
 
 def _account(payload: Mapping[str, Any]) -> str | None:

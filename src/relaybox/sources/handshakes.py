@@ -39,6 +39,7 @@ from relaybox.sources.base import (
     Headers,
     Identity,
     Secret,
+    Signing,
     Source,
     constant_time_equal,
 )
@@ -99,15 +100,7 @@ class MicrosoftGraphSource(Source):
             account=(tenants.pop() if len(tenants) == 1 else "") or None,
         )
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
+    def signed_headers(self, body: bytes, signing: Signing) -> dict[str, str]:
         return {"content-type": "application/json"}
 
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:

@@ -34,6 +34,7 @@ from relaybox.sources.base import (
     Headers,
     Identity,
     Secret,
+    Signing,
     Source,
     canonical_json,
     check_timestamp,
@@ -126,15 +127,7 @@ class MailgunSource(Source):
             return hashlib.sha256(canonical_json(_plain(data))).digest()
         return super().fingerprint(body, headers, payload)
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
+    def signed_headers(self, body: bytes, signing: Signing) -> dict[str, str]:
         return {"content-type": "application/json"}
 
     def embed(self, body: bytes, *, now: float, secret: Secret | None = None) -> bytes:

@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
-from relaybox.sources.base import Secret
+from relaybox.sources.base import Secret, Signing
 from relaybox.sources.standard import StandardSource
 
 __all__ = ["ClerkSource", "ResendSource", "clerk", "resend"]
@@ -24,18 +24,8 @@ __all__ = ["ClerkSource", "ResendSource", "clerk", "resend"]
 class _SvixPreset(StandardSource):
     default_type: ClassVar[str] = "test.event"
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        headers = super().sign(
-            body, event_id=event_id, event_type=event_type, now=now, secret=secret
-        )
+    def signed_headers(self, body: bytes, signing: Signing) -> dict[str, str]:
+        headers = super().signed_headers(body, signing)
         return {"svix" + name[len("webhook") :]: value for name, value in headers.items()}
 
     def envelope(self, event_type: str, event_id: str, now: float) -> dict[str, Any]:

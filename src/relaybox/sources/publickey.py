@@ -15,7 +15,14 @@ from collections.abc import Iterable
 from typing import Any, ClassVar, Generic, TypeVar
 
 from relaybox.errors import ConfigurationError
-from relaybox.sources.base import Headers, Secret, Source, check_timestamp, parse_int_timestamp
+from relaybox.sources.base import (
+    Headers,
+    Secret,
+    Signing,
+    Source,
+    check_timestamp,
+    parse_int_timestamp,
+)
 from relaybox.sources.kit import require_header, unb64, unhex
 
 __all__ = ["TimestampKeySource"]
@@ -66,21 +73,13 @@ class TimestampKeySource(Source, Generic[Public, Private]):
             check_timestamp(timestamp, now, self.tolerance)
         return secret, float(timestamp)
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        private = self._keys[secret or self.secrets[0]][1]
+    def signed_headers(self, body: bytes, signing: Signing) -> dict[str, str]:
+        private = self._keys[signing.secret][1]
         if private is None:
             raise ConfigurationError(
                 f"{self.provider} source: signing needs a {self.private_form} secret"
             )
-        timestamp = str(int(now))
+        timestamp = str(int(signing.now))
         signature = self.make_signature(private, timestamp.encode() + body)
         if self.encoding == "hex":
             encoded = signature.hex()

@@ -44,6 +44,7 @@ from relaybox.sources.base import (
     Headers,
     Identity,
     Secret,
+    Signing,
     Source,
     canonical_json,
     check_timestamp,
@@ -401,27 +402,17 @@ class SchemeSource(Source):
 
     # -- signing and examples (send-test, relaybox.testing) ---------------------------------
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-        url: str | None = None,
-    ) -> dict[str, str]:
-        scheme, check = self.scheme, self.scheme.check
-        secret = secret or self.secrets[0]
+    def signed_headers(self, body: bytes, signing: Signing) -> dict[str, str]:
+        scheme, check, secret = self.scheme, self.scheme.check, signing.secret
         event = Example(
-            id=event_id,
-            type=event_type or scheme.default_type,
+            id=signing.event_id,
+            type=signing.event_type or scheme.default_type,
             account=secret.account or self.account or scheme.default_account,
-            now=now,
+            now=signing.now,
         )
         headers: dict[str, str] = {}
         if isinstance(check, Hmac):
-            headers.update(self._sign_hmac(check, body, event, secret, url))
+            headers.update(self._sign_hmac(check, body, event, secret, signing.url))
         elif isinstance(check, Token):
             headers[check.header.lower()] = secret.value
         else:

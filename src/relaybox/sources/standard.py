@@ -38,6 +38,7 @@ from relaybox.sources.base import (
     Headers,
     Identity,
     Secret,
+    Signing,
     Source,
     check_timestamp,
     parse_int_timestamp,
@@ -232,18 +233,10 @@ class StandardSource(Source):
             raise MalformedPayload('payload has no "type"', code="missing_event_type")
         return Identity(event_id=msg_id, event_type=event_type, from_headers=_ID_IN_HEADERS)
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-    ) -> dict[str, str]:
-        key = self._key(secret or self.secrets[0])
-        timestamp = int(now)
-        content = signed_content(event_id, timestamp, body)
+    def signed_headers(self, body: bytes, signing: Signing) -> dict[str, str]:
+        key = self._key(signing.secret)
+        timestamp = int(signing.now)
+        content = signed_content(signing.event_id, timestamp, body)
         if key.hmac_key is not None:
             mac = hmac.new(key.hmac_key, content, hashlib.sha256).digest()
             signature = "v1," + base64.b64encode(mac).decode()
@@ -254,7 +247,7 @@ class StandardSource(Source):
                 "standard source: cannot sign with a whpk_ public key; use the whsk_ private key"
             )
         return {
-            "webhook-id": event_id,
+            "webhook-id": signing.event_id,
             "webhook-timestamp": str(timestamp),
             "webhook-signature": signature,
         }

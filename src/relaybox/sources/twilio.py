@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from relaybox.errors import BadSignature, MalformedPayload
-from relaybox.sources.base import Headers, Identity, Secret, Source, Verified, shared_key
+from relaybox.sources.base import Headers, Identity, Secret, Signing, Source, Verified, shared_key
 from relaybox.sources.bodies import content_type, decode_form
 from relaybox.sources.hooks import Answer
 from relaybox.sources.kit import (
@@ -163,23 +163,14 @@ class TwilioSource(Source):
             return Answer(200, _TWIML, "text/xml")
         return None
 
-    def sign(
-        self,
-        body: bytes,
-        *,
-        event_id: str,
-        event_type: str,
-        now: float,
-        secret: Secret | None = None,
-        url: str | None = None,
-    ) -> dict[str, str]:
-        key = shared_key("twilio", secret or self.secrets[0])
-        target = url or self.url or DEFAULT_URL.format(name=self.name)
+    def signed_headers(self, body: bytes, signing: Signing) -> dict[str, str]:
+        key = shared_key("twilio", signing.secret)
+        target = signing.url or self.url or DEFAULT_URL.format(name=self.name)
         params = decode_form(body, self.body_limits)
         signature = b64(digest(key, signing_string(target, params), algorithm=hashlib.sha1))
         return {
             _SIGNATURE: signature,
-            _IDEMPOTENCY: event_id,
+            _IDEMPOTENCY: signing.event_id,
             "content-type": self.content_type,
         }
 
