@@ -8,22 +8,29 @@ import binascii
 import hashlib
 import hmac
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from relaybox.errors import BadSignature, ConfigurationError, MalformedHeaders, MalformedPayload
-from relaybox.sources.base import Headers, canonical_json
+from relaybox.sources.base import Headers, canonical_json, parse_int_timestamp
 from relaybox.sources.hooks import URL_HEADER
 
 __all__ = [
     "DEFAULT_URL",
+    "MAX_ISO_CHARS",
+    "MILLISECONDS_ABOVE",
+    "TIMESTAMP_UNITS",
     "b64",
     "derived_id",
     "digest",
     "json_object",
     "require_header",
+    "scale_timestamp",
     "signed_url",
     "text",
+    "timestamp_seconds",
+    "timestamp_text",
     "unb64",
     "unhex",
 ]
@@ -120,3 +127,46 @@ def check_url(url: str | None, provider: str) -> str | None:
     if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigurationError(f"{provider} source: url must be an absolute http(s) URL")
     return url
+
+
+TIMESTAMP_UNITS = ("s", "ms", "auto", "iso")
+"""How a signed timestamp is written: Unix seconds, milliseconds, either (``auto``:
+milliseconds above :data:`MILLISECONDS_ABOVE`) or RFC 3339 (``iso``)."""
+MILLISECONDS_ABOVE = 10**12
+"""An ``auto`` timestamp above this is milliseconds, else seconds."""
+MAX_ISO_CHARS = 40
+"""Characters of an RFC 3339 timestamp header (nanoseconds and an offset need 35)."""
+
+
+def scale_timestamp(value: int, unit: str) -> float:
+    """Seconds of an integer timestamp sent in ``unit`` (``s``, ``ms``, ``auto``)."""
+    if unit == "ms" or (unit == "auto" and value > MILLISECONDS_ABOVE):
+        return value / 1000
+    return float(value)
+
+
+def timestamp_seconds(raw: str, label: str, unit: str) -> float:
+    """Seconds of the timestamp text ``raw`` sent in ``unit`` (``iso``: RFC 3339);
+    ``label`` names where it was read in the error that refuses it."""
+    if unit != "iso":
+        return scale_timestamp(parse_int_timestamp(raw, label), unit)
+    if not raw:
+        raise MalformedHeaders(f"missing {label} header")
+    try:
+        if len(raw) > MAX_ISO_CHARS:
+            raise ValueError(raw)
+        moment = datetime.fromisoformat(raw)
+    except ValueError:
+        raise MalformedHeaders(f"{label} header is not an RFC 3339 timestamp") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def timestamp_text(now: float, unit: str) -> str:
+    """``now`` written in ``unit``, as a provider sends it."""
+    if unit == "ms":
+        return str(int(now * 1000))
+    if unit == "iso":
+        return datetime.fromtimestamp(int(now), UTC).isoformat().replace("+00:00", "Z")
+    return str(int(now))

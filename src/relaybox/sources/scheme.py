@@ -8,15 +8,15 @@ token in a header. A :class:`Scheme` says which, with where the event id, type,
 account and version live and what an example event looks like; :class:`SchemeSource`
 verifies, signs and builds examples for every scheme in one place. A provider module
 is then its class (so ``isinstance``, ``PROVIDERS`` and the public names keep
-working), a scheme, and a factory. Providers that truly differ (public keys,
-signatures inside the body, URL + form parameters) keep a class of their own;
-handshakes and challenges are a method on a scheme's class.
+working), a scheme, and a factory; one whose class would hold nothing but its scheme
+is a :class:`Preset` row (:mod:`relaybox.sources.providers`,
+:mod:`relaybox.sources.unsigned`), and :func:`publish` makes its class and factory.
+Providers that truly differ (public keys, signatures inside the body, URL + form
+parameters) keep a class of their own; handshakes and challenges are a method on a
+scheme's class.
 
 Where a value lives (``event_id``, ``event_type``, ``account``, ``version``) is a
 :data:`~relaybox.sources.specs.Spec` (:mod:`relaybox.sources.specs`).
-
-A provider whose class would hold nothing but its scheme is a :class:`Preset` row in
-:mod:`relaybox.sources.providers`: :func:`publish` makes its class and its factory.
 
 The signature is checked on the raw bytes, before anything is parsed, by comparing
 the canonical text of the expected digest (lower-case hex, padded base64) in
@@ -49,10 +49,17 @@ from relaybox.sources.base import (
     canonical_json,
     check_timestamp,
     constant_time_equal,
-    parse_int_timestamp,
     shared_key,
 )
-from relaybox.sources.kit import DEFAULT_URL, check_url, signed_url
+from relaybox.sources.kit import (
+    DEFAULT_URL,
+    TIMESTAMP_UNITS,
+    check_url,
+    scale_timestamp,
+    signed_url,
+    timestamp_seconds,
+    timestamp_text,
+)
 from relaybox.sources.specs import (
     Segment,
     Spec,
@@ -86,11 +93,6 @@ DIGESTS: dict[str, Callable[..., Any]] = {
     "sha512": hashlib.sha512,
 }
 ENCODINGS = ("hex", "base64")
-UNITS = ("s", "ms", "auto", "iso")
-MILLISECONDS_ABOVE = 10**12
-"""An ``auto`` timestamp above this is milliseconds, else seconds."""
-MAX_ISO_CHARS = 40
-"""Characters of an RFC 3339 timestamp header (nanoseconds and an offset need 35)."""
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,7 @@ class SchemeSource(Source):
                 raise ConfigurationError(f"{self.provider}: unknown digest {check.digest!r}")
             if check.encoding not in ENCODINGS:
                 raise ConfigurationError(f"{self.provider}: unknown encoding {check.encoding!r}")
-            if check.unit not in UNITS:
+            if check.unit not in TIMESTAMP_UNITS:
                 raise ConfigurationError(f"{self.provider}: unknown unit {check.unit!r}")
             self._segments = compile_template(check.signed, _HMAC_FIELDS)
             names = (check.header,) if isinstance(check.header, str) else check.header
@@ -258,11 +260,12 @@ class SchemeSource(Source):
         seconds: float | None = None
         if check.timestamp is not None and header_name(check.timestamp) is not None:
             raw_timestamp = (headers.get(header_name(check.timestamp) or "") or "").strip()
-            seconds = _seconds(raw_timestamp, check.timestamp[len("header:") :], check.unit)
+            label = check.timestamp[len("header:") :]
+            seconds = timestamp_seconds(raw_timestamp, label, check.unit)
         elif raw_timestamp is not None:
             entry = check.entries.timestamp if check.entries is not None else ""
             label = f"{self._signature_headers[0][1]} {entry}="
-            seconds = _seconds(raw_timestamp, label, check.unit)
+            seconds = timestamp_seconds(raw_timestamp, label, check.unit)
         if raw_timestamp is not None and check.canonical_timestamp and seconds is not None:
             raw_timestamp = str(int(raw_timestamp))
         signed_id = self._signed_id(headers) if "id" in self._segments else ""
@@ -362,7 +365,7 @@ class SchemeSource(Source):
         sent = extract_value(self.parse(body), path)
         if isinstance(sent, bool) or not isinstance(sent, int) or not 0 <= sent < 10**16:
             raise BadSignature(f"{self.provider} payload has no integer {path}")
-        return _scale(sent, unit)
+        return scale_timestamp(sent, unit)
 
     # -- identity -----------------------------------------------------------------------
 
@@ -436,7 +439,7 @@ class SchemeSource(Source):
     def _sign_hmac(
         self, check: Hmac, body: bytes, event: Example, secret: Secret, url: str | None
     ) -> dict[str, str]:
-        timestamp = _timestamp_text(event.now, check.unit)
+        timestamp = timestamp_text(event.now, check.unit)
         values = {
             "timestamp": timestamp,
             "id": event.id,
@@ -526,36 +529,6 @@ def _basic_credentials(header: str) -> bytes:
         return base64.b64decode(encoded.strip(), validate=True)
     except (ValueError, binascii.Error):
         raise BadSignature("Authorization credentials are not base64") from None
-
-
-def _scale(value: int, unit: str) -> float:
-    if unit == "ms" or (unit == "auto" and value > MILLISECONDS_ABOVE):
-        return value / 1000
-    return float(value)
-
-
-def _seconds(raw: str, label: str, unit: str) -> float:
-    if unit != "iso":
-        return _scale(parse_int_timestamp(raw, label), unit)
-    if not raw:
-        raise MalformedHeaders(f"missing {label} header")
-    try:
-        if len(raw) > MAX_ISO_CHARS:
-            raise ValueError(raw)
-        moment = datetime.fromisoformat(raw)
-    except ValueError:
-        raise MalformedHeaders(f"{label} header is not an RFC 3339 timestamp") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
-
-
-def _timestamp_text(now: float, unit: str) -> str:
-    if unit == "ms":
-        return str(int(now * 1000))
-    if unit == "iso":
-        return datetime.fromtimestamp(int(now), UTC).isoformat().replace("+00:00", "Z")
-    return str(int(now))
 
 
 S = TypeVar("S", bound=Source)
