@@ -1,5 +1,5 @@
-"""``relaybox`` commands of the sending side: ``dispatch``, ``endpoints``, ``messages``,
-``api-keys`` and ``event-types``.
+"""``relaybox`` commands of the sending side: ``dispatch`` and ``endpoints`` (the
+``messages``, ``api-keys`` and ``event-types`` groups are :mod:`relaybox.cli.messages`'s).
 
 The CLI is the operator's: it may act on any tenant's endpoint or message by id.
 Options, times and ``--json`` follow the CLI's grammar (:mod:`relaybox.cli.grammar`).
@@ -19,15 +19,13 @@ from pydantic import ValidationError
 
 from relaybox import log
 from relaybox.app import Relaybox
-from relaybox.bodies import NotJsonNumber, parse_json
 from relaybox.cli.common import app_options, json_option, load_box, run_db
 from relaybox.cli.grammar import CliError, emit_list, type_option
 from relaybox.cli.params import FILTER
 from relaybox.cli.table import format_time, print_table
-from relaybox.outbound import apikeys, catalog, deliveries, endpoints
+from relaybox.outbound import deliveries, endpoints
 from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
-from relaybox.outbound.publish import publish
 from relaybox.outbound.vault import SecretsLocked, new_key
 from relaybox.store.outbox_rows import Endpoint
 from relaybox.timespec import TIME_FORMS, parse_time, parse_time_or_none
@@ -406,267 +404,7 @@ def endpoints_recover(
     click.echo(json.dumps({"queued": count}) if as_json else f"{count} deliveries queued again")
 
 
-# -- messages ------------------------------------------------------------------------------
-
-
-@click.group("messages")
-def messages_group() -> None:
-    """Published messages and their deliveries."""
-
-
-@messages_group.command("publish")
-@app_options
-@click.option("--tenant", required=True, help="whose endpoints get it")
-@type_option("its event type", required=True)
-@click.option("--data", default="{}", help="its data, JSON")
-@click.option("--idempotency-key", default=None, help="publishing it again returns the first")
-@click.option("--ordering-key", default=None, help="deliver in order with this key's others")
-def messages_publish(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
-    tenant: str,
-    event_type: str,
-    data: str,
-    idempotency_key: str | None,
-    ordering_key: str | None,
-) -> None:
-    """Publish a message (its own transaction)."""
-    box = load_box(app, config, database_url)
-    try:
-        payload = parse_json(data)
-    except NotJsonNumber as exc:
-        raise click.BadParameter(f"--data is not valid JSON: {exc}") from None
-    except (ValueError, RecursionError):
-        raise click.BadParameter("--data is not valid JSON") from None
-
-    async def send() -> Any:
-        async with box.store.transaction() as conn:
-            return await publish(
-                box,
-                conn,
-                event_type,
-                payload,
-                tenant=tenant,
-                idempotency_key=idempotency_key,
-                ordering_key=ordering_key,
-                json_data=True,  # parsed from --data
-            )
-
-    message = _run(box, send)
-    _echo({**message.to_json(), "created": message.created, "endpoints": message.endpoints})
-
-
-@messages_group.command("list")
-@app_options
-@click.option("--tenant", default=None, help="only this tenant's")
-@type_option("only this event type", deprecated=("--event-type",))
-@click.option("--limit", type=int, default=50, show_default=True, help="at most this many")
-@json_option
-def messages_list(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
-    tenant: str | None,
-    event_type: str | None,
-    limit: int,
-    as_json: bool,
-) -> None:
-    """Messages, newest first."""
-    box = load_box(app, config, database_url)
-    found = _run(
-        box, lambda: deliveries.list_messages(box, tenant, event_type=event_type, limit=limit)
-    )
-    rows = [{**m.to_json(), "tenant": m.tenant} for m in found]
-    if as_json:
-        emit_list(rows)
-    else:
-        _table(rows, ("id", "tenant", "event_type", "created_at"), "messages", drop=("tenant",))
-
-
-@messages_group.command("show")
-@app_options
-@click.argument("message_id")
-def messages_show(
-    app: str | None, config: str | None, database_url: str | None, message_id: str
-) -> None:
-    """A message, its deliveries and every attempt."""
-    box = load_box(app, config, database_url)
-
-    async def read() -> dict[str, Any]:
-        message = await deliveries.get_message(box, message_id, None)
-        if message is None:
-            raise CliError(f"no message {message_id}", code="not_found")
-        return {
-            **message.to_json(),
-            "tenant": message.tenant,
-            "deliveries": await deliveries.list_deliveries(box, None, message_id=message_id),
-            "attempts": await deliveries.list_attempts(box, message_id, None),
-        }
-
-    _echo(_run(box, read))
-
-
-@messages_group.command("redeliver")
-@app_options
-@click.argument("message_id")
-@click.option("--endpoint", "endpoint_id", default=None, help="only to this endpoint")
-@json_option
-def messages_redeliver(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
-    message_id: str,
-    endpoint_id: str | None,
-    as_json: bool,
-) -> None:
-    """Send a message again (same webhook-id) to endpoints whose delivery finished."""
-    box = load_box(app, config, database_url)
-    count = _run(
-        box, lambda: deliveries.redeliver(box, message_id, tenant=None, endpoint_id=endpoint_id)
-    )
-    if count == 0:
-        raise CliError(
-            f"message {message_id} has no finished delivery to send again (no such message,"
-            " or still pending)",
-            code="nothing_to_redeliver",
-        )
-    click.echo(json.dumps({"queued": count}) if as_json else f"{count} deliveries queued again")
-
-
-@messages_group.command("undelivered")
-@app_options
-@click.option("--tenant", default=None, help="only this tenant's")
-@click.option("--endpoint", "endpoint_id", default=None, help="only this endpoint's")
-@click.option("--limit", type=int, default=100, show_default=True, help="at most this many")
-@json_option
-def messages_undelivered(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
-    tenant: str | None,
-    endpoint_id: str | None,
-    limit: int,
-    as_json: bool,
-) -> None:
-    """Deliveries not sent yet: pending, dead (with the reason) and held."""
-    box = load_box(app, config, database_url)
-    rows = _run(
-        box,
-        lambda: deliveries.list_deliveries(
-            box, tenant, endpoint_id=endpoint_id, undelivered=True, limit=limit
-        ),
-    )
-    if as_json:
-        emit_list(rows)
-    else:
-        columns = ("id", "message_id", "endpoint_id", "channel", "status", "dead_reason")
-        _table(
-            rows,
-            (*columns, "attempts", "last_error"),
-            "undelivered",
-            drop=("channel", "attempts", "dead_reason", "endpoint_id"),
-        )
-
-
-# -- API keys and the event-type catalog ---------------------------------------------------
-
-
-@click.group("api-keys")
-def api_keys_group() -> None:
-    """Tenant keys for /api/v1."""
-
-
-@api_keys_group.command("create")
-@app_options
-@click.option("--tenant", required=True, help="the tenant the key acts for")
-@click.option("--name", default="", help="a label for the key")
-def api_keys_create(
-    app: str | None, config: str | None, database_url: str | None, tenant: str, name: str
-) -> None:
-    """Create a key; it is printed once and stored only as a hash."""
-    box = load_box(app, config, database_url)
-    key_id, key = _run(box, lambda: apikeys.create_api_key(box, tenant, name))
-    _echo({"id": key_id, "tenant": tenant, "key": key})
-
-
-@api_keys_group.command("list")
-@app_options
-@click.option("--tenant", default=None, help="only this tenant's")
-@json_option
-def api_keys_list(
-    app: str | None, config: str | None, database_url: str | None, tenant: str | None, as_json: bool
-) -> None:
-    """Keys (never the keys themselves)."""
-    box = load_box(app, config, database_url)
-    rows = _run(box, lambda: apikeys.list_api_keys(box, tenant))
-    if as_json:
-        emit_list(rows)
-    else:
-        _table(rows, ("id", "tenant", "name", "created_at", "revoked_at"), "API keys")
-
-
-@api_keys_group.command("revoke")
-@app_options
-@click.argument("key_id")
-@json_option
-def api_keys_revoke(
-    app: str | None, config: str | None, database_url: str | None, key_id: str, as_json: bool
-) -> None:
-    """Revoke a key at once."""
-    box = load_box(app, config, database_url)
-    if not _run(box, lambda: apikeys.revoke_api_key(box, key_id)):
-        raise CliError(f"no active key {key_id}", code="not_found")
-    click.echo(json.dumps({"id": key_id, "revoked": True}) if as_json else f"{key_id}: revoked")
-
-
-@click.group("event-types")
-def event_types_group() -> None:
-    """The catalog of published event types."""
-
-
-@event_types_group.command("define")
-@app_options
-@click.argument("name")
-@click.option("--description", default="", help="what it means, for subscribers")
-@click.option("--schema", "schema_file", type=click.File("r"), default=None, help="JSON Schema")
-def event_types_define(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
-    name: str,
-    description: str,
-    schema_file: Any,
-) -> None:
-    """Add or replace an event type; publishing checks data against its schema."""
-    box = load_box(app, config, database_url)
-    try:
-        schema = parse_json(schema_file.read()) if schema_file else None
-    except (ValueError, RecursionError) as exc:
-        message = f"not a JSON document: {exc}"[:200]
-        raise click.BadParameter(message, param_hint="--schema") from None
-    defined = _run(
-        box, lambda: catalog.define_event_type(box, name, description=description, schema=schema)
-    )
-    _echo(defined.to_json())
-
-
-@event_types_group.command("list")
-@app_options
-@json_option
-def event_types_list(
-    app: str | None, config: str | None, database_url: str | None, as_json: bool
-) -> None:
-    """The catalog."""
-    box = load_box(app, config, database_url)
-    rows = [t.to_json() for t in _run(box, lambda: catalog.list_event_types(box))]
-    if as_json:
-        emit_list(rows)
-    else:
-        _table(rows, ("name", "description"), "event types")
-
-
-def _accept_json(group: click.Group) -> None:
+def accept_json(group: click.Group) -> None:
     """The commands whose output is JSON already take ``--json`` too, so a script can
     pass it to every command."""
     for command in group.commands.values():
@@ -678,7 +416,6 @@ def _accept_json(group: click.Group) -> None:
             )
 
 
-for _group in (endpoints_group, messages_group, api_keys_group, event_types_group):
-    _accept_json(_group)
+accept_json(endpoints_group)
 
-COMMANDS = [dispatch, endpoints_group, messages_group, api_keys_group, event_types_group]
+COMMANDS = [dispatch, endpoints_group]

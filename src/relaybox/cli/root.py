@@ -76,6 +76,7 @@ def main() -> None:
 _AREA_MODULES = (
     "relaybox.cli.serve",
     "relaybox.cli.outbound",
+    "relaybox.cli.messages",
     "relaybox.cli.flow",
     "relaybox.cli.credentials",
     "relaybox.cli.ordered",
