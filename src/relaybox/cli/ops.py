@@ -35,6 +35,7 @@ from relaybox.cli.grammar import (
     type_option,
 )
 from relaybox.cli.table import format_time, keep_whole, print_table
+from relaybox.config.loading import validation_problems
 from relaybox.errors import OpsError
 from relaybox.timespec import parse_time_or_none
 
@@ -118,10 +119,7 @@ def _validate(model: type[BaseModel], **fields: Any) -> Any:
     try:
         return model.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise click.UsageError(problems) from None
+        raise click.UsageError(validation_problems(exc)) from None
 
 
 _json_option = json_option

@@ -23,6 +23,7 @@ from relaybox.cli.common import app_options, json_option, load_box, run_db
 from relaybox.cli.grammar import CliError, emit_list, type_option
 from relaybox.cli.params import FILTER
 from relaybox.cli.table import format_time, print_table
+from relaybox.config.loading import validation_problems
 from relaybox.outbound import deliveries, endpoints
 from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
@@ -59,8 +60,7 @@ def _model(cls: type[EndpointPatch], **fields: Any) -> Any:
     try:
         return cls(**fields)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise click.UsageError(problems) from None
+        raise click.UsageError(validation_problems(exc)) from None
 
 
 def _echo(data: Any) -> None:
