@@ -11,10 +11,11 @@ import inspect
 import os
 import re
 import shutil
+import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import click
 
@@ -35,6 +36,7 @@ __all__ = [
     "relaybox_command",
     "run_async",
     "run_db",
+    "run_role",
     "safe_url",
 ]
 
@@ -212,6 +214,27 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
+
+
+class Role(Protocol):
+    """A long-lived role of the box (its worker, its dispatcher)."""
+
+    def run(self) -> Awaitable[Any]: ...
+
+    def stop(self) -> None: ...
+
+
+async def run_role(box: Relaybox, make: Callable[[], Role]) -> None:
+    """Run the role ``make`` builds (in the running loop) until SIGTERM or SIGINT asks
+    it to stop, which lets it finish what it holds; then close the box."""
+    role = make()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, role.stop)
+    try:
+        await role.run()
+    finally:
+        await box.close()
 
 
 def missing_sqlite_file(box: Relaybox) -> Path | None:

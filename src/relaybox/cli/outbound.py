@@ -7,9 +7,7 @@ Options, times and ``--json`` follow the CLI's grammar (:mod:`relaybox.cli.gramm
 
 from __future__ import annotations
 
-import asyncio
 import json
-import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -19,7 +17,7 @@ from pydantic import ValidationError
 
 from relaybox import log
 from relaybox.app import Relaybox
-from relaybox.cli.common import app_options, json_option, load_box, run_db
+from relaybox.cli.common import app_options, json_option, load_box, run_db, run_role
 from relaybox.cli.grammar import CliError, emit_list, type_option
 from relaybox.cli.params import FILTER
 from relaybox.cli.table import format_time, print_table
@@ -131,19 +129,10 @@ def dispatch(
     box = load_box(app, config, database_url)
     log.configure_logging(box.settings.log_level, json=box.settings.log_json)
 
-    async def run() -> None:
-        dispatcher = box.dispatcher(concurrency=concurrency)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, dispatcher.stop)
-        try:
-            await dispatcher.run()
-        finally:
-            await box.close()
-
     box.freeze_startup_heap()
     box.widen_young_gc()
-    run_db(box, run(), creates=True)  # it waits for migrations, as serve does
+    # It waits for migrations, as serve does.
+    run_db(box, run_role(box, lambda: box.dispatcher(concurrency=concurrency)), creates=True)
 
 
 # -- endpoints -----------------------------------------------------------------------------

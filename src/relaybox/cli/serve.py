@@ -3,7 +3,6 @@ signed delivery to it."""
 
 from __future__ import annotations
 
-import asyncio
 import fnmatch
 import ipaddress
 import json
@@ -30,6 +29,7 @@ from relaybox.cli.common import (
     relaybox_command,
     run_async,
     run_db,
+    run_role,
     safe_url,
 )
 from relaybox.cli.exits import EXIT_FAILED
@@ -204,18 +204,8 @@ def worker(
     box = load_box(app, config, database_url)
     log.configure_logging(box.settings.log_level, json=box.settings.log_json)
 
-    async def run() -> None:
-        w = box.worker(concurrency=concurrency)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, w.stop)
-        try:
-            await w.run()
-        finally:
-            await box.close()
-
     box.freeze_startup_heap()
-    run_async(run())
+    run_async(run_role(box, lambda: box.worker(concurrency=concurrency)))
 
 
 @click.command()
