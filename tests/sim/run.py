@@ -225,7 +225,9 @@ class Sim:
         env = skewed(self.skews[name]) if self.skews.get(name) else None
         url = self.process_url
         if name == "receiver":
-            proc = await self.procs.serve(url, roles="receiver", app=APP, env=env, name=name)
+            proc = await self.procs.serve(
+                url, roles="receiver", app=APP, env=env, name=name, within=60
+            )
         elif name.startswith("worker"):
             proc = self.procs.worker(url, app=APP, env=env, name=name)
         elif name.startswith("dispatcher"):
