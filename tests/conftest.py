@@ -58,7 +58,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if _only_unit_tests(config):
         return
-    from relaybox.embedded import start_embedded_postgres
+    from relaybox.embedded_postgres import start_embedded_postgres
 
     _embedded_dir = Path(tempfile.mkdtemp(prefix="relaybox-test-pg-"))
     url, _embedded = start_embedded_postgres(_embedded_dir / "data", cleanup="delete")

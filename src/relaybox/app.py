@@ -27,11 +27,11 @@ import structlog
 from relaybox.clock import Clock, ClockGuard, DatabaseClock
 from relaybox.config import Settings, load_settings
 from relaybox.errors import TABLES_MISSING, ConfigurationError
-from relaybox.hooks import AcceptHooks, DispatchHooks
-from relaybox.inbox import Acceptor
+from relaybox.inbound.accept import Acceptor
+from relaybox.inbound.probes import AcceptHooks, DispatchHooks
+from relaybox.inbound.receiver import Receiver
 from relaybox.log import short_error
 from relaybox.metrics import Metrics
-from relaybox.receiver import Receiver
 from relaybox.sources.base import Source, check_subject_path
 from relaybox.sources.bodies import BodyLimits
 from relaybox.store import AcceptOutcome, NewDelivery, Store, check_database_url, open_store
@@ -371,9 +371,9 @@ class Relaybox:
         self, conn: Any, event_type: str, data: Any, *, key: str | None = None
     ) -> None:
         """Publish an operational event (``relaybox.…``) to the operational tenant in
-        ``conn``'s transaction (:mod:`relaybox.outbound.operational`); ``key``: once per
+        ``conn``'s transaction (:mod:`relaybox.outbound.announce`); ``key``: once per
         key. How the receiving side, which does not import the sending side, tells."""
-        from relaybox.outbound.operational import emit
+        from relaybox.outbound.announce import emit
 
         await emit(self, conn, event_type, data, key=key)
 

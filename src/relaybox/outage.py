@@ -7,7 +7,7 @@ be opened or stays locked) from a bug; :class:`UnavailableAnswer` is the ASGI
 middleware that the tenant API, the portal and the admin app put inside their
 Starlette app, so that what their routes raise for an outage becomes a 503 before
 Starlette's error handler turns it into a 500. The receiver answers its own 503s
-(:mod:`relaybox.receiver`), ``/healthz`` its own.
+(:mod:`relaybox.inbound.receiver`), ``/healthz`` its own.
 """
 
 from __future__ import annotations

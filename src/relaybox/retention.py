@@ -12,7 +12,7 @@ drops the **payload and headers** and keeps the rest:
 * business keys (``relaybox_operations``): never purged, because "did this operation
   already happen?" has no expiry.
 
-A purged event cannot be replayed; :func:`relaybox.replay.replay` reports it apart and
+A purged event cannot be replayed; :func:`relaybox.inbound.replay.replay` reports it apart and
 the admin API answers 409 ``payload_purged`` naming the purge date.
 
 The sending side has its own age (``retention.outbox_payload_max_age``):

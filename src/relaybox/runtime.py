@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from relaybox.clock import Clock, ClockGuard
     from relaybox.config import Settings
-    from relaybox.inbox import Acceptor
+    from relaybox.inbound.accept import Acceptor
     from relaybox.metrics import Metrics
     from relaybox.sources.base import Source
     from relaybox.store import AcceptOutcome, NewDelivery, Store

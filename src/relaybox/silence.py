@@ -17,7 +17,7 @@ The check (:class:`SilenceWatch`) runs in the maintenance role every
 newest arrival and each endpoint's first waiting deliveries in one statement each.
 What it saw is kept in ``relaybox_silences``, and a silence is raised, then ended,
 by conditional updates: of several hosts checking at once, one announces it. Its
-start and its end are operational events (:mod:`relaybox.outbound.operational`):
+start and its end are operational events (:mod:`relaybox.outbound.announce`):
 
     relaybox.source.silent      a source sent nothing for its window
     relaybox.source.resumed     its traffic came back
@@ -29,7 +29,7 @@ start and its end are operational events (:mod:`relaybox.outbound.operational`):
 source's last arrival, 0 while it is not silent), ``relaybox_silent_endpoints`` and
 ``relaybox_endpoint_silent_seconds`` (the longest silence of an endpoint); the
 dashboard shows a badge and ``relaybox doctor`` a finding. When a source with a pull
-recovery (:func:`relaybox.recovery.register`) goes silent, one recovery run starts
+recovery (:func:`relaybox.inbound.recovery.register`) goes silent, one recovery run starts
 (``silence.recover``), over the silence and at most ``recover_max_age`` back, within
 ``recover_timeout``, and its report is logged.
 """
@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from relaybox import recovery
-from relaybox.outbound.operational import emit
+from relaybox.inbound import recovery
+from relaybox.outbound.announce import emit
 from relaybox.outbound.registry import outbound
 
 if TYPE_CHECKING:

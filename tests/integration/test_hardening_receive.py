@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from relaybox import Relaybox, Secret, SystemClock, sources
 from relaybox.config import Settings
 from relaybox.errors import ConfigurationError, RejectedDelivery, StoreUnavailable
-from relaybox.receiver import _read_body, check_length
+from relaybox.inbound.receiver import _read_body, check_length
 from relaybox.sources.base import Headers, Identity, Source
 from relaybox.store import NewDelivery
 from tests.conftest import Served

@@ -20,9 +20,9 @@ from starlette.routing import Mount
 
 from relaybox import Context, FrozenClock, PermanentError, Relaybox, Secret, sources
 from relaybox.admin import build_admin
+from relaybox.outbound.announce import endpoint_recovered, operational_events
 from relaybox.outbound.deliveries import redeliver
 from relaybox.outbound.endpoints import disable_endpoint, enable_endpoint
-from relaybox.outbound.operational import endpoint_recovered, operational_events
 from relaybox.store import NewDelivery
 from relaybox.store.outbox_rows import Delivery
 from tests.conftest import Served

@@ -18,8 +18,8 @@ from sqlalchemy import text
 
 from relaybox import Context, FrozenClock, Relaybox, sources
 from relaybox.config import Settings
-from relaybox.projections import auto_order, current, integer_order, project, text_order
-from relaybox.replay import Selection, replay
+from relaybox.inbound.projections import auto_order, current, integer_order, project, text_order
+from relaybox.inbound.replay import Selection, replay
 from relaybox.store import NewDelivery
 from relaybox.testing import Harness
 from tests.conftest import Served

@@ -14,8 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from structlog.testing import capture_logs
 
 from relaybox import Context, FrozenClock, Relaybox
-from relaybox.projections import current, integer_order, write
-from relaybox.reconcile import Reconciler, register, request
+from relaybox.inbound.projections import current, integer_order, write
+from relaybox.inbound.reconcile import Reconciler, register, request
 from relaybox.store import NewDelivery
 from tests.integration.test_replay import invoke
 

@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from relaybox import Context, Relaybox, sources
 from relaybox.config import Settings
-from relaybox.recovery import GitHubDeliveries, RecoveryError, recover
+from relaybox.inbound.recovery import GitHubDeliveries, RecoveryError, recover
 from tests.conftest import Served
 from tests.integration.test_replay import invoke, run_cli
 from tests.support.fake_github import FakeGitHub

@@ -18,9 +18,10 @@ import pytest
 import standardwebhooks
 from prometheus_client.parser import text_string_to_metric_families
 
-from relaybox import FrozenClock, Relaybox, Secret, recovery, sources
+from relaybox import FrozenClock, Relaybox, Secret, sources
 from relaybox.config import Settings
 from relaybox.config.silence import SilenceSettings
+from relaybox.inbound import recovery
 from relaybox.silence import SilenceWatch
 from relaybox.store import NewDelivery
 from tests.conftest import KEYED, Served

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from relaybox.inbox import Acceptor
+from relaybox.inbound.accept import Acceptor
 from relaybox.store import NewDelivery, Store, open_store
 
 T0 = 1_800_000_000.0

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from relaybox.errors import StoreUnavailable
-from relaybox.inbox import Acceptor
+from relaybox.inbound.accept import Acceptor
 from relaybox.store import AcceptOutcome, NewDelivery, Store, open_store
 from relaybox.store.base import load_migrations, load_queries
 from tests.conftest import _dsn, _with_db, admin_url, drop_pg_database

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from relaybox.inbound.receiver import _headers_json
 from relaybox.metrics import (
     _DELIVERY_BUCKETS,
     _LATENCY_BUCKETS,
@@ -18,7 +19,6 @@ from relaybox.metrics import (
     Metrics,
     status_class,
 )
-from relaybox.receiver import _headers_json
 from tests.support.json_text import mixed, plain
 
 # Header names and values as the receiver has them: latin-1 text, any code point < 256.

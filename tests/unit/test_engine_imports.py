@@ -98,7 +98,7 @@ def test_the_engines_do_not_import_the_facade() -> None:
 @pytest.mark.parametrize(
     ("source", "module", "found"),
     [
-        ("from relaybox.app import Relaybox\n", "relaybox.recovery", [1]),
+        ("from relaybox.app import Relaybox\n", "relaybox.inbound.recovery", [1]),
         (
             "from typing import TYPE_CHECKING\n"
             "if TYPE_CHECKING:\n"
@@ -106,14 +106,14 @@ def test_the_engines_do_not_import_the_facade() -> None:
             "relaybox.worker.loop",
             [3],
         ),
-        ("def f():\n    import relaybox.app\n", "relaybox.replay", [2]),
-        ("from relaybox import Relaybox, errors\n", "relaybox.inbox", [1]),
-        ("from relaybox import app\n", "relaybox.inbox", [1]),
+        ("def f():\n    import relaybox.app\n", "relaybox.inbound.replay", [2]),
+        ("from relaybox import Relaybox, errors\n", "relaybox.inbound.accept", [1]),
+        ("from relaybox import app\n", "relaybox.inbound.accept", [1]),
         ("from ..app import Relaybox\n", "relaybox.worker.loop", [1]),
         ("from .. import app\n", "relaybox.sync.publish", [1]),
-        ("from .app import Relaybox\n", "relaybox.receiver", [1]),
-        ("from relaybox.runtime import Runtime\n", "relaybox.recovery", []),
-        ("from relaybox import errors, projections\n", "relaybox.recovery", []),
+        ("from ..app import Relaybox\n", "relaybox.inbound.receiver", [1]),
+        ("from relaybox.runtime import Runtime\n", "relaybox.inbound.recovery", []),
+        ("from relaybox import errors, tracing\n", "relaybox.inbound.recovery", []),
         ("from .app import x\n", "relaybox.outbound.dispatcher", []),  # outbound.app
         ("# relaybox.app.Relaybox\nx = 'from relaybox.app import Relaybox'\n", "relaybox.x", []),
     ],

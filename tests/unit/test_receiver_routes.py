@@ -8,7 +8,7 @@ from typing import Any
 
 from relaybox import Relaybox, Secret, sources
 from relaybox.config import Settings
-from relaybox.receiver import _ROUTES_KEPT
+from relaybox.inbound.receiver import _ROUTES_KEPT
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 

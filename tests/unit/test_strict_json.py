@@ -1,4 +1,4 @@
-"""Strict JSON (``relaybox.bodies``): what Python's ``json`` reads and writes beyond
+"""Strict JSON (``relaybox.wire``): what Python's ``json`` reads and writes beyond
 RFC 8259 (NaN, Infinity, -Infinity, 1e999) is refused both ways, everything else is
 what ``json`` gives; text earlier versions stored with those words still reads."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relaybox.bodies import NotJsonNumber, parse_json, stored_json, write_json
+from relaybox.wire import NotJsonNumber, parse_json, stored_json, write_json
 
 
 @pytest.mark.parametrize(

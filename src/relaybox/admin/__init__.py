@@ -126,10 +126,11 @@ def _register_builtins() -> None:
             "header and response excerpt of it goes; keys and outcomes stay.",
         )
     )
-    from relaybox.admin import operational, outbound
+    from relaybox.admin import outbound
+    from relaybox.admin.outbound import announcements
 
     outbound.register()
-    operational.register()
+    announcements.register()
 
 
 def _guarded(route: BaseRoute, section: Section) -> BaseRoute:

@@ -28,7 +28,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from relaybox.admin.sections import Call, Operation, Section
-from relaybox.bodies import (
+from relaybox.errors import OpsError
+from relaybox.ops import erasure as erasures
+from relaybox.ops import inbound as ops
+from relaybox.ops import inbound_models as m
+from relaybox.outage import UnavailableAnswer
+from relaybox.wire import (
     BodyTooLarge,
     JSONAnswer,
     NotJsonNumber,
@@ -36,11 +41,6 @@ from relaybox.bodies import (
     read_body,
     text_problem,
 )
-from relaybox.errors import OpsError
-from relaybox.ops import erasure as erasures
-from relaybox.ops import inbound as ops
-from relaybox.ops import inbound_models as m
-from relaybox.outage import UnavailableAnswer
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime

@@ -40,12 +40,12 @@ from relaybox.admin.auth import (
     revoke_session,
     token_ok,
 )
-from relaybox.bodies import BodyTooLarge, HTMLAnswer, read_body, text_problem
 from relaybox.errors import InvalidRequest, NotFound, OpsError
 from relaybox.limits import FailureThrottle
 from relaybox.ops import inbound as ops
 from relaybox.ops import inbound_models as m
 from relaybox.timespec import TIME_FORMS
+from relaybox.wire import BodyTooLarge, HTMLAnswer, read_body, text_problem
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox

@@ -21,7 +21,7 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from relaybox.app import Relaybox
-from relaybox.bodies import text_problem
+from relaybox.wire import text_problem
 from relaybox.cli.common import app_options, json_option, run_db
 from relaybox.cli.common import load_box as _load_box
 from relaybox.cli.exits import EXIT_FAILED, exit_code_for

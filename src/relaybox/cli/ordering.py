@@ -97,8 +97,8 @@ def replay(
     good: a range or a status leaves them out unless --include-discarded; giving
     their ids replays them.
     """
-    from relaybox.replay import ReplayResult, Selection, select
-    from relaybox.replay import replay as do_replay
+    from relaybox.inbound.replay import ReplayResult, Selection, select
+    from relaybox.inbound.replay import replay as do_replay
 
     if not (ids or source or since or until or statuses):
         raise click.UsageError("select rows: ids, --source, --since/--until or --status")
@@ -261,10 +261,10 @@ def reconcile(
 ) -> None:
     """Compare stored state with the provider's and repair divergences.
 
-    Needs --app naming a Relaybox on which relaybox.reconcile.register(box, SOURCE,
+    Needs --app naming a Relaybox on which relaybox.inbound.reconcile.register(box, SOURCE,
     fetch) declared how to read the provider's current state.
     """
-    from relaybox.reconcile import reconciler_for
+    from relaybox.inbound.reconcile import reconciler_for
 
     if not (resources or every or requested):
         raise click.UsageError("choose --resource ID (repeatable), --all or --requested")
@@ -272,7 +272,7 @@ def reconcile(
     reconciler = reconciler_for(box, source)
     if reconciler is None:
         raise click.UsageError(
-            f"no reconciler for source {source!r}: call relaybox.reconcile.register(box, "
+            f"no reconciler for source {source!r}: call relaybox.inbound.reconcile.register(box, "
             f"{source!r}, fetch) in the module named by --app"
         )
     if concurrency is not None:
@@ -354,7 +354,7 @@ def recover(
 
     For providers that do not retry (GitHub). Running it twice changes nothing.
     """
-    from relaybox.recovery import DeliveryLog, GitHubDeliveries, log_for, recover
+    from relaybox.inbound.recovery import DeliveryLog, GitHubDeliveries, log_for, recover
 
     box = _setup(app, config, database_url)
     if source not in box.sources:
@@ -380,7 +380,7 @@ def recover(
     elif factory is None:
         raise click.UsageError(
             "say where the deliveries are listed: --repo OWNER/NAME --hook-id N, --org ORG "
-            "--hook-id N or --app-hook (or relaybox.recovery.register in --app)"
+            "--hook-id N or --app-hook (or relaybox.inbound.recovery.register in --app)"
         )
     assert factory is not None
 
@@ -405,7 +405,7 @@ def recover(
     try:
         out = run_db(box, run())
     except Exception as exc:
-        from relaybox.recovery import RecoveryError
+        from relaybox.inbound.recovery import RecoveryError
 
         if isinstance(exc, RecoveryError):
             raise CliError(f"recovery failed: {exc}", code="recovery_failed") from None

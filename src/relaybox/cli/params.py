@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from relaybox.bodies import parse_json
+from relaybox.wire import parse_json
 
 __all__ = ["FILTER"]
 

@@ -220,7 +220,7 @@ class SilenceSettings(BaseModel):
     )
     recover: bool = Field(
         True,
-        description="start a pull recovery (relaybox.recovery) when a source that has one "
+        description="start a pull recovery (relaybox.inbound.recovery) when a source that has one "
         "goes silent",
     )
     recover_max_age: float = Field(

@@ -1,7 +1,7 @@
 """Operator reads and actions: the one place that runs the ``ops_*`` queries and maps
 rows to :mod:`relaybox.ops.inbound_models`. The JSON API, the dashboard and the CLI all call
 these functions, so a dead letter retried from any of them goes the same way: through
-:func:`relaybox.replay.replay`, the worker and the handler's business keys.
+:func:`relaybox.inbound.replay.replay`, the worker and the handler's business keys.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from relaybox.bodies import parse_json
 from relaybox.errors import Conflict, InvalidRequest, NotFound
+from relaybox.inbound.replay import Selection, replay
 from relaybox.metrics import read_ops_stats
 from relaybox.ops.inbound_models import (
     Attempt,
@@ -40,7 +40,7 @@ from relaybox.ops.inbound_models import (
     ResolveResult,
     StatsResponse,
 )
-from relaybox.replay import Selection, replay
+from relaybox.wire import parse_json
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime

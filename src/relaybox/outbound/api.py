@@ -50,7 +50,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from relaybox.bodies import BodyTooLarge, NotJsonNumber, parse_json, read_body, text_problem
 from relaybox.errors import Conflict, RelayboxError
 from relaybox.outage import UnavailableAnswer
 from relaybox.outbound import apikeys, deliveries, endpoints, flow, replays
@@ -69,6 +68,7 @@ from relaybox.outbound.signing import SecretKind
 from relaybox.outbound.vault import SecretsLocked
 from relaybox.store.outbox_rows import Endpoint, Message
 from relaybox.timespec import TimeSpec
+from relaybox.wire import BodyTooLarge, NotJsonNumber, parse_json, read_body, text_problem
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime

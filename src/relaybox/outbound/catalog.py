@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
-from relaybox.bodies import write_json
 from relaybox.errors import RelayboxError
+from relaybox.wire import write_json
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime

@@ -49,7 +49,7 @@ import structlog
 
 from relaybox import tracing
 from relaybox.config.outbound import tenant_cap
-from relaybox.hooks import DispatchHooks
+from relaybox.inbound.probes import DispatchHooks
 from relaybox.log import error_text, short_error
 from relaybox.outbound.channels.base import Channel, Result
 from relaybox.outbound.lanes import LaneScheduler
@@ -98,7 +98,7 @@ class Dispatcher:
     ) -> None:
         self.box = box
         self.hooks = hooks or DispatchHooks()
-        """Where tests wait or inject faults (:class:`relaybox.hooks.DispatchHooks`)."""
+        """Where tests wait or inject faults (:class:`relaybox.inbound.probes.DispatchHooks`)."""
         self.outbound = outbound(box)
         s = self.outbound.settings
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"

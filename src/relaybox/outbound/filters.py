@@ -47,8 +47,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from relaybox.bodies import parse_json
 from relaybox.errors import RelayboxError
+from relaybox.wire import parse_json
 
 __all__ = [
     "COST_RULE",

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox import tracing
-from relaybox.bodies import NotJsonNumber, text_problem, write_json
 from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, check_schema
 from relaybox.outbound.filters import CompiledFilter, compile_filter
 from relaybox.outbound.registry import outbound
 from relaybox.sources.base import MAX_SUBJECT_CHARS, subject_digest
 from relaybox.store.outbox_rows import Message, NewMessage, new_id
+from relaybox.wire import NotJsonNumber, text_problem, write_json
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from relaybox.hooks import DispatchHooks
+from relaybox.inbound.probes import DispatchHooks
 from relaybox.log import debug_enabled, short_error
-from relaybox.outbound import operational
+from relaybox.outbound import announce
 from relaybox.outbound.channels.base import Result
 from relaybox.outbound.endpoints import disable_in
 from relaybox.outbound.leases import lease_recording
@@ -232,7 +232,7 @@ class Recorder:
             await self._endpoints_health(conn, batch, labels, now)
             for f, mark, label in zip(batch, marks, labels, strict=True):
                 if label == "exhausted":  # with the dead letter, in its transaction
-                    await operational.attempt_exhausted(self.box, conn, f.d, f.result, mark[5])
+                    await announce.attempt_exhausted(self.box, conn, f.d, f.result, mark[5])
         return labels
 
     async def _write_sent(self, batch: list[Finished], now: float) -> list[str]:
@@ -265,7 +265,7 @@ class Recorder:
         # recovers the endpoint.)
         failing = [e for e in clean if _failing(mixed[e])]
         if failing:
-            await operational.endpoint_recovered(self.box, conn, failing, now=now)
+            await announce.endpoint_recovered(self.box, conn, failing, now=now)
             clean = [e for e in clean if e not in failing]
         if clean:
             await self.box.store.endpoints_succeeded(conn, clean, now=now)
@@ -283,7 +283,7 @@ class Recorder:
         store = self.box.store
         if result.outcome == "sent":
             if d.endpoint.failing:
-                await operational.endpoint_recovered(self.box, conn, [d.endpoint.id], now=now)
+                await announce.endpoint_recovered(self.box, conn, [d.endpoint.id], now=now)
             else:
                 await store.endpoint_succeeded(conn, d.endpoint.id, now=now)
             return
@@ -294,7 +294,7 @@ class Recorder:
                 if threshold <= streak.failures:
                     level = threshold
             if level > streak.failing_level:
-                await operational.endpoint_failing(
+                await announce.endpoint_failing(
                     self.box, conn, d.endpoint.id, streak.failures, level, result
                 )
         if result.outcome == "gone":

@@ -26,7 +26,6 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from relaybox.bodies import BodyTooLarge, read_body, text_problem
 from relaybox.browser import framing
 from relaybox.errors import RelayboxError
 from relaybox.outbound.catalog import InvalidMessage
@@ -35,6 +34,7 @@ from relaybox.outbound.filters import InvalidFilter
 from relaybox.outbound.portal_links import PortalSession, TokenRefused, check_session, csrf_token
 from relaybox.outbound.registry import PublishLimited, outbound
 from relaybox.outbound.vault import SecretsLocked
+from relaybox.wire import BodyTooLarge, read_body, text_problem
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime

@@ -40,7 +40,7 @@ class NewDelivery:
     indexes the new row under it (``relaybox_subjects``) in the same transaction."""
     held_until: float | None = None
     """Set by this process's worker when it takes the row from the accept
-    (:meth:`relaybox.inbox.Handoff.offer`; stores with ``starts_at_accept``): the row
+    (:meth:`relaybox.inbound.accept.Handoff.offer`; stores with ``starts_at_accept``): the row
     goes in with its first attempt counted and started, held back from every claimer
     until then, as a claim that started it would leave it."""
     traceparent: str | None = None

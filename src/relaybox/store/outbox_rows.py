@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from relaybox.bodies import stored_json
+from relaybox.wire import stored_json
 
 __all__ = [
     "UNBOUNDED",

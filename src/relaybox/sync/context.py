@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from relaybox import projections
+from relaybox.inbound import projections
 from relaybox.store import InboxEvent, OutboxRow
 from relaybox.worker.context import Handling, _add_row
 
@@ -121,7 +121,7 @@ class SyncContext(Handling):
         self, resource_key: str, version: str | int | None, state: Any, **options: Any
     ) -> bool:
         """Write ``state`` as ``resource_key``'s current state only if ``version`` is
-        newer than the stored one (:func:`relaybox.projections.project`)."""
+        newer than the stored one (:func:`relaybox.inbound.projections.project`)."""
         offered = projections.offer(self, resource_key, version, state, **options)
         store = self.box.store.sync
         if store.projection_upsert(self.conn, offered):

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from relaybox import projections, tracing
-from relaybox.bodies import write_json
+from relaybox import tracing
 from relaybox.errors import OperationConflict
+from relaybox.inbound import projections
 from relaybox.store import InboxEvent, OutboxRow
+from relaybox.wire import write_json
 
 if TYPE_CHECKING:
     from relaybox.runtime import InboundRuntime, Runtime
@@ -302,7 +303,7 @@ class Context(Handling):
     ) -> bool:
         """Write ``state`` as ``resource_key``'s current state only if ``version`` is
         newer than the stored one; a stale event is marked superseded and still
-        completes (:mod:`relaybox.projections`)."""
+        completes (:mod:`relaybox.inbound.projections`)."""
         return await projections.project(self, resource_key, version, state, **options)
 
 

@@ -2,7 +2,7 @@
 their hold while they run, and hands them to chains (PostgreSQL: groups or one event
 per transaction on a connection each) or to SQLite's batches; suspects run alone. In a
 process that also receives (PostgreSQL), it takes new rows from the accept as well
-(``offer``, ``settle``: :class:`relaybox.inbox.Handoff`)."""
+(``offer``, ``settle``: :class:`relaybox.inbound.accept.Handoff`)."""
 
 from __future__ import annotations
 

@@ -180,7 +180,7 @@ class Recorder:
             )
         if plan.dead:
             await store.inbox_kill(conn, event.id, reason=plan.kind, error=plan.error, now=plan.now)
-            # relaybox.inbox.dead, with the dead letter (relaybox.outbound.operational)
+            # relaybox.inbox.dead, with the dead letter (relaybox.outbound.announce)
             data = dead_event(event.id, event.key, event.event_type, event.tenant)
             data.update(reason=plan.kind, attempts=event.attempts, error=plan.raw_error)
             await self.box.announce(conn, "relaybox.inbox.dead", data)

@@ -1,5 +1,5 @@
 """The receiving endpoint as a Django view: ``POST <prefix>/<source>`` with the
-verification, accept rules and answers of :class:`relaybox.receiver.Receiver` (its
+verification, accept rules and answers of :class:`relaybox.inbound.receiver.Receiver` (its
 ``open`` and ``answer``), the 2xx sent only after the COMMIT that holds the delivery.
 
 An async view: under ASGI it awaits the accept without holding a thread; under WSGI
@@ -18,7 +18,7 @@ from django.views.decorators.csrf import csrf_exempt
 from relaybox.contrib.django import get_box
 from relaybox.contrib.django.portal import run_async
 from relaybox.errors import RejectedDelivery
-from relaybox.receiver import Reply, over_limit, rejected
+from relaybox.inbound.receiver import Reply, over_limit, rejected
 from relaybox.sources.hooks import Answer
 
 __all__ = ["receive"]

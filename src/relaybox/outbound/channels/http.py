@@ -38,12 +38,12 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from relaybox import tracing
-from relaybox.bodies import json_as_is
 from relaybox.config.outbound import UncertainPolicy
 from relaybox.outbound.channels.base import Channel, Result
 from relaybox.outbound.ssrf import Guard, UnsafeDestination, Vetted
 from relaybox.retry import parse_retry_after
 from relaybox.store.outbox_rows import Delivery
+from relaybox.wire import json_as_is
 
 __all__ = [
     "REDACTED",

@@ -2,7 +2,7 @@
 credentials.
 
 * ``GET /operational-events`` and the dashboard page ``/operational-events``: the most
-  recent operational events (:mod:`relaybox.outbound.operational`), newest first.
+  recent operational events (:mod:`relaybox.outbound.announce`), newest first.
 * ``PUT /endpoints/{id}/headers`` and ``PUT /endpoints/{id}/credentials``: what the
   tenant API's ``PATCH /endpoints/{id}`` and ``relaybox endpoints headers`` /
   ``credentials`` set; refused headers or credentials answer 422 ``invalid_endpoint``.
@@ -24,9 +24,9 @@ from relaybox.admin.sections import Call, Operation, Section, register_section
 from relaybox.errors import NotFound, OpsError
 from relaybox.ops.inbound_models import RequestModel
 from relaybox.outbound import endpoints
+from relaybox.outbound.announce import operational_events
 from relaybox.outbound.credentials import CredentialsSpec
 from relaybox.outbound.endpoints import EndpointPatch, InvalidEndpoint
-from relaybox.outbound.operational import operational_events
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.vault import SecretsLocked
 

@@ -27,7 +27,7 @@ from typing import Protocol
 import structlog
 
 from relaybox.errors import TABLES_MISSING, StoreUnavailable, tables_missing
-from relaybox.hooks import AcceptHooks
+from relaybox.inbound.probes import AcceptHooks
 from relaybox.log import short_error
 from relaybox.store import AcceptOutcome, NewDelivery, Store
 

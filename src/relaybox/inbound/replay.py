@@ -108,7 +108,7 @@ async def select(box: Runtime, selection: Selection) -> list[Candidate]:
 
 async def replay(box: Runtime, selection: Selection, *, actor: str, reason: str) -> ReplayResult:
     """Put the selected rows back to pending, in one transaction, and record why.
-    Traced as ``relaybox.replay`` (the counts; not the actor's words)."""
+    Traced as ``relaybox.inbound.replay`` (the counts; not the actor's words)."""
     with tracing.span("relaybox.replay") as span:
         result = await _replay(box, selection, actor=actor, reason=reason)
         if span.is_recording():

@@ -4,7 +4,7 @@ When the provider sends no authoritative version, neither arrival order nor an
 ordinary timestamp says which event is current. Instead the current state
 is read from the provider's API through a user-supplied ``fetch(resource_id)`` and
 written through the same compare-and-set as versioned projections
-(:func:`relaybox.projections.write`), so the projection table holds one current state
+(:func:`relaybox.inbound.projections.write`), so the projection table holds one current state
 per resource whichever path wrote it::
 
     async def fetch_subscription(sub_id: str) -> dict | None:
@@ -53,7 +53,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox import tracing
-from relaybox.projections import canonical_state, counter, integer_order, stored, write
+from relaybox.inbound.projections import canonical_state, counter, integer_order, stored, write
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -147,7 +147,7 @@ class Reconciler:
 
     async def reconcile(self, resource_id: str) -> Result:
         """Ticket, fetch, compare-and-set write. Never raises: a failure is a result.
-        Traced as ``relaybox.reconcile`` with its outcome."""
+        Traced as ``relaybox.inbound.reconcile`` with its outcome."""
         with tracing.span(
             "relaybox.reconcile", attributes={"relaybox.source": self.source}
         ) as span:

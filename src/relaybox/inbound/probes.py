@@ -22,7 +22,7 @@ __all__ = ["AcceptHooks", "DispatchHooks"]
 
 
 class AcceptHooks:
-    """The acceptor's points (:class:`relaybox.inbox.Acceptor`).
+    """The acceptor's points (:class:`relaybox.inbound.accept.Acceptor`).
 
     ``after_commit``: a batch of deliveries is committed, before their requests are
     answered; each hook gets every delivery of the batch with its outcome (inbox id;

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from relaybox import tracing
-from relaybox.bodies import json_as_is
 from relaybox.errors import (
     TABLES_MISSING,
     PayloadTooLarge,
@@ -37,6 +36,7 @@ from relaybox.log import debug_enabled, short_error
 from relaybox.sources.hooks import URL_HEADER, Answer
 from relaybox.sources.requests import handshake, request_url, send_answer
 from relaybox.store import NewDelivery
+from relaybox.wire import json_as_is
 
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send

@@ -22,7 +22,7 @@ exactly when the change does. The exceptions are an inbox event dead-lettered by
 claim (its worker died during its last attempt) and a quarantined delivery: the
 statements that write those run outside any transaction relaybox could add to, so
 their event follows in a transaction of its own right after. The receiving side
-(``relaybox.worker``, ``relaybox.receiver``) does not import this module: it
+(``relaybox.worker``, ``relaybox.inbound.receiver``) does not import this module: it
 publishes through :meth:`Relaybox.announce`. Deliveries to the operational tenant's
 own endpoints raise no ``message.attempt.exhausted`` (an operator endpoint that is
 down would otherwise feed itself). For the same reason a received event of one of

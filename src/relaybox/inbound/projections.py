@@ -23,7 +23,7 @@ Versions: the provider's monotonic version, read by the source's ``version_path`
 (``header:X-Version`` or a dotted JSON path) into ``ctx.event.version``, or passed
 explicitly. Arrival order and ordinary timestamps are never versions: with no
 version, :func:`project` refuses (:class:`~relaybox.errors.PermanentError`); such
-resources are kept current by :mod:`relaybox.reconcile` instead. Versions are
+resources are kept current by :mod:`relaybox.inbound.reconcile` instead. Versions are
 compared through an order (``order=``): ``"auto"`` (integers numerically, anything
 else by code point), ``"integer"`` (refuses non-integers), ``"text"``, or any
 function mapping a version to a key whose byte order is the version order.
@@ -222,7 +222,7 @@ def offer(
     if version is None or isinstance(version, bool) or str(version).strip() == "":
         raise PermanentError(
             f"no version for {resource_key!r}: set the source's version_path, pass the "
-            "provider's version, or keep this resource current with relaybox.reconcile"
+            "provider's version, or keep this resource current with relaybox.inbound.reconcile"
         )
     text = str(version).strip()
     try:

@@ -46,7 +46,7 @@ import structlog
 
 from relaybox import tracing
 from relaybox.errors import ConfigurationError, RejectedDelivery, RelayboxError
-from relaybox.projections import counter
+from relaybox.inbound.projections import counter
 from relaybox.sources.base import Source, Verified, extract
 from relaybox.store import NewDelivery
 from relaybox.store.history import RecoveryRecord
@@ -301,7 +301,7 @@ async def recover(
     the inbox. ``account``/``tenant`` override what a recovered delivery maps to when
     its signature cannot be checked again (the source's secrets then prove nothing).
 
-    Traced as ``relaybox.recovery`` (its counts); each delivery it brings in keeps
+    Traced as ``relaybox.inbound.recovery`` (its counts); each delivery it brings in keeps
     this span's context, as a received one keeps its request's."""
     with tracing.span(
         "relaybox.recovery", attributes={"relaybox.source": source_name, "relaybox.mode": mode}
