@@ -28,10 +28,11 @@ from relaybox.clock import Clock, ClockGuard, DatabaseClock
 from relaybox.config import Settings, load_settings
 from relaybox.errors import TABLES_MISSING, ConfigurationError
 from relaybox.inbound.accept import Acceptor
-from relaybox.inbound.probes import AcceptHooks, DispatchHooks
+from relaybox.inbound.probes import AcceptHooks
 from relaybox.inbound.receiver import Receiver
 from relaybox.log import short_error
 from relaybox.metrics import Metrics
+from relaybox.outbound.probes import DispatchHooks
 from relaybox.sources.base import Source, check_subject_path
 from relaybox.sources.bodies import BodyLimits
 from relaybox.store import AcceptOutcome, NewDelivery, Store, check_database_url, open_store

@@ -1,10 +1,10 @@
-"""Points where tests wait or inject faults on the receiving and the sending paths:
-:class:`AcceptHooks` (the acceptor's COMMIT) and :class:`DispatchHooks` (a delivery's
-attempt and its recorded outcome). The worker's are :class:`relaybox.worker.Hooks`.
+"""Points where tests wait or inject faults on the receiving path: :class:`AcceptHooks`
+(the acceptor's COMMIT). The worker's are :class:`relaybox.worker.Hooks`; the sending
+side's :class:`relaybox.outbound.probes.DispatchHooks`.
 
-Each point is a list of ``async`` callables, run in order; the box holds one object of
-each (``box.accept_hooks``, ``box.dispatch_hooks``). Empty, and free, in production:
-the paths check that a list is empty and go on.
+Each point is a list of ``async`` callables, run in order; the box holds one object
+(``box.accept_hooks``). Empty, and free, in production: the path checks that a list
+is empty and goes on.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from relaybox.errors import StoreUnavailable
 
 if TYPE_CHECKING:
     from relaybox.store import AcceptOutcome, NewDelivery
-    from relaybox.store.outbox_rows import Delivery
 
-__all__ = ["AcceptHooks", "DispatchHooks"]
+__all__ = ["AcceptHooks"]
 
 
 class AcceptHooks:
@@ -45,20 +44,3 @@ class AcceptHooks:
                 await hook(accepted)
         except Exception as exc:
             raise StoreUnavailable("the database did not confirm the commit") from exc
-
-
-class DispatchHooks:
-    """The dispatcher's points (:class:`relaybox.outbound.dispatcher.Dispatcher`).
-
-    ``before_send``: a leased delivery is about to be handed to its channel. A hook
-    that raises fails the attempt as a channel that raises does: it is recorded as a
-    retry with the error, and the row is sent again when it comes due.
-
-    ``after_record``: outcomes are committed; each hook gets every delivery of the
-    batch with its attempt log label (``sent``, ``retry``, ``failed``, ``exhausted``,
-    ``fenced``, …). The outcomes stand whatever the hook does: one that raises is
-    logged (``dispatch_hook_failed``) and the dispatcher goes on."""
-
-    def __init__(self) -> None:
-        self.before_send: list[Callable[[Delivery], Awaitable[None]]] = []
-        self.after_record: list[Callable[[list[tuple[Delivery, str]]], Awaitable[None]]] = []

@@ -49,11 +49,11 @@ import structlog
 
 from relaybox import tracing
 from relaybox.config.outbound import tenant_cap
-from relaybox.inbound.probes import DispatchHooks
 from relaybox.log import error_text, short_error
 from relaybox.outbound.channels.base import Channel, Result
 from relaybox.outbound.lanes import LaneScheduler
 from relaybox.outbound.leases import lease, lease_recording, release
+from relaybox.outbound.probes import DispatchHooks
 from relaybox.outbound.recorder import Decision, Finished, Recorder, sent_row
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.replays import ReplayRunner
@@ -98,7 +98,7 @@ class Dispatcher:
     ) -> None:
         self.box = box
         self.hooks = hooks or DispatchHooks()
-        """Where tests wait or inject faults (:class:`relaybox.inbound.probes.DispatchHooks`)."""
+        """Where tests wait or inject faults (:class:`relaybox.outbound.probes.DispatchHooks`)."""
         self.outbound = outbound(box)
         s = self.outbound.settings
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"

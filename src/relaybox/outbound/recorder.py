@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from relaybox.inbound.probes import DispatchHooks
 from relaybox.log import debug_enabled, short_error
 from relaybox.outbound import announce
 from relaybox.outbound.channels.base import Result
 from relaybox.outbound.endpoints import disable_in
 from relaybox.outbound.leases import lease_recording
+from relaybox.outbound.probes import DispatchHooks
 from relaybox.outbound.registry import outbound
 from relaybox.store.outbox_rows import Delivery
 

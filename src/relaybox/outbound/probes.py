@@ -1,0 +1,35 @@
+"""Points where tests wait or inject faults on the sending path: :class:`DispatchHooks`
+(a delivery's attempt and its recorded outcome). The receiving side's are
+:class:`relaybox.inbound.probes.AcceptHooks`.
+
+Each point is a list of ``async`` callables, run in order; the box holds one object
+(``box.dispatch_hooks``). Empty, and free, in production: the paths check that a list
+is empty and go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relaybox.store.outbox_rows import Delivery
+
+__all__ = ["DispatchHooks"]
+
+
+class DispatchHooks:
+    """The dispatcher's points (:class:`relaybox.outbound.dispatcher.Dispatcher`).
+
+    ``before_send``: a leased delivery is about to be handed to its channel. A hook
+    that raises fails the attempt as a channel that raises does: it is recorded as a
+    retry with the error, and the row is sent again when it comes due.
+
+    ``after_record``: outcomes are committed; each hook gets every delivery of the
+    batch with its attempt log label (``sent``, ``retry``, ``failed``, ``exhausted``,
+    ``fenced``, …). The outcomes stand whatever the hook does: one that raises is
+    logged (``dispatch_hook_failed``) and the dispatcher goes on."""
+
+    def __init__(self) -> None:
+        self.before_send: list[Callable[[Delivery], Awaitable[None]]] = []
+        self.after_record: list[Callable[[list[tuple[Delivery, str]]], Awaitable[None]]] = []
