@@ -3,9 +3,10 @@ server-rendered dashboard, both built from the registered sections
 (:mod:`relaybox.admin.sections`) and both behind ``admin_token``
 (:mod:`relaybox.admin.auth`).
 
-Built-in sections: overview, inbox, dead letters, quarantine; the outbound side
-(endpoints, messages) registers itself from :mod:`relaybox.admin.outbound` and shows
-up once its tables are migrated.
+Built-in sections: the overview and erasures here; the receiving side (inbox, dead
+letters, quarantine) registers itself from :mod:`relaybox.admin.inbound`, the sending
+side (endpoints, messages, operational events) from :mod:`relaybox.admin.outbound`,
+shown once its tables are migrated.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from relaybox.admin import api, dashboard
+from relaybox.admin import api, html
 from relaybox.admin.auth import AdminAuth, security_headers
+from relaybox.admin.inbound.api import STATS_OPERATIONS
+from relaybox.admin.overview import OVERVIEW_PAGES
 from relaybox.admin.sections import (
     Call,
     Operation,
@@ -30,7 +33,6 @@ from relaybox.admin.sections import (
 )
 from relaybox.browser import ResponseHeaders
 from relaybox.limits import FailureThrottle
-from relaybox.metrics import read_ops_stats
 from relaybox.outage import UnavailableAnswer
 
 if TYPE_CHECKING:
@@ -47,28 +49,6 @@ __all__ = [
 ]
 
 
-async def _sources_panel(box: Runtime) -> OverviewPanel | None:
-    snap = await read_ops_stats(box.store, box.clock.now())
-    rows = []
-    for source in snap.sources("inbox"):
-        age = snap.oldest_pending_age("inbox", source)
-        dead = sum(
-            g.count
-            for g in snap.groups
-            if g.queue == "inbox" and g.source == source and g.status == "dead" and not g.discarded
-        )
-        quarantined = snap.quarantined_by_source.get(source, 0)
-        rows.append((source, snap.pending("inbox", source), age, dead, quarantined))
-    if not rows:
-        return None
-    return OverviewPanel(
-        title="Inbox by source",
-        columns=("source", "pending", "oldest pending", "dead", "quarantined"),
-        rows=rows,
-        metric="sources",
-    )
-
-
 def _register_builtins() -> None:
     register_section(
         Section(
@@ -76,43 +56,9 @@ def _register_builtins() -> None:
             "Overview",
             0,
             nav_path="/",
-            operations=api.STATS_OPERATIONS,
-            pages=dashboard.OVERVIEW_PAGES,
+            operations=STATS_OPERATIONS,
+            pages=OVERVIEW_PAGES + html.SESSION_PAGES,
             tag_description="Queue numbers shared with /metrics and `relaybox stats`.",
-        )
-    )
-    register_section(
-        Section(
-            "inbox",
-            "Inbox",
-            10,
-            nav_path="/inbox",
-            operations=api.INBOX_OPERATIONS,
-            pages=dashboard.INBOX_PAGES,
-            overview=_sources_panel,
-            tag_description="Received events, their attempts and replay.",
-        )
-    )
-    register_section(
-        Section(
-            "dead",
-            "Dead letters",
-            20,
-            nav_path="/dead",
-            operations=api.DEAD_OPERATIONS,
-            pages=dashboard.DEAD_PAGES,
-            tag_description="Events that will not be retried without an operator.",
-        )
-    )
-    register_section(
-        Section(
-            "quarantine",
-            "Quarantine",
-            30,
-            nav_path="/quarantine",
-            operations=api.QUARANTINE_OPERATIONS,
-            pages=dashboard.QUARANTINE_PAGES,
-            tag_description="Deliveries that reused an accepted event id with other content.",
         )
     )
     register_section(
@@ -126,9 +72,10 @@ def _register_builtins() -> None:
             "header and response excerpt of it goes; keys and outcomes stay.",
         )
     )
-    from relaybox.admin import outbound
+    from relaybox.admin import inbound, outbound
     from relaybox.admin.outbound import announcements
 
+    inbound.register()
     outbound.register()
     announcements.register()
 
@@ -143,7 +90,7 @@ def _guarded(route: BaseRoute, section: Section) -> BaseRoute:
         missing = await request.app.state.tables.missing(section.requires_tables)
         if missing:
             message = f"{section.title}: tables {', '.join(missing)} do not exist; run migrations"
-            return await dashboard.render(request, "error.html", status=404, message=message)
+            return await html.render(request, "error.html", status=404, message=message)
         return cast(Response, await endpoint(request))
 
     methods = sorted(route.methods - {"HEAD"}) if route.methods else None
@@ -174,7 +121,7 @@ def build_admin(box: Runtime) -> Starlette:
             Middleware(ResponseHeaders, headers=security_headers(box)),
             # The database out of reach: 503 (JSON for the API, a page otherwise).
             Middleware(UnavailableAnswer, json_for=_api_path),
-            Middleware(AdminAuth, box=box, login_page=dashboard.login_page, tables=tables),
+            Middleware(AdminAuth, box=box, login_page=html.login_page, tables=tables),
         ],
     )
     app.state.box = box

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from relaybox.admin import dashboard
+from relaybox.admin import html
 from relaybox.admin.sections import Call, Operation, Section, register_section
 from relaybox.errors import NotFound, OpsError
 from relaybox.ops.inbound_models import RequestModel
@@ -174,11 +174,11 @@ OPERATIONS = (
 )
 
 
-@dashboard.page
+@html.page
 async def events_page(request: Request) -> Response:
-    result = await _event_list(dashboard.box_of(request), 100)
+    result = await _event_list(html.box_of(request), 100)
     rows = [(e, json.dumps(e.data, indent=1, sort_keys=True)) for e in result.items]
-    return await dashboard.render(
+    return await html.render(
         request, "operational.html", active="operational", page=result, rows=rows
     )
 

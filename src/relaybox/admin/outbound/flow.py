@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.routing import Route
 
-from relaybox.admin import dashboard
+from relaybox.admin import html
 from relaybox.admin.sections import Call, Operation
 from relaybox.errors import NotFound
 from relaybox.ops.outbound_flow import (
@@ -131,36 +131,34 @@ def _endpoint_id(request: Request) -> str:
     return raw
 
 
-async def _switch(request: Request, form: dict[str, str], paused: bool) -> dashboard.Notice:
+async def _switch(request: Request, form: dict[str, str], paused: bool) -> html.Notice:
     done = "paused" if paused else "resumed"
     r = EndpointActionRequest.model_validate(
         {"reason": form.get("reason") or f"{done} from the dashboard"}
     )
     result = await endpoint_pause(
-        dashboard.box_of(request),
+        html.box_of(request),
         _endpoint_id(request),
         paused=paused,
-        actor=dashboard.actor_of(request),
+        actor=html.actor_of(request),
         reason=r.reason,
     )
     return f"endpoint_{done}", result.waiting
 
 
-@dashboard.action
-async def endpoint_pause_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
+@html.action
+async def endpoint_pause_action(request: Request, form: dict[str, str]) -> html.Notice:
     return await _switch(request, form, True)
 
 
-@dashboard.action
-async def endpoint_resume_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
+@html.action
+async def endpoint_resume_action(request: Request, form: dict[str, str]) -> html.Notice:
     return await _switch(request, form, False)
 
 
-@dashboard.action
-async def endpoint_replay_missing_action(
-    request: Request, form: dict[str, str]
-) -> dashboard.Notice:
-    now = dashboard.box_of(request).clock.now()
+@html.action
+async def endpoint_replay_missing_action(request: Request, form: dict[str, str]) -> html.Notice:
+    now = html.box_of(request).clock.now()
     body = ReplayMissingRequest.model_validate(
         {
             # Parsed here so that a bad time reads as one (bad_time), not a bad form.
@@ -169,7 +167,7 @@ async def endpoint_replay_missing_action(
         }
     )
     await endpoint_replay_missing(
-        dashboard.box_of(request), _endpoint_id(request), body, actor=dashboard.actor_of(request)
+        html.box_of(request), _endpoint_id(request), body, actor=html.actor_of(request)
     )
     return "replay_started"
 

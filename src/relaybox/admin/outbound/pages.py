@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from relaybox.admin import dashboard
+from relaybox.admin import html
 from relaybox.admin.outbound import sending
 from relaybox.errors import InvalidRequest, InvalidTimeSpec, NotFound
 from relaybox.ops.outbound import (
@@ -49,56 +49,54 @@ def _text_id(request: Request) -> str:
     return raw
 
 
-@dashboard.page
+@html.page
 async def endpoints_page(request: Request) -> Response:
     f = EndpointFilter.model_validate(
         {k: v for k, v in request.query_params.items() if v and k in EndpointFilter.model_fields}
     )
-    result = await endpoint_list(dashboard.box_of(request), f)
-    return await dashboard.render(request, "endpoints.html", active="endpoints", f=f, page=result)
+    result = await endpoint_list(html.box_of(request), f)
+    return await html.render(request, "endpoints.html", active="endpoints", f=f, page=result)
 
 
-@dashboard.page
+@html.page
 async def endpoint_page(request: Request) -> Response:
-    box = dashboard.box_of(request)
+    box = html.box_of(request)
     detail = await endpoint_get(box, _text_id(request))
     latest = await box.store.replay_job_latest(detail.id)
     replay = None if latest is None else replay_result(latest)
-    return await dashboard.render(
-        request, "endpoint.html", active="endpoints", e=detail, replay=replay
-    )
+    return await html.render(request, "endpoint.html", active="endpoints", e=detail, replay=replay)
 
 
-@dashboard.page
+@html.page
 async def messages_page(request: Request) -> Response:
     f = MessageFilter.model_validate(
         {k: v for k, v in request.query_params.items() if v and k in MessageFilter.model_fields}
     )
-    result = await message_list(dashboard.box_of(request), f)
+    result = await message_list(html.box_of(request), f)
     next_url = None
     if result.next_cursor:
         next_url = f"{request.url.path}?cursor={result.next_cursor}"
-    return await dashboard.render(
+    return await html.render(
         request, "messages.html", active="messages", f=f, page=result, next_url=next_url
     )
 
 
-@dashboard.page
+@html.page
 async def message_page(request: Request) -> Response:
-    detail = await message_get(dashboard.box_of(request), _text_id(request))
+    detail = await message_get(html.box_of(request), _text_id(request))
     attempts = await sending.attempts_html(request, detail.id)
-    return await dashboard.render(
+    return await html.render(
         request, "message.html", active="messages", m=detail, attempts_html=attempts
     )
 
 
-@dashboard.action
-async def message_redeliver_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
+@html.action
+async def message_redeliver_action(request: Request, form: dict[str, str]) -> html.Notice:
     RedeliverRequest.model_validate(
         {"reason": form.get("reason") or "redelivered from the dashboard"}
     )
     result = await message_redeliver(
-        dashboard.box_of(request),
+        html.box_of(request),
         _text_id(request),
         endpoint_id=form.get("endpoint_id") or None,
     )
@@ -107,33 +105,33 @@ async def message_redeliver_action(request: Request, form: dict[str, str]) -> da
 
 async def _endpoint_switch(
     request: Request, form: dict[str, str], switch: Any, done: str
-) -> dashboard.Notice:
+) -> html.Notice:
     """Disable or enable from the dashboard: the form's reason, or what was done."""
     r = EndpointActionRequest.model_validate(
         {"reason": form.get("reason") or f"{done} from the dashboard"}
     )
     await switch(
-        dashboard.box_of(request),
+        html.box_of(request),
         _text_id(request),
-        actor=dashboard.actor_of(request),
+        actor=html.actor_of(request),
         reason=r.reason,
     )
     return f"endpoint_{done}"
 
 
-@dashboard.action
-async def endpoint_disable_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
+@html.action
+async def endpoint_disable_action(request: Request, form: dict[str, str]) -> html.Notice:
     return await _endpoint_switch(request, form, endpoint_disable, "disabled")
 
 
-@dashboard.action
-async def endpoint_enable_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
+@html.action
+async def endpoint_enable_action(request: Request, form: dict[str, str]) -> html.Notice:
     return await _endpoint_switch(request, form, endpoint_enable, "enabled")
 
 
-@dashboard.action
-async def endpoint_recover_action(request: Request, form: dict[str, str]) -> dashboard.Notice:
-    box = dashboard.box_of(request)
+@html.action
+async def endpoint_recover_action(request: Request, form: dict[str, str]) -> html.Notice:
+    box = html.box_of(request)
     now = box.clock.now()
     try:  # the CLI's forms of a time: 24h (ago), ISO 8601 (UTC unless told), epoch
         since = parse_time_or_none(form.get("since"), now)
@@ -156,7 +154,7 @@ async def endpoint_recover_action(request: Request, form: dict[str, str]) -> das
         _text_id(request),
         since=r.since,
         until=r.until,
-        actor=dashboard.actor_of(request),
+        actor=html.actor_of(request),
         reason=r.reason,
     )
     return "recovered", result.recovered

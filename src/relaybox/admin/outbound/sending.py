@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from relaybox.admin import dashboard
+from relaybox.admin import html
 from relaybox.errors import InvalidRequest, InvalidTimeSpec, NotFound
 from relaybox.ops.delivery_log import LogFilter, delivery_log, message_view
 from relaybox.outbound import endpoints
@@ -60,8 +60,8 @@ _SHARED.filters["ts"] = _ts
 _SHARED.filters["pretty"] = _pretty
 
 # The dashboard shows notices by code from its table; these are the sending views'.
-dashboard.NOTICES.setdefault("endpoint_saved", "The endpoint was saved.")
-dashboard.ERRORS.setdefault("invalid_endpoint", "The endpoint was refused: check its URL.")
+html.NOTICES.setdefault("endpoint_saved", "The endpoint was saved.")
+html.ERRORS.setdefault("invalid_endpoint", "The endpoint was refused: check its URL.")
 
 _STATUSES = ("pending", "sent", "dead", "held")
 _KINDS = (("sent", "var(--ok)"), ("failed", "var(--bad)"), ("other", "var(--muted)"))
@@ -76,7 +76,7 @@ def _macro(name: str, *args: Any) -> Markup:
 async def attempts_html(request: Request, message_id: str) -> Markup:
     """The message's attempts as the portal shows them: request (headers, body) and
     response (status, headers, first bytes)."""
-    found = await message_view(dashboard.box_of(request), message_id, None)
+    found = await message_view(html.box_of(request), message_id, None)
     if found is None:
         return Markup("")
     return Markup("").join(_macro("attempt_block", a) for a in found["attempts"])
@@ -118,9 +118,9 @@ def chart_svg(counts: list[tuple[float, str, int]], start: float, minutes: int) 
     return Markup("".join(parts))  # numbers and fixed words only
 
 
-@dashboard.page
+@html.page
 async def deliveries_page(request: Request) -> Response:
-    box, q = dashboard.box_of(request), request.query_params
+    box, q = html.box_of(request), request.query_params
     now = box.clock.now()
     try:
         since = parse_time_or_none(q.get("since"), now)
@@ -141,7 +141,7 @@ async def deliveries_page(request: Request) -> Response:
     start = (now // 60 - 59) * 60
     chart = chart_svg(await box.store.attempt_minutes(start), start, 60)
     table = _macro("delivery_table", rows, _base(request), True)
-    return await dashboard.render(
+    return await html.render(
         request,
         "deliveries.html",
         active="deliveries",
@@ -181,7 +181,7 @@ def _patterns(raw: str) -> list[str] | None:
 
 
 async def _secret_page(request: Request, endpoint_id: str, secret: str, what: str) -> Response:
-    return await dashboard.render(
+    return await html.render(
         request,
         "endpoint_secret.html",
         active="endpoints",
@@ -192,14 +192,14 @@ async def _secret_page(request: Request, endpoint_id: str, secret: str, what: st
 
 
 async def _form(request: Request) -> dict[str, str] | Response:
-    return await dashboard._checked_form(request)
+    return await html.checked_form(request)
 
 
 async def endpoint_create(request: Request) -> Response:
     form = await _form(request)
     if isinstance(form, Response):
         return form
-    box = dashboard.box_of(request)
+    box = html.box_of(request)
     tenant = form.get("tenant", "").strip()
     try:
         if not tenant or len(tenant) > 200:
@@ -212,7 +212,7 @@ async def endpoint_create(request: Request) -> Response:
         created, secret = await endpoints.create_endpoint(box, tenant, spec)
     except (InvalidEndpoint, InvalidRequest, ValueError) as exc:
         message = getattr(exc, "message", None) or str(exc)
-        return await dashboard.render(request, "error.html", status=422, message=message[:500])
+        return await html.render(request, "error.html", status=422, message=message[:500])
     return await _secret_page(request, created.id, secret, "created")
 
 
@@ -220,16 +220,16 @@ async def endpoint_rotate(request: Request) -> Response:
     form = await _form(request)
     if isinstance(form, Response):
         return form
-    box = dashboard.box_of(request)
+    box = html.box_of(request)
     secret = await endpoints.rotate_secret(box, str(request.path_params["id"]), None)
     if secret is None:
-        return await dashboard.render(request, "error.html", status=404, message="no such endpoint")
+        return await html.render(request, "error.html", status=404, message="no such endpoint")
     return await _secret_page(request, str(request.path_params["id"]), secret, "rotated")
 
 
-@dashboard.action
-async def endpoint_edit(request: Request, form: dict[str, str]) -> dashboard.Notice:
-    box = dashboard.box_of(request)
+@html.action
+async def endpoint_edit(request: Request, form: dict[str, str]) -> html.Notice:
+    box = html.box_of(request)
     found = await endpoints.get_endpoint(box, str(request.path_params["id"]), None)
     if found is None:
         raise NotFound("no such endpoint")
@@ -249,13 +249,13 @@ async def endpoint_test(request: Request) -> Response:
     form = await _form(request)
     if isinstance(form, Response):
         return form
-    box = dashboard.box_of(request)
+    box = html.box_of(request)
     found = await endpoints.get_endpoint(box, str(request.path_params["id"]), None)
     if found is None:
-        return await dashboard.render(request, "error.html", status=404, message="no such endpoint")
+        return await html.render(request, "error.html", status=404, message="no such endpoint")
     if found.status != "enabled":
         message = "the endpoint is disabled: enable it first"
-        return await dashboard.render(request, "error.html", status=409, message=message)
+        return await html.render(request, "error.html", status=409, message=message)
     try:
         async with box.store.transaction() as conn:
             message_id = (
@@ -269,7 +269,7 @@ async def endpoint_test(request: Request) -> Response:
                 )
             ).id
     except InvalidMessage as exc:
-        return await dashboard.render(request, "error.html", status=422, message=str(exc))
+        return await html.render(request, "error.html", status=422, message=str(exc))
     return RedirectResponse(f"{_base(request)}/messages/{message_id}", status_code=303)
 
 

@@ -1,8 +1,10 @@
-"""The operator dashboard: server-rendered pages (Jinja2), no JavaScript build, no
-CDN, nothing fetched from outside the machine. Reads go through the same functions
-as the JSON API (:mod:`relaybox.ops.inbound`); every action is a POST form that carries
-the session's CSRF token and answers with a redirect (post/redirect/get), so a reload
-never repeats a retry.
+"""The dashboard's toolkit: how its pages are made (server-rendered Jinja2, no
+JavaScript build, no CDN, nothing fetched from outside the machine), read and guarded,
+and its login. The pages themselves live with their side: :mod:`relaybox.admin.overview`,
+:mod:`relaybox.admin.inbound.pages`, :mod:`relaybox.admin.outbound.pages`. Reads go
+through the same operator use cases as the JSON API (:mod:`relaybox.ops`); every
+action is a POST form that carries the session's CSRF token and answers with a
+redirect (post/redirect/get), so a reload never repeats a retry.
 
 A page that shows a pending event refreshes itself every second (``<meta refresh>``):
 an operator who pressed Retry watches the worker pick it up without a script.
@@ -17,7 +19,6 @@ per client address and overall (``admin.login_failures_*``).
 
 from __future__ import annotations
 
-import difflib
 import hmac
 import json
 from collections.abc import Awaitable, Callable
@@ -26,7 +27,6 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qs, urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
-from markupsafe import Markup
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -43,26 +43,27 @@ from relaybox.admin.auth import (
 from relaybox.errors import InvalidRequest, NotFound, OpsError
 from relaybox.limits import FailureThrottle
 from relaybox.ops import inbound as ops
-from relaybox.ops import inbound_models as m
-from relaybox.timespec import TIME_FORMS
 from relaybox.wire import BodyTooLarge, HTMLAnswer, read_body, text_problem
 
 if TYPE_CHECKING:
     from relaybox.app import Relaybox
 
 __all__ = [
-    "DEAD_PAGES",
     "ERRORS",
-    "INBOX_PAGES",
     "NOTICES",
-    "OVERVIEW_PAGES",
-    "QUARANTINE_PAGES",
+    "SESSION_PAGES",
+    "Notice",
     "action",
     "actor_of",
     "box_of",
+    "checked_form",
+    "filters_of",
     "form_of",
     "login_page",
+    "next_url",
     "page",
+    "path_id",
+    "pretty",
     "render",
 ]
 
@@ -80,7 +81,7 @@ def _ts(value: float | None) -> str:
     return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _pretty(value: Any) -> str:
+def pretty(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
@@ -88,7 +89,7 @@ def _pretty(value: Any) -> str:
 
 _env.filters["ts"] = _ts
 _env.filters["age"] = ops.age_text
-_env.filters["pretty"] = _pretty
+_env.filters["pretty"] = pretty
 
 
 NOTICES: dict[str, str] = {
@@ -232,7 +233,7 @@ def page(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Aw
     return wrapped
 
 
-async def _checked_form(request: Request) -> dict[str, str] | Response:
+async def checked_form(request: Request) -> dict[str, str] | Response:
     """The form of a POST from one of the session's pages, or the page that refuses
     it (too large, text no database stores, CSRF token missing or wrong)."""
     try:
@@ -257,7 +258,7 @@ def action(
     the error's code when it failed."""
 
     async def wrapped(request: Request) -> Response:
-        form = await _checked_form(request)
+        form = await checked_form(request)
         if isinstance(form, Response):
             return form
         back = form.get("back", "")
@@ -279,13 +280,13 @@ def action(
     return wrapped
 
 
-def _filters(request: Request, model: type[BaseModel]) -> Any:
+def filters_of(request: Request, model: type[BaseModel]) -> Any:
     """Query string → filter model; empty form fields mean "no filter"."""
     raw = {k: v for k, v in request.query_params.items() if v != "" and k in model.model_fields}
     return model.model_validate(raw, context={"now": box_of(request).clock.now()})
 
 
-def _next_url(request: Request, cursor: str | None) -> str | None:
+def next_url(request: Request, cursor: str | None) -> str | None:
     if cursor is None:
         return None
     query = {k: v for k, v in request.query_params.items() if k not in ("cursor", "notice")}
@@ -293,7 +294,7 @@ def _next_url(request: Request, cursor: str | None) -> str | None:
     return f"{request.url.path}?{urlencode(query)}"
 
 
-def _path_id(request: Request) -> int:
+def path_id(request: Request) -> int:
     raw = request.path_params["id"]
     if not raw.isdigit() or len(raw) > 18:
         raise NotFound(f"{raw!r} is not a known id")
@@ -363,7 +364,7 @@ async def logout(request: Request) -> Response:
     """End the session for every process (revoked in the database), then forget the
     cookie. On a database without the sessions table the cookie is forgotten here
     but stays valid until it expires: the page says so."""
-    form = await _checked_form(request)
+    form = await checked_form(request)
     if isinstance(form, Response):
         return form
     base = _base(request)
@@ -382,226 +383,7 @@ async def logout(request: Request) -> Response:
     return response
 
 
-# -- overview -------------------------------------------------------------------
-
-
-def _chart(buckets: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stacked bars (one per minute) as SVG rectangles: no chart library needed."""
-    width, height, pad = 600, 120, 2
-    colors = {"done": "#2e7d32", "pending": "#f9a825", "dead": "#c62828", "ignored": "#90a4ae"}
-    peak = max((b["total"] for b in buckets), default=0) or 1
-    bar = width / max(len(buckets), 1)
-    rects = []
-    for i, b in enumerate(buckets):
-        y = height
-        minute = datetime.fromtimestamp(b["minute"] * 60, UTC).strftime("%H:%M")
-        for status in ("done", "ignored", "pending", "dead"):
-            n = b["by_status"].get(status, 0)
-            if not n:
-                continue
-            h = max(1.0, n / peak * (height - pad))
-            y -= h
-            rects.append(
-                {
-                    "x": round(i * bar + 0.5, 2),
-                    "y": round(y, 2),
-                    "w": round(max(bar - 1, 1), 2),
-                    "h": round(h, 2),
-                    "color": colors[status],
-                    "title": f"{minute} UTC: {n} {status}",
-                }
-            )
-    total = sum(b["total"] for b in buckets)
-    return {
-        "width": width,
-        "height": height,
-        "rects": rects,
-        "peak": peak,
-        "total": total,
-        "colors": colors,
-    }
-
-
-@page
-async def overview(request: Request) -> Response:
-    box = box_of(request)
-    stats = await ops.stats(box)
-    panels = []
-    for section in request.app.state.sections:
-        if section.overview is None:
-            continue
-        if await request.app.state.tables.missing(section.requires_tables):
-            continue
-        panel = await section.overview(box)
-        if panel is not None:
-            panels.append(panel)
-    chart = _chart(await ops.throughput(box))
-    # Silence detection's state (relaybox.silence): the watched sources and at most
-    # ten silent endpoints, whatever the number of endpoints.
-    silence = await box.store.silence_summary(limit=10)
-    return await render(
-        request,
-        "overview.html",
-        active="overview",
-        stats=stats,
-        chart=chart,
-        panels=panels,
-        unregistered=await ops.unregistered_channels(box),
-        silence=silence,
-        silent=len(silence.silent_sources) + silence.silent_endpoints,
-        now=box.clock.now(),
-    )
-
-
-# -- inbox ----------------------------------------------------------------------
-
-
-@page
-async def inbox(request: Request) -> Response:
-    f = _filters(request, m.InboxFilter)
-    result = await ops.inbox_list(box_of(request), f)
-    return await render(
-        request,
-        "inbox.html",
-        active="inbox",
-        f=f,
-        q=request.query_params,
-        time_forms=TIME_FORMS,
-        page=result,
-        next_url=_next_url(request, result.next_cursor),
-    )
-
-
-@page
-async def event(request: Request) -> Response:
-    detail = await ops.event_get(box_of(request), _path_id(request))
-    return await render(request, "event.html", active="inbox", e=detail)
-
-
-@action
-async def event_replay(request: Request, form: dict[str, str]) -> Notice:
-    r = m.ReplayRequest(reason=form.get("reason") or "replayed from the dashboard")
-    result = await ops.replay_event(
-        box_of(request), _path_id(request), actor=actor_of(request), reason=r.reason
-    )
-    return "replayed", len(result.replayed)
-
-
-# -- dead letters ---------------------------------------------------------------
-
-
-@page
-async def dead(request: Request) -> Response:
-    f = _filters(request, m.DeadFilter)
-    result = await ops.dead_list(box_of(request), f)
-    return await render(
-        request,
-        "dead.html",
-        active="dead",
-        f=f,
-        q=request.query_params,
-        time_forms=TIME_FORMS,
-        page=result,
-        next_url=_next_url(request, result.next_cursor),
-    )
-
-
-@action
-async def dead_retry(request: Request, form: dict[str, str]) -> Notice:
-    r = m.ReplayRequest(reason=form.get("reason") or "retried from the dashboard")
-    result = await ops.dead_retry(
-        box_of(request), _path_id(request), actor=actor_of(request), reason=r.reason
-    )
-    return "retried", len(result.replayed)
-
-
-@action
-async def dead_retry_all(request: Request, form: dict[str, str]) -> Notice:
-    fields = {k: v for k, v in form.items() if v and k in m.DeadRetryRequest.model_fields}
-    fields.setdefault("reason", "retried from the dashboard (all matching)")
-    result = await ops.dead_retry_many(
-        box_of(request),
-        m.DeadRetryRequest.model_validate(fields, context={"now": box_of(request).clock.now()}),
-        actor=actor_of(request),
-    )
-    return "retried", len(result.replayed)
-
-
-@action
-async def dead_discard(request: Request, form: dict[str, str]) -> Notice:
-    r = m.DiscardRequest.model_validate({"reason": form.get("reason", "")})
-    inbox_id = _path_id(request)
-    await ops.dead_discard(box_of(request), inbox_id, actor=actor_of(request), reason=r.reason)
-    return "discarded"
-
-
-# -- quarantine -----------------------------------------------------------------
-
-
-@page
-async def quarantine(request: Request) -> Response:
-    raw = dict(request.query_params)
-    f = _filters(request, m.QuarantineFilter)
-    if raw.get("resolved") == "":
-        f = f.model_copy(update={"resolved": None})
-    result = await ops.quarantine_list(box_of(request), f)
-    return await render(
-        request,
-        "quarantine.html",
-        active="quarantine",
-        f=f,
-        page=result,
-        next_url=_next_url(request, result.next_cursor),
-    )
-
-
-def _side_by_side(detail: m.QuarantineDetail) -> Markup:
-    left = _pretty(detail.original.payload).splitlines()
-    right = _pretty(detail.quarantined.payload).splitlines()
-    table = difflib.HtmlDiff(tabsize=2, wrapcolumn=70).make_table(
-        left, right, "original", "quarantined", context=False
-    )
-    return Markup(table)  # HtmlDiff escapes every line it renders
-
-
-@page
-async def quarantine_entry(request: Request) -> Response:
-    detail = await ops.quarantine_get(box_of(request), _path_id(request))
-    return await render(
-        request, "quarantine_entry.html", active="quarantine", q=detail, diff=_side_by_side(detail)
-    )
-
-
-@action
-async def quarantine_resolve(request: Request, form: dict[str, str]) -> Notice:
-    r = m.ResolveRequest.model_validate(
-        {"resolution": form.get("resolution", ""), "reason": form.get("reason", "")}
-    )
-    qid = _path_id(request)
-    await ops.quarantine_resolve(
-        box_of(request), qid, resolution=r.resolution, actor=actor_of(request), reason=r.reason
-    )
-    return "resolved"
-
-
-OVERVIEW_PAGES = (
-    Route("/", overview, methods=["GET"]),
+SESSION_PAGES = (
     Route("/login", login, methods=["GET", "POST"]),
     Route("/logout", logout, methods=["POST"]),
-)
-INBOX_PAGES = (
-    Route("/inbox", inbox, methods=["GET"]),
-    Route("/inbox/{id}", event, methods=["GET"]),
-    Route("/inbox/{id}/replay", event_replay, methods=["POST"]),
-)
-DEAD_PAGES = (
-    Route("/dead", dead, methods=["GET"]),
-    Route("/dead/retry", dead_retry_all, methods=["POST"]),
-    Route("/dead/{id}/retry", dead_retry, methods=["POST"]),
-    Route("/dead/{id}/discard", dead_discard, methods=["POST"]),
-)
-QUARANTINE_PAGES = (
-    Route("/quarantine", quarantine, methods=["GET"]),
-    Route("/quarantine/{id}", quarantine_entry, methods=["GET"]),
-    Route("/quarantine/{id}/resolve", quarantine_resolve, methods=["POST"]),
 )
