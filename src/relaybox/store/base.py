@@ -36,6 +36,7 @@ from relaybox.store.outbox import OutboxStore
 from relaybox.store.outbox_catalog import CatalogStore
 from relaybox.store.outbox_flow import FlowStore
 from relaybox.store.processing import Processing
+from relaybox.store.sessions import SessionStore
 from relaybox.store.silence import SilenceStore
 from relaybox.store.sync import SyncStore, sync_store
 
@@ -88,6 +89,7 @@ class Store(
     SilenceStore,
     FlowStore,
     CatalogStore,
+    SessionStore,
     Processing,
 ):
     """Base class of the backends. Subclasses set ``backend`` and build ``engine``."""
