@@ -25,20 +25,18 @@ late body is answered ``408`` and its request's handler sees the client gone
 When every connection the server may hold is open, a new one is not refused while
 some connection is waiting on its client (a head or a body still arriving, or idle
 between requests): the one that has waited longest is closed to make room
-(:class:`_Room`). So slow clients, however many, cannot lock out ``/healthz``, the
-dashboard or a provider's next delivery; the newcomer is refused (503) only when the
-server is working on every open connection. One client address may hold at most
-``max_connections_per_address`` connections (429 beyond).
+(:class:`relaybox.connections.Room`). So slow clients, however many, cannot lock out
+``/healthz``, the dashboard or a provider's next delivery; the newcomer is refused
+(503) only when the server is working on every open connection. One client address
+may hold at most ``max_connections_per_address`` connections (429 beyond).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import resource
 import socket
-import weakref
 from typing import Any, ClassVar
 
 import httptools
@@ -48,6 +46,7 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from relaybox.config import ServerSettings
+from relaybox.connections import address_key, room_of
 
 __all__ = [
     "STARTUP_FAILURE",
@@ -75,65 +74,6 @@ _FD_HEADROOM = 256
 
 class _HeadRefused(Exception):
     """Raised in a parser callback to stop parsing a head that is refused."""
-
-
-class _Room:
-    """What the connections of one server share: which of them wait on their client,
-    in the order they began waiting (the first is the one to close when the server
-    needs room), which linger after a refusal (closed first), and how many are open
-    per client address.
-
-    A connection waits on its client from its opening, and again from the end of each
-    answer, until its request has fully arrived (head and body); the server's turn,
-    from then until the answer is written, is never cut for room. Keeping the order
-    costs a dict removal and insertion per request; choosing whom to close, one
-    lookup.
-    """
-
-    __slots__ = ("closing", "lingering", "per_address", "waiting")
-
-    def __init__(self) -> None:
-        self.waiting: dict[BoundedHttpToolsProtocol, None] = {}
-        self.lingering: dict[BoundedHttpToolsProtocol, None] = {}
-        self.per_address: dict[str, int] = {}
-        self.closing = 0  # closed to make room, their connection_lost still to come
-
-    def make_room(self) -> bool:
-        """Close the connection that lingers longest after a refusal, or else the one
-        that has waited longest on its client; ``False`` when none does."""
-        for pool in (self.lingering, self.waiting):
-            if pool:
-                next(iter(pool))._evict()
-                return True
-        return False
-
-
-_rooms: weakref.WeakKeyDictionary[Any, _Room] = weakref.WeakKeyDictionary()
-
-
-def _room(server_state: Any) -> _Room:
-    room = _rooms.get(server_state)
-    if room is None:
-        room = _rooms[server_state] = _Room()
-    return room
-
-
-def address_key(client: tuple[str, int] | None) -> str | None:
-    """The address a client's connections are counted under: its IPv4 address, or the
-    /64 network of an IPv6 one (one host or site usually has a whole /64, so counting
-    single IPv6 addresses would cap nothing)."""
-    if client is None:
-        return None
-    host = client[0]
-    if ":" not in host:
-        return host
-    try:
-        ip = ipaddress.IPv6Address(host.partition("%")[0])
-    except ValueError:
-        return host
-    if ip.ipv4_mapped is not None:
-        return str(ip.ipv4_mapped)
-    return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -165,7 +105,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         limits = self.limits
-        self._room = _room(server_state)
+        self._room = room_of(server_state)
         self._address: str | None = None
         self._evicted = False
         self._max_head = limits.max_header_bytes

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from relaybox.server import address_key
+from relaybox.connections import address_key
 
 
 def test_ipv4_addresses_are_counted_one_by_one() -> None:
