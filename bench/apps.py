@@ -311,7 +311,7 @@ def relaybox_nostore_app() -> Any:
     """relaybox's receiver, everything but the storage: the same routing, verification,
     parsing and answer, the acceptor replaced."""
     receiver = relaybox_app()
-    receiver.box._acceptor = _NoStoreAcceptor()
+    receiver.inbound._acceptor = _NoStoreAcceptor()
     return receiver
 
 

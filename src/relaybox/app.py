@@ -1,5 +1,8 @@
-"""The ``Relaybox`` facade: settings, store, sources, handlers; builds the ASGI app
-and the runners.
+"""The ``Relaybox`` facade, the composition root: it reads the settings, opens the
+store and builds the two sides (:class:`~relaybox.inbound.registry.Inbound`: sources,
+handlers, acceptor; :class:`~relaybox.outbound.registry.Outbound`: channels, guard,
+vault), hands each part what it needs, and runs the roles. What a side does lives in
+that side; the methods here register, delegate or start.
 
     box = Relaybox("sqlite:///relaybox.db")
     box.source("stripe", sources.stripe(secrets=["whsec_..."], account="acct_123"))
@@ -14,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import gc
-import inspect
 import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,15 +28,15 @@ import structlog
 from relaybox.clock import Clock, ClockGuard, DatabaseClock
 from relaybox.config import Settings, load_settings
 from relaybox.errors import TABLES_MISSING, ConfigurationError
-from relaybox.inbound.accept import Acceptor
-from relaybox.inbound.probes import AcceptHooks
 from relaybox.inbound.receiver import Receiver
+from relaybox.inbound.registry import H, Inbound
 from relaybox.log import short_error
 from relaybox.metrics import Metrics
+from relaybox.outbound.announce import announcer
 from relaybox.outbound.probes import DispatchHooks
-from relaybox.sources.base import Source, check_subject_path
-from relaybox.sources.bodies import BodyLimits
-from relaybox.store import AcceptOutcome, NewDelivery, Store, check_database_url, open_store
+from relaybox.outbound.registry import Outbound
+from relaybox.sources.base import Source
+from relaybox.store import Store, check_database_url, open_store
 from relaybox.worker import Context, Handler, Hooks, Registration, Worker
 from relaybox.worker.context import SyncHandler
 
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
     from relaybox.outbound.catalog import EventType
     from relaybox.outbound.dispatcher import Dispatcher
     from relaybox.outbound.portal_links import PortalLink
-    from relaybox.outbound.registry import Outbound
     from relaybox.retention import Maintenance
     from relaybox.silence import SilenceWatch
     from relaybox.store.erasure import Erasure
@@ -58,9 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ROLES", "Relaybox"]
 
-H = TypeVar("H", bound=Handler | SyncHandler)
 R = TypeVar("R", bound="Callable[[Relaybox], Awaitable[Any]]")
-"""A handler: ``async def`` (:data:`Handler`) or plain ``def`` (:data:`SyncHandler`)."""
 
 ROLES = ("receiver", "api", "admin", "worker", "dispatcher", "maintenance")
 """Every role ``relaybox serve`` can run; all are on by default."""
@@ -89,9 +87,10 @@ class Relaybox:
         clock: Clock | None = None,
         sync_transaction: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
-        self.settings = settings or load_settings(config)
+        chosen = settings or load_settings(config)
         if database_url is not None:
-            self.settings = self.settings.model_copy(update={"database_url": database_url})
+            chosen = chosen.model_copy(update={"database_url": database_url})
+        self._settings = chosen
         # The database's clock on PostgreSQL (several hosts compare holds and leases),
         # kept read by clock_guard; this host's on SQLite or before the first read.
         self.clock: Clock = clock or DatabaseClock()
@@ -100,16 +99,17 @@ class Relaybox:
         # Where tests wait or inject faults: the worker's COMMITs, the acceptor's, a
         # delivery's attempt and its recorded outcome. Empty in production.
         self.hooks: Hooks = Hooks()
-        self.accept_hooks = AcceptHooks()
         self.dispatch_hooks = DispatchHooks()
-        self.sources: dict[str, Source] = {}
-        self._handlers: list[Registration] = []
+        # The two sides, built once: the sending side first, whose announcer the
+        # receiving side tells operational events through.
+        self.outbound = Outbound(self, chosen.outbound)
+        self.inbound = Inbound(self, announce=announcer(self))
+        self.accept_hooks = self.inbound.accept_hooks
+        self.sources: dict[str, Source] = self.inbound.sources
         self._on_ready: list[Callable[[Relaybox], Awaitable[Any]]] = []
         self._ready_ran = False
         self._store: Store | None = None
-        self._acceptor: Acceptor | None = None
         self._heap_frozen = False
-        self._inline_worker: Worker | None = None
         self._background: list[asyncio.Task[None]] = []
         self._clock_task: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -121,7 +121,7 @@ class Relaybox:
         self.sync_transaction: Callable[[], contextlib.AbstractContextManager[Any]] = (
             sync_transaction or self._default_sync_transaction
         )
-        self.receiver = Receiver(self)
+        self.receiver = Receiver(self, self.inbound)
         if self.settings.sources:
             from relaybox import sources as _sources
 
@@ -132,6 +132,19 @@ class Relaybox:
                     raise ConfigurationError(f"[sources.{name}]: {exc}") from None
 
     # -- configuration --------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        """New settings (``configure``, the CLI's ``--database-url``, a test harness);
+        the sending side takes its part of them when that part changed."""
+        changed = settings.outbound != self._settings.outbound
+        self._settings = settings
+        if changed:
+            self.outbound.replace(settings.outbound)
 
     def configure(self, settings: Settings) -> None:
         """Apply the settings that ``settings`` sets explicitly (a TOML file's keys and
@@ -152,24 +165,7 @@ class Relaybox:
 
     def source(self, name: str, source: Source) -> Source:
         """Register ``source`` under ``name``: it answers ``POST /webhooks/{name}``."""
-        if not name or "/" in name:
-            raise ConfigurationError(f"invalid source name {name!r}")
-        source.name = name
-        if source.subject_path is not None:
-            erasure = self.settings.erasure
-            check_subject_path(
-                source.subject_path,
-                max_depth=erasure.path_max_depth,
-                max_chars=erasure.path_max_chars,
-            )
-        bodies = self.settings.bodies
-        source.body_limits = BodyLimits(
-            max_fields=bodies.max_fields,
-            max_xml_depth=bodies.max_xml_depth,
-            max_xml_elements=bodies.max_xml_elements,
-        )
-        self.sources[name] = source
-        return source
+        return self.inbound.source(name, source)
 
     def handler(
         self,
@@ -196,17 +192,9 @@ class Relaybox:
         not ask for is released with the COMMIT: the key is recorded exactly when the
         handler's ``ctx.once()`` says True, as without a declaration."""
 
-        def register(fn: H) -> H:
-            sync = not (
-                inspect.iscoroutinefunction(fn)
-                or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
-            )
-            self._handlers.append(
-                Registration(source, event_type, fn, business_key, fingerprint, sync)
-            )
-            return fn
-
-        return register
+        return self.inbound.handler(
+            source, event_type, business_key=business_key, fingerprint=fingerprint
+        )
 
     def on_ready(self, fn: R) -> R:
         """Register ``async def fn(box)`` to run once the database answers and
@@ -224,18 +212,16 @@ class Relaybox:
             await fn(self)
 
     def handler_for(self, source: str, event_type: str) -> Handler | SyncHandler | None:
-        found = self.registration_for(source, event_type)
-        return None if found is None else found.handler
+        """The handler that runs for ``(source, event_type)``, if any."""
+        return self.inbound.handler_for(source, event_type)
 
     def registration_for(self, source: str, event_type: str) -> Registration | None:
         """The registration whose handler runs for ``(source, event_type)``."""
-        matches = [
-            (r.source.count("*") + r.event_type.count("*"), i, r)
-            for i, r in enumerate(self._handlers)
-            if fnmatch.fnmatchcase(source, r.source)
-            and fnmatch.fnmatchcase(event_type, r.event_type)
-        ]
-        return min(matches, key=lambda m: (m[0], m[1]))[2] if matches else None
+        return self.inbound.registration_for(source, event_type)
+
+    @property
+    def _handlers(self) -> list[Registration]:
+        return self.inbound.handlers
 
     # -- parts ----------------------------------------------------------------
 
@@ -253,28 +239,10 @@ class Relaybox:
             self._store = open_store(s.database_url, worker_chains=s.worker.concurrency, **sizes)
         return self._store
 
-    @property
-    def acceptor(self) -> Acceptor:
-        if self._acceptor is None:
-            self._acceptor = Acceptor(
-                self.store,
-                timeout=self.settings.accept_timeout,
-                committers=self.settings.accept_committers,
-                hooks=self.accept_hooks,
-            )
-        return self._acceptor
-
     def worker(self, **options: Any) -> Worker:
         worker = Worker(self, **options)
         self._made.add(worker)  # close() waits for its chains to give connections back
         return worker
-
-    @property
-    def outbound(self) -> Outbound:
-        """The sending side: settings, SSRF guard, channels (:mod:`relaybox.outbound`)."""
-        from relaybox.outbound import outbound
-
-        return outbound(self)
 
     def dispatcher(self, **options: Any) -> Dispatcher:
         """The outbox dispatcher (``relaybox dispatch``)."""
@@ -371,12 +339,9 @@ class Relaybox:
     async def announce(
         self, conn: Any, event_type: str, data: Any, *, key: str | None = None
     ) -> None:
-        """Publish an operational event (``relaybox.…``) to the operational tenant in
-        ``conn``'s transaction (:mod:`relaybox.outbound.announce`); ``key``: once per
-        key. How the receiving side, which does not import the sending side, tells."""
-        from relaybox.outbound.announce import emit
-
-        await emit(self, conn, event_type, data, key=key)
+        """Publish an operational event (``relaybox.…``) in ``conn``'s transaction
+        (:attr:`Inbound.announce`, the sending side's announcer)."""
+        await self.inbound.announce(conn, event_type, data, key=key)
 
     def publish_sync(
         self,
@@ -448,32 +413,6 @@ class Relaybox:
         self.webhooks_doc = openapi_webhooks(types, api_version=self.outbound.settings.api_version)
         return self.webhooks_doc
 
-    async def accept_inline(self, delivery: NewDelivery) -> AcceptOutcome:
-        """Inline mode: store the delivery and run its handler in one transaction.
-
-        A failing handler rolls back only its own savepoint: the delivery still
-        commits as pending (with the error recorded) for the worker, so nothing is
-        lost and the sender still gets its 2xx after the COMMIT.
-        """
-        if self._inline_worker is None:
-            self._inline_worker = Worker(self, name="inline")
-        store = self.store
-        result = None
-        async with store.transaction() as conn:
-            [outcome] = await store.inbox_insert(conn, [delivery])
-            registration = self.registration_for(delivery.source, delivery.event_type)
-            # A plain-def handler runs later, in the worker's synchronous transaction.
-            if outcome.status == "accepted" and (registration is None or not registration.sync):
-                [event] = await store.inbox_lock(conn, [outcome.inbox_id])
-                result = await self._inline_worker.process(conn, event)
-                if result.kind == "done":
-                    await store.inbox_complete(conn, [event.id], self.clock.now())
-        if result is not None and result.outbox_created:
-            store.wake("outbox")
-        if self.accept_hooks.after_commit:
-            await self.accept_hooks.committed([(delivery, outcome)])
-        return outcome
-
     # -- running --------------------------------------------------------------
 
     @property
@@ -518,7 +457,7 @@ class Relaybox:
         database down the server still starts, and answers 503 until it is back."""
         try:
             async with asyncio.timeout(self.settings.accept_timeout):
-                await self.store.warm_accept(self.acceptor.committers)
+                await self.store.warm_accept(self.inbound.acceptor.committers)
         except Exception as exc:  # logged; requests get 503 until the database answers
             log.warning("receiver_warm_failed", error=short_error(exc))
 
@@ -537,8 +476,8 @@ class Relaybox:
                 self._workers.append(runner)
                 if isinstance(runner, Worker) and self.settings.worker.handoff:
                     # A receiver in this process hands its new rows to this worker.
-                    if self.acceptor.handoff is None:
-                        self.acceptor.handoff = runner
+                    if self.inbound.acceptor.handoff is None:
+                        self.inbound.acceptor.handoff = runner
                 self._background.append(asyncio.create_task(runner.run(), name=f"relaybox-{role}"))
             if role == "maintenance":
                 watch = self.silence_watch()
@@ -703,9 +642,7 @@ class Relaybox:
         self._workers.clear()
         for made in list(self._made):
             await made.drain()
-        if self._acceptor is not None:
-            await self._acceptor.close()
-            self._acceptor = None
+        await self.inbound.close()
         if self._store is not None:
             await self._store.close()
             self._store = None

@@ -1,17 +1,20 @@
 """What the parts of relaybox need from the application: :class:`Runtime`, and the
 receiving side's wider :class:`InboundRuntime`, :class:`WorkerRuntime` and
-:class:`ReceiverRuntime`.
+:class:`ReceiverRuntime`; :class:`Announce`, how the receiving side tells operational
+events without importing the sending side.
 
 A part (the operator use cases, the sending side's services, the dispatcher, the
 recorder, retention, replay, metrics, projections, reconciliation) takes a
-``Runtime``: the store, the clock, the settings and the metrics, nothing else. The
-parts of the receiving side that need more name exactly what: recovery the sources
-(:class:`InboundRuntime`); the worker and the handlers' contexts the handler
-registry, the test hooks, the clock guard, operational events and synchronous
-transactions (:class:`WorkerRuntime`); the receiver the acceptor, inline
-acceptance, operational events and the lifespan (:class:`ReceiverRuntime`).
-:class:`relaybox.Relaybox` is all of them (it wires and runs the parts); a test or an
-embedding may pass any object with the members named.
+``Runtime``: the store, the clock, the settings, the metrics and the sending side
+(``outbound``, built with the box), nothing else. The parts of the receiving side that
+need more name exactly what: recovery the sources (:class:`InboundRuntime`); the
+worker and the handlers' contexts the handler registry, the test hooks, the clock
+guard, operational events and synchronous transactions (:class:`WorkerRuntime`); the
+receiver the lifespan (:class:`ReceiverRuntime`), and the receiving side
+(:class:`relaybox.inbound.registry.Inbound`: sources, acceptor, inline acceptance,
+announcer) passed to it. :class:`relaybox.Relaybox` is all of them (it assembles the
+parts and runs them); a test or an embedding may pass any object with the members
+named.
 
 The types these protocols name are imported for annotations only: this module
 imports nothing of relaybox when it runs, so every part may import it.
@@ -26,17 +29,27 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from relaybox.clock import Clock, ClockGuard
     from relaybox.config import Settings
-    from relaybox.inbound.accept import Acceptor
     from relaybox.metrics import Metrics
+    from relaybox.outbound.registry import Outbound
     from relaybox.sources.base import Source
-    from relaybox.store import AcceptOutcome, NewDelivery, Store
+    from relaybox.store import Store
     from relaybox.worker.context import Hooks, Registration
 
-__all__ = ["InboundRuntime", "ReceiverRuntime", "Runtime", "WorkerRuntime"]
+__all__ = ["Announce", "InboundRuntime", "ReceiverRuntime", "Runtime", "WorkerRuntime"]
+
+
+class Announce(Protocol):
+    """Publishes an operational event (``relaybox.…``) in ``conn``'s transaction;
+    ``key``: once per key (:func:`relaybox.outbound.announce.announcer`)."""
+
+    async def __call__(
+        self, conn: Any, event_type: str, data: Any, *, key: str | None = None
+    ) -> None: ...
 
 
 class Runtime(Protocol):
-    """The store, the clock, the settings and the metrics of one application."""
+    """The store, the clock, the settings, the metrics and the sending side of one
+    application."""
 
     @property
     def store(self) -> Store: ...
@@ -49,6 +62,11 @@ class Runtime(Protocol):
 
     @property
     def metrics(self) -> Metrics: ...
+
+    @property
+    def outbound(self) -> Outbound:
+        """The sending side: its settings, channels, SSRF guard and vault."""
+        ...
 
 
 class InboundRuntime(Runtime, Protocol):
@@ -95,23 +113,9 @@ class WorkerRuntime(InboundRuntime, Protocol):
         ...
 
 
-class ReceiverRuntime(InboundRuntime, Protocol):
-    """What the receiver uses besides an :class:`InboundRuntime`."""
-
-    @property
-    def acceptor(self) -> Acceptor:
-        """Stores deliveries, several requests' in one transaction."""
-        ...
-
-    async def accept_inline(self, delivery: NewDelivery) -> AcceptOutcome:
-        """Stores ``delivery`` and runs its handler in one transaction."""
-        ...
-
-    async def announce(
-        self, conn: Any, event_type: str, data: Any, *, key: str | None = None
-    ) -> None:
-        """Publish an operational event (``relaybox.…``) in ``conn``'s transaction."""
-        ...
+class ReceiverRuntime(Runtime, Protocol):
+    """What the receiver uses besides a :class:`Runtime` and the receiving side it is
+    given."""
 
     def running(
         self, roles: tuple[str, ...] | list[str] | None = None, *, receiver: bool = True

@@ -82,10 +82,10 @@ async def test_new_rows_run_in_their_receivers_process_without_a_claim(box: Rela
 
     claimed = claims_seen(box)
     async with box.running(roles=("worker",)):
-        assert box.acceptor.handoff is not None
+        assert box.inbound.acceptor.handoff is not None
         outcomes = await asyncio.gather(
-            *(box.acceptor.accept(delivery(box, f"e{n}")) for n in range(40)),
-            box.acceptor.accept(delivery(box, "skipped", ignored=True)),
+            *(box.inbound.acceptor.accept(delivery(box, f"e{n}")) for n in range(40)),
+            box.inbound.acceptor.accept(delivery(box, "skipped", ignored=True)),
         )
         assert [o.status for o in outcomes] == ["accepted"] * 40 + ["ignored"]
 
@@ -115,7 +115,7 @@ async def test_rows_taken_at_accept_are_held_from_other_workers(box: Relaybox, p
     other = make_box(pg_url)
     try:
         async with box.running(roles=("worker",)):
-            accepted = asyncio.create_task(box.acceptor.accept(delivery(box, "held")))
+            accepted = asyncio.create_task(box.inbound.acceptor.accept(delivery(box, "held")))
             await asyncio.wait_for(entered.wait(), 10)
             await accepted
             row = (await inbox(box))["held"]
@@ -147,11 +147,11 @@ async def test_a_duplicate_or_a_failed_insert_gives_the_room_back(box: Relaybox)
         ran.append(ctx.event.event_id)
 
     worker = box.worker()  # its chains only: no claim loop runs
-    box.acceptor.handoff = worker
+    box.inbound.acceptor.handoff = worker
     room = worker._offer_room()
-    await box.acceptor.accept(delivery(box, "first"))
+    await box.inbound.acceptor.accept(delivery(box, "first"))
     await wait_until(lambda: _status(box, "first", "done"), within=10, what="the row done")
-    outcome = await box.acceptor.accept(delivery(box, "first"))
+    outcome = await box.inbound.acceptor.accept(delivery(box, "first"))
     assert outcome.status == "duplicate"
     await worker.drain()
     assert ran == ["first"]
@@ -165,7 +165,7 @@ async def test_a_duplicate_or_a_failed_insert_gives_the_room_back(box: Relaybox)
     box.store.inbox_accept = refused  # type: ignore[method-assign]
     second = delivery(box, "second")
     with pytest.raises(Exception, match="unavailable"):
-        await box.acceptor.accept(second)
+        await box.inbound.acceptor.accept(second)
     assert len(worker._ready) == 0 and worker._reserved == 0
     assert second.held_until is None  # a part committed again is offered afresh
 
@@ -176,7 +176,7 @@ async def test_nothing_is_taken_when_off_stopping_or_full(box: Relaybox, pg_url:
     off = make_box(pg_url, handoff=False)
     try:
         async with off.running(roles=("worker",)):
-            assert off.acceptor.handoff is None
+            assert off.inbound.acceptor.handoff is None
     finally:
         await off.close()
 

@@ -236,12 +236,12 @@ async def test_acceptor_isolates_a_row_the_database_refuses(database_url: str) -
         rows = [delivery(f"evt_{i}") for i in range(60)]
         rows.insert(30, delivery("evt_bad", "type-\ud800"))
         results = await asyncio.gather(
-            *(box.acceptor.accept(row) for row in rows), return_exceptions=True
+            *(box.inbound.acceptor.accept(row) for row in rows), return_exceptions=True
         )
         bad = results.pop(30)
         assert isinstance(bad, StoreUnavailable), bad
         assert [getattr(r, "status", r) for r in results] == ["accepted"] * 60
-        again = await box.acceptor.accept(delivery("evt_7"))
+        again = await box.inbound.acceptor.accept(delivery("evt_7"))
         assert again.status == "duplicate"
     finally:
         await box.close()

@@ -328,7 +328,7 @@ async def test_startup_opens_the_accept_connections_before_the_first_request() -
                 " WHERE datname = current_database() AND application_name = 'relaybox'"
                 " AND pid <> pg_backend_pid()"
             )
-            assert backends[0]["n"] >= box.acceptor.committers == 3
+            assert backends[0]["n"] >= box.inbound.acceptor.committers == 3
             assert await box.store.fetch_all("SELECT id FROM relaybox_inbox") == []
             async with aiohttp.ClientSession(server.url) as http:
                 body, headers = stripe_delivery(invoice_paid("evt_after_warm"))

@@ -333,7 +333,7 @@ _EXAMPLE_TIME = 1_700_000_000.0
 def _handled_type(box: Relaybox, source_name: str) -> str | None:
     """The first event type the app has a handler for on this source (no wildcard), so
     that ``send-test`` exercises a handler; ``None`` leaves the provider's example."""
-    for src, typ, *_ in getattr(box, "_handlers", ()):
+    for src, typ, *_ in box.inbound.handlers:
         if fnmatch.fnmatchcase(source_name, src) and not any(c in typ for c in "*?["):
             return str(typ)
     return None

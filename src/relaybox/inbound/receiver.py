@@ -41,6 +41,7 @@ from relaybox.wire import json_as_is
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
+    from relaybox.inbound.registry import Inbound
     from relaybox.runtime import ReceiverRuntime
     from relaybox.sources.base import Source
 
@@ -59,10 +60,12 @@ _DROP_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 
 
 class Receiver:
-    """ASGI app answering ``POST /{source}`` relative to where it is mounted."""
+    """ASGI app answering ``POST /{source}`` relative to where it is mounted, for the
+    sources of ``inbound``, storing through its acceptor (or inline acceptance)."""
 
-    def __init__(self, box: ReceiverRuntime) -> None:
+    def __init__(self, box: ReceiverRuntime, inbound: Inbound) -> None:
         self.box = box
+        self.inbound = inbound
         self._verify_pool: ThreadPoolExecutor | None = None
         # (root path, path) -> source name, for paths naming a registered source: the
         # same few paths come again and again (~30 of a request's Python opcodes).
@@ -112,10 +115,10 @@ class Receiver:
         route = (scope.get("root_path", ""), scope.get("path", ""))
         name = self._names.get(route)
         if name is not None:
-            source = self.box.sources.get(name)
+            source = self.inbound.sources.get(name)
         else:
             name = _source_name(scope)
-            source = self.box.sources.get(name) if name else None
+            source = self.inbound.sources.get(name) if name else None
             if source is not None and name is not None and len(self._names) < _ROUTES_KEPT:
                 self._names[route] = name
         if source is None:
@@ -215,16 +218,16 @@ class Receiver:
         try:
             if not span.is_recording():  # off, or not sampled: no span object
                 outcome = await (
-                    self.box.accept_inline(delivery)
+                    self.inbound.accept_inline(delivery)
                     if inline
-                    else self.box.acceptor.accept(delivery)
+                    else self.inbound.acceptor.accept(delivery)
                 )
             else:
                 with tracing.span("relaybox.accept") as accepting:
                     outcome = await (
-                        self.box.accept_inline(delivery)
+                        self.inbound.accept_inline(delivery)
                         if inline
-                        else self.box.acceptor.accept(delivery)
+                        else self.inbound.acceptor.accept(delivery)
                     )
                     accepting.set_attributes(
                         {
@@ -276,7 +279,7 @@ class Receiver:
         }
         key = f"inbox.quarantined:{inbox_id}:{delivery.fingerprint.hex()}"
         async with self.box.store.transaction() as conn:
-            await self.box.announce(conn, "relaybox.inbox.quarantined", data, key=key)
+            await self.inbound.announce(conn, "relaybox.inbox.quarantined", data, key=key)
 
 
 async def _lifespan(box: ReceiverRuntime, receive: Receive, send: Send) -> None:

@@ -22,10 +22,11 @@ exactly when the change does. The exceptions are an inbox event dead-lettered by
 claim (its worker died during its last attempt) and a quarantined delivery: the
 statements that write those run outside any transaction relaybox could add to, so
 their event follows in a transaction of its own right after. The receiving side
-(``relaybox.worker``, ``relaybox.inbound.receiver``) does not import this module: it
-publishes through :meth:`Relaybox.announce`. Deliveries to the operational tenant's
-own endpoints raise no ``message.attempt.exhausted`` (an operator endpoint that is
-down would otherwise feed itself). For the same reason a received event of one of
+(``relaybox.inbound``) does not import this module: it publishes through the
+:func:`announcer` the composition root passes it (``box.inbound.announce``).
+Deliveries to the operational tenant's own endpoints raise no
+``message.attempt.exhausted`` (an operator endpoint that is down would otherwise
+feed itself). For the same reason a received event of one of
 these types that goes to dead letters raises no ``relaybox.inbox.dead``: an
 application that receives its operational events through its own receiver (a
 Standard Webhooks source holding its operator endpoint's secret) would otherwise
@@ -45,11 +46,12 @@ from relaybox.outbound.registry import outbound
 
 if TYPE_CHECKING:
     from relaybox.outbound.channels.base import Result
-    from relaybox.runtime import Runtime
+    from relaybox.runtime import Announce, Runtime
     from relaybox.store.outbox_rows import Delivery
 
 __all__ = [
     "EVENT_TYPES",
+    "announcer",
     "attempt_exhausted",
     "emit",
     "endpoint_failing",
@@ -83,6 +85,17 @@ async def emit(
         return
     tenant = outbound(box).settings.operational_tenant
     await publish(box, conn, event_type, data, tenant=tenant, idempotency_key=key)
+
+
+def announcer(box: Runtime) -> Announce:
+    """:func:`emit` for ``box``: what the receiving side is given to tell with."""
+
+    async def announce(
+        conn: AsyncConnection, event_type: str, data: Any, *, key: str | None = None
+    ) -> None:
+        await emit(box, conn, event_type, data, key=key)
+
+    return announce
 
 
 def _operational(data: Any) -> bool:

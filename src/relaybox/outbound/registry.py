@@ -6,15 +6,15 @@ the registered channels and their metrics, and the tenants' publish rate limit.
     outbound = configure(box, timeout=5)                 # settings (see OutboundSettings)
     outbound.channel("email", EmailChannel(host="smtp.internal", sender="no-reply@x"))
 
-State is kept per box in a weak mapping, so the facade needs no attribute for it and
-a box that goes away takes its channels with it.
+The composition root builds one with the box (``box.outbound``), from the box's
+settings; :func:`outbound` and :func:`configure` reach it from any part that holds a
+:class:`~relaybox.runtime.Runtime`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     from relaybox.runtime import Runtime
 
 __all__ = ["Outbound", "PublishLimited", "configure", "key_file_path", "outbound"]
-
-_boxes: weakref.WeakKeyDictionary[Runtime, Outbound] = weakref.WeakKeyDictionary()
 
 
 class PublishLimited(RelayboxError):
@@ -89,7 +87,12 @@ class Outbound:
     def update(self, *, resolver: Resolver | None = None, **changes: Any) -> Outbound:
         """Change settings (validated as a whole) and, for tests, the DNS resolver."""
         merged = {**self.settings.model_dump(), **changes}
-        self.settings = OutboundSettings.model_validate(merged)
+        return self.replace(OutboundSettings.model_validate(merged), resolver=resolver)
+
+    def replace(self, settings: OutboundSettings, *, resolver: Resolver | None = None) -> Outbound:
+        """Take ``settings`` instead of the current ones (the box's settings changed:
+        ``box.configure``, a test harness)."""
+        self.settings = settings
         self._schedules.clear()
         self._vault = None
         # The guard is shared by every channel's client: change it in place.
@@ -215,14 +218,8 @@ def _in_memory(database_url: str) -> bool:
 
 
 def outbound(box: Runtime) -> Outbound:
-    """The box's sending side, created on first use from ``box.settings.outbound``
-    when the settings carry one, else from the defaults."""
-    found = _boxes.get(box)
-    if found is None:
-        configured = getattr(box.settings, "outbound", None)
-        settings = configured if isinstance(configured, OutboundSettings) else OutboundSettings()
-        found = _boxes[box] = Outbound(box, settings)
-    return found
+    """The box's sending side (``box.outbound``)."""
+    return box.outbound
 
 
 def configure(box: Runtime, *, resolver: Resolver | None = None, **settings: Any) -> Outbound:
