@@ -1,6 +1,7 @@
 """The sending side's operator reads and actions, shared by the admin API, the dashboard
 and the CLI: endpoints with their health and recent attempts, Disable, Enable and
-Recover; messages with their deliveries and attempts, and Redeliver."""
+Recover, their headers and credentials; messages with their deliveries and attempts,
+and Redeliver; the operational events."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from relaybox.errors import Conflict, InvalidRequest, NotFound
+from relaybox.errors import Conflict, InvalidRequest, NotFound, OpsError
 from relaybox.ops import inbound as ops
 from relaybox.ops.outbound_models import (
     BlockedKeyInfo,
     Delivery,
+    EndpointAccess,
     EndpointActionResult,
     EndpointAttempt,
     EndpointDetail,
@@ -32,12 +34,16 @@ from relaybox.ops.outbound_models import (
     MessageFilter,
     MessagePage,
     MessageSummary,
+    OperationalEvent,
+    OperationalEventList,
     RecoverResult,
     RedeliverResult,
 )
 from relaybox.store.outbox_rows import EndpointBacklog, EndpointHealth
 
 if TYPE_CHECKING:
+    from relaybox.outbound.credentials import CredentialsSpec
+    from relaybox.outbound.endpoints import EndpointPatch
     from relaybox.runtime import Runtime
 
 
@@ -318,6 +324,80 @@ async def endpoint_recover(
         endpoint_id=endpoint_id,
         recovered=n or 0,
         message=f"{n or 0} dead deliver(ies) of {endpoint_id} created {window} queued again",
+    )
+
+
+# -- operational events, an endpoint's headers and credentials ---------------------
+
+
+class InvalidEndpointSettings(OpsError):
+    """Headers or credentials relaybox refuses (422)."""
+
+    status = 422
+    code = "invalid_endpoint"
+
+
+class SecretsUnavailable(OpsError):
+    """No key to seal credentials with (``outbound.secrets_key``; 503)."""
+
+    status = 503
+    code = "secrets_unavailable"
+
+
+async def operational_event_list(box: Runtime, *, limit: int = 50) -> OperationalEventList:
+    """The most recent operational events (:mod:`relaybox.outbound.announce`), newest
+    first."""
+    from relaybox.outbound.announce import operational_events
+
+    found = await operational_events(box, limit=limit)
+    items = [
+        OperationalEvent(
+            id=m.id, event_type=m.event_type, created_at=m.created_at, data=m.envelope["data"]
+        )
+        for m in found
+    ]
+    return OperationalEventList(tenant=box.outbound.settings.operational_tenant, items=items)
+
+
+async def endpoint_set_headers(
+    box: Runtime, endpoint_id: str, headers: dict[str, str]
+) -> EndpointAccess:
+    """Replace an endpoint's custom request headers (what the tenant API's ``PATCH``
+    and ``relaybox endpoints headers`` set)."""
+    from relaybox.outbound.endpoints import EndpointPatch
+
+    return await _change_access(box, endpoint_id, EndpointPatch(headers=headers))
+
+
+async def endpoint_set_credentials(
+    box: Runtime, endpoint_id: str, credentials: CredentialsSpec
+) -> EndpointAccess:
+    """Set or remove an endpoint's HTTP credentials, sealed; the answer says which
+    kind is set, never the credentials."""
+    from relaybox.outbound.endpoints import EndpointPatch
+
+    return await _change_access(box, endpoint_id, EndpointPatch(credentials=credentials))
+
+
+async def _change_access(box: Runtime, endpoint_id: str, patch: EndpointPatch) -> EndpointAccess:
+    from relaybox.outbound.endpoints import InvalidEndpoint, update_endpoint
+    from relaybox.outbound.vault import SecretsLocked
+
+    found = await _endpoint_or_404(box, endpoint_id)
+    try:
+        updated = await update_endpoint(box, found.id, found.tenant, patch)
+    except InvalidEndpoint as exc:
+        raise InvalidEndpointSettings(str(exc)) from None
+    except SecretsLocked as exc:  # the operator's key is missing or wrong
+        raise SecretsUnavailable(str(exc)) from None
+    if updated is None:
+        raise NotFound(f"no endpoint {endpoint_id}")
+    shown = updated.to_json()
+    return EndpointAccess(
+        id=updated.id,
+        tenant=updated.tenant,
+        headers=shown["headers"],
+        credentials=shown["credentials"],
     )
 
 

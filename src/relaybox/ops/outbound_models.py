@@ -1,5 +1,6 @@
 """The admin API's models of the sending side: endpoints, messages, deliveries,
-attempts, event types and the actions' requests and answers."""
+attempts, event types, operational events, an endpoint's headers and credentials, and
+the actions' requests and answers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from relaybox.ops.inbound_models import RequestModel
+from relaybox.outbound.credentials import CredentialsSpec
 from relaybox.timespec import TIME_FORMS, TimeSpec
 
 if TYPE_CHECKING:
@@ -209,3 +211,41 @@ class ReleaseKeyResult(_Model):
     ordering_key: str
     released: int = Field(description="dead deliveries that held the key (they stay dead)")
     message: str
+
+
+# -- operational events, an endpoint's headers and credentials -----------------
+
+
+class EventFilter(RequestModel):
+    limit: int = Field(50, ge=1, le=500)
+
+
+class OperationalEvent(_Model):
+    id: str
+    event_type: str
+    created_at: float
+    data: Any = Field(
+        description="the event's payload (docs/howto/operational-events.md lists each)"
+    )
+
+
+class OperationalEventList(_Model):
+    tenant: str = Field(description="the operational tenant the events are published to")
+    items: list[OperationalEvent]
+
+
+class HeadersRequest(RequestModel):
+    headers: dict[str, str] = Field(description="the endpoint's custom headers ({}: none)")
+
+
+class CredentialsRequest(RequestModel):
+    credentials: CredentialsSpec
+
+
+class EndpointAccess(_Model):
+    id: str
+    tenant: str
+    headers: dict[str, str]
+    credentials: dict[str, Any] | None = Field(
+        description='{"type": ..., "set": true}, or null; the credentials are never shown'
+    )

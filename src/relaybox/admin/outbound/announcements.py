@@ -1,5 +1,6 @@
 """The admin app's operational events section and the endpoints' headers and
-credentials.
+credentials: the routes and the page; the reads and actions are
+:mod:`relaybox.ops.outbound`'s, their models :mod:`relaybox.ops.outbound_models`'.
 
 * ``GET /operational-events`` and the dashboard page ``/operational-events``: the most
   recent operational events (:mod:`relaybox.outbound.announce`), newest first.
@@ -12,122 +13,35 @@ credentials.
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from relaybox.admin import html
 from relaybox.admin.sections import Call, Operation, Section, register_section
-from relaybox.errors import NotFound, OpsError
-from relaybox.ops.inbound_models import RequestModel
-from relaybox.outbound import endpoints
-from relaybox.outbound.announce import operational_events
-from relaybox.outbound.credentials import CredentialsSpec
-from relaybox.outbound.endpoints import EndpointPatch, InvalidEndpoint
-from relaybox.outbound.registry import outbound
-from relaybox.outbound.vault import SecretsLocked
+from relaybox.ops import outbound as ops
+from relaybox.ops.outbound_models import (
+    CredentialsRequest,
+    EndpointAccess,
+    EventFilter,
+    HeadersRequest,
+    OperationalEventList,
+)
 
 __all__ = ["OPERATIONS", "PAGES", "register"]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class InvalidEndpointSettings(OpsError):
-    """Headers or credentials relaybox refuses (422)."""
-
-    status = 422
-    code = "invalid_endpoint"
-
-
-class SecretsUnavailable(OpsError):
-    """No key to seal credentials with (``outbound.secrets_key``; 503)."""
-
-    status = 503
-    code = "secrets_unavailable"
-
-
-class EventFilter(RequestModel):
-    limit: int = Field(50, ge=1, le=500)
-
-
-class OperationalEvent(_Model):
-    id: str
-    event_type: str
-    created_at: float
-    data: Any = Field(
-        description="the event's payload (docs/howto/operational-events.md lists each)"
-    )
-
-
-class OperationalEventList(_Model):
-    tenant: str = Field(description="the operational tenant the events are published to")
-    items: list[OperationalEvent]
-
-
-class HeadersRequest(RequestModel):
-    headers: dict[str, str] = Field(description="the endpoint's custom headers ({}: none)")
-
-
-class CredentialsRequest(RequestModel):
-    credentials: CredentialsSpec
-
-
-class EndpointAccess(_Model):
-    id: str
-    tenant: str
-    headers: dict[str, str]
-    credentials: dict[str, Any] | None = Field(
-        description='{"type": ..., "set": true}, or null; the credentials are never shown'
-    )
-
-
 async def _events(c: Call) -> OperationalEventList:
-    return await _event_list(c.box, c.query.limit)
-
-
-async def _event_list(box: Any, limit: int) -> OperationalEventList:
-    found = await operational_events(box, limit=limit)
-    items = [
-        OperationalEvent(
-            id=m.id, event_type=m.event_type, created_at=m.created_at, data=m.envelope["data"]
-        )
-        for m in found
-    ]
-    return OperationalEventList(tenant=outbound(box).settings.operational_tenant, items=items)
-
-
-async def _change(c: Call, patch: EndpointPatch) -> EndpointAccess:
-    found = await endpoints.get_endpoint(c.box, c.path["id"], None)
-    if found is None:
-        raise NotFound(f"no endpoint {c.path['id']}")
-    try:
-        updated = await endpoints.update_endpoint(c.box, found.id, found.tenant, patch)
-    except InvalidEndpoint as exc:
-        raise InvalidEndpointSettings(str(exc)) from None
-    except SecretsLocked as exc:  # the operator's key is missing or wrong
-        raise SecretsUnavailable(str(exc)) from None
-    if updated is None:
-        raise NotFound(f"no endpoint {c.path['id']}")
-    shown = updated.to_json()
-    return EndpointAccess(
-        id=updated.id,
-        tenant=updated.tenant,
-        headers=shown["headers"],
-        credentials=shown["credentials"],
-    )
+    return await ops.operational_event_list(c.box, limit=c.query.limit)
 
 
 async def _headers(c: Call) -> EndpointAccess:
-    return await _change(c, EndpointPatch(headers=c.body.headers))
+    return await ops.endpoint_set_headers(c.box, c.path["id"], c.body.headers)
 
 
 async def _credentials(c: Call) -> EndpointAccess:
-    return await _change(c, EndpointPatch(credentials=c.body.credentials))
+    return await ops.endpoint_set_credentials(c.box, c.path["id"], c.body.credentials)
 
 
 OPERATIONS = (
@@ -176,7 +90,7 @@ OPERATIONS = (
 
 @html.page
 async def events_page(request: Request) -> Response:
-    result = await _event_list(html.box_of(request), 100)
+    result = await ops.operational_event_list(html.box_of(request), limit=100)
     rows = [(e, json.dumps(e.data, indent=1, sort_keys=True)) for e in result.items]
     return await html.render(
         request, "operational.html", active="operational", page=result, rows=rows
