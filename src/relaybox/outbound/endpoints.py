@@ -7,9 +7,7 @@ any tenant's endpoint by id.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
@@ -18,27 +16,26 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.outbound.credentials import (
     CredentialsSpec,
-    InvalidHeaders,
     NoCredentials,
-    OAuth2Credentials,
-    check_headers,
     credentials_at_rest,
     reseal_credentials,
 )
-from relaybox.outbound.filters import COST_RULE, InvalidFilter
-from relaybox.outbound.filters import check as check_filter
-from relaybox.outbound.filters import cost as filter_cost
+from relaybox.outbound.endpoint_rules import InvalidEndpoint as InvalidEndpoint
+from relaybox.outbound.endpoint_rules import (
+    check_endpoint,
+    checked_filter,
+    stored_extras,
+    tenant_budget,
+)
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.signing import SecretKind, new_secret, public_form
-from relaybox.outbound.ssrf import UnsafeDestination
 from relaybox.outbound.vault import MISSING_HINT, KeyFileError, Vault
-from relaybox.store.credentials import KEEP, Keep
+from relaybox.store.credentials import Keep
 from relaybox.store.outbox_rows import (
     Endpoint,
     EndpointQuotaReached,
     EndpointWrite,
-    filter_text,
     new_id,
 )
 
@@ -49,7 +46,6 @@ __all__ = [
     "EndpointPatch",
     "EndpointQuotaExceeded",
     "EndpointSpec",
-    "InvalidEndpoint",
     "create_endpoint",
     "delete_endpoint",
     "disable_endpoint",
@@ -69,14 +65,7 @@ __all__ = [
 
 log = structlog.get_logger("relaybox.outbound")
 
-BROKER_PREFIX = "broker:"
-"""An endpoint URL ``broker:<name>`` routes to ``[outbound.brokers.<name>]``."""
-
 _PATTERN = re.compile(r"[A-Za-z0-9_.:*-]{1,200}")
-
-
-class InvalidEndpoint(ValueError):
-    """An endpoint definition relaybox refuses (the message is safe to show)."""
 
 
 class EndpointQuotaExceeded(InvalidEndpoint):
@@ -142,125 +131,15 @@ class EndpointSpec(EndpointPatch):
         return self.event_types or self.events or ["*"]
 
 
-def _filter(box: Runtime, spec: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The patch's payload filter checked against the settings' bounds (raises
-    :class:`InvalidFilter`); ``{}`` (every message) is stored as no filter."""
-    if spec is None:
-        return None
-    s = outbound(box).settings
-    return check_filter(
-        spec,
-        max_depth=s.filter_max_depth,
-        max_bytes=s.filter_max_bytes,
-        max_cost=s.filter_max_cost,
-    )
-
-
-def _tenant_budget(box: Runtime, spec: dict[str, Any]) -> Callable[[list[str]], None]:
-    """The check of a tenant's filters with ``spec`` (checked) on one of its endpoints:
-    given the filters of its other endpoints (JSON text as stored, whatever their
-    status, so that enabling one needs no check), their costs and this one's together
-    within ``filter_tenant_max_cost``, and their sizes within
-    ``filter_tenant_max_bytes``, else :class:`InvalidFilter`. The store runs it under
-    the tenant's lock (:meth:`Store.endpoint_update`). The others are read from their
-    text: at most ``max_endpoints`` filters of ``filter_max_bytes`` each, each a C
-    parse and a walk of its operators."""
-    settings = outbound(box).settings
-    own_cost, own_size = filter_cost(spec), len(filter_text(spec).encode())
-
-    def check(others: list[str]) -> None:
-        size = sum(len(text.encode()) for text in others)
-        if size + own_size > settings.filter_tenant_max_bytes:
-            raise InvalidFilter(
-                f"filter: {own_size:,} bytes as JSON, and this tenant's other filters"
-                f" take {size:,}: over the limit of {settings.filter_tenant_max_bytes:,}"
-                " for all of a tenant's filters together"
-            )
-        cost = sum(filter_cost(json.loads(text)) for text in others)
-        if cost + own_cost > settings.filter_tenant_max_cost:
-            raise InvalidFilter(
-                f"filter: {own_cost:,} steps to evaluate, and this tenant's other filters"
-                f" take {cost:,}: over the limit of {settings.filter_tenant_max_cost:,}"
-                f" for all of a tenant's filters together ({COST_RULE})"
-            )
-
-    return check
-
-
-def _extras(
-    box: Runtime, patch: EndpointPatch, vault: Vault | None
-) -> tuple[str | Keep | None, tuple[str, str] | Keep | None]:
-    """The patch's headers (JSON text) and credentials (kind, sealed JSON) as the
-    store writes them, checked; :data:`KEEP` for what it leaves."""
-    headers: str | Keep | None = KEEP
-    credentials: tuple[str, str] | Keep | None = KEEP
-    if patch.headers is not None:
-        try:
-            check_headers(patch.headers, outbound(box).settings)
-        except InvalidHeaders as exc:
-            raise InvalidEndpoint(str(exc)) from None
-        headers = json.dumps(patch.headers, separators=(",", ":")) if patch.headers else None
-    spec = patch.credentials
-    if spec is not None:
-        if isinstance(spec, NoCredentials):
-            credentials = None
-        else:
-            if isinstance(spec, OAuth2Credentials):
-                try:
-                    outbound(box).guard.check_static(spec.token_url)
-                except UnsafeDestination as exc:
-                    raise InvalidEndpoint(f"token_url: {exc}") from None
-            assert vault is not None
-            credentials = (spec.type, vault.seal(spec.model_dump_json()))
-    return headers, credentials
-
-
-def _check(
-    box: Runtime,
-    tenant: str,
-    url: str | None,
-    timeout: float | None,
-    max_in_flight: int | None,
-) -> None:
-    s = outbound(box).settings
-    if max_in_flight is not None and max_in_flight > s.concurrency:
-        # More than a dispatcher has slots: never reachable, and one endpoint would
-        # ask for all of them (the dispatcher clamps a stored cap to its concurrency).
-        raise InvalidEndpoint(
-            f"max_in_flight must be at most {s.concurrency} (the dispatcher's concurrency)"
-        )
-    if url is not None and url.startswith(BROKER_PREFIX):
-        # An operator-declared broker destination, by name only (never a host), and
-        # only one granted to this tenant. One answer for a name that does not exist
-        # and one not granted: a tenant learns nothing of the operator's other names.
-        name = url[len(BROKER_PREFIX) :]
-        broker = s.brokers.get(name)
-        if broker is None or not broker.grants(tenant):
-            raise InvalidEndpoint(
-                f"no broker destination {name[:100]!r} is granted to tenant {tenant[:100]!r}"
-                " (the operator lists the tenants a broker takes in"
-                " outbound.brokers.<name>.tenants)"
-            )
-    elif url is not None:
-        if len(url) > 2000:
-            raise InvalidEndpoint("the URL is longer than 2000 characters")
-        try:
-            outbound(box).guard.check_static(url)
-        except UnsafeDestination as exc:
-            raise InvalidEndpoint(str(exc)) from None
-    if timeout is not None and not s.min_timeout <= timeout <= s.max_timeout:
-        raise InvalidEndpoint(f"timeout must be between {s.min_timeout:g} and {s.max_timeout:g} s")
-
-
 async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tuple[Endpoint, str]:
     """Create an endpoint with a fresh secret; returns it and the secret in the form
     its owner verifies with (``whsec_…``, or ``whpk_…`` for ed25519)."""
-    _check(box, tenant, spec.url, spec.timeout, spec.max_in_flight)
-    payload_filter = _filter(box, spec.filter) or None
+    check_endpoint(box, tenant, spec.url, spec.timeout, spec.max_in_flight)
+    payload_filter = checked_filter(box, spec.filter) or None
     if spec.signature == "sha256" and spec.secret_type == "ed25519":
         raise InvalidEndpoint("sha256 signatures (X-Webhook-Signature) need an hmac secret")
     vault = await ready_to_seal(box)
-    headers, credentials = _extras(box, spec, vault)
+    headers, credentials = stored_extras(box, spec.headers, spec.credentials, vault)
     settings, now = outbound(box).settings, box.clock.now()
     endpoint_id = new_id("ep", now)
     secret = new_secret(spec.secret_type)
@@ -289,7 +168,7 @@ async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tupl
             now=now,
             headers=None if isinstance(headers, Keep) else headers,
             credentials=None if isinstance(credentials, Keep) else credentials,
-            filters_check=None if payload_filter is None else _tenant_budget(box, payload_filter),
+            filters_check=None if payload_filter is None else tenant_budget(box, payload_filter),
         )
     except EndpointQuotaReached as exc:
         raise EndpointQuotaExceeded(
@@ -322,8 +201,8 @@ async def update_endpoint(
 ) -> Endpoint | None:
     """Apply ``patch``; ``enabled`` switches the endpoint on or off. ``None`` when
     the tenant has no such endpoint."""
-    _check(box, tenant, patch.url, patch.timeout, patch.max_in_flight)
-    payload_filter = _filter(box, patch.filter)
+    check_endpoint(box, tenant, patch.url, patch.timeout, patch.max_in_flight)
+    payload_filter = checked_filter(box, patch.filter)
     current = await get_endpoint(box, endpoint_id, tenant)
     if current is None:
         return None
@@ -351,14 +230,14 @@ async def update_endpoint(
     )
     sealing = patch.credentials is not None and not isinstance(patch.credentials, NoCredentials)
     vault = await ready_to_seal(box) if sealing else None
-    headers, credentials = _extras(box, patch, vault)
+    headers, credentials = stored_extras(box, patch.headers, patch.credentials, vault)
     await box.store.endpoint_update(
         write,
         now=box.clock.now(),
         headers=headers,
         credentials=credentials,
         # A filter set (not kept, not removed) counts against the tenant's budget.
-        filters_check=_tenant_budget(box, payload_filter) if payload_filter else None,
+        filters_check=tenant_budget(box, payload_filter) if payload_filter else None,
     )
     if patch.enabled is True:
         await enable_endpoint(box, endpoint_id, tenant=tenant)
