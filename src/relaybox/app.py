@@ -15,28 +15,23 @@ that side; the methods here register, delegate or start.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import gc
-import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import structlog
-
 from relaybox.clock import Clock, ClockGuard, DatabaseClock
 from relaybox.config import Settings, load_settings
-from relaybox.errors import TABLES_MISSING, ConfigurationError
+from relaybox.errors import ConfigurationError
 from relaybox.inbound.receiver import Receiver
 from relaybox.inbound.registry import H, Inbound
-from relaybox.log import short_error
+from relaybox.lifecycle import Lifecycle
 from relaybox.metrics import Metrics
 from relaybox.outbound.announce import announcer
 from relaybox.outbound.probes import DispatchHooks
 from relaybox.outbound.registry import Outbound
 from relaybox.sources.base import Source
-from relaybox.store import Store, check_database_url, open_store
+from relaybox.store import Store, open_store
 from relaybox.worker import Context, Handler, Hooks, Registration, Worker
 from relaybox.worker.context import SyncHandler
 
@@ -62,8 +57,6 @@ R = TypeVar("R", bound="Callable[[Relaybox], Awaitable[Any]]")
 
 ROLES = ("receiver", "api", "admin", "worker", "dispatcher", "maintenance")
 """Every role ``relaybox serve`` can run; all are on by default."""
-
-log = structlog.get_logger("relaybox")
 
 
 class Relaybox:
@@ -106,16 +99,9 @@ class Relaybox:
         self.inbound = Inbound(self, announce=announcer(self))
         self.accept_hooks = self.inbound.accept_hooks
         self.sources: dict[str, Source] = self.inbound.sources
-        self._on_ready: list[Callable[[Relaybox], Awaitable[Any]]] = []
-        self._ready_ran = False
         self._store: Store | None = None
-        self._heap_frozen = False
-        self._background: list[asyncio.Task[None]] = []
-        self._clock_task: asyncio.Task[None] | None = None
-        self._watcher: asyncio.Task[None] | None = None
         self.webhooks_doc: dict[str, Any] = {}  # the catalog as OpenAPI webhooks
-        self._workers: list[Worker | Dispatcher | Maintenance | SilenceWatch] = []
-        self._made: weakref.WeakSet[Worker] = weakref.WeakSet()  # box.worker()'s
+        self.lifecycle = Lifecycle(self)  # the roles started here, and how they stop
         # Synchronous transactions for plain-def handlers (relaybox.sync): this
         # callable, or the store's sync engine.
         self.sync_transaction: Callable[[], contextlib.AbstractContextManager[Any]] = (
@@ -203,13 +189,12 @@ class Relaybox:
         creates or checks its own tables. With the database down at startup the app
         still starts and ``fn`` runs when it answers; a failing ``fn`` is logged and
         tried again the same way, and the roles wait for it. Usable as a decorator."""
-        self._on_ready.append(fn)
+        self.lifecycle.on_ready.append(fn)
         return fn
 
     async def run_on_ready(self) -> None:
         """Run the :meth:`on_ready` functions, in the order they were registered."""
-        for fn in self._on_ready:
-            await fn(self)
+        await self.lifecycle.run_on_ready()
 
     def handler_for(self, source: str, event_type: str) -> Handler | SyncHandler | None:
         """The handler that runs for ``(source, event_type)``, if any."""
@@ -241,7 +226,7 @@ class Relaybox:
 
     def worker(self, **options: Any) -> Worker:
         worker = Worker(self, **options)
-        self._made.add(worker)  # close() waits for its chains to give connections back
+        self.lifecycle.made.add(worker)  # close() waits for its chains to give connections back
         return worker
 
     def dispatcher(self, **options: Any) -> Dispatcher:
@@ -419,7 +404,7 @@ class Relaybox:
     def started(self) -> bool:
         """Whether background roles run here (:meth:`start`, the lifespan, or a
         lifespan waiting for the database to start them)."""
-        return bool(self._background) or self._watcher is not None
+        return self.lifecycle.started
 
     def asgi(self, *, roles: tuple[str, ...] = ROLES) -> Starlette:
         """The app served by ``relaybox serve``. HTTP roles: ``receiver``
@@ -432,62 +417,19 @@ class Relaybox:
         return build_asgi(self, roles)
 
     def freeze_startup_heap(self) -> None:
-        """Once started, the objects alive now (modules, the app, its settings) live as
-        long as the process: ``gc.freeze()`` takes them out of the cyclic collector's
-        passes. Its full collections over that heap stalled requests 30-50 ms (the
-        accept's p99, bench/README.md). Setting ``gc_freeze = false`` turns it off."""
-        if self.settings.gc_freeze and not self._heap_frozen:
-            gc.freeze()  # O(1): the generations' lists move to the permanent one
-            self._heap_frozen = True
+        """Take the objects alive now out of the cyclic collector's passes
+        (:meth:`Lifecycle.freeze_startup_heap`; ``gc_freeze = false`` turns it off)."""
+        self.lifecycle.freeze_startup_heap()
 
     def widen_young_gc(self) -> None:
-        """``relaybox dispatch``: the cyclic collector's young pass after
-        ``dispatch_gc_threshold`` allocations, not Python's 700. With 100 attempts in
-        flight, each holding its coroutines, request and response objects, a pass every
-        700 allocations (every few deliveries) traversed those thousands of live objects
-        again: ~0.45 ms a pass, 25-30 µs of CPU per delivery (bench/README.md). A pass
-        still runs, over more objects, ten-odd times less often."""
-        threshold = self.settings.dispatch_gc_threshold
-        if threshold:
-            gc.set_threshold(threshold, *gc.get_threshold()[1:])
-
-    async def warm_receiver(self) -> None:
-        """Open the accept path's database connections before the first request
-        (:meth:`Store.warm_accept`). Best effort, within ``accept_timeout``: with the
-        database down the server still starts, and answers 503 until it is back."""
-        try:
-            async with asyncio.timeout(self.settings.accept_timeout):
-                await self.store.warm_accept(self.inbound.acceptor.committers)
-        except Exception as exc:  # logged; requests get 503 until the database answers
-            log.warning("receiver_warm_failed", error=short_error(exc))
+        """``relaybox dispatch``: the young collection after ``dispatch_gc_threshold``
+        allocations (:meth:`Lifecycle.widen_young_gc`)."""
+        self.lifecycle.widen_young_gc()
 
     async def start(self, roles: tuple[str, ...] = ("worker",)) -> None:
         """Start background roles (``worker``, ``dispatcher``, ``maintenance``) in the running loop.
         Each runner has ``run()`` (until stopped) and ``stop()`` (finish what it holds)."""
-        self.freeze_startup_heap()
-        factories: dict[str, Callable[[], Worker | Dispatcher | Maintenance]] = {
-            "worker": self.worker,
-            "dispatcher": self.dispatcher,
-            "maintenance": self.maintenance,
-        }
-        for role in roles:
-            if role in factories:
-                runner = factories[role]()
-                self._workers.append(runner)
-                if isinstance(runner, Worker) and self.settings.worker.handoff:
-                    # A receiver in this process hands its new rows to this worker.
-                    if self.inbound.acceptor.handoff is None:
-                        self.inbound.acceptor.handoff = runner
-                self._background.append(asyncio.create_task(runner.run(), name=f"relaybox-{role}"))
-            if role == "maintenance":
-                watch = self.silence_watch()
-                if watch.watching:
-                    self._workers.append(watch)
-                    task = asyncio.create_task(watch.run(), name="relaybox-silence")
-                    self._background.append(task)
-        if self.clock_guard.applies and self._clock_task is None:
-            # Keeps the database's clock read for the receiver's times too.
-            self._clock_task = asyncio.create_task(self.clock_guard.run(), name="relaybox-clock")
+        await self.lifecycle.start(roles)
 
     def lifespan(self, app: Any = None) -> contextlib.AbstractAsyncContextManager[Any]:
         """The ASGI lifespan of an application that embeds relaybox::
@@ -524,126 +466,13 @@ class Relaybox:
         default: the ``lifespan_roles`` setting); ``receiver`` opens the accept
         path's connections at startup. Schema and database handling as in
         :meth:`lifespan`."""
-        from relaybox.config import BACKGROUND_ROLES
-
-        wanted = tuple(self.settings.lifespan_roles if roles is None else roles)
-        unknown = sorted(set(wanted) - set(BACKGROUND_ROLES))
-        if unknown:
-            raise ConfigurationError(
-                f"unknown role(s) {', '.join(unknown)}: choose from {', '.join(BACKGROUND_ROLES)}"
-            )
-        check_database_url(self.settings.database_url)  # before anything starts
-        if not structlog.is_configured():
-            # Embedded in an app that did not set structlog up: relaybox's lines at
-            # the configured level (info), not structlog's print-everything default.
-            from relaybox.log import configure_logging
-
-            configure_logging(
-                self.settings.log_level, json=self.settings.log_json, follow_stderr=True
-            )
-        ready = await self._schema_ready(first=True)
-        if receiver:
-            await self.warm_receiver()
-        self.freeze_startup_heap()
-        if ready:
-            await self._refresh_webhooks_quietly()
-            await self.start(wanted)
-        else:
-            self._watcher = asyncio.create_task(
-                self._start_when_ready(wanted), name="relaybox-schema-watch"
-            )
-        try:
+        async with self.lifecycle.running(roles, receiver=receiver):
             yield self
-        finally:
-            await self.close()
-
-    async def _schema_ready(self, *, first: bool) -> bool:
-        """Migrate (``migrate = "auto"``) or check the schema; ``False`` while the
-        database is unreachable or its schema is behind. The first failure is
-        logged; the retries that follow are quiet until the state changes."""
-        try:
-            if self.settings.migrate == "auto":
-                applied = await self.migrate()
-                if applied:
-                    log.info("relaybox_migrated", applied=applied)
-            current, latest = await self.store.schema_version()
-        except ConfigurationError:
-            raise
-        except Exception as exc:
-            if first:
-                log.warning(
-                    "relaybox_database_unavailable",
-                    error=short_error(exc),
-                    detail="the receiver answers 503; roles start once the database answers",
-                )
-            return False
-        if current < latest:
-            if first:
-                hint = TABLES_MISSING if current == 0 else "run `relaybox migrate`"
-                log.error(
-                    "relaybox_schema_behind",
-                    applied=current,
-                    latest=latest,
-                    hint=hint,
-                    detail="the receiver answers 503; roles start once migrated",
-                )
-            return False
-        if not self._ready_ran:
-            try:
-                await self.run_on_ready()
-            except Exception as exc:
-                if first:
-                    log.error(
-                        "relaybox_on_ready_failed",
-                        error=short_error(exc),
-                        detail="the roles start once the on_ready functions succeed",
-                    )
-                return False
-            self._ready_ran = True
-        return True
-
-    async def _refresh_webhooks_quietly(self) -> None:
-        try:
-            await self.refresh_webhooks()
-        except Exception as exc:  # the OpenAPI document is not worth a failed start
-            log.warning("relaybox_catalog_unreadable", error=short_error(exc))
-
-    async def _start_when_ready(self, roles: tuple[str, ...]) -> None:
-        """Start ``roles`` once the database answers with a current schema, asking
-        again with a growing pause (1 s, doubling up to 10 s)."""
-        pause = 1.0
-        while True:
-            await asyncio.sleep(pause)
-            if await self._schema_ready(first=False):
-                log.info("relaybox_database_ready", roles=list(roles))
-                await self._refresh_webhooks_quietly()
-                await self.start(roles)
-                return
-            pause = min(pause * 2, 10.0)
 
     async def close(self) -> None:
         """Stop background roles gracefully (finishing what they hold), then close."""
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watcher
-            self._watcher = None
-        for worker in self._workers:
-            worker.stop()
-        if self._clock_task is not None:
-            self.clock_guard.stop()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(self._clock_task, 30)
-            self._clock_task = None
-        for task in self._background:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, 30)
-        self._background.clear()
-        self._workers.clear()
-        for made in list(self._made):
-            await made.drain()
+        await self.lifecycle.stop()
         await self.inbound.close()
         if self._store is not None:
             await self._store.close()
             self._store = None
-        self._ready_ran = False

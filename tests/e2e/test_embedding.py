@@ -282,8 +282,8 @@ async def test_running_migrates_starts_the_worker_and_stops_it(tmp_path: Path) -
             async with http.post(f"{srv.url}/hook", data=body, headers=headers) as r:
                 assert r.status == 200, await r.text()
             await wait_for(lambda: _is(_len(seen), 1), within=10, what="the handler")
-        assert len(box._background) == 1
-    assert box._background == [] and box._workers == [] and box._store is None
+        assert len(box.lifecycle._background) == 1
+    assert box.lifecycle._background == [] and box.lifecycle._workers == [] and box._store is None
 
 
 async def _len(items: list[Any]) -> int:
@@ -298,7 +298,7 @@ async def test_check_mode_with_tables_missing_answers_503_saying_so_and_logs_it_
     box = _box(f"sqlite:///{tmp_path / 'empty.db'}", migrate="check")
     with structlog.testing.capture_logs() as logs:
         async with box.running(roles=("worker",)):
-            assert box._workers == []  # nothing to work on yet: the roles wait
+            assert box.lifecycle._workers == []  # nothing to work on yet: the roles wait
             body = json.dumps({"type": "t.x", "data": {}}).encode()
             async with Served(box.receiver) as srv, aiohttp.ClientSession() as http:
                 for n in range(3):
@@ -317,11 +317,13 @@ async def test_roles_start_once_the_schema_is_migrated(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'later.db'}"
     box = _box(url, migrate="check")
     async with box.running(roles=("worker",)):
-        assert box._workers == []
+        assert box.lifecycle._workers == []
         other = Relaybox(url)
         await other.migrate()
         await other.close()
-        await wait_for(lambda: _is(_len(box._workers), 1), within=10, what="the worker to start")
+        await wait_for(
+            lambda: _is(_len(box.lifecycle._workers), 1), within=10, what="the worker to start"
+        )
 
 
 async def test_on_ready_runs_before_the_roles_and_a_failing_one_is_tried_again(
@@ -334,14 +336,16 @@ async def test_on_ready_runs_before_the_roles_and_a_failing_one_is_tried_again(
 
     @box.on_ready
     async def make_tables(b: Relaybox) -> None:
-        calls.append(len(b._workers))
+        calls.append(len(b.lifecycle._workers))
         if len(calls) == 1:
             raise RuntimeError("the app's own migration failed once")
 
     with structlog.testing.capture_logs() as logs:
         async with box.running(roles=("worker",)):
-            assert box._workers == []  # waits for on_ready
-            await wait_for(lambda: _is(_len(box._workers), 1), within=10, what="the worker")
+            assert box.lifecycle._workers == []  # waits for on_ready
+            await wait_for(
+                lambda: _is(_len(box.lifecycle._workers), 1), within=10, what="the worker"
+            )
             assert calls == [0, 0]  # before the roles, each time
     assert [e["event"] for e in logs].count("relaybox_on_ready_failed") == 1
 
@@ -353,7 +357,7 @@ async def test_lifespan_with_the_database_down_starts_and_answers_503() -> None:
     started = time.monotonic()
     async with box.running():
         assert time.monotonic() - started < 5
-        assert box._workers == []
+        assert box.lifecycle._workers == []
         body = json.dumps({"type": "t.x", "data": {}}).encode()
         headers = box.sources["hook"].sign(body, event_id="m", event_type="t.x", now=time.time())
         async with Served(box.receiver) as srv, aiohttp.ClientSession() as http:
@@ -875,8 +879,8 @@ async def test_litestar_runs_the_lifespan_and_the_mounted_receiver(tmp_path: Pat
         async with http.post(f"{srv.url}/webhooks/hook", data=body, headers=headers) as r:
             assert r.status == 200, await r.text()
         await wait_for(lambda: _is(_len(seen), 1), within=10, what="the handler")
-        assert len(box._workers) == 3  # worker, dispatcher, maintenance
-    assert box._workers == [] and box._store is None
+        assert len(box.lifecycle._workers) == 3  # worker, dispatcher, maintenance
+    assert box.lifecycle._workers == [] and box._store is None
 
 
 async def test_friction3_the_dashboard_overview_names_an_unregistered_channel(
