@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from relaybox.clock import Clock, ClockGuard, DatabaseClock
 from relaybox.config import Settings, load_settings
-from relaybox.errors import ConfigurationError
 from relaybox.inbound.receiver import Receiver
 from relaybox.inbound.registry import H, Inbound
 from relaybox.lifecycle import Lifecycle
@@ -108,14 +107,7 @@ class Relaybox:
             sync_transaction or self._default_sync_transaction
         )
         self.receiver = Receiver(self, self.inbound)
-        if self.settings.sources:
-            from relaybox import sources as _sources
-
-            for name, options in self.settings.sources.items():
-                try:
-                    self.source(name, _sources.from_config(dict(options)))
-                except ConfigurationError as exc:
-                    raise ConfigurationError(f"[sources.{name}]: {exc}") from None
+        self.inbound.declare_sources(chosen.sources)
 
     # -- configuration --------------------------------------------------------
 
@@ -140,14 +132,7 @@ class Relaybox:
         from relaybox.config import merge_settings
 
         self.settings = merge_settings(self.settings, settings)
-        if settings.sources:
-            from relaybox import sources as _sources
-
-            for name, options in settings.sources.items():
-                try:
-                    self.source(name, _sources.from_config(dict(options)))
-                except ConfigurationError as exc:
-                    raise ConfigurationError(f"[sources.{name}]: {exc}") from None
+        self.inbound.declare_sources(settings.sources)
 
     def source(self, name: str, source: Source) -> Source:
         """Register ``source`` under ``name``: it answers ``POST /webhooks/{name}``."""

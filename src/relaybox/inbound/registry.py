@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import fnmatch
 import inspect
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from relaybox.errors import ConfigurationError
 from relaybox.inbound.accept import Acceptor
@@ -75,6 +75,19 @@ class Inbound:
         )
         self.sources[name] = source
         return source
+
+    def declare_sources(self, declared: Mapping[str, Mapping[str, Any]]) -> None:
+        """Register the sources a configuration declares (``[sources.<name>]`` tables,
+        :func:`relaybox.sources.from_config` each)."""
+        if not declared:
+            return
+        from relaybox import sources
+
+        for name, options in declared.items():
+            try:
+                self.source(name, sources.from_config(dict(options)))
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"[sources.{name}]: {exc}") from None
 
     def handler(
         self,
