@@ -1,5 +1,5 @@
 """``relaybox endpoints blocked-keys`` and ``relaybox endpoints release-key``: the
-operator's side of ordered delivery per key (:mod:`relaybox.outbound.ordered`). An
+operator's side of ordered delivery per key (:mod:`relaybox.ops.outbound_ordered`). An
 endpoint's ``ordered`` and ``on_dead`` are set with ``relaybox endpoints update
 --ordered --on-dead hold|skip``. (The inbound side's ordering tools, replay and
 reconciliation, are in :mod:`relaybox.cli.ordering`.)"""
@@ -13,7 +13,7 @@ import click
 from relaybox.cli.common import app_options, json_option, load_box
 from relaybox.cli.grammar import CliError, actor_option, default_actor, emit_list, reason_option
 from relaybox.cli.outbound import _run, _table, endpoints_group
-from relaybox.outbound import ordered
+from relaybox.ops import outbound_ordered as ordered
 
 __all__ = ["COMMANDS"]
 

@@ -1,6 +1,6 @@
 """The admin API's ordered-delivery actions on an endpoint: its ordering settings
 (``ordered``, ``on_dead``) and the release of a key its dead deliveries hold back
-(:mod:`relaybox.outbound.ordered`, shared with the CLI)."""
+(:mod:`relaybox.ops.outbound_ordered`, shared with the CLI)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ __all__ = ["ORDERED_OPERATIONS", "endpoint_ordering", "endpoint_release_key"]
 async def endpoint_ordering(
     box: Runtime, endpoint_id: str, body: OrderingRequest, *, actor: str
 ) -> OrderingResult:
-    from relaybox.outbound.ordered import log, set_ordering
+    from relaybox.ops.outbound_ordered import log, set_ordering
 
     if body.ordered is None and body.on_dead is None:
         raise InvalidRequest("give ordered, on_dead or both", hint="nothing_to_change")
@@ -54,8 +54,8 @@ async def endpoint_ordering(
 async def endpoint_release_key(
     box: Runtime, endpoint_id: str, body: ReleaseKeyRequest, *, actor: str
 ) -> ReleaseKeyResult:
+    from relaybox.ops.outbound_ordered import release_key
     from relaybox.outbound.endpoints import get_endpoint
-    from relaybox.outbound.ordered import release_key
 
     if await get_endpoint(box, endpoint_id, None) is None:
         raise NotFound(f"no endpoint {endpoint_id}")
