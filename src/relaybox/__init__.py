@@ -13,10 +13,10 @@ from relaybox.errors import (
     RelayboxError,
     StoreUnavailable,
 )
+from relaybox.inbound.worker import Context, Worker
 from relaybox.retry import Backoff
 from relaybox.sources.base import Secret
 from relaybox.sync import SyncContext
-from relaybox.worker import Context, Worker
 
 __all__ = [
     "Backoff",

@@ -24,6 +24,8 @@ from relaybox.clock import Clock, ClockGuard, DatabaseClock
 from relaybox.config import Settings, load_settings
 from relaybox.inbound.receiver import Receiver
 from relaybox.inbound.registry import H, Inbound
+from relaybox.inbound.worker import Context, Handler, Hooks, Registration, Worker
+from relaybox.inbound.worker.context import SyncHandler
 from relaybox.lifecycle import Lifecycle
 from relaybox.metrics import Metrics
 from relaybox.outbound.announce import announcer
@@ -31,8 +33,6 @@ from relaybox.outbound.probes import DispatchHooks
 from relaybox.outbound.registry import Outbound
 from relaybox.sources.base import Source
 from relaybox.store import Store, open_store
-from relaybox.worker import Context, Handler, Hooks, Registration, Worker
-from relaybox.worker.context import SyncHandler
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence

@@ -19,9 +19,9 @@ import structlog
 
 from relaybox.config import BACKGROUND_ROLES
 from relaybox.errors import TABLES_MISSING, ConfigurationError
+from relaybox.inbound.worker import Worker
 from relaybox.log import short_error
 from relaybox.store import check_database_url
-from relaybox.worker import Worker
 
 if TYPE_CHECKING:
     from relaybox.clock import ClockGuard

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from relaybox.clock import Clock, ClockGuard
     from relaybox.config import Settings
+    from relaybox.inbound.worker.context import Hooks, Registration
     from relaybox.metrics import Metrics
     from relaybox.outbound.registry import Outbound
     from relaybox.sources.base import Source
     from relaybox.store import Store
-    from relaybox.worker.context import Hooks, Registration
 
 __all__ = ["Announce", "InboundRuntime", "ReceiverRuntime", "Runtime", "WorkerRuntime"]
 

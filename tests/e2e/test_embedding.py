@@ -512,7 +512,7 @@ def test_friction2_send_test_invoice_paid_carries_an_invoice_the_readme_handler_
 async def test_friction3_an_outbox_row_for_an_unregistered_channel_is_said_once(
     tmp_path: Path,
 ) -> None:
-    from relaybox.worker import _UNKNOWN_CHANNELS_SAID
+    from relaybox.inbound.worker import _UNKNOWN_CHANNELS_SAID
 
     _UNKNOWN_CHANNELS_SAID.discard("carrier-pigeon")
     box = _box(f"sqlite:///{tmp_path / 'c.db'}")

@@ -567,7 +567,7 @@ async def test_poison_event_is_dead_exhausted_and_the_others_are_done(db: Db, pr
     assert statuses == {**dict.fromkeys(POISON_EVENTS, "done"), "evt_poison": "dead"}, (
         "a crash must charge an attempt only to the row that crashed its process: a row"
         " whose attempt never finished comes back as a suspect and runs alone"
-        f" (relaybox/worker/loop.py): {statuses}"
+        f" (relaybox/inbound/worker/loop.py): {statuses}"
     )
     state = await db.state()
     assert (state["inbox"], state["grants"], state["credits"]) == (
@@ -646,7 +646,7 @@ async def test_worker_batches_touching_the_same_rows_do_not_deadlock(db: Db) -> 
         balances = await db.rows("SELECT workspace, credits FROM workspace_balances")
         assert {r["workspace"]: r["credits"] for r in balances} == {"ws_0": 200, "ws_1": 200}
         # a group waits at most 50 ms for a row lock another group holds and runs that
-        # event again alone (relaybox/worker/__init__.py): no deadlock, no attempt spent
+        # event again alone (relaybox/inbound/worker/__init__.py): no deadlock, no attempt spent
         assert retried == []
     finally:
         await box.close()

@@ -13,8 +13,8 @@ import pytest
 
 from relaybox import Context, Relaybox
 from relaybox.config import Settings, WorkerSettings
+from relaybox.inbound.worker import Worker
 from relaybox.store import Claim, NewDelivery
-from relaybox.worker import Worker
 from tests.support.procs import wait_until
 
 

@@ -1,5 +1,5 @@
 """Points where tests wait or inject faults on the receiving path: :class:`AcceptHooks`
-(the acceptor's COMMIT). The worker's are :class:`relaybox.worker.Hooks`; the sending
+(the acceptor's COMMIT). The worker's are :class:`relaybox.inbound.worker.Hooks`; the sending
 side's :class:`relaybox.outbound.probes.DispatchHooks`.
 
 Each point is a list of ``async`` callables, run in order; the box holds one object

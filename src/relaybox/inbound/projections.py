@@ -45,9 +45,9 @@ from relaybox.errors import PermanentError
 from relaybox.store.history import Projection, ProjectionWrite
 
 if TYPE_CHECKING:
+    from relaybox.inbound.worker import Context
+    from relaybox.inbound.worker.context import Handling
     from relaybox.runtime import Runtime
-    from relaybox.worker import Context
-    from relaybox.worker.context import Handling
 
 __all__ = [
     "VERSION_ORDERS",

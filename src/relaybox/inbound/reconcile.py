@@ -56,8 +56,8 @@ from relaybox import tracing
 from relaybox.inbound.projections import canonical_state, counter, integer_order, stored, write
 
 if TYPE_CHECKING:
+    from relaybox.inbound.worker import Context
     from relaybox.runtime import Runtime
-    from relaybox.worker import Context
 
 __all__ = [
     "Apply",

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from relaybox.errors import ConfigurationError
 from relaybox.inbound.accept import Acceptor
 from relaybox.inbound.probes import AcceptHooks
+from relaybox.inbound.worker import Context, Handler, Registration, Worker
+from relaybox.inbound.worker.context import SyncHandler
 from relaybox.sources.base import Source, check_subject_path
 from relaybox.sources.bodies import BodyLimits
-from relaybox.worker import Context, Handler, Registration, Worker
-from relaybox.worker.context import SyncHandler
 
 if TYPE_CHECKING:
     from relaybox.runtime import Announce, WorkerRuntime

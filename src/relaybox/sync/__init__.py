@@ -8,7 +8,7 @@ application's transaction, and handlers written as plain ``def``.
   in a worker thread inside one synchronous transaction from ``box.sync_transaction()``,
   with :class:`SyncContext` (``ctx.once``, ``ctx.outbox.add``, ``ctx.project``,
   ``ctx.conn``, ``ctx.session``); the inbox row's completion commits in it
-  (:mod:`relaybox.worker.threaded`).
+  (:mod:`relaybox.inbound.worker.threaded`).
 - ``box.sync_transaction``: the provider of those transactions, a zero-argument
   callable returning a context manager that yields a ``Connection`` in a transaction
   (committed on a clean exit, rolled back on an exception). Default: a pooled sync

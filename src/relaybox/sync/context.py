@@ -1,5 +1,5 @@
 """What a synchronous handler (a plain ``def``) gets: :class:`SyncContext`, the twin
-of :class:`relaybox.worker.Context` over a synchronous ``Connection``.
+of :class:`relaybox.inbound.worker.Context` over a synchronous ``Connection``.
 
     @box.handler("stripe", "invoice.paid")
     def grant(ctx: SyncContext) -> None:
@@ -23,8 +23,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from relaybox.inbound import projections
+from relaybox.inbound.worker.context import Handling, _add_row
 from relaybox.store import InboxEvent, OutboxRow
-from relaybox.worker.context import Handling, _add_row
 
 if TYPE_CHECKING:
     from relaybox.runtime import InboundRuntime

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from relaybox import tracing
+from relaybox.inbound.worker.context import Registration
+from relaybox.inbound.worker.outcomes import dead_event
+from relaybox.inbound.worker.transactions import Runners, _Batch, _Job
 from relaybox.log import short_error
 from relaybox.retry import Backoff
 from relaybox.store import AcceptOutcome, Claim, InboxEvent, NewDelivery
 from relaybox.store.inbox_rows import Listener
-from relaybox.worker.context import Registration
-from relaybox.worker.outcomes import dead_event
-from relaybox.worker.transactions import Runners, _Batch, _Job
 
 if TYPE_CHECKING:
     from relaybox.runtime import WorkerRuntime

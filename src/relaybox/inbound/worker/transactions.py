@@ -15,10 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox import tracing
 from relaybox.errors import OperationConflict, PermanentError
-from relaybox.log import error_text, short_error
-from relaybox.store import InboxEvent
-from relaybox.worker.context import Context, Handler, Registration, process_attributes
-from relaybox.worker.outcomes import (
+from relaybox.inbound.worker.context import Context, Handler, Registration, process_attributes
+from relaybox.inbound.worker.outcomes import (
     _ABORTED,
     _IN_FAILED_TRANSACTION,
     _contended,
@@ -29,10 +27,12 @@ from relaybox.worker.outcomes import (
     _RolledBack,
     _sqlstate_in,
 )
-from relaybox.worker.threaded import Threaded
+from relaybox.inbound.worker.threaded import Threaded
+from relaybox.log import error_text, short_error
+from relaybox.store import InboxEvent
 
 if TYPE_CHECKING:
-    from relaybox.worker.loop import _StartMarks
+    from relaybox.inbound.worker.loop import _StartMarks
 
 log = structlog.get_logger("relaybox.worker")
 
@@ -85,7 +85,7 @@ class HandlerTimeout(Exception):
 
 
 class Runners(Threaded):
-    """The worker's transaction runners (a base of :class:`~relaybox.worker.loop.Worker`,
+    """The worker's transaction runners (a base of :class:`~relaybox.inbound.worker.loop.Worker`,
     which owns the queue of claimed events and the chains that take from it)."""
 
     group: int

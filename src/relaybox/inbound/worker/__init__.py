@@ -31,22 +31,22 @@ and runs with nothing else in flight in its process: a poison event charges only
 No remote call happens inside a transaction: handlers record outgoing actions in the
 outbox.
 
-The modules: :mod:`~relaybox.worker.context` (the handler API),
-:mod:`~relaybox.worker.loop` (claims, hold renewal, chains, suspects),
-:mod:`~relaybox.worker.transactions` (one event, groups, SQLite's batch),
-:mod:`~relaybox.worker.outcomes` (recording what became of an attempt),
-:mod:`~relaybox.worker.threaded` (plain-def handlers: a thread and a synchronous
+The modules: :mod:`~relaybox.inbound.worker.context` (the handler API),
+:mod:`~relaybox.inbound.worker.loop` (claims, hold renewal, chains, suspects),
+:mod:`~relaybox.inbound.worker.transactions` (one event, groups, SQLite's batch),
+:mod:`~relaybox.inbound.worker.outcomes` (recording what became of an attempt),
+:mod:`~relaybox.inbound.worker.threaded` (plain-def handlers: a thread and a synchronous
 transaction each).
 """
 
-from relaybox.worker.context import _UNKNOWN_CHANNELS_SAID as _UNKNOWN_CHANNELS_SAID
-from relaybox.worker.context import (
+from relaybox.inbound.worker.context import _UNKNOWN_CHANNELS_SAID as _UNKNOWN_CHANNELS_SAID
+from relaybox.inbound.worker.context import (
     Context,
     Handler,
     Hooks,
     Outbox,
     Registration,
 )
-from relaybox.worker.loop import Worker
+from relaybox.inbound.worker.loop import Worker
 
 __all__ = ["Context", "Handler", "Hooks", "Outbox", "Registration", "Worker"]

@@ -13,9 +13,9 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox import tracing
+from relaybox.inbound.worker.context import Handling, Hooks
 from relaybox.retry import Backoff
 from relaybox.store import InboxEvent
-from relaybox.worker.context import Handling, Hooks
 
 if TYPE_CHECKING:
     from relaybox.runtime import WorkerRuntime
@@ -131,7 +131,7 @@ def _contended(exc: BaseException) -> bool:
 
 
 class Recorder:
-    """The worker's outcome recording (a base of :class:`~relaybox.worker.loop.Worker`)."""
+    """The worker's outcome recording (a base of :class:`~relaybox.inbound.worker.loop.Worker`)."""
 
     box: WorkerRuntime
     name: str

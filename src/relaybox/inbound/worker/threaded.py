@@ -26,15 +26,22 @@ from sqlalchemy.engine import Connection
 
 from relaybox import tracing
 from relaybox.errors import OperationConflict, PermanentError
+from relaybox.inbound.worker.context import process_attributes
+from relaybox.inbound.worker.outcomes import (
+    Recorder,
+    _NotOurs,
+    _Outcome,
+    _Plan,
+    _Report,
+    _RolledBack,
+)
 from relaybox.log import error_text, short_error
 from relaybox.store import InboxEvent
-from relaybox.worker.context import process_attributes
-from relaybox.worker.outcomes import Recorder, _NotOurs, _Outcome, _Plan, _Report, _RolledBack
 
 if TYPE_CHECKING:
+    from relaybox.inbound.worker.context import Registration
+    from relaybox.inbound.worker.transactions import _Job
     from relaybox.sync.context import SyncContext
-    from relaybox.worker.context import Registration
-    from relaybox.worker.transactions import _Job
 
 log = structlog.get_logger("relaybox.worker")
 
