@@ -24,7 +24,7 @@ from relaybox.clock import Clock, ClockGuard, DatabaseClock
 from relaybox.config import Settings, load_settings
 from relaybox.inbound.receiver import Receiver
 from relaybox.inbound.registry import H, Inbound
-from relaybox.inbound.worker import Context, Handler, Hooks, Registration, Worker
+from relaybox.inbound.worker import Context, Handler, Hooks, Worker
 from relaybox.inbound.worker.context import SyncHandler
 from relaybox.lifecycle import Lifecycle
 from relaybox.metrics import Metrics
@@ -185,14 +185,6 @@ class Relaybox:
         """The handler that runs for ``(source, event_type)``, if any."""
         return self.inbound.handler_for(source, event_type)
 
-    def registration_for(self, source: str, event_type: str) -> Registration | None:
-        """The registration whose handler runs for ``(source, event_type)``."""
-        return self.inbound.registration_for(source, event_type)
-
-    @property
-    def _handlers(self) -> list[Registration]:
-        return self.inbound.handlers
-
     # -- parts ----------------------------------------------------------------
 
     @property
@@ -305,13 +297,6 @@ class Relaybox:
         from relaybox.portal import portal_link
 
         return portal_link(self, tenant, ttl=ttl, base_url=base_url, single_use=single_use)
-
-    async def announce(
-        self, conn: Any, event_type: str, data: Any, *, key: str | None = None
-    ) -> None:
-        """Publish an operational event (``relaybox.…``) in ``conn``'s transaction
-        (:attr:`Inbound.announce`, the sending side's announcer)."""
-        await self.inbound.announce(conn, event_type, data, key=key)
 
     def publish_sync(
         self,

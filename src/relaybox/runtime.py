@@ -8,9 +8,10 @@ recorder, retention, replay, metrics, projections, reconciliation) takes a
 ``Runtime``: the store, the clock, the settings, the metrics and the sending side
 (``outbound``, built with the box), nothing else. The parts of the receiving side that
 need more name exactly what: recovery the sources (:class:`InboundRuntime`); the
-worker and the handlers' contexts the handler registry, the test hooks, the clock
-guard, operational events and synchronous transactions (:class:`WorkerRuntime`); the
-receiver the lifespan (:class:`ReceiverRuntime`), and the receiving side
+worker and the handlers' contexts the test hooks, the clock guard, synchronous
+transactions and the receiving side (``inbound``: the handlers registered, the
+announcer of operational events) (:class:`WorkerRuntime`); the receiver the lifespan
+(:class:`ReceiverRuntime`), and the receiving side
 (:class:`relaybox.inbound.registry.Inbound`: sources, acceptor, inline acceptance,
 announcer) passed to it. :class:`relaybox.Relaybox` is all of them (it assembles the
 parts and runs them); a test or an embedding may pass any object with the members
@@ -22,14 +23,15 @@ imports nothing of relaybox when it runs, so every part may import it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from relaybox.clock import Clock, ClockGuard
     from relaybox.config import Settings
-    from relaybox.inbound.worker.context import Hooks, Registration
+    from relaybox.inbound.registry import Inbound
+    from relaybox.inbound.worker.context import Hooks
     from relaybox.metrics import Metrics
     from relaybox.outbound.registry import Outbound
     from relaybox.sources.base import Source
@@ -92,9 +94,9 @@ class WorkerRuntime(InboundRuntime, Protocol):
         ...
 
     @property
-    def _handlers(self) -> Sequence[Registration]:
-        """The registrations so far: the worker keeps the answers of
-        :meth:`registration_for` until their number changes."""
+    def inbound(self) -> Inbound:
+        """The receiving side: the handlers registered (``registration_for``), the
+        announcer of operational events (``announce``)."""
         ...
 
     @property
@@ -102,15 +104,6 @@ class WorkerRuntime(InboundRuntime, Protocol):
         """The provider of the synchronous transactions plain-def handlers run in."""
         ...
 
-    def registration_for(self, source: str, event_type: str) -> Registration | None:
-        """The registration whose handler runs for ``(source, event_type)``."""
-        ...
-
-    async def announce(
-        self, conn: Any, event_type: str, data: Any, *, key: str | None = None
-    ) -> None:
-        """Publish an operational event (``relaybox.…``) in ``conn``'s transaction."""
-        ...
 
 
 class ReceiverRuntime(Runtime, Protocol):

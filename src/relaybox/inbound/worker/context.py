@@ -105,9 +105,7 @@ def _check_channel(box: Runtime, channel: str) -> None:
     ``relaybox doctor`` names them too."""
     if channel in _UNKNOWN_CHANNELS_SAID:
         return
-    from relaybox.outbound.registry import outbound
-
-    if channel not in outbound(box).channels:
+    if channel not in box.outbound.channels:
         _UNKNOWN_CHANNELS_SAID.add(channel)
         log.error(
             "outbox_channel_not_registered",

@@ -204,7 +204,7 @@ class Worker(Runners):
                     attempts=attempts,
                     error="the worker died during its last attempt",
                 )
-                await self.box.announce(conn, "relaybox.inbox.dead", data)
+                await self.box.inbound.announce(conn, "relaybox.inbox.dead", data)
 
     async def run_once(self) -> int:
         """Claim and process one batch; return how many rows were claimed. Nothing

@@ -597,8 +597,8 @@ class Runners(Threaded):
             ) from None
 
     def _registration(self, source: str, event_type: str) -> Registration | None:
-        """``box.registration_for``, remembered until a handler is registered."""
-        known = len(self.box._handlers)
+        """``box.inbound.registration_for``, remembered until a handler is registered."""
+        known = len(self.box.inbound.handlers)
         if known != self._handlers_known:
             self._handlers.clear()
             self._handlers_known = known
@@ -606,7 +606,7 @@ class Runners(Threaded):
         try:
             return self._handlers[key]
         except KeyError:
-            found = self._handlers[key] = self.box.registration_for(source, event_type)
+            found = self._handlers[key] = self.box.inbound.registration_for(source, event_type)
             return found
 
     def _declared(self, conn: AsyncConnection, jobs: list[_Job]) -> dict[int, Context]:
