@@ -118,11 +118,10 @@ class Relaybox:
     @settings.setter
     def settings(self, settings: Settings) -> None:
         """New settings (``configure``, the CLI's ``--database-url``, a test harness);
-        the sending side takes its part of them when that part changed."""
-        changed = settings.outbound != self._settings.outbound
-        self._settings = settings
-        if changed:
-            self.outbound.replace(settings.outbound)
+        the sending side takes what changed in its part (:meth:`Outbound.follow`)."""
+        before, self._settings = self._settings, settings
+        if settings.outbound != before.outbound:
+            self.outbound.follow(before.outbound, settings.outbound)
 
     def configure(self, settings: Settings) -> None:
         """Apply the settings that ``settings`` sets explicitly (a TOML file's keys and

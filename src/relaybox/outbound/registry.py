@@ -87,11 +87,20 @@ class Outbound:
     def update(self, *, resolver: Resolver | None = None, **changes: Any) -> Outbound:
         """Change settings (validated as a whole) and, for tests, the DNS resolver."""
         merged = {**self.settings.model_dump(), **changes}
-        return self.replace(OutboundSettings.model_validate(merged), resolver=resolver)
+        return self._apply(OutboundSettings.model_validate(merged), resolver)
 
-    def replace(self, settings: OutboundSettings, *, resolver: Resolver | None = None) -> Outbound:
-        """Take ``settings`` instead of the current ones (the box's settings changed:
-        ``box.configure``, a test harness)."""
+    def follow(self, before: OutboundSettings, after: OutboundSettings) -> Outbound:
+        """The box's settings changed from ``before`` to ``after`` (``box.configure``,
+        ``--config``, a test harness): take the fields that changed, and keep what
+        :func:`configure` set in code on the others."""
+        changed = {
+            name: getattr(after, name)
+            for name in type(after).model_fields
+            if getattr(after, name) != getattr(before, name)
+        }
+        return self.update(**changed) if changed else self
+
+    def _apply(self, settings: OutboundSettings, resolver: Resolver | None) -> Outbound:
         self.settings = settings
         self._schedules.clear()
         self._vault = None
