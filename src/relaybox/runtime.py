@@ -105,7 +105,6 @@ class WorkerRuntime(InboundRuntime, Protocol):
         ...
 
 
-
 class ReceiverRuntime(Runtime, Protocol):
     """What the receiver uses besides a :class:`Runtime` and the receiving side it is
     given."""

@@ -12,12 +12,12 @@ from typing import Any
 
 import click
 
-from relaybox.bodies import NotJsonNumber, parse_json
 from relaybox.cli.common import app_options, json_option, load_box
 from relaybox.cli.grammar import CliError, emit_list, type_option
 from relaybox.cli.outbound import _echo, _run, _table, accept_json
 from relaybox.outbound import apikeys, catalog, deliveries
 from relaybox.outbound.publish import publish
+from relaybox.wire import NotJsonNumber, parse_json
 
 __all__ = ["COMMANDS"]
 

@@ -21,7 +21,6 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from relaybox.app import Relaybox
-from relaybox.wire import text_problem
 from relaybox.cli.common import app_options, json_option, run_db
 from relaybox.cli.common import load_box as _load_box
 from relaybox.cli.exits import EXIT_FAILED, exit_code_for
@@ -38,6 +37,7 @@ from relaybox.cli.table import format_time, keep_whole, print_table
 from relaybox.config.loading import validation_problems
 from relaybox.errors import OpsError
 from relaybox.timespec import parse_time_or_none
+from relaybox.wire import text_problem
 
 __all__ = ["COMMANDS"]
 

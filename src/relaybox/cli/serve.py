@@ -89,7 +89,7 @@ def serve(
         signal.signal(sig, lambda *_: sys.exit(0))
     server_handle = None
     if postgres_embedded:
-        from relaybox.embedded import EmbeddedUnavailable, start_embedded_postgres
+        from relaybox.embedded_postgres import EmbeddedUnavailable, start_embedded_postgres
 
         try:
             database_url, server_handle = start_embedded_postgres(Path(".relaybox/pg").resolve())
