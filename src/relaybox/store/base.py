@@ -31,6 +31,7 @@ from relaybox.store.inbox_rows import (
     NewDelivery,
     Stats,
 )
+from relaybox.store.keys_store import KeysStore
 from relaybox.store.operator import OperatorStore
 from relaybox.store.outbox import OutboxStore
 from relaybox.store.outbox_catalog import CatalogStore
@@ -83,6 +84,7 @@ class Store(
     CredentialsStore,
     ErasureStore,
     HistoryStore,
+    KeysStore,
     OperatorStore,
     OutboxStore,
     SilenceStore,

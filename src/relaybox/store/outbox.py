@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.store.credentials import KEEP, Keep
+from relaybox.store.keys import message_digest
 from relaybox.store.outbox_rows import (
     AttemptRow,
     BlockedKey,
@@ -322,25 +323,24 @@ class OutboxStore:
     async def message_get_by_key(
         self, conn: AsyncConnection, tenant: str, idempotency_key: str
     ) -> Message | None:
-        """The tenant's message published with ``idempotency_key``, if any."""
-        row = await self.first(conn, "message_get_by_key", (tenant, idempotency_key))
-        return None if row is None else Message.from_row(row)
+        """The tenant's message published with ``idempotency_key``, if any: its keys
+        table decides (``relaybox_message_keys``), whether or not the message row still
+        exists (:meth:`Message.from_key_row`)."""
+        row = await self.first(
+            conn,
+            "message_get_by_key",
+            (message_digest(tenant, idempotency_key), tenant, idempotency_key),
+        )
+        return None if row is None else Message.from_key_row(row, tenant, idempotency_key)
 
     async def message_insert(self, conn: AsyncConnection, message: NewMessage) -> bool:
         """Insert ``message``; ``False`` when a message with its (tenant, idempotency
-        key) exists already (the UNIQUE constraint decides which publish is first)."""
-        params = (
-            message.id,
-            message.tenant,
-            message.event_type,
-            message.idempotency_key,
-            message.body,
-            message.created_at,
-            message.ordering_key,
-            message.sequence,
-            message.traceparent,
-        )
-        return await self.first(conn, "message_insert", params) is not None
+        key) exists already: the key's row in ``relaybox_message_keys``, inserted
+        first in the same transaction, decides which publish is first."""
+        key = message.key_params()
+        if key is not None and await self.first(conn, "message_key_insert", key) is None:
+            return False
+        return await self.first(conn, "message_insert", message.params()) is not None
 
     async def message_publish(
         self, conn: AsyncConnection, message: NewMessage, endpoint_ids: Sequence[str]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from relaybox.bodies import stored_json
+from relaybox.store.keys import message_digest, scope_of
 
 __all__ = [
     "UNBOUNDED",
@@ -390,6 +391,24 @@ class Message:
             sequence=row[7],
         )
 
+    @classmethod
+    def from_key_row(cls, row: Sequence[Any], tenant: str, idempotency_key: str) -> Message:
+        """From ``message_get_by_key``: the message row's columns, then the day its key
+        was first seen. When the message row is gone (its history dropped, the key
+        kept), the message is known by its id alone: no event type (``""``), its body
+        JSON ``null`` (as a purged message's), created at the start of that day."""
+        if row[1] is not None:
+            return cls.from_row(row)
+        return cls(
+            id=row[0],
+            tenant=tenant,
+            event_type="",
+            idempotency_key=idempotency_key,
+            body=b"null",
+            created_at=float(row[8]) * 86400,
+            created=False,
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -416,6 +435,31 @@ class NewMessage:
     sequence: int | None = None
     traceparent: str | None = None
     """The trace context of the publish (:func:`relaybox.tracing.traceparent`)."""
+
+    def params(self) -> tuple[Any, ...]:
+        """Parameters of ``message_insert``."""
+        return (
+            self.id,
+            self.tenant,
+            self.event_type,
+            self.idempotency_key,
+            self.body,
+            self.created_at,
+            self.ordering_key,
+            self.sequence,
+            self.traceparent,
+        )
+
+    def key_params(self) -> tuple[Any, ...] | None:
+        """Parameters of ``message_key_insert`` (``None`` without an idempotency key)."""
+        if self.idempotency_key is None:
+            return None
+        return (
+            message_digest(self.tenant, self.idempotency_key),
+            scope_of(self.tenant),
+            self.created_at,
+            self.id,
+        )
 
 
 @dataclass(frozen=True, slots=True)

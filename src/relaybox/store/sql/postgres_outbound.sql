@@ -148,19 +148,42 @@ SET max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit
 -- name: lane_delete
 DELETE FROM relaybox_lanes WHERE lane = $1
 
+-- name: message_key_insert
+-- A message's idempotency key ($1: its digest, $2: the tenant's scope, $3: the
+-- publish time, $4: the message id), in the publisher's transaction: the primary
+-- key decides which publish is first, whether or not the first message still exists.
+INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)
+VALUES ($2::bigint, floor($3::double precision / 86400)::integer, $1::bytea, $4::text)
+ON CONFLICT DO NOTHING
+RETURNING 1
+
 -- name: message_insert
--- The (tenant, idempotency_key) UNIQUE constraint decides which publish is first.
+-- After message_key_insert (when the message has a key): the message itself.
 INSERT INTO relaybox_messages
     (id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence,
      traceparent)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-ON CONFLICT (tenant, idempotency_key) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING id
 
 -- name: message_get_by_key
-SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
-FROM relaybox_messages
-WHERE tenant = $1 AND idempotency_key = $2
+-- The message published under an idempotency key ($1: its digest; $2, $3: the
+-- tenant and the key): the keys table names it, with the day it was first seen; its
+-- columns are NULL when the message row is gone (its history dropped). Until the
+-- backfill of message keys has finished, a message stored before the keys table
+-- existed is found by its old (tenant, idempotency_key) key.
+SELECT k.message_id AS id, m.tenant, m.event_type, m.idempotency_key, m.body,
+       m.created_at, m.ordering_key, m.sequence, k.first_seen
+FROM relaybox_message_keys k LEFT JOIN relaybox_messages m ON m.id = k.message_id
+WHERE k.digest = $1
+UNION ALL
+SELECT m.id, m.tenant, m.event_type, m.idempotency_key, m.body, m.created_at,
+       m.ordering_key, m.sequence, NULL
+FROM relaybox_messages m
+WHERE m.tenant = $2 AND m.idempotency_key = $3
+  AND NOT EXISTS (SELECT 1 FROM relaybox_keys_backfill b
+                  WHERE b.kind = 'message' AND b.finished_at IS NOT NULL)
+  AND NOT EXISTS (SELECT 1 FROM relaybox_message_keys k WHERE k.digest = $1)
 
 -- name: message_get
 SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
