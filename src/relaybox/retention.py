@@ -171,6 +171,41 @@ async def purge(
     return result
 
 
+async def backfill_keys(
+    box: Runtime,
+    *,
+    batch: int | None = None,
+    max_batches: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Copy the keys of rows stored before migration 0027 into the keys tables
+    (:meth:`Store.keys_backfill`), ``batch`` rows a transaction (default
+    ``retention.batch``), each kind until it has finished or ``max_batches`` batches
+    ran (the maintenance job runs at most a few a pass; ``relaybox migrate`` runs them
+    all). Resumable: the position is kept in the database. Returns the rows read. Until
+    it has finished the accept copies an old row's key itself when one comes again."""
+    size = batch or box.settings.retention.batch
+    total = 0
+    for kind in ("event", "message"):
+        runs = 0
+        while max_batches is None or runs < max_batches:
+            state = await box.store.keys_backfill(kind, limit=size)
+            runs += 1
+            total += state.read
+            if progress is not None and state.read:
+                progress(state.read)
+            if state.finished:
+                break
+    if total:
+        log.info("keys_backfilled", rows=total)
+    return total
+
+
+_BACKFILL_BATCHES_A_PASS = 10
+"""Batches of the keys backfill (``retention.batch`` rows each, per kind) one
+maintenance pass runs: the rest waits for the next pass, or ``relaybox migrate``."""
+
+
 def maintenance_lock(store: Store) -> AbstractAsyncContextManager[bool]:
     """Yield whether this process is the maintenance runner now (see
     :meth:`Store.maintenance_try_lock`: an advisory lock on PostgreSQL, always this
@@ -226,6 +261,8 @@ class Maintenance:
                 log.info("disabled_endpoint_deliveries_dead", rows=strays)
             # Erasures waiting for rows that were pending: emptied once they finished.
             await resume_waiting(self.box)
+            # Keys of rows stored before migration 0027, a few batches a pass.
+            await backfill_keys(self.box, max_batches=_BACKFILL_BATCHES_A_PASS)
             return result
 
     async def run(self) -> None:

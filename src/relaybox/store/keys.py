@@ -92,6 +92,8 @@ class BackfillProgress:
     """Keys copied so far (rows read; a row whose key existed counts too)."""
     finished: bool
     last_id: str | None = None
+    read: int = 0
+    """Rows the call that returned this read (0 for a status)."""
 
 
 def event_key_columns(rows: Sequence[Any]) -> list[list[Any]]:

@@ -71,7 +71,7 @@ class KeysStore:
                 (kind, new_last, len(page), time.time() if finished else None),
             )
             done = (0 if state is None else int(state[2])) + len(page)
-        return BackfillProgress(kind, done, finished, new_last)
+        return BackfillProgress(kind, done, finished, new_last, len(page))
 
     async def keys_backfill_status(self) -> list[BackfillProgress]:
         """Where the backfill of each kind stands (not started: 0 rows, unfinished)."""

@@ -340,7 +340,13 @@ class OutboxStore:
         key = message.key_params()
         if key is not None and await self.first(conn, "message_key_insert", key) is None:
             return False
-        return await self.first(conn, "message_insert", message.params()) is not None
+        if await self.first(conn, "message_insert", message.params()) is not None:
+            return True
+        if key is not None:  # an old message under this key, stored before its key
+            await self.rows(
+                conn, "message_key_adopt", (key[0], message.tenant, message.idempotency_key)
+            )
+        return False
 
     async def message_publish(
         self, conn: AsyncConnection, message: NewMessage, endpoint_ids: Sequence[str]

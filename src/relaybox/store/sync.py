@@ -126,7 +126,11 @@ class SyncStore:
         key = message.key_params()
         if key is not None and self.first(conn, "message_key_insert", key) is None:
             return False
-        return self.first(conn, "message_insert", message.params()) is not None
+        if self.first(conn, "message_insert", message.params()) is not None:
+            return True
+        if key is not None:  # an old message under this key, stored before its key
+            self.rows(conn, "message_key_adopt", (key[0], message.tenant, message.idempotency_key))
+        return False
 
     def publish_context(self, conn: Connection, tenant: str, event_type: str) -> PublishContext:
         """The event type's schema and the tenant's enabled endpoints, in one statement

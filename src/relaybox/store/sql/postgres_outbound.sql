@@ -166,6 +166,16 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT DO NOTHING
 RETURNING id
 
+-- name: message_key_adopt
+-- message_insert inserted nothing after message_key_insert: the messages' old UNIQUE
+-- (tenant, idempotency_key) found a message stored before the keys table had its key
+-- ($1: the digest, $2, $3: tenant and key). The key names that message.
+UPDATE relaybox_message_keys SET message_id = (
+    SELECT m.id FROM relaybox_messages m WHERE m.tenant = $2 AND m.idempotency_key = $3)
+WHERE digest = $1
+  AND EXISTS (SELECT 1 FROM relaybox_messages m
+              WHERE m.tenant = $2 AND m.idempotency_key = $3)
+
 -- name: message_get_by_key
 -- The message published under an idempotency key ($1: its digest; $2, $3: the
 -- tenant and the key): the keys table names it, with the day it was first seen; its
