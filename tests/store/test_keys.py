@@ -110,6 +110,25 @@ async def test_duplicates_and_conflicts_outlive_the_history(database_url: str) -
             [q] = await store.fetch_all("SELECT * FROM relaybox_quarantine")
             assert q["inbox_id"] is None  # the original row is gone
             assert (q["event_id"], bytes(q["payload"])) == ("old", b'{"v": 2}')
+            # The operator still sees it, with no original to compare.
+            [listed] = await store.quarantine_list(
+                source=None, resolved=None, before_id=None, limit=10
+            )
+            assert (listed["id"], listed["inbox_id"], listed["original_status"]) == (
+                q["id"],
+                None,
+                None,
+            )
+            from relaybox import Relaybox
+            from relaybox.ops.inbound import quarantine_get
+
+            box = Relaybox(database_url)
+            try:
+                detail = await quarantine_get(box, q["id"])
+            finally:
+                await box.close()
+            assert (detail.original, detail.differences) == (None, [])
+            assert detail.quarantined.payload == {"v": 2}
     finally:
         await store.close()
 
