@@ -112,6 +112,7 @@ class KeysStore:
             raise ValueError(f"unknown kind of keys {kind!r}: one of {', '.join(keys.KEY_KINDS)}")
         limit = max(1, int(limit))
         cutoff: float = before_day if kind != "operation" else before_day * keys.DAY
+        params: tuple[Any, ...]
         if scope is None:
             name, params = f"{kind}_keys_expire", (cutoff, limit)
         else:

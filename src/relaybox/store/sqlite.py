@@ -262,8 +262,8 @@ class SQLiteStore(Store):
         stored: dict[bytes, tuple[int, bytes]] = {}
         distinct = list(dict.fromkeys(digests))
         for start in range(0, len(distinct), self.INSERT_ROWS):
-            part = distinct[start : start + self.INSERT_ROWS]
-            for digest, inbox_id, fp in db.execute(self._keys_get_sql(len(part)), part):
+            chunk = distinct[start : start + self.INSERT_ROWS]
+            for digest, inbox_id, fp in db.execute(self._keys_get_sql(len(chunk)), chunk):
                 stored[bytes(digest)] = (inbox_id, bytes(fp))
         new: dict[bytes, NewDelivery] = {}
         for d, digest in zip(batch, digests, strict=True):
