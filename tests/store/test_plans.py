@@ -33,14 +33,17 @@ BIG = {
     "relaybox_outbox",
     "relaybox_outbox_attempts",
     "relaybox_messages",
+    "relaybox_event_keys",
+    "relaybox_message_keys",
 }
 
 # The settings of PostgresStore.generic_pool, where the hot batch statements run.
 GENERIC_POOL = "SET plan_cache_mode = force_generic_plan; SET enable_bitmapscan = off"
 
 # Operators' reads and maintenance: listed, counted or purged on demand; erasures
-# (test_an_erasure_probes_the_subjects_rows checks they reach rows by index).
-OPERATOR = re.compile(r"^(ops_|stats_|erase_|erasure_|replay_select$|.*_list$|.*_count$)")
+# (test_an_erasure_probes_the_subjects_rows checks they reach rows by index); the
+# keys' backfill and expiry (batches of the maintenance job).
+OPERATOR = re.compile(r"^(ops_|stats_|erase_|erasure_|keys_|replay_select$|.*_list$|.*_count$)")
 
 
 def _generic_plans(queries: dict[str, str]) -> list[str]:

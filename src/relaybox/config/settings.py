@@ -286,7 +286,9 @@ class RetentionSettings(BaseModel):
         "delivery of it is purged",
     )
     interval: float = Field(3600.0, gt=0, description="seconds between maintenance runs")
-    batch: int = Field(1000, ge=1, le=100_000, description="rows purged per transaction")
+    batch: int = Field(
+        1000, ge=1, le=100_000, description="rows purged, and keys backfilled, per transaction"
+    )
 
 
 class ErasureSettings(BaseModel):

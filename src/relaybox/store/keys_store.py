@@ -114,10 +114,10 @@ class KeysStore:
         cutoff: float = before_day if kind != "operation" else before_day * keys.DAY
         params: tuple[Any, ...]
         if scope is None:
-            name, params = f"{kind}_keys_expire", (cutoff, limit)
+            name, params = f"keys_expire_{kind}", (cutoff, limit)
         else:
             value: Any = scope if kind == "operation" else keys.scope_of(scope)
-            name, params = f"{kind}_keys_expire_scope", (cutoff, limit, value)
+            name, params = f"keys_expire_{kind}_scope", (cutoff, limit, value)
         total = 0
         while True:
             async with self.transaction() as conn:

@@ -32,35 +32,35 @@ INSERT INTO relaybox_message_keys (digest, scope, first_seen, message_id)
 SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::integer[], $4::text[])
 ON CONFLICT DO NOTHING
 
--- name: event_keys_expire
+-- name: keys_expire_event
 -- One batch of expiry: up to $2 event keys first seen before day $1, oldest first.
 DELETE FROM relaybox_event_keys WHERE digest IN (
     SELECT digest FROM relaybox_event_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2)
 
--- name: event_keys_expire_scope
--- As event_keys_expire, only the keys of scope $3.
+-- name: keys_expire_event_scope
+-- As keys_expire_event, only the keys of scope $3.
 DELETE FROM relaybox_event_keys WHERE digest IN (
     SELECT digest FROM relaybox_event_keys WHERE scope = $3 AND first_seen < $1
     ORDER BY first_seen LIMIT $2)
 
--- name: message_keys_expire
+-- name: keys_expire_message
 -- One batch of expiry: up to $2 message keys first seen before day $1, oldest first.
 DELETE FROM relaybox_message_keys WHERE digest IN (
     SELECT digest FROM relaybox_message_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2)
 
--- name: message_keys_expire_scope
--- As message_keys_expire, only the keys of scope $3.
+-- name: keys_expire_message_scope
+-- As keys_expire_message, only the keys of scope $3.
 DELETE FROM relaybox_message_keys WHERE digest IN (
     SELECT digest FROM relaybox_message_keys WHERE scope = $3 AND first_seen < $1
     ORDER BY first_seen LIMIT $2)
 
--- name: operation_keys_expire
+-- name: keys_expire_operation
 -- One batch of expiry: up to $2 operation keys first seen before time (epoch seconds) $1, oldest first.
 DELETE FROM relaybox_operations WHERE business_key IN (
     SELECT business_key FROM relaybox_operations WHERE created_at < $1 ORDER BY created_at LIMIT $2)
 
--- name: operation_keys_expire_scope
--- As operation_keys_expire, only the keys of scope $3.
+-- name: keys_expire_operation_scope
+-- As keys_expire_operation, only the keys of scope $3.
 DELETE FROM relaybox_operations WHERE business_key IN (
     SELECT business_key FROM relaybox_operations WHERE source = $3 AND created_at < $1
     ORDER BY created_at LIMIT $2)
