@@ -111,7 +111,7 @@ class KeysStore:
         if kind not in keys.KEY_KINDS:
             raise ValueError(f"unknown kind of keys {kind!r}: one of {', '.join(keys.KEY_KINDS)}")
         limit = max(1, int(limit))
-        cutoff: float = before_day if kind != "operation" else before_day * keys.DAY
+        cutoff = int(before_day)
         params: tuple[Any, ...]
         if scope is None:
             name, params = f"keys_expire_{kind}", (cutoff, limit)

@@ -54,12 +54,16 @@ DELETE FROM relaybox_message_keys WHERE digest IN (
     ORDER BY first_seen LIMIT ?2)
 
 -- name: keys_expire_operation
--- One batch of expiry: up to ?2 operation keys first seen before time (epoch seconds) ?1, oldest first.
+-- One batch of expiry: up to ?2 business keys first seen before day ?1, oldest first
+-- (by the day, as relaybox_operations_age indexes it).
 DELETE FROM relaybox_operations WHERE business_key IN (
-    SELECT business_key FROM relaybox_operations WHERE created_at < ?1 ORDER BY created_at LIMIT ?2)
+    SELECT business_key FROM relaybox_operations
+    WHERE CAST(created_at / 86400 AS INTEGER) < ?1
+    ORDER BY CAST(created_at / 86400 AS INTEGER) LIMIT ?2)
 
 -- name: keys_expire_operation_scope
--- As keys_expire_operation, only the keys of scope ?3.
+-- As keys_expire_operation, only the keys of source ?3.
 DELETE FROM relaybox_operations WHERE business_key IN (
-    SELECT business_key FROM relaybox_operations WHERE source = ?3 AND created_at < ?1
-    ORDER BY created_at LIMIT ?2)
+    SELECT business_key FROM relaybox_operations
+    WHERE source = ?3 AND CAST(created_at / 86400 AS INTEGER) < ?1
+    ORDER BY CAST(created_at / 86400 AS INTEGER) LIMIT ?2)

@@ -20,8 +20,9 @@ CREATE TABLE relaybox_message_keys (
 CREATE INDEX relaybox_message_keys_age ON relaybox_message_keys (first_seen);
 CREATE INDEX relaybox_message_keys_scope_age ON relaybox_message_keys (scope, first_seen);
 
-CREATE INDEX relaybox_operations_age ON relaybox_operations (created_at);
-CREATE INDEX relaybox_operations_source_age ON relaybox_operations (source, created_at);
+CREATE INDEX relaybox_operations_age ON relaybox_operations (CAST(created_at / 86400 AS INTEGER));
+CREATE INDEX relaybox_operations_source_age
+    ON relaybox_operations (source, CAST(created_at / 86400 AS INTEGER));
 
 CREATE TABLE relaybox_keys_backfill (
     kind        TEXT PRIMARY KEY,
