@@ -488,7 +488,7 @@ def quarantine_list(
             ("id", "original", "source", "event id", "type", "received", "resolution"),
             [
                 (q.id,
-                 f"{q.inbox_id} ({q.original_status})" if q.inbox_id is not None else "gone",
+                 f"{q.inbox_id} ({q.original_status or 'gone'})",
                  q.source, q.event_id,
                  q.event_type, _iso(q.received_at), q.resolution or "open")
                 for q in page.items

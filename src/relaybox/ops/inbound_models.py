@@ -262,9 +262,9 @@ class DiscardResult(_Model):
 
 class QuarantineSummary(_Model):
     id: int
-    inbox_id: int | None = Field(
-        description="the original event's row; null when that row no longer exists"
-        " (its history dropped: the event key still knew it)"
+    inbox_id: int = Field(
+        description="the original event's id (its row may no longer exist: original_status"
+        " is then null)"
     )
     source: str
     account: str

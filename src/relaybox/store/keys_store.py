@@ -53,9 +53,7 @@ class KeysStore:
                 return BackfillProgress(kind, int(state[2]), True, state[1])
             last = None if state is None else state[1]
             if kind == "event":
-                page = await self.rows(
-                    conn, "keys_backfill_events_page", (int(last or 0), limit)
-                )
+                page = await self.rows(conn, "keys_backfill_events_page", (int(last or 0), limit))
                 if page:
                     await self._event_keys_copy(conn, page)
             else:

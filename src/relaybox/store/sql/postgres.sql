@@ -83,13 +83,12 @@ SELECT pg_advisory_xact_lock(7204, hashtext($1 || chr(10) || $2 || chr(10) || $3
 
 -- name: quarantine_insert
 -- The newcomer is stored once per distinct content of its event key (quarantine_lock
--- held); the original row is not touched. Its inbox_id is the original row's, NULL
--- when that row is gone (its history dropped: the event key remembered it).
+-- held); the original row is not touched. Its inbox_id is the original row's, as the
+-- event key remembers it, also when that row is gone (its history dropped).
 INSERT INTO relaybox_quarantine
     (inbox_id, source, account, event_id, event_type, tenant, fingerprint, payload,
      headers, received_at)
-SELECT (SELECT i.id FROM relaybox_inbox i WHERE i.id = $1), $2, $3, $4, $5, $6, $7, $8,
-       $9, $10
+SELECT $1::bigint, $2, $3, $4, $5, $6, $7, $8, $9, $10
 WHERE NOT EXISTS (
     SELECT 1 FROM relaybox_quarantine q
     WHERE q.source = $2 AND q.event_id = $4 AND q.account = $3 AND q.fingerprint = $7)

@@ -67,7 +67,8 @@ SELECT id, received_at, resolved_at, resolution
 FROM relaybox_quarantine WHERE inbox_id = $1 ORDER BY id
 
 -- name: ops_quarantine_list
--- The original's columns are NULL when its row is gone (its history dropped).
+-- The original's columns are NULL when its row is gone (its history dropped): its
+-- inbox_id is then the id it had.
 -- $2: NULL any, true resolved only, false open only.
 SELECT q.id, q.inbox_id, q.source, q.account, q.event_id, q.event_type, q.tenant,
        q.received_at, q.resolved_at, q.resolution, q.resolved_by, q.resolution_reason,

@@ -59,7 +59,9 @@ INSERT INTO relaybox_keys_backfill (kind, finished_at)
 SELECT 'message', extract(epoch FROM now()) WHERE NOT EXISTS (SELECT 1 FROM relaybox_messages);
 
 -- A conflicting delivery whose original inbox row is gone (its history dropped) is
--- still quarantined: with no row to refer to, its inbox_id is NULL. Quarantine rows
--- are found by their event key (one per distinct content).
-ALTER TABLE relaybox_quarantine ALTER COLUMN inbox_id DROP NOT NULL;
+-- still quarantined, under the original's inbox id that its event key remembers (an
+-- erasure of the subject still reaches it through that id): the reference to the
+-- inbox row can no longer be a foreign key. Quarantine rows are found by their event
+-- key (one per distinct content).
+ALTER TABLE relaybox_quarantine DROP CONSTRAINT relaybox_quarantine_inbox_id_fkey;
 CREATE INDEX relaybox_quarantine_event ON relaybox_quarantine (source, event_id, account);
