@@ -239,7 +239,6 @@ async def _migrate_and_close(box: Relaybox) -> tuple[list[str], dict[str, int]]:
     """Apply the migrations, then seal the endpoint secrets older versions stored in
     plaintext (what :meth:`Relaybox.migrate` does), with the counts to report."""
     from relaybox.outbound.endpoints import seal_plaintext
-
     from relaybox.retention import backfill_keys
 
     try:
