@@ -59,7 +59,8 @@ def stats(app: str | None, config: str | None, database_url: str | None, as_json
 @app_options
 @click.option(
     "--older-than",
-    help="finished longer ago than this, inbox and outbox alike (default: the settings)",
+    help="finished longer ago than this, inbox and outbox alike, whatever the ages of "
+    "tenants and sources (default: each row at its own age, from the settings)",
 )
 @click.option("--batch", type=int, help="rows per transaction (default: the setting)")
 @click.option("--dry-run", is_flag=True, help="count what would be purged, change nothing")
@@ -86,9 +87,7 @@ def purge(
     async def go() -> retention.PurgeResult:
         if dry_run or as_json:
             return await retention.purge(box, older_than=age, batch=batch, dry_run=dry_run)
-        cutoff, outbox_cutoff = retention.cutoffs(box, age)
-        inbox_n, quarantine_n = await retention.purge_candidates(box, cutoff)
-        outbox_n, messages_n = await retention.outbox_purge_candidates(box, outbox_cutoff)
+        counted = await retention.count_candidates(box, older_than=age)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         with Progress(
@@ -98,7 +97,7 @@ def purge(
             console=_err_console(),
             transient=False,
         ) as bar:
-            task = bar.add_task("purge", total=inbox_n + quarantine_n + outbox_n + messages_n)
+            task = bar.add_task("purge", total=sum(counted.values()))
             return await retention.purge(
                 box, older_than=age, batch=batch, progress=lambda n: bar.advance(task, n)
             )

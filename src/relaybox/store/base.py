@@ -37,6 +37,7 @@ from relaybox.store.outbox import OutboxStore
 from relaybox.store.outbox_catalog import CatalogStore
 from relaybox.store.outbox_flow import FlowStore
 from relaybox.store.processing import Processing
+from relaybox.store.retention import RetentionStore
 from relaybox.store.silence import SilenceStore
 from relaybox.store.sync import SyncStore, sync_store
 
@@ -87,6 +88,7 @@ class Store(
     KeysStore,
     OperatorStore,
     OutboxStore,
+    RetentionStore,
     SilenceStore,
     FlowStore,
     CatalogStore,
