@@ -126,8 +126,9 @@ def _register_builtins() -> None:
             "header and response excerpt of it goes; keys and outcomes stay.",
         )
     )
-    from relaybox.admin import operational, outbound
+    from relaybox.admin import operational, outbound, retention
 
+    retention.register()
     outbound.register()
     operational.register()
 
