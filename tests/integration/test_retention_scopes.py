@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -22,6 +22,7 @@ from relaybox.admin import build_admin
 from relaybox.config import Settings
 from relaybox.retention import Maintenance, count_candidates, purge
 from relaybox.store import NewDelivery
+from tests.integration.test_ops_cli import Invoke, cli_runner
 from tests.support.outbound_app import local, publish_one
 
 DAY = 86400.0
@@ -294,3 +295,32 @@ async def test_tenant_listing_merges_file_and_database_by_page(
             assert c["config"]["payload_max_age"] == 3600
     finally:
         await b.close()
+
+
+@pytest.fixture
+def cli() -> Iterator[Invoke]:
+    yield from cli_runner()
+
+
+async def test_cli_sets_shows_and_clears_a_tenants_ages(
+    box: Relaybox, database_url: str, cli: Invoke
+) -> None:
+    db = ("--database-url", database_url)
+    out = await cli("retention", "set", "acme", "--payload-max-age", "7d", "--json", *db)
+    shown = json.loads(out.stdout)
+    assert (shown["payload_max_age"], shown["payload_origin"]) == (7 * DAY, "api")
+    assert shown["api"]["updated_by"].startswith("cli:")
+    stored = await box.store.retention_policy_get("acme")
+    assert stored is not None and stored.payload_max_age == 7 * DAY
+    out = await cli("retention", "show", *db)
+    assert "acme: events 7d 0h (api)" in out.stdout
+    assert "global: events 30d 0h" in out.stdout
+    bad = await cli("retention", "set", "acme", "--payload-max-age", "30s", "--json", *db, code=2)
+    assert "greater than or equal to 60" in bad.stdout
+    empty = await cli("retention", "set", "acme", "--json", *db, code=1)
+    assert json.loads(empty.stdout)["error"] == "invalid_policy"
+    out = await cli("retention", "clear", "acme", "--json", *db)
+    assert json.loads(out.stdout)["payload_origin"] == "default"
+    gone = await cli("retention", "clear", "acme", "--json", *db, code=1)
+    assert json.loads(gone.stdout)["error"] == "not_found"
+    assert await box.store.retention_policy_get("acme") is None

@@ -44,6 +44,7 @@ __all__ = [
     "tenant_ages",
 ]
 
+
 def _number(value: object) -> object:
     # A JSON number only: true, "30d" or "3600" are refused (400), not converted.
     if isinstance(value, bool) or not isinstance(value, int | float | None):
@@ -51,9 +52,7 @@ def _number(value: object) -> object:
     return value
 
 
-Age = Annotated[
-    float, BeforeValidator(_number), Field(ge=RETENTION_AGE_MIN, le=RETENTION_AGE_MAX)
-]
+Age = Annotated[float, BeforeValidator(_number), Field(ge=RETENTION_AGE_MIN, le=RETENTION_AGE_MAX)]
 """An age in seconds as the API takes it: a JSON number from a minute to ten years."""
 
 
@@ -99,8 +98,7 @@ class ConfiguredAges(_Model):
 class TenantAgesView(_Model):
     tenant: str
     payload_max_age: float | None = Field(
-        description="the inbound age that applies (null: each event's source's, or the "
-        "global age)"
+        description="the inbound age that applies (null: each event's source's, or the global age)"
     )
     payload_origin: AgeOrigin = Field(
         description="api, config, or default (the source's or the global age)"
@@ -200,7 +198,7 @@ async def set_tenant(
     if inbound is None and outbound is None:
         raise InvalidPolicy(
             "set payload_max_age, outbox_payload_max_age or both; to go back to the "
-            "configuration's ages, DELETE the tenant's policy"
+            "configuration's ages, remove the tenant's policy instead"
         )
     settings = box.settings.retention
     row = await box.store.retention_policy_put(
@@ -225,7 +223,10 @@ async def clear_tenant(box: Runtime, tenant: str) -> TenantAgesView:
     the global ones, apply again."""
     _check_tenant(tenant)
     if not await box.store.retention_policy_delete(tenant):
-        raise NotFound(f"tenant {tenant!r} has no retention policy set through the admin API")
+        raise NotFound(
+            f"tenant {tenant!r} has no retention policy stored (set through the admin API, "
+            "the dashboard or relaybox retention set)"
+        )
     return _view(box, tenant, None, box.settings.retention.tenants.get(tenant))
 
 
