@@ -1,4 +1,5 @@
 """python -m bench accept|process|dispatch|growth|size|latency|slow|filters|replay|erase|otel|
+retention|
 all [--quick]
 [--seconds N]"""
 
@@ -27,7 +28,7 @@ def main() -> None:
     parser.add_argument(
         "which",
         choices=(
-            "accept process dispatch growth size latency slow filters replay erase otel all"
+            "accept process dispatch growth size latency slow filters replay erase otel retention all"
         ).split(),
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
@@ -94,6 +95,10 @@ def main() -> None:
         from bench import erase
 
         tables.append(erase.main(quick=args.quick))
+    if args.which == "retention":  # not in `all`: the purge with ages per tenant
+        from bench import retention
+
+        tables.append(retention.main(quick=args.quick, rounds=args.rounds))
     if args.which == "otel":  # not in `all`: the cost of tracing, on demand
         from bench import otel
 

@@ -13,6 +13,10 @@ is one of two shapes, both in batches of their own transactions:
   cutoff in (time, id) order after a cursor (all of them, or one source's), which the
   caller filters (rows whose tenant or source keeps them longer) before purging the
   others by id. The cursor moves past rows left alone, so a pass reads each once.
+
+On PostgreSQL these statements are planned for their values (``retention_custom_plans``):
+which index reads fewer rows depends on the cutoff, the cursor, the tenants and the
+source, which a generic plan does not see.
 """
 
 from __future__ import annotations
@@ -138,6 +142,7 @@ class RetentionStore:
         in a transaction of their own; returns how many."""
         params = (cutoff, now, limit, self._list(list(tenants)))
         async with self.connect() as conn:
+            await self.rows(conn, "retention_custom_plans")
             rows = await self.rows(conn, f"ops_purge_{table}_tenants", params)
             if rows and table == "outbox":
                 ids = self._ids([r[0] for r in rows])
@@ -170,6 +175,7 @@ class RetentionStore:
         else:
             name = f"ops_purge_{table}_scan"
         async with self.connect() as conn:
+            await self.rows(conn, "retention_custom_plans")
             rows = await self.rows(conn, name, params)
         return [PurgeCandidate(r[0], float(r[1]), r[2], r[3]) for r in rows]
 
@@ -182,6 +188,7 @@ class RetentionStore:
         if not ids:
             return 0
         async with self.connect() as conn:
+            await self.rows(conn, "retention_custom_plans")
             rows = await self.rows(
                 conn, f"ops_purge_{table}_ids", (self._list(list(ids)), now, cutoff)
             )

@@ -5,6 +5,14 @@
 -- whose rows the caller filters before purging them by id. Every batch is its own
 -- transaction and re-checks, once the rows are locked, what made them purgeable.
 
+-- name: retention_custom_plans
+-- For the rest of the transaction, plan each statement for its values (the cutoff, the
+-- cursor, the tenants, the source): a generic plan cannot tell a scan from the start
+-- of the table from one of the last minutes, nor one rare source from all of them, and
+-- picked the time index for both; the statistics pick the (tenant|source, time) one
+-- when it reads fewer rows. Planning costs well under a millisecond a batch.
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true)
+
 -- name: retention_policy_get
 SELECT tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by
 FROM relaybox_retention_policies WHERE tenant = $1
@@ -34,11 +42,13 @@ FROM relaybox_retention_policies WHERE tenant > $1 ORDER BY tenant LIMIT $2
 
 -- name: ops_purge_inbox_tenants
 -- One batch of ops_purge_inbox for the tenants $4 (cutoff $1, now $2, limit $3), through
--- relaybox_inbox_purgeable_tenant. No order: every candidate goes, and without ORDER BY
--- the index scan stops at the limit instead of reading every candidate to sort them.
+-- relaybox_inbox_purgeable_tenant (tenant IS NOT NULL: its predicate, which the planner
+-- cannot prove from tenant = ANY of a parameter). No order: every candidate goes, and
+-- without ORDER BY the index scan stops at the limit instead of reading every
+-- candidate to sort them.
 WITH batch AS MATERIALIZED (
     SELECT i.id FROM relaybox_inbox i
-    WHERE i.tenant = ANY($4::text[])
+    WHERE i.tenant = ANY($4::text[]) AND i.tenant IS NOT NULL
       AND i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < $1
       AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
       AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
@@ -135,7 +145,7 @@ GROUP BY tenant, source
 -- relaybox_outbox_purgeable_tenant (no order, as in ops_purge_inbox_tenants).
 WITH batch AS MATERIALIZED (
     SELECT id FROM relaybox_outbox
-    WHERE tenant = ANY($4::text[])
+    WHERE tenant = ANY($4::text[]) AND tenant IS NOT NULL
       AND purged_at IS NULL AND status IN ('sent', 'dead') AND updated_at < $1
     LIMIT $3
     FOR NO KEY UPDATE SKIP LOCKED)

@@ -2,6 +2,11 @@
 -- sql/postgres_retention.sql. Lists of tenants and ids are JSON arrays (json_each);
 -- no SKIP LOCKED: BEGIN IMMEDIATE already makes each batch the only writer.
 
+-- name: retention_custom_plans
+-- PostgreSQL plans each purge statement for its values; SQLite plans every statement
+-- for its values anyway.
+SELECT 1
+
 -- name: retention_policy_get
 SELECT tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by
 FROM relaybox_retention_policies WHERE tenant = ?1
