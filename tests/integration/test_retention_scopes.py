@@ -324,3 +324,47 @@ async def test_cli_sets_shows_and_clears_a_tenants_ages(
     gone = await cli("retention", "clear", "acme", "--json", *db, code=1)
     assert json.loads(gone.stdout)["error"] == "not_found"
     assert await box.store.retention_policy_get("acme") is None
+
+
+async def test_the_maintenance_loops_scans_start_where_they_ended(
+    box: Relaybox, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant keeping longer than the global age makes the last pass a scan; the
+    loop's next run starts it where the previous one ended (the rows it left are
+    that tenant's, purged by its own pass when due), and a new age reads from the
+    start."""
+    async for client in api(box):
+        r = await client.put(
+            "/admin/api/v1/retention/tenants/long", json={"payload_max_age": 60 * DAY}
+        )
+        assert r.status_code == 200
+    start = clock.now()
+    await finished_history(box, clock)
+    starts: list[tuple[str, str | None, Any]] = []
+    scan = box.store.retention_scan
+
+    async def spy(table: Any, **kw: Any) -> Any:
+        starts.append((table, kw.get("source"), kw["after"]))
+        return await scan(table, **kw)
+
+    monkeypatch.setattr(box.store, "retention_scan", spy)
+    maintenance = Maintenance(box)
+    clock.set(start + 40 * DAY)
+    await maintenance.run_once()
+    inbox_default = [a for t, s, a in starts if t == "inbox" and s is None]
+    assert inbox_default[0] is None  # the first run reads from the start
+    assert (await kept(box))["inbox"] == {"long-1", "gh-long"}
+    starts.clear()
+    clock.set(start + 41 * DAY)
+    await maintenance.run_once()
+    inbox_default = [a for t, s, a in starts if t == "inbox" and s is None]
+    assert inbox_default[0] == (start + 10 * DAY, 0)  # where the last one ended
+    starts.clear()
+    async for client in api(box):
+        r = await client.put(
+            "/admin/api/v1/retention/tenants/long", json={"payload_max_age": 50 * DAY}
+        )
+    clock.set(start + 51 * DAY)
+    await maintenance.run_once()
+    assert [a for t, s, a in starts if t == "inbox" and s is None][0] is None  # new ages
+    assert (await kept(box))["inbox"] == set()

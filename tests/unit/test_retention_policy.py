@@ -141,3 +141,23 @@ def test_scoped_settings_from_toml(tmp_path: object) -> None:
     assert s.retention.sources["stripe"].payload_max_age == 604800.0
     acme = s.retention.tenants["acme-eu"]
     assert (acme.payload_max_age, acme.outbox_payload_max_age) == (86400.0, 7776000.0)
+
+
+def test_scan_marks_hold_while_the_ages_are_the_same() -> None:
+    from relaybox.retention.policy import ScanMarks
+
+    p = policies(tenants={"acme": {"payload_max_age": 90 * DAY}})
+    marks = ScanMarks()
+    assert marks.start("inbox", None, p.digest()) is None
+    marks.done("inbox", None, p.digest(), 123.0)
+    assert marks.start("inbox", None, p.digest()) == 123.0
+    assert marks.start("inbox", "stripe", p.digest()) is None  # another pass
+    assert marks.start("outbox", None, p.digest()) is None
+    same = policies(tenants={"acme": {"payload_max_age": 90 * DAY}})
+    assert same.digest() == p.digest()
+    for other in (
+        policies(tenants={"acme": {"payload_max_age": 91 * DAY}}),
+        policies(tenants={"acme": {"payload_max_age": 90 * DAY}}, payload_max_age=DAY),
+        policies(stored={"acme": (None, DAY)}),
+    ):
+        assert marks.start("inbox", None, other.digest()) is None

@@ -56,7 +56,13 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from relaybox.erasure import resume_waiting
-from relaybox.retention.policy import PurgePass, RetentionPolicies, load_policies, plan
+from relaybox.retention.policy import (
+    PurgePass,
+    RetentionPolicies,
+    ScanMarks,
+    load_policies,
+    plan,
+)
 from relaybox.store.history import PurgeTable
 
 if TYPE_CHECKING:
@@ -155,6 +161,7 @@ async def _run_pass(
     now: float,
     size: int,
     progress: Callable[[int], None] | None,
+    marks: ScanMarks | None = None,
 ) -> int:
     """Run one pass to its end; how many rows it purged."""
     total = 0
@@ -177,7 +184,11 @@ async def _run_pass(
         ):
             tick(purged)
     else:
-        after: tuple[float, int | str] | None = None
+        digest = policies.digest()
+        start = None if marks is None else marks.start(table, step.source, digest)
+        first_id: int | str = "" if table == "messages" else 0
+        after: tuple[float, int | str] | None = None if start is None else (start, first_id)
+        upto = step.cutoff
         while True:
             found = await store.retention_scan(
                 table, cutoff=step.cutoff, after=after, limit=size, source=step.source
@@ -185,14 +196,20 @@ async def _run_pass(
             if not found:
                 break
             # Each row at its own age: one whose tenant or source keeps it longer is
-            # left (the cursor moves past it); a shorter one's is past already.
-            due = [
-                c.id for c in found if c.at < now - policies.age_of(table, c.tenant, c.source)
-            ]
-            tick(await store.retention_purge_ids(table, due, cutoff=step.cutoff, now=now))
+            # left (the cursor moves past it; its own pass purges it); a shorter
+            # one's is past already.
+            due = [c for c in found if c.at < now - policies.age_of(table, c.tenant, c.source)]
+            purged = await store.retention_purge_ids(
+                table, [c.id for c in due], cutoff=step.cutoff, now=now
+            )
+            if purged < len(due):  # one was held (or changed): the next scan rereads it
+                upto = min(upto, due[0].at)
+            tick(purged)
             if len(found) < size:
                 break
             after = (found[-1].at, found[-1].id)
+        if marks is not None:
+            marks.done(table, step.source, digest, upto)
     return total
 
 
@@ -203,6 +220,7 @@ async def purge(
     batch: int | None = None,
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
+    marks: ScanMarks | None = None,
 ) -> PurgeResult:
     """Drop payloads of rows that finished long enough ago: each row at its own age
     (its tenant's, its source's, else ``retention.payload_max_age`` for events and
@@ -210,7 +228,9 @@ async def purge(
     messages), or ``older_than`` seconds for all. ``batch`` rows per transaction so a
     large purge never holds locks for long; ``progress`` is called with the number of
     rows each batch purged. Interrupted, the next purge goes on where it stopped (a
-    purged row is no candidate any more)."""
+    purged row is no candidate any more). ``marks``: where the previous purge of this
+    process ended its scans (:class:`~relaybox.retention.policy.ScanMarks`; the
+    maintenance loop keeps one)."""
     cutoff, outbox_cutoff = cutoffs(box, older_than)
     size = batch or box.settings.retention.batch
     policies = await _policies(box, older_than)
@@ -231,7 +251,7 @@ async def purge(
     totals: dict[PurgeTable, int] = dict.fromkeys(TABLES, 0)
     for step in steps:
         totals[step.table] += await _run_pass(
-            box.store, step, policies, now=now, size=size, progress=progress
+            box.store, step, policies, now=now, size=size, progress=progress, marks=marks
         )
     result = PurgeResult(
         cutoff,
@@ -300,6 +320,7 @@ class Maintenance:
     def __init__(self, box: Runtime, *, interval: float | None = None) -> None:
         self.box = box
         self.interval = interval or box.settings.retention.interval
+        self.marks = ScanMarks()  # where this loop's scans ended (ScanMarks)
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
@@ -311,7 +332,7 @@ class Maintenance:
             if not mine:
                 log.info("maintenance_skipped", reason="another process holds the lock")
                 return None
-            result = await purge(self.box)
+            result = await purge(self.box, marks=self.marks)
             # Portal sessions logged out of and single-use links opened: each row was
             # written to expire a minute after its token would have anyway.
             tokens = await self.box.store.portal_tokens_purge(self.box.clock.now())

@@ -30,6 +30,7 @@ what the number of distinct ages sets, not the number of tenants:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -45,6 +46,7 @@ __all__ = [
     "AgeOrigin",
     "PurgePass",
     "RetentionPolicies",
+    "ScanMarks",
     "TenantAges",
     "load_policies",
     "plan",
@@ -146,6 +148,19 @@ class RetentionPolicies:
             return self.inbound_age(tenant, source)
         return self.outbound_age(tenant)
 
+    def digest(self) -> str:
+        """A fingerprint of every age: a scan's mark holds while it is the same."""
+        text = repr(
+            (
+                self.payload_max_age,
+                self.outbox_payload_max_age,
+                sorted(self.sources.items()),
+                sorted(self.tenants_inbound.items()),
+                sorted(self.tenants_outbound.items()),
+            )
+        )
+        return hashlib.sha256(text.encode()).hexdigest()
+
     def ages(self, table: PurgeTable) -> set[float]:
         """Every distinct age that applies to some row of ``table``."""
         if table in INBOUND:
@@ -169,6 +184,30 @@ class PurgePass:
     cutoff: float
     tenants: tuple[str, ...] = ()
     source: str | None = None
+
+
+class ScanMarks:
+    """Where each scan pass of the next purge may start, remembered by the process that
+    purges (the maintenance loop): a scan leaves only rows whose own age has not
+    passed, and each of those belongs to a tenant or a source whose own pass purges it
+    when it is due. So while the ages are the same, the next scan starts at the time
+    this one ended (the earliest row it could not purge, if one was held by another
+    transaction), instead of reading again every row that a longer-keeping tenant
+    keeps. Another age anywhere (another digest) starts from the beginning; so does a
+    new process."""
+
+    def __init__(self) -> None:
+        self._marks: dict[tuple[PurgeTable, str | None], tuple[str, float]] = {}
+
+    def start(self, table: PurgeTable, source: str | None, digest: str) -> float | None:
+        """The time the scan of ``table`` (``source``'s) may start at; ``None``: from
+        the beginning."""
+        found = self._marks.get((table, source))
+        return found[1] if found is not None and found[0] == digest else None
+
+    def done(self, table: PurgeTable, source: str | None, digest: str, upto: float) -> None:
+        """The scan ended: every row before ``upto`` is purged or left to its own pass."""
+        self._marks[(table, source)] = (digest, upto)
 
 
 def _chunks(names: list[str]) -> Iterator[tuple[str, ...]]:

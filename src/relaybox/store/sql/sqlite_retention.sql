@@ -48,6 +48,8 @@ SELECT i.id, i.updated_at, i.tenant, i.source FROM relaybox_inbox i
 WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
   AND (i.updated_at, i.id) > (?2, ?3)
   AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
+  AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
+                  WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
 ORDER BY i.updated_at, i.id LIMIT ?4
 
 -- name: ops_purge_inbox_scan_source
@@ -56,6 +58,8 @@ WHERE i.source = ?5
   AND i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
   AND (i.updated_at, i.id) > (?2, ?3)
   AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
+  AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
+                  WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
 ORDER BY i.updated_at, i.id LIMIT ?4
 
 -- name: ops_purge_inbox_ids
