@@ -28,7 +28,8 @@ def main() -> None:
     parser.add_argument(
         "which",
         choices=(
-            "accept process dispatch growth size latency slow filters replay erase otel retention all"
+            "accept process dispatch growth size latency slow filters replay erase otel "
+            "retention all"
         ).split(),
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")

@@ -44,12 +44,14 @@ AGES = {0: 7 * DAY, 1: 30 * DAY, 2: 90 * DAY}
 def build(n: int) -> None:
     """The template database: migrated, filled, analyzed."""
     url = fresh_pg_database("retention_tpl")
-    subprocess.run(
+    migrated = subprocess.run(
         [sys.executable, "-m", "relaybox", "migrate", "--database-url", url],
-        check=True,
         capture_output=True,
+        text=True,
         cwd=ROOT,
     )
+    if migrated.returncode:
+        raise RuntimeError(f"relaybox migrate failed: {migrated.stderr[-2000:]}")
     spread = int(120 * DAY)
     rows = (
         f"SELECT g, 't' || lpad((g % {TENANTS})::text, 4, '0') AS tenant,"

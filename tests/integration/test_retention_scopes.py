@@ -366,5 +366,5 @@ async def test_the_maintenance_loops_scans_start_where_they_ended(
         )
     clock.set(start + 51 * DAY)
     await maintenance.run_once()
-    assert [a for t, s, a in starts if t == "inbox" and s is None][0] is None  # new ages
+    assert next(a for t, s, a in starts if t == "inbox" and s is None) is None  # new ages
     assert (await kept(box))["inbox"] == set()

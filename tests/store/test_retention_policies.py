@@ -62,17 +62,10 @@ async def test_policies_set_replace_page_cap_and_remove(store: Store) -> None:
         "t0", payload_max_age=7.0, outbox_payload_max_age=8.0, now=T0, actor="a", max_policies=2
     )
     # The cap: a third tenant is refused, an existing one may still change.
-    assert (
-        await store.retention_policy_put(
-            "t2",
-            payload_max_age=1.0,
-            outbox_payload_max_age=None,
-            now=T0,
-            actor="a",
-            max_policies=2,
-        )  # fmt: skip
-        is None
+    refused = await store.retention_policy_put(
+        "t2", payload_max_age=1.0, outbox_payload_max_age=None, now=T0, actor="a", max_policies=2
     )
+    assert refused is None
     assert await store.retention_policy_put(
         "t0", payload_max_age=9.0, outbox_payload_max_age=None, now=T0, actor="a", max_policies=2
     )

@@ -22,8 +22,8 @@ source, which a generic plan does not see.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
