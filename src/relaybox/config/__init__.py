@@ -19,10 +19,10 @@ from relaybox.config.settings import (
     AdminSettings,
     BodySettings,
     RetentionSettings,
-    SourceRetention,
-    TenantRetention,
     ServerSettings,
     Settings,
+    SourceRetention,
+    TenantRetention,
     WorkerSettings,
 )
 from relaybox.config.silence import SilenceSettings
