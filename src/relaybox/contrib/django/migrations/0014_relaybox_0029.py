@@ -7,6 +7,6 @@ from relaybox.contrib.django.migrating import ApplyRelayboxMigrations
 
 
 class Migration(migrations.Migration):
-    dependencies = [("relaybox", "0013_relaybox_0028")]
+    dependencies = [("relaybox", "0012_relaybox_0027")]
 
     operations = [ApplyRelayboxMigrations(29)]
