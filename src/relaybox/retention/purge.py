@@ -1,0 +1,380 @@
+"""Retention: what relaybox forgets, when, and what it never forgets.
+
+relaybox retains only what is necessary: a payload is needed while its event
+can still run (pending), while an operator may still act on it (an undiscarded dead
+letter, the original of an open quarantine entry), and for a while after it finished
+(``retention.payload_max_age``, for replays and investigations). After that the purge
+drops the **payload and headers** and keeps the rest:
+
+* the event key and fingerprint, so a resend of a purged event is still answered as a
+  duplicate (or quarantined), never processed again;
+* status, outcome, attempts and errors, so the history stays readable;
+* business keys (``relaybox_operations``): never purged, because "did this operation
+  already happen?" has no expiry.
+
+A purged event cannot be replayed; :func:`relaybox.replay.replay` reports it apart and
+the admin API answers 409 ``payload_purged`` naming the purge date.
+
+The sending side has its own age (``retention.outbox_payload_max_age``):
+
+* a delivery (``relaybox_outbox``) that finished — ``sent``, or ``dead`` — that long ago
+  loses its payload (JSON ``null``, what webhook rows carry anyway) and the response
+  bytes its attempts stored; status, attempts, errors and keys stay. Pending rows
+  (leased or not) and ``held`` rows (waiting for a person) are never purged;
+* a message (``relaybox_messages``) published that long ago loses its body once every
+  delivery of it is purged (or it had none): the body is what a retry signs.
+
+A purged delivery is never sent again: redeliver and recover skip it, and the admin
+API answers 409 ``payload_purged`` for a purged message.
+
+A tenant or a source may have ages of its own (:mod:`relaybox.retention.policy`: the
+configuration's ``[retention.tenants.ID]`` and ``[retention.sources.NAME]``, and each
+tenant's policy set through the admin API): every row is purged at its own age, in
+passes whose number the distinct ages set, not the number of tenants.
+
+The scheduled job (:class:`Maintenance`) also drops the rows of portal tokens ended
+early (logouts, opened single-use links) once those tokens have expired anyway, and
+replay-missing jobs that ended ``retention.outbox_payload_max_age`` ago, and
+resumes the erasures (:mod:`relaybox.erasure`) still waiting for rows that were
+pending. It
+runs in the ``maintenance`` role (or ``relaybox maintenance``). With several
+processes on one PostgreSQL, one runs it at a time: a session-level advisory lock
+(``pg_try_advisory_lock``) on a connection of its own, released when the run ends or
+when that connection dies with its process. SQLite has one process per database
+file, and purging is idempotent anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from relaybox.erasure import resume_waiting
+from relaybox.retention.policy import (
+    PurgePass,
+    RetentionPolicies,
+    ScanMarks,
+    load_policies,
+    plan,
+)
+from relaybox.store.history import PurgeTable
+
+if TYPE_CHECKING:
+    from relaybox.runtime import Runtime
+    from relaybox.store import Store
+
+__all__ = [
+    "Maintenance",
+    "PurgeResult",
+    "backfill_keys",
+    "count_candidates",
+    "cutoffs",
+    "maintenance_lock",
+    "purge",
+]
+
+TABLES: tuple[PurgeTable, ...] = ("inbox", "quarantine", "outbox", "messages")
+"""What a purge empties, in its order: a message's body goes once its deliveries'
+payloads went."""
+
+log = structlog.get_logger("relaybox.retention")
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    """What one purge did (or, with ``dry_run``, would do). ``cutoff`` and
+    ``outbox_cutoff`` are the global ones; ``passes``: how many passes the purge
+    made over the tables (four without ages per tenant or source)."""
+
+    cutoff: float
+    inbox: int
+    quarantine: int
+    dry_run: bool = False
+    outbox_cutoff: float | None = None
+    outbox: int = 0
+    messages: int = 0
+    passes: int = 4
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def _policies(box: Runtime, older_than: float | None) -> RetentionPolicies:
+    settings = box.settings.retention
+    if older_than is not None:
+        if older_than < 0:
+            raise ValueError("older_than must not be negative")
+        return RetentionPolicies(older_than, older_than)
+    return await load_policies(box.store, settings)
+
+
+async def count_candidates(
+    box: Runtime, *, older_than: float | None = None
+) -> dict[PurgeTable, int]:
+    """What a purge now would drop, per table (``inbox``, ``quarantine``, ``outbox``,
+    ``messages``): each row counted once, at its own age (or ``older_than`` for all).
+    One grouped count per table and distinct age."""
+    return await _count(box, await _policies(box, older_than))
+
+
+async def _count(box: Runtime, policies: RetentionPolicies) -> dict[PurgeTable, int]:
+    now = box.clock.now()
+    store = box.store
+    totals: dict[PurgeTable, int] = dict.fromkeys(TABLES, 0)
+    for table in TABLES:
+        if not policies.scoped:
+            totals[table] = await store.retention_count(table, now - policies.ages(table).pop())
+            continue
+        for age in sorted(policies.ages(table)):
+            groups = await store.retention_count_groups(table, now - age)
+            totals[table] += sum(
+                n
+                for (tenant, source), n in groups.items()
+                if policies.age_of(table, tenant, source) == age
+            )
+    return totals
+
+
+def cutoffs(box: Runtime, older_than: float | None = None) -> tuple[float, float]:
+    """(inbox and quarantine, outbox and messages) global cutoffs of a purge now: each
+    side's setting, or ``older_than`` for both. Tenants and sources with ages of their
+    own have cutoffs of their own (:func:`relaybox.retention.policy.plan`)."""
+    settings = box.settings.retention
+    if older_than is not None and older_than < 0:
+        raise ValueError("older_than must not be negative")
+    now = box.clock.now()
+    if older_than is not None:
+        return now - older_than, now - older_than
+    return now - settings.payload_max_age, now - settings.outbox_payload_max_age
+
+
+async def _run_pass(
+    store: Store,
+    step: PurgePass,
+    policies: RetentionPolicies,
+    *,
+    now: float,
+    size: int,
+    progress: Callable[[int], None] | None,
+    marks: ScanMarks | None = None,
+) -> int:
+    """Run one pass to its end; how many rows it purged."""
+    total = 0
+
+    def tick(n: int) -> None:
+        nonlocal total
+        total += n
+        if n and progress is not None:
+            progress(n)
+
+    table = step.table
+    if step.kind == "all":
+        while purged := await store.retention_purge_batch(
+            table, cutoff=step.cutoff, now=now, limit=size
+        ):
+            tick(purged)
+    elif step.kind == "tenants":
+        while purged := await store.retention_purge_tenants(
+            table, step.tenants, cutoff=step.cutoff, now=now, limit=size
+        ):
+            tick(purged)
+    else:
+        digest = policies.digest()
+        start = None if marks is None else marks.start(table, step.source, digest)
+        first_id: int | str = "" if table == "messages" else 0
+        after: tuple[float, int | str] | None = None if start is None else (start, first_id)
+        upto = step.cutoff
+        while True:
+            found = await store.retention_scan(
+                table, cutoff=step.cutoff, after=after, limit=size, source=step.source
+            )
+            if not found:
+                break
+            # Each row at its own age: one whose tenant or source keeps it longer is
+            # left (the cursor moves past it; its own pass purges it); a shorter
+            # one's is past already.
+            due = [c for c in found if c.at < now - policies.age_of(table, c.tenant, c.source)]
+            purged = await store.retention_purge_ids(
+                table, [c.id for c in due], cutoff=step.cutoff, now=now
+            )
+            if purged < len(due):  # one was held (or changed): the next scan rereads it
+                upto = min(upto, due[0].at)
+            tick(purged)
+            if len(found) < size:
+                break
+            after = (found[-1].at, found[-1].id)
+        if marks is not None:
+            marks.done(table, step.source, digest, upto)
+    return total
+
+
+async def purge(
+    box: Runtime,
+    *,
+    older_than: float | None = None,
+    batch: int | None = None,
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+    marks: ScanMarks | None = None,
+) -> PurgeResult:
+    """Drop payloads of rows that finished long enough ago: each row at its own age
+    (its tenant's, its source's, else ``retention.payload_max_age`` for events and
+    quarantine entries and ``retention.outbox_payload_max_age`` for deliveries and
+    messages), or ``older_than`` seconds for all. ``batch`` rows per transaction so a
+    large purge never holds locks for long; ``progress`` is called with the number of
+    rows each batch purged. Interrupted, the next purge goes on where it stopped (a
+    purged row is no candidate any more). ``marks``: where the previous purge of this
+    process ended its scans (:class:`~relaybox.retention.policy.ScanMarks`; the
+    maintenance loop keeps one)."""
+    cutoff, outbox_cutoff = cutoffs(box, older_than)
+    size = batch or box.settings.retention.batch
+    policies = await _policies(box, older_than)
+    if dry_run:
+        counted = await _count(box, policies)
+        return PurgeResult(
+            cutoff,
+            counted["inbox"],
+            counted["quarantine"],
+            True,
+            outbox_cutoff,
+            outbox=counted["outbox"],
+            messages=counted["messages"],
+            passes=len(plan(policies, box.clock.now())),
+        )
+    now = box.clock.now()
+    steps = plan(policies, now)
+    totals: dict[PurgeTable, int] = dict.fromkeys(TABLES, 0)
+    for step in steps:
+        totals[step.table] += await _run_pass(
+            box.store, step, policies, now=now, size=size, progress=progress, marks=marks
+        )
+    result = PurgeResult(
+        cutoff,
+        totals["inbox"],
+        totals["quarantine"],
+        outbox_cutoff=outbox_cutoff,
+        outbox=totals["outbox"],
+        messages=totals["messages"],
+        passes=len(steps),
+    )
+    box.metrics.observe_purge("inbox", result.inbox)
+    box.metrics.observe_purge("quarantine", result.quarantine)
+    box.metrics.observe_purge("outbox", result.outbox)
+    box.metrics.observe_purge("messages", result.messages)
+    log.info("purge", **result.as_dict())
+    return result
+
+
+async def backfill_keys(
+    box: Runtime,
+    *,
+    batch: int | None = None,
+    max_batches: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Copy the keys of rows stored before migration 0027 into the keys tables
+    (:meth:`Store.keys_backfill`), ``batch`` rows a transaction (default
+    ``retention.batch``), each kind until it has finished or ``max_batches`` batches
+    ran (the maintenance job runs at most a few a pass; ``relaybox migrate`` runs them
+    all). Resumable: the position is kept in the database. Returns the rows read. Until
+    it has finished the accept copies an old row's key itself when one comes again."""
+    size = batch or box.settings.retention.batch
+    total = 0
+    for kind in ("event", "message"):
+        runs = 0
+        while max_batches is None or runs < max_batches:
+            state = await box.store.keys_backfill(kind, limit=size)
+            runs += 1
+            total += state.read
+            if progress is not None and state.read:
+                progress(state.read)
+            if state.finished:
+                break
+    if total:
+        log.info("keys_backfilled", rows=total)
+    return total
+
+
+_BACKFILL_BATCHES_A_PASS = 10
+"""Batches of the keys backfill (``retention.batch`` rows each, per kind) one
+maintenance pass runs: the rest waits for the next pass, or ``relaybox migrate``."""
+
+
+def maintenance_lock(store: Store) -> AbstractAsyncContextManager[bool]:
+    """Yield whether this process is the maintenance runner now (see
+    :meth:`Store.maintenance_try_lock`: an advisory lock on PostgreSQL, always this
+    process's on SQLite)."""
+    return store.maintenance_try_lock()
+
+
+class Maintenance:
+    """The scheduled maintenance loop: every ``retention.interval`` seconds, if no
+    other process holds the maintenance lock, purge. Same shape as the worker:
+    ``run()`` until :meth:`stop`, ``run_once()`` for one pass (tests)."""
+
+    def __init__(self, box: Runtime, *, interval: float | None = None) -> None:
+        self.box = box
+        self.interval = interval or box.settings.retention.interval
+        self.marks = ScanMarks()  # where this loop's scans ended (ScanMarks)
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run_once(self) -> PurgeResult | None:
+        """One pass; ``None`` when another process holds the lock (it is purging)."""
+        async with maintenance_lock(self.box.store) as mine:
+            if not mine:
+                log.info("maintenance_skipped", reason="another process holds the lock")
+                return None
+            result = await purge(self.box, marks=self.marks)
+            # Portal sessions logged out of and single-use links opened: each row was
+            # written to expire a minute after its token would have anyway.
+            tokens = await self.box.store.portal_tokens_purge(self.box.clock.now())
+            if tokens:
+                log.info("portal_tokens_purged", rows=tokens)
+            # Replay-missing jobs that ended as long ago as a message's body is kept.
+            store, settings = self.box.store, self.box.settings.retention
+            before = self.box.clock.now() - settings.outbox_payload_max_age
+            jobs = 0
+            while purged := await store.replay_jobs_purge(before, limit=settings.batch):
+                jobs += purged
+            if jobs:
+                log.info("replay_jobs_purged", rows=jobs)
+            # Waiting deliveries of disabled endpoints that disabling left to a
+            # dispatcher (in flight then) or never saw (a publish committing meanwhile):
+            # dead letters, as the others became (Store.delivery_sweep_disabled).
+            strays = 0
+            while True:
+                killed = await store.delivery_sweep_disabled(
+                    now=self.box.clock.now(), limit=settings.batch
+                )
+                strays += killed
+                if killed < settings.batch:
+                    break
+            if strays:
+                log.info("disabled_endpoint_deliveries_dead", rows=strays)
+            # Erasures waiting for rows that were pending: emptied once they finished.
+            await resume_waiting(self.box)
+            # Keys of rows stored before migration 0027, a few batches a pass.
+            await backfill_keys(self.box, max_batches=_BACKFILL_BATCHES_A_PASS)
+            return result
+
+    async def run(self) -> None:
+        if not self.box.settings.retention.enabled:
+            log.info("maintenance_disabled", setting="retention.enabled")
+            await self._stopping.wait()
+            return
+        while not self._stopping.is_set():
+            try:
+                await self.run_once()
+            except Exception as exc:  # the database went away: try again next time
+                log.warning("maintenance_failed", error=f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.interval)
