@@ -37,6 +37,9 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=3, help="alternating rounds of accept and growth"
     )
+    parser.add_argument(
+        "--rows", type=int, default=None, help="erase: inbox rows to fill (default 1,000,000)"
+    )
     args = parser.parse_args()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"relaybox bench, {stamp}, {platform.node()}, {platform.python_version()}")
@@ -95,7 +98,7 @@ def main() -> None:
     if args.which in ("erase", "all"):
         from bench import erase
 
-        tables.append(erase.main(quick=args.quick))
+        tables.append(erase.main(quick=args.quick, rows=args.rows))
     if args.which == "retention":  # not in `all`: the purge with ages per tenant
         from bench import retention
 

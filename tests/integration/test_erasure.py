@@ -74,7 +74,8 @@ async def test_erase_a_subject_keeps_keys_and_outcomes(box: Relaybox) -> None:
 
     done = await erase(box, subject=ALICE, actor="dpo@example.com", reason="GDPR art. 17")
 
-    assert done.rows == {"inbox": 3, "quarantine": 1, "outbox": 0, "attempts": 0, "messages": 0}
+    assert done.rows == {"inbox": 3, "quarantine": 1, "outbox": 0, "attempts": 0, "messages": 0,
+                          "inbox_attempts": 0}
     assert done.finished_at is not None and done.waiting == 0
     assert (done.actor, done.reason, done.scope) == ("dpo@example.com", "GDPR art. 17", "subject")
     assert done.digest == subject_digest(ALICE) and done.tenant is None
@@ -200,7 +201,8 @@ async def test_outbound_subject_and_tenant(box: Relaybox) -> None:
         assert len(receiver.requests) == 3
         [done] = await resume_waiting(box)
 
-    assert done.rows == {"inbox": 0, "quarantine": 0, "outbox": 1, "attempts": 1, "messages": 1}
+    assert done.rows == {"inbox": 0, "quarantine": 0, "outbox": 1, "attempts": 1, "messages": 1,
+                          "inbox_attempts": 0}
     assert done.finished_at is not None
     messages = {
         r["id"]: r
@@ -232,7 +234,8 @@ async def test_outbound_subject_and_tenant(box: Relaybox) -> None:
 
     # A tenant: every message published to it, with its deliveries and their answers.
     tenant = await erase(box, tenant="t2", actor="dpo", reason="account closed")
-    assert tenant.rows == {"inbox": 0, "quarantine": 0, "outbox": 1, "attempts": 1, "messages": 1}
+    assert tenant.rows == {"inbox": 0, "quarantine": 0, "outbox": 1, "attempts": 1, "messages": 1,
+                          "inbox_attempts": 0}
     assert tenant.scope == "tenant" and tenant.digest is None and tenant.tenant == "t2"
     [row] = await box.store.fetch_all(
         "SELECT body FROM relaybox_messages WHERE id = :id".replace(":id", f"'{t2.id}'")

@@ -41,7 +41,8 @@ async def test_an_erasure_empties_finished_rows_and_waits_for_pending_ones(store
     erasure = await store.erasure_get(erasure_id)
     assert erasure is not None and erasure.finished_at is None
     counts = await store.erase_batch(erasure, now=T0 + 1, limit=10)
-    assert counts == {"inbox": 1, "quarantine": 0, "outbox": 0, "attempts": 0, "messages": 0}
+    assert counts == {"inbox": 1, "quarantine": 0, "outbox": 0, "attempts": 0, "messages": 0,
+                          "inbox_attempts": 0}
     assert await store.erase_batch(erasure, now=T0 + 1, limit=10) == dict.fromkeys(counts, 0)
     await store.erasure_flush()
     assert await store.erasure_settle(erasure, now=T0 + 2) == 1  # the pending row waits

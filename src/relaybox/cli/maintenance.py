@@ -239,7 +239,8 @@ def erase(
         click.echo(
             f"erasure {done.id}: emptied {rows['inbox']} event(s), {rows['quarantine']} "
             f"quarantine entry(ies), {rows['outbox']} delivery(ies), {rows['attempts']} "
-            f"attempt response(s), {rows['messages']} message(s)"
+            f"delivery attempt(s), {rows['messages']} message(s), "
+            f"{rows['inbox_attempts']} handler attempt error(s)"
         )
         if done.finished_at is None:
             click.echo(

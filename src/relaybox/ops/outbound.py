@@ -330,7 +330,9 @@ async def event_types(box: Runtime) -> EventTypeList:
 
     return EventTypeList(
         items=[
-            EventTypeInfo(name=t.name, description=t.description, schema=t.schema)
+            EventTypeInfo(
+                name=t.name, description=t.description, schema=t.schema, subject=t.subject
+            )
             for t in await list_event_types(box)
         ]
     )

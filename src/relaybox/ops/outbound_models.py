@@ -141,6 +141,11 @@ class EventTypeInfo(_Model):
     schema_: dict[str, Any] | None = Field(
         alias="schema", serialization_alias="schema", description="JSON Schema of data"
     )
+    subject: str | None = Field(
+        None,
+        description="where its messages name their subject (a dotted path into the "
+        "envelope, data.customer.id): each is indexed under it for erasure",
+    )
 
 
 class EventTypeList(_Model):

@@ -22,10 +22,10 @@ ErasureScope = Literal["subject", "tenant"]
 """What an erasure names: a subject (its digest, through ``relaybox_subjects``) or a
 tenant (every message published to it and their deliveries)."""
 
-ERASED_KINDS = ("inbox", "quarantine", "outbox", "attempts", "messages")
+ERASED_KINDS = ("inbox", "quarantine", "outbox", "attempts", "messages", "inbox_attempts")
 """The kinds of rows an erasure empties, as its counts name them: inbox events,
-quarantine entries, outbox deliveries, delivery attempts (the receiver's answer),
-messages."""
+quarantine entries, outbox deliveries, delivery attempts (the receiver's answer and
+the attempt's error text), messages, handler attempts (their error text)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +145,13 @@ class ErasureStore:
         async with self.transaction() as conn, self._erasing(conn):
             inbox: list[Any] = []
             quarantine: list[Any] = []
+            handled: list[Any] = []
             if by_subject:
                 inbox = await self.rows(conn, "erase_inbox_subject", (key, now, limit))
                 quarantine = await self.rows(conn, "erase_quarantine_subject", (key, now, limit))
+                if inbox:
+                    ids = self._ids([int(r[0]) for r in inbox])
+                    handled = await self.rows(conn, "erase_inbox_attempts", (ids,))
             outbox = await self.rows(
                 conn,
                 "erase_outbox_subject" if by_subject else "erase_outbox_tenant",
@@ -170,6 +174,7 @@ class ErasureStore:
                 "outbox": len(outbox),
                 "attempts": len(attempts),
                 "messages": len(messages),
+                "inbox_attempts": len(handled),
             }
             if any(counts.values()):
                 await self.rows(

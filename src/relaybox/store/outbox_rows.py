@@ -465,25 +465,27 @@ class NewMessage:
 @dataclass(frozen=True, slots=True)
 class PublishContext:
     """What a publish reads (``Store.publish_context``): the catalog's schema of its
-    event type (JSON text, ``None`` without one) and its tenant's enabled endpoints as
+    event type (JSON text, ``None`` without one), its tenant's enabled endpoints as
     (id, event type patterns as JSON text, payload filter as JSON text or ``None``),
-    by id."""
+    by id, and the type's subject path (``None`` without one)."""
 
     schema: str | None
     subscribers: list[tuple[str, str, str | None]]
+    subject: str | None = None
 
     @classmethod
     def from_rows(cls, rows: Iterable[Sequence[Any]]) -> PublishContext:
-        """From the ``publish_context`` statement's rows (the schema's row first, its
-        id NULL)."""
-        schema = None
+        """From the ``publish_context`` statement's rows (the event type's row first,
+        its id NULL, its subject path in the second column)."""
+        schema = subject = None
         subscribers = []
         for r in rows:
             if r[0] is None:
-                schema = str(r[3])
+                schema = str(r[3]) if r[3] else None
+                subject = None if r[1] is None else str(r[1])
             else:
                 subscribers.append((r[0], r[1], r[2]))
-        return cls(schema, subscribers)
+        return cls(schema, subscribers, subject)
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,11 +555,13 @@ class AttemptRow:
 
 @dataclass(frozen=True, slots=True)
 class EventTypeRow:
-    """A catalog entry; ``schema`` is the JSON Schema as stored text, or ``None``."""
+    """A catalog entry; ``schema`` is the JSON Schema as stored text, or ``None``;
+    ``subject`` the path of the subject in its messages, or ``None``."""
 
     name: str
     description: str
     schema: str | None
+    subject: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

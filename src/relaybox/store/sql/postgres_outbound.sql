@@ -59,11 +59,12 @@ DELETE FROM relaybox_endpoints WHERE id = $1 AND tenant = $2 RETURNING id
 
 -- name: publish_context
 -- What a publish reads, in one round trip (in the publisher's own transaction): the
--- catalog's schema of the event type $2 (a row with a NULL id, when it has one) and
--- the endpoints of tenant $1 it fans out to (id, event type patterns, payload
--- filter), by id.
-SELECT NULL::text AS id, NULL::text AS event_types, NULL::text AS payload_filter, schema
-FROM relaybox_event_types WHERE name = $2 AND schema IS NOT NULL AND schema <> ''
+-- catalog's schema and subject path of the event type $2 (a row with a NULL id and
+-- the path in the second column, when it has either) and the endpoints of tenant $1
+-- it fans out to (id, event type patterns, payload filter), by id.
+SELECT NULL::text AS id, subject AS event_types, NULL::text AS payload_filter, schema
+FROM relaybox_event_types
+WHERE name = $2 AND (schema IS NOT NULL AND schema <> '' OR subject IS NOT NULL)
 UNION ALL
 SELECT id, event_types, payload_filter, NULL FROM relaybox_endpoints
 WHERE tenant = $1 AND status = 'enabled'
@@ -428,13 +429,14 @@ WHERE o.message_id = $1 AND ($2::text IS NULL OR o.tenant = $2)
 ORDER BY a.id
 
 -- name: event_type_upsert
-INSERT INTO relaybox_event_types (name, description, schema, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $4)
+INSERT INTO relaybox_event_types (name, description, schema, created_at, updated_at, subject)
+VALUES ($1, $2, $3, $4, $4, $5)
 ON CONFLICT (name) DO UPDATE
-SET description = excluded.description, schema = excluded.schema, updated_at = excluded.updated_at
+SET description = excluded.description, schema = excluded.schema, updated_at = excluded.updated_at,
+    subject = excluded.subject
 
 -- name: event_type_list
-SELECT name, description, schema FROM relaybox_event_types ORDER BY name
+SELECT name, description, schema, subject FROM relaybox_event_types ORDER BY name
 
 -- name: api_key_insert
 INSERT INTO relaybox_api_keys (id, tenant, name, key_hash, created_at) VALUES ($1, $2, $3, $4, $5)
