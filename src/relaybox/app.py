@@ -368,14 +368,20 @@ class Relaybox:
         return portal_link(self, tenant, ttl=ttl, base_url=base_url, single_use=single_use)
 
     async def announce(
-        self, conn: Any, event_type: str, data: Any, *, key: str | None = None
+        self,
+        conn: Any,
+        event_type: str,
+        data: Any,
+        *,
+        key: str | None = None,
+        inbox_id: int | None = None,
     ) -> None:
         """Publish an operational event (``relaybox.…``) to the operational tenant in
         ``conn``'s transaction (:mod:`relaybox.outbound.operational`); ``key``: once per
         key. How the receiving side, which does not import the sending side, tells."""
         from relaybox.outbound.operational import emit
 
-        await emit(self, conn, event_type, data, key=key)
+        await emit(self, conn, event_type, data, key=key, inbox_id=inbox_id)
 
     def publish_sync(
         self,

@@ -89,9 +89,16 @@ class WorkerRuntime(InboundRuntime, Protocol):
         ...
 
     async def announce(
-        self, conn: Any, event_type: str, data: Any, *, key: str | None = None
+        self,
+        conn: Any,
+        event_type: str,
+        data: Any,
+        *,
+        key: str | None = None,
+        inbox_id: int | None = None,
     ) -> None:
-        """Publish an operational event (``relaybox.…``) in ``conn``'s transaction."""
+        """Publish an operational event (``relaybox.…``) in ``conn``'s transaction
+        (``inbox_id``: the inbox row it is about, whose subjects it is indexed under)."""
         ...
 
 
@@ -108,9 +115,16 @@ class ReceiverRuntime(InboundRuntime, Protocol):
         ...
 
     async def announce(
-        self, conn: Any, event_type: str, data: Any, *, key: str | None = None
+        self,
+        conn: Any,
+        event_type: str,
+        data: Any,
+        *,
+        key: str | None = None,
+        inbox_id: int | None = None,
     ) -> None:
-        """Publish an operational event (``relaybox.…``) in ``conn``'s transaction."""
+        """Publish an operational event (``relaybox.…``) in ``conn``'s transaction
+        (``inbox_id``: the inbox row it is about, whose subjects it is indexed under)."""
         ...
 
     def running(

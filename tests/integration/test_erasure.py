@@ -360,6 +360,30 @@ async def _files_hold(box: Relaybox, marker: bytes) -> list[str]:
         return found
 
 
+RELAYBOX_TABLES = (
+    "inbox", "inbox_attempts", "quarantine", "outbox", "outbox_attempts", "messages",
+)  # fmt: skip
+
+
+async def _files_hold_after_vacuum(box: Relaybox, marker: bytes) -> list[str]:
+    """:func:`_files_hold` once the old row versions are gone: on PostgreSQL a VACUUM
+    FULL of the tables an erasure changes, as docs/operating.md says, once no snapshot
+    older than the erasure is open (an autovacuum ANALYZE of another table holds one
+    briefly)."""
+    left = await _files_hold(box, marker)
+    if box.store.backend == "postgres":
+        for _ in range(20):
+            async with box.store.engine.connect() as conn:
+                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                for table in RELAYBOX_TABLES:
+                    await conn.exec_driver_sql(f"VACUUM FULL relaybox_{table}")
+            left = await _files_hold(box, marker)
+            if not left:
+                break
+            await asyncio.sleep(0.5)
+    return left
+
+
 async def test_no_byte_of_the_subject_is_left(box: Relaybox) -> None:
     """Scans the database files: before the erasure they hold Alice's e-mail (the scan
     can fail), after it (and, on PostgreSQL, a VACUUM FULL that drops the old row
@@ -383,20 +407,101 @@ async def test_no_byte_of_the_subject_is_left(box: Relaybox) -> None:
     done = await erase(box, subject=ALICE, actor="dpo")
     assert done.finished_at is not None
     assert done.rows["inbox"] == 3 and done.rows["messages"] == 1
-    left = await _files_hold(box, marker)
-    if box.store.backend == "postgres":
-        # The old row versions go with a VACUUM FULL, once no snapshot older than the
-        # erasure is open (an autovacuum ANALYZE of another table holds one briefly).
-        for _ in range(20):
-            async with box.store.engine.connect() as conn:
-                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                for table in ("inbox", "quarantine", "outbox", "outbox_attempts", "messages"):
-                    await conn.exec_driver_sql(f"VACUUM FULL relaybox_{table}")
-            left = await _files_hold(box, marker)
-            if not left:
-                break
-            await asyncio.sleep(0.5)
-    assert left == []
+    assert await _files_hold_after_vacuum(box, marker) == []
+    assert await _files_hold(box, BOB_EMAIL.encode())
+
+
+async def test_no_byte_of_the_subject_is_left_in_error_text(box: Relaybox) -> None:
+    """The subject's data quoted in free text rather than in a payload: a handler's
+    exception (the inbox row's last_error, its attempt's error, the dead letter's
+    operational event), a channel's error (the outbox row's last_error, its attempt's
+    error, the relaybox.message.attempt.exhausted event), a receiver's answer. Each
+    column holds Alice's e-mail before the erasure (checked one by one: the scan can
+    fail), no database file holds it after; Bob's texts are untouched."""
+    from relaybox.errors import PermanentError
+    from relaybox.outbound import outbound
+    from relaybox.outbound.channels.base import Channel, Result
+    from relaybox.store.outbox_rows import Delivery
+
+    class Mail(Channel):
+        async def deliver(self, delivery: Delivery) -> Result:
+            to = delivery.payload["to"]
+            return Result("retry", error=f"mailbox {to} is full")
+
+    local(box)
+    outbound(box).channel("mail", Mail(schedule=()))  # the first failure exhausts it
+    box.source("stripe", test_source("stripe", subject="data.object.customer"))
+
+    @box.handler("stripe", "invoice.paid")
+    async def paid(ctx: Context) -> None:
+        customer = ctx.payload["data"]["object"]
+        if ctx.event.attempts == 1:
+            raise ValueError(f"no account for {customer['email']}")
+        await ctx.outbox.add("mail", f"receipt:{customer['id']}", {"to": customer["email"]})
+
+    @box.handler("stripe", "invoice.voided")
+    async def voided(ctx: Context) -> None:
+        raise PermanentError(f"cannot void for {ctx.payload['data']['object']['email']}")
+
+    kit = Harness.of(box)
+    voided_event = {**invoice("evt_a_void", ALICE, ALICE_EMAIL), "type": "invoice.voided"}
+    await kit.send("stripe", payload=voided_event)
+    await kit.send("stripe", payload=invoice("evt_a0", ALICE, ALICE_EMAIL))
+    await kit.send("stripe", payload=invoice("evt_b0", BOB, BOB_EMAIL))
+    assert await kit.run_worker() == 3  # two retries, one dead letter
+    kit.advance(3600)
+    assert await kit.drain_worker() == 2
+    await kit.drain_dispatcher()  # each mail fails once and is exhausted
+    answers = [Reply(500, b'{"error": "unknown ' + ALICE_EMAIL.encode() + b'"}'), Reply(200)]
+    async with HttpReceiver(answers) as receiver:
+        await endpoint(box, receiver.url, tenant="t1")
+        await publish_one(box, "invoice.paid", {"id": "in_x"}, subject=ALICE)
+        await kit.drain_dispatcher()
+        kit.advance(3600)
+        await kit.drain_dispatcher()
+        assert len(receiver.requests) == 2
+
+    texts = {
+        "relaybox_inbox.last_error": "SELECT last_error FROM relaybox_inbox",
+        "relaybox_inbox_attempts.error": "SELECT error FROM relaybox_inbox_attempts",
+        "relaybox_outbox.last_error": "SELECT last_error FROM relaybox_outbox",
+        "relaybox_outbox_attempts.error": "SELECT error FROM relaybox_outbox_attempts",
+        "relaybox_outbox_attempts.response": "SELECT response FROM relaybox_outbox_attempts",
+        "relaybox_messages.body": "SELECT body FROM relaybox_messages WHERE event_type"
+        " IN ('relaybox.inbox.dead', 'relaybox.message.attempt.exhausted')",
+    }
+
+    async def holding(email: str) -> set[str]:
+        found = set()
+        for column, sql in texts.items():
+            for row in await box.store.fetch_all(sql):
+                if email in str(next(iter(row.values()))):
+                    found.add(column)
+        return found
+
+    assert await holding(ALICE_EMAIL) == set(texts)
+    bob_before = await holding(BOB_EMAIL)
+    assert {"relaybox_inbox.last_error", "relaybox_outbox_attempts.error"} <= bob_before
+
+    done = await erase(box, subject=ALICE, actor="dpo")
+
+    assert done.finished_at is not None and done.waiting == 0
+    # Alice's two events and their two failed handler attempts; her mail and its
+    # attempt, her message's delivery and its two attempts; her message and the two
+    # operational events about her rows.
+    assert done.rows == {"inbox": 2, "quarantine": 0, "outbox": 2, "attempts": 3,
+                         "messages": 3, "inbox_attempts": 2}  # fmt: skip
+    assert await holding(ALICE_EMAIL) == set()
+    assert await holding(BOB_EMAIL) == bob_before
+    rows = await box.store.fetch_all(
+        "SELECT event_id, status, dead_reason, last_error FROM relaybox_inbox"
+    )
+    by_id = {r["event_id"]: r for r in rows}
+    assert (by_id["evt_a_void"]["status"], by_id["evt_a_void"]["dead_reason"]) == (
+        "dead", "invalid"
+    )  # fmt: skip
+    assert by_id["evt_a_void"]["last_error"] == "(erased)"
+    assert await _files_hold_after_vacuum(box, ALICE_EMAIL.encode()) == []
     assert await _files_hold(box, BOB_EMAIL.encode())
 
 

@@ -295,7 +295,7 @@ class Recorder:
                     level = threshold
             if level > streak.failing_level:
                 await operational.endpoint_failing(
-                    self.box, conn, d.endpoint.id, streak.failures, level, result
+                    self.box, conn, d.endpoint.id, streak.failures, level, result, d.id
                 )
         if result.outcome == "gone":
             await disable_in(self.box, conn, d.endpoint.id, reason="gone")

@@ -115,6 +115,24 @@ class ErasureStore:
         in ``conn``'s transaction."""
         await self.rows(conn, "subject_index", (digest, kind, ref))
 
+    async def subject_inherit(
+        self,
+        conn: AsyncConnection,
+        message_id: str,
+        *,
+        inbox_id: int | None = None,
+        outbox_id: int | None = None,
+    ) -> None:
+        """Index message ``message_id`` (an operational event) under every subject
+        digest of the row it is about, in ``conn``'s transaction: inbox row
+        ``inbox_id``, or outbox row ``outbox_id`` (through its message, or the inbox
+        row whose handler added it). Its text may quote the subject's data (an
+        error): erasing the subject empties it too."""
+        if inbox_id is not None:
+            await self.rows(conn, "subject_inherit_inbox", (message_id, str(inbox_id)))
+        if outbox_id is not None:
+            await self.rows(conn, "subject_inherit_outbox", (message_id, outbox_id))
+
     async def erasure_begin(
         self,
         *,

@@ -172,3 +172,23 @@ FROM relaybox_erasures ORDER BY id DESC LIMIT ?1
 
 -- name: erasure_open_ids
 SELECT id FROM relaybox_erasures WHERE finished_at IS NULL ORDER BY id LIMIT ?1
+
+-- name: subject_inherit_inbox
+-- An operational event's message (?1) about inbox row ?2 (relaybox.inbox.dead, whose
+-- error may quote the payload): indexed under every digest of that row.
+INSERT INTO relaybox_subjects (digest, kind, ref)
+SELECT DISTINCT digest, 'message', ?1 FROM relaybox_subjects
+WHERE ref = CAST(?2 AS TEXT) AND kind = 'inbox'
+ON CONFLICT DO NOTHING
+
+-- name: subject_inherit_outbox
+-- An operational event's message (?1) about outbox row ?2 (its last error): indexed
+-- under every digest of the row's message, or of the inbox row whose handler added it.
+INSERT INTO relaybox_subjects (digest, kind, ref)
+SELECT DISTINCT s.digest, 'message', ?1
+FROM relaybox_outbox o
+JOIN relaybox_subjects s
+  ON (s.ref = o.message_id AND s.kind = 'message')
+  OR (s.ref = CAST(o.inbox_id AS TEXT) AND s.kind = 'inbox')
+WHERE o.id = ?2
+ON CONFLICT DO NOTHING

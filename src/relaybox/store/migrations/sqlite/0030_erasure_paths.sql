@@ -10,3 +10,9 @@ ALTER TABLE relaybox_event_types ADD COLUMN subject TEXT;
 -- the payload): last_error of inbox and outbox rows and the error of each attempt.
 -- The handler attempts it redacted are counted apart from the delivery attempts.
 ALTER TABLE relaybox_erasures ADD COLUMN inbox_attempts INTEGER NOT NULL DEFAULT 0;
+
+-- An operational event about a row of a subject (relaybox.inbox.dead with the
+-- handler's error, relaybox.message.attempt.exhausted with the last error) may quote
+-- the subject's data: its message is indexed under the digests of that row, found
+-- by the row's reference.
+CREATE INDEX relaybox_subjects_ref ON relaybox_subjects (ref);
