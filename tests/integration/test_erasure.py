@@ -23,7 +23,13 @@ from relaybox.ops import inbound as ops
 from relaybox.retention import Maintenance
 from relaybox.sources.base import subject_digest
 from relaybox.testing import Harness, test_source
-from tests.support.outbound_app import dispatch_once, endpoint, local, publish_one
+from tests.support.outbound_app import (
+    dispatch_once,
+    endpoint,
+    local,
+    outbox_rows,
+    publish_one,
+)
 from tests.support.receivers import HttpReceiver, Reply
 
 ALICE = "cus_alice"
@@ -279,6 +285,86 @@ async def test_erasure_races_a_worker(box: Relaybox) -> None:
     rows = await inbox(box)
     assert all(r["payload"] is None and r["status"] == "done" for r in rows.values())
     assert len(await box.store.fetch_all("SELECT * FROM relaybox_operations")) == 2
+
+
+async def _alice_left(box: Relaybox) -> list[str]:
+    """The columns of relaybox's rows that still hold Alice's e-mail (as text)."""
+    found = []
+    for table in RELAYBOX_TABLES:
+        for row in await box.store.fetch_all(f"SELECT * FROM relaybox_{table}"):
+            for column, value in row.items():
+                text = bytes(value).decode(errors="replace") if isinstance(value, bytes | memoryview) else value
+                if ALICE_EMAIL in str(text):
+                    found.append(f"relaybox_{table}.{column}")
+    return found
+
+
+async def test_erasure_races_a_worker_and_a_dispatcher(box: Relaybox) -> None:
+    """An erasure runs while a worker handles one of the subject's events (its
+    transaction open, the row locked on PostgreSQL) and a dispatcher is sending one
+    of the subject's messages (the delivery leased, the receiver not answered yet).
+    What happens, as docs/operating.md says: the erasure does not wait for them and
+    does not interrupt them; it empties what is finished, reports the rest as waiting
+    (not finished), and a later run (the maintenance job, or asking again) empties
+    them once they finish. Each effect happens once, on the whole payload: the handler
+    runs once, the receiver gets one request with the full body. And an erasure that
+    reports finished leaves no byte of the subject in any row."""
+    local(box)
+    box.source("stripe", test_source("stripe", subject="data.object.customer"))
+    entered, release = asyncio.Event(), asyncio.Event()
+    seen: list[str] = []
+
+    @box.handler("stripe", "invoice.paid")
+    async def paid(ctx: Context) -> None:
+        entered.set()
+        await release.wait()
+        seen.append(ctx.payload["data"]["object"]["email"])
+        await ctx.once(f"grant:{ctx.event.event_id}")
+
+    kit = Harness.of(box)
+    async with HttpReceiver(Reply(hang=True)) as receiver:
+        await endpoint(box, receiver.url, tenant="t1")
+        await publish_one(box, "invoice.paid", {"email": ALICE_EMAIL}, subject=ALICE)
+        await kit.send("stripe", payload=invoice("evt_busy", ALICE, ALICE_EMAIL))
+        # The dispatcher first: on SQLite the worker's open transaction is the only
+        # writer, and the lease would wait for it.
+        dispatching = asyncio.create_task(dispatch_once(box))
+        [request] = await receiver.wait_for(1, within=30)
+        working = asyncio.create_task(kit.run_worker())
+        await asyncio.wait_for(entered.wait(), 30)
+
+        erasing = asyncio.create_task(erase(box, subject=ALICE, actor="dpo"))
+        if box.store.backend == "postgres":
+            # Row locks are skipped (SKIP LOCKED), pending rows left: it ends now.
+            first = await asyncio.wait_for(erasing, 30)
+            assert first.finished_at is None and first.waiting == 2
+            assert not any(first.rows.values())
+            # The event and the message (a delivery signs the message's body): whole.
+            assert sorted(await _alice_left(box)) == [
+                "relaybox_inbox.payload", "relaybox_messages.body"
+            ]  # fmt: skip
+        else:
+            await asyncio.sleep(0.3)  # SQLite: the batch waits for the worker's COMMIT
+        release.set()
+        receiver.release()
+        assert await asyncio.wait_for(working, 30) == 1
+        assert await asyncio.wait_for(dispatching, 30) == 1
+        first = await asyncio.wait_for(erasing, 30)
+    if first.finished_at is not None:  # never before the rows it waited for finished
+        assert await _alice_left(box) == []
+
+    final = await run_erasure(box, first.id)  # what the maintenance job runs
+
+    assert final.finished_at is not None and final.waiting == 0
+    assert (final.rows["inbox"], final.rows["outbox"], final.rows["attempts"]) == (1, 1, 1)
+    assert final.rows["messages"] == 1
+    assert await _alice_left(box) == []
+    # Each effect once, on the whole payload.
+    assert seen == [ALICE_EMAIL]
+    assert ALICE_EMAIL.encode() in request.body and len(receiver.requests) == 1
+    assert len(await box.store.fetch_all("SELECT * FROM relaybox_operations")) == 1
+    [delivery] = await outbox_rows(box)
+    assert delivery["status"] == "sent"
 
 
 async def test_rows_handlers_added_to_the_outbox(box: Relaybox) -> None:
