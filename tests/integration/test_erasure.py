@@ -80,8 +80,14 @@ async def test_erase_a_subject_keeps_keys_and_outcomes(box: Relaybox) -> None:
 
     done = await erase(box, subject=ALICE, actor="dpo@example.com", reason="GDPR art. 17")
 
-    assert done.rows == {"inbox": 3, "quarantine": 1, "outbox": 0, "attempts": 0, "messages": 0,
-                          "inbox_attempts": 0}
+    assert done.rows == {
+        "inbox": 3,
+        "quarantine": 1,
+        "outbox": 0,
+        "attempts": 0,
+        "messages": 0,
+        "inbox_attempts": 0,
+    }
     assert done.finished_at is not None and done.waiting == 0
     assert (done.actor, done.reason, done.scope) == ("dpo@example.com", "GDPR art. 17", "subject")
     assert done.digest == subject_digest(ALICE) and done.tenant is None
@@ -207,8 +213,14 @@ async def test_outbound_subject_and_tenant(box: Relaybox) -> None:
         assert len(receiver.requests) == 3
         [done] = await resume_waiting(box)
 
-    assert done.rows == {"inbox": 0, "quarantine": 0, "outbox": 1, "attempts": 1, "messages": 1,
-                          "inbox_attempts": 0}
+    assert done.rows == {
+        "inbox": 0,
+        "quarantine": 0,
+        "outbox": 1,
+        "attempts": 1,
+        "messages": 1,
+        "inbox_attempts": 0,
+    }
     assert done.finished_at is not None
     messages = {
         r["id"]: r
@@ -240,8 +252,14 @@ async def test_outbound_subject_and_tenant(box: Relaybox) -> None:
 
     # A tenant: every message published to it, with its deliveries and their answers.
     tenant = await erase(box, tenant="t2", actor="dpo", reason="account closed")
-    assert tenant.rows == {"inbox": 0, "quarantine": 0, "outbox": 1, "attempts": 1, "messages": 1,
-                          "inbox_attempts": 0}
+    assert tenant.rows == {
+        "inbox": 0,
+        "quarantine": 0,
+        "outbox": 1,
+        "attempts": 1,
+        "messages": 1,
+        "inbox_attempts": 0,
+    }
     assert tenant.scope == "tenant" and tenant.digest is None and tenant.tenant == "t2"
     [row] = await box.store.fetch_all(
         "SELECT body FROM relaybox_messages WHERE id = :id".replace(":id", f"'{t2.id}'")
@@ -293,7 +311,11 @@ async def _alice_left(box: Relaybox) -> list[str]:
     for table in RELAYBOX_TABLES:
         for row in await box.store.fetch_all(f"SELECT * FROM relaybox_{table}"):
             for column, value in row.items():
-                text = bytes(value).decode(errors="replace") if isinstance(value, bytes | memoryview) else value
+                text = (
+                    bytes(value).decode(errors="replace")
+                    if isinstance(value, bytes | memoryview)
+                    else value
+                )
                 if ALICE_EMAIL in str(text):
                     found.append(f"relaybox_{table}.{column}")
     return found
@@ -705,3 +727,127 @@ async def test_facade_and_sync_publish(box: Relaybox) -> None:
     assert done.rows["messages"] == 1 and done.rows["outbox"] == 1 and done.finished_at
     [row] = await box.store.fetch_all("SELECT body FROM relaybox_messages")
     assert json.loads(row["body"]) is None and message.id
+
+
+# -- the sending side: an event type's subject path, the tenant API's subject ------------
+
+
+async def _indexed(box: Relaybox, subject: str) -> set[str]:
+    """The message ids indexed under ``subject``."""
+    digest = subject_digest(subject)
+    rows = await box.store.fetch_all(
+        "SELECT digest, ref FROM relaybox_subjects WHERE kind = 'message'"
+    )
+    return {r["ref"] for r in rows if bytes(r["digest"]) == digest}
+
+
+async def test_an_event_types_subject_path_indexes_each_publish(box: Relaybox) -> None:
+    """``define_event_type(..., subject="data.customer.id")``: a publish of the type is
+    indexed under the value there without passing ``subject=`` (the synchronous
+    publish too); an explicit ``subject=`` wins; a message without a value there is
+    not indexed; a value no erasure could name is refused in the producer's
+    transaction; a bad path is refused when the type is defined."""
+    from relaybox.outbound import InvalidMessage, define_event_type, list_event_types
+
+    local(box)
+    defined = await box.define_event_type(
+        "customer.updated", description="a customer changed", subject="data.customer.id"
+    )
+    assert defined.subject == "data.customer.id"
+    assert "subject" not in defined.to_json()  # tenants do not read the operator's path
+    [listed] = await list_event_types(box)
+    assert listed.subject == "data.customer.id"
+
+    def data(customer: Any, email: str) -> dict[str, Any]:
+        return {"customer": {"id": customer, "email": email}}
+
+    by_path = await publish_one(box, "customer.updated", data(ALICE, ALICE_EMAIL))
+    explicit = await publish_one(box, "customer.updated", data(ALICE, ALICE_EMAIL), subject=BOB)
+    numeric = await publish_one(box, "customer.updated", data(42, "n@example.com"))
+    without = await publish_one(box, "customer.updated", {"customer": {}})
+    other_type = await publish_one(box, "invoice.paid", data(ALICE, ALICE_EMAIL))
+    with box.store.sync.transaction() as conn:
+        synced = box.publish_sync(conn, "customer.updated", data(ALICE, ALICE_EMAIL), tenant="t1")
+    assert await _indexed(box, ALICE) == {by_path.id, synced.id}
+    assert await _indexed(box, BOB) == {explicit.id}
+    assert await _indexed(box, "42") == {numeric.id}
+    indexed = await box.store.fetch_all("SELECT ref FROM relaybox_subjects")
+    assert sorted(r["ref"] for r in indexed) == sorted(
+        [by_path.id, synced.id, explicit.id, numeric.id]
+    )  # neither the message without a value nor the type without a path
+    assert without.id and other_type.id
+
+    # A value no erasure could name: refused, nothing published.
+    for value in ("x" * 1025, "nul\x00"):
+        with pytest.raises(InvalidMessage) as refused:
+            await publish_one(box, "customer.updated", data(value, ALICE_EMAIL))
+        assert refused.value.code == "subject"
+    count = len(await box.store.fetch_all("SELECT id FROM relaybox_messages"))
+    assert count == 6
+
+    done = await erase(box, subject=ALICE, actor="dpo")
+    assert done.rows["messages"] == 2 and done.finished_at is not None
+    bodies = {
+        r["id"]: r["body"]
+        for r in await box.store.fetch_all("SELECT id, body FROM relaybox_messages")
+    }
+    assert json.loads(bodies[by_path.id]) is None and json.loads(bodies[synced.id]) is None
+    assert ALICE_EMAIL in bodies[explicit.id]  # indexed under Bob, as its caller said
+    assert ALICE_EMAIL in bodies[other_type.id]  # a type without a path: not indexed
+
+    # Bad paths, refused when the type is defined (and nothing changed).
+    for bad in ("", "data..id", ".data", "header:x-customer", "a." * 8 + "b", "d" * 201,
+                "data.\x00"):  # fmt: skip
+        with pytest.raises(InvalidMessage) as refused:
+            await define_event_type(box, "customer.updated", subject=bad)
+        assert refused.value.code == "subject_path", bad
+    [listed] = [t for t in await list_event_types(box) if t.name == "customer.updated"]
+    assert listed.subject == "data.customer.id"
+    # Defined again without a path: publishes are no longer indexed by it.
+    await define_event_type(box, "customer.updated")
+    plain = await publish_one(box, "customer.updated", data(ALICE, ALICE_EMAIL))
+    assert plain.id not in await _indexed(box, ALICE)
+
+
+async def test_tenant_api_publish_takes_a_subject(box: Relaybox) -> None:
+    """``POST /api/v1/messages`` with ``subject``: indexed as ``publish(subject=)``
+    is; a subject out of bounds is a 422 and publishes nothing; the event type's path
+    applies to a body without one."""
+    import httpx
+
+    from relaybox.outbound import create_api_key
+
+    local(box)
+    await box.define_event_type("customer.updated", subject="data.customer.id")
+    _, key = await create_api_key(box, "t1")
+    transport = httpx.ASGITransport(app=box.asgi(roles=("api",)))
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://api.test/api/v1",
+        headers={"Authorization": f"Bearer {key}"},
+    ) as client:  # fmt: skip
+        answer = await client.post(
+            "/messages",
+            json={"event_type": "invoice.paid", "data": {"email": ALICE_EMAIL}, "subject": ALICE},
+        )
+        assert answer.status_code == 202, answer.text
+        explicit = answer.json()["id"]
+        answer = await client.post(
+            "/messages",
+            json={"event_type": "customer.updated", "data": {"customer": {"id": ALICE}}},
+        )
+        assert answer.status_code == 202, answer.text
+        by_path = answer.json()["id"]
+        for bad in ("", "x" * 1025, "nul\u0000", 42):
+            answer = await client.post(
+                "/messages", json={"event_type": "invoice.paid", "data": {}, "subject": bad}
+            )
+            assert answer.status_code == 422, (bad, answer.text)
+        answer = await client.post(
+            "/messages",
+            json={"event_type": "customer.updated", "data": {"customer": {"id": "x" * 2000}}},
+        )
+        assert answer.status_code == 422 and answer.json()["error"] == "invalid_subject"
+    assert await _indexed(box, ALICE) == {explicit, by_path}
+    assert len(await box.store.fetch_all("SELECT id FROM relaybox_messages")) == 2
+    done = await erase(box, subject=ALICE, actor="dpo")
+    assert done.rows["messages"] == 2

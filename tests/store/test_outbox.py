@@ -492,6 +492,25 @@ async def test_event_types(store: Store) -> None:
         assert (await store.publish_context(conn, "t1", "pet.adopted")).schema == '{"type":"array"}'
         assert (await store.publish_context(conn, "t1", "pet.born")).schema is None
         assert (await store.publish_context(conn, "t1", "nope")).schema is None
+    # A subject path, with or without a schema: publish reads it with the schema.
+    await store.event_type_upsert("pet.born", "", None, now=T0 + 2, subject="data.owner.id")
+    await store.event_type_upsert(
+        "pet.adopted", "adopted", '{"type":"object"}', now=T0 + 2, subject="data.pet"
+    )
+    listed = await store.event_type_list()
+    assert [(e.name, e.schema, e.subject) for e in listed] == [
+        ("pet.adopted", '{"type":"object"}', "data.pet"),
+        ("pet.born", None, "data.owner.id"),
+    ]
+    async with store.transaction() as conn:
+        born = await store.publish_context(conn, "t1", "pet.born")
+        assert (born.schema, born.subject, born.subscribers) == (None, "data.owner.id", [])
+        adopted = await store.publish_context(conn, "t1", "pet.adopted")
+        assert (adopted.schema, adopted.subject) == ('{"type":"object"}', "data.pet")
+        assert (await store.publish_context(conn, "t1", "nope")).subject is None
+    await store.event_type_upsert("pet.born", "", None, now=T0 + 3)  # the path dropped
+    async with store.transaction() as conn:
+        assert (await store.publish_context(conn, "t1", "pet.born")).subject is None
 
 
 async def test_api_keys(store: Store) -> None:
