@@ -851,3 +851,44 @@ async def test_tenant_api_publish_takes_a_subject(box: Relaybox) -> None:
     assert len(await box.store.fetch_all("SELECT id FROM relaybox_messages")) == 2
     done = await erase(box, subject=ALICE, actor="dpo")
     assert done.rows["messages"] == 2
+
+
+async def test_admin_api_defines_an_event_types_subject_path(database_url: str, clock: Any) -> None:
+    """``PUT /admin/api/v1/event-types/{name}`` with ``subject``: listed with it,
+    publishes indexed by it; a bad path is a 422 that changes nothing."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from relaybox.admin import build_admin
+
+    box = Relaybox(settings=Settings(database_url=database_url, admin_token=TOKEN), clock=clock)
+    local(box)
+    app = Starlette(routes=[Mount("/admin", app=build_admin(box))])
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://admin.test", headers=headers
+        ) as client:
+            url = "/admin/api/v1/event-types"
+            answer = await client.put(
+                f"{url}/customer.updated",
+                json={"description": "a customer changed", "subject": "data.customer.id"},
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["subject"] == "data.customer.id"
+            for bad in ("data..id", "header:x-customer", "a." * 8 + "b", "d" * 201):
+                answer = await client.put(f"{url}/customer.updated", json={"subject": bad})
+                assert answer.status_code == 422, (bad, answer.text)
+                assert answer.json()["error"] == "invalid_subject_path"
+            for bad_body in ({"subject": ""}, {"subject": "x" * 600}, {"other": 1}):
+                answer = await client.put(f"{url}/customer.updated", json=bad_body)
+                assert answer.status_code == 400, (bad_body, answer.text)
+            answer = await client.put(f"{url}/bad name", json={})
+            assert answer.status_code == 422 and answer.json()["error"] == "invalid_event_type"
+            [listed] = (await client.get(url)).json()["items"]
+            assert (listed["name"], listed["subject"]) == ("customer.updated", "data.customer.id")
+        message = await publish_one(box, "customer.updated", {"customer": {"id": ALICE}})
+        assert await _indexed(box, ALICE) == {message.id}
+    finally:
+        await box.close()

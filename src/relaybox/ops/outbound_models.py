@@ -152,6 +152,21 @@ class EventTypeList(_Model):
     items: list[EventTypeInfo]
 
 
+class EventTypeDefinition(RequestModel):
+    description: str = Field("", max_length=2000, description="what it means, for subscribers")
+    schema_: dict[str, Any] | None = Field(
+        None, alias="schema", description="JSON Schema that published data must match"
+    )
+    subject: str | None = Field(
+        None,
+        min_length=1,
+        max_length=512,
+        description="where its messages name their subject (a dotted path into the "
+        "envelope, data.customer.id; at most erasure.path_max_depth names and "
+        "erasure.path_max_chars characters)",
+    )
+
+
 class RedeliverRequest(RequestModel):
     reason: str = Field(min_length=1, max_length=2000)
     endpoint_id: str | None = Field(None, max_length=200, description="only this endpoint")
