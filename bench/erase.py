@@ -1,19 +1,21 @@
 """Erasing one subject among many rows, on PostgreSQL: time and rows touched.
 
 The inbox is filled with ``size`` finished events (about 450 bytes of Stripe-shaped
-JSON each, with headers, and a ``last_error`` from a first failed attempt quoting the
-customer's e-mail; that attempt's row in ``relaybox_inbox_attempts`` too), 10 per
-customer, each indexed under its customer's subject
-digest as a source with ``subject = "data.object.customer"`` indexes it at accept;
-plus three customers each of 10, 100 and 1,000 events. Filling is one INSERT ...
-SELECT per 250,000 rows (the accept path is measured apart below), then ``VACUUM
-ANALYZE`` and a ``CHECKPOINT``. Each of those customers is then erased with
-:func:`relaybox.erasure.erase`: the table shows the median time of the three and
-the shared buffers the inbox's erase statement touches for the whole subject
-(``EXPLAIN (ANALYZE, BUFFERS)`` of it, rolled back, just before: the subject index,
-the inbox's primary key, heap and indexes), against the pages the inbox table has.
-The same is done at a tenth of the size first: the buffers stay flat as the table
-grows tenfold, because the erasure reads the subject's index entries, not history.
+JSON each, with headers, and a ``last_error`` quoting the customer's e-mail from a
+first failed attempt, whose row in ``relaybox_inbox_attempts`` is there too), 10 per
+customer, each indexed under its customer's subject digest as a source with
+``subject = "data.object.customer"`` indexes it at accept; plus three customers each
+of 10, 100 and 1,000 events. Filling is one INSERT ... SELECT generate_series per
+250,000 rows (the accept path is measured apart below), then ``VACUUM ANALYZE`` and a
+``CHECKPOINT``. Each of those customers is then erased with
+:func:`relaybox.erasure.erase` (payload, headers and last error of each event, the
+error text of each attempt): the table shows the median time of the three and the
+shared buffers the inbox's erase statement touches for the whole subject (``EXPLAIN
+(ANALYZE, BUFFERS)`` of it, rolled back, just before: the subject index, the inbox's
+primary key, heap and indexes), against the pages the inbox table has. The same is
+done at a tenth of the size first: the buffers stay flat as the table grows tenfold,
+because the erasure reads the subject's index entries, not history. ``--rows N``
+sets the size (default 1,000,000).
 
 The accept's added cost with a subject path: the store's group-commit insert of
 batches of 64 deliveries with and without subject digests, alternated (PostgreSQL; the
