@@ -183,12 +183,17 @@ ON CONFLICT DO NOTHING
 
 -- name: subject_inherit_outbox
 -- An operational event's message (?1) about outbox row ?2 (its last error): indexed
--- under every digest of the row's message, or of the inbox row whose handler added it.
+-- under every digest of the row's message, or of the inbox row whose handler added it
+-- (two probes of the ref index, one each).
 INSERT INTO relaybox_subjects (digest, kind, ref)
-SELECT DISTINCT s.digest, 'message', ?1
-FROM relaybox_outbox o
-JOIN relaybox_subjects s
-  ON (s.ref = o.message_id AND s.kind = 'message')
-  OR (s.ref = CAST(o.inbox_id AS TEXT) AND s.kind = 'inbox')
-WHERE o.id = ?2
+SELECT DISTINCT d.digest, 'message', ?1 FROM (
+    SELECT s.digest FROM relaybox_outbox o
+    JOIN relaybox_subjects s ON s.ref = o.message_id AND s.kind = 'message'
+    WHERE o.id = ?2
+    UNION ALL
+    SELECT s.digest FROM relaybox_outbox o
+    JOIN relaybox_subjects s ON s.ref = CAST(o.inbox_id AS TEXT) AND s.kind = 'inbox'
+    WHERE o.id = ?2
+) d
+WHERE true  -- (SQLite: an upsert's SELECT needs a WHERE)
 ON CONFLICT DO NOTHING
