@@ -492,6 +492,7 @@ async def _files_hold_after_vacuum(box: Relaybox, marker: bytes) -> list[str]:
     return left
 
 
+@pytest.mark.timeout(300)  # VACUUM FULL of six tables, retried: slow on a busy host
 async def test_no_byte_of_the_subject_is_left(box: Relaybox) -> None:
     """Scans the database files: before the erasure they hold Alice's e-mail (the scan
     can fail), after it (and, on PostgreSQL, a VACUUM FULL that drops the old row
@@ -519,6 +520,7 @@ async def test_no_byte_of_the_subject_is_left(box: Relaybox) -> None:
     assert await _files_hold(box, BOB_EMAIL.encode())
 
 
+@pytest.mark.timeout(300)  # VACUUM FULL of six tables, retried: slow on a busy host
 async def test_no_byte_of_the_subject_is_left_in_error_text(box: Relaybox) -> None:
     """The subject's data quoted in free text rather than in a payload: a handler's
     exception (the inbox row's last_error, its attempt's error, the dead letter's
