@@ -370,7 +370,9 @@ async def test_a_late_fenced_attempt_keeps_no_answer_of_an_erased_delivery(store
     answer, headers = '{"customer": "cus_late"}', '{"response": [["X-Customer", "cus_late"]]}'
     async with store.transaction() as conn:  # the late one, through the generic path
         log = (d.id, 1, d.lease_token - 1, "d0", T0 + 1, 0.2, "fenced", 200, None, answer, headers)
-        await store.outbox_attempts_insert(conn, [log])
+        quoting = (d.id, 1, d.lease_token - 1, "d0", T0 + 1, 0.2, "fenced", 500,
+                   "unknown customer cus_late", None, None)  # fmt: skip
+        await store.outbox_attempts_insert(conn, [log, quoting])
     if store.lease_records:  # and through the lease that records successes
         stale = (d.id, d.lease_token - 1, 1, "ep_1", T0 + 1, 0.2, 200, None, answer, headers)
         request = LeaseRequest(
@@ -378,10 +380,13 @@ async def test_a_late_fenced_attempt_keeps_no_answer_of_an_erased_delivery(store
         )
         assert (await store.outbox_lease(request, no_secrets)).written == set()
     logged = await store.fetch_all(
-        "SELECT outcome, status_code, response, headers FROM relaybox_outbox_attempts"
+        "SELECT outcome, status_code, error, response, headers FROM relaybox_outbox_attempts"
     )
     assert logged and all(r["outcome"] == "fenced" for r in logged), logged
-    assert all((r["status_code"], r["response"], r["headers"]) == (200, None, None) for r in logged)
+    assert all((r["response"], r["headers"]) == (None, None) for r in logged)
+    # The error text of an erased delivery's late attempt is redacted, as an erasure does.
+    errors = sorted((r["status_code"], r["error"]) for r in logged)
+    assert errors[-1] == (500, "(erased)") and all(e is None for _, e in errors[:-1]), errors
 
 
 async def test_failure_streaks(store: Store) -> None:

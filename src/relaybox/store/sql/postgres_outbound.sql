@@ -531,9 +531,13 @@ WITH u AS (
     INSERT INTO relaybox_outbox_attempts
         (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome,
          status_code, error, response, headers)
-    -- A fenced success's answer is not kept for a delivery erased meanwhile.
+    -- A fenced success's answer (and error text) is not kept for a delivery erased
+    -- meanwhile.
     SELECT u.id, u.attempt, u.token, $4, u.started, u.duration,
-           CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code, u.error,
+           CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code,
+           CASE WHEN u.error IS NULL OR d.id IS NOT NULL
+                     OR (SELECT x.erased_at FROM relaybox_outbox x WHERE x.id = u.id) IS NULL
+               THEN u.error ELSE '(erased)' END,
            CASE WHEN d.id IS NOT NULL
                      OR (SELECT x.erased_at FROM relaybox_outbox x WHERE x.id = u.id) IS NULL
                THEN u.response END,
@@ -759,15 +763,16 @@ RETURNING o.id, o.lease_token
 
 -- name: outbox_attempts_insert
 -- The attempt log of a recorded batch, one multi-row insert (array order = id order).
--- What the receiver answered is not kept for a delivery erased meanwhile (an attempt
--- recorded late, fenced, after an erasure emptied its row: relaybox.erasure).
+-- What the receiver answered, and the error text, is not kept for a delivery erased
+-- meanwhile (an attempt recorded late, fenced, after an erasure emptied its row:
+-- relaybox.erasure).
 INSERT INTO relaybox_outbox_attempts
     (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
      error, response, headers)
 -- The erased_at of each row is read by its primary key (a scalar subquery: a join was
 -- planned as a scan of the outbox on a table without statistics; tests/test_plans.py).
 SELECT a.id, a.attempt, a.token, a.dispatcher, a.started, a.duration, a.outcome, a.code,
-       a.error,
+       CASE WHEN a.error IS NULL OR a.erased IS NULL THEN a.error ELSE '(erased)' END,
        CASE WHEN a.response IS NULL OR a.erased IS NULL THEN a.response END,
        CASE WHEN a.headers IS NULL OR a.erased IS NULL THEN a.headers END
 FROM (SELECT u.*, (SELECT o.erased_at FROM relaybox_outbox o WHERE o.id = u.id) AS erased

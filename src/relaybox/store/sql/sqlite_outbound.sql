@@ -477,15 +477,18 @@ RETURNING id, lease_token
 
 -- name: outbox_attempts_insert
 -- Element i of each array by its position, as in outbox_record (linear in the batch).
--- What the receiver answered is not kept for a delivery erased meanwhile (an attempt
--- recorded late, fenced, after an erasure emptied its row: relaybox.erasure).
+-- What the receiver answered, and the error text, is not kept for a delivery erased
+-- meanwhile (an attempt recorded late, fenced, after an erasure emptied its row:
+-- relaybox.erasure).
 INSERT INTO relaybox_outbox_attempts
     (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
      error, response, headers)
 SELECT i.value, json_extract(?2, '$[' || i.key || ']'), json_extract(?3, '$[' || i.key || ']'),
        json_extract(?4, '$[' || i.key || ']'), json_extract(?5, '$[' || i.key || ']'),
        json_extract(?6, '$[' || i.key || ']'), json_extract(?7, '$[' || i.key || ']'),
-       json_extract(?8, '$[' || i.key || ']'), json_extract(?9, '$[' || i.key || ']'),
+       json_extract(?8, '$[' || i.key || ']'),
+       CASE WHEN o.id IS NULL OR json_extract(?9, '$[' || i.key || ']') IS NULL
+            THEN json_extract(?9, '$[' || i.key || ']') ELSE '(erased)' END,
        CASE WHEN o.id IS NULL THEN json_extract(?10, '$[' || i.key || ']') END,
        CASE WHEN o.id IS NULL THEN json_extract(?11, '$[' || i.key || ']') END
 FROM json_each(?1) AS i
