@@ -5,6 +5,7 @@ types and API keys. Rows are set up through store methods; ``store.fetch_all`` r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import AsyncIterator, Sequence
@@ -12,14 +13,14 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from relaybox.store import Store, open_store
+from relaybox.store.dispatch_rows import Fairness, LeaseRequest
 from relaybox.store.outbox_rows import (
     EndpointQuotaReached,
-    Fairness,
-    LeaseRequest,
     Message,
     NewMessage,
     new_id,
 )
+from tests.support.store_rows import attempt
 from tests.support.store_rows import endpoint_write as endpoint
 
 T0 = 1_000_000.0
@@ -275,12 +276,13 @@ async def test_lease_record_attempts_and_listings(store: Store) -> None:
     assert (await store.outbox_lease(lease_request("d2"), no_secrets)).deliveries == []
 
     async with store.transaction() as conn:
-        mark = (d.id, d.lease_token, "sent", None, None, None, 200)
-        fenced = (d.id, d.lease_token + 7, "sent", None, None, None, 200)
-        assert await store.outbox_record(conn, [mark], now=T0 + 2) == {(d.id, d.lease_token)}
+        # A dispatcher whose lease was taken over records nothing but its attempt,
+        # logged as fenced; the holder records the outcome and its attempt.
+        stale = dataclasses.replace(d, lease_token=d.lease_token + 7)
+        fenced = attempt(stale, started=T0 + 1, duration=0.5, dispatcher="d0")
         assert await store.outbox_record(conn, [fenced], now=T0 + 2) == set()
-        log = (d.id, 1, d.lease_token, "d1", T0 + 1, 0.25, "sent", 200, None, None)
-        await store.outbox_attempts_insert(conn, [log])
+        done = attempt(d, started=T0 + 1, duration=0.25)
+        assert await store.outbox_record(conn, [done], now=T0 + 2) == {(d.id, d.lease_token)}
     rows = await store.delivery_list(
         "t1", message_id=msg_id, endpoint_id=None, undelivered=False, limit=10
     )
@@ -293,13 +295,14 @@ async def test_lease_record_attempts_and_listings(store: Store) -> None:
     )
     attempts = await store.attempt_list(msg_id, "t1")
     assert [(a.outbox_id, a.endpoint_id, a.outcome, a.status_code) for a in attempts] == [
-        (d.id, "ep_1", "sent", 200)
+        (d.id, "ep_1", "fenced", 200),
+        (d.id, "ep_1", "sent", 200),
     ]
     assert await store.attempt_list(msg_id, "t2") == []
-    recent = await store.endpoint_attempts("ep_1", limit=5)
-    assert [(a.message_id, a.duration) for a in recent] == [(msg_id, 0.25)]
+    recent = await store.endpoint_attempts("ep_1", limit=1)
+    assert [(a.message_id, a.outcome, a.duration) for a in recent] == [(msg_id, "sent", 0.25)]
     health = await store.endpoint_health(since=T0)
-    assert (health["ep_1"].attempts, health["ep_1"].succeeded) == (1, 1)
+    assert (health["ep_1"].attempts, health["ep_1"].succeeded) == (2, 1)
     assert await store.endpoint_health(since=T0 + 10) == {}
     assert await store.endpoint_backlog() == {}
     assert await store.message_purged_at(msg_id) is None
@@ -331,9 +334,10 @@ async def test_lease_respects_lanes_and_fairness(store: Store) -> None:
 
 async def test_lease_records_successes_where_the_store_can(store: Store) -> None:
     await store.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
-    await publish(store, "t1", ["ep_1"])
+    msg_id = await publish(store, "t1", ["ep_1"])
     (d,) = (await store.outbox_lease(lease_request(), no_secrets)).deliveries
-    sent = [(d.id, d.lease_token, d.attempt, "ep_1", T0 + 1, 0.1, 200, None, None)]
+    headers = '{"request": [["webhook-id", "m"]], "response": []}'
+    sent = [attempt(d, started=T0 + 1, response="ok", headers=headers)]
     request = LeaseRequest(
         owner="d1", slots=0, channels=[], now=T0 + 2, until=T0 + 62, deadline=30, sent=sent
     )
@@ -346,6 +350,9 @@ async def test_lease_records_successes_where_the_store_can(store: Store) -> None
     assert leased.deliveries == [] and leased.written == {(d.id, d.lease_token)}
     rows = await store.fetch_all("SELECT status FROM relaybox_outbox")
     assert [r["status"] for r in rows] == ["sent"]
+    [logged] = await store.attempt_list(msg_id, "t1")
+    assert (logged.outcome, logged.status_code, logged.started_at) == ("sent", 200, T0 + 1)
+    assert (logged.response, logged.headers) == ("ok", headers)
 
 
 async def test_a_late_fenced_attempt_keeps_no_answer_of_an_erased_delivery(store: Store) -> None:

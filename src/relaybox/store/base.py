@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from relaybox.store.credentials import CredentialsStore
+from relaybox.store.dispatch import DispatchStore
 from relaybox.store.erasure import ErasureStore
 from relaybox.store.history import HistoryStore
 from relaybox.store.inbox_rows import (
@@ -89,6 +90,7 @@ class Store(
     OperatorStore,
     OutboxStore,
     RetentionStore,
+    DispatchStore,
     SilenceStore,
     FlowStore,
     CatalogStore,

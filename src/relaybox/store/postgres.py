@@ -39,10 +39,11 @@ from relaybox.store._drivers import (
 from relaybox.store._drivers import driver as _driver
 from relaybox.store._drivers import plain as _plain
 from relaybox.store.base import OutboxRow, Store
+from relaybox.store.dispatch import leased_delivery
+from relaybox.store.dispatch_rows import Leased, LeaseRequest, attempt_columns
 from relaybox.store.inbox_rows import AcceptOutcome, Claim, Listener, NewDelivery
 from relaybox.store.operator import DatabaseHealth
-from relaybox.store.outbox import SecretOpener, leased_delivery
-from relaybox.store.outbox_rows import Leased, LeaseRequest, MessageBody, Target, with_extras
+from relaybox.store.outbox_rows import MessageBody, SecretOpener, Target, with_extras
 
 __all__ = ["PostgresStore"]
 
@@ -794,9 +795,8 @@ class PostgresStore(Store):
         first records ``request.sent``, so that a finished attempt's slot is leased
         again without a record round trip in between; ``request.slots`` 0 only
         records."""
-        sent, fair = request.sent, request.fair
-        # A row of nine (no headers recorded) has a NULL tenth column.
-        columns = [[row[i] if i < len(row) else None for row in sent] for i in range(10)]
+        fair = request.fair
+        sent = attempt_columns(request.sent)  # their dispatcher: request.owner
         tenants = list(fair.held)
         pool = await self.generic_pool()
         async with self._borrow(pool) as conn:
@@ -807,14 +807,22 @@ class PostgresStore(Store):
                 list(request.channels),
                 request.owner,
                 request.until,
-                *columns[:9],
+                sent.id,
+                sent.lease_token,
+                sent.attempt,
+                sent.endpoint_id,
+                sent.started,
+                sent.duration,
+                sent.status_code,
+                sent.error,
+                sent.response,
                 list(request.ahead),
                 request.factor,
                 fair.cap,
                 fair.rows,
                 tenants,
                 [fair.held[t] for t in tenants],
-                columns[9],
+                sent.headers,
             )
         written: set[tuple[int, int]] = set()
         if leased and leased[0]["recorded"] is not None:

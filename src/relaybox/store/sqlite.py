@@ -34,18 +34,11 @@ from relaybox.store._drivers import (
     sqlite_in_transaction,
 )
 from relaybox.store.base import Store
+from relaybox.store.dispatch import leased_delivery
+from relaybox.store.dispatch_rows import Lane, Leased, LeaseRequest, allocate
 from relaybox.store.inbox_rows import AcceptOutcome, Listener, NewDelivery
 from relaybox.store.operator import DatabaseHealth
-from relaybox.store.outbox import SecretOpener, leased_delivery
-from relaybox.store.outbox_rows import (
-    Lane,
-    Leased,
-    LeaseRequest,
-    MessageBody,
-    Target,
-    allocate,
-    with_extras,
-)
+from relaybox.store.outbox_rows import MessageBody, SecretOpener, Target, with_extras
 
 __all__ = ["SQLiteStore"]
 
