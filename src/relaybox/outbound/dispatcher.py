@@ -57,6 +57,7 @@ from relaybox.outbound.leases import lease, lease_recording, release
 from relaybox.outbound.recorder import AttemptRecorder
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.replays import ReplayRunner
+from relaybox.outbound.spans import decision_attributes, delivery_attributes
 from relaybox.retry import Schedule
 from relaybox.store.dispatch_rows import Attempt, Decision, Fairness
 from relaybox.store.outbox_rows import Delivery
@@ -420,39 +421,6 @@ class Dispatcher:
         if delay is None:
             return Decision("dead", "exhausted", "exhausted")
         return Decision("retry", "retry", at=self.box.clock.now() + delay)
-
-
-def delivery_attributes(d: Delivery) -> dict[str, str | int | bool]:
-    """The attributes of an attempt's ``relaybox.deliver`` span (ids, the channel, the
-    attempt's number: no payload, no URL, no secret)."""
-    attributes: dict[str, str | int | bool] = {
-        "relaybox.outbox_id": d.id,
-        "relaybox.channel": d.channel,
-        "relaybox.attempt": d.attempt,
-        "relaybox.uncertain": d.uncertain,
-    }
-    if d.message is not None:
-        attributes["relaybox.message_id"] = d.message.id
-        attributes["relaybox.event_type"] = d.message.event_type
-    if d.endpoint is not None:
-        attributes["relaybox.endpoint_id"] = d.endpoint.id
-        attributes["relaybox.tenant"] = d.endpoint.tenant
-    return attributes
-
-
-def decision_attributes(
-    decision: Decision, result: Result | None, now: float
-) -> dict[str, str | float | int]:
-    """The decision on an attempt, for its span: what the row becomes, why, and the
-    retry's delay in seconds."""
-    attributes: dict[str, str | float | int] = {"relaybox.decision": decision.status}
-    if decision.reason is not None:
-        attributes["relaybox.decision.reason"] = decision.reason
-    if decision.at is not None and decision.status == "retry":
-        attributes["relaybox.retry.delay"] = round(max(decision.at - now, 0.0), 3)
-    if result is not None and result.status_code is not None:
-        attributes["http.response.status_code"] = result.status_code
-    return attributes
 
 
 class _Run:
