@@ -454,7 +454,7 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 -- name: outbox_lease
 -- The whole lease in ONE autocommit statement (one round trip, no BEGIN/COMMIT); SQLite
 -- runs the same steps one by one (sqlite_outbound.sql: outbox_lease_lanes, allocate()
--- in store/outbox_rows.py, outbox_lease_rows, lane_mark, then delivery_messages,
+-- in store/dispatch_rows.py, outbox_lease_rows, lane_mark, then delivery_messages,
 -- endpoint_secrets_active, delivery_endpoints). $1 now, $2 free slots, $3 the
 -- dispatcher's channels, $4 owner, $5 lease end ($2 = 0: only record); $6..$14 the
 -- plain successes to record first (id, lease token, attempt, endpoint, started,
