@@ -32,18 +32,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from relaybox.config.outbound import UncertainPolicy
-from relaybox.store.dispatch_rows import Outcome, Result
-from relaybox.store.outbox_rows import Delivery
+from relaybox.store.dispatch_rows import Outcome as Outcome
+from relaybox.store.dispatch_rows import Result as Result
+from relaybox.store.outbox_rows import Delivery as Delivery
 
 if TYPE_CHECKING:
     from relaybox.outbound.registry import Outbound
 
-__all__ = [
-    "Channel",
-    "Delivery",
-    "Outcome",
-    "Result",
-]
+__all__ = ["Channel"]  # and, defined with the store's records, Delivery, Outcome, Result
 
 
 class Channel(abc.ABC):
