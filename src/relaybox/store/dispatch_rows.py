@@ -135,32 +135,32 @@ class AttemptColumns:
 
 def attempt_columns(attempts: Sequence[Attempt]) -> AttemptColumns:
     """The one marshalling of attempts into statement parameters, for every statement
-    that writes them (each takes the columns it needs)."""
-    cols = AttemptColumns([], [], [], [], [], [], [], [], [], [], [], [], [], [], [])
-    for a in attempts:
-        d, result, decision = a.delivery, a.result, a.decision
-        cols.id.append(d.id)
-        cols.lease_token.append(d.lease_token)
-        cols.attempt.append(d.attempt)
-        cols.endpoint_id.append(d.endpoint.id if d.endpoint is not None else None)
-        cols.dispatcher.append(a.dispatcher)
-        cols.started.append(a.started)
-        cols.duration.append(a.duration)
-        cols.status.append("pending" if decision.status == "retry" else decision.status)
-        cols.next_at.append(decision.at)
-        cols.reason.append(decision.reason)
-        cols.outcome.append(decision.label)
-        if result is None:
-            cols.status_code.append(None)
-            cols.response.append(None)
-            cols.headers.append(None)
-            cols.error.append(a.error)
-        else:
-            cols.status_code.append(result.status_code)
-            cols.response.append(result.response)
-            cols.headers.append(result.headers)
-            cols.error.append(_UNKNOWN if decision.status == "held" else result.error)
-    return cols
+    that writes them (each takes the columns it needs). A column a comprehension: the
+    lease runs this for every success it carries."""
+    ds = [a.delivery for a in attempts]
+    results = [a.result for a in attempts]
+    decisions = [a.decision for a in attempts]
+    return AttemptColumns(
+        id=[d.id for d in ds],
+        lease_token=[d.lease_token for d in ds],
+        attempt=[d.attempt for d in ds],
+        endpoint_id=[d.endpoint.id if d.endpoint is not None else None for d in ds],
+        dispatcher=[a.dispatcher for a in attempts],
+        started=[a.started for a in attempts],
+        duration=[a.duration for a in attempts],
+        status=["pending" if c.status == "retry" else c.status for c in decisions],
+        next_at=[c.at for c in decisions],
+        reason=[c.reason for c in decisions],
+        outcome=[c.label for c in decisions],
+        status_code=[r.status_code if r is not None else None for r in results],
+        # Attempt.error, inlined for an attempt made: the channel's error, unless held
+        error=[
+            a.error if r is None or c.status == "held" else r.error
+            for a, r, c in zip(attempts, results, decisions, strict=True)
+        ],
+        response=[r.response if r is not None else None for r in results],
+        headers=[r.headers if r is not None else None for r in results],
+    )
 
 
 def attempt_log(
