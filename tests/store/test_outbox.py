@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from relaybox.store import Store, open_store
-from relaybox.store.dispatch_rows import Fairness, LeaseRequest
+from relaybox.store.dispatch_rows import Attempt, Decision, Fairness, LeaseRequest
 from relaybox.store.outbox_rows import (
     EndpointQuotaReached,
     Message,
@@ -366,8 +366,8 @@ async def test_a_late_fenced_attempt_keeps_no_answer_of_an_erased_delivery(store
     digest = hashlib.sha256(b"cus_late").digest()
     async with store.transaction() as conn:
         await store.subject_index(conn, digest, "message", msg_id)
-        mark = (d.id, d.lease_token, "sent", None, None, None, 200)
-        assert await store.outbox_record(conn, [mark], now=T0 + 2) == {(d.id, d.lease_token)}
+        sent = Attempt(d, None, Decision("sent", "accepted"), "d1", T0 + 1, 0.0)  # no log row
+        assert await store.outbox_record(conn, [sent], now=T0 + 2) == {(d.id, d.lease_token)}
     erasure_id, _ = await store.erasure_begin(
         actor="dpo", reason="", scope="subject", digest=digest, tenant=None, now=T0 + 3
     )
@@ -376,12 +376,22 @@ async def test_a_late_fenced_attempt_keeps_no_answer_of_an_erased_delivery(store
     assert (await store.erase_batch(erasure, now=T0 + 3, limit=10))["outbox"] == 1
     answer, headers = '{"customer": "cus_late"}', '{"response": [["X-Customer", "cus_late"]]}'
     async with store.transaction() as conn:  # the late one, through the generic path
-        log = (d.id, 1, d.lease_token - 1, "d0", T0 + 1, 0.2, "fenced", 200, None, answer, headers)
-        quoting = (d.id, 1, d.lease_token - 1, "d0", T0 + 1, 0.2, "fenced", 500,
-                   "unknown customer cus_late", None, None)  # fmt: skip
+        late = dataclasses.replace(d, lease_token=d.lease_token - 1)
+        fields = {"response": answer, "headers": headers, "started": T0 + 1, "duration": 0.2}
+        log = attempt(late, label="fenced", dispatcher="d0", **fields)  # type: ignore[arg-type]
+        quoting = attempt(
+            late,
+            "pending",
+            label="fenced",
+            code=500,
+            error="unknown customer cus_late",
+            dispatcher="d0",
+            started=T0 + 1,
+            duration=0.2,
+        )
         await store.outbox_attempts_insert(conn, [log, quoting])
     if store.lease_records:  # and through the lease that records successes
-        stale = (d.id, d.lease_token - 1, 1, "ep_1", T0 + 1, 0.2, 200, None, answer, headers)
+        stale = attempt(late, dispatcher="d0", **fields)  # type: ignore[arg-type]
         request = LeaseRequest(
             owner="d0", slots=0, channels=[], now=T0 + 4, until=T0 + 64, deadline=30, sent=[stale]
         )
