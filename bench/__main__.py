@@ -1,4 +1,5 @@
 """python -m bench accept|process|dispatch|growth|size|latency|slow|filters|replay|erase|otel|
+retention|
 all [--quick]
 [--seconds N]"""
 
@@ -27,13 +28,17 @@ def main() -> None:
     parser.add_argument(
         "which",
         choices=(
-            "accept process dispatch growth size latency slow filters replay erase otel all"
+            "accept process dispatch growth size latency slow filters replay erase otel "
+            "retention all"
         ).split(),
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument(
         "--rounds", type=int, default=3, help="alternating rounds of accept and growth"
+    )
+    parser.add_argument(
+        "--rows", type=int, default=None, help="erase: inbox rows to fill (default 1,000,000)"
     )
     args = parser.parse_args()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -93,7 +98,11 @@ def main() -> None:
     if args.which in ("erase", "all"):
         from bench import erase
 
-        tables.append(erase.main(quick=args.quick))
+        tables.append(erase.main(quick=args.quick, rows=args.rows))
+    if args.which == "retention":  # not in `all`: the purge with ages per tenant
+        from bench import retention
+
+        tables.append(retention.main(quick=args.quick, rounds=args.rounds))
     if args.which == "otel":  # not in `all`: the cost of tracing, on demand
         from bench import otel
 

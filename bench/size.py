@@ -9,6 +9,7 @@ relaybox table (heap, indexes and TOAST) per event: as written, after the retent
 purge (payloads, bodies and response bytes dropped; keys, outcomes and attempt rows
 kept) and a plain ``VACUUM`` (space PostgreSQL reuses for new rows, not returned to
 the file system), and after ``VACUUM FULL`` (what the kept rows take, compacted).
+The last row sums the keys tables, what stays once retention drops the history.
 """
 
 from __future__ import annotations
@@ -199,6 +200,10 @@ async def _until(url: str, sql: str, value: int, proc: subprocess.Popen[bytes]) 
 PURGE_SECONDS: list[float] = []
 
 
+KEPT_FOR_GOOD = ("relaybox_event_keys", "relaybox_message_keys", "relaybox_operations")
+"""The tables of keys kept apart from the history (migration 0027)."""
+
+
 async def sizes(url: str) -> dict[str, int]:
     conn = await asyncpg.connect(url)
     try:
@@ -267,6 +272,14 @@ def main(*, quick: bool = False) -> str:
         if found["written"][name] >= 64 * 1024:
             rows.append([name, *(found[stage].get(name, 0) / n for stage in stages)])
     rows.append(["all relaybox tables", *(totals[s] / n for s in stages)])
+    # What outlives the history (its partitions dropped by retention): the keys that
+    # decide duplicates, repeated publishes and business keys.
+    rows.append(
+        [
+            "keys kept for good (" + " + ".join(KEPT_FOR_GOOD) + ")",
+            *(sum(found[s].get(t, 0) for t in KEPT_FOR_GOOD) / n for s in stages),
+        ]
+    )
     return table(
         f"bytes on disk per event, {n:,} received and processed + {n:,} published and "
         f"delivered (PostgreSQL, heap + indexes + TOAST; the purge took "

@@ -346,14 +346,24 @@ class Relaybox:
         return applied
 
     async def define_event_type(
-        self, name: str, *, description: str = "", schema: dict[str, Any] | None = None
+        self,
+        name: str,
+        *,
+        description: str = "",
+        schema: dict[str, Any] | None = None,
+        subject: str | None = None,
     ) -> EventType:
         """Add or replace an entry of the event catalog (``relaybox event-types``):
         tenants subscribe from it, ``publish`` checks data against its schema, and
-        :func:`relaybox.embed.document_webhooks` shows it in the OpenAPI document."""
+        :func:`relaybox.embed.document_webhooks` shows it in the OpenAPI document.
+        ``subject``: where its messages name their subject (``data.customer.id``, a
+        path into the envelope): each publish without ``subject=`` is indexed under
+        the value there, for ``erase(subject=...)``."""
         from relaybox.outbound.catalog import define_event_type
 
-        defined = await define_event_type(self, name, description=description, schema=schema)
+        defined = await define_event_type(
+            self, name, description=description, schema=schema, subject=subject
+        )
         await self.refresh_webhooks()
         return defined
 

@@ -2,20 +2,25 @@
 
 An erasure names a **subject** (a customer id, an e-mail address: whatever a source's
 ``subject`` path or a publish's ``subject`` names) or a **tenant**, and empties every
-payload, header, attempt body and response excerpt relaybox holds of it:
+payload, header, attempt body, response excerpt and error text relaybox holds of it:
 
 * inbox events a source indexed under the subject at accept (``subject =
   "data.object.customer"`` in ``[sources.NAME]``), the quarantine entries stored
   under their event keys, and the rows their handlers added to the outbox (with what
   the channel's receiver answered);
-* messages published with the subject (``box.publish(..., subject=...)``), or to the
-  tenant, their deliveries, and what the receivers answered to those deliveries.
+* messages published with the subject (``box.publish(..., subject=...)``, or the value
+  at the event type's subject path), or to the tenant, their deliveries, and what the
+  receivers answered to those deliveries;
+* the error text of all those rows (``last_error``, each handler and delivery
+  attempt's error become ``(erased)``: an exception may quote the payload), and the
+  operational events about them (``relaybox.inbox.dead`` and the like quote it).
 
-What stays: event keys, fingerprints, statuses, outcomes, attempt counts, errors and
-business keys. A resend of an erased event is still answered as a duplicate (and a
-changed payload under its id still quarantined); a publish repeating an idempotency
-key still finds its message. An erased event cannot be replayed, an erased delivery is
-never sent again (both are purged rows to every reader, and say ``erased``).
+What stays: event keys, fingerprints, statuses, outcomes, dead-letter reasons (codes),
+attempt counts and business keys. A resend of an erased event is still answered as a
+duplicate (and a changed payload under its id still quarantined); a publish repeating
+an idempotency key still finds its message. An erased event cannot be replayed, an
+erased delivery is never sent again (both are purged rows to every reader, and say
+``erased``).
 
 The index (``relaybox_subjects``) holds the SHA-256 of the subject, never the subject,
 written in the transaction of the accept or the publish, so an erasure reads the
@@ -25,9 +30,12 @@ not the subject.
 
 Rows that are **pending** (an event not yet handled, a delivery not yet sent) still
 need their payload: an erasure leaves them, records how many it waits for, and empties
-them once they finish. The maintenance job resumes every erasure still waiting on each
-run (``relaybox maintenance``), and asking again for the same subject resumes the same
-erasure: erasing is idempotent.
+them once they finish. So do rows a worker or a dispatcher holds right now: an erasure
+neither interrupts nor waits for them (PostgreSQL skips their locks), and is
+``finished`` only once none of the subject's rows holds anything it empties. The
+maintenance job resumes every erasure still waiting on each run (``relaybox
+maintenance``), and asking again for the same subject resumes the same erasure:
+erasing is idempotent.
 
 Each batch (``erasure.batch`` rows of each kind) is a transaction of its own, so a big
 subject never holds locks for long; nothing runs on the serving event loop beyond

@@ -42,10 +42,17 @@ __all__ = ["Announce", "InboundRuntime", "ReceiverRuntime", "Runtime", "WorkerRu
 
 class Announce(Protocol):
     """Publishes an operational event (``relaybox.…``) in ``conn``'s transaction;
-    ``key``: once per key (:func:`relaybox.outbound.announce.announcer`)."""
+    ``key``: once per key; ``inbox_id``: the inbox row it is about, whose subjects it
+    is indexed under (:func:`relaybox.outbound.announce.announcer`)."""
 
     async def __call__(
-        self, conn: Any, event_type: str, data: Any, *, key: str | None = None
+        self,
+        conn: Any,
+        event_type: str,
+        data: Any,
+        *,
+        key: str | None = None,
+        inbox_id: int | None = None,
     ) -> None: ...
 
 

@@ -532,7 +532,12 @@ async def _api(client: Any, endpoint_id: str, first: str, second: str) -> bool:
 
     types = (await client.get("/admin/api/v1/event-types", headers=AUTH)).json()["items"]
     assert types == [
-        {"name": "pet.adopted", "description": "a pet found a home", "schema": {"type": "object"}}
+        {
+            "name": "pet.adopted",
+            "description": "a pet found a home",
+            "schema": {"type": "object"},
+            "subject": None,
+        }
     ]
     body = {"reason": "customer lost it"}
     again = await client.post(f"/admin/api/v1/messages/{first}/redeliver", json=body, headers=AUTH)

@@ -23,7 +23,13 @@ from relaybox.ops import inbound as ops
 from relaybox.retention import Maintenance
 from relaybox.sources.base import subject_digest
 from relaybox.testing import Harness, test_source
-from tests.support.outbound_app import dispatch_once, endpoint, local, publish_one
+from tests.support.outbound_app import (
+    dispatch_once,
+    endpoint,
+    local,
+    outbox_rows,
+    publish_one,
+)
 from tests.support.receivers import HttpReceiver, Reply
 
 ALICE = "cus_alice"
@@ -74,7 +80,14 @@ async def test_erase_a_subject_keeps_keys_and_outcomes(box: Relaybox) -> None:
 
     done = await erase(box, subject=ALICE, actor="dpo@example.com", reason="GDPR art. 17")
 
-    assert done.rows == {"inbox": 3, "quarantine": 1, "outbox": 0, "attempts": 0, "messages": 0}
+    assert done.rows == {
+        "inbox": 3,
+        "quarantine": 1,
+        "outbox": 0,
+        "attempts": 0,
+        "messages": 0,
+        "inbox_attempts": 0,
+    }
     assert done.finished_at is not None and done.waiting == 0
     assert (done.actor, done.reason, done.scope) == ("dpo@example.com", "GDPR art. 17", "subject")
     assert done.digest == subject_digest(ALICE) and done.tenant is None
@@ -115,7 +128,8 @@ async def test_erase_a_subject_keeps_keys_and_outcomes(box: Relaybox) -> None:
     # empties the conflicting content quarantined since, under an erased event's id.
     second = await erase(box, subject=ALICE, actor="dpo@example.com")
     assert second.id != done.id and second.finished_at
-    assert second.rows == {"inbox": 0, "quarantine": 1, "outbox": 0, "attempts": 0, "messages": 0}
+    assert second.rows == {"inbox": 0, "quarantine": 1, "outbox": 0, "attempts": 0, "messages": 0,
+                           "inbox_attempts": 0}  # fmt: skip
     third = await erase(box, subject=ALICE, actor="dpo@example.com")
     assert third.id != second.id and not any(third.rows.values()) and third.finished_at
     assert len(await box.store.erasure_list()) == 3
@@ -200,7 +214,14 @@ async def test_outbound_subject_and_tenant(box: Relaybox) -> None:
         assert len(receiver.requests) == 3
         [done] = await resume_waiting(box)
 
-    assert done.rows == {"inbox": 0, "quarantine": 0, "outbox": 1, "attempts": 1, "messages": 1}
+    assert done.rows == {
+        "inbox": 0,
+        "quarantine": 0,
+        "outbox": 1,
+        "attempts": 1,
+        "messages": 1,
+        "inbox_attempts": 0,
+    }
     assert done.finished_at is not None
     messages = {
         r["id"]: r
@@ -232,7 +253,14 @@ async def test_outbound_subject_and_tenant(box: Relaybox) -> None:
 
     # A tenant: every message published to it, with its deliveries and their answers.
     tenant = await erase(box, tenant="t2", actor="dpo", reason="account closed")
-    assert tenant.rows == {"inbox": 0, "quarantine": 0, "outbox": 1, "attempts": 1, "messages": 1}
+    assert tenant.rows == {
+        "inbox": 0,
+        "quarantine": 0,
+        "outbox": 1,
+        "attempts": 1,
+        "messages": 1,
+        "inbox_attempts": 0,
+    }
     assert tenant.scope == "tenant" and tenant.digest is None and tenant.tenant == "t2"
     [row] = await box.store.fetch_all(
         "SELECT body FROM relaybox_messages WHERE id = :id".replace(":id", f"'{t2.id}'")
@@ -276,6 +304,90 @@ async def test_erasure_races_a_worker(box: Relaybox) -> None:
     rows = await inbox(box)
     assert all(r["payload"] is None and r["status"] == "done" for r in rows.values())
     assert len(await box.store.fetch_all("SELECT * FROM relaybox_operations")) == 2
+
+
+async def _alice_left(box: Relaybox) -> list[str]:
+    """The columns of relaybox's rows that still hold Alice's e-mail (as text)."""
+    found = []
+    for table in RELAYBOX_TABLES:
+        for row in await box.store.fetch_all(f"SELECT * FROM relaybox_{table}"):
+            for column, value in row.items():
+                text = (
+                    bytes(value).decode(errors="replace")
+                    if isinstance(value, bytes | memoryview)
+                    else value
+                )
+                if ALICE_EMAIL in str(text):
+                    found.append(f"relaybox_{table}.{column}")
+    return found
+
+
+async def test_erasure_races_a_worker_and_a_dispatcher(box: Relaybox) -> None:
+    """An erasure runs while a worker handles one of the subject's events (its
+    transaction open, the row locked on PostgreSQL) and a dispatcher is sending one
+    of the subject's messages (the delivery leased, the receiver not answered yet).
+    What happens, as docs/operating.md says: the erasure does not wait for them and
+    does not interrupt them; it empties what is finished, reports the rest as waiting
+    (not finished), and a later run (the maintenance job, or asking again) empties
+    them once they finish. Each effect happens once, on the whole payload: the handler
+    runs once, the receiver gets one request with the full body. And an erasure that
+    reports finished leaves no byte of the subject in any row."""
+    local(box)
+    box.source("stripe", test_source("stripe", subject="data.object.customer"))
+    entered, release = asyncio.Event(), asyncio.Event()
+    seen: list[str] = []
+
+    @box.handler("stripe", "invoice.paid")
+    async def paid(ctx: Context) -> None:
+        entered.set()
+        await release.wait()
+        seen.append(ctx.payload["data"]["object"]["email"])
+        await ctx.once(f"grant:{ctx.event.event_id}")
+
+    kit = Harness.of(box)
+    async with HttpReceiver(Reply(hang=True)) as receiver:
+        await endpoint(box, receiver.url, tenant="t1")
+        await publish_one(box, "invoice.paid", {"email": ALICE_EMAIL}, subject=ALICE)
+        await kit.send("stripe", payload=invoice("evt_busy", ALICE, ALICE_EMAIL))
+        # The dispatcher first: on SQLite the worker's open transaction is the only
+        # writer, and the lease would wait for it.
+        dispatching = asyncio.create_task(dispatch_once(box))
+        [request] = await receiver.wait_for(1, within=30)
+        working = asyncio.create_task(kit.run_worker())
+        await asyncio.wait_for(entered.wait(), 30)
+
+        erasing = asyncio.create_task(erase(box, subject=ALICE, actor="dpo"))
+        if box.store.backend == "postgres":
+            # Row locks are skipped (SKIP LOCKED), pending rows left: it ends now.
+            first = await asyncio.wait_for(erasing, 30)
+            assert first.finished_at is None and first.waiting == 2
+            assert not any(first.rows.values())
+            # The event and the message (a delivery signs the message's body): whole.
+            assert sorted(await _alice_left(box)) == [
+                "relaybox_inbox.payload", "relaybox_messages.body"
+            ]  # fmt: skip
+        else:
+            await asyncio.sleep(0.3)  # SQLite: the batch waits for the worker's COMMIT
+        release.set()
+        receiver.release()
+        assert await asyncio.wait_for(working, 30) == 1
+        assert await asyncio.wait_for(dispatching, 30) == 1
+        first = await asyncio.wait_for(erasing, 30)
+    if first.finished_at is not None:  # never before the rows it waited for finished
+        assert await _alice_left(box) == []
+
+    final = await run_erasure(box, first.id)  # what the maintenance job runs
+
+    assert final.finished_at is not None and final.waiting == 0
+    assert (final.rows["inbox"], final.rows["outbox"], final.rows["attempts"]) == (1, 1, 1)
+    assert final.rows["messages"] == 1
+    assert await _alice_left(box) == []
+    # Each effect once, on the whole payload.
+    assert seen == [ALICE_EMAIL]
+    assert ALICE_EMAIL.encode() in request.body and len(receiver.requests) == 1
+    assert len(await box.store.fetch_all("SELECT * FROM relaybox_operations")) == 1
+    [delivery] = await outbox_rows(box)
+    assert delivery["status"] == "sent"
 
 
 async def test_rows_handlers_added_to_the_outbox(box: Relaybox) -> None:
@@ -357,6 +469,31 @@ async def _files_hold(box: Relaybox, marker: bytes) -> list[str]:
         return found
 
 
+RELAYBOX_TABLES = (
+    "inbox", "inbox_attempts", "quarantine", "outbox", "outbox_attempts", "messages",
+)  # fmt: skip
+
+
+async def _files_hold_after_vacuum(box: Relaybox, marker: bytes) -> list[str]:
+    """:func:`_files_hold` once the old row versions are gone: on PostgreSQL a VACUUM
+    FULL of the tables an erasure changes, as docs/operating.md says, once no snapshot
+    older than the erasure is open (an autovacuum ANALYZE of another table holds one
+    briefly)."""
+    left = await _files_hold(box, marker)
+    if box.store.backend == "postgres":
+        for _ in range(20):
+            async with box.store.engine.connect() as conn:
+                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                for table in RELAYBOX_TABLES:
+                    await conn.exec_driver_sql(f"VACUUM FULL relaybox_{table}")
+            left = await _files_hold(box, marker)
+            if not left:
+                break
+            await asyncio.sleep(0.5)
+    return left
+
+
+@pytest.mark.timeout(300)  # VACUUM FULL of six tables, retried: slow on a busy host
 async def test_no_byte_of_the_subject_is_left(box: Relaybox) -> None:
     """Scans the database files: before the erasure they hold Alice's e-mail (the scan
     can fail), after it (and, on PostgreSQL, a VACUUM FULL that drops the old row
@@ -380,20 +517,102 @@ async def test_no_byte_of_the_subject_is_left(box: Relaybox) -> None:
     done = await erase(box, subject=ALICE, actor="dpo")
     assert done.finished_at is not None
     assert done.rows["inbox"] == 3 and done.rows["messages"] == 1
-    left = await _files_hold(box, marker)
-    if box.store.backend == "postgres":
-        # The old row versions go with a VACUUM FULL, once no snapshot older than the
-        # erasure is open (an autovacuum ANALYZE of another table holds one briefly).
-        for _ in range(20):
-            async with box.store.engine.connect() as conn:
-                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                for table in ("inbox", "quarantine", "outbox", "outbox_attempts", "messages"):
-                    await conn.exec_driver_sql(f"VACUUM FULL relaybox_{table}")
-            left = await _files_hold(box, marker)
-            if not left:
-                break
-            await asyncio.sleep(0.5)
-    assert left == []
+    assert await _files_hold_after_vacuum(box, marker) == []
+    assert await _files_hold(box, BOB_EMAIL.encode())
+
+
+@pytest.mark.timeout(300)  # VACUUM FULL of six tables, retried: slow on a busy host
+async def test_no_byte_of_the_subject_is_left_in_error_text(box: Relaybox) -> None:
+    """The subject's data quoted in free text rather than in a payload: a handler's
+    exception (the inbox row's last_error, its attempt's error, the dead letter's
+    operational event), a channel's error (the outbox row's last_error, its attempt's
+    error, the relaybox.message.attempt.exhausted event), a receiver's answer. Each
+    column holds Alice's e-mail before the erasure (checked one by one: the scan can
+    fail), no database file holds it after; Bob's texts are untouched."""
+    from relaybox.errors import PermanentError
+    from relaybox.outbound import outbound
+    from relaybox.outbound.channels.base import Channel, Result
+    from relaybox.store.outbox_rows import Delivery
+
+    class Mail(Channel):
+        async def deliver(self, delivery: Delivery) -> Result:
+            to = delivery.payload["to"]
+            return Result("retry", error=f"mailbox {to} is full")
+
+    local(box)
+    outbound(box).channel("mail", Mail(schedule=()))  # the first failure exhausts it
+    box.source("stripe", test_source("stripe", subject="data.object.customer"))
+
+    @box.handler("stripe", "invoice.paid")
+    async def paid(ctx: Context) -> None:
+        customer = ctx.payload["data"]["object"]
+        if ctx.event.attempts == 1:
+            raise ValueError(f"no account for {customer['email']}")
+        await ctx.outbox.add("mail", f"receipt:{customer['id']}", {"to": customer["email"]})
+
+    @box.handler("stripe", "invoice.voided")
+    async def voided(ctx: Context) -> None:
+        raise PermanentError(f"cannot void for {ctx.payload['data']['object']['email']}")
+
+    kit = Harness.of(box)
+    voided_event = {**invoice("evt_a_void", ALICE, ALICE_EMAIL), "type": "invoice.voided"}
+    await kit.send("stripe", payload=voided_event)
+    await kit.send("stripe", payload=invoice("evt_a0", ALICE, ALICE_EMAIL))
+    await kit.send("stripe", payload=invoice("evt_b0", BOB, BOB_EMAIL))
+    assert await kit.run_worker() == 3  # two retries, one dead letter
+    kit.advance(3600)
+    assert await kit.drain_worker() == 2
+    await kit.drain_dispatcher()  # each mail fails once and is exhausted
+    answers = [Reply(500, b'{"error": "unknown ' + ALICE_EMAIL.encode() + b'"}'), Reply(200)]
+    async with HttpReceiver(answers) as receiver:
+        await endpoint(box, receiver.url, tenant="t1")
+        await publish_one(box, "invoice.paid", {"id": "in_x"}, subject=ALICE)
+        await kit.drain_dispatcher()
+        kit.advance(3600)
+        await kit.drain_dispatcher()
+        assert len(receiver.requests) == 2
+
+    texts = {
+        "relaybox_inbox.last_error": "SELECT last_error FROM relaybox_inbox",
+        "relaybox_inbox_attempts.error": "SELECT error FROM relaybox_inbox_attempts",
+        "relaybox_outbox.last_error": "SELECT last_error FROM relaybox_outbox",
+        "relaybox_outbox_attempts.error": "SELECT error FROM relaybox_outbox_attempts",
+        "relaybox_outbox_attempts.response": "SELECT response FROM relaybox_outbox_attempts",
+        "relaybox_messages.body": "SELECT body FROM relaybox_messages WHERE event_type"
+        " IN ('relaybox.inbox.dead', 'relaybox.message.attempt.exhausted')",
+    }
+
+    async def holding(email: str) -> set[str]:
+        found = set()
+        for column, sql in texts.items():
+            for row in await box.store.fetch_all(sql):
+                if email in str(next(iter(row.values()))):
+                    found.add(column)
+        return found
+
+    assert await holding(ALICE_EMAIL) == set(texts)
+    bob_before = await holding(BOB_EMAIL)
+    assert {"relaybox_inbox.last_error", "relaybox_outbox_attempts.error"} <= bob_before
+
+    done = await erase(box, subject=ALICE, actor="dpo")
+
+    assert done.finished_at is not None and done.waiting == 0
+    # Alice's two events and their two failed handler attempts; her mail and its
+    # attempt, her message's delivery and its two attempts; her message and the two
+    # operational events about her rows.
+    assert done.rows == {"inbox": 2, "quarantine": 0, "outbox": 2, "attempts": 3,
+                         "messages": 3, "inbox_attempts": 2}  # fmt: skip
+    assert await holding(ALICE_EMAIL) == set()
+    assert await holding(BOB_EMAIL) == bob_before
+    rows = await box.store.fetch_all(
+        "SELECT event_id, status, dead_reason, last_error FROM relaybox_inbox"
+    )
+    by_id = {r["event_id"]: r for r in rows}
+    assert (by_id["evt_a_void"]["status"], by_id["evt_a_void"]["dead_reason"]) == (
+        "dead", "invalid"
+    )  # fmt: skip
+    assert by_id["evt_a_void"]["last_error"] == "(erased)"
+    assert await _files_hold_after_vacuum(box, ALICE_EMAIL.encode()) == []
     assert await _files_hold(box, BOB_EMAIL.encode())
 
 
@@ -511,3 +730,168 @@ async def test_facade_and_sync_publish(box: Relaybox) -> None:
     assert done.rows["messages"] == 1 and done.rows["outbox"] == 1 and done.finished_at
     [row] = await box.store.fetch_all("SELECT body FROM relaybox_messages")
     assert json.loads(row["body"]) is None and message.id
+
+
+# -- the sending side: an event type's subject path, the tenant API's subject ------------
+
+
+async def _indexed(box: Relaybox, subject: str) -> set[str]:
+    """The message ids indexed under ``subject``."""
+    digest = subject_digest(subject)
+    rows = await box.store.fetch_all(
+        "SELECT digest, ref FROM relaybox_subjects WHERE kind = 'message'"
+    )
+    return {r["ref"] for r in rows if bytes(r["digest"]) == digest}
+
+
+async def test_an_event_types_subject_path_indexes_each_publish(box: Relaybox) -> None:
+    """``define_event_type(..., subject="data.customer.id")``: a publish of the type is
+    indexed under the value there without passing ``subject=`` (the synchronous
+    publish too); an explicit ``subject=`` wins; a message without a value there is
+    not indexed; a value no erasure could name is refused in the producer's
+    transaction; a bad path is refused when the type is defined."""
+    from relaybox.outbound import InvalidMessage, define_event_type, list_event_types
+
+    local(box)
+    defined = await box.define_event_type(
+        "customer.updated", description="a customer changed", subject="data.customer.id"
+    )
+    assert defined.subject == "data.customer.id"
+    assert "subject" not in defined.to_json()  # tenants do not read the operator's path
+    [listed] = await list_event_types(box)
+    assert listed.subject == "data.customer.id"
+
+    def data(customer: Any, email: str) -> dict[str, Any]:
+        return {"customer": {"id": customer, "email": email}}
+
+    by_path = await publish_one(box, "customer.updated", data(ALICE, ALICE_EMAIL))
+    explicit = await publish_one(box, "customer.updated", data(ALICE, ALICE_EMAIL), subject=BOB)
+    numeric = await publish_one(box, "customer.updated", data(42, "n@example.com"))
+    without = await publish_one(box, "customer.updated", {"customer": {}})
+    other_type = await publish_one(box, "invoice.paid", data(ALICE, ALICE_EMAIL))
+    with box.store.sync.transaction() as conn:
+        synced = box.publish_sync(conn, "customer.updated", data(ALICE, ALICE_EMAIL), tenant="t1")
+    assert await _indexed(box, ALICE) == {by_path.id, synced.id}
+    assert await _indexed(box, BOB) == {explicit.id}
+    assert await _indexed(box, "42") == {numeric.id}
+    indexed = await box.store.fetch_all("SELECT ref FROM relaybox_subjects")
+    assert sorted(r["ref"] for r in indexed) == sorted(
+        [by_path.id, synced.id, explicit.id, numeric.id]
+    )  # neither the message without a value nor the type without a path
+    assert without.id and other_type.id
+
+    # A value no erasure could name: refused, nothing published.
+    for value in ("x" * 1025, "nul\x00"):
+        with pytest.raises(InvalidMessage) as refused:
+            await publish_one(box, "customer.updated", data(value, ALICE_EMAIL))
+        assert refused.value.code == "subject"
+    count = len(await box.store.fetch_all("SELECT id FROM relaybox_messages"))
+    assert count == 6
+
+    done = await erase(box, subject=ALICE, actor="dpo")
+    assert done.rows["messages"] == 2 and done.finished_at is not None
+    bodies = {
+        r["id"]: r["body"]
+        for r in await box.store.fetch_all("SELECT id, body FROM relaybox_messages")
+    }
+    assert json.loads(bodies[by_path.id]) is None and json.loads(bodies[synced.id]) is None
+    assert ALICE_EMAIL in bodies[explicit.id]  # indexed under Bob, as its caller said
+    assert ALICE_EMAIL in bodies[other_type.id]  # a type without a path: not indexed
+
+    # Bad paths, refused when the type is defined (and nothing changed).
+    for bad in ("", "data..id", ".data", "header:x-customer", "a." * 8 + "b", "d" * 201,
+                "data.\x00"):  # fmt: skip
+        with pytest.raises(InvalidMessage) as refused:
+            await define_event_type(box, "customer.updated", subject=bad)
+        assert refused.value.code == "subject_path", bad
+    [listed] = [t for t in await list_event_types(box) if t.name == "customer.updated"]
+    assert listed.subject == "data.customer.id"
+    # Defined again without a path: publishes are no longer indexed by it.
+    await define_event_type(box, "customer.updated")
+    plain = await publish_one(box, "customer.updated", data(ALICE, ALICE_EMAIL))
+    assert plain.id not in await _indexed(box, ALICE)
+
+
+async def test_tenant_api_publish_takes_a_subject(box: Relaybox) -> None:
+    """``POST /api/v1/messages`` with ``subject``: indexed as ``publish(subject=)``
+    is; a subject out of bounds is a 422 and publishes nothing; the event type's path
+    applies to a body without one."""
+    import httpx
+
+    from relaybox.outbound import create_api_key
+
+    local(box)
+    await box.define_event_type("customer.updated", subject="data.customer.id")
+    _, key = await create_api_key(box, "t1")
+    transport = httpx.ASGITransport(app=box.asgi(roles=("api",)))
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://api.test/api/v1",
+        headers={"Authorization": f"Bearer {key}"},
+    ) as client:  # fmt: skip
+        answer = await client.post(
+            "/messages",
+            json={"event_type": "invoice.paid", "data": {"email": ALICE_EMAIL}, "subject": ALICE},
+        )
+        assert answer.status_code == 202, answer.text
+        explicit = answer.json()["id"]
+        answer = await client.post(
+            "/messages",
+            json={"event_type": "customer.updated", "data": {"customer": {"id": ALICE}}},
+        )
+        assert answer.status_code == 202, answer.text
+        by_path = answer.json()["id"]
+        for bad in ("", "x" * 1025, "nul\u0000", 42):
+            answer = await client.post(
+                "/messages", json={"event_type": "invoice.paid", "data": {}, "subject": bad}
+            )
+            assert answer.status_code == 422, (bad, answer.text)
+        answer = await client.post(
+            "/messages",
+            json={"event_type": "customer.updated", "data": {"customer": {"id": "x" * 2000}}},
+        )
+        assert answer.status_code == 422 and answer.json()["error"] == "invalid_subject"
+    assert await _indexed(box, ALICE) == {explicit, by_path}
+    assert len(await box.store.fetch_all("SELECT id FROM relaybox_messages")) == 2
+    done = await erase(box, subject=ALICE, actor="dpo")
+    assert done.rows["messages"] == 2
+
+
+async def test_admin_api_defines_an_event_types_subject_path(database_url: str, clock: Any) -> None:
+    """``PUT /admin/api/v1/event-types/{name}`` with ``subject``: listed with it,
+    publishes indexed by it; a bad path is a 422 that changes nothing."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from relaybox.admin import build_admin
+
+    box = Relaybox(settings=Settings(database_url=database_url, admin_token=TOKEN), clock=clock)
+    local(box)
+    app = Starlette(routes=[Mount("/admin", app=build_admin(box))])
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://admin.test", headers=headers
+        ) as client:
+            url = "/admin/api/v1/event-types"
+            answer = await client.put(
+                f"{url}/customer.updated",
+                json={"description": "a customer changed", "subject": "data.customer.id"},
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["subject"] == "data.customer.id"
+            for bad in ("data..id", "header:x-customer", "a." * 8 + "b", "d" * 201):
+                answer = await client.put(f"{url}/customer.updated", json={"subject": bad})
+                assert answer.status_code == 422, (bad, answer.text)
+                assert answer.json()["error"] == "invalid_subject_path"
+            for bad_body in ({"subject": ""}, {"subject": "x" * 600}, {"other": 1}):
+                answer = await client.put(f"{url}/customer.updated", json=bad_body)
+                assert answer.status_code == 400, (bad_body, answer.text)
+            answer = await client.put(f"{url}/bad name", json={})
+            assert answer.status_code == 422 and answer.json()["error"] == "invalid_event_type"
+            [listed] = (await client.get(url)).json()["items"]
+            assert (listed["name"], listed["subject"]) == ("customer.updated", "data.customer.id")
+        message = await publish_one(box, "customer.updated", {"customer": {"id": ALICE}})
+        assert await _indexed(box, ALICE) == {message.id}
+    finally:
+        await box.close()

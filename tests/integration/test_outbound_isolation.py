@@ -4,6 +4,7 @@ leased round robin, and a loop that refills free slots without waiting for a bat
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections import Counter
@@ -13,9 +14,10 @@ import pytest
 from relaybox import Relaybox
 from relaybox.outbound.channels.base import Delivery
 from relaybox.outbound.leases import lease_recording
-from relaybox.store.outbox_rows import Lane, allocate
+from relaybox.store.dispatch_rows import Attempt, Lane, allocate
 from tests.support.outbound_app import endpoint, local, publish_one
 from tests.support.receivers import HttpReceiver, Reply, Seen
+from tests.support.store_rows import attempt
 
 HANG_TIMEOUT = 5.0
 
@@ -178,16 +180,17 @@ async def test_a_lease_that_records_successes_reuses_exactly_their_slots(box: Re
     expired lease was not counted)."""
     local(box)
     clock = box.clock
-    a, _ = await endpoint(box, "http://127.0.0.1:9/a", max_in_flight=2)
+    await endpoint(box, "http://127.0.0.1:9/a", max_in_flight=2)
     for _ in range(6):
         await publish_one(box)
     dispatcher = box.dispatcher()
 
-    def sent(d: Delivery, token: int | None = None) -> tuple[object, ...]:
-        token = d.lease_token if token is None else token
-        return (d.id, token, d.attempt, a, clock.now(), 0.01, 200, None, "ok")
+    def sent(d: Delivery, token: int | None = None) -> Attempt:
+        if token is not None:
+            d = dataclasses.replace(d, lease_token=token)
+        return attempt(d, response="ok", started=clock.now(), duration=0.01, dispatcher="other")
 
-    async def lease_and_record(*rows: tuple[object, ...]) -> tuple[list[Delivery], set[object]]:
+    async def lease_and_record(*rows: Attempt) -> tuple[list[Delivery], set[object]]:
         found, written, _ = await lease_recording(
             box, owner="other", slots=10, channels=["webhook"], lease_ttl=30.0, sent=rows
         )

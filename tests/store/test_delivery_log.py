@@ -11,6 +11,7 @@ import pytest
 from relaybox.store import Store, open_store
 from relaybox.store.outbox_rows import NewMessage, new_id
 from tests.support.store_rows import endpoint_write as endpoint
+from tests.support.store_rows import logged
 
 T0 = 1_000_000.0
 
@@ -69,10 +70,11 @@ async def test_attempts_keep_their_headers_until_retention(store: Store) -> None
         await store.outbox_attempts_insert(
             conn,
             [
-                (row.id, 1, 1, "d1", T0, 0.1, "retry", 500, "HTTP 500", "oops", headers),
-                (row.id, 2, 2, "d1", T0 + 5, 0.1, "retry", 502, "HTTP 502", None),  # no headers
+                logged(row.id, 1, "retry", started=T0, code=500, error="HTTP 500",
+                       response="oops", headers=headers),
+                logged(row.id, 2, "retry", started=T0 + 5, code=502, error="HTTP 502"),
             ],
-        )
+        )  # fmt: skip
     first, second = await store.attempt_list(msg_id, "t1")
     assert (first.headers, second.headers) == (headers, None)
     assert await store.attempt_list(msg_id, "t2") == []
@@ -84,9 +86,9 @@ async def test_attempt_minutes_count_outcomes_per_minute(store: Store) -> None:
     [row] = await store.delivery_search("t1", limit=1)
     minute = 60 * 16_667  # 1_000_020.0: a minute's start after T0
     rows = [
-        (row.id, 1, 1, "d1", minute + 1, 0.1, "retry", 500, "HTTP 500", None),
-        (row.id, 2, 2, "d1", minute + 30, 0.1, "retry", 500, "HTTP 500", None),
-        (row.id, 3, 3, "d1", minute + 61, 0.1, "sent", 200, None, None),
+        logged(row.id, 1, "retry", started=minute + 1, code=500, error="HTTP 500"),
+        logged(row.id, 2, "retry", started=minute + 30, code=500, error="HTTP 500"),
+        logged(row.id, 3, "sent", started=minute + 61),
     ]
     async with store.transaction() as conn:
         await store.outbox_attempts_insert(conn, rows)

@@ -41,7 +41,14 @@ async def test_an_erasure_empties_finished_rows_and_waits_for_pending_ones(store
     erasure = await store.erasure_get(erasure_id)
     assert erasure is not None and erasure.finished_at is None
     counts = await store.erase_batch(erasure, now=T0 + 1, limit=10)
-    assert counts == {"inbox": 1, "quarantine": 0, "outbox": 0, "attempts": 0, "messages": 0}
+    assert counts == {
+        "inbox": 1,
+        "quarantine": 0,
+        "outbox": 0,
+        "attempts": 0,
+        "messages": 0,
+        "inbox_attempts": 0,
+    }
     assert await store.erase_batch(erasure, now=T0 + 1, limit=10) == dict.fromkeys(counts, 0)
     await store.erasure_flush()
     assert await store.erasure_settle(erasure, now=T0 + 2) == 1  # the pending row waits
@@ -119,3 +126,22 @@ async def test_a_tenant_erasure_with_nothing_left_finishes(store: Store) -> None
     done = await store.erasure_get(erasure_id)
     assert done is not None and done.finished_at == T0 + 1
     assert await store.erasure_get(erasure_id + 1000) is None
+
+
+async def test_an_operational_event_inherits_the_subjects_of_its_row(store: Store) -> None:
+    """``subject_inherit``: a message about inbox row N (or outbox row M) is indexed
+    under every digest of that row (of M's message, or of the inbox row whose handler
+    added M), once however often it is asked."""
+    other = hashlib.sha256(b"cus_bob").digest()
+    [a] = await store.inbox_accept(
+        [dataclasses.replace(delivery("e1", b"{}", ignored=True), subject=DIGEST)]
+    )
+    async with store.transaction() as conn:
+        await store.subject_index(conn, other, "inbox", str(a.inbox_id))
+        await store.subject_inherit(conn, "msg_dead", inbox_id=a.inbox_id)
+        await store.subject_inherit(conn, "msg_dead", inbox_id=a.inbox_id)
+        await store.subject_inherit(conn, "msg_none", inbox_id=a.inbox_id + 1000)
+    rows = await store.fetch_all("SELECT digest, ref FROM relaybox_subjects WHERE kind = 'message'")
+    assert sorted((bytes(r["digest"]), r["ref"]) for r in rows) == sorted(
+        [(DIGEST, "msg_dead"), (other, "msg_dead")]
+    )

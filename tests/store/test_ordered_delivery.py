@@ -10,8 +10,10 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from relaybox.store import Store, open_store
-from relaybox.store.outbox_rows import Delivery, LeaseRequest, NewMessage, new_id
+from relaybox.store.dispatch_rows import LeaseRequest
+from relaybox.store.outbox_rows import Delivery, NewMessage, new_id
 from tests.store.test_outbox import endpoint, no_secrets
+from tests.support.store_rows import attempt
 
 T0 = 1_000_000.0
 
@@ -55,8 +57,8 @@ def seqs(leased: Sequence[Delivery], lane: str) -> list[int]:
 
 async def record(store: Store, d: Delivery, status: str, at: float, next_at: float = 0) -> None:
     async with store.transaction() as conn:
-        mark = (d.id, d.lease_token, status, next_at, "failed", "boom", 500)
-        assert await store.outbox_record(conn, [mark], now=at)
+        done = attempt(d, status, code=500, error="boom", next_at=next_at, reason="failed")
+        assert await store.outbox_record(conn, [done], now=at)
 
 
 async def test_sequence_numbers_per_tenant_and_key(store: Store) -> None:

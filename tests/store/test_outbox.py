@@ -5,6 +5,7 @@ types and API keys. Rows are set up through store methods; ``store.fetch_all`` r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import AsyncIterator, Sequence
@@ -12,14 +13,14 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from relaybox.store import Store, open_store
+from relaybox.store.dispatch_rows import Attempt, Decision, Fairness, LeaseRequest
 from relaybox.store.outbox_rows import (
     EndpointQuotaReached,
-    Fairness,
-    LeaseRequest,
     Message,
     NewMessage,
     new_id,
 )
+from tests.support.store_rows import attempt
 from tests.support.store_rows import endpoint_write as endpoint
 
 T0 = 1_000_000.0
@@ -275,12 +276,13 @@ async def test_lease_record_attempts_and_listings(store: Store) -> None:
     assert (await store.outbox_lease(lease_request("d2"), no_secrets)).deliveries == []
 
     async with store.transaction() as conn:
-        mark = (d.id, d.lease_token, "sent", None, None, None, 200)
-        fenced = (d.id, d.lease_token + 7, "sent", None, None, None, 200)
-        assert await store.outbox_record(conn, [mark], now=T0 + 2) == {(d.id, d.lease_token)}
+        # A dispatcher whose lease was taken over records nothing but its attempt,
+        # logged as fenced; the holder records the outcome and its attempt.
+        stale = dataclasses.replace(d, lease_token=d.lease_token + 7)
+        fenced = attempt(stale, started=T0 + 1, duration=0.5, dispatcher="d0")
         assert await store.outbox_record(conn, [fenced], now=T0 + 2) == set()
-        log = (d.id, 1, d.lease_token, "d1", T0 + 1, 0.25, "sent", 200, None, None)
-        await store.outbox_attempts_insert(conn, [log])
+        done = attempt(d, started=T0 + 1, duration=0.25)
+        assert await store.outbox_record(conn, [done], now=T0 + 2) == {(d.id, d.lease_token)}
     rows = await store.delivery_list(
         "t1", message_id=msg_id, endpoint_id=None, undelivered=False, limit=10
     )
@@ -293,13 +295,14 @@ async def test_lease_record_attempts_and_listings(store: Store) -> None:
     )
     attempts = await store.attempt_list(msg_id, "t1")
     assert [(a.outbox_id, a.endpoint_id, a.outcome, a.status_code) for a in attempts] == [
-        (d.id, "ep_1", "sent", 200)
+        (d.id, "ep_1", "fenced", 200),
+        (d.id, "ep_1", "sent", 200),
     ]
     assert await store.attempt_list(msg_id, "t2") == []
-    recent = await store.endpoint_attempts("ep_1", limit=5)
-    assert [(a.message_id, a.duration) for a in recent] == [(msg_id, 0.25)]
+    recent = await store.endpoint_attempts("ep_1", limit=1)
+    assert [(a.message_id, a.outcome, a.duration) for a in recent] == [(msg_id, "sent", 0.25)]
     health = await store.endpoint_health(since=T0)
-    assert (health["ep_1"].attempts, health["ep_1"].succeeded) == (1, 1)
+    assert (health["ep_1"].attempts, health["ep_1"].succeeded) == (2, 1)
     assert await store.endpoint_health(since=T0 + 10) == {}
     assert await store.endpoint_backlog() == {}
     assert await store.message_purged_at(msg_id) is None
@@ -331,9 +334,10 @@ async def test_lease_respects_lanes_and_fairness(store: Store) -> None:
 
 async def test_lease_records_successes_where_the_store_can(store: Store) -> None:
     await store.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
-    await publish(store, "t1", ["ep_1"])
+    msg_id = await publish(store, "t1", ["ep_1"])
     (d,) = (await store.outbox_lease(lease_request(), no_secrets)).deliveries
-    sent = [(d.id, d.lease_token, d.attempt, "ep_1", T0 + 1, 0.1, 200, None, None)]
+    headers = '{"request": [["webhook-id", "m"]], "response": []}'
+    sent = [attempt(d, started=T0 + 1, response="ok", headers=headers)]
     request = LeaseRequest(
         owner="d1", slots=0, channels=[], now=T0 + 2, until=T0 + 62, deadline=30, sent=sent
     )
@@ -346,6 +350,9 @@ async def test_lease_records_successes_where_the_store_can(store: Store) -> None
     assert leased.deliveries == [] and leased.written == {(d.id, d.lease_token)}
     rows = await store.fetch_all("SELECT status FROM relaybox_outbox")
     assert [r["status"] for r in rows] == ["sent"]
+    [logged] = await store.attempt_list(msg_id, "t1")
+    assert (logged.outcome, logged.status_code, logged.started_at) == ("sent", 200, T0 + 1)
+    assert (logged.response, logged.headers) == ("ok", headers)
 
 
 async def test_a_late_fenced_attempt_keeps_no_answer_of_an_erased_delivery(store: Store) -> None:
@@ -359,8 +366,8 @@ async def test_a_late_fenced_attempt_keeps_no_answer_of_an_erased_delivery(store
     digest = hashlib.sha256(b"cus_late").digest()
     async with store.transaction() as conn:
         await store.subject_index(conn, digest, "message", msg_id)
-        mark = (d.id, d.lease_token, "sent", None, None, None, 200)
-        assert await store.outbox_record(conn, [mark], now=T0 + 2) == {(d.id, d.lease_token)}
+        sent = Attempt(d, None, Decision("sent", "accepted"), "d1", T0 + 1, 0.0)  # no log row
+        assert await store.outbox_record(conn, [sent], now=T0 + 2) == {(d.id, d.lease_token)}
     erasure_id, _ = await store.erasure_begin(
         actor="dpo", reason="", scope="subject", digest=digest, tenant=None, now=T0 + 3
     )
@@ -369,19 +376,34 @@ async def test_a_late_fenced_attempt_keeps_no_answer_of_an_erased_delivery(store
     assert (await store.erase_batch(erasure, now=T0 + 3, limit=10))["outbox"] == 1
     answer, headers = '{"customer": "cus_late"}', '{"response": [["X-Customer", "cus_late"]]}'
     async with store.transaction() as conn:  # the late one, through the generic path
-        log = (d.id, 1, d.lease_token - 1, "d0", T0 + 1, 0.2, "fenced", 200, None, answer, headers)
-        await store.outbox_attempts_insert(conn, [log])
+        late = dataclasses.replace(d, lease_token=d.lease_token - 1)
+        fields = {"response": answer, "headers": headers, "started": T0 + 1, "duration": 0.2}
+        log = attempt(late, label="fenced", dispatcher="d0", **fields)  # type: ignore[arg-type]
+        quoting = attempt(
+            late,
+            "pending",
+            label="fenced",
+            code=500,
+            error="unknown customer cus_late",
+            dispatcher="d0",
+            started=T0 + 1,
+            duration=0.2,
+        )
+        await store.outbox_attempts_insert(conn, [log, quoting])
     if store.lease_records:  # and through the lease that records successes
-        stale = (d.id, d.lease_token - 1, 1, "ep_1", T0 + 1, 0.2, 200, None, answer, headers)
+        stale = attempt(late, dispatcher="d0", **fields)  # type: ignore[arg-type]
         request = LeaseRequest(
             owner="d0", slots=0, channels=[], now=T0 + 4, until=T0 + 64, deadline=30, sent=[stale]
         )
         assert (await store.outbox_lease(request, no_secrets)).written == set()
     logged = await store.fetch_all(
-        "SELECT outcome, status_code, response, headers FROM relaybox_outbox_attempts"
+        "SELECT outcome, status_code, error, response, headers FROM relaybox_outbox_attempts"
     )
     assert logged and all(r["outcome"] == "fenced" for r in logged), logged
-    assert all((r["status_code"], r["response"], r["headers"]) == (200, None, None) for r in logged)
+    assert all((r["response"], r["headers"]) == (None, None) for r in logged)
+    # The error text of an erased delivery's late attempt is redacted, as an erasure does.
+    errors = sorted((r["status_code"], r["error"]) for r in logged)
+    assert errors[-1] == (500, "(erased)") and all(e is None for _, e in errors[:-1]), errors
 
 
 async def test_failure_streaks(store: Store) -> None:
@@ -492,6 +514,25 @@ async def test_event_types(store: Store) -> None:
         assert (await store.publish_context(conn, "t1", "pet.adopted")).schema == '{"type":"array"}'
         assert (await store.publish_context(conn, "t1", "pet.born")).schema is None
         assert (await store.publish_context(conn, "t1", "nope")).schema is None
+    # A subject path, with or without a schema: publish reads it with the schema.
+    await store.event_type_upsert("pet.born", "", None, now=T0 + 2, subject="data.owner.id")
+    await store.event_type_upsert(
+        "pet.adopted", "adopted", '{"type":"object"}', now=T0 + 2, subject="data.pet"
+    )
+    listed = await store.event_type_list()
+    assert [(e.name, e.schema, e.subject) for e in listed] == [
+        ("pet.adopted", '{"type":"object"}', "data.pet"),
+        ("pet.born", None, "data.owner.id"),
+    ]
+    async with store.transaction() as conn:
+        born = await store.publish_context(conn, "t1", "pet.born")
+        assert (born.schema, born.subject, born.subscribers) == (None, "data.owner.id", [])
+        adopted = await store.publish_context(conn, "t1", "pet.adopted")
+        assert (adopted.schema, adopted.subject) == ('{"type":"object"}', "data.pet")
+        assert (await store.publish_context(conn, "t1", "nope")).subject is None
+    await store.event_type_upsert("pet.born", "", None, now=T0 + 3)  # the path dropped
+    async with store.transaction() as conn:
+        assert (await store.publish_context(conn, "t1", "pet.born")).subject is None
 
 
 async def test_api_keys(store: Store) -> None:

@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from relaybox.store import Store, open_store
+from relaybox.store.dispatch_rows import LeaseRequest
 from relaybox.store.outbox_flow import ReplayStart
-from relaybox.store.outbox_rows import LeaseRequest, NewMessage, new_id
+from relaybox.store.outbox_rows import NewMessage, new_id
 from tests.support.store_rows import endpoint_write as endpoint
 
 T0 = 1_000_000.0

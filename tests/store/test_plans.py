@@ -33,14 +33,17 @@ BIG = {
     "relaybox_outbox",
     "relaybox_outbox_attempts",
     "relaybox_messages",
+    "relaybox_event_keys",
+    "relaybox_message_keys",
 }
 
 # The settings of PostgresStore.generic_pool, where the hot batch statements run.
 GENERIC_POOL = "SET plan_cache_mode = force_generic_plan; SET enable_bitmapscan = off"
 
 # Operators' reads and maintenance: listed, counted or purged on demand; erasures
-# (test_an_erasure_probes_the_subjects_rows checks they reach rows by index).
-OPERATOR = re.compile(r"^(ops_|stats_|erase_|erasure_|replay_select$|.*_list$|.*_count$)")
+# (test_an_erasure_probes_the_subjects_rows checks they reach rows by index); the
+# keys' backfill and expiry (batches of the maintenance job).
+OPERATOR = re.compile(r"^(ops_|stats_|erase_|erasure_|keys_|replay_select$|.*_list$|.*_count$)")
 
 
 def _generic_plans(queries: dict[str, str]) -> list[str]:
@@ -273,3 +276,18 @@ async def test_an_erasure_probes_the_subjects_rows(pg_url: str, name: str, table
     plans = await _plans_on_a_filled_table(pg_url, table, _SUBJECT_FILL, {name: args})
     plan = plans[name]
     assert not set(re.findall(r"Seq Scan on (\w+)", plan)) & BIG, plan
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [("subject_inherit_inbox", "'msg_x', '7'"), ("subject_inherit_outbox", "'msg_x', 7")],
+)
+async def test_an_operational_event_finds_its_rows_subjects_by_index(
+    pg_url: str, name: str, args: str
+) -> None:
+    """A dead letter's operational event is indexed under its row's subjects in the
+    transaction that records the dead letter: the subjects are found through the
+    index of references (relaybox_subjects_ref), never a scan of the index table."""
+    plans = await _plans_on_a_filled_table(pg_url, "relaybox_subjects", _SUBJECT_FILL, {name: args})
+    scanned = set(re.findall(r"Seq Scan on (\w+)", plans[name]))
+    assert not scanned & (BIG | {"relaybox_subjects"}), plans[name]

@@ -177,6 +177,11 @@ async def test_sqlite_event_key_migration_keeps_rows_references_and_ids(
         # table gets it for these inserts; 0019's rebuild copies the columns it knows.
         async with store.transaction() as conn:
             await conn.exec_driver_sql("ALTER TABLE relaybox_inbox ADD COLUMN traceparent TEXT")
+            # and the event keys of 0027 (dropped below: 0027 makes them, empty)
+            await conn.exec_driver_sql(
+                "CREATE TABLE relaybox_event_keys (digest BLOB PRIMARY KEY, fingerprint BLOB,"
+                " first_seen INTEGER, scope INTEGER, inbox_id INTEGER) WITHOUT ROWID"
+            )
         first = await accept_one(store, delivery("e1", b'{"v": 1}'))
         assert (await accept_one(store, delivery("e1", b'{"v": 2}'))).status == "quarantined"
         for n in range(2, 6):
@@ -187,6 +192,7 @@ async def test_sqlite_event_key_migration_keeps_rows_references_and_ids(
     db = sqlite3.connect(path)
     newest = db.execute("SELECT max(id) FROM relaybox_inbox").fetchone()[0]
     db.execute("DELETE FROM relaybox_inbox WHERE id = ?", (newest,))
+    db.execute("DROP TABLE relaybox_event_keys")  # the old rows' keys go: 0027 backfills
     db.commit()
     db.close()
 
@@ -498,6 +504,10 @@ async def test_accept_ids_name_their_rows_across_random_batches(store: Store) ->
                     await conn.exec_driver_sql(
                         "DELETE FROM relaybox_inbox WHERE id = " + str(inbox_id)
                     )
+                    # and their keys, as an expiry would: the keys table decides
+                    await conn.exec_driver_sql(
+                        "DELETE FROM relaybox_event_keys WHERE inbox_id = " + str(inbox_id)
+                    )
             for key in [k for k, (i, _) in stored.items() if i in newest]:
                 del stored[key]
             fresh = [delivery(f"fresh{round_}-{i}") for i in range(40)]  # new keys only
@@ -700,15 +710,17 @@ async def test_pg_accept_probes_the_event_key_even_without_statistics(pg_url: st
             for name, args in [
                 (
                     "inbox_accept_fast",
-                    "'{a}','{b}','{c}','{d}',NULL,'{}','{}','{}','{}','{x}','{1}',NULL,1,NULL",
+                    "'{a}','{b}','{c}','{d}',NULL,'{}','{}','{}','{}','{x}','{1}',NULL,1,NULL,"
+                    "'{\\\\x00}','{\\\\x00}','{1}'",
                 ),
-                ("inbox_existing", "'{a}','{b}','{c}'"),
+                ("event_keys_get", "'{\\\\x00}'"),
             ]:
                 stmt = await conn.prepare(store.q[name])
                 plan = "\n".join(
                     r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}({args})")
                 )
-                assert "Index Scan using relaybox_inbox_event_key" in plan, plan
+                assert "Index Scan using relaybox_event_keys_pkey" in plan, plan
+                assert "Seq Scan on relaybox_event_keys" not in plan, plan
                 assert "Seq Scan on relaybox_inbox" not in plan, plan
         finally:
             await conn.close()

@@ -72,9 +72,10 @@ def _register_builtins() -> None:
             "header and response excerpt of it goes; keys and outcomes stay.",
         )
     )
-    from relaybox.admin import inbound, outbound
+    from relaybox.admin import inbound, outbound, retention
     from relaybox.admin.outbound import announcements
 
+    retention.register()
     inbound.register()
     outbound.register()
     announcements.register()

@@ -107,6 +107,9 @@ NOTICES: dict[str, str] = {
     "endpoint_resumed": "The endpoint was resumed: its {n} waiting deliveries go out.",
     "replay_started": "Replay missing started: a dispatcher queues the missing deliveries; "
     "this page shows its progress.",
+    "retention_set": "The tenant's retention was saved: the next purge applies it.",
+    "retention_cleared": "The tenant's retention set here was removed: the configuration "
+    "file's ages (or the default ones) apply again.",
 }
 """What ``?notice=<code>`` shows; ``{n}`` is the count from ``?n=`` (digits only)."""
 
@@ -133,6 +136,11 @@ ERRORS: dict[str, str] = {
     "not_paused": "The endpoint is not paused.",
     "replay_running": "A replay of this endpoint is already queued or running: wait for it "
     "to finish (this page shows it).",
+    "bad_age": "An age takes 7d, 12h, 90m or seconds, from one minute to ten years.",
+    "invalid_policy": "Give a tenant id (1 to 128 characters) and at least one age; to go "
+    "back to the configuration's ages, remove the tenant's retention instead.",
+    "too_many_policies": "retention.max_tenant_policies tenants have a retention policy "
+    "already: remove one first.",
 }
 """What ``?error=<code>`` shows: the dashboard's own messages for the codes its
 actions fail with."""

@@ -59,7 +59,8 @@ def stats(app: str | None, config: str | None, database_url: str | None, as_json
 @app_options
 @click.option(
     "--older-than",
-    help="finished longer ago than this, inbox and outbox alike (default: the settings)",
+    help="finished longer ago than this, inbox and outbox alike, whatever the ages of "
+    "tenants and sources (default: each row at its own age, from the settings)",
 )
 @click.option("--batch", type=int, help="rows per transaction (default: the setting)")
 @click.option("--dry-run", is_flag=True, help="count what would be purged, change nothing")
@@ -86,9 +87,7 @@ def purge(
     async def go() -> retention.PurgeResult:
         if dry_run or as_json:
             return await retention.purge(box, older_than=age, batch=batch, dry_run=dry_run)
-        cutoff, outbox_cutoff = retention.cutoffs(box, age)
-        inbox_n, quarantine_n = await retention.purge_candidates(box, cutoff)
-        outbox_n, messages_n = await retention.outbox_purge_candidates(box, outbox_cutoff)
+        counted = await retention.count_candidates(box, older_than=age)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         with Progress(
@@ -98,7 +97,7 @@ def purge(
             console=_err_console(),
             transient=False,
         ) as bar:
-            task = bar.add_task("purge", total=inbox_n + quarantine_n + outbox_n + messages_n)
+            task = bar.add_task("purge", total=sum(counted.values()))
             return await retention.purge(
                 box, older_than=age, batch=batch, progress=lambda n: bar.advance(task, n)
             )
@@ -240,7 +239,8 @@ def erase(
         click.echo(
             f"erasure {done.id}: emptied {rows['inbox']} event(s), {rows['quarantine']} "
             f"quarantine entry(ies), {rows['outbox']} delivery(ies), {rows['attempts']} "
-            f"attempt response(s), {rows['messages']} message(s)"
+            f"delivery attempt(s), {rows['messages']} message(s), "
+            f"{rows['inbox_attempts']} handler attempt error(s)"
         )
         if done.finished_at is None:
             click.echo(
@@ -303,4 +303,120 @@ def erasures(
     )
 
 
-COMMANDS = [stats, purge, maintenance, erase, erasures]
+# -- retention ------------------------------------------------------------------
+
+
+@click.group("retention")
+def retention_group() -> None:
+    """Payload ages per tenant (and per source, from the configuration)."""
+
+
+def _ages_line(view: Any) -> str:
+    from relaybox.ops.inbound import age_text
+
+    inbound = (
+        "its events' source's or the global age"
+        if view.payload_max_age is None
+        else age_text(view.payload_max_age)
+    )
+    return (
+        f"{view.tenant}: events {inbound} ({view.payload_origin}), deliveries and messages "
+        f"{age_text(view.outbox_payload_max_age)} ({view.outbox_origin})"
+    )
+
+
+@retention_group.command("show")
+@app_options
+@click.argument("tenant", required=False)
+@_json_option
+def retention_show(
+    app: str | None, config: str | None, database_url: str | None, tenant: str | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """The ages that apply: global, per source and per tenant (or one tenant's), and
+    where each comes from (api, config, default)."""
+    from relaybox.ops import retention as policies
+
+    box = load_box(app, config, database_url)
+    if tenant is not None:
+        one = _run(box, lambda: policies.tenant_ages(box, tenant), as_json=as_json)
+        _emit(one, as_json, lambda: click.echo(_ages_line(one)))
+        return
+    found = _run(box, lambda: policies.overview(box, limit=500), as_json=as_json)
+
+    def human() -> None:
+        from relaybox.ops.inbound import age_text
+
+        click.echo(
+            f"global: events {age_text(found.payload_max_age)}, deliveries and messages "
+            f"{age_text(found.outbox_payload_max_age)}"
+        )
+        for s in found.sources:
+            click.echo(f"source {s.source}: events {age_text(s.payload_max_age)}")
+        for t in found.tenants.items:
+            click.echo(_ages_line(t))
+        if found.tenants.next is not None:
+            click.echo("(the first 500 tenants: GET /admin/api/v1/retention lists them all)")
+
+    _emit(found, as_json, human)
+
+
+@retention_group.command("set")
+@app_options
+@click.argument("tenant")
+@click.option("--payload-max-age", help="events received for the tenant: 7d, 12h, seconds")
+@click.option("--outbox-payload-max-age", help="deliveries to the tenant and their messages: 90d")
+@actor_option
+@_json_option
+def retention_set(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    tenant: str,
+    payload_max_age: str | None,
+    outbox_payload_max_age: str | None,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Set a tenant's ages in the database (they win over the configuration file's;
+    one left out is the file's or the default); the next purge applies them."""
+    from pydantic import ValidationError
+
+    from relaybox.ops import retention as policies
+
+    ages = {
+        "payload_max_age": None if payload_max_age is None else parse_duration(payload_max_age),
+        "outbox_payload_max_age": None
+        if outbox_payload_max_age is None
+        else parse_duration(outbox_payload_max_age),
+    }
+    try:
+        request = policies.TenantPolicyRequest(**ages)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise click.BadParameter(
+            str(first["msg"]), param_hint=f"--{str(first['loc'][0]).replace('_', '-')}"
+        ) from None
+    who = default_actor(actor)
+    box = load_box(app, config, database_url)
+    done = _run(box, lambda: policies.set_tenant(box, tenant, request, actor=who), as_json=as_json)
+    _emit(done, as_json, lambda: click.echo(_ages_line(done)))
+
+
+@retention_group.command("clear")
+@app_options
+@click.argument("tenant")
+@_json_option
+def retention_clear(
+    app: str | None, config: str | None, database_url: str | None, tenant: str, as_json: bool
+) -> None:
+    """Remove the ages set in the database for a tenant: the configuration file's (or
+    the default ones) apply again."""
+    from relaybox.ops import retention as policies
+
+    box = load_box(app, config, database_url)
+    done = _run(box, lambda: policies.clear_tenant(box, tenant), as_json=as_json)
+    _emit(done, as_json, lambda: click.echo(_ages_line(done)))
+
+
+COMMANDS = [stats, purge, maintenance, erase, erasures, retention_group]

@@ -246,6 +246,11 @@ def event_types_group() -> None:
 @click.argument("name")
 @click.option("--description", default="", help="what it means, for subscribers")
 @click.option("--schema", "schema_file", type=click.File("r"), default=None, help="JSON Schema")
+@click.option(
+    "--subject",
+    default=None,
+    help="where its messages name their subject (data.customer.id): for relaybox erase",
+)
 def event_types_define(
     app: str | None,
     config: str | None,
@@ -253,8 +258,10 @@ def event_types_define(
     name: str,
     description: str,
     schema_file: Any,
+    subject: str | None,
 ) -> None:
-    """Add or replace an event type; publishing checks data against its schema."""
+    """Add or replace an event type; publishing checks data against its schema and
+    indexes each message under the subject at its subject path."""
     box = load_box(app, config, database_url)
     try:
         schema = parse_json(schema_file.read()) if schema_file else None
@@ -262,9 +269,12 @@ def event_types_define(
         message = f"not a JSON document: {exc}"[:200]
         raise click.BadParameter(message, param_hint="--schema") from None
     defined = _run(
-        box, lambda: catalog.define_event_type(box, name, description=description, schema=schema)
+        box,
+        lambda: catalog.define_event_type(
+            box, name, description=description, schema=schema, subject=subject
+        ),
     )
-    _echo(defined.to_json())
+    _echo({**defined.to_json(), "subject": defined.subject})
 
 
 @event_types_group.command("list")
@@ -275,11 +285,14 @@ def event_types_list(
 ) -> None:
     """The catalog."""
     box = load_box(app, config, database_url)
-    rows = [t.to_json() for t in _run(box, lambda: catalog.list_event_types(box))]
+    rows = [
+        {**t.to_json(), "subject": t.subject}
+        for t in _run(box, lambda: catalog.list_event_types(box))
+    ]
     if as_json:
         emit_list(rows)
     else:
-        _table(rows, ("name", "description"), "event types")
+        _table(rows, ("name", "description", "subject"), "event types")
 
 
 for _group in (messages_group, api_keys_group, event_types_group):

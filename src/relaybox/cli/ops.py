@@ -487,7 +487,9 @@ def quarantine_list(
         print_table(
             ("id", "original", "source", "event id", "type", "received", "resolution"),
             [
-                (q.id, f"{q.inbox_id} ({q.original_status})", q.source, q.event_id,
+                (q.id,
+                 f"{q.inbox_id} ({q.original_status or 'gone'})",
+                 q.source, q.event_id,
                  q.event_type, _iso(q.received_at), q.resolution or "open")
                 for q in page.items
             ],

@@ -213,7 +213,8 @@ def worker(
 @json_option
 def migrate(app: str | None, config: str | None, database_url: str | None, as_json: bool) -> None:
     """Create or upgrade relaybox's tables; seal the endpoint secrets older versions
-    stored in plaintext."""
+    stored in plaintext; copy the keys of rows stored before the keys tables existed
+    (in batches of retention.batch rows, resumable)."""
     from relaybox.outbound.vault import MISSING_HINT
 
     box = load_box(app, config, database_url)
@@ -224,6 +225,8 @@ def migrate(app: str | None, config: str | None, database_url: str | None, as_js
         click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
         if secrets["sealed"]:
             click.echo(f"sealed {secrets['sealed']} endpoint secret(s) stored in plaintext")
+        if secrets["keys_backfilled"]:
+            click.echo(f"copied the keys of {secrets['keys_backfilled']} stored row(s)")
     if secrets["plaintext"]:
         click.echo(
             f"{secrets['plaintext']} endpoint secret(s) remain in plaintext: {MISSING_HINT},"
@@ -236,9 +239,11 @@ async def _migrate_and_close(box: Relaybox) -> tuple[list[str], dict[str, int]]:
     """Apply the migrations, then seal the endpoint secrets older versions stored in
     plaintext (what :meth:`Relaybox.migrate` does), with the counts to report."""
     from relaybox.outbound.endpoints import seal_plaintext
+    from relaybox.retention import backfill_keys
 
     try:
-        return await box.store.migrate(), await seal_plaintext(box)
+        applied, sealed = await box.store.migrate(), await seal_plaintext(box)
+        return applied, {**sealed, "keys_backfilled": await backfill_keys(box)}
     finally:
         await box.close()
 

@@ -12,23 +12,35 @@ from __future__ import annotations
 from relaybox.config.loading import load_settings, merge_settings
 from relaybox.config.settings import (
     BACKGROUND_ROLES,
+    MAX_RETENTION_NAME,
+    MAX_RETENTION_SCOPES,
+    RETENTION_AGE_MAX,
+    RETENTION_AGE_MIN,
     AdminSettings,
     BodySettings,
     RetentionSettings,
     ServerSettings,
     Settings,
+    SourceRetention,
+    TenantRetention,
     WorkerSettings,
 )
 from relaybox.config.silence import SilenceSettings
 
 __all__ = [
     "BACKGROUND_ROLES",
+    "MAX_RETENTION_NAME",
+    "MAX_RETENTION_SCOPES",
+    "RETENTION_AGE_MAX",
+    "RETENTION_AGE_MIN",
     "AdminSettings",
     "BodySettings",
     "RetentionSettings",
     "ServerSettings",
     "Settings",
     "SilenceSettings",
+    "SourceRetention",
+    "TenantRetention",
     "WorkerSettings",
     "load_settings",
     "merge_settings",

@@ -262,6 +262,54 @@ class ServerSettings(BaseModel):
     )
 
 
+RETENTION_AGE_MIN = 60.0
+"""The shortest age a tenant or a source may have (seconds): one minute."""
+RETENTION_AGE_MAX = 3650 * 86400.0
+"""The longest age a tenant or a source may have (seconds): ten years."""
+MAX_RETENTION_SCOPES = 10_000
+"""Entries of [retention.tenants] and of [retention.sources] in the configuration."""
+MAX_RETENTION_NAME = 128
+"""Characters of a tenant id or source name a retention scope names (as a source's
+tenant mapping allows)."""
+
+
+class SourceRetention(BaseModel):
+    """``[retention.sources.NAME]``: how long this source's events keep their payload
+    (unless their tenant has its own ``payload_max_age``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    payload_max_age: float = Field(
+        ge=RETENTION_AGE_MIN,
+        le=RETENTION_AGE_MAX,
+        description="seconds after an event of this source finished before its payload "
+        "and headers are dropped",
+    )
+
+
+class TenantRetention(BaseModel):
+    """``[retention.tenants.ID]``: a tenant's own ages; an age left out is the global
+    one (inbound: the source's, if it has one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    payload_max_age: float | None = Field(
+        None,
+        ge=RETENTION_AGE_MIN,
+        le=RETENTION_AGE_MAX,
+        description="seconds after an event received for this tenant finished before its "
+        "payload and headers are dropped",
+    )
+    outbox_payload_max_age: float | None = Field(
+        None,
+        ge=RETENTION_AGE_MIN,
+        le=RETENTION_AGE_MAX,
+        description="seconds after a delivery to this tenant finished before its payload "
+        "and response bytes are dropped (and its message's body once all its deliveries "
+        "were)",
+    )
+
+
 class RetentionSettings(BaseModel):
     """What the maintenance job keeps. Keys and outcomes are kept for good: a purged
     event is still a duplicate when its provider resends it, and business keys are
@@ -286,7 +334,37 @@ class RetentionSettings(BaseModel):
         "delivery of it is purged",
     )
     interval: float = Field(3600.0, gt=0, description="seconds between maintenance runs")
-    batch: int = Field(1000, ge=1, le=100_000, description="rows purged per transaction")
+    batch: int = Field(
+        1000, ge=1, le=100_000, description="rows purged, and keys backfilled, per transaction"
+    )
+    max_tenant_policies: int = Field(
+        10_000,
+        ge=1,
+        le=1_000_000,
+        description="tenants that may have a retention policy set through the admin API "
+        "(the purge reads them all at the start of each run)",
+    )
+    tenants: dict[str, TenantRetention] = Field(
+        default_factory=dict,
+        description="[retention.tenants.ID]: a tenant's own ages (the admin API's, set "
+        "per tenant, win over these)",
+    )
+    sources: dict[str, SourceRetention] = Field(
+        default_factory=dict,
+        description="[retention.sources.NAME]: a source's own payload_max_age",
+    )
+
+    @field_validator("tenants", "sources")
+    @classmethod
+    def _scope_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if len(value) > MAX_RETENTION_SCOPES:
+            raise ValueError(f"at most {MAX_RETENTION_SCOPES} entries")
+        for name in value:
+            if not name or len(name) > MAX_RETENTION_NAME or "\x00" in name:
+                raise ValueError(
+                    f"{name[:40]!r}: a name of 1 to {MAX_RETENTION_NAME} characters, no NUL"
+                )
+        return value
 
 
 class ErasureSettings(BaseModel):

@@ -71,11 +71,14 @@ class ErasureRequest(RequestModel):
 
 
 class ErasureRows(_Model):
-    inbox: int = Field(description="inbox events emptied (payload, headers)")
+    inbox: int = Field(description="inbox events emptied (payload, headers, last error)")
     quarantine: int = Field(description="quarantine entries emptied")
-    outbox: int = Field(description="deliveries emptied")
-    attempts: int = Field(description="delivery attempts whose response excerpt went")
+    outbox: int = Field(description="deliveries emptied (payload, last error)")
+    attempts: int = Field(
+        description="delivery attempts whose response excerpt, headers and error went"
+    )
     messages: int = Field(description="message bodies emptied")
+    inbox_attempts: int = Field(description="handler attempts whose error text went")
 
 
 class ErasureRecord(_Model):

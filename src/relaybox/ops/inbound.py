@@ -382,13 +382,15 @@ async def quarantine_get(box: Runtime, quarantine_id: int) -> QuarantineDetail:
     m = await box.store.quarantine_get(quarantine_id)
     if m is None:
         raise NotFound(f"no quarantine entry {quarantine_id}")
-    original = QuarantineSide(
-        event_type=m["original_event_type"],
-        received_at=m["original_received_at"],
-        payload=decode_payload(m["original_payload"]),
-        headers=_headers(m["original_headers"]),
-        purged=m["original_payload"] is None,
-    )
+    original = None
+    if m["original_status"] is not None:  # its row still exists
+        original = QuarantineSide(
+            event_type=m["original_event_type"],
+            received_at=m["original_received_at"],
+            payload=decode_payload(m["original_payload"]),
+            headers=_headers(m["original_headers"]),
+            purged=m["original_payload"] is None,
+        )
     newcomer = QuarantineSide(
         event_type=m["event_type"],
         received_at=m["received_at"],
@@ -401,7 +403,9 @@ async def quarantine_get(box: Runtime, quarantine_id: int) -> QuarantineDetail:
         **summary,
         original=original,
         quarantined=newcomer,
-        differences=json_differences(original.payload, newcomer.payload),
+        differences=[]
+        if original is None
+        else json_differences(original.payload, newcomer.payload),
     )
 
 

@@ -262,7 +262,10 @@ class DiscardResult(_Model):
 
 class QuarantineSummary(_Model):
     id: int
-    inbox_id: int
+    inbox_id: int = Field(
+        description="the original event's id (its row may no longer exist: original_status"
+        " is then null)"
+    )
     source: str
     account: str
     event_id: str
@@ -273,7 +276,7 @@ class QuarantineSummary(_Model):
     resolution: str | None
     resolved_by: str | None
     resolution_reason: str | None
-    original_status: str
+    original_status: str | None = Field(description="null when the original row is gone")
 
 
 class QuarantinePage(_Model):
@@ -297,7 +300,9 @@ class Difference(_Model):
 
 
 class QuarantineDetail(QuarantineSummary):
-    original: QuarantineSide
+    original: QuarantineSide | None = Field(
+        description="null when the original row no longer exists (its history dropped)"
+    )
     quarantined: QuarantineSide
     differences: list[Difference]
 

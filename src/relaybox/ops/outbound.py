@@ -26,6 +26,7 @@ from relaybox.ops.outbound_models import (
     EndpointFilter,
     EndpointList,
     EndpointSummary,
+    EventTypeDefinition,
     EventTypeInfo,
     EventTypeList,
     Health,
@@ -405,12 +406,48 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+class InvalidEventType(OpsError):
+    """An event type the catalog refuses (422): a bad JSON Schema or subject path."""
+
+    status = 422
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def event_type_define(
+    box: Runtime, name: str, definition: EventTypeDefinition
+) -> EventTypeInfo:
+    """Add or replace a catalog entry (``PUT /admin/api/v1/event-types/{name}``):
+    :class:`InvalidEventType` (422 ``invalid_event_type``, ``invalid_schema``,
+    ``invalid_subject_path``) for what the catalog refuses."""
+    from relaybox.outbound.catalog import InvalidMessage, define_event_type
+
+    try:
+        t = await define_event_type(
+            box,
+            name,
+            description=definition.description,
+            schema=definition.schema_,
+            subject=definition.subject,
+        )
+    except InvalidMessage as exc:
+        raise InvalidEventType(str(exc), code=f"invalid_{exc.code}") from None
+    refresh = getattr(box, "refresh_webhooks", None)
+    if refresh is not None:  # the application's OpenAPI webhooks section
+        await refresh()
+    return EventTypeInfo(name=t.name, description=t.description, schema=t.schema, subject=t.subject)
+
+
 async def event_types(box: Runtime) -> EventTypeList:
     from relaybox.outbound.catalog import list_event_types
 
     return EventTypeList(
         items=[
-            EventTypeInfo(name=t.name, description=t.description, schema=t.schema)
+            EventTypeInfo(
+                name=t.name, description=t.description, schema=t.schema, subject=t.subject
+            )
             for t in await list_event_types(box)
         ]
     )

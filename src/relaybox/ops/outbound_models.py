@@ -143,10 +143,30 @@ class EventTypeInfo(_Model):
     schema_: dict[str, Any] | None = Field(
         alias="schema", serialization_alias="schema", description="JSON Schema of data"
     )
+    subject: str | None = Field(
+        None,
+        description="where its messages name their subject (a dotted path into the "
+        "envelope, data.customer.id): each is indexed under it for erasure",
+    )
 
 
 class EventTypeList(_Model):
     items: list[EventTypeInfo]
+
+
+class EventTypeDefinition(RequestModel):
+    description: str = Field("", max_length=2000, description="what it means, for subscribers")
+    schema_: dict[str, Any] | None = Field(
+        None, alias="schema", description="JSON Schema that published data must match"
+    )
+    subject: str | None = Field(
+        None,
+        min_length=1,
+        max_length=512,
+        description="where its messages name their subject (a dotted path into the "
+        "envelope, data.customer.id; at most erasure.path_max_depth names and "
+        "erasure.path_max_chars characters)",
+    )
 
 
 class RedeliverRequest(RequestModel):

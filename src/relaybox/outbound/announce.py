@@ -77,23 +77,39 @@ EVENT_TYPES = (
 
 
 async def emit(
-    box: Runtime, conn: AsyncConnection, event_type: str, data: Any, *, key: str | None = None
+    box: Runtime,
+    conn: AsyncConnection,
+    event_type: str,
+    data: Any,
+    *,
+    key: str | None = None,
+    inbox_id: int | None = None,
+    outbox_id: int | None = None,
 ) -> None:
     """Publish an operational event in ``conn``'s transaction (``key``: published once
-    per key, as a message's idempotency key)."""
+    per key, as a message's idempotency key). ``inbox_id``, ``outbox_id``: the row it
+    is about, whose error it quotes: the message is indexed under that row's subjects
+    (:meth:`Store.subject_inherit`), so erasing one of them empties it too."""
     if event_type == "relaybox.inbox.dead" and _operational(data):
         return
     tenant = outbound(box).settings.operational_tenant
-    await publish(box, conn, event_type, data, tenant=tenant, idempotency_key=key)
+    message = await publish(box, conn, event_type, data, tenant=tenant, idempotency_key=key)
+    if inbox_id is not None or outbox_id is not None:
+        await box.store.subject_inherit(conn, message.id, inbox_id=inbox_id, outbox_id=outbox_id)
 
 
 def announcer(box: Runtime) -> Announce:
     """:func:`emit` for ``box``: what the receiving side is given to tell with."""
 
     async def announce(
-        conn: AsyncConnection, event_type: str, data: Any, *, key: str | None = None
+        conn: AsyncConnection,
+        event_type: str,
+        data: Any,
+        *,
+        key: str | None = None,
+        inbox_id: int | None = None,
     ) -> None:
-        await emit(box, conn, event_type, data, key=key)
+        await emit(box, conn, event_type, data, key=key, inbox_id=inbox_id)
 
     return announce
 
@@ -120,7 +136,7 @@ async def attempt_exhausted(
         "lastStatus": result.status_code if result is not None else None,
         "lastError": error,
     }
-    await emit(box, conn, "relaybox.message.attempt.exhausted", data)
+    await emit(box, conn, "relaybox.message.attempt.exhausted", data, outbox_id=d.id)
 
 
 async def endpoint_failing(
@@ -130,9 +146,11 @@ async def endpoint_failing(
     failures: int,
     level: int,
     result: Result,
+    outbox_id: int | None = None,
 ) -> None:
     """The endpoint's failures in a row reached ``level``, a threshold not announced
-    since it last recovered (another batch may have announced it meanwhile)."""
+    since it last recovered (another batch may have announced it meanwhile).
+    ``outbox_id``: the delivery whose ``result`` this is (its error is quoted)."""
     row = await box.store.endpoint_failing_level(conn, endpoint_id, level)
     if row is None:
         return
@@ -147,7 +165,7 @@ async def endpoint_failing(
         "lastStatus": result.status_code,
         "lastError": result.error,
     }
-    await emit(box, conn, "relaybox.endpoint.failing", data)
+    await emit(box, conn, "relaybox.endpoint.failing", data, outbox_id=outbox_id)
     log.warning("endpoint_failing", endpoint_id=endpoint_id, tenant=tenant, failures=failures)
 
 

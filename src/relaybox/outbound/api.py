@@ -66,6 +66,7 @@ from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import PublishLimited, outbound
 from relaybox.outbound.signing import SecretKind
 from relaybox.outbound.vault import SecretsLocked
+from relaybox.sources.base import MAX_SUBJECT_CHARS
 from relaybox.store.outbox_rows import Endpoint, Message
 from relaybox.timespec import TimeSpec
 from relaybox.wire import BodyTooLarge, NotJsonNumber, parse_json, read_body, text_problem
@@ -101,6 +102,14 @@ class NewMessage(BaseModel):
     data: Any = None
     idempotency_key: str | None = Field(None, max_length=256)
     ordering_key: str | None = Field(None, min_length=1, max_length=256)
+    subject: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_SUBJECT_CHARS,
+        description="whom the message is about (a customer id): the message is indexed "
+        "under it (a digest, never the text) so that erasing the subject empties it and "
+        "its deliveries; without it, the value at the event type's subject path",
+    )
 
 
 class Rotation(BaseModel):
@@ -424,6 +433,7 @@ def build_api(box: Runtime) -> Starlette:
                 idempotency_key=key,
                 ordering_key=new.ordering_key,
                 json_data=True,  # parsed from the body's JSON text
+                subject=new.subject,
             )
         return JSONResponse(message.to_json(), status_code=202 if message.created else 200)
 

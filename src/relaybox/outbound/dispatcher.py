@@ -54,11 +54,13 @@ from relaybox.outbound.channels.base import Channel, Result
 from relaybox.outbound.lanes import LaneScheduler
 from relaybox.outbound.leases import lease, lease_recording, release
 from relaybox.outbound.probes import DispatchHooks
-from relaybox.outbound.recorder import Decision, Finished, Recorder, sent_row
+from relaybox.outbound.recorder import AttemptRecorder
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.replays import ReplayRunner
+from relaybox.outbound.spans import decision_attributes, delivery_attributes
 from relaybox.retry import Schedule
-from relaybox.store.outbox_rows import Delivery, Fairness
+from relaybox.store.dispatch_rows import Attempt, Decision, Fairness
+from relaybox.store.outbox_rows import Delivery
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -111,7 +113,9 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._lanes_ready = False
         self._lease_failures = 0  # leases failed in a row (the database is away): back off
-        self.recorder = Recorder(box, self.name, self._wake.set, self.hooks)
+        self.recorder = AttemptRecorder(box, self.name, self.hooks)
+        """Writes this dispatcher's finished attempts; it never calls back here."""
+        self._loop: asyncio.AbstractEventLoop | None = None  # while run() runs
         self._ahead: list[str] = []  # channels whose lanes run() leases ahead
         self._unstarted: list[Delivery] = []  # leased ahead, never started: to release
         self._releaser: asyncio.Task[None] | None = None
@@ -143,8 +147,8 @@ class Dispatcher:
         self.outbound.vault.check()  # a broken key file: KeyFileError, before any lease
         listener = await self._listen()
         recorder = self.recorder
-        recorder.loop = asyncio.get_running_loop()
-        recorder.folding = self.box.store.lease_records
+        self._loop = asyncio.get_running_loop()
+        recorder.start(self._loop)
         # PostgreSQL: lanes of channels whose uncertain policy is resend may be leased
         # up to lease_ahead times their cap (outbox_lease), so that an attempt's end
         # starts the next row at once instead of waiting for the lease that records it
@@ -176,9 +180,9 @@ class Dispatcher:
             await asyncio.gather(replaying, return_exceptions=True)
             if self._due_timer is not None:
                 self._due_timer.cancel()
-            recorder.folding = False
+            recorder.stop()
             await run.wind_down()
-            recorder.loop = None
+            self._loop = None
             # Rows leased ahead and never started go back at once (not after their
             # lease runs out, and not as uncertain).
             self._unstarted.extend(lanes.drain())
@@ -204,7 +208,7 @@ class Dispatcher:
                 await channel.close()
 
     async def _lease_safely(
-        self, slots: int, carry: list[Finished], fair: Fairness
+        self, slots: int, carry: list[Attempt], fair: Fairness
     ) -> tuple[list[Delivery], dict[str, int]]:
         """One lease for run(): the deliveries, and per lane leased how many attempts
         may run in it at once (PostgreSQL; empty: as many as were leased)."""
@@ -223,7 +227,7 @@ class Dispatcher:
                 slots=slots,
                 channels=list(self.outbound.channels),
                 lease_ttl=self.outbound.settings.lease_ttl,
-                sent=[sent_row(f) for f in carry],
+                sent=carry,
                 ahead=self._ahead,
                 factor=self.outbound.settings.lease_ahead,
                 fair=fair,
@@ -241,9 +245,7 @@ class Dispatcher:
                 self.recorder.hand(carry)
             return [], {}
         self._lease_failures = 0
-        recorded = self.recorder.settle(carry, written)
-        if recorded and self.hooks.after_record:
-            await self.recorder.after_record(recorded)
+        await self.recorder.settle(carry, written)
         if len(found) < slots:
             await self._learn_next_due()
         return found, allowed
@@ -251,7 +253,7 @@ class Dispatcher:
     def _expect(self, at: float) -> None:
         """A row comes due at ``at`` (the box's clock): wake the loop then, unless it
         wakes for an earlier one already."""
-        loop = self.recorder.loop
+        loop = self._loop
         if loop is None or (self._due_timer is not None and self._due_at is not None
                             and self._due_at <= at):  # fmt: skip
             return
@@ -399,7 +401,7 @@ class Dispatcher:
         span = tracing.current_span()
         if span.is_recording():
             span.set_attributes(decision_attributes(decision, result, self.box.clock.now()))
-        await self.recorder.record(d, result, decision, started, took)
+        await self.recorder.record(Attempt(d, result, decision, self.name, started, took))
 
     def _schedule(self, d: Delivery, channel: Channel) -> Schedule:
         if d.endpoint is not None and d.endpoint.schedule is not None:
@@ -419,39 +421,6 @@ class Dispatcher:
         if delay is None:
             return Decision("dead", "exhausted", "exhausted")
         return Decision("retry", "retry", at=self.box.clock.now() + delay)
-
-
-def delivery_attributes(d: Delivery) -> dict[str, str | int | bool]:
-    """The attributes of an attempt's ``relaybox.deliver`` span (ids, the channel, the
-    attempt's number: no payload, no URL, no secret)."""
-    attributes: dict[str, str | int | bool] = {
-        "relaybox.outbox_id": d.id,
-        "relaybox.channel": d.channel,
-        "relaybox.attempt": d.attempt,
-        "relaybox.uncertain": d.uncertain,
-    }
-    if d.message is not None:
-        attributes["relaybox.message_id"] = d.message.id
-        attributes["relaybox.event_type"] = d.message.event_type
-    if d.endpoint is not None:
-        attributes["relaybox.endpoint_id"] = d.endpoint.id
-        attributes["relaybox.tenant"] = d.endpoint.tenant
-    return attributes
-
-
-def decision_attributes(
-    decision: Decision, result: Result | None, now: float
-) -> dict[str, str | float | int]:
-    """The decision on an attempt, for its span: what the row becomes, why, and the
-    retry's delay in seconds."""
-    attributes: dict[str, str | float | int] = {"relaybox.decision": decision.status}
-    if decision.reason is not None:
-        attributes["relaybox.decision.reason"] = decision.reason
-    if decision.at is not None and decision.status == "retry":
-        attributes["relaybox.retry.delay"] = round(max(decision.at - now, 0.0), 3)
-    if result is not None and result.status_code is not None:
-        attributes["http.response.status_code"] = result.status_code
-    return attributes
 
 
 class _Run:
@@ -561,7 +530,7 @@ class _Run:
                 return True
         return False
 
-    def next_lease(self) -> tuple[int, list[Finished], Fairness]:
+    def next_lease(self) -> tuple[int, list[Attempt], Fairness]:
         """The next lease's rows asked (every free slot, the successes it records
         freeing theirs, and, leasing ahead, as many again to hold), counted as
         reserved, the successes it carries, and its bounds."""
@@ -573,7 +542,7 @@ class _Run:
     def start_lease(self) -> None:
         self.leasing.add(asyncio.create_task(self.leases(*self.next_lease())))
 
-    async def leases(self, asked: int, carry: list[Finished], fair: Fairness) -> None:
+    async def leases(self, asked: int, carry: list[Attempt], fair: Fairness) -> None:
         """Lease, hand the rows to idle slots, and while successes finished meanwhile
         lease again at once, in this task: the next statement is sent in the same step
         as the last one's rows are handed out, with no pass of the event loop in

@@ -22,7 +22,8 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from relaybox.store.outbox_rows import Delivery, Fairness
+from relaybox.store.dispatch_rows import Fairness
+from relaybox.store.outbox_rows import Delivery
 
 __all__ = ["LaneScheduler"]
 

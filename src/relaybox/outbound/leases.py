@@ -42,14 +42,14 @@ row version changed) is left for the next lease rather than overshoot its cap.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from relaybox import tracing
 from relaybox.clock import may_take_work
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.vault import SecretsLocked
-from relaybox.store.outbox import SecretOpener
-from relaybox.store.outbox_rows import UNBOUNDED, Delivery, Fairness, LeaseRequest
+from relaybox.store.dispatch_rows import UNBOUNDED, Attempt, Fairness, LeaseRequest
+from relaybox.store.outbox_rows import Delivery, SecretOpener
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -114,20 +114,19 @@ async def lease_recording(
     slots: int,
     channels: Sequence[str],
     lease_ttl: float,
-    sent: Sequence[tuple[Any, ...]],
+    sent: Sequence[Attempt],
     ahead: Sequence[str] = (),
     factor: int = 1,
     fair: Fairness = UNBOUNDED,
 ) -> tuple[list[Delivery], set[tuple[int, int]], dict[str, int]]:
     """A store that records with its lease (:attr:`Store.lease_records`, PostgreSQL):
-    record the plain successes ``sent`` (rows of id, lease token, attempt, endpoint id,
-    started, duration, status code, error, response) and lease up to ``slots`` due rows
-    (none: only record), their slots included, in one statement. Lanes of the channels
-    ``ahead`` may be leased up to ``factor`` times their cap while no other dispatcher
-    holds leases in them. Returns the deliveries, the (id, lease token) pairs written
-    (the others were fenced), and for each lane leased how many attempts this
-    dispatcher may run in it at once (its cap minus the live leases other dispatchers
-    held). ``fair`` bounds lanes' caps and each tenant's rows (:class:`Fairness`).
+    record the plain successes ``sent`` (``owner``'s attempts) and lease up to
+    ``slots`` due rows (none: only record), their slots included, in one statement.
+    Lanes of the channels ``ahead`` may be leased up to ``factor`` times their cap
+    while no other dispatcher holds leases in them. Returns the deliveries, the (id,
+    lease token) pairs written (the others were fenced), and for each lane leased how
+    many attempts this dispatcher may run in it at once (its cap minus the live leases
+    other dispatchers held). ``fair`` bounds lanes' caps and each tenant's rows (:class:`Fairness`).
     While this host's clock is past ``clock_max_skew`` (:class:`ClockGuard`) it only
     records ``sent``."""
     if not await may_take_work(box):

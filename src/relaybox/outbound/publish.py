@@ -27,7 +27,7 @@ from relaybox import tracing
 from relaybox.outbound.catalog import InvalidMessage, check_event_type_name, check_schema
 from relaybox.outbound.filters import CompiledFilter, compile_filter
 from relaybox.outbound.registry import outbound
-from relaybox.sources.base import MAX_SUBJECT_CHARS, subject_digest
+from relaybox.sources.base import MAX_SUBJECT_CHARS, extract, subject_digest
 from relaybox.store.outbox_rows import Message, NewMessage, new_id
 from relaybox.wire import NotJsonNumber, text_problem, write_json
 
@@ -44,6 +44,8 @@ __all__ = [
     "publish_attributes",
     "published",
     "stored_filter",
+    "subject_at",
+    "subject_of",
     "targets",
     "wants",
 ]
@@ -200,7 +202,9 @@ async def publish(
 
     ``subject``: whom the message is about (a customer id): the message is indexed
     under it in ``conn``'s transaction, and ``relaybox erase --subject`` empties it
-    and its deliveries (:mod:`relaybox.erasure`).
+    and its deliveries (:mod:`relaybox.erasure`). Without it, the value at the event
+    type's subject path (``define_event_type(..., subject="data.customer.id")``), if
+    the catalog gives one and the message has a value there (:func:`subject_at`).
 
     Traced as ``relaybox.publish`` (a child of the current span: the handler's, the
     request's), whose context the message keeps for its delivery attempts."""
@@ -277,16 +281,20 @@ async def _publish(
         ordering_key=ordering_key,
         sequence=sequence,
     )
+    # Data parsed from JSON text is what parsing the envelope's text gives again: the
+    # filters and the subject path read it in place.
+    envelope = None
+    if json_data:
+        envelope = envelope_of(
+            box, new.id, new.created_at, event_type, data, api_version, ordering_key, sequence
+        )
+    if digest is None and context.subject is not None:
+        if envelope is None:
+            envelope = json.loads(new.body)  # once: the filters read it too
+        digest = subject_at(context.subject, envelope)
     if endpoint_ids is not None:
         found = targets(new, context.subscribers, endpoint_ids)
     else:
-        # Data parsed from JSON text is what parsing the envelope's text gives again:
-        # the filters read it in place.
-        envelope = None
-        if json_data:
-            envelope = envelope_of(
-                box, new.id, new.created_at, event_type, data, api_version, ordering_key, sequence
-            )
         found = await fan_out_sliced(context.subscribers, event_type, new.body, envelope=envelope)
     if not await store.message_publish(conn, new, found):
         # A concurrent publish with this key committed first.
@@ -332,6 +340,24 @@ def subject_of(subject: str | None) -> bytes | None:
     if problem := text_problem(subject, "subject"):
         raise InvalidMessage(problem, code="subject")
     return subject_digest(subject)
+
+
+def subject_at(path: str, envelope: Any) -> bytes | None:
+    """The digest of the subject at the event type's ``path`` in the message's
+    ``envelope`` as its receivers read it (the body's JSON parsed: ``data.customer.id``),
+    or ``None`` when there is no value there (the message is not indexed, as a source
+    indexes no event without one). A value no erasure could name (over
+    :data:`MAX_SUBJECT_CHARS` characters, a NUL) is :class:`InvalidMessage`: refused
+    in the producer's transaction."""
+    value = extract(path, {}, envelope)
+    if value is None or value == "":
+        return None
+    try:
+        return subject_of(value)
+    except InvalidMessage as exc:
+        raise InvalidMessage(
+            f"the value at the subject path {path}: {exc}", code="subject"
+        ) from None
 
 
 def check_ordering_key(ordering_key: str | None) -> None:

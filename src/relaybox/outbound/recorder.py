@@ -1,4 +1,6 @@
-"""Recording what attempts came to: every outcome goes through :meth:`Recorder.record`.
+"""Recording what attempts came to: every finished attempt is one
+:class:`~relaybox.store.dispatch_rows.Attempt`, handed to
+:meth:`AttemptRecorder.record`.
 
 Outcomes are written in batches, one transaction per batch (group commit: one COMMIT,
 one fsync, for every attempt that finished meanwhile): each row's outcome fenced by
@@ -6,104 +8,88 @@ its lease token, one multi-row insert of the attempt log, the endpoints' failure
 streaks (disabling an endpoint that keeps failing or answers 410). A dispatcher whose
 lease expired and was taken over writes nothing (its attempt is still logged, as
 ``fenced``). On PostgreSQL, while the dispatcher loops, plain successes are not
-written here: they are *carried* to the next lease, whose one statement records them
-and leases into their slots (:meth:`Recorder.settle`).
+written here: they are *carried* to the dispatcher's next lease, whose one statement
+records them and leases into their slots; the dispatcher takes them
+(:meth:`AttemptRecorder.take_carry`) and reports what its lease wrote
+(:meth:`AttemptRecorder.settle`).
+
+The dispatcher holds its recorder and calls it; the recorder never calls the
+dispatcher.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from relaybox.log import debug_enabled, short_error
 from relaybox.outbound import announce
-from relaybox.outbound.channels.base import Result
 from relaybox.outbound.endpoints import disable_in
 from relaybox.outbound.leases import lease_recording
 from relaybox.outbound.probes import DispatchHooks
 from relaybox.outbound.registry import outbound
+from relaybox.store.dispatch_rows import Attempt
 from relaybox.store.outbox_rows import Delivery
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
 
-__all__ = ["Decision", "Finished", "Recorder", "plain_success", "sent_row"]
+__all__ = ["AttemptRecorder", "plain_success"]
 
 log = structlog.get_logger("relaybox.dispatcher")
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What a row becomes: ``sent``, ``retry`` (at ``at``), ``dead`` or ``held``
-    (with ``reason``); ``label`` is the attempt log's outcome."""
+class AttemptRecorder:
+    """Writes the finished attempts of one dispatcher (``owner``: its name)."""
 
-    status: str
-    label: str
-    reason: str | None = None
-    at: float | None = None
-
-
-@dataclass(slots=True)
-class Finished:
-    """One attempt waiting to be recorded: its outcome, and the future its
-    :meth:`Dispatcher.handle` awaits (resolved with the attempt log's label); none for
-    a plain success carried to the next lease (see :meth:`Recorder.record`)."""
-
-    d: Delivery
-    result: Result | None
-    decision: Decision
-    started: float
-    duration: float
-    done: asyncio.Future[str] | None = field(default=None, repr=False)
-
-
-class Recorder:
-    """Writes the outcomes of one dispatcher's attempts (``owner``: its name)."""
-
-    def __init__(
-        self,
-        box: Runtime,
-        owner: str,
-        wake: Callable[[], None],
-        hooks: DispatchHooks | None = None,
-    ) -> None:
+    def __init__(self, box: Runtime, owner: str, hooks: DispatchHooks | None = None) -> None:
         self.box = box
         self.hooks = hooks or DispatchHooks()
         self.outbound = outbound(box)
         self.owner = owner
-        self._wake = wake  # the dispatcher's loop: a carried success wants a lease
         self.folding = False
-        """PostgreSQL, while the dispatcher loops: plain successes are carried to the
-        next lease (:attr:`carry`) instead of being written here."""
-        self.carry: list[Finished] = []
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._finished: list[Finished] = []
+        """PostgreSQL, while the dispatcher loops (:meth:`start`): plain successes are
+        carried to the next lease (:attr:`carry`) instead of being written here."""
+        self.carry: list[Attempt] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._batch: list[Attempt] = []
+        self._waiting: list[asyncio.Future[str] | None] = []  # element i: _batch[i]'s
         self._task: asyncio.Task[None] | None = None
         self._attempts: dict[tuple[str, str], Any] = {}  # labelled counters, looked up once
 
-    def take_carry(self) -> list[Finished]:
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The dispatcher's loop runs on ``loop``: where the store records with its
+        lease (:attr:`Store.lease_records`), plain successes are carried to it."""
+        self._loop = loop
+        self.folding = self.box.store.lease_records
+
+    def stop(self) -> None:
+        """The dispatcher's loop ended: every attempt is written here again."""
+        self.folding = False
+        self._loop = None
+
+    def take_carry(self) -> list[Attempt]:
+        """The plain successes for the dispatcher's next lease to record."""
         carry, self.carry = self.carry, []
         return carry
 
-    def settle(
-        self, carry: list[Finished], written: Collection[tuple[Any, int]]
-    ) -> list[tuple[Delivery, str]]:
+    async def settle(self, carry: list[Attempt], written: Collection[tuple[int, int]]) -> None:
         """The lease that carried ``carry`` committed: ``written`` are the rows it
-        recorded (the others' leases were taken over). Returns each row's label."""
-        labels: list[tuple[Delivery, str]] = []
-        for f in carry:
-            label = "sent" if (f.d.id, f.d.lease_token) in written else "fenced"
-            labels.append((f.d, label))
-            self.observe(f.d, f.result, f.decision, label, f.duration)
-            if f.done is not None and not f.done.done():
-                f.done.set_result(label)
-        return labels
+        recorded (the others' leases were taken over: ``fenced``)."""
+        if not carry:
+            return
+        recorded: list[tuple[Delivery, str]] = []
+        for a in carry:
+            label = "sent" if a.key in written else "fenced"
+            recorded.append((a.delivery, label))
+            self.observe(a, label)
+        if self.hooks.after_record:
+            await self._after_record(recorded)
 
-    async def after_record(self, recorded: list[tuple[Delivery, str]]) -> None:
+    async def _after_record(self, recorded: list[tuple[Delivery, str]]) -> None:
         """Run the ``after_record`` hooks (tests only): the outcomes are committed and
         stand whatever a hook does; one that raises is logged."""
         try:
@@ -119,15 +105,8 @@ class Recorder:
         while self._task is not None and not self._task.done():
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def record(
-        self,
-        d: Delivery,
-        result: Result | None,
-        decision: Decision,
-        started: float,
-        duration: float,
-    ) -> None:
-        """Hand the outcome to the recorder and wait until it is committed.
+    async def record(self, attempt: Attempt) -> None:
+        """Hand the attempt to the recorder and wait until it is committed.
 
         Outcomes are written in batches, one transaction per batch (group commit: one
         COMMIT, one fsync, for every attempt that finished meanwhile). Durability is
@@ -138,31 +117,38 @@ class Recorder:
         in-flight count) is held until the outcome is committed.
 
         On PostgreSQL, while the dispatcher loops (:attr:`folding`), a plain success is
-        not waited for: the next lease records it in its own statement
+        not waited for: the dispatcher's next lease records it in its own statement
         (``outbox_lease``) and leases into its place, whose lease the database counts
         until then; the slot moves on at once (no future to resolve, no task to wake
         again).
         """
-        f = Finished(d, result, decision, started, duration)
-        if self.folding and plain_success(f):
-            self.carry.append(f)
-            self._wake()
+        if self.folding and plain_success(attempt):
+            self.carry.append(attempt)
             return
-        done = f.done = (self.loop or asyncio.get_running_loop()).create_future()
-        self.hand([f])
+        done = (self._loop or asyncio.get_running_loop()).create_future()
+        self._batch.append(attempt)
+        self._waiting.append(done)
+        self._schedule()
         await done
 
-    def hand(self, finished: list[Finished]) -> None:
-        self._finished.extend(finished)
+    def hand(self, attempts: list[Attempt]) -> None:
+        """Write ``attempts``, which nobody waits for (a carry whose lease failed, or
+        left when the dispatcher stops)."""
+        self._batch.extend(attempts)
+        self._waiting.extend([None] * len(attempts))
+        self._schedule()
+
+    def _schedule(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._record_batches())
 
     async def _record_batches(self) -> None:
         """Write what finished, in batches, until nothing waits: attempts that finish
         while a batch is being written form the next one."""
-        while self._finished:
+        while self._batch:
             await asyncio.sleep(0)  # attempts finishing in this turn join the batch
-            batch, self._finished = self._finished, []
+            batch, self._batch = self._batch, []
+            waiting, self._waiting = self._waiting, []
             try:
                 try:
                     labels = await self._write(batch)
@@ -173,93 +159,66 @@ class Recorder:
                     # rolled back, writing it again is safe.
                     labels = await self._write(batch)
             except Exception as exc:
-                for f in batch:
-                    if f.done is not None and not f.done.done():
-                        f.done.set_exception(exc)
-                    elif f.done is None:  # nobody waits for it: say what was lost
+                for a, done in zip(batch, waiting, strict=True):
+                    if done is None:  # nobody waits for it: say what was lost
                         log.error(
                             "outbox_record_failed",
-                            outbox_id=f.d.id,
+                            outbox_id=a.delivery.id,
                             dispatcher=self.owner,
                             error=short_error(exc),
                         )
+                    elif not done.done():
+                        done.set_exception(exc)
                 continue
-            for f, label in zip(batch, labels, strict=True):
-                self.observe(f.d, f.result, f.decision, label, f.duration)
+            for a, label in zip(batch, labels, strict=True):
+                self.observe(a, label)
             if self.hooks.after_record:
-                await self.after_record([(f.d, lbl) for f, lbl in zip(batch, labels, strict=True)])
-            for f, label in zip(batch, labels, strict=True):
-                if f.done is not None and not f.done.done():
-                    f.done.set_result(label)
+                recorded = [(a.delivery, label) for a, label in zip(batch, labels, strict=True)]
+                await self._after_record(recorded)
+            for done, label in zip(waiting, labels, strict=True):
+                if done is not None and not done.done():
+                    done.set_result(label)
 
-    async def _write(self, batch: list[Finished]) -> list[str]:
-        """One transaction: every outcome (fenced per row), the attempt log, the
-        endpoints' failure streaks. Returns each attempt's label."""
+    async def _write(self, batch: list[Attempt]) -> list[str]:
+        """Write one batch; returns each attempt's label (``fenced`` where another
+        dispatcher had taken its row over). On PostgreSQL a batch of plain successes
+        is ``outbox_lease`` for no slot, which only records (the rows, the attempt
+        log, the endpoints' streaks): one round trip, one commit. Otherwise one
+        transaction: every outcome and the attempt log (``outbox_record``), the
+        endpoints' failure streaks, the dead letters' events."""
         store, now = self.box.store, self.box.clock.now()
-        if store.lease_records and all(plain_success(f) for f in batch):
-            return await self._write_sent(batch, now)
-        marks: list[tuple[Any, ...]] = []
-        for f in batch:
-            d, result, decision = f.d, f.result, f.decision
-            error = result.error if result else None
-            code = result.status_code if result else None
-            if decision.status == "held":
-                error = "outcome unknown: a dispatcher's lease expired; review, then redeliver"
-            elif decision.status != "retry" and decision.label == "exhausted" and result is None:
-                error = f"attempt {d.attempt - 1} did not finish: the dispatcher died"
-            status = "pending" if decision.status == "retry" else decision.status
-            marks.append((d.id, d.lease_token, status, decision.at, decision.reason, error, code))
+        if store.lease_records and all(plain_success(a) for a in batch):
+            _, written, _ = await lease_recording(
+                self.box,
+                owner=self.owner,
+                slots=0,
+                channels=[],
+                lease_ttl=self.outbound.settings.lease_ttl,
+                sent=batch,
+            )
+            return ["sent" if a.key in written else "fenced" for a in batch]
         async with store.transaction() as conn:
-            written = await store.outbox_record(conn, marks, now=now)
-            labels: list[str] = []
-            log_rows: list[tuple[Any, ...]] = []
-            for f, mark in zip(batch, marks, strict=True):
-                d, result = f.d, f.result
-                label = f.decision.label if (d.id, d.lease_token) in written else "fenced"
-                labels.append(label)
-                if d.uncertain:
-                    log_rows.append(
-                        (d.id, d.attempt - 1, d.lease_token - 1, None, now, 0.0, "uncertain",
-                         None, "the lease expired before the outcome was recorded", None)
-                    )  # fmt: skip
-                if result is not None:
-                    log_rows.append(
-                        (d.id, d.attempt, d.lease_token, self.owner, f.started, f.duration,
-                         label, mark[6], mark[5], result.response, result.headers)
-                    )  # fmt: skip
-            if log_rows:
-                await store.outbox_attempts_insert(conn, log_rows)
+            written = await store.outbox_record(conn, batch, now=now)
+            labels = [a.decision.label if a.key in written else "fenced" for a in batch]
             await self._endpoints_health(conn, batch, labels, now)
-            for f, mark, label in zip(batch, marks, labels, strict=True):
+            for a, label in zip(batch, labels, strict=True):
                 if label == "exhausted":  # with the dead letter, in its transaction
-                    await announce.attempt_exhausted(self.box, conn, f.d, f.result, mark[5])
+                    await announce.attempt_exhausted(
+                        self.box, conn, a.delivery, a.result, a.error
+                    )
         return labels
 
-    async def _write_sent(self, batch: list[Finished], now: float) -> list[str]:
-        """PostgreSQL, a batch of plain successes outside run()'s loop (run_once, a
-        stopping loop, a lease that failed): ``outbox_lease`` for no slot, which only
-        records (the rows, the attempt log, the endpoints' streaks): one round trip,
-        one commit."""
-        _, written, _ = await lease_recording(
-            self.box,
-            owner=self.owner,
-            slots=0,
-            channels=[],
-            lease_ttl=self.outbound.settings.lease_ttl,
-            sent=[sent_row(f) for f in batch if f.result is not None],
-        )
-        return ["sent" if (f.d.id, f.d.lease_token) in written else "fenced" for f in batch]
-
     async def _endpoints_health(
-        self, conn: Any, batch: list[Finished], labels: list[str], now: float
+        self, conn: Any, batch: list[Attempt], labels: list[str], now: float
     ) -> None:
         """Endpoints that only succeeded in this batch: one statement clears their
         streaks; an endpoint with a failure in it gets its outcomes applied in order."""
-        mixed: dict[str, list[tuple[Delivery, Result]]] = {}
-        for f, label in zip(batch, labels, strict=True):
-            if label != "fenced" and f.d.endpoint is not None and f.result is not None:
-                mixed.setdefault(f.d.endpoint.id, []).append((f.d, f.result))
-        clean = sorted(e for e, rs in mixed.items() if all(r.outcome == "sent" for _, r in rs))
+        mixed: dict[str, list[Attempt]] = {}
+        for a, label in zip(batch, labels, strict=True):
+            endpoint = a.delivery.endpoint
+            if label != "fenced" and endpoint is not None and a.result is not None:
+                mixed.setdefault(endpoint.id, []).append(a)
+        clean = sorted(e for e, made in mixed.items() if all(_outcome(a) == "sent" for a in made))
         # Endpoints announced failing when leased recover (once); the others only end
         # their runs. (A success carried to a lease only ends the run: a later one
         # recovers the endpoint.)
@@ -271,15 +230,16 @@ class Recorder:
             await self.box.store.endpoints_succeeded(conn, clean, now=now)
         for endpoint_id in sorted(mixed):
             if endpoint_id not in clean and endpoint_id not in failing:
-                for d, result in mixed[endpoint_id]:
-                    await self._endpoint_health(conn, d, result, now)
+                for a in mixed[endpoint_id]:
+                    await self._endpoint_health(conn, a, now)
 
-    async def _endpoint_health(self, conn: Any, d: Delivery, result: Result, now: float) -> None:
+    async def _endpoint_health(self, conn: Any, a: Attempt, now: float) -> None:
         """Track the endpoint's failure streak: announce each threshold of failures in a
         row it reaches (``relaybox.endpoint.failing``), its recovery after one; disable
         it on 410, or once it has failed without a success for ``disable_after``
         seconds."""
-        assert d.endpoint is not None
+        d, result = a.delivery, a.result
+        assert d.endpoint is not None and result is not None
         store = self.box.store
         if result.outcome == "sent":
             if d.endpoint.failing:
@@ -295,7 +255,7 @@ class Recorder:
                     level = threshold
             if level > streak.failing_level:
                 await announce.endpoint_failing(
-                    self.box, conn, d.endpoint.id, streak.failures, level, result
+                    self.box, conn, d.endpoint.id, streak.failures, level, result, d.id
                 )
         if result.outcome == "gone":
             await disable_in(self.box, conn, d.endpoint.id, reason="gone")
@@ -306,9 +266,10 @@ class Recorder:
         ):
             await disable_in(self.box, conn, d.endpoint.id, reason="failing")
 
-    def observe(
-        self, d: Delivery, result: Result | None, decision: Decision, label: str, duration: float
-    ) -> None:
+    def observe(self, a: Attempt, label: str) -> None:
+        """Count the attempt (``label``: what it was recorded as), time it, and log it
+        unless it is a plain success (the attempt log is their audit trail)."""
+        d, result, decision = a.delivery, a.result, a.decision
         counter = self._attempts.get((d.channel, label))
         if counter is None:
             counter = self._attempts[d.channel, label] = self.outbound.attempts.labels(
@@ -319,7 +280,7 @@ class Recorder:
             self.box.metrics.observe_delivery(
                 d.channel,
                 result.status_code,
-                duration,
+                a.duration,
                 error="timeout" if result.timed_out else result.error,
             )
         if decision.status == "sent" and label != "fenced" and not debug_enabled():
@@ -337,7 +298,7 @@ class Recorder:
         if d.endpoint is not None:
             fields["endpoint_id"] = d.endpoint.id
         if result is not None:
-            fields.update(status_code=result.status_code, duration=round(duration, 4))
+            fields.update(status_code=result.status_code, duration=round(a.duration, 4))
             if result.error:
                 fields["error"] = result.error
         if decision.at is not None:
@@ -352,26 +313,22 @@ class Recorder:
             log.error("outbox_" + decision.status, reason=decision.reason, **fields)
 
 
-def plain_success(f: Finished) -> bool:
+def plain_success(a: Attempt) -> bool:
     """A success the lease may record (not one that ends an announced failure)."""
+    d, result = a.delivery, a.result
     return (
-        f.result is not None
-        and f.result.outcome == "sent"
-        and f.decision.status == "sent"
-        and not f.d.uncertain
-        and (f.d.endpoint is None or not f.d.endpoint.failing)
+        result is not None
+        and result.outcome == "sent"
+        and a.decision.status == "sent"
+        and not d.uncertain
+        and (d.endpoint is None or not d.endpoint.failing)
     )
 
 
-def _failing(outcomes: list[tuple[Delivery, Result]]) -> bool:
-    target = outcomes[0][0].endpoint
+def _outcome(a: Attempt) -> str | None:
+    return a.result.outcome if a.result is not None else None
+
+
+def _failing(made: list[Attempt]) -> bool:
+    target = made[0].delivery.endpoint
     return target is not None and target.failing
-
-
-def sent_row(f: Finished) -> tuple[Any, ...]:
-    """A plain success as outbox_lease's columns of successes to record."""
-    d, result = f.d, f.result
-    assert result is not None
-    return (d.id, d.lease_token, d.attempt, d.endpoint.id if d.endpoint else None,
-            f.started, f.duration, result.status_code, result.error, result.response,
-            result.headers)  # fmt: skip

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from relaybox.store.credentials import CredentialsStore
+from relaybox.store.dispatch import DispatchStore
 from relaybox.store.erasure import ErasureStore
 from relaybox.store.history import HistoryStore
 from relaybox.store.inbox_rows import (
@@ -31,12 +32,14 @@ from relaybox.store.inbox_rows import (
     NewDelivery,
     Stats,
 )
+from relaybox.store.keys_store import KeysStore
 from relaybox.store.operator import OperatorStore
 from relaybox.store.outbox import OutboxStore
 from relaybox.store.outbox_catalog import CatalogStore
 from relaybox.store.outbox_flow import FlowStore
 from relaybox.store.processing import Processing
 from relaybox.store.sessions import SessionStore
+from relaybox.store.retention import RetentionStore
 from relaybox.store.silence import SilenceStore
 from relaybox.store.sync import SyncStore, sync_store
 
@@ -84,8 +87,11 @@ class Store(
     CredentialsStore,
     ErasureStore,
     HistoryStore,
+    KeysStore,
     OperatorStore,
     OutboxStore,
+    RetentionStore,
+    DispatchStore,
     SilenceStore,
     FlowStore,
     CatalogStore,

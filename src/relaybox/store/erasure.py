@@ -22,10 +22,10 @@ ErasureScope = Literal["subject", "tenant"]
 """What an erasure names: a subject (its digest, through ``relaybox_subjects``) or a
 tenant (every message published to it and their deliveries)."""
 
-ERASED_KINDS = ("inbox", "quarantine", "outbox", "attempts", "messages")
+ERASED_KINDS = ("inbox", "quarantine", "outbox", "attempts", "messages", "inbox_attempts")
 """The kinds of rows an erasure empties, as its counts name them: inbox events,
-quarantine entries, outbox deliveries, delivery attempts (the receiver's answer),
-messages."""
+quarantine entries, outbox deliveries, delivery attempts (the receiver's answer and
+the attempt's error text), messages, handler attempts (their error text)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +115,24 @@ class ErasureStore:
         in ``conn``'s transaction."""
         await self.rows(conn, "subject_index", (digest, kind, ref))
 
+    async def subject_inherit(
+        self,
+        conn: AsyncConnection,
+        message_id: str,
+        *,
+        inbox_id: int | None = None,
+        outbox_id: int | None = None,
+    ) -> None:
+        """Index message ``message_id`` (an operational event) under every subject
+        digest of the row it is about, in ``conn``'s transaction: inbox row
+        ``inbox_id``, or outbox row ``outbox_id`` (through its message, or the inbox
+        row whose handler added it). Its text may quote the subject's data (an
+        error): erasing the subject empties it too."""
+        if inbox_id is not None:
+            await self.rows(conn, "subject_inherit_inbox", (message_id, str(inbox_id)))
+        if outbox_id is not None:
+            await self.rows(conn, "subject_inherit_outbox", (message_id, outbox_id))
+
     async def erasure_begin(
         self,
         *,
@@ -145,9 +163,13 @@ class ErasureStore:
         async with self.transaction() as conn, self._erasing(conn):
             inbox: list[Any] = []
             quarantine: list[Any] = []
+            handled: list[Any] = []
             if by_subject:
                 inbox = await self.rows(conn, "erase_inbox_subject", (key, now, limit))
                 quarantine = await self.rows(conn, "erase_quarantine_subject", (key, now, limit))
+                if inbox:
+                    ids = self._ids([int(r[0]) for r in inbox])
+                    handled = await self.rows(conn, "erase_inbox_attempts", (ids,))
             outbox = await self.rows(
                 conn,
                 "erase_outbox_subject" if by_subject else "erase_outbox_tenant",
@@ -170,6 +192,7 @@ class ErasureStore:
                 "outbox": len(outbox),
                 "attempts": len(attempts),
                 "messages": len(messages),
+                "inbox_attempts": len(handled),
             }
             if any(counts.values()):
                 await self.rows(

@@ -13,17 +13,17 @@ them (arrays on PostgreSQL, JSON text on SQLite: :meth:`Store._ids`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.store.credentials import KEEP, Keep
+from relaybox.store.keys import message_digest
 from relaybox.store.outbox_rows import (
     AttemptRow,
     BlockedKey,
-    Delivery,
     DeliveryRow,
     Endpoint,
     EndpointAttempt,
@@ -32,36 +32,24 @@ from relaybox.store.outbox_rows import (
     EndpointQuotaReached,
     EndpointStatusChange,
     EndpointWrite,
-    FailureStreak,
-    Leased,
-    LeaseRequest,
     Message,
-    MessageBody,
     NewMessage,
     PublishContext,
-    SecretOpener,
     StoredSecret,
-    Target,
     filter_text,
 )
 
 __all__ = [
     "OutboxStore",
-    "SecretOpener",
-    "leased_delivery",
 ]
 
 
 class OutboxStore:
     """The sending side's statements (a base of :class:`~relaybox.store.Store`).
 
-    ``lease_records``: :meth:`outbox_lease` records a :class:`LeaseRequest`'s plain
-    successes and may lease ahead, in the one statement of the lease (PostgreSQL). A
-    store without it leases in a transaction of a few statements and takes no
-    ``sent``; the dispatcher records through :meth:`outbox_record` there.
+    The dispatcher's statements (leases, recording attempts) are
+    :class:`~relaybox.store.dispatch.DispatchStore`'s.
     """
-
-    lease_records: ClassVar[bool] = False
 
     if TYPE_CHECKING:
 
@@ -89,15 +77,6 @@ class OutboxStore:
         async def notify(self, conn: AsyncConnection, channel: str) -> None: ...
 
         def _flag(self, value: bool) -> Any: ...
-
-    def _mapping(self, row: Any) -> Mapping[str, Any]:
-        """A row of :meth:`Store.rows` read by column name."""
-        mapping: Mapping[str, Any] = row._mapping
-        return mapping
-
-    def _columns(self, rows: Sequence[Sequence[Any]]) -> list[Any]:
-        """Rows as one list parameter per column (``unnest`` / ``json_each``)."""
-        return [self._array([row[i] for row in rows]) for i in range(len(rows[0]))]
 
     def _array(self, values: Sequence[Any]) -> Any:
         """A list parameter as the driver takes it (as :meth:`Store._ids` passes ids)."""
@@ -322,25 +301,30 @@ class OutboxStore:
     async def message_get_by_key(
         self, conn: AsyncConnection, tenant: str, idempotency_key: str
     ) -> Message | None:
-        """The tenant's message published with ``idempotency_key``, if any."""
-        row = await self.first(conn, "message_get_by_key", (tenant, idempotency_key))
-        return None if row is None else Message.from_row(row)
+        """The tenant's message published with ``idempotency_key``, if any: its keys
+        table decides (``relaybox_message_keys``), whether or not the message row still
+        exists (:meth:`Message.from_key_row`)."""
+        row = await self.first(
+            conn,
+            "message_get_by_key",
+            (message_digest(tenant, idempotency_key), tenant, idempotency_key),
+        )
+        return None if row is None else Message.from_key_row(row, tenant, idempotency_key)
 
     async def message_insert(self, conn: AsyncConnection, message: NewMessage) -> bool:
         """Insert ``message``; ``False`` when a message with its (tenant, idempotency
-        key) exists already (the UNIQUE constraint decides which publish is first)."""
-        params = (
-            message.id,
-            message.tenant,
-            message.event_type,
-            message.idempotency_key,
-            message.body,
-            message.created_at,
-            message.ordering_key,
-            message.sequence,
-            message.traceparent,
-        )
-        return await self.first(conn, "message_insert", params) is not None
+        key) exists already: the key's row in ``relaybox_message_keys``, inserted
+        first in the same transaction, decides which publish is first."""
+        key = message.key_params()
+        if key is not None and await self.first(conn, "message_key_insert", key) is None:
+            return False
+        if await self.first(conn, "message_insert", message.params()) is not None:
+            return True
+        if key is not None:  # an old message under this key, stored before its key
+            await self.rows(
+                conn, "message_key_adopt", (key[0], message.tenant, message.idempotency_key)
+            )
+        return False
 
     async def message_publish(
         self, conn: AsyncConnection, message: NewMessage, endpoint_ids: Sequence[str]
@@ -520,77 +504,6 @@ class OutboxStore:
                 await self.notify(conn, "outbox")
         return len(found)
 
-    # -- leases -------------------------------------------------------------------------
-
-    async def outbox_lease(self, request: LeaseRequest, open_secrets: SecretOpener) -> Leased:
-        """Lease up to ``request.slots`` due rows lane by lane (see
-        :mod:`relaybox.outbound.leases`) with what the channels need (message bodies,
-        endpoints with their secrets opened by ``open_secrets``), the deliveries in id
-        order. Each backend leases its own way: PostgreSQL in one statement, SQLite in
-        one transaction of a few."""
-        raise NotImplementedError(f"{type(self).__name__} leases no rows")
-
-    async def outbox_release(self, deliveries: Sequence[Delivery]) -> None:
-        """Give back leases never started: the rows are due again at once, as if never
-        leased."""
-        params = (
-            self._array([d.id for d in deliveries]),
-            self._array([d.lease_token for d in deliveries]),
-            self._array([d.uncertain for d in deliveries]),
-        )
-        async with self.transaction() as conn:
-            await self.rows(conn, "outbox_release", params)
-
-    async def outbox_next_due(self, *, channels: Sequence[str], now: float) -> float | None:
-        """When the next pending row of ``channels`` comes due after ``now`` (``None``:
-        no such row): a dispatcher wakes then rather than at its next poll."""
-        async with self.transaction() as conn:
-            row = await self.first(conn, "outbox_next_due", (now, self._array(channels)))
-        return None if row is None or row[0] is None else float(row[0])
-
-    # -- recording ----------------------------------------------------------------------
-
-    async def outbox_record(
-        self, conn: AsyncConnection, marks: Sequence[tuple[Any, ...]], *, now: float
-    ) -> set[tuple[int, int]]:
-        """Record attempts' outcomes in ``conn``'s transaction, each fenced by its lease
-        token; ``marks`` are rows of (id, lease token, status, next attempt at, dead
-        reason, error, status code). Returns the (id, lease token) pairs written."""
-        found = await self.rows(conn, "outbox_record", (now, *self._columns(marks)))
-        return {(r[0], r[1]) for r in found}
-
-    async def outbox_attempts_insert(
-        self, conn: AsyncConnection, attempts: Sequence[tuple[Any, ...]]
-    ) -> None:
-        """Append to the attempt log, in ``conn``'s transaction: rows of (outbox id,
-        attempt, lease token, dispatcher, started, duration, outcome, status code,
-        error, response, headers); a row of ten has no headers (NULL)."""
-        rows = [(*r, None) if len(r) == 10 else r for r in attempts]
-        await self.rows(conn, "outbox_attempts_insert", self._columns(rows))
-
-    async def endpoints_succeeded(
-        self, conn: AsyncConnection, endpoint_ids: Sequence[str], *, now: float | None = None
-    ) -> None:
-        """End the endpoints' failure streaks, in ``conn``'s transaction, and note
-        ``now`` as their last success (silence detection) where the one noted is over
-        a minute old."""
-        await self.rows(conn, "endpoints_succeeded", (self._array(endpoint_ids), now))
-
-    async def endpoint_succeeded(
-        self, conn: AsyncConnection, endpoint_id: str, *, now: float | None = None
-    ) -> None:
-        """End the endpoint's failure streak, in ``conn``'s transaction (``now``: as
-        :meth:`endpoints_succeeded`)."""
-        await self.rows(conn, "endpoint_succeeded", (endpoint_id, now))
-
-    async def endpoint_failed(
-        self, conn: AsyncConnection, endpoint_id: str, *, now: float
-    ) -> FailureStreak | None:
-        """Start the endpoint's failure streak at ``now`` unless one runs; ``None``
-        when the endpoint is gone."""
-        row = await self.first(conn, "endpoint_failed", (endpoint_id, now))
-        return None if row is None else FailureStreak(row[0], row[1], row[2], row[3])
-
     # -- operator views -----------------------------------------------------------------
 
     async def endpoint_health(self, *, since: float) -> dict[str, EndpointHealth]:
@@ -620,26 +533,3 @@ class OutboxStore:
         async with self.transaction() as conn:
             row = await self.first(conn, "ops_message_purged_at", (message_id,))
         return None if row is None else row[0]
-
-
-def leased_delivery(
-    r: Any, deadline: float, message: MessageBody | None, endpoint: Target | None
-) -> Delivery:
-    """A leased row (read by column name) as the channels take it. Positional and
-    without parsing a webhook row's payload (``null``: the body is the message's):
-    this runs for every delivery."""
-    payload = r["payload"]
-    return Delivery(
-        r["id"],
-        r["channel"],
-        r["key"],
-        None if payload == "null" else json.loads(payload),
-        r["tenant"],
-        r["attempts"],
-        r["lease_token"],
-        bool(r["uncertain"]),
-        deadline,
-        message,
-        endpoint,
-        r["lane"] or r["channel"],
-    )

@@ -36,17 +36,24 @@ class CatalogStore:
     # -- event types --------------------------------------------------------------------
 
     async def event_type_upsert(
-        self, name: str, description: str, schema: str | None, *, now: float
+        self,
+        name: str,
+        description: str,
+        schema: str | None,
+        *,
+        now: float,
+        subject: str | None = None,
     ) -> None:
-        """Add or replace a catalog entry (``schema``: JSON text or ``None``)."""
+        """Add or replace a catalog entry (``schema``: JSON text or ``None``;
+        ``subject``: the subject path of its messages, or ``None``)."""
         async with self.transaction() as conn:
-            await self.rows(conn, "event_type_upsert", (name, description, schema, now))
+            await self.rows(conn, "event_type_upsert", (name, description, schema, now, subject))
 
     async def event_type_list(self) -> list[EventTypeRow]:
         """The catalog, by name."""
         async with self.transaction() as conn:
             found = await self.rows(conn, "event_type_list")
-        return [EventTypeRow(r[0], r[1], r[2]) for r in found]
+        return [EventTypeRow(r[0], r[1], r[2], r[3]) for r in found]
 
     # -- API keys -----------------------------------------------------------------------
 

@@ -1,9 +1,9 @@
 """Records of the sending side: what :class:`~relaybox.store.outbox.OutboxStore`
-takes and returns (endpoints, messages, deliveries, attempts, keys), a leased
-row as the channels take it (:class:`Delivery`, with its :class:`MessageBody` and its
-endpoint's :class:`Target`), and what a lease may take (:class:`Lane`,
-:class:`Fairness`, :func:`allocate`, the plan ``outbox_lease`` computes in SQL on
-PostgreSQL and the SQLite store in Python)."""
+takes and returns (endpoints, messages, deliveries, attempts as listed, keys), and a
+leased row as the channels take it (:class:`Delivery`, with its :class:`MessageBody`
+and its endpoint's :class:`Target`). What the dispatcher's statements take and return
+(a lease's request and plan, an attempt's record) is in
+:mod:`relaybox.store.dispatch_rows`."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import dataclasses
 import json
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
+from relaybox.store.keys import message_digest, scope_of
 from relaybox.wire import stored_json
 
 __all__ = [
-    "UNBOUNDED",
     "ApiKey",
     "AttemptRow",
     "BlockedKey",
@@ -32,10 +32,6 @@ __all__ = [
     "EndpointWrite",
     "EventTypeRow",
     "FailureStreak",
-    "Fairness",
-    "Lane",
-    "LeaseRequest",
-    "Leased",
     "Message",
     "MessageBody",
     "NewMessage",
@@ -43,7 +39,6 @@ __all__ = [
     "SecretOpener",
     "StoredSecret",
     "Target",
-    "allocate",
     "filter_text",
     "new_id",
     "with_extras",
@@ -136,72 +131,6 @@ class Delivery:
     endpoint: Target | None = None
     lane: str | None = None
     """Its lane (the endpoint id, or the channel for a handler's row)."""
-
-
-@dataclass(frozen=True)
-class Lane:
-    lane: str
-    max_in_flight: int
-    rate_limit: float | None
-    tokens: float
-    refilled_at: float
-    in_flight: int
-    tenant: str | None = None
-    """The endpoint's tenant; ``None`` for a channel's lane (no tenant bound)."""
-
-    def room(self, now: float) -> tuple[int, float]:
-        """(rows it may take now, tokens in its bucket now). The bucket holds at most
-        one second of its rate (at least one token): bursts stay small."""
-        room = self.max_in_flight - self.in_flight
-        if self.rate_limit is None:
-            return room, 1.0
-        refill = (now - self.refilled_at) * self.rate_limit
-        tokens = min(max(1.0, self.rate_limit), self.tokens + refill)
-        return min(room, int(tokens)), tokens
-
-
-@dataclass(frozen=True)
-class Fairness:
-    """What one lease may take per tenant and per lane: every lane's cap is at most
-    ``cap`` (the dispatcher's concurrency), and one tenant's lanes take at most
-    ``rows`` rows, or ``held[tenant]`` for a tenant listed there (what the dispatcher
-    already holds of it counted; 0: none, its lanes are not even looked at)."""
-
-    cap: int = 2**31 - 1
-    rows: int = 2**31 - 1
-    held: Mapping[str, int] = field(default_factory=dict)
-
-    def full(self) -> list[str]:
-        return sorted(t for t, n in self.held.items() if n <= 0)
-
-
-UNBOUNDED = Fairness()
-
-
-def allocate(
-    lanes: Sequence[Lane], slots: int, now: float, fair: Fairness = UNBOUNDED
-) -> dict[str, int]:
-    """Share ``slots`` among ``lanes`` in order: one row per lane per round, within
-    each lane's room; a tenant's turns are numbered over its lanes' rounds (at most
-    ``fair``'s rows for it), and turns go tenant by tenant (``outbox_lease``'s plan)."""
-    entries: list[tuple[int, int, int, str]] = []  # (turn, round, lane order, lane)
-    turns: dict[tuple[str | None, str | None], int] = {}
-    room = {lane.lane: min(lane.room(now)[0], fair.cap - lane.in_flight) for lane in lanes}
-    most = max(room.values(), default=0)
-    for rnd in range(1, most + 1):
-        for order, lane in enumerate(lanes):
-            if room[lane.lane] < rnd:
-                continue
-            group = (lane.tenant, None if lane.tenant is not None else lane.lane)
-            turn = turns[group] = turns.get(group, 0) + 1
-            if lane.tenant is not None and turn > fair.held.get(lane.tenant, fair.rows):
-                continue
-            entries.append((turn, rnd, order, lane.lane))
-    entries.sort()
-    plan: dict[str, int] = {}
-    for _, _, _, name in entries[: max(slots, 0)]:
-        plan[name] = plan.get(name, 0) + 1
-    return plan
 
 
 def new_id(prefix: str, now: float) -> str:
@@ -390,6 +319,24 @@ class Message:
             sequence=row[7],
         )
 
+    @classmethod
+    def from_key_row(cls, row: Sequence[Any], tenant: str, idempotency_key: str) -> Message:
+        """From ``message_get_by_key``: the message row's columns, then the day its key
+        was first seen. When the message row is gone (its history dropped, the key
+        kept), the message is known by its id alone: no event type (``""``), its body
+        JSON ``null`` (as a purged message's), created at the start of that day."""
+        if row[1] is not None:
+            return cls.from_row(row)
+        return cls(
+            id=row[0],
+            tenant=tenant,
+            event_type="",
+            idempotency_key=idempotency_key,
+            body=b"null",
+            created_at=float(row[8]) * 86400,
+            created=False,
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -417,29 +364,56 @@ class NewMessage:
     traceparent: str | None = None
     """The trace context of the publish (:func:`relaybox.tracing.traceparent`)."""
 
+    def params(self) -> tuple[Any, ...]:
+        """Parameters of ``message_insert``."""
+        return (
+            self.id,
+            self.tenant,
+            self.event_type,
+            self.idempotency_key,
+            self.body,
+            self.created_at,
+            self.ordering_key,
+            self.sequence,
+            self.traceparent,
+        )
+
+    def key_params(self) -> tuple[Any, ...] | None:
+        """Parameters of ``message_key_insert`` (``None`` without an idempotency key)."""
+        if self.idempotency_key is None:
+            return None
+        return (
+            message_digest(self.tenant, self.idempotency_key),
+            scope_of(self.tenant),
+            self.created_at,
+            self.id,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class PublishContext:
     """What a publish reads (``Store.publish_context``): the catalog's schema of its
-    event type (JSON text, ``None`` without one) and its tenant's enabled endpoints as
+    event type (JSON text, ``None`` without one), its tenant's enabled endpoints as
     (id, event type patterns as JSON text, payload filter as JSON text or ``None``),
-    by id."""
+    by id, and the type's subject path (``None`` without one)."""
 
     schema: str | None
     subscribers: list[tuple[str, str, str | None]]
+    subject: str | None = None
 
     @classmethod
     def from_rows(cls, rows: Iterable[Sequence[Any]]) -> PublishContext:
-        """From the ``publish_context`` statement's rows (the schema's row first, its
-        id NULL)."""
-        schema = None
+        """From the ``publish_context`` statement's rows (the event type's row first,
+        its id NULL, its subject path in the second column)."""
+        schema = subject = None
         subscribers = []
         for r in rows:
             if r[0] is None:
-                schema = str(r[3])
+                schema = str(r[3]) if r[3] else None
+                subject = None if r[1] is None else str(r[1])
             else:
                 subscribers.append((r[0], r[1], r[2]))
-        return cls(schema, subscribers)
+        return cls(schema, subscribers, subject)
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,11 +483,13 @@ class AttemptRow:
 
 @dataclass(frozen=True, slots=True)
 class EventTypeRow:
-    """A catalog entry; ``schema`` is the JSON Schema as stored text, or ``None``."""
+    """A catalog entry; ``schema`` is the JSON Schema as stored text, or ``None``;
+    ``subject`` the path of the subject in its messages, or ``None``."""
 
     name: str
     description: str
     schema: str | None
+    subject: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -529,38 +505,6 @@ class ApiKey:
 
 SecretOpener = Callable[[Sequence[str]], tuple[tuple[str, ...], str | None]]
 """Opens an endpoint's stored secrets: (the secrets, ``None``), or ((), why not)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseRequest:
-    """One lease: up to ``slots`` due rows of ``channels`` for ``owner`` until
-    ``until``; each delivery may take ``deadline`` seconds. ``sent``: plain successes
-    to record with the lease (rows of id, lease token, attempt, endpoint id, started,
-    duration, status code, error, response), ``ahead``: channels whose lanes may be
-    leased up to ``factor`` times their cap (both only where the store
-    :attr:`~OutboxStore.lease_records`)."""
-
-    owner: str
-    slots: int
-    channels: Sequence[str]
-    now: float
-    until: float
-    deadline: float
-    fair: Fairness = UNBOUNDED
-    sent: Sequence[tuple[Any, ...]] = ()
-    ahead: Sequence[str] = ()
-    factor: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Leased:
-    """A lease's deliveries (by id), the (id, lease token) pairs its ``sent`` wrote
-    (the others were fenced), and per lane leased how many attempts the dispatcher may
-    run in it at once (empty: as many as were leased)."""
-
-    deliveries: list[Delivery]
-    written: set[tuple[int, int]]
-    allowed: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from relaybox.log import short_error
+from relaybox.store import keys
 from relaybox.store._drivers import FoldedTransaction as _FoldedTransaction
 from relaybox.store._drivers import adapted as _adapted
 from relaybox.store._drivers import (
@@ -38,10 +39,11 @@ from relaybox.store._drivers import (
 from relaybox.store._drivers import driver as _driver
 from relaybox.store._drivers import plain as _plain
 from relaybox.store.base import OutboxRow, Store
+from relaybox.store.dispatch import leased_delivery
+from relaybox.store.dispatch_rows import Leased, LeaseRequest, attempt_columns
 from relaybox.store.inbox_rows import AcceptOutcome, Claim, Listener, NewDelivery
 from relaybox.store.operator import DatabaseHealth
-from relaybox.store.outbox import SecretOpener, leased_delivery
-from relaybox.store.outbox_rows import Leased, LeaseRequest, MessageBody, Target, with_extras
+from relaybox.store.outbox_rows import MessageBody, SecretOpener, Target, with_extras
 
 __all__ = ["PostgresStore"]
 
@@ -89,6 +91,9 @@ class PostgresStore(Store):
         self._raw_pool_size = raw_pool_size
         # Connections on which the statements of _PREPARED are prepared.
         self._prepared: weakref.WeakSet[asyncpg.Connection] = weakref.WeakSet()
+        # Kinds of keys whose backfill has finished, and when each other was last read.
+        self._keys_done: set[str] = set()
+        self._keys_checked: dict[str, float] = {}
         self._connect_timeout = connect_timeout
         self._pool_timeout = pool_timeout
         # Every session of ours: the server ends one left idle inside a transaction
@@ -308,7 +313,10 @@ class PostgresStore(Store):
         held = [await self._take(pool) for _ in range(min(connections, self._raw_pool_size))]
         try:
             for conn in held:
-                await conn.fetch(self.q["inbox_accept_fast"], *_columns([]), [], 0.0, [])
+                columns = _columns([])
+                await conn.fetch(
+                    self.q["inbox_accept_fast"], *columns[:11], [], 0.0, [], *columns[11:]
+                )
         except BaseException:
             for conn in held:
                 self._give_back(pool, conn)
@@ -320,39 +328,28 @@ class PostgresStore(Store):
         now = max(d.received_at for d in batch)
         pool = await self.generic_pool()
         async with self._borrow(pool) as conn:
-            held = [d.held_until for d in batch]
-            subjects = [d.subject for d in batch]
-            traces = [d.traceparent for d in batch]
-            if subjects.count(None) == len(subjects):
-                rows = await conn.fetch(
-                    self.q["inbox_accept_fast"], *_columns(batch), held, now, traces
-                )
-            else:
-                rows = await conn.fetch(
-                    self.q["inbox_accept_fast_subjects"],
-                    *_columns(batch),
-                    held,
-                    now,
-                    traces,
-                    subjects,
-                )
+            if not await self._keys_complete(conn, "event"):
+                await self._adopt_event_keys(conn, batch)  # keys of rows stored before 0027
+            try:
+                rows = await self._accept_rows(conn, batch, now)
+            except asyncpg.UniqueViolationError:
+                # The inbox's old UNIQUE event key refused a row: an old row whose key
+                # is not in the keys table (expired there, the backfill being done).
+                await self._adopt_event_keys(conn, batch)
+                rows = await self._accept_rows(conn, batch, now)
             inserted = {(r[1], r[2], r[3]): r[0] for r in rows if r[5]}
+            held = [d.held_until for d in batch]
             if inserted and (
                 held.count(None) == len(held)
                 or any(d.held_until is None and d.key in inserted for d in batch)
             ):  # rows for any worker (those this process's worker took need no claim)
                 self.wake("inbox")
             stored = {(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in rows}
-            missing = {d.key for d in batch if d.key not in stored}
+            missing = {d.key: d for d in batch if d.key not in stored}
             if missing:  # committed by a concurrent inserter after this statement began
-                keys = sorted(missing)
-                found = await conn.fetch(
-                    self.q["inbox_existing"],
-                    [k[0] for k in keys],
-                    [k[1] for k in keys],
-                    [k[2] for k in keys],
-                )
-                stored.update({(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in found})
+                digests = {keys.event_digest(*k): k for k in sorted(missing)}
+                found = await conn.fetch(self.q["event_keys_get"], list(digests))
+                stored.update({digests[bytes(r[0])]: (r[1], bytes(r[2])) for r in found})
             outcomes = self._classify(batch, inserted, stored)
             quarantine = [
                 d.quarantine_row(o.inbox_id)
@@ -361,8 +358,66 @@ class PostgresStore(Store):
             ]
             if quarantine:
                 async with conn.transaction():
-                    await conn.executemany(self.q["quarantine_insert"], quarantine)
+                    for row in quarantine:
+                        await conn.execute(self.q["quarantine_lock"], *row[1:4])
+                        await conn.execute(self.q["quarantine_insert"], *row)
             return outcomes
+
+    async def _accept_rows(
+        self, conn: asyncpg.Connection, batch: Sequence[NewDelivery], now: float
+    ) -> list[Any]:
+        """``inbox_accept_fast`` (or its ``_subjects`` form) for ``batch``."""
+        held = [d.held_until for d in batch]
+        subjects = [d.subject for d in batch]
+        traces = [d.traceparent for d in batch]
+        columns = _columns(batch)
+        if subjects.count(None) == len(subjects):
+            return list(
+                await conn.fetch(
+                    self.q["inbox_accept_fast"], *columns[:11], held, now, traces, *columns[11:]
+                )
+            )
+        return list(
+            await conn.fetch(
+                self.q["inbox_accept_fast_subjects"],
+                *columns[:11],
+                held,
+                now,
+                traces,
+                *columns[11:],
+                subjects,
+            )
+        )
+
+    async def _keys_complete(self, conn: asyncpg.Connection, kind: str) -> bool:
+        """Whether the backfill of ``kind``'s keys has finished (then every stored row's
+        key is in its keys table). Read again at most every few seconds until it has;
+        once it has, for good."""
+        if kind in self._keys_done:
+            return True
+        now = time.monotonic()
+        if now < self._keys_checked.get(kind, -math.inf) + _KEYS_RECHECK:
+            return False
+        self._keys_checked[kind] = now
+        if await conn.fetchval(self.q["keys_backfill_finished"], kind):
+            self._keys_done.add(kind)
+            return True
+        return False
+
+    async def _adopt_event_keys(
+        self, conn: asyncpg.Connection, batch: Sequence[NewDelivery]
+    ) -> None:
+        """Copy the keys of the inbox rows stored under ``batch``'s event keys before
+        the keys table had them (one autocommit statement each way)."""
+        wanted = sorted({d.key for d in batch})
+        rows = await conn.fetch(
+            self.q["event_keys_old_rows"],
+            [k[0] for k in wanted],
+            [k[1] for k in wanted],
+            [k[2] for k in wanted],
+        )
+        if rows:
+            await conn.fetchval(self.q["event_keys_insert"], *keys.event_key_columns(rows))
 
     async def inbox_claim(
         self, *, now: float, limit: int, max_attempts: int, hold: float, start: int = 0
@@ -636,19 +691,31 @@ class PostgresStore(Store):
     ) -> list[AcceptOutcome]:
         now = max(d.received_at for d in batch)
         cols = _columns(batch)
+        raw = await _driver(conn)
+        if not await self._keys_complete(raw, "event"):
+            rows_before = await raw.fetch(
+                self.q["event_keys_old_rows"],
+                [d.source for d in batch],
+                [d.account for d in batch],
+                [d.event_id for d in batch],
+            )
+            if rows_before:
+                columns = keys.event_key_columns(rows_before)
+                await raw.fetchval(self.q["event_keys_insert"], *columns)
         new_rows: Iterable[Sequence[Any]] = await conn.exec_driver_sql(
-            self.q["inbox_insert_batch"], (*cols, now, [d.traceparent for d in batch])
+            self.q["inbox_insert_batch"],
+            (*cols[:11], now, [d.traceparent for d in batch], *cols[11:]),
         )
         inserted = {(r[1], r[2], r[3]): r[0] for r in new_rows}
         counts = Counter(d.key for d in batch)
-        keys = [k for k in counts if k not in inserted or counts[k] > 1]
+        wanted = sorted(k for k in counts if k not in inserted or counts[k] > 1)
         existing: dict[tuple[str, str, str], tuple[int, bytes]] = {}
-        if keys:
+        if wanted:
+            digests = {keys.event_digest(*k): k for k in wanted}
             rows: Iterable[Sequence[Any]] = await conn.exec_driver_sql(
-                self.q["inbox_existing"],
-                ([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]),
+                self.q["event_keys_get"], (list(digests),)
             )
-            existing = {(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in rows}
+            existing = {digests[bytes(r[0])]: (r[1], bytes(r[2])) for r in rows}
         outcomes = self._classify(batch, inserted, existing)
         for d, o in zip(batch, outcomes, strict=True):
             if d.subject is not None and o.status in ("accepted", "ignored"):
@@ -656,10 +723,9 @@ class PostgresStore(Store):
                     self.q["subject_index"], (d.subject, "inbox", str(o.inbox_id))
                 )
             if o.status == "quarantined":
-                await conn.exec_driver_sql(
-                    self.q["quarantine_insert"],
-                    d.quarantine_row(o.inbox_id),
-                )
+                row = d.quarantine_row(o.inbox_id)
+                await conn.exec_driver_sql(self.q["quarantine_lock"], row[1:4])
+                await conn.exec_driver_sql(self.q["quarantine_insert"], row)
         if any(o.status == "accepted" for o in outcomes):
             await self.notify(conn, "inbox")
         return outcomes
@@ -671,22 +737,31 @@ class PostgresStore(Store):
         existing: dict[tuple[str, str, str], tuple[int, bytes]],
     ) -> list[AcceptOutcome]:
         """The first delivery of an inserted key with the stored content is the new row;
-        every other one is compared with the stored row's fingerprint. (``existing``
-        may hold the inserted rows too, with the fingerprint that was stored.)"""
+        every other one is compared with the stored key's fingerprint digest.
+        (``existing`` may hold the inserted rows too, with the digest that was stored.)"""
         claimed: set[tuple[str, str, str]] = set()
         outcomes = []
         for d in batch:
+            fp = keys.fingerprint_digest(d.fingerprint)
             if d.key in inserted and d.key not in claimed:
                 row = existing.get(d.key)
-                if row is None or row[1] == d.fingerprint:
+                if row is None or row[1] == fp:
                     claimed.add(d.key)
                     status = "ignored" if d.ignored else "accepted"
                     outcomes.append(AcceptOutcome(status, inserted[d.key]))  # type: ignore[arg-type]
                     continue
             inbox_id, stored_fp = existing[d.key]
-            same = stored_fp == d.fingerprint
+            same = stored_fp == fp
             outcomes.append(AcceptOutcome("duplicate" if same else "quarantined", inbox_id))
         return outcomes
+
+    # -- keys ---------------------------------------------------------------------------
+
+    async def _event_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        await self.rows(conn, "event_keys_insert", keys.event_key_columns(page))
+
+    async def _message_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        await self.rows(conn, "message_keys_insert", keys.message_key_columns(page))
 
     # -- history --------------------------------------------------------------------------
 
@@ -720,9 +795,8 @@ class PostgresStore(Store):
         first records ``request.sent``, so that a finished attempt's slot is leased
         again without a record round trip in between; ``request.slots`` 0 only
         records."""
-        sent, fair = request.sent, request.fair
-        # A row of nine (no headers recorded) has a NULL tenth column.
-        columns = [[row[i] if i < len(row) else None for row in sent] for i in range(10)]
+        fair = request.fair
+        sent = attempt_columns(request.sent)  # their dispatcher: request.owner
         tenants = list(fair.held)
         pool = await self.generic_pool()
         async with self._borrow(pool) as conn:
@@ -733,14 +807,22 @@ class PostgresStore(Store):
                 list(request.channels),
                 request.owner,
                 request.until,
-                *columns[:9],
+                sent.id,
+                sent.lease_token,
+                sent.attempt,
+                sent.endpoint_id,
+                sent.started,
+                sent.duration,
+                sent.status_code,
+                sent.error,
+                sent.response,
                 list(request.ahead),
                 request.factor,
                 fair.cap,
                 fair.rows,
                 tenants,
                 [fair.held[t] for t in tenants],
-                columns[9],
+                sent.headers,
             )
         written: set[tuple[int, int]] = set()
         if leased and leased[0]["recorded"] is not None:
@@ -869,6 +951,8 @@ _PREPARED_THERE = "SELECT name FROM pg_prepared_statements WHERE name LIKE 'rela
 
 _SAVEPOINT = "SAVEPOINT relaybox_event"
 _RELEASE_SAVEPOINT = "RELEASE SAVEPOINT relaybox_event"
+_KEYS_RECHECK = 5.0
+"""Seconds between two reads of whether a backfill of keys has finished."""
 _GROUP_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '50ms';"
 """A group's handlers hold every event's row locks until its COMMIT: a group waiting
 longer than this for another's (a deadlock, or a long handler) falls back to one
@@ -889,7 +973,8 @@ async def _no_reset(_conn: asyncpg.Connection) -> None:
 
 
 def _columns(batch: Sequence[NewDelivery]) -> list[list[Any]]:
-    """The batch as one array per column, for ``unnest``."""
+    """The batch as one array per column, for ``unnest``: the inbox row's 11, then the
+    event key's digest, fingerprint digest and scope (:mod:`relaybox.store.keys`)."""
     return [
         [d.source for d in batch],
         [d.account for d in batch],
@@ -902,6 +987,9 @@ def _columns(batch: Sequence[NewDelivery]) -> list[list[Any]]:
         [d.version for d in batch],
         ["ignored" if d.ignored else "pending" for d in batch],
         [d.received_at for d in batch],
+        [keys.event_digest(*d.key) for d in batch],
+        [keys.fingerprint_digest(d.fingerprint) for d in batch],
+        [keys.scope_of(d.source) for d in batch],
     ]
 
 

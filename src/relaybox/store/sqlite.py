@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
+from relaybox.store import keys
 from relaybox.store._commit_watch import CommitWatch
 from relaybox.store._drivers import (
     run_on_pooled_sqlite,
@@ -33,18 +34,11 @@ from relaybox.store._drivers import (
     sqlite_in_transaction,
 )
 from relaybox.store.base import Store
+from relaybox.store.dispatch import leased_delivery
+from relaybox.store.dispatch_rows import Lane, Leased, LeaseRequest, allocate
 from relaybox.store.inbox_rows import AcceptOutcome, Listener, NewDelivery
 from relaybox.store.operator import DatabaseHealth
-from relaybox.store.outbox import SecretOpener, leased_delivery
-from relaybox.store.outbox_rows import (
-    Lane,
-    Leased,
-    LeaseRequest,
-    MessageBody,
-    Target,
-    allocate,
-    with_extras,
-)
+from relaybox.store.outbox_rows import MessageBody, SecretOpener, Target, with_extras
 
 __all__ = ["SQLiteStore"]
 
@@ -117,6 +111,7 @@ class SQLiteStore(Store):
         self._watch: asyncio.Task[None] | None = None
         self._watchers = 0
         self._insert_texts: dict[int, str] = {}  # inbox_insert for n rows (_insert_sql)
+        self._keys_texts: dict[int, str] = {}  # event_keys_get for n digests (_keys_get_sql)
 
         @event.listens_for(self.engine.sync_engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -246,13 +241,31 @@ class SQLiteStore(Store):
 
     def _insert_rows(self, db: Any, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
         """Insert the deliveries in the open transaction of ``db`` (sqlite3, on the
-        connection's own thread), :attr:`INSERT_ROWS` a statement: new row, duplicate,
-        or quarantined newcomer. Of rows with one key, the first in the batch is the
-        one inserted (SQLite inserts a statement's rows in order); the others, like a
-        row whose key was already stored, are compared with the stored fingerprint."""
+        connection's own thread): new row, duplicate, or quarantined newcomer. The event
+        keys table decides (``relaybox_event_keys``): the batch's stored keys are read
+        first (:attr:`INSERT_ROWS` a statement); of the others, the first delivery of
+        each key gets its inbox row (:attr:`INSERT_ROWS` a statement) and its key; the
+        other deliveries are compared with the stored fingerprint digest, whether or
+        not the original row still exists. A row the inbox's own UNIQUE event key
+        refuses was stored before the keys table had it (before the backfill, or its
+        key expired): its key is copied from it and decides as any other."""
+        q = self.q
+        digests = [keys.event_digest(*d.key) for d in batch]
+        fps = [keys.fingerprint_digest(d.fingerprint) for d in batch]
+        stored: dict[bytes, tuple[int, bytes]] = {}
+        distinct = list(dict.fromkeys(digests))
+        for start in range(0, len(distinct), self.INSERT_ROWS):
+            chunk = distinct[start : start + self.INSERT_ROWS]
+            for digest, inbox_id, fp in db.execute(self._keys_get_sql(len(chunk)), chunk):
+                stored[bytes(digest)] = (inbox_id, bytes(fp))
+        new: dict[bytes, NewDelivery] = {}
+        for d, digest in zip(batch, digests, strict=True):
+            if digest not in stored and digest not in new:
+                new[digest] = d
+        fresh = list(new.values())
         inserted: dict[tuple[str, str, str], int] = {}
-        for start in range(0, len(batch), self.INSERT_ROWS):
-            part = batch[start : start + self.INSERT_ROWS]
+        for start in range(0, len(fresh), self.INSERT_ROWS):
+            part = fresh[start : start + self.INSERT_ROWS]
             values = [
                 value
                 for d in part
@@ -277,25 +290,44 @@ class SQLiteStore(Store):
                 self._insert_sql(len(part)), values
             ):
                 inserted[source, account, event_id] = inbox_id
-        q = self.q
+        key_rows = []
+        for digest, d in new.items():
+            inbox_id = inserted.get(d.key)
+            if inbox_id is None:  # an old row under this key, without its key
+                old = db.execute(q["event_keys_old_row"], d.key).fetchone()
+                assert old is not None  # the inbox's UNIQUE event key refused the row
+                [[inbox_id], [scope], [day], _, [fp]] = keys.event_key_columns([old])
+                stored[digest] = (inbox_id, fp)
+            else:
+                scope, day = keys.scope_of(d.source), keys.day_of(d.received_at)
+                fp = keys.fingerprint_digest(d.fingerprint)
+            key_rows.append((digest, fp, day, scope, inbox_id))
+        if key_rows:
+            db.executemany(q["event_keys_insert_one"], key_rows)
         outcomes: list[AcceptOutcome] = []
-        for d in batch:
+        for d, digest, fp in zip(batch, digests, fps, strict=True):
             inbox_id = inserted.pop(d.key, None)  # the key's first row only
             if inbox_id is not None:
                 outcomes.append(AcceptOutcome("ignored" if d.ignored else "accepted", inbox_id))
                 if d.subject is not None:
                     db.execute(q["subject_index"], (d.subject, "inbox", str(inbox_id)))
+                stored[digest] = (inbox_id, fp)
                 continue
-            inbox_id, *_, stored_fp = db.execute(q["inbox_existing_one"], d.key).fetchone()
-            if bytes(stored_fp) == d.fingerprint:
+            inbox_id, stored_fp = stored[digest]
+            if stored_fp == fp:
                 outcomes.append(AcceptOutcome("duplicate", inbox_id))
                 continue
-            db.execute(
-                q["quarantine_insert"],
-                d.quarantine_row(inbox_id),
-            )
+            db.execute(q["quarantine_insert"], d.quarantine_row(inbox_id))
             outcomes.append(AcceptOutcome("quarantined", inbox_id))
         return outcomes
+
+    def _keys_get_sql(self, count: int) -> str:
+        """``event_keys_get`` for ``count`` digests (made once per count)."""
+        sql = self._keys_texts.get(count)
+        if sql is None:
+            sql = self.q["event_keys_get"].replace("(?)", "(" + ", ".join("?" * count) + ")")
+            self._keys_texts[count] = sql
+        return sql
 
     def _insert_sql(self, rows: int) -> str:
         """``inbox_insert`` with its VALUES row repeated ``rows`` times (made once per
@@ -317,6 +349,17 @@ class SQLiteStore(Store):
         if any(o.status == "accepted" for o in outcomes):
             self.wakeup("inbox").set()
         return outcomes
+
+    # -- keys ---------------------------------------------------------------------------
+
+    async def _event_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        ids, scopes, days, digests, fps = keys.event_key_columns(page)
+        rows = list(zip(digests, fps, days, scopes, ids, strict=True))
+        await run_on_sqlite_thread(conn, _executemany, self.q["event_keys_insert_one"], rows)
+
+    async def _message_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        rows = list(zip(*keys.message_key_columns(page), strict=True))
+        await run_on_sqlite_thread(conn, _executemany, self.q["message_keys_insert_one"], rows)
 
     # -- erasure --------------------------------------------------------------------------
 
@@ -450,3 +493,7 @@ class SQLiteStore(Store):
                     target = with_extras(target, r[6], r[7], r[8], open_secrets)
                 endpoints[r[0]] = target
         return messages, endpoints
+
+
+def _executemany(db: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    db.executemany(sql, rows)

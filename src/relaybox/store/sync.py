@@ -30,6 +30,7 @@ from sqlalchemy.engine import Connection, Engine, create_engine, make_url
 from relaybox.errors import ConfigurationError
 from relaybox.store.history import Projection, ProjectionWrite
 from relaybox.store.inbox_rows import InboxEvent
+from relaybox.store.keys import message_digest
 from relaybox.store.outbox_rows import Message, NewMessage, PublishContext
 
 if TYPE_CHECKING:
@@ -110,24 +111,26 @@ class SyncStore:
     def message_get_by_key(
         self, conn: Connection, tenant: str, idempotency_key: str
     ) -> Message | None:
-        """The tenant's message published with ``idempotency_key``, if any."""
-        row = self.first(conn, "message_get_by_key", (tenant, idempotency_key))
-        return None if row is None else Message.from_row(row)
+        """The tenant's message published with ``idempotency_key``, if any
+        (:meth:`relaybox.store.Store.message_get_by_key`)."""
+        row = self.first(
+            conn,
+            "message_get_by_key",
+            (message_digest(tenant, idempotency_key), tenant, idempotency_key),
+        )
+        return None if row is None else Message.from_key_row(row, tenant, idempotency_key)
 
     def message_insert(self, conn: Connection, message: NewMessage) -> bool:
-        """Insert ``message``; ``False`` when its (tenant, idempotency key) exists."""
-        params = (
-            message.id,
-            message.tenant,
-            message.event_type,
-            message.idempotency_key,
-            message.body,
-            message.created_at,
-            message.ordering_key,
-            message.sequence,
-            message.traceparent,
-        )
-        return self.first(conn, "message_insert", params) is not None
+        """Insert ``message``; ``False`` when its (tenant, idempotency key) exists
+        (:meth:`relaybox.store.Store.message_insert`)."""
+        key = message.key_params()
+        if key is not None and self.first(conn, "message_key_insert", key) is None:
+            return False
+        if self.first(conn, "message_insert", message.params()) is not None:
+            return True
+        if key is not None:  # an old message under this key, stored before its key
+            self.rows(conn, "message_key_adopt", (key[0], message.tenant, message.idempotency_key))
+        return False
 
     def publish_context(self, conn: Connection, tenant: str, event_type: str) -> PublishContext:
         """The event type's schema and the tenant's enabled endpoints, in one statement

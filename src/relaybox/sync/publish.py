@@ -11,6 +11,7 @@ transaction: the change and its webhooks commit together, or neither exists.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from relaybox.outbound.publish import (
     new_message,
     publish_attributes,
     published,
+    subject_at,
     subject_of,
     targets,
 )
@@ -129,6 +131,8 @@ def _publish_sync(
         existing = store.message_get_by_key(conn, tenant, idempotency_key)
         assert existing is not None  # the conflicting row is committed
         return existing
+    if digest is None and context.subject is not None:
+        digest = subject_at(context.subject, json.loads(new.body))
     found = targets(new, context.subscribers, endpoint_ids)
     if found:
         store.delivery_insert(

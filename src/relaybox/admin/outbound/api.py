@@ -13,6 +13,7 @@ from relaybox.ops.outbound import (
     endpoint_get,
     endpoint_list,
     endpoint_recover,
+    event_type_define,
     event_types,
     message_get,
     message_list,
@@ -24,6 +25,8 @@ from relaybox.ops.outbound_models import (
     EndpointDetail,
     EndpointFilter,
     EndpointList,
+    EventTypeDefinition,
+    EventTypeInfo,
     EventTypeList,
     MessageDetail,
     MessageFilter,
@@ -59,6 +62,10 @@ async def _message_get(c: Call) -> BaseModel:
 
 async def _event_types(c: Call) -> BaseModel:
     return await event_types(c.box)
+
+
+async def _event_type_define(c: Call) -> BaseModel:
+    return await event_type_define(c.box, c.path["name"], c.body)
 
 
 async def _message_redeliver(c: Call) -> BaseModel:
@@ -166,6 +173,21 @@ MESSAGE_OPERATIONS = (
         "The event-type catalog tenants subscribe to",
         _event_types,
         EventTypeList,
+    ),
+    Operation(
+        "PUT",
+        "/event-types/{name:str}",
+        "defineEventType",
+        "Add or replace an event type of the catalog",
+        _event_type_define,
+        EventTypeInfo,
+        body=EventTypeDefinition,
+        errors=(400, 422),
+        description="`schema`: published data must match it. `subject`: where its "
+        "messages name their subject (a dotted path into the envelope, "
+        "`data.customer.id`): every publish of the type without its own subject is "
+        "indexed under the value there, for erasure. 422 `invalid_schema`, "
+        "`invalid_subject_path`, `invalid_event_type` for what the catalog refuses.",
     ),
     Operation(
         "POST",

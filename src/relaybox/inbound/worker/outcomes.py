@@ -183,7 +183,7 @@ class Recorder:
             # relaybox.inbox.dead, with the dead letter (relaybox.outbound.announce)
             data = dead_event(event.id, event.key, event.event_type, event.tenant)
             data.update(reason=plan.kind, attempts=event.attempts, error=plan.raw_error)
-            await self.box.inbound.announce(conn, "relaybox.inbox.dead", data)
+            await self.box.inbound.announce(conn, "relaybox.inbox.dead", data, inbox_id=event.id)
         if plan.history:
             await store.attempt_insert(conn, **plan.attempt_row(event, self.name))
 

@@ -3,7 +3,10 @@
 The dispatcher leases a row, hands the channel a :class:`Delivery` and records the
 :class:`Result` it returns. A channel never touches the database and never retries by
 itself: retries, dead letters and the attempt log belong to the dispatcher, so every
-channel gets them the same way.
+channel gets them the same way. (``Delivery`` and ``Result`` are defined with the
+store's records, in :mod:`relaybox.store.outbox_rows` and
+:mod:`relaybox.store.dispatch_rows`, whose statements take them; a channel imports
+them from here.)
 
 Adding a channel (the extension point)::
 
@@ -26,42 +29,17 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from relaybox.config.outbound import UncertainPolicy
-from relaybox.store.outbox_rows import Delivery
+from relaybox.store.dispatch_rows import Outcome as Outcome
+from relaybox.store.dispatch_rows import Result as Result
+from relaybox.store.outbox_rows import Delivery as Delivery
 
 if TYPE_CHECKING:
     from relaybox.outbound.registry import Outbound
 
-__all__ = [
-    "Channel",
-    "Outcome",
-    "Result",
-]
-
-Outcome = Literal["sent", "retry", "failed", "gone", "blocked"]
-"""``sent``: done. ``retry``: transient, try again on the schedule. ``failed``:
-permanent, dead letter now. ``gone``: the destination said it no longer exists (410);
-the endpoint is disabled. ``blocked``: relaybox refused the destination itself (the
-SSRF guard, a URL it cannot use): dead letter now, nothing was sent."""
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    outcome: Outcome
-    status_code: int | None = None
-    error: str | None = None
-    response: str | None = None
-    """The first bytes of the answer (for the attempt log)."""
-    retry_after: float | None = None
-    """Seconds the destination asked us to wait (``Retry-After``), if any."""
-    timed_out: bool = False
-    """No answer within the timeout (metrics tell timeouts from network errors)."""
-    headers: str | None = None
-    """The request and response headers, as the attempt log keeps them (JSON text:
-    ``{"request": [[name, value], …], "response": […]}``), or ``None``."""
+__all__ = ["Channel"]  # and, defined with the store's records, Delivery, Outcome, Result
 
 
 class Channel(abc.ABC):

@@ -2,32 +2,73 @@
 -- what it guarantees. Parameters are asyncpg's $n. Loaded once by relaybox.store.sql.
 
 -- name: inbox_insert_batch
--- One statement for a whole group-commit batch. ON CONFLICT DO NOTHING lets the
--- unique event key decide who is first, even inside the batch; rows that already
--- existed are not returned and are looked up by inbox_existing.
-INSERT INTO relaybox_inbox
-    (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-     version, status, attempts, next_attempt_at, received_at, updated_at, traceparent)
-SELECT u.source, u.account, u.event_id, u.event_type, u.tenant, u.fingerprint, u.payload,
-       u.headers, u.version, u.status, 0, $12, u.received_at, $12, u.traceparent
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
-            $7::bytea[], $8::text[], $9::text[], $10::text[], $11::double precision[],
-            $13::text[])
-     AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-          version, status, received_at, traceparent)
-ON CONFLICT (source, account, event_id) DO NOTHING
-RETURNING id, source, account, event_id
+-- One statement for a batch inside the caller's transaction (inbox_insert): the event
+-- keys table decides who is first, as in inbox_accept_fast ($12: now, $13: trace
+-- contexts, $14: key digests, $15: fingerprint digests, $16: scopes). Returns the new
+-- rows (id, source, account, event_id); the others are looked up by event_keys_get.
+WITH u AS MATERIALIZED (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
+                         $11::double precision[], $13::text[], $14::bytea[], $15::bytea[],
+                         $16::bigint[]) WITH ORDINALITY
+         AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
+              version, status, received_at, traceparent, digest, kfp, scope, n)
+), d AS MATERIALIZED (
+    SELECT DISTINCT ON (u.digest) u.* FROM u ORDER BY u.digest, u.n
+), f AS MATERIALIZED (
+    -- ids in batch order (nextval runs after the sort): as the batch came, by key
+    SELECT d.*, nextval('relaybox_inbox_id_seq') AS id FROM d ORDER BY d.n
+), k AS (
+    INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
+    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest, f.kfp FROM f
+    ON CONFLICT DO NOTHING
+    RETURNING digest
+), ins AS (
+    INSERT INTO relaybox_inbox
+        (id, source, account, event_id, event_type, tenant, fingerprint, payload, headers,
+         version, status, attempts, next_attempt_at, received_at, updated_at, traceparent)
+    SELECT f.id, f.source, f.account, f.event_id, f.event_type, f.tenant, f.fingerprint,
+           f.payload, f.headers, f.version, f.status, 0, $12, f.received_at, $12,
+           f.traceparent
+    FROM f JOIN k USING (digest)
+)
+SELECT f.id, f.source, f.account, f.event_id FROM f JOIN k USING (digest)
 
--- name: inbox_existing
--- The committed rows behind keys that were not inserted (a duplicate or a conflict):
--- one probe of the event key per key (see inbox_accept_fast).
-SELECT e.id, k.source, k.account, k.event_id, e.fingerprint
-FROM unnest($1::text[], $2::text[], $3::text[]) AS k(source, account, event_id)
+-- name: event_keys_get
+-- The stored keys among digests $1: one probe of the primary key per digest.
+SELECT d.digest, e.inbox_id, e.fingerprint
+FROM unnest($1::bytea[]) AS d(digest)
 CROSS JOIN LATERAL (
-    SELECT i.id, i.fingerprint FROM relaybox_inbox i
-    WHERE i.source = k.source AND i.account = k.account AND i.event_id = k.event_id
+    SELECT x.inbox_id, x.fingerprint FROM relaybox_event_keys x
+    WHERE x.digest = d.digest
     LIMIT 1
 ) e
+
+-- name: event_keys_old_rows
+-- Inbox rows stored under event keys $1-$3 (source, account, event_id) before the
+-- keys table existed, whose key the backfill may not have copied yet: the store
+-- copies them before an accept while Store.keys_backfill has not finished, or when
+-- the inbox's old UNIQUE event key (kept until then) refused a row.
+SELECT i.id, i.source, i.account, i.event_id, i.fingerprint, i.received_at
+FROM unnest($1::text[], $2::text[], $3::text[]) AS k(source, account, event_id)
+CROSS JOIN LATERAL (
+    SELECT r.id, r.source, r.account, r.event_id, r.fingerprint, r.received_at
+    FROM relaybox_inbox r
+    WHERE r.source = k.source AND r.account = k.account AND r.event_id = k.event_id
+    LIMIT 1
+) i
+
+-- name: event_keys_insert
+-- Keys of stored inbox rows (the backfill, and the copy of old rows' keys before an
+-- accept): (inbox id, scope, first day, digest, fingerprint digest); a key that exists
+-- is left alone. Returns how many were new.
+WITH k AS (
+    INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::bytea[], $5::bytea[])
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) AS n FROM k
 
 -- name: subject_index
 -- One row indexed under a subject digest (relaybox_subjects), in the caller's
@@ -35,13 +76,23 @@ CROSS JOIN LATERAL (
 INSERT INTO relaybox_subjects (digest, kind, ref) VALUES ($1, $2, $3)
 ON CONFLICT DO NOTHING
 
+-- name: quarantine_lock
+-- Taken before quarantine_insert, until the transaction ends: two conflicting
+-- deliveries of one event key quarantined at once are stored one after the other.
+SELECT pg_advisory_xact_lock(7204, hashtext($1 || chr(10) || $2 || chr(10) || $3))
+
 -- name: quarantine_insert
--- The newcomer is stored once per distinct content; the original row is not touched.
+-- The newcomer is stored once per distinct content of its event key (quarantine_lock
+-- held); the original row is not touched. Its inbox_id is the original row's, as the
+-- event key remembers it, also when that row is gone (its history dropped).
 INSERT INTO relaybox_quarantine
     (inbox_id, source, account, event_id, event_type, tenant, fingerprint, payload,
      headers, received_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-ON CONFLICT (inbox_id, fingerprint) DO NOTHING
+SELECT $1::bigint, $2, $3, $4, $5, $6, $7, $8, $9, $10
+WHERE NOT EXISTS (
+    SELECT 1 FROM relaybox_quarantine q
+    WHERE q.source = $2 AND q.event_id = $4 AND q.account = $3 AND q.fingerprint = $7)
+ON CONFLICT DO NOTHING
 
 -- name: notify_inbox
 -- One notification per committed batch, not per row (NOTIFY serialises commits).
@@ -146,54 +197,71 @@ FROM relaybox_inbox GROUP BY status, dead_reason
 SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL
 
 -- name: inbox_accept_fast
--- The group-commit fast path: one autocommit statement inserts the whole batch, commits
--- it (one round trip, one fsync, synchronous_commit unchanged) and returns, with
--- inserted = true, each new row's id and stored fingerprint, and with inserted = false
--- the rows that existed before the statement began (duplicates and conflicts, compared
--- with their fingerprint). The outer SELECT does not see the rows ins inserts (one
--- snapshot per statement). A key in neither set was committed by a concurrent inserter
--- after that snapshot (ON CONFLICT waited for it): inbox_existing resolves it.
+-- The group-commit fast path: one autocommit statement decides, inserts and commits
+-- the whole batch (one round trip, one fsync, synchronous_commit unchanged). The event
+-- keys table decides who is first: each key's first delivery in the batch (f, in
+-- batch order, which the store sorts by key: two batches insert shared keys in one
+-- order) gets its inbox id from the sequence, its key inserted with ON CONFLICT DO NOTHING, and only the keys
+-- inserted get their inbox row. Rows come back with inserted = true for the new keys
+-- (their inbox id and fingerprint digest) and inserted = false for the keys that
+-- existed before the statement began (duplicates and conflicts, compared with the
+-- stored fingerprint digest, whether or not their inbox row still exists). The outer
+-- SELECT does not see the rows k inserts (one snapshot per statement). A key in
+-- neither set was committed by a concurrent inserter after that snapshot (ON
+-- CONFLICT waited for it): event_keys_get resolves it. The inbox insert has no ON
+-- CONFLICT: while the old UNIQUE event key of the inbox still exists, an old row whose
+-- key the backfill has not copied yet fails the statement (unique_violation), and
+-- the store copies those keys (event_keys_adopt) and runs it again.
 -- The workers are woken after this COMMIT (Store.wake), not by a NOTIFY in it.
 -- A row with a hold ($12, NewDelivery.held_until) goes to this process's worker from
 -- here: it goes in with its first attempt counted and started at $13, held back from
 -- every claimer until then, as a claim that started it would leave it.
+-- $15: key digests, $16: fingerprint digests, $17: scopes (relaybox.store.keys).
 WITH u AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
-                         $11::double precision[], $12::double precision[], $14::text[])
+                         $11::double precision[], $12::double precision[], $14::text[],
+                         $15::bytea[], $16::bytea[], $17::bigint[]) WITH ORDINALITY
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-              version, status, received_at, held_until, traceparent)
+              version, status, received_at, held_until, traceparent, digest, kfp, scope, n)
+), d AS MATERIALIZED (
+    SELECT DISTINCT ON (u.digest) u.* FROM u ORDER BY u.digest, u.n
+), f AS MATERIALIZED (
+    -- ids in batch order (nextval runs after the sort): as the batch came, by key
+    SELECT d.*, nextval('relaybox_inbox_id_seq') AS id FROM d ORDER BY d.n
+), k AS (
+    INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
+    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest, f.kfp FROM f
+    ON CONFLICT DO NOTHING
+    RETURNING digest
 ), ins AS (
     INSERT INTO relaybox_inbox
-        (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
+        (id, source, account, event_id, event_type, tenant, fingerprint, payload, headers,
          version, status, attempts, next_attempt_at, started_at, received_at, updated_at,
          traceparent)
-    SELECT u.source, u.account, u.event_id, u.event_type, u.tenant, u.fingerprint, u.payload,
-           u.headers, u.version, u.status,
-           CASE WHEN u.held_until IS NULL THEN 0 ELSE 1 END, coalesce(u.held_until, $13),
-           CASE WHEN u.held_until IS NOT NULL THEN $13 END, u.received_at, $13, u.traceparent
-    FROM u
-    ON CONFLICT (source, account, event_id) DO NOTHING
-    RETURNING id, source, account, event_id, fingerprint
+    SELECT f.id, f.source, f.account, f.event_id, f.event_type, f.tenant, f.fingerprint,
+           f.payload, f.headers, f.version, f.status,
+           CASE WHEN f.held_until IS NULL THEN 0 ELSE 1 END, coalesce(f.held_until, $13),
+           CASE WHEN f.held_until IS NOT NULL THEN $13 END, f.received_at, $13, f.traceparent
+    FROM f JOIN k USING (digest)
 )
-SELECT id, source, account, event_id, fingerprint, true AS inserted
-FROM ins
+SELECT f.id, f.source, f.account, f.event_id, f.kfp AS fingerprint, true AS inserted
+FROM f JOIN k USING (digest)
 UNION ALL
--- One probe of the event key per key, whatever the statistics say. A plain join was
--- planned as a sequential scan + hash join while the table looked empty, and the
--- cached generic plan kept scanning every row (8 ms a batch at 19k rows); LIMIT keeps
--- the lookup a per-key subquery, and since 0007 the event key is the only index it
--- can use (tests/test_store.py checks the plan on an empty table).
-SELECT e.id, k.source, k.account, k.event_id, e.fingerprint, false
-FROM (SELECT DISTINCT source, account, event_id FROM u) k
+-- One probe of the key's primary key per key, whatever the statistics say: LIMIT
+-- keeps the lookup a per-key subquery (a plain join was planned as a sequential scan
+-- + hash join while the table looked empty, and the cached generic plan kept scanning
+-- every row; tests/store/test_plans.py checks the plan on an empty table).
+SELECT e.inbox_id, f.source, f.account, f.event_id, e.fingerprint, false
+FROM f
 CROSS JOIN LATERAL (
-    SELECT i.id, i.fingerprint FROM relaybox_inbox i
-    WHERE i.source = k.source AND i.account = k.account AND i.event_id = k.event_id
+    SELECT x.inbox_id, x.fingerprint FROM relaybox_event_keys x
+    WHERE x.digest = f.digest
     LIMIT 1
 ) e
 
 -- name: inbox_accept_fast_subjects
--- inbox_accept_fast for a batch with subjects ($15: each delivery's subject digest or
+-- inbox_accept_fast for a batch with subjects ($18: each delivery's subject digest or
 -- NULL, NewDelivery.subject): the new rows are indexed under them in the same
 -- statement, so in the same commit (an erasure finds every row that was acknowledged).
 -- Batches without one run inbox_accept_fast: the accept pays nothing when no source
@@ -202,41 +270,47 @@ WITH u AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
                          $11::double precision[], $12::double precision[], $14::text[],
-                         $15::bytea[])
+                         $15::bytea[], $16::bytea[], $17::bigint[], $18::bytea[])
+                  WITH ORDINALITY
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-              version, status, received_at, held_until, traceparent, subject)
+              version, status, received_at, held_until, traceparent, digest, kfp, scope,
+              subject, n)
+), d AS MATERIALIZED (
+    SELECT DISTINCT ON (u.digest) u.* FROM u ORDER BY u.digest, u.n
+), f AS MATERIALIZED (
+    -- ids in batch order (nextval runs after the sort): as the batch came, by key
+    SELECT d.*, nextval('relaybox_inbox_id_seq') AS id FROM d ORDER BY d.n
+), k AS (
+    INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
+    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest, f.kfp FROM f
+    ON CONFLICT DO NOTHING
+    RETURNING digest
 ), ins AS (
     INSERT INTO relaybox_inbox
-        (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
+        (id, source, account, event_id, event_type, tenant, fingerprint, payload, headers,
          version, status, attempts, next_attempt_at, started_at, received_at, updated_at,
          traceparent)
-    SELECT u.source, u.account, u.event_id, u.event_type, u.tenant, u.fingerprint, u.payload,
-           u.headers, u.version, u.status,
-           CASE WHEN u.held_until IS NULL THEN 0 ELSE 1 END, coalesce(u.held_until, $13),
-           CASE WHEN u.held_until IS NOT NULL THEN $13 END, u.received_at, $13, u.traceparent
-    FROM u
-    ON CONFLICT (source, account, event_id) DO NOTHING
-    RETURNING id, source, account, event_id, fingerprint
+    SELECT f.id, f.source, f.account, f.event_id, f.event_type, f.tenant, f.fingerprint,
+           f.payload, f.headers, f.version, f.status,
+           CASE WHEN f.held_until IS NULL THEN 0 ELSE 1 END, coalesce(f.held_until, $13),
+           CASE WHEN f.held_until IS NOT NULL THEN $13 END, f.received_at, $13, f.traceparent
+    FROM f JOIN k USING (digest)
 ), idx AS (
     INSERT INTO relaybox_subjects (digest, kind, ref)
-    SELECT DISTINCT u.subject, 'inbox', ins.id::text
-    FROM ins JOIN u USING (source, account, event_id)
-    WHERE u.subject IS NOT NULL
+    SELECT DISTINCT f.subject, 'inbox', f.id::text
+    FROM f JOIN k USING (digest)
+    WHERE f.subject IS NOT NULL
     ON CONFLICT DO NOTHING
 )
-SELECT id, source, account, event_id, fingerprint, true AS inserted
-FROM ins
+SELECT f.id, f.source, f.account, f.event_id, f.kfp AS fingerprint, true AS inserted
+FROM f JOIN k USING (digest)
 UNION ALL
--- One probe of the event key per key, whatever the statistics say. A plain join was
--- planned as a sequential scan + hash join while the table looked empty, and the
--- cached generic plan kept scanning every row (8 ms a batch at 19k rows); LIMIT keeps
--- the lookup a per-key subquery, and since 0007 the event key is the only index it
--- can use (tests/test_store.py checks the plan on an empty table).
-SELECT e.id, k.source, k.account, k.event_id, e.fingerprint, false
-FROM (SELECT DISTINCT source, account, event_id FROM u) k
+-- One probe of the key's primary key per key (see inbox_accept_fast).
+SELECT e.inbox_id, f.source, f.account, f.event_id, e.fingerprint, false
+FROM f
 CROSS JOIN LATERAL (
-    SELECT i.id, i.fingerprint FROM relaybox_inbox i
-    WHERE i.source = k.source AND i.account = k.account AND i.event_id = k.event_id
+    SELECT x.inbox_id, x.fingerprint FROM relaybox_event_keys x
+    WHERE x.digest = f.digest
     LIMIT 1
 ) e
 

@@ -2,7 +2,9 @@
 -- one batch of a subject's rows (by digest through relaybox_subjects) or a tenant's
 -- (by the tenant column of relaybox_messages) and returns their ids: payload and
 -- headers become NULL (JSON null where the column is NOT NULL), erased_at and
--- purged_at are set; keys, fingerprints, statuses, attempts and errors stay.
+-- purged_at are set; error text (last_error, each attempt's error: an exception may
+-- quote the payload) becomes '(erased)'; keys, fingerprints, statuses, dead-letter
+-- reasons (codes), attempt counts and outcomes stay.
 -- Pending rows are left to a later run (they are still needed); rows another
 -- transaction holds right now (SKIP LOCKED) too. A batch is a MATERIALIZED CTE, run
 -- once (see ops_purge_inbox).
@@ -16,7 +18,8 @@ WITH batch AS MATERIALIZED (
     LIMIT $3
     FOR NO KEY UPDATE OF i SKIP LOCKED)
 UPDATE relaybox_inbox t
-SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(t.purged_at, $2),
+    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
 FROM batch
 WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
 RETURNING t.id
@@ -48,7 +51,8 @@ WITH batch AS MATERIALIZED (
     LIMIT $3
     FOR NO KEY UPDATE OF o SKIP LOCKED)
 UPDATE relaybox_outbox t
-SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2),
+    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
 FROM batch
 WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
 RETURNING t.id
@@ -64,7 +68,8 @@ WITH batch AS MATERIALIZED (
     LIMIT $3
     FOR NO KEY UPDATE OF o SKIP LOCKED)
 UPDATE relaybox_outbox t
-SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2),
+    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
 FROM batch
 WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
 RETURNING t.id
@@ -81,16 +86,30 @@ WITH batch AS MATERIALIZED (
     WHERE m.tenant = $1 AND m.erased_at IS NULL
     LIMIT $3)
 UPDATE relaybox_outbox t
-SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2),
+    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
 FROM batch
 WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
 RETURNING t.id
 
 -- name: erase_attempts
 -- What the receivers answered to the deliveries just erased ($1: their ids): response
--- excerpt and headers. Outcome, status code, error and timing stay.
-UPDATE relaybox_outbox_attempts SET response = NULL, headers = NULL
-WHERE outbox_id = ANY($1::bigint[]) AND (response IS NOT NULL OR headers IS NOT NULL)
+-- excerpt and headers, and the attempt's error text (a channel's error may quote the
+-- payload). Outcome, status code and timing stay.
+UPDATE relaybox_outbox_attempts
+SET response = NULL, headers = NULL,
+    error = CASE WHEN error IS NOT NULL THEN '(erased)' END
+WHERE outbox_id = ANY($1::bigint[])
+  AND (response IS NOT NULL OR headers IS NOT NULL
+       OR (error IS NOT NULL AND error <> '(erased)'))
+RETURNING id
+
+-- name: erase_inbox_attempts
+-- The error text of the handler attempts of the inbox rows just erased ($1: their
+-- ids): an exception's message may quote the payload. Outcome, worker and timing stay.
+UPDATE relaybox_inbox_attempts SET error = '(erased)'
+WHERE inbox_id = ANY($1::bigint[])
+  AND error IS NOT NULL AND error <> '(erased)'
 RETURNING id
 
 -- name: erase_messages_subject
@@ -156,7 +175,8 @@ RETURNING id
 -- Rows one batch erased, added to the erasure's counts in the batch's transaction.
 UPDATE relaybox_erasures
 SET inbox = inbox + $2, quarantine = quarantine + $3, outbox = outbox + $4,
-    attempts = attempts + $5, messages = messages + $6, updated_at = $7
+    attempts = attempts + $5, messages = messages + $6,
+    inbox_attempts = inbox_attempts + $7, updated_at = $8
 WHERE id = $1
 
 -- name: erasure_settle
@@ -168,13 +188,38 @@ WHERE id = $1
 
 -- name: erasure_get
 SELECT id, actor, reason, scope, digest, tenant, created_at, updated_at, finished_at,
-       waiting, inbox, quarantine, outbox, attempts, messages
+       waiting, inbox, quarantine, outbox, attempts, messages, inbox_attempts
 FROM relaybox_erasures WHERE id = $1
 
 -- name: erasure_list
 SELECT id, actor, reason, scope, digest, tenant, created_at, updated_at, finished_at,
-       waiting, inbox, quarantine, outbox, attempts, messages
+       waiting, inbox, quarantine, outbox, attempts, messages, inbox_attempts
 FROM relaybox_erasures ORDER BY id DESC LIMIT $1
 
 -- name: erasure_open_ids
 SELECT id FROM relaybox_erasures WHERE finished_at IS NULL ORDER BY id LIMIT $1
+
+-- name: subject_inherit_inbox
+-- An operational event's message ($1) about inbox row $2 (relaybox.inbox.dead, whose
+-- error may quote the payload): indexed under every digest of that row.
+INSERT INTO relaybox_subjects (digest, kind, ref)
+SELECT DISTINCT digest, 'message', $1 FROM relaybox_subjects
+WHERE ref = $2::text AND kind = 'inbox'
+ON CONFLICT DO NOTHING
+
+-- name: subject_inherit_outbox
+-- An operational event's message ($1) about outbox row $2 (its last error): indexed
+-- under every digest of the row's message, or of the inbox row whose handler added it
+-- (two probes of the ref index, one each).
+INSERT INTO relaybox_subjects (digest, kind, ref)
+SELECT DISTINCT d.digest, 'message', $1 FROM (
+    SELECT s.digest FROM relaybox_outbox o
+    JOIN relaybox_subjects s ON s.ref = o.message_id AND s.kind = 'message'
+    WHERE o.id = $2
+    UNION ALL
+    SELECT s.digest FROM relaybox_outbox o
+    JOIN relaybox_subjects s ON s.ref = o.inbox_id::text AND s.kind = 'inbox'
+    WHERE o.id = $2
+) d
+WHERE true  -- (SQLite: an upsert's SELECT needs a WHERE)
+ON CONFLICT DO NOTHING

@@ -67,11 +67,13 @@ SELECT id, received_at, resolved_at, resolution
 FROM relaybox_quarantine WHERE inbox_id = $1 ORDER BY id
 
 -- name: ops_quarantine_list
+-- The original's columns are NULL when its row is gone (its history dropped): its
+-- inbox_id is then the id it had.
 -- $2: NULL any, true resolved only, false open only.
 SELECT q.id, q.inbox_id, q.source, q.account, q.event_id, q.event_type, q.tenant,
        q.received_at, q.resolved_at, q.resolution, q.resolved_by, q.resolution_reason,
        i.status AS original_status
-FROM relaybox_quarantine q JOIN relaybox_inbox i ON i.id = q.inbox_id
+FROM relaybox_quarantine q LEFT JOIN relaybox_inbox i ON i.id = q.inbox_id
 WHERE ($1::text IS NULL OR q.source = $1)
   AND ($2::boolean IS NULL OR (q.resolved_at IS NOT NULL) = $2)
   AND ($3::bigint IS NULL OR q.id < $3)
@@ -86,7 +88,7 @@ SELECT q.id, q.inbox_id, q.source, q.account, q.event_id, q.event_type, q.tenant
        i.status AS original_status, i.event_type AS original_event_type,
        i.received_at AS original_received_at, i.payload AS original_payload,
        i.headers AS original_headers, i.purged_at AS original_purged_at
-FROM relaybox_quarantine q JOIN relaybox_inbox i ON i.id = q.inbox_id
+FROM relaybox_quarantine q LEFT JOIN relaybox_inbox i ON i.id = q.inbox_id
 WHERE q.id = $1
 
 -- name: ops_quarantine_resolve

@@ -59,11 +59,12 @@ DELETE FROM relaybox_endpoints WHERE id = $1 AND tenant = $2 RETURNING id
 
 -- name: publish_context
 -- What a publish reads, in one round trip (in the publisher's own transaction): the
--- catalog's schema of the event type $2 (a row with a NULL id, when it has one) and
--- the endpoints of tenant $1 it fans out to (id, event type patterns, payload
--- filter), by id.
-SELECT NULL::text AS id, NULL::text AS event_types, NULL::text AS payload_filter, schema
-FROM relaybox_event_types WHERE name = $2 AND schema IS NOT NULL AND schema <> ''
+-- catalog's schema and subject path of the event type $2 (a row with a NULL id and
+-- the path in the second column, when it has either) and the endpoints of tenant $1
+-- it fans out to (id, event type patterns, payload filter), by id.
+SELECT NULL::text AS id, subject AS event_types, NULL::text AS payload_filter, schema
+FROM relaybox_event_types
+WHERE name = $2 AND (schema IS NOT NULL AND schema <> '' OR subject IS NOT NULL)
 UNION ALL
 SELECT id, event_types, payload_filter, NULL FROM relaybox_endpoints
 WHERE tenant = $1 AND status = 'enabled'
@@ -148,19 +149,52 @@ SET max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit
 -- name: lane_delete
 DELETE FROM relaybox_lanes WHERE lane = $1
 
+-- name: message_key_insert
+-- A message's idempotency key ($1: its digest, $2: the tenant's scope, $3: the
+-- publish time, $4: the message id), in the publisher's transaction: the primary
+-- key decides which publish is first, whether or not the first message still exists.
+INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)
+VALUES ($2::bigint, floor($3::double precision / 86400)::integer, $1::bytea, $4::text)
+ON CONFLICT DO NOTHING
+RETURNING 1
+
 -- name: message_insert
--- The (tenant, idempotency_key) UNIQUE constraint decides which publish is first.
+-- After message_key_insert (when the message has a key): the message itself.
 INSERT INTO relaybox_messages
     (id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence,
      traceparent)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-ON CONFLICT (tenant, idempotency_key) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING id
 
+-- name: message_key_adopt
+-- message_insert inserted nothing after message_key_insert: the messages' old UNIQUE
+-- (tenant, idempotency_key) found a message stored before the keys table had its key
+-- ($1: the digest, $2, $3: tenant and key). The key names that message.
+UPDATE relaybox_message_keys SET message_id = (
+    SELECT m.id FROM relaybox_messages m WHERE m.tenant = $2 AND m.idempotency_key = $3)
+WHERE digest = $1
+  AND EXISTS (SELECT 1 FROM relaybox_messages m
+              WHERE m.tenant = $2 AND m.idempotency_key = $3)
+
 -- name: message_get_by_key
-SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
-FROM relaybox_messages
-WHERE tenant = $1 AND idempotency_key = $2
+-- The message published under an idempotency key ($1: its digest; $2, $3: the
+-- tenant and the key): the keys table names it, with the day it was first seen; its
+-- columns are NULL when the message row is gone (its history dropped). Until the
+-- backfill of message keys has finished, a message stored before the keys table
+-- existed is found by its old (tenant, idempotency_key) key.
+SELECT k.message_id AS id, m.tenant, m.event_type, m.idempotency_key, m.body,
+       m.created_at, m.ordering_key, m.sequence, k.first_seen
+FROM relaybox_message_keys k LEFT JOIN relaybox_messages m ON m.id = k.message_id
+WHERE k.digest = $1
+UNION ALL
+SELECT m.id, m.tenant, m.event_type, m.idempotency_key, m.body, m.created_at,
+       m.ordering_key, m.sequence, NULL
+FROM relaybox_messages m
+WHERE m.tenant = $2 AND m.idempotency_key = $3
+  AND NOT EXISTS (SELECT 1 FROM relaybox_keys_backfill b
+                  WHERE b.kind = 'message' AND b.finished_at IS NOT NULL)
+  AND NOT EXISTS (SELECT 1 FROM relaybox_message_keys k WHERE k.digest = $1)
 
 -- name: message_get
 SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
@@ -395,13 +429,14 @@ WHERE o.message_id = $1 AND ($2::text IS NULL OR o.tenant = $2)
 ORDER BY a.id
 
 -- name: event_type_upsert
-INSERT INTO relaybox_event_types (name, description, schema, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $4)
+INSERT INTO relaybox_event_types (name, description, schema, created_at, updated_at, subject)
+VALUES ($1, $2, $3, $4, $4, $5)
 ON CONFLICT (name) DO UPDATE
-SET description = excluded.description, schema = excluded.schema, updated_at = excluded.updated_at
+SET description = excluded.description, schema = excluded.schema, updated_at = excluded.updated_at,
+    subject = excluded.subject
 
 -- name: event_type_list
-SELECT name, description, schema FROM relaybox_event_types ORDER BY name
+SELECT name, description, schema, subject FROM relaybox_event_types ORDER BY name
 
 -- name: api_key_insert
 INSERT INTO relaybox_api_keys (id, tenant, name, key_hash, created_at) VALUES ($1, $2, $3, $4, $5)
@@ -419,7 +454,7 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 -- name: outbox_lease
 -- The whole lease in ONE autocommit statement (one round trip, no BEGIN/COMMIT); SQLite
 -- runs the same steps one by one (sqlite_outbound.sql: outbox_lease_lanes, allocate()
--- in store/outbox_rows.py, outbox_lease_rows, lane_mark, then delivery_messages,
+-- in store/dispatch_rows.py, outbox_lease_rows, lane_mark, then delivery_messages,
 -- endpoint_secrets_active, delivery_endpoints). $1 now, $2 free slots, $3 the
 -- dispatcher's channels, $4 owner, $5 lease end ($2 = 0: only record); $6..$14 the
 -- plain successes to record first (id, lease token, attempt, endpoint, started,
@@ -496,14 +531,18 @@ WITH u AS (
     INSERT INTO relaybox_outbox_attempts
         (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome,
          status_code, error, response, headers)
-    -- A fenced success's answer is not kept for a delivery erased meanwhile.
+    -- A fenced success's answer (and error text) is not kept for a delivery erased
+    -- meanwhile.
     SELECT u.id, u.attempt, u.token, $4, u.started, u.duration,
-           CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code, u.error,
-           CASE WHEN d.id IS NOT NULL OR NOT EXISTS (
-               SELECT 1 FROM relaybox_outbox x WHERE x.id = u.id AND x.erased_at IS NOT NULL)
+           CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code,
+           CASE WHEN u.error IS NULL OR d.id IS NOT NULL
+                     OR (SELECT x.erased_at FROM relaybox_outbox x WHERE x.id = u.id) IS NULL
+               THEN u.error ELSE '(erased)' END,
+           CASE WHEN d.id IS NOT NULL
+                     OR (SELECT x.erased_at FROM relaybox_outbox x WHERE x.id = u.id) IS NULL
                THEN u.response END,
-           CASE WHEN d.id IS NOT NULL OR NOT EXISTS (
-               SELECT 1 FROM relaybox_outbox x WHERE x.id = u.id AND x.erased_at IS NOT NULL)
+           CASE WHEN d.id IS NOT NULL
+                     OR (SELECT x.erased_at FROM relaybox_outbox x WHERE x.id = u.id) IS NULL
                THEN u.headers END
     FROM u LEFT JOIN done d ON d.id = u.id AND d.lease_token = u.token
     ORDER BY u.ord
@@ -724,21 +763,24 @@ RETURNING o.id, o.lease_token
 
 -- name: outbox_attempts_insert
 -- The attempt log of a recorded batch, one multi-row insert (array order = id order).
--- What the receiver answered is not kept for a delivery erased meanwhile (an attempt
--- recorded late, fenced, after an erasure emptied its row: relaybox.erasure).
+-- What the receiver answered, and the error text, is not kept for a delivery erased
+-- meanwhile (an attempt recorded late, fenced, after an erasure emptied its row:
+-- relaybox.erasure).
 INSERT INTO relaybox_outbox_attempts
     (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
      error, response, headers)
+-- The erased_at of each row is read by its primary key (a scalar subquery: a join was
+-- planned as a scan of the outbox on a table without statistics; tests/test_plans.py).
 SELECT a.id, a.attempt, a.token, a.dispatcher, a.started, a.duration, a.outcome, a.code,
-       a.error,
-       CASE WHEN a.response IS NULL OR o.erased_at IS NULL THEN a.response END,
-       CASE WHEN a.headers IS NULL OR o.erased_at IS NULL THEN a.headers END
-FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::double precision[],
-            $6::double precision[], $7::text[], $8::int[], $9::text[], $10::text[],
-            $11::text[])
-     WITH ORDINALITY AS a(id, attempt, token, dispatcher, started, duration, outcome, code,
-                          error, response, headers, ord)
-LEFT JOIN relaybox_outbox o ON o.id = a.id AND o.erased_at IS NOT NULL
+       CASE WHEN a.error IS NULL OR a.erased IS NULL THEN a.error ELSE '(erased)' END,
+       CASE WHEN a.response IS NULL OR a.erased IS NULL THEN a.response END,
+       CASE WHEN a.headers IS NULL OR a.erased IS NULL THEN a.headers END
+FROM (SELECT u.*, (SELECT o.erased_at FROM relaybox_outbox o WHERE o.id = u.id) AS erased
+      FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[], $5::double precision[],
+                  $6::double precision[], $7::text[], $8::int[], $9::text[], $10::text[],
+                  $11::text[])
+           WITH ORDINALITY AS u(id, attempt, token, dispatcher, started, duration, outcome,
+                                code, error, response, headers, ord)) a
 ORDER BY a.ord
 
 -- name: endpoints_succeeded

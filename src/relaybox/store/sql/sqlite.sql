@@ -7,18 +7,31 @@
 -- repeats the VALUES row (SQLiteStore.INSERT_ROWS at most). SQLite sets up a
 -- statement's cursors and its AUTOINCREMENT counter once per statement, so one
 -- statement per 32 rows took about half the CPU a row of one statement per row.
--- A row whose key exists (committed before, or earlier in the same statement) is
--- not inserted; RETURNING names the inserted rows by their key, in no set order.
+-- Only rows whose event key is not in relaybox_event_keys come here (the keys table
+-- decides); a row the inbox's own UNIQUE event key refuses (stored before the keys
+-- table had its key) is not inserted. RETURNING names the inserted rows by their key,
+-- in no set order.
 INSERT INTO relaybox_inbox
     (source, account, event_id, event_type, tenant, fingerprint, payload, headers,
      version, status, attempts, next_attempt_at, received_at, updated_at, traceparent)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?)
-ON CONFLICT (source, event_id, account) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING id, source, account, event_id
 
--- name: inbox_existing_one
-SELECT id, source, account, event_id, fingerprint FROM relaybox_inbox
+-- name: event_keys_get
+-- The stored keys among a batch's digests (the store repeats the placeholder).
+SELECT digest, inbox_id, fingerprint FROM relaybox_event_keys WHERE digest IN (?)
+
+-- name: event_keys_old_row
+-- The inbox row stored under an event key before the keys table had it.
+SELECT id, source, account, event_id, fingerprint, received_at FROM relaybox_inbox
 WHERE source = ? AND account = ? AND event_id = ?
+
+-- name: event_keys_insert_one
+-- One event key: digest, fingerprint digest, first day, scope, inbox id.
+INSERT INTO relaybox_event_keys (digest, fingerprint, first_seen, scope, inbox_id)
+VALUES (?, ?, ?, ?, ?)
+ON CONFLICT DO NOTHING
 
 -- name: subject_index
 -- One row indexed under a subject digest (relaybox_subjects), in the caller's
@@ -27,12 +40,16 @@ INSERT INTO relaybox_subjects (digest, kind, ref) VALUES (?, ?, ?)
 ON CONFLICT DO NOTHING
 
 -- name: quarantine_insert
--- The newcomer is stored once per distinct content; the original row is not touched.
+-- The newcomer is stored once per distinct content of its event key (one writer at a
+-- time: the check and the insert see the same rows); the original row is not touched.
 INSERT INTO relaybox_quarantine
     (inbox_id, source, account, event_id, event_type, tenant, fingerprint, payload,
      headers, received_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (inbox_id, fingerprint) DO NOTHING
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10
+WHERE NOT EXISTS (
+    SELECT 1 FROM relaybox_quarantine q
+    WHERE q.source = ?2 AND q.event_id = ?4 AND q.account = ?3 AND q.fingerprint = ?7)
+ON CONFLICT DO NOTHING
 
 -- name: inbox_get
 SELECT * FROM relaybox_inbox WHERE id = ?

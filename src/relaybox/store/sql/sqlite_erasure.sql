@@ -2,13 +2,16 @@
 -- one batch of a subject's rows (by digest through relaybox_subjects) or a tenant's
 -- (by the tenant column of relaybox_messages) and returns their ids: payload and
 -- headers become NULL (JSON null where the column is NOT NULL), erased_at and
--- purged_at are set; keys, fingerprints, statuses, attempts and errors stay.
+-- purged_at are set; error text (last_error, each attempt's error: an exception may
+-- quote the payload) becomes '(erased)'; keys, fingerprints, statuses, dead-letter
+-- reasons (codes), attempt counts and outcomes stay.
 -- Pending rows are left to a later run (they are still needed). No SKIP LOCKED:
 -- BEGIN IMMEDIATE makes each batch the only writer until its COMMIT.
 
 -- name: erase_inbox_subject
 UPDATE relaybox_inbox
-SET payload = NULL, headers = NULL, erased_at = ?2, purged_at = coalesce(purged_at, ?2)
+SET payload = NULL, headers = NULL, erased_at = ?2, purged_at = coalesce(purged_at, ?2),
+    last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
 WHERE id IN (SELECT i.id FROM relaybox_subjects s
              JOIN relaybox_inbox i ON i.id = CAST(s.ref AS INTEGER)
              WHERE s.digest = ?1 AND s.kind = 'inbox' AND i.erased_at IS NULL
@@ -34,7 +37,8 @@ RETURNING id
 -- name: erase_outbox_subject
 -- The deliveries of the subject's messages that are not pending (sent, dead, held).
 UPDATE relaybox_outbox
-SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2)
+SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2),
+    last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
 WHERE id IN (SELECT o.id FROM relaybox_subjects s
              JOIN relaybox_outbox o ON o.message_id = s.ref
              WHERE s.digest = ?1 AND s.kind = 'message' AND o.erased_at IS NULL
@@ -47,7 +51,8 @@ RETURNING id
 -- The rows handlers added to the outbox (ctx.outbox.add: an e-mail's address and text)
 -- while handling the subject's inbox events, once they are not pending.
 UPDATE relaybox_outbox
-SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2)
+SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2),
+    last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
 WHERE id IN (SELECT o.id FROM relaybox_subjects s
              JOIN relaybox_outbox o ON o.inbox_id = CAST(s.ref AS INTEGER)
              WHERE s.digest = ?1 AND s.kind = 'inbox' AND o.erased_at IS NULL
@@ -58,7 +63,8 @@ RETURNING id
 
 -- name: erase_outbox_tenant
 UPDATE relaybox_outbox
-SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2)
+SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2),
+    last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
 WHERE id IN (SELECT o.id FROM relaybox_messages m
              JOIN relaybox_outbox o ON o.message_id = m.id
              WHERE m.tenant = ?1 AND o.erased_at IS NULL AND o.status <> 'pending'
@@ -68,10 +74,22 @@ RETURNING id
 
 -- name: erase_attempts
 -- What the receivers answered to the deliveries just erased (?1: their ids): response
--- excerpt and headers. Outcome, status code, error and timing stay.
-UPDATE relaybox_outbox_attempts SET response = NULL, headers = NULL
+-- excerpt and headers, and the attempt's error text (a channel's error may quote the
+-- payload). Outcome, status code and timing stay.
+UPDATE relaybox_outbox_attempts
+SET response = NULL, headers = NULL,
+    error = CASE WHEN error IS NOT NULL THEN '(erased)' END
 WHERE outbox_id IN (SELECT value FROM json_each(?1))
-  AND (response IS NOT NULL OR headers IS NOT NULL)
+  AND (response IS NOT NULL OR headers IS NOT NULL
+       OR (error IS NOT NULL AND error <> '(erased)'))
+RETURNING id
+
+-- name: erase_inbox_attempts
+-- The error text of the handler attempts of the inbox rows just erased (?1: their
+-- ids): an exception's message may quote the payload. Outcome, worker and timing stay.
+UPDATE relaybox_inbox_attempts SET error = '(erased)'
+WHERE inbox_id IN (SELECT value FROM json_each(?1))
+  AND error IS NOT NULL AND error <> '(erased)'
 RETURNING id
 
 -- name: erase_messages_subject
@@ -131,7 +149,8 @@ RETURNING id
 -- Rows one batch erased, added to the erasure's counts in the batch's transaction.
 UPDATE relaybox_erasures
 SET inbox = inbox + ?2, quarantine = quarantine + ?3, outbox = outbox + ?4,
-    attempts = attempts + ?5, messages = messages + ?6, updated_at = ?7
+    attempts = attempts + ?5, messages = messages + ?6,
+    inbox_attempts = inbox_attempts + ?7, updated_at = ?8
 WHERE id = ?1
 
 -- name: erasure_settle
@@ -143,13 +162,38 @@ WHERE id = ?1
 
 -- name: erasure_get
 SELECT id, actor, reason, scope, digest, tenant, created_at, updated_at, finished_at,
-       waiting, inbox, quarantine, outbox, attempts, messages
+       waiting, inbox, quarantine, outbox, attempts, messages, inbox_attempts
 FROM relaybox_erasures WHERE id = ?1
 
 -- name: erasure_list
 SELECT id, actor, reason, scope, digest, tenant, created_at, updated_at, finished_at,
-       waiting, inbox, quarantine, outbox, attempts, messages
+       waiting, inbox, quarantine, outbox, attempts, messages, inbox_attempts
 FROM relaybox_erasures ORDER BY id DESC LIMIT ?1
 
 -- name: erasure_open_ids
 SELECT id FROM relaybox_erasures WHERE finished_at IS NULL ORDER BY id LIMIT ?1
+
+-- name: subject_inherit_inbox
+-- An operational event's message (?1) about inbox row ?2 (relaybox.inbox.dead, whose
+-- error may quote the payload): indexed under every digest of that row.
+INSERT INTO relaybox_subjects (digest, kind, ref)
+SELECT DISTINCT digest, 'message', ?1 FROM relaybox_subjects
+WHERE ref = CAST(?2 AS TEXT) AND kind = 'inbox'
+ON CONFLICT DO NOTHING
+
+-- name: subject_inherit_outbox
+-- An operational event's message (?1) about outbox row ?2 (its last error): indexed
+-- under every digest of the row's message, or of the inbox row whose handler added it
+-- (two probes of the ref index, one each).
+INSERT INTO relaybox_subjects (digest, kind, ref)
+SELECT DISTINCT d.digest, 'message', ?1 FROM (
+    SELECT s.digest FROM relaybox_outbox o
+    JOIN relaybox_subjects s ON s.ref = o.message_id AND s.kind = 'message'
+    WHERE o.id = ?2
+    UNION ALL
+    SELECT s.digest FROM relaybox_outbox o
+    JOIN relaybox_subjects s ON s.ref = CAST(o.inbox_id AS TEXT) AND s.kind = 'inbox'
+    WHERE o.id = ?2
+) d
+WHERE true  -- (SQLite: an upsert's SELECT needs a WHERE)
+ON CONFLICT DO NOTHING

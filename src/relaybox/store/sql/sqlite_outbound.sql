@@ -52,11 +52,13 @@ LIMIT ?2
 DELETE FROM relaybox_endpoints WHERE id = ?1 AND tenant = ?2 RETURNING id
 
 -- name: publish_context
--- What a publish reads, in one statement: the catalog's schema of the event type ?2
--- (a row with a NULL id, when it has one) and the endpoints of tenant ?1 it fans out
--- to (id, event type patterns, payload filter), by id.
-SELECT NULL AS id, NULL AS event_types, NULL AS payload_filter, schema
-FROM relaybox_event_types WHERE name = ?2 AND schema IS NOT NULL AND schema <> ''
+-- What a publish reads, in one statement: the catalog's schema and subject path of
+-- the event type ?2 (a row with a NULL id and the path in the second column, when it
+-- has either) and the endpoints of tenant ?1 it fans out to (id, event type
+-- patterns, payload filter), by id.
+SELECT NULL AS id, subject AS event_types, NULL AS payload_filter, schema
+FROM relaybox_event_types
+WHERE name = ?2 AND (schema IS NOT NULL AND schema <> '' OR subject IS NOT NULL)
 UNION ALL
 SELECT id, event_types, payload_filter, NULL FROM relaybox_endpoints
 WHERE tenant = ?1 AND status = 'enabled'
@@ -135,18 +137,52 @@ SET max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit
 -- name: lane_delete
 DELETE FROM relaybox_lanes WHERE lane = ?1
 
+-- name: message_key_insert
+-- A message's idempotency key (?1: its digest, ?2: the tenant's scope, ?3: the
+-- publish time, ?4: the message id), in the publisher's transaction: the primary
+-- key decides which publish is first, whether or not the first message still exists.
+INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)
+VALUES (?2, CAST(?3 / 86400 AS INTEGER), ?1, ?4)
+ON CONFLICT DO NOTHING
+RETURNING 1
+
 -- name: message_insert
+-- After message_key_insert (when the message has a key): the message itself.
 INSERT INTO relaybox_messages
     (id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence,
      traceparent)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-ON CONFLICT (tenant, idempotency_key) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING id
 
+-- name: message_key_adopt
+-- message_insert inserted nothing after message_key_insert: the messages' old UNIQUE
+-- (tenant, idempotency_key) found a message stored before the keys table had its key
+-- (?1: the digest, ?2, ?3: tenant and key). The key names that message.
+UPDATE relaybox_message_keys SET message_id = (
+    SELECT m.id FROM relaybox_messages m WHERE m.tenant = ?2 AND m.idempotency_key = ?3)
+WHERE digest = ?1
+  AND EXISTS (SELECT 1 FROM relaybox_messages m
+              WHERE m.tenant = ?2 AND m.idempotency_key = ?3)
+
 -- name: message_get_by_key
-SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
-FROM relaybox_messages
-WHERE tenant = ?1 AND idempotency_key = ?2
+-- The message published under an idempotency key (?1: its digest; ?2, ?3: the
+-- tenant and the key): the keys table names it, with the day it was first seen; its
+-- columns are NULL when the message row is gone (its history dropped). Until the
+-- backfill of message keys has finished, a message stored before the keys table
+-- existed is found by its old (tenant, idempotency_key) key.
+SELECT k.message_id AS id, m.tenant, m.event_type, m.idempotency_key, m.body,
+       m.created_at, m.ordering_key, m.sequence, k.first_seen
+FROM relaybox_message_keys k LEFT JOIN relaybox_messages m ON m.id = k.message_id
+WHERE k.digest = ?1
+UNION ALL
+SELECT m.id, m.tenant, m.event_type, m.idempotency_key, m.body, m.created_at,
+       m.ordering_key, m.sequence, NULL
+FROM relaybox_messages m
+WHERE m.tenant = ?2 AND m.idempotency_key = ?3
+  AND NOT EXISTS (SELECT 1 FROM relaybox_keys_backfill b
+                  WHERE b.kind = 'message' AND b.finished_at IS NOT NULL)
+  AND NOT EXISTS (SELECT 1 FROM relaybox_message_keys k WHERE k.digest = ?1)
 
 -- name: message_get
 SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence
@@ -303,13 +339,14 @@ WHERE o.message_id = ?1 AND (?2 IS NULL OR o.tenant = ?2)
 ORDER BY a.id
 
 -- name: event_type_upsert
-INSERT INTO relaybox_event_types (name, description, schema, created_at, updated_at)
-VALUES (?1, ?2, ?3, ?4, ?4)
+INSERT INTO relaybox_event_types (name, description, schema, created_at, updated_at, subject)
+VALUES (?1, ?2, ?3, ?4, ?4, ?5)
 ON CONFLICT (name) DO UPDATE
-SET description = excluded.description, schema = excluded.schema, updated_at = excluded.updated_at
+SET description = excluded.description, schema = excluded.schema, updated_at = excluded.updated_at,
+    subject = excluded.subject
 
 -- name: event_type_list
-SELECT name, description, schema FROM relaybox_event_types ORDER BY name
+SELECT name, description, schema, subject FROM relaybox_event_types ORDER BY name
 
 -- name: api_key_insert
 INSERT INTO relaybox_api_keys (id, tenant, name, key_hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5)
@@ -440,15 +477,18 @@ RETURNING id, lease_token
 
 -- name: outbox_attempts_insert
 -- Element i of each array by its position, as in outbox_record (linear in the batch).
--- What the receiver answered is not kept for a delivery erased meanwhile (an attempt
--- recorded late, fenced, after an erasure emptied its row: relaybox.erasure).
+-- What the receiver answered, and the error text, is not kept for a delivery erased
+-- meanwhile (an attempt recorded late, fenced, after an erasure emptied its row:
+-- relaybox.erasure).
 INSERT INTO relaybox_outbox_attempts
     (outbox_id, attempt, lease_token, dispatcher, started_at, duration, outcome, status_code,
      error, response, headers)
 SELECT i.value, json_extract(?2, '$[' || i.key || ']'), json_extract(?3, '$[' || i.key || ']'),
        json_extract(?4, '$[' || i.key || ']'), json_extract(?5, '$[' || i.key || ']'),
        json_extract(?6, '$[' || i.key || ']'), json_extract(?7, '$[' || i.key || ']'),
-       json_extract(?8, '$[' || i.key || ']'), json_extract(?9, '$[' || i.key || ']'),
+       json_extract(?8, '$[' || i.key || ']'),
+       CASE WHEN o.id IS NULL OR json_extract(?9, '$[' || i.key || ']') IS NULL
+            THEN json_extract(?9, '$[' || i.key || ']') ELSE '(erased)' END,
        CASE WHEN o.id IS NULL THEN json_extract(?10, '$[' || i.key || ']') END,
        CASE WHEN o.id IS NULL THEN json_extract(?11, '$[' || i.key || ']') END
 FROM json_each(?1) AS i

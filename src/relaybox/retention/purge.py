@@ -27,6 +27,11 @@ The sending side has its own age (``retention.outbox_payload_max_age``):
 A purged delivery is never sent again: redeliver and recover skip it, and the admin
 API answers 409 ``payload_purged`` for a purged message.
 
+A tenant or a source may have ages of its own (:mod:`relaybox.retention.policy`: the
+configuration's ``[retention.tenants.ID]`` and ``[retention.sources.NAME]``, and each
+tenant's policy set through the admin API): every row is purged at its own age, in
+passes whose number the distinct ages set, not the number of tenants.
+
 The scheduled job (:class:`Maintenance`) also drops the rows of portal tokens ended
 early (logouts, opened single-use links) once those tokens have expired anyway, and
 replay-missing jobs that ended ``retention.outbox_payload_max_age`` ago, and
@@ -51,6 +56,13 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from relaybox.erasure import resume_waiting
+from relaybox.retention.policy import (
+    PurgePass,
+    RetentionPolicies,
+    ScanMarks,
+    load_policies,
+    plan,
+)
 from relaybox.store.history import PurgeTable
 
 if TYPE_CHECKING:
@@ -60,19 +72,25 @@ if TYPE_CHECKING:
 __all__ = [
     "Maintenance",
     "PurgeResult",
+    "backfill_keys",
+    "count_candidates",
     "cutoffs",
     "maintenance_lock",
-    "outbox_purge_candidates",
     "purge",
-    "purge_candidates",
 ]
+
+TABLES: tuple[PurgeTable, ...] = ("inbox", "quarantine", "outbox", "messages")
+"""What a purge empties, in its order: a message's body goes once its deliveries'
+payloads went."""
 
 log = structlog.get_logger("relaybox.retention")
 
 
 @dataclass(frozen=True)
 class PurgeResult:
-    """What one purge did (or, with ``dry_run``, would do)."""
+    """What one purge did (or, with ``dry_run``, would do). ``cutoff`` and
+    ``outbox_cutoff`` are the global ones; ``passes``: how many passes the purge
+    made over the tables (four without ages per tenant or source)."""
 
     cutoff: float
     inbox: int
@@ -81,32 +99,52 @@ class PurgeResult:
     outbox_cutoff: float | None = None
     outbox: int = 0
     messages: int = 0
+    passes: int = 4
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-async def purge_candidates(box: Runtime, cutoff: float) -> tuple[int, int]:
-    """(inbox rows, quarantine entries) whose payload a purge at ``cutoff`` drops."""
-    store = box.store
-    return (
-        await store.retention_count("inbox", cutoff),
-        await store.retention_count("quarantine", cutoff),
-    )
+async def _policies(box: Runtime, older_than: float | None) -> RetentionPolicies:
+    settings = box.settings.retention
+    if older_than is not None:
+        if older_than < 0:
+            raise ValueError("older_than must not be negative")
+        return RetentionPolicies(older_than, older_than)
+    return await load_policies(box.store, settings)
 
 
-async def outbox_purge_candidates(box: Runtime, cutoff: float) -> tuple[int, int]:
-    """(deliveries, messages) whose payload or body a purge at ``cutoff`` drops."""
+async def count_candidates(
+    box: Runtime, *, older_than: float | None = None
+) -> dict[PurgeTable, int]:
+    """What a purge now would drop, per table (``inbox``, ``quarantine``, ``outbox``,
+    ``messages``): each row counted once, at its own age (or ``older_than`` for all).
+    One grouped count per table and distinct age."""
+    return await _count(box, await _policies(box, older_than))
+
+
+async def _count(box: Runtime, policies: RetentionPolicies) -> dict[PurgeTable, int]:
+    now = box.clock.now()
     store = box.store
-    return (
-        await store.retention_count("outbox", cutoff),
-        await store.retention_count("messages", cutoff),
-    )
+    totals: dict[PurgeTable, int] = dict.fromkeys(TABLES, 0)
+    for table in TABLES:
+        if not policies.scoped:
+            totals[table] = await store.retention_count(table, now - policies.ages(table).pop())
+            continue
+        for age in sorted(policies.ages(table)):
+            groups = await store.retention_count_groups(table, now - age)
+            totals[table] += sum(
+                n
+                for (tenant, source), n in groups.items()
+                if policies.age_of(table, tenant, source) == age
+            )
+    return totals
 
 
 def cutoffs(box: Runtime, older_than: float | None = None) -> tuple[float, float]:
-    """(inbox and quarantine, outbox and messages) cutoffs of a purge now: each side's
-    setting, or ``older_than`` for both."""
+    """(inbox and quarantine, outbox and messages) global cutoffs of a purge now: each
+    side's setting, or ``older_than`` for both. Tenants and sources with ages of their
+    own have cutoffs of their own (:func:`relaybox.retention.policy.plan`)."""
     settings = box.settings.retention
     if older_than is not None and older_than < 0:
         raise ValueError("older_than must not be negative")
@@ -116,6 +154,66 @@ def cutoffs(box: Runtime, older_than: float | None = None) -> tuple[float, float
     return now - settings.payload_max_age, now - settings.outbox_payload_max_age
 
 
+async def _run_pass(
+    store: Store,
+    step: PurgePass,
+    policies: RetentionPolicies,
+    *,
+    now: float,
+    size: int,
+    progress: Callable[[int], None] | None,
+    marks: ScanMarks | None = None,
+) -> int:
+    """Run one pass to its end; how many rows it purged."""
+    total = 0
+
+    def tick(n: int) -> None:
+        nonlocal total
+        total += n
+        if n and progress is not None:
+            progress(n)
+
+    table = step.table
+    if step.kind == "all":
+        while purged := await store.retention_purge_batch(
+            table, cutoff=step.cutoff, now=now, limit=size
+        ):
+            tick(purged)
+    elif step.kind == "tenants":
+        while purged := await store.retention_purge_tenants(
+            table, step.tenants, cutoff=step.cutoff, now=now, limit=size
+        ):
+            tick(purged)
+    else:
+        digest = policies.digest()
+        start = None if marks is None else marks.start(table, step.source, digest)
+        first_id: int | str = "" if table == "messages" else 0
+        after: tuple[float, int | str] | None = None if start is None else (start, first_id)
+        upto = step.cutoff
+        while True:
+            found = await store.retention_scan(
+                table, cutoff=step.cutoff, after=after, limit=size, source=step.source
+            )
+            if not found:
+                break
+            # Each row at its own age: one whose tenant or source keeps it longer is
+            # left (the cursor moves past it; its own pass purges it); a shorter
+            # one's is past already.
+            due = [c for c in found if c.at < now - policies.age_of(table, c.tenant, c.source)]
+            purged = await store.retention_purge_ids(
+                table, [c.id for c in due], cutoff=step.cutoff, now=now
+            )
+            if purged < len(due):  # one was held (or changed): the next scan rereads it
+                upto = min(upto, due[0].at)
+            tick(purged)
+            if len(found) < size:
+                break
+            after = (found[-1].at, found[-1].id)
+        if marks is not None:
+            marks.done(table, step.source, digest, upto)
+    return total
+
+
 async def purge(
     box: Runtime,
     *,
@@ -123,38 +221,39 @@ async def purge(
     batch: int | None = None,
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
+    marks: ScanMarks | None = None,
 ) -> PurgeResult:
-    """Drop payloads of rows that finished more than ``older_than`` seconds ago
-    (default: ``retention.payload_max_age`` for events and quarantine entries,
-    ``retention.outbox_payload_max_age`` for deliveries and messages), ``batch`` rows
-    per transaction so a large purge never holds locks for long. ``progress`` is
-    called with the number of rows each batch purged."""
+    """Drop payloads of rows that finished long enough ago: each row at its own age
+    (its tenant's, its source's, else ``retention.payload_max_age`` for events and
+    quarantine entries and ``retention.outbox_payload_max_age`` for deliveries and
+    messages), or ``older_than`` seconds for all. ``batch`` rows per transaction so a
+    large purge never holds locks for long; ``progress`` is called with the number of
+    rows each batch purged. Interrupted, the next purge goes on where it stopped (a
+    purged row is no candidate any more). ``marks``: where the previous purge of this
+    process ended its scans (:class:`~relaybox.retention.policy.ScanMarks`; the
+    maintenance loop keeps one)."""
     cutoff, outbox_cutoff = cutoffs(box, older_than)
     size = batch or box.settings.retention.batch
-    now = box.clock.now()
+    policies = await _policies(box, older_than)
     if dry_run:
-        inbox, quarantine = await purge_candidates(box, cutoff)
-        outbox, messages = await outbox_purge_candidates(box, outbox_cutoff)
+        counted = await _count(box, policies)
         return PurgeResult(
-            cutoff, inbox, quarantine, True, outbox_cutoff, outbox=outbox, messages=messages
+            cutoff,
+            counted["inbox"],
+            counted["quarantine"],
+            True,
+            outbox_cutoff,
+            outbox=counted["outbox"],
+            messages=counted["messages"],
+            passes=len(plan(policies, box.clock.now())),
         )
-    store = box.store
-    # Deliveries before messages: a message's body goes once its deliveries went.
-    steps: tuple[tuple[PurgeTable, float], ...] = (
-        ("inbox", cutoff),
-        ("quarantine", cutoff),
-        ("outbox", outbox_cutoff),
-        ("messages", outbox_cutoff),
-    )
-    totals: dict[PurgeTable, int] = dict.fromkeys((table for table, _ in steps), 0)
-    for table, when in steps:
-        while True:
-            purged = await store.retention_purge_batch(table, cutoff=when, now=now, limit=size)
-            if not purged:
-                break
-            totals[table] += purged
-            if progress is not None:
-                progress(purged)
+    now = box.clock.now()
+    steps = plan(policies, now)
+    totals: dict[PurgeTable, int] = dict.fromkeys(TABLES, 0)
+    for step in steps:
+        totals[step.table] += await _run_pass(
+            box.store, step, policies, now=now, size=size, progress=progress, marks=marks
+        )
     result = PurgeResult(
         cutoff,
         totals["inbox"],
@@ -162,6 +261,7 @@ async def purge(
         outbox_cutoff=outbox_cutoff,
         outbox=totals["outbox"],
         messages=totals["messages"],
+        passes=len(steps),
     )
     box.metrics.observe_purge("inbox", result.inbox)
     box.metrics.observe_purge("quarantine", result.quarantine)
@@ -169,6 +269,41 @@ async def purge(
     box.metrics.observe_purge("messages", result.messages)
     log.info("purge", **result.as_dict())
     return result
+
+
+async def backfill_keys(
+    box: Runtime,
+    *,
+    batch: int | None = None,
+    max_batches: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Copy the keys of rows stored before migration 0027 into the keys tables
+    (:meth:`Store.keys_backfill`), ``batch`` rows a transaction (default
+    ``retention.batch``), each kind until it has finished or ``max_batches`` batches
+    ran (the maintenance job runs at most a few a pass; ``relaybox migrate`` runs them
+    all). Resumable: the position is kept in the database. Returns the rows read. Until
+    it has finished the accept copies an old row's key itself when one comes again."""
+    size = batch or box.settings.retention.batch
+    total = 0
+    for kind in ("event", "message"):
+        runs = 0
+        while max_batches is None or runs < max_batches:
+            state = await box.store.keys_backfill(kind, limit=size)
+            runs += 1
+            total += state.read
+            if progress is not None and state.read:
+                progress(state.read)
+            if state.finished:
+                break
+    if total:
+        log.info("keys_backfilled", rows=total)
+    return total
+
+
+_BACKFILL_BATCHES_A_PASS = 10
+"""Batches of the keys backfill (``retention.batch`` rows each, per kind) one
+maintenance pass runs: the rest waits for the next pass, or ``relaybox migrate``."""
 
 
 def maintenance_lock(store: Store) -> AbstractAsyncContextManager[bool]:
@@ -186,6 +321,7 @@ class Maintenance:
     def __init__(self, box: Runtime, *, interval: float | None = None) -> None:
         self.box = box
         self.interval = interval or box.settings.retention.interval
+        self.marks = ScanMarks()  # where this loop's scans ended (ScanMarks)
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
@@ -197,7 +333,7 @@ class Maintenance:
             if not mine:
                 log.info("maintenance_skipped", reason="another process holds the lock")
                 return None
-            result = await purge(self.box)
+            result = await purge(self.box, marks=self.marks)
             # Portal sessions logged out of and single-use links opened: each row was
             # written to expire a minute after its token would have anyway.
             tokens = await self.box.store.portal_tokens_purge(self.box.clock.now())
@@ -226,6 +362,8 @@ class Maintenance:
                 log.info("disabled_endpoint_deliveries_dead", rows=strays)
             # Erasures waiting for rows that were pending: emptied once they finished.
             await resume_waiting(self.box)
+            # Keys of rows stored before migration 0027, a few batches a pass.
+            await backfill_keys(self.box, max_batches=_BACKFILL_BATCHES_A_PASS)
             return result
 
     async def run(self) -> None:

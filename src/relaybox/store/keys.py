@@ -1,0 +1,120 @@
+"""The keys that decide a duplicate across time, apart from the history (migration
+0027): what the accept and the publish write to ``relaybox_event_keys`` and
+``relaybox_message_keys``, computed here once for both backends.
+
+* a key's **digest**: BLAKE2b-128 of its parts, each length-prefixed (so that no two
+  different keys concatenate to the same bytes);
+* an event's **fingerprint digest**: BLAKE2b-128 of the delivery's content fingerprint
+  (whatever its source computes: a hash, or canonical bytes of any length);
+* the **day** first seen: whole days since 1970-01-01 UTC, for expiry by age;
+* the **scope**: the source of an event, the tenant of a message, as the first 8 bytes
+  of BLAKE2b of its name read as a signed 64-bit integer (expiry per source or tenant:
+  a collision of two names, at 2^-64 a pair, would make one's expiry take the other's
+  keys, nothing worse).
+
+Business keys are not here: ``relaybox_operations`` keeps them (one row per
+operation, never partitioned), its PRIMARY KEY decides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "KEY_KINDS",
+    "BackfillProgress",
+    "KeyKind",
+    "day_of",
+    "event_digest",
+    "event_key_columns",
+    "fingerprint_digest",
+    "message_digest",
+    "message_key_columns",
+    "scope_of",
+]
+
+KeyKind = Literal["event", "message", "operation"]
+KEY_KINDS: tuple[KeyKind, ...] = ("event", "message", "operation")
+"""``event``: inbox event keys (scope: the source); ``message``: idempotency keys of
+published messages (scope: the tenant); ``operation``: business keys of ``once()``
+(scope: the source of the event whose handler recorded it)."""
+
+DAY = 86400
+
+
+def _digest(*parts: str) -> bytes:
+    h = hashlib.blake2b(digest_size=16, person=b"relaybox-key")
+    for part in parts:
+        data = part.encode("utf-8", "surrogatepass")
+        h.update(len(data).to_bytes(4, "big"))
+        h.update(data)
+    return h.digest()
+
+
+def event_digest(source: str, account: str, event_id: str) -> bytes:
+    """The 16-byte digest of an inbox event key."""
+    return _digest("event", source, event_id, account)
+
+
+def message_digest(tenant: str, idempotency_key: str) -> bytes:
+    """The 16-byte digest of a message's idempotency key within its tenant."""
+    return _digest("message", tenant, idempotency_key)
+
+
+def fingerprint_digest(fingerprint: bytes) -> bytes:
+    """The 16 bytes an event key keeps of a delivery's content fingerprint."""
+    return hashlib.blake2b(fingerprint, digest_size=16, person=b"relaybox-fp").digest()
+
+
+def scope_of(name: str) -> int:
+    """The scope number of a source or tenant name."""
+    raw = hashlib.blake2b(
+        name.encode("utf-8", "surrogatepass"), digest_size=8, person=b"relaybox-scope"
+    ).digest()
+    return int.from_bytes(raw, "big", signed=True)
+
+
+def day_of(timestamp: float) -> int:
+    """Whole days since 1970-01-01 UTC at ``timestamp`` (epoch seconds)."""
+    return math.floor(timestamp / DAY)
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillProgress:
+    """Where the backfill of one kind of keys stands (:meth:`Store.keys_backfill`)."""
+
+    kind: str
+    rows: int
+    """Keys copied so far (rows read; a row whose key existed counts too)."""
+    finished: bool
+    last_id: str | None = None
+    read: int = 0
+    """Rows the call that returned this read (0 for a status)."""
+
+
+def event_key_columns(rows: Sequence[Any]) -> list[list[Any]]:
+    """``event_keys_insert``'s arrays (inbox id, scope, first day, digest, fingerprint
+    digest) for inbox rows read as (id, source, account, event_id, fingerprint,
+    received_at)."""
+    return [
+        [r[0] for r in rows],
+        [scope_of(r[1]) for r in rows],
+        [day_of(r[5]) for r in rows],
+        [event_digest(r[1], r[2], r[3]) for r in rows],
+        [fingerprint_digest(bytes(r[4])) for r in rows],
+    ]
+
+
+def message_key_columns(rows: Sequence[Any]) -> list[list[Any]]:
+    """The idempotency keys of messages read as (id, tenant, idempotency key,
+    created_at), as arrays: digest, scope, first day, message id."""
+    return [
+        [message_digest(r[1], r[2]) for r in rows],
+        [scope_of(r[1]) for r in rows],
+        [day_of(r[3]) for r in rows],
+        [r[0] for r in rows],
+    ]

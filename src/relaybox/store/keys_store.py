@@ -1,0 +1,126 @@
+"""The store's side of the keys kept apart from the history (:mod:`relaybox.store.keys`):
+the resumable backfill of the keys of rows stored before them, and their expiry."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.store import keys
+from relaybox.store.keys import BackfillProgress, KeyKind
+
+__all__ = ["KeysStore"]
+
+BACKFILL_KINDS = ("event", "message")
+
+
+class KeysStore:
+    """Backfill and expiry of the keys tables (a base of :class:`~relaybox.store.Store`)."""
+
+    if TYPE_CHECKING:  # what Store provides
+        q: dict[str, str]
+        backend: ClassVar[str]
+
+        def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+
+        async def rows(
+            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
+        ) -> list[Any]: ...
+
+        async def first(
+            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
+        ) -> Any: ...
+
+    async def keys_backfill(self, kind: str, *, limit: int = 1000) -> BackfillProgress:
+        """Copy the keys of up to ``limit`` stored rows of ``kind`` (``event``: inbox
+        rows; ``message``: messages) into their keys table, in one short transaction,
+        resuming after the last row a previous call did (``relaybox_keys_backfill``
+        records it). Keys that exist are left alone, so a batch run twice, or beside
+        accepts that write the same keys, changes nothing. Returns where the backfill
+        stands; ``finished`` once a batch read fewer than ``limit`` rows (rows stored
+        since migration 0027 have their keys already). A finished backfill does
+        nothing."""
+        if kind not in BACKFILL_KINDS:
+            raise ValueError(f"no backfill of {kind!r} keys: one of {', '.join(BACKFILL_KINDS)}")
+        limit = max(1, int(limit))
+        async with self.transaction() as conn:
+            state = await self.first(conn, "keys_backfill_state", (kind,))
+            if state is not None and state[3] is not None:
+                return BackfillProgress(kind, int(state[2]), True, state[1])
+            last = None if state is None else state[1]
+            if kind == "event":
+                page = await self.rows(conn, "keys_backfill_events_page", (int(last or 0), limit))
+                if page:
+                    await self._event_keys_copy(conn, page)
+            else:
+                page = await self.rows(conn, "keys_backfill_messages_page", (last or "", limit))
+                keyed = [r for r in page if r[2] is not None]
+                if keyed:
+                    await self._message_keys_copy(conn, keyed)
+            new_last = str(page[-1][0]) if page else last
+            finished = len(page) < limit
+            await self.rows(
+                conn,
+                "keys_backfill_save",
+                (kind, new_last, len(page), time.time() if finished else None),
+            )
+            done = (0 if state is None else int(state[2])) + len(page)
+        return BackfillProgress(kind, done, finished, new_last, len(page))
+
+    async def keys_backfill_status(self) -> list[BackfillProgress]:
+        """Where the backfill of each kind stands (not started: 0 rows, unfinished)."""
+        found = []
+        async with self.transaction() as conn:
+            for kind in BACKFILL_KINDS:
+                row = await self.first(conn, "keys_backfill_state", (kind,))
+                if row is None:
+                    found.append(BackfillProgress(kind, 0, False))
+                else:
+                    found.append(BackfillProgress(kind, int(row[2]), row[3] is not None, row[1]))
+        return found
+
+    async def _event_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        """Insert the keys of inbox rows read as (id, source, account, event_id,
+        fingerprint, received_at) in ``conn``'s transaction (each backend's way)."""
+        raise NotImplementedError
+
+    async def _message_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        """Insert the idempotency keys of messages read as (id, tenant, idempotency key,
+        created_at) in ``conn``'s transaction (each backend's way)."""
+        raise NotImplementedError
+
+    async def keys_expire(
+        self, kind: KeyKind, before_day: int, *, scope: str | None = None, limit: int = 1000
+    ) -> int:
+        """Forget the keys of ``kind`` first seen before day ``before_day`` (whole days
+        since 1970-01-01 UTC, :func:`relaybox.store.keys.day_of`), only those of
+        ``scope`` when given (``event`` and ``operation``: a source name; ``message``:
+        a tenant), ``limit`` keys a transaction until none is left. Returns how many
+        were deleted. An expired key decides nothing any more: a delivery of that
+        event again is accepted as new (where its inbox row still exists the inbox's
+        own UNIQUE key, kept on SQLite, still recognises it), a publish with that
+        idempotency key creates a new message, ``once()`` with that business key
+        returns True again. Relaybox never calls it by itself: keys are kept forever
+        unless a retention setting says otherwise."""
+        if kind not in keys.KEY_KINDS:
+            raise ValueError(f"unknown kind of keys {kind!r}: one of {', '.join(keys.KEY_KINDS)}")
+        limit = max(1, int(limit))
+        cutoff = int(before_day)
+        params: tuple[Any, ...]
+        if scope is None:
+            name, params = f"keys_expire_{kind}", (cutoff, limit)
+        else:
+            value: Any = scope if kind == "operation" else keys.scope_of(scope)
+            name, params = f"keys_expire_{kind}_scope", (cutoff, limit, value)
+        total = 0
+        while True:
+            async with self.transaction() as conn:
+                result = await conn.exec_driver_sql(self.q[name], params)
+                deleted = max(0, result.rowcount or 0)
+            total += deleted
+            if deleted < limit:
+                return total

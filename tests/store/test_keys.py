@@ -1,0 +1,446 @@
+"""The keys kept apart from the history (migration 0027, relaybox.store.keys): event
+keys decide duplicates and conflicts, idempotency keys repeated publishes, whether or
+not the history row still exists; their backfill (Store.keys_backfill,
+Store.keys_backfill_status) and their expiry (Store.keys_expire), on both backends."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from relaybox.store import Store, open_store
+from relaybox.store.keys import day_of, event_digest, message_digest, scope_of
+from relaybox.store.outbox_rows import NewMessage
+from tests.store.test_store import T0, accept_one, delivery, statuses
+
+DAY = 86400
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    s = open_store(database_url)
+    yield s
+    await s.close()
+
+
+async def sql(store: Store, *statements: str) -> None:
+    async with store.transaction() as conn:
+        for statement in statements:
+            await conn.exec_driver_sql(statement)
+
+
+async def event_keys(store: Store) -> list[dict[str, Any]]:
+    return await store.fetch_all("SELECT * FROM relaybox_event_keys ORDER BY inbox_id")
+
+
+def message(tenant: str, key: str | None, n: int, *, at: float = T0) -> NewMessage:
+    return NewMessage(
+        id=f"msg_{uuid.uuid4().hex}",
+        tenant=tenant,
+        event_type="thing.happened",
+        idempotency_key=key,
+        body=f'{{"n": {n}}}',
+        created_at=at,
+    )
+
+
+async def publish(store: Store, m: NewMessage) -> bool:
+    async with store.transaction() as conn:
+        return await store.message_insert(conn, m)
+
+
+async def by_key(store: Store, tenant: str, key: str) -> Any:
+    async with store.transaction() as conn:
+        return await store.message_get_by_key(conn, tenant, key)
+
+
+async def drop_history(store: Store) -> None:
+    """What dropping a time partition does to the history: its rows are gone."""
+    await sql(
+        store,
+        "DELETE FROM relaybox_quarantine",
+        "DELETE FROM relaybox_inbox_attempts",
+        "DELETE FROM relaybox_inbox",
+        "DELETE FROM relaybox_outbox",
+        "DELETE FROM relaybox_messages",
+    )
+
+
+async def test_accept_writes_one_narrow_key_per_event(store: Store) -> None:
+    outcomes = await store.inbox_accept(
+        [delivery("e1"), delivery("e1"), delivery("e2", at=T0 + 3 * DAY)]
+    )
+    assert statuses(outcomes) == ["accepted", "duplicate", "accepted"]
+    rows = await event_keys(store)
+    assert [(r["inbox_id"], r["first_seen"]) for r in rows] == [
+        (outcomes[0].inbox_id, day_of(T0)),
+        (outcomes[2].inbox_id, day_of(T0) + 3),
+    ]
+    assert bytes(rows[0]["digest"]) == event_digest("src", "acct", "e1")
+    assert all(len(bytes(r["digest"])) == 16 == len(bytes(r["fingerprint"])) for r in rows)
+    assert {r["scope"] for r in rows} == {scope_of("src")}
+
+
+async def test_duplicates_and_conflicts_outlive_the_history(database_url: str) -> None:
+    """A provider's resend of a year-old event is a duplicate, a changed payload
+    under its id is quarantined, when the original inbox row is gone."""
+    store = open_store(database_url)
+    try:
+        first = await accept_one(store, delivery("old", b'{"v": 1}'))
+        if store.backend == "postgres":
+            await drop_history(store)
+        else:  # SQLite keeps its rows (retention empties payloads): only the row goes
+            await sql(store, f"DELETE FROM relaybox_inbox WHERE id = {first.inbox_id}")
+        later = T0 + 365 * DAY
+        again = await accept_one(store, delivery("old", b'{"v": 1}', at=later))
+        assert (again.status, again.inbox_id) == ("duplicate", first.inbox_id)
+        assert await store.fetch_all("SELECT id FROM relaybox_inbox") == []
+        if store.backend == "postgres":
+            changed = await accept_one(store, delivery("old", b'{"v": 2}', at=later))
+            assert (changed.status, changed.inbox_id) == ("quarantined", first.inbox_id)
+            # the same conflicting content again: one quarantine row per content
+            assert (await accept_one(store, delivery("old", b'{"v": 2}'))).status == "quarantined"
+            [q] = await store.fetch_all("SELECT * FROM relaybox_quarantine")
+            assert q["inbox_id"] == first.inbox_id  # as its key remembers it, the row gone
+            assert (q["event_id"], bytes(q["payload"])) == ("old", b'{"v": 2}')
+            # The operator still sees it, with no original to compare.
+            [listed] = await store.quarantine_list(
+                source=None, resolved=None, before_id=None, limit=10
+            )
+            assert (listed["id"], listed["inbox_id"], listed["original_status"]) == (
+                q["id"],
+                first.inbox_id,
+                None,
+            )
+            from relaybox import Relaybox
+            from relaybox.ops.inbound import quarantine_get
+
+            box = Relaybox(database_url)
+            try:
+                detail = await quarantine_get(box, q["id"])
+            finally:
+                await box.close()
+            assert (detail.original, detail.differences) == (None, [])
+            assert detail.quarantined.payload == {"v": 2}
+    finally:
+        await store.close()
+
+
+async def test_publish_keys_outlive_the_message(store: Store) -> None:
+    m = message("t1", "order-1", 1)
+    assert await publish(store, m)
+    assert not await publish(store, message("t1", "order-1", 2))
+    assert await publish(store, message("t2", "order-1", 3))  # another tenant's key
+    assert await publish(store, message("t1", None, 4))
+    assert await publish(store, message("t1", None, 5))  # no key: never a repeat
+    found = await by_key(store, "t1", "order-1")
+    assert (found.id, found.body) == (m.id, b'{"n": 1}')
+    await sql(store, f"DELETE FROM relaybox_messages WHERE id = '{m.id}'")
+    assert not await publish(store, message("t1", "order-1", 6))
+    gone = await by_key(store, "t1", "order-1")
+    assert (gone.id, gone.body, gone.created) == (m.id, b"null", False)
+    assert gone.created_at == day_of(T0) * DAY
+    [k] = await store.fetch_all(
+        "SELECT * FROM relaybox_message_keys WHERE message_id = '" + m.id + "'"
+    )
+    assert bytes(k["digest"]) == message_digest("t1", "order-1")
+    assert k["scope"] == scope_of("t1")
+
+
+async def _forget_keys(store: Store) -> None:
+    """The database as before migration 0027: rows without keys, no backfill done."""
+    await sql(
+        store,
+        "DELETE FROM relaybox_event_keys",
+        "DELETE FROM relaybox_message_keys",
+        "DELETE FROM relaybox_keys_backfill",
+    )
+
+
+async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: str) -> None:
+    store = open_store(database_url)
+    try:
+        outcomes = await store.inbox_accept([delivery(f"e{i}", at=T0 + i * DAY) for i in range(5)])
+        messages = [message("t1", f"k{i}", i) for i in range(3)] + [message("t1", None, 9)]
+        for m in messages:
+            assert await publish(store, m)
+        await _forget_keys(store)
+        assert [(p.kind, p.rows, p.finished) for p in await store.keys_backfill_status()] == [
+            ("event", 0, False),
+            ("message", 0, False),
+        ]
+        # Before the backfill the accept copies an old row's key itself.
+        assert (await accept_one(store, delivery("e4", at=T0 + 9 * DAY))).status == "duplicate"
+        assert (await accept_one(store, delivery("e3", b"{}"))).status == "quarantined"
+        assert not await publish(store, message("t1", "k0", 7))  # the old message decides
+        assert (await by_key(store, "t1", "k1")).id == messages[1].id
+
+        first = await store.keys_backfill("event", limit=2)
+        assert (first.rows, first.finished, first.read) == (2, False, 2)
+        # Resumes after the last id, in new transactions (another store, same database).
+        other = open_store(database_url)
+        try:
+            second = await other.keys_backfill("event", limit=2)
+        finally:
+            await other.close()
+        assert (second.rows, second.finished) == (4, False)
+        last = await store.keys_backfill("event", limit=2)
+        assert (last.rows, last.finished) == (5, True)
+        assert (await store.keys_backfill("event", limit=2)).read == 0  # finished: nothing
+        rows = await event_keys(store)
+        assert [r["inbox_id"] for r in rows] == [o.inbox_id for o in outcomes]
+        assert [r["first_seen"] for r in rows] == [day_of(T0) + i for i in range(5)]
+        assert (await store.keys_backfill("message", limit=10)).finished
+        assert {p.kind: p.finished for p in await store.keys_backfill_status()} == {
+            "event": True,
+            "message": True,
+        }
+        keyed = await store.fetch_all("SELECT message_id FROM relaybox_message_keys")
+        assert sorted(r["message_id"] for r in keyed) == sorted(m.id for m in messages[:3])
+        # The keys alone decide now, the rows gone.
+        if store.backend == "postgres":
+            await drop_history(store)
+        dup = await accept_one(store, delivery("e2", at=T0 + 40 * DAY))
+        assert (dup.status, dup.inbox_id) == ("duplicate", outcomes[2].inbox_id)
+        assert not await publish(store, message("t1", "k2", 8))
+        with pytest.raises(ValueError, match="no backfill"):
+            await store.keys_backfill("operation")
+    finally:
+        await store.close()
+
+
+async def test_keys_expire_by_age_per_scope(store: Store) -> None:
+    d0 = day_of(T0)
+    await store.inbox_accept(
+        [delivery(f"a{i}", source="a", at=T0 + i * DAY) for i in range(4)]
+        + [delivery(f"b{i}", source="b", at=T0 + i * DAY) for i in range(4)]
+    )
+    for i in range(3):
+        assert await publish(store, message("t1", f"k{i}", i, at=T0 + i * DAY))
+        assert await publish(store, message("t2", f"k{i}", i, at=T0 + i * DAY))
+    async with store.transaction() as conn:
+        for i, source in enumerate(("a", "a", "b")):
+            await store.operation_insert(
+                conn,
+                business_key=f"op{i}",
+                fingerprint="f",
+                inbox_id=None,
+                source=source,
+                tenant=None,
+                now=T0 + i * DAY,
+            )
+    # Scoped: only source a's keys first seen before day d0 + 2, a few a transaction.
+    assert await store.keys_expire("event", d0 + 2, scope="a", limit=1) == 2
+    left = await event_keys(store)
+    assert len(left) == 6 and {r["scope"] for r in left if r["first_seen"] < d0 + 2} == {
+        scope_of("b")
+    }
+    # Forgotten: the resend is new again (its row still there is the inbox's own key,
+    # kept where no partition drops it: here the row goes first).
+    await sql(store, "DELETE FROM relaybox_inbox WHERE event_id = 'a0'")
+    assert (await accept_one(store, delivery("a0", source="a"))).status == "accepted"
+    assert (await accept_one(store, delivery("b0", source="b"))).status == "duplicate"
+    # Every scope.
+    assert await store.keys_expire("event", d0 + 1) == 2  # b0, and a0's new key (day d0)
+    assert await store.keys_expire("message", d0 + 1, scope="t2") == 1
+    assert await store.keys_expire("message", d0 + 3) == 5
+    assert await store.fetch_all("SELECT * FROM relaybox_message_keys") == []
+    assert await store.keys_expire("operation", d0 + 2, scope="a") == 2
+    assert await store.keys_expire("operation", d0 + 5) == 1
+    assert await store.fetch_all("SELECT * FROM relaybox_operations") == []
+    async with store.transaction() as conn:
+        created, _ = await store.operation_insert(
+            conn,
+            business_key="op0",
+            fingerprint="f",
+            inbox_id=None,
+            source="a",
+            tenant=None,
+            now=T0,
+        )
+    assert created  # an expired business key happens again
+    with pytest.raises(ValueError, match="unknown kind"):
+        await store.keys_expire("thing", d0)  # type: ignore[arg-type]
+
+
+async def test_keys_alone_decide_without_the_old_unique_constraints(pg_url: str) -> None:
+    """On PostgreSQL the partitioned history tables lose their old UNIQUE constraints:
+    with them dropped here, duplicates (also racing), conflicts, business keys and
+    idempotency keys still hold."""
+    admin = open_store(pg_url)
+    await sql(
+        admin,
+        "ALTER TABLE relaybox_quarantine DROP CONSTRAINT relaybox_quarantine_once",
+        "ALTER TABLE relaybox_inbox DROP CONSTRAINT relaybox_inbox_event_key",
+        "ALTER TABLE relaybox_messages DROP CONSTRAINT relaybox_messages_idempotency",
+    )
+    stores = [open_store(pg_url) for _ in range(4)]
+    try:
+        names = [f"k{i:02d}" for i in range(12)]
+
+        async def task(n: int) -> None:
+            for start in range(0, len(names), 4):
+                batch = [delivery(k) for k in names[start : start + 4]] * 2
+                batch.append(delivery(names[start], b'{"other": true}'))
+                if n % 2:
+                    batch.reverse()
+                await stores[n % len(stores)].inbox_accept(batch)
+
+        await asyncio.gather(*(task(n) for n in range(8)))
+        rows = await admin.fetch_all("SELECT event_id FROM relaybox_inbox")
+        assert sorted(r["event_id"] for r in rows) == names  # one row per key
+        assert len(await admin.fetch_all("SELECT * FROM relaybox_quarantine")) == 3
+        assert (await accept_one(admin, delivery("k01"))).status == "duplicate"
+
+        # Idempotency keys, racing.
+        async def racer(n: int) -> bool:
+            return await publish(stores[n % len(stores)], message("t", "same", n))
+
+        assert sorted(await asyncio.gather(*(racer(n) for n in range(6)))) == [False] * 5 + [True]
+        assert len(await admin.fetch_all("SELECT * FROM relaybox_messages")) == 1
+        # Business keys: relaybox_operations keeps its PRIMARY KEY (never partitioned).
+        async with admin.transaction() as conn:
+            first = await admin.operation_insert(
+                conn,
+                business_key="b",
+                fingerprint="x",
+                inbox_id=None,
+                source="s",
+                tenant=None,
+                now=T0,
+            )
+            again = await admin.operation_insert(
+                conn,
+                business_key="b",
+                fingerprint="y",
+                inbox_id=None,
+                source="s",
+                tenant=None,
+                now=T0,
+            )
+        assert (first, again) == ((True, "x"), (False, "x"))
+        # The history dropped: the keys still decide.
+        await drop_history(admin)
+        assert (await accept_one(admin, delivery("k05"))).status == "duplicate"
+        assert (await accept_one(admin, delivery("k05", b"[]"))).status == "quarantined"
+        assert not await publish(admin, message("t", "same", 99))
+    finally:
+        for s in stores:
+            await s.close()
+        await admin.close()
+
+
+# -- a property: no duplicate gets through while its key is kept ----------------------
+
+
+@dataclass
+class Key:
+    content: int
+    day: int
+    inbox_id: int
+    kept: bool = True
+    row: bool = True  # its inbox row still exists
+    pending: bool = True
+
+
+@dataclass
+class Model:
+    ns: str
+    day: int = 0
+    keys: dict[int, Key] = field(default_factory=dict)
+
+
+Step = tuple[str, int, int]
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("accept"), st.integers(0, 5), st.integers(0, 2)),
+        st.tuples(st.just("tick"), st.integers(1, 40), st.just(0)),
+        st.tuples(st.just("finish"), st.integers(0, 5), st.just(0)),
+        st.tuples(st.just("purge"), st.just(0), st.just(0)),
+        st.tuples(st.just("expire"), st.integers(0, 2), st.integers(0, 60)),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+def source_of(ns: str, key: int) -> str:
+    return f"{ns}-s{key % 3}"
+
+
+async def check_step(store: Store, model: Model, step: Step) -> None:
+    op, a, b = step
+    at = T0 + model.day * DAY
+    if op == "tick":
+        model.day += a
+    elif op == "accept":
+        k = model.keys.get(a)
+        d = delivery(f"{model.ns}-{a}", f'{{"c": {b}}}', source=source_of(model.ns, a), at=at)
+        outcome = await accept_one(store, d)
+        if k is not None and (k.kept or k.row):
+            # kept, or forgotten while the row the inbox's own key names still exists
+            expected = "duplicate" if k.content == b else "quarantined"
+            assert (outcome.status, outcome.inbox_id) == (expected, k.inbox_id), (step, k)
+            k.kept = True
+        else:
+            assert outcome.status == "accepted", (step, k)
+            model.keys[a] = Key(b, model.day, outcome.inbox_id)
+    elif op == "finish":
+        k = model.keys.get(a)
+        if k is not None and k.row and k.pending:
+            async with store.transaction() as conn:
+                await store.inbox_complete(conn, [k.inbox_id], at)
+            k.pending = False
+    elif op == "purge":
+        # Retention: payloads go (both backends); on PostgreSQL the finished rows go
+        # too, as a dropped partition takes them.
+        while await store.retention_purge_batch("inbox", cutoff=at + 1, now=at, limit=50):
+            pass
+        if store.backend == "postgres":
+            gone = [k for k in model.keys.values() if k.row and not k.pending]
+            ids = ",".join(str(k.inbox_id) for k in gone)
+            if ids:
+                await sql(
+                    store,
+                    f"DELETE FROM relaybox_quarantine WHERE inbox_id IN ({ids})",
+                    f"DELETE FROM relaybox_inbox WHERE id IN ({ids})",
+                )
+            for k in gone:
+                k.row = False
+    elif op == "expire":
+        before = day_of(T0) + model.day - b
+        await store.keys_expire("event", before, scope=f"{model.ns}-s{a}", limit=2)
+        for n, k in model.keys.items():
+            if n % 3 == a and day_of(T0) + k.day < before:
+                k.kept = False
+    # Never a pending row lost, never one of them changed by a later delivery.
+    found = await store.fetch_all(
+        f"SELECT id, status FROM relaybox_inbox WHERE event_id LIKE '{model.ns}-%'"
+    )
+    status = {r["id"]: r["status"] for r in found}
+    for k in model.keys.values():
+        if k.pending:
+            assert status.get(k.inbox_id) == "pending", (step, k)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(script=steps)
+async def test_no_duplicate_through_while_its_key_is_kept(store: Store, script: list[Step]) -> None:
+    """Any sequence of accepts (new, duplicate, conflicting), retention purges (with
+    the finished rows dropped on PostgreSQL) and key expiries: a delivery whose key is
+    kept is a duplicate or quarantined against its first row, and no pending row is
+    ever lost. (One database for every example: each in its own sources.)"""
+    model = Model(ns=uuid.uuid4().hex[:10])
+    for step in script:
+        await check_step(store, model, step)
