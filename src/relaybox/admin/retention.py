@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from relaybox.admin import dashboard
+from relaybox.admin import html
 from relaybox.admin.sections import Call, Operation, Section, register_section
 from relaybox.errors import InvalidRequest, InvalidTimeSpec
 from relaybox.ops import retention as ops
@@ -115,14 +115,14 @@ def _age(form: dict[str, str], name: str) -> float | None:
         raise InvalidRequest(f"{name}: not a duration", hint="bad_age") from None
 
 
-@dashboard.page
+@html.page
 async def retention_page(request: Request) -> Response:
     query = ops.TenantQuery.model_validate(
         {k: v for k, v in request.query_params.items() if k in ("after", "limit") and v}
     )
-    found = await ops.overview(dashboard.box_of(request), after=query.after, limit=query.limit)
+    found = await ops.overview(html.box_of(request), after=query.after, limit=query.limit)
     cursor = found.tenants.next
-    return await dashboard.render(
+    return await html.render(
         request,
         "retention.html",
         active="retention",
@@ -131,7 +131,7 @@ async def retention_page(request: Request) -> Response:
     )
 
 
-@dashboard.action
+@html.action
 async def set_action(request: Request, form: dict[str, str]) -> str:
     try:
         body = ops.TenantPolicyRequest(
@@ -141,17 +141,17 @@ async def set_action(request: Request, form: dict[str, str]) -> str:
     except ValidationError:
         raise InvalidRequest("an age is out of bounds", hint="bad_age") from None
     await ops.set_tenant(
-        dashboard.box_of(request),
+        html.box_of(request),
         form.get("tenant", "").strip(),
         body,
-        actor=dashboard.actor_of(request),
+        actor=html.actor_of(request),
     )
     return "retention_set"
 
 
-@dashboard.action
+@html.action
 async def clear_action(request: Request, form: dict[str, str]) -> str:
-    await ops.clear_tenant(dashboard.box_of(request), form.get("tenant", ""))
+    await ops.clear_tenant(html.box_of(request), form.get("tenant", ""))
     return "retention_cleared"
 
 

@@ -203,9 +203,7 @@ class AttemptRecorder:
             await self._endpoints_health(conn, batch, labels, now)
             for a, label in zip(batch, labels, strict=True):
                 if label == "exhausted":  # with the dead letter, in its transaction
-                    await announce.attempt_exhausted(
-                        self.box, conn, a.delivery, a.result, a.error
-                    )
+                    await announce.attempt_exhausted(self.box, conn, a.delivery, a.result, a.error)
         return labels
 
     async def _endpoints_health(

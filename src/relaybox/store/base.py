@@ -38,8 +38,8 @@ from relaybox.store.outbox import OutboxStore
 from relaybox.store.outbox_catalog import CatalogStore
 from relaybox.store.outbox_flow import FlowStore
 from relaybox.store.processing import Processing
-from relaybox.store.sessions import SessionStore
 from relaybox.store.retention import RetentionStore
+from relaybox.store.sessions import SessionStore
 from relaybox.store.silence import SilenceStore
 from relaybox.store.sync import SyncStore, sync_store
 

@@ -134,7 +134,7 @@ async def quarantine(request: Request) -> Response:
 
 
 def _side_by_side(detail: m.QuarantineDetail) -> Markup:
-    left = pretty(detail.original.payload).splitlines()
+    left = pretty(None if detail.original is None else detail.original.payload).splitlines()
     right = pretty(detail.quarantined.payload).splitlines()
     table = difflib.HtmlDiff(tabsize=2, wrapcolumn=70).make_table(
         left, right, "original", "quarantined", context=False
