@@ -124,9 +124,15 @@ async def conflict_quarantined(sim: Sim, final: bool) -> list[str]:
 
 
 async def stale_refused(sim: Sim, final: bool) -> list[str]:
+    # Never accepted is what matters: a provider that gave up without an answer (the
+    # receiver down for its whole retry budget, status 0) or got a 503 was not answered
+    # 2xx either.
     if final:
         sim.report.observed["stale refused"] += sum(s >= 400 for _, s in sim.stale_answers)
-    return [f"{e} signed an hour ago was answered {s}" for e, s in sim.stale_answers if s < 400]
+        sim.report.observed["stale unanswered"] += sum(s == 0 for _, s in sim.stale_answers)
+    return [
+        f"{e} signed an hour ago was answered {s}" for e, s in sim.stale_answers if 200 <= s < 300
+    ]
 
 
 async def handled_or_dead(sim: Sim, final: bool) -> list[str]:
