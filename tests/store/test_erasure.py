@@ -78,7 +78,7 @@ async def test_an_erasure_empties_finished_rows_and_waits_for_pending_ones(store
     assert (listed.actor, listed.reason, listed.scope) == ("dpo", "art. 17", "subject")
 
 
-async def test_a_later_erasure_reaches_a_conflict_that_came_after_an_earlier_one(
+async def test_seed_5002_a_later_erasure_reaches_a_conflict_that_came_after_an_earlier_one(
     store: Store,
 ) -> None:
     """Other content under an erased event's id is quarantined (the key and fingerprint

@@ -355,7 +355,9 @@ async def test_lease_records_successes_where_the_store_can(store: Store) -> None
     assert (logged.response, logged.headers) == ("ok", headers)
 
 
-async def test_a_late_fenced_attempt_keeps_no_answer_of_an_erased_delivery(store: Store) -> None:
+async def test_seed_5019_a_late_fenced_attempt_keeps_no_answer_of_an_erased_delivery(
+    store: Store,
+) -> None:
     """A dispatcher whose lease ran out records its attempt late, fenced, after another
     one sent the row and an erasure emptied it: the attempt is logged without what the
     receiver answered (found by the simulation's ``erased`` checker, seed 5019 on
