@@ -409,7 +409,15 @@ async def test_ops_stats_queues(store: Store) -> None:
 # -- the callers hold no SQL ----------------------------------------------------------------
 
 _SRC = Path(__file__).resolve().parents[2] / "src" / "relaybox"
-_CALLERS = ("replay", "recovery", "reconcile", "projections", "retention", "metrics")
+_CALLERS = (
+    "inbound/replay",
+    "inbound/recovery",
+    "inbound/reconcile",
+    "inbound/projections",
+    "retention/purge",
+    "retention/policy",
+    "metrics",
+)
 
 
 def test_history_callers_hold_no_sql_and_the_store_names_every_query() -> None:

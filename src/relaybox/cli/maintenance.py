@@ -384,6 +384,11 @@ def retention_set(
 
     from relaybox.ops import retention as policies
 
+    if payload_max_age is None and outbox_payload_max_age is None:
+        raise click.UsageError(
+            "give --payload-max-age, --outbox-payload-max-age or both (to go back to the "
+            "configuration's ages: relaybox retention clear TENANT)"
+        )
     ages = {
         "payload_max_age": None if payload_max_age is None else parse_duration(payload_max_age),
         "outbox_payload_max_age": None
