@@ -452,6 +452,7 @@ class Relaybox:
         """Stop background roles gracefully (finishing what they hold), then close."""
         await self.lifecycle.stop()
         await self.inbound.close()
+        await self.outbound.close()
         if self._store is not None:
             await self._store.close()
             self._store = None

@@ -543,3 +543,25 @@ async def test_the_dashboard_pauses_resumes_and_replays(
             assert "error=bad_time" in await act("replay-missing", since="yesterday-ish")
     finally:
         await box.close()
+
+
+async def test_closing_the_box_closes_a_dispatcher_it_was_never_told_to_close(
+    database_url: str, clock: FrozenClock
+) -> None:
+    """A test (or an app) that ran a dispatcher and closed only the box leaves no HTTP
+    session open: the box's close closes every channel's connections."""
+    from relaybox.outbound.channels.http import HttpBase
+
+    box = Relaybox(settings=Settings(database_url=database_url), clock=clock)
+    local(box)
+    async with HttpReceiver() as receiver:
+        await endpoint(box, receiver.url)
+        await publish_one(box, "invoice.paid", {"n": 1})
+        d = box.dispatcher()
+        await drain(d, receiver, 1)
+        channel = box.outbound.channels["webhook"]
+        assert isinstance(channel, HttpBase)
+        session = channel.client()._session
+        assert session is not None and not session.closed
+        await box.close()
+        assert session.closed

@@ -203,9 +203,7 @@ class Dispatcher:
         return len(deliveries)
 
     async def close(self) -> None:
-        for channel in self.outbound.channels.values():
-            with contextlib.suppress(Exception):
-                await channel.close()
+        await self.outbound.close()
 
     async def _lease_safely(
         self, slots: int, carry: list[Attempt], fair: Fairness

@@ -14,6 +14,7 @@ settings; :func:`outbound` and :func:`configure` reach it from any part that hol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -136,6 +137,16 @@ class Outbound:
             self._brokers[name] = (spec, made)
             if old is not None:
                 self._close_later(old)
+
+    async def close(self) -> None:
+        """Close every channel's connections (an HTTP session, a broker connection);
+        a channel opens them again when it next delivers. The box's close calls this,
+        so a dispatcher that was never closed leaves no session behind."""
+        for channel in list(self.channels.values()):
+            with contextlib.suppress(Exception):
+                await channel.close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     def _close_later(self, channel: Channel) -> None:
         try:
