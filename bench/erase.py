@@ -133,7 +133,7 @@ async def _erase_rows(url: str, size: int, tag: str) -> list[list[Any]]:
             for k in range(3):  # three customers of each size: the median
                 who = f"cus_{tag}_{name}_{k}"
                 touched.append(
-                    await _touched(conn, box.store.q["erase_inbox_subject"], subject_digest(who))
+                    await _touched(conn, box.store.db.q["erase_inbox_subject"], subject_digest(who))
                 )
                 started = time.perf_counter()
                 done = await erase(box, subject=who, actor="bench", reason="bench")
@@ -220,7 +220,7 @@ async def _accept_cost(url: str, batches: int) -> list[list[Any]]:
                         )
                     )
                 started = time.perf_counter()
-                await store.inbox_accept(batch)
+                await store.inbox.accept(batch)
                 times[with_subject].append(time.perf_counter() - started)
         for label, with_subject in (("no subject", False), ("with subject", True)):
             median = sorted(times[with_subject])[batches // 2]

@@ -189,7 +189,7 @@ async def seed_delivered(conn: asyncpg.Connection, start: int, n: int, now: floa
 async def explain(url: str) -> list[str]:
     """EXPLAIN (not executed) of the statements a worker runs per claim and per event,
     exactly as relaybox sends them."""
-    from relaybox.store.base import load_queries
+    from relaybox.store.backend import load_queries
 
     q = load_queries("postgres")
     conn = await asyncpg.connect(url)

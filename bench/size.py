@@ -116,7 +116,7 @@ async def receive(url: str, n: int) -> None:
                     raw[:32], raw, HEADERS, None, time.time(),
                 )  # fmt: skip
                 batch.append(delivery)
-            await store.inbox_accept(batch)
+            await store.inbox.accept(batch)
     finally:
         await store.close()
     env = {**os.environ, "RELAYBOX_DATABASE_URL": url, "RELAYBOX_LOG_LEVEL": "warning"}

@@ -147,7 +147,7 @@ class ClockGuard:
 
     def _clock(self) -> DatabaseClock | None:
         clock = self.box.clock
-        if not isinstance(clock, DatabaseClock) or not self.box.store.clock_from_database:
+        if not isinstance(clock, DatabaseClock) or not self.box.store.db.clock_from_database:
             return None
         return clock
 
@@ -185,7 +185,7 @@ class ClockGuard:
 
     async def _sync(self, clock: DatabaseClock) -> None:
         try:
-            offset = await clock.sync(self.box.store.db_time)
+            offset = await clock.sync(self.box.store.operator.db_time)
         except Exception:
             if not clock.synced:
                 raise

@@ -99,7 +99,7 @@ async def start_erasure(
         scope, digest = "tenant", None
         _check(tenant, "tenant", MAX_SUBJECT_CHARS)
     store = box.store
-    erasure_id, resumed = await store.erasure_begin(
+    erasure_id, resumed = await store.erasure.begin(
         actor=actor,
         reason=reason,
         scope=scope,
@@ -107,7 +107,7 @@ async def start_erasure(
         tenant=tenant,
         now=box.clock.now(),
     )
-    erasure = await store.erasure_get(erasure_id)
+    erasure = await store.erasure.get(erasure_id)
     assert erasure is not None  # just recorded (or found open)
     if not resumed:
         log.info("erasure_recorded", erasure_id=erasure_id, scope=scope, actor=actor)
@@ -126,22 +126,22 @@ async def run_erasure(
     the erasure as recorded then. ``progress`` is called with each batch's counts.
     Safe to run twice at once or again later: a row is emptied once."""
     store = box.store
-    erasure = await store.erasure_get(erasure_id)
+    erasure = await store.erasure.get(erasure_id)
     if erasure is None:
         raise NotFound(f"no erasure {erasure_id}")
     size = batch or box.settings.erasure.batch
     if size < 1:
         raise InvalidRequest("batch must be positive")
     while True:
-        counts = await store.erase_batch(erasure, now=box.clock.now(), limit=size)
+        counts = await store.erasure.erase_batch(erasure, now=box.clock.now(), limit=size)
         if not any(counts.values()):
             break
         if progress is not None:
             progress(counts)
         await asyncio.sleep(0)  # batches of other work between ours
-    waiting = await store.erasure_settle(erasure, now=box.clock.now())
-    await store.erasure_flush()
-    done = await store.erasure_get(erasure_id)
+    waiting = await store.erasure.settle(erasure, now=box.clock.now())
+    await store.erasure.flush()
+    done = await store.erasure.get(erasure_id)
     assert done is not None
     log.info("erasure_ran", erasure_id=erasure_id, waiting=waiting, **done.rows)
     return done
@@ -170,6 +170,6 @@ async def resume_waiting(box: Runtime, *, limit: int = 100) -> list[Erasure]:
     """Run again every erasure still waiting for rows (oldest first, at most
     ``limit``): the maintenance job's step. Returns them as recorded after."""
     done = []
-    for erasure_id in await box.store.erasure_open_ids(limit):
+    for erasure_id in await box.store.erasure.open_ids(limit):
         done.append(await run_erasure(box, erasure_id))
     return done

@@ -118,11 +118,11 @@ class Lifecycle:
 
     async def warm_receiver(self) -> None:
         """Open the accept path's database connections before the first request
-        (:meth:`Store.warm_accept`). Best effort, within ``accept_timeout``: with the
+        (:meth:`InboxStore.warm_accept`). Best effort, within ``accept_timeout``: with the
         database down the server still starts, and answers 503 until it is back."""
         try:
             async with asyncio.timeout(self.box.settings.accept_timeout):
-                await self.box.store.warm_accept(self.box.inbound.acceptor.committers)
+                await self.box.store.inbox.warm_accept(self.box.inbound.acceptor.committers)
         except Exception as exc:  # logged; requests get 503 until the database answers
             log.warning("receiver_warm_failed", error=short_error(exc))
 

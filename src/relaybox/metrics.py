@@ -155,12 +155,12 @@ class OpsStats:
 
 async def read_ops_stats(store: Store, now: float) -> OpsStats:
     """Read the queue snapshot in one transaction (one consistent view on PostgreSQL)."""
-    snapshot = await store.ops_stats_queues()
+    snapshot = await store.history.ops_stats_queues()
     return OpsStats(
         taken_at=now,
         groups=snapshot.groups,
         quarantined_by_source=snapshot.quarantined_by_source,
-        blocked_keys=await store.ordering_blocked_count(),
+        blocked_keys=await store.outbox.ordering_blocked_count(),
     )
 
 
@@ -547,8 +547,8 @@ class Metrics:
                 return self.snapshot
             try:
                 self.snapshot = await read_ops_stats(box.store, box.clock.now())
-                self.paused = await box.store.endpoint_paused_backlog()
-                self.silences = await box.store.silence_summary(limit=1)
+                self.paused = await box.store.flow.endpoint_paused_backlog()
+                self.silences = await box.store.silence.summary(limit=1)
                 self.snapshot_error = None
             except Exception as exc:
                 first_line = str(exc).splitlines()[0] if str(exc) else ""
@@ -556,7 +556,7 @@ class Metrics:
                 log.warning("metrics_snapshot_failed", error=self.snapshot_error)
             if self.snapshot_error is None:
                 try:  # statistics views: their failure is not the queues'
-                    self.health = await box.store.database_health()
+                    self.health = await box.store.operator.database_health()
                 except Exception as exc:
                     self.health = None
                     log.warning("metrics_health_failed", error=f"{type(exc).__name__}: {exc}"[:200])

@@ -170,12 +170,12 @@ class SilenceWatch:
     async def _sources(self, now: float, report: SilenceReport) -> list[tuple[str, float]]:
         store = self.box.store
         windows = self.settings.sources
-        await store.silence_forget("source", list(windows))
+        await store.silence.forget("source", list(windows))
         if not windows:
             return []
-        seen = await store.silence_sources_seen(list(windows))
+        seen = await store.silence.sources_seen(list(windows))
         learned = await self._learned(windows, now)
-        states = await store.silence_rows("source")
+        states = await store.silence.rows("source")
         judged = []
         for name, window in windows.items():
             expected = window.every if window.every is not None else learned.get(name)
@@ -207,7 +207,7 @@ class SilenceWatch:
         if not wanted:
             return {}
         store = self.box.store
-        stored = await store.silence_rows("source")
+        stored = await store.silence.rows("source")
         out: dict[str, float | None] = {}
         s = self.settings
         for name in wanted:
@@ -220,9 +220,9 @@ class SilenceWatch:
                 out[name] = state.learned
                 continue
             since = now - s.learn_weeks * 7 * 86400
-            arrivals = await store.silence_arrivals(name, since, s.learn_max_arrivals)
+            arrivals = await store.silence.arrivals(name, since, s.learn_max_arrivals)
             out[name] = learned_window(arrivals, s)
-            await store.silence_learned("source", name, out[name], now=now)
+            await store.silence.learned("source", name, out[name], now=now)
             log.info(
                 "silence_window_learned", source=name, arrivals=len(arrivals), window=out[name]
             )
@@ -234,13 +234,13 @@ class SilenceWatch:
         store = self.box.store
         window = self.settings.endpoints
         if window is None or window.every is None:
-            await store.silence_forget("endpoint", [])
+            await store.silence.forget("endpoint", [])
             return
         expected = window.every
         tenant = outbound(self.box).settings.operational_tenant
-        found = await store.silence_endpoints(tenant)
-        await store.silence_forget("endpoint", [e.id for e in found])
-        states = await store.silence_rows("endpoint")
+        found = await store.silence.endpoints(tenant)
+        await store.silence.forget("endpoint", [e.id for e in found])
+        states = await store.silence.rows("endpoint")
         # No success noted (none since the endpoint was made, or since migration
         # 0024): the wait of its deliveries alone counts.
         judged = [
@@ -286,7 +286,7 @@ class SilenceWatch:
             or j.state.last_seen != j.last_seen(now)
             or j.state.expected != j.expected
         ]
-        await self.box.store.silence_note(kind, changed, now=now)
+        await self.box.store.silence.note(kind, changed, now=now)
 
     async def _turn(
         self,
@@ -304,14 +304,14 @@ class SilenceWatch:
         store = self.box.store
         if silent and was is None:
             async with store.transaction() as conn:
-                if not await store.silence_raise(conn, kind, j.name, now=now):
+                if not await store.silence.start(conn, kind, j.name, now=now):
                     return False
                 await self._announce(conn, kind, j.name, "silent", since, now, data, None)
             report.silent[kind].append(j.name)
             return True
         if not silent and was is not None:
             async with store.transaction() as conn:
-                if not await store.silence_end(conn, kind, j.name):
+                if not await store.silence.end(conn, kind, j.name):
                     return False
                 await self._announce(conn, kind, j.name, "resumed", since, now, data, was)
             report.resumed[kind].append(j.name)

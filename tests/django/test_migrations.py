@@ -12,7 +12,7 @@ from django.db.migrations.loader import MigrationLoader
 
 from relaybox.contrib.django import get_box
 from relaybox.contrib.django.portal import run
-from relaybox.store.base import load_migrations
+from relaybox.store.backend import load_migrations
 from relaybox.store.schema_sync import latest_migration
 from tests.django.conftest import BOTH
 from tests.support.schema import committed, describe_postgres, describe_sqlite

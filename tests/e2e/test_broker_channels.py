@@ -50,7 +50,7 @@ async def _outbox(box: Relaybox, channel: str, n: int = N) -> list[str]:
     keys = [f"order-{i:04d}" for i in range(n)]
     async with box.store.transaction() as conn:
         for i, key in enumerate(keys):
-            await box.store.outbox_insert(
+            await box.store.inbox.outbox_insert(
                 conn,
                 channel=channel,
                 key=key,

@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from relaybox.cli import main
-from relaybox.store.base import load_migrations
+from relaybox.store.backend import load_migrations
 from tests.conftest import _dsn, _with_db, admin_url, drop_pg_database, free_port
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/x"

@@ -133,7 +133,7 @@ async def test_a_worker_60_s_ahead_does_not_take_a_row_another_worker_holds(
         assert status == 200
         # A worker on a right clock claims it: held for 30 s of the database's clock.
         [db] = await box.store.fetch_all("SELECT extract(epoch FROM clock_timestamp()) AS now")
-        claim = await box.store.inbox_claim(
+        claim = await box.store.inbox.claim(
             now=float(db["now"]), limit=10, max_attempts=10, hold=30.0
         )
         assert len(claim.ids) == 1

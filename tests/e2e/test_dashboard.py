@@ -124,7 +124,7 @@ async def test_actions_need_the_csrf_token(dash: Any, clock: FrozenClock) -> Non
 async def test_payloads_are_escaped(dash: Any, clock: FrozenClock) -> None:
     box, client = dash
     evil = {"name": "<script>alert(1)</script>"}
-    await box.store.inbox_accept([delivery(clock, "<b>x</b>", "t", evil)])
+    await box.store.inbox.accept([delivery(clock, "<b>x</b>", "t", evil)])
     await login(client)
     page = (await client.get("/admin/inbox/1")).text
     listing = (await client.get("/admin/inbox")).text

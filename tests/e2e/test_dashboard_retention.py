@@ -66,7 +66,7 @@ async def test_retention_page_sets_and_removes_a_tenants_ages(
                 "/admin/retention/set", data={"tenant": "acme", "payload_max_age": "1d"}
             )
             assert forged.status_code == 403
-            assert await box.store.retention_policy_get("acme") is None
+            assert await box.store.retention.policy_get("acme") is None
             for bad, code in (
                 ({"payload_max_age": "soon"}, "bad_age"),
                 ({"payload_max_age": "30s"}, "bad_age"),
@@ -75,7 +75,7 @@ async def test_retention_page_sets_and_removes_a_tenants_ages(
             ):
                 where = await post("/admin/retention/set", csrf=csrf, tenant="acme", **bad)
                 assert where.endswith(f"error={code}"), (bad, where)
-            assert await box.store.retention_policy_get("acme") is None
+            assert await box.store.retention.policy_get("acme") is None
             where = await post(
                 "/admin/retention/set",
                 csrf=csrf,
@@ -84,7 +84,7 @@ async def test_retention_page_sets_and_removes_a_tenants_ages(
                 outbox_payload_max_age="",
             )
             assert where == "/admin/retention?notice=retention_set"
-            stored = await box.store.retention_policy_get("acme")
+            stored = await box.store.retention.policy_get("acme")
             assert stored is not None and stored.payload_max_age == 12 * 3600
             assert stored.outbox_payload_max_age is None and stored.updated_by == "dashboard"
             page = (await client.get(where)).text
@@ -138,13 +138,13 @@ async def test_browser_sets_and_removes_a_tenants_retention(database_url: str) -
             deliveries = await acme.locator("[data-age=outbox_payload_max_age]").inner_text()
             assert events == "7d 0h (api)" and deliveries == "90d 0h (api)"
             await page.screenshot(path=SCREENSHOTS / f"{backend}-retention.png", full_page=True)
-            stored = await box.store.retention_policy_get("acme")
+            stored = await box.store.retention.policy_get("acme")
             assert stored is not None and stored.payload_max_age == 7 * DAY
             await acme.locator("button[name=clear]").click()
             await page.wait_for_selector("[role=status]")
             assert await page.locator("tr[data-retention-tenant=acme]").count() == 0
             assert await page.locator("tr[data-retention-tenant=filed]").count() == 1
-            assert await box.store.retention_policy_get("acme") is None
+            assert await box.store.retention.policy_get("acme") is None
             await browser.close()
     finally:
         await box.close()

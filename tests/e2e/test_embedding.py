@@ -742,7 +742,7 @@ def test_doctor_tables_missing_exits_4_and_names_stuck_channels(tmp_path: Path) 
         box = Relaybox(url)
         await box.migrate()
         async with box.store.transaction() as conn:
-            await box.store.outbox_insert_rows(
+            await box.store.inbox.outbox_insert_rows(
                 conn, [("email", "k1", "{}", "t", None)], now=time.time()
             )
         await box.close()
@@ -801,7 +801,7 @@ def _seed_finished_event(url: str, event_id: str) -> int:
     async def seed() -> int:
         box = Relaybox(url)
         await box.migrate()
-        [outcome] = await box.store.inbox_accept(
+        [outcome] = await box.store.inbox.accept(
             [
                 NewDelivery(
                     source="stripe",
@@ -902,7 +902,7 @@ async def test_friction3_the_dashboard_overview_names_an_unregistered_channel(
     token = "t" * 24
     box = Relaybox(settings=Settings(database_url=database_url, admin_token=token))
     async with box.store.transaction() as conn:
-        await box.store.outbox_insert_rows(
+        await box.store.inbox.outbox_insert_rows(
             conn,
             [("email", "k1", "{}", "t", None), ("webhook", "k2", "{}", "t", None)],
             now=time.time(),

@@ -12,7 +12,7 @@ Deliveries reach the inbox in one of two ways, each stated in the test:
   serve`` process;
 - **in process**: through the same receiver code, called as an ASGI app without a
   socket (verification, tenant mapping and the group-committing acceptor all run);
-  one store-level test calls ``store.inbox_accept`` with whole batches.
+  one store-level test calls ``store.inbox.accept`` with whole batches.
 
 Each test that once documented a bug now asserts its fix, naming the code that
 holds it in its message.
@@ -587,12 +587,12 @@ async def test_concurrent_batches_with_the_same_events_do_not_deadlock(db: Db) -
     box = db.box
     # Two connections open first, so that both batches really start together.
     warm = [new_delivery(box, invoice_paid(f"evt_warm_{n}", "in_warm")) for n in (1, 2, 3)]
-    await box.store.inbox_accept(warm[:1])
-    await asyncio.gather(*(box.store.inbox_accept([d]) for d in warm[1:]))
+    await box.store.inbox.accept(warm[:1])
+    await asyncio.gather(*(box.store.inbox.accept([d]) for d in warm[1:]))
     batch = [new_delivery(box, invoice_paid(f"evt_{n}", f"in_{n}")) for n in range(1000)]
     results = await asyncio.gather(
-        box.store.inbox_accept(batch),
-        box.store.inbox_accept(batch[::-1]),
+        box.store.inbox.accept(batch),
+        box.store.inbox.accept(batch[::-1]),
         return_exceptions=True,
     )
     failed = [r for r in results if isinstance(r, BaseException)]

@@ -50,7 +50,7 @@ async def test_sigkill_before_recording_resends_the_webhook_and_holds_the_review
         await endpoint(box, hooks.url)
         message = await publish_one(box, "payment.succeeded", {"paymentId": "pay_1"})
         async with box.store.transaction() as conn:
-            await box.store.outbox_insert(
+            await box.store.inbox.outbox_insert(
                 conn,
                 channel="review-http",
                 key="refund:pay_1",

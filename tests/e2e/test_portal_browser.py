@@ -66,7 +66,7 @@ async def test_browser_tenant_portal_end_to_end(database_url: str) -> None:
             other_message = await publish_one(box, "order.paid", tenant="client-b")
             await sink.wait_for(1, within=20)
             await asyncio.wait_for(b_recorded.wait(), 20)  # its attempt is committed
-            [other_attempt] = await box.store.attempt_list(other_message.id, "client-b")
+            [other_attempt] = await box.store.outbox.attempt_list(other_message.id, "client-b")
 
             _, key = await create_api_key(box, "client-a")
             async with aiohttp.ClientSession() as http:

@@ -42,7 +42,7 @@ async def test_sigkill_in_a_replay_job_loses_nothing_and_doubles_nothing(
             clock.advance(0.001)
             await box.publish(conn, "pet.adopted", {"n": n}, tenant="t1", endpoint_ids=[])
     endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook")
-    await box.store.endpoint_pause(endpoint_id, "t1", paused=True, now=clock.now())  # no sends
+    await box.store.flow.endpoint_pause(endpoint_id, "t1", paused=True, now=clock.now())  # no sends
     job = await start_replay(box, endpoint_id, since=0.0, tenant="t1")
     assert job is not None
 
@@ -55,7 +55,7 @@ async def test_sigkill_in_a_replay_job_loses_nothing_and_doubles_nothing(
     # long to start it).
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        current = await box.store.replay_job_get(job.id, None)
+        current = await box.store.flow.replay_job_get(job.id, None)
         assert current is not None
         if current.queued >= 20:
             break
@@ -63,7 +63,7 @@ async def test_sigkill_in_a_replay_job_loses_nothing_and_doubles_nothing(
     os.kill(proc.pid, signal.SIGKILL)
     assert await proc.wait_exit(within=30) == -signal.SIGKILL, proc.tail()
 
-    killed = await box.store.replay_job_get(job.id, None)
+    killed = await box.store.flow.replay_job_get(job.id, None)
     assert killed is not None and killed.status == "running", proc.tail()
     assert 20 <= killed.queued < MESSAGES
     rows = [r for r in await outbox_rows(box) if r["endpoint_id"] == endpoint_id]

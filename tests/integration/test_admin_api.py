@@ -71,7 +71,7 @@ async def seed(box: Relaybox, clock: FrozenClock) -> dict[str, int]:
     async def bad(ctx: Context) -> None:
         raise PermanentError("invoice has no customer")
 
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [
             delivery(clock, "ok-1", "ok", {"n": 1, "items": [1, 2]}),
             delivery(clock, "bad-1", "bad", {"n": 2}),
@@ -80,7 +80,7 @@ async def seed(box: Relaybox, clock: FrozenClock) -> dict[str, int]:
     )
     await box.worker().run_once()
     clock.advance(60)
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [
             delivery(clock, "ok-1", "ok", {"n": 1, "items": [1, 3], "extra": True}),
             delivery(clock, "new-1", "ok", {"n": 4}),
@@ -441,7 +441,7 @@ def test_the_committed_openapi_document_is_current() -> None:
 def test_ops_queries_have_the_same_names_and_parameters_on_both_backends() -> None:
     """``postgres_ops.sql`` ($n) and ``sqlite_ops.sql`` (?n) must define the same
     blocks with the same parameter numbers: the callers pass one tuple to either."""
-    from relaybox.store.base import load_queries
+    from relaybox.store.backend import load_queries
 
     pg = {k: v for k, v in load_queries("postgres").items() if k.startswith("ops_")}
     lite = {k: v for k, v in load_queries("sqlite").items() if k.startswith("ops_")}

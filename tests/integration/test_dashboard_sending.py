@@ -64,7 +64,7 @@ async def test_endpoint_create_edit_rotate_test_and_the_log(admin: Any) -> None:
             f"{base}/endpoints/{endpoint_id}/edit", data={**edit, "event_types": "order.* x.*"}
         ) as r:
             assert r.status == 200 and "The endpoint was saved." in await r.text()
-        found = await box.store.endpoint_get(endpoint_id, "shop-1")
+        found = await box.store.outbox.endpoint_get(endpoint_id, "shop-1")
         assert found.description == "orders" and found.event_types == ["order.*", "x.*"]
 
         async with http.post(f"{base}/endpoints/{endpoint_id}/rotate", data={"csrf": csrf}) as r:

@@ -318,8 +318,12 @@ async def test_an_invalid_oauth2_token_url_at_fetch_is_dead_blocked(
         await endpoint(box, receiver.url, credentials={**OAUTH2, "token_url": tokens.url})
         sealed = outbound(box).vault.seal(json.dumps(spec))
         async with box.store.transaction() as conn:
-            [(endpoint_id, stored)] = await box.store.endpoint_credentials_page(conn, "", 10)
-            assert await box.store.endpoint_credentials_swap(conn, endpoint_id, stored, sealed)
+            [(endpoint_id, stored)] = await box.store.credentials.endpoint_credentials_page(
+                conn, "", 10
+            )
+            assert await box.store.credentials.endpoint_credentials_swap(
+                conn, endpoint_id, stored, sealed
+            )
         error = await _refused_at_fetch(box, tokens, receiver)
     assert error == "OAuth2 token: refused by the SSRF guard: not a valid URL"
 

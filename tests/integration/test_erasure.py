@@ -132,7 +132,7 @@ async def test_erase_a_subject_keeps_keys_and_outcomes(box: Relaybox) -> None:
                            "inbox_attempts": 0}  # fmt: skip
     third = await erase(box, subject=ALICE, actor="dpo@example.com")
     assert third.id != second.id and not any(third.rows.values()) and third.finished_at
-    assert len(await box.store.erasure_list()) == 3
+    assert len(await box.store.erasure.latest()) == 3
 
 
 async def test_arguments_are_checked(box: Relaybox) -> None:
@@ -146,7 +146,7 @@ async def test_arguments_are_checked(box: Relaybox) -> None:
     ):
         with pytest.raises(InvalidRequest):
             await start_erasure(box, **bad)
-    assert await box.store.erasure_list() == []
+    assert await box.store.erasure.latest() == []
 
 
 async def test_pending_rows_wait_until_they_finish(box: Relaybox) -> None:
@@ -168,7 +168,7 @@ async def test_pending_rows_wait_until_they_finish(box: Relaybox) -> None:
     assert await kit.run_worker() == 1  # the handler runs on the whole payload
     await Maintenance(box).run_once()
 
-    finished = await box.store.erasure_get(first.id)
+    finished = await box.store.erasure.get(first.id)
     assert finished is not None and finished.finished_at is not None
     assert finished.waiting == 0 and finished.rows["inbox"] == 2
     assert (await inbox(box))["evt_pending"]["payload"] is None
@@ -184,14 +184,14 @@ async def test_an_erasure_cut_short_is_finished_by_maintenance(box: Relaybox) ->
         await kit.send("stripe", payload=invoice(f"evt_a{i}", ALICE, ALICE_EMAIL))
     assert await kit.run_worker() == 5
     erasure, _ = await start_erasure(box, subject=ALICE, actor="dpo", reason="r")
-    first = await box.store.erase_batch(erasure, now=box.clock.now(), limit=2)
+    first = await box.store.erasure.erase_batch(erasure, now=box.clock.now(), limit=2)
     assert first["inbox"] == 2
-    cut = await box.store.erasure_get(erasure.id)
+    cut = await box.store.erasure.get(erasure.id)
     assert cut is not None and cut.finished_at is None and cut.rows["inbox"] == 2
 
     await Maintenance(box).run_once()
 
-    done = await box.store.erasure_get(erasure.id)
+    done = await box.store.erasure.get(erasure.id)
     assert done is not None and done.finished_at is not None
     assert done.rows["inbox"] == 5 and done.waiting == 0
     assert all(r["payload"] is None for r in (await inbox(box)).values())
@@ -443,7 +443,7 @@ async def _files_hold(box: Relaybox, marker: bytes) -> list[str]:
     a CHECKPOINT) that hold ``marker``."""
     store = box.store
     if store.backend == "sqlite":
-        await store.erasure_flush()
+        await store.erasure.flush()
         path = Path(make_url(store.url).database or "")
         found = []
         for file in (path, Path(f"{path}-wal")):

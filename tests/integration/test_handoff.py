@@ -59,14 +59,14 @@ async def inbox(box: Relaybox) -> dict[str, dict[str, Any]]:
 def claims_seen(box: Relaybox) -> list[int]:
     """Record the ids every claim of ``box``'s store returns."""
     seen: list[int] = []
-    claim = box.store.inbox_claim
+    claim = box.store.inbox.claim
 
     async def recording(**kwargs: Any) -> Claim:
         found = await claim(**kwargs)
         seen.extend([*found.ids, *found.suspects])
         return found
 
-    box.store.inbox_claim = recording  # type: ignore[method-assign]
+    box.store.inbox.claim = recording  # type: ignore[method-assign]
     return seen
 
 
@@ -162,7 +162,7 @@ async def test_a_duplicate_or_a_failed_insert_gives_the_room_back(box: Relaybox)
         assert worker._reserved == 1  # offered and counted while the insert runs
         raise ConnectionError("the database went away")
 
-    box.store.inbox_accept = refused  # type: ignore[method-assign]
+    box.store.inbox.accept = refused  # type: ignore[method-assign]
     second = delivery(box, "second")
     with pytest.raises(Exception, match="unavailable"):
         await box.inbound.acceptor.accept(second)
@@ -199,13 +199,13 @@ async def test_a_claim_in_flight_counts_the_free_chains_as_its_own(box: Relaybox
     (woken by their insert). Once the claim returns, offers take again."""
     worker = box.worker()
     during: list[int] = []
-    claim = box.store.inbox_claim
+    claim = box.store.inbox.claim
 
     async def offering(**kwargs: Any) -> Claim:
         during.append(worker.offer([delivery(box, "meanwhile")]))
         return await claim(**kwargs)
 
-    box.store.inbox_claim = offering  # type: ignore[method-assign]
+    box.store.inbox.claim = offering  # type: ignore[method-assign]
     assert await worker.run_once() == 0  # nothing to claim
     assert during == [0]
     after = [delivery(box, "after")]

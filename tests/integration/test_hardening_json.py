@@ -184,7 +184,7 @@ async def test_an_outbox_row_with_a_float_json_has_not_fails_in_the_handler(
     async def handler(ctx: Context) -> None:
         await ctx.outbox.add("email", ctx.event.event_id, {"amount": float("inf")})
 
-    await box.store.inbox_accept([delivery(clock, "e1", "x", {})])
+    await box.store.inbox.accept([delivery(clock, "e1", "x", {})])
     assert await box.worker().run_once() == 1
     [row] = await box.store.fetch_all("SELECT status, last_error FROM relaybox_inbox")
     assert row["status"] == "pending" and "not JSON numbers" in row["last_error"]

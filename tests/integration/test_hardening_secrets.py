@@ -34,7 +34,7 @@ from relaybox.outbound import configure, create_api_key, endpoints, outbound, se
 from relaybox.outbound.channels.http import credential_header, record_headers
 from relaybox.outbound.endpoints import seal_plaintext
 from relaybox.outbound.vault import PREFIX, KeyFile, KeyFileError, SecretsKeyMissing, new_key
-from relaybox.store.base import load_migrations
+from relaybox.store.backend import load_migrations
 from relaybox.store.schema_sync import migrate_sync
 from tests.conftest import KEYED, Served, _dsn
 from tests.integration.test_admin_api import AUTH, TOKEN
@@ -52,9 +52,9 @@ async def as_older_versions_stored(box: Relaybox) -> list[str]:
     that sealed only with ``outbound.secrets_key`` stored without one. Returns them."""
     vault, store = outbound(box).vault, box.store
     async with store.transaction() as conn:
-        rows = await store.endpoint_secrets_page(conn, 0, 10_000)
+        rows = await store.outbox.endpoint_secrets_page(conn, 0, 10_000)
         for secret_id, stored in rows:
-            await store.endpoint_secret_swap(conn, secret_id, stored, vault.open(stored))
+            await store.outbox.endpoint_secret_swap(conn, secret_id, stored, vault.open(stored))
     return [vault.open(stored) for _, stored in rows]
 
 

@@ -309,7 +309,7 @@ async def test_lone_surrogates_in_stored_payloads_are_shown_escaped_on_the_admin
         found = hashlib.sha256(payload).digest()
         row = delivery(clock, "evt_s", "ok", None, payload=payload, fingerprint=found,
                        headers=headers)  # fmt: skip
-        await box.store.inbox_accept([row])
+        await box.store.inbox.accept([row])
     [event] = await box.store.fetch_all("SELECT id FROM relaybox_inbox WHERE event_id = 'evt_s'")
     async with httpx.AsyncClient(base_url=url + "/admin", timeout=30) as admin:
         r = await admin.get(f"/api/v1/inbox/{event['id']}", headers=AUTH)

@@ -168,7 +168,7 @@ async def test_inbox_dead_fires_with_the_dead_letter(box: Relaybox, clock: Froze
 
     async with HttpReceiver() as ops:
         await endpoint(box, ops.url, tenant=OPS)
-        await box.store.inbox_accept(
+        await box.store.inbox.accept(
             [_delivery(clock, "e1", "invoice.bad"), _delivery(clock, "e2", "invoice.ok")]
         )
         await box.worker(concurrency=1).run_once()
@@ -314,7 +314,7 @@ async def test_a_claim_that_dead_letters_a_dead_workers_event_announces_it(
     box: Relaybox, clock: FrozenClock
 ) -> None:
     local(box)
-    await box.store.inbox_accept([_delivery(clock, "poison", "invoice.crash")])
+    await box.store.inbox.accept([_delivery(clock, "poison", "invoice.crash")])
     worker = box.worker(concurrency=1)
     # Its last attempt started and never finished: the worker process died.
     n, t = worker.backoff.max_attempts, clock.now()
@@ -337,10 +337,10 @@ async def test_a_failure_after_the_recovery_in_one_batch_is_ended_by_the_next_su
     endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook")
     async with box.store.transaction() as conn:
         for _ in range(3):
-            await box.store.endpoint_failed(conn, endpoint_id, now=clock.now())
-        await box.store.endpoint_failing_level(conn, endpoint_id, 3)
+            await box.store.dispatch.endpoint_failed(conn, endpoint_id, now=clock.now())
+        await box.store.credentials.endpoint_failing_level(conn, endpoint_id, 3)
         await endpoint_recovered(box, conn, [endpoint_id])
-        streak = await box.store.endpoint_failed(conn, endpoint_id, now=clock.now())
+        streak = await box.store.dispatch.endpoint_failed(conn, endpoint_id, now=clock.now())
         assert streak is not None and (streak.failures, streak.failing_level) == (1, 0)
         await endpoint_recovered(box, conn, [endpoint_id])
     [row] = await box.store.fetch_all(
@@ -396,7 +396,7 @@ async def test_the_application_receives_its_operational_events_in_its_own_handle
         box.source("relaybox-ops", sources.standard(secrets=[ops_secret]))
         shop_id, _ = await endpoint(box, "http://127.0.0.1:9/hook")
         await disable_endpoint(box, shop_id, tenant="t1")
-        await box.store.inbox_accept([_delivery(clock, "inv-1", "invoice.bad")])
+        await box.store.inbox.accept([_delivery(clock, "inv-1", "invoice.bad")])
         assert await box.worker(concurrency=1).run_once() == 1
         assert await dispatch_once(box) == 2  # both events, to this box's receiver
         assert await box.worker(concurrency=1).run_once() == 2

@@ -98,7 +98,7 @@ async def test_inbox_show_prints_a_payload_with_a_lone_surrogate_escaped(
     box = Relaybox(settings=Settings(database_url=database_url), clock=clock)
     raw = b'{"id": "evt_s", "account": "acct_\\ud800", "note": "caf\\u00e9"}'
     row = delivery(clock, "evt_s", "ok", None, payload=raw, fingerprint=b"s" * 32)
-    await box.store.inbox_accept([row])
+    await box.store.inbox.accept([row])
     [found] = await box.store.fetch_all("SELECT id FROM relaybox_inbox")
     await box.close()
     human = (await cli("inbox", "show", str(found["id"]), "--database-url", database_url)).stdout
@@ -184,7 +184,7 @@ async def test_doctor_names_long_transactions_and_dead_rows(
     config = tmp_path / "relaybox.toml"
     config.write_text(f'[outbound]\nsecrets_key = "{SECRETS_KEY}"\n')
     box = Relaybox(settings=Settings(database_url=database_url))
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [delivery(FrozenClock(1.8e9), f"e{i}", "x", {}) for i in range(50)]
     )
     args = ("doctor", "--json", "--config", str(config), "--database-url", database_url)

@@ -131,7 +131,7 @@ async def test_the_same_version_again_is_current_and_no_version_is_refused(
         sub = ctx.payload["data"]
         await project(ctx, f"subscription:{sub['id']}", sub.get("version"), sub.get("status"))
 
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [
             delivery(subscription("e10", 10, "active"), clock.now()),
             delivery(subscription("e9", 9, "paused"), clock.now()),
@@ -151,7 +151,7 @@ async def test_the_same_version_again_is_current_and_no_version_is_refused(
     assert stored is not None and (stored.version, stored.state) == ("10", "active")
 
     # Arrival order and timestamps are not versions: no version → dead "invalid".
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [delivery({"id": "e0", "type": "t", "data": {"id": "sub_1"}}, clock.now())]
     )
     await box.worker().run_once()
@@ -186,7 +186,7 @@ async def test_history_is_not_a_projection(box: Relaybox, clock: FrozenClock) ->
     worker = box.worker()
     for event_id, invoice in (("evt_b", "inv_B"), ("evt_a", "inv_A")):
         body = {"id": event_id, "type": "invoice.paid", "data": {"id": invoice}}
-        await box.store.inbox_accept([delivery(body, clock.now())])
+        await box.store.inbox.accept([delivery(body, clock.now())])
         assert await worker.run_once() == 1
     grants = await box.store.fetch_all("SELECT invoice FROM grants ORDER BY invoice")
     assert [g["invoice"] for g in grants] == ["inv_A", "inv_B"]
@@ -249,7 +249,7 @@ async def test_inverted_updates_and_a_concurrent_replay(database_url: str) -> No
     async def deliver() -> None:
         for start in range(0, len(bodies), 3):
             now = time.time()
-            await box.store.inbox_accept([delivery(b, now) for b in bodies[start : start + 3]])
+            await box.store.inbox.accept([delivery(b, now) for b in bodies[start : start + 3]])
             await asyncio.sleep(0.01)
 
     async def replay_alongside() -> None:

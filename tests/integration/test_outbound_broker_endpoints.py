@@ -174,7 +174,7 @@ async def test_a_grant_revoked_later_blocks_the_deliveries_and_handlers_go_on(
     configure(box, brokers={"feed": _redis(name)})  # the grant is revoked
     second = await publish_one(box, "order.paid", tenant="client-42")
     async with box.store.transaction() as conn:  # a handler's row, with an event's tenant
-        await box.store.outbox_insert(
+        await box.store.inbox.outbox_insert(
             conn,
             channel="feed",
             key="handler-1",

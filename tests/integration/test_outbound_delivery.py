@@ -338,7 +338,7 @@ async def test_a_channel_without_its_own_timer_is_cut_at_the_lease_deadline(
     local(box, max_timeout=0.2, timeout=0.2, lease_ttl=5.3).channel("silent", _Silent())
     assert not _Silent.bounded and WebhookChannel.bounded and HttpChannel.bounded
     async with box.store.transaction() as conn:
-        await box.store.outbox_insert(
+        await box.store.inbox.outbox_insert(
             conn, channel="silent", key="k1", payload="{}", tenant=None, inbox_id=None,
             now=box.clock.now(),
         )  # fmt: skip

@@ -92,7 +92,7 @@ async def _send_one(
     """One e-mail through the dispatcher and ``channel``; its outbox row after."""
     local(box).channel("email", channel)
     async with box.store.transaction() as conn:
-        await box.store.outbox_insert(
+        await box.store.inbox.outbox_insert(
             conn,
             channel="email",
             key="k-smtp",

@@ -82,11 +82,11 @@ async def test_paused_deliveries_wait_and_go_out_in_publish_order_on_resume(
             clock.advance(2 * 24 * 3600)
         waiting = await rows_of(box, endpoint_id)
         assert [(r["status"], r["attempts"]) for r in waiting] == [("pending", 0)] * 10
-        assert (await box.store.endpoint_paused_backlog()) == {endpoint_id: 10}
+        assert (await box.store.flow.endpoint_paused_backlog()) == {endpoint_id: 10}
         await box.metrics.refresh(box)
         gauge = box.metrics.registry.get_sample_value
         assert (gauge("relaybox_paused_endpoints"), gauge("relaybox_paused_deliveries")) == (1, 10)
-        current = await box.store.endpoint_get(endpoint_id, "t1")
+        current = await box.store.outbox.endpoint_get(endpoint_id, "t1")
         assert current is not None and current.to_json()["paused"]
 
         assert await resume_endpoint(box, endpoint_id, tenant="t1")
@@ -96,7 +96,7 @@ async def test_paused_deliveries_wait_and_go_out_in_publish_order_on_resume(
     assert numbers(seen) == list(range(10))
     done = await rows_of(box, endpoint_id)
     assert [r["status"] for r in done] == ["sent"] * 10
-    assert await box.store.endpoint_paused_backlog() == {}
+    assert await box.store.flow.endpoint_paused_backlog() == {}
 
 
 async def test_pausing_twice_and_resuming_a_running_endpoint_change_nothing(
@@ -104,16 +104,16 @@ async def test_pausing_twice_and_resuming_a_running_endpoint_change_nothing(
 ) -> None:
     endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook")
     assert await pause_endpoint(box, endpoint_id, tenant="t1")
-    first = await box.store.endpoint_get(endpoint_id, None)
+    first = await box.store.outbox.endpoint_get(endpoint_id, None)
     assert await pause_endpoint(box, endpoint_id, tenant="t1")
-    again = await box.store.endpoint_get(endpoint_id, None)
+    again = await box.store.outbox.endpoint_get(endpoint_id, None)
     assert first is not None and again is not None and first.paused_at == again.paused_at
-    assert not await box.store.endpoint_pause(endpoint_id, None, paused=True, now=T0)
-    assert await box.store.endpoint_pause(endpoint_id, None, paused=False, now=T0)
-    assert not await box.store.endpoint_pause(endpoint_id, None, paused=False, now=T0)
+    assert not await box.store.flow.endpoint_pause(endpoint_id, None, paused=True, now=T0)
+    assert await box.store.flow.endpoint_pause(endpoint_id, None, paused=False, now=T0)
+    assert not await box.store.flow.endpoint_pause(endpoint_id, None, paused=False, now=T0)
     # Another tenant's endpoint is not found.
     assert not await pause_endpoint(box, endpoint_id, tenant="t2")
-    assert not await box.store.endpoint_pause(endpoint_id, "t2", paused=True, now=T0)
+    assert not await box.store.flow.endpoint_pause(endpoint_id, "t2", paused=True, now=T0)
 
 
 # -- replay missing ---------------------------------------------------------------------
@@ -174,7 +174,8 @@ async def test_four_replays_at_once_make_one_job_that_queues_each_message_once(
     assert len(rows) == len({r["message_id"] for r in rows}) == 40
     # Queued in publish order.
     order = [
-        m.id for m in await box.store.message_list("t1", event_type=None, before=None, limit=100)
+        m.id
+        for m in await box.store.outbox.message_list("t1", event_type=None, before=None, limit=100)
     ]
     assert [r["message_id"] for r in rows] == order[::-1]
     # The endpoint is free for the next replay once the job ended.
@@ -204,7 +205,7 @@ async def test_replay_missing_is_bounded_and_says_where_to_go_on(
     assert third is not None and (third.queued, third.scanned, third.complete) == (0, 1, True)
     queued = []
     for row in await rows_of(box, endpoint_id):
-        message = await box.store.message_get(row["message_id"], "t1")
+        message = await box.store.outbox.message_get(row["message_id"], "t1")
         assert message is not None
         queued.append(message.envelope["data"]["n"])
     assert queued == [0, 2, 3, 4, 5]
@@ -260,11 +261,11 @@ async def test_a_bad_filter_is_refused_when_saved(box: Relaybox) -> None:
         await endpoint(box, "http://127.0.0.1:9/hook", filter={"$or": [{"a": {"$in": [[1]]}}]})
     with pytest.raises(InvalidFilter, match="over the limit of 200"):
         await endpoint(box, "http://127.0.0.1:9/hook", filter={"a": {"$in": ["x" * 300]}})
-    assert await box.store.endpoint_list("t1", limit=10) == []
+    assert await box.store.outbox.endpoint_list("t1", limit=10) == []
     endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook", filter={"type": "a"})
     with pytest.raises(InvalidFilter, match=r"^type\.\$gt: a number or a string, not null"):
         await update_endpoint(box, endpoint_id, "t1", EndpointPatch(filter={"type": {"$gt": None}}))
-    kept = await box.store.endpoint_get(endpoint_id, None)
+    kept = await box.store.outbox.endpoint_get(endpoint_id, None)
     assert kept is not None and kept.payload_filter == {"type": "a"}
 
 

@@ -105,7 +105,7 @@ async def test_a_review_channels_lane_is_never_leased_ahead(pg: Relaybox) -> Non
     hold for a person although it was never sent."""
     async with pg.store.transaction() as conn:
         for i in range(12):
-            await pg.store.outbox_insert(
+            await pg.store.inbox.outbox_insert(
                 conn,
                 channel="review-http",
                 key=f"refund:{i}",

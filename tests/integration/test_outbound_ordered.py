@@ -143,7 +143,7 @@ async def test_a_dead_head_holds_its_key_or_is_skipped(live: Relaybox, on_dead: 
                 await receiver.wait_for(2 + 1, within=30)  # k1 twice, other
                 await asyncio.sleep(0.5)  # k2 and k3 stay held
                 assert len(receiver.requests) == 3
-                blocked = await live.store.ordering_blocked_keys(
+                blocked = await live.store.outbox.ordering_blocked_keys(
                     endpoint_id=eid, tenant=None, limit=10
                 )
                 assert [(b.ordering_key, b.sequence, b.waiting) for b in blocked] == [("k", 1, 2)]

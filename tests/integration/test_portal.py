@@ -193,7 +193,7 @@ async def test_logout_ends_the_session_for_every_process(
                 assert "Session ended" in text and portal.base not in text
         status, _, _ = await portal.post(f"/endpoints/{endpoint_id}/disable")
         assert status == 401
-        found = await box.store.endpoint_get(endpoint_id, "client-42")
+        found = await box.store.outbox.endpoint_get(endpoint_id, "client-42")
         assert found is not None and found.status == "enabled"
         assert (await portal.post("/logout"))[0] == 401  # once is enough
     assert (await other.get("/endpoints"))[0] == 200  # only that session ended
@@ -227,7 +227,7 @@ async def test_revoking_the_api_key_ends_the_sessions_of_its_links(
     assert status == 401 and "this session has ended" in text
     status, _, _ = await doomed.post("/endpoints", {"url": "http://127.0.0.1:9/x"})
     assert status == 401
-    assert await box.store.endpoint_list("client-42", limit=10) == []
+    assert await box.store.outbox.endpoint_list("client-42", limit=10) == []
     async with http.get(unopened, allow_redirects=False) as r:
         assert r.status == 401 and "no longer valid" in await r.text()
     assert (await survivor.get("/endpoints"))[0] == 200
@@ -384,7 +384,7 @@ async def test_manage_endpoints_secrets_tests_and_the_log(
         assert "notice=paused" in location
         _, page = await portal.get(f"/endpoints/{endpoint_id}")
         assert 'id="paused"' in page and 'id="resume"' in page
-        found = await box.store.endpoint_get(endpoint_id, "client-42")
+        found = await box.store.outbox.endpoint_get(endpoint_id, "client-42")
         assert found is not None and found.paused_at is not None
         status, location, _ = await portal.post(f"/endpoints/{endpoint_id}/resume")
         assert "notice=resumed" in location
@@ -410,7 +410,7 @@ async def test_payload_filters_are_edited_checked_and_applied_at_fan_out(
     receiver = HttpReceiver(Reply(200, b"ok"))
 
     async def delivered_to(endpoint_id: str, message_id: str) -> bool:
-        rows = await box.store.delivery_list(
+        rows = await box.store.outbox.delivery_list(
             "client-42", message_id=message_id, endpoint_id=None, undelivered=False, limit=5
         )
         return any(r.endpoint_id == endpoint_id for r in rows)
@@ -433,7 +433,7 @@ async def test_payload_filters_are_edited_checked_and_applied_at_fan_out(
             )
             assert problem in html.unescape(shown)
             assert 'id="create-endpoint"' in text and typed in html.unescape(text)
-            assert await box.store.endpoint_list("client-42", limit=10) == []
+            assert await box.store.outbox.endpoint_list("client-42", limit=10) == []
 
         status, _, text = await portal.post(
             "/endpoints",
@@ -445,7 +445,7 @@ async def test_payload_filters_are_edited_checked_and_applied_at_fan_out(
         )
         assert status == 200, text
         [endpoint_id] = ids_in(text, "ep")
-        found = await box.store.endpoint_get(endpoint_id, "client-42")
+        found = await box.store.outbox.endpoint_get(endpoint_id, "client-42")
         assert found is not None
         assert found.payload_filter == {"data.amount": {"$gte": 100}, "data.currency": "EUR"}
         _, subs = await portal.get("/subscriptions")
@@ -477,7 +477,7 @@ async def test_payload_filters_are_edited_checked_and_applied_at_fan_out(
         assert status == 422
         assert "$or[1]: a filter (an object), not a string" in text
         assert 'id="edit-endpoint"' in text and typed in html.unescape(text)
-        found = await box.store.endpoint_get(endpoint_id, "client-42")
+        found = await box.store.outbox.endpoint_get(endpoint_id, "client-42")
         assert found is not None
         assert found.payload_filter == {"data.amount": {"$gte": 100}, "data.currency": "EUR"}
 
@@ -499,7 +499,7 @@ async def test_payload_filters_are_edited_checked_and_applied_at_fan_out(
             f"/endpoints/{endpoint_id}", {"url": receiver.url, "filter": ""}
         )
         assert status == 303
-        found = await box.store.endpoint_get(endpoint_id, "client-42")
+        found = await box.store.outbox.endpoint_get(endpoint_id, "client-42")
         assert found is not None and found.payload_filter is None
         assert "none: every message of those types" in (await portal.get("/subscriptions"))[1]
         large = await publish_one(box, "order.paid", {"amount": 150}, tenant="client-42")
@@ -520,14 +520,14 @@ async def test_a_filter_nested_too_deep_to_read_is_refused_like_any_bad_filter(
     )
     assert status == 422, text
     assert problem in html.unescape(text) and 'id="create-endpoint"' in text
-    assert await box.store.endpoint_list("client-42", limit=10) == []
+    assert await box.store.outbox.endpoint_list("client-42", limit=10) == []
     endpoint_id, _ = await endpoint(box, "https://hooks.example.com/x", tenant="client-42")
     status, _, text = await portal.post(
         f"/endpoints/{endpoint_id}", {"url": "https://hooks.example.com/x", "filter": deep}
     )
     assert status == 422, text
     assert problem in html.unescape(text) and 'id="edit-endpoint"' in text
-    found = await box.store.endpoint_get(endpoint_id, "client-42")
+    found = await box.store.outbox.endpoint_get(endpoint_id, "client-42")
     assert found is not None and found.payload_filter is None
 
 
@@ -754,7 +754,7 @@ async def test_a_tenant_reaches_no_other_tenants_ids(
             box, "order.paid", tenant="client-b", idempotency_key=SHARED_KEY
         )
         assert await dispatch_once(box) == 1
-        attempts = await box.store.attempt_list(message.id, "client-b")
+        attempts = await box.store.outbox.attempt_list(message.id, "client-b")
         assert attempts
         ids = {"endpoint": other_endpoint, "message": message.id, "attempt": attempts[0].outbox_id}
         # A has a message of the same type under the same idempotency key (keys are
@@ -774,9 +774,9 @@ async def test_a_tenant_reaches_no_other_tenants_ids(
             _, page = await portal.get(listing)
             assert other_endpoint not in page and message.id not in page
         await _searches_find_nothing_of_b(box, http, server, portal, message.id, own.id)
-        found = await box.store.endpoint_get(other_endpoint, "client-b")
+        found = await box.store.outbox.endpoint_get(other_endpoint, "client-b")
         assert found is not None and found.status == "enabled" and found.paused_at is None
-        [row] = await box.store.delivery_list(
+        [row] = await box.store.outbox.delivery_list(
             "client-b", message_id=message.id, endpoint_id=None, undelivered=False, limit=5
         )
         assert row.status == "sent" and row.attempts == 1

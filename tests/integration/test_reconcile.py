@@ -125,7 +125,7 @@ async def test_a_handler_requests_a_reconciliation(box: Relaybox, clock: FrozenC
         await request(ctx, ctx.payload["id"])
 
     raw = json.dumps({"id": "sub_9"}).encode()
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [
             NewDelivery(
                 source="billing",

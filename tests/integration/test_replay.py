@@ -99,7 +99,7 @@ async def test_replay_cli(box: Relaybox, clock: FrozenClock, tmp_path: Path) -> 
             await ctx.conn.execute(text("INSERT INTO grants VALUES (:i)"), {"i": invoice})
 
     t0 = clock.now()
-    outcomes = await box.store.inbox_accept(
+    outcomes = await box.store.inbox.accept(
         [
             paid("e1", "inv_1", t0),
             paid("e2", "inv_2", t0),
@@ -210,7 +210,7 @@ async def test_a_discarded_dead_letter_stays_out_of_a_replay_unless_asked(
         raise PermanentError("not ours")
 
     t0 = clock.now()
-    [kept, thrown] = await box.store.inbox_accept([paid("d1", "i1", t0), paid("d2", "i2", t0)])
+    [kept, thrown] = await box.store.inbox.accept([paid("d1", "i1", t0), paid("d2", "i2", t0)])
     await box.worker().run_once()
     assert await statuses(box) == {"d1": "dead", "d2": "dead"}
     await dead_discard(box, thrown.inbox_id, actor="ops", reason="sandbox event")

@@ -104,7 +104,7 @@ async def test_the_admin_api_refuses_a_time_json_has_not(
             for raw in (b'{"since": 1e999, "reason": "x"}', b'{"since": "1e999", "reason": "x"}'):
                 answer = await client.post(url, content=raw, headers=headers)
                 assert answer.status_code == 400, (raw, answer.text)
-            assert await box.store.replay_job_latest(endpoint_id) is None
+            assert await box.store.flow.replay_job_latest(endpoint_id) is None
     finally:
         await box.close()
 
@@ -147,15 +147,15 @@ async def test_a_step_that_dies_before_its_commit_leaves_nothing_and_is_done_aga
     assert claimed is not None
     after_one = await first.step(claimed)  # one batch committed
     assert after_one is not None and after_one.queued == 5
-    advance = type(box.store).replay_job_advance
+    advance = type(box.store.flow).replay_job_advance
 
     async def dies(*args: Any, **kw: Any) -> Any:  # the process dies in the second batch,
         raise ConnectionResetError("killed")  # its deliveries inserted, not committed
 
-    monkeypatch.setattr(type(box.store), "replay_job_advance", dies)
+    monkeypatch.setattr(type(box.store.flow), "replay_job_advance", dies)
     with pytest.raises(ConnectionResetError):
         await first.step(after_one)
-    monkeypatch.setattr(type(box.store), "replay_job_advance", advance)
+    monkeypatch.setattr(type(box.store.flow), "replay_job_advance", advance)
     assert len(await rows_of(box, endpoint_id)) == 5  # the second batch rolled back
     second = ReplayRunner(box, "second")
     assert await second.run_once() is None  # the first one's lease is live
@@ -167,7 +167,7 @@ async def test_a_step_that_dies_before_its_commit_leaves_nothing_and_is_done_aga
     # The first runner, back, is fenced off: it queues nothing, counts nothing.
     with pytest.raises(Exception, match="rpl_"):
         await first.step(after_one)
-    again = await box.store.replay_job_get(job.id, None)
+    again = await box.store.flow.replay_job_get(job.id, None)
     assert again is not None and (again.status, again.queued) == ("done", 12)
     assert len(await rows_of(box, endpoint_id)) == 12
 
@@ -203,7 +203,7 @@ async def test_a_step_that_keeps_failing_ends_the_job_failed_saying_why(
     endpoint_id, _ = await endpoint(box, "http://127.0.0.1:9/hook")
     job = await start_replay(box, endpoint_id, since=0.0, tenant="t1")
     assert job is not None
-    page = type(box.store).message_missing_page
+    page = type(box.store.flow).message_missing_page
     calls = 0
 
     async def outage(*args: Any, **kw: Any) -> Any:
@@ -211,7 +211,7 @@ async def test_a_step_that_keeps_failing_ends_the_job_failed_saying_why(
         calls += 1
         raise ConnectionResetError("the database went away")
 
-    monkeypatch.setattr(type(box.store), "message_missing_page", outage)
+    monkeypatch.setattr(type(box.store.flow), "message_missing_page", outage)
     runner = ReplayRunner(box)
     again = await runner.run_once()
     assert calls == 1 and again is not None and again.status == "running"
@@ -222,15 +222,15 @@ async def test_a_step_that_keeps_failing_ends_the_job_failed_saying_why(
         raise ValueError("a message the filter cannot read")
 
     calls = 0
-    monkeypatch.setattr(type(box.store), "message_missing_page", broken)
-    await box.store.replay_job_release(job.id, runner.name, now=box.clock.now())
+    monkeypatch.setattr(type(box.store.flow), "message_missing_page", broken)
+    await box.store.flow.replay_job_release(job.id, runner.name, now=box.clock.now())
     failed = await runner.run_once()
     assert calls == 3 and failed is not None
     assert (failed.status, failed.error) == (
         "failed",
         "a step failed 3 times: ValueError: a message the filter cannot read",
     )
-    monkeypatch.setattr(type(box.store), "message_missing_page", page)
+    monkeypatch.setattr(type(box.store.flow), "message_missing_page", page)
     assert await rows_of(box, endpoint_id) == []
     # The endpoint's slot is free again: a new job can start.
     assert await start_replay(box, endpoint_id, since=0.0, tenant="t1") is not None
@@ -250,7 +250,7 @@ async def test_a_running_dispatcher_runs_the_job_it_is_told_of(
         job = await start_replay(box, endpoint_id, since=0.0, tenant="t1")
         assert job is not None
         for _ in range(200):
-            current = await box.store.replay_job_get(job.id, "t1")
+            current = await box.store.flow.replay_job_get(job.id, "t1")
             if current is not None and current.status == "done":
                 break
             await asyncio.sleep(0.05)
@@ -269,7 +269,7 @@ async def test_the_maintenance_job_drops_replay_jobs_once_their_age_is_past(
     job = await start_replay(box, endpoint_id, since=0.0, tenant="t1")
     assert job is not None and await ReplayRunner(box).run_once() is not None
     await box.maintenance().run_once()
-    assert await box.store.replay_job_get(job.id, None) is not None  # ended just now
+    assert await box.store.flow.replay_job_get(job.id, None) is not None  # ended just now
     clock.advance(box.settings.retention.outbox_payload_max_age + 1)
     await box.maintenance().run_once()
-    assert await box.store.replay_job_get(job.id, None) is None
+    assert await box.store.flow.replay_job_get(job.id, None) is None

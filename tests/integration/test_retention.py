@@ -72,7 +72,7 @@ async def history(box: Relaybox, clock: FrozenClock) -> dict[str, int]:
 
     clock.set(time.time() - 40 * DAY)
     old = clock.now()
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [
             delivery(old, "done-old", "ok", {"n": 1}),
             delivery(old, "dead-old", "bad", {"n": 2}),
@@ -83,7 +83,7 @@ async def history(box: Relaybox, clock: FrozenClock) -> dict[str, int]:
         ]
     )
     await box.worker().run_once()
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [
             delivery(old, "quarantined-original", "ok", {"n": 5, "changed": True}),
             delivery(old, "resolved-original", "ok", {"n": 6, "changed": True}),
@@ -103,7 +103,7 @@ async def history(box: Relaybox, clock: FrozenClock) -> dict[str, int]:
         box, resolved["id"], resolution="kept_original", actor="t", reason="benign"
     )
     clock.set(time.time() - 1 * DAY)
-    await box.store.inbox_accept([delivery(clock.now(), "done-recent", "ok", {"n": 7})])
+    await box.store.inbox.accept([delivery(clock.now(), "done-recent", "ok", {"n": 7})])
     await box.worker().run_once()
     clock.set(time.time())
     return rows | {
@@ -181,7 +181,7 @@ async def test_a_purged_event_is_still_a_duplicate_and_cannot_be_replayed(
     ids = await history(box, clock)
     result = await purge(box, older_than=30 * DAY)
     assert result.inbox == 3
-    resend = await box.store.inbox_accept([delivery(clock.now(), "done-old", "ok", {"n": 1})])
+    resend = await box.store.inbox.accept([delivery(clock.now(), "done-old", "ok", {"n": 1})])
     assert resend[0].status == "duplicate"  # key and fingerprint survive the purge
     app = Starlette(routes=[Mount("/admin", app=build_admin(box))])
     async with httpx.AsyncClient(
@@ -248,7 +248,7 @@ async def sending_history(box: Relaybox, clock: FrozenClock, receiver: HttpRecei
         message = await publish_one(box, data={"to": name}, endpoint_ids=[eps[name]])
         messages[name] = message.id
     messages["nobody"] = (await publish_one(box, data={"to": "-"}, tenant="nobody")).id
-    await box.store.inbox_accept([delivery(clock.now(), "with-mail", "ok", {"n": 1})])
+    await box.store.inbox.accept([delivery(clock.now(), "with-mail", "ok", {"n": 1})])
     await box.worker().run_once()
     rows = {r["key"].split(":", 1)[0]: r["id"] for r in await outbox_rows(box)}
     ids = {name: rows[mid] for name, mid in messages.items() if mid in rows}

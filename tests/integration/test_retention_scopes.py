@@ -85,7 +85,7 @@ async def finished_history(box: Relaybox, clock: FrozenClock) -> None:
     """Events and deliveries of tenants ``short`` (2 days in the file), ``long`` (60
     days through the admin API) and none, all finished at the clock's time now."""
     local(box)
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [
             delivery("short-1", "short", "stripe", clock.now()),
             delivery("long-1", "long", "stripe", clock.now()),
@@ -310,7 +310,7 @@ async def test_cli_sets_shows_and_clears_a_tenants_ages(
     shown = json.loads(out.stdout)
     assert (shown["payload_max_age"], shown["payload_origin"]) == (7 * DAY, "api")
     assert shown["api"]["updated_by"].startswith("cli:")
-    stored = await box.store.retention_policy_get("acme")
+    stored = await box.store.retention.policy_get("acme")
     assert stored is not None and stored.payload_max_age == 7 * DAY
     out = await cli("retention", "show", *db)
     assert "acme: events 7d 0h (api)" in out.stdout
@@ -324,7 +324,7 @@ async def test_cli_sets_shows_and_clears_a_tenants_ages(
     assert json.loads(out.stdout)["payload_origin"] == "default"
     gone = await cli("retention", "clear", "acme", "--json", *db, code=1)
     assert json.loads(gone.stdout)["error"] == "not_found"
-    assert await box.store.retention_policy_get("acme") is None
+    assert await box.store.retention.policy_get("acme") is None
 
 
 async def test_the_maintenance_loops_scans_start_where_they_ended(
@@ -342,13 +342,13 @@ async def test_the_maintenance_loops_scans_start_where_they_ended(
     start = clock.now()
     await finished_history(box, clock)
     starts: list[tuple[str, str | None, Any]] = []
-    scan = box.store.retention_scan
+    scan = box.store.retention.scan
 
     async def spy(table: Any, **kw: Any) -> Any:
         starts.append((table, kw.get("source"), kw["after"]))
         return await scan(table, **kw)
 
-    monkeypatch.setattr(box.store, "retention_scan", spy)
+    monkeypatch.setattr(box.store.retention, "scan", spy)
     maintenance = Maintenance(box)
     clock.set(start + 40 * DAY)
     await maintenance.run_once()

@@ -71,7 +71,7 @@ async def arrive(
         received_at=at,
     )
     async with box.store.transaction() as conn:
-        await box.store.inbox_insert(conn, [delivery])
+        await box.store.inbox.insert(conn, [delivery])
 
 
 async def events(box: Relaybox, event_type: str) -> list[dict[str, Any]]:
@@ -180,7 +180,7 @@ async def test_a_learned_window_comes_from_past_gaps(boxes: Any, clock: FrozenCl
         await arrive(box, "s", start + i * 20 * MINUTE)
     clock.set(start + 9 * 20 * MINUTE + 3 * HOUR)
     assert (await SilenceWatch(box).run_once()).silent["source"] == []
-    [state] = await box.store.silence_states()
+    [state] = await box.store.silence.states()
     assert state.learned is None and state.learned_at == clock.now()
 
     other = boxes(sources={"s": {"expect_every": "learn"}}, learn_min_arrivals=50)
@@ -191,9 +191,9 @@ async def test_a_learned_window_comes_from_past_gaps(boxes: Any, clock: FrozenCl
     last = start + 149 * 20 * MINUTE
     clock.set(last + 39 * MINUTE)
     # Learned again only after learn_every: this box learns now, the other later.
-    await box.store.silence_learned("source", "s", None, now=clock.now() - 7 * HOUR)
+    await box.store.silence.learned("source", "s", None, now=clock.now() - 7 * HOUR)
     assert (await SilenceWatch(other).run_once()).silent["source"] == []
-    [state] = await box.store.silence_states()
+    [state] = await box.store.silence.states()
     assert state.learned == 40 * MINUTE and state.expected == 40 * MINUTE
     clock.set(last + 41 * MINUTE)
     assert (await SilenceWatch(box).run_once()).silent["source"] == ["s"]
@@ -315,7 +315,7 @@ async def test_hosts_checking_at_once_raise_the_silence_once(
     barrier = asyncio.Barrier(len(hosts))
     for b in hosts:
         local(b)
-        read = b.store.silence_rows
+        read = b.store.silence.rows
 
         async def read_then_wait(kind: Any, read: Any = read) -> Any:
             found = await read(kind)
@@ -323,7 +323,7 @@ async def test_hosts_checking_at_once_raise_the_silence_once(
                 await asyncio.wait_for(barrier.wait(), 10)
             return found
 
-        setattr(b.store, "silence_rows", read_then_wait)  # noqa: B010
+        setattr(b.store.silence, "rows", read_then_wait)  # noqa: B010
     await arrive(hosts[0], "s", clock.now())
     await asyncio.gather(*(SilenceWatch(b).run_once() for b in hosts))  # the rows exist
     clock.advance(31 * MINUTE)

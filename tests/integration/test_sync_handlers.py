@@ -170,7 +170,7 @@ async def test_a_sync_handler_on_the_driver_connection_shares_its_transaction(
     @box.handler("stripe", "customer.updated")
     def customer(ctx: SyncContext) -> None:
         drivers.add(type(ctx.driver).__module__.split(".")[0])
-        mark = "?" if box.store.single_writer else "%s"
+        mark = "?" if box.store.db.single_writer else "%s"
         ctx.driver.execute(f"INSERT INTO notes VALUES ({mark}, 'x')", (ctx.event.event_id,))
         if ctx.event.event_id == "evt_bad":
             raise RuntimeError("after the driver's write")
@@ -180,7 +180,7 @@ async def test_a_sync_handler_on_the_driver_connection_shares_its_transaction(
         event["type"] = "customer.updated"
         await deliver(box, event)
     await box.worker().run_once()
-    assert drivers == {"sqlite3" if box.store.single_writer else "psycopg"}
+    assert drivers == {"sqlite3" if box.store.db.single_writer else "psycopg"}
     assert await rows(box, "SELECT id FROM notes") == [{"id": "evt_ok"}]
     assert (await inbox(box, "evt_bad"))["status"] == "pending"
 

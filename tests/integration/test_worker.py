@@ -73,7 +73,7 @@ async def test_failing_event_rolls_back_only_its_savepoint(
         if ctx.event.event_type == "fail":
             raise RuntimeError("transient")
 
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [
             delivery(clock, "ok1", "ok", {}),
             delivery(clock, "bad", "fail", {}),
@@ -109,7 +109,7 @@ async def test_a_handler_that_hangs_is_cancelled_and_its_attempt_retried(
         if ctx.event.event_type == "hang" and ctx.event.attempts == 1:
             await forever.wait()
 
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [delivery(clock, "ok1", "ok", {}), delivery(clock, "stuck", "hang", {})]
     )
     started = time.monotonic()
@@ -136,7 +136,7 @@ async def test_a_handler_on_the_driver_connection_commits_and_rolls_back_with_it
     handler (on PostgreSQL inside a group, which runs again with savepoints)."""
     async with box.store.transaction() as conn:
         await conn.execute(text("CREATE TABLE effects (name TEXT PRIMARY KEY)"))
-    sqlite = box.store.single_writer
+    sqlite = box.store.db.single_writer
     drivers: set[str] = set()
 
     @box.handler("s", "*")
@@ -150,7 +150,7 @@ async def test_a_handler_on_the_driver_connection_commits_and_rolls_back_with_it
         if ctx.event.event_type == "fail":
             raise RuntimeError("transient")
 
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [delivery(clock, n, "fail" if n == "bad" else "ok", {}) for n in ("ok1", "bad", "ok2")]
     )
     assert await box.worker().run_once() == 3
@@ -173,7 +173,7 @@ async def test_backoff_schedule_follows_the_settings(box: Relaybox, clock: Froze
         calls += 1
         raise ConnectionError("upstream down")
 
-    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
+    await box.store.inbox.accept([delivery(clock, "e", "x", {})])
     worker = box.worker()
     expected_delays = [2.0, 4.0, 8.0]
     for delay in expected_delays:
@@ -210,7 +210,7 @@ async def test_permanent_error_and_conflict_go_to_dead_letters(
     async def op(ctx: Context) -> None:
         await ctx.once("shared-key", fingerprint=ctx.payload["fp"])
 
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [
             delivery(clock, "i", "invalid", {}),
             delivery(clock, "o1", "op", {"fp": "amount=100"}),
@@ -241,7 +241,7 @@ async def test_once_raises_a_clear_conflict(box: Relaybox, clock: FrozenClock) -
         except OperationConflict as exc:
             seen.append(exc)
 
-    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
+    await box.store.inbox.accept([delivery(clock, "e", "x", {})])
     await box.worker().run_once()
     assert "'k'" in str(seen[0]) and "different operation" in str(seen[0])
 
@@ -253,15 +253,15 @@ async def test_a_completed_row_is_never_overwritten(box: Relaybox, clock: Frozen
     async def handler(ctx: Context) -> None:
         await ctx.once("grant")
 
-    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
-    claim = await box.store.inbox_claim(now=clock.now(), limit=10, max_attempts=5, hold=30)
+    await box.store.inbox.accept([delivery(clock, "e", "x", {})])
+    claim = await box.store.inbox.claim(now=clock.now(), limit=10, max_attempts=5, hold=30)
     await box.worker().run_once()  # nothing due: the row is held by the first claim
     clock.advance(31)
     await box.worker().run_once()  # the hold expired: a second worker completes it
     async with box.store.transaction() as conn:  # the first (late) worker resumes
-        assert await box.store.inbox_lock(conn, claim.ids) == []
-        await box.store.inbox_retry_later(conn, claim.ids[0], at=0, error="late", now=clock.now())
-        await box.store.inbox_kill(
+        assert await box.store.inbox.lock(conn, claim.ids) == []
+        await box.store.inbox.retry_later(conn, claim.ids[0], at=0, error="late", now=clock.now())
+        await box.store.inbox.kill(
             conn, claim.ids[0], reason="invalid", error="late", now=clock.now()
         )
     state = (await rows(box))["e"]
@@ -288,7 +288,7 @@ async def test_a_row_completed_after_its_claim_is_left_out(
         handled.append(ctx.event.event_id)
 
     names = ["a", *(f"b{i}" for i in range(others))]
-    await box.store.inbox_accept([delivery(clock, n, "x", {"n": n}) for n in names])
+    await box.store.inbox.accept([delivery(clock, n, "x", {"n": n}) for n in names])
 
     async def complete_a(now: float) -> None:
         async with box.store.transaction() as conn:
@@ -300,23 +300,23 @@ async def test_a_row_completed_after_its_claim_is_left_out(
 
     worker = box.worker()
     if counted_by == "claim":
-        claim = box.store.inbox_claim
+        claim = box.store.inbox.claim
 
         async def claimed_then_completed(**kwargs: Any) -> Any:
             found = await claim(**kwargs)
             await complete_a(kwargs["now"])
             return found
 
-        monkeypatch.setattr(box.store, "inbox_claim", claimed_then_completed)
+        monkeypatch.setattr(box.store.inbox, "claim", claimed_then_completed)
     else:
         monkeypatch.setattr(worker, "_room", lambda: 0)  # no chain free at the claim
-        start = box.store.inbox_start
+        start = box.store.inbox.start
 
         async def completed_first(ids: list[int], now: float) -> dict[int, int]:
             await complete_a(now)
             return await start(ids, now)  # type: ignore[no-any-return]
 
-        monkeypatch.setattr(box.store, "inbox_start", completed_first)
+        monkeypatch.setattr(box.store.inbox, "start", completed_first)
     assert await worker.run_once() == len(names)
     assert sorted(handled) == names[1:]
     state = await rows(box)
@@ -359,7 +359,7 @@ async def test_logs_carry_keys_and_never_the_payload(box: Relaybox, clock: Froze
     async def handler(ctx: Context) -> None:
         await ctx.once("s:a:inv_1:initial-credit-grant")
 
-    await box.store.inbox_accept([delivery(clock, "evt_log", "x", {"card": "4242-SECRET"})])
+    await box.store.inbox.accept([delivery(clock, "evt_log", "x", {"card": "4242-SECRET"})])
     out = io.StringIO()
     with redirect_stderr(out):
         configure_logging("info", json=True)
@@ -445,7 +445,7 @@ async def test_attempts_are_counted_as_events_start_never_while_they_wait(
         if ctx.event.event_id == "e2":
             raise RuntimeError("e2 fails once")
 
-    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 4)])
+    await box.store.inbox.accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 4)])
     worker = box.worker(concurrency=1, group=group)
     assert await worker.run_once() == 3
     if group > 1 and box.store.backend == "postgres":
@@ -481,14 +481,14 @@ async def test_a_row_started_again_elsewhere_is_left_to_that_worker(
     async def handler(ctx: Context) -> None:
         ran.append(ctx.event.attempts)
 
-    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
-    claim = await box.store.inbox_claim(now=clock.now(), limit=1, max_attempts=5, hold=0)
+    await box.store.inbox.accept([delivery(clock, "e", "x", {})])
+    claim = await box.store.inbox.claim(now=clock.now(), limit=1, max_attempts=5, hold=0)
     [inbox_id] = claim.ids
-    assert await box.store.inbox_start([inbox_id], clock.now()) == {inbox_id: 1}
+    assert await box.store.inbox.start([inbox_id], clock.now()) == {inbox_id: 1}
     async with box.store.transaction() as conn:
-        assert not await box.store.inbox_begin(conn, inbox_id, attempt=2, now=clock.now())
+        assert not await box.store.inbox.begin(conn, inbox_id, attempt=2, now=clock.now())
     async with box.store.transaction() as conn:  # the worker that counted attempt 1
-        assert await box.store.inbox_begin(conn, inbox_id, attempt=1, now=clock.now())
+        assert await box.store.inbox.begin(conn, inbox_id, attempt=1, now=clock.now())
     assert (await rows(box))["e"]["status"] == "done"
     assert await box.worker().run_once() == 0 and ran == []
 
@@ -496,18 +496,18 @@ async def test_a_row_started_again_elsewhere_is_left_to_that_worker(
 async def test_a_rolled_back_begin_leaves_the_row_pending_and_the_connection_usable(
     box: Relaybox, clock: FrozenClock
 ) -> None:
-    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in (1, 2)])
-    ids = (await box.store.inbox_claim(now=clock.now(), limit=2, max_attempts=5, hold=30)).ids
-    await box.store.inbox_start(ids, clock.now())
+    await box.store.inbox.accept([delivery(clock, f"e{i}", "x", {}) for i in (1, 2)])
+    ids = (await box.store.inbox.claim(now=clock.now(), limit=2, max_attempts=5, hold=30)).ids
+    await box.store.inbox.start(ids, clock.now())
     async with box.store.engine.connect() as conn:
         with pytest.raises(RuntimeError):
             async with conn.begin():
-                assert await box.store.inbox_begin(conn, ids[0], attempt=1, now=clock.now())
-                await box.store.inbox_start_on_commit(conn, ids[1], attempts=1, now=clock.now())
+                assert await box.store.inbox.begin(conn, ids[0], attempt=1, now=clock.now())
+                await box.store.inbox.start_on_commit(conn, ids[1], attempts=1, now=clock.now())
                 raise RuntimeError("the handler failed")
         async with conn.begin():  # the same connection, a new transaction
-            assert await box.store.inbox_begin(conn, ids[1], attempt=1, now=clock.now())
-            await box.store.inbox_start_on_commit(conn, ids[0], attempts=1, now=clock.now())
+            assert await box.store.inbox.begin(conn, ids[1], attempt=1, now=clock.now())
+            await box.store.inbox.start_on_commit(conn, ids[0], attempts=1, now=clock.now())
     state = await rows(box)
     assert {e: (r["status"], r["attempts"]) for e, r in state.items()} == {
         "e1": ("pending", 2),  # its start mark rode on e2's COMMIT
@@ -523,14 +523,14 @@ async def test_a_failed_statement_on_the_commit_fails_the_commit_and_frees_the_c
     nothing commits and the connection is not left in an aborted transaction."""
     from relaybox.store.postgres import _adapted
 
-    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
-    claim = await box.store.inbox_claim(now=clock.now(), limit=1, max_attempts=5, hold=30)
+    await box.store.inbox.accept([delivery(clock, "e", "x", {})])
+    claim = await box.store.inbox.claim(now=clock.now(), limit=1, max_attempts=5, hold=30)
     [inbox_id] = claim.ids
-    await box.store.inbox_start([inbox_id], clock.now())
+    await box.store.inbox.start([inbox_id], clock.now())
     async with box.store.engine.connect() as conn:
         with pytest.raises(Exception, match="division by zero"):
             async with conn.begin():
-                assert await box.store.inbox_begin(conn, inbox_id, attempt=1, now=clock.now())
+                assert await box.store.inbox.begin(conn, inbox_id, attempt=1, now=clock.now())
                 (await _adapted(conn))._transaction.before_commit("SELECT 1/0")
         assert not (await _adapted(conn))._connection.is_in_transaction()
         assert (await conn.exec_driver_sql("SELECT 1")).scalar() == 1
@@ -553,14 +553,14 @@ async def test_a_handler_that_swallows_a_database_error_completes_nothing(
         except Exception:
             pass  # the handler's bug: the transaction is aborted all the same
 
-    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
+    await box.store.inbox.accept([delivery(clock, "e", "x", {})])
     with pytest.raises(Exception, match="nothing committed"):
         await box.worker(group=1).run_once()
     state = (await rows(box))["e"]
     assert (state["status"], state["attempts"]) == ("pending", 1)
     assert await box.store.fetch_all("SELECT * FROM relaybox_operations") == []
     clock.advance(31)
-    claim = await box.store.inbox_claim(now=clock.now(), limit=10, max_attempts=5, hold=30)
+    claim = await box.store.inbox.claim(now=clock.now(), limit=10, max_attempts=5, hold=30)
     assert (len(claim.suspects), claim.ids) == (1, [])
 
 
@@ -578,7 +578,7 @@ async def test_a_handler_cannot_begin_a_second_transaction(
         async with ctx.conn.begin():
             await ctx.conn.execute(text("INSERT INTO effects VALUES ('half')"))
 
-    await box.store.inbox_accept([delivery(clock, "e", "x", {})])
+    await box.store.inbox.accept([delivery(clock, "e", "x", {})])
     await box.worker().run_once()
     state = (await rows(box))["e"]
     assert state["status"] == "pending" and "InvalidRequestError" in state["last_error"]
@@ -591,8 +591,8 @@ async def test_listeners_wake_after_the_rows_commit(box: Relaybox, clock: Frozen
     NOTIFY after COMMIT, not inside the transaction whose COMMIT it would serialise)."""
     store = box.store
     inbox_woken, outbox_woken = asyncio.Event(), asyncio.Event()
-    inbox_listener = await store.listen("inbox", inbox_woken)
-    outbox_listener = await store.listen("outbox", outbox_woken)
+    inbox_listener = await store.db.listen("inbox", inbox_woken)
+    outbox_listener = await store.db.listen("outbox", outbox_woken)
     assert inbox_listener is not None and outbox_listener is not None
 
     @box.handler("s", "wake.test")
@@ -601,7 +601,7 @@ async def test_listeners_wake_after_the_rows_commit(box: Relaybox, clock: Frozen
 
     try:
         inbox_woken.clear()
-        [outcome] = await store.inbox_accept([delivery(clock, "w1", "wake.test", {})])
+        [outcome] = await store.inbox.accept([delivery(clock, "w1", "wake.test", {})])
         assert outcome.status == "accepted"
         async with asyncio.timeout(5):
             await inbox_woken.wait()
@@ -618,7 +618,7 @@ async def test_listeners_wake_after_the_rows_commit(box: Relaybox, clock: Frozen
         # still changes the file's data_version, which the commit watch that wakes
         # listeners for other processes' commits reads.)
         inbox_woken.clear()
-        [again] = await store.inbox_accept([delivery(clock, "w1", "wake.test", {})])
+        [again] = await store.inbox.accept([delivery(clock, "w1", "wake.test", {})])
         assert again.status == "duplicate"
         if store.backend == "postgres":
             with contextlib.suppress(TimeoutError):
@@ -645,7 +645,7 @@ async def test_in_a_group_a_handler_that_swallows_a_database_error_fails_alone(
             with contextlib.suppress(Exception):
                 await ctx.conn.execute(text("SELECT 1/0"))
 
-    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 5)])
+    await box.store.inbox.accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 5)])
     assert await box.worker(group=4, concurrency=1).run_once() == 4
     state = await rows(box)
     assert {e: (r["status"], r["attempts"]) for e, r in state.items()} == {
@@ -681,7 +681,7 @@ async def test_a_groups_statements_are_prepared_once_per_connection(
         if ctx.event.event_id == "e2":
             await ctx.conn.execute(text("DEALLOCATE relaybox_inbox_lock_group"))
 
-    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 7)])
+    await box.store.inbox.accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 7)])
     worker = box.worker(group=2, concurrency=1, batch=2)
     assert await worker.run_once() == 2  # e1, e2: committed; e2's DEALLOCATE with them
     assert prepared[0] == [
@@ -730,7 +730,7 @@ async def test_in_a_group_the_last_handler_swallowing_a_database_error_is_found_
             with contextlib.suppress(Exception):
                 await ctx.conn.execute(text("SELECT 1/0"))
 
-    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 4)])
+    await box.store.inbox.accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 4)])
     assert await box.worker(group=3, concurrency=1).run_once() == 3
     assert calls == ["e1", "e2", "e3", "e1", "e2", "e3"]
     state = await rows(box)
@@ -766,7 +766,7 @@ async def test_a_group_takes_savepoints_once_a_handler_failed(
         if ctx.event.event_id in ("e2", "e5"):
             raise RuntimeError("down")
 
-    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 7)])
+    await box.store.inbox.accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 7)])
     assert await box.worker(group=3, concurrency=1).run_once() == 6
     if savepoints:
         assert calls == ["e1", "e2", "e3", "e4", "e5", "e6"]
@@ -796,7 +796,7 @@ async def test_in_a_group_an_event_with_no_handler_costs_no_second_run(
     async def handler(ctx: Context) -> None:
         calls.append(ctx.event.event_id)
 
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [
             delivery(clock, "e1", "x", {}),
             delivery(clock, "u", "y", {}),
@@ -834,7 +834,7 @@ async def test_outbox_rows_are_written_with_the_commit_exactly_as_given(
             raise RuntimeError("after recording")
 
     ids = ["a", "fails", "bad-key", "b"]
-    await box.store.inbox_accept([delivery(clock, n, "x", {}) for n in ids])
+    await box.store.inbox.accept([delivery(clock, n, "x", {}) for n in ids])
     assert await box.worker().run_once() == 4
     state = await rows(box)
     assert {e: r["status"] for e, r in state.items()} == {
@@ -873,7 +873,7 @@ async def test_in_a_group_a_handler_blocked_on_a_lock_runs_again_alone(
         row = "hot" if ctx.event.event_id == "e2" else "cold"
         await ctx.conn.execute(text("UPDATE balances SET n = n + 1 WHERE id = :r"), {"r": row})
 
-    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 4)])
+    await box.store.inbox.accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 4)])
     url = make_url(box.store.url).set(drivername="postgresql")
     holder = await asyncpg.connect(url.render_as_string(False))
     try:
@@ -931,7 +931,7 @@ async def test_outcomes_are_logged_and_counted_only_once_committed(
         raise RuntimeError("the COMMIT is lost")
 
     box.hooks.before_commit.append(commit_fails)
-    await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 3)])
+    await box.store.inbox.accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 3)])
     counted = box.metrics.processed.labels("s", "done")
     before = counted._value.get()
     out = io.StringIO()
@@ -981,7 +981,7 @@ async def test_the_pool_sizes_are_settings(database_url: str) -> None:
     box = Relaybox(settings=Settings(database_url=database_url, pool_size=3, pool_overflow=0))
     try:
         pool = box.store.engine.pool
-        sqlite = box.store.single_writer
+        sqlite = box.store.db.single_writer
         assert (pool.size(), pool._max_overflow) == ((1, 0) if sqlite else (3, 0))  # type: ignore[attr-defined]
         async with box.store.transaction() as conn:
             assert (await conn.exec_driver_sql("SELECT 1")).scalar() == 1
@@ -1040,15 +1040,15 @@ async def test_a_group_claims_its_declared_business_keys_with_its_begin(
     answers: dict[str, bool] = {}
     _declare_grant(box, answers)
     asked: list[str] = []
-    insert = box.store.operation_insert
+    insert = box.store.inbox.operation_insert
 
     async def counting(conn: Any, **kw: Any) -> tuple[bool, str]:
         asked.append(kw["business_key"])
         return await insert(conn, **kw)
 
-    monkeypatch.setattr(box.store, "operation_insert", counting)
+    monkeypatch.setattr(box.store.inbox, "operation_insert", counting)
     bodies = [{"invoice": "in_1"}, {"invoice": "in_2"}, {"invoice": "in_3", "skip": True}]
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [delivery(clock, f"e{i}", "paid", body) for i, body in enumerate(bodies, 1)]
     )
     assert await box.worker(group=4, concurrency=1).run_once() == 3
@@ -1058,7 +1058,7 @@ async def test_a_group_claims_its_declared_business_keys_with_its_begin(
     assert await _operations(box) == {"grant:in_1": "v1", "grant:in_2": "v1"}
     assert {r["status"] for r in (await rows(box)).values()} == {"done"}
     # An event whose key function says None declares no key: its ctx.once() refuses.
-    await box.store.inbox_accept([delivery(clock, "e4", "paid", {})])
+    await box.store.inbox.accept([delivery(clock, "e4", "paid", {})])
     assert await box.worker(group=4, concurrency=1).run_once() == 1
     e4 = (await rows(box))["e4"]
     assert e4["status"] == "pending"
@@ -1075,9 +1075,9 @@ async def test_declared_keys_that_exist_or_that_two_events_name_grant_once(
     await _balances(box)
     answers: dict[str, bool] = {}
     _declare_grant(box, answers)
-    await box.store.inbox_accept([delivery(clock, "e0", "paid", {"invoice": "in_0"})])
+    await box.store.inbox.accept([delivery(clock, "e0", "paid", {"invoice": "in_0"})])
     await box.worker(group=4, concurrency=1).run_once()
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [
             delivery(clock, "e1", "paid", {"invoice": "in_1"}),
             delivery(clock, "e2", "paid", {"invoice": "in_1"}),
@@ -1100,7 +1100,7 @@ async def test_a_declared_key_rolls_back_with_its_failing_handler(
     claimed with the BEGIN), its neighbours commit theirs, and its retry grants."""
     await _balances(box)
     _declare_grant(box)
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [
             delivery(clock, "e1", "paid", {"invoice": "in_1"}),
             delivery(clock, "e2", "paid", {"invoice": "in_2", "fail": True}),
@@ -1124,7 +1124,7 @@ async def test_a_declared_key_with_another_fingerprint_is_a_conflict(
     await _balances(box)
     _declare_grant(box)
     async with box.store.transaction() as conn:
-        await box.store.operation_insert(
+        await box.store.inbox.operation_insert(
             conn,
             business_key="grant:in_1",
             fingerprint="v0",
@@ -1133,7 +1133,7 @@ async def test_a_declared_key_with_another_fingerprint_is_a_conflict(
             tenant=None,
             now=clock.now(),
         )
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [
             delivery(clock, "e1", "paid", {"invoice": "in_1"}),
             delivery(clock, "e2", "paid", {"invoice": "in_2"}),
@@ -1162,7 +1162,7 @@ async def test_a_declared_key_function_that_raises_fails_the_event_at_ctx_once(
         if await ctx.once():
             await ctx.conn.execute(text("INSERT INTO grants VALUES ('x', :e)"), {"e": "y"})
 
-    await box.store.inbox_accept(
+    await box.store.inbox.accept(
         [delivery(clock, "e1", "paid", {"invoice": "in_1"}), delivery(clock, "e2", "paid", {})]
     )
     assert await box.worker(group=2, concurrency=1).run_once() == 2
@@ -1187,7 +1187,7 @@ async def test_ctx_once_checks_the_declared_fingerprint(box: Relaybox, clock: Fr
         else:
             await ctx.once("k:e2", fingerprint="v2")
 
-    await box.store.inbox_accept([delivery(clock, "e1", "x", {}), delivery(clock, "e2", "x", {})])
+    await box.store.inbox.accept([delivery(clock, "e1", "x", {}), delivery(clock, "e2", "x", {})])
     await box.worker(group=2, concurrency=1).run_once()
     state = await rows(box)
     assert seen == ["e1"] or seen == ["e1", "e1"]
@@ -1218,12 +1218,12 @@ async def test_a_live_worker_keeps_the_hold_on_rows_waiting_their_turn(
         await release.wait()
 
     try:
-        await box.store.inbox_accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 4)])
+        await box.store.inbox.accept([delivery(clock, f"e{i}", "x", {}) for i in range(1, 4)])
         task = asyncio.create_task(box.worker(concurrency=1, group=1).run_once())
         await asyncio.wait_for(running.wait(), 10)
         clock.advance(5.0)  # every hold of the claim has run out in the clock's time
         await asyncio.sleep(0.5)  # renewals run every 0.1 s (a third of the hold)
-        other = await box.store.inbox_claim(now=clock.now(), limit=10, max_attempts=3, hold=0.3)
+        other = await box.store.inbox.claim(now=clock.now(), limit=10, max_attempts=3, hold=0.3)
         assert (other.ids, other.suspects, other.exhausted) == ([], [], [])
         release.set()
         assert await asyncio.wait_for(task, 10) == 3

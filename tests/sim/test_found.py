@@ -35,7 +35,7 @@ async def test_seed3_a_delivery_in_flight_when_its_endpoint_is_disabled_is_not_s
     endpoint become dead letters. Switching the endpoint back on releases them.
 
     Fixed: maintenance makes such strays dead letters (``endpoint_disabled``) once no
-    live lease holds them (``Store.delivery_sweep_disabled``).
+    live lease holds them (``OutboxStore.delivery_sweep_disabled``).
     """
     local(box)
     async with HttpReceiver(Reply(200)) as receiver:

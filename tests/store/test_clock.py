@@ -1,4 +1,4 @@
-"""``Store.db_time``: the database server's clock, on both backends, and which store
+"""``OperatorStore.db_time``: the database server's clock, on both backends, and which store
 takes it (``clock_from_database``: PostgreSQL, whose processes may run on several
 hosts; SQLite is one host)."""
 
@@ -21,9 +21,9 @@ async def store(database_url: str) -> AsyncIterator[Store]:
 
 async def test_db_time_is_the_servers_clock_now(store: Store) -> None:
     before = time.time()
-    first = await store.db_time()
-    second = await store.db_time()
+    first = await store.operator.db_time()
+    second = await store.operator.db_time()
     after = time.time()
     # The server runs on this machine in tests: its clock is this one (within 1 s).
     assert before - 1 <= first <= second <= after + 1
-    assert store.clock_from_database == (store.backend == "postgres")
+    assert store.db.clock_from_database == (store.backend == "postgres")

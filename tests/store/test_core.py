@@ -28,7 +28,7 @@ async def store(database_url: str) -> AsyncIterator[Store]:
 async def _started(store: Store) -> int:
     """One accepted, claimed and started row; its id (attempt 1)."""
     body = b'{"n": 1}'
-    [outcome] = await store.inbox_accept(
+    [outcome] = await store.inbox.accept(
         [
             NewDelivery(
                 source="src",
@@ -44,37 +44,37 @@ async def _started(store: Store) -> int:
             )
         ]
     )
-    claim = await store.inbox_claim(now=T0, limit=10, max_attempts=10, hold=30)
+    claim = await store.inbox.claim(now=T0, limit=10, max_attempts=10, hold=30)
     assert claim.ids == [outcome.inbox_id]
-    assert await store.inbox_start(claim.ids, T0) == {outcome.inbox_id: 1}
+    assert await store.inbox.start(claim.ids, T0) == {outcome.inbox_id: 1}
     return outcome.inbox_id
 
 
 async def test_a_store_runs_groups_or_has_one_writer(store: Store) -> None:
     """Exactly one of the two: the worker runs PostgreSQL-style groups of transactions
     on a store with ``groups``, one write transaction at a time on a single writer."""
-    assert store.groups != store.single_writer
+    assert store.db.groups != store.db.single_writer
     inbox_id = await _started(store)
-    async with store.connection() as conn:
-        if not store.groups:
+    async with store.db.connection() as conn:
+        if not store.db.groups:
             with pytest.raises(NotImplementedError):
-                await store.inbox_lock_group(conn, [(inbox_id, 1)], now=T0)
+                await store.inbox.lock_group(conn, [(inbox_id, 1)], now=T0)
             with pytest.raises(NotImplementedError):
-                await store.savepoint(conn, release=False)
+                await store.inbox.savepoint(conn, release=False)
             with pytest.raises(NotImplementedError):
-                await store.rollback_to_savepoint(conn)
+                await store.inbox.rollback_to_savepoint(conn)
             with pytest.raises(NotImplementedError):
-                await store.inbox_finish_group_on_commit(conn, [inbox_id], [], now=T0)
+                await store.inbox.finish_group_on_commit(conn, [inbox_id], [], now=T0)
             return
-        async with store.event_transaction(conn):
-            assert not await store.inbox_lock_group(conn, [(inbox_id, 2)], now=T0)
-        async with store.event_transaction(conn):
-            assert await store.inbox_lock_group(conn, [(inbox_id, 1)], now=T0)
-            await store.savepoint(conn, release=False)
-            await store.rollback_to_savepoint(conn)
-            await store.savepoint(conn, release=True, again=False)
-            await store.inbox_finish_group_on_commit(conn, [inbox_id], [], now=T0 + 1)
-    event = await store.inbox_get(inbox_id)
+        async with store.inbox.event_transaction(conn):
+            assert not await store.inbox.lock_group(conn, [(inbox_id, 2)], now=T0)
+        async with store.inbox.event_transaction(conn):
+            assert await store.inbox.lock_group(conn, [(inbox_id, 1)], now=T0)
+            await store.inbox.savepoint(conn, release=False)
+            await store.inbox.rollback_to_savepoint(conn)
+            await store.inbox.savepoint(conn, release=True, again=False)
+            await store.inbox.finish_group_on_commit(conn, [inbox_id], [], now=T0 + 1)
+    event = await store.inbox.get(inbox_id)
     assert event is not None and (event.status, event.done_at) == ("done", T0 + 1)
 
 
@@ -84,14 +84,14 @@ async def test_worker_chains_size_a_pooled_store(database_url: str) -> None:
         store = open_store(database_url, worker_chains=chains)
         try:
             sizes.append(store.engine.pool.size())  # type: ignore[attr-defined]
-            single = store.single_writer
+            single = store.db.single_writer
         finally:
             await store.close()
     assert sizes == ([1, 1] if single else [10, 22])
 
 
 async def test_the_acceptor_commits_alone_on_a_single_writer(store: Store) -> None:
-    assert Acceptor(store).committers == (1 if store.single_writer else 3)
+    assert Acceptor(store).committers == (1 if store.db.single_writer else 3)
     assert Acceptor(store, committers=2).committers == 2
 
 

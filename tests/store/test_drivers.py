@@ -62,7 +62,7 @@ async def test_live_asyncpg_adapter(pg_url: str) -> None:
     in and adopted, and the listeners check."""
     store = open_store(pg_url)
     try:
-        async with store.connection() as conn:
+        async with store.db.connection() as conn:
             found = await _drivers.adapted(conn)
             _has(found, "_connection", "sqlalchemy")
             assert isinstance(_drivers.asyncpg_of(found), asyncpg.Connection)
@@ -106,7 +106,7 @@ async def test_live_aiosqlite_thread(tmp_path: Path) -> None:
     """``run_on_sqlite_thread`` hands the function the sqlite3 connection itself."""
     store = open_store(f"sqlite:///{tmp_path / 'drivers.db'}")
     try:
-        async with store.connection() as conn:
+        async with store.db.connection() as conn:
 
             def probe(db: Any, value: int) -> int:
                 assert isinstance(db, sqlite3.Connection)
@@ -128,7 +128,7 @@ async def test_a_sqlite_connection_goes_back_rolled_back_only_when_a_transaction
     try:
         async with store.transaction() as conn:
             await conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
-        async with store.connection() as conn:
+        async with store.db.connection() as conn:
             adapter = type((await conn.get_raw_connection()).dbapi_connection)
             real = adapter.rollback
 
@@ -144,7 +144,7 @@ async def test_a_sqlite_connection_goes_back_rolled_back_only_when_a_transaction
 
             await _drivers.run_on_sqlite_thread(conn, leave_open)
         assert rollbacks == [True]
-        async with store.connection() as conn:
+        async with store.db.connection() as conn:
 
             def state(db: Any) -> tuple[bool, int]:
                 return db.in_transaction, db.execute("SELECT count(*) FROM t").fetchone()[0]
@@ -153,10 +153,10 @@ async def test_a_sqlite_connection_goes_back_rolled_back_only_when_a_transaction
         async with store.transaction() as conn:
             await conn.exec_driver_sql("INSERT INTO t VALUES (2)")
         for _ in range(3):
-            async with store.connection() as conn:
+            async with store.db.connection() as conn:
                 await _drivers.run_on_sqlite_thread(conn, state)
         assert rollbacks == [True]  # nothing open: no rollback
-        async with store.connection() as conn:
+        async with store.db.connection() as conn:
             assert await _drivers.run_on_sqlite_thread(conn, state) == (False, 1)
     finally:
         await store.close()
@@ -207,29 +207,29 @@ async def test_a_borrowed_connection_waits_for_the_next_use(pg_url: str) -> None
 
     store = open_store(pg_url)
     assert isinstance(store, PostgresStore)
-    pool = await store.start_pool()
+    pool = await store.db.start_pool()
     idle = pool.get_idle_size()
-    async with store._borrow(pool) as first:
+    async with store.db.borrow(pool) as first:
         assert await first.fetchval("SELECT 1") == 1
     for _ in range(5):
         await asyncio.sleep(0)
     assert pool.get_idle_size() == idle - 1  # kept by the store
-    async with store._borrow(pool) as again:
+    async with store.db.borrow(pool) as again:
         assert again is first
     with pytest.raises(asyncpg.DataError):
-        async with store._borrow(pool) as conn:
+        async with store.db.borrow(pool) as conn:
             await conn.fetchval("SELECT 1/0")
     assert pool.get_idle_size() == idle - 1  # still going back: the caller did not wait
     for _ in range(5):
         await asyncio.sleep(0)
     assert pool.get_idle_size() == idle  # a failed statement's connection: to the pool
-    async with store._borrow(pool) as conn:
+    async with store.db.borrow(pool) as conn:
         await conn.fetchval("SELECT 1")
     conn.terminate()  # lost while idle
-    async with store._borrow(pool) as other:
+    async with store.db.borrow(pool) as other:
         assert other is not conn and await other.fetchval("SELECT 2") == 2
     await store.close()
-    assert not store._releasing and pool.is_closing()
+    assert not store.db._releasing and pool.is_closing()
 
 
 async def test_a_use_waiting_for_the_pool_gets_the_connection_another_use_ends_with(
@@ -241,18 +241,18 @@ async def test_a_use_waiting_for_the_pool_gets_the_connection_another_use_ends_w
     from relaybox.store import postgres
 
     store = postgres.PostgresStore(pg_url, raw_pool_size=1)
-    pool = await store.start_pool()
+    pool = await store.db.start_pool()
     entered = asyncio.Event()
     release = asyncio.Event()
 
     async def hold() -> None:
-        async with store._borrow(pool) as conn:
+        async with store.db.borrow(pool) as conn:
             await conn.fetchval("SELECT 1")
             entered.set()
             await release.wait()
 
     async def wait_then_use() -> int:
-        async with store._borrow(pool) as conn:
+        async with store.db.borrow(pool) as conn:
             return int(await conn.fetchval("SELECT 3"))
 
     holding = asyncio.create_task(hold())
@@ -260,18 +260,18 @@ async def test_a_use_waiting_for_the_pool_gets_the_connection_another_use_ends_w
     waiting = asyncio.create_task(wait_then_use())
     for _ in range(5):
         await asyncio.sleep(0)
-    assert store._waiting[pool] == 1
+    assert store.db._waiting[pool] == 1
     release.set()
     assert await asyncio.wait_for(waiting, 10) == 3
     await holding
 
     big = postgres.PostgresStore(pg_url, raw_pool_size=2)
-    pool = await big.start_pool()
+    pool = await big.db.start_pool()
     monkeypatch.setattr(postgres, "IDLE_KEEP", 0.0)
     both = asyncio.Barrier(2)
 
     async def use() -> None:
-        async with big._borrow(pool) as conn:
+        async with big.db.borrow(pool) as conn:
             await conn.fetchval("SELECT 1")
             await both.wait()
 
@@ -292,8 +292,8 @@ async def test_close_does_not_wait_forever_for_a_connection_never_given_back(
     from relaybox.store import postgres
 
     store = postgres.PostgresStore(pg_url)
-    store.close_timeout = 1.0
-    pools = [await store.raw_pool(), await store.start_pool()]
+    store.db.close_timeout = 1.0
+    pools = [await store.db.raw_pool(), await store.db.start_pool()]
     for pool in pools:
         await pool.acquire()  # and never released
     started = time.monotonic()
@@ -318,8 +318,12 @@ async def test_every_postgres_session_ends_when_idle_in_a_transaction(pg_url: st
     try:
         async with store.connect() as conn:
             assert (await conn.exec_driver_sql(show)).scalar() == "500ms"
-        for pool in (await store.raw_pool(), await store.generic_pool(), await store.start_pool()):
-            async with store._borrow(pool) as raw:
+        for pool in (
+            await store.db.raw_pool(),
+            await store.db.generic_pool(),
+            await store.db.start_pool(),
+        ):
+            async with store.db.borrow(pool) as raw:
                 assert await raw.fetchval(show) == "500ms"
 
         def synchronous() -> str:

@@ -31,16 +31,16 @@ async def test_an_erasure_empties_finished_rows_and_waits_for_pending_ones(store
     )
     pending = dataclasses.replace(delivery("e2", b'{"email": "alice@example.com"}'), subject=DIGEST)
     other = delivery("e3", b'{"email": "bob@example.com"}', ignored=True)
-    [a, b, c] = await store.inbox_accept([finished, pending, other])
+    [a, b, c] = await store.inbox.accept([finished, pending, other])
     assert [o.status for o in (a, b, c)] == ["ignored", "accepted", "ignored"]
 
-    erasure_id, resumed = await store.erasure_begin(
+    erasure_id, resumed = await store.erasure.begin(
         actor="dpo", reason="art. 17", scope="subject", digest=DIGEST, tenant=None, now=T0
     )
     assert not resumed
-    erasure = await store.erasure_get(erasure_id)
+    erasure = await store.erasure.get(erasure_id)
     assert erasure is not None and erasure.finished_at is None
-    counts = await store.erase_batch(erasure, now=T0 + 1, limit=10)
+    counts = await store.erasure.erase_batch(erasure, now=T0 + 1, limit=10)
     assert counts == {
         "inbox": 1,
         "quarantine": 0,
@@ -49,12 +49,14 @@ async def test_an_erasure_empties_finished_rows_and_waits_for_pending_ones(store
         "messages": 0,
         "inbox_attempts": 0,
     }
-    assert await store.erase_batch(erasure, now=T0 + 1, limit=10) == dict.fromkeys(counts, 0)
-    await store.erasure_flush()
-    assert await store.erasure_settle(erasure, now=T0 + 2) == 1  # the pending row waits
-    assert await store.erasure_open_ids() == [erasure_id]
+    assert await store.erasure.erase_batch(erasure, now=T0 + 1, limit=10) == dict.fromkeys(
+        counts, 0
+    )
+    await store.erasure.flush()
+    assert await store.erasure.settle(erasure, now=T0 + 2) == 1  # the pending row waits
+    assert await store.erasure.open_ids() == [erasure_id]
     # Asked again while it waits: the same erasure, resumed.
-    assert await store.erasure_begin(
+    assert await store.erasure.begin(
         actor="dpo", reason="again", scope="subject", digest=DIGEST, tenant=None, now=T0 + 3
     ) == (erasure_id, True)  # fmt: skip
 
@@ -68,12 +70,12 @@ async def test_an_erasure_empties_finished_rows_and_waits_for_pending_ones(store
 
     # A row indexed by hand (as publish indexes its message) is found by the next batch.
     async with store.transaction() as conn:
-        await store.subject_index(conn, DIGEST, "inbox", str(c.inbox_id))
-    again = await store.erasure_get(erasure_id)
+        await store.erasure.subject_index(conn, DIGEST, "inbox", str(c.inbox_id))
+    again = await store.erasure.get(erasure_id)
     assert again is not None
-    assert (await store.erase_batch(again, now=T0 + 4, limit=10))["inbox"] == 1
-    assert await store.erasure_settle(again, now=T0 + 5) == 1
-    [listed] = await store.erasure_list()
+    assert (await store.erasure.erase_batch(again, now=T0 + 4, limit=10))["inbox"] == 1
+    assert await store.erasure.settle(again, now=T0 + 5) == 1
+    [listed] = await store.erasure.latest()
     assert (listed.id, listed.rows["inbox"], listed.waiting) == (erasure_id, 2, 1)
     assert (listed.actor, listed.reason, listed.scope) == ("dpo", "art. 17", "subject")
 
@@ -88,44 +90,44 @@ async def test_seed_5002_a_later_erasure_reaches_a_conflict_that_came_after_an_e
     first = dataclasses.replace(
         delivery("e1", b'{"email": "alice@example.com"}', ignored=True), subject=DIGEST
     )
-    await store.inbox_accept([first])
-    erasure_id, _ = await store.erasure_begin(
+    await store.inbox.accept([first])
+    erasure_id, _ = await store.erasure.begin(
         actor="dpo", reason="", scope="subject", digest=DIGEST, tenant=None, now=T0
     )
-    erasure = await store.erasure_get(erasure_id)
+    erasure = await store.erasure.get(erasure_id)
     assert erasure is not None
-    assert (await store.erase_batch(erasure, now=T0 + 1, limit=10))["inbox"] == 1
-    assert await store.erasure_settle(erasure, now=T0 + 1) == 0
+    assert (await store.erasure.erase_batch(erasure, now=T0 + 1, limit=10))["inbox"] == 1
+    assert await store.erasure.settle(erasure, now=T0 + 1) == 0
 
     conflict = dataclasses.replace(
         delivery("e1", b'{"email": "alice@new.example.com"}', ignored=True), subject=DIGEST
     )
-    [outcome] = await store.inbox_accept([conflict])
+    [outcome] = await store.inbox.accept([conflict])
     assert outcome.status == "quarantined"
-    later_id, resumed = await store.erasure_begin(
+    later_id, resumed = await store.erasure.begin(
         actor="dpo", reason="again", scope="subject", digest=DIGEST, tenant=None, now=T0 + 2
     )
-    later = await store.erasure_get(later_id)
+    later = await store.erasure.get(later_id)
     assert later is not None and not resumed and later_id != erasure_id
-    counts = await store.erase_batch(later, now=T0 + 3, limit=10)
+    counts = await store.erasure.erase_batch(later, now=T0 + 3, limit=10)
     assert (counts["inbox"], counts["quarantine"]) == (0, 1)
-    assert await store.erase_batch(later, now=T0 + 3, limit=10) == dict.fromkeys(counts, 0)
+    assert await store.erasure.erase_batch(later, now=T0 + 3, limit=10) == dict.fromkeys(counts, 0)
     [held] = await store.fetch_all("SELECT payload, headers, erased_at FROM relaybox_quarantine")
     assert (held["payload"], held["headers"], held["erased_at"]) == (None, None, T0 + 3)
 
 
 async def test_a_tenant_erasure_with_nothing_left_finishes(store: Store) -> None:
-    erasure_id, resumed = await store.erasure_begin(
+    erasure_id, resumed = await store.erasure.begin(
         actor="dpo", reason="", scope="tenant", digest=None, tenant="tenant-9", now=T0
     )
-    erasure = await store.erasure_get(erasure_id)
+    erasure = await store.erasure.get(erasure_id)
     assert erasure is not None and not resumed
-    assert sum((await store.erase_batch(erasure, now=T0, limit=10)).values()) == 0
-    assert await store.erasure_settle(erasure, now=T0 + 1) == 0
-    assert await store.erasure_open_ids() == []
-    done = await store.erasure_get(erasure_id)
+    assert sum((await store.erasure.erase_batch(erasure, now=T0, limit=10)).values()) == 0
+    assert await store.erasure.settle(erasure, now=T0 + 1) == 0
+    assert await store.erasure.open_ids() == []
+    done = await store.erasure.get(erasure_id)
     assert done is not None and done.finished_at == T0 + 1
-    assert await store.erasure_get(erasure_id + 1000) is None
+    assert await store.erasure.get(erasure_id + 1000) is None
 
 
 async def test_an_operational_event_inherits_the_subjects_of_its_row(store: Store) -> None:
@@ -133,14 +135,14 @@ async def test_an_operational_event_inherits_the_subjects_of_its_row(store: Stor
     under every digest of that row (of M's message, or of the inbox row whose handler
     added M), once however often it is asked."""
     other = hashlib.sha256(b"cus_bob").digest()
-    [a] = await store.inbox_accept(
+    [a] = await store.inbox.accept(
         [dataclasses.replace(delivery("e1", b"{}", ignored=True), subject=DIGEST)]
     )
     async with store.transaction() as conn:
-        await store.subject_index(conn, other, "inbox", str(a.inbox_id))
-        await store.subject_inherit(conn, "msg_dead", inbox_id=a.inbox_id)
-        await store.subject_inherit(conn, "msg_dead", inbox_id=a.inbox_id)
-        await store.subject_inherit(conn, "msg_none", inbox_id=a.inbox_id + 1000)
+        await store.erasure.subject_index(conn, other, "inbox", str(a.inbox_id))
+        await store.erasure.subject_inherit(conn, "msg_dead", inbox_id=a.inbox_id)
+        await store.erasure.subject_inherit(conn, "msg_dead", inbox_id=a.inbox_id)
+        await store.erasure.subject_inherit(conn, "msg_none", inbox_id=a.inbox_id + 1000)
     rows = await store.fetch_all("SELECT digest, ref FROM relaybox_subjects WHERE kind = 'message'")
     assert sorted((bytes(r["digest"]), r["ref"]) for r in rows) == sorted(
         [(DIGEST, "msg_dead"), (other, "msg_dead")]

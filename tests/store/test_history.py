@@ -54,14 +54,14 @@ def delivery(event_id: str, *, body: str = "{}", source: str = "s", at: float = 
 
 async def accept(store: Store, *deliveries: NewDelivery) -> list[int]:
     """One batch each: ids in the order given, each received at its own time."""
-    return [(await store.inbox_accept([d]))[0].inbox_id for d in deliveries]
+    return [(await store.inbox.accept([d]))[0].inbox_id for d in deliveries]
 
 
 async def finish(store: Store, done: list[int], dead: list[int], *, at: float) -> None:
     async with store.transaction() as conn:
-        await store.inbox_complete(conn, done, at)
+        await store.inbox.complete(conn, done, at)
         for inbox_id in dead:
-            await store.inbox_kill(conn, inbox_id, reason="exhausted", error="boom", now=at)
+            await store.inbox.kill(conn, inbox_id, reason="exhausted", error="boom", now=at)
 
 
 async def one(store: Store, sql: str) -> dict[str, object]:
@@ -89,15 +89,18 @@ async def test_replay_select_filters_and_reports_purged_rows(store: Store) -> No
     )
     await finish(store, [a], [], at=T0 + 40)
     await finish(store, [b, c], [], at=T0 + 45)  # d stays pending: never selected
-    assert await store.retention_purge_batch("inbox", cutoff=T0 + 42, now=T0 + 60, limit=9) == 1
+    assert (
+        await store.history.retention_purge_batch("inbox", cutoff=T0 + 42, now=T0 + 60, limit=9)
+        == 1
+    )
 
     async with store.transaction() as conn:
-        found = await store.replay_select(conn, every())
-        by_ids = await store.replay_select(conn, every(ids=[b, c, d]))
-        by_source = await store.replay_select(conn, every(source="other"))
-        by_time = await store.replay_select(conn, every(since=T0 + 5, until=T0 + 20))
-        by_status = await store.replay_select(conn, every(statuses=["dead", "ignored"]))
-        limited = await store.replay_select(conn, every(limit=2))
+        found = await store.history.replay_select(conn, every())
+        by_ids = await store.history.replay_select(conn, every(ids=[b, c, d]))
+        by_source = await store.history.replay_select(conn, every(source="other"))
+        by_time = await store.history.replay_select(conn, every(since=T0 + 5, until=T0 + 20))
+        by_status = await store.history.replay_select(conn, every(statuses=["dead", "ignored"]))
+        limited = await store.history.replay_select(conn, every(limit=2))
     assert found == [
         ReplayCandidate(a, "done", None, True),  # purged: cannot run again
         ReplayCandidate(b, "done", None, False),
@@ -114,16 +117,16 @@ async def test_replay_mark_and_record(store: Store) -> None:
     done, dead = await accept(store, delivery("done"), delivery("dead"))
     await finish(store, [done], [dead], at=T0 + 1)
     async with store.transaction() as conn:
-        await store.inbox_mark_superseded(conn, done, "r@2")
-        [c_done, c_dead] = await store.replay_select(conn, every())
+        await store.history.inbox_mark_superseded(conn, done, "r@2")
+        [c_done, c_dead] = await store.history.replay_select(conn, every())
         assert c_dead == ReplayCandidate(dead, "dead", "exhausted", False)
         # Only a row still in the status it was selected in is marked.
-        assert not await store.replay_mark(conn, done, status="dead", now=T0 + 2)
-        assert await store.replay_mark(conn, done, status="done", now=T0 + 2)
-        assert not await store.replay_mark(conn, done, status="done", now=T0 + 2)
-        assert await store.replay_mark(conn, dead, status="dead", now=T0 + 2)
-        await store.replay_record(conn, c_done, actor="ops", reason="why", now=T0 + 2)
-        await store.replay_record(conn, c_dead, actor="ops", reason="again", now=T0 + 3)
+        assert not await store.history.replay_mark(conn, done, status="dead", now=T0 + 2)
+        assert await store.history.replay_mark(conn, done, status="done", now=T0 + 2)
+        assert not await store.history.replay_mark(conn, done, status="done", now=T0 + 2)
+        assert await store.history.replay_mark(conn, dead, status="dead", now=T0 + 2)
+        await store.history.replay_record(conn, c_done, actor="ops", reason="why", now=T0 + 2)
+        await store.history.replay_record(conn, c_dead, actor="ops", reason="again", now=T0 + 3)
     rows = await store.fetch_all(
         "SELECT id, status, dead_reason, attempts, superseded_by, next_attempt_at"
         " FROM relaybox_inbox ORDER BY id"
@@ -146,9 +149,11 @@ async def test_replay_mark_and_record(store: Store) -> None:
 async def test_replay_mark_refuses_a_purged_row(store: Store) -> None:
     [inbox_id] = await accept(store, delivery("e"))
     await finish(store, [inbox_id], [], at=T0)
-    assert await store.retention_purge_batch("inbox", cutoff=T0 + 1, now=T0 + 2, limit=10) == 1
+    assert (
+        await store.history.retention_purge_batch("inbox", cutoff=T0 + 1, now=T0 + 2, limit=10) == 1
+    )
     async with store.transaction() as conn:
-        assert not await store.replay_mark(conn, inbox_id, status="done", now=T0 + 3)
+        assert not await store.history.replay_mark(conn, inbox_id, status="done", now=T0 + 3)
 
 
 # -- recovery -------------------------------------------------------------------------------
@@ -157,18 +162,20 @@ async def test_replay_mark_refuses_a_purged_row(store: Store) -> None:
 async def test_inbox_find_events_across_chunks(store: Store) -> None:
     await accept(store, delivery("e-3"), delivery("e-777"), delivery("e-3", source="other"))
     asked = [f"e-{i}" for i in range(1200)]  # more than one statement's worth
-    assert await store.inbox_find_events("s", asked) == {"e-3", "e-777"}
-    assert await store.inbox_find_events("other", asked) == {"e-3"}
-    assert await store.inbox_find_events("s", []) == set()
+    assert await store.history.inbox_find_events("s", asked) == {"e-3", "e-777"}
+    assert await store.history.inbox_find_events("other", asked) == {"e-3"}
+    assert await store.history.inbox_find_events("s", []) == set()
 
 
 async def test_recovery_mark_and_record(store: Store) -> None:
     [inbox_id] = await accept(store, delivery("e"))
     record = RecoveryRecord("s", "e", "d-1", "ingested", inbox_id, T0)
     async with store.transaction() as conn:
-        await store.inbox_mark_recovered(conn, inbox_id, "github-api:delivery/d-1")
-        await store.recovery_record(record, conn=conn)
-    await store.recovery_record(RecoveryRecord("s", "f", "d-2", "redelivery_requested", None, T0))
+        await store.history.inbox_mark_recovered(conn, inbox_id, "github-api:delivery/d-1")
+        await store.history.recovery_record(record, conn=conn)
+    await store.history.recovery_record(
+        RecoveryRecord("s", "f", "d-2", "redelivery_requested", None, T0)
+    )
     row = await one(store, f"SELECT recovered_via FROM relaybox_inbox WHERE id = {inbox_id}")
     assert row["recovered_via"] == "github-api:delivery/d-1"
     rows = await store.fetch_all(
@@ -184,7 +191,7 @@ async def test_recovery_mark_and_record(store: Store) -> None:
 async def test_recovery_record_rolls_back_with_the_callers_transaction(store: Store) -> None:
     with pytest.raises(RuntimeError):
         async with store.transaction() as conn:
-            await store.recovery_record(
+            await store.history.recovery_record(
                 RecoveryRecord("s", "e", "d", "ingested", None, T0), conn=conn
             )
             raise RuntimeError("handler failed")
@@ -195,21 +202,23 @@ async def test_recovery_record_rolls_back_with_the_callers_transaction(store: St
 
 
 async def test_reconcile_tickets_requests_and_done(store: Store) -> None:
-    assert await store.reconcile_ticket_take("s", "r1") == ReconcileTicket(1, 0)
+    assert await store.history.reconcile_ticket_take("s", "r1") == ReconcileTicket(1, 0)
     async with store.transaction() as conn:
-        await store.reconcile_request(conn, "s", "r1")
-        await store.reconcile_request(conn, "s", "r2")  # a resource never reconciled
-    assert await store.reconcile_ticket_take("s", "r1") == ReconcileTicket(2, 1)
-    assert await store.reconcile_ids("s", requested=True) == ["r1", "r2"]
-    assert await store.reconcile_ids("s") == ["r1", "r2"]
-    assert await store.reconcile_ids("s", limit=1) == ["r1"]
-    assert await store.reconcile_ids("other") == []
+        await store.history.reconcile_request(conn, "s", "r1")
+        await store.history.reconcile_request(conn, "s", "r2")  # a resource never reconciled
+    assert await store.history.reconcile_ticket_take("s", "r1") == ReconcileTicket(2, 1)
+    assert await store.history.reconcile_ids("s", requested=True) == ["r1", "r2"]
+    assert await store.history.reconcile_ids("s") == ["r1", "r2"]
+    assert await store.history.reconcile_ids("s", limit=1) == ["r1"]
+    assert await store.history.reconcile_ids("other") == []
     async with store.transaction() as conn:
-        await store.reconcile_lock(conn, "s", "r1")
-        await store.reconcile_done(conn, "s", "r1", requested_seen=1, now=T0, diverged=True)
-    assert await store.reconcile_ids("s", requested=True) == ["r2"]
+        await store.history.reconcile_lock(conn, "s", "r1")
+        await store.history.reconcile_done(conn, "s", "r1", requested_seen=1, now=T0, diverged=True)
+    assert await store.history.reconcile_ids("s", requested=True) == ["r2"]
     async with store.transaction() as conn:
-        await store.reconcile_done(conn, "s", "r1", requested_seen=0, now=T0 + 5, diverged=False)
+        await store.history.reconcile_done(
+            conn, "s", "r1", requested_seen=0, now=T0 + 5, diverged=False
+        )
     row = await one(
         store,
         "SELECT issued, requested, handled, divergences, last_checked_at, last_diverged_at"
@@ -222,9 +231,9 @@ async def test_reconcile_tickets_requests_and_done(store: Store) -> None:
 async def test_reconcile_request_rolls_back_with_the_handler(store: Store) -> None:
     with pytest.raises(RuntimeError):
         async with store.transaction() as conn:
-            await store.reconcile_request(conn, "s", "r1")
+            await store.history.reconcile_request(conn, "s", "r1")
             raise RuntimeError("handler failed")
-    assert await store.reconcile_ids("s") == []
+    assert await store.history.reconcile_ids("s") == []
 
 
 # -- projections ----------------------------------------------------------------------------
@@ -236,14 +245,14 @@ def offer(version: int, state: str, *, origin: str = "event", at: float = T0) ->
 
 async def test_projection_compare_and_set(store: Store) -> None:
     async with store.transaction() as conn:
-        assert await store.projection_get(conn, "sub:1") is None
-        assert await store.projection_upsert(conn, offer(2, '{"v":2}'))
-        assert not await store.projection_upsert(conn, offer(1, '{"v":1}'))  # older
-        assert not await store.projection_upsert(conn, offer(2, '{"v":2}'))  # the same
+        assert await store.history.projection_get(conn, "sub:1") is None
+        assert await store.history.projection_upsert(conn, offer(2, '{"v":2}'))
+        assert not await store.history.projection_upsert(conn, offer(1, '{"v":1}'))  # older
+        assert not await store.history.projection_upsert(conn, offer(2, '{"v":2}'))  # the same
         # One origin per resource: a reconcile ticket never overwrites an event version.
-        assert not await store.projection_upsert(conn, offer(9, "null", origin="reconcile"))
-        assert await store.projection_upsert(conn, offer(3, '{"v":3}', at=T0 + 1))
-        got = await store.projection_get(conn, "sub:1")
+        assert not await store.history.projection_upsert(conn, offer(9, "null", origin="reconcile"))
+        assert await store.history.projection_upsert(conn, offer(3, '{"v":3}', at=T0 + 1))
+        got = await store.history.projection_get(conn, "sub:1")
     assert got is not None
     assert (got.resource_key, got.origin, got.version, got.version_key) == (
         "sub:1",
@@ -257,17 +266,17 @@ async def test_projection_compare_and_set(store: Store) -> None:
 async def test_projection_upsert_rolls_back_with_the_handler(store: Store) -> None:
     with pytest.raises(RuntimeError):
         async with store.transaction() as conn:
-            assert await store.projection_upsert(conn, offer(1, "{}"))
+            assert await store.history.projection_upsert(conn, offer(1, "{}"))
             raise RuntimeError("handler failed")
     async with store.transaction() as conn:
-        assert await store.projection_get(conn, "sub:1") is None
+        assert await store.history.projection_get(conn, "sub:1") is None
 
 
 async def test_inbox_mark_superseded_appends(store: Store) -> None:
     [inbox_id] = await accept(store, delivery("e"))
     async with store.transaction() as conn:
-        await store.inbox_mark_superseded(conn, inbox_id, "a@2")
-        await store.inbox_mark_superseded(conn, inbox_id, "b@5")
+        await store.history.inbox_mark_superseded(conn, inbox_id, "a@2")
+        await store.history.inbox_mark_superseded(conn, inbox_id, "b@5")
     row = await one(store, f"SELECT superseded_by FROM relaybox_inbox WHERE id = {inbox_id}")
     assert row["superseded_by"] == "a@2, b@5"
 
@@ -280,7 +289,7 @@ async def sending_rows(store: Store) -> None:
     delivery left unpurged and one whose delivery is still pending."""
     async with store.transaction() as conn:
         for key in ("sent", "dead", "held", "pending"):
-            await store.outbox_insert(
+            await store.inbox.outbox_insert(
                 conn, channel="c", key=key, payload='{"k":1}', tenant="t", inbox_id=None, now=T0
             )
     for key in ("sent", "dead", "held"):
@@ -306,21 +315,23 @@ async def test_retention_counts_and_purges_each_table(store: Store) -> None:
     await sending_rows(store)
     cutoff = T0 + 50
 
-    counts = {t: await store.retention_count(t, cutoff) for t in _TABLES}
+    counts = {t: await store.history.retention_count(t, cutoff) for t in _TABLES}
     assert counts == {"inbox": 1, "quarantine": 1, "outbox": 2, "messages": 1}
-    assert await store.retention_count("outbox", T0) == 0  # strictly before the cutoff
+    assert await store.history.retention_count("outbox", T0) == 0  # strictly before the cutoff
 
     # Batches of one until nothing is left. (PostgreSQL's locking subquery may let one
     # batch take more than its limit: only the totals are the same on both backends.)
     purged = dict.fromkeys(_TABLES, 0)
     for t in _TABLES:
         for _ in range(5):
-            n = await store.retention_purge_batch(t, cutoff=cutoff, now=T0 + 200, limit=1)
+            n = await store.history.retention_purge_batch(t, cutoff=cutoff, now=T0 + 200, limit=1)
             if not n:
                 break
             purged[t] += n
     assert purged == {"inbox": 1, "quarantine": 1, "outbox": 2, "messages": 1}
-    assert {t: await store.retention_count(t, cutoff) for t in _TABLES} == dict.fromkeys(_TABLES, 0)
+    assert {t: await store.history.retention_count(t, cutoff) for t in _TABLES} == dict.fromkeys(
+        _TABLES, 0
+    )
     inbox = await store.fetch_all("SELECT id, payload, purged_at FROM relaybox_inbox ORDER BY id")
     assert [(r["id"], r["payload"] is None, r["purged_at"]) for r in inbox] == [
         (old, True, T0 + 200),
@@ -347,7 +358,10 @@ async def test_retention_purge_drops_the_purged_deliveries_responses(store: Stor
             f" outcome, status_code, response) VALUES ({ids[key]}, 1, {T0}, 0.1, 'sent', 200,"
             " 'ok') RETURNING outbox_id"
         )
-    assert await store.retention_purge_batch("outbox", cutoff=T0 + 1, now=T0 + 2, limit=10) == 2
+    assert (
+        await store.history.retention_purge_batch("outbox", cutoff=T0 + 1, now=T0 + 2, limit=10)
+        == 2
+    )
     rows = await store.fetch_all("SELECT outbox_id, response FROM relaybox_outbox_attempts")
     assert {r["outbox_id"]: r["response"] for r in rows} == {ids["sent"]: None, ids["held"]: "ok"}
 
@@ -358,12 +372,12 @@ _TABLES = ("inbox", "quarantine", "outbox", "messages")
 async def test_maintenance_try_lock(database_url: str) -> None:
     first, second = open_store(database_url), open_store(database_url)
     try:
-        async with first.maintenance_try_lock() as mine:
+        async with first.db.maintenance_try_lock() as mine:
             assert mine
-            async with second.maintenance_try_lock() as theirs:
+            async with second.db.maintenance_try_lock() as theirs:
                 # PostgreSQL: one runner across processes. SQLite: one process per file.
                 assert theirs is (first.backend == "sqlite")
-        async with second.maintenance_try_lock() as theirs:
+        async with second.db.maintenance_try_lock() as theirs:
             assert theirs  # released when the block ended
     finally:
         await first.close()
@@ -374,7 +388,7 @@ async def test_maintenance_try_lock(database_url: str) -> None:
 
 
 async def test_ops_stats_queues(store: Store) -> None:
-    empty = await store.ops_stats_queues()
+    empty = await store.history.ops_stats_queues()
     assert (empty.groups, empty.quarantined_by_source) == ((), {})
     a, b, c, _ = await accept(
         store,
@@ -385,12 +399,12 @@ async def test_ops_stats_queues(store: Store) -> None:
     )
     await finish(store, [a], [b], at=T0 + 5)
     async with store.transaction() as conn:
-        await store.inbox_retry_later(conn, c, at=T0 + 60, error="later", now=T0 + 5)
+        await store.inbox.retry_later(conn, c, at=T0 + 60, error="later", now=T0 + 5)
     await store.fetch_all(f"UPDATE relaybox_inbox SET attempts = 2 WHERE id = {c} RETURNING id")
     await accept(store, delivery("a", body='{"other":1}'))  # quarantined
     await sending_rows(store)
 
-    snap = await store.ops_stats_queues()
+    snap = await store.history.ops_stats_queues()
     inbox = [g for g in snap.groups if g.queue == "inbox"]
     assert sorted(inbox, key=lambda g: (g.source, g.status)) == [
         QueueGroup("inbox", "other", "pending", "", False, 1, T0 + 3, 0, 0),
@@ -421,7 +435,7 @@ _CALLERS = (
 
 
 def test_history_callers_hold_no_sql_and_the_store_names_every_query() -> None:
-    from relaybox.store.base import load_queries
+    from relaybox.store.backend import load_queries
     from tests.store.test_store import _used_queries
 
     forbidden = re.compile(

@@ -1,7 +1,7 @@
 """The keys kept apart from the history (migration 0027, relaybox.store.keys): event
 keys decide duplicates and conflicts, idempotency keys repeated publishes, whether or
-not the history row still exists; their backfill (Store.keys_backfill,
-Store.keys_backfill_status) and their expiry (Store.keys_expire), on both backends."""
+not the history row still exists; their backfill (KeysStore.backfill,
+KeysStore.backfill_status) and their expiry (KeysStore.expire), on both backends."""
 
 from __future__ import annotations
 
@@ -53,12 +53,12 @@ def message(tenant: str, key: str | None, n: int, *, at: float = T0) -> NewMessa
 
 async def publish(store: Store, m: NewMessage) -> bool:
     async with store.transaction() as conn:
-        return await store.message_insert(conn, m)
+        return await store.outbox.message_insert(conn, m)
 
 
 async def by_key(store: Store, tenant: str, key: str) -> Any:
     async with store.transaction() as conn:
-        return await store.message_get_by_key(conn, tenant, key)
+        return await store.outbox.message_get_by_key(conn, tenant, key)
 
 
 async def drop_history(store: Store) -> None:
@@ -74,7 +74,7 @@ async def drop_history(store: Store) -> None:
 
 
 async def test_accept_writes_one_narrow_key_per_event(store: Store) -> None:
-    outcomes = await store.inbox_accept(
+    outcomes = await store.inbox.accept(
         [delivery("e1"), delivery("e1"), delivery("e2", at=T0 + 3 * DAY)]
     )
     assert statuses(outcomes) == ["accepted", "duplicate", "accepted"]
@@ -111,7 +111,7 @@ async def test_duplicates_and_conflicts_outlive_the_history(database_url: str) -
             assert q["inbox_id"] == first.inbox_id  # as its key remembers it, the row gone
             assert (q["event_id"], bytes(q["payload"])) == ("old", b'{"v": 2}')
             # The operator still sees it, with no original to compare.
-            [listed] = await store.quarantine_list(
+            [listed] = await store.operator.quarantine_list(
                 source=None, resolved=None, before_id=None, limit=10
             )
             assert (listed["id"], listed["inbox_id"], listed["original_status"]) == (
@@ -167,12 +167,12 @@ async def _forget_keys(store: Store) -> None:
 async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: str) -> None:
     store = open_store(database_url)
     try:
-        outcomes = await store.inbox_accept([delivery(f"e{i}", at=T0 + i * DAY) for i in range(5)])
+        outcomes = await store.inbox.accept([delivery(f"e{i}", at=T0 + i * DAY) for i in range(5)])
         messages = [message("t1", f"k{i}", i) for i in range(3)] + [message("t1", None, 9)]
         for m in messages:
             assert await publish(store, m)
         await _forget_keys(store)
-        assert [(p.kind, p.rows, p.finished) for p in await store.keys_backfill_status()] == [
+        assert [(p.kind, p.rows, p.finished) for p in await store.keys.backfill_status()] == [
             ("event", 0, False),
             ("message", 0, False),
         ]
@@ -182,23 +182,23 @@ async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: 
         assert not await publish(store, message("t1", "k0", 7))  # the old message decides
         assert (await by_key(store, "t1", "k1")).id == messages[1].id
 
-        first = await store.keys_backfill("event", limit=2)
+        first = await store.keys.backfill("event", limit=2)
         assert (first.rows, first.finished, first.read) == (2, False, 2)
         # Resumes after the last id, in new transactions (another store, same database).
         other = open_store(database_url)
         try:
-            second = await other.keys_backfill("event", limit=2)
+            second = await other.keys.backfill("event", limit=2)
         finally:
             await other.close()
         assert (second.rows, second.finished) == (4, False)
-        last = await store.keys_backfill("event", limit=2)
+        last = await store.keys.backfill("event", limit=2)
         assert (last.rows, last.finished) == (5, True)
-        assert (await store.keys_backfill("event", limit=2)).read == 0  # finished: nothing
+        assert (await store.keys.backfill("event", limit=2)).read == 0  # finished: nothing
         rows = await event_keys(store)
         assert [r["inbox_id"] for r in rows] == [o.inbox_id for o in outcomes]
         assert [r["first_seen"] for r in rows] == [day_of(T0) + i for i in range(5)]
-        assert (await store.keys_backfill("message", limit=10)).finished
-        assert {p.kind: p.finished for p in await store.keys_backfill_status()} == {
+        assert (await store.keys.backfill("message", limit=10)).finished
+        assert {p.kind: p.finished for p in await store.keys.backfill_status()} == {
             "event": True,
             "message": True,
         }
@@ -211,14 +211,14 @@ async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: 
         assert (dup.status, dup.inbox_id) == ("duplicate", outcomes[2].inbox_id)
         assert not await publish(store, message("t1", "k2", 8))
         with pytest.raises(ValueError, match="no backfill"):
-            await store.keys_backfill("operation")
+            await store.keys.backfill("operation")
     finally:
         await store.close()
 
 
 async def test_keys_expire_by_age_per_scope(store: Store) -> None:
     d0 = day_of(T0)
-    await store.inbox_accept(
+    await store.inbox.accept(
         [delivery(f"a{i}", source="a", at=T0 + i * DAY) for i in range(4)]
         + [delivery(f"b{i}", source="b", at=T0 + i * DAY) for i in range(4)]
     )
@@ -227,7 +227,7 @@ async def test_keys_expire_by_age_per_scope(store: Store) -> None:
         assert await publish(store, message("t2", f"k{i}", i, at=T0 + i * DAY))
     async with store.transaction() as conn:
         for i, source in enumerate(("a", "a", "b")):
-            await store.operation_insert(
+            await store.inbox.operation_insert(
                 conn,
                 business_key=f"op{i}",
                 fingerprint="f",
@@ -237,7 +237,7 @@ async def test_keys_expire_by_age_per_scope(store: Store) -> None:
                 now=T0 + i * DAY,
             )
     # Scoped: only source a's keys first seen before day d0 + 2, a few a transaction.
-    assert await store.keys_expire("event", d0 + 2, scope="a", limit=1) == 2
+    assert await store.keys.expire("event", d0 + 2, scope="a", limit=1) == 2
     left = await event_keys(store)
     assert len(left) == 6 and {r["scope"] for r in left if r["first_seen"] < d0 + 2} == {
         scope_of("b")
@@ -248,15 +248,15 @@ async def test_keys_expire_by_age_per_scope(store: Store) -> None:
     assert (await accept_one(store, delivery("a0", source="a"))).status == "accepted"
     assert (await accept_one(store, delivery("b0", source="b"))).status == "duplicate"
     # Every scope.
-    assert await store.keys_expire("event", d0 + 1) == 2  # b0, and a0's new key (day d0)
-    assert await store.keys_expire("message", d0 + 1, scope="t2") == 1
-    assert await store.keys_expire("message", d0 + 3) == 5
+    assert await store.keys.expire("event", d0 + 1) == 2  # b0, and a0's new key (day d0)
+    assert await store.keys.expire("message", d0 + 1, scope="t2") == 1
+    assert await store.keys.expire("message", d0 + 3) == 5
     assert await store.fetch_all("SELECT * FROM relaybox_message_keys") == []
-    assert await store.keys_expire("operation", d0 + 2, scope="a") == 2
-    assert await store.keys_expire("operation", d0 + 5) == 1
+    assert await store.keys.expire("operation", d0 + 2, scope="a") == 2
+    assert await store.keys.expire("operation", d0 + 5) == 1
     assert await store.fetch_all("SELECT * FROM relaybox_operations") == []
     async with store.transaction() as conn:
-        created, _ = await store.operation_insert(
+        created, _ = await store.inbox.operation_insert(
             conn,
             business_key="op0",
             fingerprint="f",
@@ -267,7 +267,7 @@ async def test_keys_expire_by_age_per_scope(store: Store) -> None:
         )
     assert created  # an expired business key happens again
     with pytest.raises(ValueError, match="unknown kind"):
-        await store.keys_expire("thing", d0)  # type: ignore[arg-type]
+        await store.keys.expire("thing", d0)  # type: ignore[arg-type]
 
 
 async def test_keys_alone_decide_without_the_old_unique_constraints(pg_url: str) -> None:
@@ -291,7 +291,7 @@ async def test_keys_alone_decide_without_the_old_unique_constraints(pg_url: str)
                 batch.append(delivery(names[start], b'{"other": true}'))
                 if n % 2:
                     batch.reverse()
-                await stores[n % len(stores)].inbox_accept(batch)
+                await stores[n % len(stores)].inbox.accept(batch)
 
         await asyncio.gather(*(task(n) for n in range(8)))
         rows = await admin.fetch_all("SELECT event_id FROM relaybox_inbox")
@@ -307,7 +307,7 @@ async def test_keys_alone_decide_without_the_old_unique_constraints(pg_url: str)
         assert len(await admin.fetch_all("SELECT * FROM relaybox_messages")) == 1
         # Business keys: relaybox_operations keeps its PRIMARY KEY (never partitioned).
         async with admin.transaction() as conn:
-            first = await admin.operation_insert(
+            first = await admin.inbox.operation_insert(
                 conn,
                 business_key="b",
                 fingerprint="x",
@@ -316,7 +316,7 @@ async def test_keys_alone_decide_without_the_old_unique_constraints(pg_url: str)
                 tenant=None,
                 now=T0,
             )
-            again = await admin.operation_insert(
+            again = await admin.inbox.operation_insert(
                 conn,
                 business_key="b",
                 fingerprint="y",
@@ -396,12 +396,12 @@ async def check_step(store: Store, model: Model, step: Step) -> None:
         k = model.keys.get(a)
         if k is not None and k.row and k.pending:
             async with store.transaction() as conn:
-                await store.inbox_complete(conn, [k.inbox_id], at)
+                await store.inbox.complete(conn, [k.inbox_id], at)
             k.pending = False
     elif op == "purge":
         # Retention: payloads go (both backends); on PostgreSQL the finished rows go
         # too, as a dropped partition takes them.
-        while await store.retention_purge_batch("inbox", cutoff=at + 1, now=at, limit=50):
+        while await store.history.retention_purge_batch("inbox", cutoff=at + 1, now=at, limit=50):
             pass
         if store.backend == "postgres":
             gone = [k for k in model.keys.values() if k.row and not k.pending]
@@ -416,7 +416,7 @@ async def check_step(store: Store, model: Model, step: Step) -> None:
                 k.row = False
     elif op == "expire":
         before = day_of(T0) + model.day - b
-        await store.keys_expire("event", before, scope=f"{model.ns}-s{a}", limit=2)
+        await store.keys.expire("event", before, scope=f"{model.ns}-s{a}", limit=2)
         for n, k in model.keys.items():
             if n % 3 == a and day_of(T0) + k.day < before:
                 k.kept = False

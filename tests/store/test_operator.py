@@ -45,12 +45,12 @@ def delivery(
 
 
 async def accept(store: Store, *deliveries: NewDelivery) -> list[int]:
-    return [(await store.inbox_accept([d]))[0].inbox_id for d in deliveries]
+    return [(await store.inbox.accept([d]))[0].inbox_id for d in deliveries]
 
 
 async def kill(store: Store, inbox_id: int, *, at: float) -> None:
     async with store.transaction() as conn:
-        await store.inbox_kill(conn, inbox_id, reason="exhausted", error="boom", now=at)
+        await store.inbox.kill(conn, inbox_id, reason="exhausted", error="boom", now=at)
 
 
 def listing(**changes: Any) -> dict[str, Any]:
@@ -67,67 +67,86 @@ async def test_inbox_list_filters_and_pages_newest_first(store: Store) -> None:
         delivery("b", source="other", at=T0 + 10),
         delivery("c", kind="x.y", at=T0 + 20),
     )
-    rows = await store.inbox_list(**listing(status=None), limit=10)
+    rows = await store.operator.inbox_list(**listing(status=None), limit=10)
     assert [r["id"] for r in rows] == [c, b, a]
     assert rows[0]["purged"] in (False, 0) and rows[0]["status"] == "pending"
-    page = await store.inbox_list(**listing(status=None), limit=2)
+    page = await store.operator.inbox_list(**listing(status=None), limit=2)
     assert [r["id"] for r in page] == [c, b]
-    rest = await store.inbox_list(**listing(status=None, before_id=b), limit=2)
+    rest = await store.operator.inbox_list(**listing(status=None, before_id=b), limit=2)
     assert [r["id"] for r in rest] == [a]
     assert [
-        r["id"] for r in await store.inbox_list(**listing(status=None, source="other"), limit=9)
+        r["id"]
+        for r in await store.operator.inbox_list(**listing(status=None, source="other"), limit=9)
     ] == [b]
     assert [
-        r["id"] for r in await store.inbox_list(**listing(status=None, event_type="x.y"), limit=9)
+        r["id"]
+        for r in await store.operator.inbox_list(**listing(status=None, event_type="x.y"), limit=9)
     ] == [c]
-    timed = await store.inbox_list(**listing(status=None, since=T0 + 5, until=T0 + 20), limit=9)
+    timed = await store.operator.inbox_list(
+        **listing(status=None, since=T0 + 5, until=T0 + 20), limit=9
+    )
     assert [r["id"] for r in timed] == [b]
-    assert await store.inbox_list(**listing(status="done"), limit=9) == []
+    assert await store.operator.inbox_list(**listing(status="done"), limit=9) == []
 
 
 async def test_history_dead_list_discard_and_purged_at(store: Store) -> None:
     live, dead = await accept(store, delivery("live"), delivery("dead", at=T0 + 1))
     await kill(store, dead, at=T0 + 2)
-    history = await store.inbox_history(dead)
+    history = await store.operator.inbox_history(dead)
     assert history is not None
     assert history.event["id"] == dead and history.event["status"] == "dead"
     assert history.business_keys == [] and history.replays == [] and history.quarantine == []
-    assert await store.inbox_history(dead + 1000) is None
+    assert await store.operator.inbox_history(dead + 1000) is None
 
-    dead_rows = await store.dead_list(**listing(reason="exhausted"), limit=9)
+    dead_rows = await store.operator.dead_list(**listing(reason="exhausted"), limit=9)
     assert [r["id"] for r in dead_rows] == [dead]
-    assert await store.dead_list(**listing(reason="invalid"), limit=9) == []
+    assert await store.operator.dead_list(**listing(reason="invalid"), limit=9) == []
 
-    assert not await store.dead_discard(live, now=T0 + 3, actor="me", reason="no")
-    assert await store.dead_discard(dead, now=T0 + 3, actor="me", reason="dup")
-    assert not await store.dead_discard(dead, now=T0 + 4, actor="you", reason="again")
-    assert await store.dead_list(**listing(reason=None), limit=9) == []
-    after = await store.inbox_history(dead)
+    assert not await store.operator.dead_discard(live, now=T0 + 3, actor="me", reason="no")
+    assert await store.operator.dead_discard(dead, now=T0 + 3, actor="me", reason="dup")
+    assert not await store.operator.dead_discard(dead, now=T0 + 4, actor="you", reason="again")
+    assert await store.operator.dead_list(**listing(reason=None), limit=9) == []
+    after = await store.operator.inbox_history(dead)
     assert after is not None and after.event["discarded_by"] == "me"
-    assert await store.inbox_purged_at([live, dead + 1000]) == {live: None, dead + 1000: None}
+    assert await store.operator.inbox_purged_at([live, dead + 1000]) == {
+        live: None,
+        dead + 1000: None,
+    }
 
 
 async def test_quarantine_list_get_and_resolve_once(store: Store) -> None:
     [original] = await accept(store, delivery("k", body='{"a": 1}'))
-    outcome = (await store.inbox_accept([delivery("k", body='{"a": 2}', at=T0 + 5)]))[0]
+    outcome = (await store.inbox.accept([delivery("k", body='{"a": 2}', at=T0 + 5)]))[0]
     assert outcome.status == "quarantined"
-    [entry] = await store.quarantine_list(source=None, resolved=None, before_id=None, limit=9)
+    [entry] = await store.operator.quarantine_list(
+        source=None, resolved=None, before_id=None, limit=9
+    )
     assert entry["inbox_id"] == original and entry["original_status"] == "pending"
-    assert await store.quarantine_list(source=None, resolved=True, before_id=None, limit=9) == []
-    open_ = await store.quarantine_list(source="s", resolved=False, before_id=None, limit=9)
+    assert (
+        await store.operator.quarantine_list(source=None, resolved=True, before_id=None, limit=9)
+        == []
+    )
+    open_ = await store.operator.quarantine_list(
+        source="s", resolved=False, before_id=None, limit=9
+    )
     assert [r["id"] for r in open_] == [entry["id"]]
 
-    got = await store.quarantine_get(entry["id"])
+    got = await store.operator.quarantine_get(entry["id"])
     assert got is not None
     assert bytes(got["payload"]) == b'{"a": 2}' and bytes(got["original_payload"]) == b'{"a": 1}'
-    assert await store.quarantine_get(entry["id"] + 1000) is None
+    assert await store.operator.quarantine_get(entry["id"] + 1000) is None
 
     resolve = dict(now=T0 + 9, resolution="ignored", actor="me", reason="noise")
-    assert await store.quarantine_resolve(entry["id"], **resolve)
-    assert not await store.quarantine_resolve(entry["id"], **resolve)
-    [done] = await store.quarantine_list(source=None, resolved=True, before_id=None, limit=9)
+    assert await store.operator.quarantine_resolve(entry["id"], **resolve)
+    assert not await store.operator.quarantine_resolve(entry["id"], **resolve)
+    [done] = await store.operator.quarantine_list(
+        source=None, resolved=True, before_id=None, limit=9
+    )
     assert done["resolution"] == "ignored" and done["resolved_by"] == "me"
-    assert await store.quarantine_list(source=None, resolved=False, before_id=None, limit=9) == []
+    assert (
+        await store.operator.quarantine_list(source=None, resolved=False, before_id=None, limit=9)
+        == []
+    )
 
 
 async def test_throughput_table_exists_probe_and_test_views(store: Store) -> None:
@@ -135,25 +154,25 @@ async def test_throughput_table_exists_probe_and_test_views(store: Store) -> Non
         store, delivery("a"), delivery("b", at=T0 + 1), delivery("c", at=T0 + 60)
     )
     await kill(store, b, at=T0 + 2)
-    rows = await store.inbox_throughput(T0 - 20)
+    rows = await store.operator.inbox_throughput(T0 - 20)
     minute = int(T0 // 60)
     assert sorted(rows, key=lambda r: (r.minute, r.status)) == [
         ThroughputRow(minute, "dead", 1),
         ThroughputRow(minute, "pending", 1),
         ThroughputRow(minute + 1, "pending", 1),
     ]
-    assert await store.inbox_throughput(T0 + 120) == []
+    assert await store.operator.inbox_throughput(T0 + 120) == []
 
-    assert await store.table_exists("relaybox_inbox")
-    assert not await store.table_exists("relaybox_nothing")
+    assert await store.operator.table_exists("relaybox_inbox")
+    assert not await store.operator.table_exists("relaybox_nothing")
 
     before = time.time()
-    probe = await store.doctor_probe()
+    probe = await store.operator.doctor_probe()
     assert probe.applied and max(probe.applied) == (await store.schema_version())[1]
     assert before <= probe.before <= probe.after
     assert abs(probe.db_now - probe.before) < 60
 
-    health = await store.database_health()
+    health = await store.operator.database_health()
     if store.backend == "postgres":
         assert health.pages is None and health.oldest(relaybox=True) is None
         tables = {t["table"]: t for t in health.tables}
@@ -162,8 +181,8 @@ async def test_throughput_table_exists_probe_and_test_views(store: Store) -> Non
         assert health.transactions == health.tables == []
         assert health.pages and 0 <= (health.free_pages or 0) < health.pages
 
-    inbox = await store.testing_inbox("s", "a")
+    inbox = await store.operator.testing_inbox("s", "a")
     assert [r["id"] for r in inbox] == [a] and bytes(inbox[0]["payload"]) == b"{}"
-    assert len(await store.testing_inbox(None, None)) == 3
-    assert await store.testing_operations(None) == []
-    assert await store.testing_outbox(None) == []
+    assert len(await store.operator.testing_inbox(None, None)) == 3
+    assert await store.operator.testing_operations(None) == []
+    assert await store.operator.testing_outbox(None) == []

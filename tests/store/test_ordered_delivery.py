@@ -30,11 +30,11 @@ async def publish(store: Store, targets: Sequence[str], key: str | None) -> str:
     """A message of tenant t1 with ``key`` (its next sequence number) to ``targets``."""
     msg_id = new_id("msg", T0)
     async with store.transaction() as conn:
-        seq = None if key is None else await store.message_sequence_next(conn, "t1", key)
+        seq = None if key is None else await store.outbox.message_sequence_next(conn, "t1", key)
         body = '{"id":"' + msg_id + '"}'
         new = NewMessage(msg_id, "t1", "pet.adopted", None, body, T0, key, seq)
-        assert await store.message_insert(conn, new)
-        await store.delivery_insert(
+        assert await store.outbox.message_insert(conn, new)
+        await store.outbox.delivery_insert(
             conn, msg_id, "t1", targets, now=T0, ordering_key=key, sequence=seq
         )
     return msg_id
@@ -47,7 +47,7 @@ def request(at: float, owner: str = "d1") -> LeaseRequest:
 
 
 async def lease(store: Store, at: float) -> list[Delivery]:
-    return (await store.outbox_lease(request(at), no_secrets)).deliveries
+    return (await store.dispatch.outbox_lease(request(at), no_secrets)).deliveries
 
 
 def seqs(leased: Sequence[Delivery], lane: str) -> list[int]:
@@ -58,23 +58,23 @@ def seqs(leased: Sequence[Delivery], lane: str) -> list[int]:
 async def record(store: Store, d: Delivery, status: str, at: float, next_at: float = 0) -> None:
     async with store.transaction() as conn:
         done = attempt(d, status, code=500, error="boom", next_at=next_at, reason="failed")
-        assert await store.outbox_record(conn, [done], now=at)
+        assert await store.dispatch.outbox_record(conn, [done], now=at)
 
 
 async def test_sequence_numbers_per_tenant_and_key(store: Store) -> None:
     async with store.transaction() as conn:
-        got = [await store.message_sequence_next(conn, "t1", "a") for _ in range(3)]
-        got.append(await store.message_sequence_next(conn, "t1", "b"))
-        got.append(await store.message_sequence_next(conn, "t2", "a"))
+        got = [await store.outbox.message_sequence_next(conn, "t1", "a") for _ in range(3)]
+        got.append(await store.outbox.message_sequence_next(conn, "t1", "b"))
+        got.append(await store.outbox.message_sequence_next(conn, "t2", "a"))
     assert got == [1, 2, 3, 1, 1]
     msg = await publish(store, [], "a")
-    found = await store.message_get(msg, "t1")
+    found = await store.outbox.message_get(msg, "t1")
     assert found is not None and (found.ordering_key, found.sequence) == ("a", 4)
 
 
 async def test_an_ordered_endpoint_takes_one_delivery_per_key(store: Store) -> None:
-    await store.endpoint_create(endpoint("ep_o", ordered=True), "s", quota=5, now=T0)
-    await store.endpoint_create(endpoint("ep_u"), "s", quota=5, now=T0)
+    await store.outbox.endpoint_create(endpoint("ep_o", ordered=True), "s", quota=5, now=T0)
+    await store.outbox.endpoint_create(endpoint("ep_u"), "s", quota=5, now=T0)
     for key in ["a", "a", "b", "a", "b"]:
         await publish(store, ["ep_o", "ep_u"], key)
     await publish(store, ["ep_o"], None)  # no key: never held back
@@ -106,7 +106,7 @@ async def test_an_ordered_endpoint_takes_one_delivery_per_key(store: Store) -> N
 
 @pytest.mark.parametrize("on_dead", ["hold", "skip"])
 async def test_a_dead_head_holds_its_key_or_is_skipped(store: Store, on_dead: str) -> None:
-    await store.endpoint_create(
+    await store.outbox.endpoint_create(
         endpoint("ep_o", ordered=True, on_dead=on_dead), "s", quota=5, now=T0
     )
     for key in ["a", "a", "a", "b"]:
@@ -117,7 +117,7 @@ async def test_a_dead_head_holds_its_key_or_is_skipped(store: Store, on_dead: st
     for d in first:
         await record(store, d, "dead" if d is a1 else "sent", T0 + 2)
     nxt = await lease(store, T0 + 3)
-    blocked = await store.ordering_blocked_keys(endpoint_id=None, tenant=None, limit=10)
+    blocked = await store.outbox.ordering_blocked_keys(endpoint_id=None, tenant=None, limit=10)
     if on_dead == "skip":
         assert seqs(nxt, "ep_o") == [2]
         assert blocked == []
@@ -126,13 +126,13 @@ async def test_a_dead_head_holds_its_key_or_is_skipped(store: Store, on_dead: st
     assert [(b.endpoint_id, b.ordering_key, b.sequence, b.dead, b.waiting) for b in blocked] == [
         ("ep_o", "a", 1, 1, 2)
     ]
-    assert await store.ordering_blocked_count() == 1
-    assert await store.ordering_blocked_keys(endpoint_id="ep_x", tenant=None, limit=10) == []
-    assert await store.ordering_blocked_keys(endpoint_id=None, tenant="t2", limit=10) == []
+    assert await store.outbox.ordering_blocked_count() == 1
+    assert await store.outbox.ordering_blocked_keys(endpoint_id="ep_x", tenant=None, limit=10) == []
+    assert await store.outbox.ordering_blocked_keys(endpoint_id=None, tenant="t2", limit=10) == []
     # The operator releases the key: the dead head stays a dead letter, a2 goes.
-    assert await store.ordering_key_release("ep_o", "a", now=T0 + 4) == 1
-    assert await store.ordering_key_release("ep_o", "a", now=T0 + 4) == 0
-    assert await store.ordering_blocked_keys(endpoint_id=None, tenant=None, limit=10) == []
+    assert await store.outbox.ordering_key_release("ep_o", "a", now=T0 + 4) == 1
+    assert await store.outbox.ordering_key_release("ep_o", "a", now=T0 + 4) == 0
+    assert await store.outbox.ordering_blocked_keys(endpoint_id=None, tenant=None, limit=10) == []
     released = await lease(store, T0 + 5)
     assert seqs(released, "ep_o") == [2]
     rows = await store.fetch_all("SELECT status FROM relaybox_outbox WHERE id = " + str(a1.id))
@@ -140,25 +140,27 @@ async def test_a_dead_head_holds_its_key_or_is_skipped(store: Store, on_dead: st
 
 
 async def test_a_retried_dead_head_goes_first(store: Store) -> None:
-    await store.endpoint_create(endpoint("ep_o", ordered=True), "s", quota=5, now=T0)
+    await store.outbox.endpoint_create(endpoint("ep_o", ordered=True), "s", quota=5, now=T0)
     first_msg = await publish(store, ["ep_o"], "a")
     await publish(store, ["ep_o"], "a")
     (a1,) = await lease(store, T0 + 1)
     await record(store, a1, "dead", T0 + 2)
     assert await lease(store, T0 + 3) == []
     # An operator's redeliver puts the head back: it goes before a2, alone.
-    assert await store.delivery_redeliver(first_msg, tenant=None, endpoint_id=None, now=T0 + 4)
+    assert await store.outbox.delivery_redeliver(
+        first_msg, tenant=None, endpoint_id=None, now=T0 + 4
+    )
     again = await lease(store, T0 + 5)
     assert [d.id for d in again] == [a1.id]
 
 
 async def test_an_endpoint_switched_to_unordered_lets_every_key_go(store: Store) -> None:
-    await store.endpoint_create(endpoint("ep_o", ordered=True), "s", quota=5, now=T0)
+    await store.outbox.endpoint_create(endpoint("ep_o", ordered=True), "s", quota=5, now=T0)
     for _ in range(3):
         await publish(store, ["ep_o"], "a")
     (a1,) = await lease(store, T0 + 1)
     await record(store, a1, "dead", T0 + 2)
-    assert await store.ordering_blocked_count() == 1
-    await store.endpoint_update(endpoint("ep_o", ordered=False), now=T0 + 3)
-    assert await store.ordering_blocked_count() == 0
+    assert await store.outbox.ordering_blocked_count() == 1
+    await store.outbox.endpoint_update(endpoint("ep_o", ordered=False), now=T0 + 3)
+    assert await store.outbox.ordering_blocked_count() == 0
     assert seqs(await lease(store, T0 + 4), "ep_o") == [2, 3]

@@ -31,9 +31,9 @@ async def publish(store: Store, tenant: str, targets: Sequence[str], *, at: floa
     msg_id = new_id("msg", at)
     async with store.transaction() as conn:
         new = NewMessage(msg_id, tenant, "pet.adopted", None, '{"id":"' + msg_id + '"}', at)
-        assert await store.message_insert(conn, new)
+        assert await store.outbox.message_insert(conn, new)
         if targets:
-            await store.delivery_insert(conn, msg_id, tenant, targets, now=at)
+            await store.outbox.delivery_insert(conn, msg_id, tenant, targets, now=at)
     return msg_id
 
 
@@ -50,78 +50,78 @@ def no_secrets(stored: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
 
 async def test_an_endpoint_keeps_its_filter_and_pause(store: Store) -> None:
     flt = {"data.country": {"$in": ["PT"]}}
-    await store.endpoint_create(endpoint("ep_1", payload_filter=flt), "s", quota=5, now=T0)
-    await store.endpoint_create(endpoint("ep_2"), "s", quota=5, now=T0)
-    found = await store.endpoint_get("ep_1", "t1")
+    await store.outbox.endpoint_create(endpoint("ep_1", payload_filter=flt), "s", quota=5, now=T0)
+    await store.outbox.endpoint_create(endpoint("ep_2"), "s", quota=5, now=T0)
+    found = await store.outbox.endpoint_get("ep_1", "t1")
     assert found is not None and found.payload_filter == flt and found.paused_at is None
     async with store.transaction() as conn:
-        subs = (await store.publish_context(conn, "t1", "pet.born")).subscribers
+        subs = (await store.outbox.publish_context(conn, "t1", "pet.born")).subscribers
     # Stored as compact JSON: what a publish reads is the size the filter was checked at.
     assert subs == [("ep_1", '["*"]', '{"data.country":{"$in":["PT"]}}'), ("ep_2", '["*"]', None)]
 
-    await store.endpoint_update(endpoint("ep_1", payload_filter=None), now=T0 + 1)
-    assert await store.endpoint_pause("ep_1", "t1", paused=True, now=T0 + 2)
-    assert not await store.endpoint_pause("ep_1", None, paused=True, now=T0 + 3)
-    [first, _] = await store.endpoint_list("t1", limit=10)
+    await store.outbox.endpoint_update(endpoint("ep_1", payload_filter=None), now=T0 + 1)
+    assert await store.flow.endpoint_pause("ep_1", "t1", paused=True, now=T0 + 2)
+    assert not await store.flow.endpoint_pause("ep_1", None, paused=True, now=T0 + 3)
+    [first, _] = await store.outbox.endpoint_list("t1", limit=10)
     assert (first.payload_filter, first.paused_at) == (None, T0 + 2)
     async with store.transaction() as conn:  # a paused endpoint still subscribes
-        subscribers = (await store.publish_context(conn, "t1", "pet.born")).subscribers
+        subscribers = (await store.outbox.publish_context(conn, "t1", "pet.born")).subscribers
         assert [s[0] for s in subscribers] == ["ep_1", "ep_2"]
     async with store.transaction() as conn:  # failing when paused
-        await store.endpoint_failed(conn, "ep_1", now=T0 + 3)
-    assert await store.endpoint_pause("ep_1", None, paused=False, now=T0 + 4)
-    resumed = await store.endpoint_get("ep_1", None)
+        await store.dispatch.endpoint_failed(conn, "ep_1", now=T0 + 3)
+    assert await store.flow.endpoint_pause("ep_1", None, paused=False, now=T0 + 4)
+    resumed = await store.outbox.endpoint_get("ep_1", None)
     # The resume ends the failure streak: the time paused is not failing time.
     assert resumed is not None and (resumed.paused_at, resumed.failing_since) == (None, None)
 
 
 async def test_the_lease_skips_a_paused_endpoint(store: Store) -> None:
-    await store.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
-    await store.endpoint_create(endpoint("ep_2"), "s", quota=5, now=T0)
+    await store.outbox.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
+    await store.outbox.endpoint_create(endpoint("ep_2"), "s", quota=5, now=T0)
     await publish(store, "t1", ["ep_1", "ep_2"])
     await publish(store, "t1", ["ep_1"])
-    assert await store.endpoint_pause("ep_1", "t1", paused=True, now=T0)
-    leased = await store.outbox_lease(lease_request(), no_secrets)
+    assert await store.flow.endpoint_pause("ep_1", "t1", paused=True, now=T0)
+    leased = await store.dispatch.outbox_lease(lease_request(), no_secrets)
     assert [d.lane for d in leased.deliveries] == ["ep_2"]
-    assert await store.endpoint_paused_backlog() == {"ep_1": 2}
-    assert await store.endpoint_pause("ep_1", "t1", paused=False, now=T0)
-    again = await store.outbox_lease(lease_request("d2"), no_secrets)
+    assert await store.flow.endpoint_paused_backlog() == {"ep_1": 2}
+    assert await store.flow.endpoint_pause("ep_1", "t1", paused=False, now=T0)
+    again = await store.dispatch.outbox_lease(lease_request("d2"), no_secrets)
     assert [d.lane for d in again.deliveries] == ["ep_1", "ep_1"]
-    assert await store.endpoint_paused_backlog() == {}
+    assert await store.flow.endpoint_paused_backlog() == {}
 
 
 async def test_missing_messages_are_paged_and_inserted_once(store: Store) -> None:
-    await store.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
+    await store.outbox.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
     ids = [await publish(store, "t1", [], at=T0 + n) for n in range(5)]
     await publish(store, "t2", [], at=T0)  # another tenant's
     delivered = await publish(store, "t1", ["ep_1"], at=T0 + 5)
     async with store.transaction() as conn:
-        page = await store.message_missing_page(
+        page = await store.flow.message_missing_page(
             conn, "t1", "ep_1", since=T0 + 1, until=T0 + 9, after=None, limit=2
         )
         assert [m.id for m in page] == ids[1:3]
         assert page[0].event_type == "pet.adopted" and page[0].body.startswith('{"id":')
         after = (page[-1].created_at, page[-1].id)
-        rest = await store.message_missing_page(
+        rest = await store.flow.message_missing_page(
             conn, "t1", "ep_1", since=T0 + 1, until=T0 + 9, after=after, limit=10
         )
         assert [m.id for m in rest] == ids[3:]  # not `delivered`: it has a delivery
-        upto = await store.message_missing_page(
+        upto = await store.flow.message_missing_page(
             conn, "t1", "ep_1", since=T0 + 1, until=T0 + 3, after=after, limit=10
         )
         assert [m.id for m in upto] == ids[3:4]  # published at or before until only
         # In the order given, once: a second insert of the same ids inserts nothing.
         wanted = [ids[4], ids[1], delivered, "msg_none"]
-        assert await store.delivery_insert_missing(conn, "ep_1", "t1", wanted, now=T0 + 9) == 2
-        assert await store.delivery_insert_missing(conn, "ep_1", "t1", wanted, now=T0 + 9) == 0
-        assert await store.delivery_insert_missing(conn, "ep_1", "t1", [], now=T0 + 9) == 0
+        assert await store.flow.delivery_insert_missing(conn, "ep_1", "t1", wanted, now=T0 + 9) == 2
+        assert await store.flow.delivery_insert_missing(conn, "ep_1", "t1", wanted, now=T0 + 9) == 0
+        assert await store.flow.delivery_insert_missing(conn, "ep_1", "t1", [], now=T0 + 9) == 0
         # Another tenant's message is never inserted for this endpoint's tenant.
-        assert await store.delivery_insert_missing(conn, "ep_1", "t2", ids[:1], now=T0) == 0
-        left = await store.message_missing_page(
+        assert await store.flow.delivery_insert_missing(conn, "ep_1", "t2", ids[:1], now=T0) == 0
+        left = await store.flow.message_missing_page(
             conn, "t1", "ep_1", since=0, until=T0 + 9, after=None, limit=9
         )
         assert [m.id for m in left] == [ids[0], ids[2], ids[3]]
-    rows = await store.delivery_list(
+    rows = await store.outbox.delivery_list(
         "t1", message_id=None, endpoint_id="ep_1", undelivered=False, limit=10
     )
     # Newest first: the two inserted rows in the order given (ids[4] before ids[1]).
@@ -134,7 +134,7 @@ async def test_missing_messages_are_paged_and_inserted_once(store: Store) -> Non
 
 
 async def test_a_purged_message_is_neither_read_nor_inserted(store: Store) -> None:
-    await store.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
+    await store.outbox.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
     kept = await publish(store, "t1", [], at=T0)
     purged = await publish(store, "t1", [], at=T0)
     async with store.transaction() as conn:  # as retention leaves it
@@ -142,12 +142,12 @@ async def test_a_purged_message_is_neither_read_nor_inserted(store: Store) -> No
             f"UPDATE relaybox_messages SET body = 'null', purged_at = 1 WHERE id = '{purged}'"
         )
     async with store.transaction() as conn:
-        page = await store.message_missing_page(
+        page = await store.flow.message_missing_page(
             conn, "t1", "ep_1", since=0, until=T0 + 9, after=None, limit=9
         )
         assert [m.id for m in page] == [kept]
         both = [kept, purged]
-        assert await store.delivery_insert_missing(conn, "ep_1", "t1", both, now=T0) == 1
+        assert await store.flow.delivery_insert_missing(conn, "ep_1", "t1", both, now=T0) == 1
 
 
 async def start_job(
@@ -158,7 +158,7 @@ async def start_job(
     now: float = T0,
     per_hour: int | None = None,
 ) -> ReplayStart:
-    return await store.replay_job_start(
+    return await store.flow.replay_job_start(
         job_id, "t1", endpoint_id, since=0.0, until=T0 + 9, max_queued=10, now=now,
         per_hour=per_hour,
     )  # fmt: skip
@@ -179,8 +179,8 @@ async def test_a_replay_job_is_one_per_endpoint_and_rate_limited_per_tenant(stor
     # An hour after the first, one more may start.
     later = await start_job(store, "rpl_5", "ep_3", per_hour=2, now=T0 + 3601)
     assert later.job is not None
-    assert (await store.replay_job_get("rpl_3", "t1")) is not None
-    assert (await store.replay_job_get("rpl_3", "t2")) is None  # another tenant's
+    assert (await store.flow.replay_job_get("rpl_3", "t1")) is not None
+    assert (await store.flow.replay_job_get("rpl_3", "t2")) is None  # another tenant's
 
 
 async def test_a_replay_job_is_leased_fenced_and_taken_over_once_its_lease_ran_out(
@@ -188,42 +188,42 @@ async def test_a_replay_job_is_leased_fenced_and_taken_over_once_its_lease_ran_o
 ) -> None:
     await start_job(store, "rpl_1")
     await start_job(store, "rpl_2", "ep_2", now=T0 + 1)
-    a = await store.replay_job_claim("a", now=T0, ttl=60)
-    b = await store.replay_job_claim("b", now=T0, ttl=60)
+    a = await store.flow.replay_job_claim("a", now=T0, ttl=60)
+    b = await store.flow.replay_job_claim("b", now=T0, ttl=60)
     assert a is not None and b is not None and (a.id, b.id) == ("rpl_1", "rpl_2")
     assert a.status == "running" and a.started_at == T0
-    assert await store.replay_job_claim("c", now=T0 + 59, ttl=60) is None  # both held
+    assert await store.flow.replay_job_claim("c", now=T0 + 59, ttl=60) is None  # both held
     async with store.transaction() as conn:
-        counts = await store.replay_job_advance(
+        counts = await store.flow.replay_job_advance(
             conn, "rpl_1", "a", scanned=5, queued=2, cursor=(T0, "msg_x"), now=T0 + 1, ttl=60
         )
     assert counts == (5, 2)
     # a's lease (renewed to T0 + 61) runs out: c takes the job on where a left it.
-    taken = await store.replay_job_claim("c", now=T0 + 62, ttl=60, job_id="rpl_1")
+    taken = await store.flow.replay_job_claim("c", now=T0 + 62, ttl=60, job_id="rpl_1")
     assert taken is not None and (taken.scanned, taken.queued, taken.cursor) == (
         5, 2, (T0, "msg_x")
     )  # fmt: skip
     async with store.transaction() as conn:  # a's next step is fenced off
-        assert await store.replay_job_advance(
+        assert await store.flow.replay_job_advance(
             conn, "rpl_1", "a", scanned=1, queued=1, cursor=(T0, "msg_y"), now=T0 + 63, ttl=60
         ) is None  # fmt: skip
-        assert not await store.replay_job_finish(conn, "rpl_1", "a", status="done", now=T0)
-        assert await store.replay_job_finish(
+        assert not await store.flow.replay_job_finish(conn, "rpl_1", "a", status="done", now=T0)
+        assert await store.flow.replay_job_finish(
             conn, "rpl_1", "c", status="done", now=T0 + 63, resume_since=T0
         )
-    done = await store.replay_job_get("rpl_1", None)
+    done = await store.flow.replay_job_get("rpl_1", None)
     assert done is not None and (done.status, done.resume_since, done.finished_at) == (
         "done", T0, T0 + 63
     )  # fmt: skip
     # A finished job is never claimed again, and frees its endpoint for the next one.
-    assert await store.replay_job_claim("d", now=T0 + 999, ttl=60, job_id="rpl_1") is None
+    assert await store.flow.replay_job_claim("d", now=T0 + 999, ttl=60, job_id="rpl_1") is None
     assert (await start_job(store, "rpl_3", now=T0 + 64)).job is not None
-    latest = await store.replay_job_latest("ep_1")  # the endpoint's newest job
+    latest = await store.flow.replay_job_latest("ep_1")  # the endpoint's newest job
     assert latest is not None and latest.id == "rpl_3"
-    assert await store.replay_job_latest("ep_none") is None
+    assert await store.flow.replay_job_latest("ep_none") is None
     # A released job is claimable at once.
-    await store.replay_job_release("rpl_2", "b", now=T0 + 2)
-    back = await store.replay_job_claim("e", now=T0 + 2, ttl=60, job_id="rpl_2")
+    await store.flow.replay_job_release("rpl_2", "b", now=T0 + 2)
+    back = await store.flow.replay_job_claim("e", now=T0 + 2, ttl=60, job_id="rpl_2")
     assert back is not None and back.status == "running"
 
 
@@ -231,16 +231,16 @@ async def test_maintenance_drops_replay_jobs_that_ended_long_enough_ago(store: S
     for n, endpoint_id in enumerate(("ep_1", "ep_2", "ep_3")):
         await start_job(store, f"rpl_{n}", endpoint_id, now=T0 + n)
     for n in range(2):  # rpl_0 ends at T0 + 10, rpl_1 at T0 + 20; rpl_2 still waits
-        claimed = await store.replay_job_claim("a", now=T0 + n, ttl=60, job_id=f"rpl_{n}")
+        claimed = await store.flow.replay_job_claim("a", now=T0 + n, ttl=60, job_id=f"rpl_{n}")
         assert claimed is not None
         async with store.transaction() as conn:
-            assert await store.replay_job_finish(
+            assert await store.flow.replay_job_finish(
                 conn, f"rpl_{n}", "a", status="done" if n else "failed", now=T0 + 10 * (n + 1)
             )
-    assert await store.replay_jobs_purge(T0 + 15, limit=10) == 1
-    assert await store.replay_jobs_purge(T0 + 999, limit=10) == 1
-    assert await store.replay_jobs_purge(T0 + 999, limit=10) == 0
-    assert await store.replay_job_get("rpl_0", None) is None
-    assert await store.replay_job_get("rpl_1", None) is None
-    waiting = await store.replay_job_get("rpl_2", None)
+    assert await store.flow.replay_jobs_purge(T0 + 15, limit=10) == 1
+    assert await store.flow.replay_jobs_purge(T0 + 999, limit=10) == 1
+    assert await store.flow.replay_jobs_purge(T0 + 999, limit=10) == 0
+    assert await store.flow.replay_job_get("rpl_0", None) is None
+    assert await store.flow.replay_job_get("rpl_1", None) is None
+    waiting = await store.flow.replay_job_get("rpl_2", None)
     assert waiting is not None and waiting.status == "queued"  # never dropped unfinished

@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from relaybox.store.base import load_queries
+from relaybox.store.backend import load_queries
 from tests.conftest import _dsn
 
 # Tables that grow with traffic. Small configuration tables (endpoints, lanes, keys,
@@ -37,7 +37,7 @@ BIG = {
     "relaybox_message_keys",
 }
 
-# The settings of PostgresStore.generic_pool, where the hot batch statements run.
+# The settings of Backend.generic_pool, where the hot batch statements run.
 GENERIC_POOL = "SET plan_cache_mode = force_generic_plan; SET enable_bitmapscan = off"
 
 # Operators' reads and maintenance: listed, counted or purged on demand; erasures

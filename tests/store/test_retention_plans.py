@@ -15,7 +15,7 @@ import re
 import asyncpg
 import pytest
 
-from relaybox.store.base import load_queries
+from relaybox.store.backend import load_queries
 from tests.conftest import _dsn
 from tests.store.test_plans import BIG, _nodes
 

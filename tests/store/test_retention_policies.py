@@ -44,42 +44,42 @@ def delivery(event_id: str, *, tenant: str | None, source: str, body: str = "{}"
 
 
 async def test_policies_set_replace_page_cap_and_remove(store: Store) -> None:
-    assert await store.retention_policy_get("t1") is None
-    set1 = await store.retention_policy_put(
+    assert await store.retention.policy_get("t1") is None
+    set1 = await store.retention.policy_put(
         "t1", payload_max_age=3600.0, outbox_payload_max_age=None, now=T0, actor="a", max_policies=2
     )
     assert set1 is not None
     assert (set1.tenant, set1.payload_max_age, set1.outbox_payload_max_age) == ("t1", 3600.0, None)
-    replaced = await store.retention_policy_put(
+    replaced = await store.retention.policy_put(
         "t1", payload_max_age=None, outbox_payload_max_age=60.0, now=T0 + 1, actor="b",
         max_policies=2,
     )  # fmt: skip
     assert replaced is not None
     assert (replaced.payload_max_age, replaced.outbox_payload_max_age) == (None, 60.0)
     assert (replaced.updated_at, replaced.updated_by) == (T0 + 1, "b")
-    assert await store.retention_policy_get("t1") == replaced
-    await store.retention_policy_put(
+    assert await store.retention.policy_get("t1") == replaced
+    await store.retention.policy_put(
         "t0", payload_max_age=7.0, outbox_payload_max_age=8.0, now=T0, actor="a", max_policies=2
     )
     # The cap: a third tenant is refused, an existing one may still change.
-    refused = await store.retention_policy_put(
+    refused = await store.retention.policy_put(
         "t2", payload_max_age=1.0, outbox_payload_max_age=None, now=T0, actor="a", max_policies=2
     )
     assert refused is None
-    assert await store.retention_policy_put(
+    assert await store.retention.policy_put(
         "t0", payload_max_age=9.0, outbox_payload_max_age=None, now=T0, actor="a", max_policies=2
     )
     with pytest.raises(ValueError):
-        await store.retention_policy_put(
+        await store.retention.policy_put(
             "t3", payload_max_age=None, outbox_payload_max_age=None, now=T0, actor="a",
             max_policies=2,
         )  # fmt: skip
-    assert [p.tenant for p in await store.retention_policy_page()] == ["t0", "t1"]
-    assert [p.tenant for p in await store.retention_policy_page(after="t0", limit=5)] == ["t1"]
-    assert [p.tenant for p in await store.retention_policy_page(limit=1)] == ["t0"]
-    assert await store.retention_policy_delete("t0") is True
-    assert await store.retention_policy_delete("t0") is False
-    assert [p.tenant for p in await store.retention_policy_page()] == ["t1"]
+    assert [p.tenant for p in await store.retention.policy_page()] == ["t0", "t1"]
+    assert [p.tenant for p in await store.retention.policy_page(after="t0", limit=5)] == ["t1"]
+    assert [p.tenant for p in await store.retention.policy_page(limit=1)] == ["t0"]
+    assert await store.retention.policy_delete("t0") is True
+    assert await store.retention.policy_delete("t0") is False
+    assert [p.tenant for p in await store.retention.policy_page()] == ["t1"]
 
 
 async def inbox_rows(store: Store) -> dict[str, int]:
@@ -94,12 +94,12 @@ async def inbox_rows(store: Store) -> dict[str, int]:
     ]
     ids = {}
     for event_id, tenant, source, _ in rows:
-        [out] = await store.inbox_accept([delivery(event_id, tenant=tenant, source=source)])
+        [out] = await store.inbox.accept([delivery(event_id, tenant=tenant, source=source)])
         ids[event_id] = out.inbox_id
     for event_id, _, _, at in rows:
         if at is not None:
             async with store.transaction() as conn:
-                await store.inbox_complete(conn, [ids[event_id]], at)
+                await store.inbox.complete(conn, [ids[event_id]], at)
     return ids
 
 
@@ -111,17 +111,17 @@ async def purged_events(store: Store) -> set[str]:
 async def test_tenant_group_batches_touch_only_their_tenants(store: Store) -> None:
     await inbox_rows(store)
     assert (
-        await store.retention_purge_tenants("inbox", ["t9"], cutoff=T0 + 100, now=T0, limit=5) == 0
+        await store.retention.purge_tenants("inbox", ["t9"], cutoff=T0 + 100, now=T0, limit=5) == 0
     )
-    n = await store.retention_purge_tenants(
+    n = await store.retention.purge_tenants(
         "inbox", ["t1", "t9"], cutoff=T0 + 100, now=T0 + 200, limit=5
     )
     assert n == 2 and await purged_events(store) == {"a", "d"}  # not the pending one
     assert (
-        await store.retention_purge_tenants("inbox", ["t2"], cutoff=T0 + 10, now=T0, limit=5) == 0
+        await store.retention.purge_tenants("inbox", ["t2"], cutoff=T0 + 10, now=T0, limit=5) == 0
     )
     assert (
-        await store.retention_purge_tenants("inbox", ["t2"], cutoff=T0 + 11, now=T0, limit=5) == 1
+        await store.retention.purge_tenants("inbox", ["t2"], cutoff=T0 + 11, now=T0, limit=5) == 1
     )
     [row] = await store.fetch_all("SELECT purged_at FROM relaybox_inbox WHERE event_id = 'a'")
     assert row["purged_at"] == T0 + 200
@@ -129,26 +129,26 @@ async def test_tenant_group_batches_touch_only_their_tenants(store: Store) -> No
 
 async def test_scans_walk_from_a_cursor_and_purge_by_id_rechecks(store: Store) -> None:
     ids = await inbox_rows(store)
-    first = await store.retention_scan("inbox", cutoff=T0 + 100, after=None, limit=2)
+    first = await store.retention.scan("inbox", cutoff=T0 + 100, after=None, limit=2)
     assert [(c.id, c.at, c.tenant, c.source) for c in first] == [
         (ids["a"], T0, "t1", "s1"),
         (ids["b"], T0 + 10, "t2", "s1"),
     ]
-    rest = await store.retention_scan(
+    rest = await store.retention.scan(
         "inbox", cutoff=T0 + 100, after=(first[-1].at, first[-1].id), limit=5
     )
     assert [c.id for c in rest] == [ids["c"], ids["d"]]
-    s2 = await store.retention_scan("inbox", cutoff=T0 + 25, after=None, limit=5, source="s2")
+    s2 = await store.retention.scan("inbox", cutoff=T0 + 25, after=None, limit=5, source="s2")
     assert [c.id for c in s2] == [ids["c"]]
     with pytest.raises(ValueError):
-        await store.retention_scan("outbox", cutoff=T0, after=None, limit=5, source="s2")
+        await store.retention.scan("outbox", cutoff=T0, after=None, limit=5, source="s2")
     # By id: only the rows still candidates at the cutoff (d finished after it).
-    assert await store.retention_purge_ids("inbox", [], cutoff=T0 + 25, now=T0) == 0
-    n = await store.retention_purge_ids(
+    assert await store.retention.purge_ids("inbox", [], cutoff=T0 + 25, now=T0) == 0
+    n = await store.retention.purge_ids(
         "inbox", [ids["c"], ids["d"], ids["p"]], cutoff=T0 + 25, now=T0 + 300
     )
     assert n == 1 and await purged_events(store) == {"c"}
-    groups = await store.retention_count_groups("inbox", T0 + 100)
+    groups = await store.retention.count_groups("inbox", T0 + 100)
     assert groups == {("t1", "s1"): 1, ("t2", "s1"): 1, ("t1", "s2"): 1}
 
 
@@ -161,7 +161,7 @@ async def sending_rows(store: Store) -> None:
     )
     async with store.transaction() as conn:
         for key, tenant in (("k1", "t1"), ("k2", "t2"), ("k3", "t2")):
-            await store.outbox_insert(
+            await store.inbox.outbox_insert(
                 conn, channel="c", key=key, payload='{"k":1}', tenant=tenant, inbox_id=None, now=T0
             )
     for key, message, status, at in (
@@ -182,20 +182,20 @@ async def sending_rows(store: Store) -> None:
 
 async def test_sending_side_passes(store: Store) -> None:
     await sending_rows(store)
-    assert await store.retention_count_groups("outbox", T0 + 100) == {
+    assert await store.retention.count_groups("outbox", T0 + 100) == {
         ("t1", None): 1,
         ("t2", None): 1,
     }
-    assert await store.retention_count_groups("messages", T0 + 100) == {("t1", None): 1}
-    n = await store.retention_purge_tenants("outbox", ["t1"], cutoff=T0 + 100, now=T0, limit=5)
+    assert await store.retention.count_groups("messages", T0 + 100) == {("t1", None): 1}
+    n = await store.retention.purge_tenants("outbox", ["t1"], cutoff=T0 + 100, now=T0, limit=5)
     assert n == 1
-    found = await store.retention_scan("outbox", cutoff=T0 + 100, after=None, limit=5)
+    found = await store.retention.scan("outbox", cutoff=T0 + 100, after=None, limit=5)
     assert [(c.tenant, c.at) for c in found] == [("t2", T0 + 10)]
     assert (
-        await store.retention_purge_ids("outbox", [c.id for c in found], cutoff=T0 + 5, now=T0) == 0
+        await store.retention.purge_ids("outbox", [c.id for c in found], cutoff=T0 + 5, now=T0) == 0
     )
     assert (
-        await store.retention_purge_ids("outbox", [c.id for c in found], cutoff=T0 + 50, now=T0)
+        await store.retention.purge_ids("outbox", [c.id for c in found], cutoff=T0 + 50, now=T0)
         == 1
     )
     rows = await store.fetch_all(
@@ -209,33 +209,33 @@ async def test_sending_side_passes(store: Store) -> None:
     ]
     # m2 keeps its body while its pending delivery keeps its payload.
     assert (
-        await store.retention_purge_tenants("messages", ["t2"], cutoff=T0 + 100, now=T0, limit=5)
+        await store.retention.purge_tenants("messages", ["t2"], cutoff=T0 + 100, now=T0, limit=5)
         == 0
     )
-    scanned = await store.retention_scan("messages", cutoff=T0 + 100, after=None, limit=5)
+    scanned = await store.retention.scan("messages", cutoff=T0 + 100, after=None, limit=5)
     assert [(c.id, c.tenant) for c in scanned] == [("m1", "t1")]
-    more = await store.retention_scan("messages", cutoff=T0 + 100, after=(T0, "m1"), limit=5)
+    more = await store.retention.scan("messages", cutoff=T0 + 100, after=(T0, "m1"), limit=5)
     assert more == []
-    assert await store.retention_purge_ids("messages", ["m1", "m2"], cutoff=T0 + 100, now=T0) == 1
+    assert await store.retention.purge_ids("messages", ["m1", "m2"], cutoff=T0 + 100, now=T0) == 1
     assert (
-        await store.retention_purge_tenants("messages", ["t1"], cutoff=T0 + 100, now=T0, limit=5)
+        await store.retention.purge_tenants("messages", ["t1"], cutoff=T0 + 100, now=T0, limit=5)
         == 0
     )
 
 
 async def test_quarantine_passes(store: Store) -> None:
-    await store.inbox_accept([delivery("q", tenant="t1", source="s1")])
-    await store.inbox_accept([delivery("q", tenant="t1", source="s1", body='{"other":1}')])
-    await store.inbox_accept([delivery("r", tenant=None, source="s2")])
-    await store.inbox_accept([delivery("r", tenant=None, source="s2", body='{"other":1}')])
+    await store.inbox.accept([delivery("q", tenant="t1", source="s1")])
+    await store.inbox.accept([delivery("q", tenant="t1", source="s1", body='{"other":1}')])
+    await store.inbox.accept([delivery("r", tenant=None, source="s2")])
+    await store.inbox.accept([delivery("r", tenant=None, source="s2", body='{"other":1}')])
     await store.fetch_all(f"UPDATE relaybox_quarantine SET resolved_at = {T0} RETURNING id")
     table: PurgeTable = "quarantine"
-    assert await store.retention_count_groups(table, T0 + 1) == {("t1", "s1"): 1, (None, "s2"): 1}
-    assert await store.retention_count_groups(table, T0) == {}
-    s2 = await store.retention_scan(table, cutoff=T0 + 1, after=None, limit=5, source="s2")
+    assert await store.retention.count_groups(table, T0 + 1) == {("t1", "s1"): 1, (None, "s2"): 1}
+    assert await store.retention.count_groups(table, T0) == {}
+    s2 = await store.retention.scan(table, cutoff=T0 + 1, after=None, limit=5, source="s2")
     assert [(c.tenant, c.source) for c in s2] == [(None, "s2")]
-    every = await store.retention_scan(table, cutoff=T0 + 1, after=None, limit=5)
+    every = await store.retention.scan(table, cutoff=T0 + 1, after=None, limit=5)
     assert len(every) == 2
-    assert await store.retention_purge_tenants(table, ["t1"], cutoff=T0 + 1, now=T0, limit=5) == 1
-    assert await store.retention_purge_ids(table, [c.id for c in s2], cutoff=T0 + 1, now=T0) == 1
-    assert await store.retention_count_groups(table, T0 + 1) == {}
+    assert await store.retention.purge_tenants(table, ["t1"], cutoff=T0 + 1, now=T0, limit=5) == 1
+    assert await store.retention.purge_ids(table, [c.id for c in s2], cutoff=T0 + 1, now=T0) == 1
+    assert await store.retention.count_groups(table, T0 + 1) == {}

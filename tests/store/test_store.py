@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from relaybox.errors import StoreUnavailable
 from relaybox.inbound.accept import Acceptor
 from relaybox.store import AcceptOutcome, NewDelivery, Store, open_store
-from relaybox.store.base import load_migrations, load_queries
+from relaybox.store.backend import load_migrations, load_queries
 from tests.conftest import _dsn, _with_db, admin_url, drop_pg_database
 
 T0 = 1_800_000_000.0
@@ -87,7 +87,7 @@ async def row(store: Store, inbox_id: int) -> dict[str, Any]:
 
 
 async def accept_one(store: Store, d: NewDelivery) -> AcceptOutcome:
-    [outcome] = await store.inbox_accept([d])
+    [outcome] = await store.inbox.accept([d])
     return outcome
 
 
@@ -135,7 +135,7 @@ async def test_migrating_a_fresh_database_applies_0001(fresh_url: str) -> None:
         assert await store.schema_version() == (latest, latest)
         assert await store.migrate() == []
         # The schema is usable straight away.
-        assert statuses(await store.inbox_accept([delivery("e1")])) == ["accepted"]
+        assert statuses(await store.inbox.accept([delivery("e1")])) == ["accepted"]
     finally:
         await store.close()
 
@@ -286,16 +286,16 @@ async def test_accept_outcomes_one_by_one(store: Store) -> None:
     assert q["received_at"] == T0 + 6
     assert q["resolved_at"] is None
 
-    event = await store.inbox_get(first.inbox_id)
+    event = await store.inbox.get(first.inbox_id)
     assert event is not None
     assert event.key == ("src", "acct", "e1")
     assert event.json() == {"v": 1}
     assert event.headers == {"x-test": "1"}
     assert event.attempts == 0
     assert event.tenant == "tenant-1"
-    assert await store.inbox_get_by_key("src", "acct", "e1") == event
-    assert await store.inbox_get_by_key("src", "acct", "nope") is None
-    assert await store.inbox_get(10_000_000) is None
+    assert await store.inbox.get_by_key("src", "acct", "e1") == event
+    assert await store.inbox.get_by_key("src", "acct", "nope") is None
+    assert await store.inbox.get(10_000_000) is None
 
     # An ignored row is deduplicated like any other.
     assert await accept_one(store, delivery("e2", ignored=True)) == AcceptOutcome(
@@ -313,9 +313,9 @@ async def test_each_row_keeps_its_own_receipt_time(store: Store) -> None:
     (PostgreSQL stored the batch's latest until 2026-12-06, which made every other
     row of the batch look younger than it was), in the accept and in one transaction
     (inline mode)."""
-    outcomes = await store.inbox_accept([delivery("r1", at=T0 + 1), delivery("r2", at=T0 + 3)])
+    outcomes = await store.inbox.accept([delivery("r1", at=T0 + 1), delivery("r2", at=T0 + 3)])
     async with store.transaction() as conn:
-        more = await store.inbox_insert(conn, [delivery("r3", at=T0 + 2), delivery("r4", at=T0)])
+        more = await store.inbox.insert(conn, [delivery("r3", at=T0 + 2), delivery("r4", at=T0)])
     received = {r["event_id"]: r["received_at"] for r in await inbox_rows(store)}
     assert received == {"r1": T0 + 1, "r2": T0 + 3, "r3": T0 + 2, "r4": T0}
     assert statuses([*outcomes, *more]) == ["accepted"] * 4
@@ -333,7 +333,7 @@ async def test_several_copies_of_one_key_inside_one_batch(store: Store) -> None:
         delivery("c", b"1", ignored=True),
         delivery("b", b"9"),
     ]
-    outcomes = await store.inbox_accept(batch)
+    outcomes = await store.inbox.accept(batch)
     assert statuses(outcomes) == [
         "accepted",
         "duplicate",
@@ -362,7 +362,7 @@ async def test_several_copies_of_one_key_inside_one_batch(store: Store) -> None:
 
 
 async def test_mixed_batch_against_committed_rows(store: Store) -> None:
-    before = await store.inbox_accept(
+    before = await store.inbox.accept(
         [delivery("old", b"x"), delivery("old-ign", b"y", ignored=True)]
     )
     assert statuses(before) == ["accepted", "ignored"]
@@ -378,7 +378,7 @@ async def test_mixed_batch_against_committed_rows(store: Store) -> None:
         delivery("new3", b"k"),
         delivery("new3", b"K"),
     ]
-    outcomes = await store.inbox_accept(batch)
+    outcomes = await store.inbox.accept(batch)
     assert statuses(outcomes) == [
         "accepted",
         "duplicate",
@@ -411,14 +411,14 @@ async def test_same_conflicting_content_twice_gives_one_quarantine_row(store: St
     # Another conflicting content is another row.
     await accept_one(store, delivery("e1", b"conflict 2"))
     assert len(await quarantine_rows(store)) == 2
-    stats = await store.stats()
+    stats = await store.inbox.stats()
     assert stats.quarantined == 2
 
 
 async def test_original_row_untouched_by_duplicates_and_conflicts(store: Store) -> None:
     first = await accept_one(store, delivery("e1", b'{"original": true}', event_type="a.b"))
     before = await row(store, first.inbox_id)
-    await store.inbox_accept(
+    await store.inbox.accept(
         [
             delivery("e1", b'{"original": true}', event_type="a.b", at=T0 + 50),
             delivery("e1", b'{"original": false}', event_type="other", at=T0 + 60),
@@ -429,7 +429,7 @@ async def test_original_row_untouched_by_duplicates_and_conflicts(store: Store) 
     assert await row(store, first.inbox_id) == before
     # ... and also when it was already processed.
     async with store.transaction() as conn:
-        await store.inbox_complete(conn, [first.inbox_id], T0 + 100)
+        await store.inbox.complete(conn, [first.inbox_id], T0 + 100)
     done = await row(store, first.inbox_id)
     assert done["status"] == "done"
     await accept_one(store, delivery("e1", b'{"original": true}', at=T0 + 200))
@@ -449,7 +449,7 @@ async def test_a_batch_larger_than_a_statement_keeps_each_keys_first_row(store: 
     batch[75] = delivery("k05", "body 5")  # a later statement, same bytes
     batch[80] = delivery("k40", "changed")  # a later statement, other bytes
     batch[33] = delivery("k33", "stored before")  # as stored by the earlier batch
-    outcomes = await store.inbox_accept(batch)
+    outcomes = await store.inbox.accept(batch)
     status = {i: o.status for i, o in enumerate(outcomes)}
     replaced = {10, 12, 75, 80, 33}
     first = {d.event_id: outcomes[i].inbox_id for i, d in enumerate(batch) if i not in replaced}
@@ -483,7 +483,7 @@ async def test_accept_ids_name_their_rows_across_random_batches(store: Store) ->
             key = f"k{rng.randrange(120)}"
             body = f"{key}-{rng.randrange(3)}".encode()
             batch.append(delivery(key, body, ignored=rng.random() < 0.1))
-        outcomes = await store.inbox_accept(batch)
+        outcomes = await store.inbox.accept(batch)
         rows = {r["id"]: r for r in await inbox_rows(store)}
         for d, o in zip(batch, outcomes, strict=True):
             assert rows[o.inbox_id]["event_id"] == d.event_id, (round_, d.event_id)
@@ -511,7 +511,7 @@ async def test_accept_ids_name_their_rows_across_random_batches(store: Store) ->
             for key in [k for k, (i, _) in stored.items() if i in newest]:
                 del stored[key]
             fresh = [delivery(f"fresh{round_}-{i}") for i in range(40)]  # new keys only
-            outcomes = await store.inbox_accept(fresh)
+            outcomes = await store.inbox.accept(fresh)
             rows = {r["id"]: r for r in await inbox_rows(store)}
             assert all(o.inbox_id not in newest for o in outcomes)
             for d, o in zip(fresh, outcomes, strict=True):
@@ -535,7 +535,7 @@ async def _accept_concurrently(
         if n % 3 == 0:
             batch.append(delivery(chosen[0], "conflicting"))
         s = stores[n % len(stores)]
-        return list(zip([d.event_id for d in batch], await s.inbox_accept(batch), strict=True))
+        return list(zip([d.event_id for d in batch], await s.inbox.accept(batch), strict=True))
 
     running = [asyncio.create_task(one_task(n)) for n in range(tasks)]
     try:
@@ -592,34 +592,34 @@ async def test_claim_counts_attempts_holds_and_skips_rows_not_due(store: Store) 
     b = await accept_one(store, delivery("b", at=T0 + 10))
     await accept_one(store, delivery("ignored", at=T0, ignored=True))
 
-    nothing = await store.inbox_claim(now=T0 - 1, limit=10, max_attempts=5, hold=30)
+    nothing = await store.inbox.claim(now=T0 - 1, limit=10, max_attempts=5, hold=30)
     assert nothing.ids == [] and nothing.exhausted == []
 
-    first = await store.inbox_claim(now=T0 + 1, limit=10, max_attempts=5, hold=30)
+    first = await store.inbox.claim(now=T0 + 1, limit=10, max_attempts=5, hold=30)
     assert first.ids == [a.inbox_id]  # b is not due yet, the ignored row never is
     r = await row(store, a.inbox_id)
     assert r["attempts"] == 0  # claimed, not started: a crash now charges nothing
     assert r["next_attempt_at"] == T0 + 1 + 30
     assert r["status"] == "pending"
-    assert await store.inbox_start(first.ids, T0 + 1) == {a.inbox_id: 1}
+    assert await store.inbox.start(first.ids, T0 + 1) == {a.inbox_id: 1}
     assert (await row(store, a.inbox_id))["started_at"] == T0 + 1
 
     # Held back: not claimed again before the hold runs out (a worker may hold it).
-    held = await store.inbox_claim(now=T0 + 20, limit=10, max_attempts=5, hold=30)
+    held = await store.inbox.claim(now=T0 + 20, limit=10, max_attempts=5, hold=30)
     assert held.ids == [b.inbox_id]
-    await store.inbox_start(held.ids, T0 + 20)
-    assert (await store.inbox_claim(now=T0 + 30, limit=10, max_attempts=5, hold=30)).ids == []
+    await store.inbox.start(held.ids, T0 + 20)
+    assert (await store.inbox.claim(now=T0 + 30, limit=10, max_attempts=5, hold=30)).ids == []
 
     # a started and never recorded an outcome (its worker died): it comes back as a
     # suspect, to run alone; its attempts are counted when it starts again.
-    again = await store.inbox_claim(now=T0 + 31, limit=10, max_attempts=5, hold=30)
+    again = await store.inbox.claim(now=T0 + 31, limit=10, max_attempts=5, hold=30)
     assert (again.ids, again.suspects) == ([], [a.inbox_id])
-    assert await store.inbox_start(again.suspects, T0 + 31) == {a.inbox_id: 2}
+    assert await store.inbox.start(again.suspects, T0 + 31) == {a.inbox_id: 2}
     assert (await row(store, b.inbox_id))["attempts"] == 1
     # Recording an outcome clears the mark: a retried row is not a suspect.
     async with store.transaction() as conn:
-        await store.inbox_retry_later(conn, a.inbox_id, at=T0 + 40, error="x", now=T0 + 32)
-    retried = await store.inbox_claim(now=T0 + 40, limit=10, max_attempts=5, hold=30)
+        await store.inbox.retry_later(conn, a.inbox_id, at=T0 + 40, error="x", now=T0 + 32)
+    retried = await store.inbox.claim(now=T0 + 40, limit=10, max_attempts=5, hold=30)
     assert (retried.ids, retried.suspects) == ([a.inbox_id], [])
 
 
@@ -629,12 +629,12 @@ async def test_claim_counts_the_attempts_of_the_rows_it_starts(store: Store) -> 
     none here); the rest are counted when they start."""
     ids = [(await accept_one(store, delivery(f"e{i}", at=T0 + i))).inbox_id for i in range(4)]
     suspect = await accept_one(store, delivery("suspect", at=T0 - 10))
-    await store.inbox_claim(now=T0 - 5, limit=1, max_attempts=5, hold=1)
-    await store.inbox_start([suspect.inbox_id], T0 - 5)  # its worker died in the handler
+    await store.inbox.claim(now=T0 - 5, limit=1, max_attempts=5, hold=1)
+    await store.inbox.start([suspect.inbox_id], T0 - 5)  # its worker died in the handler
 
-    claim = await store.inbox_claim(now=T0 + 100, limit=10, max_attempts=5, hold=30, start=2)
+    claim = await store.inbox.claim(now=T0 + 100, limit=10, max_attempts=5, hold=30, start=2)
     assert (claim.ids, claim.suspects) == (ids, [suspect.inbox_id])
-    counted = set(ids[:2]) if store.groups else set()
+    counted = set(ids[:2]) if store.db.groups else set()
     assert claim.started == counted
     for inbox_id in ids:
         r = await row(store, inbox_id)
@@ -643,16 +643,16 @@ async def test_claim_counts_the_attempts_of_the_rows_it_starts(store: Store) -> 
         assert claim.events[inbox_id].attempts == r["attempts"]
     assert (await row(store, suspect.inbox_id))["attempts"] == 1  # a suspect: not counted
     # The rest start as usual; a row the claim started is not counted twice.
-    assert await store.inbox_start(ids[2:], T0 + 101) == {i: 1 for i in ids[2:]}
+    assert await store.inbox.start(ids[2:], T0 + 101) == {i: 1 for i in ids[2:]}
 
 
 async def test_claim_respects_limit_and_due_order(store: Store) -> None:
     ids = [(await accept_one(store, delivery(f"e{i}", at=T0 + i))).inbox_id for i in range(5)]
-    claim = await store.inbox_claim(now=T0 + 100, limit=2, max_attempts=5, hold=30)
+    claim = await store.inbox.claim(now=T0 + 100, limit=2, max_attempts=5, hold=30)
     assert claim.ids == ids[:2]
-    claim = await store.inbox_claim(now=T0 + 100, limit=2, max_attempts=5, hold=30)
+    claim = await store.inbox.claim(now=T0 + 100, limit=2, max_attempts=5, hold=30)
     assert claim.ids == ids[2:4]
-    claim = await store.inbox_claim(now=T0 + 100, limit=2, max_attempts=5, hold=30)
+    claim = await store.inbox.claim(now=T0 + 100, limit=2, max_attempts=5, hold=30)
     assert claim.ids == ids[4:]
 
 
@@ -660,17 +660,17 @@ async def test_claim_dead_letters_exhausted_rows(store: Store) -> None:
     poison = await accept_one(store, delivery("poison", at=T0))
     now = T0
     for attempt in (1, 2):
-        claim = await store.inbox_claim(now=now, limit=10, max_attempts=2, hold=30)
+        claim = await store.inbox.claim(now=now, limit=10, max_attempts=2, hold=30)
         assert claim.ids + claim.suspects == [poison.inbox_id]
-        assert await store.inbox_start([poison.inbox_id], now) == {poison.inbox_id: attempt}
+        assert await store.inbox.start([poison.inbox_id], now) == {poison.inbox_id: attempt}
         now += 30  # the worker died each time: the hold ran out
     fresh = await accept_one(store, delivery("fresh", at=T0))
 
     # Not yet due: the exhausted row is left alone until its hold runs out.
-    early = await store.inbox_claim(now=now - 1, limit=10, max_attempts=2, hold=30)
+    early = await store.inbox.claim(now=now - 1, limit=10, max_attempts=2, hold=30)
     assert early.exhausted == [] and early.ids == [fresh.inbox_id]
 
-    claim = await store.inbox_claim(now=now, limit=10, max_attempts=2, hold=30)
+    claim = await store.inbox.claim(now=now, limit=10, max_attempts=2, hold=30)
     assert claim.ids == []
     assert claim.exhausted == [(poison.inbox_id, "src", "acct", "poison", 2)]
     r = await row(store, poison.inbox_id)
@@ -679,10 +679,10 @@ async def test_claim_dead_letters_exhausted_rows(store: Store) -> None:
     assert r["attempts"] == 2
     assert "did not finish" in r["last_error"]
     # Dead is final: never claimed nor exhausted again.
-    later = await store.inbox_claim(now=now + 1000, limit=10, max_attempts=2, hold=30)
+    later = await store.inbox.claim(now=now + 1000, limit=10, max_attempts=2, hold=30)
     assert poison.inbox_id not in later.ids
     assert later.exhausted == []
-    stats = await store.stats()
+    stats = await store.inbox.stats()
     assert stats.dead_exhausted == 1 and stats.dead == 1
 
 
@@ -691,9 +691,9 @@ async def test_lock_returns_only_pending_rows(store: Store) -> None:
     b = await accept_one(store, delivery("b"))
     c = await accept_one(store, delivery("c", ignored=True))
     async with store.transaction() as conn:
-        await store.inbox_complete(conn, [b.inbox_id], T0)
+        await store.inbox.complete(conn, [b.inbox_id], T0)
     async with store.transaction() as conn:
-        events = await store.inbox_lock(conn, [c.inbox_id, b.inbox_id, a.inbox_id])
+        events = await store.inbox.lock(conn, [c.inbox_id, b.inbox_id, a.inbox_id])
     assert [e.id for e in events] == [a.inbox_id]
     assert events[0].json() == {"n": 1}
 
@@ -715,7 +715,7 @@ async def test_pg_accept_probes_the_event_key_even_without_statistics(pg_url: st
                 ),
                 ("event_keys_get", "'{\\\\x00}'"),
             ]:
-                stmt = await conn.prepare(store.q[name])
+                stmt = await conn.prepare(store.db.q[name])
                 plan = "\n".join(
                     r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}({args})")
                 )
@@ -740,13 +740,13 @@ async def test_pg_accept_resolves_a_key_committed_while_it_waited(pg_url: str) -
 
         async def insert_uncommitted() -> None:
             async with second.transaction() as conn:
-                await second.inbox_insert(conn, [racer])
+                await second.inbox.insert(conn, [racer])
                 inserted.set()
                 await release.wait()
 
         holder = asyncio.create_task(insert_uncommitted())
         await asyncio.wait_for(inserted.wait(), 5)
-        waiting = asyncio.create_task(first.inbox_accept([same, other, delivery("fresh")]))
+        waiting = asyncio.create_task(first.inbox.accept([same, other, delivery("fresh")]))
         await asyncio.sleep(0.3)
         assert not waiting.done()  # blocked on the uncommitted key
         release.set()
@@ -769,7 +769,7 @@ async def test_pg_claim_skips_rows_locked_by_another_store(pg_url: str) -> None:
 
         async def hold_rows() -> list[int]:
             async with second.transaction() as conn:
-                events = await second.inbox_lock(conn, ids[:3])
+                events = await second.inbox.lock(conn, ids[:3])
                 locked.set()
                 await release.wait()
             return [e.id for e in events]
@@ -777,15 +777,15 @@ async def test_pg_claim_skips_rows_locked_by_another_store(pg_url: str) -> None:
         holder = asyncio.create_task(hold_rows())
         await asyncio.wait_for(locked.wait(), 5)
         claim = await asyncio.wait_for(
-            first.inbox_claim(now=T0 + 1, limit=10, max_attempts=5, hold=30), 5
+            first.inbox.claim(now=T0 + 1, limit=10, max_attempts=5, hold=30), 5
         )
         assert claim.ids == ids[3:]
         # Locked rows are also passed over by a second lock (a late worker).
         async with first.transaction() as conn:
-            assert [e.id for e in await first.inbox_lock(conn, ids)] == ids[3:]
+            assert [e.id for e in await first.inbox.lock(conn, ids)] == ids[3:]
         release.set()
         assert await holder == ids[:3]
-        claim = await first.inbox_claim(now=T0 + 1, limit=10, max_attempts=5, hold=30)
+        claim = await first.inbox.claim(now=T0 + 1, limit=10, max_attempts=5, hold=30)
         assert claim.ids == ids[:3]
     finally:
         await first.close()
@@ -795,10 +795,10 @@ async def test_pg_claim_skips_rows_locked_by_another_store(pg_url: str) -> None:
 async def test_pg_concurrent_claims_never_return_the_same_row(pg_url: str) -> None:
     stores = [open_store(pg_url), open_store(pg_url)]
     try:
-        await stores[0].inbox_accept([delivery(f"e{i}") for i in range(120)])
+        await stores[0].inbox.accept([delivery(f"e{i}") for i in range(120)])
         claims = await asyncio.gather(
             *(
-                stores[n % 2].inbox_claim(now=T0 + 1, limit=7, max_attempts=5, hold=30)
+                stores[n % 2].inbox.claim(now=T0 + 1, limit=7, max_attempts=5, hold=30)
                 for n in range(24)
             )
         )
@@ -823,8 +823,8 @@ async def test_complete_retry_and_kill_only_touch_pending_rows(store: Store) -> 
     pending = (await accept_one(store, delivery("pending"))).inbox_id
 
     async with store.transaction() as conn:
-        await store.inbox_complete(conn, [done], T0 + 1)
-        await store.inbox_kill(conn, dead, reason="invalid", error="bad input", now=T0 + 2)
+        await store.inbox.complete(conn, [done], T0 + 1)
+        await store.inbox.kill(conn, dead, reason="invalid", error="bad input", now=T0 + 2)
     snapshot = {i: await row(store, i) for i in (done, dead, ignored)}
     assert snapshot[done]["status"] == "done" and snapshot[done]["done_at"] == T0 + 1
     assert snapshot[dead]["status"] == "dead" and snapshot[dead]["dead_reason"] == "invalid"
@@ -832,14 +832,14 @@ async def test_complete_retry_and_kill_only_touch_pending_rows(store: Store) -> 
 
     async with store.transaction() as conn:
         # A late worker must not overwrite what another one already decided.
-        await store.inbox_complete(conn, [done, dead, ignored], T0 + 50)
+        await store.inbox.complete(conn, [done, dead, ignored], T0 + 50)
         for i in (done, dead, ignored):
-            await store.inbox_retry_later(conn, i, at=T0 + 500, error="late", now=T0 + 50)
-            await store.inbox_kill(conn, i, reason="expired", error="late", now=T0 + 50)
+            await store.inbox.retry_later(conn, i, at=T0 + 500, error="late", now=T0 + 50)
+            await store.inbox.kill(conn, i, reason="expired", error="late", now=T0 + 50)
     assert {i: await row(store, i) for i in (done, dead, ignored)} == snapshot
 
     async with store.transaction() as conn:
-        await store.inbox_retry_later(conn, pending, at=T0 + 90, error="boom", now=T0 + 3)
+        await store.inbox.retry_later(conn, pending, at=T0 + 90, error="boom", now=T0 + 3)
     r = await row(store, pending)
     assert (r["status"], r["next_attempt_at"], r["last_error"], r["updated_at"]) == (
         "pending",
@@ -848,13 +848,13 @@ async def test_complete_retry_and_kill_only_touch_pending_rows(store: Store) -> 
         T0 + 3,
     )
     async with store.transaction() as conn:
-        await store.inbox_complete(conn, [pending], T0 + 4)
+        await store.inbox.complete(conn, [pending], T0 + 4)
     r = await row(store, pending)
     assert (r["status"], r["done_at"]) == ("done", T0 + 4)
 
     other = (await accept_one(store, delivery("other"))).inbox_id
     async with store.transaction() as conn:
-        await store.inbox_kill(conn, other, reason="expired", error="too old", now=T0 + 5)
+        await store.inbox.kill(conn, other, reason="expired", error="too old", now=T0 + 5)
     r = await row(store, other)
     assert (r["status"], r["dead_reason"], r["last_error"]) == ("dead", "expired", "too old")
 
@@ -862,13 +862,13 @@ async def test_complete_retry_and_kill_only_touch_pending_rows(store: Store) -> 
     a = (await accept_one(store, delivery("a"))).inbox_id
     with pytest.raises(RuntimeError):
         async with store.transaction() as conn:
-            await store.inbox_complete(conn, [a], T0)
+            await store.inbox.complete(conn, [a], T0)
             raise RuntimeError("handler failed after completing")
     assert (await row(store, a))["status"] == "pending"
 
     # Finished attempts are recorded apart.
     async with store.transaction() as conn:
-        await store.attempt_insert(
+        await store.inbox.attempt_insert(
             conn,
             inbox_id=a,
             attempt=1,
@@ -893,7 +893,7 @@ async def test_complete_retry_and_kill_only_touch_pending_rows(store: Store) -> 
 
 async def test_operation_insert_first_then_existing(store: Store) -> None:
     async with store.transaction() as conn:
-        first = await store.operation_insert(
+        first = await store.inbox.operation_insert(
             conn,
             business_key="k1",
             fingerprint="fp-a",
@@ -902,7 +902,7 @@ async def test_operation_insert_first_then_existing(store: Store) -> None:
             tenant="t",
             now=T0,
         )
-        again = await store.operation_insert(
+        again = await store.inbox.operation_insert(
             conn,
             business_key="k1",
             fingerprint="fp-b",
@@ -914,7 +914,7 @@ async def test_operation_insert_first_then_existing(store: Store) -> None:
     assert first == (True, "fp-a")
     assert again == (False, "fp-a")
     async with store.transaction() as conn:
-        later = await store.operation_insert(
+        later = await store.inbox.operation_insert(
             conn,
             business_key="k1",
             fingerprint="fp-a",
@@ -935,7 +935,7 @@ async def test_operation_insert_first_then_existing(store: Store) -> None:
     # A business key whose transaction rolled back never happened.
     with pytest.raises(RuntimeError):
         async with store.transaction() as conn:
-            await store.operation_insert(
+            await store.inbox.operation_insert(
                 conn,
                 business_key="k",
                 fingerprint="a",
@@ -946,7 +946,7 @@ async def test_operation_insert_first_then_existing(store: Store) -> None:
             )
             raise RuntimeError
     async with store.transaction() as conn:
-        assert await store.operation_insert(
+        assert await store.inbox.operation_insert(
             conn,
             business_key="k",
             fingerprint="b",
@@ -966,7 +966,7 @@ async def test_operation_insert_concurrent_transactions_exactly_one_created(
 
     async def first() -> tuple[bool, str]:
         async with store.transaction() as conn:
-            result = await store.operation_insert(
+            result = await store.inbox.operation_insert(
                 conn,
                 business_key="order-1",
                 fingerprint="fp-first",
@@ -982,7 +982,7 @@ async def test_operation_insert_concurrent_transactions_exactly_one_created(
     async def second() -> tuple[bool, str]:
         await inserted.wait()
         async with second_store.transaction() as conn:
-            return await second_store.operation_insert(
+            return await second_store.inbox.operation_insert(
                 conn,
                 business_key="order-1",
                 fingerprint="fp-second",
@@ -1001,7 +1001,7 @@ async def test_operation_insert_many_concurrent_callers(store: Store, second_sto
     async def attempt(n: int) -> tuple[bool, str]:
         s = store if n % 2 else second_store
         async with s.transaction() as conn:
-            return await s.operation_insert(
+            return await s.inbox.operation_insert(
                 conn,
                 business_key="shared",
                 fingerprint=f"fp-{n}",
@@ -1019,7 +1019,7 @@ async def test_operation_insert_many_concurrent_callers(store: Store, second_sto
 
 async def test_outbox_insert_unique_per_channel_and_key(store: Store) -> None:
     async with store.transaction() as conn:
-        first = await store.outbox_insert(
+        first = await store.inbox.outbox_insert(
             conn,
             channel="email",
             key="welcome:1",
@@ -1028,7 +1028,7 @@ async def test_outbox_insert_unique_per_channel_and_key(store: Store) -> None:
             inbox_id=None,
             now=T0,
         )
-        again = await store.outbox_insert(
+        again = await store.inbox.outbox_insert(
             conn,
             channel="email",
             key="welcome:1",
@@ -1037,7 +1037,7 @@ async def test_outbox_insert_unique_per_channel_and_key(store: Store) -> None:
             inbox_id=None,
             now=T0 + 1,
         )
-        other_channel = await store.outbox_insert(
+        other_channel = await store.inbox.outbox_insert(
             conn,
             channel="slack",
             key="welcome:1",
@@ -1056,7 +1056,7 @@ async def test_outbox_insert_unique_per_channel_and_key(store: Store) -> None:
     ]
     async with store.transaction() as conn:
         assert (
-            await store.outbox_insert(
+            await store.inbox.outbox_insert(
                 conn,
                 channel="email",
                 key="welcome:1",
@@ -1073,7 +1073,7 @@ async def test_outbox_insert_unique_per_channel_and_key(store: Store) -> None:
 
 
 async def test_stats_counts_each_status(store: Store) -> None:
-    s = await store.stats()
+    s = await store.inbox.stats()
     assert (s.pending, s.done, s.ignored, s.dead, s.quarantined) == (0, 0, 0, 0, 0)
     assert s.oldest_pending_at is None
 
@@ -1090,19 +1090,19 @@ async def test_stats_counts_each_status(store: Store) -> None:
     await accept_one(store, delivery("ign", ignored=True, at=T0 - 100))
     await accept_one(store, delivery("p1", b"conflict"))
     async with store.transaction() as conn:
-        await store.inbox_complete(conn, [ids["done"]], T0)
-        await store.inbox_kill(conn, ids["invalid"], reason="invalid", error="x", now=T0)
-        await store.inbox_kill(conn, ids["expired"], reason="expired", error="x", now=T0)
+        await store.inbox.complete(conn, [ids["done"]], T0)
+        await store.inbox.kill(conn, ids["invalid"], reason="invalid", error="x", now=T0)
+        await store.inbox.kill(conn, ids["expired"], reason="expired", error="x", now=T0)
     # Only "poison" is due at T0 + 1 (p1 and p2 later): it uses its one attempt, then
     # is dead-lettered as exhausted once the hold runs out.
-    assert (await store.inbox_claim(now=T0 + 1, limit=10, max_attempts=1, hold=1)).ids == [
+    assert (await store.inbox.claim(now=T0 + 1, limit=10, max_attempts=1, hold=1)).ids == [
         ids["poison"]
     ]
-    await store.inbox_start([ids["poison"]], T0 + 1)
-    exhausted = await store.inbox_claim(now=T0 + 2, limit=10, max_attempts=1, hold=1)
+    await store.inbox.start([ids["poison"]], T0 + 1)
+    exhausted = await store.inbox.claim(now=T0 + 2, limit=10, max_attempts=1, hold=1)
     assert [e[0] for e in exhausted.exhausted] == [ids["poison"]]
 
-    s = await store.stats()
+    s = await store.inbox.stats()
     assert s.pending == 2
     assert s.oldest_pending_at == T0 + 10
     assert s.done == 1
@@ -1115,7 +1115,7 @@ async def test_stats_counts_each_status(store: Store) -> None:
 
 
 class CountingStore:
-    """Wraps ``store.inbox_accept`` to count batches (and optionally fail or stall)."""
+    """Wraps ``store.inbox.accept`` to count batches (and optionally fail or stall)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -1124,7 +1124,7 @@ class CountingStore:
         self.stall = False
         self.delays: list[float] = []  # seconds the next batches take first, in order
         self.started = asyncio.Event()  # set when a batch's commit starts
-        self._original = store.inbox_accept
+        self._original = store.inbox.accept
 
     async def inbox_accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
         self.batches.append(len(batch))
@@ -1141,7 +1141,7 @@ class CountingStore:
 @pytest.fixture
 def counting(store: Store, monkeypatch: pytest.MonkeyPatch) -> CountingStore:
     wrapper = CountingStore(store)
-    monkeypatch.setattr(store, "inbox_accept", wrapper.inbox_accept)
+    monkeypatch.setattr(store.inbox, "accept", wrapper.inbox_accept)
     return wrapper
 
 
@@ -1295,8 +1295,8 @@ async def test_acceptor_commit_stuck_on_one_connection_holds_the_others_back_bri
 
 _SRC = Path(__file__).resolve().parents[2] / "src" / "relaybox"
 _BACKENDS = ("sqlite", "postgres")
-# How code names a query: store.q["name"] (or a local q = store.q), store.rows(conn,
-# "name") / store.first(conn, "name"), and helpers taking (conn, store, "name").
+# How code names a query: store.db.q["name"] (or a local q = store.db.q), store.db.rows(conn,
+# "name") / store.db.first(conn, "name"), and helpers taking (conn, store, "name").
 _USES = (
     re.compile(r"""\bq\[\s*(["'])(\w+)\1\s*\]"""),
     re.compile(r"""\b(?:rows|first)\(\s*[\w.]+\s*,\s*(["'])(\w+)\1"""),

@@ -45,9 +45,9 @@ async def test_a_handlers_statements_run_in_the_callers_transaction(store: Store
     inbox_id = await _started(store)
     sync = store.sync
     with sync.transaction() as conn:
-        assert not sync.inbox_begin(conn, inbox_id, attempt=2, now=T0)  # not this attempt
-        assert sync.inbox_begin(conn, inbox_id, attempt=1, now=T0)
-        assert sync.operation_insert(
+        assert not sync.inbox.begin(conn, inbox_id, attempt=2, now=T0)  # not this attempt
+        assert sync.inbox.begin(conn, inbox_id, attempt=1, now=T0)
+        assert sync.inbox.operation_insert(
             conn,
             business_key="k",
             fingerprint="f",
@@ -56,7 +56,7 @@ async def test_a_handlers_statements_run_in_the_callers_transaction(store: Store
             tenant=None,
             now=T0,
         ) == (True, "f")
-        assert sync.operation_insert(
+        assert sync.inbox.operation_insert(
             conn,
             business_key="k",
             fingerprint="g",
@@ -66,21 +66,21 @@ async def test_a_handlers_statements_run_in_the_callers_transaction(store: Store
             now=T0,
         ) == (False, "f")
         rows = [("email", "r1", '{"a": 1}', None, inbox_id)] * 2
-        sync.outbox_insert_rows(conn, rows, now=T0)
+        sync.inbox.outbox_insert_rows(conn, rows, now=T0)
         write = ProjectionWrite("res", "event", "2", "B00012", '{"s":2}', "src", inbox_id, T0)
-        assert sync.projection_upsert(conn, write)
-        assert not sync.projection_upsert(conn, write)  # not newer
-        got = sync.projection_get(conn, "res")
+        assert sync.history.projection_upsert(conn, write)
+        assert not sync.history.projection_upsert(conn, write)  # not newer
+        got = sync.history.projection_get(conn, "res")
         assert got is not None and (got.version, got.state) == ("2", {"s": 2})
-        sync.inbox_mark_superseded(conn, inbox_id, "res@3")
+        sync.history.inbox_mark_superseded(conn, inbox_id, "res@3")
         conn.rollback()  # none of it happened
-    assert (await store.inbox_get(inbox_id)).status == "pending"  # type: ignore[union-attr]
+    assert (await store.inbox.get(inbox_id)).status == "pending"  # type: ignore[union-attr]
     assert await store.fetch_all("SELECT * FROM relaybox_operations") == []
     assert await store.fetch_all("SELECT * FROM relaybox_outbox") == []
     with sync.transaction() as conn:
-        assert sync.inbox_begin(conn, inbox_id, attempt=1, now=T0)
-        sync.outbox_insert_rows(conn, [("email", "r1", "{}", "t", inbox_id)], now=T0)
-    assert (await store.inbox_get(inbox_id)).status == "done"  # type: ignore[union-attr]
+        assert sync.inbox.begin(conn, inbox_id, attempt=1, now=T0)
+        sync.inbox.outbox_insert_rows(conn, [("email", "r1", "{}", "t", inbox_id)], now=T0)
+    assert (await store.inbox.get(inbox_id)).status == "done"  # type: ignore[union-attr]
     [row] = await store.fetch_all("SELECT channel, key, tenant FROM relaybox_outbox")
     assert row == {"channel": "email", "key": "r1", "tenant": "t"}
 
@@ -89,10 +89,10 @@ async def test_outcomes_are_written_while_the_row_is_pending(store: Store) -> No
     inbox_id = await _started(store)
     sync = store.sync
     with sync.transaction() as conn:
-        [locked] = sync.inbox_lock(conn, [inbox_id])
+        [locked] = sync.inbox.lock(conn, [inbox_id])
         assert (locked.id, locked.attempts) == (inbox_id, 1)
-        sync.inbox_retry_later(conn, inbox_id, at=T0 + 60, error="boom", now=T0)
-        sync.attempt_insert(
+        sync.inbox.retry_later(conn, inbox_id, at=T0 + 60, error="boom", now=T0)
+        sync.inbox.attempt_insert(
             conn,
             inbox_id=inbox_id,
             attempt=1,
@@ -102,12 +102,12 @@ async def test_outcomes_are_written_while_the_row_is_pending(store: Store) -> No
             started_at=T0,
             finished_at=T0,
         )
-    event = await store.inbox_get(inbox_id)
+    event = await store.inbox.get(inbox_id)
     assert event is not None and (event.next_attempt_at, event.last_error) == (T0 + 60, "boom")
     with sync.transaction() as conn:
-        sync.inbox_kill(conn, inbox_id, reason="invalid", error="bad", now=T0)
-        assert sync.inbox_lock(conn, [inbox_id]) == []  # dead: nothing to lock
-    event = await store.inbox_get(inbox_id)
+        sync.inbox.kill(conn, inbox_id, reason="invalid", error="bad", now=T0)
+        assert sync.inbox.lock(conn, [inbox_id]) == []  # dead: nothing to lock
+    event = await store.inbox.get(inbox_id)
     assert event is not None and (event.status, event.dead_reason) == ("dead", "invalid")
     [attempt] = await store.fetch_all("SELECT attempt, outcome FROM relaybox_inbox_attempts")
     assert attempt == {"attempt": 1, "outcome": "retry"}
@@ -120,7 +120,9 @@ async def test_the_applications_own_engine_works_as_well(store: Store, database_
     try:
         with engine.begin() as conn:
             conn.execute(text("CREATE TABLE t (x INTEGER)"))
-            assert store.sync.publish_context(conn, "t1", "nothing") == PublishContext(None, [])
-            assert store.sync.message_get_by_key(conn, "t1", "k") is None
+            assert store.sync.outbox.publish_context(conn, "t1", "nothing") == PublishContext(
+                None, []
+            )
+            assert store.sync.outbox.message_get_by_key(conn, "t1", "k") is None
     finally:
         engine.dispose()

@@ -31,28 +31,28 @@ async def store(database_url: str) -> AsyncIterator[Store]:
 
 async def _row(store: Store, channel: str, key: str, due: float) -> None:
     async with store.transaction() as conn:
-        await store.outbox_insert(
+        await store.inbox.outbox_insert(
             conn, channel=channel, key=key, payload="{}", tenant=None, inbox_id=None, now=due
         )
 
 
 async def test_outbox_next_due_is_the_earliest_pending_row_after_now(store: Store) -> None:
-    assert await store.outbox_next_due(channels=["email"], now=T0) is None
+    assert await store.dispatch.outbox_next_due(channels=["email"], now=T0) is None
     await _row(store, "email", "due-now", T0)
     await _row(store, "email", "later", T0 + 7.5)
     await _row(store, "email", "sooner", T0 + 0.25)
     await _row(store, "sms", "another-channel", T0 + 0.1)
     # Rows due at or before now are the lease's business, not a wake-up's.
-    assert await store.outbox_next_due(channels=["email"], now=T0) == T0 + 0.25
-    assert await store.outbox_next_due(channels=["email", "sms"], now=T0) == T0 + 0.1
-    assert await store.outbox_next_due(channels=["email"], now=T0 + 0.25) == T0 + 7.5
-    assert await store.outbox_next_due(channels=["email"], now=T0 + 8) is None
-    assert await store.outbox_next_due(channels=[], now=T0) is None
+    assert await store.dispatch.outbox_next_due(channels=["email"], now=T0) == T0 + 0.25
+    assert await store.dispatch.outbox_next_due(channels=["email", "sms"], now=T0) == T0 + 0.1
+    assert await store.dispatch.outbox_next_due(channels=["email"], now=T0 + 0.25) == T0 + 7.5
+    assert await store.dispatch.outbox_next_due(channels=["email"], now=T0 + 8) is None
+    assert await store.dispatch.outbox_next_due(channels=[], now=T0) is None
     # A row that is no longer pending never comes due.
     async with store.transaction() as conn:
         sent = "UPDATE relaybox_outbox SET status = 'sent' WHERE key = 'sooner'"
         await conn.exec_driver_sql(sent)
-    assert await store.outbox_next_due(channels=["email"], now=T0) == T0 + 7.5
+    assert await store.dispatch.outbox_next_due(channels=["email"], now=T0) == T0 + 7.5
 
 
 async def _woken(wake: asyncio.Event, within: float) -> float | None:
@@ -73,7 +73,7 @@ async def test_sqlite_listeners_wake_on_another_connections_commit(tmp_path: Pat
     store = open_store(f"sqlite:///{path}")
     await store.migrate()
     inbox, outbox = asyncio.Event(), asyncio.Event()
-    listeners = [await store.listen("inbox", inbox), await store.listen("outbox", outbox)]
+    listeners = [await store.db.listen("inbox", inbox), await store.db.listen("outbox", outbox)]
     other = sqlite3.connect(path, isolation_level=None)
     try:
         # The watch has read its first version once another connection's commit wakes
@@ -98,7 +98,7 @@ async def test_sqlite_listeners_wake_on_another_connections_commit(tmp_path: Pat
         for listener in listeners:
             assert listener is not None
             await listener.close()
-        assert store._watch is None  # type: ignore[attr-defined]
+        assert store.db._watch is None  # type: ignore[attr-defined]
     finally:
         other.close()
         await store.close()
@@ -124,15 +124,15 @@ async def test_postgres_wakes_its_own_listeners_at_once_and_others_by_notify(pg_
     woken by the NOTIFY."""
     here, there = open_store(pg_url), open_store(pg_url)
     mine, theirs = asyncio.Event(), asyncio.Event()
-    listeners = [await here.listen("inbox", mine), await there.listen("inbox", theirs)]
+    listeners = [await here.db.listen("inbox", mine), await there.db.listen("inbox", theirs)]
     try:
         assert all(listener is not None for listener in listeners)
-        here.wake("inbox")
+        here.db.wake("inbox")
         assert mine.is_set()  # no await since wake(): set by wake() itself
         assert not theirs.is_set()
         assert await _woken(theirs, 10.0) is not None
         mine.clear()
-        here.wake("outbox")  # another channel: not this listener's
+        here.db.wake("outbox")  # another channel: not this listener's
         assert not mine.is_set()
     finally:
         for listener in listeners:
@@ -150,7 +150,7 @@ async def test_postgres_notify_rides_on_the_commit_and_never_on_a_rollback(pg_ur
     here, there = open_store(pg_url), open_store(pg_url)
     await here.migrate()
     woken = asyncio.Event()
-    listener = await there.listen("outbox", woken)
+    listener = await there.db.listen("outbox", woken)
     statements: list[str] = []
     try:
         assert listener is not None
@@ -161,12 +161,12 @@ async def test_postgres_notify_rides_on_the_commit_and_never_on_a_rollback(pg_ur
                     if app_first:  # the application's statement begins the transaction
                         await conn.exec_driver_sql("SELECT 1")
                     event.listen(conn.sync_connection, "before_cursor_execute", _seen)
-                    await here.outbox_insert(
+                    await here.inbox.outbox_insert(
                         conn, channel="email", key=key, payload="{}", tenant=None,
                         inbox_id=None, now=T0,
                     )  # fmt: skip
-                    await here.notify(conn, "outbox")
-                    await here.notify(conn, "outbox")  # twice: still one NOTIFY
+                    await here.db.notify(conn, "outbox")
+                    await here.db.notify(conn, "outbox")  # twice: still one NOTIFY
                     await asyncio.sleep(0.3)
                     assert not woken.is_set()  # not before the COMMIT
                     if not commit:

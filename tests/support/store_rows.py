@@ -60,7 +60,7 @@ def logged(
 ) -> Attempt:
     """An attempt of row ``outbox_id`` (its ``number``-th, under lease token
     ``lease_token``, by default the same) for the attempt log alone
-    (``Store.outbox_attempts_insert``); ``fields`` as :func:`attempt`'s."""
+    (``DispatchStore.outbox_attempts_insert``); ``fields`` as :func:`attempt`'s."""
     token = number if lease_token is None else lease_token
     d = Delivery(outbox_id, "webhook", "k", None, None, number, token, False, 30.0)
     return attempt(d, label=label, **fields)

@@ -142,13 +142,13 @@ async def revoke_session(box: Runtime, session: Session) -> None:
     """End ``session`` for every process (logout); rows of sessions that have expired
     anyway are dropped in the same transaction."""
     expires = session.issued_at + box.settings.admin.session_ttl + 60
-    await box.store.admin_session_revoke(
+    await box.store.sessions.admin_session_revoke(
         _session_id(session), expires_at=expires, purge_before=box.clock.now() - 60
     )
 
 
 async def session_revoked(box: Runtime, session: Session) -> bool:
-    return await box.store.admin_session_revoked(_session_id(session))
+    return await box.store.sessions.admin_session_revoked(_session_id(session))
 
 
 def _unauthorized_json(message: str) -> Response:

@@ -70,7 +70,7 @@ async def overview(request: Request) -> Response:
     chart = _chart(await ops.throughput(box))
     # Silence detection's state (relaybox.silence): the watched sources and at most
     # ten silent endpoints, whatever the number of endpoints.
-    silence = await box.store.silence_summary(limit=10)
+    silence = await box.store.silence.summary(limit=10)
     return await render(
         request,
         "overview.html",

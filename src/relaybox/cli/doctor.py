@@ -49,7 +49,7 @@ async def _doctor_health(box: Relaybox, checks: _Checks, limits: tuple[float, fl
     """Long transactions and dead rows on PostgreSQL; free pages and the write-ahead
     log on SQLite (:meth:`~relaybox.store.operator.OperatorStore.database_health`)."""
     max_age, max_ratio = limits
-    health = await box.store.database_health()
+    health = await box.store.operator.database_health()
     if health.pages is not None:  # SQLite
         free = (health.free_pages or 0) / health.pages if health.pages else 0.0
         wal = health.wal_bytes or 0
@@ -122,12 +122,12 @@ async def _doctor_health(box: Relaybox, checks: _Checks, limits: tuple[float, fl
 async def _doctor_database(
     box: Relaybox, checks: _Checks, max_skew: float, limits: tuple[float, float] = (60.0, 0.2)
 ) -> None:
-    from relaybox.store.base import load_migrations
+    from relaybox.store.backend import load_migrations
 
     url = safe_url(box)
     try:
         store = box.store
-        probe = await store.doctor_probe()
+        probe = await store.operator.doctor_probe()
     except ConfigurationError as exc:  # e.g. an unsupported URL scheme
         checks.add("database", "fail", str(exc), exit_code=EXIT_USAGE)
         return
@@ -175,7 +175,7 @@ async def _doctor_database(
     if abs(skew) > max_skew:
         where = (
             "the worker and the dispatcher on this host take no work until it is back"
-            if store.clock_from_database
+            if store.db.clock_from_database
             else "backoff, leases and retention read this clock"
         )
         checks.add(
@@ -214,7 +214,7 @@ async def _doctor_silence(box: Relaybox, checks: _Checks, now: float) -> None:
     from relaybox.ops.inbound import age_text
 
     settings = box.settings.silence
-    summary = await box.store.silence_summary(limit=5)
+    summary = await box.store.silence.summary(limit=5)
     unknown = sorted(set(settings.sources) - set(box.sources))
     found = [
         f"source {s.name} (nothing for {age_text(now - s.last_seen)})"

@@ -35,7 +35,7 @@ def register(group: click.Group) -> None:
             before = await _endpoint(box, endpoint_id)
             action = flow.pause_endpoint if paused else flow.resume_endpoint
             await action(box, endpoint_id, tenant=None)
-            backlog = (await box.store.endpoint_backlog()).get(endpoint_id)
+            backlog = (await box.store.outbox.endpoint_backlog()).get(endpoint_id)
             return {
                 "endpoint": endpoint_id,
                 "action": name,

@@ -270,8 +270,8 @@ def erasures(
 
     async def go() -> list[Erasure]:
         if erasure_id is None:
-            return await box.store.erasure_list()
-        one = await box.store.erasure_get(erasure_id)
+            return await box.store.erasure.latest()
+        one = await box.store.erasure.get(erasure_id)
         if one is None:
             raise NotFound(f"no erasure {erasure_id}")
         return [one]

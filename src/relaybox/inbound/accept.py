@@ -7,7 +7,7 @@ once; beside a commit in flight a second one starts only for ``parallel_at`` que
 rows (or when the one in flight is slow), so that at moderate load the rows that
 arrive during a flush share the next one instead of each paying its own. No answer is
 given before the COMMIT that holds its row. A batch the database refuses because of a
-row's values (:meth:`Store.row_error`) is committed again in halves, down to that row,
+row's values (:meth:`InboxStore.row_error`) is committed again in halves, down to that row,
 so that only it fails; any other error fails the whole batch (the receiver answers 503
 and the sender retries: a row that did commit is then found as a duplicate).
 
@@ -73,7 +73,7 @@ class Acceptor:
         # PostgreSQL: one commit in flight leaves the server idle during each fsync; 2
         # and 3 measured within noise of each other here, 4 lower (bench/README.md).
         # ``accept_committers`` in the settings overrides it.
-        self.committers = committers or (1 if store.single_writer else 3)
+        self.committers = committers or (1 if store.db.single_writer else 3)
         self.max_batch = max_batch
         self.timeout = timeout
         # Beside a commit in flight, the next starts only once ``parallel_at`` rows are
@@ -158,7 +158,7 @@ class Acceptor:
                         fut.set_exception(StoreUnavailable("relaybox is shutting down"))
                 raise
             except Exception as exc:
-                if len(batch) > 1 and self.store.row_error(exc):
+                if len(batch) > 1 and self.store.inbox.row_error(exc):
                     log.warning("accept_batch_split", size=len(batch), error=short_error(exc))
                     await self._commit_apart(batch)
                     continue
@@ -184,9 +184,9 @@ class Acceptor:
         (:class:`Handoff`); a part of a refused batch is offered again."""
         handoff = self.handoff
         if handoff is None or not handoff.offer(batch):
-            return await self.store.inbox_accept(batch)
+            return await self.store.inbox.accept(batch)
         try:
-            outcomes = await self.store.inbox_accept(batch)
+            outcomes = await self.store.inbox.accept(batch)
         except BaseException:
             handoff.settle(batch, None)
             for d in batch:  # not taken: a part committed again is offered afresh
@@ -214,7 +214,7 @@ class Acceptor:
                     _fail(rest, "relaybox is shutting down")
                 raise
             except Exception as exc:
-                if not self.store.row_error(exc):
+                if not self.store.inbox.row_error(exc):
                     log.warning("accept_batch_failed", size=len(part), error=short_error(exc))
                     _fail(part, "the database is unavailable")
                     for rest in parts:

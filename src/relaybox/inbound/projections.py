@@ -151,7 +151,7 @@ async def write(
     """The compare-and-set shared by :func:`project` and reconciliation: write
     ``state_json`` if the resource is new or its stored ``version_key`` is lower.
     Returns whether it was written."""
-    return await box.store.projection_upsert(
+    return await box.store.history.projection_upsert(
         conn,
         ProjectionWrite(
             resource_key=resource_key,
@@ -167,7 +167,7 @@ async def write(
 
 
 async def stored(box: Runtime, conn: AsyncConnection, resource_key: str) -> Projection | None:
-    return await box.store.projection_get(conn, resource_key)
+    return await box.store.history.projection_get(conn, resource_key)
 
 
 async def current(
@@ -198,12 +198,12 @@ async def project(
     """
     offered = offer(ctx, resource_key, version, state, order=order)
     store = ctx.box.store
-    if await store.projection_upsert(ctx.conn, offered):
+    if await store.history.projection_upsert(ctx.conn, offered):
         return applied(ctx)
-    winner = await store.projection_get(ctx.conn, resource_key)
+    winner = await store.history.projection_get(ctx.conn, resource_key)
     superseded = refused(ctx, offered, winner)
     if superseded is not None:
-        await store.inbox_mark_superseded(ctx.conn, ctx.event.id, superseded)
+        await store.history.inbox_mark_superseded(ctx.conn, ctx.event.id, superseded)
     return False
 
 

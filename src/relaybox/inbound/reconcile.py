@@ -162,12 +162,12 @@ class Reconciler:
         outcomes = counter(box, "reconcile_outcomes")
         ticket: int | None = None
         try:
-            taken = await store.reconcile_ticket_take(self.source, resource_id)
+            taken = await store.history.reconcile_ticket_take(self.source, resource_id)
             ticket, requested_seen = taken.ticket, taken.requested_seen
             state = await self.fetch(resource_id)
             state_json = canonical_state(state)
             async with store.transaction() as conn:
-                await store.reconcile_lock(conn, self.source, resource_id)
+                await store.history.reconcile_lock(conn, self.source, resource_id)
                 before = await stored(box, conn, resource_key)
                 if before is not None and before.origin != "reconcile":
                     raise RuntimeError(
@@ -191,7 +191,7 @@ class Reconciler:
                 diverged = written and before_json != state_json
                 if diverged and self.apply is not None:
                     await self.apply(conn, resource_id, state)
-                await store.reconcile_done(
+                await store.history.reconcile_done(
                     conn,
                     self.source,
                     resource_id,
@@ -238,7 +238,9 @@ class Reconciler:
     async def known(self, *, requested: bool = False, limit: int = 100_000) -> list[str]:
         """Resource ids reconciled or requested before (``requested``: only those with
         a request not yet served)."""
-        return await self.box.store.reconcile_ids(self.source, requested=requested, limit=limit)
+        return await self.box.store.history.reconcile_ids(
+            self.source, requested=requested, limit=limit
+        )
 
     async def run(
         self,
@@ -297,4 +299,4 @@ async def request(ctx: Context, resource_id: str, *, source: str | None = None) 
     """Ask for ``resource_id`` to be reconciled, in the handler's transaction: no
     remote call there. Served by :meth:`Reconciler.run` with ``requested=True``;
     a request made while a fetch is in flight stays pending for the next run."""
-    await ctx.box.store.reconcile_request(ctx.conn, source or ctx.event.source, resource_id)
+    await ctx.box.store.history.reconcile_request(ctx.conn, source or ctx.event.source, resource_id)

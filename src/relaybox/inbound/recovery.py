@@ -403,7 +403,7 @@ async def _recover(
 
 
 async def _present(box: Runtime, source: str, event_ids: list[str]) -> set[str]:
-    return await box.store.inbox_find_events(source, event_ids)
+    return await box.store.history.inbox_find_events(source, event_ids)
 
 
 async def _ingest(
@@ -450,10 +450,10 @@ async def _ingest(
     via = f"{deliveries.name}:delivery/{summary.delivery_id} (signature {signature})"
     store = box.store
     async with store.transaction() as conn:
-        [outcome] = await store.inbox_insert(conn, [delivery])
+        [outcome] = await store.inbox.insert(conn, [delivery])
         if outcome.status in ("accepted", "ignored"):
-            await store.inbox_mark_recovered(conn, outcome.inbox_id, via)
-            await store.recovery_record(
+            await store.history.inbox_mark_recovered(conn, outcome.inbox_id, via)
+            await store.history.recovery_record(
                 RecoveryRecord(
                     source=source.name,
                     event_id=summary.event_id,
@@ -510,7 +510,7 @@ def _api_verified(
 async def _record(
     box: Runtime, source: str, summary: DeliverySummary, action: str, inbox_id: int | None
 ) -> None:
-    await box.store.recovery_record(
+    await box.store.history.recovery_record(
         RecoveryRecord(
             source=source,
             event_id=summary.event_id,

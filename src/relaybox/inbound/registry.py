@@ -155,16 +155,16 @@ class Inbound:
         store = self.box.store
         result = None
         async with store.transaction() as conn:
-            [outcome] = await store.inbox_insert(conn, [delivery])
+            [outcome] = await store.inbox.insert(conn, [delivery])
             registration = self.registration_for(delivery.source, delivery.event_type)
             # A plain-def handler runs later, in the worker's synchronous transaction.
             if outcome.status == "accepted" and (registration is None or not registration.sync):
-                [event] = await store.inbox_lock(conn, [outcome.inbox_id])
+                [event] = await store.inbox.lock(conn, [outcome.inbox_id])
                 result = await self._inline_worker.process(conn, event)
                 if result.kind == "done":
-                    await store.inbox_complete(conn, [event.id], self.box.clock.now())
+                    await store.inbox.complete(conn, [event.id], self.box.clock.now())
         if result is not None and result.outbox_created:
-            store.wake("outbox")
+            store.db.wake("outbox")
         if self.accept_hooks.after_commit:
             await self.accept_hooks.committed([(delivery, outcome)])
         return outcome

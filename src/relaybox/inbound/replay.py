@@ -103,7 +103,7 @@ async def select(box: Runtime, selection: Selection) -> list[Candidate]:
     --dry-run``, and the CLI's progress over long ranges)."""
     store = box.store
     async with store.transaction() as conn:
-        return await store.replay_select(conn, _filter(selection))
+        return await store.history.replay_select(conn, _filter(selection))
 
 
 async def replay(box: Runtime, selection: Selection, *, actor: str, reason: str) -> ReplayResult:
@@ -130,7 +130,7 @@ async def _replay(box: Runtime, selection: Selection, *, actor: str, reason: str
     result = ReplayResult()
     now = box.clock.now()
     async with store.transaction() as conn:
-        for candidate in await store.replay_select(conn, _filter(selection)):
+        for candidate in await store.history.replay_select(conn, _filter(selection)):
             if candidate.purged:
                 result.purged.append(candidate.inbox_id)
                 continue
@@ -138,15 +138,15 @@ async def _replay(box: Runtime, selection: Selection, *, actor: str, reason: str
                 result.discarded.append(candidate.inbox_id)
                 continue
             # Judged again: a projection may now accept or refuse it anew.
-            if not await store.replay_mark(
+            if not await store.history.replay_mark(
                 conn, candidate.inbox_id, status=candidate.status, now=now
             ):
                 result.skipped.append(candidate.inbox_id)
                 continue
-            await store.replay_record(conn, candidate, actor=actor, reason=reason, now=now)
+            await store.history.replay_record(conn, candidate, actor=actor, reason=reason, now=now)
             result.replayed.append(candidate.inbox_id)
         if result.replayed:
-            await store.notify(conn, "inbox")
+            await store.db.notify(conn, "inbox")
     log.info(
         "replay",
         actor=actor,

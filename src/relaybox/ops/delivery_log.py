@@ -41,7 +41,7 @@ async def delivery_log(
     """Deliveries newest first, as the log's rows (an unknown status matches none)."""
     if log.status and log.status not in STATUSES:
         return []
-    found = await box.store.delivery_search(
+    found = await box.store.outbox.delivery_search(
         tenant,
         status=log.status or None,
         event_type=log.event_type or None,

@@ -136,11 +136,11 @@ async def erasure_request(box: Runtime, req: ErasureRequest, *, actor: str) -> E
 
 
 async def erasure_get(box: Runtime, erasure_id: int) -> ErasureRecord:
-    erasure = await box.store.erasure_get(erasure_id)
+    erasure = await box.store.erasure.get(erasure_id)
     if erasure is None:
         raise NotFound(f"no erasure {erasure_id}")
     return _record(box, erasure)
 
 
 async def erasure_list(box: Runtime, *, limit: int = 100) -> ErasureList:
-    return ErasureList(items=[_record(box, e) for e in await box.store.erasure_list(limit)])
+    return ErasureList(items=[_record(box, e) for e in await box.store.erasure.latest(limit)])

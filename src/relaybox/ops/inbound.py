@@ -157,14 +157,14 @@ def _summary(m: Any) -> EventSummary:
 
 async def table_exists(box: Runtime, table: str) -> bool:
     """Whether a migration created ``table`` (outbound sections plug in on this)."""
-    return await box.store.table_exists(table)
+    return await box.store.operator.table_exists(table)
 
 
 # -- inbox ----------------------------------------------------------------------
 
 
 async def inbox_list(box: Runtime, f: InboxFilter) -> EventPage:
-    rows = await box.store.inbox_list(
+    rows = await box.store.operator.inbox_list(
         source=f.source,
         event_type=f.type,
         status=f.status,
@@ -179,7 +179,7 @@ async def inbox_list(box: Runtime, f: InboxFilter) -> EventPage:
 
 async def event_get(box: Runtime, inbox_id: int) -> EventDetail:
     """One event with everything an operator asks about it, read in one transaction."""
-    history = await box.store.inbox_history(inbox_id)
+    history = await box.store.operator.inbox_history(inbox_id)
     if history is None:
         raise NotFound(f"no inbox event {inbox_id}")
     m = dict(history.event)
@@ -234,8 +234,8 @@ def _replay_message(
 
 async def _replay(box: Runtime, selection: Selection, actor: str, reason: str) -> ReplayResult:
     result = await replay(box, selection, actor=actor, reason=reason)
-    purged = await box.store.inbox_purged_at(result.purged)
-    erased = await box.store.inbox_purged_at(result.purged, column="erased_at")
+    purged = await box.store.operator.inbox_purged_at(result.purged)
+    erased = await box.store.operator.inbox_purged_at(result.purged, column="erased_at")
     return ReplayResult(**result.as_dict(), message=_replay_message(result, purged, erased))
 
 
@@ -281,7 +281,7 @@ async def replay_selection(
 
 
 async def dead_list(box: Runtime, f: DeadFilter) -> EventPage:
-    rows = await box.store.dead_list(
+    rows = await box.store.operator.dead_list(
         source=f.source,
         event_type=f.type,
         reason=f.reason,
@@ -308,7 +308,7 @@ async def dead_retry(box: Runtime, inbox_id: int, *, actor: str, reason: str) ->
 async def dead_retry_many(box: Runtime, req: DeadRetryRequest, *, actor: str) -> DeadRetryResult:
     """Select the matching dead letters first (the same filter as the list, so what an
     operator saw is what is retried), then replay exactly those ids."""
-    rows = await box.store.dead_list(
+    rows = await box.store.operator.dead_list(
         source=req.source,
         event_type=req.type,
         reason=req.dead_reason,
@@ -329,7 +329,7 @@ async def dead_retry_many(box: Runtime, req: DeadRetryRequest, *, actor: str) ->
 
 async def dead_discard(box: Runtime, inbox_id: int, *, actor: str, reason: str) -> DiscardResult:
     now = box.clock.now()
-    if await box.store.dead_discard(inbox_id, now=now, actor=actor, reason=reason):
+    if await box.store.operator.dead_discard(inbox_id, now=now, actor=actor, reason=reason):
         return DiscardResult(id=inbox_id, discarded_at=now)
     event = await event_get(box, inbox_id)
     state = "already discarded" if event.discarded_at is not None else event.status
@@ -340,7 +340,7 @@ async def dead_discard(box: Runtime, inbox_id: int, *, actor: str, reason: str) 
 
 
 async def quarantine_list(box: Runtime, f: QuarantineFilter) -> QuarantinePage:
-    rows = await box.store.quarantine_list(
+    rows = await box.store.operator.quarantine_list(
         source=f.source, resolved=f.resolved, before_id=decode_cursor(f.cursor), limit=f.limit
     )
     return QuarantinePage(
@@ -379,7 +379,7 @@ def json_differences(original: Any, quarantined: Any, path: str = "$") -> list[D
 
 
 async def quarantine_get(box: Runtime, quarantine_id: int) -> QuarantineDetail:
-    m = await box.store.quarantine_get(quarantine_id)
+    m = await box.store.operator.quarantine_get(quarantine_id)
     if m is None:
         raise NotFound(f"no quarantine entry {quarantine_id}")
     original = None
@@ -413,7 +413,7 @@ async def quarantine_resolve(
     box: Runtime, quarantine_id: int, *, resolution: str, actor: str, reason: str
 ) -> ResolveResult:
     now = box.clock.now()
-    resolved = await box.store.quarantine_resolve(
+    resolved = await box.store.operator.quarantine_resolve(
         quarantine_id, now=now, resolution=resolution, actor=actor, reason=reason
     )
     if resolved:
@@ -451,7 +451,7 @@ async def throughput(box: Runtime, *, minutes: int = 60) -> list[dict[str, Any]]
     minute present (zeros included) so a chart has no gaps."""
     now = box.clock.now()
     first = int(now // 60) - minutes + 1
-    rows = await box.store.inbox_throughput(first * 60.0)
+    rows = await box.store.operator.inbox_throughput(first * 60.0)
     buckets: list[dict[str, Any]] = [
         {"minute": first + i, "total": 0, "by_status": {}} for i in range(minutes)
     ]

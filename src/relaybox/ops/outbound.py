@@ -78,8 +78,8 @@ async def _health(
     box: Runtime,
 ) -> tuple[dict[str, EndpointHealth], dict[str, EndpointBacklog]]:
     store = box.store
-    health = await store.endpoint_health(since=box.clock.now() - HEALTH_WINDOW)
-    return health, await store.endpoint_backlog()
+    health = await store.outbox.endpoint_health(since=box.clock.now() - HEALTH_WINDOW)
+    return health, await store.outbox.endpoint_backlog()
 
 
 def _summary(
@@ -134,10 +134,10 @@ async def endpoint_get(box: Runtime, endpoint_id: str) -> EndpointDetail:
     health, backlog = await _health(box)
     recent = [
         EndpointAttempt(**asdict(a))
-        for a in await box.store.endpoint_attempts(endpoint_id, limit=50)
+        for a in await box.store.outbox.endpoint_attempts(endpoint_id, limit=50)
     ]
     summary = _summary(box, e, health.get(e.id), backlog.get(e.id))
-    held = await box.store.ordering_blocked_keys(endpoint_id=e.id, tenant=None, limit=100)
+    held = await box.store.outbox.ordering_blocked_keys(endpoint_id=e.id, tenant=None, limit=100)
     blocked = [
         BlockedKeyInfo(**{k: v for k, v in b.to_json().items() if k != "endpoint_id"}) for b in held
     ]
@@ -189,7 +189,7 @@ async def message_get(box: Runtime, message_id: str) -> MessageDetail:
 
 
 async def _purged_at(box: Runtime, message_id: str) -> float | None:
-    return await box.store.message_purged_at(message_id)
+    return await box.store.outbox.message_purged_at(message_id)
 
 
 async def message_redeliver(

@@ -99,7 +99,7 @@ async def _endpoint(box: Runtime, endpoint_id: str) -> Any:
 
 
 async def _waiting(box: Runtime, endpoint_id: str) -> int:
-    backlog = (await box.store.endpoint_backlog()).get(endpoint_id)
+    backlog = (await box.store.outbox.endpoint_backlog()).get(endpoint_id)
     return backlog.pending if backlog else 0
 
 

@@ -30,7 +30,7 @@ async def blocked_keys(
 ) -> list[BlockedKey]:
     """Keys dead deliveries hold back (endpoints with ``on_dead`` ``hold``), by
     endpoint and key; ``tenant`` ``None``: every tenant's."""
-    return await box.store.ordering_blocked_keys(
+    return await box.store.outbox.ordering_blocked_keys(
         endpoint_id=endpoint_id, tenant=tenant, limit=limit
     )
 
@@ -41,7 +41,7 @@ async def release_key(
     """Let the endpoint's later deliveries of ``ordering_key`` go past its dead ones,
     which stay dead letters (recover or redeliver them to send them again, after the
     others). Returns how many dead deliveries held the key (0: it was not held)."""
-    n = await box.store.ordering_key_release(endpoint_id, ordering_key, now=box.clock.now())
+    n = await box.store.outbox.ordering_key_release(endpoint_id, ordering_key, now=box.clock.now())
     log.info(
         "ordering_key_released",
         endpoint_id=endpoint_id,

@@ -179,7 +179,7 @@ async def tenant_ages(box: Runtime, tenant: str) -> TenantAgesView:
     """The ages that apply to ``tenant`` and where each comes from (any tenant id:
     one without ages of its own has the global ones)."""
     _check_tenant(tenant)
-    row = await box.store.retention_policy_get(tenant)
+    row = await box.store.retention.policy_get(tenant)
     return _view(box, tenant, row, box.settings.retention.tenants.get(tenant))
 
 
@@ -201,7 +201,7 @@ async def set_tenant(
             "configuration's ages, remove the tenant's policy instead"
         )
     settings = box.settings.retention
-    row = await box.store.retention_policy_put(
+    row = await box.store.retention.policy_put(
         tenant,
         payload_max_age=inbound,
         outbox_payload_max_age=outbound,
@@ -222,7 +222,7 @@ async def clear_tenant(box: Runtime, tenant: str) -> TenantAgesView:
     """Remove the admin API's ages of ``tenant`` (404 when it set none): the file's, or
     the global ones, apply again."""
     _check_tenant(tenant)
-    if not await box.store.retention_policy_delete(tenant):
+    if not await box.store.retention.policy_delete(tenant):
         raise NotFound(
             f"tenant {tenant!r} has no retention policy stored (set through the admin API, "
             "the dashboard or relaybox retention set)"
@@ -234,7 +234,7 @@ async def tenant_page(box: Runtime, *, after: str = "", limit: int = 100) -> Ten
     """The tenants with ages of their own (in the file, through the API or both), by
     id, ``limit`` after the cursor ``after``."""
     configured = box.settings.retention.tenants
-    stored = await box.store.retention_policy_page(after=after, limit=limit + 1)
+    stored = await box.store.retention.policy_page(after=after, limit=limit + 1)
     by_tenant = {row.tenant: row for row in stored}
     names = sorted({*by_tenant, *(t for t in configured if t > after)})
     if len(stored) > limit:

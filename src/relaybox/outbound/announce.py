@@ -89,13 +89,15 @@ async def emit(
     """Publish an operational event in ``conn``'s transaction (``key``: published once
     per key, as a message's idempotency key). ``inbox_id``, ``outbox_id``: the row it
     is about, whose error it quotes: the message is indexed under that row's subjects
-    (:meth:`Store.subject_inherit`), so erasing one of them empties it too."""
+    (:meth:`ErasureStore.subject_inherit`), so erasing one of them empties it too."""
     if event_type == "relaybox.inbox.dead" and _operational(data):
         return
     tenant = outbound(box).settings.operational_tenant
     message = await publish(box, conn, event_type, data, tenant=tenant, idempotency_key=key)
     if inbox_id is not None or outbox_id is not None:
-        await box.store.subject_inherit(conn, message.id, inbox_id=inbox_id, outbox_id=outbox_id)
+        await box.store.erasure.subject_inherit(
+            conn, message.id, inbox_id=inbox_id, outbox_id=outbox_id
+        )
 
 
 def announcer(box: Runtime) -> Announce:
@@ -151,7 +153,7 @@ async def endpoint_failing(
     """The endpoint's failures in a row reached ``level``, a threshold not announced
     since it last recovered (another batch may have announced it meanwhile).
     ``outbox_id``: the delivery whose ``result`` this is (its error is quoted)."""
-    row = await box.store.endpoint_failing_level(conn, endpoint_id, level)
+    row = await box.store.credentials.endpoint_failing_level(conn, endpoint_id, level)
     if row is None:
         return
     tenant, url, since = row
@@ -175,8 +177,8 @@ async def endpoint_recovered(
     """A success of endpoints leased as announced failing: each that still was is
     announced recovered; every one's failure run ends (one that failed again within
     the batch, after an earlier success recovered it, included)."""
-    recovered = await box.store.endpoints_recovered(conn, endpoint_ids)
-    await box.store.endpoints_succeeded(conn, endpoint_ids, now=now)
+    recovered = await box.store.credentials.endpoints_recovered(conn, endpoint_ids)
+    await box.store.dispatch.endpoints_succeeded(conn, endpoint_ids, now=now)
     for row in recovered:
         data = {"endpointId": row.id, "tenant": row.tenant, "url": row.url}
         await emit(box, conn, "relaybox.endpoint.recovered", data)
@@ -186,4 +188,4 @@ async def endpoint_recovered(
 async def operational_events(box: Runtime, *, limit: int = 50) -> list[Any]:
     """The most recent operational events, newest first (the dashboard's list)."""
     tenant = outbound(box).settings.operational_tenant
-    return await box.store.message_list(tenant, event_type=None, before=None, limit=limit)
+    return await box.store.outbox.message_list(tenant, event_type=None, before=None, limit=limit)

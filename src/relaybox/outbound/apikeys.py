@@ -30,7 +30,7 @@ async def create_api_key(box: Runtime, tenant: str, name: str = "") -> tuple[str
     now = box.clock.now()
     key_id = new_id("key", now)
     key = PREFIX + secrets.token_urlsafe(32)
-    await box.store.api_key_create(key_id, tenant, name, _hash(key), now=now)
+    await box.store.catalog.api_key_create(key_id, tenant, name, _hash(key), now=now)
     return key_id, key
 
 
@@ -44,14 +44,14 @@ async def authenticate_key(box: Runtime, key: str) -> tuple[str, str] | None:
     """``(key id, tenant)`` of an active key, or ``None``."""
     if not key.startswith(PREFIX):
         return None
-    return await box.store.api_key_match(_hash(key))
+    return await box.store.catalog.api_key_match(_hash(key))
 
 
 async def list_api_keys(box: Runtime, tenant: str | None) -> list[dict[str, Any]]:
-    return [asdict(k) for k in await box.store.api_key_list(tenant)]
+    return [asdict(k) for k in await box.store.catalog.api_key_list(tenant)]
 
 
 async def revoke_api_key(box: Runtime, key_id: str) -> bool:
     """Revoke a key: the API refuses it at once, and the portal sessions opened by links
     it asked for end (each portal request checks the key)."""
-    return await box.store.api_key_revoke(key_id, now=box.clock.now())
+    return await box.store.catalog.api_key_revoke(key_id, now=box.clock.now())

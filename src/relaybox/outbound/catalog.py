@@ -103,7 +103,9 @@ async def define_event_type(
             text = write_json(schema, sort_keys=True)
         except ValueError as exc:  # NaN or Infinity in it: no tenant could read it
             raise InvalidMessage(f"not a valid JSON Schema: {exc}", code="schema") from None
-    await box.store.event_type_upsert(name, description, text, now=box.clock.now(), subject=subject)
+    await box.store.catalog.event_type_upsert(
+        name, description, text, now=box.clock.now(), subject=subject
+    )
     return EventType(name, description, schema, subject)
 
 
@@ -125,7 +127,7 @@ def check_subject_path_of(box: Runtime, path: str) -> None:
 async def list_event_types(box: Runtime) -> list[EventType]:
     return [
         EventType(r.name, r.description, json.loads(r.schema) if r.schema else None, r.subject)
-        for r in await box.store.event_type_list()
+        for r in await box.store.catalog.event_type_list()
     ]
 
 

@@ -394,10 +394,10 @@ async def reseal_credentials(box: Runtime, vault: Vault) -> tuple[int, int]:
     store, sealed, seen, after = box.store, 0, 0, ""
     while True:
         async with store.transaction() as conn:
-            page = await store.endpoint_credentials_page(conn, after, _PAGE)
+            page = await store.credentials.endpoint_credentials_page(conn, after, _PAGE)
             for endpoint_id, stored in page:
                 again = vault.reseal(stored)
-                if again is not None and await store.endpoint_credentials_swap(
+                if again is not None and await store.credentials.endpoint_credentials_swap(
                     conn, endpoint_id, stored, again
                 ):
                     sealed += 1
@@ -412,7 +412,7 @@ async def credentials_at_rest(box: Runtime, vault: Vault, counts: dict[str, int]
     store, after = box.store, ""
     while True:
         async with store.transaction() as conn:
-            page = await store.endpoint_credentials_page(conn, after, _PAGE)
+            page = await store.credentials.endpoint_credentials_page(conn, after, _PAGE)
         for _, stored in page:
             counts[vault.state(stored)] += 1
         if len(page) < _PAGE:

@@ -33,7 +33,7 @@ log = structlog.get_logger("relaybox.outbound")
 
 
 async def get_message(box: Runtime, message_id: str, tenant: str | None) -> Message | None:
-    return await box.store.message_get(message_id, tenant)
+    return await box.store.outbox.message_get(message_id, tenant)
 
 
 async def list_messages(
@@ -47,7 +47,7 @@ async def list_messages(
 ) -> list[Message]:
     """Newest first; ``before`` is the ``(created_at, id)`` of the last one seen;
     ``idempotency_key`` finds the message published with exactly that key."""
-    return await box.store.message_list(
+    return await box.store.outbox.message_list(
         tenant, event_type=event_type, before=before, limit=limit, idempotency_key=idempotency_key
     )
 
@@ -69,7 +69,7 @@ async def list_deliveries(
     routed to ``broker:<name>``), ``kind`` what that channel is (``webhook``,
     ``rabbitmq``, ``nats``, ``redis``, ``email``, ``http``, ``custom``; ``None``: a
     channel this process does not have)."""
-    found = await box.store.delivery_list(
+    found = await box.store.outbox.delivery_list(
         tenant,
         message_id=message_id,
         endpoint_id=endpoint_id,
@@ -96,7 +96,7 @@ async def list_attempts(box: Runtime, message_id: str, tenant: str | None) -> li
     """The message's attempts; ``headers`` is ``{"request": [[name, value], …],
     "response": […]}`` where the channel recorded them (HTTP), else ``None``."""
     found = []
-    for r in await box.store.attempt_list(message_id, tenant):
+    for r in await box.store.outbox.attempt_list(message_id, tenant):
         row = asdict(r)
         row["headers"] = json.loads(r.headers) if r.headers else None
         found.append(row)
@@ -108,7 +108,7 @@ async def redeliver(
 ) -> int:
     """Send a message again to every endpoint (or ``endpoint_id``) whose delivery has
     finished — sent, dead or held — with a fresh attempt budget. Returns how many."""
-    count = await box.store.delivery_redeliver(
+    count = await box.store.outbox.delivery_redeliver(
         message_id, tenant=tenant, endpoint_id=endpoint_id, now=box.clock.now()
     )
     log.info("message_redelivered", message_id=message_id, deliveries=count)
@@ -127,7 +127,7 @@ async def recover(
     after the endpoint was fixed and enabled again. ``None``: no such endpoint."""
     if await get_endpoint(box, endpoint_id, tenant) is None:
         return None
-    count = await box.store.delivery_recover(
+    count = await box.store.outbox.delivery_recover(
         endpoint_id, since=since, until=until, now=box.clock.now()
     )
     log.info("endpoint_recovered", endpoint_id=endpoint_id, since=since, deliveries=count)

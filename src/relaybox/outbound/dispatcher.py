@@ -274,7 +274,7 @@ class Dispatcher:
             return
         self._ask_due = False
         try:
-            at = await self.box.store.outbox_next_due(
+            at = await self.box.store.dispatch.outbox_next_due(
                 channels=list(self.outbound.channels), now=self.box.clock.now()
             )
         except Exception as exc:  # the lease's own failure handling covers the database
@@ -322,13 +322,15 @@ class Dispatcher:
         async with store.transaction() as conn:
             for name, channel in self.outbound.channels.items():
                 if name != "webhook":
-                    await store.lane_upsert(conn, name, channel.max_in_flight, channel.rate_limit)
+                    await store.outbox.lane_upsert(
+                        conn, name, channel.max_in_flight, channel.rate_limit
+                    )
         self._lanes_ready = True
 
     async def _listen(self) -> Any:
         """Wake up on new rows (PostgreSQL LISTEN, SQLite's in-process signal); polling
         finds them anyway."""
-        return await self.box.store.listen("outbox", self._wake)
+        return await self.box.store.db.listen("outbox", self._wake)
 
     # -- one row ------------------------------------------------------------------
 

@@ -67,7 +67,7 @@ def tenant_budget(box: Runtime, spec: dict[str, Any]) -> Callable[[list[str]], N
     status, so that enabling one needs no check), their costs and this one's together
     within ``filter_tenant_max_cost``, and their sizes within
     ``filter_tenant_max_bytes``, else :class:`InvalidFilter`. The store runs it under
-    the tenant's lock (:meth:`Store.endpoint_update`). The others are read from their
+    the tenant's lock (:meth:`OutboxStore.endpoint_update`). The others are read from their
     text: at most ``max_endpoints`` filters of ``filter_max_bytes`` each, each a C
     parse and a walk of its operators."""
     settings = outbound(box).settings

@@ -161,7 +161,7 @@ async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tupl
     )
     quota = settings.max_endpoints
     try:
-        created = await box.store.endpoint_create(
+        created = await box.store.outbox.endpoint_create(
             write,
             vault.seal(secret),
             quota=quota,
@@ -183,7 +183,7 @@ async def create_endpoint(box: Runtime, tenant: str, spec: EndpointSpec) -> tupl
 
 
 async def get_endpoint(box: Runtime, endpoint_id: str, tenant: str | None) -> Endpoint | None:
-    return await box.store.endpoint_get(endpoint_id, tenant)
+    return await box.store.outbox.endpoint_get(endpoint_id, tenant)
 
 
 async def _get(box: Runtime, endpoint_id: str, tenant: str | None) -> Endpoint:
@@ -193,7 +193,7 @@ async def _get(box: Runtime, endpoint_id: str, tenant: str | None) -> Endpoint:
 
 
 async def list_endpoints(box: Runtime, tenant: str | None, *, limit: int = 100) -> list[Endpoint]:
-    return await box.store.endpoint_list(tenant, limit=limit)
+    return await box.store.outbox.endpoint_list(tenant, limit=limit)
 
 
 async def update_endpoint(
@@ -231,7 +231,7 @@ async def update_endpoint(
     sealing = patch.credentials is not None and not isinstance(patch.credentials, NoCredentials)
     vault = await ready_to_seal(box) if sealing else None
     headers, credentials = stored_extras(box, patch.headers, patch.credentials, vault)
-    await box.store.endpoint_update(
+    await box.store.outbox.endpoint_update(
         write,
         now=box.clock.now(),
         headers=headers,
@@ -249,7 +249,7 @@ async def update_endpoint(
 async def delete_endpoint(box: Runtime, endpoint_id: str, tenant: str) -> bool:
     """Delete the endpoint, its secrets and lane; its waiting deliveries become dead
     letters (``endpoint_deleted``) so the history stays readable."""
-    deleted = await box.store.endpoint_delete(
+    deleted = await box.store.outbox.endpoint_delete(
         endpoint_id, tenant, reason="endpoint_deleted", now=box.clock.now()
     )
     if not deleted:
@@ -270,7 +270,9 @@ async def enable_endpoint(
         return False
     store, now = box.store, box.clock.now()
     async with store.transaction() as conn:
-        row = await store.endpoint_set_status(conn, endpoint_id, "enabled", reason=None, now=now)
+        row = await store.outbox.endpoint_set_status(
+            conn, endpoint_id, "enabled", reason=None, now=now
+        )
         if row is not None:
             data = {
                 "endpointId": endpoint_id,
@@ -303,10 +305,12 @@ async def disable_in(box: Runtime, conn: AsyncConnection, endpoint_id: str, *, r
     ``relaybox.endpoint.disabled`` is published to the operational tenant in the same
     transaction. Returns whether this call disabled it."""
     store, now = box.store, box.clock.now()
-    row = await store.endpoint_set_status(conn, endpoint_id, "disabled", reason=reason, now=now)
+    row = await store.outbox.endpoint_set_status(
+        conn, endpoint_id, "disabled", reason=reason, now=now
+    )
     if row is None:
         return False
-    await store.delivery_kill_endpoint(conn, endpoint_id, "endpoint_disabled", now=now)
+    await store.outbox.delivery_kill_endpoint(conn, endpoint_id, "endpoint_disabled", now=now)
     data = {
         "endpointId": endpoint_id,
         "tenant": row.tenant,
@@ -337,10 +341,10 @@ async def rotate_secret(
     store, now = box.store, box.clock.now()
     grace = outbound(box).settings.rotation_grace if grace is None else grace
     async with store.transaction() as conn:
-        active = await store.endpoint_secrets_active(conn, [endpoint_id], now=now)
+        active = await store.outbox.endpoint_secrets_active(conn, [endpoint_id], now=now)
         newest = vault.open(active[0].secret) if active else ""
         secret = new_secret(kind or ("ed25519" if newest.startswith("whsk_") else "hmac"))
-        await store.endpoint_secret_rotate(
+        await store.outbox.endpoint_secret_rotate(
             conn, endpoint_id, vault.seal(secret), until=now + grace, now=now
         )
     log.info("endpoint_secret_rotated", endpoint_id=endpoint_id, grace=grace)
@@ -356,7 +360,7 @@ async def ready_to_seal(box: Runtime) -> Vault:
     vault = outbound(box).vault
     key_file = vault.key_file
     if key_file is not None and not vault.loaded and key_file.mode() is None:
-        sealed = await box.store.endpoint_secret_sealed_any()
+        sealed = await box.store.outbox.endpoint_secret_sealed_any()
         if sealed and key_file.mode() is None:
             raise KeyFileError(
                 f"the endpoint secrets key file {key_file.path} is missing, and the database"
@@ -397,7 +401,7 @@ async def seal_plaintext(box: Runtime) -> dict[str, int]:
             log.warning("endpoint_secrets_plaintext", plaintext=left, hint=MISSING_HINT)
         return {"sealed": 0, "plaintext": left}
     async with box.store.transaction() as conn:
-        found = await box.store.endpoint_secrets_page(conn, 0, 1, plaintext=True)
+        found = await box.store.outbox.endpoint_secrets_page(conn, 0, 1, plaintext=True)
     if not found:  # nothing to seal: no key is made, none is needed
         return {"sealed": 0, "plaintext": 0}
     done = await _seal(box, plaintext=True)
@@ -410,10 +414,12 @@ async def _seal(box: Runtime, *, plaintext: bool) -> dict[str, int]:
     after = 0
     while True:
         async with store.transaction() as conn:
-            page = await store.endpoint_secrets_page(conn, after, _SEAL_BATCH, plaintext=plaintext)
+            page = await store.outbox.endpoint_secrets_page(
+                conn, after, _SEAL_BATCH, plaintext=plaintext
+            )
             for secret_id, stored in page:
                 again = vault.reseal(stored)
-                if again is not None and await store.endpoint_secret_swap(
+                if again is not None and await store.outbox.endpoint_secret_swap(
                     conn, secret_id, stored, again
                 ):
                     sealed += 1
@@ -433,7 +439,9 @@ async def _count_plaintext(box: Runtime) -> int:
     store, count, after = box.store, 0, 0
     while True:
         async with store.transaction() as conn:
-            page = await store.endpoint_secrets_page(conn, after, _SEAL_BATCH, plaintext=True)
+            page = await store.outbox.endpoint_secrets_page(
+                conn, after, _SEAL_BATCH, plaintext=True
+            )
         count += len(page)
         if len(page) < _SEAL_BATCH:
             return count
@@ -449,7 +457,7 @@ async def secrets_at_rest(box: Runtime) -> dict[str, int]:
     after = 0
     while True:
         async with store.transaction() as conn:
-            page = await store.endpoint_secrets_page(conn, after, _SEAL_BATCH)
+            page = await store.outbox.endpoint_secrets_page(conn, after, _SEAL_BATCH)
         for _, stored in page:
             counts[vault.state(stored)] += 1
         if len(page) < _SEAL_BATCH:
@@ -466,7 +474,7 @@ async def endpoint_secrets(
         return None
     store, now, vault = box.store, box.clock.now(), outbound(box).vault
     async with store.transaction() as conn:
-        found = await store.endpoint_secrets_active(conn, [endpoint_id], now=now)
+        found = await store.outbox.endpoint_secrets_active(conn, [endpoint_id], now=now)
     return [
         {
             "secret": public_form(vault.open(r.secret)),
@@ -488,8 +496,8 @@ async def reveal_secrets(
         return None
     store, now, vault = box.store, box.clock.now(), outbound(box).vault
     async with store.transaction() as conn:
-        shown = await store.endpoint_secrets_reveal(conn, endpoint_id, now=now)
-        active = await store.endpoint_secrets_active(conn, [endpoint_id], now=now)
+        shown = await store.outbox.endpoint_secrets_reveal(conn, endpoint_id, now=now)
+        active = await store.outbox.endpoint_secrets_active(conn, [endpoint_id], now=now)
     fresh = [
         {"secret": public_form(vault.open(r.secret)), "expires_at": r.expires_at} for r in shown
     ]

@@ -76,7 +76,7 @@ async def pause_endpoint(box: Runtime, endpoint_id: str, *, tenant: str | None) 
     if await get_endpoint(box, endpoint_id, tenant) is None:
         return False
     now = box.clock.now()
-    if await box.store.endpoint_pause(endpoint_id, tenant, paused=True, now=now):
+    if await box.store.flow.endpoint_pause(endpoint_id, tenant, paused=True, now=now):
         log.info("endpoint_paused", endpoint_id=endpoint_id)
     return True
 
@@ -87,14 +87,14 @@ async def resume_endpoint(box: Runtime, endpoint_id: str, *, tenant: str | None)
     if await get_endpoint(box, endpoint_id, tenant) is None:
         return False
     now = box.clock.now()
-    if await box.store.endpoint_pause(endpoint_id, tenant, paused=False, now=now):
+    if await box.store.flow.endpoint_pause(endpoint_id, tenant, paused=False, now=now):
         log.info("endpoint_resumed", endpoint_id=endpoint_id)
     return True
 
 
 async def paused_backlog(box: Runtime) -> dict[str, int]:
     """Per paused endpoint id, how many deliveries wait for its resume."""
-    return await box.store.endpoint_paused_backlog()
+    return await box.store.flow.endpoint_paused_backlog()
 
 
 async def replay_missing(

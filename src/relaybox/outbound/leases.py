@@ -90,7 +90,7 @@ async def lease(
         fair=fair,
     )
     began = tracing.now_ns() if tracing.enabled() else 0
-    leased = await box.store.outbox_lease(request, _opener(box))
+    leased = await box.store.dispatch.outbox_lease(request, _opener(box))
     if began and leased.deliveries:
         _traced(began, owner, leased.deliveries)
     return leased.deliveries
@@ -119,7 +119,7 @@ async def lease_recording(
     factor: int = 1,
     fair: Fairness = UNBOUNDED,
 ) -> tuple[list[Delivery], set[tuple[int, int]], dict[str, int]]:
-    """A store that records with its lease (:attr:`Store.lease_records`, PostgreSQL):
+    """A store that records with its lease (:attr:`DispatchStore.lease_records`, PostgreSQL):
     record the plain successes ``sent`` (``owner``'s attempts) and lease up to
     ``slots`` due rows (none: only record), their slots included, in one statement.
     Lanes of the channels ``ahead`` may be leased up to ``factor`` times their cap
@@ -145,7 +145,7 @@ async def lease_recording(
         factor=factor,
     )
     began = tracing.now_ns() if tracing.enabled() else 0
-    leased = await box.store.outbox_lease(request, _opener(box))
+    leased = await box.store.dispatch.outbox_lease(request, _opener(box))
     if began and leased.deliveries:
         _traced(began, owner, leased.deliveries)
     return leased.deliveries, leased.written, leased.allowed
@@ -154,7 +154,7 @@ async def lease_recording(
 async def release(box: Runtime, deliveries: Sequence[Delivery]) -> None:
     """Give back leases never started (:func:`lease_recording`'s rows leased ahead):
     the rows are due again at once, as if never leased (``outbox_release``)."""
-    await box.store.outbox_release(deliveries)
+    await box.store.dispatch.outbox_release(deliveries)
 
 
 def _opener(box: Runtime) -> SecretOpener:

@@ -190,7 +190,7 @@ async def open_link(box: Runtime, token: str) -> PortalSession:
     carries the link's API key."""
     kind, tenant, expires, nonce, key_id = _read(box, _LINKS, token, "link")
     now = box.clock.now()
-    outcome = await box.store.portal_link_open(
+    outcome = await box.store.sessions.portal_link_open(
         _token_id(kind, nonce),
         key_id=key_id,
         single_use=kind == "u",
@@ -217,14 +217,16 @@ async def check_session(box: Runtime, token: str) -> PortalSession:
     """The session of a portal request: signed, not expired, not logged out of, and
     its API key (if one asked for its link) not revoked. :class:`TokenRefused` else."""
     session = read_session(box, token)
-    if not await box.store.portal_session_live(_token_id("s", session.nonce), session.key_id):
+    if not await box.store.sessions.portal_session_live(
+        _token_id("s", session.nonce), session.key_id
+    ):
         raise TokenRefused("this session has ended: ask for a new link", reason="ended")
     return session
 
 
 async def end_session(box: Runtime, session: PortalSession) -> None:
     """Log out: ``session`` is refused from now on, by every process (idempotent)."""
-    await box.store.portal_token_revoke(
+    await box.store.sessions.portal_token_revoke(
         _token_id("s", session.nonce),
         expires_at=session.expires_at + _MARGIN,
         purge_before=box.clock.now(),

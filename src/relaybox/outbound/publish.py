@@ -94,7 +94,7 @@ def fan_out(
     envelope: Any = None,
 ) -> list[str]:
     """The endpoints among ``subscribers`` (id, event type patterns as JSON text, payload
-    filter as JSON text or ``None``: :meth:`Store.publish_context`) that get a
+    filter as JSON text or ``None``: :meth:`OutboxStore.publish_context`) that get a
     message of ``event_type`` whose envelope is the JSON text ``body`` (``envelope``:
     that text already parsed, when the caller has it)."""
     return [eid for eid in _choices(subscribers, event_type, body, envelope) if eid]
@@ -261,16 +261,16 @@ async def _publish(
     check_request(event_type, tenant, idempotency_key, ordering_key)
     digest = subject_of(subject)
     if idempotency_key is not None:
-        existing = await store.message_get_by_key(conn, tenant, idempotency_key)
+        existing = await store.outbox.message_get_by_key(conn, tenant, idempotency_key)
         if existing is not None:
             return existing
-    context = await store.publish_context(conn, tenant, event_type)
+    context = await store.outbox.publish_context(conn, tenant, event_type)
     check_schema(context.schema, event_type, data)
     sequence = None
     if ordering_key is not None:
         # Taken last before the insert: the counter's row lock is held from here to
         # the end of the caller's transaction.
-        sequence = await store.message_sequence_next(conn, tenant, ordering_key)
+        sequence = await store.outbox.message_sequence_next(conn, tenant, ordering_key)
     new = new_message(
         box,
         event_type,
@@ -296,14 +296,14 @@ async def _publish(
         found = targets(new, context.subscribers, endpoint_ids)
     else:
         found = await fan_out_sliced(context.subscribers, event_type, new.body, envelope=envelope)
-    if not await store.message_publish(conn, new, found):
+    if not await store.outbox.message_publish(conn, new, found):
         # A concurrent publish with this key committed first.
         assert idempotency_key is not None  # only a key conflicts
-        existing = await store.message_get_by_key(conn, tenant, idempotency_key)
+        existing = await store.outbox.message_get_by_key(conn, tenant, idempotency_key)
         assert existing is not None  # the conflicting row is committed
         return existing
     if digest is not None:
-        await store.subject_index(conn, digest, "message", new.id)
+        await store.erasure.subject_index(conn, digest, "message", new.id)
     return published(new, found)
 
 

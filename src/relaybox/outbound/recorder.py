@@ -62,9 +62,9 @@ class AttemptRecorder:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """The dispatcher's loop runs on ``loop``: where the store records with its
-        lease (:attr:`Store.lease_records`), plain successes are carried to it."""
+        lease (:attr:`DispatchStore.lease_records`), plain successes are carried to it."""
         self._loop = loop
-        self.folding = self.box.store.lease_records
+        self.folding = self.box.store.dispatch.lease_records
 
     def stop(self) -> None:
         """The dispatcher's loop ended: every attempt is written here again."""
@@ -187,7 +187,7 @@ class AttemptRecorder:
         transaction: every outcome and the attempt log (``outbox_record``), the
         endpoints' failure streaks, the dead letters' events."""
         store, now = self.box.store, self.box.clock.now()
-        if store.lease_records and all(plain_success(a) for a in batch):
+        if store.dispatch.lease_records and all(plain_success(a) for a in batch):
             _, written, _ = await lease_recording(
                 self.box,
                 owner=self.owner,
@@ -198,7 +198,7 @@ class AttemptRecorder:
             )
             return ["sent" if a.key in written else "fenced" for a in batch]
         async with store.transaction() as conn:
-            written = await store.outbox_record(conn, batch, now=now)
+            written = await store.dispatch.outbox_record(conn, batch, now=now)
             labels = [a.decision.label if a.key in written else "fenced" for a in batch]
             await self._endpoints_health(conn, batch, labels, now)
             for a, label in zip(batch, labels, strict=True):
@@ -225,7 +225,7 @@ class AttemptRecorder:
             await announce.endpoint_recovered(self.box, conn, failing, now=now)
             clean = [e for e in clean if e not in failing]
         if clean:
-            await self.box.store.endpoints_succeeded(conn, clean, now=now)
+            await self.box.store.dispatch.endpoints_succeeded(conn, clean, now=now)
         for endpoint_id in sorted(mixed):
             if endpoint_id not in clean and endpoint_id not in failing:
                 for a in mixed[endpoint_id]:
@@ -243,9 +243,9 @@ class AttemptRecorder:
             if d.endpoint.failing:
                 await announce.endpoint_recovered(self.box, conn, [d.endpoint.id], now=now)
             else:
-                await store.endpoint_succeeded(conn, d.endpoint.id, now=now)
+                await store.dispatch.endpoint_succeeded(conn, d.endpoint.id, now=now)
             return
-        streak = await store.endpoint_failed(conn, d.endpoint.id, now=now)
+        streak = await store.dispatch.endpoint_failed(conn, d.endpoint.id, now=now)
         if streak is not None:
             level = 0
             for threshold in self.outbound.settings.failing_thresholds:

@@ -146,7 +146,7 @@ async def start_replay(
     most = settings.replay_max if limit is None else max(1, min(limit, settings.replay_max))
     now = box.clock.now()
     per_hour = settings.replay_jobs_per_hour if rate_limited else None
-    started = await box.store.replay_job_start(
+    started = await box.store.flow.replay_job_start(
         new_id("rpl", now),
         endpoint.tenant,
         endpoint.id,
@@ -171,7 +171,7 @@ async def get_replay(
     box: Runtime, job_id: str, *, tenant: str | None, endpoint_id: str | None = None
 ) -> ReplayJob | None:
     """The job (of ``tenant``, and of ``endpoint_id`` when given), or ``None``."""
-    job = await box.store.replay_job_get(job_id, tenant)
+    job = await box.store.flow.replay_job_get(job_id, tenant)
     if job is None or (endpoint_id is not None and job.endpoint_id != endpoint_id):
         return None
     return job
@@ -184,7 +184,7 @@ async def run_replay(box: Runtime, job_id: str, *, poll: float = 0.2) -> ReplayJ
     runner = ReplayRunner(box)
     while True:
         ran = await runner.run_once(job_id)
-        job = ran or await box.store.replay_job_get(job_id, None)
+        job = ran or await box.store.flow.replay_job_get(job_id, None)
         if job is None:
             raise LookupError(f"no replay job {job_id}")
         if job.status in FINISHED:
@@ -278,7 +278,7 @@ class ReplayRunner:
         """Claim and run jobs until ``stopping`` is set; a NOTIFY (or the poll
         interval) says when one was queued."""
         wake = asyncio.Event()
-        listener = await self.box.store.listen("replay", wake)
+        listener = await self.box.store.db.listen("replay", wake)
         failures = 0
         try:
             while not stopping.is_set():
@@ -312,7 +312,7 @@ class ReplayRunner:
     async def claim(self, job_id: str | None = None) -> ReplayJob | None:
         """Lease the oldest waiting job (or ``job_id``) no live lease holds."""
         now = self.box.clock.now()
-        return await self.box.store.replay_job_claim(
+        return await self.box.store.flow.replay_job_claim(
             self.name, now=now, ttl=self.settings.lease_ttl, job_id=job_id
         )
 
@@ -323,7 +323,7 @@ class ReplayRunner:
         if job is None:
             return None
         await self.run_job(job, asyncio.Event())
-        return await self.box.store.replay_job_get(job.id, None)
+        return await self.box.store.flow.replay_job_get(job.id, None)
 
     async def run_job(self, job: ReplayJob, stopping: asyncio.Event) -> None:
         """Run the claimed job step by step until it ends, its lease is lost, or
@@ -337,7 +337,7 @@ class ReplayRunner:
         try:
             while True:
                 if stopping.is_set():
-                    await self.box.store.replay_job_release(
+                    await self.box.store.flow.replay_job_release(
                         job.id, self.name, now=self.box.clock.now()
                     )
                     return
@@ -386,7 +386,7 @@ class ReplayRunner:
             await self._finish(job, "done", resume_since=job.cursor[0] if job.cursor else job.since)
             return None
         async with store.transaction() as conn:
-            page = await store.message_missing_page(
+            page = await store.flow.message_missing_page(
                 conn,
                 job.tenant,
                 job.endpoint_id,
@@ -402,10 +402,10 @@ class ReplayRunner:
             return None
         now = box.clock.now()
         async with store.transaction() as conn:
-            inserted = await store.delivery_insert_missing(
+            inserted = await store.flow.delivery_insert_missing(
                 conn, job.endpoint_id, job.tenant, chosen.ids, now=now
             )
-            counts = await store.replay_job_advance(
+            counts = await store.flow.replay_job_advance(
                 conn,
                 job.id,
                 self.name,
@@ -420,7 +420,7 @@ class ReplayRunner:
             scanned, queued = counts
             ended = len(page) < size and chosen.read == len(page)
             if ended or queued >= job.max_queued or scanned >= settings.replay_scan_max:
-                await store.replay_job_finish(
+                await store.flow.replay_job_finish(
                     conn,
                     job.id,
                     self.name,
@@ -441,7 +441,7 @@ class ReplayRunner:
         resume_since: float | None = None,
     ) -> None:
         async with self.box.store.transaction() as conn:
-            done = await self.box.store.replay_job_finish(
+            done = await self.box.store.flow.replay_job_finish(
                 conn,
                 job.id,
                 self.name,

@@ -247,7 +247,7 @@ async def load_policies(store: Store, settings: RetentionSettings) -> RetentionP
     stored: dict[str, tuple[float | None, float | None]] = {}
     after = ""
     while len(stored) < settings.max_tenant_policies:
-        page = await store.retention_policy_page(after=after, limit=_POLICY_PAGE)
+        page = await store.retention.policy_page(after=after, limit=_POLICY_PAGE)
         for row in page:
             stored[row.tenant] = (row.payload_max_age, row.outbox_payload_max_age)
         if len(page) < _POLICY_PAGE:

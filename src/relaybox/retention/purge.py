@@ -129,10 +129,12 @@ async def _count(box: Runtime, policies: RetentionPolicies) -> dict[PurgeTable, 
     totals: dict[PurgeTable, int] = dict.fromkeys(TABLES, 0)
     for table in TABLES:
         if not policies.scoped:
-            totals[table] = await store.retention_count(table, now - policies.ages(table).pop())
+            totals[table] = await store.history.retention_count(
+                table, now - policies.ages(table).pop()
+            )
             continue
         for age in sorted(policies.ages(table)):
-            groups = await store.retention_count_groups(table, now - age)
+            groups = await store.retention.count_groups(table, now - age)
             totals[table] += sum(
                 n
                 for (tenant, source), n in groups.items()
@@ -175,12 +177,12 @@ async def _run_pass(
 
     table = step.table
     if step.kind == "all":
-        while purged := await store.retention_purge_batch(
+        while purged := await store.history.retention_purge_batch(
             table, cutoff=step.cutoff, now=now, limit=size
         ):
             tick(purged)
     elif step.kind == "tenants":
-        while purged := await store.retention_purge_tenants(
+        while purged := await store.retention.purge_tenants(
             table, step.tenants, cutoff=step.cutoff, now=now, limit=size
         ):
             tick(purged)
@@ -191,7 +193,7 @@ async def _run_pass(
         after: tuple[float, int | str] | None = None if start is None else (start, first_id)
         upto = step.cutoff
         while True:
-            found = await store.retention_scan(
+            found = await store.retention.scan(
                 table, cutoff=step.cutoff, after=after, limit=size, source=step.source
             )
             if not found:
@@ -200,7 +202,7 @@ async def _run_pass(
             # left (the cursor moves past it; its own pass purges it); a shorter
             # one's is past already.
             due = [c for c in found if c.at < now - policies.age_of(table, c.tenant, c.source)]
-            purged = await store.retention_purge_ids(
+            purged = await store.retention.purge_ids(
                 table, [c.id for c in due], cutoff=step.cutoff, now=now
             )
             if purged < len(due):  # one was held (or changed): the next scan rereads it
@@ -279,7 +281,7 @@ async def backfill_keys(
     progress: Callable[[int], None] | None = None,
 ) -> int:
     """Copy the keys of rows stored before migration 0027 into the keys tables
-    (:meth:`Store.keys_backfill`), ``batch`` rows a transaction (default
+    (:meth:`KeysStore.backfill`), ``batch`` rows a transaction (default
     ``retention.batch``), each kind until it has finished or ``max_batches`` batches
     ran (the maintenance job runs at most a few a pass; ``relaybox migrate`` runs them
     all). Resumable: the position is kept in the database. Returns the rows read. Until
@@ -289,7 +291,7 @@ async def backfill_keys(
     for kind in ("event", "message"):
         runs = 0
         while max_batches is None or runs < max_batches:
-            state = await box.store.keys_backfill(kind, limit=size)
+            state = await box.store.keys.backfill(kind, limit=size)
             runs += 1
             total += state.read
             if progress is not None and state.read:
@@ -308,9 +310,9 @@ maintenance pass runs: the rest waits for the next pass, or ``relaybox migrate``
 
 def maintenance_lock(store: Store) -> AbstractAsyncContextManager[bool]:
     """Yield whether this process is the maintenance runner now (see
-    :meth:`Store.maintenance_try_lock`: an advisory lock on PostgreSQL, always this
+    :meth:`Backend.maintenance_try_lock`: an advisory lock on PostgreSQL, always this
     process's on SQLite)."""
-    return store.maintenance_try_lock()
+    return store.db.maintenance_try_lock()
 
 
 class Maintenance:
@@ -336,23 +338,23 @@ class Maintenance:
             result = await purge(self.box, marks=self.marks)
             # Portal sessions logged out of and single-use links opened: each row was
             # written to expire a minute after its token would have anyway.
-            tokens = await self.box.store.portal_tokens_purge(self.box.clock.now())
+            tokens = await self.box.store.sessions.portal_tokens_purge(self.box.clock.now())
             if tokens:
                 log.info("portal_tokens_purged", rows=tokens)
             # Replay-missing jobs that ended as long ago as a message's body is kept.
             store, settings = self.box.store, self.box.settings.retention
             before = self.box.clock.now() - settings.outbox_payload_max_age
             jobs = 0
-            while purged := await store.replay_jobs_purge(before, limit=settings.batch):
+            while purged := await store.flow.replay_jobs_purge(before, limit=settings.batch):
                 jobs += purged
             if jobs:
                 log.info("replay_jobs_purged", rows=jobs)
             # Waiting deliveries of disabled endpoints that disabling left to a
             # dispatcher (in flight then) or never saw (a publish committing meanwhile):
-            # dead letters, as the others became (Store.delivery_sweep_disabled).
+            # dead letters, as the others became (OutboxStore.delivery_sweep_disabled).
             strays = 0
             while True:
-                killed = await store.delivery_sweep_disabled(
+                killed = await store.outbox.delivery_sweep_disabled(
                     now=self.box.clock.now(), limit=settings.batch
                 )
                 strays += killed

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from relaybox.errors import ConfigurationError
-from relaybox.store.base import OutboxRow, Store
-from relaybox.store.inbox_rows import AcceptOutcome, Claim, InboxEvent, NewDelivery, Stats
+from relaybox.store.base import Store
+from relaybox.store.inbox_rows import (
+    AcceptOutcome,
+    Claim,
+    InboxEvent,
+    NewDelivery,
+    OutboxRow,
+    Stats,
+)
 
 __all__ = [
     "AcceptOutcome",

@@ -2,7 +2,7 @@
 thresholds behind the operational events (``relaybox.endpoint.failing`` /
 ``relaybox.endpoint.recovered``).
 
-:class:`CredentialsStore` is a mixin of :class:`~relaybox.store.base.Store`; its
+:class:`CredentialsStore` is an area of :class:`~relaybox.store.base.Store`; its
 statements are in ``sql/<backend>_credentials.sql``. Every method runs in the
 caller's transaction (``conn``).
 """
@@ -12,9 +12,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.store.backend import Backend
 
 __all__ = ["KEEP", "CredentialsStore", "EndpointRecovered", "Keep"]
 
@@ -38,19 +39,10 @@ class EndpointRecovered:
 
 
 class CredentialsStore:
-    """Endpoint headers, credentials and failure thresholds (a base of ``Store``)."""
+    """Endpoint headers, credentials and failure thresholds (``store.credentials``)."""
 
-    if TYPE_CHECKING:
-
-        async def rows(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> list[Any]: ...
-
-        async def first(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> Any: ...
-
-        def _ids(self, ids: Sequence[Any]) -> Any: ...
+    def __init__(self, db: Backend) -> None:
+        self.db = db
 
     async def endpoint_extras_write(
         self,
@@ -63,10 +55,10 @@ class CredentialsStore:
         """Set the endpoint's headers (a JSON object as text; ``None``: none) and its
         credentials ((kind, sealed JSON); ``None``: none); :data:`KEEP` leaves one."""
         if headers is not KEEP:
-            await self.rows(conn, "endpoint_headers_set", (endpoint_id, headers))
+            await self.db.rows(conn, "endpoint_headers_set", (endpoint_id, headers))
         if credentials is not KEEP:
             kind, sealed = credentials if credentials is not None else (None, None)
-            await self.rows(conn, "endpoint_credentials_set", (endpoint_id, kind, sealed))
+            await self.db.rows(conn, "endpoint_credentials_set", (endpoint_id, kind, sealed))
 
     async def endpoint_failing_level(
         self, conn: AsyncConnection, endpoint_id: str, level: int
@@ -74,7 +66,7 @@ class CredentialsStore:
         """Raise the failure threshold announced for the endpoint to ``level``; its
         (tenant, url, failing since) when this call raised it, ``None`` when it was
         there already (another batch announced it)."""
-        row = await self.first(conn, "endpoint_failing_level", (endpoint_id, level))
+        row = await self.db.first(conn, "endpoint_failing_level", (endpoint_id, level))
         return None if row is None else (row[1], row[2], row[3])
 
     async def endpoints_recovered(
@@ -82,7 +74,9 @@ class CredentialsStore:
     ) -> list[EndpointRecovered]:
         """End the failure runs of endpoints that succeeded; those that were announced
         failing come back (each once: their threshold goes back to 0)."""
-        found = await self.rows(conn, "endpoints_recovered", (self._ids(list(endpoint_ids)),))
+        found = await self.db.rows(
+            conn, "endpoints_recovered", (self.db.array(list(endpoint_ids)),)
+        )
         return [EndpointRecovered(r[0], r[1], r[2]) for r in found]
 
     async def endpoint_credentials_page(
@@ -91,12 +85,13 @@ class CredentialsStore:
         """Up to ``limit`` stored credentials of endpoints after id ``after``, in id
         order, as (endpoint id, sealed value)."""
         return [
-            (r[0], r[1]) for r in await self.rows(conn, "endpoint_credentials_page", (after, limit))
+            (r[0], r[1])
+            for r in await self.db.rows(conn, "endpoint_credentials_page", (after, limit))
         ]
 
     async def endpoint_credentials_swap(
         self, conn: AsyncConnection, endpoint_id: str, old: str, new: str
     ) -> bool:
         """Compare-and-set: the stored credentials become ``new`` only while ``old``."""
-        found = await self.first(conn, "endpoint_credentials_swap", (endpoint_id, old, new))
+        found = await self.db.first(conn, "endpoint_credentials_swap", (endpoint_id, old, new))
         return found is not None

@@ -1,7 +1,7 @@
 """The store's statements of the dispatcher: leases, their release, and recording
 finished attempts (their outcomes, the attempt log, the endpoints' failure streaks).
 
-:class:`DispatchStore` is a mixin of :class:`~relaybox.store.base.Store`, beside
+:class:`DispatchStore` is an area of :class:`~relaybox.store.base.Store`, beside
 :class:`~relaybox.store.outbox.OutboxStore`, whose primitives it uses. What these
 statements take and return is in :mod:`relaybox.store.dispatch_rows`; an attempt
 reaches them as one :class:`~relaybox.store.dispatch_rows.Attempt` and becomes their
@@ -11,12 +11,12 @@ parameters through :func:`~relaybox.store.dispatch_rows.attempt_columns` alone.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.store.backend import Backend
 from relaybox.store.dispatch_rows import (
     Attempt,
     Leased,
@@ -24,6 +24,7 @@ from relaybox.store.dispatch_rows import (
     attempt_columns,
     attempt_log,
 )
+from relaybox.store.outbox import OutboxStore
 from relaybox.store.outbox_rows import (
     Delivery,
     FailureStreak,
@@ -36,7 +37,7 @@ __all__ = ["DispatchStore", "SecretOpener", "leased_delivery"]
 
 
 class DispatchStore:
-    """The dispatcher's statements (a base of :class:`~relaybox.store.Store`).
+    """The dispatcher's statements (``store.dispatch``).
 
     ``lease_records``: :meth:`outbox_lease` records a :class:`LeaseRequest`'s plain
     successes and may lease ahead, in the one statement of the lease (PostgreSQL). A
@@ -46,24 +47,9 @@ class DispatchStore:
 
     lease_records: ClassVar[bool] = False
 
-    if TYPE_CHECKING:
-
-        def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
-
-        async def rows(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> list[Any]: ...
-
-        async def first(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> Any: ...
-
-        def _array(self, values: Sequence[Any]) -> Any: ...
-
-    def _mapping(self, row: Any) -> Mapping[str, Any]:
-        """A row of :meth:`Store.rows` read by column name."""
-        mapping: Mapping[str, Any] = row._mapping
-        return mapping
+    def __init__(self, db: Backend, outbox: OutboxStore) -> None:
+        self.db = db
+        self.outbox = outbox
 
     # -- leases -------------------------------------------------------------------------
 
@@ -79,18 +65,18 @@ class DispatchStore:
         """Give back leases never started: the rows are due again at once, as if never
         leased."""
         params = (
-            self._array([d.id for d in deliveries]),
-            self._array([d.lease_token for d in deliveries]),
-            self._array([d.uncertain for d in deliveries]),
+            self.db.array([d.id for d in deliveries]),
+            self.db.array([d.lease_token for d in deliveries]),
+            self.db.array([d.uncertain for d in deliveries]),
         )
-        async with self.transaction() as conn:
-            await self.rows(conn, "outbox_release", params)
+        async with self.db.transaction() as conn:
+            await self.db.rows(conn, "outbox_release", params)
 
     async def outbox_next_due(self, *, channels: Sequence[str], now: float) -> float | None:
         """When the next pending row of ``channels`` comes due after ``now`` (``None``:
         no such row): a dispatcher wakes then rather than at its next poll."""
-        async with self.transaction() as conn:
-            row = await self.first(conn, "outbox_next_due", (now, self._array(channels)))
+        async with self.db.transaction() as conn:
+            row = await self.db.first(conn, "outbox_next_due", (now, self.db.array(channels)))
         return None if row is None or row[0] is None else float(row[0])
 
     # -- recording ----------------------------------------------------------------------
@@ -103,7 +89,7 @@ class DispatchStore:
         attempt whose outcome was not written is logged ``fenced``). Returns the
         (id, lease token) pairs written."""
         cols = attempt_columns(attempts)
-        array = self._array
+        array = self.db.array
         params = (
             now,
             array(cols.id),
@@ -114,7 +100,7 @@ class DispatchStore:
             array(cols.error),
             array(cols.status_code),
         )
-        written = {(r[0], r[1]) for r in await self.rows(conn, "outbox_record", params)}
+        written = {(r[0], r[1]) for r in await self.db.rows(conn, "outbox_record", params)}
         log = attempt_log(attempts, written, now)
         if log:
             await self.outbox_attempts_insert(conn, log)
@@ -126,7 +112,7 @@ class DispatchStore:
         """Append ``attempts`` to the attempt log as they are (their decisions' labels
         the outcomes), in ``conn``'s transaction."""
         cols = attempt_columns(attempts)
-        array = self._array
+        array = self.db.array
         params = (
             array(cols.id),
             array(cols.attempt),
@@ -140,7 +126,7 @@ class DispatchStore:
             array(cols.response),
             array(cols.headers),
         )
-        await self.rows(conn, "outbox_attempts_insert", params)
+        await self.db.rows(conn, "outbox_attempts_insert", params)
 
     async def endpoints_succeeded(
         self, conn: AsyncConnection, endpoint_ids: Sequence[str], *, now: float | None = None
@@ -148,21 +134,21 @@ class DispatchStore:
         """End the endpoints' failure streaks, in ``conn``'s transaction, and note
         ``now`` as their last success (silence detection) where the one noted is over
         a minute old."""
-        await self.rows(conn, "endpoints_succeeded", (self._array(endpoint_ids), now))
+        await self.db.rows(conn, "endpoints_succeeded", (self.db.array(endpoint_ids), now))
 
     async def endpoint_succeeded(
         self, conn: AsyncConnection, endpoint_id: str, *, now: float | None = None
     ) -> None:
         """End the endpoint's failure streak, in ``conn``'s transaction (``now``: as
         :meth:`endpoints_succeeded`)."""
-        await self.rows(conn, "endpoint_succeeded", (endpoint_id, now))
+        await self.db.rows(conn, "endpoint_succeeded", (endpoint_id, now))
 
     async def endpoint_failed(
         self, conn: AsyncConnection, endpoint_id: str, *, now: float
     ) -> FailureStreak | None:
         """Start the endpoint's failure streak at ``now`` unless one runs; ``None``
         when the endpoint is gone."""
-        row = await self.first(conn, "endpoint_failed", (endpoint_id, now))
+        row = await self.db.first(conn, "endpoint_failed", (endpoint_id, now))
         return None if row is None else FailureStreak(row[0], row[1], row[2], row[3])
 
 

@@ -1,20 +1,19 @@
 """The store's erasure area: one subject's (or one tenant's) rows emptied in batches,
 and the record of each erasure (:mod:`relaybox.erasure` drives it).
 
-:class:`ErasureStore` is a mixin of :class:`~relaybox.store.base.Store`. Its methods
+:class:`ErasureStore` is an area of :class:`~relaybox.store.base.Store`. Its methods
 run the named queries of ``sql/<backend>_erasure.sql``, each in a transaction of its
 own: one batch locks at most ``limit`` rows of each kind, briefly.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.store.backend import Backend
 
 __all__ = ["ERASED_KINDS", "Erasure", "ErasureScope", "ErasureStore"]
 
@@ -93,27 +92,15 @@ class Erasure:
 class ErasureStore:
     """Erasure batches and records."""
 
-    if TYPE_CHECKING:  # what Store provides
-        q: dict[str, str]
-
-        def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
-
-        async def rows(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> list[Any]: ...
-
-        async def first(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> Any: ...
-
-        def _ids(self, ids: Sequence[int]) -> Any: ...
+    def __init__(self, db: Backend) -> None:
+        self.db = db
 
     async def subject_index(
         self, conn: AsyncConnection, digest: bytes, kind: str, ref: str
     ) -> None:
         """Index one row (``kind``: ``inbox`` or ``message``) under a subject digest,
         in ``conn``'s transaction."""
-        await self.rows(conn, "subject_index", (digest, kind, ref))
+        await self.db.rows(conn, "subject_index", (digest, kind, ref))
 
     async def subject_inherit(
         self,
@@ -129,11 +116,11 @@ class ErasureStore:
         row whose handler added it). Its text may quote the subject's data (an
         error): erasing the subject empties it too."""
         if inbox_id is not None:
-            await self.rows(conn, "subject_inherit_inbox", (message_id, str(inbox_id)))
+            await self.db.rows(conn, "subject_inherit_inbox", (message_id, str(inbox_id)))
         if outbox_id is not None:
-            await self.rows(conn, "subject_inherit_outbox", (message_id, outbox_id))
+            await self.db.rows(conn, "subject_inherit_outbox", (message_id, outbox_id))
 
-    async def erasure_begin(
+    async def begin(
         self,
         *,
         actor: str,
@@ -145,11 +132,11 @@ class ErasureStore:
     ) -> tuple[int, bool]:
         """The erasure's id, and whether it is one recorded before that still waits
         for rows (asking again resumes it: no second record)."""
-        async with self.transaction() as conn:
-            row = await self.first(conn, "erasure_find_open", (scope, digest, tenant))
+        async with self.db.transaction() as conn:
+            row = await self.db.first(conn, "erasure_find_open", (scope, digest, tenant))
             if row is not None:
                 return int(row[0]), True
-            row = await self.first(
+            row = await self.db.first(
                 conn, "erasure_insert", (actor, reason, scope, digest, tenant, now)
             )
         return int(row[0]), False
@@ -160,28 +147,30 @@ class ErasureStore:
         rows emptied by kind (all zero: nothing left that can be erased now)."""
         key = erasure.key
         by_subject = erasure.scope == "subject"
-        async with self.transaction() as conn, self._erasing(conn):
+        async with self.db.transaction() as conn, self.db.erasing(conn):
             inbox: list[Any] = []
             quarantine: list[Any] = []
             handled: list[Any] = []
             if by_subject:
-                inbox = await self.rows(conn, "erase_inbox_subject", (key, now, limit))
-                quarantine = await self.rows(conn, "erase_quarantine_subject", (key, now, limit))
+                inbox = await self.db.rows(conn, "erase_inbox_subject", (key, now, limit))
+                quarantine = await self.db.rows(conn, "erase_quarantine_subject", (key, now, limit))
                 if inbox:
-                    ids = self._ids([int(r[0]) for r in inbox])
-                    handled = await self.rows(conn, "erase_inbox_attempts", (ids,))
-            outbox = await self.rows(
+                    ids = self.db.array([int(r[0]) for r in inbox])
+                    handled = await self.db.rows(conn, "erase_inbox_attempts", (ids,))
+            outbox = await self.db.rows(
                 conn,
                 "erase_outbox_subject" if by_subject else "erase_outbox_tenant",
                 (key, now, limit),
             )
             if by_subject:
-                outbox += await self.rows(conn, "erase_handler_outbox_subject", (key, now, limit))
+                outbox += await self.db.rows(
+                    conn, "erase_handler_outbox_subject", (key, now, limit)
+                )
             attempts: list[Any] = []
             if outbox:
-                ids = self._ids([int(r[0]) for r in outbox])
-                attempts = await self.rows(conn, "erase_attempts", (ids,))
-            messages = await self.rows(
+                ids = self.db.array([int(r[0]) for r in outbox])
+                attempts = await self.db.rows(conn, "erase_attempts", (ids,))
+            messages = await self.db.rows(
                 conn,
                 "erase_messages_subject" if by_subject else "erase_messages_tenant",
                 (key, now, limit),
@@ -195,48 +184,44 @@ class ErasureStore:
                 "inbox_attempts": len(handled),
             }
             if any(counts.values()):
-                await self.rows(
+                await self.db.rows(
                     conn,
                     "erasure_add",
                     (erasure.id, *(counts[kind] for kind in ERASED_KINDS), now),
                 )
         return counts
 
-    def _erasing(self, conn: AsyncConnection) -> AbstractAsyncContextManager[None]:
-        """Around one batch's statements: how the backend makes the bytes it frees
-        unreadable (SQLite: ``secure_delete``); nothing by default."""
-        return contextlib.nullcontext()
-
-    async def erasure_flush(self) -> None:
+    async def flush(self) -> None:
         """After a run: move what the erasure changed out of the backend's logs where
         it can (SQLite: a checkpoint that truncates the WAL); nothing by default
         (PostgreSQL keeps old row versions until VACUUM: docs/operating.md)."""
+        await self.db.checkpoint()
 
-    async def erasure_settle(self, erasure: Erasure, *, now: float) -> int:
+    async def settle(self, erasure: Erasure, *, now: float) -> int:
         """Record how many of the erasure's rows still wait (finished at none); how
         many."""
-        async with self.transaction() as conn:
+        async with self.db.transaction() as conn:
             if erasure.scope == "subject":
-                row = await self.first(conn, "erase_waiting_subject", (erasure.key,))
+                row = await self.db.first(conn, "erase_waiting_subject", (erasure.key,))
             else:
-                row = await self.first(conn, "erase_waiting_tenant", (erasure.key,))
+                row = await self.db.first(conn, "erase_waiting_tenant", (erasure.key,))
             waiting = int(row[0])
-            await self.rows(conn, "erasure_settle", (erasure.id, waiting, now))
+            await self.db.rows(conn, "erasure_settle", (erasure.id, waiting, now))
         return waiting
 
-    async def erasure_get(self, erasure_id: int) -> Erasure | None:
-        async with self.transaction() as conn:
-            row = await self.first(conn, "erasure_get", (erasure_id,))
+    async def get(self, erasure_id: int) -> Erasure | None:
+        async with self.db.transaction() as conn:
+            row = await self.db.first(conn, "erasure_get", (erasure_id,))
         return None if row is None else Erasure.from_row(row)
 
-    async def erasure_list(self, limit: int = 100) -> list[Erasure]:
+    async def latest(self, limit: int = 100) -> list[Erasure]:
         """The latest erasures, newest first."""
-        async with self.transaction() as conn:
-            rows = await self.rows(conn, "erasure_list", (limit,))
+        async with self.db.transaction() as conn:
+            rows = await self.db.rows(conn, "erasure_list", (limit,))
         return [Erasure.from_row(r) for r in rows]
 
-    async def erasure_open_ids(self, limit: int = 100) -> list[int]:
+    async def open_ids(self, limit: int = 100) -> list[int]:
         """Erasures still waiting for rows, oldest first."""
-        async with self.transaction() as conn:
-            rows = await self.rows(conn, "erasure_open_ids", (limit,))
+        async with self.db.transaction() as conn:
+            rows = await self.db.rows(conn, "erasure_open_ids", (limit,))
         return [int(r[0]) for r in rows]

@@ -1,9 +1,9 @@
 """The store's history area: replay, pull-based recovery, reconciliation, versioned
 projections, retention and the queue reads behind the metrics.
 
-:class:`HistoryStore` is a mixin of :class:`~relaybox.store.base.Store`. Its methods
+:class:`HistoryStore` is an area of :class:`~relaybox.store.base.Store`. Its methods
 run the named queries of ``sql/<backend>_replay.sql``, ``_ordering.sql`` and
-``_ops.sql`` through the store's primitives (:meth:`Store.rows`, :meth:`Store.first`):
+``_ops.sql`` through the store's primitives (:meth:`Backend.rows`, :meth:`Backend.first`):
 on PostgreSQL these run on the asyncpg connection beneath the caller's
 ``AsyncConnection``, in its transaction, so the statements a handler makes
 (:meth:`projection_upsert`, :meth:`reconcile_request`) cost no more than they would
@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.store.backend import Backend
 
 __all__ = [
     "HistoryStore",
@@ -167,26 +168,8 @@ class QueueSnapshot:
 class HistoryStore:
     """Replay, recovery, reconciliation, projections, retention and metrics reads."""
 
-    if TYPE_CHECKING:  # what Store provides
-        q: dict[str, str]
-
-        def connect(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
-
-        def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
-
-        async def rows(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> list[Any]: ...
-
-        async def first(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> Any: ...
-
-        def _ids(self, ids: Sequence[int]) -> Any: ...
-
-    def _texts(self, values: Sequence[str]) -> Any:
-        """A list of texts as the driver takes it (as :meth:`Store._ids` passes ids)."""
-        return self._ids(values)  # type: ignore[arg-type]
+    def __init__(self, db: Backend) -> None:
+        self.db = db
 
     # -- replay -------------------------------------------------------------------------
 
@@ -195,14 +178,14 @@ class HistoryStore:
     ) -> list[ReplayCandidate]:
         """The finished rows ``selection`` matches, by id (pending rows never match)."""
         params = (
-            None if selection.ids is None else self._ids(selection.ids),
+            None if selection.ids is None else self.db.array(selection.ids),
             selection.source,
             selection.since,
             selection.until,
-            None if selection.statuses is None else self._texts(selection.statuses),
+            None if selection.statuses is None else self.db.array(selection.statuses),
             selection.limit,
         )
-        rows = await self.rows(conn, "replay_select", params)
+        rows = await self.db.rows(conn, "replay_select", params)
         return [ReplayCandidate(r[0], r[1], r[2], bool(r[3]), bool(r[4])) for r in rows]
 
     async def replay_mark(
@@ -211,9 +194,9 @@ class HistoryStore:
         """Put the row back to pending with a fresh attempt budget if it is still in
         ``status`` and has its payload; it is judged again (its ``superseded_by``
         cleared). Returns whether it was marked."""
-        if await self.first(conn, "replay_mark", (inbox_id, now, status)) is None:
+        if await self.db.first(conn, "replay_mark", (inbox_id, now, status)) is None:
             return False
-        await self.rows(conn, "inbox_clear_superseded", (inbox_id,))
+        await self.db.rows(conn, "inbox_clear_superseded", (inbox_id,))
         return True
 
     async def replay_record(
@@ -226,7 +209,7 @@ class HistoryStore:
         now: float,
     ) -> None:
         """Record who replayed ``candidate``, why, and what it was before."""
-        await self.rows(
+        await self.db.rows(
             conn,
             "replay_record",
             (candidate.inbox_id, actor, reason, candidate.status, candidate.dead_reason, now),
@@ -237,17 +220,17 @@ class HistoryStore:
     async def inbox_find_events(self, source: str, event_ids: Sequence[str]) -> set[str]:
         """Which of ``event_ids`` ``source`` already holds, whatever the account."""
         found: set[str] = set()
-        async with self.transaction() as conn:
+        async with self.db.transaction() as conn:
             for i in range(0, len(event_ids), _FIND_CHUNK):
-                chunk = self._texts(event_ids[i : i + _FIND_CHUNK])
+                chunk = self.db.array(event_ids[i : i + _FIND_CHUNK])
                 found.update(
-                    r[0] for r in await self.rows(conn, "inbox_find_events", (source, chunk))
+                    r[0] for r in await self.db.rows(conn, "inbox_find_events", (source, chunk))
                 )
         return found
 
     async def inbox_mark_recovered(self, conn: AsyncConnection, inbox_id: int, via: str) -> None:
         """Say where a recovered row came from (it did not arrive by HTTP)."""
-        await self.rows(conn, "inbox_mark_recovered", (inbox_id, via))
+        await self.db.rows(conn, "inbox_mark_recovered", (inbox_id, via))
 
     async def recovery_record(
         self, record: RecoveryRecord, *, conn: AsyncConnection | None = None
@@ -262,24 +245,24 @@ class HistoryStore:
             record.recovered_at,
         )
         if conn is not None:
-            await self.rows(conn, "recovery_record", params)
+            await self.db.rows(conn, "recovery_record", params)
             return
-        async with self.transaction() as own:
-            await self.rows(own, "recovery_record", params)
+        async with self.db.transaction() as own:
+            await self.db.rows(own, "recovery_record", params)
 
     # -- reconciliation -----------------------------------------------------------------
 
     async def reconcile_ticket_take(self, source: str, resource_id: str) -> ReconcileTicket:
         """Issue the resource's next ticket in a transaction of its own (before the
         fetch: a later ticket belongs to a read that started later)."""
-        async with self.transaction() as conn:
-            row = await self.first(conn, "reconcile_ticket", (source, resource_id))
+        async with self.db.transaction() as conn:
+            row = await self.db.first(conn, "reconcile_ticket", (source, resource_id))
         assert row is not None  # an upsert with RETURNING always returns its row
         return ReconcileTicket(int(row[0]), int(row[1]))
 
     async def reconcile_lock(self, conn: AsyncConnection, source: str, resource_id: str) -> None:
         """Lock the resource's ticket row until ``conn``'s transaction ends."""
-        await self.rows(conn, "reconcile_lock", (source, resource_id))
+        await self.db.rows(conn, "reconcile_lock", (source, resource_id))
 
     async def reconcile_done(
         self,
@@ -292,24 +275,24 @@ class HistoryStore:
         diverged: bool,
     ) -> None:
         """Mark the requests seen with the ticket served; count a divergence."""
-        await self.rows(
+        await self.db.rows(
             conn, "reconcile_done", (source, resource_id, requested_seen, now, int(diverged))
         )
 
     async def reconcile_request(self, conn: AsyncConnection, source: str, resource_id: str) -> None:
         """Ask for a reconciliation, in ``conn``'s (a handler's) transaction."""
-        await self.rows(conn, "reconcile_request", (source, resource_id))
+        await self.db.rows(conn, "reconcile_request", (source, resource_id))
 
     async def reconcile_ids(
         self, source: str, *, requested: bool = False, limit: int = 100_000
     ) -> list[str]:
         """Resource ids of ``source`` reconciled or requested before, in order
         (``requested``: only those with a request not yet served)."""
-        async with self.transaction() as conn:
+        async with self.db.transaction() as conn:
             if requested:
-                rows = await self.rows(conn, "reconcile_ids_requested", (source, limit))
+                rows = await self.db.rows(conn, "reconcile_ids_requested", (source, limit))
             else:
-                rows = await self.rows(conn, "reconcile_ids_all", (source, limit))
+                rows = await self.db.rows(conn, "reconcile_ids_all", (source, limit))
         return [r[0] for r in rows]
 
     # -- projections --------------------------------------------------------------------
@@ -317,29 +300,29 @@ class HistoryStore:
     async def projection_upsert(self, conn: AsyncConnection, new: ProjectionWrite) -> bool:
         """Compare-and-set: write ``new`` if the resource is new, or stored with a lower
         ``version_key`` by the same origin. Returns whether it was written."""
-        return await self.first(conn, "projection_upsert", new.params()) is not None
+        return await self.db.first(conn, "projection_upsert", new.params()) is not None
 
     async def projection_get(self, conn: AsyncConnection, resource_key: str) -> Projection | None:
-        row = await self.first(conn, "projection_get", (resource_key,))
+        row = await self.db.first(conn, "projection_get", (resource_key,))
         return None if row is None else Projection.from_row(row)
 
     async def inbox_mark_superseded(self, conn: AsyncConnection, inbox_id: int, by: str) -> None:
         """Add ``by`` (``resource@version``) to the row's ``superseded_by``."""
-        await self.rows(conn, "inbox_mark_superseded", (inbox_id, by))
+        await self.db.rows(conn, "inbox_mark_superseded", (inbox_id, by))
 
     # -- retention ----------------------------------------------------------------------
 
     async def retention_count(self, table: PurgeTable, cutoff: float) -> int:
         """Rows of ``table`` whose payload a purge at ``cutoff`` drops."""
-        async with self.connect() as conn:
+        async with self.db.connect() as conn:
             if table == "inbox":
-                row = await self.first(conn, "ops_purge_count", (cutoff,))
+                row = await self.db.first(conn, "ops_purge_count", (cutoff,))
             elif table == "quarantine":
-                row = await self.first(conn, "ops_purge_quarantine_count", (cutoff,))
+                row = await self.db.first(conn, "ops_purge_quarantine_count", (cutoff,))
             elif table == "outbox":
-                row = await self.first(conn, "ops_purge_outbox_count", (cutoff,))
+                row = await self.db.first(conn, "ops_purge_outbox_count", (cutoff,))
             else:
-                row = await self.first(conn, "ops_purge_messages_count", (cutoff,))
+                row = await self.db.first(conn, "ops_purge_messages_count", (cutoff,))
         return int(row[0])
 
     async def retention_purge_batch(
@@ -349,24 +332,19 @@ class HistoryStore:
         transaction of their own; returns how many. A delivery's attempts lose their
         stored responses with it."""
         params = (cutoff, now, limit)
-        async with self.connect() as conn:
+        async with self.db.connect() as conn:
             if table == "inbox":
-                rows = await self.rows(conn, "ops_purge_inbox", params)
+                rows = await self.db.rows(conn, "ops_purge_inbox", params)
             elif table == "quarantine":
-                rows = await self.rows(conn, "ops_purge_quarantine", params)
+                rows = await self.db.rows(conn, "ops_purge_quarantine", params)
             elif table == "outbox":
-                rows = await self.rows(conn, "ops_purge_outbox", params)
+                rows = await self.db.rows(conn, "ops_purge_outbox", params)
                 if rows:
-                    ids = self._ids([r[0] for r in rows])
-                    await self.rows(conn, "ops_purge_outbox_responses", (ids,))
+                    ids = self.db.array([r[0] for r in rows])
+                    await self.db.rows(conn, "ops_purge_outbox_responses", (ids,))
             else:
-                rows = await self.rows(conn, "ops_purge_messages", params)
+                rows = await self.db.rows(conn, "ops_purge_messages", params)
         return len(rows)
-
-    def maintenance_try_lock(self) -> AbstractAsyncContextManager[bool]:
-        """Yield whether this process is the maintenance runner now; the lock is held
-        until the block ends. Each backend defines it."""
-        raise NotImplementedError
 
     # -- metrics ------------------------------------------------------------------------
 
@@ -375,10 +353,10 @@ class HistoryStore:
         quarantine entries by source, in one transaction (one consistent view on
         PostgreSQL)."""
         groups: list[QueueGroup] = []
-        async with self.connect() as conn:
-            inbox = await self.rows(conn, "ops_stats_inbox")
-            outbox = await self.rows(conn, "ops_stats_outbox")
-            quarantine = await self.rows(conn, "ops_stats_quarantine")
+        async with self.db.connect() as conn:
+            inbox = await self.db.rows(conn, "ops_stats_inbox")
+            outbox = await self.db.rows(conn, "ops_stats_outbox")
+            quarantine = await self.db.rows(conn, "ops_stats_quarantine")
         for queue, rows in (("inbox", inbox), ("outbox", outbox)):
             groups.extend(
                 QueueGroup(

@@ -193,3 +193,7 @@ class Stats:
     @property
     def dead(self) -> int:
         return self.dead_invalid + self.dead_exhausted + self.dead_other
+
+
+OutboxRow = tuple[str, str, str, str | None, int]
+"""A handler's outbox row: channel, key, payload (JSON text), tenant, inbox id."""

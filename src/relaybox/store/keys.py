@@ -85,7 +85,7 @@ def day_of(timestamp: float) -> int:
 
 @dataclass(frozen=True, slots=True)
 class BackfillProgress:
-    """Where the backfill of one kind of keys stands (:meth:`Store.keys_backfill`)."""
+    """Where the backfill of one kind of keys stands (:meth:`KeysStore.backfill`)."""
 
     kind: str
     rows: int

@@ -4,13 +4,10 @@ the resumable backfill of the keys of rows stored before them, and their expiry.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, ClassVar
-
-from sqlalchemy.ext.asyncio import AsyncConnection
+from typing import Any
 
 from relaybox.store import keys
+from relaybox.store.backend import Backend
 from relaybox.store.keys import BackfillProgress, KeyKind
 
 __all__ = ["KeysStore"]
@@ -19,23 +16,12 @@ BACKFILL_KINDS = ("event", "message")
 
 
 class KeysStore:
-    """Backfill and expiry of the keys tables (a base of :class:`~relaybox.store.Store`)."""
+    """Backfill and expiry of the keys tables (``store.keys``)."""
 
-    if TYPE_CHECKING:  # what Store provides
-        q: dict[str, str]
-        backend: ClassVar[str]
+    def __init__(self, db: Backend) -> None:
+        self.db = db
 
-        def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
-
-        async def rows(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> list[Any]: ...
-
-        async def first(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> Any: ...
-
-    async def keys_backfill(self, kind: str, *, limit: int = 1000) -> BackfillProgress:
+    async def backfill(self, kind: str, *, limit: int = 1000) -> BackfillProgress:
         """Copy the keys of up to ``limit`` stored rows of ``kind`` (``event``: inbox
         rows; ``message``: messages) into their keys table, in one short transaction,
         resuming after the last row a previous call did (``relaybox_keys_backfill``
@@ -47,23 +33,25 @@ class KeysStore:
         if kind not in BACKFILL_KINDS:
             raise ValueError(f"no backfill of {kind!r} keys: one of {', '.join(BACKFILL_KINDS)}")
         limit = max(1, int(limit))
-        async with self.transaction() as conn:
-            state = await self.first(conn, "keys_backfill_state", (kind,))
+        async with self.db.transaction() as conn:
+            state = await self.db.first(conn, "keys_backfill_state", (kind,))
             if state is not None and state[3] is not None:
                 return BackfillProgress(kind, int(state[2]), True, state[1])
             last = None if state is None else state[1]
             if kind == "event":
-                page = await self.rows(conn, "keys_backfill_events_page", (int(last or 0), limit))
+                page = await self.db.rows(
+                    conn, "keys_backfill_events_page", (int(last or 0), limit)
+                )
                 if page:
-                    await self._event_keys_copy(conn, page)
+                    await self.db.copy_event_keys(conn, page)
             else:
-                page = await self.rows(conn, "keys_backfill_messages_page", (last or "", limit))
+                page = await self.db.rows(conn, "keys_backfill_messages_page", (last or "", limit))
                 keyed = [r for r in page if r[2] is not None]
                 if keyed:
-                    await self._message_keys_copy(conn, keyed)
+                    await self.db.copy_message_keys(conn, keyed)
             new_last = str(page[-1][0]) if page else last
             finished = len(page) < limit
-            await self.rows(
+            await self.db.rows(
                 conn,
                 "keys_backfill_save",
                 (kind, new_last, len(page), time.time() if finished else None),
@@ -71,29 +59,19 @@ class KeysStore:
             done = (0 if state is None else int(state[2])) + len(page)
         return BackfillProgress(kind, done, finished, new_last, len(page))
 
-    async def keys_backfill_status(self) -> list[BackfillProgress]:
+    async def backfill_status(self) -> list[BackfillProgress]:
         """Where the backfill of each kind stands (not started: 0 rows, unfinished)."""
         found = []
-        async with self.transaction() as conn:
+        async with self.db.transaction() as conn:
             for kind in BACKFILL_KINDS:
-                row = await self.first(conn, "keys_backfill_state", (kind,))
+                row = await self.db.first(conn, "keys_backfill_state", (kind,))
                 if row is None:
                     found.append(BackfillProgress(kind, 0, False))
                 else:
                     found.append(BackfillProgress(kind, int(row[2]), row[3] is not None, row[1]))
         return found
 
-    async def _event_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
-        """Insert the keys of inbox rows read as (id, source, account, event_id,
-        fingerprint, received_at) in ``conn``'s transaction (each backend's way)."""
-        raise NotImplementedError
-
-    async def _message_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
-        """Insert the idempotency keys of messages read as (id, tenant, idempotency key,
-        created_at) in ``conn``'s transaction (each backend's way)."""
-        raise NotImplementedError
-
-    async def keys_expire(
+    async def expire(
         self, kind: KeyKind, before_day: int, *, scope: str | None = None, limit: int = 1000
     ) -> int:
         """Forget the keys of ``kind`` first seen before day ``before_day`` (whole days
@@ -118,8 +96,8 @@ class KeysStore:
             name, params = f"keys_expire_{kind}_scope", (cutoff, limit, value)
         total = 0
         while True:
-            async with self.transaction() as conn:
-                result = await conn.exec_driver_sql(self.q[name], params)
+            async with self.db.transaction() as conn:
+                result = await conn.exec_driver_sql(self.db.q[name], params)
                 deleted = max(0, result.rowcount or 0)
             total += deleted
             if deleted < limit:

@@ -2,7 +2,7 @@
 actions behind the admin API, the dashboard and the CLI, an event's history, the
 throughput chart, table checks, and what ``relaybox doctor`` reads of the database.
 
-:class:`OperatorStore` is a mixin of :class:`~relaybox.store.base.Store`. Its methods
+:class:`OperatorStore` is an area of :class:`~relaybox.store.base.Store`. Its methods
 run the named queries of ``sql/<backend>_ops.sql`` and ``_testing.sql`` in a
 transaction of their own (none of them is on a hot path) and return plain rows as
 ``dict`` keyed by column (the columns each query names) or small dataclasses. Every
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.store.backend import Backend
 
 __all__ = [
     "DatabaseHealth",
@@ -98,61 +99,48 @@ class DatabaseHealth:
 
 
 class OperatorStore:
-    """Operator listings, actions and checks (a base of :class:`~relaybox.store.Store`).
+    """Operator listings, actions and checks (``store.operator``)."""
 
-    ``clock_from_database``: processes sharing this database may run on several hosts,
-    so holds, leases and schedules take the database server's clock (:meth:`db_time`,
-    read by :class:`relaybox.clock.ClockGuard`); not on SQLite, which is one host."""
-
-    clock_from_database: ClassVar[bool] = True
-
-    if TYPE_CHECKING:  # what Store provides
-        q: dict[str, str]
-
-        def connect(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
+    def __init__(self, db: Backend) -> None:
+        self.db = db
 
     async def _maps(self, conn: AsyncConnection, name: str, params: Sequence[Any]) -> list[Row]:
-        result = await conn.exec_driver_sql(self.q[name], tuple(params))
-        return [dict(r._mapping) for r in result]
+        return await self.db.maps(conn, name, params)
 
     async def _read(self, name: str, params: Sequence[Any] = ()) -> list[Row]:
-        async with self.connect() as conn:
+        async with self.db.connect() as conn:
             return await self._maps(conn, name, params)
-
-    def _flag(self, value: bool) -> Any:
-        """A boolean parameter as the backend compares it with a boolean expression."""
-        return value
 
     # -- checks -----------------------------------------------------------------------
 
     async def table_exists(self, table: str) -> bool:
         """Whether a migration created ``table``."""
-        async with self.connect() as conn:
-            result = await conn.exec_driver_sql(self.q["ops_table_exists"], (table,))
+        async with self.db.connect() as conn:
+            result = await conn.exec_driver_sql(self.db.q["ops_table_exists"], (table,))
             return bool(result.scalar())
 
     async def db_time(self) -> float:
         """The database server's clock, in seconds since the epoch (``clock_timestamp()``
         on PostgreSQL: the time of the read, not of the transaction's start)."""
-        async with self.connect() as conn:
-            return float((await conn.exec_driver_sql(self.q["ops_db_now"])).scalar_one())
+        async with self.db.connect() as conn:
+            return float((await conn.exec_driver_sql(self.db.q["ops_db_now"])).scalar_one())
 
     async def doctor_probe(self) -> DoctorProbe:
         """The applied migration versions and the database's clock, in one transaction.
         Raises the driver's error when the database is unreachable or was never
         migrated (its message names ``relaybox_migrations``)."""
-        async with self.connect() as conn:
-            result = await conn.exec_driver_sql(self.q["ops_migrations_applied"])
+        async with self.db.connect() as conn:
+            result = await conn.exec_driver_sql(self.db.q["ops_migrations_applied"])
             applied = frozenset(int(r[0]) for r in result)
             before = time.time()
-            db_now = float((await conn.exec_driver_sql(self.q["ops_db_now"])).scalar_one())
+            db_now = float((await conn.exec_driver_sql(self.db.q["ops_db_now"])).scalar_one())
             after = time.time()
         return DoctorProbe(applied=applied, db_now=db_now, before=before, after=after)
 
     async def database_health(self) -> DatabaseHealth:
         """Long transactions and dead rows (:class:`DatabaseHealth`), read from the
         backend's own statistics (each backend implements it)."""
-        raise NotImplementedError
+        return await self.db.health()
 
     # -- inbox ------------------------------------------------------------------------
 
@@ -175,7 +163,7 @@ class OperatorStore:
     async def inbox_history(self, inbox_id: int) -> EventHistory | None:
         """The event with its attempts, business keys, outbox rows, replays and
         quarantine entries; ``None`` when there is no such event."""
-        async with self.connect() as conn:
+        async with self.db.connect() as conn:
             found = await self._maps(conn, "inbox_get", (inbox_id,))
             if not found:
                 return None
@@ -194,7 +182,7 @@ class OperatorStore:
         """When retention purged each event's payload (``None``: not purged or absent);
         with ``column="erased_at"``, when an erasure emptied it."""
         out: dict[int, float | None] = {}
-        async with self.connect() as conn:
+        async with self.db.connect() as conn:
             for inbox_id in inbox_ids:
                 found = await self._maps(conn, "inbox_get", (inbox_id,))
                 out[inbox_id] = found[0][column] if found else None
@@ -234,7 +222,7 @@ class OperatorStore:
     ) -> list[Row]:
         """Quarantine entries, newest first (``resolved``: ``None`` any, else only
         resolved or only open ones)."""
-        flag = None if resolved is None else self._flag(resolved)
+        flag = None if resolved is None else self.db.flag(resolved)
         return await self._read("ops_quarantine_list", (source, flag, before_id, limit))
 
     async def quarantine_get(self, quarantine_id: int) -> Row | None:

@@ -1,6 +1,6 @@
 """The store's statements of an endpoint's flow: pause and resume, and replay missing.
 
-:class:`FlowStore` is a mixin of :class:`~relaybox.store.base.Store`, beside
+:class:`FlowStore` is an area of :class:`~relaybox.store.base.Store`, beside
 :class:`~relaybox.store.outbox.OutboxStore`, whose primitives it uses. A paused
 endpoint's lane is skipped by the lease (``outbox_lease``), so its deliveries wait,
 pending, and go out oldest first once it is resumed. Replay missing gives an endpoint
@@ -16,11 +16,12 @@ progress in one transaction fenced by the lease (:meth:`FlowStore.replay_job_adv
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.store.backend import Backend
 
 __all__ = ["FlowStore", "MissingMessage", "ReplayJob", "ReplayStart"]
 
@@ -79,23 +80,10 @@ class ReplayStart:
 
 
 class FlowStore:
-    """Pause, resume and replay-missing statements (a base of :class:`Store`)."""
+    """Pause, resume and replay-missing statements (``store.flow``)."""
 
-    if TYPE_CHECKING:
-
-        def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
-
-        async def rows(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> list[Any]: ...
-
-        async def first(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> Any: ...
-
-        def _array(self, values: Sequence[Any]) -> Any: ...
-
-        async def notify(self, conn: AsyncConnection, channel: str) -> None: ...
+    def __init__(self, db: Backend) -> None:
+        self.db = db
 
     async def endpoint_pause(
         self, endpoint_id: str, tenant: str | None, *, paused: bool, now: float
@@ -103,16 +91,16 @@ class FlowStore:
         """Pause (``paused``) or resume the endpoint (``tenant`` ``None``: of any
         tenant). ``True`` when this call changed it; a resume wakes the dispatchers."""
         params = (endpoint_id, tenant, now if paused else None, now)
-        async with self.transaction() as conn:
-            changed = await self.first(conn, "endpoint_pause", params) is not None
+        async with self.db.transaction() as conn:
+            changed = await self.db.first(conn, "endpoint_pause", params) is not None
             if changed and not paused:
-                await self.notify(conn, "outbox")
+                await self.db.notify(conn, "outbox")
         return changed
 
     async def endpoint_paused_backlog(self) -> dict[str, int]:
         """Per paused endpoint id, how many of its deliveries wait (pending)."""
-        async with self.transaction() as conn:
-            found = await self.rows(conn, "endpoint_paused_backlog")
+        async with self.db.transaction() as conn:
+            found = await self.db.rows(conn, "endpoint_paused_backlog")
         return {r[0]: int(r[1]) for r in found}
 
     async def message_missing_page(
@@ -131,7 +119,7 @@ class FlowStore:
         body still there and no delivery to the endpoint, in ``conn``'s transaction."""
         after_time, after_id = after if after else (None, None)
         params = (tenant, endpoint_id, since, after_time, after_id, limit, until)
-        found = await self.rows(conn, "message_missing_page", params)
+        found = await self.db.rows(conn, "message_missing_page", params)
         return [MissingMessage(r[0], r[1], r[2], r[3]) for r in found]
 
     async def delivery_insert_missing(
@@ -149,10 +137,10 @@ class FlowStore:
         dispatchers goes with the COMMIT."""
         if not message_ids:
             return 0
-        params = (endpoint_id, tenant, now, self._array(list(message_ids)))
-        found = await self.rows(conn, "delivery_insert_missing", params)
+        params = (endpoint_id, tenant, now, self.db.array(list(message_ids)))
+        found = await self.db.rows(conn, "delivery_insert_missing", params)
         if found:
-            await self.notify(conn, "outbox")
+            await self.db.notify(conn, "outbox")
         return len(found)
 
     async def replay_job_start(
@@ -170,32 +158,32 @@ class FlowStore:
         """Queue a replay job for the endpoint, unless it has one queued or running, or
         (``per_hour`` set) the tenant started that many in the last hour. Dispatchers
         listening on ``replay`` wake with the COMMIT."""
-        async with self.transaction() as conn:
-            active = await self.first(conn, "replay_job_active", (endpoint_id,))
+        async with self.db.transaction() as conn:
+            active = await self.db.first(conn, "replay_job_active", (endpoint_id,))
             if active is not None:
                 return ReplayStart(running=active[0])
             if per_hour is not None:
-                count, first = await self.first(conn, "replay_job_recent", (tenant, now - 3600))
+                count, first = await self.db.first(conn, "replay_job_recent", (tenant, now - 3600))
                 if int(count) >= per_hour:
                     return ReplayStart(retry_after=max(1.0, float(first) + 3600 - now))
             params = (job_id, tenant, endpoint_id, since, until, max_queued, now)
-            row = await self.first(conn, "replay_job_insert", params)
+            row = await self.db.first(conn, "replay_job_insert", params)
             if row is None:  # another request's job for the endpoint committed first
-                again = await self.first(conn, "replay_job_active", (endpoint_id,))
+                again = await self.db.first(conn, "replay_job_active", (endpoint_id,))
                 return ReplayStart(running=again[0] if again else "")
-            await self.notify(conn, "replay")
+            await self.db.notify(conn, "replay")
         return ReplayStart(job=ReplayJob.of(row))
 
     async def replay_job_get(self, job_id: str, tenant: str | None) -> ReplayJob | None:
         """The job (``tenant`` ``None``: of any tenant)."""
-        async with self.transaction() as conn:
-            row = await self.first(conn, "replay_job_get", (job_id, tenant))
+        async with self.db.transaction() as conn:
+            row = await self.db.first(conn, "replay_job_get", (job_id, tenant))
         return None if row is None else ReplayJob.of(row)
 
     async def replay_job_latest(self, endpoint_id: str) -> ReplayJob | None:
         """The endpoint's newest job, if it ever had one."""
-        async with self.transaction() as conn:
-            row = await self.first(conn, "replay_job_latest", (endpoint_id,))
+        async with self.db.transaction() as conn:
+            row = await self.db.first(conn, "replay_job_latest", (endpoint_id,))
         return None if row is None else ReplayJob.of(row)
 
     async def replay_job_claim(
@@ -203,8 +191,8 @@ class FlowStore:
     ) -> ReplayJob | None:
         """Lease the oldest waiting job (or ``job_id``) that no live lease holds to
         ``owner`` for ``ttl`` seconds; ``None`` when there is none."""
-        async with self.transaction() as conn:
-            row = await self.first(conn, "replay_job_claim", (owner, now, ttl, job_id))
+        async with self.db.transaction() as conn:
+            row = await self.db.first(conn, "replay_job_claim", (owner, now, ttl, job_id))
         return None if row is None else ReplayJob.of(row)
 
     async def replay_job_advance(
@@ -223,7 +211,7 @@ class FlowStore:
         ``conn``'s transaction, while ``owner`` holds the lease: the job's counts
         after, or ``None`` when the lease was lost (roll the batch back)."""
         params = (job_id, owner, scanned, queued, cursor[0], cursor[1], now, ttl)
-        row = await self.first(conn, "replay_job_advance", params)
+        row = await self.db.first(conn, "replay_job_advance", params)
         return None if row is None else (int(row[0]), int(row[1]))
 
     async def replay_job_finish(
@@ -239,14 +227,14 @@ class FlowStore:
     ) -> bool:
         """End the job ``done`` or ``failed`` while ``owner`` holds its lease."""
         params = (job_id, owner, status, error, resume_since, now)
-        return await self.first(conn, "replay_job_finish", params) is not None
+        return await self.db.first(conn, "replay_job_finish", params) is not None
 
     async def replay_job_release(self, job_id: str, owner: str, *, now: float) -> None:
         """Give the job's lease back (a stopping dispatcher): claimable at once."""
-        async with self.transaction() as conn:
-            await self.rows(conn, "replay_job_release", (job_id, owner, now))
+        async with self.db.transaction() as conn:
+            await self.db.rows(conn, "replay_job_release", (job_id, owner, now))
 
     async def replay_jobs_purge(self, before: float, *, limit: int) -> int:
         """Maintenance: drop up to ``limit`` jobs that ended before ``before``."""
-        async with self.transaction() as conn:
-            return len(await self.rows(conn, "replay_jobs_purge", (before, limit)))
+        async with self.db.transaction() as conn:
+            return len(await self.db.rows(conn, "replay_jobs_purge", (before, limit)))

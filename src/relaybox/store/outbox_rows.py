@@ -392,7 +392,7 @@ class NewMessage:
 
 @dataclass(frozen=True, slots=True)
 class PublishContext:
-    """What a publish reads (``Store.publish_context``): the catalog's schema of its
+    """What a publish reads (``OutboxStore.publish_context``): the catalog's schema of its
     event type (JSON text, ``None`` without one), its tenant's enabled endpoints as
     (id, event type patterns as JSON text, payload filter as JSON text or ``None``),
     by id, and the type's subject path (``None`` without one)."""

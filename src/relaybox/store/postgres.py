@@ -38,14 +38,17 @@ from relaybox.store._drivers import (
 )
 from relaybox.store._drivers import driver as _driver
 from relaybox.store._drivers import plain as _plain
-from relaybox.store.base import OutboxRow, Store
-from relaybox.store.dispatch import leased_delivery
+from relaybox.store.backend import Backend
+from relaybox.store.base import Store
+from relaybox.store.dispatch import DispatchStore, leased_delivery
 from relaybox.store.dispatch_rows import Leased, LeaseRequest, attempt_columns
-from relaybox.store.inbox_rows import AcceptOutcome, Claim, Listener, NewDelivery
+from relaybox.store.inbox import InboxStore
+from relaybox.store.inbox_rows import AcceptOutcome, Claim, Listener, NewDelivery, OutboxRow
 from relaybox.store.operator import DatabaseHealth
+from relaybox.store.outbox import OutboxStore
 from relaybox.store.outbox_rows import MessageBody, SecretOpener, Target, with_extras
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresBackend", "PostgresDispatch", "PostgresInbox", "PostgresStore"]
 
 log = structlog.get_logger("relaybox.store")
 
@@ -56,7 +59,10 @@ def async_url(url: str) -> str:
     return u.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
 
-class PostgresStore(Store):
+class PostgresBackend(Backend):
+    """PostgreSQL under asyncpg: SQLAlchemy's engine for handlers and the general
+    statements, and asyncpg pools of relaybox's own for its hot paths."""
+
     backend: ClassVar[str] = "postgres"
     groups: ClassVar[bool] = True
     starts_at_accept: ClassVar[bool] = True
@@ -74,8 +80,7 @@ class PostgresStore(Store):
         pool_timeout: float = 10,
         idle_in_transaction_timeout: float = 20,
     ) -> None:
-        super().__init__()
-        self.url = url
+        super().__init__(url)
         self._raw_pool: asyncpg.Pool | None = None
         self._start_pool: asyncpg.Pool | None = None
         self._generic_pool: asyncpg.Pool | None = None
@@ -114,10 +119,10 @@ class PostgresStore(Store):
             },
         )
 
-    async def _lock_migrations(self, conn: AsyncConnection) -> None:
+    async def lock_migrations(self, conn: AsyncConnection) -> None:
         await conn.exec_driver_sql("SELECT pg_advisory_xact_lock(hashtext('relaybox_migrate'))")
 
-    def _sql_insert_migration(self) -> str:
+    def insert_migration_sql(self) -> str:
         return "INSERT INTO relaybox_migrations (version, name, applied_at) VALUES ($1, $2, $3)"
 
     async def raw_pool(self) -> asyncpg.Pool:
@@ -158,21 +163,8 @@ class PostgresStore(Store):
                 self._start_pool = await self._create_pool({"synchronous_commit": "off"})
         return self._start_pool
 
-    async def inbox_start(self, ids: Sequence[int], now: float) -> dict[int, int]:
-        pool = await self.start_pool()
-        async with self._borrow(pool) as conn:
-            rows = await conn.fetch(self.q["inbox_start"], list(ids), now)
-        return {r[0]: r[1] for r in rows}
-
-    async def inbox_keep_hold(
-        self, ids: Sequence[int], held: Sequence[float], until: float
-    ) -> None:
-        pool = await self.start_pool()  # synchronous_commit off: a hold, not an outcome
-        async with self._borrow(pool) as conn:
-            await conn.execute(self.q["inbox_keep_hold"], list(ids), list(held), until)
-
     @contextlib.asynccontextmanager
-    async def _borrow(self, pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    async def borrow(self, pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
         """A connection of ``pool`` for one use, most often without asyncpg's acquire
         and release (~65 µs of CPU together, more than a statement's round trip of ~43
         µs; the accept, the lease, the claims and the wake-ups borrow one for each
@@ -184,43 +176,43 @@ class PostgresStore(Store):
         task the caller does not wait for: asyncpg's ``Pool.release`` shields it in a
         task of its own, and the caller would go on three passes of the event loop
         later (~4 ms a lease on a busy dispatcher). :meth:`close` waits for them."""
-        conn = await self._take(pool)
+        conn = await self.take(pool)
         try:
             yield conn
         except BaseException:
-            self._give_back(pool, conn)
+            self.give_back(pool, conn)
             raise
-        self._keep(pool, conn)
+        self.keep(pool, conn)
 
-    async def _take(self, pool: asyncpg.Pool) -> asyncpg.Connection:
+    async def take(self, pool: asyncpg.Pool) -> asyncpg.Connection:
         """The idle connection of ``pool`` used last, or one from the pool."""
         idle = self._idle.setdefault(pool, [])
         while idle:
             conn = idle.pop()[0]
             if _reusable(conn):
                 return conn
-            self._give_back(pool, conn)  # lost while idle: the pool opens another
+            self.give_back(pool, conn)  # lost while idle: the pool opens another
         self._waiting[pool] += 1
         try:  # TimeoutError past pool_timeout: the HTTP surfaces answer 503
             return await pool.acquire(timeout=self._pool_timeout)
         finally:
             self._waiting[pool] -= 1
 
-    def _keep(self, pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
+    def keep(self, pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
         """After a clean use: ``conn`` waits in the idle list, unless a use waits for the
         pool (every connection is out: it goes there) or it closed or kept a
         transaction open; the idle connection unused for :data:`IDLE_KEEP` seconds goes
         back to the pool (and every one when the store closes)."""
         if self._waiting[pool] or not _reusable(conn):
-            self._give_back(pool, conn)
+            self.give_back(pool, conn)
             return
         idle = self._idle.setdefault(pool, [])
         now = time.monotonic()
         idle.append((conn, now))
         if idle[0][1] < now - IDLE_KEEP:
-            self._give_back(pool, idle.pop(0)[0])
+            self.give_back(pool, idle.pop(0)[0])
 
-    def _give_back(self, pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
+    def give_back(self, pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
         task = asyncio.get_running_loop().create_task(pool.release(conn))
         self._releasing.add(task)
         task.add_done_callback(self._released)
@@ -243,7 +235,7 @@ class PostgresStore(Store):
             reset=_no_reset,
         )
 
-    async def database_health(self) -> DatabaseHealth:
+    async def health(self) -> DatabaseHealth:
         """The open transactions of this database's other sessions and the dead rows of
         relaybox's tables, in one transaction (:class:`DatabaseHealth`)."""
         async with self.connect() as conn:
@@ -259,7 +251,7 @@ class PostgresStore(Store):
                 await self._waker
         for pool, idle in self._idle.items():
             for conn, _ in idle:
-                self._give_back(pool, conn)
+                self.give_back(pool, conn)
         self._idle.clear()
         if self._releasing:
             await asyncio.gather(*self._releasing, return_exceptions=True)
@@ -281,115 +273,7 @@ class PostgresStore(Store):
         except TimeoutError:
             log.warning("store_close_timed_out", seconds=self.close_timeout, in_use=in_use)
 
-    async def inbox_accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
-        """Group commit on the raw driver: the batch insert is one autocommit
-        statement; only keys that already existed need a second, transactional step
-        (look up the stored fingerprint, quarantine a conflicting newcomer)."""
-        # Rows go in key order: two batches inserting the same keys in different orders
-        # would each wait for the other's row locks (a deadlock fails both batches).
-        order = sorted(range(len(batch)), key=lambda i: batch[i].key)
-        in_order = [batch[i] for i in order]
-        outcomes = await self._accept_sorted(in_order)
-        result: list[AcceptOutcome] = [outcomes[0]] * len(batch)
-        for position, i in enumerate(order):
-            result[i] = outcomes[position]
-        return result
-
-    def row_error(self, exc: BaseException) -> bool:
-        """Also the server's refusals of a value: data exceptions (SQLSTATE class 22,
-        such as a NUL in text), integrity violations (23) and program limits (54, such
-        as an index entry over its size)."""
-        if isinstance(exc, asyncpg.PostgresError):
-            return str(getattr(exc, "sqlstate", "") or "")[:2] in _ROW_ERROR_CLASSES
-        return super().row_error(exc)
-
-    async def warm_accept(self, connections: int) -> None:
-        """The accept's pool opened with ``connections`` connections (one per committer)
-        and its statement prepared and planned on each, by running it for an empty
-        batch (it inserts nothing). Otherwise the first requests after a start wait
-        for the connections to open one by one under load: the p99 of the first 3 s
-        under wrk was 55-73 ms without this, 11-16 ms with it (bench/README.md)."""
-        pool = await self.generic_pool()
-        held = [await self._take(pool) for _ in range(min(connections, self._raw_pool_size))]
-        try:
-            for conn in held:
-                columns = _columns([])
-                await conn.fetch(
-                    self.q["inbox_accept_fast"], *columns[:11], [], 0.0, [], *columns[11:]
-                )
-        except BaseException:
-            for conn in held:
-                self._give_back(pool, conn)
-            raise
-        for conn in held:
-            self._keep(pool, conn)  # for the accept's next uses (_borrow)
-
-    async def _accept_sorted(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
-        now = max(d.received_at for d in batch)
-        pool = await self.generic_pool()
-        async with self._borrow(pool) as conn:
-            if not await self._keys_complete(conn, "event"):
-                await self._adopt_event_keys(conn, batch)  # keys of rows stored before 0027
-            try:
-                rows = await self._accept_rows(conn, batch, now)
-            except asyncpg.UniqueViolationError:
-                # The inbox's old UNIQUE event key refused a row: an old row whose key
-                # is not in the keys table (expired there, the backfill being done).
-                await self._adopt_event_keys(conn, batch)
-                rows = await self._accept_rows(conn, batch, now)
-            inserted = {(r[1], r[2], r[3]): r[0] for r in rows if r[5]}
-            held = [d.held_until for d in batch]
-            if inserted and (
-                held.count(None) == len(held)
-                or any(d.held_until is None and d.key in inserted for d in batch)
-            ):  # rows for any worker (those this process's worker took need no claim)
-                self.wake("inbox")
-            stored = {(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in rows}
-            missing = {d.key: d for d in batch if d.key not in stored}
-            if missing:  # committed by a concurrent inserter after this statement began
-                digests = {keys.event_digest(*k): k for k in sorted(missing)}
-                found = await conn.fetch(self.q["event_keys_get"], list(digests))
-                stored.update({digests[bytes(r[0])]: (r[1], bytes(r[2])) for r in found})
-            outcomes = self._classify(batch, inserted, stored)
-            quarantine = [
-                d.quarantine_row(o.inbox_id)
-                for d, o in zip(batch, outcomes, strict=True)
-                if o.status == "quarantined"
-            ]
-            if quarantine:
-                async with conn.transaction():
-                    for row in quarantine:
-                        await conn.execute(self.q["quarantine_lock"], *row[1:4])
-                        await conn.execute(self.q["quarantine_insert"], *row)
-            return outcomes
-
-    async def _accept_rows(
-        self, conn: asyncpg.Connection, batch: Sequence[NewDelivery], now: float
-    ) -> list[Any]:
-        """``inbox_accept_fast`` (or its ``_subjects`` form) for ``batch``."""
-        held = [d.held_until for d in batch]
-        subjects = [d.subject for d in batch]
-        traces = [d.traceparent for d in batch]
-        columns = _columns(batch)
-        if subjects.count(None) == len(subjects):
-            return list(
-                await conn.fetch(
-                    self.q["inbox_accept_fast"], *columns[:11], held, now, traces, *columns[11:]
-                )
-            )
-        return list(
-            await conn.fetch(
-                self.q["inbox_accept_fast_subjects"],
-                *columns[:11],
-                held,
-                now,
-                traces,
-                *columns[11:],
-                subjects,
-            )
-        )
-
-    async def _keys_complete(self, conn: asyncpg.Connection, kind: str) -> bool:
+    async def keys_complete(self, conn: asyncpg.Connection, kind: str) -> bool:
         """Whether the backfill of ``kind``'s keys has finished (then every stored row's
         key is in its keys table). Read again at most every few seconds until it has;
         once it has, for good."""
@@ -404,63 +288,7 @@ class PostgresStore(Store):
             return True
         return False
 
-    async def _adopt_event_keys(
-        self, conn: asyncpg.Connection, batch: Sequence[NewDelivery]
-    ) -> None:
-        """Copy the keys of the inbox rows stored under ``batch``'s event keys before
-        the keys table had them (one autocommit statement each way)."""
-        wanted = sorted({d.key for d in batch})
-        rows = await conn.fetch(
-            self.q["event_keys_old_rows"],
-            [k[0] for k in wanted],
-            [k[1] for k in wanted],
-            [k[2] for k in wanted],
-        )
-        if rows:
-            await conn.fetchval(self.q["event_keys_insert"], *keys.event_key_columns(rows))
-
-    async def inbox_claim(
-        self, *, now: float, limit: int, max_attempts: int, hold: float, start: int = 0
-    ) -> Claim:
-        # A hold, like the start marks: on the synchronous_commit=off pool. The first
-        # durable COMMIT after it (an event's completion) flushes the WAL up to it; a
-        # database crash before that loses only holds, whose rows are claimed again.
-        pool = await self.start_pool()
-        async with self._borrow(pool) as conn:  # one statement: its own transaction
-            rows = await conn.fetch(self.q["inbox_claim"], now, limit, hold, max_attempts, start)
-        return Claim.from_rows(rows)
-
-    async def inbox_begin(
-        self, conn: AsyncConnection, inbox_id: int, *, attempt: int, now: float
-    ) -> bool:
-        """BEGIN and the completion in one round trip (simple query protocol, the
-        parameters as literals: integers and floats only)."""
-        con = await self._prepare(conn)
-        sql = self._sql(con, "inbox_begin_done", (inbox_id, now, attempt))
-        return await self._begin_with(conn, sql) == "UPDATE 1"
-
-    async def inbox_lock_group(
-        self,
-        conn: AsyncConnection,
-        started: Sequence[tuple[int, int]],
-        *,
-        now: float,
-        claims: Sequence[tuple[str, str, int, str, str | None]] = (),
-    ) -> bool:
-        """The first statement of a group's transaction, sent with its BEGIN (one round
-        trip): a short ``lock_timeout`` for the transaction, then the rows locked if
-        each is still pending at the attempt given ((id, attempt) pairs), and the
-        ``claims`` inserted as business keys ((key, fingerprint, inbox id, source,
-        tenant)). False when a row did not match or a key was not inserted (the
-        caller rolls back)."""
-        con = await self._prepare(conn)
-        ids, attempts = [i for i, _ in started], [a for _, a in started]
-        columns = _literal_columns(claims, 5)
-        sql = self._sql(con, "inbox_lock_group", (ids, attempts, *columns, now))
-        status = await self._begin_with(conn, _GROUP_LOCK_TIMEOUT + sql)
-        return bool(status == f"SELECT {len(started) + len(claims)}")
-
-    async def _prepare(self, conn: AsyncConnection) -> asyncpg.Connection:
+    async def prepare(self, conn: AsyncConnection) -> asyncpg.Connection:
         """The asyncpg connection under ``conn``, with the statements of
         :data:`_PREPARED` prepared on it (once per connection, before its first
         transaction: two round trips in its life), so that the BEGIN and COMMIT
@@ -480,14 +308,14 @@ class PostgresStore(Store):
         self._prepared.add(con)
         return con
 
-    def _sql(self, con: asyncpg.Connection, name: str, params: Sequence[Any]) -> str:
+    def literal_sql(self, con: asyncpg.Connection, name: str, params: Sequence[Any]) -> str:
         """Statement ``name`` for a simple-query message: ``EXECUTE`` of its prepared
         form where ``con`` has it, else its text; the parameters as literals."""
         if con in self._prepared:
             return f"EXECUTE relaybox_{name}({','.join(map(_literal, params))})"
         return _inline(self.q[name], params)
 
-    async def _begin_with(self, conn: AsyncConnection, sql: str) -> str:
+    async def begin_with(self, conn: AsyncConnection, sql: str) -> str:
         """BEGIN and ``sql`` (literals only) in one message; ``sql``'s status. In a
         transaction SQLAlchemy already began (or an adapted connection we do not
         fold), just ``sql``."""
@@ -508,53 +336,6 @@ class PostgresStore(Store):
             # again before the next transaction.
             self._prepared.discard(asyncpg_of(adapted))
             raise
-
-    async def savepoint(self, conn: AsyncConnection, *, release: bool, again: bool = True) -> None:
-        """A group's savepoint around one event's handler; ``release``: the previous
-        event's first, in the same round trip; ``again=False``: only that."""
-        driver = await _driver(conn)
-        await driver.execute(
-            (_RELEASE_SAVEPOINT + ";" if release else "") + (_SAVEPOINT if again else "")
-        )
-
-    async def rollback_to_savepoint(self, conn: AsyncConnection) -> None:
-        driver = await _driver(conn)
-        await driver.execute("ROLLBACK TO SAVEPOINT relaybox_event")
-
-    async def inbox_finish_group_on_commit(
-        self,
-        conn: AsyncConnection,
-        done: Sequence[int],
-        claimed: Sequence[tuple[int, int]],
-        outbox: Sequence[OutboxRow] = (),
-        *,
-        now: float,
-        released: Sequence[str] = (),
-    ) -> None:
-        """With a group's COMMIT (one round trip): its handlers' outbox rows, its
-        succeeded rows (locked by :meth:`inbox_lock_group`) completed, the next
-        group's start marks ((id, attempts as claimed) pairs; counted only while still
-        pending so), and the business keys it claimed that no handler asked for
-        released."""
-        con = asyncpg_of(await _adapted(conn))
-        parts = [self._outbox_rows_sql(con, outbox, now)] if outbox else []
-        if released:
-            parts.append(self._sql(con, "operations_release", ([k.encode() for k in released],)))
-        if done:
-            parts.append(self._sql(con, "inbox_complete", (list(done), now)))
-        if claimed:
-            parts.append(
-                self._sql(
-                    con,
-                    "inbox_start_next_group",
-                    ([i for i, _ in claimed], [a for _, a in claimed], now),
-                )
-            )
-        if not parts:
-            return
-        # The group's short lock_timeout was for its handlers: a start mark must not
-        # fail the COMMIT it rides on (and with it the group) for a lock wait.
-        await self._before_commit(conn, ";".join(["SET LOCAL lock_timeout = 0", *parts]))
 
     @contextlib.asynccontextmanager
     async def event_transaction(self, conn: AsyncConnection) -> AsyncIterator[None]:
@@ -590,33 +371,7 @@ class PostgresStore(Store):
                 await conn.rollback()
             raise
 
-    async def inbox_start_on_commit(
-        self, conn: AsyncConnection, inbox_id: int, *, attempts: int, now: float
-    ) -> None:
-        """Rides on the COMMIT itself (one round trip for both) when relaybox began the
-        transaction; a separate statement otherwise."""
-        con = asyncpg_of(await _adapted(conn))
-        await self._before_commit(
-            conn, self._sql(con, "inbox_start_next", (inbox_id, now, attempts))
-        )
-
-    async def outbox_insert_rows(
-        self, conn: AsyncConnection, rows: Sequence[OutboxRow], *, now: float
-    ) -> None:
-        """Handlers' outbox rows, with the COMMIT when relaybox began the transaction
-        (no round trip of their own)."""
-        if rows:
-            con = asyncpg_of(await _adapted(conn))
-            await self._before_commit(conn, self._outbox_rows_sql(con, rows, now))
-
-    def _outbox_rows_sql(
-        self, con: asyncpg.Connection, rows: Sequence[OutboxRow], now: float
-    ) -> str:
-        """One INSERT for ``rows``, its texts written as hex (literals for the simple
-        query protocol: nothing a handler passes can become SQL)."""
-        return self._sql(con, "outbox_insert_rows", (*_literal_columns(rows, 5), now))
-
-    async def _before_commit(self, conn: AsyncConnection, sql: str) -> None:
+    async def before_commit(self, conn: AsyncConnection, sql: str) -> None:
         """``sql`` (literals only) sent with the COMMIT when relaybox began the
         transaction (one round trip for both); now, on its own, otherwise."""
         adapted = await _adapted(conn)
@@ -681,29 +436,316 @@ class PostgresStore(Store):
             channels, self._wakes = sorted(self._wakes), set()
             try:
                 pool = await self.start_pool()
-                async with self._borrow(pool) as conn:
+                async with self.borrow(pool) as conn:
                     await conn.execute(self.q["notify_channels"], channels)
             except Exception as exc:  # polling finds the rows
                 log.warning("notify_failed", channels=channels, error=short_error(exc))
 
-    async def inbox_insert(
+    async def copy_event_keys(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        await self.rows(conn, "event_keys_insert", keys.event_key_columns(page))
+
+    async def copy_message_keys(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        await self.rows(conn, "message_keys_insert", keys.message_key_columns(page))
+
+    @contextlib.asynccontextmanager
+    async def maintenance_try_lock(self) -> AsyncIterator[bool]:
+        """One maintenance runner across every process: ``pg_try_advisory_lock`` on a
+        connection of its own, outside every pool (a pooled connection would carry the
+        session lock to its next user). Closing that connection releases the lock
+        even if the unlock is never reached (the process died)."""
+        conn = await asyncpg.connect(dsn(self.url), timeout=10)
+        try:
+            got = bool(await conn.fetchval(self.q["ops_maintenance_try_lock"]))
+            try:
+                yield got
+            finally:
+                if got:
+                    await conn.fetchval(self.q["ops_maintenance_unlock"])
+        finally:
+            await conn.close()
+
+    def mapping(self, row: Any) -> Any:
+        return row  # an asyncpg Record reads by column name
+
+
+class PostgresInbox(InboxStore):
+    """The inbox on PostgreSQL: the accept on the raw driver, claims and start marks on
+    the ``synchronous_commit=off`` pool, and groups of events in one transaction."""
+
+    db: PostgresBackend
+
+    def __init__(self, db: PostgresBackend) -> None:
+        super().__init__(db)
+        self.db = db
+
+    async def start(self, ids: Sequence[int], now: float) -> dict[int, int]:
+        pool = await self.db.start_pool()
+        async with self.db.borrow(pool) as conn:
+            rows = await conn.fetch(self.db.q["inbox_start"], list(ids), now)
+        return {r[0]: r[1] for r in rows}
+
+    async def keep_hold(self, ids: Sequence[int], held: Sequence[float], until: float) -> None:
+        pool = await self.db.start_pool()  # synchronous_commit off: a hold, not an outcome
+        async with self.db.borrow(pool) as conn:
+            await conn.execute(self.db.q["inbox_keep_hold"], list(ids), list(held), until)
+
+    async def accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
+        """Group commit on the raw driver: the batch insert is one autocommit
+        statement; only keys that already existed need a second, transactional step
+        (look up the stored fingerprint, quarantine a conflicting newcomer)."""
+        # Rows go in key order: two batches inserting the same keys in different orders
+        # would each wait for the other's row locks (a deadlock fails both batches).
+        order = sorted(range(len(batch)), key=lambda i: batch[i].key)
+        in_order = [batch[i] for i in order]
+        outcomes = await self._accept_sorted(in_order)
+        result: list[AcceptOutcome] = [outcomes[0]] * len(batch)
+        for position, i in enumerate(order):
+            result[i] = outcomes[position]
+        return result
+
+    def row_error(self, exc: BaseException) -> bool:
+        """Also the server's refusals of a value: data exceptions (SQLSTATE class 22,
+        such as a NUL in text), integrity violations (23) and program limits (54, such
+        as an index entry over its size)."""
+        if isinstance(exc, asyncpg.PostgresError):
+            return str(getattr(exc, "sqlstate", "") or "")[:2] in _ROW_ERROR_CLASSES
+        return super().row_error(exc)
+
+    async def warm_accept(self, connections: int) -> None:
+        """The accept's pool opened with ``connections`` connections (one per committer)
+        and its statement prepared and planned on each, by running it for an empty
+        batch (it inserts nothing). Otherwise the first requests after a start wait
+        for the connections to open one by one under load: the p99 of the first 3 s
+        under wrk was 55-73 ms without this, 11-16 ms with it (bench/README.md)."""
+        pool = await self.db.generic_pool()
+        held = [await self.db.take(pool) for _ in range(min(connections, self.db._raw_pool_size))]
+        try:
+            for conn in held:
+                columns = _columns([])
+                await conn.fetch(
+                    self.db.q["inbox_accept_fast"], *columns[:11], [], 0.0, [], *columns[11:]
+                )
+        except BaseException:
+            for conn in held:
+                self.db.give_back(pool, conn)
+            raise
+        for conn in held:
+            self.db.keep(pool, conn)  # for the accept's next uses (_borrow)
+
+    async def _accept_sorted(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
+        now = max(d.received_at for d in batch)
+        pool = await self.db.generic_pool()
+        async with self.db.borrow(pool) as conn:
+            if not await self.db.keys_complete(conn, "event"):
+                await self._adopt_event_keys(conn, batch)  # keys of rows stored before 0027
+            try:
+                rows = await self._accept_rows(conn, batch, now)
+            except asyncpg.UniqueViolationError:
+                # The inbox's old UNIQUE event key refused a row: an old row whose key
+                # is not in the keys table (expired there, the backfill being done).
+                await self._adopt_event_keys(conn, batch)
+                rows = await self._accept_rows(conn, batch, now)
+            inserted = {(r[1], r[2], r[3]): r[0] for r in rows if r[5]}
+            held = [d.held_until for d in batch]
+            if inserted and (
+                held.count(None) == len(held)
+                or any(d.held_until is None and d.key in inserted for d in batch)
+            ):  # rows for any worker (those this process's worker took need no claim)
+                self.db.wake("inbox")
+            stored = {(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in rows}
+            missing = {d.key: d for d in batch if d.key not in stored}
+            if missing:  # committed by a concurrent inserter after this statement began
+                digests = {keys.event_digest(*k): k for k in sorted(missing)}
+                found = await conn.fetch(self.db.q["event_keys_get"], list(digests))
+                stored.update({digests[bytes(r[0])]: (r[1], bytes(r[2])) for r in found})
+            outcomes = self._classify(batch, inserted, stored)
+            quarantine = [
+                d.quarantine_row(o.inbox_id)
+                for d, o in zip(batch, outcomes, strict=True)
+                if o.status == "quarantined"
+            ]
+            if quarantine:
+                async with conn.transaction():
+                    for row in quarantine:
+                        await conn.execute(self.db.q["quarantine_lock"], *row[1:4])
+                        await conn.execute(self.db.q["quarantine_insert"], *row)
+            return outcomes
+
+    async def _accept_rows(
+        self, conn: asyncpg.Connection, batch: Sequence[NewDelivery], now: float
+    ) -> list[Any]:
+        """``inbox_accept_fast`` (or its ``_subjects`` form) for ``batch``."""
+        held = [d.held_until for d in batch]
+        subjects = [d.subject for d in batch]
+        traces = [d.traceparent for d in batch]
+        columns = _columns(batch)
+        if subjects.count(None) == len(subjects):
+            return list(
+                await conn.fetch(
+                    self.db.q["inbox_accept_fast"], *columns[:11], held, now, traces, *columns[11:]
+                )
+            )
+        return list(
+            await conn.fetch(
+                self.db.q["inbox_accept_fast_subjects"],
+                *columns[:11],
+                held,
+                now,
+                traces,
+                *columns[11:],
+                subjects,
+            )
+        )
+
+    async def _adopt_event_keys(
+        self, conn: asyncpg.Connection, batch: Sequence[NewDelivery]
+    ) -> None:
+        """Copy the keys of the inbox rows stored under ``batch``'s event keys before
+        the keys table had them (one autocommit statement each way)."""
+        wanted = sorted({d.key for d in batch})
+        rows = await conn.fetch(
+            self.db.q["event_keys_old_rows"],
+            [k[0] for k in wanted],
+            [k[1] for k in wanted],
+            [k[2] for k in wanted],
+        )
+        if rows:
+            await conn.fetchval(self.db.q["event_keys_insert"], *keys.event_key_columns(rows))
+
+    async def claim(
+        self, *, now: float, limit: int, max_attempts: int, hold: float, start: int = 0
+    ) -> Claim:
+        # A hold, like the start marks: on the synchronous_commit=off pool. The first
+        # durable COMMIT after it (an event's completion) flushes the WAL up to it; a
+        # database crash before that loses only holds, whose rows are claimed again.
+        pool = await self.db.start_pool()
+        async with self.db.borrow(pool) as conn:  # one statement: its own transaction
+            rows = await conn.fetch(self.db.q["inbox_claim"], now, limit, hold, max_attempts, start)
+        return Claim.from_rows(rows)
+
+    async def begin(
+        self, conn: AsyncConnection, inbox_id: int, *, attempt: int, now: float
+    ) -> bool:
+        """BEGIN and the completion in one round trip (simple query protocol, the
+        parameters as literals: integers and floats only)."""
+        con = await self.db.prepare(conn)
+        sql = self.db.literal_sql(con, "inbox_begin_done", (inbox_id, now, attempt))
+        return await self.db.begin_with(conn, sql) == "UPDATE 1"
+
+    async def lock_group(
+        self,
+        conn: AsyncConnection,
+        started: Sequence[tuple[int, int]],
+        *,
+        now: float,
+        claims: Sequence[tuple[str, str, int, str, str | None]] = (),
+    ) -> bool:
+        """The first statement of a group's transaction, sent with its BEGIN (one round
+        trip): a short ``lock_timeout`` for the transaction, then the rows locked if
+        each is still pending at the attempt given ((id, attempt) pairs), and the
+        ``claims`` inserted as business keys ((key, fingerprint, inbox id, source,
+        tenant)). False when a row did not match or a key was not inserted (the
+        caller rolls back)."""
+        con = await self.db.prepare(conn)
+        ids, attempts = [i for i, _ in started], [a for _, a in started]
+        columns = _literal_columns(claims, 5)
+        sql = self.db.literal_sql(con, "inbox_lock_group", (ids, attempts, *columns, now))
+        status = await self.db.begin_with(conn, _GROUP_LOCK_TIMEOUT + sql)
+        return bool(status == f"SELECT {len(started) + len(claims)}")
+
+    async def savepoint(self, conn: AsyncConnection, *, release: bool, again: bool = True) -> None:
+        """A group's savepoint around one event's handler; ``release``: the previous
+        event's first, in the same round trip; ``again=False``: only that."""
+        driver = await _driver(conn)
+        await driver.execute(
+            (_RELEASE_SAVEPOINT + ";" if release else "") + (_SAVEPOINT if again else "")
+        )
+
+    async def rollback_to_savepoint(self, conn: AsyncConnection) -> None:
+        driver = await _driver(conn)
+        await driver.execute("ROLLBACK TO SAVEPOINT relaybox_event")
+
+    async def finish_group_on_commit(
+        self,
+        conn: AsyncConnection,
+        done: Sequence[int],
+        claimed: Sequence[tuple[int, int]],
+        outbox: Sequence[OutboxRow] = (),
+        *,
+        now: float,
+        released: Sequence[str] = (),
+    ) -> None:
+        """With a group's COMMIT (one round trip): its handlers' outbox rows, its
+        succeeded rows (locked by :meth:`inbox_lock_group`) completed, the next
+        group's start marks ((id, attempts as claimed) pairs; counted only while still
+        pending so), and the business keys it claimed that no handler asked for
+        released."""
+        con = asyncpg_of(await _adapted(conn))
+        parts = [self._outbox_rows_sql(con, outbox, now)] if outbox else []
+        if released:
+            parts.append(
+                self.db.literal_sql(con, "operations_release", ([k.encode() for k in released],))
+            )
+        if done:
+            parts.append(self.db.literal_sql(con, "inbox_complete", (list(done), now)))
+        if claimed:
+            parts.append(
+                self.db.literal_sql(
+                    con,
+                    "inbox_start_next_group",
+                    ([i for i, _ in claimed], [a for _, a in claimed], now),
+                )
+            )
+        if not parts:
+            return
+        # The group's short lock_timeout was for its handlers: a start mark must not
+        # fail the COMMIT it rides on (and with it the group) for a lock wait.
+        await self.db.before_commit(conn, ";".join(["SET LOCAL lock_timeout = 0", *parts]))
+
+    async def start_on_commit(
+        self, conn: AsyncConnection, inbox_id: int, *, attempts: int, now: float
+    ) -> None:
+        """Rides on the COMMIT itself (one round trip for both) when relaybox began the
+        transaction; a separate statement otherwise."""
+        con = asyncpg_of(await _adapted(conn))
+        await self.db.before_commit(
+            conn, self.db.literal_sql(con, "inbox_start_next", (inbox_id, now, attempts))
+        )
+
+    async def outbox_insert_rows(
+        self, conn: AsyncConnection, rows: Sequence[OutboxRow], *, now: float
+    ) -> None:
+        """Handlers' outbox rows, with the COMMIT when relaybox began the transaction
+        (no round trip of their own)."""
+        if rows:
+            con = asyncpg_of(await _adapted(conn))
+            await self.db.before_commit(conn, self._outbox_rows_sql(con, rows, now))
+
+    def _outbox_rows_sql(
+        self, con: asyncpg.Connection, rows: Sequence[OutboxRow], now: float
+    ) -> str:
+        """One INSERT for ``rows``, its texts written as hex (literals for the simple
+        query protocol: nothing a handler passes can become SQL)."""
+        return self.db.literal_sql(con, "outbox_insert_rows", (*_literal_columns(rows, 5), now))
+
+    async def insert(
         self, conn: AsyncConnection, batch: Sequence[NewDelivery]
     ) -> list[AcceptOutcome]:
         now = max(d.received_at for d in batch)
         cols = _columns(batch)
         raw = await _driver(conn)
-        if not await self._keys_complete(raw, "event"):
+        if not await self.db.keys_complete(raw, "event"):
             rows_before = await raw.fetch(
-                self.q["event_keys_old_rows"],
+                self.db.q["event_keys_old_rows"],
                 [d.source for d in batch],
                 [d.account for d in batch],
                 [d.event_id for d in batch],
             )
             if rows_before:
                 columns = keys.event_key_columns(rows_before)
-                await raw.fetchval(self.q["event_keys_insert"], *columns)
+                await raw.fetchval(self.db.q["event_keys_insert"], *columns)
         new_rows: Iterable[Sequence[Any]] = await conn.exec_driver_sql(
-            self.q["inbox_insert_batch"],
+            self.db.q["inbox_insert_batch"],
             (*cols[:11], now, [d.traceparent for d in batch], *cols[11:]),
         )
         inserted = {(r[1], r[2], r[3]): r[0] for r in new_rows}
@@ -713,21 +755,21 @@ class PostgresStore(Store):
         if wanted:
             digests = {keys.event_digest(*k): k for k in wanted}
             rows: Iterable[Sequence[Any]] = await conn.exec_driver_sql(
-                self.q["event_keys_get"], (list(digests),)
+                self.db.q["event_keys_get"], (list(digests),)
             )
             existing = {digests[bytes(r[0])]: (r[1], bytes(r[2])) for r in rows}
         outcomes = self._classify(batch, inserted, existing)
         for d, o in zip(batch, outcomes, strict=True):
             if d.subject is not None and o.status in ("accepted", "ignored"):
                 await conn.exec_driver_sql(
-                    self.q["subject_index"], (d.subject, "inbox", str(o.inbox_id))
+                    self.db.q["subject_index"], (d.subject, "inbox", str(o.inbox_id))
                 )
             if o.status == "quarantined":
                 row = d.quarantine_row(o.inbox_id)
-                await conn.exec_driver_sql(self.q["quarantine_lock"], row[1:4])
-                await conn.exec_driver_sql(self.q["quarantine_insert"], row)
+                await conn.exec_driver_sql(self.db.q["quarantine_lock"], row[1:4])
+                await conn.exec_driver_sql(self.db.q["quarantine_insert"], row)
         if any(o.status == "accepted" for o in outcomes):
-            await self.notify(conn, "inbox")
+            await self.db.notify(conn, "inbox")
         return outcomes
 
     @staticmethod
@@ -755,39 +797,17 @@ class PostgresStore(Store):
             outcomes.append(AcceptOutcome("duplicate" if same else "quarantined", inbox_id))
         return outcomes
 
-    # -- keys ---------------------------------------------------------------------------
 
-    async def _event_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
-        await self.rows(conn, "event_keys_insert", keys.event_key_columns(page))
+class PostgresDispatch(DispatchStore):
+    """The dispatcher's lease in one statement (``outbox_lease``)."""
 
-    async def _message_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
-        await self.rows(conn, "message_keys_insert", keys.message_key_columns(page))
+    db: PostgresBackend
 
-    # -- history --------------------------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def maintenance_try_lock(self) -> AsyncIterator[bool]:
-        """One maintenance runner across every process: ``pg_try_advisory_lock`` on a
-        connection of its own, outside every pool (a pooled connection would carry the
-        session lock to its next user). Closing that connection releases the lock
-        even if the unlock is never reached (the process died)."""
-        conn = await asyncpg.connect(dsn(self.url), timeout=10)
-        try:
-            got = bool(await conn.fetchval(self.q["ops_maintenance_try_lock"]))
-            try:
-                yield got
-            finally:
-                if got:
-                    await conn.fetchval(self.q["ops_maintenance_unlock"])
-        finally:
-            await conn.close()
-
-    # -- outbox ---------------------------------------------------------------------------
+    def __init__(self, db: PostgresBackend, outbox: OutboxStore) -> None:
+        super().__init__(db, outbox)
+        self.db = db
 
     lease_records: ClassVar[bool] = True
-
-    def _mapping(self, row: Any) -> Any:
-        return row  # an asyncpg Record reads by column name
 
     async def outbox_lease(self, request: LeaseRequest, open_secrets: SecretOpener) -> Leased:
         """Every step of the lease in one autocommit statement (``outbox_lease``), on
@@ -798,10 +818,10 @@ class PostgresStore(Store):
         fair = request.fair
         sent = attempt_columns(request.sent)  # their dispatcher: request.owner
         tenants = list(fair.held)
-        pool = await self.generic_pool()
-        async with self._borrow(pool) as conn:
+        pool = await self.db.generic_pool()
+        async with self.db.borrow(pool) as conn:
             leased = await conn.fetch(
-                self.q["outbox_lease"],
+                self.db.q["outbox_lease"],
                 request.now,
                 request.slots,
                 list(request.channels),
@@ -877,6 +897,36 @@ class PostgresStore(Store):
             deliveries.append(delivery)
             allowed[delivery.lane] = r["allowed"]  # type: ignore[index]
         return Leased(deliveries, written, allowed)
+
+
+class PostgresStore(Store):
+    """The store on PostgreSQL (:class:`PostgresBackend`); the options are the
+    backend's."""
+
+    db: PostgresBackend
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 10,
+        max_overflow: int = 10,
+        connect_timeout: float = 5,
+        raw_pool_size: int = 8,
+        pool_timeout: float = 10,
+        idle_in_transaction_timeout: float = 20,
+    ) -> None:
+        db = PostgresBackend(
+            url,
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            connect_timeout=connect_timeout,
+            raw_pool_size=raw_pool_size,
+            pool_timeout=pool_timeout,
+            idle_in_transaction_timeout=idle_in_transaction_timeout,
+        )
+        super().__init__(db, inbox=PostgresInbox(db), dispatch=PostgresDispatch)
+        self.db = db
 
 
 _ROW_ERROR_CLASSES = ("22", "23", "54")

@@ -1,15 +1,15 @@
 """The store's retention-policy area: the payload ages an operator set per tenant
 (``relaybox_retention_policies``) and the purge's passes per tenant group or source.
 
-:class:`RetentionStore` is a mixin of :class:`~relaybox.store.base.Store`. Its
+:class:`RetentionStore` is an area of :class:`~relaybox.store.base.Store`. Its
 methods run the named queries of ``sql/<backend>_retention.sql``; none is on a
 request's hot path (the admin API and the maintenance role call them). A purge pass
 is one of two shapes, both in batches of their own transactions:
 
-* :meth:`retention_purge_tenants`: the rows of a list of tenants finished before one
+* :meth:`purge_tenants`: the rows of a list of tenants finished before one
   cutoff, through partial ``(tenant, time)`` indexes: each batch reads the candidates
   it purges and one index descent per tenant of the list.
-* :meth:`retention_scan` then :meth:`retention_purge_ids`: the candidates before a
+* :meth:`scan` then :meth:`purge_ids`: the candidates before a
   cutoff in (time, id) order after a cursor (all of them, or one source's), which the
   caller filters (rows whose tenant or source keeps them longer) before purging the
   others by id. The cursor moves past rows left alone, so a pass reads each once.
@@ -22,12 +22,10 @@ source, which a generic plan does not see.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
+from relaybox.store.backend import Backend
 from relaybox.store.history import PurgeTable
 
 __all__ = ["PurgeCandidate", "RetentionPolicyRow", "RetentionStore"]
@@ -69,32 +67,17 @@ class PurgeCandidate:
 class RetentionStore:
     """Retention policies and the purge's scoped passes (see the module docstring)."""
 
-    if TYPE_CHECKING:  # what Store provides
-
-        def connect(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
-
-        async def rows(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> list[Any]: ...
-
-        async def first(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> Any: ...
-
-        def _ids(self, ids: Sequence[int]) -> Any: ...
-
-    def _list(self, values: Sequence[Any]) -> Any:
-        """How a list of texts or ids is passed (a JSON array on SQLite)."""
-        return self._ids(values)
+    def __init__(self, db: Backend) -> None:
+        self.db = db
 
     # -- policies -----------------------------------------------------------------------
 
-    async def retention_policy_get(self, tenant: str) -> RetentionPolicyRow | None:
-        async with self.connect() as conn:
-            row = await self.first(conn, "retention_policy_get", (tenant,))
+    async def policy_get(self, tenant: str) -> RetentionPolicyRow | None:
+        async with self.db.connect() as conn:
+            row = await self.db.first(conn, "retention_policy_get", (tenant,))
         return None if row is None else RetentionPolicyRow.from_row(row)
 
-    async def retention_policy_put(
+    async def policy_put(
         self,
         tenant: str,
         *,
@@ -109,26 +92,24 @@ class RetentionStore:
         if payload_max_age is None and outbox_payload_max_age is None:
             raise ValueError("a retention policy sets at least one age")
         params = (tenant, payload_max_age, outbox_payload_max_age, now, actor, max_policies)
-        async with self.connect() as conn:
-            row = await self.first(conn, "retention_policy_put", params)
+        async with self.db.connect() as conn:
+            row = await self.db.first(conn, "retention_policy_put", params)
         return None if row is None else RetentionPolicyRow.from_row(row)
 
-    async def retention_policy_delete(self, tenant: str) -> bool:
+    async def policy_delete(self, tenant: str) -> bool:
         """Remove the tenant's policy; whether it had one."""
-        async with self.connect() as conn:
-            return await self.first(conn, "retention_policy_delete", (tenant,)) is not None
+        async with self.db.connect() as conn:
+            return await self.db.first(conn, "retention_policy_delete", (tenant,)) is not None
 
-    async def retention_policy_page(
-        self, *, after: str = "", limit: int = 100
-    ) -> list[RetentionPolicyRow]:
+    async def policy_page(self, *, after: str = "", limit: int = 100) -> list[RetentionPolicyRow]:
         """The policies of the tenants after ``after``, in tenant order."""
-        async with self.connect() as conn:
-            rows = await self.rows(conn, "retention_policy_page", (after, limit))
+        async with self.db.connect() as conn:
+            rows = await self.db.rows(conn, "retention_policy_page", (after, limit))
         return [RetentionPolicyRow.from_row(r) for r in rows]
 
     # -- scoped purge passes -------------------------------------------------------------
 
-    async def retention_purge_tenants(
+    async def purge_tenants(
         self,
         table: PurgeTable,
         tenants: Sequence[str],
@@ -140,16 +121,16 @@ class RetentionStore:
         """Purge up to ``limit`` rows of ``table`` of the ``tenants`` finished before
         ``cutoff`` (what :meth:`retention_purge_batch` purges, for these tenants only),
         in a transaction of their own; returns how many."""
-        params = (cutoff, now, limit, self._list(list(tenants)))
-        async with self.connect() as conn:
-            await self.rows(conn, "retention_custom_plans")
-            rows = await self.rows(conn, f"ops_purge_{table}_tenants", params)
+        params = (cutoff, now, limit, self.db.array(list(tenants)))
+        async with self.db.connect() as conn:
+            await self.db.rows(conn, "retention_custom_plans")
+            rows = await self.db.rows(conn, f"ops_purge_{table}_tenants", params)
             if rows and table == "outbox":
-                ids = self._ids([r[0] for r in rows])
-                await self.rows(conn, "ops_purge_outbox_responses", (ids,))
+                ids = self.db.array([r[0] for r in rows])
+                await self.db.rows(conn, "ops_purge_outbox_responses", (ids,))
         return len(rows)
 
-    async def retention_scan(
+    async def scan(
         self,
         table: PurgeTable,
         *,
@@ -174,34 +155,34 @@ class RetentionStore:
             raise ValueError(f"{table} rows have no source")
         else:
             name = f"ops_purge_{table}_scan"
-        async with self.connect() as conn:
-            await self.rows(conn, "retention_custom_plans")
-            rows = await self.rows(conn, name, params)
+        async with self.db.connect() as conn:
+            await self.db.rows(conn, "retention_custom_plans")
+            rows = await self.db.rows(conn, name, params)
         return [PurgeCandidate(r[0], float(r[1]), r[2], r[3]) for r in rows]
 
-    async def retention_purge_ids(
+    async def purge_ids(
         self, table: PurgeTable, ids: Sequence[int | str], *, cutoff: float, now: float
     ) -> int:
-        """Purge the rows ``ids`` of ``table`` (from :meth:`retention_scan`) that are
+        """Purge the rows ``ids`` of ``table`` (from :meth:`scan`) that are
         still candidates at ``cutoff`` once locked, in a transaction of their own;
         returns how many."""
         if not ids:
             return 0
-        async with self.connect() as conn:
-            await self.rows(conn, "retention_custom_plans")
-            rows = await self.rows(
-                conn, f"ops_purge_{table}_ids", (self._list(list(ids)), now, cutoff)
+        async with self.db.connect() as conn:
+            await self.db.rows(conn, "retention_custom_plans")
+            rows = await self.db.rows(
+                conn, f"ops_purge_{table}_ids", (self.db.array(list(ids)), now, cutoff)
             )
             if rows and table == "outbox":
-                done = self._ids([r[0] for r in rows])
-                await self.rows(conn, "ops_purge_outbox_responses", (done,))
+                done = self.db.array([r[0] for r in rows])
+                await self.db.rows(conn, "ops_purge_outbox_responses", (done,))
         return len(rows)
 
-    async def retention_count_groups(
+    async def count_groups(
         self, table: PurgeTable, cutoff: float
     ) -> dict[tuple[str | None, str | None], int]:
         """What a purge at ``cutoff`` would drop in ``table``, by (tenant, source)
         (the source ``None`` on the sending side): dry runs and progress totals."""
-        async with self.connect() as conn:
-            rows = await self.rows(conn, f"ops_purge_{table}_groups", (cutoff,))
+        async with self.db.connect() as conn:
+            rows = await self.db.rows(conn, f"ops_purge_{table}_groups", (cutoff,))
         return {(r[0], r[1]): int(r[2]) for r in rows}

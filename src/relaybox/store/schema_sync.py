@@ -9,7 +9,7 @@ import time
 
 from sqlalchemy import Connection, text
 
-from relaybox.store.base import load_migrations
+from relaybox.store.backend import load_migrations
 
 __all__ = ["latest_migration", "migrate_sync", "migrations_applied_sync"]
 

@@ -1,7 +1,7 @@
 """The store's silence area: what :mod:`relaybox.silence` reads to tell whether a
 source or an endpoint has gone quiet, and the state it keeps (``relaybox_silences``).
 
-:class:`SilenceStore` is a mixin of :class:`~relaybox.store.base.Store`. Its methods
+:class:`SilenceStore` is an area of :class:`~relaybox.store.base.Store`. Its methods
 run the named queries of ``sql/<backend>_silence.sql``; none is on a hot path (the
 maintenance role calls them). The reads cost what the number of watched sources and
 endpoints sets, through indexes, never a walk over history; a silence is raised and
@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from relaybox.store.backend import Backend
 
 __all__ = [
     "EndpointActivity",
@@ -75,46 +76,32 @@ class SilenceSummary:
 
 
 class SilenceStore:
-    """Silence detection's reads and state (a base of :class:`~relaybox.store.Store`)."""
+    """Silence detection's reads and state (``store.silence``)."""
 
-    if TYPE_CHECKING:  # what Store provides
-        q: dict[str, str]
-        backend: ClassVar[str]
+    def __init__(self, db: Backend) -> None:
+        self.db = db
 
-        def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]: ...
-
-        async def rows(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> list[Any]: ...
-
-        async def first(
-            self, conn: AsyncConnection, name: str, params: Sequence[Any] = ()
-        ) -> Any: ...
-
-        def _ids(self, ids: Sequence[int]) -> Any: ...
-
-    def _names(self, values: Sequence[str]) -> Any:
-        return self._ids(values)  # type: ignore[arg-type]
-
-    async def silence_sources_seen(self, sources: Sequence[str]) -> dict[str, float | None]:
+    async def sources_seen(self, sources: Sequence[str]) -> dict[str, float | None]:
         """Each source's newest arrival (``None``: it never received anything)."""
         if not sources:
             return {}
-        async with self.transaction() as conn:
-            found = await self.rows(conn, "silence_sources_seen", (self._names(list(sources)),))
+        async with self.db.transaction() as conn:
+            found = await self.db.rows(
+                conn, "silence_sources_seen", (self.db.array(list(sources)),)
+            )
         return {str(r[0]): None if r[1] is None else float(r[1]) for r in found}
 
-    async def silence_arrivals(self, source: str, since: float, limit: int) -> list[float]:
+    async def arrivals(self, source: str, since: float, limit: int) -> list[float]:
         """Arrival times of the source's newest ``limit`` events since ``since``,
         newest first (learning its window)."""
-        async with self.transaction() as conn:
-            found = await self.rows(conn, "silence_arrivals", (source, since, limit))
+        async with self.db.transaction() as conn:
+            found = await self.db.rows(conn, "silence_arrivals", (source, since, limit))
         return [float(r[0]) for r in found]
 
-    async def silence_endpoints(self, operational_tenant: str) -> list[EndpointActivity]:
+    async def endpoints(self, operational_tenant: str) -> list[EndpointActivity]:
         """Every enabled, unpaused endpoint outside ``operational_tenant``."""
-        async with self.transaction() as conn:
-            found = await self.rows(conn, "silence_endpoints", (operational_tenant,))
+        async with self.db.transaction() as conn:
+            found = await self.db.rows(conn, "silence_endpoints", (operational_tenant,))
         return [
             EndpointActivity(
                 id=str(r[0]),
@@ -127,32 +114,32 @@ class SilenceStore:
             for r in found
         ]
 
-    async def silence_states(self) -> list[SilenceState]:
+    async def states(self) -> list[SilenceState]:
         """Every watched source as the last check left it."""
-        async with self.transaction() as conn:
-            found = await self.rows(conn, "silence_states")
+        async with self.db.transaction() as conn:
+            found = await self.db.rows(conn, "silence_states")
         return [SilenceState(*r) for r in found]
 
-    async def silence_summary(self, limit: int = 20) -> SilenceSummary:
+    async def summary(self, limit: int = 20) -> SilenceSummary:
         """The watched sources, and the ``limit`` longest silent endpoints: read in
         a time set by the configured sources and ``limit``, never by the endpoints."""
-        async with self.transaction() as conn:
-            sources = await self.rows(conn, "silence_states")
-            endpoints = await self.rows(conn, "silence_silent_endpoints", (limit,))
-            count = await self.first(conn, "silence_silent_endpoints_count", (SILENT_COUNT_CAP,))
+        async with self.db.transaction() as conn:
+            sources = await self.db.rows(conn, "silence_states")
+            endpoints = await self.db.rows(conn, "silence_silent_endpoints", (limit,))
+            count = await self.db.first(conn, "silence_silent_endpoints_count", (SILENT_COUNT_CAP,))
         return SilenceSummary(
             [SilenceState(*r) for r in sources],
             int(count[0]),
             [SilenceState(*r) for r in endpoints],
         )
 
-    async def silence_rows(self, kind: SilenceKind) -> dict[str, SilenceState]:
+    async def rows(self, kind: SilenceKind) -> dict[str, SilenceState]:
         """The state of every watched name of ``kind``, by name."""
-        async with self.transaction() as conn:
-            found = await self.rows(conn, "silence_rows", (kind,))
+        async with self.db.transaction() as conn:
+            found = await self.db.rows(conn, "silence_rows", (kind,))
         return {str(r[1]): SilenceState(*r) for r in found}
 
-    async def silence_note(
+    async def note(
         self,
         kind: SilenceKind,
         notes: Sequence[tuple[str, float | None, float | None]],
@@ -163,34 +150,34 @@ class SilenceStore:
         values changed or that is new, in one statement."""
         if not notes:
             return
-        if self.backend == "sqlite":
+        if self.db.backend == "sqlite":
             params: tuple[Any, ...] = (kind, json.dumps([list(n) for n in notes]), now)
         else:
             names, seen, expected = (list(column) for column in zip(*notes, strict=True))
             params = (kind, names, seen, expected, now)
-        async with self.transaction() as conn:
-            await self.rows(conn, "silence_note", params)
+        async with self.db.transaction() as conn:
+            await self.db.rows(conn, "silence_note", params)
 
-    async def silence_raise(
+    async def start(
         self, conn: AsyncConnection, kind: SilenceKind, name: str, *, now: float
     ) -> bool:
         """Mark the silence raised; ``False`` when another check already did."""
-        return await self.first(conn, "silence_raise", (kind, name, now)) is not None
+        return await self.db.first(conn, "silence_raise", (kind, name, now)) is not None
 
-    async def silence_end(self, conn: AsyncConnection, kind: SilenceKind, name: str) -> bool:
+    async def end(self, conn: AsyncConnection, kind: SilenceKind, name: str) -> bool:
         """Mark the silence ended; ``False`` when another check already did."""
-        return await self.first(conn, "silence_end", (kind, name)) is not None
+        return await self.db.first(conn, "silence_end", (kind, name)) is not None
 
-    async def silence_learned(
+    async def learned(
         self, kind: SilenceKind, name: str, learned: float | None, *, now: float
     ) -> None:
         """Store a learned window (``None``: too few arrivals to learn one), the
         name's row made if it has none yet."""
-        async with self.transaction() as conn:
-            await self.rows(conn, "silence_learned", (kind, name, learned, now))
+        async with self.db.transaction() as conn:
+            await self.db.rows(conn, "silence_learned", (kind, name, learned, now))
 
-    async def silence_forget(self, kind: SilenceKind, watched: Sequence[str]) -> list[str]:
+    async def forget(self, kind: SilenceKind, watched: Sequence[str]) -> list[str]:
         """Drop the rows of ``kind`` not in ``watched``; return their names."""
-        async with self.transaction() as conn:
-            found = await self.rows(conn, "silence_forget", (kind, self._names(list(watched))))
+        async with self.db.transaction() as conn:
+            found = await self.db.rows(conn, "silence_forget", (kind, self.db.array(list(watched))))
         return [str(r[0]) for r in found]

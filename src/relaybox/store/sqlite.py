@@ -33,18 +33,20 @@ from relaybox.store._drivers import (
     run_on_sqlite_thread,
     sqlite_in_transaction,
 )
+from relaybox.store.backend import Backend
 from relaybox.store.base import Store
-from relaybox.store.dispatch import leased_delivery
+from relaybox.store.dispatch import DispatchStore, leased_delivery
 from relaybox.store.dispatch_rows import Lane, Leased, LeaseRequest, allocate
+from relaybox.store.inbox import InboxStore
 from relaybox.store.inbox_rows import AcceptOutcome, Listener, NewDelivery
 from relaybox.store.operator import DatabaseHealth
 from relaybox.store.outbox_rows import MessageBody, SecretOpener, Target, with_extras
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SQLiteBackend", "SQLiteDispatch", "SQLiteInbox", "SQLiteStore"]
 
 
 class _TaskListener:
-    def __init__(self, task: asyncio.Task[None], store: SQLiteStore) -> None:
+    def __init__(self, task: asyncio.Task[None], store: SQLiteBackend) -> None:
         self._task = task
         self._store = store
 
@@ -75,20 +77,18 @@ def _checkpoint(db: Any) -> None:
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
 
-class SQLiteStore(Store):
+class SQLiteBackend(Backend):
+    """SQLite under aiosqlite: one pooled connection, BEGIN IMMEDIATE, WAL."""
+
     backend: ClassVar[str] = "sqlite"
     float_type: ClassVar[str] = "REAL"
     single_writer: ClassVar[bool] = True
     clock_from_database: ClassVar[bool] = False  # one host: its own clock is the database's
-    INSERT_ROWS: ClassVar[int] = 32
-    """Rows an inbox insert statement carries at most (13 parameters each: 416, under
-    SQLite's oldest limit of 999 parameters a statement)."""
 
     def __init__(
         self, url: str, *, busy_timeout_ms: int = 10_000, pool_timeout: float = 10.0
     ) -> None:
-        super().__init__()
-        self.url = url
+        super().__init__(url)
         u = make_url(url)
         if u.database and u.database != ":memory:":
             Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
@@ -110,8 +110,6 @@ class SQLiteStore(Store):
         )
         self._watch: asyncio.Task[None] | None = None
         self._watchers = 0
-        self._insert_texts: dict[int, str] = {}  # inbox_insert for n rows (_insert_sql)
-        self._keys_texts: dict[int, str] = {}  # event_keys_get for n digests (_keys_get_sql)
 
         @event.listens_for(self.engine.sync_engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -143,18 +141,10 @@ class SQLiteStore(Store):
         def _on_begin(conn: Any) -> None:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
-    def row_error(self, exc: BaseException) -> bool:
-        """Also SQLite's refusals of a value (``DataError``, ``IntegrityError``) and of
-        a parameter (``InterfaceError``); ``OperationalError`` (locked, I/O, full
-        disk) is the database's, not a row's."""
-        if isinstance(exc, sqlite3.DataError | sqlite3.IntegrityError | sqlite3.InterfaceError):
-            return True
-        return super().row_error(exc)
-
-    def _ids(self, ids: Sequence[int]) -> Any:
+    def array(self, ids: Sequence[int]) -> Any:
         return json.dumps(list(ids))
 
-    def _sql_insert_migration(self) -> str:
+    def insert_migration_sql(self) -> str:
         return "INSERT INTO relaybox_migrations (version, name, applied_at) VALUES (?, ?, ?)"
 
     def wakeup(self, channel: str) -> asyncio.Event:
@@ -198,7 +188,7 @@ class SQLiteStore(Store):
             self._watch = None
         await super().close()
 
-    async def database_health(self) -> DatabaseHealth:
+    async def health(self) -> DatabaseHealth:
         """SQLite shows no other connection's transactions nor dead rows: the file's
         free pages and the write-ahead log's size instead (:class:`DatabaseHealth`)."""
         async with self.connect() as conn:
@@ -220,13 +210,76 @@ class SQLiteStore(Store):
     def wake(self, channel: str) -> None:
         self.wakeup(channel).set()
 
-    async def inbox_accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
+    async def copy_event_keys(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        ids, scopes, days, digests, fps = keys.event_key_columns(page)
+        rows = list(zip(digests, fps, days, scopes, ids, strict=True))
+        await run_on_sqlite_thread(conn, _executemany, self.q["event_keys_insert_one"], rows)
+
+    async def copy_message_keys(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        rows = list(zip(*keys.message_key_columns(page), strict=True))
+        await run_on_sqlite_thread(conn, _executemany, self.q["message_keys_insert_one"], rows)
+
+    @contextlib.asynccontextmanager
+    async def erasing(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        """``secure_delete`` on for the batch: the cells and overflow pages its
+        UPDATEs free are overwritten with zeros, not left in the file's free space.
+        The setting in force before comes back after (it is the connection's)."""
+        before = (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one()
+        await conn.exec_driver_sql("PRAGMA secure_delete = 1")
+        try:
+            yield
+        finally:
+            await conn.exec_driver_sql(f"PRAGMA secure_delete = {int(before)}")
+
+    async def checkpoint(self) -> None:
+        """Copy the WAL into the database file and truncate it to nothing: the pages
+        written before the erasure no longer sit in the WAL. A reader in another
+        process can hold the checkpoint back; the next one completes it."""
+        await run_on_pooled_sqlite(self.engine, _checkpoint)
+
+    @contextlib.asynccontextmanager
+    async def maintenance_try_lock(self) -> AsyncIterator[bool]:
+        """Always this process's: SQLite runs one process per database file, each purge
+        batch is its own write transaction (BEGIN IMMEDIATE), and purging twice is
+        harmless."""
+        yield True
+
+    def flag(self, value: bool) -> Any:
+        """An integer: SQLite compares a boolean expression's result, an integer."""
+        return int(value)
+
+
+class SQLiteInbox(InboxStore):
+    """The inbox on SQLite: the accept's inserts in one hop to the connection's
+    thread."""
+
+    db: SQLiteBackend
+
+    def __init__(self, db: SQLiteBackend) -> None:
+        super().__init__(db)
+        self.db = db
+        self._insert_texts: dict[int, str] = {}  # inbox_insert for n rows (_insert_sql)
+        self._keys_texts: dict[int, str] = {}  # event_keys_get for n digests (_keys_get_sql)
+
+    INSERT_ROWS: ClassVar[int] = 32
+    """Rows an inbox insert statement carries at most (13 parameters each: 416, under
+    SQLite's oldest limit of 999 parameters a statement)."""
+
+    def row_error(self, exc: BaseException) -> bool:
+        """Also SQLite's refusals of a value (``DataError``, ``IntegrityError``) and of
+        a parameter (``InterfaceError``); ``OperationalError`` (locked, I/O, full
+        disk) is the database's, not a row's."""
+        if isinstance(exc, sqlite3.DataError | sqlite3.IntegrityError | sqlite3.InterfaceError):
+            return True
+        return super().row_error(exc)
+
+    async def accept(self, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
         """Group commit in one hop to the connection's thread: BEGIN IMMEDIATE, every
         insert, COMMIT, without a thread round trip per statement (aiosqlite runs each
         call on its own thread; per-row hops cost more than the inserts)."""
-        outcomes = await run_on_pooled_sqlite(self.engine, self._accept_sync, batch)
+        outcomes = await run_on_pooled_sqlite(self.db.engine, self._accept_sync, batch)
         if any(o.status == "accepted" for o in outcomes):
-            self.wakeup("inbox").set()
+            self.db.wakeup("inbox").set()
         return outcomes
 
     def _accept_sync(self, db: Any, batch: Sequence[NewDelivery]) -> list[AcceptOutcome]:
@@ -249,7 +302,7 @@ class SQLiteStore(Store):
         not the original row still exists. A row the inbox's own UNIQUE event key
         refuses was stored before the keys table had it (before the backfill, or its
         key expired): its key is copied from it and decides as any other."""
-        q = self.q
+        q = self.db.q
         digests = [keys.event_digest(*d.key) for d in batch]
         fps = [keys.fingerprint_digest(d.fingerprint) for d in batch]
         stored: dict[bytes, tuple[int, bytes]] = {}
@@ -325,7 +378,7 @@ class SQLiteStore(Store):
         """``event_keys_get`` for ``count`` digests (made once per count)."""
         sql = self._keys_texts.get(count)
         if sql is None:
-            sql = self.q["event_keys_get"].replace("(?)", "(" + ", ".join("?" * count) + ")")
+            sql = self.db.q["event_keys_get"].replace("(?)", "(" + ", ".join("?" * count) + ")")
             self._keys_texts[count] = sql
         return sql
 
@@ -335,68 +388,24 @@ class SQLiteStore(Store):
         128 keeps prepared)."""
         sql = self._insert_texts.get(rows)
         if sql is None:
-            head, _, rest = self.q["inbox_insert"].partition("VALUES ")
+            head, _, rest = self.db.q["inbox_insert"].partition("VALUES ")
             row, _, tail = rest.partition(")")
             sql = self._insert_texts[rows] = f"{head}VALUES {', '.join([row + ')'] * rows)}{tail}"
         return sql
 
-    async def inbox_insert(
+    async def insert(
         self, conn: AsyncConnection, batch: Sequence[NewDelivery]
     ) -> list[AcceptOutcome]:
         """The same rows inside the caller's transaction (inline mode)."""
         # The transaction is open: the "begin" event issued BEGIN IMMEDIATE.
         outcomes = await run_on_sqlite_thread(conn, self._insert_rows, batch)
         if any(o.status == "accepted" for o in outcomes):
-            self.wakeup("inbox").set()
+            self.db.wakeup("inbox").set()
         return outcomes
 
-    # -- keys ---------------------------------------------------------------------------
 
-    async def _event_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
-        ids, scopes, days, digests, fps = keys.event_key_columns(page)
-        rows = list(zip(digests, fps, days, scopes, ids, strict=True))
-        await run_on_sqlite_thread(conn, _executemany, self.q["event_keys_insert_one"], rows)
-
-    async def _message_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
-        rows = list(zip(*keys.message_key_columns(page), strict=True))
-        await run_on_sqlite_thread(conn, _executemany, self.q["message_keys_insert_one"], rows)
-
-    # -- erasure --------------------------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def _erasing(self, conn: AsyncConnection) -> AsyncIterator[None]:
-        """``secure_delete`` on for the batch: the cells and overflow pages its
-        UPDATEs free are overwritten with zeros, not left in the file's free space.
-        The setting in force before comes back after (it is the connection's)."""
-        before = (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one()
-        await conn.exec_driver_sql("PRAGMA secure_delete = 1")
-        try:
-            yield
-        finally:
-            await conn.exec_driver_sql(f"PRAGMA secure_delete = {int(before)}")
-
-    async def erasure_flush(self) -> None:
-        """Copy the WAL into the database file and truncate it to nothing: the pages
-        written before the erasure no longer sit in the WAL. A reader in another
-        process can hold the checkpoint back; the next one completes it."""
-        await run_on_pooled_sqlite(self.engine, _checkpoint)
-
-    # -- history --------------------------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def maintenance_try_lock(self) -> AsyncIterator[bool]:
-        """Always this process's: SQLite runs one process per database file, each purge
-        batch is its own write transaction (BEGIN IMMEDIATE), and purging twice is
-        harmless."""
-        yield True
-
-    # -- operator -------------------------------------------------------------------------
-
-    def _flag(self, value: bool) -> Any:
-        """An integer: SQLite compares a boolean expression's result, an integer."""
-        return int(value)
-
-    # -- outbox ---------------------------------------------------------------------------
+class SQLiteDispatch(DispatchStore):
+    """The dispatcher's lease as a transaction of a few statements."""
 
     async def outbox_lease(self, request: LeaseRequest, open_secrets: SecretOpener) -> Leased:
         """The steps of PostgreSQL's one statement, one by one in one transaction (one
@@ -406,17 +415,17 @@ class SQLiteStore(Store):
         if request.sent:
             raise NotImplementedError("SQLiteStore records no successes in a lease")
         now, fair = request.now, request.fair
-        async with self.transaction() as conn:
+        async with self.db.transaction() as conn:
             wanted = (
                 now,
                 request.slots,
-                self._array(request.channels),
+                self.db.array(request.channels),
                 fair.cap,
-                self._array(fair.full()),
+                self.db.array(fair.full()),
             )
             lanes = [
-                Lane(**self._mapping(r))
-                for r in await self.rows(conn, "outbox_lease_lanes", wanted)
+                Lane(**self.db.mapping(r))
+                for r in await self.db.rows(conn, "outbox_lease_lanes", wanted)
             ]
             plan = allocate(lanes, request.slots, now, fair)
             if not plan:
@@ -426,20 +435,22 @@ class SQLiteStore(Store):
                 now,
                 request.owner,
                 request.until,
-                self._array(names),
-                self._array([plan[n] for n in names]),
+                self.db.array(names),
+                self.db.array([plan[n] for n in names]),
             )
-            leased = [self._mapping(r) for r in await self.rows(conn, "outbox_lease_rows", take)]
+            leased = [
+                self.db.mapping(r) for r in await self.db.rows(conn, "outbox_lease_rows", take)
+            ]
             if not leased:
                 return Leased([], set(), {})
             taken = Counter(r["lane"] or r["channel"] for r in leased)
             served = [lane for lane in lanes if taken[lane.lane]]
             marks = (
                 now,
-                self._array([lane.lane for lane in served]),
-                self._array([lane.room(now)[1] - taken[lane.lane] for lane in served]),
+                self.db.array([lane.lane for lane in served]),
+                self.db.array([lane.room(now)[1] - taken[lane.lane] for lane in served]),
             )
-            await self.rows(conn, "lane_mark", marks)
+            await self.db.rows(conn, "lane_mark", marks)
             messages, endpoints = await self._lease_load(conn, leased, now, open_secrets)
         deliveries = sorted(
             (
@@ -467,14 +478,14 @@ class SQLiteStore(Store):
         messages: dict[str, MessageBody] = {}
         endpoints: dict[str, Target] = {}
         if message_ids:
-            found = await self.rows(conn, "delivery_messages", (self._array(message_ids),))
+            found = await self.db.rows(conn, "delivery_messages", (self.db.array(message_ids),))
             for r in found:
                 messages[r[0]] = MessageBody(r[0], r[1], r[2].encode(), r[3], r[4])
         if endpoint_ids:
             secrets: dict[str, list[str]] = {}
-            for s in await self.endpoint_secrets_active(conn, endpoint_ids, now=now):
+            for s in await self.outbox.endpoint_secrets_active(conn, endpoint_ids, now=now):
                 secrets.setdefault(s.endpoint_id, []).append(s.secret)
-            found = await self.rows(conn, "delivery_endpoints", (self._array(endpoint_ids),))
+            found = await self.db.rows(conn, "delivery_endpoints", (self.db.array(endpoint_ids),))
             for r in found:
                 opened, locked = open_secrets(secrets.get(r[0], ()))
                 target = Target(
@@ -493,6 +504,19 @@ class SQLiteStore(Store):
                     target = with_extras(target, r[6], r[7], r[8], open_secrets)
                 endpoints[r[0]] = target
         return messages, endpoints
+
+
+class SQLiteStore(Store):
+    """The store on SQLite (:class:`SQLiteBackend`); the options are the backend's."""
+
+    db: SQLiteBackend
+
+    def __init__(
+        self, url: str, *, busy_timeout_ms: int = 10_000, pool_timeout: float = 10.0
+    ) -> None:
+        db = SQLiteBackend(url, busy_timeout_ms=busy_timeout_ms, pool_timeout=pool_timeout)
+        super().__init__(db, inbox=SQLiteInbox(db), dispatch=SQLiteDispatch)
+        self.db = db
 
 
 def _executemany(db: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:

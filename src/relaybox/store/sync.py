@@ -34,7 +34,8 @@ from relaybox.store.keys import message_digest
 from relaybox.store.outbox_rows import Message, NewMessage, PublishContext
 
 if TYPE_CHECKING:
-    from relaybox.store.base import OutboxRow, Store
+    from relaybox.store.backend import Backend
+    from relaybox.store.inbox_rows import OutboxRow
 
 __all__ = ["SyncStore", "sync_store"]
 
@@ -54,6 +55,10 @@ class SyncStore:
         self._engine: Engine | None = None
         self._lock = threading.Lock()
         self._converted: dict[tuple[str, str], tuple[str, list[int]]] = {}
+        self.inbox = SyncInbox(self)
+        self.outbox = SyncOutbox(self)
+        self.history = SyncHistory(self)
+        self.erasure = SyncErasure(self)
 
     # -- the default provider of transactions -------------------------------------------
 
@@ -90,11 +95,6 @@ class SyncStore:
         result = conn.exec_driver_sql(sql, bound)
         return list(result.all()) if result.returns_rows else []
 
-    def subject_index(self, conn: Connection, digest: bytes, kind: str, ref: str) -> None:
-        """:meth:`ErasureStore.subject_index <relaybox.store.erasure.ErasureStore.subject_index>`
-        in a synchronous transaction."""
-        self.rows(conn, "subject_index", (digest, kind, ref))
-
     def first(self, conn: Connection, name: str, params: Sequence[Any] = ()) -> Any:
         found = self.rows(conn, name, params)
         return found[0] if found else None
@@ -102,18 +102,106 @@ class SyncStore:
     def _statement(self, conn: Connection, name: str, params: Sequence[Any]) -> tuple[str, Any]:
         return self.q[name], tuple(params)
 
-    def _ids(self, ids: Sequence[Any]) -> Any:
+    def array(self, ids: Sequence[Any]) -> Any:
         """A list parameter as the driver takes it."""
         return list(ids)
 
     # -- publishing -----------------------------------------------------------------------
 
+    def notify(self, conn: Connection, channel: str) -> None:
+        """Wake listeners of ``channel`` when the transaction commits."""
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    # -- outcomes ---------------------------------------------------------------------------
+
+
+class SyncInbox:
+    """The inbox's statements of a synchronous handler's transaction
+    (:class:`~relaybox.store.inbox.InboxStore`'s, synchronous)."""
+
+    def __init__(self, db: SyncStore) -> None:
+        self.db = db
+
+    def begin(self, conn: Connection, inbox_id: int, *, attempt: int, now: float) -> bool:
+        """The first statement of a synchronous handler's transaction: mark the row
+        done under its row lock if it is still pending at ``attempt`` (the handler's
+        failure rolls the mark back). Whether the row is this worker's to process."""
+        sql, bound = self.db._statement(conn, "inbox_begin_done", (inbox_id, now, attempt))
+        result = conn.exec_driver_sql(sql, bound)
+        # SQLite's block returns the row; PostgreSQL's counts it.
+        return bool(result.all() if result.returns_rows else result.rowcount == 1)
+
+    def lock(self, conn: Connection, ids: Sequence[int]) -> list[InboxEvent]:
+        """Lock rows still pending, until the caller's COMMIT."""
+        return [
+            InboxEvent.from_row(r) for r in self.db.rows(conn, "inbox_lock", (self.db.array(ids),))
+        ]
+
+    def operation_insert(
+        self,
+        conn: Connection,
+        *,
+        business_key: str,
+        fingerprint: str,
+        inbox_id: int | None,
+        source: str | None,
+        tenant: str | None,
+        now: float,
+    ) -> tuple[bool, str]:
+        """Insert a business key; return (created, stored fingerprint)."""
+        params = (business_key, fingerprint, inbox_id, source, tenant, now)
+        if self.db.first(conn, "operation_insert", params) is not None:
+            return True, fingerprint
+        existing = self.db.first(conn, "operation_get", (business_key,))
+        assert existing is not None  # the conflicting row is committed and visible
+        return False, existing[1]
+
+    def outbox_insert_rows(
+        self, conn: Connection, rows: Sequence[OutboxRow], *, now: float
+    ) -> None:
+        """Handlers' outbox rows (channel, key, payload, tenant, inbox id); a (channel,
+        key) that exists is left alone."""
+        for channel, key, payload, tenant, inbox_id in rows:
+            self.db.rows(conn, "outbox_insert", (channel, key, payload, tenant, inbox_id, now))
+
+    def retry_later(
+        self, conn: Connection, inbox_id: int, *, at: float, error: str, now: float
+    ) -> None:
+        self.db.rows(conn, "inbox_retry_later", (inbox_id, at, error, now))
+
+    def kill(self, conn: Connection, inbox_id: int, *, reason: str, error: str, now: float) -> None:
+        self.db.rows(conn, "inbox_kill", (inbox_id, reason, error, now))
+
+    def attempt_insert(
+        self,
+        conn: Connection,
+        *,
+        inbox_id: int,
+        attempt: int,
+        outcome: str,
+        error: str | None,
+        worker: str,
+        started_at: float,
+        finished_at: float,
+    ) -> None:
+        params = (inbox_id, attempt, outcome, error, worker, started_at, finished_at)
+        self.db.rows(conn, "attempt_insert", params)
+
+
+class SyncOutbox:
+    """Publishing in the caller's synchronous transaction
+    (:class:`~relaybox.store.outbox.OutboxStore`'s, synchronous)."""
+
+    def __init__(self, db: SyncStore) -> None:
+        self.db = db
+
     def message_get_by_key(
         self, conn: Connection, tenant: str, idempotency_key: str
     ) -> Message | None:
         """The tenant's message published with ``idempotency_key``, if any
-        (:meth:`relaybox.store.Store.message_get_by_key`)."""
-        row = self.first(
+        (:meth:`relaybox.store.OutboxStore.message_get_by_key`)."""
+        row = self.db.first(
             conn,
             "message_get_by_key",
             (message_digest(tenant, idempotency_key), tenant, idempotency_key),
@@ -122,26 +210,28 @@ class SyncStore:
 
     def message_insert(self, conn: Connection, message: NewMessage) -> bool:
         """Insert ``message``; ``False`` when its (tenant, idempotency key) exists
-        (:meth:`relaybox.store.Store.message_insert`)."""
+        (:meth:`relaybox.store.OutboxStore.message_insert`)."""
         key = message.key_params()
-        if key is not None and self.first(conn, "message_key_insert", key) is None:
+        if key is not None and self.db.first(conn, "message_key_insert", key) is None:
             return False
-        if self.first(conn, "message_insert", message.params()) is not None:
+        if self.db.first(conn, "message_insert", message.params()) is not None:
             return True
         if key is not None:  # an old message under this key, stored before its key
-            self.rows(conn, "message_key_adopt", (key[0], message.tenant, message.idempotency_key))
+            self.db.rows(
+                conn, "message_key_adopt", (key[0], message.tenant, message.idempotency_key)
+            )
         return False
 
     def publish_context(self, conn: Connection, tenant: str, event_type: str) -> PublishContext:
         """The event type's schema and the tenant's enabled endpoints, in one statement
-        (:meth:`relaybox.store.Store.publish_context`)."""
-        return PublishContext.from_rows(self.rows(conn, "publish_context", (tenant, event_type)))
+        (:meth:`relaybox.store.OutboxStore.publish_context`)."""
+        return PublishContext.from_rows(self.db.rows(conn, "publish_context", (tenant, event_type)))
 
     def message_sequence_next(self, conn: Connection, tenant: str, ordering_key: str) -> int:
         """The next sequence number of the tenant's ``ordering_key``, in ``conn``'s
-        transaction (:meth:`relaybox.store.Store.message_sequence_next`: a concurrent
+        transaction (:meth:`relaybox.store.OutboxStore.message_sequence_next`: a concurrent
         publish with the same key waits until this transaction ends)."""
-        return int(self.first(conn, "message_sequence_next", (tenant, ordering_key))[0])
+        return int(self.db.first(conn, "message_sequence_next", (tenant, ordering_key))[0])
 
     def delivery_insert(
         self,
@@ -157,92 +247,41 @@ class SyncStore:
         """One pending outbox row per endpoint for the message, and a wake for the
         dispatchers when it commits (PostgreSQL; on SQLite they poll). The rows of
         ordered endpoints carry ``ordering_key`` and ``sequence``."""
-        params = (message_id, tenant, now, self._ids(endpoint_ids), ordering_key, sequence)
-        self.rows(conn, "delivery_insert", params)
-        self.notify(conn, "outbox")
+        params = (message_id, tenant, now, self.db.array(endpoint_ids), ordering_key, sequence)
+        self.db.rows(conn, "delivery_insert", params)
+        self.db.notify(conn, "outbox")
 
-    def notify(self, conn: Connection, channel: str) -> None:
-        """Wake listeners of ``channel`` when the transaction commits."""
 
-    # -- handlers ---------------------------------------------------------------------------
+class SyncHistory:
+    """Projections in a synchronous handler's transaction
+    (:class:`~relaybox.store.history.HistoryStore`'s, synchronous)."""
 
-    def inbox_begin(self, conn: Connection, inbox_id: int, *, attempt: int, now: float) -> bool:
-        """The first statement of a synchronous handler's transaction: mark the row
-        done under its row lock if it is still pending at ``attempt`` (the handler's
-        failure rolls the mark back). Whether the row is this worker's to process."""
-        sql, bound = self._statement(conn, "inbox_begin_done", (inbox_id, now, attempt))
-        result = conn.exec_driver_sql(sql, bound)
-        # SQLite's block returns the row; PostgreSQL's counts it.
-        return bool(result.all() if result.returns_rows else result.rowcount == 1)
-
-    def inbox_lock(self, conn: Connection, ids: Sequence[int]) -> list[InboxEvent]:
-        """Lock rows still pending, until the caller's COMMIT."""
-        return [InboxEvent.from_row(r) for r in self.rows(conn, "inbox_lock", (self._ids(ids),))]
-
-    def operation_insert(
-        self,
-        conn: Connection,
-        *,
-        business_key: str,
-        fingerprint: str,
-        inbox_id: int | None,
-        source: str | None,
-        tenant: str | None,
-        now: float,
-    ) -> tuple[bool, str]:
-        """Insert a business key; return (created, stored fingerprint)."""
-        params = (business_key, fingerprint, inbox_id, source, tenant, now)
-        if self.first(conn, "operation_insert", params) is not None:
-            return True, fingerprint
-        existing = self.first(conn, "operation_get", (business_key,))
-        assert existing is not None  # the conflicting row is committed and visible
-        return False, existing[1]
-
-    def outbox_insert_rows(
-        self, conn: Connection, rows: Sequence[OutboxRow], *, now: float
-    ) -> None:
-        """Handlers' outbox rows (channel, key, payload, tenant, inbox id); a (channel,
-        key) that exists is left alone."""
-        for channel, key, payload, tenant, inbox_id in rows:
-            self.rows(conn, "outbox_insert", (channel, key, payload, tenant, inbox_id, now))
+    def __init__(self, db: SyncStore) -> None:
+        self.db = db
 
     def projection_upsert(self, conn: Connection, new: ProjectionWrite) -> bool:
         """The projection's compare-and-set; whether ``new`` was written."""
-        return self.first(conn, "projection_upsert", new.params()) is not None
+        return self.db.first(conn, "projection_upsert", new.params()) is not None
 
     def projection_get(self, conn: Connection, resource_key: str) -> Projection | None:
-        row = self.first(conn, "projection_get", (resource_key,))
+        row = self.db.first(conn, "projection_get", (resource_key,))
         return None if row is None else Projection.from_row(row)
 
     def inbox_mark_superseded(self, conn: Connection, inbox_id: int, by: str) -> None:
-        self.rows(conn, "inbox_mark_superseded", (inbox_id, by))
+        self.db.rows(conn, "inbox_mark_superseded", (inbox_id, by))
 
-    # -- outcomes ---------------------------------------------------------------------------
 
-    def inbox_retry_later(
-        self, conn: Connection, inbox_id: int, *, at: float, error: str, now: float
-    ) -> None:
-        self.rows(conn, "inbox_retry_later", (inbox_id, at, error, now))
+class SyncErasure:
+    """The subject index, in a synchronous transaction
+    (:class:`~relaybox.store.erasure.ErasureStore`'s, synchronous)."""
 
-    def inbox_kill(
-        self, conn: Connection, inbox_id: int, *, reason: str, error: str, now: float
-    ) -> None:
-        self.rows(conn, "inbox_kill", (inbox_id, reason, error, now))
+    def __init__(self, db: SyncStore) -> None:
+        self.db = db
 
-    def attempt_insert(
-        self,
-        conn: Connection,
-        *,
-        inbox_id: int,
-        attempt: int,
-        outcome: str,
-        error: str | None,
-        worker: str,
-        started_at: float,
-        finished_at: float,
-    ) -> None:
-        params = (inbox_id, attempt, outcome, error, worker, started_at, finished_at)
-        self.rows(conn, "attempt_insert", params)
+    def subject_index(self, conn: Connection, digest: bytes, kind: str, ref: str) -> None:
+        """:meth:`ErasureStore.subject_index <relaybox.store.erasure.ErasureStore.subject_index>`
+        in a synchronous transaction."""
+        self.db.rows(conn, "subject_index", (digest, kind, ref))
 
 
 class PostgresSyncStore(SyncStore):
@@ -317,7 +356,7 @@ class SQLiteSyncStore(SyncStore):
         super().__init__(queries, url)
         self._busy_timeout_ms = busy_timeout_ms
 
-    def _ids(self, ids: Sequence[Any]) -> Any:
+    def array(self, ids: Sequence[Any]) -> Any:
         return json.dumps(list(ids))
 
     def _make_engine(self) -> Engine:
@@ -349,9 +388,9 @@ class SQLiteSyncStore(SyncStore):
         return engine
 
 
-def sync_store(store: Store) -> SyncStore:
-    """The synchronous side of ``store`` (same statements, same database)."""
-    if store.backend == "postgres":
-        session: Mapping[str, str] = getattr(store, "session_settings", {})
-        return PostgresSyncStore(store.q, store.url, session=session)
-    return SQLiteSyncStore(store.q, store.url)
+def sync_store(db: Backend) -> SyncStore:
+    """The synchronous side of ``db`` (same statements, same database)."""
+    if db.backend == "postgres":
+        session: Mapping[str, str] = getattr(db, "session_settings", {})
+        return PostgresSyncStore(db.q, db.url, session=session)
+    return SQLiteSyncStore(db.q, db.url)

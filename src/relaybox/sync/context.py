@@ -106,7 +106,7 @@ class SyncContext(Handling):
         if asked is None:
             return True
         business_key, fingerprint = asked
-        created, stored = self.box.store.sync.operation_insert(
+        created, stored = self.box.store.sync.inbox.operation_insert(
             self.conn,
             business_key=business_key,
             fingerprint=fingerprint,
@@ -124,10 +124,10 @@ class SyncContext(Handling):
         newer than the stored one (:func:`relaybox.inbound.projections.project`)."""
         offered = projections.offer(self, resource_key, version, state, **options)
         store = self.box.store.sync
-        if store.projection_upsert(self.conn, offered):
+        if store.history.projection_upsert(self.conn, offered):
             return projections.applied(self)
-        winner = store.projection_get(self.conn, resource_key)
+        winner = store.history.projection_get(self.conn, resource_key)
         superseded = projections.refused(self, offered, winner)
         if superseded is not None:
-            store.inbox_mark_superseded(self.conn, self.event.id, superseded)
+            store.history.inbox_mark_superseded(self.conn, self.event.id, superseded)
         return False

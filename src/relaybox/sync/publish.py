@@ -107,14 +107,14 @@ def _publish_sync(
     check_request(event_type, tenant, idempotency_key, ordering_key)
     digest = subject_of(subject)
     if idempotency_key is not None:
-        existing = store.message_get_by_key(conn, tenant, idempotency_key)
+        existing = store.outbox.message_get_by_key(conn, tenant, idempotency_key)
         if existing is not None:
             return existing
-    context = store.publish_context(conn, tenant, event_type)
+    context = store.outbox.publish_context(conn, tenant, event_type)
     check_schema(context.schema, event_type, data)
     sequence = None
     if ordering_key is not None:  # last before the insert, as publish() takes it
-        sequence = store.message_sequence_next(conn, tenant, ordering_key)
+        sequence = store.outbox.message_sequence_next(conn, tenant, ordering_key)
     new = new_message(
         box,
         event_type,
@@ -125,17 +125,17 @@ def _publish_sync(
         ordering_key=ordering_key,
         sequence=sequence,
     )
-    if not store.message_insert(conn, new):
+    if not store.outbox.message_insert(conn, new):
         # A concurrent publish with this key committed first.
         assert idempotency_key is not None  # only a key conflicts
-        existing = store.message_get_by_key(conn, tenant, idempotency_key)
+        existing = store.outbox.message_get_by_key(conn, tenant, idempotency_key)
         assert existing is not None  # the conflicting row is committed
         return existing
     if digest is None and context.subject is not None:
         digest = subject_at(context.subject, json.loads(new.body))
     found = targets(new, context.subscribers, endpoint_ids)
     if found:
-        store.delivery_insert(
+        store.outbox.delivery_insert(
             conn,
             new.id,
             tenant,
@@ -145,5 +145,5 @@ def _publish_sync(
             sequence=sequence,
         )
     if digest is not None:
-        store.subject_index(conn, digest, "message", new.id)
+        store.erasure.subject_index(conn, digest, "message", new.id)
     return published(new, found)

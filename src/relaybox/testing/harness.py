@@ -175,7 +175,7 @@ class Harness:
         self, source: str | None = None, event_id: str | None = None
     ) -> list[dict[str, Any]]:
         """Inbox rows (one per stored event), oldest first."""
-        rows = await self.box.store.testing_inbox(source, event_id)
+        rows = await self.box.store.operator.testing_inbox(source, event_id)
         for row in rows:
             if row["payload"] is not None:
                 row["payload"] = bytes(row["payload"])
@@ -183,11 +183,11 @@ class Harness:
 
     async def business_keys(self, prefix: str | None = None) -> list[str]:
         """Business keys recorded by handlers (``ctx.once``)."""
-        return [r["business_key"] for r in await self.box.store.testing_operations(prefix)]
+        return [r["business_key"] for r in await self.box.store.operator.testing_operations(prefix)]
 
     async def outbox(self, channel: str | None = None) -> list[dict[str, Any]]:
         """Outbox rows: outgoing actions and webhook deliveries."""
-        rows = await self.box.store.testing_outbox(channel)
+        rows = await self.box.store.operator.testing_outbox(channel)
         for row in rows:
             if isinstance(row["payload"], str):
                 row["payload"] = json.loads(row["payload"])
@@ -220,7 +220,7 @@ class Harness:
 
     async def assert_business_key(self, key: str, *, fingerprint: str | None = None) -> None:
         """``key`` was recorded exactly once (with ``fingerprint``, when given)."""
-        found = await self.box.store.testing_operations(key)
+        found = await self.box.store.operator.testing_operations(key)
         rows = [r for r in found if r["business_key"] == key]
         if len(rows) != 1:
             keys = await self.business_keys()

@@ -62,7 +62,7 @@ async def endpoints_page(request: Request) -> Response:
 async def endpoint_page(request: Request) -> Response:
     box = html.box_of(request)
     detail = await endpoint_get(box, _text_id(request))
-    latest = await box.store.replay_job_latest(detail.id)
+    latest = await box.store.flow.replay_job_latest(detail.id)
     replay = None if latest is None else replay_result(latest)
     return await html.render(request, "endpoint.html", active="endpoints", e=detail, replay=replay)
 

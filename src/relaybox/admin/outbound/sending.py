@@ -139,7 +139,7 @@ async def deliveries_page(request: Request) -> Response:
     tenant = q.get("tenant", "").strip() or None
     rows = await _search(box, tenant, log, q.get("q", ""))
     start = (now // 60 - 59) * 60
-    chart = chart_svg(await box.store.attempt_minutes(start), start, 60)
+    chart = chart_svg(await box.store.outbox.attempt_minutes(start), start, 60)
     table = _macro("delivery_table", rows, _base(request), True)
     return await html.render(
         request,

@@ -283,7 +283,7 @@ class Context(Handling):
             return True
         business_key, fingerprint = asked
         with tracing.span("relaybox.once") as span:
-            created, stored = await self.box.store.operation_insert(
+            created, stored = await self.box.store.inbox.operation_insert(
                 self.conn,
                 business_key=business_key,
                 fingerprint=fingerprint,

@@ -60,7 +60,7 @@ class _StartMarks:
             while self._waiting:
                 batch, self._waiting = self._waiting, []
                 try:
-                    started = await self.box.store.inbox_start(
+                    started = await self.box.store.inbox.start(
                         [i for i, _ in batch], self.box.clock.now()
                     )
                 except Exception as exc:
@@ -92,7 +92,7 @@ class Worker(Runners):
         s = box.settings.worker
         self.box = box
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        single = box.store.single_writer
+        single = box.store.db.single_writer
         # One writer (SQLite): concurrent transactions would only queue.
         self.concurrency = 1 if single else (concurrency or s.concurrency)
         # A claim feeds every chain's groups: run_once waits for its whole batch, so
@@ -107,7 +107,7 @@ class Worker(Runners):
         self.group = group or s.group or (self.batch if single else _PG_GROUP)
         # Chains run groups where the store runs one (PostgreSQL); otherwise a claim's
         # events run in batches of ``group`` (SQLite), or one per transaction.
-        self._grouped = self.group > 1 and box.store.groups
+        self._grouped = self.group > 1 and box.store.db.groups
         # A group runs its handlers without savepoints until one fails (_run_group);
         # then the next _CAREFUL_GROUPS groups take a savepoint per event.
         self.savepoints = s.savepoints
@@ -188,7 +188,7 @@ class Worker(Runners):
     async def _listen(self) -> Listener | None:
         """Wake up on new rows (PostgreSQL LISTEN, SQLite's in-process signal); polling
         finds them anyway."""
-        return await self.box.store.listen("inbox", self._wake)
+        return await self.box.store.db.listen("inbox", self._wake)
 
     # -- one batch ------------------------------------------------------------
 
@@ -220,7 +220,7 @@ class Worker(Runners):
         self._reserved += start
         began = tracing.now_ns() if tracing.enabled() else 0
         try:
-            claim = await store.inbox_claim(
+            claim = await store.inbox.claim(
                 now=now,
                 limit=self.batch,
                 max_attempts=self.backoff.max_attempts,
@@ -256,7 +256,7 @@ class Worker(Runners):
         # One writer's batch needs no renewal: no other claimer passes it.
         held = (
             contextlib.nullcontext()
-            if store.single_writer
+            if store.db.single_writer
             else self._holding([*claim.ids, *claim.suspects], now + self.claim_hold)
         )
         async with held:
@@ -273,7 +273,7 @@ class Worker(Runners):
         before it. Nothing while the worker stops, a suspect runs alone, or this host's
         clock is refused (:class:`ClockGuard`); nothing on a store without
         ``starts_at_accept`` (SQLite: its worker runs claimed batches)."""
-        if not self.box.store.starts_at_accept or self._stopping.is_set():
+        if not self.box.store.db.starts_at_accept or self._stopping.is_set():
             return 0
         room = self._offer_room()
         if room <= 0 or self.box.clock_guard.refusing:
@@ -374,7 +374,7 @@ class Worker(Runners):
                 return
             until = self.box.clock.now() + self.claim_hold
             try:
-                await self.box.store.inbox_keep_hold(ids, held, until)
+                await self.box.store.inbox.keep_hold(ids, held, until)
             except Exception as exc:  # the database went away: the rows come back
                 log.warning("worker_hold_failed", worker=self.name, error=short_error(exc))
                 continue
@@ -466,7 +466,7 @@ class Worker(Runners):
                 job = await self._run_threaded_job(job, job.attempt, threaded)
                 continue
             try:
-                async with self.box.store.connection() as conn:
+                async with self.box.store.db.connection() as conn:
                     while job is not None:
                         if self._in_group(job):
                             job = await self._run_group(conn, job)

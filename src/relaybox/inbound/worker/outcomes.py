@@ -175,17 +175,17 @@ class Recorder:
     async def _write_plan(self, conn: AsyncConnection, event: InboxEvent, plan: _Plan) -> None:
         store = self.box.store
         if plan.retry_at is not None:
-            await store.inbox_retry_later(
+            await store.inbox.retry_later(
                 conn, event.id, at=plan.retry_at, error=plan.error, now=plan.now
             )
         if plan.dead:
-            await store.inbox_kill(conn, event.id, reason=plan.kind, error=plan.error, now=plan.now)
+            await store.inbox.kill(conn, event.id, reason=plan.kind, error=plan.error, now=plan.now)
             # relaybox.inbox.dead, with the dead letter (relaybox.outbound.announce)
             data = dead_event(event.id, event.key, event.event_type, event.tenant)
             data.update(reason=plan.kind, attempts=event.attempts, error=plan.raw_error)
             await self.box.inbound.announce(conn, "relaybox.inbox.dead", data, inbox_id=event.id)
         if plan.history:
-            await store.attempt_insert(conn, **plan.attempt_row(event, self.name))
+            await store.inbox.attempt_insert(conn, **plan.attempt_row(event, self.name))
 
     def _plan(self, event: InboxEvent, ctx: Handling, outcome: _Outcome, started: float) -> _Plan:
         """What recording ``outcome`` writes (the same for every kind of handler and

@@ -81,7 +81,7 @@ class Threaded(Recorder):
             return False
         self._report(reports)
         if any(kind == "done" and "outbox_keys" in fields for _, kind, _, fields in reports):
-            self.box.store.wake("outbox")
+            self.box.store.db.wake("outbox")
         await self.hooks.fire("after_commit", [event.id])
         return True
 
@@ -144,14 +144,14 @@ class Threaded(Recorder):
         started = box.clock.now()
         try:
             with box.sync_transaction() as conn:
-                if not store.inbox_begin(conn, event.id, attempt=attempt, now=started):
+                if not store.inbox.begin(conn, event.id, attempt=attempt, now=started):
                     raise _NotOurs
                 ctx = SyncContext(box, conn, event)
                 ctx._declare(registration)
                 outcome = self._call(ctx, registration)
                 if outcome.kind != "done":
                     raise _RolledBack(ctx, outcome)
-                store.outbox_insert_rows(conn, ctx.outbox_rows, now=box.clock.now())
+                store.inbox.outbox_insert_rows(conn, ctx.outbox_rows, now=box.clock.now())
                 plan = self._plan(event, ctx, outcome, started)
                 self._write(conn, event, plan)
                 self._on_loop(loop, self.hooks.fire("before_commit", [event.id]))
@@ -160,7 +160,7 @@ class Threaded(Recorder):
             return None
         except _RolledBack as failed:
             with box.sync_transaction() as conn:
-                locked = store.inbox_lock(conn, [event.id])
+                locked = store.inbox.lock(conn, [event.id])
                 if not locked or locked[0].attempts != attempt:
                     return None  # completed meanwhile, or started again elsewhere
                 object.__setattr__(locked[0], "attempts", attempt)
@@ -194,13 +194,13 @@ class Threaded(Recorder):
         """:meth:`Recorder._record`'s writes, on the synchronous connection."""
         store = self.box.store.sync
         if plan.retry_at is not None:
-            store.inbox_retry_later(
+            store.inbox.retry_later(
                 conn, event.id, at=plan.retry_at, error=plan.error, now=plan.now
             )
         if plan.dead:
-            store.inbox_kill(conn, event.id, reason=plan.kind, error=plan.error, now=plan.now)
+            store.inbox.kill(conn, event.id, reason=plan.kind, error=plan.error, now=plan.now)
         if plan.history:
-            store.attempt_insert(conn, **plan.attempt_row(event, self.name))
+            store.inbox.attempt_insert(conn, **plan.attempt_row(event, self.name))
 
     @staticmethod
     def _on_loop(loop: asyncio.AbstractEventLoop, hook: Coroutine[Any, Any, None]) -> None:

@@ -131,8 +131,8 @@ class Runners(Threaded):
         reports: list[_Report] = []
         try:
             try:
-                async with store.event_transaction(conn):
-                    if not await store.inbox_begin(conn, event.id, attempt=attempt, now=started):
+                async with store.inbox.event_transaction(conn):
+                    if not await store.inbox.begin(conn, event.id, attempt=attempt, now=started):
                         raise _NotOurs
                     if job.failed is not None:  # failed in a group: recorded, not run again
                         ctx, outcome = job.failed
@@ -140,17 +140,17 @@ class Runners(Threaded):
                         ctx, outcome = await self._run(conn, event, savepoint=False)
                     if outcome.kind != "done":
                         raise _RolledBack(ctx, outcome)
-                    await store.outbox_insert_rows(conn, ctx.outbox_rows, now=clock.now())
+                    await store.inbox.outbox_insert_rows(conn, ctx.outbox_rows, now=clock.now())
                     await self._record(conn, event, ctx, outcome, started, reports)
                     await self.hooks.fire("before_commit", [event.id])
                     nxt, folded = await self._start_next(conn)
                 committed = True
                 if ctx.outbox_created:
-                    store.wake("outbox")
+                    store.db.wake("outbox")
             except _RolledBack as failed:
                 reports.clear()
                 async with conn.begin():
-                    for locked in await store.inbox_lock(conn, [event.id]):
+                    for locked in await store.inbox.lock(conn, [event.id]):
                         await self._record(
                             conn, locked, failed.ctx, failed.outcome, started, reports
                         )
@@ -214,7 +214,7 @@ class Runners(Threaded):
         try:
             try:
                 try:
-                    async with store.event_transaction(conn):
+                    async with store.inbox.event_transaction(conn):
                         # (id, attempt): each event's attempts were set to its job's.
                         pairs = [(job.event.id, job.event.attempts) for job in jobs]
                         # Declared business keys are claimed with the BEGIN, all or
@@ -228,7 +228,7 @@ class Runners(Threaded):
                             if c._key is not None
                         ]
                         try:
-                            ours = await store.inbox_lock_group(
+                            ours = await store.inbox.lock_group(
                                 conn, pairs, now=started, claims=claims
                             )
                         except Exception as exc:
@@ -251,7 +251,7 @@ class Runners(Threaded):
                             await self._record(conn, job.event, ctx, outcome, started, reports)
                         await self.hooks.fire("before_commit", ids)
                         nxt = self._take_group(self.group)
-                        await store.inbox_finish_group_on_commit(
+                        await store.inbox.finish_group_on_commit(
                             conn,
                             [job.event.id for job, _, _ in done],
                             [(j.event.id, j.event.attempts) for j in nxt if j.attempt is None],
@@ -292,7 +292,7 @@ class Runners(Threaded):
                 return self._take()
             self._report(reports)
             if any(ctx.outbox_created for _, ctx, _ in done):
-                store.wake("outbox")
+                store.db.wake("outbox")
             await self.hooks.fire("after_commit", ids)
         except Exception as exc:
             log.warning(
@@ -397,11 +397,11 @@ class Runners(Threaded):
             one. A handler that went on after a database error left the transaction
             aborted: the RELEASE says so."""
             try:
-                await store.savepoint(conn, release=release, again=again)
+                await store.inbox.savepoint(conn, release=release, again=again)
             except Exception as exc:
                 if getattr(exc, "sqlstate", None) != "25P02" or not done:
                     raise
-                await store.rollback_to_savepoint(conn)
+                await store.inbox.rollback_to_savepoint(conn)
                 job, ctx, _ = done.pop()
                 failed.append((job, ctx, _Outcome("retry", _ABORTED)))
 
@@ -411,7 +411,7 @@ class Runners(Threaded):
             if outcome.kind == "done":
                 done.append((job, ctx, outcome))
                 continue
-            await store.rollback_to_savepoint(conn)
+            await store.inbox.rollback_to_savepoint(conn)
             if outcome.kind == "contended":
                 log.debug(
                     "worker_group_alone", worker=self.name, ids=[job.event.id], reason=outcome.error
@@ -441,7 +441,7 @@ class Runners(Threaded):
         nxt = self._take()
         if nxt is None or nxt.attempt is not None:  # counted already (put back)
             return nxt, False
-        await self.box.store.inbox_start_on_commit(
+        await self.box.store.inbox.start_on_commit(
             conn, nxt.event.id, attempts=nxt.event.attempts, now=self.box.clock.now()
         )
         return nxt, True
@@ -451,7 +451,7 @@ class Runners(Threaded):
     async def _start_and_process(self, ids: list[int], events: dict[int, InboxEvent]) -> None:
         # The attempt is counted as the events start, not at the claim: rows still
         # waiting for a slot are not charged if the process dies meanwhile.
-        started = await self.box.store.inbox_start(ids, self.box.clock.now())
+        started = await self.box.store.inbox.start(ids, self.box.clock.now())
         ids = [i for i in ids if i in started]
         if not ids:
             return
@@ -469,7 +469,7 @@ class Runners(Threaded):
         store = self.box.store
         try:
             async with store.transaction() as conn:
-                events = await store.inbox_lock(conn, ids)
+                events = await store.inbox.lock(conn, ids)
                 done: list[int] = []
                 created = False
                 reports: list[_Report] = []
@@ -479,11 +479,11 @@ class Runners(Threaded):
                         done.append(event.id)
                     created = created or outcome.outbox_created
                 if done:
-                    await store.inbox_complete(conn, done, self.box.clock.now())
+                    await store.inbox.complete(conn, done, self.box.clock.now())
                 await self.hooks.fire("before_commit", [e.id for e in events])
             self._report(reports)
             if created:
-                store.wake("outbox")
+                store.db.wake("outbox")
             await self.hooks.fire("after_commit", [e.id for e in events])
         except Exception as exc:
             log.warning(
@@ -560,7 +560,7 @@ class Runners(Threaded):
                 async with conn.begin_nested():
                     await self._call_async(handler, ctx)
                     await ctx._flush_session()
-                    await self.box.store.outbox_insert_rows(
+                    await self.box.store.inbox.outbox_insert_rows(
                         conn, ctx.outbox_rows, now=self.box.clock.now()
                     )
             else:
