@@ -32,6 +32,7 @@ from relaybox import (
 from relaybox.config import Settings, WorkerSettings
 from relaybox.log import configure_logging
 from relaybox.store import NewDelivery
+from relaybox.store.inbox_rows import NewOperation
 from tests.conftest import Served
 from tests.support.procs import wait_until
 
@@ -1042,9 +1043,9 @@ async def test_a_group_claims_its_declared_business_keys_with_its_begin(
     asked: list[str] = []
     insert = box.store.inbox.operation_insert
 
-    async def counting(conn: Any, **kw: Any) -> tuple[bool, str]:
-        asked.append(kw["business_key"])
-        return await insert(conn, **kw)
+    async def counting(conn: Any, operation: NewOperation) -> tuple[bool, str]:
+        asked.append(operation.business_key)
+        return await insert(conn, operation)
 
     monkeypatch.setattr(box.store.inbox, "operation_insert", counting)
     bodies = [{"invoice": "in_1"}, {"invoice": "in_2"}, {"invoice": "in_3", "skip": True}]
@@ -1126,12 +1127,14 @@ async def test_a_declared_key_with_another_fingerprint_is_a_conflict(
     async with box.store.transaction() as conn:
         await box.store.inbox.operation_insert(
             conn,
-            business_key="grant:in_1",
-            fingerprint="v0",
-            inbox_id=None,
-            source=None,
-            tenant=None,
-            now=clock.now(),
+            NewOperation(
+                business_key="grant:in_1",
+                fingerprint="v0",
+                inbox_id=None,
+                source=None,
+                tenant=None,
+                now=clock.now(),
+            ),
         )
     await box.store.inbox.accept(
         [

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relaybox.store import Store, open_store
+from relaybox.store.inbox_rows import NewOperation
 from relaybox.store.keys import day_of, event_digest, message_digest, scope_of
 from relaybox.store.outbox_rows import NewMessage
 from tests.store.test_store import T0, accept_one, delivery, statuses
@@ -229,12 +230,14 @@ async def test_keys_expire_by_age_per_scope(store: Store) -> None:
         for i, source in enumerate(("a", "a", "b")):
             await store.inbox.operation_insert(
                 conn,
-                business_key=f"op{i}",
-                fingerprint="f",
-                inbox_id=None,
-                source=source,
-                tenant=None,
-                now=T0 + i * DAY,
+                NewOperation(
+                    business_key=f"op{i}",
+                    fingerprint="f",
+                    inbox_id=None,
+                    source=source,
+                    tenant=None,
+                    now=T0 + i * DAY,
+                ),
             )
     # Scoped: only source a's keys first seen before day d0 + 2, a few a transaction.
     assert await store.keys.expire("event", d0 + 2, scope="a", limit=1) == 2
@@ -258,12 +261,9 @@ async def test_keys_expire_by_age_per_scope(store: Store) -> None:
     async with store.transaction() as conn:
         created, _ = await store.inbox.operation_insert(
             conn,
-            business_key="op0",
-            fingerprint="f",
-            inbox_id=None,
-            source="a",
-            tenant=None,
-            now=T0,
+            NewOperation(
+                business_key="op0", fingerprint="f", inbox_id=None, source="a", tenant=None, now=T0
+            ),
         )
     assert created  # an expired business key happens again
     with pytest.raises(ValueError, match="unknown kind"):
@@ -309,21 +309,25 @@ async def test_keys_alone_decide_without_the_old_unique_constraints(pg_url: str)
         async with admin.transaction() as conn:
             first = await admin.inbox.operation_insert(
                 conn,
-                business_key="b",
-                fingerprint="x",
-                inbox_id=None,
-                source="s",
-                tenant=None,
-                now=T0,
+                NewOperation(
+                    business_key="b",
+                    fingerprint="x",
+                    inbox_id=None,
+                    source="s",
+                    tenant=None,
+                    now=T0,
+                ),
             )
             again = await admin.inbox.operation_insert(
                 conn,
-                business_key="b",
-                fingerprint="y",
-                inbox_id=None,
-                source="s",
-                tenant=None,
-                now=T0,
+                NewOperation(
+                    business_key="b",
+                    fingerprint="y",
+                    inbox_id=None,
+                    source="s",
+                    tenant=None,
+                    now=T0,
+                ),
             )
         assert (first, again) == ((True, "x"), (False, "x"))
         # The history dropped: the keys still decide.

@@ -23,6 +23,7 @@ from relaybox.errors import StoreUnavailable
 from relaybox.inbound.accept import Acceptor
 from relaybox.store import AcceptOutcome, NewDelivery, Store, open_store
 from relaybox.store.backend import load_migrations, load_queries
+from relaybox.store.inbox_rows import NewAttempt, NewOperation
 from tests.conftest import _dsn, _with_db, admin_url, drop_pg_database
 
 T0 = 1_800_000_000.0
@@ -870,13 +871,15 @@ async def test_complete_retry_and_kill_only_touch_pending_rows(store: Store) -> 
     async with store.transaction() as conn:
         await store.inbox.attempt_insert(
             conn,
-            inbox_id=a,
-            attempt=1,
-            outcome="retry",
-            error="boom",
-            worker="w1",
-            started_at=T0,
-            finished_at=T0 + 0.5,
+            NewAttempt(
+                inbox_id=a,
+                attempt=1,
+                outcome="retry",
+                error="boom",
+                worker="w1",
+                started_at=T0,
+                finished_at=T0 + 0.5,
+            ),
         )
     [r] = await store.fetch_all("SELECT * FROM relaybox_inbox_attempts")
     assert (r["inbox_id"], r["attempt"], r["outcome"], r["error"], r["worker"]) == (
@@ -895,33 +898,29 @@ async def test_operation_insert_first_then_existing(store: Store) -> None:
     async with store.transaction() as conn:
         first = await store.inbox.operation_insert(
             conn,
-            business_key="k1",
-            fingerprint="fp-a",
-            inbox_id=None,
-            source="s",
-            tenant="t",
-            now=T0,
+            NewOperation(
+                business_key="k1", fingerprint="fp-a", inbox_id=None, source="s", tenant="t", now=T0
+            ),
         )
         again = await store.inbox.operation_insert(
             conn,
-            business_key="k1",
-            fingerprint="fp-b",
-            inbox_id=None,
-            source="s",
-            tenant="t",
-            now=T0,
+            NewOperation(
+                business_key="k1", fingerprint="fp-b", inbox_id=None, source="s", tenant="t", now=T0
+            ),
         )
     assert first == (True, "fp-a")
     assert again == (False, "fp-a")
     async with store.transaction() as conn:
         later = await store.inbox.operation_insert(
             conn,
-            business_key="k1",
-            fingerprint="fp-a",
-            inbox_id=7,
-            source=None,
-            tenant=None,
-            now=T0 + 1,
+            NewOperation(
+                business_key="k1",
+                fingerprint="fp-a",
+                inbox_id=7,
+                source=None,
+                tenant=None,
+                now=T0 + 1,
+            ),
         )
     assert later == (False, "fp-a")
     [r] = await store.fetch_all("SELECT * FROM relaybox_operations")
@@ -937,23 +936,22 @@ async def test_operation_insert_first_then_existing(store: Store) -> None:
         async with store.transaction() as conn:
             await store.inbox.operation_insert(
                 conn,
-                business_key="k",
-                fingerprint="a",
-                inbox_id=None,
-                source=None,
-                tenant=None,
-                now=T0,
+                NewOperation(
+                    business_key="k",
+                    fingerprint="a",
+                    inbox_id=None,
+                    source=None,
+                    tenant=None,
+                    now=T0,
+                ),
             )
             raise RuntimeError
     async with store.transaction() as conn:
         assert await store.inbox.operation_insert(
             conn,
-            business_key="k",
-            fingerprint="b",
-            inbox_id=None,
-            source=None,
-            tenant=None,
-            now=T0,
+            NewOperation(
+                business_key="k", fingerprint="b", inbox_id=None, source=None, tenant=None, now=T0
+            ),
         ) == (True, "b")
 
 
@@ -968,12 +966,14 @@ async def test_operation_insert_concurrent_transactions_exactly_one_created(
         async with store.transaction() as conn:
             result = await store.inbox.operation_insert(
                 conn,
-                business_key="order-1",
-                fingerprint="fp-first",
-                inbox_id=None,
-                source=None,
-                tenant=None,
-                now=T0,
+                NewOperation(
+                    business_key="order-1",
+                    fingerprint="fp-first",
+                    inbox_id=None,
+                    source=None,
+                    tenant=None,
+                    now=T0,
+                ),
             )
             inserted.set()
             await asyncio.sleep(0.2)
@@ -984,12 +984,14 @@ async def test_operation_insert_concurrent_transactions_exactly_one_created(
         async with second_store.transaction() as conn:
             return await second_store.inbox.operation_insert(
                 conn,
-                business_key="order-1",
-                fingerprint="fp-second",
-                inbox_id=None,
-                source=None,
-                tenant=None,
-                now=T0,
+                NewOperation(
+                    business_key="order-1",
+                    fingerprint="fp-second",
+                    inbox_id=None,
+                    source=None,
+                    tenant=None,
+                    now=T0,
+                ),
             )
 
     a, b = await asyncio.wait_for(asyncio.gather(first(), second()), 20)
@@ -1003,12 +1005,14 @@ async def test_operation_insert_many_concurrent_callers(store: Store, second_sto
         async with s.transaction() as conn:
             return await s.inbox.operation_insert(
                 conn,
-                business_key="shared",
-                fingerprint=f"fp-{n}",
-                inbox_id=None,
-                source=None,
-                tenant=None,
-                now=T0,
+                NewOperation(
+                    business_key="shared",
+                    fingerprint=f"fp-{n}",
+                    inbox_id=None,
+                    source=None,
+                    tenant=None,
+                    now=T0,
+                ),
             )
 
     results = await asyncio.wait_for(asyncio.gather(*(attempt(n) for n in range(10))), 30)
@@ -1301,6 +1305,9 @@ _USES = (
     re.compile(r"""\bq\[\s*(["'])(\w+)\1\s*\]"""),
     re.compile(r"""\b(?:rows|first)\(\s*[\w.]+\s*,\s*(["'])(\w+)\1"""),
     re.compile(r"""\b(?:rows|first)\(\s*[\w.]+\s*,\s*[\w.]+\s*,\s*(["'])(\w+)\1"""),
+    # store/statements.py: a statement is its name and parameters, returned or yielded
+    re.compile(r"""\breturn\s+(["'])(\w+)\1\s*,\s*\("""),
+    re.compile(r"""\byield\s+\(\s*(["'])(\w+)\1\s*,"""),
 )
 _DYNAMIC = re.compile(r"""\bq\[\s*f(["'])(.+?)\1\s*\]""")
 

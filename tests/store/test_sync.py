@@ -11,6 +11,7 @@ from sqlalchemy import create_engine, text
 from relaybox.errors import ConfigurationError
 from relaybox.store import Store, open_store
 from relaybox.store.history import ProjectionWrite
+from relaybox.store.inbox_rows import NewAttempt, NewOperation
 from relaybox.store.outbox_rows import PublishContext
 from relaybox.store.sync import _convert
 from tests.store.test_core import T0, _started
@@ -49,21 +50,25 @@ async def test_a_handlers_statements_run_in_the_callers_transaction(store: Store
         assert sync.inbox.begin(conn, inbox_id, attempt=1, now=T0)
         assert sync.inbox.operation_insert(
             conn,
-            business_key="k",
-            fingerprint="f",
-            inbox_id=inbox_id,
-            source="src",
-            tenant=None,
-            now=T0,
+            NewOperation(
+                business_key="k",
+                fingerprint="f",
+                inbox_id=inbox_id,
+                source="src",
+                tenant=None,
+                now=T0,
+            ),
         ) == (True, "f")
         assert sync.inbox.operation_insert(
             conn,
-            business_key="k",
-            fingerprint="g",
-            inbox_id=inbox_id,
-            source="src",
-            tenant=None,
-            now=T0,
+            NewOperation(
+                business_key="k",
+                fingerprint="g",
+                inbox_id=inbox_id,
+                source="src",
+                tenant=None,
+                now=T0,
+            ),
         ) == (False, "f")
         rows = [("email", "r1", '{"a": 1}', None, inbox_id)] * 2
         sync.inbox.outbox_insert_rows(conn, rows, now=T0)
@@ -94,13 +99,15 @@ async def test_outcomes_are_written_while_the_row_is_pending(store: Store) -> No
         sync.inbox.retry_later(conn, inbox_id, at=T0 + 60, error="boom", now=T0)
         sync.inbox.attempt_insert(
             conn,
-            inbox_id=inbox_id,
-            attempt=1,
-            outcome="retry",
-            error="boom",
-            worker="w",
-            started_at=T0,
-            finished_at=T0,
+            NewAttempt(
+                inbox_id=inbox_id,
+                attempt=1,
+                outcome="retry",
+                error="boom",
+                worker="w",
+                started_at=T0,
+                finished_at=T0,
+            ),
         )
     event = await store.inbox.get(inbox_id)
     assert event is not None and (event.next_attempt_at, event.last_error) == (T0 + 60, "boom")

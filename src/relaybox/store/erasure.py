@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.store import statements as st
 from relaybox.store.backend import Backend
 
 __all__ = ["ERASED_KINDS", "Erasure", "ErasureScope", "ErasureStore"]
@@ -100,7 +101,7 @@ class ErasureStore:
     ) -> None:
         """Index one row (``kind``: ``inbox`` or ``message``) under a subject digest,
         in ``conn``'s transaction."""
-        await self.db.rows(conn, "subject_index", (digest, kind, ref))
+        await self.db.rows(conn, *st.subject_index(digest, kind, ref))
 
     async def subject_inherit(
         self,

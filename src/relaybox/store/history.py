@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.store import statements as st
 from relaybox.store.backend import Backend
 
 __all__ = [
@@ -308,7 +309,7 @@ class HistoryStore:
 
     async def inbox_mark_superseded(self, conn: AsyncConnection, inbox_id: int, by: str) -> None:
         """Add ``by`` (``resource@version``) to the row's ``superseded_by``."""
-        await self.db.rows(conn, "inbox_mark_superseded", (inbox_id, by))
+        await self.db.rows(conn, *st.inbox_mark_superseded(inbox_id, by))
 
     # -- retention ----------------------------------------------------------------------
 

@@ -16,12 +16,15 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.store import statements as st
 from relaybox.store.backend import Backend
 from relaybox.store.inbox_rows import (
     AcceptOutcome,
     Claim,
     InboxEvent,
+    NewAttempt,
     NewDelivery,
+    NewOperation,
     OutboxRow,
     Stats,
 )
@@ -142,7 +145,7 @@ class InboxStore:
         sent nothing yet): mark the row done, under its row lock, if it is still
         pending at ``attempt``; the handler's failure rolls the mark back. Returns
         whether the row is this worker's to process."""
-        return bool(await self.db.rows(conn, "inbox_begin_done", (inbox_id, now, attempt)))
+        return bool(await self.db.rows(conn, *st.inbox_begin(inbox_id, attempt=attempt, now=now)))
 
     async def start_on_commit(
         self, conn: AsyncConnection, inbox_id: int, *, attempts: int, now: float
@@ -155,8 +158,7 @@ class InboxStore:
 
     async def lock(self, conn: AsyncConnection, ids: Sequence[int]) -> list[InboxEvent]:
         """Phase 2: lock claimed rows still pending, until the caller's COMMIT."""
-        rows = await self.db.rows(conn, "inbox_lock", (self.db.array(ids),))
-        return [InboxEvent.from_row(r) for r in rows]
+        return st.inbox_events(await self.db.rows(conn, *st.inbox_lock(ids, self.db.array)))
 
     async def complete(self, conn: AsyncConnection, ids: Sequence[int], now: float) -> None:
         await self.db.rows(conn, "inbox_complete", (self.db.array(ids), now))
@@ -164,51 +166,22 @@ class InboxStore:
     async def retry_later(
         self, conn: AsyncConnection, inbox_id: int, *, at: float, error: str, now: float
     ) -> None:
-        await self.db.rows(conn, "inbox_retry_later", (inbox_id, at, error, now))
+        await self.db.rows(conn, *st.inbox_retry_later(inbox_id, at=at, error=error, now=now))
 
     async def kill(
         self, conn: AsyncConnection, inbox_id: int, *, reason: str, error: str, now: float
     ) -> None:
-        await self.db.rows(conn, "inbox_kill", (inbox_id, reason, error, now))
+        await self.db.rows(conn, *st.inbox_kill(inbox_id, reason=reason, error=error, now=now))
 
-    async def attempt_insert(
-        self,
-        conn: AsyncConnection,
-        *,
-        inbox_id: int,
-        attempt: int,
-        outcome: str,
-        error: str | None,
-        worker: str,
-        started_at: float,
-        finished_at: float,
-    ) -> None:
-        await self.db.rows(
-            conn,
-            "attempt_insert",
-            (inbox_id, attempt, outcome, error, worker, started_at, finished_at),
-        )
+    async def attempt_insert(self, conn: AsyncConnection, attempt: NewAttempt) -> None:
+        """Add ``attempt`` to the attempts history, in ``conn``'s transaction."""
+        await self.db.rows(conn, *st.attempt_insert(attempt))
 
     async def operation_insert(
-        self,
-        conn: AsyncConnection,
-        *,
-        business_key: str,
-        fingerprint: str,
-        inbox_id: int | None,
-        source: str | None,
-        tenant: str | None,
-        now: float,
+        self, conn: AsyncConnection, operation: NewOperation
     ) -> tuple[bool, str]:
         """Insert a business key; return (created, stored fingerprint)."""
-        row = await self.db.first(
-            conn, "operation_insert", (business_key, fingerprint, inbox_id, source, tenant, now)
-        )
-        if row is not None:
-            return True, fingerprint
-        existing = await self.db.first(conn, "operation_get", (business_key,))
-        assert existing is not None  # the conflicting row is committed and visible
-        return False, existing[1]
+        return await st.run(self.db, conn, st.operation_insert(operation))
 
     async def outbox_insert(
         self,
@@ -222,27 +195,16 @@ class InboxStore:
         now: float,
     ) -> int | None:
         """Record an outgoing action; ``None`` when (channel, key) already exists."""
-        row = await self.db.first(
-            conn, "outbox_insert", (channel, key, payload, tenant, inbox_id, now)
-        )
-        return row[0] if row else None
+        row = OutboxRow(channel, key, payload, tenant, inbox_id)
+        found = await self.db.first(conn, *st.outbox_insert(row, now=now))
+        return found[0] if found else None
 
     async def outbox_insert_rows(
         self, conn: AsyncConnection, rows: Sequence[OutboxRow], *, now: float
     ) -> None:
-        """Handlers' outbox rows ``(channel, key, payload, tenant, inbox_id)``, written
-        in ``conn``'s transaction before it commits; a (channel, key) that exists is
-        left alone."""
-        for channel, key, payload, tenant, inbox_id in rows:
-            await self.outbox_insert(
-                conn,
-                channel=channel,
-                key=key,
-                payload=payload,
-                tenant=tenant,
-                inbox_id=inbox_id,
-                now=now,
-            )
+        """Handlers' outbox rows, written in ``conn``'s transaction before it commits; a
+        (channel, key) that exists is left alone."""
+        await st.run(self.db, conn, st.outbox_insert_rows(rows, now=now))
 
     # -- groups (PostgreSQL) ------------------------------------------------------------
 

@@ -8,9 +8,19 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
-__all__ = ["AcceptOutcome", "Claim", "InboxEvent", "Listener", "NewDelivery", "Stats"]
+__all__ = [
+    "AcceptOutcome",
+    "Claim",
+    "InboxEvent",
+    "Listener",
+    "NewAttempt",
+    "NewDelivery",
+    "NewOperation",
+    "OutboxRow",
+    "Stats",
+]
 
 
 class Listener(Protocol):
@@ -195,5 +205,37 @@ class Stats:
         return self.dead_invalid + self.dead_exhausted + self.dead_other
 
 
-OutboxRow = tuple[str, str, str, str | None, int]
-"""A handler's outbox row: channel, key, payload (JSON text), tenant, inbox id."""
+class OutboxRow(NamedTuple):
+    """A handler's outbox row, written before its transaction commits."""
+
+    channel: str
+    key: str
+    payload: str  # JSON text
+    tenant: str | None
+    inbox_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class NewAttempt:
+    """A handler's attempt for the attempts history (``attempt_insert``)."""
+
+    inbox_id: int
+    attempt: int
+    outcome: str
+    error: str | None
+    worker: str
+    started_at: float
+    finished_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class NewOperation:
+    """A business key a handler claims (``operation_insert``): the first insert wins;
+    another ``fingerprint`` under the key is a conflict."""
+
+    business_key: str
+    fingerprint: str
+    inbox_id: int | None
+    source: str | None
+    tenant: str | None
+    now: float

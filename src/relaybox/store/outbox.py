@@ -18,9 +18,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from relaybox.store import statements as st
 from relaybox.store.backend import Backend
 from relaybox.store.credentials import KEEP, CredentialsStore, Keep
-from relaybox.store.keys import message_digest
 from relaybox.store.outbox_rows import (
     AttemptRow,
     BlockedKey,
@@ -281,27 +281,14 @@ class OutboxStore:
         """The tenant's message published with ``idempotency_key``, if any: its keys
         table decides (``relaybox_message_keys``), whether or not the message row still
         exists (:meth:`Message.from_key_row`)."""
-        row = await self.db.first(
-            conn,
-            "message_get_by_key",
-            (message_digest(tenant, idempotency_key), tenant, idempotency_key),
-        )
+        row = await self.db.first(conn, *st.message_get_by_key(tenant, idempotency_key))
         return None if row is None else Message.from_key_row(row, tenant, idempotency_key)
 
     async def message_insert(self, conn: AsyncConnection, message: NewMessage) -> bool:
         """Insert ``message``; ``False`` when a message with its (tenant, idempotency
         key) exists already: the key's row in ``relaybox_message_keys``, inserted
         first in the same transaction, decides which publish is first."""
-        key = message.key_params()
-        if key is not None and await self.db.first(conn, "message_key_insert", key) is None:
-            return False
-        if await self.db.first(conn, "message_insert", message.params()) is not None:
-            return True
-        if key is not None:  # an old message under this key, stored before its key
-            await self.db.rows(
-                conn, "message_key_adopt", (key[0], message.tenant, message.idempotency_key)
-            )
-        return False
+        return await st.run(self.db, conn, st.message_insert(message))
 
     async def message_publish(
         self, conn: AsyncConnection, message: NewMessage, endpoint_ids: Sequence[str]
@@ -332,7 +319,7 @@ class OutboxStore:
         transaction. A concurrent publish with the same key waits until this
         transaction ends (PostgreSQL: the counter's row lock), so a key's numbers
         increase in commit order."""
-        row = await self.db.first(conn, "message_sequence_next", (tenant, ordering_key))
+        row = await self.db.first(conn, *st.message_sequence_next(tenant, ordering_key))
         return int(row[0])
 
     async def message_get(self, message_id: str, tenant: str | None) -> Message | None:
@@ -367,7 +354,7 @@ class OutboxStore:
         ``conn``'s transaction: the catalog's schema of the type (JSON text, ``None``
         without one) and the tenant's enabled endpoints as (id, event type patterns as
         JSON text, payload filter as JSON text or ``None``), by id."""
-        found = await self.db.rows(conn, "publish_context", (tenant, event_type))
+        found = await self.db.rows(conn, *st.publish_context(tenant, event_type))
         return PublishContext.from_rows(found)
 
     async def delivery_insert(
@@ -384,8 +371,16 @@ class OutboxStore:
         """One pending outbox row per endpoint for the message, in ``conn``'s
         transaction, and a wake for the dispatchers when it commits. The rows of
         ordered endpoints carry ``ordering_key`` and ``sequence``."""
-        params = (message_id, tenant, now, self.db.array(endpoint_ids), ordering_key, sequence)
-        await self.db.rows(conn, "delivery_insert", params)
+        statement = st.delivery_insert(
+            message_id,
+            tenant,
+            endpoint_ids,
+            self.db.array,
+            now=now,
+            ordering_key=ordering_key,
+            sequence=sequence,
+        )
+        await self.db.rows(conn, *statement)
         await self.db.notify(conn, "outbox")
 
     async def delivery_list(

@@ -28,14 +28,13 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine, create_engine, make_url
 
 from relaybox.errors import ConfigurationError
+from relaybox.store import statements as st
 from relaybox.store.history import Projection, ProjectionWrite
-from relaybox.store.inbox_rows import InboxEvent
-from relaybox.store.keys import message_digest
+from relaybox.store.inbox_rows import InboxEvent, NewAttempt, NewOperation, OutboxRow
 from relaybox.store.outbox_rows import Message, NewMessage, PublishContext
 
 if TYPE_CHECKING:
     from relaybox.store.backend import Backend
-    from relaybox.store.inbox_rows import OutboxRow
 
 __all__ = ["SyncStore", "sync_store"]
 
@@ -91,7 +90,7 @@ class SyncStore:
 
     def rows(self, conn: Connection, name: str, params: Sequence[Any] = ()) -> list[Any]:
         """Run the named query in ``conn``'s transaction; rows read by index or name."""
-        sql, bound = self._statement(conn, name, params)
+        sql, bound = self.statement(conn, name, params)
         result = conn.exec_driver_sql(sql, bound)
         return list(result.all()) if result.returns_rows else []
 
@@ -99,7 +98,7 @@ class SyncStore:
         found = self.rows(conn, name, params)
         return found[0] if found else None
 
-    def _statement(self, conn: Connection, name: str, params: Sequence[Any]) -> tuple[str, Any]:
+    def statement(self, conn: Connection, name: str, params: Sequence[Any]) -> tuple[str, Any]:
         return self.q[name], tuple(params)
 
     def array(self, ids: Sequence[Any]) -> Any:
@@ -127,66 +126,35 @@ class SyncInbox:
         """The first statement of a synchronous handler's transaction: mark the row
         done under its row lock if it is still pending at ``attempt`` (the handler's
         failure rolls the mark back). Whether the row is this worker's to process."""
-        sql, bound = self.db._statement(conn, "inbox_begin_done", (inbox_id, now, attempt))
+        sql, bound = self.db.statement(conn, *st.inbox_begin(inbox_id, attempt=attempt, now=now))
         result = conn.exec_driver_sql(sql, bound)
         # SQLite's block returns the row; PostgreSQL's counts it.
         return bool(result.all() if result.returns_rows else result.rowcount == 1)
 
     def lock(self, conn: Connection, ids: Sequence[int]) -> list[InboxEvent]:
         """Lock rows still pending, until the caller's COMMIT."""
-        return [
-            InboxEvent.from_row(r) for r in self.db.rows(conn, "inbox_lock", (self.db.array(ids),))
-        ]
+        return st.inbox_events(self.db.rows(conn, *st.inbox_lock(ids, self.db.array)))
 
-    def operation_insert(
-        self,
-        conn: Connection,
-        *,
-        business_key: str,
-        fingerprint: str,
-        inbox_id: int | None,
-        source: str | None,
-        tenant: str | None,
-        now: float,
-    ) -> tuple[bool, str]:
+    def operation_insert(self, conn: Connection, operation: NewOperation) -> tuple[bool, str]:
         """Insert a business key; return (created, stored fingerprint)."""
-        params = (business_key, fingerprint, inbox_id, source, tenant, now)
-        if self.db.first(conn, "operation_insert", params) is not None:
-            return True, fingerprint
-        existing = self.db.first(conn, "operation_get", (business_key,))
-        assert existing is not None  # the conflicting row is committed and visible
-        return False, existing[1]
+        return st.run_sync(self.db, conn, st.operation_insert(operation))
 
     def outbox_insert_rows(
         self, conn: Connection, rows: Sequence[OutboxRow], *, now: float
     ) -> None:
-        """Handlers' outbox rows (channel, key, payload, tenant, inbox id); a (channel,
-        key) that exists is left alone."""
-        for channel, key, payload, tenant, inbox_id in rows:
-            self.db.rows(conn, "outbox_insert", (channel, key, payload, tenant, inbox_id, now))
+        """Handlers' outbox rows; a (channel, key) that exists is left alone."""
+        st.run_sync(self.db, conn, st.outbox_insert_rows(rows, now=now))
 
     def retry_later(
         self, conn: Connection, inbox_id: int, *, at: float, error: str, now: float
     ) -> None:
-        self.db.rows(conn, "inbox_retry_later", (inbox_id, at, error, now))
+        self.db.rows(conn, *st.inbox_retry_later(inbox_id, at=at, error=error, now=now))
 
     def kill(self, conn: Connection, inbox_id: int, *, reason: str, error: str, now: float) -> None:
-        self.db.rows(conn, "inbox_kill", (inbox_id, reason, error, now))
+        self.db.rows(conn, *st.inbox_kill(inbox_id, reason=reason, error=error, now=now))
 
-    def attempt_insert(
-        self,
-        conn: Connection,
-        *,
-        inbox_id: int,
-        attempt: int,
-        outcome: str,
-        error: str | None,
-        worker: str,
-        started_at: float,
-        finished_at: float,
-    ) -> None:
-        params = (inbox_id, attempt, outcome, error, worker, started_at, finished_at)
-        self.db.rows(conn, "attempt_insert", params)
+    def attempt_insert(self, conn: Connection, attempt: NewAttempt) -> None:
+        self.db.rows(conn, *st.attempt_insert(attempt))
 
 
 class SyncOutbox:
@@ -200,38 +168,25 @@ class SyncOutbox:
         self, conn: Connection, tenant: str, idempotency_key: str
     ) -> Message | None:
         """The tenant's message published with ``idempotency_key``, if any
-        (:meth:`relaybox.store.OutboxStore.message_get_by_key`)."""
-        row = self.db.first(
-            conn,
-            "message_get_by_key",
-            (message_digest(tenant, idempotency_key), tenant, idempotency_key),
-        )
+        (:meth:`relaybox.store.outbox.OutboxStore.message_get_by_key`)."""
+        row = self.db.first(conn, *st.message_get_by_key(tenant, idempotency_key))
         return None if row is None else Message.from_key_row(row, tenant, idempotency_key)
 
     def message_insert(self, conn: Connection, message: NewMessage) -> bool:
         """Insert ``message``; ``False`` when its (tenant, idempotency key) exists
-        (:meth:`relaybox.store.OutboxStore.message_insert`)."""
-        key = message.key_params()
-        if key is not None and self.db.first(conn, "message_key_insert", key) is None:
-            return False
-        if self.db.first(conn, "message_insert", message.params()) is not None:
-            return True
-        if key is not None:  # an old message under this key, stored before its key
-            self.db.rows(
-                conn, "message_key_adopt", (key[0], message.tenant, message.idempotency_key)
-            )
-        return False
+        (:meth:`relaybox.store.outbox.OutboxStore.message_insert`)."""
+        return st.run_sync(self.db, conn, st.message_insert(message))
 
     def publish_context(self, conn: Connection, tenant: str, event_type: str) -> PublishContext:
         """The event type's schema and the tenant's enabled endpoints, in one statement
-        (:meth:`relaybox.store.OutboxStore.publish_context`)."""
-        return PublishContext.from_rows(self.db.rows(conn, "publish_context", (tenant, event_type)))
+        (:meth:`relaybox.store.outbox.OutboxStore.publish_context`)."""
+        return PublishContext.from_rows(self.db.rows(conn, *st.publish_context(tenant, event_type)))
 
     def message_sequence_next(self, conn: Connection, tenant: str, ordering_key: str) -> int:
         """The next sequence number of the tenant's ``ordering_key``, in ``conn``'s
-        transaction (:meth:`relaybox.store.OutboxStore.message_sequence_next`: a concurrent
-        publish with the same key waits until this transaction ends)."""
-        return int(self.db.first(conn, "message_sequence_next", (tenant, ordering_key))[0])
+        transaction (:meth:`relaybox.store.outbox.OutboxStore.message_sequence_next`: a
+        concurrent publish with the same key waits until this transaction ends)."""
+        return int(self.db.first(conn, *st.message_sequence_next(tenant, ordering_key))[0])
 
     def delivery_insert(
         self,
@@ -247,8 +202,16 @@ class SyncOutbox:
         """One pending outbox row per endpoint for the message, and a wake for the
         dispatchers when it commits (PostgreSQL; on SQLite they poll). The rows of
         ordered endpoints carry ``ordering_key`` and ``sequence``."""
-        params = (message_id, tenant, now, self.db.array(endpoint_ids), ordering_key, sequence)
-        self.db.rows(conn, "delivery_insert", params)
+        statement = st.delivery_insert(
+            message_id,
+            tenant,
+            endpoint_ids,
+            self.db.array,
+            now=now,
+            ordering_key=ordering_key,
+            sequence=sequence,
+        )
+        self.db.rows(conn, *statement)
         self.db.notify(conn, "outbox")
 
 
@@ -268,7 +231,7 @@ class SyncHistory:
         return None if row is None else Projection.from_row(row)
 
     def inbox_mark_superseded(self, conn: Connection, inbox_id: int, by: str) -> None:
-        self.db.rows(conn, "inbox_mark_superseded", (inbox_id, by))
+        self.db.rows(conn, *st.inbox_mark_superseded(inbox_id, by))
 
 
 class SyncErasure:
@@ -281,7 +244,7 @@ class SyncErasure:
     def subject_index(self, conn: Connection, digest: bytes, kind: str, ref: str) -> None:
         """:meth:`ErasureStore.subject_index <relaybox.store.erasure.ErasureStore.subject_index>`
         in a synchronous transaction."""
-        self.db.rows(conn, "subject_index", (digest, kind, ref))
+        self.db.rows(conn, *st.subject_index(digest, kind, ref))
 
 
 class PostgresSyncStore(SyncStore):
@@ -312,7 +275,7 @@ class PostgresSyncStore(SyncStore):
                 "synchronous code on PostgreSQL needs psycopg 3: pip install 'relaybox[psycopg]'"
             ) from exc
 
-    def _statement(self, conn: Connection, name: str, params: Sequence[Any]) -> tuple[str, Any]:
+    def statement(self, conn: Connection, name: str, params: Sequence[Any]) -> tuple[str, Any]:
         """The block with its ``$n`` written in the driver's ``paramstyle``."""
         style = conn.dialect.paramstyle
         converted = self._converted.get((name, style))

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from relaybox.inbound import projections
 from relaybox.inbound.worker.context import Handling, _add_row
 from relaybox.store import InboxEvent, OutboxRow
+from relaybox.store.inbox_rows import NewOperation
 
 if TYPE_CHECKING:
     from relaybox.runtime import InboundRuntime
@@ -108,12 +109,14 @@ class SyncContext(Handling):
         business_key, fingerprint = asked
         created, stored = self.box.store.sync.inbox.operation_insert(
             self.conn,
-            business_key=business_key,
-            fingerprint=fingerprint,
-            inbox_id=self.event.id,
-            source=self.event.source,
-            tenant=self.event.tenant,
-            now=self.box.clock.now(),
+            NewOperation(
+                business_key=business_key,
+                fingerprint=fingerprint,
+                inbox_id=self.event.id,
+                source=self.event.source,
+                tenant=self.event.tenant,
+                now=self.box.clock.now(),
+            ),
         )
         return self._once_answer(business_key, fingerprint, created, stored)
 

@@ -14,6 +14,7 @@ from relaybox import tracing
 from relaybox.errors import OperationConflict
 from relaybox.inbound import projections
 from relaybox.store import InboxEvent, OutboxRow
+from relaybox.store.inbox_rows import NewOperation
 from relaybox.wire import write_json
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def _add_row(ctx: Handling, channel: str, key: str, payload: Any) -> None:
     _check_channel(ctx.box, channel)
     # Strict JSON: a float NaN or infinity fails here (NotJsonNumber), in the handler,
     # not as a document no destination can parse.
-    ctx.outbox_rows.append((channel, key, write_json(payload), event.tenant, event.id))
+    ctx.outbox_rows.append(OutboxRow(channel, key, write_json(payload), event.tenant, event.id))
     ctx.outbox_keys.append(f"{channel}:{key}")
 
 
@@ -285,12 +286,14 @@ class Context(Handling):
         with tracing.span("relaybox.once") as span:
             created, stored = await self.box.store.inbox.operation_insert(
                 self.conn,
-                business_key=business_key,
-                fingerprint=fingerprint,
-                inbox_id=self.event.id,
-                source=self.event.source,
-                tenant=self.event.tenant,
-                now=self.box.clock.now(),
+                NewOperation(
+                    business_key=business_key,
+                    fingerprint=fingerprint,
+                    inbox_id=self.event.id,
+                    source=self.event.source,
+                    tenant=self.event.tenant,
+                    now=self.box.clock.now(),
+                ),
             )
             first = self._once_answer(business_key, fingerprint, created, stored)
             span.set_attribute("relaybox.once.first", first)

@@ -16,6 +16,7 @@ from relaybox import tracing
 from relaybox.inbound.worker.context import Handling, Hooks
 from relaybox.retry import Backoff
 from relaybox.store import InboxEvent
+from relaybox.store.inbox_rows import NewAttempt
 
 if TYPE_CHECKING:
     from relaybox.runtime import WorkerRuntime
@@ -54,17 +55,17 @@ class _Plan:
     def dead(self) -> bool:
         return self.kind in ("invalid", "exhausted", "conflict", "unhandled")
 
-    def attempt_row(self, event: InboxEvent, worker: str) -> dict[str, Any]:
-        """The keyword arguments of the store's ``attempt_insert``."""
-        return {
-            "inbox_id": event.id,
-            "attempt": event.attempts,
-            "outcome": self.kind,
-            "error": self.raw_error,
-            "worker": worker,
-            "started_at": self.started,
-            "finished_at": self.now,
-        }
+    def attempt_row(self, event: InboxEvent, worker: str) -> NewAttempt:
+        """The row of the attempts history (the store's ``attempt_insert``)."""
+        return NewAttempt(
+            inbox_id=event.id,
+            attempt=event.attempts,
+            outcome=self.kind,
+            error=self.raw_error,
+            worker=worker,
+            started_at=self.started,
+            finished_at=self.now,
+        )
 
 
 class _NotOurs(Exception):
@@ -185,7 +186,7 @@ class Recorder:
             data.update(reason=plan.kind, attempts=event.attempts, error=plan.raw_error)
             await self.box.inbound.announce(conn, "relaybox.inbox.dead", data, inbox_id=event.id)
         if plan.history:
-            await store.inbox.attempt_insert(conn, **plan.attempt_row(event, self.name))
+            await store.inbox.attempt_insert(conn, plan.attempt_row(event, self.name))
 
     def _plan(self, event: InboxEvent, ctx: Handling, outcome: _Outcome, started: float) -> _Plan:
         """What recording ``outcome`` writes (the same for every kind of handler and

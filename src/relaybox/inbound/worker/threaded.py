@@ -200,7 +200,7 @@ class Threaded(Recorder):
         if plan.dead:
             store.inbox.kill(conn, event.id, reason=plan.kind, error=plan.error, now=plan.now)
         if plan.history:
-            store.inbox.attempt_insert(conn, **plan.attempt_row(event, self.name))
+            store.inbox.attempt_insert(conn, plan.attempt_row(event, self.name))
 
     @staticmethod
     def _on_loop(loop: asyncio.AbstractEventLoop, hook: Coroutine[Any, Any, None]) -> None:
