@@ -1,0 +1,122 @@
+"""Time partitions of the history on PostgreSQL (relaybox.store.partitions): the
+conversion of live tables, partitions made ahead, rows waiting in the DEFAULT
+partition moved, and drops held back by what must stay."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from relaybox.store import Store, open_store
+from relaybox.store.partitions import day_id
+from tests.store.test_store import T0, delivery, statuses
+
+DAY = 86400
+NOW = T0 + 100 * DAY  # every row's age (30 days) long past
+
+
+@pytest.fixture
+async def store(pg_url: str) -> AsyncIterator[Store]:
+    s = open_store(pg_url)
+    await s.migrate()
+    yield s
+    await s.close()
+
+
+async def sql(store: Store, *statements: str) -> None:
+    async with store.transaction() as conn:
+        for statement in statements:
+            await conn.exec_driver_sql(statement)
+
+
+async def names(store: Store, table: str) -> list[str]:
+    rows = await store.fetch_all(
+        "SELECT c.relname AS name FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        f" WHERE i.inhparent = '{table}'::regclass ORDER BY 1"
+    )
+    return [r["name"] for r in rows]
+
+
+async def today(store: Store) -> int:
+    rows = await store.fetch_all("SELECT floor(extract(epoch FROM now()) / 86400)::bigint AS d")
+    return int(rows[0]["d"])
+
+
+def ages(table: str, tenant: str | None, source: str | None) -> float:
+    return 30 * DAY
+
+
+DROP = (NOW, ages, lambda table: 30 * DAY)
+
+
+async def test_convert_keeps_rows_and_lookups(store: Store) -> None:
+    outcomes = await store.inbox_accept([delivery("e1"), delivery("e2")])
+    assert statuses(outcomes) == ["accepted", "accepted"]
+    converted = await store.partitions_convert("day")
+    assert converted == ["relaybox_inbox", "relaybox_inbox_attempts", "relaybox_quarantine"]
+    assert await store.partitions_tables() == set(converted)
+    d = await today(store)
+    parts = await names(store, "relaybox_inbox")
+    assert "relaybox_inbox_default" in parts
+    assert len(parts) >= 4  # the first (the old table, to tomorrow), the default, ahead
+    # the old rows are there, found by id and by key; a duplicate is still one
+    rows = await store.fetch_all("SELECT id, event_id FROM relaybox_inbox ORDER BY id")
+    assert [r["event_id"] for r in rows] == ["e1", "e2"]
+    again = await store.inbox_accept([delivery("e1"), delivery("e3")])
+    assert statuses(again) == ["duplicate", "accepted"]
+    new = await store.fetch_all("SELECT id FROM relaybox_inbox WHERE event_id = 'e3'")
+    assert new[0]["id"] >> 32 == d  # day-encoded
+    # converting again does nothing
+    assert await store.partitions_convert("day") == []
+
+
+async def test_drop_waits_for_pending_rows(store: Store) -> None:
+    await store.inbox_accept([delivery("e1", at=T0), delivery("e2", at=T0)])
+    await sql(store, "UPDATE relaybox_inbox SET status = 'done' WHERE event_id = 'e2'")
+    await store.partitions_convert("day")
+    first = [n for n in await names(store, "relaybox_inbox") if n != "relaybox_inbox_default"][0]
+    result = await store.partitions_maintain("day", drop=DROP)
+    assert result.held[first] == "pending"
+    assert first in await names(store, "relaybox_inbox")
+    await sql(store, "UPDATE relaybox_inbox SET status = 'dead', updated_at = 0")
+    result = await store.partitions_maintain("day", drop=DROP)
+    assert result.held[first] == "dead letters not discarded"
+    await sql(store, "UPDATE relaybox_inbox SET discarded_at = 1, status = 'done'")
+    result = await store.partitions_maintain("day", drop=DROP)
+    assert first in result.dropped
+    assert await store.fetch_all("SELECT * FROM relaybox_inbox") == []
+    # the key outlives its row: a resend is still a duplicate
+    again = await store.inbox_accept([delivery("e1", at=T0)])
+    assert statuses(again) == ["duplicate"]
+
+
+async def test_rows_in_default_move_into_their_partition(store: Store) -> None:
+    await store.partitions_convert("day")
+    d = await today(store)
+    far = day_id(d + 10, 7)
+    await sql(
+        store,
+        "INSERT INTO relaybox_inbox (id, source, account, event_id, event_type, fingerprint,"
+        " status, next_attempt_at, received_at, updated_at)"
+        f" VALUES ({far}, 's', 'a', 'x', 't', '\\x00', 'done', 0, 0, 0)",
+    )
+    rows = await store.fetch_all(
+        f"SELECT tableoid::regclass::text AS t FROM relaybox_inbox WHERE id = {far}"
+    )
+    assert rows[0]["t"] == "relaybox_inbox_default"
+    result = await store.partitions_maintain("day", ahead=12)
+    assert result.moved == 1
+    rows = await store.fetch_all(
+        f"SELECT tableoid::regclass::text AS t FROM relaybox_inbox WHERE id = {far}"
+    )
+    assert rows[0]["t"] != "relaybox_inbox_default"
+
+
+async def test_sqlite_has_no_partitions(tmp_path: Any) -> None:
+    s = open_store(f"sqlite+aiosqlite:///{tmp_path}/x.db")
+    await s.migrate()
+    assert await s.partitions_tables() == set()
+    assert (await s.partitions_maintain("day", drop=DROP)).dropped == []
+    await s.close()
