@@ -4,13 +4,18 @@ partition moved, and drops held back by what must stay."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg
 import pytest
 
 from relaybox.store import Store, open_store
+from relaybox.store.base import load_queries
 from relaybox.store.partitions import day_id
+from tests.conftest import _dsn
+from tests.store.test_plans import GENERIC_POOL
 from tests.store.test_store import T0, delivery, statuses
 
 DAY = 86400
@@ -76,7 +81,7 @@ async def test_drop_waits_for_pending_rows(store: Store) -> None:
     await store.inbox_accept([delivery("e1", at=T0), delivery("e2", at=T0)])
     await sql(store, "UPDATE relaybox_inbox SET status = 'done' WHERE event_id = 'e2'")
     await store.partitions_convert("day")
-    first = [n for n in await names(store, "relaybox_inbox") if n != "relaybox_inbox_default"][0]
+    first = next(n for n in await names(store, "relaybox_inbox") if n != "relaybox_inbox_default")
     result = await store.partitions_maintain("day", drop=DROP)
     assert result.held[first] == "pending"
     assert first in await names(store, "relaybox_inbox")
@@ -120,3 +125,37 @@ async def test_sqlite_has_no_partitions(tmp_path: Any) -> None:
     assert await s.partitions_tables() == set()
     assert (await s.partitions_maintain("day", drop=DROP)).dropped == []
     await s.close()
+
+
+@pytest.mark.parametrize("name", ["inbox_claim", "inbox_lock", "inbox_complete", "inbox_start"])
+async def test_worker_statements_stay_on_indexes_with_partitions(
+    store: Store, pg_url: str, name: str
+) -> None:
+    """The claim reads the partial index of due pending rows of each partition, the
+    worker's statements over claimed ids the primary key: no partition is scanned,
+    in the generic plan on a filled inbox never analyzed."""
+    await store.partitions_convert("day")
+    queries = load_queries("postgres")
+    conn = await asyncpg.connect(_dsn(pg_url))
+    try:
+        for part in await names(store, "relaybox_inbox"):
+            await conn.execute(f"ALTER TABLE {part} SET (autovacuum_enabled = false)")
+        await conn.execute(
+            "INSERT INTO relaybox_inbox (source, account, event_id, event_type, fingerprint,"
+            " status, next_attempt_at, received_at, updated_at)"
+            " SELECT 's', 'a', 'e' || i, 't', '\\x00',"
+            " CASE WHEN i % 10 = 0 THEN 'pending' ELSE 'done' END, 0, 0, 0"
+            " FROM generate_series(1, 20000) AS i"
+        )
+        await conn.execute(GENERIC_POOL)
+        stmt = await conn.prepare(queries[name])
+        args = ", ".join(["NULL"] * len(stmt.get_parameters()))
+        rows = await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}({args})")
+        plan = "\n".join(r[0] for r in rows)
+    finally:
+        await conn.close()
+    assert not re.search(r"Seq Scan on relaybox_inbox", plan), plan
+    if name == "inbox_claim":
+        assert re.search(r"Index Scan using relaybox_inbox_p\d{8}_due", plan), plan
+    else:
+        assert re.search(r"relaybox_inbox_p\d{8}_pkey", plan), plan

@@ -42,8 +42,11 @@ GENERIC_POOL = "SET plan_cache_mode = force_generic_plan; SET enable_bitmapscan 
 
 # Operators' reads and maintenance: listed, counted or purged on demand; erasures
 # (test_an_erasure_probes_the_subjects_rows checks they reach rows by index); the
-# keys' backfill and expiry (batches of the maintenance job).
-OPERATOR = re.compile(r"^(ops_|stats_|erase_|erasure_|keys_|replay_select$|.*_list$|.*_count$)")
+# keys' backfill and expiry (batches of the maintenance job); the time partitions'
+# DDL templates (part_: filled in by relaybox.store.partitions).
+OPERATOR = re.compile(
+    r"^(ops_|stats_|erase_|erasure_|keys_|part_|replay_select$|.*_list$|.*_count$)"
+)
 
 
 def _generic_plans(queries: dict[str, str]) -> list[str]:

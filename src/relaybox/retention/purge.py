@@ -64,6 +64,7 @@ from relaybox.retention.policy import (
     plan,
 )
 from relaybox.store.history import PurgeTable
+from relaybox.store.partitions import MaintainResult
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -75,6 +76,7 @@ __all__ = [
     "backfill_keys",
     "count_candidates",
     "cutoffs",
+    "maintain_partitions",
     "maintenance_lock",
     "purge",
 ]
@@ -248,7 +250,12 @@ async def purge(
             passes=len(plan(policies, box.clock.now())),
         )
     now = box.clock.now()
-    steps = plan(policies, now)
+    # Partitioned tables (PostgreSQL) are not purged row by row: their partitions are
+    # dropped whole (maintain_partitions).
+    partitioned = {
+        _PARTITIONED[t] for t in await box.store.partitions_tables() if t in _PARTITIONED
+    }
+    steps = [s for s in plan(policies, now) if s.table not in partitioned]
     totals: dict[PurgeTable, int] = dict.fromkeys(TABLES, 0)
     for step in steps:
         totals[step.table] += await _run_pass(
@@ -269,6 +276,38 @@ async def purge(
     box.metrics.observe_purge("messages", result.messages)
     log.info("purge", **result.as_dict())
     return result
+
+
+_PARTITIONED: dict[str, PurgeTable] = {
+    "relaybox_inbox": "inbox",
+    "relaybox_quarantine": "quarantine",
+}
+
+
+async def maintain_partitions(
+    box: Runtime, *, before_drop: Callable[[str, str], Any] | None = None
+) -> MaintainResult:
+    """PostgreSQL's time partitions (:mod:`relaybox.store.partitions`): partitions made
+    ``retention.partitions_ahead`` periods ahead, and each partition dropped whole once
+    nothing in it must stay (pending events, undiscarded dead letters, originals of open
+    quarantine entries) and every row in it is past the age of its tenant or source.
+    Nothing happens while the tables are not partitioned (and on SQLite)."""
+    settings = box.settings.retention
+    policies = await load_policies(box.store, settings)
+
+    def ages(table: str, tenant: str | None, source: str | None) -> float:
+        return policies.inbound_age(tenant, source)
+
+    def shortest(table: str) -> float:
+        return min(policies.ages("inbox"))
+
+    period = "day" if settings.partitions == "off" else settings.partitions
+    return await box.store.partitions_maintain(
+        period,
+        ahead=settings.partitions_ahead,
+        drop=(box.clock.now(), ages, shortest),
+        before_drop=before_drop,
+    )
 
 
 async def backfill_keys(
@@ -362,6 +401,8 @@ class Maintenance:
                 log.info("disabled_endpoint_deliveries_dead", rows=strays)
             # Erasures waiting for rows that were pending: emptied once they finished.
             await resume_waiting(self.box)
+            # Time partitions (PostgreSQL, once converted): made ahead, dropped whole.
+            await maintain_partitions(self.box)
             # Keys of rows stored before migration 0027, a few batches a pass.
             await backfill_keys(self.box, max_batches=_BACKFILL_BATCHES_A_PASS)
             return result

@@ -221,15 +221,18 @@ async def convert(
     if period not in PERIODS:
         raise ValueError(f"partitions by {period!r}: day or week")
     ddl = _Ddl(conn, q)
-    if not await ddl.val("part_lock"):
+    done: list[str] = []
+    if not [s for s in TABLES if not await ddl.val("part_is_partitioned", s.table)]:
+        return done
+    for _ in range(600):  # a maintenance run holds it for a while at most
+        if await ddl.val("part_lock"):
+            break
+        await asyncio.sleep(0.5)
+    else:
         raise RuntimeError("another process is converting or maintaining the partitions")
     await conn.execute("SET lock_timeout = '2s'")
-    done: list[str] = []
     today = int(await ddl.val("part_today"))
     todo = [s for s in TABLES if not await ddl.val("part_is_partitioned", s.table)]
-    if not todo:
-        await maintain(conn, q, period, ahead=ahead, drop=None, locked=True)
-        return done
 
     async def step(table: str, name: str) -> None:
         if before_switch is not None:
