@@ -159,3 +159,31 @@ async def test_worker_statements_stay_on_indexes_with_partitions(
         assert re.search(r"Index Scan using relaybox_inbox_p\d{8}_due", plan), plan
     else:
         assert re.search(r"relaybox_inbox_p\d{8}_pkey", plan), plan
+
+
+def test_migrate_partitions_a_fresh_database_in_one_go(pg_url: str, tmp_path: Any) -> None:
+    """`relaybox migrate --partitions day` on an empty database: every migration, then
+    the partitioned tables, in one command; run again, nothing to do."""
+    import json
+    import subprocess
+    import sys
+
+    def migrate(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "relaybox", "migrate", "--database-url", url, *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = migrate(pg_url, "--partitions", "day", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["partitioned"] == [
+        "relaybox_inbox",
+        "relaybox_inbox_attempts",
+        "relaybox_quarantine",
+    ]
+    again = migrate(pg_url, "--partitions", "day", "--json")
+    assert json.loads(again.stdout)["partitioned"] == []
+    sqlite = migrate(f"sqlite:///{tmp_path}/x.db", "--partitions", "day")
+    assert sqlite.returncode == 2 and "need PostgreSQL" in sqlite.stderr

@@ -232,6 +232,7 @@ def migrate(
     from relaybox.outbound.vault import MISSING_HINT
 
     box = load_box(app, config, database_url)
+    log.configure_logging(box.settings.log_level, json=box.settings.log_json)  # on stderr
     period = partitions or box.settings.retention.partitions
     if box.store.backend != "postgres":
         if partitions:
