@@ -15,6 +15,7 @@ from relaybox.store import Store, open_store
 from relaybox.store.base import load_queries
 from relaybox.store.partitions import day_id
 from tests.conftest import _dsn
+from tests.store import test_erasure as erasure_tests
 from tests.store.test_plans import GENERIC_POOL
 from tests.store.test_store import T0, delivery, statuses
 
@@ -187,3 +188,19 @@ def test_migrate_partitions_a_fresh_database_in_one_go(pg_url: str, tmp_path: An
     assert json.loads(again.stdout)["partitioned"] == []
     sqlite = migrate(f"sqlite:///{tmp_path}/x.db", "--partitions", "day")
     assert sqlite.returncode == 2 and "need PostgreSQL" in sqlite.stderr
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        erasure_tests.test_an_erasure_empties_finished_rows_and_waits_for_pending_ones,
+        erasure_tests.test_seed_5002_a_later_erasure_reaches_a_conflict_that_came_after_an_earlier_one,
+    ],
+    ids=["waits_for_pending", "reaches_a_later_conflict"],
+)
+async def test_erasure_on_partitioned_tables(store: Store, scenario: Any) -> None:
+    """Erasures (tests/store/test_erasure.py) on partitioned tables: rows found by
+    their subjects, emptied in place, pending ones waited for; a conflict quarantined
+    after the event was erased is reached."""
+    await store.partitions_convert("day")
+    await scenario(store)
