@@ -43,6 +43,11 @@ def main() -> None:
         default=None,
         help="erase: inbox rows to fill (default 1,000,000); partitions: events to expire",
     )
+    parser.add_argument(
+        "--migrate",
+        action="store_true",
+        help="partitions: the live migration of --rows events under load (default 1,000,000)",
+    )
     args = parser.parse_args()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"relaybox bench, {stamp}, {platform.node()}, {platform.python_version()}")
@@ -109,7 +114,10 @@ def main() -> None:
     if args.which == "partitions":  # not in `all`: partition drop against the purge
         from bench import partitions
 
-        tables.append(partitions.main(quick=args.quick, rounds=args.rounds, rows=args.rows))
+        if args.migrate:
+            tables.append(partitions.migrate_main(rows=args.rows))
+        else:
+            tables.append(partitions.main(quick=args.quick, rounds=args.rounds, rows=args.rows))
     if args.which == "otel":  # not in `all`: the cost of tracing, on demand
         from bench import otel
 
