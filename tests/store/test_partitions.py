@@ -204,3 +204,27 @@ async def test_erasure_on_partitioned_tables(store: Store, scenario: Any) -> Non
     after the event was erased is reached."""
     await store.partitions_convert("day")
     await scenario(store)
+
+
+async def test_a_longer_age_of_a_tenant_holds_the_drop(store: Store) -> None:
+    """Every row at its own age: one tenant keeps 90 days, so its row finished 60 days
+    ago keeps the whole partition; the others' 30 days have passed."""
+    await store.inbox_accept([delivery("e1"), delivery("e2")])
+    at = NOW - 60 * DAY
+    await sql(
+        store,
+        f"UPDATE relaybox_inbox SET status = 'done', updated_at = {at}",
+        "UPDATE relaybox_inbox SET tenant = 'keeps-long' WHERE event_id = 'e2'",
+    )
+    await store.partitions_convert("day")
+    first = next(n for n in await names(store, "relaybox_inbox") if n != "relaybox_inbox_default")
+
+    def tenant_ages(table: str, tenant: str | None, source: str | None) -> float:
+        return 90 * DAY if tenant == "keeps-long" else 30 * DAY
+
+    result = await store.partitions_maintain("day", drop=(NOW, tenant_ages, lambda t: 30 * DAY))
+    assert result.held[first] == "retention age"
+    result = await store.partitions_maintain(
+        "day", drop=(NOW + 31 * DAY, tenant_ages, lambda t: 30 * DAY)
+    )
+    assert first in result.dropped
