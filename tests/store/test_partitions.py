@@ -228,3 +228,38 @@ async def test_a_longer_age_of_a_tenant_holds_the_drop(store: Store) -> None:
         "day", drop=(NOW + 31 * DAY, tenant_ages, lambda t: 30 * DAY)
     )
     assert first in result.dropped
+
+
+async def test_maintenance_drops_partitions_and_the_purge_leaves_them(pg_url: str) -> None:
+    """The maintenance job (Maintenance.run_once) on partitioned tables: the purge's
+    per-row UPDATE leaves them alone (payloads stay until their partition goes), and
+    the partition holding only finished rows past their age is dropped."""
+    from relaybox import FrozenClock, Relaybox
+    from relaybox.config import Settings
+    from relaybox.retention import Maintenance
+
+    clock = FrozenClock(T0)
+    box = Relaybox(
+        settings=Settings(database_url=pg_url, retention={"partitions": "day"}), clock=clock
+    )
+    try:
+        await box.store.migrate()
+        await box.store.inbox_accept([delivery("e1", at=T0)])
+        await sql(box.store, f"UPDATE relaybox_inbox SET status = 'done', updated_at = {T0}")
+        await box.store.partitions_convert("day")
+        first = next(
+            n for n in await names(box.store, "relaybox_inbox") if n != "relaybox_inbox_default"
+        )
+        clock.set(T0 + 31 * DAY)
+        # the purge alone: the row keeps its payload (no per-row UPDATE)
+        from relaybox.retention import purge
+
+        result = await purge(box)
+        assert result.inbox == 0
+        rows = await box.store.fetch_all("SELECT payload IS NOT NULL AS kept FROM relaybox_inbox")
+        assert rows == [{"kept": True}]
+        await Maintenance(box).run_once()
+        assert first not in await names(box.store, "relaybox_inbox")
+        assert await box.store.fetch_all("SELECT 1 FROM relaybox_inbox") == []
+    finally:
+        await box.close()
