@@ -263,3 +263,15 @@ async def test_maintenance_drops_partitions_and_the_purge_leaves_them(pg_url: st
         assert await box.store.fetch_all("SELECT 1 FROM relaybox_inbox") == []
     finally:
         await box.close()
+
+
+async def test_week_partitions_start_on_mondays(store: Store) -> None:
+    import datetime as dt
+    import itertools
+
+    await store.partitions_convert("week")
+    made = [n for n in await names(store, "relaybox_inbox") if n != "relaybox_inbox_default"]
+    assert len(made) >= 2
+    starts = [dt.datetime.strptime(n[-8:], "%Y%m%d").date() for n in made[1:]]
+    assert all(d.weekday() == 0 for d in starts), starts  # the first: the migration's day
+    assert all((b - a).days == 7 for a, b in itertools.pairwise(starts))
