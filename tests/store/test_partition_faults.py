@@ -179,3 +179,35 @@ async def test_a_clock_a_minute_off_neither_loses_nor_drops_early(store: Store) 
     result = await store.partitions_maintain("day", drop=(now + 31, age, lambda t: 30 * DAY))
     assert part in result.dropped
     assert not await store.fetch_all(f"SELECT 1 FROM relaybox_inbox WHERE id = {last}")
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "relaybox_inbox_attempts:add_check",
+        "relaybox_quarantine:validate",
+        "relaybox_quarantine:switch",
+    ],
+)
+async def test_maintenance_finishes_a_conversion_killed_halfway(
+    store: Store, pg_url: str, where: str
+) -> None:
+    """A conversion killed after its first bound CHECK: its CHECKs would refuse rows
+    once the day reaches their bound, so the next maintenance pass finishes it."""
+    await fill(store, 1000)
+    run_killed(pg_url, "convert", where)
+    assert await store.partitions_tables() != {
+        "relaybox_inbox",
+        "relaybox_inbox_attempts",
+        "relaybox_quarantine",
+    }
+    result = await store.partitions_maintain("day")
+    assert result.converted
+    assert await store.partitions_tables() == {
+        "relaybox_inbox",
+        "relaybox_inbox_attempts",
+        "relaybox_quarantine",
+    }
+    rows = await store.fetch_all("SELECT count(*) AS n FROM relaybox_inbox")
+    assert rows[0]["n"] == 1000
+    assert statuses(await store.inbox_accept([delivery("after")])) == ["accepted"]

@@ -159,6 +159,9 @@ class MaintainResult:
     """Partitions old enough to drop, kept, and why."""
     skipped: bool = False
     """Another maintainer held the lock."""
+    converted: list[str] = field(default_factory=list)
+    """Tables whose conversion, begun by a run that did not finish it, this one
+    finished."""
 
 
 class _Ddl:
@@ -280,7 +283,7 @@ async def convert(
             valid = [False]
         if not valid[0]:
             await step(s.table, "validate")
-            await ddl.run("part_validate_bound", table=s.table, name=name)
+            await _retry_locked(partial(ddl.run, "part_validate_bound", table=s.table, name=name))
     # 3. The switch, a short transaction per table.
     for s in todo:
         await step(s.table, "switch")
@@ -356,6 +359,10 @@ async def maintain(
             result.skipped = True
             return result
         await conn.execute("SET lock_timeout = '2s'")
+        if await _conversion_started(ddl):
+            # A conversion killed halfway: its bound CHECKs would refuse rows once the
+            # database's day reaches them, so every maintenance pass finishes it.
+            result.converted = await convert(conn, q, period, ahead=ahead)
     # What a killed run detached and did not drop.
     for row in await ddl.rows("part_detached"):
         await ddl.run("part_drop", part=row["name"])
@@ -388,6 +395,18 @@ async def maintain(
             moved=result.moved,
         )
     return result
+
+
+async def _conversion_started(ddl: _Ddl) -> bool:
+    """Whether a conversion began (a bound CHECK added, or some tables switched) and
+    has not finished."""
+    switched = 0
+    for s in TABLES:
+        if await ddl.val("part_is_partitioned", s.table):
+            switched += 1
+        elif await ddl.rows("part_bound_check", s.table, f"{s.table}_bound_%"):
+            return True
+    return 0 < switched < len(TABLES)
 
 
 async def _create(ddl: _Ddl, s: PartitionSpec, name: str, lo: int, hi: int) -> int:
