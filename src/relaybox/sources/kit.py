@@ -7,13 +7,13 @@ import base64
 import binascii
 import hashlib
 import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from relaybox.errors import BadSignature, ConfigurationError, MalformedHeaders, MalformedPayload
-from relaybox.sources.base import Headers, canonical_json, parse_int_timestamp
+from relaybox.sources.base import Headers, Identity, canonical_json, parse_int_timestamp
 from relaybox.sources.hooks import URL_HEADER
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "MILLISECONDS_ABOVE",
     "TIMESTAMP_UNITS",
     "b64",
+    "batch_identity",
     "derived_id",
     "digest",
     "json_object",
@@ -103,6 +104,27 @@ def derived_id(value: Any) -> str:
     """``"sha256:" + hex`` of ``value`` as canonical JSON (sorted keys, no spaces):
     the same for a resend whatever its key order or whitespace."""
     return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def batch_identity(
+    keys: Sequence[str], types: Iterable[str], accounts: Iterable[str] = ()
+) -> Identity:
+    """The identity of a delivery of events (Adyen's items, HubSpot's and SendGrid's
+    arrays), from each event's key, type and account: the one event's key, or
+    ``"batch:" + sha256`` of the sorted keys joined with commas (the same for a resend
+    in any order); the type and the account the events share, else ``"batch"`` and
+    ``None``."""
+    kinds, owners = set(types), set(accounts)
+    event_type = (kinds.pop() if len(kinds) == 1 else "") or "batch"
+    account = (owners.pop() if len(owners) == 1 else "") or None
+    if len(keys) == 1:
+        return Identity(event_id=keys[0], event_type=event_type, account=account)
+    joined = ",".join(sorted(keys)).encode()
+    return Identity(
+        event_id="batch:" + hashlib.sha256(joined).hexdigest(),
+        event_type=event_type,
+        account=account,
+    )
 
 
 def signed_url(headers: Headers, configured: str | None) -> str:

@@ -85,6 +85,7 @@ __all__ = [
     "UrlSchemeSource",
     "factory",
     "publish",
+    "publish_all",
 ]
 
 DIGESTS: dict[str, Callable[..., Any]] = {
@@ -580,3 +581,10 @@ def publish(preset: Preset, module: str) -> tuple[type[SchemeSource], Callable[.
         namespace["append_query"] = preset.url == "with query"
     cls = type(preset.name, (base,), namespace)
     return cls, factory(cls, preset.factory_doc)
+
+
+def publish_all(
+    presets: Iterable[Preset], module: str
+) -> dict[str, tuple[type[SchemeSource], Callable[..., SchemeSource]]]:
+    """Each preset's class and factory (:func:`publish`), by provider name."""
+    return {preset.provider: publish(preset, module) for preset in presets}
