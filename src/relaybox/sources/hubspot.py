@@ -29,7 +29,7 @@ from typing import Any
 
 from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Headers, Identity, canonical_json
-from relaybox.sources.kit import batch_identity, derived_id, text
+from relaybox.sources.kit import batch_identity, derived_id, event_keys, text
 from relaybox.sources.scheme import Example, Hmac, Scheme, UrlSchemeSource, factory
 
 __all__ = ["HubSpotSource", "hubspot"]
@@ -90,12 +90,7 @@ class HubSpotSource(UrlSchemeSource):
             return Identity(event_id=derived_id(payload), event_type="webhook")
         if not isinstance(payload, list) or not payload:
             raise MalformedPayload("HubSpot payload must be a JSON array of events")
-        ids: list[str] = []
-        for event in payload:
-            event_id = text(event.get("eventId")) if isinstance(event, Mapping) else None
-            if event_id is None:
-                raise MalformedPayload('a HubSpot event has no "eventId"')
-            ids.append(event_id)
+        ids = event_keys(payload, "eventId", "HubSpot")
         types = (text(event.get("subscriptionType")) or "" for event in payload)
         portals = (text(event.get("portalId")) or "" for event in payload)
         return batch_identity(ids, types, portals)

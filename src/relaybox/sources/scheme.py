@@ -54,7 +54,7 @@ from relaybox.sources.base import (
 from relaybox.sources.kit import (
     DEFAULT_URL,
     TIMESTAMP_UNITS,
-    check_url,
+    PublicUrl,
     scale_timestamp,
     signed_url,
     timestamp_seconds,
@@ -489,22 +489,12 @@ class SchemeSource(Source):
         return json_document(scheme.example(event))
 
 
-class UrlSchemeSource(SchemeSource):
+class UrlSchemeSource(PublicUrl, SchemeSource):
     """A scheme that signs the URL: ``url`` is the public URL configured at the
     provider, for a request whose URL a proxy changed (else the request's own)."""
 
     append_query: ClassVar[bool] = True
     """Whether the request's query string is appended to the configured ``url``."""
-
-    def __init__(
-        self,
-        *,
-        url: str | None = None,
-        secrets: Iterable[Secret | str] | Secret | str = (),
-        **options: Any,
-    ) -> None:
-        super().__init__(secrets=secrets, **options)
-        self.url = check_url(url, self.provider)
 
     def signed_urls(self, headers: Headers) -> tuple[str, ...]:
         if self.url is not None and not self.append_query:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
@@ -33,7 +33,7 @@ from relaybox.sources.base import (
     Identity,
     Secret,
 )
-from relaybox.sources.kit import PRIVATE_PREFIX, batch_identity, text
+from relaybox.sources.kit import PRIVATE_PREFIX, batch_identity, event_keys, text
 from relaybox.sources.publickey import TimestampKeySource
 
 __all__ = ["SendGridSource", "sendgrid"]
@@ -91,12 +91,7 @@ class SendGridSource(TimestampKeySource[ec.EllipticCurvePublicKey, ec.EllipticCu
     def identify(self, headers: Headers, payload: Any) -> Identity:
         if not isinstance(payload, list) or not payload:
             raise MalformedPayload("SendGrid payload must be a non-empty JSON array of events")
-        ids: list[str] = []
-        for event in payload:
-            event_id = text(event.get("sg_event_id")) if isinstance(event, Mapping) else None
-            if event_id is None:
-                raise MalformedPayload('a SendGrid event has no "sg_event_id"')
-            ids.append(event_id)
+        ids = event_keys(payload, "sg_event_id", "SendGrid")
         return batch_identity(ids, (text(event.get("event")) or "" for event in payload))
 
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
