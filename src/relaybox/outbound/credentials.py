@@ -29,16 +29,19 @@ import base64
 import hashlib
 import json
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 from urllib.parse import quote_plus
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from relaybox.outbound.channels.base import Result
 from relaybox.outbound.channels.http import credential_header
 from relaybox.outbound.ssrf import UnsafeDestination
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
     from relaybox.config.outbound import OutboundSettings
     from relaybox.outbound.channels.http import HttpClient
     from relaybox.outbound.registry import Outbound
@@ -58,6 +61,7 @@ __all__ = [
     "credentials_at_rest",
     "parse_credentials",
     "reseal_credentials",
+    "reseal_pages",
 ]
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}")
@@ -133,6 +137,10 @@ def _no_controls(value: str) -> str:
     return value
 
 
+_Text = Annotated[str, AfterValidator(_no_controls)]
+"""Text sent in a header: no control characters."""
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -148,7 +156,7 @@ class BasicCredentials(_Spec):
 
     type: Literal["basic"]
     username: str = Field(min_length=1, max_length=256)
-    password: str = Field(max_length=1024)
+    password: _Text = Field(max_length=1024)
 
     @field_validator("username")
     @classmethod
@@ -157,22 +165,12 @@ class BasicCredentials(_Spec):
             raise ValueError("a Basic username may not contain ':'")
         return _no_controls(value)
 
-    @field_validator("password")
-    @classmethod
-    def _password(cls, value: str) -> str:
-        return _no_controls(value)
-
 
 class BearerCredentials(_Spec):
     """A static token: ``Authorization: Bearer <token>``."""
 
     type: Literal["bearer"]
-    token: str = Field(min_length=1, max_length=4096)
-
-    @field_validator("token")
-    @classmethod
-    def _token(cls, value: str) -> str:
-        return _no_controls(value)
+    token: _Text = Field(min_length=1, max_length=4096)
 
 
 class OAuth2Credentials(_Spec):
@@ -180,14 +178,9 @@ class OAuth2Credentials(_Spec):
 
     type: Literal["oauth2"]
     token_url: str = Field(min_length=1, max_length=2000)
-    client_id: str = Field(min_length=1, max_length=1024)
-    client_secret: str = Field(min_length=1, max_length=4096)
-    scope: str | None = Field(None, max_length=1024)
-
-    @field_validator("client_id", "client_secret", "scope")
-    @classmethod
-    def _texts(cls, value: str | None) -> str | None:
-        return None if value is None else _no_controls(value)
+    client_id: _Text = Field(min_length=1, max_length=1024)
+    client_secret: _Text = Field(min_length=1, max_length=4096)
+    scope: _Text | None = Field(None, max_length=1024)
 
 
 CredentialsSpec = Annotated[
@@ -387,24 +380,46 @@ _PAGE = 500
 """Credentials read and sealed per transaction by the sealing passes."""
 
 
+K = TypeVar("K", int, str)
+
+
+async def reseal_pages(
+    box: Runtime,
+    vault: Vault,
+    read: Callable[[AsyncConnection, K], Awaitable[list[tuple[K, str]]]],
+    swap: Callable[[AsyncConnection, K, str, str], Awaitable[bool]],
+    size: int,
+    after: K,
+) -> tuple[int, int]:
+    """Seal stored values with the vault's first key, a transaction a page: ``read``
+    gives the (key, stored value) pairs after a key, at most ``size``; ``swap``
+    replaces one stored value if it is still the one read (compare-and-set, so several
+    processes may run at once). Returns (sealed now, read)."""
+    sealed = seen = 0
+    while True:
+        async with box.store.transaction() as conn:
+            page = await read(conn, after)
+            for key, stored in page:
+                again = vault.reseal(stored)
+                if again is not None and await swap(conn, key, stored, again):
+                    sealed += 1
+        seen += len(page)
+        if len(page) < size:
+            return sealed, seen
+        after = page[-1][0]
+
+
 async def reseal_credentials(box: Runtime, vault: Vault) -> tuple[int, int]:
     """Seal every endpoint's credentials with the first key (``relaybox endpoints
     seal-secrets``, with the signing secrets): (sealed now, already were). Safe with
     several processes at once (compare-and-set)."""
-    store, sealed, seen, after = box.store, 0, 0, ""
-    while True:
-        async with store.transaction() as conn:
-            page = await store.endpoint_credentials_page(conn, after, _PAGE)
-            for endpoint_id, stored in page:
-                again = vault.reseal(stored)
-                if again is not None and await store.endpoint_credentials_swap(
-                    conn, endpoint_id, stored, again
-                ):
-                    sealed += 1
-        seen += len(page)
-        if len(page) < _PAGE:
-            return sealed, seen - sealed
-        after = page[-1][0]
+    store = box.store
+
+    async def read(conn: AsyncConnection, after: str) -> list[tuple[str, str]]:
+        return await store.endpoint_credentials_page(conn, after, _PAGE)
+
+    sealed, seen = await reseal_pages(box, vault, read, store.endpoint_credentials_swap, _PAGE, "")
+    return sealed, seen - sealed
 
 
 async def credentials_at_rest(box: Runtime, vault: Vault, counts: dict[str, int]) -> None:

@@ -19,6 +19,7 @@ from relaybox.outbound.credentials import (
     NoCredentials,
     credentials_at_rest,
     reseal_credentials,
+    reseal_pages,
 )
 from relaybox.outbound.endpoint_rules import InvalidEndpoint as InvalidEndpoint
 from relaybox.outbound.endpoint_rules import (
@@ -406,21 +407,11 @@ async def seal_plaintext(box: Runtime) -> dict[str, int]:
 
 async def _seal(box: Runtime, *, plaintext: bool) -> dict[str, int]:
     vault, store = await ready_to_seal(box), box.store
-    sealed = seen = 0
-    after = 0
-    while True:
-        async with store.transaction() as conn:
-            page = await store.endpoint_secrets_page(conn, after, _SEAL_BATCH, plaintext=plaintext)
-            for secret_id, stored in page:
-                again = vault.reseal(stored)
-                if again is not None and await store.endpoint_secret_swap(
-                    conn, secret_id, stored, again
-                ):
-                    sealed += 1
-        seen += len(page)
-        if len(page) < _SEAL_BATCH:
-            break
-        after = page[-1][0]
+
+    async def read(conn: AsyncConnection, after: int) -> list[tuple[int, str]]:
+        return await store.endpoint_secrets_page(conn, after, _SEAL_BATCH, plaintext=plaintext)
+
+    sealed, seen = await reseal_pages(box, vault, read, store.endpoint_secret_swap, _SEAL_BATCH, 0)
     if not plaintext:  # credentials are sealed from the start: only a new key reseals them
         done, already = await reseal_credentials(box, vault)
         sealed, seen = sealed + done, seen + done + already
