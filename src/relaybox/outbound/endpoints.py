@@ -36,6 +36,7 @@ from relaybox.store.credentials import Keep
 from relaybox.store.outbox_rows import (
     Endpoint,
     EndpointQuotaReached,
+    EndpointStatusChange,
     EndpointWrite,
     new_id,
 )
@@ -273,15 +274,7 @@ async def enable_endpoint(
     async with store.transaction() as conn:
         row = await store.endpoint_set_status(conn, endpoint_id, "enabled", reason=None, now=now)
         if row is not None:
-            data = {
-                "endpointId": endpoint_id,
-                "tenant": row.tenant,
-                "url": row.url,
-                "reason": reason,
-                "wasDisabled": current.disabled_reason,
-            }
-            ops = outbound(box).settings.operational_tenant
-            await publish(box, conn, "relaybox.endpoint.enabled", data, tenant=ops)
+            await _announce(box, conn, "enabled", row, reason, wasDisabled=current.disabled_reason)
     if row is not None:
         log.info("endpoint_enabled", endpoint_id=endpoint_id, tenant=row.tenant)
     return True
@@ -308,17 +301,24 @@ async def disable_in(box: Runtime, conn: AsyncConnection, endpoint_id: str, *, r
     if row is None:
         return False
     await store.delivery_kill_endpoint(conn, endpoint_id, "endpoint_disabled", now=now)
-    data = {
-        "endpointId": endpoint_id,
-        "tenant": row.tenant,
-        "url": row.url,
-        "reason": reason,
-        "failingSince": row.failing_since,
-    }
-    ops = outbound(box).settings.operational_tenant
-    await publish(box, conn, "relaybox.endpoint.disabled", data, tenant=ops)
+    await _announce(box, conn, "disabled", row, reason, failingSince=row.failing_since)
     log.warning("endpoint_disabled", endpoint_id=endpoint_id, tenant=row.tenant, reason=reason)
     return True
+
+
+async def _announce(
+    box: Runtime,
+    conn: AsyncConnection,
+    change: str,
+    row: EndpointStatusChange,
+    reason: str,
+    **more: Any,
+) -> None:
+    """``relaybox.endpoint.<change>`` to the operational tenant, in ``conn``'s
+    transaction: the endpoint, its tenant and URL, ``reason``, then ``more``."""
+    data = {"endpointId": row.id, "tenant": row.tenant, "url": row.url, "reason": reason}
+    ops = outbound(box).settings.operational_tenant
+    await publish(box, conn, f"relaybox.endpoint.{change}", {**data, **more}, tenant=ops)
 
 
 async def rotate_secret(

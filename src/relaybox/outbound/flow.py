@@ -73,22 +73,21 @@ class Replayed:
 async def pause_endpoint(box: Runtime, endpoint_id: str, *, tenant: str | None) -> bool:
     """Pause the endpoint: its deliveries wait until :func:`resume_endpoint`.
     ``False``: no such endpoint (pausing a paused endpoint is no change)."""
-    if await get_endpoint(box, endpoint_id, tenant) is None:
-        return False
-    now = box.clock.now()
-    if await box.store.endpoint_pause(endpoint_id, tenant, paused=True, now=now):
-        log.info("endpoint_paused", endpoint_id=endpoint_id)
-    return True
+    return await _set_paused(box, endpoint_id, tenant, paused=True)
 
 
 async def resume_endpoint(box: Runtime, endpoint_id: str, *, tenant: str | None) -> bool:
     """Resume a paused endpoint: its waiting deliveries go out, oldest first.
     ``False``: no such endpoint."""
+    return await _set_paused(box, endpoint_id, tenant, paused=False)
+
+
+async def _set_paused(box: Runtime, endpoint_id: str, tenant: str | None, *, paused: bool) -> bool:
     if await get_endpoint(box, endpoint_id, tenant) is None:
         return False
     now = box.clock.now()
-    if await box.store.endpoint_pause(endpoint_id, tenant, paused=False, now=now):
-        log.info("endpoint_resumed", endpoint_id=endpoint_id)
+    if await box.store.endpoint_pause(endpoint_id, tenant, paused=paused, now=now):
+        log.info("endpoint_paused" if paused else "endpoint_resumed", endpoint_id=endpoint_id)
     return True
 
 
