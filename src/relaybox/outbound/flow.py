@@ -33,7 +33,7 @@ from relaybox.store.outbox_flow import ReplayJob
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
 
-__all__ = ["Replayed", "pause_endpoint", "paused_backlog", "replay_missing", "resume_endpoint"]
+__all__ = ["Replayed", "pause_endpoint", "replay_missing", "resume_endpoint"]
 
 log = structlog.get_logger("relaybox.outbound")
 
@@ -89,11 +89,6 @@ async def _set_paused(box: Runtime, endpoint_id: str, tenant: str | None, *, pau
     if await box.store.endpoint_pause(endpoint_id, tenant, paused=paused, now=now):
         log.info("endpoint_paused" if paused else "endpoint_resumed", endpoint_id=endpoint_id)
     return True
-
-
-async def paused_backlog(box: Runtime) -> dict[str, int]:
-    """Per paused endpoint id, how many deliveries wait for its resume."""
-    return await box.store.endpoint_paused_backlog()
 
 
 async def replay_missing(
