@@ -325,7 +325,8 @@ async def authorized_post(
     end = loop.time() + seconds
     sent = {**dict(endpoint.headers), **headers}
     hidden = {name for name, _ in endpoint.headers if credential_header(name)}
-    if endpoint.credentials is None:
+
+    async def once() -> Result:  # with the headers as they are set then
         return await client.post(
             endpoint.url,
             body,
@@ -334,28 +335,17 @@ async def authorized_post(
             hidden=hidden,
             trace_context=endpoint.trace_context,
         )
+
+    if endpoint.credentials is None:
+        return await once()
     hidden.add("Authorization")
     spec = parse_credentials(endpoint.credentials)
     if isinstance(spec, BasicCredentials):
         sent["Authorization"] = _basic(spec.username, spec.password)
-        return await client.post(
-            endpoint.url,
-            body,
-            sent,
-            seconds=seconds,
-            hidden=hidden,
-            trace_context=endpoint.trace_context,
-        )
+        return await once()
     if isinstance(spec, BearerCredentials):
         sent["Authorization"] = f"Bearer {spec.token}"
-        return await client.post(
-            endpoint.url,
-            body,
-            sent,
-            seconds=seconds,
-            hidden=hidden,
-            trace_context=endpoint.trace_context,
-        )
+        return await once()
     key = cache.key(endpoint.id, endpoint.credentials)
     result: Result | None = None
     for _ in range(2):  # a 401: once more with a fresh token
