@@ -58,7 +58,9 @@ __all__ = [
     "OAuth2Credentials",
     "TokenCache",
     "check_headers",
+    "count_states",
     "credentials_at_rest",
+    "each_page",
     "parse_credentials",
     "reseal_credentials",
     "reseal_pages",
@@ -371,55 +373,84 @@ _PAGE = 500
 
 
 K = TypeVar("K", int, str)
+Stored = list[tuple[K, str]]
+"""A page of (key, stored secret) pairs, ordered by key."""
+
+
+async def each_page(
+    box: Runtime,
+    read: Callable[[AsyncConnection, K], Awaitable[Stored[K]]],
+    size: int,
+    after: K,
+    visit: Callable[[AsyncConnection, Stored[K]], Awaitable[None]] | None = None,
+) -> int:
+    """Every pair ``read`` gives after the key ``after``, a page (``size`` at most)
+    per transaction, handed to ``visit`` with that transaction's connection. Returns
+    how many pairs were read."""
+    seen = 0
+    while True:
+        async with box.store.transaction() as conn:
+            page = await read(conn, after)
+            if visit is not None:
+                await visit(conn, page)
+        seen += len(page)
+        if len(page) < size:
+            return seen
+        after = page[-1][0]
 
 
 async def reseal_pages(
     box: Runtime,
     vault: Vault,
-    read: Callable[[AsyncConnection, K], Awaitable[list[tuple[K, str]]]],
+    read: Callable[[AsyncConnection, K], Awaitable[Stored[K]]],
     swap: Callable[[AsyncConnection, K, str, str], Awaitable[bool]],
     size: int,
     after: K,
 ) -> tuple[int, int]:
-    """Seal stored values with the vault's first key, a transaction a page: ``read``
-    gives the (key, stored value) pairs after a key, at most ``size``; ``swap``
-    replaces one stored value if it is still the one read (compare-and-set, so several
-    processes may run at once). Returns (sealed now, read)."""
-    sealed = seen = 0
-    while True:
-        async with box.store.transaction() as conn:
-            page = await read(conn, after)
-            for key, stored in page:
-                again = vault.reseal(stored)
-                if again is not None and await swap(conn, key, stored, again):
-                    sealed += 1
-        seen += len(page)
-        if len(page) < size:
-            return sealed, seen
-        after = page[-1][0]
+    """Seal stored secrets with the vault's first key, a page per transaction
+    (:func:`each_page`); ``swap`` replaces one if it is still the one read
+    (compare-and-set, so several processes may run at once). Returns (sealed now,
+    read)."""
+    sealed = 0
+
+    async def reseal(conn: AsyncConnection, page: Stored[K]) -> None:
+        nonlocal sealed
+        for key, stored in page:
+            again = vault.reseal(stored)
+            if again is not None and await swap(conn, key, stored, again):
+                sealed += 1
+
+    seen = await each_page(box, read, size, after, reseal)
+    return sealed, seen
+
+
+def count_states(
+    vault: Vault, counts: dict[str, int]
+) -> Callable[[AsyncConnection, Stored[Any]], Awaitable[None]]:
+    """A visitor for :func:`each_page` that adds each stored secret to ``counts`` by
+    :meth:`Vault.state`."""
+
+    async def count(conn: AsyncConnection, page: Stored[Any]) -> None:
+        for _, stored in page:
+            counts[vault.state(stored)] += 1
+
+    return count
+
+
+def _credentials(box: Runtime) -> Callable[[AsyncConnection, str], Awaitable[Stored[str]]]:
+    """Reads a page of endpoints' stored credentials (by endpoint id)."""
+    return lambda conn, after: box.store.endpoint_credentials_page(conn, after, _PAGE)
 
 
 async def reseal_credentials(box: Runtime, vault: Vault) -> tuple[int, int]:
     """Seal every endpoint's credentials with the first key (``relaybox endpoints
     seal-secrets``, with the signing secrets): (sealed now, already were). Safe with
     several processes at once (compare-and-set)."""
-    store = box.store
-
-    async def read(conn: AsyncConnection, after: str) -> list[tuple[str, str]]:
-        return await store.endpoint_credentials_page(conn, after, _PAGE)
-
-    sealed, seen = await reseal_pages(box, vault, read, store.endpoint_credentials_swap, _PAGE, "")
+    swap = box.store.endpoint_credentials_swap
+    sealed, seen = await reseal_pages(box, vault, _credentials(box), swap, _PAGE, "")
     return sealed, seen - sealed
 
 
 async def credentials_at_rest(box: Runtime, vault: Vault, counts: dict[str, int]) -> None:
     """Add the stored credentials to ``counts`` by :meth:`Vault.state`."""
-    store, after = box.store, ""
-    while True:
-        async with store.transaction() as conn:
-            page = await store.endpoint_credentials_page(conn, after, _PAGE)
-        for _, stored in page:
-            counts[vault.state(stored)] += 1
-        if len(page) < _PAGE:
-            return
-        after = page[-1][0]
+    await each_page(box, _credentials(box), _PAGE, "", count_states(vault, counts))

@@ -8,6 +8,7 @@ any tenant's endpoint by id.
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
@@ -17,7 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from relaybox.outbound.credentials import (
     CredentialsSpec,
     NoCredentials,
+    count_states,
     credentials_at_rest,
+    each_page,
     reseal_credentials,
     reseal_pages,
 )
@@ -406,12 +409,9 @@ async def seal_plaintext(box: Runtime) -> dict[str, int]:
 
 
 async def _seal(box: Runtime, *, plaintext: bool) -> dict[str, int]:
-    vault, store = await ready_to_seal(box), box.store
-
-    async def read(conn: AsyncConnection, after: int) -> list[tuple[int, str]]:
-        return await store.endpoint_secrets_page(conn, after, _SEAL_BATCH, plaintext=plaintext)
-
-    sealed, seen = await reseal_pages(box, vault, read, store.endpoint_secret_swap, _SEAL_BATCH, 0)
+    vault, swap = await ready_to_seal(box), box.store.endpoint_secret_swap
+    read = _secrets(box, plaintext=plaintext)
+    sealed, seen = await reseal_pages(box, vault, read, swap, _SEAL_BATCH, 0)
     if not plaintext:  # credentials are sealed from the start: only a new key reseals them
         done, already = await reseal_credentials(box, vault)
         sealed, seen = sealed + done, seen + done + already
@@ -420,33 +420,29 @@ async def _seal(box: Runtime, *, plaintext: bool) -> dict[str, int]:
     return {"sealed": sealed, "already": seen - sealed}
 
 
+def _secrets(
+    box: Runtime, *, plaintext: bool = False
+) -> Callable[[AsyncConnection, int], Awaitable[list[tuple[int, str]]]]:
+    """Reads a page of stored signing secrets (by secret id); ``plaintext``: only
+    those not sealed."""
+    return lambda conn, after: box.store.endpoint_secrets_page(
+        conn, after, _SEAL_BATCH, plaintext=plaintext
+    )
+
+
 async def _count_plaintext(box: Runtime) -> int:
-    store, count, after = box.store, 0, 0
-    while True:
-        async with store.transaction() as conn:
-            page = await store.endpoint_secrets_page(conn, after, _SEAL_BATCH, plaintext=True)
-        count += len(page)
-        if len(page) < _SEAL_BATCH:
-            return count
-        after = page[-1][0]
+    return await each_page(box, _secrets(box, plaintext=True), _SEAL_BATCH, 0)
 
 
 async def secrets_at_rest(box: Runtime) -> dict[str, int]:
     """How the stored secrets (signing secrets and endpoint credentials) stand against
     the keys relaybox has: counts of ``plaintext``, ``current``, ``older`` and
     ``locked`` (see :meth:`Vault.state`)."""
-    vault, store = outbound(box).vault, box.store
+    vault = outbound(box).vault
     counts = dict.fromkeys(("plaintext", "current", "older", "locked"), 0)
-    after = 0
-    while True:
-        async with store.transaction() as conn:
-            page = await store.endpoint_secrets_page(conn, after, _SEAL_BATCH)
-        for _, stored in page:
-            counts[vault.state(stored)] += 1
-        if len(page) < _SEAL_BATCH:
-            await credentials_at_rest(box, vault, counts)
-            return counts
-        after = page[-1][0]
+    await each_page(box, _secrets(box), _SEAL_BATCH, 0, count_states(vault, counts))
+    await credentials_at_rest(box, vault, counts)
+    return counts
 
 
 async def endpoint_secrets(
