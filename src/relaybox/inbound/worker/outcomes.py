@@ -1,7 +1,7 @@
 """Outcome recording: what became of an event's attempt (its kind), written in the
-attempt's transaction (:meth:`Recorder._record`: reschedule with backoff, dead letters,
-the attempts history), and its log line and metric once that transaction commits
-(:meth:`Recorder._report`)."""
+attempt's transaction (:meth:`OutcomeRecorder.record`: reschedule with backoff, dead
+letters, the attempts history), and its log line and metric once that transaction
+commits (:meth:`OutcomeRecorder.report`)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox import tracing
-from relaybox.inbound.worker.context import Handling, Hooks
+from relaybox.inbound.worker.context import Handling
 from relaybox.retry import Backoff
 from relaybox.store import InboxEvent
 
 if TYPE_CHECKING:
-    from relaybox.runtime import WorkerRuntime
+    from relaybox.clock import Clock
+    from relaybox.metrics import Metrics
+    from relaybox.runtime import Announce
+    from relaybox.store import Store
 
 log = structlog.get_logger("relaybox.worker")
 
@@ -130,25 +134,41 @@ def _contended(exc: BaseException) -> bool:
     return _sqlstate_in(exc, _CONTENDED)
 
 
-class Recorder:
-    """The worker's outcome recording (a base of :class:`~relaybox.inbound.worker.loop.Worker`)."""
+class OutcomeRecorder:
+    """Records what became of one worker's attempts (``worker``: its name, in the
+    attempts history): the writes in the attempt's transaction (:meth:`record` on an
+    async connection, :meth:`write_sync` on a synchronous one, both from one
+    :meth:`plan`), and the log line and metric once it commits (:meth:`report`). The
+    worker's runners hold it and call it; it calls none of them."""
 
-    box: WorkerRuntime
-    name: str
-    backoff: Backoff
-    rng: random.Random
-    hooks: Hooks
-    _counters: dict[tuple[str, str], Any]
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        metrics: Metrics,
+        announce: Announce,
+        backoff: Backoff,
+        rng: random.Random,
+        worker: str,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.metrics = metrics
+        self.announce = announce
+        """Publishes ``relaybox.inbox.dead`` with the dead letter (the receiving
+        side's announcer, ``box.inbound.announce``)."""
+        self.backoff = backoff
+        self.rng = rng
+        self.worker = worker
+        self._counters: dict[tuple[str, str], Any] = {}
 
     def _count(self, source: str, label: str) -> None:
         counter = self._counters.get((source, label))
         if counter is None:
-            counter = self._counters[(source, label)] = self.box.metrics.processed.labels(
-                source, label
-            )
+            counter = self._counters[(source, label)] = self.metrics.processed.labels(source, label)
         counter.inc()
 
-    async def _record(
+    async def record(
         self,
         conn: AsyncConnection,
         event: InboxEvent,
@@ -159,8 +179,8 @@ class Recorder:
     ) -> None:
         """Write the outcome in ``conn``'s transaction. Its log line and metric go to
         ``reports`` when given, for the caller to emit once the transaction commits
-        (:meth:`_report`); otherwise now."""
-        plan = self._plan(event, ctx, outcome, started)
+        (:meth:`report`); otherwise now."""
+        plan = self.plan(event, ctx, outcome, started)
         if ctx._trace is not None:  # the decision, a child of the handler's span
             with tracing.span("relaybox.outcome", parent=ctx._trace, link=False) as span:
                 span.set_attributes(outcome_attributes(plan))
@@ -168,12 +188,12 @@ class Recorder:
         else:
             await self._write_plan(conn, event, plan)
         if reports is None:
-            self._report([plan.report])
+            self.report([plan.report])
         else:
             reports.append(plan.report)
 
     async def _write_plan(self, conn: AsyncConnection, event: InboxEvent, plan: _Plan) -> None:
-        store = self.box.store
+        store = self.store
         if plan.retry_at is not None:
             await store.inbox_retry_later(
                 conn, event.id, at=plan.retry_at, error=plan.error, now=plan.now
@@ -183,14 +203,26 @@ class Recorder:
             # relaybox.inbox.dead, with the dead letter (relaybox.outbound.announce)
             data = dead_event(event.id, event.key, event.event_type, event.tenant)
             data.update(reason=plan.kind, attempts=event.attempts, error=plan.raw_error)
-            await self.box.inbound.announce(conn, "relaybox.inbox.dead", data, inbox_id=event.id)
+            await self.announce(conn, "relaybox.inbox.dead", data, inbox_id=event.id)
         if plan.history:
-            await store.attempt_insert(conn, **plan.attempt_row(event, self.name))
+            await store.attempt_insert(conn, **plan.attempt_row(event, self.worker))
 
-    def _plan(self, event: InboxEvent, ctx: Handling, outcome: _Outcome, started: float) -> _Plan:
+    def write_sync(self, conn: Connection, event: InboxEvent, plan: _Plan) -> None:
+        """:meth:`record`'s writes on a synchronous connection (plain-def handlers)."""
+        store = self.store.sync
+        if plan.retry_at is not None:
+            store.inbox_retry_later(
+                conn, event.id, at=plan.retry_at, error=plan.error, now=plan.now
+            )
+        if plan.dead:
+            store.inbox_kill(conn, event.id, reason=plan.kind, error=plan.error, now=plan.now)
+        if plan.history:
+            store.attempt_insert(conn, **plan.attempt_row(event, self.worker))
+
+    def plan(self, event: InboxEvent, ctx: Handling, outcome: _Outcome, started: float) -> _Plan:
         """What recording ``outcome`` writes (the same for every kind of handler and
-        transaction; :meth:`_record` writes it on an async connection)."""
-        now = self.box.clock.now()
+        transaction; :meth:`record` writes it on an async connection)."""
+        now = self.clock.now()
         fields: dict[str, Any] = {
             "inbox_id": event.id,
             "event_key": list(event.key),
@@ -223,7 +255,7 @@ class Recorder:
             report=(event.source, kind, outcome.error, fields),
         )
 
-    def _report(self, reports: list[_Report]) -> None:
+    def report(self, reports: list[_Report]) -> None:
         """Log lines and metrics of recorded outcomes (after their COMMIT)."""
         for source, kind, error, fields in reports:
             label = "done" if kind == "done" else ("retry" if kind == "retry" else f"dead_{kind}")
