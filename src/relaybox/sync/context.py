@@ -27,14 +27,27 @@ from relaybox.inbound.worker.context import Handling, _add_row
 from relaybox.store import InboxEvent, OutboxRow
 
 if TYPE_CHECKING:
-    from relaybox.runtime import InboundRuntime
+    from relaybox.runtime import InboundRuntime, Runtime
 
-__all__ = ["SyncContext", "SyncOutbox", "SyncTransaction"]
+__all__ = ["StoreTransactions", "SyncContext", "SyncOutbox", "SyncTransaction"]
 
 SyncTransaction = Callable[[], AbstractContextManager[Connection]]
 """A provider of synchronous transactions (``box.sync_transaction``): called with no
 argument, it returns a context manager that yields a ``Connection`` in an open
 transaction, committed when the block ends and rolled back when it raises."""
+
+
+class StoreTransactions:
+    """The default provider of synchronous transactions (``box.sync_transaction``): a
+    transaction on the sync engine of ``box``'s store (:attr:`Store.sync`), made on
+    first use from the database URL (psycopg 3 on PostgreSQL, sqlite3 on SQLite). The
+    store is read at each call: a box closed and opened again has a new one."""
+
+    def __init__(self, box: Runtime) -> None:
+        self.box = box
+
+    def __call__(self) -> AbstractContextManager[Connection]:
+        return self.box.store.sync.transaction()
 
 
 class SyncOutbox:

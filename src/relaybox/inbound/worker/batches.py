@@ -11,7 +11,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.inbound.worker.handlers import HandlerLookup, HandlerRunner
-from relaybox.inbound.worker.outcomes import OutcomeRecorder, _Outcome, _Report
+from relaybox.inbound.worker.outcomes import OutcomeRecorder, _Outcome, _Plan
 from relaybox.inbound.worker.threaded import ThreadedRunner
 from relaybox.log import short_error
 from relaybox.store import InboxEvent
@@ -77,7 +77,7 @@ class BatchRunner:
                 events = await store.inbox_lock(conn, ids)
                 done: list[int] = []
                 created = False
-                reports: list[_Report] = []
+                reports: list[_Plan] = []
                 for event in events:
                     outcome = await self.process(conn, event, reports)
                     if outcome.kind == "done":
@@ -97,7 +97,7 @@ class BatchRunner:
             raise
 
     async def process(
-        self, conn: AsyncConnection, event: InboxEvent, reports: list[_Report] | None = None
+        self, conn: AsyncConnection, event: InboxEvent, reports: list[_Plan] | None = None
     ) -> _Outcome:
         """Run the handler for one locked event inside a savepoint, then record its
         outcome in the enclosing transaction. The caller marks ``done`` rows complete

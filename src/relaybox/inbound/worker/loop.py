@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from relaybox.inbound.worker.batches import BatchRunner
 from relaybox.inbound.worker.claims import Claimer
 from relaybox.inbound.worker.handlers import HandlerLookup, HandlerRunner
-from relaybox.inbound.worker.outcomes import OutcomeRecorder, _Outcome, _Report
+from relaybox.inbound.worker.outcomes import OutcomeRecorder, _Outcome, _Plan
 from relaybox.inbound.worker.queue import ReadyQueue, StartMarks, _Batch, _Job
 from relaybox.inbound.worker.threaded import ThreadedRunner
 from relaybox.inbound.worker.transactions import ChainRunner
@@ -234,7 +234,7 @@ class Worker:
         return len(claim.ids) + len(claim.suspects) + len(claim.exhausted)
 
     async def process(
-        self, conn: AsyncConnection, event: InboxEvent, reports: list[_Report] | None = None
+        self, conn: AsyncConnection, event: InboxEvent, reports: list[_Plan] | None = None
     ) -> _Outcome:
         """Run the handler for one locked event inside a savepoint and record its
         outcome in ``conn``'s transaction (inline acceptance;

@@ -35,16 +35,14 @@ class _Outcome:
     aborted: bool = False  # the transaction was aborted already (maybe by another handler)
 
 
-_Report = tuple[str, str, str | None, dict[str, Any]]
-"""A recorded outcome's log line and metric: source, kind, error, log fields."""
-
-
-@dataclass
+@dataclass(slots=True)
 class _Plan:
     """What recording an attempt's outcome writes: a new time (``retry_at``), dead
-    letters (``dead``: ``kind`` is the reason), an attempts-history row, and the log
-    line and metric once that commits (``report``)."""
+    letters (``dead``: ``kind`` is the reason), an attempts-history row; and, once
+    that commits, its log line (``fields``) and metric (``source``, ``kind``):
+    :meth:`OutcomeRecorder.report`."""
 
+    source: str
     kind: str
     error: str
     raw_error: str | None
@@ -52,7 +50,7 @@ class _Plan:
     started: float
     retry_at: float | None
     history: bool
-    report: _Report
+    fields: dict[str, Any]
 
     @property
     def dead(self) -> bool:
@@ -175,10 +173,10 @@ class OutcomeRecorder:
         ctx: Handling,
         outcome: _Outcome,
         started: float,
-        reports: list[_Report] | None = None,
+        reports: list[_Plan] | None = None,
     ) -> None:
-        """Write the outcome in ``conn``'s transaction. Its log line and metric go to
-        ``reports`` when given, for the caller to emit once the transaction commits
+        """Write the outcome in ``conn``'s transaction. Its plan goes to ``reports``
+        when given, for the caller to emit once the transaction commits
         (:meth:`report`); otherwise now."""
         plan = self.plan(event, ctx, outcome, started)
         if ctx._trace is not None:  # the decision, a child of the handler's span
@@ -188,9 +186,9 @@ class OutcomeRecorder:
         else:
             await self._write_plan(conn, event, plan)
         if reports is None:
-            self.report([plan.report])
+            self.report([plan])
         else:
-            reports.append(plan.report)
+            reports.append(plan)
 
     async def _write_plan(self, conn: AsyncConnection, event: InboxEvent, plan: _Plan) -> None:
         store = self.store
@@ -243,6 +241,7 @@ class OutcomeRecorder:
             else:
                 fields["next_attempt_in"] = round(at - now, 3)
         return _Plan(
+            source=event.source,
             kind=kind,
             error=outcome.error or "",
             raw_error=outcome.error,
@@ -252,20 +251,21 @@ class OutcomeRecorder:
             # The row itself records a first-try success (done_at, attempts = 1); the
             # attempts table keeps the history of events that needed more than one.
             history=kind != "done" or event.attempts > 1,
-            report=(event.source, kind, outcome.error, fields),
+            fields=fields,
         )
 
-    def report(self, reports: list[_Report]) -> None:
+    def report(self, reports: list[_Plan]) -> None:
         """Log lines and metrics of recorded outcomes (after their COMMIT)."""
-        for source, kind, error, fields in reports:
+        for plan in reports:
+            kind = plan.kind
             label = "done" if kind == "done" else ("retry" if kind == "retry" else f"dead_{kind}")
-            self._count(source, label)
+            self._count(plan.source, label)
             if kind == "done":
-                log.info("event_done", **fields)
+                log.info("event_done", **plan.fields)
             elif kind == "retry":
-                log.warning("event_retry", error=error, **fields)
+                log.warning("event_retry", error=plan.raw_error, **plan.fields)
             else:
-                log.error("event_dead", reason=kind, error=error, **fields)
+                log.error("event_dead", reason=kind, error=plan.raw_error, **plan.fields)
 
 
 def outcome_attributes(plan: _Plan) -> dict[str, str | float | bool]:

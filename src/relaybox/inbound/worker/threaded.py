@@ -30,7 +30,7 @@ from relaybox.inbound.worker.outcomes import (
     OutcomeRecorder,
     _NotOurs,
     _Outcome,
-    _Report,
+    _Plan,
     _RolledBack,
 )
 from relaybox.log import error_text, short_error
@@ -78,7 +78,7 @@ class ThreadedRunner:
         if reports is None:
             return False
         self.recorder.report(reports)
-        if any(kind == "done" and "outbox_keys" in fields for _, kind, _, fields in reports):
+        if any(plan.kind == "done" and "outbox_keys" in plan.fields for plan in reports):
             self.store.wake("outbox")
         await self.hooks.fire("after_commit", [event.id])
         return True
@@ -112,7 +112,7 @@ class ThreadedRunner:
         event: InboxEvent,
         attempt: int,
         registration: Registration,
-    ) -> list[_Report] | None:
+    ) -> list[_Plan] | None:
         from relaybox.sync.context import SyncContext
 
         box = self.box
@@ -133,7 +133,7 @@ class ThreadedRunner:
                 plan = recorder.plan(event, ctx, outcome, started)
                 recorder.write_sync(conn, event, plan)
                 self._on_loop(loop, self.hooks.fire("before_commit", [event.id]))
-            return [plan.report]
+            return [plan]
         except _NotOurs:
             return None
         except _RolledBack as failed:
@@ -144,7 +144,7 @@ class ThreadedRunner:
                 object.__setattr__(locked[0], "attempts", attempt)
                 plan = recorder.plan(locked[0], failed.ctx, failed.outcome, started)
                 recorder.write_sync(conn, locked[0], plan)
-            return [plan.report]
+            return [plan]
 
     def _call(self, ctx: SyncContext, registration: Registration) -> _Outcome:
         """The handler's outcome; its ORM session flushed on success, closed always."""

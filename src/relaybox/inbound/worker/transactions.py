@@ -22,8 +22,8 @@ from relaybox.inbound.worker.outcomes import (
     _contended,
     _NotOurs,
     _Outcome,
+    _Plan,
     _Regroup,
-    _Report,
     _RolledBack,
     _sqlstate_in,
 )
@@ -133,7 +133,7 @@ class ChainRunner:
         started = clock.now()
         nxt: _Job | None = None
         folded = committed = False  # nxt's start rides on this COMMIT; it went through
-        reports: list[_Report] = []
+        reports: list[_Plan] = []
         try:
             try:
                 async with store.event_transaction(conn):
@@ -217,7 +217,7 @@ class ChainRunner:
         failed: list[tuple[_Job, Context, _Outcome]] = []
         alone: list[_Job] = []
         nxt: list[_Job] = []
-        reports: list[_Report] = []
+        reports: list[_Plan] = []
         try:
             try:
                 try:
