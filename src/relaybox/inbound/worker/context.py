@@ -138,7 +138,7 @@ class Handling:
         self._claimed = False
         self._session: Any = None
         # The handler's span (relaybox.process) as a traceparent, when traced: the
-        # outcome's span (Recorder._record) is its child.
+        # outcome's span (OutcomeRecorder.record) is its child.
         self._trace: str | None = None
 
     def _declare(self, registration: Registration) -> None:
