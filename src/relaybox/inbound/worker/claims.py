@@ -57,7 +57,8 @@ class Claimer:
 
     async def claim(self, now: float, *, start: int) -> Claim:
         """Claim due rows, the first ``start`` of them started by the claim itself
-        (PostgreSQL); dead-letter and announce the ``exhausted``."""
+        (PostgreSQL). The rows it dead-lettered are the caller's to report
+        (:meth:`report_exhausted`)."""
         began = tracing.now_ns() if tracing.enabled() else 0
         claim = await self.store.inbox_claim(
             now=now,
@@ -73,6 +74,11 @@ class Claimer:
                 {"relaybox.claimed": len(claim.events), "relaybox.worker": self.worker},
                 (e.traceparent for e in claim.events.values()),
             )
+        return claim
+
+    async def report_exhausted(self, claim: Claim) -> None:
+        """The metric, the log line and ``relaybox.inbox.dead`` of the rows ``claim``
+        dead-lettered as ``exhausted`` (their budget used up by workers that died)."""
         for inbox_id, source, account, event_id, attempts in claim.exhausted:
             self.metrics.processed.labels(source, "dead_exhausted").inc()
             log.error(
@@ -88,7 +94,6 @@ class Claimer:
                 await self._announce_dead(claim.exhausted)
             except Exception as exc:
                 log.error("operational_event_failed", event="inbox.dead", error=short_error(exc))
-        return claim
 
     async def _announce_dead(self, dead: list[tuple[int, str, str, str, int]]) -> None:
         """``relaybox.inbox.dead`` for rows a claim dead-lettered (their worker died in

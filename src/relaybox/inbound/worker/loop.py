@@ -221,6 +221,7 @@ class Worker:
             claim = await self.claimer.claim(now, start=start)
         finally:
             self._reserved -= start
+        await self.claimer.report_exhausted(claim)
         if not claim.ids and not claim.suspects:
             return len(claim.exhausted)
         # One writer's batch needs no renewal: no other claimer passes it.
