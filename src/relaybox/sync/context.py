@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
@@ -24,10 +24,9 @@ from sqlalchemy.orm import Session
 
 from relaybox.inbound import projections
 from relaybox.inbound.worker.context import Handling, _add_row
-from relaybox.store import InboxEvent, OutboxRow
 
 if TYPE_CHECKING:
-    from relaybox.runtime import InboundRuntime, Runtime
+    from relaybox.runtime import Runtime
 
 __all__ = ["StoreTransactions", "SyncContext", "SyncOutbox", "SyncTransaction"]
 
@@ -67,16 +66,11 @@ class SyncContext(Handling):
     """What a plain ``def`` handler gets: the event and the synchronous transaction it
     runs in (``conn``; ``session`` for the ORM)."""
 
-    box: InboundRuntime
     conn: Connection
-    event: InboxEvent
-    business_keys: list[str] = field(default_factory=list)
-    outbox_keys: list[str] = field(default_factory=list)
-    outbox_rows: list[OutboxRow] = field(default_factory=list)  # written before COMMIT
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.outbox = SyncOutbox(self)
-        self._start()
 
     @property
     def session(self) -> Session:
