@@ -47,7 +47,6 @@ file, and purging is idempotent anyway.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass
@@ -55,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from relaybox.clock import every
 from relaybox.erasure import resume_waiting
 from relaybox.retention.policy import (
     PurgePass,
@@ -412,10 +412,6 @@ class Maintenance:
             log.info("maintenance_disabled", setting="retention.enabled")
             await self._stopping.wait()
             return
-        while not self._stopping.is_set():
-            try:
-                await self.run_once()
-            except Exception as exc:  # the database went away: try again next time
-                log.warning("maintenance_failed", error=f"{type(exc).__name__}: {exc}")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.interval)
+        await every(
+            self.interval, self._stopping, self.run_once, logger=log, failed="maintenance_failed"
+        )
