@@ -10,7 +10,8 @@ share one transaction.
 holding that backend: ``store.inbox`` (:class:`~relaybox.store.inbox.InboxStore`),
 ``store.outbox``, ``store.dispatch``, ``store.credentials``, ``store.catalog``,
 ``store.flow``, ``store.erasure``, ``store.history``, ``store.keys``,
-``store.retention``, ``store.silence``, ``store.sessions``, ``store.operator``.
+``store.retention``, ``store.silence``, ``store.sessions``, ``store.operator``,
+``store.partitions``.
 A method is named for what it does within its area: one that began with the area's
 name lost it there (``store.inbox.claim``, ``store.erasure.get``,
 ``store.keys.backfill``); the others kept theirs (``store.outbox.endpoint_create``).
@@ -37,6 +38,7 @@ from relaybox.store.operator import OperatorStore
 from relaybox.store.outbox import OutboxStore
 from relaybox.store.outbox_catalog import CatalogStore
 from relaybox.store.outbox_flow import FlowStore
+from relaybox.store.partitions_store import PartitionsStore
 from relaybox.store.retention import RetentionStore
 from relaybox.store.sessions import SessionStore
 from relaybox.store.silence import SilenceStore
@@ -51,7 +53,14 @@ class Store:
     :class:`~relaybox.store.sqlite.SQLiteStore`) build their backend and the areas
     that backend runs its own way (``inbox``, ``dispatch``)."""
 
-    def __init__(self, db: Backend, *, inbox: InboxStore, dispatch: type[DispatchStore]) -> None:
+    def __init__(
+        self,
+        db: Backend,
+        *,
+        inbox: InboxStore,
+        dispatch: type[DispatchStore],
+        partitions: type[PartitionsStore] = PartitionsStore,
+    ) -> None:
         self.db = db
         self.inbox = inbox
         self.credentials = CredentialsStore(db)
@@ -62,6 +71,7 @@ class Store:
         self.erasure = ErasureStore(db)
         self.history = HistoryStore(db)
         self.keys = KeysStore(db)
+        self.partitions = partitions(db, self.keys)
         self.retention = RetentionStore(db)
         self.silence = SilenceStore(db)
         self.sessions = SessionStore(db)

@@ -16,7 +16,7 @@ import re
 import time
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import asyncpg
@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from relaybox.log import short_error
-from relaybox.store import keys
+from relaybox.store import keys, partitions
 from relaybox.store._drivers import FoldedTransaction as _FoldedTransaction
 from relaybox.store._drivers import adapted as _adapted
 from relaybox.store._drivers import (
@@ -44,11 +44,19 @@ from relaybox.store.dispatch import DispatchStore, leased_delivery
 from relaybox.store.dispatch_rows import Leased, LeaseRequest, attempt_columns
 from relaybox.store.inbox import InboxStore
 from relaybox.store.inbox_rows import AcceptOutcome, Claim, Listener, NewDelivery, OutboxRow
+from relaybox.store.keys_store import KeysStore
 from relaybox.store.operator import DatabaseHealth
 from relaybox.store.outbox import OutboxStore
 from relaybox.store.outbox_rows import MessageBody, SecretOpener, Target, with_extras
+from relaybox.store.partitions_store import PartitionsStore
 
-__all__ = ["PostgresBackend", "PostgresDispatch", "PostgresInbox", "PostgresStore"]
+__all__ = [
+    "PostgresBackend",
+    "PostgresDispatch",
+    "PostgresInbox",
+    "PostgresPartitions",
+    "PostgresStore",
+]
 
 log = structlog.get_logger("relaybox.store")
 
@@ -234,6 +242,16 @@ class PostgresBackend(Backend):
             # the default reset (one more round trip per release) buys nothing.
             reset=_no_reset,
         )
+
+    @contextlib.asynccontextmanager
+    async def ddl_connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection of its own for DDL (its session settings and advisory lock die
+        with it), outside every pool."""
+        conn = await asyncpg.connect(dsn(self.url), timeout=10)
+        try:
+            yield conn
+        finally:
+            await conn.close()
 
     async def health(self) -> DatabaseHealth:
         """The open transactions of this database's other sessions and the dead rows of
@@ -899,6 +917,42 @@ class PostgresDispatch(DispatchStore):
         return Leased(deliveries, written, allowed)
 
 
+class PostgresPartitions(PartitionsStore):
+    """Time partitions of the history tables (:mod:`relaybox.store.partitions`), run on
+    a DDL connection of their own."""
+
+    db: PostgresBackend
+
+    def __init__(self, db: PostgresBackend, keys: KeysStore) -> None:
+        super().__init__(db, keys)
+        self.db = db
+
+    async def tables(self) -> set[str]:
+        async with self.db.ddl_connection() as conn:
+            return await partitions.partitioned(conn, self.db.q)
+
+    async def convert(
+        self, period: str, *, before_switch: Callable[[str, str], Any] | None = None
+    ) -> list[str]:
+        while not (await self.keys.backfill("event", limit=10_000)).finished:
+            pass  # the inbox's UNIQUE event key goes: every old row's key first
+        async with self.db.ddl_connection() as conn:
+            return await partitions.convert(conn, self.db.q, period, before_switch=before_switch)
+
+    async def maintain(
+        self,
+        period: str,
+        *,
+        ahead: int = 3,
+        drop: partitions.Drop | None = None,
+        before_drop: Callable[[str, str], Any] | None = None,
+    ) -> partitions.MaintainResult:
+        async with self.db.ddl_connection() as conn:
+            return await partitions.maintain(
+                conn, self.db.q, period, ahead=ahead, drop=drop, before_drop=before_drop
+            )
+
+
 class PostgresStore(Store):
     """The store on PostgreSQL (:class:`PostgresBackend`); the options are the
     backend's."""
@@ -925,7 +979,9 @@ class PostgresStore(Store):
             pool_timeout=pool_timeout,
             idle_in_transaction_timeout=idle_in_transaction_timeout,
         )
-        super().__init__(db, inbox=PostgresInbox(db), dispatch=PostgresDispatch)
+        super().__init__(
+            db, inbox=PostgresInbox(db), dispatch=PostgresDispatch, partitions=PostgresPartitions
+        )
         self.db = db
 
 
