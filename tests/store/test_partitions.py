@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from relaybox.store import Store, open_store
-from relaybox.store.base import load_queries
+from relaybox.store.backend import load_queries
 from relaybox.store.partitions import day_id
 from tests.conftest import _dsn
 from tests.store import test_erasure as erasure_tests
