@@ -160,6 +160,7 @@ async def _forget_keys(store: Store) -> None:
         store,
         "DELETE FROM relaybox_event_keys",
         "DELETE FROM relaybox_message_keys",
+        "DELETE FROM relaybox_business_keys",
         "DELETE FROM relaybox_keys_backfill",
     )
 
@@ -175,6 +176,7 @@ async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: 
         assert [(p.kind, p.rows, p.finished) for p in await store.keys_backfill_status()] == [
             ("event", 0, False),
             ("message", 0, False),
+            ("operation", 0, False),
         ]
         # Before the backfill the accept copies an old row's key itself.
         assert (await accept_one(store, delivery("e4", at=T0 + 9 * DAY))).status == "duplicate"
@@ -194,6 +196,7 @@ async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: 
         last = await store.keys_backfill("event", limit=2)
         assert (last.rows, last.finished) == (5, True)
         assert (await store.keys_backfill("event", limit=2)).read == 0  # finished: nothing
+        assert (await store.keys_backfill("operation", limit=2)).finished
         rows = await event_keys(store)
         assert [r["inbox_id"] for r in rows] == [o.inbox_id for o in outcomes]
         assert [r["first_seen"] for r in rows] == [day_of(T0) + i for i in range(5)]
@@ -201,6 +204,7 @@ async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: 
         assert {p.kind: p.finished for p in await store.keys_backfill_status()} == {
             "event": True,
             "message": True,
+            "operation": True,  # no operations: finished at its first batch
         }
         keyed = await store.fetch_all("SELECT message_id FROM relaybox_message_keys")
         assert sorted(r["message_id"] for r in keyed) == sorted(m.id for m in messages[:3])
@@ -211,7 +215,7 @@ async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: 
         assert (dup.status, dup.inbox_id) == ("duplicate", outcomes[2].inbox_id)
         assert not await publish(store, message("t1", "k2", 8))
         with pytest.raises(ValueError, match="no backfill"):
-            await store.keys_backfill("operation")
+            await store.keys_backfill("thing")
     finally:
         await store.close()
 
@@ -254,7 +258,7 @@ async def test_keys_expire_by_age_per_scope(store: Store) -> None:
     assert await store.fetch_all("SELECT * FROM relaybox_message_keys") == []
     assert await store.keys_expire("operation", d0 + 2, scope="a") == 2
     assert await store.keys_expire("operation", d0 + 5) == 1
-    assert await store.fetch_all("SELECT * FROM relaybox_operations") == []
+    assert await store.fetch_all("SELECT * FROM relaybox_business_keys") == []
     async with store.transaction() as conn:
         created, _ = await store.operation_insert(
             conn,
@@ -305,7 +309,7 @@ async def test_keys_alone_decide_without_the_old_unique_constraints(pg_url: str)
 
         assert sorted(await asyncio.gather(*(racer(n) for n in range(6)))) == [False] * 5 + [True]
         assert len(await admin.fetch_all("SELECT * FROM relaybox_messages")) == 1
-        # Business keys: relaybox_operations keeps its PRIMARY KEY (never partitioned).
+        # Business keys: relaybox_business_keys decides (never partitioned).
         async with admin.transaction() as conn:
             first = await admin.operation_insert(
                 conn,

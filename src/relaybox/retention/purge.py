@@ -9,8 +9,10 @@ drops the **payload and headers** and keeps the rest:
 * the event key and fingerprint, so a resend of a purged event is still answered as a
   duplicate (or quarantined), never processed again;
 * status, outcome, attempts and errors, so the history stays readable;
-* business keys (``relaybox_operations``): never purged, because "did this operation
-  already happen?" has no expiry.
+* business keys (``relaybox_business_keys``: digests): kept for good unless a keys
+  window (``retention.keys_max_age``, per source too) says otherwise. The readable
+  row of a business key (``relaybox_operations``: the key, its fingerprint, the
+  event) goes with its event's payload; the digest keeps deciding.
 
 A purged event cannot be replayed; :func:`relaybox.inbound.replay.replay` reports it apart and
 the admin API answers 409 ``payload_purged`` naming the purge date.
@@ -278,7 +280,8 @@ async def backfill_keys(
     max_batches: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> int:
-    """Copy the keys of rows stored before migration 0027 into the keys tables
+    """Copy the keys of rows stored before migrations 0027 (events, messages) and 0031
+    (business keys) into the keys tables
     (:meth:`Store.keys_backfill`), ``batch`` rows a transaction (default
     ``retention.batch``), each kind until it has finished or ``max_batches`` batches
     ran (the maintenance job runs at most a few a pass; ``relaybox migrate`` runs them
@@ -286,7 +289,7 @@ async def backfill_keys(
     it has finished the accept copies an old row's key itself when one comes again."""
     size = batch or box.settings.retention.batch
     total = 0
-    for kind in ("event", "message"):
+    for kind in ("event", "message", "operation"):
         runs = 0
         while max_batches is None or runs < max_batches:
             state = await box.store.keys_backfill(kind, limit=size)

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from relaybox.store import keys
 from relaybox.store.credentials import CredentialsStore
 from relaybox.store.dispatch import DispatchStore
 from relaybox.store.erasure import ErasureStore
@@ -381,14 +382,20 @@ class Store(
         now: float,
     ) -> tuple[bool, str]:
         """Insert a business key; return (created, stored fingerprint)."""
-        row = await self.first(
-            conn, "operation_insert", (business_key, fingerprint, inbox_id, source, tenant, now)
-        )
-        if row is not None:
+        key, row = keys.operation_params(business_key, fingerprint, inbox_id, source, tenant, now)
+        if self.backend == "postgres":
+            found = await self.first(conn, "operation_insert", (*key, *row))
+            keyed, created = bool(found[0]), bool(found[1])
+        else:
+            keyed = await self.first(conn, "operation_key_insert", key) is not None
+            created = keyed and await self.first(conn, "operation_record", row) is not None
+        if created:
             return True, fingerprint
-        existing = await self.first(conn, "operation_get", (business_key,))
-        assert existing is not None  # the conflicting row is committed and visible
-        return False, existing[1]
+        existing = await self.first(conn, "operation_get", (key[0], business_key))
+        stored, fix = keys.operation_stored(fingerprint, keyed=keyed, found=existing)
+        if fix is not None:
+            await self.rows(conn, "operation_key_fix", (key[0], fix))
+        return False, stored
 
     async def outbox_insert(
         self,

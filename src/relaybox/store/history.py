@@ -352,6 +352,8 @@ class HistoryStore:
         async with self.connect() as conn:
             if table == "inbox":
                 rows = await self.rows(conn, "ops_purge_inbox", params)
+                if rows:
+                    await self.rows(conn, "operations_purge", (self._ids([r[0] for r in rows]),))
             elif table == "quarantine":
                 rows = await self.rows(conn, "ops_purge_quarantine", params)
             elif table == "outbox":

@@ -15,7 +15,7 @@ from relaybox.store.keys import BackfillProgress, KeyKind
 
 __all__ = ["KeysStore"]
 
-BACKFILL_KINDS = ("event", "message")
+BACKFILL_KINDS = ("event", "message", "operation")
 
 
 class KeysStore:
@@ -37,12 +37,13 @@ class KeysStore:
 
     async def keys_backfill(self, kind: str, *, limit: int = 1000) -> BackfillProgress:
         """Copy the keys of up to ``limit`` stored rows of ``kind`` (``event``: inbox
-        rows; ``message``: messages) into their keys table, in one short transaction,
+        rows; ``message``: messages; ``operation``: the readable business keys of
+        ``relaybox_operations``, in key order) into their keys table, in one short transaction,
         resuming after the last row a previous call did (``relaybox_keys_backfill``
         records it). Keys that exist are left alone, so a batch run twice, or beside
         accepts that write the same keys, changes nothing. Returns where the backfill
         stands; ``finished`` once a batch read fewer than ``limit`` rows (rows stored
-        since migration 0027 have their keys already). A finished backfill does
+        since migrations 0027 and 0031 have their keys already). A finished backfill does
         nothing."""
         if kind not in BACKFILL_KINDS:
             raise ValueError(f"no backfill of {kind!r} keys: one of {', '.join(BACKFILL_KINDS)}")
@@ -56,6 +57,10 @@ class KeysStore:
                 page = await self.rows(conn, "keys_backfill_events_page", (int(last or 0), limit))
                 if page:
                     await self._event_keys_copy(conn, page)
+            elif kind == "operation":
+                page = await self.rows(conn, "keys_backfill_operations_page", (last or "", limit))
+                if page:
+                    await self._operation_keys_copy(conn, page)
             else:
                 page = await self.rows(conn, "keys_backfill_messages_page", (last or "", limit))
                 keyed = [r for r in page if r[2] is not None]
@@ -93,6 +98,11 @@ class KeysStore:
         created_at) in ``conn``'s transaction (each backend's way)."""
         raise NotImplementedError
 
+    async def _operation_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        """Insert the business keys of operations read as (business key, fingerprint,
+        source, created_at) in ``conn``'s transaction (each backend's way)."""
+        raise NotImplementedError
+
     async def keys_expire(
         self, kind: KeyKind, before_day: int, *, scope: str | None = None, limit: int = 1000
     ) -> int:
@@ -114,8 +124,7 @@ class KeysStore:
         if scope is None:
             name, params = f"keys_expire_{kind}", (cutoff, limit)
         else:
-            value: Any = scope if kind == "operation" else keys.scope_of(scope)
-            name, params = f"keys_expire_{kind}_scope", (cutoff, limit, value)
+            name, params = f"keys_expire_{kind}_scope", (cutoff, limit, keys.scope_of(scope))
         total = 0
         while True:
             async with self.transaction() as conn:

@@ -456,7 +456,12 @@ class PostgresStore(Store):
         con = await self._prepare(conn)
         ids, attempts = [i for i, _ in started], [a for _, a in started]
         columns = _literal_columns(claims, 5)
-        sql = self._sql(con, "inbox_lock_group", (ids, attempts, *columns, now))
+        digests = [keys.operation_digest(c[0]) for c in claims]
+        codes = [keys.operation_fingerprint(c[1]) for c in claims]
+        scopes = [keys.scope_of(c[3] or "") for c in claims]
+        days = [keys.day_of(now)] * len(claims)
+        params = (ids, attempts, digests, codes, scopes, days, *columns, now)
+        sql = self._sql(con, "inbox_lock_group", params)
         status = await self._begin_with(conn, _GROUP_LOCK_TIMEOUT + sql)
         return bool(status == f"SELECT {len(started) + len(claims)}")
 
@@ -539,7 +544,10 @@ class PostgresStore(Store):
         con = asyncpg_of(await _adapted(conn))
         parts = [self._outbox_rows_sql(con, outbox, now)] if outbox else []
         if released:
-            parts.append(self._sql(con, "operations_release", ([k.encode() for k in released],)))
+            digests = [keys.operation_digest(k) for k in released]
+            parts.append(
+                self._sql(con, "operations_release", (digests, [k.encode() for k in released]))
+            )
         if done:
             parts.append(self._sql(con, "inbox_complete", (list(done), now)))
         if claimed:
@@ -763,6 +771,9 @@ class PostgresStore(Store):
     async def _message_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
         await self.rows(conn, "message_keys_insert", keys.message_key_columns(page))
 
+    async def _operation_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        await self.rows(conn, "operation_keys_insert", keys.operation_key_columns(page))
+
     # -- history --------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
@@ -934,8 +945,11 @@ def _literal(value: int | float | list[int] | list[bytes | None] | list[Any]) ->
 _PREPARED = {
     "inbox_begin_done": "bigint, float8, integer",
     "inbox_start_next": "bigint, float8, integer",
-    "inbox_lock_group": "bigint[], bigint[], text[], text[], bigint[], text[], text[], float8",
-    "operations_release": "text[]",
+    "inbox_lock_group": (
+        "bigint[], bigint[], text[], bigint[], bigint[], integer[], "
+        "text[], text[], bigint[], text[], text[], float8"
+    ),
+    "operations_release": "text[], text[]",
     "inbox_complete": "bigint[], float8",
     "inbox_start_next_group": "bigint[], bigint[], float8",
     "outbox_insert_rows": "text[], text[], text[], text[], bigint[], float8",

@@ -144,6 +144,8 @@ class RetentionStore:
         async with self.connect() as conn:
             await self.rows(conn, "retention_custom_plans")
             rows = await self.rows(conn, f"ops_purge_{table}_tenants", params)
+            if rows and table == "inbox":
+                await self.rows(conn, "operations_purge", (self._ids([r[0] for r in rows]),))
             if rows and table == "outbox":
                 ids = self._ids([r[0] for r in rows])
                 await self.rows(conn, "ops_purge_outbox_responses", (ids,))
@@ -192,6 +194,8 @@ class RetentionStore:
             rows = await self.rows(
                 conn, f"ops_purge_{table}_ids", (self._list(list(ids)), now, cutoff)
             )
+            if rows and table == "inbox":
+                await self.rows(conn, "operations_purge", (self._ids([r[0] for r in rows]),))
             if rows and table == "outbox":
                 done = self._ids([r[0] for r in rows])
                 await self.rows(conn, "ops_purge_outbox_responses", (done,))

@@ -361,6 +361,10 @@ class SQLiteStore(Store):
         rows = list(zip(*keys.message_key_columns(page), strict=True))
         await run_on_sqlite_thread(conn, _executemany, self.q["message_keys_insert_one"], rows)
 
+    async def _operation_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        rows = list(zip(*keys.operation_key_columns(page), strict=True))
+        await run_on_sqlite_thread(conn, _executemany, self.q["operation_keys_insert_one"], rows)
+
     # -- erasure --------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager

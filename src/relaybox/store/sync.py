@@ -28,6 +28,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine, create_engine, make_url
 
 from relaybox.errors import ConfigurationError
+from relaybox.store import keys
 from relaybox.store.history import Projection, ProjectionWrite
 from relaybox.store.inbox_rows import InboxEvent
 from relaybox.store.keys import message_digest
@@ -190,13 +191,22 @@ class SyncStore:
         tenant: str | None,
         now: float,
     ) -> tuple[bool, str]:
-        """Insert a business key; return (created, stored fingerprint)."""
-        params = (business_key, fingerprint, inbox_id, source, tenant, now)
-        if self.first(conn, "operation_insert", params) is not None:
+        """Insert a business key; return (created, stored fingerprint)
+        (:meth:`relaybox.store.Store.operation_insert`)."""
+        key, row = keys.operation_params(business_key, fingerprint, inbox_id, source, tenant, now)
+        if self.backend == "postgres":
+            found = self.first(conn, "operation_insert", (*key, *row))
+            keyed, created = bool(found[0]), bool(found[1])
+        else:
+            keyed = self.first(conn, "operation_key_insert", key) is not None
+            created = keyed and self.first(conn, "operation_record", row) is not None
+        if created:
             return True, fingerprint
-        existing = self.first(conn, "operation_get", (business_key,))
-        assert existing is not None  # the conflicting row is committed and visible
-        return False, existing[1]
+        existing = self.first(conn, "operation_get", (key[0], business_key))
+        stored, fix = keys.operation_stored(fingerprint, keyed=keyed, found=existing)
+        if fix is not None:
+            self.rows(conn, "operation_key_fix", (key[0], fix))
+        return False, stored
 
     def outbox_insert_rows(
         self, conn: Connection, rows: Sequence[OutboxRow], *, now: float
