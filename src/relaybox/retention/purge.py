@@ -62,6 +62,7 @@ from relaybox.retention.policy import (
     PurgePass,
     RetentionPolicies,
     ScanMarks,
+    keys_plan,
     load_policies,
     plan,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "backfill_keys",
     "count_candidates",
     "cutoffs",
+    "expire_keys",
     "maintenance_lock",
     "purge",
 ]
@@ -102,6 +104,9 @@ class PurgeResult:
     outbox: int = 0
     messages: int = 0
     passes: int = 4
+    keys: int = 0
+    """Keys forgotten by the keys windows (``retention.keys_max_age``, a source's or a
+    tenant's; none by default). A dry run forgets none and reports 0."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -256,6 +261,8 @@ async def purge(
         totals[step.table] += await _run_pass(
             box.store, step, policies, now=now, size=size, progress=progress, marks=marks
         )
+    windows = policies if older_than is None else await _policies(box, None)
+    expired = await expire_keys(box, windows, now=now, batch=size)
     result = PurgeResult(
         cutoff,
         totals["inbox"],
@@ -264,6 +271,7 @@ async def purge(
         outbox=totals["outbox"],
         messages=totals["messages"],
         passes=len(steps),
+        keys=expired,
     )
     box.metrics.observe_purge("inbox", result.inbox)
     box.metrics.observe_purge("quarantine", result.quarantine)
@@ -271,6 +279,19 @@ async def purge(
     box.metrics.observe_purge("messages", result.messages)
     log.info("purge", **result.as_dict())
     return result
+
+
+async def expire_keys(box: Runtime, policies: RetentionPolicies, *, now: float, batch: int) -> int:
+    """Forget the keys past their window (:func:`relaybox.retention.policy.keys_plan`:
+    none unless a keys window is set), ``batch`` keys a transaction; how many."""
+    total = 0
+    for step in keys_plan(policies, now):
+        total += await box.store.keys_expire(
+            step.kind, step.before_day, scope=step.scope, keep=step.keep, limit=batch
+        )
+    if total:
+        log.info("keys_expired", keys=total)
+    return total
 
 
 async def backfill_keys(

@@ -88,6 +88,10 @@ class KeysStore:
                     found.append(BackfillProgress(kind, int(row[2]), row[3] is not None, row[1]))
         return found
 
+    def _scopes(self, scopes: list[int]) -> Any:
+        """A list of scope numbers as the backend's statements take it."""
+        return scopes
+
     async def _event_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
         """Insert the keys of inbox rows read as (id, source, account, event_id,
         fingerprint, received_at) in ``conn``'s transaction (each backend's way)."""
@@ -104,12 +108,19 @@ class KeysStore:
         raise NotImplementedError
 
     async def keys_expire(
-        self, kind: KeyKind, before_day: int, *, scope: str | None = None, limit: int = 1000
+        self,
+        kind: KeyKind,
+        before_day: int,
+        *,
+        scope: str | None = None,
+        limit: int = 1000,
+        keep: Sequence[str] = (),
     ) -> int:
         """Forget the keys of ``kind`` first seen before day ``before_day`` (whole days
         since 1970-01-01 UTC, :func:`relaybox.store.keys.day_of`), only those of
         ``scope`` when given (``event`` and ``operation``: a source name; ``message``:
-        a tenant), ``limit`` keys a transaction until none is left. Returns how many
+        a tenant), else of every scope but those named in ``keep``, ``limit`` keys a
+        transaction until none is left. Returns how many
         were deleted. An expired key decides nothing any more: a delivery of that
         event again is accepted as new (where its inbox row still exists the inbox's
         own UNIQUE key, kept on SQLite, still recognises it), a publish with that
@@ -121,7 +132,10 @@ class KeysStore:
         limit = max(1, int(limit))
         cutoff = int(before_day)
         params: tuple[Any, ...]
-        if scope is None:
+        if scope is None and keep:
+            kept = self._scopes([keys.scope_of(k) for k in keep])
+            name, params = f"keys_expire_{kind}_keep", (cutoff, limit, kept)
+        elif scope is None:
             name, params = f"keys_expire_{kind}", (cutoff, limit)
         else:
             name, params = f"keys_expire_{kind}_scope", (cutoff, limit, keys.scope_of(scope))

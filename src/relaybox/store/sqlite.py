@@ -361,6 +361,9 @@ class SQLiteStore(Store):
         rows = list(zip(*keys.message_key_columns(page), strict=True))
         await run_on_sqlite_thread(conn, _executemany, self.q["message_keys_insert_one"], rows)
 
+    def _scopes(self, scopes: list[int]) -> Any:
+        return json.dumps(scopes)
+
     async def _operation_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
         rows = list(zip(*keys.operation_key_columns(page), strict=True))
         await run_on_sqlite_thread(conn, _executemany, self.q["operation_keys_insert_one"], rows)

@@ -84,3 +84,21 @@ WHERE inbox_id IN (SELECT value FROM json_each(?1))
 INSERT INTO relaybox_business_keys (digest, fingerprint, scope, first_seen)
 VALUES (?, ?, ?, ?)
 ON CONFLICT DO NOTHING
+
+-- name: keys_expire_event_keep
+-- As keys_expire_event, but not the keys of the scopes ?3 (they keep theirs longer).
+DELETE FROM relaybox_event_keys WHERE digest IN (
+    SELECT digest FROM relaybox_event_keys WHERE scope NOT IN (SELECT value FROM json_each(?3)) AND first_seen < ?1
+    ORDER BY first_seen LIMIT ?2)
+
+-- name: keys_expire_message_keep
+-- As keys_expire_message, but not the keys of the scopes ?3 (they keep theirs longer).
+DELETE FROM relaybox_message_keys WHERE digest IN (
+    SELECT digest FROM relaybox_message_keys WHERE scope NOT IN (SELECT value FROM json_each(?3)) AND first_seen < ?1
+    ORDER BY first_seen LIMIT ?2)
+
+-- name: keys_expire_operation_keep
+-- As keys_expire_operation, but not the keys of the scopes ?3 (they keep theirs longer).
+DELETE FROM relaybox_business_keys WHERE digest IN (
+    SELECT digest FROM relaybox_business_keys WHERE scope NOT IN (SELECT value FROM json_each(?3)) AND first_seen < ?1
+    ORDER BY first_seen LIMIT ?2)

@@ -29,3 +29,13 @@ DROP INDEX relaybox_operations_source_age;
 -- without any.
 INSERT INTO relaybox_keys_backfill (kind, finished_at)
 SELECT 'operation', extract(epoch FROM now()) WHERE NOT EXISTS (SELECT 1 FROM relaybox_operations);
+
+-- A tenant's keys window set through the admin API (relaybox.retention.policy): how
+-- long the idempotency keys of its messages are kept (NULL: the configuration's, else
+-- for good). A policy may set only this.
+ALTER TABLE relaybox_retention_policies ADD COLUMN keys_max_age DOUBLE PRECISION
+    CHECK (keys_max_age >= 86400);
+ALTER TABLE relaybox_retention_policies DROP CONSTRAINT relaybox_retention_policies_check;
+ALTER TABLE relaybox_retention_policies ADD CONSTRAINT relaybox_retention_policies_check
+    CHECK (payload_max_age IS NOT NULL OR outbox_payload_max_age IS NOT NULL
+           OR keys_max_age IS NOT NULL);

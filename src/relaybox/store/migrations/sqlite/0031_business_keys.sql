@@ -15,3 +15,22 @@ DROP INDEX relaybox_operations_source_age;
 
 INSERT INTO relaybox_keys_backfill (kind, finished_at)
 SELECT 'operation', CAST(strftime('%s', 'now') AS REAL) WHERE NOT EXISTS (SELECT 1 FROM relaybox_operations);
+
+-- A tenant's keys window (the PostgreSQL migration 0031): the table made again, since
+-- SQLite cannot change a CHECK constraint.
+CREATE TABLE relaybox_retention_policies_0031 (
+    tenant                 TEXT PRIMARY KEY,
+    payload_max_age        REAL CHECK (payload_max_age > 0),
+    outbox_payload_max_age REAL CHECK (outbox_payload_max_age > 0),
+    updated_at             REAL NOT NULL,
+    updated_by             TEXT NOT NULL,
+    keys_max_age           REAL CHECK (keys_max_age >= 86400),
+    CHECK (payload_max_age IS NOT NULL OR outbox_payload_max_age IS NOT NULL
+           OR keys_max_age IS NOT NULL)
+);
+INSERT INTO relaybox_retention_policies_0031
+    (tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by)
+SELECT tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by
+FROM relaybox_retention_policies;
+DROP TABLE relaybox_retention_policies;
+ALTER TABLE relaybox_retention_policies_0031 RENAME TO relaybox_retention_policies;
