@@ -6,6 +6,8 @@ Store.keys_backfill_status) and their expiry (Store.keys_expire), on both backen
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -355,10 +357,23 @@ class Key:
 
 
 @dataclass
+class Op:
+    """A business key as the model knows it: its operation's fingerprint (a number)."""
+
+    fingerprint: int
+    day: int
+
+
+@dataclass
 class Model:
     ns: str
     day: int = 0
     keys: dict[int, Key] = field(default_factory=dict)
+    ops: dict[int, Op] = field(default_factory=dict)
+
+    @property
+    def subject(self) -> bytes:
+        return hashlib.sha256(self.ns.encode()).digest()
 
 
 Step = tuple[str, int, int]
@@ -367,7 +382,9 @@ steps = st.lists(
         st.tuples(st.just("accept"), st.integers(0, 5), st.integers(0, 2)),
         st.tuples(st.just("tick"), st.integers(1, 40), st.just(0)),
         st.tuples(st.just("finish"), st.integers(0, 5), st.just(0)),
+        st.tuples(st.just("once"), st.integers(0, 2), st.integers(0, 1)),
         st.tuples(st.just("purge"), st.just(0), st.just(0)),
+        st.tuples(st.just("erase"), st.just(0), st.just(0)),
         st.tuples(st.just("expire"), st.integers(0, 2), st.integers(0, 60)),
     ),
     min_size=1,
@@ -379,6 +396,30 @@ def source_of(ns: str, key: int) -> str:
     return f"{ns}-s{key % 3}"
 
 
+async def check_once(
+    store: Store, conn: Any, model: Model, a: int, fp: int, inbox_id: int | None, at: float
+) -> None:
+    """ctx.once() of the business key ``a`` with fingerprint ``fp``: new unless the
+    model keeps it; a repeat answers with the same fingerprint, a reuse with another
+    with a different one (OperationConflict), whether its readable row is kept or not."""
+    created, stored = await store.operation_insert(
+        conn,
+        business_key=f"{model.ns}-op{a}",
+        fingerprint=f"f{fp}",
+        inbox_id=inbox_id,
+        source=source_of(model.ns, a),
+        tenant=None,
+        now=at,
+    )
+    op = model.ops.get(a)
+    if op is None:
+        assert (created, stored) == (True, f"f{fp}"), (a, fp)
+        model.ops[a] = Op(fp, model.day)
+    else:
+        assert not created, (a, fp, op)
+        assert (stored == f"f{fp}") == (op.fingerprint == fp), (a, fp, op, stored)
+
+
 async def check_step(store: Store, model: Model, step: Step) -> None:
     op, a, b = step
     at = T0 + model.day * DAY
@@ -387,7 +428,7 @@ async def check_step(store: Store, model: Model, step: Step) -> None:
     elif op == "accept":
         k = model.keys.get(a)
         d = delivery(f"{model.ns}-{a}", f'{{"c": {b}}}', source=source_of(model.ns, a), at=at)
-        outcome = await accept_one(store, d)
+        outcome = await accept_one(store, dataclasses.replace(d, subject=model.subject))
         if k is not None and (k.kept or k.row):
             # kept, or forgotten while the row the inbox's own key names still exists
             expected = "duplicate" if k.content == b else "quarantined"
@@ -397,14 +438,21 @@ async def check_step(store: Store, model: Model, step: Step) -> None:
             assert outcome.status == "accepted", (step, k)
             model.keys[a] = Key(b, model.day, outcome.inbox_id)
     elif op == "finish":
+        # The handler: its business key (the event's content as its fingerprint) in
+        # the transaction that completes the event.
         k = model.keys.get(a)
         if k is not None and k.row and k.pending:
             async with store.transaction() as conn:
+                await check_once(store, conn, model, a, k.content, k.inbox_id, at)
                 await store.inbox_complete(conn, [k.inbox_id], at)
             k.pending = False
+    elif op == "once":
+        async with store.transaction() as conn:
+            await check_once(store, conn, model, a, b, None, at)
     elif op == "purge":
-        # Retention: payloads go (both backends); on PostgreSQL the finished rows go
-        # too, as a dropped partition takes them.
+        # Retention: payloads go (both backends), and the readable business keys of
+        # the purged events; on PostgreSQL the finished rows go too, as a dropped
+        # partition takes them.
         while await store.retention_purge_batch("inbox", cutoff=at + 1, now=at, limit=50):
             pass
         if store.backend == "postgres":
@@ -418,12 +466,25 @@ async def check_step(store: Store, model: Model, step: Step) -> None:
                 )
             for k in gone:
                 k.row = False
+    elif op == "erase":
+        # The namespace's subject erased: finished rows emptied, pending ones wait.
+        erasure_id, _ = await store.erasure_begin(
+            actor="t", reason="p", scope="subject", digest=model.subject, tenant=None, now=at
+        )
+        erasure = await store.erasure_get(erasure_id)
+        assert erasure is not None
+        while any((await store.erase_batch(erasure, now=at, limit=5)).values()):
+            pass
+        await store.erasure_settle(erasure, now=at)
     elif op == "expire":
         before = day_of(T0) + model.day - b
         await store.keys_expire("event", before, scope=f"{model.ns}-s{a}", limit=2)
+        await store.keys_expire("operation", before, scope=f"{model.ns}-s{a}", limit=2)
         for n, k in model.keys.items():
             if n % 3 == a and day_of(T0) + k.day < before:
                 k.kept = False
+        for n in [n for n, o in model.ops.items() if n % 3 == a and day_of(T0) + o.day < before]:
+            del model.ops[n]
     # Never a pending row lost, never one of them changed by a later delivery.
     found = await store.fetch_all(
         f"SELECT id, status FROM relaybox_inbox WHERE event_id LIKE '{model.ns}-%'"
@@ -441,9 +502,11 @@ async def check_step(store: Store, model: Model, step: Step) -> None:
 )
 @given(script=steps)
 async def test_no_duplicate_through_while_its_key_is_kept(store: Store, script: list[Step]) -> None:
-    """Any sequence of accepts (new, duplicate, conflicting), retention purges (with
-    the finished rows dropped on PostgreSQL) and key expiries: a delivery whose key is
-    kept is a duplicate or quarantined against its first row, and no pending row is
+    """Any sequence of accepts (new, duplicate, conflicting), handlers' business keys
+    (repeated, reused with another fingerprint), retention purges (with the finished
+    rows dropped on PostgreSQL), erasures and key expiries: a delivery whose key is
+    kept is a duplicate or quarantined against its first row, a business key that is
+    kept is never created twice and tells a reuse from a repeat, and no pending row is
     ever lost. (One database for every example: each in its own sources.)"""
     model = Model(ns=uuid.uuid4().hex[:10])
     for step in script:
