@@ -18,7 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relaybox.store import Store, open_store
-from relaybox.store.keys import day_of, event_digest, message_digest, scope_of
+from relaybox.store.keys import (
+    day_of,
+    event_digest,
+    message_digest,
+    operation_digest,
+    operation_fingerprint,
+    scope_of,
+)
 from relaybox.store.outbox_rows import NewMessage
 from tests.store.test_store import T0, accept_one, delivery, statuses
 
@@ -341,6 +348,111 @@ async def test_keys_alone_decide_without_the_old_unique_constraints(pg_url: str)
         for s in stores:
             await s.close()
         await admin.close()
+
+
+# -- business keys (migration 0031) --------------------------------------------------
+
+
+async def once(
+    store: Store, key: str, fp: str, *, inbox_id: int | None = None, at: float = T0
+) -> tuple[bool, str]:
+    async with store.transaction() as conn:
+        return await store.operation_insert(
+            conn,
+            business_key=key,
+            fingerprint=fp,
+            inbox_id=inbox_id,
+            source="src",
+            tenant="t1",
+            now=at,
+        )
+
+
+async def test_a_business_key_is_one_narrow_digest_row(store: Store) -> None:
+    assert await once(store, "grant:1", "fp-a", at=T0 + 2 * DAY) == (True, "fp-a")
+    [k] = await store.fetch_all("SELECT * FROM relaybox_business_keys")
+    digest = k["digest"]
+    # PostgreSQL stores the 16 bytes as a uuid (no length header), SQLite as a blob.
+    raw = digest.bytes if isinstance(digest, uuid.UUID) else bytes(digest)
+    assert raw == operation_digest("grant:1")
+    assert k["fingerprint"] == operation_fingerprint("fp-a")
+    assert (k["scope"], k["first_seen"]) == (scope_of("src"), day_of(T0) + 2)
+    [row] = await store.fetch_all("SELECT business_key, fingerprint FROM relaybox_operations")
+    assert (row["business_key"], row["fingerprint"]) == ("grant:1", "fp-a")
+    # A repeat, then a reuse with another fingerprint (OperationConflict names it).
+    assert await once(store, "grant:1", "fp-a") == (False, "fp-a")
+    assert await once(store, "grant:1", "fp-b") == (False, "fp-a")
+    # The readable row gone (retention purged its event): the digest still decides.
+    await sql(store, "DELETE FROM relaybox_operations")
+    assert await once(store, "grant:1", "fp-a") == (False, "fp-a")
+    created, stored = await once(store, "grant:1", "fp-b")
+    assert not created and stored != "fp-b" and stored.startswith("<fingerprint digest ")
+    assert await store.fetch_all("SELECT * FROM relaybox_operations") == []
+    # Expired: the key happens again, and its readable row is written again.
+    assert await store.keys_expire("operation", day_of(T0) + 3) == 1
+    assert await once(store, "grant:1", "fp-b") == (True, "fp-b")
+    assert len(await store.fetch_all("SELECT * FROM relaybox_operations")) == 1
+
+
+async def test_business_keys_stored_before_0031_still_decide_until_backfilled(
+    store: Store,
+) -> None:
+    for i in range(5):
+        assert (await once(store, f"old:{i}", f"fp{i}", at=T0 + i * DAY))[0]
+    # The database as before migration 0031: readable rows only, no backfill done.
+    await sql(
+        store,
+        "DELETE FROM relaybox_business_keys",
+        "UPDATE relaybox_keys_backfill SET finished_at = NULL WHERE kind = 'operation'",
+    )
+    # The old row decides: a repeat, a reuse (the key's digest written ahead of the
+    # backfill takes the old row's fingerprint, not the reuse's), a new key is new.
+    assert await once(store, "old:1", "fp1") == (False, "fp1")
+    assert await once(store, "old:2", "other") == (False, "fp2")
+    keyed = {
+        r["fingerprint"] for r in await store.fetch_all("SELECT * FROM relaybox_business_keys")
+    }
+    assert keyed == {operation_fingerprint("fp1"), operation_fingerprint("fp2")}
+    assert await once(store, "new:1", "x") == (True, "x")
+    # Until the backfill has finished the purge keeps the readable rows (they decide).
+    await sql(store, "UPDATE relaybox_operations SET inbox_id = 7")
+    async with store.transaction() as conn:
+        await store.rows(conn, "operations_purge", (store._ids([7]),))
+    assert len(await store.fetch_all("SELECT * FROM relaybox_operations")) == 6
+    # The backfill, resumable, in key order; a key written ahead is left alone.
+    first = await store.keys_backfill("operation", limit=4)
+    assert (first.rows, first.finished, first.last_id) == (4, False, "old:2")
+    last = await store.keys_backfill("operation", limit=4)
+    assert (last.rows, last.finished) == (6, True)
+    rows = await store.fetch_all("SELECT * FROM relaybox_business_keys")
+    # Each backfilled key at its row's day; the two written ahead at the day of their
+    # repeat (kept a little longer, never shorter).
+    assert sorted(r["first_seen"] for r in rows) == sorted(
+        [day_of(T0) + i for i in (0, 3, 4)] + [day_of(T0)] * 3
+    )
+    # Now the readable rows may go: the digests decide alone.
+    async with store.transaction() as conn:
+        await store.rows(conn, "operations_purge", (store._ids([7]),))
+    assert await store.fetch_all("SELECT * FROM relaybox_operations") == []
+    for i in range(5):
+        assert await once(store, f"old:{i}", f"fp{i}") == (False, f"fp{i}")
+        assert await once(store, f"old:{i}", "other") != (True, "other")
+
+
+async def test_keys_expire_keeps_the_scopes_named(store: Store) -> None:
+    d0 = day_of(T0)
+    await store.inbox_accept(
+        [delivery(f"{s}{i}", source=s, at=T0 + i * DAY) for s in "abc" for i in range(3)]
+    )
+    # Every scope but a and b (they keep theirs longer): c's three keys before d0 + 3.
+    assert await store.keys_expire("event", d0 + 3, keep=["a", "b"], limit=2) == 3
+    left = await event_keys(store)
+    assert {r["scope"] for r in left} == {scope_of("a"), scope_of("b")}
+    for tenant in ("t1", "t2"):
+        assert await publish(store, message(tenant, "k", 1))
+    assert await store.keys_expire("message", d0 + 1, keep=["t2"]) == 1
+    [k] = await store.fetch_all("SELECT scope FROM relaybox_message_keys")
+    assert k["scope"] == scope_of("t2")
 
 
 # -- a property: no duplicate gets through while its key is kept ----------------------
