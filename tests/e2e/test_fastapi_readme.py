@@ -8,12 +8,10 @@ secret sealed by the key the first shell made and the others read."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import create_pg_database, drop_pg_database
 from tests.support.procs import free_port
 from tests.support.shells import ROOT, Shells, listening, shell_blocks, wait_for
 
@@ -23,18 +21,11 @@ DEFAULT_URL = "postgresql://shop@localhost/shop"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-@pytest.fixture
-async def pg() -> AsyncIterator[str]:
-    url = await create_pg_database()
-    yield url
-    await drop_pg_database(url)
-
-
-async def test_the_readme_runs_verbatim_on_postgresql(pg: str, tmp_path: Path) -> None:
+async def test_the_readme_runs_verbatim_on_postgresql(pg_url: str, tmp_path: Path) -> None:
     blocks = shell_blocks(README)
     assert len(blocks) == 3, blocks
     ports = {"8000": str(free_port()), "9000": str(free_port())}
-    shells = Shells(tmp_path, {DEFAULT_URL: pg, **ports})
+    shells = Shells(tmp_path, {DEFAULT_URL: pg_url, **ports})
     try:
         shells.start("shop", blocks[0])
         wait_for(lambda: listening(int(ports["8000"])), 90, "the shop listens", shells.logs)
