@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -234,3 +235,22 @@ async def test_cli_sets_shows_and_clears_a_tenants_keys_window(
     out = await cli("retention", "clear", "acme", "--json", *db)
     assert json.loads(out.stdout)["keys_origin"] == "default"
     assert await box.store.retention_policy_get("acme") is None
+
+
+async def test_cli_purge_forgets_keys_past_the_files_window(
+    database_url: str, cli: Invoke, tmp_path: Any
+) -> None:
+    config = tmp_path / "relaybox.toml"
+    config.write_text("[retention]\nkeys_max_age = 86400.0\n")
+    box = Relaybox(settings=Settings(database_url=database_url))
+    try:
+        await box.store.migrate()
+        old = time.time() - 10 * DAY
+        await box.store.inbox_accept([delivery("old", "stripe", old)])
+        await box.store.inbox_accept([delivery("new", "stripe", time.time())])
+        out = await cli("purge", "--config", str(config), "--database-url", database_url)
+        assert "forgot 1 key(s) past their keys window" in out.stdout
+        [kept] = await box.store.fetch_all("SELECT first_seen FROM relaybox_event_keys")
+        assert kept["first_seen"] == day_of(time.time())
+    finally:
+        await box.close()

@@ -112,6 +112,7 @@ def purge(
             f"payload(s) finished before {_iso(result.cutoff)}; {result.outbox} delivery "
             f"payload(s) finished and {result.messages} message body(ies) published before "
             f"{_iso(result.outbox_cutoff)}"
+            + (f"; forgot {result.keys} key(s) past their keys window" if result.keys else "")
         ),
     )
 
