@@ -387,7 +387,7 @@ class Store(
             found = await self.first(conn, "operation_insert", (*key, *row))
             keyed, created = bool(found[0]), bool(found[1])
         else:
-            keyed = await self.first(conn, "operation_key_insert", key) is not None
+            keyed = await self.first(conn, "operation_insert", key) is not None
             created = keyed and await self.first(conn, "operation_record", row) is not None
         if created:
             return True, fingerprint

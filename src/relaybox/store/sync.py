@@ -198,7 +198,7 @@ class SyncStore:
             found = self.first(conn, "operation_insert", (*key, *row))
             keyed, created = bool(found[0]), bool(found[1])
         else:
-            keyed = self.first(conn, "operation_key_insert", key) is not None
+            keyed = self.first(conn, "operation_insert", key) is not None
             created = keyed and self.first(conn, "operation_record", row) is not None
         if created:
             return True, fingerprint

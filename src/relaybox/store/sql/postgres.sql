@@ -178,6 +178,18 @@ WITH k AS (
 )
 SELECT (SELECT count(*) FROM k) AS keyed, (SELECT count(*) FROM o) AS created
 
+-- name: operation_record
+-- operation_insert's second half alone ($1 key, $2 fingerprint, $3 inbox id, $4
+-- source, $5 tenant, $6 now), as SQLite runs it after its key insert.
+INSERT INTO relaybox_operations (business_key, fingerprint, inbox_id, source, tenant, created_at)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (business_key) DO UPDATE SET fingerprint = excluded.fingerprint,
+    inbox_id = excluded.inbox_id, source = excluded.source, tenant = excluded.tenant,
+    created_at = excluded.created_at
+WHERE EXISTS (SELECT 1 FROM relaybox_keys_backfill
+              WHERE kind = 'operation' AND finished_at IS NOT NULL)
+RETURNING 1
+
 -- name: operation_get
 -- A business key's fingerprint digest ($1 its digest) and, while its readable row
 -- is kept, its fingerprint ($2 the key).

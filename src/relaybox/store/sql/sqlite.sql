@@ -87,9 +87,10 @@ INSERT INTO relaybox_inbox_attempts
     (inbox_id, attempt, outcome, error, worker, started_at, finished_at)
 VALUES (?, ?, ?, ?, ?, ?, ?)
 
--- name: operation_key_insert
+-- name: operation_insert
 -- A business key (?1 digest, ?2 fingerprint digest, ?3 scope, ?4 day): its digest's
--- PRIMARY KEY decides whether this operation already happened (a row: it is new).
+-- PRIMARY KEY decides whether this operation already happened (a row: it is new, and
+-- operation_record writes its readable row; PostgreSQL does both in one statement).
 INSERT INTO relaybox_business_keys (digest, fingerprint, scope, first_seen)
 VALUES (?1, ?2, ?3, ?4)
 ON CONFLICT (digest) DO NOTHING
