@@ -1,5 +1,5 @@
 """python -m bench accept|process|dispatch|growth|size|latency|slow|filters|replay|erase|otel|
-retention|
+retention|partitions|
 all [--quick]
 [--seconds N]"""
 
@@ -29,7 +29,7 @@ def main() -> None:
         "which",
         choices=(
             "accept process dispatch growth size latency slow filters replay erase otel "
-            "retention all"
+            "retention partitions all"
         ).split(),
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
@@ -38,7 +38,15 @@ def main() -> None:
         "--rounds", type=int, default=3, help="alternating rounds of accept and growth"
     )
     parser.add_argument(
-        "--rows", type=int, default=None, help="erase: inbox rows to fill (default 1,000,000)"
+        "--rows",
+        type=int,
+        default=None,
+        help="erase: inbox rows to fill (default 1,000,000); partitions: events to expire",
+    )
+    parser.add_argument(
+        "--migrate",
+        action="store_true",
+        help="partitions: the live migration of --rows events under load (default 1,000,000)",
     )
     args = parser.parse_args()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -103,6 +111,13 @@ def main() -> None:
         from bench import retention
 
         tables.append(retention.main(quick=args.quick, rounds=args.rounds))
+    if args.which == "partitions":  # not in `all`: partition drop against the purge
+        from bench import partitions
+
+        if args.migrate:
+            tables.append(partitions.migrate_main(rows=args.rows))
+        else:
+            tables.append(partitions.main(quick=args.quick, rounds=args.rounds, rows=args.rows))
     if args.which == "otel":  # not in `all`: the cost of tracing, on demand
         from bench import otel
 

@@ -33,6 +33,7 @@ from relaybox.outbound.probes import DispatchHooks
 from relaybox.outbound.registry import Outbound
 from relaybox.sources.base import Source
 from relaybox.store import Store, open_store
+from relaybox.sync.context import StoreTransactions
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -104,7 +105,7 @@ class Relaybox:
         # Synchronous transactions for plain-def handlers (relaybox.sync): this
         # callable, or the store's sync engine.
         self.sync_transaction: Callable[[], contextlib.AbstractContextManager[Any]] = (
-            sync_transaction or self._default_sync_transaction
+            sync_transaction or StoreTransactions(self)
         )
         self.receiver = Receiver(self, self.inbound)
         self.inbound.declare_sources(chosen.sources)
@@ -329,11 +330,6 @@ class Relaybox:
             ordering_key=ordering_key,
             subject=subject,
         )
-
-    def _default_sync_transaction(self) -> contextlib.AbstractContextManager[Any]:
-        """A transaction on the store's sync engine (:attr:`Store.sync`), made on first
-        use from the database URL (psycopg 3 on PostgreSQL, sqlite3 on SQLite)."""
-        return self.store.sync.transaction()
 
     async def migrate(self) -> list[str]:
         """Create or upgrade relaybox's tables, then seal the endpoint secrets older

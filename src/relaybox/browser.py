@@ -1,15 +1,38 @@
-"""Browser protections on every answer of an HTML app (the admin app, the portal):
-one ASGI middleware that sets a fixed list of response headers, and the framing
-headers both apps derive from their ``frame_ancestors`` setting."""
+"""What the HTML apps (the admin app, the portal) share: the browser protections on
+every answer (one ASGI middleware that sets a fixed list of response headers, and the
+framing headers both apps derive from their ``frame_ancestors`` setting), and how
+their templates are loaded (:func:`page_environment`)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
+from jinja2 import BaseLoader, Environment, select_autoescape
 from starlette.datastructures import MutableHeaders
 
-__all__ = ["ResponseHeaders", "framing"]
+__all__ = ["ResponseHeaders", "framing", "page_environment", "timestamp_text"]
+
+
+def timestamp_text(value: float | None) -> str:
+    """A Unix time as pages show it (``2027-01-15 08:00:00 UTC``; ``-`` for none)."""
+    if value is None:
+        return "-"
+    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def page_environment(loader: BaseLoader) -> Environment:
+    """A Jinja2 environment for an HTML app's templates from ``loader``: HTML
+    autoescaped, block tags trimmed, and the ``ts`` filter (:func:`timestamp_text`)."""
+    env = Environment(
+        loader=loader,
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["ts"] = timestamp_text
+    return env
 
 
 def framing(ancestors: str) -> list[tuple[str, str]]:

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -38,6 +38,7 @@ __all__ = [
     "DatabaseClock",
     "FrozenClock",
     "SystemClock",
+    "every",
     "may_take_work",
 ]
 
@@ -237,3 +238,23 @@ async def may_take_work(rt: Runtime) -> bool:
     clock = rt.clock
     guard = clock.guard if isinstance(clock, DatabaseClock) else None
     return True if guard is None else await guard.check()
+
+
+async def every(
+    seconds: float,
+    stopping: asyncio.Event,
+    job: Callable[[], Awaitable[object]],
+    *,
+    logger: Any,
+    failed: str,
+) -> None:
+    """Run ``job`` now and then every ``seconds`` until ``stopping`` is set (a wait
+    ends at once when it is). An exception (the database went away) is logged as the
+    warning ``failed`` on ``logger``, and the job runs again next time."""
+    while not stopping.is_set():
+        try:
+            await job()
+        except Exception as exc:  # the database went away: try again next time
+            logger.warning(failed, error=f"{type(exc).__name__}: {exc}")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), seconds)

@@ -37,7 +37,6 @@ recovery (:func:`relaybox.inbound.recovery.register`) goes silent, one recovery 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from relaybox.clock import every
 from relaybox.inbound import recovery
 from relaybox.outbound.announce import emit
 from relaybox.outbound.registry import outbound
@@ -145,13 +145,9 @@ class SilenceWatch:
         unknown = sorted(set(self.settings.sources) - set(self.box.sources))
         if unknown:
             log.warning("silence_unknown_sources", sources=unknown)
-        while not self._stopping.is_set():
-            try:
-                await self.run_once()
-            except Exception as exc:  # the database went away: try again next time
-                log.warning("silence_check_failed", error=f"{type(exc).__name__}: {exc}")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.interval)
+        await every(
+            self.interval, self._stopping, self.run_once, logger=log, failed="silence_check_failed"
+        )
 
     async def run_once(self) -> SilenceReport:
         """One check of every watched source and endpoint."""

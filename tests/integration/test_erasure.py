@@ -616,6 +616,85 @@ async def test_no_byte_of_the_subject_is_left_in_error_text(box: Relaybox) -> No
     assert await _files_hold(box, BOB_EMAIL.encode())
 
 
+async def test_a_tenant_erasure_reaches_the_events_received_for_it(box: Relaybox) -> None:
+    """Erasing a tenant empties the events its verified accounts sent (payload, headers,
+    error text, their handler attempts' errors), their quarantine entries and the rows
+    its handlers added to the outbox; an event still pending waits; another tenant's
+    events stay. Keys stay: a resend is still a duplicate."""
+    from relaybox.outbound import outbound
+    from relaybox.outbound.channels.base import Channel, Result
+    from relaybox.store.outbox_rows import Delivery
+
+    class Mail(Channel):
+        async def deliver(self, delivery: Delivery) -> Result:
+            return Result("sent", response=f"queued for {delivery.payload['to']}")
+
+    local(box)
+    outbound(box).channel("mail", Mail())
+    tenants = {"acct_gone": "t_gone", "acct_kept": "t_kept"}
+    box.source("stripe", test_source("stripe", tenants=tenants))
+
+    @box.handler("stripe", "invoice.paid")
+    async def paid(ctx: Context) -> None:
+        customer = ctx.payload["data"]["object"]
+        if ctx.event.attempts == 1:
+            raise ValueError(f"no account for {customer['email']}")
+        await ctx.outbox.add("mail", f"receipt:{customer['id']}", {"to": customer["email"]})
+
+    kit = Harness.of(box)
+    gone = invoice("evt_g0", ALICE, ALICE_EMAIL, account="acct_gone")
+    await kit.send("stripe", payload=gone)
+    await kit.send("stripe", payload=invoice("evt_k0", BOB, BOB_EMAIL, account="acct_kept"))
+    assert await kit.run_worker() == 2  # both fail once
+    kit.advance(3600)
+    assert await kit.drain_worker() == 2
+    await kit.drain_dispatcher()
+    changed = {**gone, "note": "changed"}
+    assert (await kit.deliver(kit.signed("stripe", payload=changed))).outcome == "quarantined"
+    await kit.send("stripe", payload=invoice("evt_g1", ALICE, ALICE_EMAIL, account="acct_gone"))
+
+    done = await erase(box, tenant="t_gone", actor="dpo", reason="account closed")
+
+    # evt_g1 is not handled yet: it waits. The rest of the tenant's rows are empty.
+    assert done.waiting == 1 and done.finished_at is None
+    assert done.rows == {"inbox": 1, "quarantine": 1, "outbox": 1, "attempts": 1,
+                         "messages": 0, "inbox_attempts": 1}  # fmt: skip
+    rows = await inbox(box)
+    assert rows["evt_g0"]["payload"] is None and rows["evt_g0"]["erased_at"] is not None
+    assert rows["evt_g1"]["payload"] is not None and rows["evt_g1"]["erased_at"] is None
+    assert rows["evt_k0"]["payload"] is not None and rows["evt_k0"]["erased_at"] is None
+    texts = await box.store.fetch_all(
+        "SELECT (SELECT string_agg(coalesce(error, ''), ' ') FROM relaybox_inbox_attempts)"
+        " || (SELECT string_agg(coalesce(payload, ''), ' ') FROM relaybox_outbox)"
+        " || (SELECT string_agg(coalesce(response, ''), ' ') FROM relaybox_outbox_attempts)"
+        " AS t"
+        if box.store.backend == "postgres"
+        else "SELECT (SELECT group_concat(coalesce(error, ''), ' ') FROM relaybox_inbox_attempts)"
+        " || (SELECT group_concat(coalesce(payload, ''), ' ') FROM relaybox_outbox)"
+        " || (SELECT group_concat(coalesce(response, ''), ' ') FROM relaybox_outbox_attempts)"
+        " AS t"
+    )
+    text = str(texts[0]["t"])
+    assert ALICE_EMAIL not in text and BOB_EMAIL in text
+    [entry] = await box.store.fetch_all("SELECT payload, erased_at FROM relaybox_quarantine")
+    assert entry["payload"] is None and entry["erased_at"] is not None
+    # Keys stay: a resend of the erased event is still a duplicate.
+    assert (await kit.deliver(kit.signed("stripe", payload=gone))).outcome == "duplicate"
+
+    # The waiting event, once handled (it fails once, then succeeds and adds its mail),
+    # is emptied by the erasure's next run, with what its handler added.
+    assert await kit.run_worker() == 1
+    kit.advance(3600)
+    assert await kit.drain_worker() == 1
+    await kit.drain_dispatcher()
+    [again] = await resume_waiting(box)
+    assert again.id == done.id and again.finished_at is not None and again.waiting == 0
+    assert again.rows["inbox"] == 2 and again.rows["outbox"] == 2
+    assert (await inbox(box))["evt_g1"]["payload"] is None
+    assert await _files_hold_after_vacuum(box, ALICE_EMAIL.encode()) == []
+    assert await _files_hold(box, BOB_EMAIL.encode())
+
+
 # -- the admin API, the command line, the facade ------------------------------------------
 
 TOKEN = "test-admin-token-0123456789"

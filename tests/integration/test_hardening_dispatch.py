@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from relaybox import Relaybox
 from relaybox.cli import main
-from relaybox.config.outbound import OutboundSettings
+from relaybox.config.outbound import OutboundSettings, tenant_cap
 from relaybox.outbound import create_api_key
 from relaybox.outbound.ssrf import Guard, UnsafeDestination, forbidden_reason
 from tests.conftest import SECRETS_KEY
@@ -297,8 +297,9 @@ def test_endpoint_caps_and_quota_over_the_cli(
 
 
 def test_a_tenants_cap_is_a_share_of_the_concurrency() -> None:
-    assert OutboundSettings().tenant_max_in_flight == 16
-    assert OutboundSettings(concurrency=2, tenant_share=0.25).tenant_max_in_flight == 1
+    default = OutboundSettings()
+    assert tenant_cap(default.concurrency, default.tenant_share) == 16
+    assert tenant_cap(2, 0.25) == 1
 
 
 # -- metrics -------------------------------------------------------------------------------

@@ -43,8 +43,11 @@ GENERIC_POOL = "SET plan_cache_mode = force_generic_plan; SET enable_bitmapscan 
 
 # Operators' reads and maintenance: listed, counted or purged on demand; erasures
 # (test_an_erasure_probes_the_subjects_rows checks they reach rows by index); the
-# keys' backfill and expiry (batches of the maintenance job).
-OPERATOR = re.compile(r"^(ops_|stats_|erase_|erasure_|keys_|replay_select$|.*_list$|.*_count$)")
+# keys' backfill and expiry (batches of the maintenance job); the time partitions'
+# DDL templates (part_: filled in by relaybox.store.partitions).
+OPERATOR = re.compile(
+    r"^(ops_|stats_|erase_|erasure_|keys_|part_|replay_select$|.*_list$|.*_count$)"
+)
 
 
 def _generic_plans(queries: dict[str, str]) -> list[str]:
@@ -235,8 +238,8 @@ def _nodes(plan: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 
 _SUBJECT_FILL = (
     "INSERT INTO relaybox_inbox (source, account, event_id, event_type, fingerprint,"
-    " status, payload, next_attempt_at, received_at, updated_at)"
-    " SELECT 's', 'a', 'e' || i, 't', '\\x00', 'done', '{}', 0, 0, 0"
+    " status, payload, next_attempt_at, received_at, updated_at, tenant)"
+    " SELECT 's', 'a', 'e' || i, 't', '\\x00', 'done', '{}', 0, 0, 0, 't' || (i % 100)"
     " FROM generate_series(1, 20000) AS i;"
     " INSERT INTO relaybox_subjects (digest, kind, ref)"
     " SELECT int4send(i % 2000), 'inbox', i::text FROM generate_series(1, 20000) AS i;"
@@ -248,8 +251,9 @@ _SUBJECT_FILL = (
     " INSERT INTO relaybox_subjects (digest, kind, ref)"
     " SELECT int4send(i % 2000), 'message', 'msg_' || i FROM generate_series(1, 20000) AS i;"
     " INSERT INTO relaybox_quarantine (inbox_id, source, account, event_id, event_type,"
-    " fingerprint, payload, received_at)"
-    " SELECT i, 's', 'a', 'e' || i, 't', '\\x01', '{}', 0 FROM generate_series(1, 20000) AS i"
+    " fingerprint, payload, received_at, tenant)"
+    " SELECT i, 's', 'a', 'e' || i, 't', '\\x01', '{}', 0, 't' || (i % 100)"
+    " FROM generate_series(1, 20000) AS i"
 )
 
 
@@ -264,6 +268,9 @@ _SUBJECT_FILL = (
         ("erase_waiting_subject", "relaybox_inbox"),
         ("erase_outbox_tenant", "relaybox_outbox"),
         ("erase_messages_tenant", "relaybox_messages"),
+        ("erase_inbox_tenant", "relaybox_inbox"),
+        ("erase_quarantine_tenant", "relaybox_quarantine"),
+        ("erase_handler_outbox_ids", "relaybox_outbox"),
         ("erase_waiting_tenant", "relaybox_messages"),
     ],
 )
@@ -274,6 +281,8 @@ async def test_an_erasure_probes_the_subjects_rows(pg_url: str, name: str, table
     key = "'\\x00000007'::bytea" if "subject" in name else "'t7'"
     n = {"erase_waiting_subject": 1, "erase_waiting_tenant": 1}.get(name, 3)
     args = ", ".join([key, "1.0", "500"][:n])
+    if name == "erase_handler_outbox_ids":  # the ids of the inbox rows just erased
+        args = "'{7, 107, 207}'::bigint[], 1.0"
     plans = await _plans_on_a_filled_table(pg_url, table, _SUBJECT_FILL, {name: args})
     plan = plans[name]
     assert not set(re.findall(r"Seq Scan on (\w+)", plan)) & BIG, plan

@@ -22,11 +22,10 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qs, urlencode
 
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import PackageLoader
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -40,6 +39,7 @@ from relaybox.admin.auth import (
     revoke_session,
     token_ok,
 )
+from relaybox.browser import page_environment
 from relaybox.errors import InvalidRequest, NotFound, OpsError
 from relaybox.limits import FailureThrottle
 from relaybox.ops import inbound as ops
@@ -67,18 +67,7 @@ __all__ = [
     "render",
 ]
 
-_env = Environment(
-    loader=PackageLoader("relaybox.admin", "templates"),
-    autoescape=select_autoescape(["html"]),
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-
-
-def _ts(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+_env = page_environment(PackageLoader("relaybox.admin", "templates"))
 
 
 def pretty(value: Any) -> str:
@@ -87,7 +76,6 @@ def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
-_env.filters["ts"] = _ts
 _env.filters["age"] = ops.age_text
 _env.filters["pretty"] = pretty
 

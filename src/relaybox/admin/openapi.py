@@ -9,11 +9,7 @@ contract change in a diff; a test fails when the committed copy is stale. Regene
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -21,6 +17,7 @@ from pydantic.json_schema import models_json_schema
 
 from relaybox.admin.sections import Operation, Section
 from relaybox.ops.inbound_models import ErrorBody
+from relaybox.outbound.openapi import document_command, document_text
 
 __all__ = ["REGENERATE", "main", "openapi_document", "render"]
 
@@ -145,20 +142,12 @@ def _operation(section: Section, op: Operation, ref: Any, schemas: dict[str, Any
 
 
 def render(document: dict[str, Any] | None = None) -> str:
-    """Stable text (sorted keys, two-space indent, final newline): a diff is a change."""
-    return json.dumps(document or openapi_document(), indent=2, sort_keys=True) + "\n"
+    """This document (or ``document``) as stable text (:func:`document_text`)."""
+    return document_text(document or openapi_document())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Print or write the admin OpenAPI document.")
-    parser.add_argument("--write", metavar="PATH", help="write it to PATH instead of stdout")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.write:
-        Path(args.write).write_text(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    return document_command(render, "admin", argv)
 
 
 if __name__ == "__main__":

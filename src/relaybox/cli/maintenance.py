@@ -198,7 +198,9 @@ def _both_stop(runner: Any, watch: Any) -> Any:
 @click.option(
     "--subject", help="the subject's id, as a source's subject path or a publish named it"
 )
-@click.option("--tenant", help="a tenant: every message published to it")
+@click.option(
+    "--tenant", help="a tenant: the events received for it and every message published to it"
+)
 @reason_option("with the erasure (the request's reference)")
 @actor_option
 @click.option("--batch", type=int, help="rows per transaction (default: erasure.batch)")

@@ -210,18 +210,41 @@ def worker(
 
 @click.command()
 @app_options
+@click.option(
+    "--partitions",
+    type=click.Choice(["day", "week"]),
+    default=None,
+    help="PostgreSQL: partition the inbox, its attempts and the quarantine by time "
+    "(default: retention.partitions; live tables are converted without a copy, resumable)",
+)
 @json_option
-def migrate(app: str | None, config: str | None, database_url: str | None, as_json: bool) -> None:
+def migrate(
+    app: str | None,
+    config: str | None,
+    database_url: str | None,
+    partitions: str | None,
+    as_json: bool,
+) -> None:
     """Create or upgrade relaybox's tables; seal the endpoint secrets older versions
     stored in plaintext; copy the keys of rows stored before the keys tables existed
-    (in batches of retention.batch rows, resumable)."""
+    (in batches of retention.batch rows, resumable); with retention.partitions (or
+    --partitions) on PostgreSQL, partition the history tables by time."""
     from relaybox.outbound.vault import MISSING_HINT
 
     box = load_box(app, config, database_url)
-    applied, secrets = run_db(box, _migrate_and_close(box), creates=True)
+    log.configure_logging(box.settings.log_level, json=box.settings.log_json)  # on stderr
+    period = partitions or box.settings.retention.partitions
+    if box.store.backend != "postgres":
+        if partitions:
+            raise click.UsageError("time partitions need PostgreSQL")
+        period = "off"  # SQLite keeps its tables and its batched purge
+    applied, secrets = run_db(box, _migrate_and_close(box, period), creates=True)
+    converted = secrets.pop("partitioned", [])
     if as_json:
-        click.echo(json.dumps({"applied": applied, **secrets}))
+        click.echo(json.dumps({"applied": applied, **secrets, "partitioned": converted}))
     else:
+        if converted:
+            click.echo("partitioned by " + period + ": " + ", ".join(converted))
         click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
         if secrets["sealed"]:
             click.echo(f"sealed {secrets['sealed']} endpoint secret(s) stored in plaintext")
@@ -235,15 +258,21 @@ def migrate(app: str | None, config: str | None, database_url: str | None, as_js
         )
 
 
-async def _migrate_and_close(box: Relaybox) -> tuple[list[str], dict[str, int]]:
+async def _migrate_and_close(
+    box: Relaybox, period: str = "off"
+) -> tuple[list[str], dict[str, Any]]:
     """Apply the migrations, then seal the endpoint secrets older versions stored in
-    plaintext (what :meth:`Relaybox.migrate` does), with the counts to report."""
+    plaintext (what :meth:`Relaybox.migrate` does), with the counts to report; then,
+    unless ``period`` is ``off``, partition the history tables by it."""
     from relaybox.outbound.endpoints import seal_plaintext
     from relaybox.retention import backfill_keys
 
     try:
         applied, sealed = await box.store.migrate(), await seal_plaintext(box)
-        return applied, {**sealed, "keys_backfilled": await backfill_keys(box)}
+        found: dict[str, Any] = {**sealed, "keys_backfilled": await backfill_keys(box)}
+        if period != "off":
+            found["partitioned"] = await box.store.partitions_convert(period)
+        return applied, found
     finally:
         await box.close()
 

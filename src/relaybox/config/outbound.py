@@ -341,11 +341,6 @@ class OutboundSettings(BaseModel):
             raise ValueError("lease_ttl must exceed max_timeout by at least 5 seconds")
         return self
 
-    @property
-    def tenant_max_in_flight(self) -> int:
-        """Webhook deliveries one tenant may have in flight in one dispatcher."""
-        return tenant_cap(self.concurrency, self.tenant_share)
-
 
 def tenant_cap(concurrency: int, share: float) -> int:
     """A tenant's slots among ``concurrency``: ``share`` of them, at least one."""

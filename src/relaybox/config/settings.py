@@ -385,6 +385,16 @@ class RetentionSettings(BaseModel):
         description="tenants that may have a retention policy set through the admin API "
         "(the purge reads them all at the start of each run)",
     )
+    partitions: Literal["off", "day", "week"] = Field(
+        "off",
+        description="PostgreSQL: partition the inbox, its attempts and the quarantine by "
+        "time, a partition a day or a week (`relaybox migrate` converts the live tables); "
+        "maintenance then drops a whole partition once every row in it is past its age, "
+        "instead of purging payloads row by row. off: one table each, the per-row purge",
+    )
+    partitions_ahead: int = Field(
+        3, ge=1, le=60, description="periods of partitions made ahead of today"
+    )
     tenants: dict[str, TenantRetention] = Field(
         default_factory=dict,
         description="[retention.tenants.ID]: a tenant's own ages (the admin API's, set "

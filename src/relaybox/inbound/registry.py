@@ -170,7 +170,10 @@ class Inbound:
         return outcome
 
     async def close(self) -> None:
-        """Close the acceptor (its committers finish what they hold)."""
+        """Close the acceptor (its committers finish what they hold); forget the inline
+        worker."""
         if self._acceptor is not None:
             await self._acceptor.close()
             self._acceptor = None
+        # Its runners hold the store and the clock the box had: made again on next use.
+        self._inline_worker = None

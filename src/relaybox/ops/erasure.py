@@ -54,7 +54,11 @@ class ErasureRequest(RequestModel):
         None,
         min_length=1,
         max_length=MAX_SUBJECT_CHARS,
-        description="a tenant: every message published to it, its deliveries and answers",
+        description=(
+            "a tenant: the events received for it (their quarantine entries, what their"
+            " handlers added to the outbox) and every message published to it, its"
+            " deliveries and answers"
+        ),
     )
     reason: str = Field(
         min_length=1, max_length=1000, description="why (the request's reference): recorded"

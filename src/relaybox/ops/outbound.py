@@ -245,15 +245,13 @@ async def endpoint_disable(
             code="already_disabled",
         )
     await disable_endpoint(box, endpoint_id, tenant=None, reason=_manual(actor, reason))
-    after = await _endpoint_or_404(box, endpoint_id)
     log.info(
         "endpoint_action", action="disable", endpoint_id=endpoint_id, actor=actor, reason=reason
     )
-    return EndpointActionResult(
-        endpoint_id=endpoint_id,
-        status=after.status,
-        disabled_reason=after.disabled_reason,
-        message=f"endpoint {endpoint_id} disabled; its waiting deliveries are dead letters "
+    return await _switched(
+        box,
+        endpoint_id,
+        f"endpoint {endpoint_id} disabled; its waiting deliveries are dead letters "
         "(endpoint_disabled) until you recover them",
     )
 
@@ -269,7 +267,6 @@ async def endpoint_enable(
     if current.status == "enabled":
         raise Conflict(f"endpoint {endpoint_id} is already enabled", code="already_enabled")
     await enable_endpoint(box, endpoint_id, tenant=None, reason=_manual(actor, reason))
-    after = await _endpoint_or_404(box, endpoint_id)
     log.info(
         "endpoint_action",
         action="enable",
@@ -278,12 +275,22 @@ async def endpoint_enable(
         reason=reason,
         was=current.disabled_reason,
     )
+    return await _switched(
+        box,
+        endpoint_id,
+        f"endpoint {endpoint_id} enabled (was disabled: {current.disabled_reason}); "
+        "its dead letters stay dead until you recover them",
+    )
+
+
+async def _switched(box: Runtime, endpoint_id: str, message: str) -> EndpointActionResult:
+    """What a disable or an enable left: the endpoint's status read again."""
+    after = await _endpoint_or_404(box, endpoint_id)
     return EndpointActionResult(
         endpoint_id=endpoint_id,
         status=after.status,
         disabled_reason=after.disabled_reason,
-        message=f"endpoint {endpoint_id} enabled (was disabled: {current.disabled_reason}); "
-        "its dead letters stay dead until you recover them",
+        message=message,
     )
 
 

@@ -29,16 +29,19 @@ import base64
 import hashlib
 import json
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 from urllib.parse import quote_plus
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from relaybox.outbound.channels.base import Result
 from relaybox.outbound.channels.http import credential_header
 from relaybox.outbound.ssrf import UnsafeDestination
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
     from relaybox.config.outbound import OutboundSettings
     from relaybox.outbound.channels.http import HttpClient
     from relaybox.outbound.registry import Outbound
@@ -55,9 +58,12 @@ __all__ = [
     "OAuth2Credentials",
     "TokenCache",
     "check_headers",
+    "count_states",
     "credentials_at_rest",
+    "each_page",
     "parse_credentials",
     "reseal_credentials",
+    "reseal_pages",
 ]
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}")
@@ -133,6 +139,10 @@ def _no_controls(value: str) -> str:
     return value
 
 
+_Text = Annotated[str, AfterValidator(_no_controls)]
+"""Text sent in a header: no control characters."""
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -148,7 +158,7 @@ class BasicCredentials(_Spec):
 
     type: Literal["basic"]
     username: str = Field(min_length=1, max_length=256)
-    password: str = Field(max_length=1024)
+    password: _Text = Field(max_length=1024)
 
     @field_validator("username")
     @classmethod
@@ -157,22 +167,12 @@ class BasicCredentials(_Spec):
             raise ValueError("a Basic username may not contain ':'")
         return _no_controls(value)
 
-    @field_validator("password")
-    @classmethod
-    def _password(cls, value: str) -> str:
-        return _no_controls(value)
-
 
 class BearerCredentials(_Spec):
     """A static token: ``Authorization: Bearer <token>``."""
 
     type: Literal["bearer"]
-    token: str = Field(min_length=1, max_length=4096)
-
-    @field_validator("token")
-    @classmethod
-    def _token(cls, value: str) -> str:
-        return _no_controls(value)
+    token: _Text = Field(min_length=1, max_length=4096)
 
 
 class OAuth2Credentials(_Spec):
@@ -180,14 +180,9 @@ class OAuth2Credentials(_Spec):
 
     type: Literal["oauth2"]
     token_url: str = Field(min_length=1, max_length=2000)
-    client_id: str = Field(min_length=1, max_length=1024)
-    client_secret: str = Field(min_length=1, max_length=4096)
-    scope: str | None = Field(None, max_length=1024)
-
-    @field_validator("client_id", "client_secret", "scope")
-    @classmethod
-    def _texts(cls, value: str | None) -> str | None:
-        return None if value is None else _no_controls(value)
+    client_id: _Text = Field(min_length=1, max_length=1024)
+    client_secret: _Text = Field(min_length=1, max_length=4096)
+    scope: _Text | None = Field(None, max_length=1024)
 
 
 CredentialsSpec = Annotated[
@@ -332,7 +327,8 @@ async def authorized_post(
     end = loop.time() + seconds
     sent = {**dict(endpoint.headers), **headers}
     hidden = {name for name, _ in endpoint.headers if credential_header(name)}
-    if endpoint.credentials is None:
+
+    async def once() -> Result:  # with the headers as they are set then
         return await client.post(
             endpoint.url,
             body,
@@ -341,28 +337,17 @@ async def authorized_post(
             hidden=hidden,
             trace_context=endpoint.trace_context,
         )
+
+    if endpoint.credentials is None:
+        return await once()
     hidden.add("Authorization")
     spec = parse_credentials(endpoint.credentials)
     if isinstance(spec, BasicCredentials):
         sent["Authorization"] = _basic(spec.username, spec.password)
-        return await client.post(
-            endpoint.url,
-            body,
-            sent,
-            seconds=seconds,
-            hidden=hidden,
-            trace_context=endpoint.trace_context,
-        )
+        return await once()
     if isinstance(spec, BearerCredentials):
         sent["Authorization"] = f"Bearer {spec.token}"
-        return await client.post(
-            endpoint.url,
-            body,
-            sent,
-            seconds=seconds,
-            hidden=hidden,
-            trace_context=endpoint.trace_context,
-        )
+        return await once()
     key = cache.key(endpoint.id, endpoint.credentials)
     result: Result | None = None
     for _ in range(2):  # a 401: once more with a fresh token
@@ -387,34 +372,85 @@ _PAGE = 500
 """Credentials read and sealed per transaction by the sealing passes."""
 
 
+K = TypeVar("K", int, str)
+Stored = list[tuple[K, str]]
+"""A page of (key, stored secret) pairs, ordered by key."""
+
+
+async def each_page(
+    box: Runtime,
+    read: Callable[[AsyncConnection, K], Awaitable[Stored[K]]],
+    size: int,
+    after: K,
+    visit: Callable[[AsyncConnection, Stored[K]], Awaitable[None]] | None = None,
+) -> int:
+    """Every pair ``read`` gives after the key ``after``, a page (``size`` at most)
+    per transaction, handed to ``visit`` with that transaction's connection. Returns
+    how many pairs were read."""
+    seen = 0
+    while True:
+        async with box.store.transaction() as conn:
+            page = await read(conn, after)
+            if visit is not None:
+                await visit(conn, page)
+        seen += len(page)
+        if len(page) < size:
+            return seen
+        after = page[-1][0]
+
+
+async def reseal_pages(
+    box: Runtime,
+    vault: Vault,
+    read: Callable[[AsyncConnection, K], Awaitable[Stored[K]]],
+    swap: Callable[[AsyncConnection, K, str, str], Awaitable[bool]],
+    size: int,
+    after: K,
+) -> tuple[int, int]:
+    """Seal stored secrets with the vault's first key, a page per transaction
+    (:func:`each_page`); ``swap`` replaces one if it is still the one read
+    (compare-and-set, so several processes may run at once). Returns (sealed now,
+    read)."""
+    sealed = 0
+
+    async def reseal(conn: AsyncConnection, page: Stored[K]) -> None:
+        nonlocal sealed
+        for key, stored in page:
+            again = vault.reseal(stored)
+            if again is not None and await swap(conn, key, stored, again):
+                sealed += 1
+
+    seen = await each_page(box, read, size, after, reseal)
+    return sealed, seen
+
+
+def count_states(
+    vault: Vault, counts: dict[str, int]
+) -> Callable[[AsyncConnection, Stored[Any]], Awaitable[None]]:
+    """A visitor for :func:`each_page` that adds each stored secret to ``counts`` by
+    :meth:`Vault.state`."""
+
+    async def count(conn: AsyncConnection, page: Stored[Any]) -> None:
+        for _, stored in page:
+            counts[vault.state(stored)] += 1
+
+    return count
+
+
+def _credentials(box: Runtime) -> Callable[[AsyncConnection, str], Awaitable[Stored[str]]]:
+    """Reads a page of endpoints' stored credentials (by endpoint id)."""
+    return lambda conn, after: box.store.endpoint_credentials_page(conn, after, _PAGE)
+
+
 async def reseal_credentials(box: Runtime, vault: Vault) -> tuple[int, int]:
     """Seal every endpoint's credentials with the first key (``relaybox endpoints
     seal-secrets``, with the signing secrets): (sealed now, already were). Safe with
     several processes at once (compare-and-set)."""
-    store, sealed, seen, after = box.store, 0, 0, ""
-    while True:
-        async with store.transaction() as conn:
-            page = await store.endpoint_credentials_page(conn, after, _PAGE)
-            for endpoint_id, stored in page:
-                again = vault.reseal(stored)
-                if again is not None and await store.endpoint_credentials_swap(
-                    conn, endpoint_id, stored, again
-                ):
-                    sealed += 1
-        seen += len(page)
-        if len(page) < _PAGE:
-            return sealed, seen - sealed
-        after = page[-1][0]
+    swap = box.store.endpoint_credentials_swap
+    sealed, seen = await reseal_pages(box, vault, _credentials(box), swap, _PAGE, "")
+    return sealed, seen - sealed
 
 
 async def credentials_at_rest(box: Runtime, vault: Vault, counts: dict[str, int]) -> None:
     """Add the stored credentials to ``counts`` by :meth:`Vault.state`."""
-    store, after = box.store, ""
-    while True:
-        async with store.transaction() as conn:
-            page = await store.endpoint_credentials_page(conn, after, _PAGE)
-        for _, stored in page:
-            counts[vault.state(stored)] += 1
-        if len(page) < _PAGE:
-            return
-        after = page[-1][0]
+    await each_page(box, _credentials(box), _PAGE, "", count_states(vault, counts))

@@ -8,6 +8,7 @@ any tenant's endpoint by id.
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
@@ -17,8 +18,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from relaybox.outbound.credentials import (
     CredentialsSpec,
     NoCredentials,
+    count_states,
     credentials_at_rest,
+    each_page,
     reseal_credentials,
+    reseal_pages,
 )
 from relaybox.outbound.endpoint_rules import InvalidEndpoint as InvalidEndpoint
 from relaybox.outbound.endpoint_rules import (
@@ -35,6 +39,7 @@ from relaybox.store.credentials import Keep
 from relaybox.store.outbox_rows import (
     Endpoint,
     EndpointQuotaReached,
+    EndpointStatusChange,
     EndpointWrite,
     new_id,
 )
@@ -272,15 +277,7 @@ async def enable_endpoint(
     async with store.transaction() as conn:
         row = await store.endpoint_set_status(conn, endpoint_id, "enabled", reason=None, now=now)
         if row is not None:
-            data = {
-                "endpointId": endpoint_id,
-                "tenant": row.tenant,
-                "url": row.url,
-                "reason": reason,
-                "wasDisabled": current.disabled_reason,
-            }
-            ops = outbound(box).settings.operational_tenant
-            await publish(box, conn, "relaybox.endpoint.enabled", data, tenant=ops)
+            await _announce(box, conn, "enabled", row, reason, wasDisabled=current.disabled_reason)
     if row is not None:
         log.info("endpoint_enabled", endpoint_id=endpoint_id, tenant=row.tenant)
     return True
@@ -307,17 +304,24 @@ async def disable_in(box: Runtime, conn: AsyncConnection, endpoint_id: str, *, r
     if row is None:
         return False
     await store.delivery_kill_endpoint(conn, endpoint_id, "endpoint_disabled", now=now)
-    data = {
-        "endpointId": endpoint_id,
-        "tenant": row.tenant,
-        "url": row.url,
-        "reason": reason,
-        "failingSince": row.failing_since,
-    }
-    ops = outbound(box).settings.operational_tenant
-    await publish(box, conn, "relaybox.endpoint.disabled", data, tenant=ops)
+    await _announce(box, conn, "disabled", row, reason, failingSince=row.failing_since)
     log.warning("endpoint_disabled", endpoint_id=endpoint_id, tenant=row.tenant, reason=reason)
     return True
+
+
+async def _announce(
+    box: Runtime,
+    conn: AsyncConnection,
+    change: str,
+    row: EndpointStatusChange,
+    reason: str,
+    **more: Any,
+) -> None:
+    """``relaybox.endpoint.<change>`` to the operational tenant, in ``conn``'s
+    transaction: the endpoint, its tenant and URL, ``reason``, then ``more``."""
+    data = {"endpointId": row.id, "tenant": row.tenant, "url": row.url, "reason": reason}
+    ops = outbound(box).settings.operational_tenant
+    await publish(box, conn, f"relaybox.endpoint.{change}", {**data, **more}, tenant=ops)
 
 
 async def rotate_secret(
@@ -405,22 +409,9 @@ async def seal_plaintext(box: Runtime) -> dict[str, int]:
 
 
 async def _seal(box: Runtime, *, plaintext: bool) -> dict[str, int]:
-    vault, store = await ready_to_seal(box), box.store
-    sealed = seen = 0
-    after = 0
-    while True:
-        async with store.transaction() as conn:
-            page = await store.endpoint_secrets_page(conn, after, _SEAL_BATCH, plaintext=plaintext)
-            for secret_id, stored in page:
-                again = vault.reseal(stored)
-                if again is not None and await store.endpoint_secret_swap(
-                    conn, secret_id, stored, again
-                ):
-                    sealed += 1
-        seen += len(page)
-        if len(page) < _SEAL_BATCH:
-            break
-        after = page[-1][0]
+    vault, swap = await ready_to_seal(box), box.store.endpoint_secret_swap
+    read = _secrets(box, plaintext=plaintext)
+    sealed, seen = await reseal_pages(box, vault, read, swap, _SEAL_BATCH, 0)
     if not plaintext:  # credentials are sealed from the start: only a new key reseals them
         done, already = await reseal_credentials(box, vault)
         sealed, seen = sealed + done, seen + done + already
@@ -429,33 +420,29 @@ async def _seal(box: Runtime, *, plaintext: bool) -> dict[str, int]:
     return {"sealed": sealed, "already": seen - sealed}
 
 
+def _secrets(
+    box: Runtime, *, plaintext: bool = False
+) -> Callable[[AsyncConnection, int], Awaitable[list[tuple[int, str]]]]:
+    """Reads a page of stored signing secrets (by secret id); ``plaintext``: only
+    those not sealed."""
+    return lambda conn, after: box.store.endpoint_secrets_page(
+        conn, after, _SEAL_BATCH, plaintext=plaintext
+    )
+
+
 async def _count_plaintext(box: Runtime) -> int:
-    store, count, after = box.store, 0, 0
-    while True:
-        async with store.transaction() as conn:
-            page = await store.endpoint_secrets_page(conn, after, _SEAL_BATCH, plaintext=True)
-        count += len(page)
-        if len(page) < _SEAL_BATCH:
-            return count
-        after = page[-1][0]
+    return await each_page(box, _secrets(box, plaintext=True), _SEAL_BATCH, 0)
 
 
 async def secrets_at_rest(box: Runtime) -> dict[str, int]:
     """How the stored secrets (signing secrets and endpoint credentials) stand against
     the keys relaybox has: counts of ``plaintext``, ``current``, ``older`` and
     ``locked`` (see :meth:`Vault.state`)."""
-    vault, store = outbound(box).vault, box.store
+    vault = outbound(box).vault
     counts = dict.fromkeys(("plaintext", "current", "older", "locked"), 0)
-    after = 0
-    while True:
-        async with store.transaction() as conn:
-            page = await store.endpoint_secrets_page(conn, after, _SEAL_BATCH)
-        for _, stored in page:
-            counts[vault.state(stored)] += 1
-        if len(page) < _SEAL_BATCH:
-            await credentials_at_rest(box, vault, counts)
-            return counts
-        after = page[-1][0]
+    await each_page(box, _secrets(box), _SEAL_BATCH, 0, count_states(vault, counts))
+    await credentials_at_rest(box, vault, counts)
+    return counts
 
 
 async def endpoint_secrets(

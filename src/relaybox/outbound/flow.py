@@ -33,7 +33,7 @@ from relaybox.store.outbox_flow import ReplayJob
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
 
-__all__ = ["Replayed", "pause_endpoint", "paused_backlog", "replay_missing", "resume_endpoint"]
+__all__ = ["Replayed", "pause_endpoint", "replay_missing", "resume_endpoint"]
 
 log = structlog.get_logger("relaybox.outbound")
 
@@ -73,28 +73,22 @@ class Replayed:
 async def pause_endpoint(box: Runtime, endpoint_id: str, *, tenant: str | None) -> bool:
     """Pause the endpoint: its deliveries wait until :func:`resume_endpoint`.
     ``False``: no such endpoint (pausing a paused endpoint is no change)."""
-    if await get_endpoint(box, endpoint_id, tenant) is None:
-        return False
-    now = box.clock.now()
-    if await box.store.endpoint_pause(endpoint_id, tenant, paused=True, now=now):
-        log.info("endpoint_paused", endpoint_id=endpoint_id)
-    return True
+    return await _set_paused(box, endpoint_id, tenant, paused=True)
 
 
 async def resume_endpoint(box: Runtime, endpoint_id: str, *, tenant: str | None) -> bool:
     """Resume a paused endpoint: its waiting deliveries go out, oldest first.
     ``False``: no such endpoint."""
+    return await _set_paused(box, endpoint_id, tenant, paused=False)
+
+
+async def _set_paused(box: Runtime, endpoint_id: str, tenant: str | None, *, paused: bool) -> bool:
     if await get_endpoint(box, endpoint_id, tenant) is None:
         return False
     now = box.clock.now()
-    if await box.store.endpoint_pause(endpoint_id, tenant, paused=False, now=now):
-        log.info("endpoint_resumed", endpoint_id=endpoint_id)
+    if await box.store.endpoint_pause(endpoint_id, tenant, paused=paused, now=now):
+        log.info("endpoint_paused" if paused else "endpoint_resumed", endpoint_id=endpoint_id)
     return True
-
-
-async def paused_backlog(box: Runtime) -> dict[str, int]:
-    """Per paused endpoint id, how many deliveries wait for its resume."""
-    return await box.store.endpoint_paused_backlog()
 
 
 async def replay_missing(

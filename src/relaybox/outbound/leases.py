@@ -48,7 +48,7 @@ from relaybox import tracing
 from relaybox.clock import may_take_work
 from relaybox.outbound.registry import outbound
 from relaybox.outbound.vault import SecretsLocked
-from relaybox.store.dispatch_rows import UNBOUNDED, Attempt, Fairness, LeaseRequest
+from relaybox.store.dispatch_rows import UNBOUNDED, Attempt, Fairness, Leased, LeaseRequest
 from relaybox.store.outbox_rows import Delivery, SecretOpener
 
 if TYPE_CHECKING:
@@ -79,6 +79,26 @@ async def lease(
     None while this host's clock is past ``clock_max_skew`` (:class:`ClockGuard`)."""
     if not await may_take_work(box):
         return []
+    leased = await _take(
+        box, owner=owner, slots=slots, channels=channels, lease_ttl=lease_ttl, fair=fair
+    )
+    return leased.deliveries
+
+
+async def _take(
+    box: Runtime,
+    *,
+    owner: str,
+    slots: int,
+    channels: Sequence[str],
+    lease_ttl: float,
+    fair: Fairness,
+    sent: Sequence[Attempt] = (),
+    ahead: Sequence[str] = (),
+    factor: int = 1,
+) -> Leased:
+    """One :class:`LeaseRequest` through the store, from now until ``lease_ttl`` is
+    over, in a ``relaybox.lease`` span when it took rows."""
     now = box.clock.now()
     request = LeaseRequest(
         owner=owner,
@@ -88,12 +108,15 @@ async def lease(
         until=now + lease_ttl,
         deadline=lease_ttl - LEASE_MARGIN,
         fair=fair,
+        sent=sent,
+        ahead=ahead,
+        factor=factor,
     )
     began = tracing.now_ns() if tracing.enabled() else 0
     leased = await box.store.outbox_lease(request, _opener(box))
     if began and leased.deliveries:
         _traced(began, owner, leased.deliveries)
-    return leased.deliveries
+    return leased
 
 
 def _traced(began: int, owner: str, deliveries: Sequence[Delivery]) -> None:
@@ -131,23 +154,17 @@ async def lease_recording(
     records ``sent``."""
     if not await may_take_work(box):
         slots = 0
-    now = box.clock.now()
-    request = LeaseRequest(
+    leased = await _take(
+        box,
         owner=owner,
         slots=slots,
         channels=channels,
-        now=now,
-        until=now + lease_ttl,
-        deadline=lease_ttl - LEASE_MARGIN,
+        lease_ttl=lease_ttl,
         fair=fair,
         sent=sent,
         ahead=ahead,
         factor=factor,
     )
-    began = tracing.now_ns() if tracing.enabled() else 0
-    leased = await box.store.outbox_lease(request, _opener(box))
-    if began and leased.deliveries:
-        _traced(began, owner, leased.deliveries)
     return leased.deliveries, leased.written, leased.allowed
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,7 +32,14 @@ from relaybox.outbound.api import (
 )
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec
 
-__all__ = ["REGENERATE", "main", "openapi_document", "render"]
+__all__ = [
+    "REGENERATE",
+    "document_command",
+    "document_text",
+    "main",
+    "openapi_document",
+    "render",
+]
 
 REGENERATE = "python -m relaybox.outbound.openapi --write docs/tenant-openapi.json"
 _REF = "#/components/schemas/{model}"
@@ -428,13 +435,20 @@ def openapi_document() -> dict[str, Any]:
     }
 
 
-def render(document: dict[str, Any] | None = None) -> str:
+def document_text(document: dict[str, Any]) -> str:
     """Stable text (sorted keys, two-space indent, final newline): a diff is a change."""
-    return json.dumps(document or openapi_document(), indent=2, sort_keys=True) + "\n"
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Print or write the tenant OpenAPI document.")
+def render(document: dict[str, Any] | None = None) -> str:
+    """This document (or ``document``) as :func:`document_text`."""
+    return document_text(document or openapi_document())
+
+
+def document_command(render: Callable[[], str], api: str, argv: Sequence[str] | None) -> int:
+    """``python -m …openapi [--write PATH]``: print the ``api`` OpenAPI document
+    ``render`` makes, or write it to ``PATH``."""
+    parser = argparse.ArgumentParser(description=f"Print or write the {api} OpenAPI document.")
     parser.add_argument("--write", metavar="PATH", help="write it to PATH instead of stdout")
     args = parser.parse_args(argv)
     text = render()
@@ -443,6 +457,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return document_command(render, "tenant", argv)
 
 
 if __name__ == "__main__":

@@ -16,17 +16,16 @@ import hmac
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlencode
 
-from jinja2 import ChoiceLoader, Environment, PackageLoader, select_autoescape
+from jinja2 import ChoiceLoader, PackageLoader
 from markupsafe import Markup
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from relaybox.browser import framing
+from relaybox.browser import framing, page_environment
 from relaybox.errors import RelayboxError
 from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import InvalidEndpoint
@@ -50,18 +49,7 @@ __all__ = [
     "theme_css",
 ]
 
-ENV = Environment(
-    loader=ChoiceLoader([PackageLoader("relaybox.portal", "templates")]),
-    autoescape=select_autoescape(["html"]),
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-
-
-def _ts(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+ENV = page_environment(ChoiceLoader([PackageLoader("relaybox.portal", "templates")]))
 
 
 def _pretty(value: Any) -> str:
@@ -79,7 +67,6 @@ def _compact(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
 
 
-ENV.filters["ts"] = _ts
 ENV.filters["pretty"] = _pretty
 ENV.filters["compact"] = _compact
 

@@ -9,6 +9,7 @@ from relaybox.retention.purge import (
     backfill_keys,
     count_candidates,
     cutoffs,
+    maintain_partitions,
     maintenance_lock,
     purge,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "backfill_keys",
     "count_candidates",
     "cutoffs",
+    "maintain_partitions",
     "maintenance_lock",
     "policy",
     "purge",

@@ -49,7 +49,6 @@ file, and purging is idempotent anyway.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass
@@ -57,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from relaybox.clock import every
 from relaybox.erasure import resume_waiting
 from relaybox.retention.policy import (
     PurgePass,
@@ -67,6 +67,7 @@ from relaybox.retention.policy import (
     plan,
 )
 from relaybox.store.history import PurgeTable
+from relaybox.store.partitions import MaintainResult
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -79,6 +80,7 @@ __all__ = [
     "count_candidates",
     "cutoffs",
     "expire_keys",
+    "maintain_partitions",
     "maintenance_lock",
     "purge",
 ]
@@ -255,7 +257,12 @@ async def purge(
             passes=len(plan(policies, box.clock.now())),
         )
     now = box.clock.now()
-    steps = plan(policies, now)
+    # Partitioned tables (PostgreSQL) are not purged row by row: their partitions are
+    # dropped whole (maintain_partitions).
+    partitioned = {
+        _PARTITIONED[t] for t in await box.store.partitions_tables() if t in _PARTITIONED
+    }
+    steps = [s for s in plan(policies, now) if s.table not in partitioned]
     totals: dict[PurgeTable, int] = dict.fromkeys(TABLES, 0)
     for step in steps:
         totals[step.table] += await _run_pass(
@@ -292,6 +299,38 @@ async def expire_keys(box: Runtime, policies: RetentionPolicies, *, now: float, 
     if total:
         log.info("keys_expired", keys=total)
     return total
+
+
+_PARTITIONED: dict[str, PurgeTable] = {
+    "relaybox_inbox": "inbox",
+    "relaybox_quarantine": "quarantine",
+}
+
+
+async def maintain_partitions(
+    box: Runtime, *, before_drop: Callable[[str, str], Any] | None = None
+) -> MaintainResult:
+    """PostgreSQL's time partitions (:mod:`relaybox.store.partitions`): partitions made
+    ``retention.partitions_ahead`` periods ahead, and each partition dropped whole once
+    nothing in it must stay (pending events, undiscarded dead letters, originals of open
+    quarantine entries) and every row in it is past the age of its tenant or source.
+    Nothing happens while the tables are not partitioned (and on SQLite)."""
+    settings = box.settings.retention
+    policies = await load_policies(box.store, settings)
+
+    def ages(table: str, tenant: str | None, source: str | None) -> float:
+        return policies.inbound_age(tenant, source)
+
+    def shortest(table: str) -> float:
+        return min(policies.ages("inbox"))
+
+    period = "day" if settings.partitions == "off" else settings.partitions
+    return await box.store.partitions_maintain(
+        period,
+        ahead=settings.partitions_ahead,
+        drop=(box.clock.now(), ages, shortest),
+        before_drop=before_drop,
+    )
 
 
 async def backfill_keys(
@@ -386,6 +425,8 @@ class Maintenance:
                 log.info("disabled_endpoint_deliveries_dead", rows=strays)
             # Erasures waiting for rows that were pending: emptied once they finished.
             await resume_waiting(self.box)
+            # Time partitions (PostgreSQL, once converted): made ahead, dropped whole.
+            await maintain_partitions(self.box)
             # Keys of rows stored before migration 0027, a few batches a pass.
             await backfill_keys(self.box, max_batches=_BACKFILL_BATCHES_A_PASS)
             return result
@@ -395,10 +436,6 @@ class Maintenance:
             log.info("maintenance_disabled", setting="retention.enabled")
             await self._stopping.wait()
             return
-        while not self._stopping.is_set():
-            try:
-                await self.run_once()
-            except Exception as exc:  # the database went away: try again next time
-                log.warning("maintenance_failed", error=f"{type(exc).__name__}: {exc}")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.interval)
+        await every(
+            self.interval, self._stopping, self.run_once, logger=log, failed="maintenance_failed"
+        )

@@ -31,7 +31,7 @@ from typing import Any
 from relaybox.errors import BadSignature, ConfigurationError, MalformedPayload
 from relaybox.sources.base import Headers, Identity, Secret, Signing, Source, Verified
 from relaybox.sources.hooks import Answer
-from relaybox.sources.kit import text
+from relaybox.sources.kit import batch_identity, text
 
 __all__ = ["AdyenSource", "adyen"]
 
@@ -112,21 +112,16 @@ class AdyenSource(Source):
 
     def identify(self, headers: Headers, payload: Any) -> Identity:
         keys: list[str] = []
-        codes: set[str] = set()
-        merchants: set[str] = set()
+        codes: list[str] = []
+        merchants: list[str] = []
         for item in _items(payload):
             psp, code = text(item.get("pspReference")), text(item.get("eventCode"))
             if psp is None or code is None:
                 raise MalformedPayload("an Adyen item has no pspReference or eventCode")
             keys.append(f"{psp}:{code}:{text(item.get('success')) or ''}")
-            codes.add(code)
-            merchants.add(text(item.get("merchantAccountCode")) or "")
-        event_type = codes.pop() if len(codes) == 1 else "batch"
-        account = (merchants.pop() if len(merchants) == 1 else "") or None
-        if len(keys) == 1:
-            return Identity(event_id=keys[0], event_type=event_type, account=account)
-        digest = hashlib.sha256(",".join(sorted(keys)).encode()).hexdigest()
-        return Identity(event_id="batch:" + digest, event_type=event_type, account=account)
+            codes.append(code)
+            merchants.append(text(item.get("merchantAccountCode")) or "")
+        return batch_identity(keys, codes, merchants)
 
     def acknowledge(self, verified: Verified, status: str) -> Answer | None:
         return Answer(200, b"[accepted]", "text/plain")

@@ -29,7 +29,7 @@ from typing import Any
 
 from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Headers, Identity, canonical_json
-from relaybox.sources.kit import derived_id, text
+from relaybox.sources.kit import batch_identity, derived_id, event_keys, text
 from relaybox.sources.scheme import Example, Hmac, Scheme, UrlSchemeSource, factory
 
 __all__ = ["HubSpotSource", "hubspot"]
@@ -90,26 +90,10 @@ class HubSpotSource(UrlSchemeSource):
             return Identity(event_id=derived_id(payload), event_type="webhook")
         if not isinstance(payload, list) or not payload:
             raise MalformedPayload("HubSpot payload must be a JSON array of events")
-        ids: list[str] = []
-        types: set[str] = set()
-        portals: set[str] = set()
-        for event in payload:
-            event_id = text(event.get("eventId")) if isinstance(event, Mapping) else None
-            if event_id is None:
-                raise MalformedPayload('a HubSpot event has no "eventId"')
-            ids.append(event_id)
-            types.add(text(event.get("subscriptionType")) or "")
-            portals.add(text(event.get("portalId")) or "")
-        event_type = (types.pop() if len(types) == 1 else "") or "batch"
-        account = (portals.pop() if len(portals) == 1 else "") or None
-        if len(ids) == 1:
-            return Identity(event_id=ids[0], event_type=event_type, account=account)
-        joined = ",".join(sorted(ids)).encode()
-        return Identity(
-            event_id="batch:" + hashlib.sha256(joined).hexdigest(),
-            event_type=event_type,
-            account=account,
-        )
+        ids = event_keys(payload, "eventId", "HubSpot")
+        types = (text(event.get("subscriptionType")) or "" for event in payload)
+        portals = (text(event.get("portalId")) or "" for event in payload)
+        return batch_identity(ids, types, portals)
 
     def fingerprint(self, body: bytes, headers: Headers, payload: Any) -> bytes:
         if isinstance(payload, list):

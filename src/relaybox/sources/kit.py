@@ -7,13 +7,20 @@ import base64
 import binascii
 import hashlib
 import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from relaybox.errors import BadSignature, ConfigurationError, MalformedHeaders, MalformedPayload
-from relaybox.sources.base import Headers, canonical_json, parse_int_timestamp
+from relaybox.sources.base import (
+    Headers,
+    Identity,
+    Secret,
+    Source,
+    canonical_json,
+    parse_int_timestamp,
+)
 from relaybox.sources.hooks import URL_HEADER
 
 __all__ = [
@@ -21,9 +28,12 @@ __all__ = [
     "MAX_ISO_CHARS",
     "MILLISECONDS_ABOVE",
     "TIMESTAMP_UNITS",
+    "PublicUrl",
     "b64",
+    "batch_identity",
     "derived_id",
     "digest",
+    "event_keys",
     "json_object",
     "require_header",
     "scale_timestamp",
@@ -105,6 +115,38 @@ def derived_id(value: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
 
 
+def event_keys(events: Iterable[Any], field: str, provider: str) -> list[str]:
+    """Each event's ``field`` (:func:`text`); an event without one is malformed."""
+    keys: list[str] = []
+    for event in events:
+        key = text(event.get(field)) if isinstance(event, Mapping) else None
+        if key is None:
+            raise MalformedPayload(f'a {provider} event has no "{field}"')
+        keys.append(key)
+    return keys
+
+
+def batch_identity(
+    keys: Sequence[str], types: Iterable[str], accounts: Iterable[str] = ()
+) -> Identity:
+    """The identity of a delivery of events (Adyen's items, HubSpot's and SendGrid's
+    arrays), from each event's key, type and account: the one event's key, or
+    ``"batch:" + sha256`` of the sorted keys joined with commas (the same for a resend
+    in any order); the type and the account the events share, else ``"batch"`` and
+    ``None``."""
+    kinds, owners = set(types), set(accounts)
+    event_type = (kinds.pop() if len(kinds) == 1 else "") or "batch"
+    account = (owners.pop() if len(owners) == 1 else "") or None
+    if len(keys) == 1:
+        return Identity(event_id=keys[0], event_type=event_type, account=account)
+    joined = ",".join(sorted(keys)).encode()
+    return Identity(
+        event_id="batch:" + hashlib.sha256(joined).hexdigest(),
+        event_type=event_type,
+        account=account,
+    )
+
+
 def signed_url(headers: Headers, configured: str | None) -> str:
     """The URL a URL-signing scheme signed: the configured public ``url`` (what was
     entered in the provider's console) with the request's query string when it has
@@ -136,6 +178,21 @@ MILLISECONDS_ABOVE = 10**12
 """An ``auto`` timestamp above this is milliseconds, else seconds."""
 MAX_ISO_CHARS = 40
 """Characters of an RFC 3339 timestamp header (nanoseconds and an offset need 35)."""
+
+
+class PublicUrl(Source):
+    """A source that signs its URL takes ``url``, the public URL configured at the
+    provider, for a request whose URL a proxy changed (``None``: the request's own)."""
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        secrets: Iterable[Secret | str] | Secret | str = (),
+        **options: Any,
+    ) -> None:
+        super().__init__(secrets=secrets, **options)
+        self.url = check_url(url, self.provider)
 
 
 def scale_timestamp(value: int, unit: str) -> float:

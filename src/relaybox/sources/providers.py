@@ -13,16 +13,7 @@ handshake does something a scheme cannot say keeps a module of its own
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from relaybox.sources.scheme import (
-    Entries,
-    Hmac,
-    Preset,
-    Scheme,
-    SchemeSource,
-    publish,
-)
+from relaybox.sources.scheme import Entries, Hmac, Preset, Scheme, publish_all
 
 __all__ = [
     "PRESETS",
@@ -545,9 +536,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
 )
 
-PUBLISHED: dict[str, tuple[type[SchemeSource], Callable[..., SchemeSource]]] = {
-    preset.provider: publish(preset, __name__) for preset in PRESETS
-}
+PUBLISHED = publish_all(PRESETS, __name__)
 """Each provider's class and factory, by provider name."""
 
 BitbucketSource, bitbucket = PUBLISHED["bitbucket"]

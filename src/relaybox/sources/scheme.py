@@ -54,7 +54,7 @@ from relaybox.sources.base import (
 from relaybox.sources.kit import (
     DEFAULT_URL,
     TIMESTAMP_UNITS,
-    check_url,
+    PublicUrl,
     scale_timestamp,
     signed_url,
     timestamp_seconds,
@@ -85,6 +85,7 @@ __all__ = [
     "UrlSchemeSource",
     "factory",
     "publish",
+    "publish_all",
 ]
 
 DIGESTS: dict[str, Callable[..., Any]] = {
@@ -488,22 +489,12 @@ class SchemeSource(Source):
         return json_document(scheme.example(event))
 
 
-class UrlSchemeSource(SchemeSource):
+class UrlSchemeSource(PublicUrl, SchemeSource):
     """A scheme that signs the URL: ``url`` is the public URL configured at the
     provider, for a request whose URL a proxy changed (else the request's own)."""
 
     append_query: ClassVar[bool] = True
     """Whether the request's query string is appended to the configured ``url``."""
-
-    def __init__(
-        self,
-        *,
-        url: str | None = None,
-        secrets: Iterable[Secret | str] | Secret | str = (),
-        **options: Any,
-    ) -> None:
-        super().__init__(secrets=secrets, **options)
-        self.url = check_url(url, self.provider)
 
     def signed_urls(self, headers: Headers) -> tuple[str, ...]:
         if self.url is not None and not self.append_query:
@@ -580,3 +571,10 @@ def publish(preset: Preset, module: str) -> tuple[type[SchemeSource], Callable[.
         namespace["append_query"] = preset.url == "with query"
     cls = type(preset.name, (base,), namespace)
     return cls, factory(cls, preset.factory_doc)
+
+
+def publish_all(
+    presets: Iterable[Preset], module: str
+) -> dict[str, tuple[type[SchemeSource], Callable[..., SchemeSource]]]:
+    """Each preset's class and factory (:func:`publish`), by provider name."""
+    return {preset.provider: publish(preset, module) for preset in presets}

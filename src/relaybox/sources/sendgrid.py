@@ -19,9 +19,8 @@ key). The type is the events' ``event`` when they share one, else ``batch``.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
@@ -34,7 +33,7 @@ from relaybox.sources.base import (
     Identity,
     Secret,
 )
-from relaybox.sources.kit import PRIVATE_PREFIX, text
+from relaybox.sources.kit import PRIVATE_PREFIX, batch_identity, event_keys, text
 from relaybox.sources.publickey import TimestampKeySource
 
 __all__ = ["SendGridSource", "sendgrid"]
@@ -92,22 +91,8 @@ class SendGridSource(TimestampKeySource[ec.EllipticCurvePublicKey, ec.EllipticCu
     def identify(self, headers: Headers, payload: Any) -> Identity:
         if not isinstance(payload, list) or not payload:
             raise MalformedPayload("SendGrid payload must be a non-empty JSON array of events")
-        ids: list[str] = []
-        types: set[str] = set()
-        for event in payload:
-            event_id = text(event.get("sg_event_id")) if isinstance(event, Mapping) else None
-            if event_id is None:
-                raise MalformedPayload('a SendGrid event has no "sg_event_id"')
-            ids.append(event_id)
-            types.add(text(event.get("event")) or "")
-        event_type = types.pop() if len(types) == 1 else "batch"
-        if len(ids) == 1:
-            return Identity(event_id=ids[0], event_type=event_type or "batch")
-        joined = ",".join(sorted(ids)).encode()
-        return Identity(
-            event_id="batch:" + hashlib.sha256(joined).hexdigest(),
-            event_type=event_type or "batch",
-        )
+        ids = event_keys(payload, "sg_event_id", "SendGrid")
+        return batch_identity(ids, (text(event.get("event")) or "" for event in payload))
 
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
         events = [

@@ -36,13 +36,13 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from relaybox.errors import BadSignature, MalformedPayload
-from relaybox.sources.base import Headers, Identity, Secret, Signing, Source, Verified, shared_key
+from relaybox.sources.base import Headers, Identity, Secret, Signing, Verified, shared_key
 from relaybox.sources.bodies import content_type, decode_form
 from relaybox.sources.hooks import Answer
 from relaybox.sources.kit import (
     DEFAULT_URL,
+    PublicUrl,
     b64,
-    check_url,
     derived_id,
     digest,
     require_header,
@@ -92,22 +92,12 @@ def _is_json(headers: Headers) -> bool:
     return content_type(headers)[0] == "application/json"
 
 
-class TwilioSource(Source):
+class TwilioSource(PublicUrl):
     """Twilio webhooks (Messaging, Voice, status callbacks)."""
 
     provider = "twilio"
     signs_url = True
     content_type: ClassVar[str] = "application/x-www-form-urlencoded"
-
-    def __init__(
-        self,
-        *,
-        url: str | None = None,
-        secrets: Iterable[Secret | str] | Secret | str = (),
-        **options: Any,
-    ) -> None:
-        super().__init__(secrets=secrets, **options)
-        self.url = check_url(url, "twilio")
 
     def decode(self, headers: Headers, body: bytes) -> Any:
         if _is_json(headers):

@@ -6,9 +6,7 @@ each, published as in :mod:`relaybox.sources.providers`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from relaybox.sources.scheme import BasicAuth, Preset, Scheme, SchemeSource, Token, publish
+from relaybox.sources.scheme import BasicAuth, Preset, Scheme, Token, publish_all
 
 __all__ = [
     "PRESETS",
@@ -107,9 +105,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
 )
 
-PUBLISHED: dict[str, tuple[type[SchemeSource], Callable[..., SchemeSource]]] = {
-    preset.provider: publish(preset, __name__) for preset in PRESETS
-}
+PUBLISHED = publish_all(PRESETS, __name__)
 """Each provider's class and factory, by provider name."""
 
 ChargebeeSource, chargebee = PUBLISHED["chargebee"]

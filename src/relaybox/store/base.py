@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
 from typing import Any, ClassVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from relaybox.store import keys
+from relaybox.store import keys, partitions
 from relaybox.store.credentials import CredentialsStore
 from relaybox.store.dispatch import DispatchStore
 from relaybox.store.erasure import ErasureStore
@@ -191,6 +191,30 @@ class Store(
 
     def _sql_insert_migration(self) -> str:
         raise NotImplementedError
+
+    # -- time partitions (PostgreSQL; relaybox.store.partitions) -------------------
+
+    async def partitions_tables(self) -> set[str]:
+        """The history tables partitioned by time (none on SQLite)."""
+        return set()
+
+    async def partitions_convert(
+        self, period: str, *, before_switch: Callable[[str, str], Any] | None = None
+    ) -> list[str]:
+        """Partition the history tables by ``period`` (``day``, ``week``): PostgreSQL
+        only (:func:`relaybox.store.partitions.convert`)."""
+        raise NotImplementedError("time partitions need PostgreSQL")
+
+    async def partitions_maintain(
+        self,
+        period: str,
+        *,
+        ahead: int = 3,
+        drop: partitions.Drop | None = None,
+        before_drop: Callable[[str, str], Any] | None = None,
+    ) -> partitions.MaintainResult:
+        """Partitions made ahead and old ones dropped (PostgreSQL; nothing here)."""
+        return partitions.MaintainResult()
 
     # -- accept -----------------------------------------------------------------
 

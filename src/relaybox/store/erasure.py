@@ -20,7 +20,8 @@ __all__ = ["ERASED_KINDS", "Erasure", "ErasureScope", "ErasureStore"]
 
 ErasureScope = Literal["subject", "tenant"]
 """What an erasure names: a subject (its digest, through ``relaybox_subjects``) or a
-tenant (every message published to it and their deliveries)."""
+tenant (the events received for it, their quarantine entries and what their handlers
+added to the outbox; every message published to it and their deliveries)."""
 
 ERASED_KINDS = ("inbox", "quarantine", "outbox", "attempts", "messages", "inbox_attempts")
 """The kinds of rows an erasure empties, as its counts name them: inbox events,
@@ -159,33 +160,24 @@ class ErasureStore:
         that are not pending, and add them to its counts, in one transaction; the
         rows emptied by kind (all zero: nothing left that can be erased now)."""
         key = erasure.key
-        by_subject = erasure.scope == "subject"
+        scope = erasure.scope
         async with self.transaction() as conn, self._erasing(conn):
-            inbox: list[Any] = []
-            quarantine: list[Any] = []
+            inbox = await self.rows(conn, f"erase_inbox_{scope}", (key, now, limit))
+            quarantine = await self.rows(conn, f"erase_quarantine_{scope}", (key, now, limit))
             handled: list[Any] = []
-            if by_subject:
-                inbox = await self.rows(conn, "erase_inbox_subject", (key, now, limit))
-                quarantine = await self.rows(conn, "erase_quarantine_subject", (key, now, limit))
-                if inbox:
-                    ids = self._ids([int(r[0]) for r in inbox])
-                    handled = await self.rows(conn, "erase_inbox_attempts", (ids,))
-            outbox = await self.rows(
-                conn,
-                "erase_outbox_subject" if by_subject else "erase_outbox_tenant",
-                (key, now, limit),
-            )
-            if by_subject:
+            outbox = await self.rows(conn, f"erase_outbox_{scope}", (key, now, limit))
+            if inbox:
+                ids = self._ids([int(r[0]) for r in inbox])
+                handled = await self.rows(conn, "erase_inbox_attempts", (ids,))
+                if scope == "tenant":  # what its handlers added, found by the rows
+                    outbox += await self.rows(conn, "erase_handler_outbox_ids", (ids, now))
+            if scope == "subject":  # found by the subject's index, whenever added
                 outbox += await self.rows(conn, "erase_handler_outbox_subject", (key, now, limit))
             attempts: list[Any] = []
             if outbox:
                 ids = self._ids([int(r[0]) for r in outbox])
                 attempts = await self.rows(conn, "erase_attempts", (ids,))
-            messages = await self.rows(
-                conn,
-                "erase_messages_subject" if by_subject else "erase_messages_tenant",
-                (key, now, limit),
-            )
+            messages = await self.rows(conn, f"erase_messages_{scope}", (key, now, limit))
             counts = {
                 "inbox": len(inbox),
                 "quarantine": len(quarantine),

@@ -16,7 +16,7 @@ import re
 import time
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import asyncpg
@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from relaybox.log import short_error
-from relaybox.store import keys
+from relaybox.store import keys, partitions
 from relaybox.store._drivers import FoldedTransaction as _FoldedTransaction
 from relaybox.store._drivers import adapted as _adapted
 from relaybox.store._drivers import (
@@ -773,6 +773,43 @@ class PostgresStore(Store):
 
     async def _operation_keys_copy(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
         await self.rows(conn, "operation_keys_insert", keys.operation_key_columns(page))
+
+    # -- time partitions ------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _ddl_connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection of its own for DDL (its session settings and advisory lock die
+        with it), outside every pool."""
+        conn = await asyncpg.connect(dsn(self.url), timeout=10)
+        try:
+            yield conn
+        finally:
+            await conn.close()
+
+    async def partitions_tables(self) -> set[str]:
+        async with self._ddl_connection() as conn:
+            return await partitions.partitioned(conn, self.q)
+
+    async def partitions_convert(
+        self, period: str, *, before_switch: Callable[[str, str], Any] | None = None
+    ) -> list[str]:
+        while not (await self.keys_backfill("event", limit=10_000)).finished:
+            pass  # the inbox's UNIQUE event key goes: every old row's key first
+        async with self._ddl_connection() as conn:
+            return await partitions.convert(conn, self.q, period, before_switch=before_switch)
+
+    async def partitions_maintain(
+        self,
+        period: str,
+        *,
+        ahead: int = 3,
+        drop: partitions.Drop | None = None,
+        before_drop: Callable[[str, str], Any] | None = None,
+    ) -> partitions.MaintainResult:
+        async with self._ddl_connection() as conn:
+            return await partitions.maintain(
+                conn, self.q, period, ahead=ahead, drop=drop, before_drop=before_drop
+            )
 
     # -- history --------------------------------------------------------------------------
 

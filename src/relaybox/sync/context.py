@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
@@ -24,17 +24,29 @@ from sqlalchemy.orm import Session
 
 from relaybox.inbound import projections
 from relaybox.inbound.worker.context import Handling, _add_row
-from relaybox.store import InboxEvent, OutboxRow
 
 if TYPE_CHECKING:
-    from relaybox.runtime import InboundRuntime
+    from relaybox.runtime import Runtime
 
-__all__ = ["SyncContext", "SyncOutbox", "SyncTransaction"]
+__all__ = ["StoreTransactions", "SyncContext", "SyncOutbox", "SyncTransaction"]
 
 SyncTransaction = Callable[[], AbstractContextManager[Connection]]
 """A provider of synchronous transactions (``box.sync_transaction``): called with no
 argument, it returns a context manager that yields a ``Connection`` in an open
 transaction, committed when the block ends and rolled back when it raises."""
+
+
+class StoreTransactions:
+    """The default provider of synchronous transactions (``box.sync_transaction``): a
+    transaction on the sync engine of ``box``'s store (:attr:`Store.sync`), made on
+    first use from the database URL (psycopg 3 on PostgreSQL, sqlite3 on SQLite). The
+    store is read at each call: a box closed and opened again has a new one."""
+
+    def __init__(self, box: Runtime) -> None:
+        self.box = box
+
+    def __call__(self) -> AbstractContextManager[Connection]:
+        return self.box.store.sync.transaction()
 
 
 class SyncOutbox:
@@ -54,16 +66,11 @@ class SyncContext(Handling):
     """What a plain ``def`` handler gets: the event and the synchronous transaction it
     runs in (``conn``; ``session`` for the ORM)."""
 
-    box: InboundRuntime
     conn: Connection
-    event: InboxEvent
-    business_keys: list[str] = field(default_factory=list)
-    outbox_keys: list[str] = field(default_factory=list)
-    outbox_rows: list[OutboxRow] = field(default_factory=list)  # written before COMMIT
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.outbox = SyncOutbox(self)
-        self._start()
 
     @property
     def session(self) -> Session:

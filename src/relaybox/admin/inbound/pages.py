@@ -6,6 +6,8 @@ Each reads and acts through :mod:`relaybox.ops.inbound`, as the admin API's
 from __future__ import annotations
 
 import difflib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from markupsafe import Markup
 from starlette.requests import Request
@@ -28,26 +30,42 @@ from relaybox.ops import inbound as ops
 from relaybox.ops import inbound_models as m
 from relaybox.timespec import TIME_FORMS
 
+if TYPE_CHECKING:
+    from relaybox.runtime import Runtime
+
 __all__ = ["DEAD_PAGES", "INBOX_PAGES", "QUARANTINE_PAGES"]
+
+F = TypeVar("F", m.InboxFilter, m.DeadFilter)
 
 
 # -- inbox ----------------------------------------------------------------------
 
 
-@page
-async def inbox(request: Request) -> Response:
-    f = filters_of(request, m.InboxFilter)
-    result = await ops.inbox_list(box_of(request), f)
-    return await render(
-        request,
-        "inbox.html",
-        active="inbox",
-        f=f,
-        q=request.query_params,
-        time_forms=TIME_FORMS,
-        page=result,
-        next_url=next_url(request, result.next_cursor),
-    )
+def _event_list(
+    name: str, filters: type[F], read: Callable[[Runtime, F], Awaitable[m.EventPage]]
+) -> Callable[[Request], Awaitable[Response]]:
+    """The page ``name`` (``name.html``): events through the filters, a page at a time
+    (``read`` is the use case that lists them)."""
+
+    async def listing(request: Request) -> Response:
+        f = filters_of(request, filters)
+        result = await read(box_of(request), f)
+        return await render(
+            request,
+            f"{name}.html",
+            active=name,
+            f=f,
+            q=request.query_params,
+            time_forms=TIME_FORMS,
+            page=result,
+            next_url=next_url(request, result.next_cursor),
+        )
+
+    listing.__name__ = name
+    return page(listing)
+
+
+inbox = _event_list("inbox", m.InboxFilter, ops.inbox_list)
 
 
 @page
@@ -68,20 +86,7 @@ async def event_replay(request: Request, form: dict[str, str]) -> Notice:
 # -- dead letters ---------------------------------------------------------------
 
 
-@page
-async def dead(request: Request) -> Response:
-    f = filters_of(request, m.DeadFilter)
-    result = await ops.dead_list(box_of(request), f)
-    return await render(
-        request,
-        "dead.html",
-        active="dead",
-        f=f,
-        q=request.query_params,
-        time_forms=TIME_FORMS,
-        page=result,
-        next_url=next_url(request, result.next_cursor),
-    )
+dead = _event_list("dead", m.DeadFilter, ops.dead_list)
 
 
 @action

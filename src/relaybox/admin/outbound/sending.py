@@ -15,13 +15,14 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jinja2 import FileSystemLoader
 from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from relaybox.admin import html
+from relaybox.browser import page_environment
 from relaybox.errors import InvalidRequest, InvalidTimeSpec, NotFound
 from relaybox.ops.delivery_log import LogFilter, delivery_log, message_view
 from relaybox.outbound import endpoints
@@ -35,18 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PAGES", "attempts_html", "chart_svg"]
 
-_SHARED = Environment(
-    loader=FileSystemLoader(str(resources.files("relaybox").joinpath("portal/templates"))),
-    autoescape=select_autoescape(["html"]),
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-
-
-def _ts(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+_PORTAL_TEMPLATES = resources.files("relaybox").joinpath("portal/templates")
+_SHARED = page_environment(FileSystemLoader(str(_PORTAL_TEMPLATES)))
 
 
 def _pretty(value: Any) -> str:
@@ -56,7 +47,6 @@ def _pretty(value: Any) -> str:
         return str(value)
 
 
-_SHARED.filters["ts"] = _ts
 _SHARED.filters["pretty"] = _pretty
 
 # The dashboard shows notices by code from its table; these are the sending views'.

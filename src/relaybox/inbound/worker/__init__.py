@@ -32,11 +32,16 @@ No remote call happens inside a transaction: handlers record outgoing actions in
 outbox.
 
 The modules: :mod:`~relaybox.inbound.worker.context` (the handler API),
-:mod:`~relaybox.inbound.worker.loop` (claims, hold renewal, chains, suspects),
-:mod:`~relaybox.inbound.worker.transactions` (one event, groups, SQLite's batch),
-:mod:`~relaybox.inbound.worker.outcomes` (recording what became of an attempt),
-:mod:`~relaybox.inbound.worker.threaded` (plain-def handlers: a thread and a synchronous
-transaction each).
+:mod:`~relaybox.inbound.worker.loop` (:class:`Worker`: the claim loop, chains, suspects,
+the accept's hand-off), and the objects the worker holds, each given what it needs and
+none calling back into it: :mod:`~relaybox.inbound.worker.claims` (claims, hold
+renewal), :mod:`~relaybox.inbound.worker.queue` (claimed events waiting for a chain,
+start marks), :mod:`~relaybox.inbound.worker.handlers` (finding and running an ``async
+def`` handler), :mod:`~relaybox.inbound.worker.transactions` (a chain's transactions:
+one event, groups), :mod:`~relaybox.inbound.worker.batches` (SQLite's batch, inline
+acceptance), :mod:`~relaybox.inbound.worker.threaded` (plain-def handlers: a thread and
+a synchronous transaction each), :mod:`~relaybox.inbound.worker.outcomes` (recording
+what became of an attempt).
 """
 
 from relaybox.inbound.worker.context import _UNKNOWN_CHANNELS_SAID as _UNKNOWN_CHANNELS_SAID

@@ -115,19 +115,22 @@ def _check_channel(box: Runtime, channel: str) -> None:
         )
 
 
+@dataclass
 class Handling:
     """What every handler's context has, whatever its kind (:class:`Context` for
     ``async def`` handlers, :class:`relaybox.sync.SyncContext` for plain ``def``
     ones): the event, its payload, the declared business key, the outbox rows and
-    business keys recorded. No I/O here."""
+    business keys recorded. No I/O here. Each kind narrows ``conn`` to its
+    connection's type and adds its ``outbox``."""
 
     box: InboundRuntime
+    conn: Any
     event: InboxEvent
-    business_keys: list[str]
-    outbox_keys: list[str]
-    outbox_rows: list[OutboxRow]  # written before COMMIT
+    business_keys: list[str] = field(default_factory=list)
+    outbox_keys: list[str] = field(default_factory=list)
+    outbox_rows: list[OutboxRow] = field(default_factory=list)  # written before COMMIT
 
-    def _start(self) -> None:
+    def __post_init__(self) -> None:
         self._payload: Any = None
         # The handler's declared business key (Relaybox.handler), its fingerprint, the
         # error its function raised, and whether the group's BEGIN inserted it and no
@@ -138,7 +141,7 @@ class Handling:
         self._claimed = False
         self._session: Any = None
         # The handler's span (relaybox.process) as a traceparent, when traced: the
-        # outcome's span (Recorder._record) is its child.
+        # outcome's span (OutcomeRecorder.record) is its child.
         self._trace: str | None = None
 
     def _declare(self, registration: Registration) -> None:
@@ -217,16 +220,11 @@ class Handling:
 class Context(Handling):
     """What a handler gets: the event and the transaction it runs in."""
 
-    box: InboundRuntime
     conn: AsyncConnection
-    event: InboxEvent
-    business_keys: list[str] = field(default_factory=list)
-    outbox_keys: list[str] = field(default_factory=list)
-    outbox_rows: list[OutboxRow] = field(default_factory=list)  # written before COMMIT
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.outbox = Outbox(self)
-        self._start()
 
     @property
     def session(self) -> AsyncSession:

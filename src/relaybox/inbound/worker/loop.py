@@ -1,8 +1,16 @@
-"""The claim loop: :class:`Worker` claims due rows (``run``, ``run_once``), renews
-their hold while they run, and hands them to chains (PostgreSQL: groups or one event
+"""The claim loop: :class:`Worker` claims due rows (``run``, ``run_once``) with its
+:class:`~relaybox.inbound.worker.claims.Claimer`, which renews their hold while they
+run, and hands them to chains (PostgreSQL: groups or one event
 per transaction on a connection each) or to SQLite's batches; suspects run alone. In a
 process that also receives (PostgreSQL), it takes new rows from the accept as well
-(``offer``, ``settle``: :class:`relaybox.inbound.accept.Handoff`)."""
+(``offer``, ``settle``: :class:`relaybox.inbound.accept.Handoff`).
+
+The worker is built from the objects it holds, each given what it needs, none calling
+back into it: the claimer, the queue of claimed events (:mod:`~.queue`), the handler
+lookup and runner (:mod:`~.handlers`), the threaded runner for plain defs
+(:mod:`~.threaded`), the outcome recorder (:mod:`~.outcomes`), and the transaction
+runners that use them (:mod:`~.transactions` for chains, :mod:`~.batches` for
+SQLite's batches)."""
 
 from __future__ import annotations
 
@@ -11,16 +19,19 @@ import contextlib
 import os
 import random
 import socket
-from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from relaybox import tracing
-from relaybox.inbound.worker.context import Registration
-from relaybox.inbound.worker.outcomes import dead_event
-from relaybox.inbound.worker.transactions import Runners, _Batch, _Job
+from relaybox.inbound.worker.batches import BatchRunner
+from relaybox.inbound.worker.claims import Claimer
+from relaybox.inbound.worker.handlers import HandlerLookup, HandlerRunner
+from relaybox.inbound.worker.outcomes import OutcomeRecorder, _Outcome, _Plan
+from relaybox.inbound.worker.queue import ReadyQueue, StartMarks, _Batch, _Job
+from relaybox.inbound.worker.threaded import ThreadedRunner
+from relaybox.inbound.worker.transactions import ChainRunner
 from relaybox.log import short_error
 from relaybox.retry import Backoff
 from relaybox.store import AcceptOutcome, Claim, InboxEvent, NewDelivery
@@ -37,45 +48,7 @@ _PG_GROUP = 16
 """Events per transaction on PostgreSQL by default (``worker.group``)."""
 
 
-class _StartMarks:
-    """Start marks of events that start together, in one statement: whoever asks
-    while a mark is in flight goes in the next one (group commit)."""
-
-    def __init__(self, box: WorkerRuntime) -> None:
-        self.box = box
-        self._waiting: list[tuple[int, asyncio.Future[int | None]]] = []
-        self._flusher: asyncio.Task[None] | None = None
-
-    async def start(self, inbox_id: int) -> int | None:
-        """Count an attempt on ``inbox_id``; its attempt number, or ``None`` when the
-        row is no longer pending."""
-        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((inbox_id, future))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush())
-        return await future
-
-    async def _flush(self) -> None:
-        try:
-            while self._waiting:
-                batch, self._waiting = self._waiting, []
-                try:
-                    started = await self.box.store.inbox_start(
-                        [i for i, _ in batch], self.box.clock.now()
-                    )
-                except Exception as exc:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                for inbox_id, future in batch:
-                    if not future.done():
-                        future.set_result(started.get(inbox_id))
-        finally:
-            self._flusher = None
-
-
-class Worker(Runners):
+class Worker:
     """Runs handlers for due inbox rows. ``run()`` loops until stopped;
     ``run_once()`` processes one batch (tests drive it with a frozen clock)."""
 
@@ -91,8 +64,10 @@ class Worker(Runners):
     ) -> None:
         s = box.settings.worker
         self.box = box
+        self.store = store = box.store
+        self.clock = clock = box.clock
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        single = box.store.single_writer
+        single = store.single_writer
         # One writer (SQLite): concurrent transactions would only queue.
         self.concurrency = 1 if single else (concurrency or s.concurrency)
         # A claim feeds every chain's groups: run_once waits for its whole batch, so
@@ -102,24 +77,18 @@ class Worker(Runners):
         # WAL flush) for all; a group holds its events' row locks (a shared balance,
         # say) until that COMMIT, so it gives up after 50 ms of waiting for a lock
         # (another group's, or a deadlock) and that event runs in a transaction of its
-        # own (_run_group). SQLite: the whole claim, since its single writer serialises
-        # anyway and one COMMIT (fsync) serves the batch.
+        # own (ChainRunner.run_group). SQLite: the whole claim, since its single writer
+        # serialises anyway and one COMMIT (fsync) serves the batch.
         self.group = group or s.group or (self.batch if single else _PG_GROUP)
         # Chains run groups where the store runs one (PostgreSQL); otherwise a claim's
         # events run in batches of ``group`` (SQLite), or one per transaction.
-        self._grouped = self.group > 1 and box.store.groups
-        # A group runs its handlers without savepoints until one fails (_run_group);
-        # then the next _CAREFUL_GROUPS groups take a savepoint per event.
+        self._grouped = self.group > 1 and store.groups
         self.savepoints = s.savepoints
-        self._careful = 0
         self._slots = asyncio.Semaphore(self.concurrency)
         self._isolation = asyncio.Lock()
-        self._isolating = 0  # suspects waiting to run alone: chains stop taking events
-        self._ready: deque[_Job] = deque()  # claimed events waiting for a chain
         self._reserved = 0  # events a claim in flight counts (see _room)
         self._chains = 0
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._marks = _StartMarks(box)
         self.poll_interval = s.poll_interval
         self.claim_hold = s.claim_hold
         self.handler_timeout = s.handler_timeout
@@ -133,11 +102,56 @@ class Worker(Runners):
         )
         self.rng = rng or random.Random()
         self.hooks = box.hooks
-        self._handlers: dict[tuple[str, str], Registration | None] = {}
-        self._handlers_known = -1  # registrations seen when _handlers was filled
-        self._counters: dict[tuple[str, str], Any] = {}
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
+        # What the worker holds, each given what it needs; none calls back in here.
+        announce = box.inbound.announce
+        self.claimer = Claimer(
+            store,
+            clock,
+            box.metrics,
+            announce,
+            worker=self.name,
+            batch=self.batch,
+            hold=self.claim_hold,
+            max_attempts=self.backoff.max_attempts,
+        )
+        self.queue = ReadyQueue()
+        """Claimed events waiting for a chain (PostgreSQL)."""
+        self._ready = self.queue.jobs
+        self.lookup = HandlerLookup(box.inbound)
+        self.recorder = OutcomeRecorder(
+            store, clock, box.metrics, announce, self.backoff, self.rng, self.name
+        )
+        handlers = HandlerRunner(box, self.lookup, timeout=self.handler_timeout)
+        threaded = ThreadedRunner(box, self.recorder, self.hooks, worker=self.name)
+        self.chains = ChainRunner(
+            store,
+            clock,
+            self.hooks,
+            queue=self.queue,
+            marks=StartMarks(store, clock),
+            lookup=self.lookup,
+            handlers=handlers,
+            threaded=threaded,
+            recorder=self.recorder,
+            group=self.group,
+            grouped=self._grouped,
+            savepoints=self.savepoints,
+            worker=self.name,
+        )
+        """Runs the events chains take (PostgreSQL; one event per transaction anywhere)."""
+        self.batches = BatchRunner(
+            store,
+            clock,
+            self.hooks,
+            lookup=self.lookup,
+            handlers=handlers,
+            threaded=threaded,
+            recorder=self.recorder,
+            worker=self.name,
+        )
+        """Runs SQLite's claimed batches, and inline acceptance's handlers."""
 
     # -- loop -----------------------------------------------------------------
 
@@ -188,80 +202,45 @@ class Worker(Runners):
     async def _listen(self) -> Listener | None:
         """Wake up on new rows (PostgreSQL LISTEN, SQLite's in-process signal); polling
         finds them anyway."""
-        return await self.box.store.listen("inbox", self._wake)
+        return await self.store.listen("inbox", self._wake)
 
     # -- one batch ------------------------------------------------------------
-
-    async def _announce_dead(self, dead: list[tuple[int, str, str, str, int]]) -> None:
-        """``relaybox.inbox.dead`` for rows a claim dead-lettered (their worker died in
-        their last attempt): the claim is one statement of its own, so the events
-        follow in a transaction of their own."""
-        async with self.box.store.transaction() as conn:
-            for inbox_id, source, account, event_id, attempts in dead:
-                data = dead_event(inbox_id, (source, account, event_id), None, None)
-                data.update(
-                    reason="exhausted",
-                    attempts=attempts,
-                    error="the worker died during its last attempt",
-                )
-                await self.box.inbound.announce(conn, "relaybox.inbox.dead", data)
 
     async def run_once(self) -> int:
         """Claim and process one batch; return how many rows were claimed. Nothing
         while this host's clock is past ``clock_max_skew`` (:class:`ClockGuard`)."""
-        store = self.box.store
         if not await self.box.clock_guard.check():
             return 0
-        now = self.box.clock.now()
+        now = self.clock.now()
         # Rows that free chains start at once have their attempts counted by the claim
         # itself: their start mark's round trip saved. Reserved while the claim is in
         # flight, so that the other claimer does not count for the same chains.
         start = self._room()
         self._reserved += start
-        began = tracing.now_ns() if tracing.enabled() else 0
         try:
-            claim = await store.inbox_claim(
-                now=now,
-                limit=self.batch,
-                max_attempts=self.backoff.max_attempts,
-                hold=self.claim_hold,
-                start=start,
-            )
+            claim = await self.claimer.claim(now, start=start)
         finally:
             self._reserved -= start
-        if began and claim.events:  # a span only for a claim that took rows
-            tracing.record(
-                "relaybox.claim",
-                began,
-                {"relaybox.claimed": len(claim.events), "relaybox.worker": self.name},
-                (e.traceparent for e in claim.events.values()),
-            )
-        for inbox_id, source, account, event_id, attempts in claim.exhausted:
-            self.box.metrics.processed.labels(source, "dead_exhausted").inc()
-            log.error(
-                "event_dead",
-                reason="exhausted",
-                inbox_id=inbox_id,
-                event_key=[source, account, event_id],
-                attempts=attempts,
-                error="the worker died during its last attempt",
-            )
-        if claim.exhausted:
-            try:
-                await self._announce_dead(claim.exhausted)
-            except Exception as exc:
-                log.error("operational_event_failed", event="inbox.dead", error=short_error(exc))
+        await self.claimer.report_exhausted(claim)
         if not claim.ids and not claim.suspects:
             return len(claim.exhausted)
         # One writer's batch needs no renewal: no other claimer passes it.
         held = (
             contextlib.nullcontext()
-            if store.single_writer
-            else self._holding([*claim.ids, *claim.suspects], now + self.claim_hold)
+            if self.store.single_writer
+            else self.claimer.holding([*claim.ids, *claim.suspects], now + self.claim_hold)
         )
         async with held:
             await self._run_claim(claim)
         return len(claim.ids) + len(claim.suspects) + len(claim.exhausted)
+
+    async def process(
+        self, conn: AsyncConnection, event: InboxEvent, reports: list[_Plan] | None = None
+    ) -> _Outcome:
+        """Run the handler for one locked event inside a savepoint and record its
+        outcome in ``conn``'s transaction (inline acceptance;
+        :meth:`BatchRunner.process`)."""
+        return await self.batches.process(conn, event, reports)
 
     # -- rows from the accept (a receiver in this process) ---------------------------
 
@@ -273,12 +252,12 @@ class Worker(Runners):
         before it. Nothing while the worker stops, a suspect runs alone, or this host's
         clock is refused (:class:`ClockGuard`); nothing on a store without
         ``starts_at_accept`` (SQLite: its worker runs claimed batches)."""
-        if not self.box.store.starts_at_accept or self._stopping.is_set():
+        if not self.store.starts_at_accept or self._stopping.is_set():
             return 0
         room = self._offer_room()
         if room <= 0 or self.box.clock_guard.refusing:
             return 0
-        until = self.box.clock.now() + self.claim_hold
+        until = self.clock.now() + self.claim_hold
         taken = 0
         for d in batch:
             if taken == room:
@@ -314,7 +293,7 @@ class Worker(Runners):
         for event in events:
             job = self._job(event, run)
             job.attempt = 1
-            self._ready.append(job)
+            self.queue.append(job)
         self._spawn_chains()
         self._spawn(self._hold_taken([e.id for e in events], until, run))
 
@@ -322,22 +301,10 @@ class Worker(Runners):
         """Hold rows taken from the accept until they have run, as :meth:`run_once`
         does a claim's, and log a failure of theirs as a claim's."""
         try:
-            async with self._holding(ids, until):
+            async with self.claimer.holding(ids, until):
                 await run.wait()
         except Exception as exc:  # the database went away: the rows come back
             log.warning("worker_batch_failed", worker=self.name, error=short_error(exc))
-
-    @contextlib.asynccontextmanager
-    async def _holding(self, ids: list[int], until: float) -> AsyncIterator[None]:
-        """Renew the hold of ``ids`` (``until`` written) while the block runs
-        (:meth:`_keep_hold`)."""
-        stop = asyncio.Event()
-        keeper = asyncio.create_task(self._keep_hold(ids, until, stop))
-        try:
-            yield
-        finally:
-            stop.set()
-            await asyncio.gather(keeper, return_exceptions=True)
 
     def _offer_room(self) -> int:
         """How many rows of an accept batch this worker takes: up to one group per
@@ -347,38 +314,18 @@ class Worker(Runners):
         at once (:meth:`_room`) started chains with groups of one or two rows: p50
         10.4 and 9.3 ms at 1,200/s, against 9.0 and 7.0 taking nothing and 4.8 and
         5.9 ms this way (bench/README.md)."""
-        if not self._grouped or self._isolating:
+        if not self._grouped or self.queue.isolating:
             return 0
-        return max(0, self.concurrency * self.group - len(self._ready) - self._reserved)
+        return max(0, self.concurrency * self.group - len(self.queue) - self._reserved)
 
     def _room(self) -> int:
         """How many claimed events would start at once (PostgreSQL groups): the groups
         free chains would run, less the events waiting for a chain and those counted
         by a claim in flight."""
-        if not self._grouped or self._isolating:
+        if not self._grouped or self.queue.isolating:
             return 0
         free = (self.concurrency - self._chains) * self.group
-        return max(0, free - len(self._ready) - self._reserved)
-
-    async def _keep_hold(self, ids: list[int], until: float, stop: asyncio.Event) -> None:
-        """While the claim runs, renew its rows' hold every third of ``claim_hold``
-        (``inbox_keep_hold``): a row that waits its turn, or waits for a lock, longer
-        than the hold does not come back to other workers as if this one had died (nor,
-        its budget counted, go to dead letters as ``exhausted``). This process dying
-        stops the renewals: its rows come back a hold later, as before."""
-        held = [until]
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.claim_hold / 3)
-            if stop.is_set():
-                return
-            until = self.box.clock.now() + self.claim_hold
-            try:
-                await self.box.store.inbox_keep_hold(ids, held, until)
-            except Exception as exc:  # the database went away: the rows come back
-                log.warning("worker_hold_failed", worker=self.name, error=short_error(exc))
-                continue
-            held.append(until)
+        return max(0, free - len(self.queue) - self._reserved)
 
     async def _run_claim(self, claim: Claim) -> None:
         if self.group == 1 or self._grouped:
@@ -388,7 +335,7 @@ class Worker(Runners):
                 job = self._job(claim.events[i], batch)
                 if i in started:
                     job.attempt = claim.events[i].attempts
-                self._ready.append(job)
+                self.queue.append(job)
             self._spawn_chains()
             for inbox_id in claim.suspects:
                 self._spawn(self._run_suspect(self._job(claim.events[inbox_id], batch)))
@@ -407,7 +354,7 @@ class Worker(Runners):
     def _job(self, event: InboxEvent, batch: _Batch) -> _Job:
         """A claimed event for the chains. A plain-def handler's event runs in a
         synchronous transaction of its own, never in a group."""
-        return _Job(event, batch, alone=self._threaded(event) is not None)
+        return _Job(event, batch, alone=self.lookup.threaded(event) is not None)
 
     async def drain(self) -> None:
         """Wait (30 s at most) for chains still running: :meth:`run_once` returns once
@@ -425,7 +372,7 @@ class Worker(Runners):
     # -- chains: groups or one event per transaction (PostgreSQL) ---------------------
 
     def _spawn_chains(self) -> None:
-        while self._ready and self._chains < self.concurrency and not self._isolating:
+        while self.queue.jobs and self._chains < self.concurrency and not self.queue.isolating:
             self._chains += 1
             self._spawn(self._chain())
 
@@ -436,42 +383,37 @@ class Worker(Runners):
         and no event is charged while it waits for its turn."""
         try:
             async with self._slots:
-                await self._run_chain(self._take())
+                await self._run_chain(self.queue.take())
         finally:
             self._chains -= 1
             self._spawn_chains()
 
-    def _in_group(self, job: _Job) -> bool:
-        """Whether ``job`` runs in a group (PostgreSQL), whose start counts the
-        attempts of all its fresh events in one statement (:meth:`_start_group`)."""
-        return self._grouped and not job.alone and self._threaded(job.event) is None
-
     async def _run_chain(self, job: _Job | None) -> None:
         while job is not None:
-            if job.attempt is None and not self._in_group(job):
+            if job.attempt is None and not self.chains.in_group(job):
                 # Counted with no connection held (SQLite's pool has one connection);
                 # chains starting together share one statement.
                 try:
-                    job.attempt = await self._marks.start(job.event.id)
+                    job.attempt = await self.chains.marks.start(job.event.id)
                 except Exception as exc:
                     job.batch.finish(exc)
                     return
                 if job.attempt is None:  # no longer pending: completed by a late worker
                     job.batch.finish()
-                    job = self._take()
+                    job = self.queue.take()
                     continue
-            threaded = self._threaded(job.event)
+            threaded = self.lookup.threaded(job.event)
             if threaded is not None:  # its own sync transaction: no async connection held
                 assert job.attempt is not None
-                job = await self._run_threaded_job(job, job.attempt, threaded)
+                job = await self.chains.run_threaded(job, job.attempt, threaded)
                 continue
             try:
-                async with self.box.store.connection() as conn:
+                async with self.store.connection() as conn:
                     while job is not None:
-                        if self._in_group(job):
-                            job = await self._run_group(conn, job)
-                        elif job.attempt is not None and self._threaded(job.event) is None:
-                            job = await self._run_job(conn, job)
+                        if self.chains.in_group(job):
+                            job = await self.chains.run_group(conn, job)
+                        elif job.attempt is not None and self.lookup.threaded(job.event) is None:
+                            job = await self.chains.run_job(conn, job)
                         else:
                             break
             except Exception as exc:  # no connection: the row comes back after the hold
@@ -483,7 +425,7 @@ class Worker(Runners):
         """A row whose last attempt never finished may be what killed its worker: run
         it with nothing else in flight in this process, so that if it kills this one
         too, only its own attempt is charged."""
-        self._isolating += 1
+        self.queue.isolating += 1
         try:
             async with self._isolation:
                 for _ in range(self.concurrency):
@@ -496,13 +438,13 @@ class Worker(Runners):
         except Exception as exc:
             job.batch.finish(exc)
         finally:
-            self._isolating -= 1
+            self.queue.isolating -= 1
             self._spawn_chains()
 
     async def _process_group(self, ids: list[int], events: dict[int, InboxEvent]) -> None:
         """At most ``concurrency`` of these run at once."""
         async with self._slots:
-            await self._start_and_process(ids, events)
+            await self.batches.start_and_process(ids, events)
 
     async def _process_suspect(self, inbox_id: int, events: dict[int, InboxEvent]) -> None:
         """A suspect runs alone (see :meth:`_run_suspect`)."""
@@ -510,7 +452,7 @@ class Worker(Runners):
             for _ in range(self.concurrency):
                 await self._slots.acquire()
             try:
-                await self._start_and_process([inbox_id], events)
+                await self.batches.start_and_process([inbox_id], events)
             finally:
                 for _ in range(self.concurrency):
                     self._slots.release()

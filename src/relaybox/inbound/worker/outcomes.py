@@ -1,7 +1,7 @@
 """Outcome recording: what became of an event's attempt (its kind), written in the
-attempt's transaction (:meth:`Recorder._record`: reschedule with backoff, dead letters,
-the attempts history), and its log line and metric once that transaction commits
-(:meth:`Recorder._report`)."""
+attempt's transaction (:meth:`OutcomeRecorder.record`: reschedule with backoff, dead
+letters, the attempts history), and its log line and metric once that transaction
+commits (:meth:`OutcomeRecorder.report`)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox import tracing
-from relaybox.inbound.worker.context import Handling, Hooks
+from relaybox.inbound.worker.context import Handling
 from relaybox.retry import Backoff
 from relaybox.store import InboxEvent
 
 if TYPE_CHECKING:
-    from relaybox.runtime import WorkerRuntime
+    from relaybox.clock import Clock
+    from relaybox.metrics import Metrics
+    from relaybox.runtime import Announce
+    from relaybox.store import Store
 
 log = structlog.get_logger("relaybox.worker")
 
@@ -31,16 +35,14 @@ class _Outcome:
     aborted: bool = False  # the transaction was aborted already (maybe by another handler)
 
 
-_Report = tuple[str, str, str | None, dict[str, Any]]
-"""A recorded outcome's log line and metric: source, kind, error, log fields."""
-
-
-@dataclass
+@dataclass(slots=True)
 class _Plan:
     """What recording an attempt's outcome writes: a new time (``retry_at``), dead
-    letters (``dead``: ``kind`` is the reason), an attempts-history row, and the log
-    line and metric once that commits (``report``)."""
+    letters (``dead``: ``kind`` is the reason), an attempts-history row; and, once
+    that commits, its log line (``fields``) and metric (``source``, ``kind``):
+    :meth:`OutcomeRecorder.report`."""
 
+    source: str
     kind: str
     error: str
     raw_error: str | None
@@ -48,7 +50,7 @@ class _Plan:
     started: float
     retry_at: float | None
     history: bool
-    report: _Report
+    fields: dict[str, Any]
 
     @property
     def dead(self) -> bool:
@@ -130,37 +132,53 @@ def _contended(exc: BaseException) -> bool:
     return _sqlstate_in(exc, _CONTENDED)
 
 
-class Recorder:
-    """The worker's outcome recording (a base of :class:`~relaybox.inbound.worker.loop.Worker`)."""
+class OutcomeRecorder:
+    """Records what became of one worker's attempts (``worker``: its name, in the
+    attempts history): the writes in the attempt's transaction (:meth:`record` on an
+    async connection, :meth:`write_sync` on a synchronous one, both from one
+    :meth:`plan`), and the log line and metric once it commits (:meth:`report`). The
+    worker's runners hold it and call it; it calls none of them."""
 
-    box: WorkerRuntime
-    name: str
-    backoff: Backoff
-    rng: random.Random
-    hooks: Hooks
-    _counters: dict[tuple[str, str], Any]
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        metrics: Metrics,
+        announce: Announce,
+        backoff: Backoff,
+        rng: random.Random,
+        worker: str,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.metrics = metrics
+        self.announce = announce
+        """Publishes ``relaybox.inbox.dead`` with the dead letter (the receiving
+        side's announcer, ``box.inbound.announce``)."""
+        self.backoff = backoff
+        self.rng = rng
+        self.worker = worker
+        self._counters: dict[tuple[str, str], Any] = {}
 
     def _count(self, source: str, label: str) -> None:
         counter = self._counters.get((source, label))
         if counter is None:
-            counter = self._counters[(source, label)] = self.box.metrics.processed.labels(
-                source, label
-            )
+            counter = self._counters[(source, label)] = self.metrics.processed.labels(source, label)
         counter.inc()
 
-    async def _record(
+    async def record(
         self,
         conn: AsyncConnection,
         event: InboxEvent,
         ctx: Handling,
         outcome: _Outcome,
         started: float,
-        reports: list[_Report] | None = None,
+        reports: list[_Plan] | None = None,
     ) -> None:
-        """Write the outcome in ``conn``'s transaction. Its log line and metric go to
-        ``reports`` when given, for the caller to emit once the transaction commits
-        (:meth:`_report`); otherwise now."""
-        plan = self._plan(event, ctx, outcome, started)
+        """Write the outcome in ``conn``'s transaction. Its plan goes to ``reports``
+        when given, for the caller to emit once the transaction commits
+        (:meth:`report`); otherwise now."""
+        plan = self.plan(event, ctx, outcome, started)
         if ctx._trace is not None:  # the decision, a child of the handler's span
             with tracing.span("relaybox.outcome", parent=ctx._trace, link=False) as span:
                 span.set_attributes(outcome_attributes(plan))
@@ -168,12 +186,12 @@ class Recorder:
         else:
             await self._write_plan(conn, event, plan)
         if reports is None:
-            self._report([plan.report])
+            self.report([plan])
         else:
-            reports.append(plan.report)
+            reports.append(plan)
 
     async def _write_plan(self, conn: AsyncConnection, event: InboxEvent, plan: _Plan) -> None:
-        store = self.box.store
+        store = self.store
         if plan.retry_at is not None:
             await store.inbox_retry_later(
                 conn, event.id, at=plan.retry_at, error=plan.error, now=plan.now
@@ -183,14 +201,26 @@ class Recorder:
             # relaybox.inbox.dead, with the dead letter (relaybox.outbound.announce)
             data = dead_event(event.id, event.key, event.event_type, event.tenant)
             data.update(reason=plan.kind, attempts=event.attempts, error=plan.raw_error)
-            await self.box.inbound.announce(conn, "relaybox.inbox.dead", data, inbox_id=event.id)
+            await self.announce(conn, "relaybox.inbox.dead", data, inbox_id=event.id)
         if plan.history:
-            await store.attempt_insert(conn, **plan.attempt_row(event, self.name))
+            await store.attempt_insert(conn, **plan.attempt_row(event, self.worker))
 
-    def _plan(self, event: InboxEvent, ctx: Handling, outcome: _Outcome, started: float) -> _Plan:
+    def write_sync(self, conn: Connection, event: InboxEvent, plan: _Plan) -> None:
+        """:meth:`record`'s writes on a synchronous connection (plain-def handlers)."""
+        store = self.store.sync
+        if plan.retry_at is not None:
+            store.inbox_retry_later(
+                conn, event.id, at=plan.retry_at, error=plan.error, now=plan.now
+            )
+        if plan.dead:
+            store.inbox_kill(conn, event.id, reason=plan.kind, error=plan.error, now=plan.now)
+        if plan.history:
+            store.attempt_insert(conn, **plan.attempt_row(event, self.worker))
+
+    def plan(self, event: InboxEvent, ctx: Handling, outcome: _Outcome, started: float) -> _Plan:
         """What recording ``outcome`` writes (the same for every kind of handler and
-        transaction; :meth:`_record` writes it on an async connection)."""
-        now = self.box.clock.now()
+        transaction; :meth:`record` writes it on an async connection)."""
+        now = self.clock.now()
         fields: dict[str, Any] = {
             "inbox_id": event.id,
             "event_key": list(event.key),
@@ -211,6 +241,7 @@ class Recorder:
             else:
                 fields["next_attempt_in"] = round(at - now, 3)
         return _Plan(
+            source=event.source,
             kind=kind,
             error=outcome.error or "",
             raw_error=outcome.error,
@@ -220,20 +251,21 @@ class Recorder:
             # The row itself records a first-try success (done_at, attempts = 1); the
             # attempts table keeps the history of events that needed more than one.
             history=kind != "done" or event.attempts > 1,
-            report=(event.source, kind, outcome.error, fields),
+            fields=fields,
         )
 
-    def _report(self, reports: list[_Report]) -> None:
+    def report(self, reports: list[_Plan]) -> None:
         """Log lines and metrics of recorded outcomes (after their COMMIT)."""
-        for source, kind, error, fields in reports:
+        for plan in reports:
+            kind = plan.kind
             label = "done" if kind == "done" else ("retry" if kind == "retry" else f"dead_{kind}")
-            self._count(source, label)
+            self._count(plan.source, label)
             if kind == "done":
-                log.info("event_done", **fields)
+                log.info("event_done", **plan.fields)
             elif kind == "retry":
-                log.warning("event_retry", error=error, **fields)
+                log.warning("event_retry", error=plan.raw_error, **plan.fields)
             else:
-                log.error("event_dead", reason=kind, error=error, **fields)
+                log.error("event_dead", reason=kind, error=plan.raw_error, **plan.fields)
 
 
 def outcome_attributes(plan: _Plan) -> dict[str, str | float | bool]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from relaybox.config.outbound import UncertainPolicy
 from relaybox.store.dispatch_rows import Outcome as Outcome
@@ -39,7 +39,20 @@ from relaybox.store.outbox_rows import Delivery as Delivery
 if TYPE_CHECKING:
     from relaybox.outbound.registry import Outbound
 
-__all__ = ["Channel"]  # and, defined with the store's records, Delivery, Outcome, Result
+__all__ = [
+    "Channel",
+    "ChannelPolicy",
+]  # and, defined with the store's records, Delivery, Outcome, Result
+
+
+class ChannelPolicy(TypedDict, total=False):
+    """The delivery policy a channel's constructor takes (``**policy``): each value
+    that is not ``None`` overrides the :class:`Channel` attribute of the same name."""
+
+    uncertain: UncertainPolicy | None
+    max_in_flight: int | None
+    rate_limit: float | None
+    schedule: Sequence[float] | None
 
 
 class Channel(abc.ABC):

@@ -43,13 +43,12 @@ import asyncio
 import contextlib
 import importlib
 import json
-from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Unpack
 
-from relaybox.config.outbound import BrokerSettings, UncertainPolicy
+from relaybox.config.outbound import BrokerSettings
 from relaybox.errors import ConfigurationError
-from relaybox.outbound.channels.base import Channel, Result
+from relaybox.outbound.channels.base import Channel, ChannelPolicy, Result
 from relaybox.store.outbox_rows import Delivery
 
 __all__ = [
@@ -93,17 +92,9 @@ class BrokerChannel(Channel):
         url: str,
         connect_timeout: float = 5.0,
         publish_timeout: float = 10.0,
-        uncertain: UncertainPolicy | None = None,
-        max_in_flight: int | None = None,
-        rate_limit: float | None = None,
-        schedule: Sequence[float] | None = None,
+        **policy: Unpack[ChannelPolicy],
     ) -> None:
-        super().__init__(
-            uncertain=uncertain,
-            max_in_flight=max_in_flight,
-            rate_limit=rate_limit,
-            schedule=schedule,
-        )
+        super().__init__(**policy)
         if connect_timeout <= 0 or publish_timeout <= 0:
             raise ValueError("broker timeouts are seconds > 0")
         self._url = url

@@ -20,10 +20,9 @@ import smtplib
 import ssl
 from collections.abc import Callable, Mapping
 from email.message import EmailMessage
-from typing import Any
+from typing import Any, Unpack
 
-from relaybox.config.outbound import UncertainPolicy
-from relaybox.outbound.channels.base import Channel, Result
+from relaybox.outbound.channels.base import Channel, ChannelPolicy, Result
 from relaybox.store.outbox_rows import Delivery
 
 __all__ = ["EmailChannel", "render_message"]
@@ -72,17 +71,9 @@ class EmailChannel(Channel):
         use_ssl: bool = False,
         timeout: float = 15.0,
         render: Renderer = render_message,
-        uncertain: UncertainPolicy | None = None,
-        max_in_flight: int | None = None,
-        rate_limit: float | None = None,
-        schedule: list[float] | None = None,
+        **policy: Unpack[ChannelPolicy],
     ) -> None:
-        super().__init__(
-            uncertain=uncertain,
-            max_in_flight=max_in_flight,
-            rate_limit=rate_limit,
-            schedule=schedule,
-        )
+        super().__init__(**policy)
         self.host, self.port, self.sender = host, port, sender
         self.username, self._password = username, password
         self.starttls, self.use_ssl = starttls, use_ssl

@@ -31,15 +31,14 @@ import socket
 import time
 from collections.abc import Collection, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _quoted  # what json.dumps quotes with
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from relaybox import tracing
-from relaybox.config.outbound import UncertainPolicy
-from relaybox.outbound.channels.base import Channel, Result
+from relaybox.outbound.channels.base import Channel, ChannelPolicy, Result
 from relaybox.outbound.ssrf import Guard, UnsafeDestination, Vetted
 from relaybox.retry import parse_retry_after
 from relaybox.store.outbox_rows import Delivery
@@ -511,17 +510,9 @@ class HttpChannel(HttpBase):
         *,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
-        uncertain: UncertainPolicy | None = None,
-        max_in_flight: int | None = None,
-        rate_limit: float | None = None,
-        schedule: list[float] | None = None,
+        **policy: Unpack[ChannelPolicy],
     ) -> None:
-        super().__init__(
-            uncertain=uncertain,
-            max_in_flight=max_in_flight,
-            rate_limit=rate_limit,
-            schedule=schedule,
-        )
+        super().__init__(**policy)
         self.url = url
         self.headers = dict(headers or {})
         self.timeout = timeout

@@ -17,7 +17,7 @@ WITH u AS MATERIALIZED (
     SELECT DISTINCT ON (u.digest) u.* FROM u ORDER BY u.digest, u.n
 ), f AS MATERIALIZED (
     -- ids in batch order (nextval runs after the sort): as the batch came, by key
-    SELECT d.*, nextval('relaybox_inbox_id_seq') AS id FROM d ORDER BY d.n
+    SELECT d.*, relaybox_inbox_id() AS id FROM d ORDER BY d.n
 ), k AS (
     INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
     SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest, f.kfp FROM f
@@ -265,7 +265,7 @@ WITH u AS MATERIALIZED (
     SELECT DISTINCT ON (u.digest) u.* FROM u ORDER BY u.digest, u.n
 ), f AS MATERIALIZED (
     -- ids in batch order (nextval runs after the sort): as the batch came, by key
-    SELECT d.*, nextval('relaybox_inbox_id_seq') AS id FROM d ORDER BY d.n
+    SELECT d.*, relaybox_inbox_id() AS id FROM d ORDER BY d.n
 ), k AS (
     INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
     SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest, f.kfp FROM f
@@ -316,7 +316,7 @@ WITH u AS MATERIALIZED (
     SELECT DISTINCT ON (u.digest) u.* FROM u ORDER BY u.digest, u.n
 ), f AS MATERIALIZED (
     -- ids in batch order (nextval runs after the sort): as the batch came, by key
-    SELECT d.*, nextval('relaybox_inbox_id_seq') AS id FROM d ORDER BY d.n
+    SELECT d.*, relaybox_inbox_id() AS id FROM d ORDER BY d.n
 ), k AS (
     INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
     SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest, f.kfp FROM f

@@ -1,6 +1,7 @@
 -- Erasing one subject (relaybox.erasure, ErasureStore). Each erase_* statement empties
 -- one batch of a subject's rows (by digest through relaybox_subjects) or a tenant's
--- (by the tenant column of relaybox_messages) and returns their ids: payload and
+-- (by the tenant column of relaybox_messages, relaybox_inbox and relaybox_quarantine)
+-- and returns their ids: payload and
 -- headers become NULL (JSON null where the column is NOT NULL), erased_at and
 -- purged_at are set; error text (last_error, each attempt's error: an exception may
 -- quote the payload) becomes '(erased)'; keys, fingerprints, statuses, dead-letter
@@ -155,8 +156,62 @@ SELECT (SELECT count(*) FROM relaybox_subjects s
         JOIN relaybox_outbox o ON o.inbox_id = s.ref::bigint
         WHERE s.digest = $1 AND s.kind = 'inbox' AND o.erased_at IS NULL)
 
+-- name: erase_inbox_tenant
+-- The events received for the tenant (their verified account mapped to it) that are
+-- not pending, by the relaybox_inbox_tenant_unerased index, once no row their handler
+-- added to the outbox is pending (erase_handler_outbox_ids empties those rows in the
+-- same batch: an erased event no longer leads to them).
+WITH batch AS MATERIALIZED (
+    SELECT i.id FROM relaybox_inbox i
+    WHERE i.tenant = $1 AND i.erased_at IS NULL AND i.status <> 'pending'
+      AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
+                      WHERE o.inbox_id = i.id AND o.status = 'pending')
+    LIMIT $3
+    FOR NO KEY UPDATE OF i SKIP LOCKED)
+UPDATE relaybox_inbox t
+SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(t.purged_at, $2),
+    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
+FROM batch
+WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
+RETURNING t.id
+
+-- name: erase_quarantine_tenant
+-- The tenant's quarantine entries, whenever they came (by relaybox_quarantine_tenant).
+WITH batch AS MATERIALIZED (
+    SELECT q.id FROM relaybox_quarantine q
+    WHERE q.tenant = $1 AND q.erased_at IS NULL
+    LIMIT $3
+    FOR NO KEY UPDATE OF q SKIP LOCKED)
+UPDATE relaybox_quarantine t
+SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+FROM batch
+WHERE t.id = batch.id AND t.erased_at IS NULL
+RETURNING t.id
+
+-- name: erase_handler_outbox_ids
+-- The rows handlers added to the outbox while handling the inbox rows just erased
+-- ($1: their ids; none of them pending, erase_inbox_tenant waited for that).
+-- One probe of relaybox_outbox_inbox an id: a LATERAL subquery that locks (SKIP
+-- LOCKED, as every batch) is not flattened, so the id is a parameter that proves the
+-- partial index's predicate; with `inbox_id = ANY($1)` or a plain join, a table never
+-- analyzed was planned as a scan.
+UPDATE relaybox_outbox t
+SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2),
+    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
+FROM unnest($1::bigint[]) AS erased(id)
+CROSS JOIN LATERAL (
+    SELECT o.id FROM relaybox_outbox o
+    WHERE o.inbox_id = erased.id AND o.erased_at IS NULL AND o.status <> 'pending'
+    FOR NO KEY UPDATE SKIP LOCKED) b
+WHERE t.id = b.id AND t.erased_at IS NULL AND t.status <> 'pending'
+RETURNING t.id
+
 -- name: erase_waiting_tenant
-SELECT count(*) FROM relaybox_messages WHERE tenant = $1 AND erased_at IS NULL
+-- The tenant's rows not erased yet: its messages, the events received for it and
+-- their quarantine entries (pending ones, and any a batch skipped).
+SELECT (SELECT count(*) FROM relaybox_messages WHERE tenant = $1 AND erased_at IS NULL)
+     + (SELECT count(*) FROM relaybox_inbox WHERE tenant = $1 AND erased_at IS NULL)
+     + (SELECT count(*) FROM relaybox_quarantine WHERE tenant = $1 AND erased_at IS NULL)
 
 -- name: erasure_find_open
 -- The erasure of the same subject (or tenant) that is still waiting for rows: asking

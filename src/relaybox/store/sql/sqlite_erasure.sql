@@ -1,6 +1,7 @@
 -- Erasing one subject (relaybox.erasure, ErasureStore). Each erase_* statement empties
 -- one batch of a subject's rows (by digest through relaybox_subjects) or a tenant's
--- (by the tenant column of relaybox_messages) and returns their ids: payload and
+-- (by the tenant column of relaybox_messages, relaybox_inbox and relaybox_quarantine)
+-- and returns their ids: payload and
 -- headers become NULL (JSON null where the column is NOT NULL), erased_at and
 -- purged_at are set; error text (last_error, each attempt's error: an exception may
 -- quote the payload) becomes '(erased)'; keys, fingerprints, statuses, dead-letter
@@ -129,8 +130,42 @@ SELECT (SELECT count(*) FROM relaybox_subjects s
         JOIN relaybox_outbox o ON o.inbox_id = CAST(s.ref AS INTEGER)
         WHERE s.digest = ?1 AND s.kind = 'inbox' AND o.erased_at IS NULL)
 
+-- name: erase_inbox_tenant
+-- The events received for the tenant that are not pending, once no row their handler
+-- added to the outbox is pending (see the PostgreSQL statement).
+UPDATE relaybox_inbox
+SET payload = NULL, headers = NULL, erased_at = ?2, purged_at = coalesce(purged_at, ?2),
+    last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
+WHERE id IN (SELECT i.id FROM relaybox_inbox i
+             WHERE i.tenant = ?1 AND i.erased_at IS NULL AND i.status <> 'pending'
+               AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
+                               WHERE o.inbox_id = i.id AND o.status = 'pending')
+             LIMIT ?3)
+  AND erased_at IS NULL AND status <> 'pending'
+RETURNING id
+
+-- name: erase_quarantine_tenant
+UPDATE relaybox_quarantine
+SET payload = NULL, headers = NULL, erased_at = ?2, purged_at = coalesce(purged_at, ?2)
+WHERE id IN (SELECT q.id FROM relaybox_quarantine q
+             WHERE q.tenant = ?1 AND q.erased_at IS NULL
+             LIMIT ?3)
+  AND erased_at IS NULL
+RETURNING id
+
+-- name: erase_handler_outbox_ids
+-- ?1: the ids of the inbox rows just erased, as a JSON array.
+UPDATE relaybox_outbox
+SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2),
+    last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
+WHERE inbox_id IN (SELECT value FROM json_each(?1)) AND erased_at IS NULL
+  AND status <> 'pending'
+RETURNING id
+
 -- name: erase_waiting_tenant
-SELECT count(*) FROM relaybox_messages WHERE tenant = ?1 AND erased_at IS NULL
+SELECT (SELECT count(*) FROM relaybox_messages WHERE tenant = ?1 AND erased_at IS NULL)
+     + (SELECT count(*) FROM relaybox_inbox WHERE tenant = ?1 AND erased_at IS NULL)
+     + (SELECT count(*) FROM relaybox_quarantine WHERE tenant = ?1 AND erased_at IS NULL)
 
 -- name: erasure_find_open
 -- The erasure of the same subject (or tenant) that is still waiting for rows: asking

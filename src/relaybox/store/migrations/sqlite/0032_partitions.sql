@@ -1,0 +1,2 @@
+-- Time partitions are PostgreSQL's (migrations/postgres/0032_partitions.sql): SQLite
+-- keeps its tables and its batched purge. Nothing to change here.
