@@ -200,8 +200,14 @@ async def _until(url: str, sql: str, value: int, proc: subprocess.Popen[bytes]) 
 PURGE_SECONDS: list[float] = []
 
 
-KEPT_FOR_GOOD = ("relaybox_event_keys", "relaybox_message_keys", "relaybox_operations")
-"""The tables of keys kept apart from the history (migration 0027)."""
+KEPT_FOR_GOOD = (
+    "relaybox_event_keys",
+    "relaybox_message_keys",
+    "relaybox_business_keys",
+    "relaybox_operations",
+)
+"""The tables of keys kept apart from the history (migrations 0027 and 0031), and the
+readable business keys (what is left of them once retention purged their events)."""
 
 
 async def sizes(url: str) -> dict[str, int]:

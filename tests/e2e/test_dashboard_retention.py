@@ -91,6 +91,18 @@ async def test_retention_page_sets_and_removes_a_tenants_ages(
             assert "The tenant&#39;s retention was saved" in page
             acme = row(page, "acme")
             assert "12h 0m" in acme and 'data-origin="api"' in acme and 'name="clear"' in acme
+            # A keys window alone (at least a day), shown with where it comes from.
+            where = await post("/admin/retention/set", csrf=csrf, tenant="keyed", keys_max_age="1h")
+            assert where.endswith("error=bad_age"), where
+            where = await post(
+                "/admin/retention/set", csrf=csrf, tenant="keyed", keys_max_age="30d"
+            )
+            assert where == "/admin/retention?notice=retention_set"
+            keyed = await box.store.retention.policy_get("keyed")
+            assert keyed is not None and keyed.keys_max_age == 30 * DAY
+            page = (await client.get(where)).text
+            assert "data-keys-window" in page and "kept for good" in page
+            assert "30d 0h" in row(page, "keyed")
             where = await post("/admin/retention/clear", csrf=csrf, tenant="acme")
             assert where == "/admin/retention?notice=retention_cleared"
             assert 'data-retention-tenant="acme"' not in (await client.get(where)).text

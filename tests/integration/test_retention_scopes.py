@@ -210,6 +210,8 @@ async def test_admin_api_validates_and_persists(
             "payload_origin": "default",
             "outbox_payload_max_age": 30 * DAY,
             "outbox_origin": "default",
+            "keys_max_age": None,  # no keys window: kept for good
+            "keys_origin": "default",
             "api": None,
             "config": None,
         }
@@ -217,6 +219,7 @@ async def test_admin_api_validates_and_persists(
         assert short["payload_origin"] == "config" and short["config"] == {
             "payload_max_age": 2 * DAY,
             "outbox_payload_max_age": 2 * DAY,
+            "keys_max_age": None,
         }
         bad_bodies: list[Any] = [
             {"payload_max_age": 59},
@@ -289,7 +292,9 @@ async def test_tenant_listing_merges_file_and_database_by_page(
                     break
                 after = page["tenants"]["next"]
             assert seen == ["a", "b", "c", "d", "e"]
-            assert page["sources"] == [{"source": "stripe", "payload_max_age": 7200}]
+            assert page["sources"] == [
+                {"source": "stripe", "payload_max_age": 7200, "keys_max_age": None}
+            ]
             c = (await client.get("/admin/api/v1/retention/tenants/c")).json()
             assert (c["payload_max_age"], c["payload_origin"]) == (60, "api")
             assert c["config"]["payload_max_age"] == 3600

@@ -6,6 +6,8 @@ KeysStore.backfill_status) and their expiry (KeysStore.expire), on both backends
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,7 +19,14 @@ from hypothesis import strategies as st
 
 from relaybox.store import Store, open_store
 from relaybox.store.inbox_rows import NewOperation
-from relaybox.store.keys import day_of, event_digest, message_digest, scope_of
+from relaybox.store.keys import (
+    day_of,
+    event_digest,
+    message_digest,
+    operation_digest,
+    operation_fingerprint,
+    scope_of,
+)
 from relaybox.store.outbox_rows import NewMessage
 from tests.store.test_store import T0, accept_one, delivery, statuses
 
@@ -161,6 +170,7 @@ async def _forget_keys(store: Store) -> None:
         store,
         "DELETE FROM relaybox_event_keys",
         "DELETE FROM relaybox_message_keys",
+        "DELETE FROM relaybox_business_keys",
         "DELETE FROM relaybox_keys_backfill",
     )
 
@@ -176,6 +186,7 @@ async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: 
         assert [(p.kind, p.rows, p.finished) for p in await store.keys.backfill_status()] == [
             ("event", 0, False),
             ("message", 0, False),
+            ("operation", 0, False),
         ]
         # Before the backfill the accept copies an old row's key itself.
         assert (await accept_one(store, delivery("e4", at=T0 + 9 * DAY))).status == "duplicate"
@@ -195,6 +206,7 @@ async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: 
         last = await store.keys.backfill("event", limit=2)
         assert (last.rows, last.finished) == (5, True)
         assert (await store.keys.backfill("event", limit=2)).read == 0  # finished: nothing
+        assert (await store.keys.backfill("operation", limit=2)).finished
         rows = await event_keys(store)
         assert [r["inbox_id"] for r in rows] == [o.inbox_id for o in outcomes]
         assert [r["first_seen"] for r in rows] == [day_of(T0) + i for i in range(5)]
@@ -202,6 +214,7 @@ async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: 
         assert {p.kind: p.finished for p in await store.keys.backfill_status()} == {
             "event": True,
             "message": True,
+            "operation": True,  # no operations: finished at its first batch
         }
         keyed = await store.fetch_all("SELECT message_id FROM relaybox_message_keys")
         assert sorted(r["message_id"] for r in keyed) == sorted(m.id for m in messages[:3])
@@ -212,7 +225,7 @@ async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: 
         assert (dup.status, dup.inbox_id) == ("duplicate", outcomes[2].inbox_id)
         assert not await publish(store, message("t1", "k2", 8))
         with pytest.raises(ValueError, match="no backfill"):
-            await store.keys.backfill("operation")
+            await store.keys.backfill("thing")
     finally:
         await store.close()
 
@@ -257,7 +270,7 @@ async def test_keys_expire_by_age_per_scope(store: Store) -> None:
     assert await store.fetch_all("SELECT * FROM relaybox_message_keys") == []
     assert await store.keys.expire("operation", d0 + 2, scope="a") == 2
     assert await store.keys.expire("operation", d0 + 5) == 1
-    assert await store.fetch_all("SELECT * FROM relaybox_operations") == []
+    assert await store.fetch_all("SELECT * FROM relaybox_business_keys") == []
     async with store.transaction() as conn:
         created, _ = await store.inbox.operation_insert(
             conn,
@@ -305,7 +318,7 @@ async def test_keys_alone_decide_without_the_old_unique_constraints(pg_url: str)
 
         assert sorted(await asyncio.gather(*(racer(n) for n in range(6)))) == [False] * 5 + [True]
         assert len(await admin.fetch_all("SELECT * FROM relaybox_messages")) == 1
-        # Business keys: relaybox_operations keeps its PRIMARY KEY (never partitioned).
+        # Business keys: relaybox_business_keys decides (never partitioned).
         async with admin.transaction() as conn:
             first = await admin.inbox.operation_insert(
                 conn,
@@ -341,6 +354,113 @@ async def test_keys_alone_decide_without_the_old_unique_constraints(pg_url: str)
         await admin.close()
 
 
+# -- business keys (migration 0031) --------------------------------------------------
+
+
+async def once(
+    store: Store, key: str, fp: str, *, inbox_id: int | None = None, at: float = T0
+) -> tuple[bool, str]:
+    async with store.transaction() as conn:
+        return await store.inbox.operation_insert(
+            conn,
+            NewOperation(
+                business_key=key,
+                fingerprint=fp,
+                inbox_id=inbox_id,
+                source="src",
+                tenant="t1",
+                now=at,
+            ),
+        )
+
+
+async def test_a_business_key_is_one_narrow_digest_row(store: Store) -> None:
+    assert await once(store, "grant:1", "fp-a", at=T0 + 2 * DAY) == (True, "fp-a")
+    [k] = await store.fetch_all("SELECT * FROM relaybox_business_keys")
+    digest = k["digest"]
+    # PostgreSQL stores the 16 bytes as a uuid (no length header), SQLite as a blob.
+    raw = digest.bytes if isinstance(digest, uuid.UUID) else bytes(digest)
+    assert raw == operation_digest("grant:1")
+    assert k["fingerprint"] == operation_fingerprint("fp-a")
+    assert (k["scope"], k["first_seen"]) == (scope_of("src"), day_of(T0) + 2)
+    [row] = await store.fetch_all("SELECT business_key, fingerprint FROM relaybox_operations")
+    assert (row["business_key"], row["fingerprint"]) == ("grant:1", "fp-a")
+    # A repeat, then a reuse with another fingerprint (OperationConflict names it).
+    assert await once(store, "grant:1", "fp-a") == (False, "fp-a")
+    assert await once(store, "grant:1", "fp-b") == (False, "fp-a")
+    # The readable row gone (retention purged its event): the digest still decides.
+    await sql(store, "DELETE FROM relaybox_operations")
+    assert await once(store, "grant:1", "fp-a") == (False, "fp-a")
+    created, stored = await once(store, "grant:1", "fp-b")
+    assert not created and stored != "fp-b" and stored.startswith("<fingerprint digest ")
+    assert await store.fetch_all("SELECT * FROM relaybox_operations") == []
+    # Expired: the key happens again, and its readable row is written again.
+    assert await store.keys.expire("operation", day_of(T0) + 3) == 1
+    assert await once(store, "grant:1", "fp-b") == (True, "fp-b")
+    assert len(await store.fetch_all("SELECT * FROM relaybox_operations")) == 1
+
+
+async def test_business_keys_stored_before_0031_still_decide_until_backfilled(
+    store: Store,
+) -> None:
+    for i in range(5):
+        assert (await once(store, f"old:{i}", f"fp{i}", at=T0 + i * DAY))[0]
+    # The database as before migration 0031: readable rows only, no backfill done.
+    await sql(
+        store,
+        "DELETE FROM relaybox_business_keys",
+        "UPDATE relaybox_keys_backfill SET finished_at = NULL WHERE kind = 'operation'",
+    )
+    # The old row decides: a repeat, a reuse (the key's digest written ahead of the
+    # backfill takes the old row's fingerprint, not the reuse's), a new key is new.
+    assert await once(store, "old:1", "fp1") == (False, "fp1")
+    assert await once(store, "old:2", "other") == (False, "fp2")
+    keyed = {
+        r["fingerprint"] for r in await store.fetch_all("SELECT * FROM relaybox_business_keys")
+    }
+    assert keyed == {operation_fingerprint("fp1"), operation_fingerprint("fp2")}
+    assert await once(store, "new:1", "x") == (True, "x")
+    # Until the backfill has finished the purge keeps the readable rows (they decide).
+    await sql(store, "UPDATE relaybox_operations SET inbox_id = 7")
+    async with store.transaction() as conn:
+        await store.db.rows(conn, "operations_purge", (store.db.array([7]),))
+    assert len(await store.fetch_all("SELECT * FROM relaybox_operations")) == 6
+    # The backfill, resumable, in key order; a key written ahead is left alone.
+    first = await store.keys.backfill("operation", limit=4)
+    assert (first.rows, first.finished, first.last_id) == (4, False, "old:2")
+    last = await store.keys.backfill("operation", limit=4)
+    assert (last.rows, last.finished) == (6, True)
+    rows = await store.fetch_all("SELECT * FROM relaybox_business_keys")
+    # Each backfilled key at its row's day; the two written ahead at the day of their
+    # repeat (kept a little longer, never shorter).
+    assert sorted(r["first_seen"] for r in rows) == sorted(
+        [day_of(T0) + i for i in (0, 3, 4)] + [day_of(T0)] * 3
+    )
+    # Now the readable rows may go: the digests decide alone.
+    async with store.transaction() as conn:
+        await store.db.rows(conn, "operations_purge", (store.db.array([7]),))
+    assert await store.fetch_all("SELECT * FROM relaybox_operations") == []
+    for i in range(5):
+        assert await once(store, f"old:{i}", f"fp{i}") == (False, f"fp{i}")
+        assert await once(store, f"old:{i}", "other") != (True, "other")
+
+
+async def test_keys_expire_keeps_the_scopes_named(store: Store) -> None:
+    d0 = day_of(T0)
+    await store.inbox.accept(
+        [delivery(f"{s}{i}", source=s, at=T0 + i * DAY) for s in "abc" for i in range(3)]
+    )
+    # Every scope but a and b (they keep theirs longer): c's three keys before d0 + 3.
+    assert await store.keys.expire("event", d0 + 3, keep=["a", "b"], limit=2) == 3
+    left = await event_keys(store)
+    assert {r["scope"] for r in left} == {scope_of("a"), scope_of("b")}
+    for tenant in ("t1", "t2"):
+        assert await publish(store, message(tenant, "k", 1))
+    assert await store.keys.expire("message", d0 + 1, keep=["t2"]) == 1
+    [k] = await store.fetch_all("SELECT scope FROM relaybox_message_keys")
+    assert k["scope"] == scope_of("t2")
+
+
 # -- a property: no duplicate gets through while its key is kept ----------------------
 
 
@@ -355,10 +475,23 @@ class Key:
 
 
 @dataclass
+class Op:
+    """A business key as the model knows it: its operation's fingerprint (a number)."""
+
+    fingerprint: int
+    day: int
+
+
+@dataclass
 class Model:
     ns: str
     day: int = 0
     keys: dict[int, Key] = field(default_factory=dict)
+    ops: dict[int, Op] = field(default_factory=dict)
+
+    @property
+    def subject(self) -> bytes:
+        return hashlib.sha256(self.ns.encode()).digest()
 
 
 Step = tuple[str, int, int]
@@ -367,7 +500,9 @@ steps = st.lists(
         st.tuples(st.just("accept"), st.integers(0, 5), st.integers(0, 2)),
         st.tuples(st.just("tick"), st.integers(1, 40), st.just(0)),
         st.tuples(st.just("finish"), st.integers(0, 5), st.just(0)),
+        st.tuples(st.just("once"), st.integers(0, 2), st.integers(0, 1)),
         st.tuples(st.just("purge"), st.just(0), st.just(0)),
+        st.tuples(st.just("erase"), st.just(0), st.just(0)),
         st.tuples(st.just("expire"), st.integers(0, 2), st.integers(0, 60)),
     ),
     min_size=1,
@@ -379,6 +514,32 @@ def source_of(ns: str, key: int) -> str:
     return f"{ns}-s{key % 3}"
 
 
+async def check_once(
+    store: Store, conn: Any, model: Model, a: int, fp: int, inbox_id: int | None, at: float
+) -> None:
+    """ctx.once() of the business key ``a`` with fingerprint ``fp``: new unless the
+    model keeps it; a repeat answers with the same fingerprint, a reuse with another
+    with a different one (OperationConflict), whether its readable row is kept or not."""
+    created, stored = await store.inbox.operation_insert(
+        conn,
+        NewOperation(
+            business_key=f"{model.ns}-op{a}",
+            fingerprint=f"f{fp}",
+            inbox_id=inbox_id,
+            source=source_of(model.ns, a),
+            tenant=None,
+            now=at,
+        ),
+    )
+    op = model.ops.get(a)
+    if op is None:
+        assert (created, stored) == (True, f"f{fp}"), (a, fp)
+        model.ops[a] = Op(fp, model.day)
+    else:
+        assert not created, (a, fp, op)
+        assert (stored == f"f{fp}") == (op.fingerprint == fp), (a, fp, op, stored)
+
+
 async def check_step(store: Store, model: Model, step: Step) -> None:
     op, a, b = step
     at = T0 + model.day * DAY
@@ -387,7 +548,7 @@ async def check_step(store: Store, model: Model, step: Step) -> None:
     elif op == "accept":
         k = model.keys.get(a)
         d = delivery(f"{model.ns}-{a}", f'{{"c": {b}}}', source=source_of(model.ns, a), at=at)
-        outcome = await accept_one(store, d)
+        outcome = await accept_one(store, dataclasses.replace(d, subject=model.subject))
         if k is not None and (k.kept or k.row):
             # kept, or forgotten while the row the inbox's own key names still exists
             expected = "duplicate" if k.content == b else "quarantined"
@@ -397,14 +558,21 @@ async def check_step(store: Store, model: Model, step: Step) -> None:
             assert outcome.status == "accepted", (step, k)
             model.keys[a] = Key(b, model.day, outcome.inbox_id)
     elif op == "finish":
+        # The handler: its business key (the event's content as its fingerprint) in
+        # the transaction that completes the event.
         k = model.keys.get(a)
         if k is not None and k.row and k.pending:
             async with store.transaction() as conn:
+                await check_once(store, conn, model, a, k.content, k.inbox_id, at)
                 await store.inbox.complete(conn, [k.inbox_id], at)
             k.pending = False
+    elif op == "once":
+        async with store.transaction() as conn:
+            await check_once(store, conn, model, a, b, None, at)
     elif op == "purge":
-        # Retention: payloads go (both backends); on PostgreSQL the finished rows go
-        # too, as a dropped partition takes them.
+        # Retention: payloads go (both backends), and the readable business keys of
+        # the purged events; on PostgreSQL the finished rows go too, as a dropped
+        # partition takes them.
         while await store.history.retention_purge_batch("inbox", cutoff=at + 1, now=at, limit=50):
             pass
         if store.backend == "postgres":
@@ -418,12 +586,25 @@ async def check_step(store: Store, model: Model, step: Step) -> None:
                 )
             for k in gone:
                 k.row = False
+    elif op == "erase":
+        # The namespace's subject erased: finished rows emptied, pending ones wait.
+        erasure_id, _ = await store.erasure.begin(
+            actor="t", reason="p", scope="subject", digest=model.subject, tenant=None, now=at
+        )
+        erasure = await store.erasure.get(erasure_id)
+        assert erasure is not None
+        while any((await store.erasure.erase_batch(erasure, now=at, limit=5)).values()):
+            pass
+        await store.erasure.settle(erasure, now=at)
     elif op == "expire":
         before = day_of(T0) + model.day - b
         await store.keys.expire("event", before, scope=f"{model.ns}-s{a}", limit=2)
+        await store.keys.expire("operation", before, scope=f"{model.ns}-s{a}", limit=2)
         for n, k in model.keys.items():
             if n % 3 == a and day_of(T0) + k.day < before:
                 k.kept = False
+        for n in [n for n, o in model.ops.items() if n % 3 == a and day_of(T0) + o.day < before]:
+            del model.ops[n]
     # Never a pending row lost, never one of them changed by a later delivery.
     found = await store.fetch_all(
         f"SELECT id, status FROM relaybox_inbox WHERE event_id LIKE '{model.ns}-%'"
@@ -441,9 +622,11 @@ async def check_step(store: Store, model: Model, step: Step) -> None:
 )
 @given(script=steps)
 async def test_no_duplicate_through_while_its_key_is_kept(store: Store, script: list[Step]) -> None:
-    """Any sequence of accepts (new, duplicate, conflicting), retention purges (with
-    the finished rows dropped on PostgreSQL) and key expiries: a delivery whose key is
-    kept is a duplicate or quarantined against its first row, and no pending row is
+    """Any sequence of accepts (new, duplicate, conflicting), handlers' business keys
+    (repeated, reused with another fingerprint), retention purges (with the finished
+    rows dropped on PostgreSQL), erasures and key expiries: a delivery whose key is
+    kept is a duplicate or quarantined against its first row, a business key that is
+    kept is never created twice and tells a reuse from a repeat, and no pending row is
     ever lost. (One database for every example: each in its own sources.)"""
     model = Model(ns=uuid.uuid4().hex[:10])
     for step in script:

@@ -35,6 +35,7 @@ BIG = {
     "relaybox_messages",
     "relaybox_event_keys",
     "relaybox_message_keys",
+    "relaybox_business_keys",
 }
 
 # The settings of Backend.generic_pool, where the hot batch statements run.

@@ -51,7 +51,7 @@ _PRECEDENCE = (
     "tenant, else its source, else retention.payload_max_age; an outbound age "
     "(deliveries' payloads and responses, messages' bodies) from the tenant, else "
     "retention.outbox_payload_max_age. For a tenant, the admin API's value wins over "
-    "the configuration file's ([retention.tenants.ID])."
+    "the configuration file's ([retention.tenants.ID]). " + ops.KEYS_WINDOW_TEXT + "."
 )
 
 OPERATIONS = (
@@ -59,7 +59,7 @@ OPERATIONS = (
         "GET",
         "/retention",
         "getRetention",
-        "The payload ages that apply: global, per source, per tenant",
+        "The payload ages and keys windows that apply: global, per source, per tenant",
         _overview,
         ops.RetentionOverview,
         query=ops.TenantQuery,
@@ -81,13 +81,14 @@ OPERATIONS = (
         "PUT",
         "/retention/tenants/{tenant:str}",
         "setTenantRetention",
-        "Set a tenant's payload ages (they win over the configuration file's)",
+        "Set a tenant's payload ages and keys window (they win over the file's)",
         _put,
         ops.TenantAgesView,
         body=ops.TenantPolicyRequest,
         errors=(400, 409, 422),
-        description="Ages in seconds, from 60 to 315360000 (ten years); null leaves that "
-        "age to the file or the default. 422 `invalid_policy` when both are null or the "
+        description="Ages in seconds, from 60 to 315360000 (ten years; keys_max_age from "
+        "86400, a day); null leaves that age to the file or the default. 422 "
+        "`invalid_policy` when all are null or the "
         "id is longer than 128 characters; 409 `too_many_policies` when retention."
         "max_tenant_policies tenants have a policy already. The next purge applies it.",
     ),
@@ -137,6 +138,7 @@ async def set_action(request: Request, form: dict[str, str]) -> str:
         body = ops.TenantPolicyRequest(
             payload_max_age=_age(form, "payload_max_age"),
             outbox_payload_max_age=_age(form, "outbox_payload_max_age"),
+            keys_max_age=_age(form, "keys_max_age"),
         )
     except ValidationError:
         raise InvalidRequest("an age is out of bounds", hint="bad_age") from None
@@ -173,6 +175,6 @@ def register() -> None:
             operations=OPERATIONS,
             pages=PAGES,
             requires_tables=("relaybox_retention_policies",),
-            tag_description="How long payloads are kept, per tenant and per source.",
+            tag_description="How long payloads and keys are kept, per tenant and per source.",
         )
     )

@@ -112,6 +112,7 @@ def purge(
             f"payload(s) finished before {_iso(result.cutoff)}; {result.outbox} delivery "
             f"payload(s) finished and {result.messages} message body(ies) published before "
             f"{_iso(result.outbox_cutoff)}"
+            + (f"; forgot {result.keys} key(s) past their keys window" if result.keys else "")
         ),
     )
 
@@ -310,7 +311,8 @@ def erasures(
 
 @click.group("retention")
 def retention_group() -> None:
-    """Payload ages per tenant (and per source, from the configuration)."""
+    """Payload ages and keys windows per tenant (and per source, from the
+    configuration)."""
 
 
 def _ages_line(view: Any) -> str:
@@ -321,9 +323,11 @@ def _ages_line(view: Any) -> str:
         if view.payload_max_age is None
         else age_text(view.payload_max_age)
     )
+    keys = "for good" if view.keys_max_age is None else age_text(view.keys_max_age)
     return (
         f"{view.tenant}: events {inbound} ({view.payload_origin}), deliveries and messages "
-        f"{age_text(view.outbox_payload_max_age)} ({view.outbox_origin})"
+        f"{age_text(view.outbox_payload_max_age)} ({view.outbox_origin}), idempotency keys "
+        f"{keys} ({view.keys_origin})"
     )
 
 
@@ -349,12 +353,18 @@ def retention_show(
     def human() -> None:
         from relaybox.ops.inbound import age_text
 
+        def keys(age: float | None) -> str:
+            return "for good" if age is None else age_text(age)
+
         click.echo(
             f"global: events {age_text(found.payload_max_age)}, deliveries and messages "
-            f"{age_text(found.outbox_payload_max_age)}"
+            f"{age_text(found.outbox_payload_max_age)}, keys {keys(found.keys_max_age)}"
         )
         for s in found.sources:
-            click.echo(f"source {s.source}: events {age_text(s.payload_max_age)}")
+            click.echo(
+                f"source {s.source}: events {age_text(s.payload_max_age)}, "
+                f"keys {keys(s.keys_max_age)}"
+            )
         for t in found.tenants.items:
             click.echo(_ages_line(t))
         if found.tenants.next is not None:
@@ -368,6 +378,10 @@ def retention_show(
 @click.argument("tenant")
 @click.option("--payload-max-age", help="events received for the tenant: 7d, 12h, seconds")
 @click.option("--outbox-payload-max-age", help="deliveries to the tenant and their messages: 90d")
+@click.option(
+    "--keys-max-age",
+    help="how long the idempotency keys of the tenant's messages are kept: 365d (at least 1d)",
+)
 @actor_option
 @_json_option
 def retention_set(
@@ -377,25 +391,29 @@ def retention_set(
     tenant: str,
     payload_max_age: str | None,
     outbox_payload_max_age: str | None,
+    keys_max_age: str | None,
     actor: str | None,
     as_json: bool,
 ) -> None:
     """Set a tenant's ages in the database (they win over the configuration file's;
-    one left out is the file's or the default); the next purge applies them."""
+    one left out is the file's or the default); the next purge applies them. A keys
+    window forgets the idempotency keys of the tenant's messages first seen longer ago:
+    a publish with such a key then creates a new message."""
     from pydantic import ValidationError
 
     from relaybox.ops import retention as policies
 
-    if payload_max_age is None and outbox_payload_max_age is None:
+    if payload_max_age is None and outbox_payload_max_age is None and keys_max_age is None:
         raise click.UsageError(
-            "give --payload-max-age, --outbox-payload-max-age or both (to go back to the "
-            "configuration's ages: relaybox retention clear TENANT)"
+            "give --payload-max-age, --outbox-payload-max-age, --keys-max-age or some of "
+            "them (to go back to the configuration's ages: relaybox retention clear TENANT)"
         )
     ages = {
         "payload_max_age": None if payload_max_age is None else parse_duration(payload_max_age),
         "outbox_payload_max_age": None
         if outbox_payload_max_age is None
         else parse_duration(outbox_payload_max_age),
+        "keys_max_age": None if keys_max_age is None else parse_duration(keys_max_age),
     }
     try:
         request = policies.TenantPolicyRequest(**ages)

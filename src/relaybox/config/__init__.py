@@ -12,6 +12,7 @@ from __future__ import annotations
 from relaybox.config.loading import load_settings, merge_settings
 from relaybox.config.settings import (
     BACKGROUND_ROLES,
+    KEYS_AGE_MIN,
     MAX_RETENTION_NAME,
     MAX_RETENTION_SCOPES,
     RETENTION_AGE_MAX,
@@ -29,6 +30,7 @@ from relaybox.config.silence import SilenceSettings
 
 __all__ = [
     "BACKGROUND_ROLES",
+    "KEYS_AGE_MIN",
     "MAX_RETENTION_NAME",
     "MAX_RETENTION_SCOPES",
     "RETENTION_AGE_MAX",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from relaybox.config.outbound import OutboundSettings
 from relaybox.config.silence import SilenceSettings
@@ -266,6 +266,8 @@ RETENTION_AGE_MIN = 60.0
 """The shortest age a tenant or a source may have (seconds): one minute."""
 RETENTION_AGE_MAX = 3650 * 86400.0
 """The longest age a tenant or a source may have (seconds): ten years."""
+KEYS_AGE_MIN = 86400.0
+"""The shortest keys window (seconds): one day (keys are kept and expired by the day)."""
 MAX_RETENTION_SCOPES = 10_000
 """Entries of [retention.tenants] and of [retention.sources] in the configuration."""
 MAX_RETENTION_NAME = 128
@@ -273,18 +275,39 @@ MAX_RETENTION_NAME = 128
 tenant mapping allows)."""
 
 
+_KEYS_AGE_TEXT = (
+    "forgotten (a resend of an older event, or a once() of an older business key, is "
+    "then new again; null: the global keys_max_age, else kept for good)"
+)
+
+
 class SourceRetention(BaseModel):
     """``[retention.sources.NAME]``: how long this source's events keep their payload
-    (unless their tenant has its own ``payload_max_age``)."""
+    (unless their tenant has its own ``payload_max_age``), and how long the keys of its
+    events and the business keys its handlers record are kept."""
 
     model_config = ConfigDict(extra="forbid")
 
-    payload_max_age: float = Field(
+    payload_max_age: float | None = Field(
+        None,
         ge=RETENTION_AGE_MIN,
         le=RETENTION_AGE_MAX,
         description="seconds after an event of this source finished before its payload "
-        "and headers are dropped",
+        "and headers are dropped (null: the global payload_max_age)",
     )
+    keys_max_age: float | None = Field(
+        None,
+        ge=KEYS_AGE_MIN,
+        le=RETENTION_AGE_MAX,
+        description="seconds after an event key or a business key of this source was "
+        "first seen before it is " + _KEYS_AGE_TEXT,
+    )
+
+    @model_validator(mode="after")
+    def _some_age(self) -> SourceRetention:
+        if self.payload_max_age is None and self.keys_max_age is None:
+            raise ValueError("set payload_max_age, keys_max_age or both")
+        return self
 
 
 class TenantRetention(BaseModel):
@@ -308,14 +331,23 @@ class TenantRetention(BaseModel):
         "and response bytes are dropped (and its message's body once all its deliveries "
         "were)",
     )
+    keys_max_age: float | None = Field(
+        None,
+        ge=KEYS_AGE_MIN,
+        le=RETENTION_AGE_MAX,
+        description="seconds after a message published for this tenant with an "
+        "idempotency key was first seen before that key is forgotten (a publish with it "
+        "then creates a new message; null: the global keys_max_age, else kept for good)",
+    )
 
 
 class RetentionSettings(BaseModel):
-    """What the maintenance job keeps. Keys and outcomes are kept for good: a purged
-    event is still a duplicate when its provider resends it, and business keys are
-    never purged, because "did this operation already happen?" has no expiry. On the
-    sending side, deliveries keep their status, attempts and errors; a purged delivery
-    can no longer be redelivered or recovered."""
+    """What the maintenance job keeps. Keys and outcomes are kept for good by default:
+    a purged event is still a duplicate when its provider resends it, and a business
+    key still says the operation happened; ``keys_max_age`` (globally, per source, per
+    tenant) bounds how long the keys are kept. On the sending side, deliveries keep
+    their status, attempts and errors; a purged delivery can no longer be redelivered
+    or recovered."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -332,6 +364,15 @@ class RetentionSettings(BaseModel):
         description="seconds after a delivery finished (sent, dead) before its payload and "
         "its attempts' response bytes are dropped, and its message's body once every "
         "delivery of it is purged",
+    )
+    keys_max_age: float | None = Field(
+        None,
+        ge=KEYS_AGE_MIN,
+        le=RETENTION_AGE_MAX,
+        description="seconds after an event key, an idempotency key or a business key was "
+        "first seen before it is forgotten, whole days (null: kept for good). A resend of "
+        "an older event is then accepted as new, a publish with an older idempotency key "
+        "creates a new message, once() with an older business key returns True again",
     )
     interval: float = Field(3600.0, gt=0, description="seconds between maintenance runs")
     batch: int = Field(
@@ -361,7 +402,7 @@ class RetentionSettings(BaseModel):
     )
     sources: dict[str, SourceRetention] = Field(
         default_factory=dict,
-        description="[retention.sources.NAME]: a source's own payload_max_age",
+        description="[retention.sources.NAME]: a source's own payload_max_age and keys_max_age",
     )
 
     @field_validator("tenants", "sources")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import BeforeValidator, Field
 
 from relaybox.config import (
+    KEYS_AGE_MIN,
     MAX_RETENTION_NAME,
     RETENTION_AGE_MAX,
     RETENTION_AGE_MIN,
@@ -55,6 +56,15 @@ def _number(value: object) -> object:
 Age = Annotated[float, BeforeValidator(_number), Field(ge=RETENTION_AGE_MIN, le=RETENTION_AGE_MAX)]
 """An age in seconds as the API takes it: a JSON number from a minute to ten years."""
 
+KeysAge = Annotated[float, BeforeValidator(_number), Field(ge=KEYS_AGE_MIN, le=RETENTION_AGE_MAX)]
+"""A keys window in seconds as the API takes it: a JSON number from a day to ten years."""
+
+KEYS_WINDOW_TEXT = (
+    "Keys (what decides a duplicate event, a repeated publish, a business key) are kept "
+    "for good unless a keys window is set: a key first seen longer ago than its window "
+    "is forgotten, and a resend of an older event is then accepted as new"
+)
+
 
 class InvalidPolicy(OpsError):
     """A policy relaybox cannot store (422)."""
@@ -76,6 +86,13 @@ class TenantPolicyRequest(RequestModel):
         "and response bytes are dropped, and its message's body once every delivery was "
         "(null: the file's, else the global age)",
     )
+    keys_max_age: KeysAge | None = Field(
+        None,
+        description="seconds after a message published for this tenant with an "
+        "idempotency key was first seen before that key is forgotten (a publish with it "
+        "then creates a new message; null: the file's, else the global keys_max_age, "
+        "else kept for good)",
+    )
     actor: str | None = Field(None, min_length=1, max_length=200, description="who (recorded)")
 
 
@@ -86,6 +103,7 @@ class StoredAges(_Model):
     outbox_payload_max_age: float | None
     updated_at: float
     updated_by: str
+    keys_max_age: float | None = None
 
 
 class ConfiguredAges(_Model):
@@ -93,6 +111,7 @@ class ConfiguredAges(_Model):
 
     payload_max_age: float | None
     outbox_payload_max_age: float | None
+    keys_max_age: float | None = None
 
 
 class TenantAgesView(_Model):
@@ -105,13 +124,24 @@ class TenantAgesView(_Model):
     )
     outbox_payload_max_age: float = Field(description="the outbound age that applies")
     outbox_origin: AgeOrigin = Field(description="api, config or default")
+    keys_max_age: float | None = Field(
+        None,
+        description="how long the idempotency keys of the tenant's messages are kept "
+        "(null: for good)",
+    )
+    keys_origin: AgeOrigin = Field("default", description="api, config or default")
     api: StoredAges | None = Field(description="set through the admin API (wins)")
     config: ConfiguredAges | None = Field(description="set in [retention.tenants.ID]")
 
 
 class SourceAges(_Model):
     source: str
-    payload_max_age: float
+    payload_max_age: float = Field(description="its own, else the global age")
+    keys_max_age: float | None = Field(
+        None,
+        description="how long its events' keys and its handlers' business keys are kept "
+        "(its own, else the global keys_max_age; null: for good)",
+    )
 
 
 class TenantQuery(RequestModel):
@@ -127,6 +157,9 @@ class TenantPage(_Model):
 class RetentionOverview(_Model):
     payload_max_age: float = Field(description="retention.payload_max_age")
     outbox_payload_max_age: float = Field(description="retention.outbox_payload_max_age")
+    keys_max_age: float | None = Field(
+        None, description="retention.keys_max_age (null: keys are kept for good)"
+    )
     sources: list[SourceAges] = Field(description="[retention.sources.NAME], by name")
     tenants: TenantPage = Field(description="tenants with ages of their own, by id")
     max_tenant_policies: int = Field(description="retention.max_tenant_policies")
@@ -144,6 +177,12 @@ def _view(
     inbound: float | None = None
     inbound_origin: AgeOrigin = "default"
     outbound, outbound_origin = settings.outbox_payload_max_age, "default"
+    keys_age: float | None = settings.keys_max_age
+    keys_origin: AgeOrigin = "default"
+    if conf is not None and conf.keys_max_age is not None:
+        keys_age, keys_origin = conf.keys_max_age, "config"
+    if row is not None and row.keys_max_age is not None:
+        keys_age, keys_origin = row.keys_max_age, "api"
     if conf is not None and conf.payload_max_age is not None:
         inbound, inbound_origin = conf.payload_max_age, "config"
     if conf is not None and conf.outbox_payload_max_age is not None:
@@ -158,6 +197,8 @@ def _view(
         payload_origin=inbound_origin,
         outbox_payload_max_age=outbound,
         outbox_origin=outbound_origin,
+        keys_max_age=keys_age,
+        keys_origin=keys_origin,
         api=None
         if row is None
         else StoredAges(
@@ -165,12 +206,14 @@ def _view(
             outbox_payload_max_age=row.outbox_payload_max_age,
             updated_at=row.updated_at,
             updated_by=row.updated_by,
+            keys_max_age=row.keys_max_age,
         ),
         config=None
         if conf is None
         else ConfiguredAges(
             payload_max_age=conf.payload_max_age,
             outbox_payload_max_age=conf.outbox_payload_max_age,
+            keys_max_age=conf.keys_max_age,
         ),
     )
 
@@ -195,10 +238,11 @@ async def set_tenant(
     outbound = (
         None if request.outbox_payload_max_age is None else float(request.outbox_payload_max_age)
     )
-    if inbound is None and outbound is None:
+    keys_age = None if request.keys_max_age is None else float(request.keys_max_age)
+    if inbound is None and outbound is None and keys_age is None:
         raise InvalidPolicy(
-            "set payload_max_age, outbox_payload_max_age or both; to go back to the "
-            "configuration's ages, remove the tenant's policy instead"
+            "set payload_max_age, outbox_payload_max_age, keys_max_age or some of them; "
+            "to go back to the configuration's ages, remove the tenant's policy instead"
         )
     settings = box.settings.retention
     row = await box.store.retention.policy_put(
@@ -208,6 +252,7 @@ async def set_tenant(
         now=box.clock.now(),
         actor=actor,
         max_policies=settings.max_tenant_policies,
+        keys_max_age=keys_age,
     )
     if row is None:
         raise Conflict(
@@ -253,8 +298,15 @@ async def overview(box: Runtime, *, after: str = "", limit: int = 100) -> Retent
     return RetentionOverview(
         payload_max_age=settings.payload_max_age,
         outbox_payload_max_age=settings.outbox_payload_max_age,
+        keys_max_age=settings.keys_max_age,
         sources=[
-            SourceAges(source=name, payload_max_age=s.payload_max_age)
+            SourceAges(
+                source=name,
+                payload_max_age=settings.payload_max_age
+                if s.payload_max_age is None
+                else s.payload_max_age,
+                keys_max_age=settings.keys_max_age if s.keys_max_age is None else s.keys_max_age,
+            )
             for name, s in sorted(settings.sources.items())
         ],
         tenants=await tenant_page(box, after=after, limit=limit),

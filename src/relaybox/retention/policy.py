@@ -26,6 +26,11 @@ what the number of distinct ages sets, not the number of tenants:
   keeps longer than its source) scans the candidates from a cursor and leaves the
   rows whose own age has not passed: a row is purged only once its own age passed,
   whichever pass reads it. Otherwise it is the plain batch of a global purge.
+
+Keys (the digests that decide a duplicate, a repeated publish, a business key) are
+kept for good unless a keys window is set: ``retention.keys_max_age``, a source's
+``keys_max_age`` (its events' keys and its handlers' business keys) or a tenant's
+(its messages' idempotency keys). :func:`keys_plan` turns them into expiries by day.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from relaybox.store.history import PurgeTable
+from relaybox.store.keys import KEY_KINDS, KeyKind, day_of
 
 if TYPE_CHECKING:
     from relaybox.config import RetentionSettings
@@ -44,10 +50,12 @@ if TYPE_CHECKING:
 __all__ = [
     "TENANTS_PER_STATEMENT",
     "AgeOrigin",
+    "KeysPass",
     "PurgePass",
     "RetentionPolicies",
     "ScanMarks",
     "TenantAges",
+    "keys_plan",
     "load_policies",
     "plan",
 ]
@@ -95,33 +103,58 @@ class RetentionPolicies:
     sources: Mapping[str, float] = field(default_factory=dict)
     tenants_inbound: Mapping[str, float] = field(default_factory=dict)
     tenants_outbound: Mapping[str, float] = field(default_factory=dict)
+    keys_max_age: float | None = None
+    """How long keys are kept (``None``: for good), where no scope sets its own."""
+    sources_keys: Mapping[str, float] = field(default_factory=dict)
+    """Each source's keys window: its events' keys and its handlers' business keys."""
+    tenants_keys: Mapping[str, float] = field(default_factory=dict)
+    """Each tenant's keys window: the idempotency keys of its published messages."""
 
     @classmethod
     def from_settings(
         cls,
         settings: RetentionSettings,
-        stored: Mapping[str, tuple[float | None, float | None]] | None = None,
+        stored: Mapping[str, tuple[float | None, ...]] | None = None,
     ) -> RetentionPolicies:
         """The policies of the configuration, with ``stored`` (tenant: the admin API's
-        (inbound, outbound) ages, ``None`` where it sets none) over the file's."""
+        (inbound, outbound[, keys]) ages, ``None`` where it sets none) over the
+        file's."""
         inbound: dict[str, float] = {}
         outbound: dict[str, float] = {}
+        tenant_keys: dict[str, float] = {}
         for tenant, ages in settings.tenants.items():
             if ages.payload_max_age is not None:
                 inbound[tenant] = ages.payload_max_age
             if ages.outbox_payload_max_age is not None:
                 outbound[tenant] = ages.outbox_payload_max_age
-        for tenant, (inbound_age, outbound_age) in (stored or {}).items():
+            if ages.keys_max_age is not None:
+                tenant_keys[tenant] = ages.keys_max_age
+        for tenant, ages_set in (stored or {}).items():
+            inbound_age, outbound_age = ages_set[0], ages_set[1]
+            keys_age = ages_set[2] if len(ages_set) > 2 else None
             if inbound_age is not None:
                 inbound[tenant] = inbound_age
             if outbound_age is not None:
                 outbound[tenant] = outbound_age
+            if keys_age is not None:
+                tenant_keys[tenant] = keys_age
         return cls(
             payload_max_age=settings.payload_max_age,
             outbox_payload_max_age=settings.outbox_payload_max_age,
-            sources={name: s.payload_max_age for name, s in settings.sources.items()},
+            sources={
+                name: s.payload_max_age
+                for name, s in settings.sources.items()
+                if s.payload_max_age is not None
+            },
             tenants_inbound=inbound,
             tenants_outbound=outbound,
+            keys_max_age=settings.keys_max_age,
+            sources_keys={
+                name: s.keys_max_age
+                for name, s in settings.sources.items()
+                if s.keys_max_age is not None
+            },
+            tenants_keys=tenant_keys,
         )
 
     @property
@@ -166,6 +199,35 @@ class RetentionPolicies:
         if table in INBOUND:
             return {self.payload_max_age, *self.sources.values(), *self.tenants_inbound.values()}
         return {self.outbox_payload_max_age, *self.tenants_outbound.values()}
+
+
+@dataclass(frozen=True, slots=True)
+class KeysPass:
+    """One expiry of keys (:meth:`KeysStore.expire`): the keys of ``kind`` first seen
+    before day ``before_day``, of ``scope`` only when it is set (a source's for
+    ``event`` and ``operation``, a tenant's for ``message``), else of every scope but
+    those in ``keep`` (they keep theirs longer; their own passes expire them)."""
+
+    kind: KeyKind
+    before_day: int
+    scope: str | None = None
+    keep: tuple[str, ...] = ()
+
+
+def keys_plan(policies: RetentionPolicies, now: float) -> list[KeysPass]:
+    """The expiries of keys at ``now``: each scope with a window of its own, then the
+    global window (when one is set) for every scope without a longer one. An event key
+    and a business key belong to their source, an idempotency key to its tenant: a
+    tenant's window applies to its messages' keys, a source's to the other two."""
+    passes: list[KeysPass] = []
+    for kind in KEY_KINDS:
+        scoped = policies.tenants_keys if kind == "message" else policies.sources_keys
+        for name, age in sorted(scoped.items()):
+            passes.append(KeysPass(kind, day_of(now - age), scope=name))
+        if policies.keys_max_age is not None:
+            longer = tuple(sorted(n for n, a in scoped.items() if a > policies.keys_max_age))
+            passes.append(KeysPass(kind, day_of(now - policies.keys_max_age), keep=longer))
+    return passes
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,12 +306,16 @@ def plan(policies: RetentionPolicies, now: float) -> list[PurgePass]:
 async def load_policies(store: Store, settings: RetentionSettings) -> RetentionPolicies:
     """The policies now: the configuration's, with every tenant's stored in the
     database (at most ``retention.max_tenant_policies``) over them."""
-    stored: dict[str, tuple[float | None, float | None]] = {}
+    stored: dict[str, tuple[float | None, ...]] = {}
     after = ""
     while len(stored) < settings.max_tenant_policies:
         page = await store.retention.policy_page(after=after, limit=_POLICY_PAGE)
         for row in page:
-            stored[row.tenant] = (row.payload_max_age, row.outbox_payload_max_age)
+            stored[row.tenant] = (
+                row.payload_max_age,
+                row.outbox_payload_max_age,
+                row.keys_max_age,
+            )
         if len(page) < _POLICY_PAGE:
             break
         after = page[-1].tenant

@@ -9,8 +9,10 @@ drops the **payload and headers** and keeps the rest:
 * the event key and fingerprint, so a resend of a purged event is still answered as a
   duplicate (or quarantined), never processed again;
 * status, outcome, attempts and errors, so the history stays readable;
-* business keys (``relaybox_operations``): never purged, because "did this operation
-  already happen?" has no expiry.
+* business keys (``relaybox_business_keys``: digests): kept for good unless a keys
+  window (``retention.keys_max_age``, per source too) says otherwise. The readable
+  row of a business key (``relaybox_operations``: the key, its fingerprint, the
+  event) goes with its event's payload; the digest keeps deciding.
 
 A purged event cannot be replayed; :func:`relaybox.inbound.replay.replay` reports it apart and
 the admin API answers 409 ``payload_purged`` naming the purge date.
@@ -60,6 +62,7 @@ from relaybox.retention.policy import (
     PurgePass,
     RetentionPolicies,
     ScanMarks,
+    keys_plan,
     load_policies,
     plan,
 )
@@ -76,6 +79,7 @@ __all__ = [
     "backfill_keys",
     "count_candidates",
     "cutoffs",
+    "expire_keys",
     "maintain_partitions",
     "maintenance_lock",
     "purge",
@@ -102,6 +106,9 @@ class PurgeResult:
     outbox: int = 0
     messages: int = 0
     passes: int = 4
+    keys: int = 0
+    """Keys forgotten by the keys windows (``retention.keys_max_age``, a source's or a
+    tenant's; none by default). A dry run forgets none and reports 0."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -263,6 +270,8 @@ async def purge(
         totals[step.table] += await _run_pass(
             box.store, step, policies, now=now, size=size, progress=progress, marks=marks
         )
+    windows = policies if older_than is None else await _policies(box, None)
+    expired = await expire_keys(box, windows, now=now, batch=size)
     result = PurgeResult(
         cutoff,
         totals["inbox"],
@@ -271,6 +280,7 @@ async def purge(
         outbox=totals["outbox"],
         messages=totals["messages"],
         passes=len(steps),
+        keys=expired,
     )
     box.metrics.observe_purge("inbox", result.inbox)
     box.metrics.observe_purge("quarantine", result.quarantine)
@@ -278,6 +288,19 @@ async def purge(
     box.metrics.observe_purge("messages", result.messages)
     log.info("purge", **result.as_dict())
     return result
+
+
+async def expire_keys(box: Runtime, policies: RetentionPolicies, *, now: float, batch: int) -> int:
+    """Forget the keys past their window (:func:`relaybox.retention.policy.keys_plan`:
+    none unless a keys window is set), ``batch`` keys a transaction; how many."""
+    total = 0
+    for step in keys_plan(policies, now):
+        total += await box.store.keys.expire(
+            step.kind, step.before_day, scope=step.scope, keep=step.keep, limit=batch
+        )
+    if total:
+        log.info("keys_expired", keys=total)
+    return total
 
 
 _PARTITIONED: dict[str, PurgeTable] = {
@@ -319,7 +342,8 @@ async def backfill_keys(
     max_batches: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> int:
-    """Copy the keys of rows stored before migration 0027 into the keys tables
+    """Copy the keys of rows stored before migrations 0027 (events, messages) and 0031
+    (business keys) into the keys tables
     (:meth:`KeysStore.backfill`), ``batch`` rows a transaction (default
     ``retention.batch``), each kind until it has finished or ``max_batches`` batches
     ran (the maintenance job runs at most a few a pass; ``relaybox migrate`` runs them
@@ -327,7 +351,7 @@ async def backfill_keys(
     it has finished the accept copies an old row's key itself when one comes again."""
     size = batch or box.settings.retention.batch
     total = 0
-    for kind in ("event", "message"):
+    for kind in ("event", "message", "operation"):
         runs = 0
         while max_batches is None or runs < max_batches:
             state = await box.store.keys.backfill(kind, limit=size)

@@ -204,6 +204,11 @@ class Backend:
         created_at) in ``conn``'s transaction (each backend's way)."""
         raise NotImplementedError
 
+    async def copy_operation_keys(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        """Insert the business keys of operations read as (business key, fingerprint,
+        source, created_at) in ``conn``'s transaction (each backend's way)."""
+        raise NotImplementedError
+
     async def health(self) -> DatabaseHealth:
         """:meth:`OperatorStore.database_health
         <relaybox.store.operator.OperatorStore.database_health>`."""

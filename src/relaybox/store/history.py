@@ -336,6 +336,9 @@ class HistoryStore:
         async with self.db.connect() as conn:
             if table == "inbox":
                 rows = await self.db.rows(conn, "ops_purge_inbox", params)
+                if rows:
+                    ids = self.db.array([r[0] for r in rows])
+                    await self.db.rows(conn, "operations_purge", (ids,))
             elif table == "quarantine":
                 rows = await self.db.rows(conn, "ops_purge_quarantine", params)
             elif table == "outbox":

@@ -181,7 +181,7 @@ class InboxStore:
         self, conn: AsyncConnection, operation: NewOperation
     ) -> tuple[bool, str]:
         """Insert a business key; return (created, stored fingerprint)."""
-        return await st.run(self.db, conn, st.operation_insert(operation))
+        return await st.run(self.db, conn, st.operation_insert(operation, self.db.backend))
 
     async def outbox_insert(
         self,

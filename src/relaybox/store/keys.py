@@ -12,8 +12,12 @@
   a collision of two names, at 2^-64 a pair, would make one's expiry take the other's
   keys, nothing worse).
 
-Business keys are not here: ``relaybox_operations`` keeps them (one row per
-operation, never partitioned), its PRIMARY KEY decides.
+Business keys (``ctx.once()``) have their own narrow table since migration 0031,
+``relaybox_business_keys``: the key's digest (its PRIMARY KEY decides), an 8-byte
+digest of the operation's fingerprint as a signed integer (what tells a repeat from
+a conflicting reuse of the key), the source's scope and the first day.
+``relaybox_operations`` keeps the readable row (key, fingerprint, event) as history,
+which retention drops with the event's payload.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ __all__ = [
     "fingerprint_digest",
     "message_digest",
     "message_key_columns",
+    "operation_digest",
+    "operation_fingerprint",
+    "operation_key_columns",
     "scope_of",
 ]
 
@@ -63,6 +70,21 @@ def event_digest(source: str, account: str, event_id: str) -> bytes:
 def message_digest(tenant: str, idempotency_key: str) -> bytes:
     """The 16-byte digest of a message's idempotency key within its tenant."""
     return _digest("message", tenant, idempotency_key)
+
+
+def operation_digest(business_key: str) -> bytes:
+    """The 16-byte digest of a business key (business keys are global)."""
+    return _digest("operation", business_key)
+
+
+def operation_fingerprint(fingerprint: str) -> int:
+    """The 8 bytes a business key keeps of its operation's fingerprint, as a signed
+    64-bit integer: a reuse of the key with another fingerprint is told from a repeat
+    unless the two collide (2^-64 a pair)."""
+    raw = hashlib.blake2b(
+        fingerprint.encode("utf-8", "surrogatepass"), digest_size=8, person=b"relaybox-opfp"
+    ).digest()
+    return int.from_bytes(raw, "big", signed=True)
 
 
 def fingerprint_digest(fingerprint: bytes) -> bytes:
@@ -118,3 +140,59 @@ def message_key_columns(rows: Sequence[Any]) -> list[list[Any]]:
         [day_of(r[3]) for r in rows],
         [r[0] for r in rows],
     ]
+
+
+def operation_key_columns(rows: Sequence[Any]) -> list[list[Any]]:
+    """The business keys of operations read as (business key, fingerprint, source,
+    created_at), as arrays: digest, fingerprint digest, scope, first day."""
+    return [
+        [operation_digest(r[0]) for r in rows],
+        [operation_fingerprint(r[1]) for r in rows],
+        [scope_of(r[2] or "") for r in rows],
+        [day_of(r[3]) for r in rows],
+    ]
+
+
+def operation_params(
+    business_key: str,
+    fingerprint: str,
+    inbox_id: int | None,
+    source: str | None,
+    tenant: str | None,
+    now: float,
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """``operation_insert``'s parameters: the key's (digest, fingerprint digest, scope,
+    day), then its readable row's (key, fingerprint, inbox id, source, tenant, now)."""
+    return (
+        (
+            operation_digest(business_key),
+            operation_fingerprint(fingerprint),
+            scope_of(source or ""),
+            day_of(now),
+        ),
+        (business_key, fingerprint, inbox_id, source, tenant, now),
+    )
+
+
+def operation_stored(fingerprint: str, *, keyed: bool, found: Any) -> tuple[str, int | None]:
+    """The fingerprint a business key that was not created answers with, from
+    ``operation_get``'s row ``found`` (the stored fingerprint digest, the readable
+    fingerprint or ``None``): ``fingerprint`` itself when the digests match (a repeat),
+    else the stored one (its text while its readable row is kept). ``keyed``: the
+    insert wrote the key's digest though its readable row, stored before migration
+    0031 and not backfilled yet, decided (a repeat): the second value is then the
+    fingerprint digest to correct the new key row with (``None``: it is right)."""
+    code = operation_fingerprint(fingerprint)
+    readable = found[1]
+    if keyed:
+        assert readable is not None  # the row that refused the insert is there
+        stored_code = operation_fingerprint(readable)
+        return readable, (None if stored_code == code else stored_code)
+    stored = found[0]
+    if stored is None:  # released or expired meanwhile (another transaction)
+        return readable if readable is not None else fingerprint, None
+    if int(stored) == code:
+        return fingerprint, None
+    if readable is not None:
+        return readable, None
+    return f"<fingerprint digest {int(stored) & (2**64 - 1):016x}>", None

@@ -4,6 +4,7 @@ the resumable backfill of the keys of rows stored before them, and their expiry.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from relaybox.store import keys
@@ -12,7 +13,7 @@ from relaybox.store.keys import BackfillProgress, KeyKind
 
 __all__ = ["KeysStore"]
 
-BACKFILL_KINDS = ("event", "message")
+BACKFILL_KINDS = ("event", "message", "operation")
 
 
 class KeysStore:
@@ -23,12 +24,14 @@ class KeysStore:
 
     async def backfill(self, kind: str, *, limit: int = 1000) -> BackfillProgress:
         """Copy the keys of up to ``limit`` stored rows of ``kind`` (``event``: inbox
-        rows; ``message``: messages) into their keys table, in one short transaction,
+        rows; ``message``: messages; ``operation``: the readable business keys of
+        ``relaybox_operations``, in key order) into their keys table, in one short
+        transaction,
         resuming after the last row a previous call did (``relaybox_keys_backfill``
         records it). Keys that exist are left alone, so a batch run twice, or beside
         accepts that write the same keys, changes nothing. Returns where the backfill
         stands; ``finished`` once a batch read fewer than ``limit`` rows (rows stored
-        since migration 0027 have their keys already). A finished backfill does
+        since migrations 0027 and 0031 have their keys already). A finished backfill does
         nothing."""
         if kind not in BACKFILL_KINDS:
             raise ValueError(f"no backfill of {kind!r} keys: one of {', '.join(BACKFILL_KINDS)}")
@@ -44,6 +47,12 @@ class KeysStore:
                 )
                 if page:
                     await self.db.copy_event_keys(conn, page)
+            elif kind == "operation":
+                page = await self.db.rows(
+                    conn, "keys_backfill_operations_page", (last or "", limit)
+                )
+                if page:
+                    await self.db.copy_operation_keys(conn, page)
             else:
                 page = await self.db.rows(conn, "keys_backfill_messages_page", (last or "", limit))
                 keyed = [r for r in page if r[2] is not None]
@@ -72,12 +81,19 @@ class KeysStore:
         return found
 
     async def expire(
-        self, kind: KeyKind, before_day: int, *, scope: str | None = None, limit: int = 1000
+        self,
+        kind: KeyKind,
+        before_day: int,
+        *,
+        scope: str | None = None,
+        limit: int = 1000,
+        keep: Sequence[str] = (),
     ) -> int:
         """Forget the keys of ``kind`` first seen before day ``before_day`` (whole days
         since 1970-01-01 UTC, :func:`relaybox.store.keys.day_of`), only those of
         ``scope`` when given (``event`` and ``operation``: a source name; ``message``:
-        a tenant), ``limit`` keys a transaction until none is left. Returns how many
+        a tenant), else of every scope but those named in ``keep``, ``limit`` keys a
+        transaction until none is left. Returns how many
         were deleted. An expired key decides nothing any more: a delivery of that
         event again is accepted as new (where its inbox row still exists the inbox's
         own UNIQUE key, kept on SQLite, still recognises it), a publish with that
@@ -89,11 +105,13 @@ class KeysStore:
         limit = max(1, int(limit))
         cutoff = int(before_day)
         params: tuple[Any, ...]
-        if scope is None:
+        if scope is None and keep:
+            kept = self.db.array([keys.scope_of(k) for k in keep])
+            name, params = f"keys_expire_{kind}_keep", (cutoff, limit, kept)
+        elif scope is None:
             name, params = f"keys_expire_{kind}", (cutoff, limit)
         else:
-            value: Any = scope if kind == "operation" else keys.scope_of(scope)
-            name, params = f"keys_expire_{kind}_scope", (cutoff, limit, value)
+            name, params = f"keys_expire_{kind}_scope", (cutoff, limit, keys.scope_of(scope))
         total = 0
         while True:
             async with self.db.transaction() as conn:

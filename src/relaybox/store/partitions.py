@@ -455,6 +455,8 @@ async def _drop_old(
                     if not c.default and c.lo == p.lo and c.hi == p.hi:
                         await _detach_drop(ddl, child, c.name, before_drop)
                         result.dropped.append(c.name)
+            if table == "relaybox_inbox":
+                await ddl.run("part_operations_drop", part=p.name)
             await _detach_drop(ddl, table, p.name, before_drop)
             result.dropped.append(p.name)
 

@@ -465,6 +465,9 @@ class PostgresBackend(Backend):
     async def copy_message_keys(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
         await self.rows(conn, "message_keys_insert", keys.message_key_columns(page))
 
+    async def copy_operation_keys(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        await self.rows(conn, "operation_keys_insert", keys.operation_key_columns(page))
+
     @contextlib.asynccontextmanager
     async def maintenance_try_lock(self) -> AsyncIterator[bool]:
         """One maintenance runner across every process: ``pg_try_advisory_lock`` on a
@@ -667,7 +670,12 @@ class PostgresInbox(InboxStore):
         con = await self.db.prepare(conn)
         ids, attempts = [i for i, _ in started], [a for _, a in started]
         columns = _literal_columns(claims, 5)
-        sql = self.db.literal_sql(con, "inbox_lock_group", (ids, attempts, *columns, now))
+        digests = [keys.operation_digest(c[0]) for c in claims]
+        codes = [keys.operation_fingerprint(c[1]) for c in claims]
+        scopes = [keys.scope_of(c[3] or "") for c in claims]
+        days = [keys.day_of(now)] * len(claims)
+        params = (ids, attempts, digests, codes, scopes, days, *columns, now)
+        sql = self.db.literal_sql(con, "inbox_lock_group", params)
         status = await self.db.begin_with(conn, _GROUP_LOCK_TIMEOUT + sql)
         return bool(status == f"SELECT {len(started) + len(claims)}")
 
@@ -701,8 +709,11 @@ class PostgresInbox(InboxStore):
         con = asyncpg_of(await _adapted(conn))
         parts = [self._outbox_rows_sql(con, outbox, now)] if outbox else []
         if released:
+            digests = [keys.operation_digest(k) for k in released]
             parts.append(
-                self.db.literal_sql(con, "operations_release", ([k.encode() for k in released],))
+                self.db.literal_sql(
+                    con, "operations_release", (digests, [k.encode() for k in released])
+                )
             )
         if done:
             parts.append(self.db.literal_sql(con, "inbox_complete", (list(done), now)))
@@ -1040,8 +1051,11 @@ def _literal(value: int | float | list[int] | list[bytes | None] | list[Any]) ->
 _PREPARED = {
     "inbox_begin_done": "bigint, float8, integer",
     "inbox_start_next": "bigint, float8, integer",
-    "inbox_lock_group": "bigint[], bigint[], text[], text[], bigint[], text[], text[], float8",
-    "operations_release": "text[]",
+    "inbox_lock_group": (
+        "bigint[], bigint[], text[], bigint[], bigint[], integer[], "
+        "text[], text[], bigint[], text[], text[], float8"
+    ),
+    "operations_release": "text[], text[]",
     "inbox_complete": "bigint[], float8",
     "inbox_start_next_group": "bigint[], bigint[], float8",
     "outbox_insert_rows": "text[], text[], text[], text[], bigint[], float8",

@@ -40,6 +40,7 @@ class RetentionPolicyRow:
     outbox_payload_max_age: float | None
     updated_at: float
     updated_by: str
+    keys_max_age: float | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> RetentionPolicyRow:
@@ -49,6 +50,7 @@ class RetentionPolicyRow:
             outbox_payload_max_age=None if row[2] is None else float(row[2]),
             updated_at=float(row[3]),
             updated_by=row[4],
+            keys_max_age=None if row[5] is None else float(row[5]),
         )
 
 
@@ -86,12 +88,21 @@ class RetentionStore:
         now: float,
         actor: str,
         max_policies: int,
+        keys_max_age: float | None = None,
     ) -> RetentionPolicyRow | None:
         """Set (insert or replace) the tenant's policy; at least one age must be given.
         ``None``: the tenant had none and ``max_policies`` tenants already have one."""
-        if payload_max_age is None and outbox_payload_max_age is None:
+        if payload_max_age is None and outbox_payload_max_age is None and keys_max_age is None:
             raise ValueError("a retention policy sets at least one age")
-        params = (tenant, payload_max_age, outbox_payload_max_age, now, actor, max_policies)
+        params = (
+            tenant,
+            payload_max_age,
+            outbox_payload_max_age,
+            now,
+            actor,
+            max_policies,
+            keys_max_age,
+        )
         async with self.db.connect() as conn:
             row = await self.db.first(conn, "retention_policy_put", params)
         return None if row is None else RetentionPolicyRow.from_row(row)
@@ -125,6 +136,8 @@ class RetentionStore:
         async with self.db.connect() as conn:
             await self.db.rows(conn, "retention_custom_plans")
             rows = await self.db.rows(conn, f"ops_purge_{table}_tenants", params)
+            if rows and table == "inbox":
+                await self.db.rows(conn, "operations_purge", (self.db.array([r[0] for r in rows]),))
             if rows and table == "outbox":
                 ids = self.db.array([r[0] for r in rows])
                 await self.db.rows(conn, "ops_purge_outbox_responses", (ids,))
@@ -173,6 +186,8 @@ class RetentionStore:
             rows = await self.db.rows(
                 conn, f"ops_purge_{table}_ids", (self.db.array(list(ids)), now, cutoff)
             )
+            if rows and table == "inbox":
+                await self.db.rows(conn, "operations_purge", (self.db.array([r[0] for r in rows]),))
             if rows and table == "outbox":
                 done = self.db.array([r[0] for r in rows])
                 await self.db.rows(conn, "ops_purge_outbox_responses", (done,))

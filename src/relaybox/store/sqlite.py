@@ -215,6 +215,10 @@ class SQLiteBackend(Backend):
         rows = list(zip(digests, fps, days, scopes, ids, strict=True))
         await run_on_sqlite_thread(conn, _executemany, self.q["event_keys_insert_one"], rows)
 
+    async def copy_operation_keys(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
+        rows = list(zip(*keys.operation_key_columns(page), strict=True))
+        await run_on_sqlite_thread(conn, _executemany, self.q["operation_keys_insert_one"], rows)
+
     async def copy_message_keys(self, conn: AsyncConnection, page: Sequence[Any]) -> None:
         rows = list(zip(*keys.message_key_columns(page), strict=True))
         await run_on_sqlite_thread(conn, _executemany, self.q["message_keys_insert_one"], rows)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from relaybox.store import keys
 from relaybox.store.inbox_rows import InboxEvent, NewAttempt, NewOperation, OutboxRow
 from relaybox.store.keys import message_digest
 
@@ -99,15 +100,28 @@ def attempt_insert(attempt: NewAttempt) -> Statement:
     )
 
 
-def operation_insert(operation: NewOperation) -> Steps[tuple[bool, str]]:
-    """Insert a business key; (created, stored fingerprint)."""
+def operation_insert(operation: NewOperation, backend: str) -> Steps[tuple[bool, str]]:
+    """Insert a business key (its digest decides, its readable row follows); (created,
+    stored fingerprint). PostgreSQL runs both halves in one statement, SQLite in two."""
     o = operation
-    params = (o.business_key, o.fingerprint, o.inbox_id, o.source, o.tenant, o.now)
-    if (yield ("operation_insert", params)):
+    key, row = keys.operation_params(
+        o.business_key, o.fingerprint, o.inbox_id, o.source, o.tenant, o.now
+    )
+    if backend == "postgres":
+        found = (yield ("operation_insert", (*key, *row)))[0]
+        keyed, created = bool(found[0]), bool(found[1])
+    else:
+        keyed = bool((yield ("operation_insert", key)))
+        created = keyed and bool((yield ("operation_record", row)))
+    if created:
         return True, o.fingerprint
-    existing = yield ("operation_get", (o.business_key,))
-    assert existing  # the conflicting row is committed and visible
-    return False, existing[0][1]
+    existing = yield ("operation_get", (key[0], o.business_key))
+    stored, fix = keys.operation_stored(
+        o.fingerprint, keyed=keyed, found=existing[0] if existing else None
+    )
+    if fix is not None:
+        yield ("operation_key_fix", (key[0], fix))
+    return False, stored
 
 
 def outbox_insert(row: OutboxRow, *, now: float) -> Statement:

@@ -137,7 +137,7 @@ class SyncInbox:
 
     def operation_insert(self, conn: Connection, operation: NewOperation) -> tuple[bool, str]:
         """Insert a business key; return (created, stored fingerprint)."""
-        return st.run_sync(self.db, conn, st.operation_insert(operation))
+        return st.run_sync(self.db, conn, st.operation_insert(operation, self.db.backend))
 
     def outbox_insert_rows(
         self, conn: Connection, rows: Sequence[OutboxRow], *, now: float

@@ -155,15 +155,52 @@ INSERT INTO relaybox_inbox_attempts
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 
 -- name: operation_insert
--- The UNIQUE business key decides whether this operation already happened.
+-- A business key: its digest's PRIMARY KEY in relaybox_business_keys decides whether
+-- this operation already happened ($1 digest, $2 fingerprint digest, $3 scope, $4
+-- day); only a new key writes its readable row ($5 key, $6 fingerprint, $7 inbox id,
+-- $8 source, $9 tenant, $10 now), over the row of an expired key, but not over one
+-- that the backfill of keys stored before migration 0031 has not reached yet: then
+-- keyed is 1 and created 0 (the old row decides: a repeat).
+WITH k AS (
+  INSERT INTO relaybox_business_keys (digest, fingerprint, scope, first_seen)
+  VALUES (encode($1::bytea, 'hex')::uuid, $2, $3, $4)
+  ON CONFLICT (digest) DO NOTHING
+  RETURNING 1
+), o AS (
+  INSERT INTO relaybox_operations (business_key, fingerprint, inbox_id, source, tenant, created_at)
+  SELECT $5, $6, $7, $8, $9, $10 FROM k
+  ON CONFLICT (business_key) DO UPDATE SET fingerprint = excluded.fingerprint,
+      inbox_id = excluded.inbox_id, source = excluded.source, tenant = excluded.tenant,
+      created_at = excluded.created_at
+  WHERE EXISTS (SELECT 1 FROM relaybox_keys_backfill
+                WHERE kind = 'operation' AND finished_at IS NOT NULL)
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM k) AS keyed, (SELECT count(*) FROM o) AS created
+
+-- name: operation_record
+-- operation_insert's second half alone ($1 key, $2 fingerprint, $3 inbox id, $4
+-- source, $5 tenant, $6 now), as SQLite runs it after its key insert.
 INSERT INTO relaybox_operations (business_key, fingerprint, inbox_id, source, tenant, created_at)
 VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (business_key) DO NOTHING
-RETURNING business_key
+ON CONFLICT (business_key) DO UPDATE SET fingerprint = excluded.fingerprint,
+    inbox_id = excluded.inbox_id, source = excluded.source, tenant = excluded.tenant,
+    created_at = excluded.created_at
+WHERE EXISTS (SELECT 1 FROM relaybox_keys_backfill
+              WHERE kind = 'operation' AND finished_at IS NOT NULL)
+RETURNING 1
 
 -- name: operation_get
-SELECT business_key, fingerprint, inbox_id, source, tenant, created_at
-FROM relaybox_operations WHERE business_key = $1
+-- A business key's fingerprint digest ($1 its digest) and, while its readable row
+-- is kept, its fingerprint ($2 the key).
+SELECT (SELECT fingerprint FROM relaybox_business_keys
+        WHERE digest = encode($1::bytea, 'hex')::uuid) AS code,
+       (SELECT fingerprint FROM relaybox_operations WHERE business_key = $2) AS fingerprint
+
+-- name: operation_key_fix
+-- A key of before migration 0031 that operation_insert wrote ahead of the backfill:
+-- its fingerprint digest is its readable row's ($2).
+UPDATE relaybox_business_keys SET fingerprint = $2 WHERE digest = encode($1::bytea, 'hex')::uuid
 
 -- name: outbox_insert
 -- One outgoing action per (channel, key), recorded with the change that causes it.
@@ -387,12 +424,13 @@ WHERE id = $1 AND status = 'pending' AND attempts = $3
 -- name: inbox_lock_group
 -- The first statement of a group's transaction, sent with its BEGIN (literals): the
 -- rows locked while still pending at the attempt this worker started ($2[i] for row
--- $1[i]), and in the same statement the group's declared business keys claimed ($3
--- keys, $4 fingerprints, $6 sources, $7 tenants as hex texts; $5 the events' inbox
--- ids; $8 now; empty arrays when none). Its row count is the rows locked plus the keys
--- inserted: both are complete only when it is len($1) + len($3) (a key that exists,
--- or that two events name, inserts nothing; the caller then runs the group again
--- without claims). The completions of the events that succeed go with the COMMIT
+-- $1[i]), and in the same statement the group's declared business keys claimed (as
+-- operation_insert does: $3 digests as hex texts, $4 fingerprint digests, $5 scopes,
+-- $6 days; $7 keys, $8 fingerprints, $10 sources, $11 tenants as hex texts; $9 the
+-- events' inbox ids; $12 now; empty arrays when none). Its row count is the rows
+-- locked plus the keys inserted: both are complete only when it is len($1) + len($3)
+-- (a key that exists, or that two events name, inserts nothing; the caller then runs
+-- the group again without claims). The completions of the events that succeed go with the COMMIT
 -- (inbox_complete).
 WITH locked AS (
   SELECT i.id FROM relaybox_inbox i
@@ -402,26 +440,44 @@ WITH locked AS (
                  AND (SELECT max(x) FROM unnest($1::bigint[]) x)
     AND i.attempts = g.attempts
   FOR NO KEY UPDATE OF i
+), keyed AS (
+  INSERT INTO relaybox_business_keys (digest, fingerprint, scope, first_seen)
+  SELECT k.digest::uuid, k.code, k.scope, k.day
+  FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::integer[])
+       AS k(digest, code, scope, day)
+  ON CONFLICT (digest) DO NOTHING
+  RETURNING digest
 ), claimed AS (
   INSERT INTO relaybox_operations
       (business_key, fingerprint, inbox_id, source, tenant, created_at)
-  SELECT convert_from(decode(k.key, 'hex'), 'UTF8'), convert_from(decode(k.fp, 'hex'), 'UTF8'),
+  SELECT DISTINCT ON (keyed.digest)
+         convert_from(decode(k.key, 'hex'), 'UTF8'), convert_from(decode(k.fp, 'hex'), 'UTF8'),
          k.inbox_id, convert_from(decode(k.source, 'hex'), 'UTF8'),
-         convert_from(decode(k.tenant, 'hex'), 'UTF8'), $8
-  FROM unnest($3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[])
-       AS k(key, fp, inbox_id, source, tenant)
-  ON CONFLICT (business_key) DO NOTHING
+         convert_from(decode(k.tenant, 'hex'), 'UTF8'), $12
+  FROM unnest($3::text[], $7::text[], $8::text[], $9::bigint[], $10::text[], $11::text[])
+       AS k(digest, key, fp, inbox_id, source, tenant)
+  JOIN keyed ON keyed.digest = k.digest::uuid
+  ON CONFLICT (business_key) DO UPDATE SET fingerprint = excluded.fingerprint,
+      inbox_id = excluded.inbox_id, source = excluded.source, tenant = excluded.tenant,
+      created_at = excluded.created_at
+  WHERE EXISTS (SELECT 1 FROM relaybox_keys_backfill
+                WHERE kind = 'operation' AND finished_at IS NOT NULL)
   RETURNING 1
 )
 SELECT 1 FROM locked UNION ALL SELECT 1 FROM claimed
 
 -- name: operations_release
 -- Declared business keys the group's BEGIN claimed (inbox_lock_group) and no
--- handler asked for, as hex texts: released with the COMMIT. convert_from's result
+-- handler asked for ($1 their digests as hex texts, $2 the keys as hex texts):
+-- released with the COMMIT, the key and its readable row. convert_from's result
 -- takes the "C" collation of its encoding name: the key's index needs the column's.
+WITH keys AS (
+  DELETE FROM relaybox_business_keys
+  WHERE digest = ANY(ARRAY(SELECT d::uuid FROM unnest($1::text[]) d))
+)
 DELETE FROM relaybox_operations
 WHERE business_key = ANY(ARRAY(
-    SELECT convert_from(decode(k, 'hex'), 'UTF8') COLLATE "default" FROM unnest($1::text[]) k))
+    SELECT convert_from(decode(k, 'hex'), 'UTF8') COLLATE "default" FROM unnest($2::text[]) k))
 
 -- name: inbox_start_next_group
 -- inbox_start_next for the next group: $1[i] a row, $2[i] its attempts as claimed.

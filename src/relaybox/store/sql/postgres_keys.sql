@@ -2,7 +2,7 @@
 -- the keys of rows stored before them, and their expiry by age. (postgres)
 
 -- name: keys_backfill_finished
--- Whether the backfill of kind $1 ('event', 'message') has finished.
+-- Whether the backfill of kind $1 ('event', 'message', 'operation') has finished.
 SELECT 1 AS done FROM relaybox_keys_backfill WHERE kind = $1 AND finished_at IS NOT NULL
 
 -- name: keys_backfill_state
@@ -55,14 +55,52 @@ DELETE FROM relaybox_message_keys WHERE digest IN (
     ORDER BY first_seen LIMIT $2)
 
 -- name: keys_expire_operation
--- One batch of expiry: up to $2 business keys first seen before day $1, oldest first
--- (by the day, as relaybox_operations_age indexes it).
-DELETE FROM relaybox_operations WHERE business_key IN (
-    SELECT business_key FROM relaybox_operations WHERE floor(created_at / 86400)::integer < $1
-    ORDER BY floor(created_at / 86400)::integer LIMIT $2)
+-- One batch of expiry: up to $2 business keys first seen before day $1, oldest first.
+DELETE FROM relaybox_business_keys WHERE digest IN (
+    SELECT digest FROM relaybox_business_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2)
 
 -- name: keys_expire_operation_scope
--- As keys_expire_operation, only the keys of source $3.
-DELETE FROM relaybox_operations WHERE business_key IN (
-    SELECT business_key FROM relaybox_operations WHERE source = $3 AND floor(created_at / 86400)::integer < $1
-    ORDER BY floor(created_at / 86400)::integer LIMIT $2)
+-- As keys_expire_operation, only the keys of scope $3 (a source's).
+DELETE FROM relaybox_business_keys WHERE digest IN (
+    SELECT digest FROM relaybox_business_keys WHERE scope = $3 AND first_seen < $1
+    ORDER BY first_seen LIMIT $2)
+
+-- name: keys_backfill_operations_page
+-- Up to $2 business keys after $1, in key order (the primary key).
+SELECT business_key, fingerprint, source, created_at FROM relaybox_operations
+WHERE business_key > $1 ORDER BY business_key LIMIT $2
+
+-- name: operations_purge
+-- The readable business keys of the events whose payload the retention purge just
+-- dropped ($1: their ids), in the same transaction, once every key stored before
+-- migration 0031 is in relaybox_business_keys (which keeps deciding).
+DELETE FROM relaybox_operations
+WHERE inbox_id = ANY($1::bigint[])
+  AND EXISTS (SELECT 1 FROM relaybox_keys_backfill
+              WHERE kind = 'operation' AND finished_at IS NOT NULL)
+
+-- name: operation_keys_insert
+-- Business keys of operations stored before migration 0031 (digest, fingerprint
+-- digest, scope, first day); a key that exists is left alone.
+INSERT INTO relaybox_business_keys (digest, fingerprint, scope, first_seen)
+SELECT encode(d, 'hex')::uuid, f, s, day
+FROM unnest($1::bytea[], $2::bigint[], $3::bigint[], $4::integer[]) AS k(d, f, s, day)
+ON CONFLICT DO NOTHING
+
+-- name: keys_expire_event_keep
+-- As keys_expire_event, but not the keys of the scopes $3 (they keep theirs longer).
+DELETE FROM relaybox_event_keys WHERE digest IN (
+    SELECT digest FROM relaybox_event_keys WHERE scope <> ALL($3::bigint[]) AND first_seen < $1
+    ORDER BY first_seen LIMIT $2)
+
+-- name: keys_expire_message_keep
+-- As keys_expire_message, but not the keys of the scopes $3 (they keep theirs longer).
+DELETE FROM relaybox_message_keys WHERE digest IN (
+    SELECT digest FROM relaybox_message_keys WHERE scope <> ALL($3::bigint[]) AND first_seen < $1
+    ORDER BY first_seen LIMIT $2)
+
+-- name: keys_expire_operation_keep
+-- As keys_expire_operation, but not the keys of the scopes $3 (they keep theirs longer).
+DELETE FROM relaybox_business_keys WHERE digest IN (
+    SELECT digest FROM relaybox_business_keys WHERE scope <> ALL($3::bigint[]) AND first_seen < $1
+    ORDER BY first_seen LIMIT $2)

@@ -141,6 +141,16 @@ ALTER TABLE {table} DETACH PARTITION {part}
 -- name: part_mark_detached
 COMMENT ON TABLE {part} IS 'relaybox: detached, to drop'
 
+-- name: part_operations_drop
+-- The readable business keys (relaybox_operations) of the events of inbox partition
+-- {part}, which is about to be dropped: they go with their events, as the purge drops
+-- them with a payload; their digests (relaybox_business_keys) keep deciding. Only once
+-- the backfill of business keys stored before migration 0031 has finished.
+DELETE FROM relaybox_operations o USING {part} i
+WHERE o.inbox_id = i.id
+  AND EXISTS (SELECT 1 FROM relaybox_keys_backfill
+              WHERE kind = 'operation' AND finished_at IS NOT NULL)
+
 -- name: part_drop
 DROP TABLE IF EXISTS {part}
 

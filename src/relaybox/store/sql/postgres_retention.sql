@@ -14,30 +14,31 @@
 SELECT set_config('plan_cache_mode', 'force_custom_plan', true)
 
 -- name: retention_policy_get
-SELECT tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by
+SELECT tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by, keys_max_age
 FROM relaybox_retention_policies WHERE tenant = $1
 
 -- name: retention_policy_put
 -- Insert or replace a tenant's policy; a new tenant only while fewer than $6 have one
 -- (no row returned: the table is full).
 INSERT INTO relaybox_retention_policies AS p
-    (tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by)
-SELECT $1, $2, $3, $4, $5
+    (tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by, keys_max_age)
+SELECT $1, $2, $3, $4, $5, $7
 WHERE EXISTS (SELECT 1 FROM relaybox_retention_policies WHERE tenant = $1)
    OR (SELECT count(*) FROM relaybox_retention_policies) < $6
 ON CONFLICT (tenant) DO UPDATE SET
     payload_max_age = excluded.payload_max_age,
     outbox_payload_max_age = excluded.outbox_payload_max_age,
+    keys_max_age = excluded.keys_max_age,
     updated_at = excluded.updated_at,
     updated_by = excluded.updated_by
-RETURNING tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by
+RETURNING tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by, keys_max_age
 
 -- name: retention_policy_delete
 DELETE FROM relaybox_retention_policies WHERE tenant = $1 RETURNING tenant
 
 -- name: retention_policy_page
 -- The policies after tenant $1, in tenant order, $2 at most.
-SELECT tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by
+SELECT tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by, keys_max_age
 FROM relaybox_retention_policies WHERE tenant > $1 ORDER BY tenant LIMIT $2
 
 -- name: ops_purge_inbox_tenants

@@ -88,15 +88,38 @@ INSERT INTO relaybox_inbox_attempts
 VALUES (?, ?, ?, ?, ?, ?, ?)
 
 -- name: operation_insert
--- The UNIQUE business key decides whether this operation already happened.
+-- A business key (?1 digest, ?2 fingerprint digest, ?3 scope, ?4 day): its digest's
+-- PRIMARY KEY decides whether this operation already happened (a row: it is new, and
+-- operation_record writes its readable row; PostgreSQL does both in one statement).
+INSERT INTO relaybox_business_keys (digest, fingerprint, scope, first_seen)
+VALUES (?1, ?2, ?3, ?4)
+ON CONFLICT (digest) DO NOTHING
+RETURNING 1
+
+-- name: operation_record
+-- A new business key's readable row (?1 key, ?2 fingerprint, ?3 inbox id, ?4 source,
+-- ?5 tenant, ?6 now), over the row of an expired key, but not over one that the
+-- backfill of keys stored before migration 0031 has not reached yet (no row: that
+-- one decides, a repeat).
 INSERT INTO relaybox_operations (business_key, fingerprint, inbox_id, source, tenant, created_at)
-VALUES (?, ?, ?, ?, ?, ?)
-ON CONFLICT (business_key) DO NOTHING
-RETURNING business_key
+VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+ON CONFLICT (business_key) DO UPDATE SET fingerprint = excluded.fingerprint,
+    inbox_id = excluded.inbox_id, source = excluded.source, tenant = excluded.tenant,
+    created_at = excluded.created_at
+WHERE EXISTS (SELECT 1 FROM relaybox_keys_backfill
+              WHERE kind = 'operation' AND finished_at IS NOT NULL)
+RETURNING 1
 
 -- name: operation_get
-SELECT business_key, fingerprint, inbox_id, source, tenant, created_at
-FROM relaybox_operations WHERE business_key = ?
+-- A business key's fingerprint digest (?1 its digest) and, while its readable row is
+-- kept, its fingerprint (?2 the key).
+SELECT (SELECT fingerprint FROM relaybox_business_keys WHERE digest = ?1) AS code,
+       (SELECT fingerprint FROM relaybox_operations WHERE business_key = ?2) AS fingerprint
+
+-- name: operation_key_fix
+-- A key of before migration 0031 that operation_key_insert wrote ahead of the
+-- backfill: its fingerprint digest is its readable row's (?2).
+UPDATE relaybox_business_keys SET fingerprint = ?2 WHERE digest = ?1
 
 -- name: outbox_insert
 -- One outgoing action per (channel, key), recorded with the change that causes it.

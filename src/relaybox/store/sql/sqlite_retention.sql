@@ -8,27 +8,28 @@
 SELECT 1
 
 -- name: retention_policy_get
-SELECT tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by
+SELECT tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by, keys_max_age
 FROM relaybox_retention_policies WHERE tenant = ?1
 
 -- name: retention_policy_put
 INSERT INTO relaybox_retention_policies
-    (tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by)
-SELECT ?1, ?2, ?3, ?4, ?5
+    (tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by, keys_max_age)
+SELECT ?1, ?2, ?3, ?4, ?5, ?7
 WHERE EXISTS (SELECT 1 FROM relaybox_retention_policies WHERE tenant = ?1)
    OR (SELECT count(*) FROM relaybox_retention_policies) < ?6
 ON CONFLICT (tenant) DO UPDATE SET
     payload_max_age = excluded.payload_max_age,
     outbox_payload_max_age = excluded.outbox_payload_max_age,
+    keys_max_age = excluded.keys_max_age,
     updated_at = excluded.updated_at,
     updated_by = excluded.updated_by
-RETURNING tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by
+RETURNING tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by, keys_max_age
 
 -- name: retention_policy_delete
 DELETE FROM relaybox_retention_policies WHERE tenant = ?1 RETURNING tenant
 
 -- name: retention_policy_page
-SELECT tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by
+SELECT tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by, keys_max_age
 FROM relaybox_retention_policies WHERE tenant > ?1 ORDER BY tenant LIMIT ?2
 
 -- name: ops_purge_inbox_tenants

@@ -7,6 +7,6 @@ from relaybox.contrib.django.migrating import ApplyRelayboxMigrations
 
 
 class Migration(migrations.Migration):
-    dependencies = [("relaybox", "0015_relaybox_0030")]
+    dependencies = [("relaybox", "0016_relaybox_0031")]
 
     operations = [ApplyRelayboxMigrations(32)]
