@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from relaybox.store import keys
 from relaybox.store import statements as st
 from relaybox.store.inbox_rows import NewAttempt, NewOperation, OutboxRow
 from relaybox.store.outbox_rows import NewMessage
@@ -25,15 +26,22 @@ def drive(steps: st.Steps[Any], answers: list[list[Any]]) -> tuple[list[st.State
 OPERATION = NewOperation("order-1", "fp-a", 7, "stripe", "t1", 100.0)
 
 
-def test_a_new_business_key_is_one_insert() -> None:
-    seen, answer = drive(st.operation_insert(OPERATION), [[(1,)]])
-    assert seen == [("operation_insert", ("order-1", "fp-a", 7, "stripe", "t1", 100.0))]
+KEY, ROW = keys.operation_params("order-1", "fp-a", 7, "stripe", "t1", 100.0)
+
+
+def test_a_new_business_key_is_one_statement_on_postgres_and_two_on_sqlite() -> None:
+    seen, answer = drive(st.operation_insert(OPERATION, "postgres"), [[(True, True)]])
+    assert seen == [("operation_insert", (*KEY, *ROW))]
+    assert answer == (True, "fp-a")
+    seen, answer = drive(st.operation_insert(OPERATION, "sqlite"), [[(1,)], [(1,)]])
+    assert seen == [("operation_insert", KEY), ("operation_record", ROW)]
     assert answer == (True, "fp-a")
 
 
-def test_a_taken_business_key_reads_the_stored_fingerprint() -> None:
-    seen, answer = drive(st.operation_insert(OPERATION), [[], [("order-1", "fp-b")]])
-    assert seen[1] == ("operation_get", ("order-1",))
+def test_a_taken_business_key_reads_what_is_stored() -> None:
+    stored = (keys.operation_fingerprint("fp-b"), "fp-b")
+    seen, answer = drive(st.operation_insert(OPERATION, "sqlite"), [[], [stored]])
+    assert seen[1] == ("operation_get", (KEY[0], "order-1"))
     assert answer == (False, "fp-b")
 
 
