@@ -402,6 +402,7 @@ def retention_set(
     from pydantic import ValidationError
 
     from relaybox.ops import retention as policies
+    from relaybox.ops.inbound import age_text
 
     if payload_max_age is None and outbox_payload_max_age is None and keys_max_age is None:
         raise click.UsageError(
@@ -419,8 +420,14 @@ def retention_set(
         request = policies.TenantPolicyRequest(**ages)
     except ValidationError as exc:
         first = exc.errors()[0]
+        bound = first.get("ctx", {})
+        message = str(first["msg"])
+        if "ge" in bound:  # seconds, said as the age the option takes
+            message = f"at least {age_text(float(bound['ge']))}"
+        elif "le" in bound:
+            message = f"at most {age_text(float(bound['le']))}"
         raise click.BadParameter(
-            str(first["msg"]), param_hint=f"--{str(first['loc'][0]).replace('_', '-')}"
+            message, param_hint=f"--{str(first['loc'][0]).replace('_', '-')}"
         ) from None
     who = default_actor(actor)
     box = load_box(app, config, database_url)
