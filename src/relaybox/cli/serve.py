@@ -234,7 +234,11 @@ def migrate(
     box = load_box(app, config, database_url)
     log.configure_logging(box.settings.log_level, json=box.settings.log_json)  # on stderr
     period = partitions or box.settings.retention.partitions
-    if box.store.backend != "postgres":
+    try:  # a URL of no backend is a usage error, said before any store is opened
+        backend = check_database_url(box.settings.database_url)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from None
+    if backend == "sqlite":
         if partitions:
             raise click.UsageError("time partitions need PostgreSQL")
         period = "off"  # SQLite keeps its tables and its batched purge
