@@ -351,7 +351,7 @@ async def backfill_keys(
     it has finished the accept copies an old row's key itself when one comes again."""
     size = batch or box.settings.retention.batch
     total = 0
-    for kind in ("event", "message", "operation"):
+    for kind in ("event", "message", "operation", "outbox"):
         runs = 0
         while max_batches is None or runs < max_batches:
             state = await box.store.keys.backfill(kind, limit=size)

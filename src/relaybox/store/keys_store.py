@@ -13,7 +13,7 @@ from relaybox.store.keys import BackfillProgress, KeyKind
 
 __all__ = ["KeysStore"]
 
-BACKFILL_KINDS = ("event", "message", "operation")
+BACKFILL_KINDS = ("event", "message", "operation", "outbox")
 
 
 class KeysStore:
@@ -25,7 +25,8 @@ class KeysStore:
     async def backfill(self, kind: str, *, limit: int = 1000) -> BackfillProgress:
         """Copy the keys of up to ``limit`` stored rows of ``kind`` (``event``: inbox
         rows; ``message``: messages; ``operation``: the readable business keys of
-        ``relaybox_operations``, in key order) into their keys table, in one short
+        ``relaybox_operations``, in key order; ``outbox``: outbox rows, PostgreSQL's
+        keys of (channel, key), migration 0034) into their keys table, in one short
         transaction,
         resuming after the last row a previous call did (``relaybox_keys_backfill``
         records it). Keys that exist are left alone, so a batch run twice, or beside
@@ -53,6 +54,10 @@ class KeysStore:
                 )
                 if page:
                     await self.db.copy_operation_keys(conn, page)
+            elif kind == "outbox":
+                page = await self.db.rows(
+                    conn, "keys_backfill_outbox_page", (int(last or 0), limit)
+                )
             else:
                 page = await self.db.rows(conn, "keys_backfill_messages_page", (last or "", limit))
                 keyed = [r for r in page if r[2] is not None]

@@ -203,28 +203,53 @@ SELECT (SELECT fingerprint FROM relaybox_business_keys
 UPDATE relaybox_business_keys SET fingerprint = $2 WHERE digest = encode($1::bytea, 'hex')::uuid
 
 -- name: outbox_insert
--- One outgoing action per (channel, key), recorded with the change that causes it.
--- The dispatchers are woken after COMMIT by whoever commits (Store.wake), not by a
--- NOTIFY in this transaction (notifying COMMITs are serialised).
+-- One outgoing action per (channel, key), recorded with the change that causes it:
+-- its key (relaybox_outbox_keys, migration 0034) first, the row only when the key is
+-- new (the key's primary key decides between two writers, and stays when the row's
+-- partition is dropped). The dispatchers are woken after COMMIT by whoever commits
+-- (Store.wake), not by a NOTIFY in this transaction (notifying COMMITs are serialised).
+WITH k AS (
+    INSERT INTO relaybox_outbox_keys (digest, first_seen)
+    VALUES (relaybox_outbox_digest($1::text, $2::text),
+            floor($6::double precision / 86400)::integer)
+    ON CONFLICT DO NOTHING
+    RETURNING digest
+)
 INSERT INTO relaybox_outbox
     (channel, key, payload, tenant, inbox_id, status, next_attempt_at, created_at,
      updated_at)
-VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6, $6)
-ON CONFLICT (channel, key) DO NOTHING
+SELECT $1::text, $2::text, $3::text, $4::text, $5::bigint, 'pending', $6::double precision,
+       $6::double precision, $6::double precision
+FROM k
+ON CONFLICT DO NOTHING
 RETURNING id
 
 -- name: outbox_insert_rows
 -- A group's outbox rows, sent with its COMMIT (simple query protocol): the texts come
--- as hex, decoded here. One row per (channel, key), the first one kept.
+-- as hex, decoded here. One row per (channel, key), the first one kept (its key decides,
+-- as in outbox_insert).
+WITH r AS (
+    SELECT DISTINCT ON (digest) *
+    FROM (SELECT r.*, relaybox_outbox_digest(r.channel, r.key) AS digest
+          FROM (SELECT convert_from(decode(r.channel, 'hex'), 'UTF8') AS channel,
+                       convert_from(decode(r.key, 'hex'), 'UTF8') AS key,
+                       convert_from(decode(r.payload, 'hex'), 'UTF8') AS payload,
+                       convert_from(decode(r.tenant, 'hex'), 'UTF8') AS tenant, r.inbox_id, r.ord
+                FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[])
+                     WITH ORDINALITY AS r(channel, key, payload, tenant, inbox_id, ord)) r) r
+    ORDER BY digest, ord
+), k AS (
+    INSERT INTO relaybox_outbox_keys (digest, first_seen)
+    SELECT digest, floor($6::double precision / 86400)::integer FROM r
+    ON CONFLICT DO NOTHING
+    RETURNING digest
+)
 INSERT INTO relaybox_outbox
     (channel, key, payload, tenant, inbox_id, status, next_attempt_at, created_at,
      updated_at)
-SELECT convert_from(decode(r.channel, 'hex'), 'UTF8'), convert_from(decode(r.key, 'hex'), 'UTF8'),
-       convert_from(decode(r.payload, 'hex'), 'UTF8'), convert_from(decode(r.tenant, 'hex'), 'UTF8'),
-       r.inbox_id, 'pending', $6, $6, $6
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[])
-     AS r(channel, key, payload, tenant, inbox_id)
-ON CONFLICT (channel, key) DO NOTHING
+SELECT r.channel, r.key, r.payload, r.tenant, r.inbox_id, 'pending', $6, $6, $6
+FROM r JOIN k ON k.digest = r.digest ORDER BY r.ord
+ON CONFLICT DO NOTHING
 
 -- name: stats_inbox
 SELECT status, dead_reason, count(*) AS n, min(CASE WHEN status = 'pending' THEN received_at END) AS oldest

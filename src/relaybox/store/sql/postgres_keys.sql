@@ -25,6 +25,20 @@ WHERE id > $1 ORDER BY id LIMIT $2
 SELECT id, tenant, idempotency_key, created_at FROM relaybox_messages
 WHERE id > $1 ORDER BY id LIMIT $2
 
+-- name: keys_backfill_outbox_page
+-- Up to $2 outbox rows after id $1, in id order (the primary key): their keys
+-- (relaybox_outbox_keys, migration 0034) copied, a key that exists left alone; the
+-- ids read returned.
+WITH page AS (
+    SELECT id, channel, key, created_at FROM relaybox_outbox
+    WHERE id > $1 ORDER BY id LIMIT $2
+), copied AS (
+    INSERT INTO relaybox_outbox_keys (digest, first_seen)
+    SELECT relaybox_outbox_digest(channel, key), floor(created_at / 86400)::integer FROM page
+    ON CONFLICT DO NOTHING
+)
+SELECT id FROM page ORDER BY id
+
 -- name: message_keys_insert
 -- Idempotency keys of stored messages (digest, scope, first day, message id); a key
 -- that exists is left alone.

@@ -226,18 +226,32 @@ RETURNING last_sequence
 -- One outbox row per subscribed endpoint, in the publisher's transaction. The lane
 -- is the endpoint, so each endpoint has its own in-flight cap and rate limit. A keyed
 -- message ($5, $6) gives its key and sequence to the rows of ordered endpoints only
--- (the endpoint is read only when there is a key).
+-- (the endpoint is read only when there is a key). Each row's key (channel, message
+-- id ':' endpoint id) goes first into relaybox_outbox_keys (as outbox_insert).
+WITH r AS (
+    SELECT DISTINCT ON (e.id) e.id, e.ord,
+           relaybox_outbox_digest('webhook', $1::text || ':' || e.id) AS digest
+    FROM unnest($4::text[]) WITH ORDINALITY AS e(id, ord)
+    ORDER BY e.id, e.ord
+), k AS (
+    INSERT INTO relaybox_outbox_keys (digest, first_seen)
+    SELECT digest, floor($3::double precision / 86400)::integer FROM r
+    ON CONFLICT DO NOTHING
+    RETURNING digest
+)
 INSERT INTO relaybox_outbox
     (channel, key, payload, tenant, status, next_attempt_at, created_at, updated_at,
      lane, endpoint_id, message_id, ordering_key, sequence)
-SELECT 'webhook', $1 || ':' || e.id, 'null', $2, 'pending', $3, $3, $3, e.id, e.id, $1,
-       CASE WHEN k.ordered THEN $5::text END, CASE WHEN k.ordered THEN $6::bigint END
-FROM unnest($4::text[]) AS e(id)
+SELECT 'webhook', $1::text || ':' || e.id, 'null', $2::text, 'pending', $3::double precision,
+       $3::double precision, $3::double precision, e.id, e.id, $1::text,
+       CASE WHEN o.ordered THEN $5::text END, CASE WHEN o.ordered THEN $6::bigint END
+FROM r e JOIN k ON k.digest = e.digest
 CROSS JOIN LATERAL (
     SELECT CASE WHEN $5::text IS NULL THEN false
                 ELSE (SELECT x.ordered FROM relaybox_endpoints x WHERE x.id = e.id) END
-               AS ordered) k
-ON CONFLICT (channel, key) DO NOTHING
+               AS ordered) o
+ORDER BY e.ord
+ON CONFLICT DO NOTHING
 RETURNING id
 
 -- name: delivery_list
@@ -325,32 +339,45 @@ RETURNING id, tenant
 -- Replay missing, one page: the tenant's messages published from $3 to $7, after the
 -- keyset ($4, $5) (created_at, id), oldest first, whose body is still there and that
 -- have no delivery to endpoint $2 (the delivery key is message id ':' endpoint id:
--- a probe of the relaybox_outbox_key UNIQUE index per message).
+-- a probe of relaybox_outbox_keys per message, which remembers a delivery whose
+-- partition was dropped; and of the message's deliveries, for a row stored before
+-- migration 0034 whose key the backfill has not copied yet).
 SELECT m.id, m.event_type, m.body, m.created_at FROM relaybox_messages m
 WHERE m.tenant = $1 AND m.created_at >= $3 AND m.created_at <= $7 AND m.purged_at IS NULL
   AND ($4::double precision IS NULL OR (m.created_at, m.id) > ($4, $5::text))
+  AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_keys k
+                  WHERE k.digest = relaybox_outbox_digest('webhook', m.id || ':' || $2::text))
   AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
-                  WHERE o.channel = 'webhook' AND o.key = m.id || ':' || $2::text)
+                  WHERE o.message_id = m.id AND o.endpoint_id = $2::text)
 ORDER BY m.created_at, m.id
 LIMIT $6
 
 -- name: delivery_insert_missing
 -- Replay missing, the deliveries: one pending row to endpoint $1 per message of $4,
--- in that order (publish order), unless the message has one already (the UNIQUE key:
--- two replays at once insert each row once, the later one waits for the earlier one's
--- COMMIT and skips it) or retention emptied its body meanwhile (the messages are
--- locked FOR KEY SHARE, which ops_purge_messages' FOR UPDATE SKIP LOCKED passes by).
+-- in that order (publish order), unless the message has one already (its key in
+-- relaybox_outbox_keys: two replays at once insert each row once, the later one waits
+-- for the earlier one's COMMIT and skips it) or retention emptied its body meanwhile
+-- (the messages are locked FOR KEY SHARE, which ops_purge_messages' FOR UPDATE SKIP
+-- LOCKED passes by).
 WITH m AS (
-    SELECT m.id, array_position($4::text[], m.id) AS ord FROM relaybox_messages m
+    SELECT m.id, array_position($4::text[], m.id) AS ord,
+           relaybox_outbox_digest('webhook', m.id || ':' || $1::text) AS digest
+    FROM relaybox_messages m
     WHERE m.id = ANY ($4::text[]) AND m.tenant = $2 AND m.purged_at IS NULL
     FOR KEY SHARE OF m
+), k AS (
+    INSERT INTO relaybox_outbox_keys (digest, first_seen)
+    SELECT digest, floor($3::double precision / 86400)::integer FROM m
+    ON CONFLICT DO NOTHING
+    RETURNING digest
 )
 INSERT INTO relaybox_outbox
     (channel, key, payload, tenant, status, next_attempt_at, created_at, updated_at,
      lane, endpoint_id, message_id)
-SELECT 'webhook', m.id || ':' || $1, 'null', $2, 'pending', $3, $3, $3, $1, $1, m.id
-FROM m ORDER BY m.ord
-ON CONFLICT (channel, key) DO NOTHING
+SELECT 'webhook', m.id || ':' || $1::text, 'null', $2::text, 'pending', $3::double precision,
+       $3::double precision, $3::double precision, $1::text, $1::text, m.id
+FROM m JOIN k ON k.digest = m.digest ORDER BY m.ord
+ON CONFLICT DO NOTHING
 RETURNING id
 
 -- name: endpoint_paused_backlog

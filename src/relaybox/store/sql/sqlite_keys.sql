@@ -20,6 +20,11 @@ ON CONFLICT (kind) DO UPDATE SET last_id = excluded.last_id,
 SELECT id, source, account, event_id, fingerprint, received_at FROM relaybox_inbox
 WHERE id > ?1 ORDER BY id LIMIT ?2
 
+-- name: keys_backfill_outbox_page
+-- Up to ?2 outbox rows after id ?1: nothing to copy on SQLite, whose outbox keeps its
+-- UNIQUE (channel, key) (migration 0034 marks this backfill finished).
+SELECT id FROM relaybox_outbox WHERE id > ?1 ORDER BY id LIMIT ?2
+
 -- name: keys_backfill_messages_page
 -- Up to ?2 messages after id ?1, in id order (the primary key).
 SELECT id, tenant, idempotency_key, created_at FROM relaybox_messages
