@@ -187,6 +187,7 @@ async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: 
             ("event", 0, False),
             ("message", 0, False),
             ("operation", 0, False),
+            ("outbox", 0, False),
         ]
         # Before the backfill the accept copies an old row's key itself.
         assert (await accept_one(store, delivery("e4", at=T0 + 9 * DAY))).status == "duplicate"
@@ -211,10 +212,12 @@ async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: 
         assert [r["inbox_id"] for r in rows] == [o.inbox_id for o in outcomes]
         assert [r["first_seen"] for r in rows] == [day_of(T0) + i for i in range(5)]
         assert (await store.keys.backfill("message", limit=10)).finished
+        assert (await store.keys.backfill("outbox", limit=10)).finished
         assert {p.kind: p.finished for p in await store.keys.backfill_status()} == {
             "event": True,
             "message": True,
             "operation": True,  # no operations: finished at its first batch
+            "outbox": True,  # no outbox rows
         }
         keyed = await store.fetch_all("SELECT message_id FROM relaybox_message_keys")
         assert sorted(r["message_id"] for r in keyed) == sorted(m.id for m in messages[:3])

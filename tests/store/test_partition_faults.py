@@ -15,7 +15,7 @@ import pytest
 
 from relaybox.store import Store, open_store
 from relaybox.store.partitions import day_id
-from tests.store.test_partitions import DAY, DROP, names, sql, today
+from tests.store.test_partitions import DAY, DROP, RECEIVING, SENDING, names, sql, today
 from tests.store.test_store import delivery, statuses
 
 ROWS = 50_000
@@ -127,6 +127,7 @@ async def test_sigkill_in_a_live_conversion_with_traffic(store: Store, pg_url: s
         assert await store.partitions.convert("day") == [
             "relaybox_inbox_attempts",
             "relaybox_quarantine",
+            *SENDING,
         ]
         await asyncio.sleep(0.3)
     finally:
@@ -140,11 +141,7 @@ async def test_sigkill_in_a_live_conversion_with_traffic(store: Store, pg_url: s
     )
     assert rows[0]["bulk"] == ROWS
     assert rows[0]["live"] == len(accepted)
-    assert await store.partitions.tables() == {
-        "relaybox_inbox",
-        "relaybox_inbox_attempts",
-        "relaybox_quarantine",
-    }
+    assert await store.partitions.tables() == {*RECEIVING, *SENDING}
 
 
 async def test_a_clock_a_minute_off_neither_loses_nor_drops_early(store: Store) -> None:

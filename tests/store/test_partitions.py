@@ -20,6 +20,8 @@ from tests.store.test_plans import GENERIC_POOL
 from tests.store.test_store import T0, delivery, statuses
 
 DAY = 86400
+RECEIVING = ["relaybox_inbox", "relaybox_inbox_attempts", "relaybox_quarantine"]
+SENDING = ["relaybox_outbox", "relaybox_outbox_attempts", "relaybox_messages"]
 NOW = T0 + 100 * DAY  # every row's age (30 days) long past
 
 
@@ -61,7 +63,7 @@ async def test_convert_keeps_rows_and_lookups(store: Store) -> None:
     outcomes = await store.inbox.accept([delivery("e1"), delivery("e2")])
     assert statuses(outcomes) == ["accepted", "accepted"]
     converted = await store.partitions.convert("day")
-    assert converted == ["relaybox_inbox", "relaybox_inbox_attempts", "relaybox_quarantine"]
+    assert converted == [*RECEIVING, *SENDING]
     assert await store.partitions.tables() == set(converted)
     d = await today(store)
     parts = await names(store, "relaybox_inbox")
@@ -179,11 +181,7 @@ def test_migrate_partitions_a_fresh_database_in_one_go(pg_url: str, tmp_path: An
 
     done = migrate(pg_url, "--partitions", "day", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout)["partitioned"] == [
-        "relaybox_inbox",
-        "relaybox_inbox_attempts",
-        "relaybox_quarantine",
-    ]
+    assert json.loads(done.stdout)["partitioned"] == [*RECEIVING, *SENDING]
     again = migrate(pg_url, "--partitions", "day", "--json")
     assert json.loads(again.stdout)["partitioned"] == []
     sqlite = migrate(f"sqlite:///{tmp_path}/x.db", "--partitions", "day")

@@ -306,7 +306,10 @@ async def expire_keys(box: Runtime, policies: RetentionPolicies, *, now: float, 
 _PARTITIONED: dict[str, PurgeTable] = {
     "relaybox_inbox": "inbox",
     "relaybox_quarantine": "quarantine",
+    "relaybox_outbox": "outbox",
+    "relaybox_messages": "messages",
 }
+_SENDING = ("relaybox_outbox", "relaybox_outbox_attempts", "relaybox_messages")
 
 
 async def maintain_partitions(
@@ -315,16 +318,20 @@ async def maintain_partitions(
     """PostgreSQL's time partitions (:mod:`relaybox.store.partitions`): partitions made
     ``retention.partitions_ahead`` periods ahead, and each partition dropped whole once
     nothing in it must stay (pending events, undiscarded dead letters, originals of open
-    quarantine entries) and every row in it is past the age of its tenant or source.
+    quarantine entries; deliveries pending, held or leased, messages with a delivery
+    still live) and every row in it is past the age of its tenant or source (a
+    delivery's and a message's: ``outbox_payload_max_age`` of its tenant).
     Nothing happens while the tables are not partitioned (and on SQLite)."""
     settings = box.settings.retention
     policies = await load_policies(box.store, settings)
 
     def ages(table: str, tenant: str | None, source: str | None) -> float:
+        if table in _SENDING:
+            return policies.outbound_age(tenant)
         return policies.inbound_age(tenant, source)
 
     def shortest(table: str) -> float:
-        return min(policies.ages("inbox"))
+        return min(policies.ages("outbox" if table in _SENDING else "inbox"))
 
     period = "day" if settings.partitions == "off" else settings.partitions
     return await box.store.partitions.maintain(

@@ -945,8 +945,11 @@ class PostgresPartitions(PartitionsStore):
     async def convert(
         self, period: str, *, before_switch: Callable[[str, str], Any] | None = None
     ) -> list[str]:
-        while not (await self.keys.backfill("event", limit=10_000)).finished:
-            pass  # the inbox's UNIQUE event key goes: every old row's key first
+        for kind in ("event", "message", "outbox"):
+            # the UNIQUE keys of the inbox, the messages and the outbox go: every old
+            # row's key first
+            while not (await self.keys.backfill(kind, limit=10_000)).finished:
+                pass
         async with self.db.ddl_connection() as conn:
             return await partitions.convert(conn, self.db.q, period, before_switch=before_switch)
 

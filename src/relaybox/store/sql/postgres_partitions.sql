@@ -60,14 +60,44 @@ WHERE k.conrelid = to_regclass($1) AND k.contype IN ('p', 'u')
 -- name: part_has_constraint
 SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2) AS yes
 
--- name: part_inbox_ids_by_day
--- The conversion's first step: new inbox ids are day-encoded.
-CREATE OR REPLACE FUNCTION relaybox_inbox_id() RETURNS bigint LANGUAGE sql VOLATILE AS $$
-    SELECT relaybox_day_id('relaybox_inbox_id_seq')
+-- name: part_id_function_capped
+-- The conversion's first step for a table whose inserts draw their ids through a
+-- function (relaybox_inbox_id()): day-encoded ids, held below the first bound (day
+-- {day}) until every table of its group is switched.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS bigint LANGUAGE sql VOLATILE AS $$
+    SELECT relaybox_day_id_below('{seq}', {day})
 $$
+
+-- name: part_id_function
+-- Every table of the group switched: the ids by day, unheld.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS bigint LANGUAGE sql VOLATILE AS $$
+    SELECT relaybox_day_id('{seq}')
+$$
+
+-- name: part_id_function_held
+-- Whether function $1 still holds its ids below a bound.
+SELECT EXISTS (SELECT 1 FROM pg_proc WHERE proname = $1
+               AND pronamespace = current_schema()::regnamespace
+               AND prosrc LIKE '%relaybox_day_id_below%') AS yes
+
+-- name: part_set_id_capped
+-- The conversion's first step for a table: day-encoded ids, held below the first
+-- bound (day {day}) until every table of its group is switched, so the bound CHECK
+-- never refuses a row however late the switch comes.
+ALTER TABLE {table} ALTER COLUMN id SET DEFAULT relaybox_day_id_below('{seq}', {day})
 
 -- name: part_set_id_default
 ALTER TABLE {table} ALTER COLUMN id SET DEFAULT relaybox_day_id('{seq}')
+
+-- name: part_id_held
+-- Whether table $1's id default still holds its ids below a bound.
+SELECT EXISTS (SELECT 1 FROM pg_attrdef d
+               JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+               WHERE d.adrelid = to_regclass($1) AND a.attname = 'id'
+                 AND pg_get_expr(d.adbin, d.adrelid) LIKE '%relaybox_day_id_below%') AS yes
+
+-- name: part_drop_index
+DROP INDEX IF EXISTS {name}
 
 -- name: part_add_bound
 -- NOT VALID: added at once; VALIDATE then reads the table without blocking writes.
@@ -176,3 +206,28 @@ SELECT false AS pending, false AS dead,
 -- name: part_quarantine_ages
 SELECT tenant, source, max(greatest(received_at, resolved_at)) AS newest
 FROM {part} GROUP BY tenant, source
+
+-- name: part_outbox_holds
+-- What keeps outbox partition {part} (ids {lo} to {hi}) from being dropped: a
+-- delivery or handler row still to send (pending, which a paused endpoint's are, or
+-- held), or one under a dispatcher's lease.
+SELECT EXISTS (SELECT 1 FROM {part} WHERE status IN ('pending', 'held')) AS pending,
+       EXISTS (SELECT 1 FROM relaybox_outbox_leases l
+               WHERE l.outbox_id >= {lo} AND l.outbox_id < {hi}) AS leased
+
+-- name: part_outbox_ages
+-- The newest change of outbox partition {part}'s rows, per tenant (each at its
+-- tenant's outbound age; a dead delivery's change is its death).
+SELECT tenant, NULL::text AS source, max(updated_at) AS newest FROM {part} GROUP BY tenant
+
+-- name: part_messages_holds
+-- What keeps messages partition {part} (ids {lo} to {hi}) from being dropped: a
+-- delivery of one of its messages still live (pending, held, or dead and not purged:
+-- it may be redelivered, which reads the message).
+SELECT EXISTS (SELECT 1 FROM relaybox_outbox o
+               WHERE o.message_id >= {lo} AND o.message_id < {hi}
+                 AND (o.status IN ('pending', 'held')
+                      OR (o.status = 'dead' AND o.purged_at IS NULL))) AS live
+
+-- name: part_messages_ages
+SELECT tenant, NULL::text AS source, max(created_at) AS newest FROM {part} GROUP BY tenant
