@@ -31,6 +31,7 @@ __all__ = [
     "PartitionSpec",
     "date_name",
     "day_id",
+    "key_day",
     "list_partitions",
     "msg_bound",
     "period_start",
@@ -156,7 +157,8 @@ def date_name(day: int) -> str:
     return (dt.date(1970, 1, 1) + dt.timedelta(days=day)).strftime("%Y%m%d")
 
 
-def _key_day(value: int | str) -> int:
+def key_day(value: int | str) -> int:
+    """The day of a key: a day-encoded id's high bits, a message id's milliseconds."""
     if isinstance(value, str):
         return int(value[4:15], 16) // DAY_MS
     return value >> 32
@@ -171,11 +173,11 @@ class Partition:
 
     @property
     def lo_day(self) -> int:
-        return MINVALUE if self.lo == MINVALUE else _key_day(self.lo)
+        return MINVALUE if self.lo == MINVALUE else key_day(self.lo)
 
     @property
     def hi_day(self) -> int:
-        return MAXVALUE if self.hi == MAXVALUE else _key_day(self.hi)
+        return MAXVALUE if self.hi == MAXVALUE else key_day(self.hi)
 
 
 _BOUND = re.compile(r"FOR VALUES FROM \((MINVALUE|'[^']*'|-?\d+)\) TO \((MAXVALUE|'[^']*'|-?\d+)\)")

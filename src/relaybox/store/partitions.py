@@ -51,6 +51,7 @@ advisory lock on the DDL connection).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -70,6 +71,7 @@ from relaybox.store.partition_layout import (
     PartitionSpec,
     date_name,
     day_id,
+    key_day,
     list_partitions,
     period_start,
     retry_locked,
@@ -120,9 +122,19 @@ async def partitioned(conn: asyncpg.Connection, q: Mapping[str, str]) -> set[str
     return {s.table for s in TABLES if await ddl.val("part_is_partitioned", s.table)}
 
 
-def _first_day(s: PartitionSpec, hi_day: int) -> int:
-    """The day table ``s``'s first partition ends, its group's being ``hi_day``."""
-    return hi_day + MESSAGES_SLACK if s.text_ids else hi_day
+async def _first_day(ddl: Ddl, s: PartitionSpec, hi_day: int) -> int:
+    """The day table ``s``'s first partition ends, its group's being ``hi_day``. The
+    messages': :data:`MESSAGES_SLACK` days later, and after the newest message stored
+    (a publisher's clock may be ahead), or a bound an earlier try added that far."""
+    if not s.text_ids:
+        return hi_day
+    day = hi_day + MESSAGES_SLACK
+    for row in await ddl.rows("part_bound_check", s.table, f"{s.table}_bound_%"):
+        return max(day, int(row["name"].rsplit("_", 1)[1]))
+    newest = await ddl.val("part_max_key", table=s.table, key=s.key)
+    if newest is not None and re.fullmatch(r"msg_[0-9a-f]{11}.*", newest):
+        day = max(day, key_day(newest) + 1)
+    return day
 
 
 async def _group_bound(ddl: Ddl, specs: list[PartitionSpec], today: int, period: str) -> int:
@@ -215,7 +227,8 @@ async def _convert_group(
             )
     # 2. The bound CHECKs: added NOT VALID, then validated.
     for s in specs:
-        name = f"{s.table}_bound_{_first_day(s, hi_day)}"
+        first_day = await _first_day(ddl, s, hi_day)
+        name = f"{s.table}_bound_{first_day}"
         for row in await ddl.rows("part_bound_check", s.table, f"{s.table}_bound_%"):
             if row["name"] != name:
                 await retry_locked(
@@ -224,7 +237,7 @@ async def _convert_group(
         valid = [r["valid"] for r in await ddl.rows("part_bound_check", s.table, name)]
         if not valid:
             await step(s.table, "add_check")
-            hi = s.bound(_first_day(s, hi_day))
+            hi = s.bound(first_day)
             await retry_locked(
                 partial(ddl.run, "part_add_bound", table=s.table, name=name, key=s.key, hi=hi)
             )
@@ -237,7 +250,7 @@ async def _convert_group(
     done = []
     for s in specs:
         await step(s.table, "switch")
-        hi = s.bound(_first_day(s, hi_day))
+        hi = s.bound(await _first_day(ddl, s, hi_day))
         await retry_locked(partial(_switch, ddl, s, f"{s.table}_p{part_day}", hi))
         done.append(s.table)
         log.info("partitioned", table=s.table, first_partition=f"{s.table}_p{part_day}")

@@ -96,6 +96,10 @@ SELECT EXISTS (SELECT 1 FROM pg_attrdef d
                WHERE d.adrelid = to_regclass($1) AND a.attname = 'id'
                  AND pg_get_expr(d.adbin, d.adrelid) LIKE '%relaybox_day_id_below%') AS yes
 
+-- name: part_max_key
+-- The highest key of table {table} (its index: one probe).
+SELECT max({key}) AS newest FROM {table}
+
 -- name: part_drop_index
 DROP INDEX IF EXISTS {name}
 

@@ -1,0 +1,210 @@
+"""Time partitions of the sending side on PostgreSQL (relaybox.store.partitions):
+messages by their TEXT ids, outbox rows by day-encoded ids, their attempts with them;
+the outbox's keys table (migration 0034) deciding a (channel, key) across drops; drops
+held back by what must stay; the dispatcher's lease on partial indexes."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from relaybox.store import Store, open_store
+from relaybox.store.backend import load_queries
+from relaybox.store.outbox_rows import NewMessage, new_id
+from relaybox.store.partition_layout import msg_bound
+from relaybox.store.partitions import MESSAGES_SLACK
+from tests.conftest import _dsn
+from tests.store.test_outbox import lease_request, no_secrets
+from tests.store.test_partitions import DAY, DROP, NOW, SENDING, names, sql, today
+from tests.store.test_plans import GENERIC_POOL
+from tests.store.test_store import T0
+from tests.support.store_rows import endpoint_write as endpoint
+
+
+@pytest.fixture
+async def store(pg_url: str) -> AsyncIterator[Store]:
+    s = open_store(pg_url)
+    await s.migrate()
+    await s.outbox.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
+    yield s
+    await s.close()
+
+
+async def publish(store: Store, key: str | None, *, tenant: str = "t1", at: float = T0) -> bool:
+    """A message with idempotency key ``key`` and its delivery to ep_1; whether it was
+    new."""
+    async with store.transaction() as conn:
+        new = NewMessage(new_id("msg", at), tenant, "pet.adopted", key, '{"n": 1}', at)
+        return await store.outbox.message_publish(conn, new, ["ep_1"])
+
+
+async def handler_row(store: Store, key: str, at: float = T0) -> int | None:
+    async with store.transaction() as conn:
+        return await store.inbox.outbox_insert(
+            conn, channel="mail", key=key, payload="{}", tenant="t1", inbox_id=None, now=at
+        )
+
+
+def first(parts: list[str], table: str) -> str:
+    return next(p for p in parts if p != f"{table}_default")
+
+
+async def test_convert_keeps_messages_deliveries_and_their_keys(store: Store) -> None:
+    assert await publish(store, "k1")
+    assert await handler_row(store, "h1") is not None
+    converted = await store.partitions.convert("day")
+    assert converted[-3:] == SENDING
+    d = await today(store)
+    for table in SENDING:
+        assert f"{table}_default" in await names(store, table)
+    # messages' first partition reaches MESSAGES_SLACK days further (publishers' clocks),
+    # and past the newest message (T0 lies ahead of today)
+    [bound] = await store.fetch_all(
+        "SELECT pg_get_expr(c.relpartbound, c.oid) AS b FROM pg_class c"
+        " WHERE c.relname = 'relaybox_messages_p' || to_char(now(), 'YYYYMMDD')"
+    )
+    assert msg_bound(max(d + 2 + MESSAGES_SLACK, int(T0 // DAY) + 1)) in bound["b"]
+    # a duplicate is still one, by idempotency key and by (channel, key)
+    assert not await publish(store, "k1")
+    assert await handler_row(store, "h1") is None
+    assert await publish(store, "k2")
+    new = await store.fetch_all(
+        "SELECT o.id FROM relaybox_outbox o JOIN relaybox_messages m ON m.id = o.message_id"
+        " WHERE m.idempotency_key = 'k2'"
+    )
+    assert new[0]["id"] >> 32 == d  # day-encoded
+    # the ids are no longer held below the first bound once every table is switched
+    [default] = await store.fetch_all(
+        "SELECT pg_get_expr(adbin, adrelid) AS d FROM pg_attrdef"
+        " WHERE adrelid = 'relaybox_outbox'::regclass AND adnum = 1"
+    )
+    assert "relaybox_day_id(" in default["d"] and "below" not in default["d"]
+    # an ordered lane still numbers its messages once each (relaybox_outbound_sequences)
+    async with store.transaction() as conn:
+        numbers = [await store.outbox.message_sequence_next(conn, "t1", "o1") for _ in range(3)]
+    assert numbers == [1, 2, 3]
+
+
+async def test_the_drop_waits_for_live_deliveries_then_keys_still_decide(store: Store) -> None:
+    assert await publish(store, "k1", at=T0)
+    assert await handler_row(store, "h1", at=T0) is not None
+    await store.partitions.convert("day")
+    outbox = first(await names(store, "relaybox_outbox"), "relaybox_outbox")
+    attempts = outbox.replace("outbox", "outbox_attempts")
+    messages = first(await names(store, "relaybox_messages"), "relaybox_messages")
+    result = await store.partitions.maintain("day", drop=DROP)
+    assert result.held[outbox] == "pending"
+    assert result.held[messages] == "deliveries still live"
+    await sql(store, "UPDATE relaybox_outbox SET status = 'held', updated_at = 0")
+    result = await store.partitions.maintain("day", drop=DROP)
+    assert result.held[outbox] == "pending"
+    assert result.held[messages] == "deliveries still live"
+    # a dead delivery not purged keeps its message (it may be redelivered); its own
+    # partition goes at its age, counted from its death
+    await sql(store, f"UPDATE relaybox_outbox SET status = 'dead', updated_at = {NOW - DAY}")
+    result = await store.partitions.maintain("day", drop=DROP)
+    assert result.held[outbox] == "retention age"
+    assert result.held[messages] == "deliveries still live"
+    # under a dispatcher's lease: kept (the message, its delivery sent, may go)
+    await sql(store, "UPDATE relaybox_outbox SET status = 'pending', next_attempt_at = 0")
+    leased = await store.dispatch.outbox_lease(lease_request(at=T0 + 1), no_secrets)
+    assert len(leased.deliveries) == 1  # the webhook's
+    await sql(store, "UPDATE relaybox_outbox SET status = 'sent', updated_at = 0")
+    result = await store.partitions.maintain("day", drop=DROP)
+    assert result.held[outbox] == "leased"
+    assert messages in result.dropped
+    await sql(store, "DELETE FROM relaybox_outbox_leases")
+    result = await store.partitions.maintain("day", drop=DROP)
+    assert outbox in result.dropped and attempts in result.dropped
+    for table in SENDING:
+        assert await store.fetch_all(f"SELECT 1 FROM {table}") == []
+    # the keys outlive their rows: a duplicate publish and a duplicate handler row
+    assert not await publish(store, "k1", at=NOW)
+    assert await handler_row(store, "h1", at=NOW) is None
+    assert await publish(store, "k3", at=NOW)
+
+
+async def test_a_longer_tenant_age_holds_the_messages(store: Store) -> None:
+    assert await publish(store, None, tenant="keeps-long", at=NOW - 60 * DAY)
+    await sql(store, f"UPDATE relaybox_outbox SET status = 'sent', updated_at = {NOW - 60 * DAY}")
+    await store.partitions.convert("day")
+    messages = first(await names(store, "relaybox_messages"), "relaybox_messages")
+
+    def ages(table: str, tenant: str | None, source: str | None) -> float:
+        return 90 * DAY if tenant == "keeps-long" else 30 * DAY
+
+    result = await store.partitions.maintain("day", drop=(NOW, ages, lambda t: 30 * DAY))
+    assert result.held[messages] == "retention age"
+    result = await store.partitions.maintain("day", drop=(NOW + 31 * DAY, ages, lambda t: 0.0))
+    assert messages in result.dropped
+
+
+async def test_a_tenant_erasure_reaches_partitioned_sending_tables(store: Store) -> None:
+    assert await publish(store, "k1")
+    await sql(store, "UPDATE relaybox_outbox SET status = 'sent'")
+    await store.partitions.convert("day")
+    assert await publish(store, "k2", at=T0 + 1)  # into the new partitions
+    await sql(store, "UPDATE relaybox_outbox SET status = 'sent'")
+    erasure_id, _ = await store.erasure.begin(
+        actor="dpo", reason="", scope="tenant", digest=None, tenant="t1", now=T0 + 2
+    )
+    erasure = await store.erasure.get(erasure_id)
+    assert erasure is not None
+    counts = await store.erasure.erase_batch(erasure, now=T0 + 3, limit=10)
+    assert counts["messages"] == 2 and counts["outbox"] == 2
+    rows = await store.fetch_all("SELECT body, erased_at FROM relaybox_messages")
+    assert all(r["erased_at"] == T0 + 3 for r in rows)
+    assert await store.erasure.settle(erasure, now=T0 + 4) == 0
+
+
+async def test_missing_deliveries_are_found_through_the_keys(store: Store) -> None:
+    """Replay missing after a partition of deliveries was dropped: a message whose
+    delivery row is gone still has its key, so no second delivery is made."""
+    assert await publish(store, None)
+    await store.partitions.convert("day")
+    async with store.transaction() as conn:
+        missing = await store.flow.message_missing_page(
+            conn, "t1", "ep_1", since=0, until=NOW, after=None, limit=10
+        )
+    assert missing == []
+    await sql(store, "DELETE FROM relaybox_outbox")  # as a drop of its partition does
+    async with store.transaction() as conn:
+        missing = await store.flow.message_missing_page(
+            conn, "t1", "ep_1", since=0, until=NOW, after=None, limit=10
+        )
+    assert missing == []
+
+
+@pytest.mark.parametrize("name", ["outbox_lease", "delivery_insert"])
+async def test_the_lease_stays_on_partial_indexes_with_partitions(
+    store: Store, pg_url: str, name: str
+) -> None:
+    """The lease reads the partial indexes of due pending rows of each partition, in
+    the generic plan on a filled outbox never analyzed: no partition is scanned."""
+    await store.partitions.convert("day")
+    queries = load_queries("postgres")
+    conn = await asyncpg.connect(_dsn(pg_url))
+    try:
+        for table in SENDING:
+            for part in await names(store, table):
+                await conn.execute(f"ALTER TABLE {part} SET (autovacuum_enabled = false)")
+        await conn.execute(
+            "INSERT INTO relaybox_outbox (channel, key, payload, tenant, status,"
+            " next_attempt_at, created_at, updated_at, lane, endpoint_id, message_id)"
+            " SELECT 'webhook', 'm' || i || ':ep_1', 'null', 't1',"
+            " CASE WHEN i % 10 = 0 THEN 'pending' ELSE 'sent' END, 0, 0, 0, 'ep_1', 'ep_1',"
+            " 'm' || i FROM generate_series(1, 20000) AS i"
+        )
+        await conn.execute(GENERIC_POOL)
+        stmt = await conn.prepare(queries[name])
+        args = ", ".join(["NULL"] * len(stmt.get_parameters()))
+        rows = await conn.fetch(f"EXPLAIN EXECUTE {stmt.get_name()}({args})")
+        plan = "\n".join(r[0] for r in rows)
+    finally:
+        await conn.close()
+    assert not re.search(r"Seq Scan on relaybox_outbox_p", plan), plan
+    if name == "outbox_lease":
+        assert re.search(r"relaybox_outbox_p\d{8}_lane_due", plan), plan
