@@ -48,6 +48,11 @@ def main() -> None:
         action="store_true",
         help="partitions: the live migration of --rows events under load (default 1,000,000)",
     )
+    parser.add_argument(
+        "--sending",
+        action="store_true",
+        help="partitions: expire --rows sent messages (the sending side) instead of events",
+    )
     args = parser.parse_args()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"relaybox bench, {stamp}, {platform.node()}, {platform.python_version()}")
@@ -117,7 +122,11 @@ def main() -> None:
         if args.migrate:
             tables.append(partitions.migrate_main(rows=args.rows))
         else:
-            tables.append(partitions.main(quick=args.quick, rounds=args.rounds, rows=args.rows))
+            tables.append(
+                partitions.main(
+                    quick=args.quick, rounds=args.rounds, rows=args.rows, sending=args.sending
+                )
+            )
     if args.which == "otel":  # not in `all`: the cost of tracing, on demand
         from bench import otel
 

@@ -12,6 +12,11 @@ attempt, all past their 30-day age, then expires them:
   empty database, then filled), the maintenance's drop of the partition (DETACH, then
   DROP, the attempts' partition with it).
 
+``--sending`` expires the sending side's history instead: ``--rows`` sent messages of
+about 1 KB, one delivery each with one attempt, all past their 30-day age; ``purge``
+empties the deliveries (their attempts' responses with them) and then the message
+bodies, ``drop`` drops the partitions of messages, deliveries and attempts.
+
 ``--migrate`` measures the live migration instead: a database of ``--rows`` finished
 events (1,000,000 by default) with one attempt each, not partitioned, converted by
 ``PartitionsStore.convert("day")`` while a client accepts batches of 10 events
@@ -80,27 +85,56 @@ def _fill(url: str, n: int) -> None:
         conn.execute("ANALYZE")
 
 
-def _dead_and_size(url: str) -> tuple[int, int]:
+def _fill_sending(url: str, n: int) -> None:
+    """``n`` sent messages (ids of today, as publishers make them, published 60 days
+    before NOW), one delivery each, one attempt each."""
+    old = NOW - 60 * DAY
+    ms = int(time.time() * 1000)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO relaybox_messages (id, tenant, event_type, body, created_at)"
+            f" SELECT 'msg_' || lpad(to_hex({ms}::bigint), 11, '0') || lpad(to_hex(g), 16, '0'),"
+            " 't' || (g % 100), 'invoice.paid', repeat(md5(g::text), 32), "
+            f"{old} FROM generate_series(1, {n}) g"
+        )
+        conn.execute(
+            "INSERT INTO relaybox_outbox (channel, key, payload, tenant, status, attempts,"
+            " next_attempt_at, created_at, updated_at, sent_at, lane, endpoint_id, message_id)"
+            f" SELECT 'webhook', id || ':ep_1', 'null', tenant, 'sent', 1, {old}, {old}, {old},"
+            f" {old}, 'ep_1', 'ep_1', id FROM relaybox_messages"
+        )
+        conn.execute(
+            "INSERT INTO relaybox_outbox_attempts (outbox_id, attempt, dispatcher, started_at,"
+            f" duration, outcome, status_code, response) SELECT id, 1, 'd', {old}, 0.1, 'sent',"
+            " 200, 'ok' FROM relaybox_outbox"
+        )
+        conn.execute("ANALYZE")
+
+
+def _dead_and_size(url: str, prefixes: tuple[str, ...] = ("inbox",)) -> tuple[int, int]:
+    """Dead row versions and bytes on disk of the tables named relaybox_<prefix>..."""
+    where = " OR ".join(f"relname LIKE 'relaybox\\_{p}%'" for p in prefixes)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT pg_stat_force_next_flush()")
         time.sleep(0.7)  # the statistics of the purge's backends reach the collector
         row = conn.execute(
             "SELECT coalesce(sum(n_dead_tup), 0), coalesce(sum(pg_total_relation_size(relid)), 0)"
-            " FROM pg_stat_user_tables WHERE relname LIKE 'relaybox\\_inbox%'"
+            f" FROM pg_stat_user_tables WHERE {where}"
         ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
 
 
-async def _purge(url: str) -> None:
+async def _purge(url: str, sending: bool = False) -> None:
     from relaybox.store import open_store
 
     store = open_store(url)
     try:
-        while await store.history.retention_purge_batch(
-            "inbox", cutoff=NOW - 30 * DAY, now=NOW, limit=1000
-        ):
-            pass
+        for which in ("outbox", "messages") if sending else ("inbox",):
+            while await store.history.retention_purge_batch(
+                which, cutoff=NOW - 30 * DAY, now=NOW, limit=1000
+            ):
+                pass
     finally:
         await store.close()
 
@@ -120,23 +154,24 @@ async def _drop(url: str) -> list[str]:
     return result.dropped
 
 
-def one(mode: str, n: int, k: int) -> dict[str, Any]:
+def one(mode: str, n: int, k: int, sending: bool = False) -> dict[str, Any]:
     url = fresh_pg_database(f"parts_{mode}_{k}")
     if mode == "drop":
         _migrate(url, "--partitions", "day")  # the fresh database: one go
     else:
         _migrate(url)
-    _fill(url, n)
+    (_fill_sending if sending else _fill)(url, n)
     cpu0, own0, t0 = _busy_cpu(), time.process_time(), time.perf_counter()
     if mode == "drop":
         dropped = asyncio.run(_drop(url))
-        if not any(p.startswith("relaybox_inbox_p") for p in dropped):
+        wanted = ("relaybox_outbox_p", "relaybox_messages_p") if sending else ("relaybox_inbox_p",)
+        if not all(any(p.startswith(w) for p in dropped) for w in wanted):
             raise RuntimeError(f"nothing dropped: {dropped}")
     else:
-        asyncio.run(_purge(url))
+        asyncio.run(_purge(url, sending))
     wall = time.perf_counter() - t0
     cpu, own = _busy_cpu() - cpu0, time.process_time() - own0
-    dead, size = _dead_and_size(url)
+    dead, size = _dead_and_size(url, ("outbox", "messages") if sending else ("inbox",))
     return {"wall": wall, "cpu": cpu, "own": own, "dead": dead, "size": size}
 
 
@@ -220,17 +255,20 @@ def migrate_main(rows: int | None = None) -> str:
     )  # fmt: skip
 
 
-def main(*, quick: bool = False, rounds: int = 3, rows: int | None = None) -> str:
+def main(
+    *, quick: bool = False, rounds: int = 3, rows: int | None = None, sending: bool = False
+) -> str:
     n = 2_000 if quick else rows or int(os.environ.get("BENCH_PARTITIONS_N", "100000"))
     runs: dict[str, list[dict[str, Any]]] = {"purge": [], "drop": []}
+    what = "outbox and messages" if sending else "inbox"
     for k in range(rounds):
         for mode in ("purge", "drop") if k % 2 == 0 else ("drop", "purge"):
-            r = one(mode, n, k)
+            r = one(mode, n, k, sending)
             runs[mode].append(r)
             print(
                 f"round {k + 1} {mode}: {r['wall']:.2f} s wall, {r['cpu']:.2f} s CPU"
                 f" (machine), {r['own']:.2f} s CPU (relaybox), {r['dead']:,} dead rows,"
-                f" inbox {r['size'] / 2**20:.1f} MiB after",
+                f" {what} {r['size'] / 2**20:.1f} MiB after",
                 flush=True,
             )
     rows_out = []
@@ -246,15 +284,20 @@ def main(*, quick: bool = False, rounds: int = 3, rows: int | None = None) -> st
                 f"{median([r['size'] for r in rs]) / 2**20:.1f}",
             ]
         )
+    expired = (
+        f"{n:,} sent messages (body ~1 KB, one delivery and one attempt each)"
+        if sending
+        else f"{n:,} finished events (payload ~1 KB, one attempt each)"
+    )
     return table(
-        f"expiring {n:,} finished events (payload ~1 KB, one attempt each), {rounds} rounds",
+        f"expiring {expired}, {rounds} rounds",
         [
             "how",
             "wall s (each round)",
             "CPU s machine (median)",
             "CPU s relaybox",
             "dead rows after",
-            "inbox MiB after",
+            f"{what} MiB after",
         ],
         rows_out,
     )
