@@ -208,3 +208,29 @@ async def test_the_lease_stays_on_partial_indexes_with_partitions(
     assert not re.search(r"Seq Scan on relaybox_outbox_p", plan), plan
     if name == "outbox_lease":
         assert re.search(r"relaybox_outbox_p\d{8}_lane_due", plan), plan
+
+
+async def test_the_outbox_keys_backfill_copies_old_rows(store: Store) -> None:
+    """Rows stored before migration 0034 have no key: until the backfill has copied
+    them, the outbox's UNIQUE (channel, key) still decides; the conversion finishes the
+    backfill, and the keys alone decide once the rows are gone."""
+    for i in range(5):
+        assert await handler_row(store, f"h{i}") is not None
+    await sql(
+        store,
+        "DELETE FROM relaybox_outbox_keys",
+        "UPDATE relaybox_keys_backfill SET finished_at = NULL, last_id = NULL, rows = 0"
+        " WHERE kind = 'outbox'",
+    )
+    assert await handler_row(store, "h1") is None  # the old UNIQUE decides
+    first = await store.keys.backfill("outbox", limit=2)
+    assert (first.rows, first.finished, first.read) == (2, False, 2)
+    await store.partitions.convert("day")  # the rest of the backfill first
+    [state] = [p for p in await store.keys.backfill_status() if p.kind == "outbox"]
+    assert (state.rows, state.finished) == (5, True)
+    keys = await store.fetch_all("SELECT count(*) AS n FROM relaybox_outbox_keys")
+    assert keys[0]["n"] == 5
+    await sql(store, "DELETE FROM relaybox_outbox")  # as a drop of its partition does
+    for i in range(5):
+        assert await handler_row(store, f"h{i}") is None
+    assert await handler_row(store, "h5") is not None
