@@ -6,6 +6,7 @@ held back by what must stay; the dispatcher's lease on partial indexes."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -15,10 +16,10 @@ from relaybox.store import Store, open_store
 from relaybox.store.backend import load_queries
 from relaybox.store.outbox_rows import NewMessage, new_id
 from relaybox.store.partition_layout import msg_bound
-from relaybox.store.partitions import MESSAGES_SLACK
+from relaybox.store.partitions import MESSAGES_SLACK, convert
 from tests.conftest import _dsn
 from tests.store.test_outbox import lease_request, no_secrets
-from tests.store.test_partitions import DAY, DROP, NOW, SENDING, names, sql, today
+from tests.store.test_partitions import DAY, DROP, NOW, RECEIVING, SENDING, names, sql, today
 from tests.store.test_plans import GENERIC_POOL
 from tests.store.test_store import T0
 from tests.support.store_rows import endpoint_write as endpoint
@@ -67,6 +68,17 @@ async def test_convert_keeps_messages_deliveries_and_their_keys(store: Store) ->
         " WHERE c.relname = 'relaybox_messages_p' || to_char(now(), 'YYYYMMDD')"
     )
     assert msg_bound(max(d + 2 + MESSAGES_SLACK, int(T0 // DAY) + 1)) in bound["b"]
+    # a message is still found by its idempotency key through an index (the UNIQUE one
+    # went: a plain one, built beside the traffic, took its place)
+    indexes = await store.fetch_all(
+        "SELECT indexname FROM pg_indexes WHERE tablename = 'relaybox_messages'"
+    )
+    assert "relaybox_messages_idempotency_key" in {r["indexname"] for r in indexes}
+    assert "relaybox_messages_sequence" not in {r["indexname"] for r in indexes}
+    found = await store.outbox.message_list(
+        "t1", event_type=None, before=None, limit=10, idempotency_key="k1"
+    )
+    assert len(found) == 1
     # a duplicate is still one, by idempotency key and by (channel, key)
     assert not await publish(store, "k1")
     assert await handler_row(store, "h1") is None
@@ -234,3 +246,20 @@ async def test_the_outbox_keys_backfill_copies_old_rows(store: Store) -> None:
     for i in range(5):
         assert await handler_row(store, f"h{i}") is None
     assert await handler_row(store, "h5") is not None
+
+
+async def test_each_live_table_is_attached_without_a_scan(store: Store, pg_url: str) -> None:
+    """The validated bound CHECK proves every row fits its first partition: PostgreSQL
+    says so (DEBUG1) for each table, messages and their TEXT ids included."""
+    assert await publish(store, "k1", at=time.time())
+    conn = await asyncpg.connect(_dsn(pg_url))
+    said: list[str] = []
+    conn.add_log_listener(lambda c, m: said.append(str(m)))
+    try:
+        await conn.execute("SET client_min_messages = debug1")
+        await convert(conn, load_queries("postgres"), "day")
+    finally:
+        await conn.close()
+    implied = {m.split('"')[1] for m in said if "is implied by existing constraints" in m}
+    d = time.strftime("%Y%m%d", time.gmtime())
+    assert {f"{t}_p{d}" for t in (*RECEIVING, *SENDING)} <= implied, said

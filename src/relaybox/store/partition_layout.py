@@ -62,6 +62,9 @@ class PartitionSpec:
     drop_indexes: tuple[str, ...] = ()
     """UNIQUE indexes likewise (``relaybox_messages_sequence``: the per-lane row of
     ``relaybox_outbound_sequences`` hands each number out once)."""
+    lookups: tuple[tuple[str, str], ...] = ()
+    """Plain indexes (name, columns) built CONCURRENTLY before the switch where a
+    dropped UNIQUE one served lookups (a message by its idempotency key)."""
     primary_key: bool = True
     """Whether the parent keeps a primary key on ``id`` (it holds the partition key)."""
     day_ids: bool = True
@@ -129,6 +132,12 @@ TABLES: tuple[PartitionSpec, ...] = (
         OUTBOX,
         drop_uniques=("relaybox_messages_idempotency",),
         drop_indexes=("relaybox_messages_sequence",),
+        lookups=(
+            (
+                "relaybox_messages_idempotency_key",
+                "(tenant, idempotency_key) WHERE idempotency_key IS NOT NULL",
+            ),
+        ),
         day_ids=False,
         text_ids=True,
     ),

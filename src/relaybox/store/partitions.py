@@ -245,7 +245,15 @@ async def _convert_group(
         if not valid[0]:
             await step(s.table, "validate")
             await retry_locked(partial(ddl.run, "part_validate_bound", table=s.table, name=name))
-    # 3. The switch, a short transaction per table.
+    # 3. Plain indexes for the lookups a dropped UNIQUE one served, built beside the
+    # traffic (one a build left invalid, killed, is built again).
+    for s in specs:
+        for index, columns in s.lookups:
+            if await ddl.val("part_index_invalid", index):
+                await ddl.run("part_drop_index_concurrently", name=index)
+            await step(s.table, "lookups")
+            await ddl.run("part_create_lookup", table=s.table, name=index, columns=columns)
+    # 4. The switch, a short transaction per table.
     part_day = date_name(today)
     done = []
     for s in specs:
@@ -254,7 +262,7 @@ async def _convert_group(
         await retry_locked(partial(_switch, ddl, s, f"{s.table}_p{part_day}", hi))
         done.append(s.table)
         log.info("partitioned", table=s.table, first_partition=f"{s.table}_p{part_day}")
-    # 4. Ids by day, unheld (maintain does it too, for a run killed before this).
+    # 5. Ids by day, unheld (maintain does it too, for a run killed before this).
     await _release_ids(ddl)
     return done
 

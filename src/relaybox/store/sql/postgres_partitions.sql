@@ -100,6 +100,19 @@ SELECT EXISTS (SELECT 1 FROM pg_attrdef d
 -- The highest key of table {table} (its index: one probe).
 SELECT max({key}) AS newest FROM {table}
 
+-- name: part_index_invalid
+-- Whether index $1 exists and is invalid (a CREATE INDEX CONCURRENTLY killed halfway).
+SELECT EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass($1) AND NOT indisvalid)
+    AS yes
+
+-- name: part_drop_index_concurrently
+DROP INDEX CONCURRENTLY IF EXISTS {name}
+
+-- name: part_create_lookup
+-- A plain index where a UNIQUE one that goes served lookups, built without blocking
+-- writes; the switch copies it on the parent, where the attached table's serves.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {table} {columns}
+
 -- name: part_drop_index
 DROP INDEX IF EXISTS {name}
 
