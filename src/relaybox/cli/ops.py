@@ -21,8 +21,7 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from relaybox.app import Relaybox
-from relaybox.cli.common import app_options, json_option, run_db
-from relaybox.cli.common import load_box as _load_box
+from relaybox.cli.common import Target, app_options, json_option, run_db
 from relaybox.cli.exits import EXIT_FAILED, exit_code_for
 from relaybox.cli.grammar import (
     CliError,
@@ -48,15 +47,9 @@ _iso = format_time
 _actor = default_actor
 
 
-def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
-    """:func:`relaybox.cli.load_box` (a configuration error exits 2, usage or
-    configuration, not 1: a script can tell "fix your settings" from "it failed"),
-    with logging configured from the settings."""
-    box = _load_box(app, config, database_url)
-    from relaybox.log import configure_logging
-
-    configure_logging(box.settings.log_level, json=box.settings.log_json)
-    return box
+def load_box(target: Target) -> Relaybox:
+    """The box ``target`` names, logging configured (:meth:`Target.load_logging`)."""
+    return target.load_logging()
 
 
 def _run(box: Relaybox, make: Callable[[], Awaitable[T]], *, as_json: bool) -> T:
@@ -183,9 +176,7 @@ def _list_command(
     @click.option("--cursor", help="next page (printed after a full page)")
     @_json_option
     def command(
-        app: str | None,
-        config: str | None,
-        database_url: str | None,
+        target: Target,
         source: str | None,
         event_type: str | None,
         tenant: str | None,
@@ -207,7 +198,7 @@ def _list_command(
             limit=limit,
             cursor=cursor,
         )
-        box = load_box(app, config, database_url)
+        box = load_box(target)
         page = _run(box, lambda: getattr(ops, use_case)(box, f), as_json=as_json)
         _emit(page, as_json, lambda: _events_table(title, page.items, page.next_cursor))
 
@@ -239,13 +230,11 @@ _list_command(
 @app_options
 @click.argument("inbox_id", type=int)
 @_json_option
-def inbox_show(
-    app: str | None, config: str | None, database_url: str | None, inbox_id: int, as_json: bool
-) -> None:
+def inbox_show(target: Target, inbox_id: int, as_json: bool) -> None:
     """One event: payload, attempts, errors, business keys, outbox rows, replays."""
     from relaybox.ops import inbound as ops
 
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     e = _run(box, lambda: ops.event_get(box, inbox_id), as_json=as_json)
 
     def human() -> None:
@@ -339,9 +328,7 @@ _list_command(
 @actor_option
 @_json_option
 def dead_retry(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     ids: tuple[int, ...],
     retry_all: bool,
     source: str | None,
@@ -366,7 +353,7 @@ def dead_retry(
     if bool(ids) == retry_all:
         raise click.UsageError("give dead letter ids, or --all with filters (not both)")
     who = _actor(actor)
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     if retry_all:
         req = _validate(
             models.DeadRetryRequest,
@@ -424,9 +411,7 @@ def dead_retry(
 @actor_option
 @_json_option
 def dead_discard(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     inbox_id: int,
     reason: str,
     actor: str | None,
@@ -435,7 +420,7 @@ def dead_discard(
     """Take a dead letter out of the queue for good (the row stays, for the record)."""
     from relaybox.ops import inbound as ops
 
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     who = _actor(actor)
     r = _run(
         box, lambda: ops.dead_discard(box, inbox_id, actor=who, reason=reason), as_json=as_json
@@ -465,9 +450,7 @@ def quarantine() -> None:
 @click.option("--cursor", help="next page")
 @_json_option
 def quarantine_list(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     source: str | None,
     state: str,
     limit: int,
@@ -480,7 +463,7 @@ def quarantine_list(
 
     f = _validate(models.QuarantineFilter, source=source, limit=limit, cursor=cursor)
     f = f.model_copy(update={"resolved": {"open": False, "resolved": True, "all": None}[state]})
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     page = _run(box, lambda: ops.quarantine_list(box, f), as_json=as_json)
 
     def human() -> None:
@@ -506,16 +489,14 @@ def quarantine_list(
 @click.argument("quarantine_id", type=int)
 @_json_option
 def quarantine_show(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     quarantine_id: int,
     as_json: bool,
 ) -> None:
     """A quarantined delivery compared with the original it collided with."""
     from relaybox.ops import inbound as ops
 
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     q = _run(box, lambda: ops.quarantine_get(box, quarantine_id), as_json=as_json)
 
     def human() -> None:
@@ -550,9 +531,7 @@ def quarantine_show(
 @actor_option
 @_json_option
 def quarantine_resolve(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     quarantine_id: int,
     resolution: str,
     reason: str,
@@ -562,7 +541,7 @@ def quarantine_resolve(
     """Record the decision on a quarantined delivery (the original is not touched)."""
     from relaybox.ops import inbound as ops
 
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     who = _actor(actor)
     r = _run(
         box,
