@@ -12,7 +12,7 @@ import click
 
 from relaybox.cli.common import Target, app_options
 from relaybox.cli.grammar import actor_option, default_actor, reason_option
-from relaybox.cli.ops import _console, _emit, _iso, _json_option, _run, load_box
+from relaybox.cli.ops import _act, _console, _emit, _iso, _json_option, _run, load_box
 from relaybox.timespec import parse_duration
 
 __all__ = ["COMMANDS"]
@@ -419,10 +419,13 @@ def retention_set(
         raise click.BadParameter(
             message, param_hint=f"--{str(first['loc'][0]).replace('_', '-')}"
         ) from None
-    who = default_actor(actor)
-    box = load_box(target)
-    done = _run(box, lambda: policies.set_tenant(box, tenant, request, actor=who), as_json=as_json)
-    _emit(done, as_json, lambda: click.echo(_ages_line(done)))
+    _act(
+        target,
+        actor,
+        as_json,
+        lambda box, who: policies.set_tenant(box, tenant, request, actor=who),
+        lambda done, _: _ages_line(done),
+    )
 
 
 @retention_group.command("clear")

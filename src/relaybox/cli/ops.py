@@ -72,6 +72,25 @@ def _run(box: Relaybox, make: Callable[[], Awaitable[T]], *, as_json: bool) -> T
     return result
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def _act(
+    target: Target,
+    actor: str | None,
+    as_json: bool,
+    act: Callable[[Relaybox, str], Awaitable[M]],
+    said: Callable[[M, str], str],
+) -> None:
+    """An operator's action: ``act`` on the box ``target`` names, as ``actor`` (else
+    :func:`default_actor`); its result as JSON, or the line ``said`` makes of it and
+    the actor."""
+    box = load_box(target)
+    who = _actor(actor)
+    result = _run(box, lambda: act(box, who), as_json=as_json)
+    _emit(result, as_json, lambda: click.echo(said(result, who)))
+
+
 def _emit(model: BaseModel | dict[str, Any], as_json: bool, human: Callable[[], None]) -> None:
     if as_json:
         data = model.model_dump(mode="json") if isinstance(model, BaseModel) else model
@@ -420,12 +439,13 @@ def dead_discard(
     """Take a dead letter out of the queue for good (the row stays, for the record)."""
     from relaybox.ops import inbound as ops
 
-    box = load_box(target)
-    who = _actor(actor)
-    r = _run(
-        box, lambda: ops.dead_discard(box, inbox_id, actor=who, reason=reason), as_json=as_json
+    _act(
+        target,
+        actor,
+        as_json,
+        lambda box, who: ops.dead_discard(box, inbox_id, actor=who, reason=reason),
+        lambda _, who: f"discarded event {inbox_id} as {who}",
     )
-    _emit(r, as_json, lambda: click.echo(f"discarded event {inbox_id} as {who}"))
 
 
 # -- quarantine -----------------------------------------------------------------
@@ -541,16 +561,15 @@ def quarantine_resolve(
     """Record the decision on a quarantined delivery (the original is not touched)."""
     from relaybox.ops import inbound as ops
 
-    box = load_box(target)
-    who = _actor(actor)
-    r = _run(
-        box,
-        lambda: ops.quarantine_resolve(
+    _act(
+        target,
+        actor,
+        as_json,
+        lambda box, who: ops.quarantine_resolve(
             box, quarantine_id, resolution=resolution, actor=who, reason=reason
         ),
-        as_json=as_json,
+        lambda _, __: f"resolved quarantine entry {quarantine_id}",
     )
-    _emit(r, as_json, lambda: click.echo(f"resolved quarantine entry {quarantine_id}"))
 
 
 COMMANDS = [inbox, dead, quarantine]
