@@ -24,6 +24,7 @@ import click
 
 from relaybox.app import Relaybox
 from relaybox.cli.exits import EXIT_DATABASE, EXIT_USAGE, exit_code_for
+from relaybox.cli.grammar import actor_option, reason_option
 from relaybox.config import load_settings
 from relaybox.errors import ConfigurationError, StoreUnavailable
 
@@ -31,6 +32,7 @@ __all__ = [
     "DEV_ENV",
     "ConfigError",
     "Target",
+    "action_options",
     "app_options",
     "apply_dev",
     "build_box",
@@ -45,6 +47,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 DEV_ENV = "RELAYBOX_DEV"
@@ -182,7 +185,7 @@ class ConfigError(click.ClickException):
     exit_code = EXIT_USAGE
 
 
-def json_option(fn: Any) -> Any:
+def json_option(fn: F) -> F:
     """``--json``: one JSON document on stdout (logs go to stderr)."""
     return click.option("--json", "as_json", is_flag=True, help="machine-readable output")(fn)
 
@@ -209,6 +212,16 @@ class Target:
 
         configure_logging(box.settings.log_level, json=box.settings.log_json)
         return box
+
+
+def action_options(what: str) -> Callable[[F], F]:
+    """What an operator's action takes after its own arguments: ``--reason`` (recorded
+    ``what``), ``--actor`` and ``--json``."""
+
+    def add(fn: F) -> F:
+        return reason_option(what)(actor_option(json_option(fn)))
+
+    return add
 
 
 def app_options(fn: Callable[..., T]) -> Callable[..., T]:

@@ -21,14 +21,12 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from relaybox.app import Relaybox
-from relaybox.cli.common import Target, app_options, json_option, run_db
+from relaybox.cli.common import Target, action_options, app_options, json_option, run_db
 from relaybox.cli.exits import EXIT_FAILED, exit_code_for
 from relaybox.cli.grammar import (
     CliError,
     GrammarOption,
-    actor_option,
     default_actor,
-    reason_option,
     since_options,
     type_option,
 )
@@ -343,9 +341,7 @@ _list_command(
 @_filter_options
 @click.option("--dead-reason", type=_DEAD_REASONS, help="only dead letters of this cause")
 @click.option("--limit", default=1000, show_default=True, type=int, help="with --all")
-@reason_option("with each retried event")
-@actor_option
-@_json_option
+@action_options("with each retried event")
 def dead_retry(
     target: Target,
     ids: tuple[int, ...],
@@ -426,9 +422,7 @@ def dead_retry(
 @dead.command("discard")
 @app_options
 @click.argument("inbox_id", type=int)
-@reason_option("with the row")
-@actor_option
-@_json_option
+@action_options("with the row")
 def dead_discard(
     target: Target,
     inbox_id: int,
@@ -547,9 +541,7 @@ def quarantine_show(
     type=click.Choice(["kept_original", "handled_manually"]),
     help="the decision",
 )
-@reason_option("with the entry")
-@actor_option
-@_json_option
+@action_options("with the entry")
 def quarantine_resolve(
     target: Target,
     quarantine_id: int,

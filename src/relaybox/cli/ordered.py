@@ -10,8 +10,8 @@ import json
 
 import click
 
-from relaybox.cli.common import Target, app_options, json_option
-from relaybox.cli.grammar import CliError, actor_option, default_actor, reason_option
+from relaybox.cli.common import Target, action_options, app_options, json_option
+from relaybox.cli.grammar import CliError, default_actor
 from relaybox.cli.outbound import _list, _run, endpoints_group
 from relaybox.ops import outbound_ordered as ordered
 
@@ -49,9 +49,7 @@ def endpoints_blocked_keys(
 @app_options
 @click.argument("endpoint_id")
 @click.argument("ordering_key")
-@reason_option("with the action")
-@actor_option
-@json_option
+@action_options("with the action")
 def endpoints_release_key(
     target: Target,
     endpoint_id: str,
