@@ -178,7 +178,7 @@ async def seed(
 
 async def seed_keys(conn: asyncpg.Connection) -> None:
     """The keys the accept and the publish write beside each seeded row (event keys,
-    idempotency keys), so that their tables are as large as the history: digests of the
+    idempotency keys, outbox keys), so that their tables are as large as the history: digests of the
     row's id, in whatever type the schema keeps them."""
 
     async def digest(table: str, column: str, text: str) -> str:
@@ -207,6 +207,13 @@ async def seed_keys(conn: asyncpg.Connection) -> None:
         f" SELECT 1, floor(created_at / 86400)::integer, {message}, id FROM relaybox_messages"
         " WHERE idempotency_key IS NOT NULL"
     )
+    if await conn.fetchval("SELECT to_regclass('relaybox_outbox_keys') IS NOT NULL"):
+        # the outbox's keys (migration 0034), as its insert statements write them
+        await conn.execute(
+            "INSERT INTO relaybox_outbox_keys (digest, first_seen)"
+            " SELECT relaybox_outbox_digest(channel, key), floor(created_at / 86400)::integer"
+            " FROM relaybox_outbox ON CONFLICT DO NOTHING"
+        )
 
 
 async def seed_delivered(conn: asyncpg.Connection, start: int, n: int, now: float) -> None:
