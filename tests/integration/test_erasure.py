@@ -87,6 +87,7 @@ async def test_erase_a_subject_keeps_keys_and_outcomes(box: Relaybox) -> None:
         "attempts": 0,
         "messages": 0,
         "inbox_attempts": 0,
+        "projections": 0,
     }
     assert done.finished_at is not None and done.waiting == 0
     assert (done.actor, done.reason, done.scope) == ("dpo@example.com", "GDPR art. 17", "subject")
@@ -129,7 +130,7 @@ async def test_erase_a_subject_keeps_keys_and_outcomes(box: Relaybox) -> None:
     second = await erase(box, subject=ALICE, actor="dpo@example.com")
     assert second.id != done.id and second.finished_at
     assert second.rows == {"inbox": 0, "quarantine": 1, "outbox": 0, "attempts": 0, "messages": 0,
-                           "inbox_attempts": 0}  # fmt: skip
+                           "inbox_attempts": 0, "projections": 0}  # fmt: skip
     third = await erase(box, subject=ALICE, actor="dpo@example.com")
     assert third.id != second.id and not any(third.rows.values()) and third.finished_at
     assert len(await box.store.erasure.latest()) == 3
@@ -221,6 +222,7 @@ async def test_outbound_subject_and_tenant(box: Relaybox) -> None:
         "attempts": 1,
         "messages": 1,
         "inbox_attempts": 0,
+        "projections": 0,
     }
     assert done.finished_at is not None
     messages = {
@@ -260,6 +262,7 @@ async def test_outbound_subject_and_tenant(box: Relaybox) -> None:
         "attempts": 1,
         "messages": 1,
         "inbox_attempts": 0,
+        "projections": 0,
     }
     assert tenant.scope == "tenant" and tenant.digest is None and tenant.tenant == "t2"
     [row] = await box.store.fetch_all(
@@ -601,7 +604,7 @@ async def test_no_byte_of_the_subject_is_left_in_error_text(box: Relaybox) -> No
     # attempt, her message's delivery and its two attempts; her message and the two
     # operational events about her rows.
     assert done.rows == {"inbox": 2, "quarantine": 0, "outbox": 2, "attempts": 3,
-                         "messages": 3, "inbox_attempts": 2}  # fmt: skip
+                         "messages": 3, "inbox_attempts": 2, "projections": 0}  # fmt: skip
     assert await holding(ALICE_EMAIL) == set()
     assert await holding(BOB_EMAIL) == bob_before
     rows = await box.store.fetch_all(
@@ -658,7 +661,7 @@ async def test_a_tenant_erasure_reaches_the_events_received_for_it(box: Relaybox
     # evt_g1 is not handled yet: it waits. The rest of the tenant's rows are empty.
     assert done.waiting == 1 and done.finished_at is None
     assert done.rows == {"inbox": 1, "quarantine": 1, "outbox": 1, "attempts": 1,
-                         "messages": 0, "inbox_attempts": 1}  # fmt: skip
+                         "messages": 0, "inbox_attempts": 1, "projections": 0}  # fmt: skip
     rows = await inbox(box)
     assert rows["evt_g0"]["payload"] is None and rows["evt_g0"]["erased_at"] is not None
     assert rows["evt_g1"]["payload"] is not None and rows["evt_g1"]["erased_at"] is None

@@ -48,6 +48,7 @@ async def test_an_erasure_empties_finished_rows_and_waits_for_pending_ones(store
         "attempts": 0,
         "messages": 0,
         "inbox_attempts": 0,
+        "projections": 0,
     }
     assert await store.erasure.erase_batch(erasure, now=T0 + 1, limit=10) == dict.fromkeys(
         counts, 0

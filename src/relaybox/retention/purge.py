@@ -315,8 +315,10 @@ async def maintain_partitions(
     """PostgreSQL's time partitions (:mod:`relaybox.store.partitions`): partitions made
     ``retention.partitions_ahead`` periods ahead, and each partition dropped whole once
     nothing in it must stay (pending events, undiscarded dead letters, originals of open
-    quarantine entries) and every row in it is past the age of its tenant or source.
-    Nothing happens while the tables are not partitioned (and on SQLite)."""
+    quarantine entries) and every row in it is past the age of its tenant or source;
+    after a drop, the subject index's rows of the dropped events go too
+    (:meth:`~relaybox.store.erasure.ErasureStore.forget_dropped`). Nothing happens
+    while the tables are not partitioned (and on SQLite)."""
     settings = box.settings.retention
     policies = await load_policies(box.store, settings)
 
@@ -327,12 +329,19 @@ async def maintain_partitions(
         return min(policies.ages("inbox"))
 
     period = "day" if settings.partitions == "off" else settings.partitions
-    return await box.store.partitions.maintain(
+    result = await box.store.partitions.maintain(
         period,
         ahead=settings.partitions_ahead,
         drop=(box.clock.now(), ages, shortest),
         before_drop=before_drop,
     )
+    if any(name.startswith("relaybox_inbox_p") for name in result.dropped):
+        # The subject index's rows of the dropped events (and their quarantine
+        # entries), but those a handler's row still needs.
+        forgotten = await box.store.erasure.forget_dropped(limit=settings.batch)
+        if forgotten:
+            log.info("subjects_forgotten", rows=forgotten)
+    return result
 
 
 async def backfill_keys(
