@@ -313,27 +313,30 @@ RETURNING resource_key
 -- (purged or erased), the rows its handler added to the outbox (purged with no error
 -- text, response or headers left, or erased). A row that still holds some keeps its
 -- index rows: the purge of what holds it (or an erasure, or its partition's drop)
--- asks again. Each probe reads one row's rows by the tables' inbox_id indexes.
+-- asks again. Each test is a subquery with LIMIT 1 run per reference (a probe of the
+-- table's index by the inbox id), never a join a generic plan could make a scan of.
 DELETE FROM relaybox_subjects s
-WHERE s.kind = 'inbox' AND s.ref::bigint = ANY($1::bigint[])
-  AND NOT EXISTS (
-      SELECT 1 FROM relaybox_inbox i
-      WHERE i.id = s.ref::bigint AND i.erased_at IS NULL
-        AND (i.purged_at IS NULL OR i.last_error IS NOT NULL
-             OR EXISTS (SELECT 1 FROM relaybox_inbox_attempts a
-                        WHERE a.inbox_id = i.id AND a.error IS NOT NULL
-                          AND a.error <> '(erased)')))
-  AND NOT EXISTS (
-      SELECT 1 FROM relaybox_quarantine q
-      WHERE q.inbox_id = s.ref::bigint AND q.erased_at IS NULL AND q.purged_at IS NULL)
-  AND NOT EXISTS (
-      SELECT 1 FROM relaybox_outbox o
-      WHERE o.inbox_id = s.ref::bigint AND o.erased_at IS NULL
-        AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
-             OR EXISTS (SELECT 1 FROM relaybox_outbox_attempts a
-                        WHERE a.outbox_id = o.id
-                          AND (a.response IS NOT NULL OR a.headers IS NOT NULL
-                               OR (a.error IS NOT NULL AND a.error <> '(erased)')))))
+USING unnest($1::bigint[]) AS r(id)
+WHERE s.kind = 'inbox' AND s.ref::bigint = r.id
+  AND (SELECT 1 FROM relaybox_inbox i
+       WHERE i.id = r.id AND i.erased_at IS NULL
+         AND (i.purged_at IS NULL OR i.last_error IS NOT NULL
+              OR (SELECT 1 FROM relaybox_inbox_attempts a
+                  WHERE a.inbox_id = i.id AND a.error IS NOT NULL AND a.error <> '(erased)'
+                  LIMIT 1) IS NOT NULL)
+       LIMIT 1) IS NULL
+  AND (SELECT 1 FROM relaybox_quarantine q
+       WHERE q.inbox_id = r.id AND q.erased_at IS NULL AND q.purged_at IS NULL
+       LIMIT 1) IS NULL
+  AND (SELECT 1 FROM relaybox_outbox o
+       WHERE o.inbox_id = r.id AND o.erased_at IS NULL
+         AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
+              OR (SELECT 1 FROM relaybox_outbox_attempts a
+                  WHERE a.outbox_id = o.id
+                    AND (a.response IS NOT NULL OR a.headers IS NOT NULL
+                         OR (a.error IS NOT NULL AND a.error <> '(erased)'))
+                  LIMIT 1) IS NOT NULL)
+       LIMIT 1) IS NULL
 RETURNING s.ref
 
 -- name: subjects_forget_messages
@@ -341,27 +344,34 @@ RETURNING s.ref
 -- them holds what an erasure empties: the message (gone, purged or erased) and its
 -- deliveries (as in subjects_forget_inbox).
 DELETE FROM relaybox_subjects s
-WHERE s.kind = 'message' AND s.ref = ANY($1::text[])
-  AND NOT EXISTS (
-      SELECT 1 FROM relaybox_messages m
-      WHERE m.id = s.ref AND m.erased_at IS NULL AND m.purged_at IS NULL)
-  AND NOT EXISTS (
-      SELECT 1 FROM relaybox_outbox o
-      WHERE o.message_id = s.ref AND o.erased_at IS NULL
-        AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
-             OR EXISTS (SELECT 1 FROM relaybox_outbox_attempts a
-                        WHERE a.outbox_id = o.id
-                          AND (a.response IS NOT NULL OR a.headers IS NOT NULL
-                               OR (a.error IS NOT NULL AND a.error <> '(erased)')))))
+USING unnest($1::text[]) AS r(id)
+WHERE s.kind = 'message' AND s.ref = r.id
+  AND (SELECT 1 FROM relaybox_messages m
+       WHERE m.id = r.id AND m.erased_at IS NULL AND m.purged_at IS NULL
+       LIMIT 1) IS NULL
+  AND (SELECT 1 FROM relaybox_outbox o
+       WHERE o.message_id = r.id AND o.erased_at IS NULL
+         AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
+              OR (SELECT 1 FROM relaybox_outbox_attempts a
+                  WHERE a.outbox_id = o.id
+                    AND (a.response IS NOT NULL OR a.headers IS NOT NULL
+                         OR (a.error IS NOT NULL AND a.error <> '(erased)'))
+                  LIMIT 1) IS NOT NULL)
+       LIMIT 1) IS NULL
 RETURNING s.ref
 
 -- name: subjects_refs_quarantine
--- The inbox rows the quarantine entries $1 (ids) are stored under.
-SELECT DISTINCT inbox_id FROM relaybox_quarantine WHERE id = ANY($1::bigint[])
+-- The inbox rows the quarantine entries $1 (ids) are stored under: one probe of the
+-- primary key an id (a LATERAL with LIMIT is not flattened into a join).
+SELECT DISTINCT q.inbox_id FROM unnest($1::bigint[]) AS r(id)
+CROSS JOIN LATERAL (
+    SELECT inbox_id FROM relaybox_quarantine WHERE id = r.id LIMIT 1) q
 
 -- name: subjects_refs_outbox
 -- The inbox row (a handler's row) or the message (a delivery) of the outbox rows $1.
-SELECT inbox_id, message_id FROM relaybox_outbox WHERE id = ANY($1::bigint[])
+SELECT o.inbox_id, o.message_id FROM unnest($1::bigint[]) AS r(id)
+CROSS JOIN LATERAL (
+    SELECT inbox_id, message_id FROM relaybox_outbox WHERE id = r.id LIMIT 1) o
 
 -- name: subjects_inbox_refs_below
 -- Up to $3 inbox references of the index after $1 and below $2 (the lowest id the
