@@ -14,6 +14,11 @@ drops the **payload and headers** and keeps the rest:
   row of a business key (``relaybox_operations``: the key, its fingerprint, the
   event) goes with its event's payload; the digest keeps deciding.
 
+The subject index (``relaybox_subjects``, :mod:`relaybox.erasure`) goes with what it
+finds: each purge batch deletes the index rows of the rows it purged once nothing
+found through them holds anything an erasure empties (an error text keeps them), and
+so does the maintenance job after it drops inbox partitions.
+
 A purged event cannot be replayed; :func:`relaybox.inbound.replay.replay` reports it apart and
 the admin API answers 409 ``payload_purged`` naming the purge date.
 
