@@ -297,7 +297,31 @@ async def test_an_operational_event_finds_its_rows_subjects_by_index(
 ) -> None:
     """A dead letter's operational event is indexed under its row's subjects in the
     transaction that records the dead letter: the subjects are found through the
-    index of references (relaybox_subjects_ref), never a scan of the index table."""
+    index of each kind's references (relaybox_subjects_inbox, relaybox_subjects_message),
+    never a scan of the index table."""
+    plans = await _plans_on_a_filled_table(pg_url, "relaybox_subjects", _SUBJECT_FILL, {name: args})
+    scanned = set(re.findall(r"Seq Scan on (\w+)", plans[name]))
+    assert not scanned & (BIG | {"relaybox_subjects"}), plans[name]
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("subjects_forget_inbox", "'{7, 107, 207}'::bigint[]"),
+        ("subjects_forget_messages", "'{msg_7, msg_107}'::text[]"),
+        ("subjects_refs_quarantine", "'{7, 107}'::bigint[]"),
+        ("subjects_refs_outbox", "'{7, 107}'::bigint[]"),
+        ("subjects_inbox_refs_below", "0, 500, 100"),
+        ("projection_upsert", "'r', 'event', '1', '1', '{}', 's', 7, 1.0"),
+    ],
+)
+async def test_the_subject_index_is_asked_about_its_rows_by_index(
+    pg_url: str, name: str, args: str
+) -> None:
+    """What the purge, an erasure and a partition drop ask of the subject index (which
+    of its rows find nothing any more), and a projection's write (its event's subject),
+    reach the index and the rows it names by index, never a scan, in their generic
+    plans on tables never analyzed."""
     plans = await _plans_on_a_filled_table(pg_url, "relaybox_subjects", _SUBJECT_FILL, {name: args})
     scanned = set(re.findall(r"Seq Scan on (\w+)", plans[name]))
     assert not scanned & (BIG | {"relaybox_subjects"}), plans[name]
