@@ -197,3 +197,35 @@ async def test_the_purge_deletes_index_rows_once_they_find_nothing_more(store: S
     assert await _indexed(store) == set()
     [row] = await store.fetch_all(f"SELECT last_error FROM relaybox_inbox WHERE id = {failed}")
     assert row["last_error"] == "(erased)"
+
+
+async def test_a_tenant_erasure_empties_the_projections_its_events_wrote(store: Store) -> None:
+    """A projection holds no tenant: a tenant's erasure finds the states its events
+    wrote by the inbox rows it empties (the projections' inbox_id index)."""
+    rows = [delivery(f"e{i}", b'{"email": "alice@example.com"}', ignored=True) for i in range(2)]
+    [mine, theirs] = [o.inbox_id for o in await store.inbox.accept(rows)]
+    async with store.transaction() as conn:
+        await conn.exec_driver_sql(
+            f"UPDATE relaybox_inbox SET tenant = 'other' WHERE id = {theirs}"
+        )
+        for key, inbox_id in (("r1", mine), ("r2", theirs)):
+            await conn.exec_driver_sql(
+                "INSERT INTO relaybox_projections (resource_key, origin, version, version_key,"
+                f" state, source, inbox_id, updated_at) VALUES ('{key}', 'event', '1', '1',"
+                f" '{{\"email\": \"alice@example.com\"}}', 'src', {inbox_id}, {T0})"
+            )
+    erasure_id, _ = await store.erasure.begin(
+        actor="dpo", reason="", scope="tenant", digest=None, tenant="tenant-1", now=T0
+    )
+    erasure = await store.erasure.get(erasure_id)
+    assert erasure is not None
+    counts = await store.erasure.erase_batch(erasure, now=T0 + 1, limit=10)
+    assert (counts["inbox"], counts["projections"]) == (1, 1)
+    states = await store.fetch_all(
+        "SELECT resource_key, state, version, erased_at FROM relaybox_projections"
+        " ORDER BY resource_key"
+    )
+    assert [(r["state"] is None, r["version"], r["erased_at"]) for r in states] == [
+        (True, "1", T0 + 1),
+        (False, "1", None),
+    ]

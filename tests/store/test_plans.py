@@ -253,6 +253,10 @@ _SUBJECT_FILL = (
     " INSERT INTO relaybox_quarantine (inbox_id, source, account, event_id, event_type,"
     " fingerprint, payload, received_at, tenant)"
     " SELECT i, 's', 'a', 'e' || i, 't', '\\x01', '{}', 0, 't' || (i % 100)"
+    " FROM generate_series(1, 20000) AS i;"
+    " INSERT INTO relaybox_projections (resource_key, origin, version, version_key, state,"
+    " source, inbox_id, updated_at, subject)"
+    " SELECT 'r' || i, 'event', '1', '1', '{}', 's', i, 0, int4send(i % 2000)"
     " FROM generate_series(1, 20000) AS i"
 )
 
@@ -272,6 +276,8 @@ _SUBJECT_FILL = (
         ("erase_quarantine_tenant", "relaybox_quarantine"),
         ("erase_handler_outbox_ids", "relaybox_outbox"),
         ("erase_waiting_tenant", "relaybox_messages"),
+        ("erase_projections_subject", "relaybox_projections"),
+        ("erase_projections_ids", "relaybox_projections"),
     ],
 )
 async def test_an_erasure_probes_the_subjects_rows(pg_url: str, name: str, table: str) -> None:
@@ -281,11 +287,11 @@ async def test_an_erasure_probes_the_subjects_rows(pg_url: str, name: str, table
     key = "'\\x00000007'::bytea" if "subject" in name else "'t7'"
     n = {"erase_waiting_subject": 1, "erase_waiting_tenant": 1}.get(name, 3)
     args = ", ".join([key, "1.0", "500"][:n])
-    if name == "erase_handler_outbox_ids":  # the ids of the inbox rows just erased
+    if name in ("erase_handler_outbox_ids", "erase_projections_ids"):  # inbox rows erased
         args = "'{7, 107, 207}'::bigint[], 1.0"
     plans = await _plans_on_a_filled_table(pg_url, table, _SUBJECT_FILL, {name: args})
     plan = plans[name]
-    assert not set(re.findall(r"Seq Scan on (\w+)", plan)) & BIG, plan
+    assert not set(re.findall(r"Seq Scan on (\w+)", plan)) & (BIG | {"relaybox_projections"}), plan
 
 
 @pytest.mark.parametrize(

@@ -301,10 +301,17 @@ RETURNING t.resource_key
 -- The states of versioned projections written by the inbox rows just erased ($1: their
 -- ids), by the projections' inbox_id index (a tenant's erasure: projections hold no
 -- tenant).
-UPDATE relaybox_projections
+-- One probe of relaybox_projections_inbox an id (a LATERAL that locks is not
+-- flattened: see erase_handler_outbox_ids).
+UPDATE relaybox_projections t
 SET state = NULL, erased_at = $2
-WHERE inbox_id = ANY($1::bigint[]) AND erased_at IS NULL
-RETURNING resource_key
+FROM unnest($1::bigint[]) AS erased(id)
+CROSS JOIN LATERAL (
+    SELECT p.resource_key FROM relaybox_projections p
+    WHERE p.inbox_id = erased.id AND p.erased_at IS NULL
+    FOR NO KEY UPDATE SKIP LOCKED) b
+WHERE t.resource_key = b.resource_key AND t.erased_at IS NULL
+RETURNING t.resource_key
 
 -- name: subjects_forget_inbox
 -- The subject index's rows of the inbox rows $1 (ids) deleted once nothing found

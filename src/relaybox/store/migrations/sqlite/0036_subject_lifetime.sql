@@ -21,4 +21,8 @@ ALTER TABLE relaybox_projections ADD COLUMN subject BLOB;
 ALTER TABLE relaybox_projections ADD COLUMN erased_at REAL;
 CREATE INDEX relaybox_projections_subject ON relaybox_projections (subject)
     WHERE subject IS NOT NULL;
+-- A tenant's erasure finds the states its events wrote by the events it empties
+-- (projections hold no tenant).
+CREATE INDEX relaybox_projections_inbox ON relaybox_projections (inbox_id)
+    WHERE inbox_id IS NOT NULL;
 ALTER TABLE relaybox_erasures ADD COLUMN projections INTEGER NOT NULL DEFAULT 0;
