@@ -163,17 +163,25 @@ async def table_exists(box: Runtime, table: str) -> bool:
 # -- inbox ----------------------------------------------------------------------
 
 
+def _event_filter(
+    f: InboxFilter | DeadFilter | DeadRetryRequest, before_id: int | None
+) -> dict[str, Any]:
+    """The store's arguments the lists of events share (the inbox's, the dead
+    letters'), from an operator's filter: below ``before_id``, the newest first."""
+    return {
+        "source": f.source,
+        "event_type": f.type,
+        "tenant": f.tenant,
+        "since": f.since,
+        "until": f.until,
+        "before_id": before_id,
+        "limit": f.limit,
+    }
+
+
 async def inbox_list(box: Runtime, f: InboxFilter) -> EventPage:
-    rows = await box.store.operator.inbox_list(
-        source=f.source,
-        event_type=f.type,
-        status=f.status,
-        tenant=f.tenant,
-        since=f.since,
-        until=f.until,
-        before_id=decode_cursor(f.cursor),
-        limit=f.limit,
-    )
+    query = _event_filter(f, decode_cursor(f.cursor))
+    rows = await box.store.operator.inbox_list(status=f.status, **query)
     return EventPage(items=[_summary(r) for r in rows], next_cursor=_page_ids(rows, f.limit))
 
 
@@ -239,16 +247,21 @@ async def _replay(box: Runtime, selection: Selection, actor: str, reason: str) -
     return ReplayResult(**result.as_dict(), message=_replay_message(result, purged, erased))
 
 
+async def _replay_one(box: Runtime, selection: Selection, actor: str, reason: str) -> ReplayResult:
+    """Replay one event: a purged one is a 409 naming the purge."""
+    result = await _replay(box, selection, actor, reason)
+    if result.purged:
+        raise Conflict(result.message, code="payload_purged")
+    return result
+
+
 async def replay_event(box: Runtime, inbox_id: int, *, actor: str, reason: str) -> ReplayResult:
     """Replay one finished event. A purged one is a 409 naming the purge: replaying
     without the payload would run the handler on nothing."""
     event = await event_get(box, inbox_id)
     if event.status == "pending":
         raise Conflict(f"event {inbox_id} is pending: it is already on its way", code="pending")
-    result = await _replay(box, Selection(ids=[inbox_id]), actor, reason)
-    if result.purged:
-        raise Conflict(result.message, code="payload_purged")
-    return result
+    return await _replay_one(box, Selection(ids=[inbox_id]), actor, reason)
 
 
 async def replay_selection(
@@ -281,16 +294,8 @@ async def replay_selection(
 
 
 async def dead_list(box: Runtime, f: DeadFilter) -> EventPage:
-    rows = await box.store.operator.dead_list(
-        source=f.source,
-        event_type=f.type,
-        reason=f.reason,
-        tenant=f.tenant,
-        since=f.since,
-        until=f.until,
-        before_id=decode_cursor(f.cursor),
-        limit=f.limit,
-    )
+    query = _event_filter(f, decode_cursor(f.cursor))
+    rows = await box.store.operator.dead_list(reason=f.reason, **query)
     return EventPage(items=[_summary(r) for r in rows], next_cursor=_page_ids(rows, f.limit))
 
 
@@ -299,24 +304,14 @@ async def dead_retry(box: Runtime, inbox_id: int, *, actor: str, reason: str) ->
     if event.status != "dead" or event.discarded_at is not None:
         state = "discarded" if event.discarded_at is not None else event.status
         raise Conflict(f"event {inbox_id} is not a dead letter (it is {state})", code="not_dead")
-    result = await _replay(box, Selection(ids=[inbox_id], statuses=["dead"]), actor, reason)
-    if result.purged:
-        raise Conflict(result.message, code="payload_purged")
-    return result
+    return await _replay_one(box, Selection(ids=[inbox_id], statuses=["dead"]), actor, reason)
 
 
 async def dead_retry_many(box: Runtime, req: DeadRetryRequest, *, actor: str) -> DeadRetryResult:
     """Select the matching dead letters first (the same filter as the list, so what an
     operator saw is what is retried), then replay exactly those ids."""
     rows = await box.store.operator.dead_list(
-        source=req.source,
-        event_type=req.type,
-        reason=req.dead_reason,
-        tenant=req.tenant,
-        since=req.since,
-        until=req.until,
-        before_id=None,
-        limit=req.limit,
+        reason=req.dead_reason, **_event_filter(req, before_id=None)
     )
     ids = sorted(r["id"] for r in rows)
     if not ids:
