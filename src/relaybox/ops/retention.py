@@ -66,11 +66,8 @@ KEYS_WINDOW_TEXT = (
 )
 
 
-class InvalidPolicy(OpsError):
+class InvalidPolicy(OpsError, status=422, code="invalid_policy"):
     """A policy relaybox cannot store (422)."""
-
-    status = 422
-    code = "invalid_policy"
 
 
 class TenantPolicyRequest(RequestModel):
