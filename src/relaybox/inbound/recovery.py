@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -271,19 +271,7 @@ class RecoveryReport:
     failed: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "since": self.since,
-            "mode": self.mode,
-            "dry_run": self.dry_run,
-            "listed": self.listed,
-            "present": self.present,
-            "missing": self.missing,
-            "ingested": self.ingested,
-            "redelivery_requested": self.redelivery_requested,
-            "duplicates": self.duplicates,
-            "failed": self.failed,
-        }
+        return asdict(self)
 
 
 async def recover(
