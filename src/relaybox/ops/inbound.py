@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -135,24 +135,10 @@ def _headers(raw: str | None) -> dict[str, str] | None:
 
 
 def _summary(m: Any) -> EventSummary:
-    return EventSummary(
-        id=m["id"],
-        source=m["source"],
-        account=m["account"],
-        event_id=m["event_id"],
-        event_type=m["event_type"],
-        tenant=m["tenant"],
-        status=m["status"],
-        dead_reason=m["dead_reason"],
-        attempts=m["attempts"],
-        received_at=m["received_at"],
-        updated_at=m["updated_at"],
-        done_at=m["done_at"],
-        next_attempt_at=m["next_attempt_at"],
-        last_error=m["last_error"],
-        purged=bool(m["purged"]),
-        discarded_at=m["discarded_at"],
-    )
+    """An event's summary from its row: the columns of the same names, ``purged`` as
+    a truth value."""
+    fields = {k: m[k] for k in EventSummary.model_fields}
+    return EventSummary(**{**fields, "purged": bool(m["purged"])})
 
 
 async def table_exists(box: Runtime, table: str) -> bool:
@@ -373,26 +359,25 @@ def json_differences(original: Any, quarantined: Any, path: str = "$") -> list[D
     return [Difference(path=path, original=original, quarantined=quarantined, change="changed")]
 
 
+def _side(m: Mapping[str, Any], prefix: str) -> QuarantineSide:
+    """One side of a quarantine entry from its row's columns (the original's are
+    named ``original_...``)."""
+    return QuarantineSide(
+        event_type=m[prefix + "event_type"],
+        received_at=m[prefix + "received_at"],
+        payload=decode_payload(m[prefix + "payload"]),
+        headers=_headers(m[prefix + "headers"]),
+        purged=m[prefix + "payload"] is None,
+    )
+
+
 async def quarantine_get(box: Runtime, quarantine_id: int) -> QuarantineDetail:
     m = await box.store.operator.quarantine_get(quarantine_id)
     if m is None:
         raise NotFound(f"no quarantine entry {quarantine_id}")
-    original = None
-    if m["original_status"] is not None:  # its row still exists
-        original = QuarantineSide(
-            event_type=m["original_event_type"],
-            received_at=m["original_received_at"],
-            payload=decode_payload(m["original_payload"]),
-            headers=_headers(m["original_headers"]),
-            purged=m["original_payload"] is None,
-        )
-    newcomer = QuarantineSide(
-        event_type=m["event_type"],
-        received_at=m["received_at"],
-        payload=decode_payload(m["payload"]),
-        headers=_headers(m["headers"]),
-        purged=m["payload"] is None,
-    )
+    # The original's side, when its row still exists.
+    original = None if m["original_status"] is None else _side(m, "original_")
+    newcomer = _side(m, "")
     summary = {k: m[k] for k in QuarantineSummary.model_fields}
     return QuarantineDetail(
         **summary,
