@@ -4,7 +4,12 @@ finished rows already in the inbox and as many delivered messages in the outbox
 history (a message, its outbox row and one attempt each); the seeded database's size;
 the worker's RSS while it works through a backlog of the largest size (at most 1M
 rows; flat, not growing with it); EXPLAIN of the claim queries (index scans on the
-partial index, no sequential scan)."""
+partial index, no sequential scan).
+
+``BENCH_GROWTH_LAYOUTS=plain,day`` (or ``week``) measures each size in both layouts in
+the same run: today's tables, and the same seed converted to time partitions the way
+``relaybox migrate --partitions day`` converts a live database (the seeded history
+becomes the first partition, no copy). Runs alternate over sizes and layouts."""
 
 from __future__ import annotations
 
@@ -22,11 +27,23 @@ import asyncpg
 import psutil
 
 from bench.accept import ensure_wrk, make_requests, run_wrk
-from bench.common import PG_ADMIN, ROOT, free_port, fresh_pg_database, median, serve, table
+from bench.common import (
+    PG_ADMIN,
+    ROOT,
+    db_name,
+    free_port,
+    fresh_pg_database,
+    median,
+    pg_url,
+    serve,
+    table,
+)
 from bench.dispatch import start_sink
 from bench.process import WORKSPACES
 
 DEFAULT_SIZES = "10000,100000,1000000"
+LAYOUTS = ("plain", "day", "week")
+"""``plain``: one table each; ``day``/``week``: the history partitioned by that period."""
 HISTORY_ENDPOINTS = 20
 DISPATCH_ENDPOINTS = 20
 DISPATCH_IN_FLIGHT = 5
@@ -46,6 +63,14 @@ def sizes_from_env(quick: bool) -> list[int]:
     return sizes
 
 
+def layouts_from_env() -> list[str]:
+    raw = os.environ.get("BENCH_GROWTH_LAYOUTS", "plain")
+    layouts = [part.strip() for part in raw.split(",") if part.strip()]
+    if not layouts or any(layout not in LAYOUTS for layout in layouts):
+        raise SystemExit(f"BENCH_GROWTH_LAYOUTS: a comma list of {', '.join(LAYOUTS)}, not {raw!r}")
+    return layouts
+
+
 def pg_free_bytes() -> tuple[str, int] | None:
     """PostgreSQL's data directory and the free bytes on its file system, or None when
     it is not on this machine's file system (a server elsewhere: no check)."""
@@ -60,16 +85,24 @@ def pg_free_bytes() -> tuple[str, int] | None:
         return None
 
 
-def check_disk(inbox_row: float, history_row: float, sizes: list[int], pending: int) -> None:
+def check_disk(
+    inbox_row: float,
+    history_row: float,
+    sizes: list[int],
+    pending: int,
+    layouts: list[str] | None = None,
+) -> None:
     """Stops the run before seeding ``sizes`` when PostgreSQL's disk lacks the room:
     bytes per inbox row and per delivered message (measured at the smallest size,
-    indexes included) times the rows, times ``DISK_FACTOR``."""
+    indexes included) times the rows, times ``DISK_FACTOR`` and one more seed for each
+    layout past the first."""
     found = pg_free_bytes()
     if found is None:
         print("  growth: PostgreSQL's data directory is not on this machine: no disk check")
         return
     path, free = found
-    need = DISK_FACTOR * sum(inbox_row * (size + pending) + history_row * size for size in sizes)
+    factor = DISK_FACTOR + len(layouts or ["plain"]) - 1
+    need = factor * sum(inbox_row * (size + pending) + history_row * size for size in sizes)
     rows = ", ".join(f"{s:,}" for s in sizes)
     measured = f"{inbox_row:,.0f} B per inbox row, {history_row:,.0f} B per delivered message"
     print(
@@ -80,7 +113,7 @@ def check_disk(inbox_row: float, history_row: float, sizes: list[int], pending: 
     if need > free:
         raise SystemExit(
             f"bench growth: not enough disk for {rows} rows: about {need / 2**30:,.1f} GiB"
-            f" wanted ({measured}, x {DISK_FACTOR}), {free / 2**30:,.1f} GiB free on"
+            f" wanted ({measured}, x {factor}), {free / 2**30:,.1f} GiB free on"
             f" {path}; choose smaller BENCH_GROWTH_SIZES"
         )
 
@@ -129,6 +162,7 @@ async def seed(
                 )
         for start in range(0, history, 100_000):
             await seed_delivered(conn, start, min(100_000, history - start), now)
+        await seed_keys(conn)
         await conn.execute("VACUUM ANALYZE")
         seeded = int(await conn.fetchval("SELECT pg_database_size(current_database())"))
         inbox, outbox = await conn.fetchrow(
@@ -140,6 +174,39 @@ async def seed(
     finally:
         await conn.close()
     return seeded, int(inbox), int(outbox)
+
+
+async def seed_keys(conn: asyncpg.Connection) -> None:
+    """The keys the accept and the publish write beside each seeded row (event keys,
+    idempotency keys), so that their tables are as large as the history: digests of the
+    row's id, in whatever type the schema keeps them."""
+
+    async def digest(table: str, column: str, text: str) -> str:
+        kind = await conn.fetchval(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
+            " WHERE attrelid = $1::regclass AND attname = $2",
+            table,
+            column,
+        )
+        return {
+            "uuid": f"md5({text})::uuid",
+            "bytea": f"decode(md5({text}), 'hex')",
+            "bigint": f"('x' || substr(md5({text}), 1, 16))::bit(64)::bigint",
+        }[kind]
+
+    event = await digest("relaybox_event_keys", "digest", "'k' || id")
+    fingerprint = await digest("relaybox_event_keys", "fingerprint", "'f' || id")
+    await conn.execute(
+        "INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)"
+        f" SELECT id, 1, floor(received_at / 86400)::integer, {event}, {fingerprint}"
+        " FROM relaybox_inbox"
+    )
+    message = await digest("relaybox_message_keys", "digest", "'k' || id")
+    await conn.execute(
+        "INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)"
+        f" SELECT 1, floor(created_at / 86400)::integer, {message}, id FROM relaybox_messages"
+        " WHERE idempotency_key IS NOT NULL"
+    )
 
 
 async def seed_delivered(conn: asyncpg.Connection, start: int, n: int, now: float) -> None:
@@ -347,87 +414,104 @@ async def worker_rss(url: str, seconds: float) -> tuple[float, float]:
 def main(*, quick: bool = False, rounds: int = 3) -> str:
     ensure_wrk()
     sizes = sizes_from_env(quick)
+    layouts = layouts_from_env()
     # 20,000 events: ~10 s at each size (5,000 took ~2.5 s, and one autovacuum or
     # checkpoint during it swung the rate by 20 %).
     pending = 1_000 if quick else 20_000
     rounds = 1 if quick else rounds
+    runs = [(size, layout) for size in sizes for layout in layouts]
     plans: list[str] = []
-    accepts: dict[int, list[float]] = {size: [] for size in sizes}
-    processes: dict[int, float] = {}
-    dispatches: dict[int, list[float]] = {size: [] for size in sizes}
-    disk: dict[int, int] = {}
+    accepts: dict[Run, list[float]] = {run: [] for run in runs}
+    processes: dict[Run, float] = {}
+    dispatches: dict[Run, list[float]] = {run: [] for run in runs}
+    disk: dict[Run, int] = {}
     with tempfile.TemporaryDirectory(prefix="relaybox-growth-") as tmp:
         reqfile = Path(tmp) / "requests.tsv"
         for i, size in enumerate(sizes):  # seeded once; every run gets a copy
             started = time.perf_counter()
-            url = fresh_pg_database(f"bench_growth_{size}_seed")
-            disk[size], inbox, outbox = asyncio.run(seed(url, size, pending))
+            url = fresh_pg_database(seed_name((size, "plain")))
+            disk[size, "plain"], inbox, outbox = asyncio.run(seed(url, size, pending))
             print(
                 f"  growth {size:>9,} rows: seeded in {time.perf_counter() - started:,.0f} s,"
-                f" {disk[size] / 2**20:,.0f} MiB on disk (pg_database_size)",
+                f" {disk[size, 'plain'] / 2**20:,.0f} MiB on disk (pg_database_size)",
                 flush=True,
             )
             if i == 0 and len(sizes) > 1:
-                check_disk(inbox / (size + pending), outbox / size, sizes[1:], pending)
-        # Accept alternates over the sizes, round after round (medians): a single run
+                check_disk(inbox / (size + pending), outbox / size, sizes[1:], pending, layouts)
+            for layout in layouts:
+                if layout != "plain":
+                    started = time.perf_counter()
+                    disk[size, layout] = partition_copy(size, layout)
+                    print(
+                        f"  growth {size:>9,} rows: copied and partitioned by {layout} in"
+                        f" {time.perf_counter() - started:,.0f} s",
+                        flush=True,
+                    )
+            if "plain" not in layouts:
+                fresh_pg_database(seed_name((size, "plain")))  # its disk back
+        # Accept alternates over the runs, round after round (medians): a single run
         # per size let the VM's drift between runs pass for growth (2026-12-01: the
         # first size, run first, read 1.00 against 1.22 and 1.29 for the larger ones).
         for _ in range(rounds):
-            for size in sizes:
-                url = fresh_pg_database(f"bench_growth_{size}", f"bench_growth_{size}_seed")
+            for run in runs:
+                url = fresh_pg_database(copy_name(run), seed_name(run))
                 # Signed now: a timestamp older than the source's tolerance is refused
                 # with 401, and a 10M-row seed or copy takes longer than that.
                 make_requests(reqfile, 100_000 if not quick else 10_000)
                 app = {"BENCH_APP": "relaybox", "BENCH_DB_URL": url}
                 with serve(app, port=free_port()) as base:
-                    accepts[size].append(run_wrk(base, reqfile, 3 if quick else 5, 64)["rate"])
-                print(f"  growth {size:>9,} rows: accept {accepts[size][-1]:,.0f}/s", flush=True)
-                if not accepts[size][-1]:
-                    raise RuntimeError(f"bench growth: nothing accepted at {size:,} rows")
-        for size in sizes:
-            url = fresh_pg_database(f"bench_growth_{size}", f"bench_growth_{size}_seed")
-            processes[size] = asyncio.run(process_rate(url, pending))
-            print(f"  growth {size:>9,} rows: process {processes[size]:,.0f}/s", flush=True)
-            fresh_pg_database(f"bench_growth_{size}")  # the copy's disk back, now
-        # Dispatch alternates over the sizes too, each size on one copy of its seed (a
-        # copy of the largest takes minutes): each round's 20,000 messages join that
-        # copy's history, a small part of it at the sizes that matter.
-        copies = {
-            size: fresh_pg_database(f"bench_growth_d{size}", f"bench_growth_{size}_seed")
-            for size in sizes
-        }
+                    accepts[run].append(run_wrk(base, reqfile, 3 if quick else 5, 64)["rate"])
+                print(f"  growth {label(run)}: accept {accepts[run][-1]:,.0f}/s", flush=True)
+                if not accepts[run][-1]:
+                    raise RuntimeError(f"bench growth: nothing accepted at {label(run)}")
+                fresh_pg_database(copy_name(run))  # the copy's disk back, now
+        for run in runs:
+            url = fresh_pg_database(copy_name(run), seed_name(run))
+            processes[run] = asyncio.run(process_rate(url, pending))
+            print(f"  growth {label(run)}: process {processes[run]:,.0f}/s", flush=True)
+            fresh_pg_database(copy_name(run))  # the copy's disk back, now
+        # Dispatch alternates over the runs too, each on its seed itself (the seeds
+        # serve nothing after this; a copy of the largest takes minutes and its disk):
+        # each round's 20,000 messages join that seed's history, a small part of it at
+        # the sizes that matter.
         for _ in range(rounds):
-            for size in sizes:
-                dispatches[size].append(asyncio.run(dispatch_rate(copies[size], pending)))
-                print(
-                    f"  growth {size:>9,} rows: dispatch {dispatches[size][-1]:,.0f}/s", flush=True
-                )
-        plans = asyncio.run(explain(copies[sizes[-1]]))
-        for size in sizes:
-            fresh_pg_database(f"bench_growth_d{size}")  # the copies' disk back, now
+            for run in runs:
+                url = pg_url(db_name(seed_name(run)))
+                dispatches[run].append(asyncio.run(dispatch_rate(url, pending)))
+                print(f"  growth {label(run)}: dispatch {dispatches[run][-1]:,.0f}/s", flush=True)
+        for layout in layouts:
+            plans += [
+                f"{layout}: {plan}"
+                for plan in asyncio.run(explain(pg_url(db_name(seed_name((sizes[-1], layout))))))
+            ]
+        for run in runs:
+            fresh_pg_database(seed_name(run))  # the seeds' disk back, now
         big = min(sizes[-1], RSS_BACKLOG)
         url = fresh_pg_database("bench_growth_rss")
         asyncio.run(seed(url, 0, big, history=0))
         first, last = asyncio.run(worker_rss(url, 5 if quick else 20))
     rows: list[list[Any]] = [
         [
-            f"{s:,}",
-            f"{disk[s] / 2**20:,.0f}",
-            median(accepts[s]),
-            processes[s],
-            median(dispatches[s]),
+            f"{size:,}",
+            layout,
+            f"{disk[size, layout] / 2**20:,.0f}",
+            median(accepts[size, layout]),
+            processes[size, layout],
+            median(dispatches[size, layout]),
         ]
-        for s in sizes
+        for size, layout in runs
     ]
-    base = rows[0][2:5]
+    base = rows[0][3:6]
     for r in rows:
-        r.extend(f"{mine / at_first:.2f}" for mine, at_first in zip(r[2:5], base, strict=True))
+        r.extend(f"{mine / at_first:.2f}" for mine, at_first in zip(r[3:6], base, strict=True))
     out = table(
         f"growth: finished rows already in the inbox and as many delivered messages in the"
-        f" outbox history; accept and dispatch {rounds} alternating round(s), medians;"
-        f" {pending:,} pending processed, and as many messages dispatched, each time",
+        f" outbox history, their keys included; accept and dispatch {rounds} alternating"
+        f" round(s), medians; {pending:,} pending processed, and as many messages"
+        f" dispatched, each time",
         [
             "rows",
+            "layout",
             "seed MiB",
             "accept/s",
             "process/s",
@@ -438,13 +522,83 @@ def main(*, quick: bool = False, rounds: int = 3) -> str:
         ],
         rows,
     )
+    if len(layouts) > 1:
+        out += "\nagainst plain at the same size (accept, process, dispatch):"
+        for size, layout in runs:
+            if layout != "plain" and "plain" in layouts:
+                mine, plain = (
+                    [median(accepts[r]), processes[r], median(dispatches[r])]
+                    for r in ((size, layout), (size, "plain"))
+                )
+                out += f"\n  {size:,} {layout}: " + ", ".join(
+                    f"{a / b:.2f}" for a, b in zip(mine, plain, strict=True)
+                )
     if rounds > 1:
-        for what, runs in (("accept", accepts), ("dispatch", dispatches)):
+        for what, found in (("accept", accepts), ("dispatch", dispatches)):
             out += f"\n{what} rounds: " + "; ".join(
-                f"{s:,}: " + ", ".join(f"{r:,.0f}" for r in runs[s]) + "/s" for s in sizes
+                f"{label(run)}: " + ", ".join(f"{r:,.0f}" for r in found[run]) + "/s"
+                for run in runs
             )
     out += (
         f"\nworker RSS with {big:,} pending rows: {first:.0f} MiB after 3 s, {last:.0f} MiB later"
     )
     out += "\nEXPLAIN at the largest size:\n  " + "\n  ".join(plans)
     return out
+
+
+Run = tuple[int, str]
+"""One measured case: the finished rows seeded, and the layout."""
+
+
+def label(run: Run) -> str:
+    size, layout = run
+    return f"{size:>9,} rows" + ("" if layout == "plain" else f" ({layout})")
+
+
+def seed_name(run: Run) -> str:
+    size, layout = run
+    return (
+        f"bench_growth_{size}_seed" if layout == "plain" else f"bench_growth_{size}_{layout}_seed"
+    )
+
+
+def copy_name(run: Run) -> str:
+    size, layout = run
+    return f"bench_growth_{size}" if layout == "plain" else f"bench_growth_{size}_{layout}"
+
+
+def partition_copy(size: int, layout: str) -> int:
+    """A copy of the plain seed of ``size``, converted to partitions by ``layout`` as
+    ``relaybox migrate --partitions`` converts a live database; its size on disk."""
+    url = fresh_pg_database(seed_name((size, layout)), seed_name((size, "plain")))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relaybox",
+            "migrate",
+            "--database-url",
+            url,
+            "--partitions",
+            layout,
+        ],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
+
+    async def size_of() -> int:
+        conn = await asyncpg.connect(url)
+        try:
+            parted = await conn.fetchval(
+                "SELECT count(*) FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid"
+                " WHERE c.relname LIKE 'relaybox_%'"
+            )
+            if not parted:
+                raise RuntimeError(f"bench growth: {layout} partitions were not made")
+            await conn.execute("VACUUM ANALYZE")
+            return int(await conn.fetchval("SELECT pg_database_size(current_database())"))
+        finally:
+            await conn.close()
+
+    return asyncio.run(size_of())
