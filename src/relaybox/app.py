@@ -28,7 +28,7 @@ from relaybox.inbound.worker import Context, Handler, Hooks, Worker
 from relaybox.inbound.worker.context import SyncHandler
 from relaybox.lifecycle import Lifecycle
 from relaybox.metrics import Metrics
-from relaybox.outbound.announce import announcer
+from relaybox.outbound.announce import announcer, sync_announcer
 from relaybox.outbound.probes import DispatchHooks
 from relaybox.outbound.registry import Outbound
 from relaybox.sources.base import Source
@@ -96,7 +96,7 @@ class Relaybox:
         # The two sides, built once: the sending side first, whose announcer the
         # receiving side tells operational events through.
         self.outbound = Outbound(self, chosen.outbound)
-        self.inbound = Inbound(self, announce=announcer(self))
+        self.inbound = Inbound(self, announce=announcer(self), announce_sync=sync_announcer(self))
         self.accept_hooks = self.inbound.accept_hooks
         self.sources: dict[str, Source] = self.inbound.sources
         self._store: Store | None = None

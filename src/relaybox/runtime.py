@@ -37,7 +37,14 @@ if TYPE_CHECKING:
     from relaybox.sources.base import Source
     from relaybox.store import Store
 
-__all__ = ["Announce", "InboundRuntime", "ReceiverRuntime", "Runtime", "WorkerRuntime"]
+__all__ = [
+    "Announce",
+    "AnnounceSync",
+    "InboundRuntime",
+    "ReceiverRuntime",
+    "Runtime",
+    "WorkerRuntime",
+]
 
 
 class Announce(Protocol):
@@ -46,6 +53,21 @@ class Announce(Protocol):
     is indexed under (:func:`relaybox.outbound.announce.announcer`)."""
 
     async def __call__(
+        self,
+        conn: Any,
+        event_type: str,
+        data: Any,
+        *,
+        key: str | None = None,
+        inbox_id: int | None = None,
+    ) -> None: ...
+
+
+class AnnounceSync(Protocol):
+    """:class:`Announce` in a synchronous transaction (a plain-def handler's):
+    :func:`relaybox.outbound.announce.sync_announcer`."""
+
+    def __call__(
         self,
         conn: Any,
         event_type: str,

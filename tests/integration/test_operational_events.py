@@ -190,6 +190,29 @@ async def test_inbox_dead_fires_with_the_dead_letter(box: Relaybox, clock: Froze
     )
 
 
+async def test_a_plain_def_handlers_dead_letter_is_announced_in_its_transaction(
+    box: Relaybox, clock: FrozenClock
+) -> None:
+    """A synchronous handler's outcome is written on a sync connection: its dead letter
+    raises ``relaybox.inbox.dead`` there too, in the same transaction."""
+    local(box)
+
+    @box.handler("s", "invoice.bad")
+    def bad(ctx: Any) -> None:
+        raise PermanentError("invoice is not eligible")
+
+    await box.store.inbox.accept([_delivery(clock, "e1", "invoice.bad")])
+    await box.worker(concurrency=1).run_once()
+    [dead] = await ops_messages(box, "relaybox.inbox.dead")
+    assert (dead["eventId"], dead["reason"], dead["error"]) == (
+        "e1",
+        "invalid",
+        "invoice is not eligible",
+    )
+    [row] = await box.store.fetch_all("SELECT status FROM relaybox_inbox")
+    assert row["status"] == "dead"
+
+
 STD_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 

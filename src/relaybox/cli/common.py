@@ -1,11 +1,13 @@
 """What every ``relaybox`` command shares: its ``--app``/``--config``/``--database-url``
-and ``--json`` options, the box they name (with development mode), and running one
-operation on that box's database with the exit codes of :mod:`relaybox.cli.exits`.
+options (one :class:`Target` argument) and ``--json``, the box they name (with
+development mode), and running one operation on that box's database with the exit
+codes of :mod:`relaybox.cli.exits`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 import os
@@ -14,6 +16,7 @@ import shutil
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -21,12 +24,15 @@ import click
 
 from relaybox.app import Relaybox
 from relaybox.cli.exits import EXIT_DATABASE, EXIT_USAGE, exit_code_for
+from relaybox.cli.grammar import actor_option, reason_option
 from relaybox.config import load_settings
 from relaybox.errors import ConfigurationError, StoreUnavailable
 
 __all__ = [
     "DEV_ENV",
     "ConfigError",
+    "Target",
+    "action_options",
     "app_options",
     "apply_dev",
     "build_box",
@@ -41,6 +47,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 DEV_ENV = "RELAYBOX_DEV"
@@ -178,22 +185,66 @@ class ConfigError(click.ClickException):
     exit_code = EXIT_USAGE
 
 
-def json_option(fn: Any) -> Any:
+def json_option(fn: F) -> F:
     """``--json``: one JSON document on stdout (logs go to stderr)."""
     return click.option("--json", "as_json", is_flag=True, help="machine-readable output")(fn)
 
 
-def app_options(fn: Any) -> Any:
-    fn = click.option(
+@dataclass(frozen=True)
+class Target:
+    """The box a command names with ``--app``, ``--config`` and ``--database-url``
+    (:func:`app_options`)."""
+
+    app: str | None
+    config: str | None
+    database_url: str | None
+
+    def load(self, *, dev: bool | None = None) -> Relaybox:
+        """The box (:func:`load_box`)."""
+        return load_box(self.app, self.config, self.database_url, dev=dev)
+
+    def load_logging(self) -> Relaybox:
+        """The box (a configuration error exits 2, usage or configuration, not 1: a
+        script can tell "fix your settings" from "it failed"), with logging configured
+        from its settings (to stderr, so ``--json`` output on stdout stays parseable)."""
+        box = self.load()
+        from relaybox.log import configure_logging
+
+        configure_logging(box.settings.log_level, json=box.settings.log_json)
+        return box
+
+
+def action_options(what: str) -> Callable[[F], F]:
+    """What an operator's action takes after its own arguments: ``--reason`` (recorded
+    ``what``), ``--actor`` and ``--json``."""
+
+    def add(fn: F) -> F:
+        return reason_option(what)(actor_option(json_option(fn)))
+
+    return add
+
+
+def app_options(fn: Callable[..., T]) -> Callable[..., T]:
+    """``--app``, ``--config`` and ``--database-url``, given to ``fn`` as one
+    :class:`Target` argument, ``target``."""
+
+    @functools.wraps(fn)
+    def command(
+        *args: Any, app: str | None, config: str | None, database_url: str | None, **kwargs: Any
+    ) -> T:
+        return fn(*args, target=Target(app, config, database_url), **kwargs)
+
+    decorated: Any = command
+    decorated = click.option(
         "--database-url", envvar="RELAYBOX_DATABASE_URL", help="overrides the settings"
-    )(fn)
-    fn = click.option(
+    )(decorated)
+    decorated = click.option(
         "--config", "config", type=click.Path(dir_okay=False), help="TOML settings file"
-    )(fn)
-    fn = click.option(
+    )(decorated)
+    decorated = click.option(
         "--app", cls=_AppOption, envvar="RELAYBOX_APP", help="module:attribute of your Relaybox"
-    )(fn)
-    return fn
+    )(decorated)
+    return command
 
 
 class _AppOption(click.Option):

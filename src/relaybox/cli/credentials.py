@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from relaybox.cli.common import app_options, load_box
+from relaybox.cli.common import Target, app_options
 from relaybox.cli.grammar import GrammarOption
 from relaybox.cli.outbound import _echo, _endpoint, _model, _run, endpoints_group
 from relaybox.outbound import endpoints
@@ -23,6 +23,9 @@ from relaybox.outbound.endpoints import EndpointPatch
 __all__ = ["COMMANDS"]
 
 COMMANDS: list[click.Command] = []  # subcommands of ``endpoints``, added below
+
+_json_default = click.option("--json", "as_json", is_flag=True, help="JSON output (the default)")
+"""``--json``: accepted for symmetry, these commands print JSON either way."""
 
 
 def _secret(value: str | None, name: str) -> str:
@@ -47,11 +50,9 @@ def _update(box: Any, endpoint_id: str, patch: EndpointPatch) -> dict[str, Any]:
 @click.argument("endpoint_id")
 @click.option("--set", "pairs", multiple=True, metavar="NAME=VALUE", help="a header (repeat)")
 @click.option("--clear", is_flag=True, help="remove every custom header")
-@click.option("--json", "as_json", is_flag=True, help="JSON output (the default)")
+@_json_default
 def endpoints_headers(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     endpoint_id: str,
     pairs: tuple[str, ...],
     clear: bool,
@@ -66,7 +67,7 @@ def endpoints_headers(
         if not sep:
             raise click.UsageError(f"--set {pair!r}: expected NAME=VALUE")
         headers[name.strip()] = value
-    box = load_box(app, config, database_url)
+    box = target.load()
     _echo(_update(box, endpoint_id, _model(EndpointPatch, headers=headers)))
 
 
@@ -88,11 +89,9 @@ def endpoints_headers(
 @click.option("--client-id", help="oauth2")
 @click.option("--client-secret", help="oauth2 ('-': read from stdin)")
 @click.option("--scope", default=None, help="oauth2 (optional)")
-@click.option("--json", "as_json", is_flag=True, help="JSON output (the default)")
+@_json_default
 def endpoints_credentials(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     endpoint_id: str,
     kind: str,
     username: str | None,
@@ -117,5 +116,5 @@ def endpoints_credentials(
             client_secret=_secret(client_secret, "--client-secret"),
             scope=scope,
         )
-    box = load_box(app, config, database_url)
+    box = target.load()
     _echo(_update(box, endpoint_id, _model(EndpointPatch, credentials=spec)))

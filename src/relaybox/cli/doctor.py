@@ -12,8 +12,7 @@ import sys
 import click
 
 from relaybox.app import Relaybox
-from relaybox.cli.common import app_options, missing_sqlite_file, safe_url
-from relaybox.cli.common import load_box as _load_box
+from relaybox.cli.common import Target, app_options, missing_sqlite_file, safe_url
 from relaybox.cli.exits import (
     EXIT_CLOCK,
     EXIT_DATABASE,
@@ -370,9 +369,7 @@ async def _doctor_secrets(box: Relaybox, checks: _Checks) -> None:
 )
 @_json_option
 def doctor(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     max_skew: float | None,
     max_transaction_age: float,
     max_dead_ratio: float,
@@ -387,7 +384,7 @@ def doctor(
     checks = _Checks()
     box: Relaybox | None = None
     try:
-        box = _load_box(app, config, database_url)
+        box = target.load()
     except click.ClickException as exc:
         checks.add("configuration", "fail", exc.format_message(), exit_code=EXIT_USAGE)
     if box is not None:

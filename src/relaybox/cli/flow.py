@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from relaybox.app import Relaybox
-from relaybox.cli.common import app_options, json_option, load_box
+from relaybox.cli.common import Target, app_options, json_option
 from relaybox.cli.grammar import CliError
 from relaybox.cli.outbound import _endpoint, _run, endpoint_action, endpoints_group
 from relaybox.errors import Conflict
@@ -71,9 +71,7 @@ def register(group: click.Group) -> None:
     )
     @json_option
     def replay_missing(
-        app: str | None,
-        config: str | None,
-        database_url: str | None,
+        target: Target,
         endpoint_id: str,
         since: str,
         limit: int | None,
@@ -83,7 +81,7 @@ def register(group: click.Group) -> None:
         """Deliver the messages since a time that an endpoint's subscription matches
         but that it never got (published while it was disabled, or before it existed).
         Each once, however often this runs. A job: one per endpoint at a time."""
-        box = load_box(app, config, database_url)
+        box = target.load()
         start = parse_time(since, time.time())
 
         async def act() -> ReplayJob:

@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
-from relaybox.cli.common import app_options
+from relaybox.cli.common import Target, app_options
 from relaybox.cli.grammar import actor_option, default_actor, reason_option
-from relaybox.cli.ops import _console, _emit, _iso, _json_option, _run, load_box
+from relaybox.cli.ops import _act, _console, _emit, _iso, _json_option, _run, load_box
 from relaybox.timespec import parse_duration
 
 __all__ = ["COMMANDS"]
@@ -24,11 +24,11 @@ __all__ = ["COMMANDS"]
 @click.command()
 @app_options
 @_json_option
-def stats(app: str | None, config: str | None, database_url: str | None, as_json: bool) -> None:
+def stats(target: Target, as_json: bool) -> None:
     """Queue numbers: the same snapshot /metrics exports and the dashboard shows."""
     from relaybox.ops import inbound as ops
 
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     s = _run(box, lambda: ops.stats(box), as_json=as_json)
 
     def human() -> None:
@@ -66,9 +66,7 @@ def stats(app: str | None, config: str | None, database_url: str | None, as_json
 @click.option("--dry-run", is_flag=True, help="count what would be purged, change nothing")
 @_json_option
 def purge(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     older_than: str | None,
     batch: int | None,
     dry_run: bool,
@@ -82,7 +80,7 @@ def purge(
     age = None if older_than is None else parse_duration(older_than)
     if batch is not None and batch < 1:
         raise click.UsageError("--batch must be positive")
-    box = load_box(app, config, database_url)
+    box = load_box(target)
 
     async def go() -> retention.PurgeResult:
         if dry_run or as_json:
@@ -130,16 +128,14 @@ def _err_console() -> Any:
 @app_options
 @click.option("--once", is_flag=True, help="one pass, then exit")
 @_json_option
-def maintenance(
-    app: str | None, config: str | None, database_url: str | None, once: bool, as_json: bool
-) -> None:
+def maintenance(target: Target, once: bool, as_json: bool) -> None:
     """Run the scheduled maintenance (retention purge, and the silence check of the
     sources and endpoints [silence] watches) until SIGTERM; with several processes on
     one PostgreSQL, one of them purges at a time (advisory lock)."""
     from relaybox.retention import Maintenance
     from relaybox.silence import SilenceWatch
 
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     runner = Maintenance(box)
     watch = SilenceWatch(box)
     if once:
@@ -206,9 +202,7 @@ def _both_stop(runner: Any, watch: Any) -> Any:
 @click.option("--batch", type=int, help="rows per transaction (default: erasure.batch)")
 @_json_option
 def erase(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     subject: str | None,
     tenant: str | None,
     reason: str,
@@ -228,7 +222,7 @@ def erase(
     if batch is not None and batch < 1:
         raise click.UsageError("--batch must be positive")
     who = default_actor(actor)
-    box = load_box(app, config, database_url)
+    box = load_box(target)
 
     async def go() -> Erasure:
         return await erasing.erase(
@@ -259,9 +253,7 @@ def erase(
 @click.argument("erasure_id", type=int, required=False)
 @_json_option
 def erasures(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     erasure_id: int | None,
     as_json: bool,
 ) -> None:
@@ -269,7 +261,7 @@ def erasures(
     from relaybox.errors import NotFound
     from relaybox.store.erasure import Erasure
 
-    box = load_box(app, config, database_url)
+    box = load_box(target)
 
     async def go() -> list[Erasure]:
         if erasure_id is None:
@@ -336,14 +328,14 @@ def _ages_line(view: Any) -> str:
 @click.argument("tenant", required=False)
 @_json_option
 def retention_show(
-    app: str | None, config: str | None, database_url: str | None, tenant: str | None,
+    target: Target, tenant: str | None,
     as_json: bool,
 ) -> None:  # fmt: skip
     """The ages that apply: global, per source and per tenant (or one tenant's), and
     where each comes from (api, config, default)."""
     from relaybox.ops import retention as policies
 
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     if tenant is not None:
         one = _run(box, lambda: policies.tenant_ages(box, tenant), as_json=as_json)
         _emit(one, as_json, lambda: click.echo(_ages_line(one)))
@@ -385,9 +377,7 @@ def retention_show(
 @actor_option
 @_json_option
 def retention_set(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     tenant: str,
     payload_max_age: str | None,
     outbox_payload_max_age: str | None,
@@ -429,24 +419,25 @@ def retention_set(
         raise click.BadParameter(
             message, param_hint=f"--{str(first['loc'][0]).replace('_', '-')}"
         ) from None
-    who = default_actor(actor)
-    box = load_box(app, config, database_url)
-    done = _run(box, lambda: policies.set_tenant(box, tenant, request, actor=who), as_json=as_json)
-    _emit(done, as_json, lambda: click.echo(_ages_line(done)))
+    _act(
+        target,
+        actor,
+        as_json,
+        lambda box, who: policies.set_tenant(box, tenant, request, actor=who),
+        lambda done, _: _ages_line(done),
+    )
 
 
 @retention_group.command("clear")
 @app_options
 @click.argument("tenant")
 @_json_option
-def retention_clear(
-    app: str | None, config: str | None, database_url: str | None, tenant: str, as_json: bool
-) -> None:
+def retention_clear(target: Target, tenant: str, as_json: bool) -> None:
     """Remove the ages set in the database for a tenant: the configuration file's (or
     the default ones) apply again."""
     from relaybox.ops import retention as policies
 
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     done = _run(box, lambda: policies.clear_tenant(box, tenant), as_json=as_json)
     _emit(done, as_json, lambda: click.echo(_ages_line(done)))
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import click
 
-from relaybox.cli.common import app_options, json_option, load_box
-from relaybox.cli.grammar import CliError, emit_list, type_option
-from relaybox.cli.outbound import _echo, _run, _table, accept_json
+from relaybox.cli.common import Target, app_options, json_option
+from relaybox.cli.grammar import CliError, type_option
+from relaybox.cli.outbound import _echo, _list, _run, accept_json
 from relaybox.outbound import apikeys, catalog, deliveries
 from relaybox.outbound.publish import publish
 from relaybox.wire import NotJsonNumber, parse_json
@@ -38,9 +38,7 @@ def messages_group() -> None:
 @click.option("--idempotency-key", default=None, help="publishing it again returns the first")
 @click.option("--ordering-key", default=None, help="deliver in order with this key's others")
 def messages_publish(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     tenant: str,
     event_type: str,
     data: str,
@@ -48,7 +46,7 @@ def messages_publish(
     ordering_key: str | None,
 ) -> None:
     """Publish a message (its own transaction)."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     try:
         payload = parse_json(data)
     except NotJsonNumber as exc:
@@ -80,34 +78,27 @@ def messages_publish(
 @click.option("--limit", type=int, default=50, show_default=True, help="at most this many")
 @json_option
 def messages_list(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     tenant: str | None,
     event_type: str | None,
     limit: int,
     as_json: bool,
 ) -> None:
     """Messages, newest first."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     found = _run(
         box, lambda: deliveries.list_messages(box, tenant, event_type=event_type, limit=limit)
     )
     rows = [{**m.to_json(), "tenant": m.tenant} for m in found]
-    if as_json:
-        emit_list(rows)
-    else:
-        _table(rows, ("id", "tenant", "event_type", "created_at"), "messages", drop=("tenant",))
+    _list(rows, as_json, ("id", "tenant", "event_type", "created_at"), "messages", drop=("tenant",))
 
 
 @messages_group.command("show")
 @app_options
 @click.argument("message_id")
-def messages_show(
-    app: str | None, config: str | None, database_url: str | None, message_id: str
-) -> None:
+def messages_show(target: Target, message_id: str) -> None:
     """A message, its deliveries and every attempt."""
-    box = load_box(app, config, database_url)
+    box = target.load()
 
     async def read() -> dict[str, Any]:
         message = await deliveries.get_message(box, message_id, None)
@@ -129,15 +120,13 @@ def messages_show(
 @click.option("--endpoint", "endpoint_id", default=None, help="only to this endpoint")
 @json_option
 def messages_redeliver(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     message_id: str,
     endpoint_id: str | None,
     as_json: bool,
 ) -> None:
     """Send a message again (same webhook-id) to endpoints whose delivery finished."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     count = _run(
         box, lambda: deliveries.redeliver(box, message_id, tenant=None, endpoint_id=endpoint_id)
     )
@@ -157,32 +146,28 @@ def messages_redeliver(
 @click.option("--limit", type=int, default=100, show_default=True, help="at most this many")
 @json_option
 def messages_undelivered(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     tenant: str | None,
     endpoint_id: str | None,
     limit: int,
     as_json: bool,
 ) -> None:
     """Deliveries not sent yet: pending, dead (with the reason) and held."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     rows = _run(
         box,
         lambda: deliveries.list_deliveries(
             box, tenant, endpoint_id=endpoint_id, undelivered=True, limit=limit
         ),
     )
-    if as_json:
-        emit_list(rows)
-    else:
-        columns = ("id", "message_id", "endpoint_id", "channel", "status", "dead_reason")
-        _table(
-            rows,
-            (*columns, "attempts", "last_error"),
-            "undelivered",
-            drop=("channel", "attempts", "dead_reason", "endpoint_id"),
-        )
+    columns = ("id", "message_id", "endpoint_id", "channel", "status", "dead_reason")
+    _list(
+        rows,
+        as_json,
+        (*columns, "attempts", "last_error"),
+        "undelivered",
+        drop=("channel", "attempts", "dead_reason", "endpoint_id"),
+    )
 
 
 # -- API keys and the event-type catalog ---------------------------------------------------
@@ -197,11 +182,9 @@ def api_keys_group() -> None:
 @app_options
 @click.option("--tenant", required=True, help="the tenant the key acts for")
 @click.option("--name", default="", help="a label for the key")
-def api_keys_create(
-    app: str | None, config: str | None, database_url: str | None, tenant: str, name: str
-) -> None:
+def api_keys_create(target: Target, tenant: str, name: str) -> None:
     """Create a key; it is printed once and stored only as a hash."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     key_id, key = _run(box, lambda: apikeys.create_api_key(box, tenant, name))
     _echo({"id": key_id, "tenant": tenant, "key": key})
 
@@ -210,27 +193,20 @@ def api_keys_create(
 @app_options
 @click.option("--tenant", default=None, help="only this tenant's")
 @json_option
-def api_keys_list(
-    app: str | None, config: str | None, database_url: str | None, tenant: str | None, as_json: bool
-) -> None:
+def api_keys_list(target: Target, tenant: str | None, as_json: bool) -> None:
     """Keys (never the keys themselves)."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     rows = _run(box, lambda: apikeys.list_api_keys(box, tenant))
-    if as_json:
-        emit_list(rows)
-    else:
-        _table(rows, ("id", "tenant", "name", "created_at", "revoked_at"), "API keys")
+    _list(rows, as_json, ("id", "tenant", "name", "created_at", "revoked_at"), "API keys")
 
 
 @api_keys_group.command("revoke")
 @app_options
 @click.argument("key_id")
 @json_option
-def api_keys_revoke(
-    app: str | None, config: str | None, database_url: str | None, key_id: str, as_json: bool
-) -> None:
+def api_keys_revoke(target: Target, key_id: str, as_json: bool) -> None:
     """Revoke a key at once."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     if not _run(box, lambda: apikeys.revoke_api_key(box, key_id)):
         raise CliError(f"no active key {key_id}", code="not_found")
     click.echo(json.dumps({"id": key_id, "revoked": True}) if as_json else f"{key_id}: revoked")
@@ -252,9 +228,7 @@ def event_types_group() -> None:
     help="where its messages name their subject (data.customer.id): for relaybox erase",
 )
 def event_types_define(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     name: str,
     description: str,
     schema_file: Any,
@@ -262,7 +236,7 @@ def event_types_define(
 ) -> None:
     """Add or replace an event type; publishing checks data against its schema and
     indexes each message under the subject at its subject path."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     try:
         schema = parse_json(schema_file.read()) if schema_file else None
     except (ValueError, RecursionError) as exc:
@@ -280,19 +254,14 @@ def event_types_define(
 @event_types_group.command("list")
 @app_options
 @json_option
-def event_types_list(
-    app: str | None, config: str | None, database_url: str | None, as_json: bool
-) -> None:
+def event_types_list(target: Target, as_json: bool) -> None:
     """The catalog."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     rows = [
         {**t.to_json(), "subject": t.subject}
         for t in _run(box, lambda: catalog.list_event_types(box))
     ]
-    if as_json:
-        emit_list(rows)
-    else:
-        _table(rows, ("name", "description", "subject"), "event types")
+    _list(rows, as_json, ("name", "description", "subject"), "event types")
 
 
 for _group in (messages_group, api_keys_group, event_types_group):

@@ -21,15 +21,12 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from relaybox.app import Relaybox
-from relaybox.cli.common import app_options, json_option, run_db
-from relaybox.cli.common import load_box as _load_box
+from relaybox.cli.common import Target, action_options, app_options, json_option, run_db
 from relaybox.cli.exits import EXIT_FAILED, exit_code_for
 from relaybox.cli.grammar import (
     CliError,
     GrammarOption,
-    actor_option,
     default_actor,
-    reason_option,
     since_options,
     type_option,
 )
@@ -48,15 +45,9 @@ _iso = format_time
 _actor = default_actor
 
 
-def load_box(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
-    """:func:`relaybox.cli.load_box` (a configuration error exits 2, usage or
-    configuration, not 1: a script can tell "fix your settings" from "it failed"),
-    with logging configured from the settings."""
-    box = _load_box(app, config, database_url)
-    from relaybox.log import configure_logging
-
-    configure_logging(box.settings.log_level, json=box.settings.log_json)
-    return box
+def load_box(target: Target) -> Relaybox:
+    """The box ``target`` names, logging configured (:meth:`Target.load_logging`)."""
+    return target.load_logging()
 
 
 def _run(box: Relaybox, make: Callable[[], Awaitable[T]], *, as_json: bool) -> T:
@@ -77,6 +68,25 @@ def _run(box: Relaybox, make: Callable[[], Awaitable[T]], *, as_json: bool) -> T
         exit_code = exit_code_for(result) or EXIT_FAILED
         raise CliError(result.message, code=result.code, exit_code=exit_code)
     return result
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _act(
+    target: Target,
+    actor: str | None,
+    as_json: bool,
+    act: Callable[[Relaybox, str], Awaitable[M]],
+    said: Callable[[M, str], str],
+) -> None:
+    """An operator's action: ``act`` on the box ``target`` names, as ``actor`` (else
+    :func:`default_actor`); its result as JSON, or the line ``said`` makes of it and
+    the actor."""
+    box = load_box(target)
+    who = _actor(actor)
+    result = _run(box, lambda: act(box, who), as_json=as_json)
+    _emit(result, as_json, lambda: click.echo(said(result, who)))
 
 
 def _emit(model: BaseModel | dict[str, Any], as_json: bool, human: Callable[[], None]) -> None:
@@ -183,9 +193,7 @@ def _list_command(
     @click.option("--cursor", help="next page (printed after a full page)")
     @_json_option
     def command(
-        app: str | None,
-        config: str | None,
-        database_url: str | None,
+        target: Target,
         source: str | None,
         event_type: str | None,
         tenant: str | None,
@@ -207,7 +215,7 @@ def _list_command(
             limit=limit,
             cursor=cursor,
         )
-        box = load_box(app, config, database_url)
+        box = load_box(target)
         page = _run(box, lambda: getattr(ops, use_case)(box, f), as_json=as_json)
         _emit(page, as_json, lambda: _events_table(title, page.items, page.next_cursor))
 
@@ -239,13 +247,11 @@ _list_command(
 @app_options
 @click.argument("inbox_id", type=int)
 @_json_option
-def inbox_show(
-    app: str | None, config: str | None, database_url: str | None, inbox_id: int, as_json: bool
-) -> None:
+def inbox_show(target: Target, inbox_id: int, as_json: bool) -> None:
     """One event: payload, attempts, errors, business keys, outbox rows, replays."""
     from relaybox.ops import inbound as ops
 
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     e = _run(box, lambda: ops.event_get(box, inbox_id), as_json=as_json)
 
     def human() -> None:
@@ -335,13 +341,9 @@ _list_command(
 @_filter_options
 @click.option("--dead-reason", type=_DEAD_REASONS, help="only dead letters of this cause")
 @click.option("--limit", default=1000, show_default=True, type=int, help="with --all")
-@reason_option("with each retried event")
-@actor_option
-@_json_option
+@action_options("with each retried event")
 def dead_retry(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     ids: tuple[int, ...],
     retry_all: bool,
     source: str | None,
@@ -366,7 +368,7 @@ def dead_retry(
     if bool(ids) == retry_all:
         raise click.UsageError("give dead letter ids, or --all with filters (not both)")
     who = _actor(actor)
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     if retry_all:
         req = _validate(
             models.DeadRetryRequest,
@@ -420,13 +422,9 @@ def dead_retry(
 @dead.command("discard")
 @app_options
 @click.argument("inbox_id", type=int)
-@reason_option("with the row")
-@actor_option
-@_json_option
+@action_options("with the row")
 def dead_discard(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     inbox_id: int,
     reason: str,
     actor: str | None,
@@ -435,12 +433,13 @@ def dead_discard(
     """Take a dead letter out of the queue for good (the row stays, for the record)."""
     from relaybox.ops import inbound as ops
 
-    box = load_box(app, config, database_url)
-    who = _actor(actor)
-    r = _run(
-        box, lambda: ops.dead_discard(box, inbox_id, actor=who, reason=reason), as_json=as_json
+    _act(
+        target,
+        actor,
+        as_json,
+        lambda box, who: ops.dead_discard(box, inbox_id, actor=who, reason=reason),
+        lambda _, who: f"discarded event {inbox_id} as {who}",
     )
-    _emit(r, as_json, lambda: click.echo(f"discarded event {inbox_id} as {who}"))
 
 
 # -- quarantine -----------------------------------------------------------------
@@ -465,9 +464,7 @@ def quarantine() -> None:
 @click.option("--cursor", help="next page")
 @_json_option
 def quarantine_list(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     source: str | None,
     state: str,
     limit: int,
@@ -480,7 +477,7 @@ def quarantine_list(
 
     f = _validate(models.QuarantineFilter, source=source, limit=limit, cursor=cursor)
     f = f.model_copy(update={"resolved": {"open": False, "resolved": True, "all": None}[state]})
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     page = _run(box, lambda: ops.quarantine_list(box, f), as_json=as_json)
 
     def human() -> None:
@@ -506,16 +503,14 @@ def quarantine_list(
 @click.argument("quarantine_id", type=int)
 @_json_option
 def quarantine_show(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     quarantine_id: int,
     as_json: bool,
 ) -> None:
     """A quarantined delivery compared with the original it collided with."""
     from relaybox.ops import inbound as ops
 
-    box = load_box(app, config, database_url)
+    box = load_box(target)
     q = _run(box, lambda: ops.quarantine_get(box, quarantine_id), as_json=as_json)
 
     def human() -> None:
@@ -546,13 +541,9 @@ def quarantine_show(
     type=click.Choice(["kept_original", "handled_manually"]),
     help="the decision",
 )
-@reason_option("with the entry")
-@actor_option
-@_json_option
+@action_options("with the entry")
 def quarantine_resolve(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     quarantine_id: int,
     resolution: str,
     reason: str,
@@ -562,16 +553,15 @@ def quarantine_resolve(
     """Record the decision on a quarantined delivery (the original is not touched)."""
     from relaybox.ops import inbound as ops
 
-    box = load_box(app, config, database_url)
-    who = _actor(actor)
-    r = _run(
-        box,
-        lambda: ops.quarantine_resolve(
+    _act(
+        target,
+        actor,
+        as_json,
+        lambda box, who: ops.quarantine_resolve(
             box, quarantine_id, resolution=resolution, actor=who, reason=reason
         ),
-        as_json=as_json,
+        lambda _, __: f"resolved quarantine entry {quarantine_id}",
     )
-    _emit(r, as_json, lambda: click.echo(f"resolved quarantine entry {quarantine_id}"))
 
 
 COMMANDS = [inbox, dead, quarantine]

@@ -10,9 +10,9 @@ import json
 
 import click
 
-from relaybox.cli.common import app_options, json_option, load_box
-from relaybox.cli.grammar import CliError, actor_option, default_actor, emit_list, reason_option
-from relaybox.cli.outbound import _run, _table, endpoints_group
+from relaybox.cli.common import Target, action_options, app_options, json_option
+from relaybox.cli.grammar import CliError, default_actor
+from relaybox.cli.outbound import _list, _run, endpoints_group
 from relaybox.ops import outbound_ordered as ordered
 
 __all__ = ["COMMANDS"]
@@ -29,38 +29,29 @@ _COLUMNS = ("endpoint_id", "ordering_key", "sequence", "dead", "waiting")
 )
 @json_option
 def endpoints_blocked_keys(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     endpoint_id: str | None,
     tenant: str | None,
     limit: int,
     as_json: bool,
 ) -> None:
     """Ordering keys that dead deliveries hold back (endpoints with on_dead hold)."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     found = _run(
         box,
         lambda: ordered.blocked_keys(box, endpoint_id=endpoint_id, tenant=tenant, limit=limit),
     )
     rows = [b.to_json() for b in found]
-    if as_json:
-        emit_list(rows)
-    else:
-        _table(rows, _COLUMNS, "blocked keys")
+    _list(rows, as_json, _COLUMNS, "blocked keys")
 
 
 @endpoints_group.command("release-key")
 @app_options
 @click.argument("endpoint_id")
 @click.argument("ordering_key")
-@reason_option("with the action")
-@actor_option
-@json_option
+@action_options("with the action")
 def endpoints_release_key(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     endpoint_id: str,
     ordering_key: str,
     reason: str,
@@ -68,7 +59,7 @@ def endpoints_release_key(
     as_json: bool,
 ) -> None:
     """Let a key's later deliveries go past its dead ones (which stay dead letters)."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     who = default_actor(actor)
     n = _run(
         box, lambda: ordered.release_key(box, endpoint_id, ordering_key, actor=who, reason=reason)

@@ -16,9 +16,7 @@ from typing import Any
 
 import click
 
-from relaybox import log
-from relaybox.app import Relaybox
-from relaybox.cli.common import app_options, load_box, run_db
+from relaybox.cli.common import Target, app_options, json_option, run_db
 from relaybox.cli.exits import EXIT_FAILED
 from relaybox.cli.grammar import CliError, actor_option, default_actor, since_options
 from relaybox.cli.table import print_pairs
@@ -26,13 +24,6 @@ from relaybox.errors import ConfigurationError
 from relaybox.timespec import TIME_FORMS, parse_time
 
 __all__ = ["COMMANDS"]
-
-
-def _setup(app: str | None, config: str | None, database_url: str | None) -> Relaybox:
-    box = load_box(app, config, database_url)
-    # Logs go to stderr, so --json output on stdout stays parseable.
-    log.configure_logging(box.settings.log_level, json=box.settings.log_json)
-    return box
 
 
 def _print_table(title: str, rows: list[tuple[str, Any]]) -> None:
@@ -68,11 +59,9 @@ def _print_table(title: str, rows: list[tuple[str, Any]]) -> None:
     help="replay discarded dead letters too (a range leaves them out; ids name them)",
 )
 @click.option("--dry-run", is_flag=True, help="show what would be replayed, change nothing")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@json_option
 def replay(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     ids: tuple[int, ...],
     source: str | None,
     since: str | None,
@@ -106,7 +95,7 @@ def replay(
         raise click.UsageError("--batch and --limit must be positive")
     if not dry_run and not (reason and reason.strip()):
         raise click.UsageError("--reason is required: it is recorded with each replayed row")
-    box = _setup(app, config, database_url)
+    box = target.load_logging()
     now = time.time()
     chosen: tuple[str, ...] | None = statuses or (None if ids else ("done", "dead"))
     try:
@@ -247,11 +236,9 @@ class _Progress:
 )
 @click.option("--requested", is_flag=True, help="resources handlers asked to reconcile")
 @click.option("--concurrency", type=int, default=None, help="fetches at once")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@json_option
 def reconcile(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     source: str,
     resources: tuple[str, ...],
     every: bool,
@@ -268,7 +255,7 @@ def reconcile(
 
     if not (resources or every or requested):
         raise click.UsageError("choose --resource ID (repeatable), --all or --requested")
-    box = _setup(app, config, database_url)
+    box = target.load_logging()
     reconciler = reconciler_for(box, source)
     if reconciler is None:
         raise click.UsageError(
@@ -331,11 +318,9 @@ def reconcile(
 @click.option("--account", default=None, help="account of recovered deliveries (override)")
 @click.option("--tenant", default=None, help="tenant of recovered deliveries (override)")
 @click.option("--dry-run", is_flag=True, help="list missing deliveries, change nothing")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@json_option
 def recover(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     source: str,
     since: str,
     repo: str | None,
@@ -356,7 +341,7 @@ def recover(
     """
     from relaybox.inbound.recovery import DeliveryLog, GitHubDeliveries, log_for, recover
 
-    box = _setup(app, config, database_url)
+    box = target.load_logging()
     if source not in box.sources:
         raise click.UsageError(f"no source named {source!r} (configured: {', '.join(box.sources)})")
     start = parse_time(since, time.time())

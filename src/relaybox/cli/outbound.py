@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from relaybox import log
 from relaybox.app import Relaybox
-from relaybox.cli.common import app_options, json_option, load_box, run_db, run_role
+from relaybox.cli.common import Target, app_options, json_option, run_db, run_role
 from relaybox.cli.grammar import CliError, emit_list, type_option
 from relaybox.cli.params import FILTER
 from relaybox.cli.table import format_time, print_table
@@ -103,6 +103,22 @@ def _table(
     )
 
 
+def _list(
+    rows: Sequence[dict[str, Any]],
+    as_json: bool,
+    columns: Sequence[str],
+    title: str,
+    *,
+    drop: Sequence[str] = (),
+) -> None:
+    """``rows`` as a list command prints them: ``{"items": [...]}`` with ``--json``,
+    else the table of :func:`_table`."""
+    if as_json:
+        emit_list(rows)
+    else:
+        _table(rows, columns, title, drop=drop)
+
+
 def _types(values: Sequence[str]) -> list[str] | None:
     """``--type`` given once or more, each maybe comma-separated; ``None`` when not."""
     found = [v.strip() for value in values for v in value.split(",") if v.strip()]
@@ -122,12 +138,9 @@ async def _endpoint(box: Relaybox, endpoint_id: str) -> Endpoint:
 @click.command()
 @app_options
 @click.option("--concurrency", type=int, default=None, help="attempts in flight (default 64)")
-def dispatch(
-    app: str | None, config: str | None, database_url: str | None, concurrency: int | None
-) -> None:
+def dispatch(target: Target, concurrency: int | None) -> None:
     """Deliver the outbox until SIGTERM/SIGINT (finishing the attempts in flight)."""
-    box = load_box(app, config, database_url)
-    log.configure_logging(box.settings.log_level, json=box.settings.log_json)
+    box = target.load_logging()
 
     box.freeze_startup_heap()
     box.widen_young_gc()
@@ -181,17 +194,12 @@ def _endpoint_options(fn: Any) -> Any:
 @app_options
 @click.option("--tenant", default=None, help="only this tenant's")
 @json_option
-def endpoints_list(
-    app: str | None, config: str | None, database_url: str | None, tenant: str | None, as_json: bool
-) -> None:
+def endpoints_list(target: Target, tenant: str | None, as_json: bool) -> None:
     """List endpoints."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     found = _run(box, lambda: endpoints.list_endpoints(box, tenant, limit=1000))
     rows = [{**e.to_json(), "tenant": e.tenant, "status": e.status} for e in found]
-    if as_json:
-        emit_list(rows)
-    else:
-        _table(rows, _ENDPOINT_COLUMNS, "endpoints", drop=("disabled_reason", "event_types"))
+    _list(rows, as_json, _ENDPOINT_COLUMNS, "endpoints", drop=("disabled_reason", "event_types"))
 
 
 @endpoints_group.command("create")
@@ -207,16 +215,14 @@ def endpoints_list(
     help="how deliveries are signed",
 )
 def endpoints_create(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     tenant: str,
     url: str,
     secret_type: str,
     **fields: Any,
 ) -> None:
     """Create an endpoint; prints it with its secret (shown to its owner)."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     spec = _model(
         EndpointSpec,
         url=url,
@@ -231,11 +237,9 @@ def endpoints_create(
 @endpoints_group.command("show")
 @app_options
 @click.argument("endpoint_id")
-def endpoints_show(
-    app: str | None, config: str | None, database_url: str | None, endpoint_id: str
-) -> None:
+def endpoints_show(target: Target, endpoint_id: str) -> None:
     """An endpoint, its active secrets and its undelivered rows."""
-    box = load_box(app, config, database_url)
+    box = target.load()
 
     async def read() -> dict[str, Any]:
         found = await _endpoint(box, endpoint_id)
@@ -257,15 +261,13 @@ def endpoints_show(
 @click.option("--url", default=None, help="where deliveries go (https)")
 @_endpoint_options
 def endpoints_update(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     endpoint_id: str,
     url: str | None,
     **fields: Any,
 ) -> None:
     """Change an endpoint's settings."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     patch = _model(EndpointPatch, url=url, event_types=_types(fields.pop("event_type")), **fields)
 
     async def update() -> Any:
@@ -290,13 +292,11 @@ def endpoint_action(
     @click.argument("endpoint_id")
     @json_option
     def command(
-        app: str | None,
-        config: str | None,
-        database_url: str | None,
+        target: Target,
         endpoint_id: str,
         as_json: bool,
     ) -> None:
-        box = load_box(app, config, database_url)
+        box = target.load()
         done = _run(box, lambda: act(box, endpoint_id))
         click.echo(json.dumps(done) if as_json else say(endpoint_id, done))
 
@@ -335,11 +335,9 @@ _switch("delete", "Delete an endpoint and its secrets.", _delete)
 @app_options
 @click.argument("endpoint_id")
 @click.option("--grace", type=float, default=None, help="seconds the old secret keeps signing")
-def endpoints_rotate(
-    app: str | None, config: str | None, database_url: str | None, endpoint_id: str, grace: float
-) -> None:
+def endpoints_rotate(target: Target, endpoint_id: str, grace: float) -> None:
     """Add a new secret; the old one signs too until the grace period ends."""
-    box = load_box(app, config, database_url)
+    box = target.load()
 
     async def rotate() -> str | None:
         await _endpoint(box, endpoint_id)
@@ -358,11 +356,11 @@ def endpoints_new_key(as_json: bool) -> None:
 
 @endpoints_group.command("seal-secrets")
 @app_options
-def endpoints_seal_secrets(app: str | None, config: str | None, database_url: str | None) -> None:
+def endpoints_seal_secrets(target: Target) -> None:
     """Seal every stored endpoint secret with the first key (outbound.secrets_key,
     else the key file beside a SQLite database): after adding a new key in front to
     rotate. `relaybox migrate` seals the ones older versions stored in plaintext."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     _echo(_run(box, lambda: endpoints.seal_secrets(box)))
 
 
@@ -373,16 +371,14 @@ def endpoints_seal_secrets(app: str | None, config: str | None, database_url: st
 @click.option("--until", default=None, help="a time, as --since")
 @json_option
 def endpoints_recover(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     endpoint_id: str,
     since: str,
     until: str | None,
     as_json: bool,
 ) -> None:
     """Retry every dead delivery of an endpoint created since a time."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     now = time.time()
     start, end = parse_time(since, now), parse_time_or_none(until, now)
     count = _run(

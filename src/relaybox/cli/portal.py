@@ -10,7 +10,7 @@ import json
 
 import click
 
-from relaybox.cli.common import app_options, json_option, load_box
+from relaybox.cli.common import Target, app_options, json_option
 from relaybox.cli.grammar import CliError
 from relaybox.cli.table import format_time
 from relaybox.errors import ConfigurationError
@@ -46,9 +46,7 @@ def portal_group() -> None:
 )
 @json_option
 def portal_link(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     tenant: str,
     ttl: str | None,
     base_url: str | None,
@@ -56,7 +54,7 @@ def portal_link(
     as_json: bool,
 ) -> None:
     """Print a signed link that opens TENANT's portal (hand it to that tenant)."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     life = None if ttl is None else parse_duration(ttl)
     try:
         link = box.portal_link(tenant, ttl=life, base_url=base_url, single_use=single_use)

@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,10 @@ from relaybox.app import ROLES, Relaybox
 from relaybox.cli.common import (
     DEV_ENV,
     ConfigError,
+    Target,
     app_options,
     apply_dev,
     json_option,
-    load_box,
     relaybox_command,
     run_async,
     run_db,
@@ -70,9 +71,7 @@ __all__ = ["COMMANDS"]
     " the same for every command",
 )
 def serve(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     host: str | None,
     port: int | None,
     roles: str,
@@ -95,7 +94,8 @@ def serve(
             database_url, server_handle = start_embedded_postgres(Path(".relaybox/pg").resolve())
         except EmbeddedUnavailable as exc:
             raise ConfigError(str(exc)) from None
-    box = load_box(app, config, database_url, dev=False)
+        target = replace(target, database_url=database_url)
+    box = target.load(dev=False)
     if dev and not _is_loopback(host or box.settings.host):
         raise ConfigError(
             f"--dev ({DEV_ENV}) relaxes the SSRF guard for a development machine, so it"
@@ -147,12 +147,12 @@ def serve(
     if box.sources:
         first = next(iter(box.sources))
         hint = f"{relaybox_command()} send-test {first} --url {base}"
-        if app:
-            hint += f" --app {app}"
-        elif config:
-            hint += f" --config {config}"
+        if target.app:
+            hint += f" --app {target.app}"
+        elif target.config:
+            hint += f" --config {target.config}"
         click.echo(f"Send a signed test delivery:  {hint}", err=True)
-        if not app and not config:
+        if not target.app and not target.config:
             from relaybox.demo import DESCRIPTION
 
             click.echo(DESCRIPTION, err=True)
@@ -197,12 +197,9 @@ def _embedded_secrets_key(box: Relaybox, path: Path) -> None:
 @click.command()
 @app_options
 @click.option("--concurrency", type=int, default=None, help="transactions at once (PostgreSQL)")
-def worker(
-    app: str | None, config: str | None, database_url: str | None, concurrency: int | None
-) -> None:
+def worker(target: Target, concurrency: int | None) -> None:
     """Process the inbox until SIGTERM/SIGINT (finishing what it holds)."""
-    box = load_box(app, config, database_url)
-    log.configure_logging(box.settings.log_level, json=box.settings.log_json)
+    box = target.load_logging()
 
     box.freeze_startup_heap()
     run_async(run_role(box, lambda: box.worker(concurrency=concurrency)))
@@ -219,9 +216,7 @@ def worker(
 )
 @json_option
 def migrate(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     partitions: str | None,
     as_json: bool,
 ) -> None:
@@ -231,8 +226,7 @@ def migrate(
     --partitions) on PostgreSQL, partition the history tables by time."""
     from relaybox.outbound.vault import MISSING_HINT
 
-    box = load_box(app, config, database_url)
-    log.configure_logging(box.settings.log_level, json=box.settings.log_json)  # on stderr
+    box = target.load_logging()
     period = partitions or box.settings.retention.partitions
     try:  # a URL of no backend is a usage error, said before any store is opened
         backend = check_database_url(box.settings.database_url)
@@ -301,9 +295,7 @@ async def _migrate_and_close(
 @click.option("--url", default=None, help="receiver base URL (default: settings host:port)")
 @json_option
 def send_test(
-    app: str | None,
-    config: str | None,
-    database_url: str | None,
+    target: Target,
     source_name: str,
     event_type: str | None,
     event_id: str | None,
@@ -313,7 +305,7 @@ def send_test(
 ) -> None:
     """Send a delivery signed the way the real provider signs it; exit 1 unless the
     receiver answers 2xx."""
-    box = load_box(app, config, database_url)
+    box = target.load()
     source = box.sources.get(source_name)
     if source is None:
         names = ", ".join(box.sources) or "none"
@@ -327,27 +319,27 @@ def send_test(
     event_id = event_id or f"evt_test_{uuid.uuid4().hex[:16]}"
     body = body_file.read() if body_file else source.example(event_type, event_id, _EXAMPLE_TIME)
     base = (url or f"http://{box.settings.host}:{box.settings.port}").rstrip("/")
-    target = f"{base}/webhooks/{source_name}"
-    headers = test_headers(source, body, event_id, event_type, now, target)
+    endpoint = f"{base}/webhooks/{source_name}"
+    headers = test_headers(source, body, event_id, event_type, now, endpoint)
     embed = getattr(source, "embed", None)
     if embed is not None:  # Mailgun, Linear, Adyen: signed fields inside the body
         body = embed(body, now=now)
-        headers = test_headers(source, body, event_id, event_type, now, target)
-    request = urllib.request.Request(target, data=body, headers=headers, method="POST")
+        headers = test_headers(source, body, event_id, event_type, now, endpoint)
+    request = urllib.request.Request(endpoint, data=body, headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             status, answer = response.status, response.read()
     except urllib.error.HTTPError as exc:
         status, answer = exc.code, exc.read()
     except urllib.error.URLError as exc:
-        raise CliError(f"could not reach {target}: {exc.reason}", code="unreachable") from None
+        raise CliError(f"could not reach {endpoint}: {exc.reason}", code="unreachable") from None
     text = answer.decode(errors="replace")
     if as_json:
         click.echo(
-            json.dumps({"url": target, "event_id": event_id, "status": status, "answer": text})
+            json.dumps({"url": endpoint, "event_id": event_id, "status": status, "answer": text})
         )
     else:
-        click.echo(f"POST {target} -> {status} {text}")
+        click.echo(f"POST {endpoint} -> {status} {text}")
     sys.exit(0 if 200 <= status < 300 else EXIT_FAILED)
 
 

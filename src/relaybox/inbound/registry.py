@@ -28,7 +28,7 @@ from relaybox.sources.base import Source, check_subject_path
 from relaybox.sources.bodies import BodyLimits
 
 if TYPE_CHECKING:
-    from relaybox.runtime import Announce, WorkerRuntime
+    from relaybox.runtime import Announce, AnnounceSync, WorkerRuntime
     from relaybox.store import AcceptOutcome, NewDelivery
 
 __all__ = ["Inbound"]
@@ -42,11 +42,18 @@ class Inbound:
     handlers, the acceptor, inline acceptance, the announcer."""
 
     def __init__(
-        self, box: WorkerRuntime, *, announce: Announce, hooks: AcceptHooks | None = None
+        self,
+        box: WorkerRuntime,
+        *,
+        announce: Announce,
+        announce_sync: AnnounceSync,
+        hooks: AcceptHooks | None = None,
     ) -> None:
         self.box = box
         self.announce = announce
         """Publishes an operational event (``relaybox.inbox.…``) in a transaction."""
+        self.announce_sync = announce_sync
+        """:attr:`announce` in a synchronous transaction (plain-def handlers')."""
         self.accept_hooks = hooks or AcceptHooks()
         self.sources: dict[str, Source] = {}
         self.handlers: list[Registration] = []

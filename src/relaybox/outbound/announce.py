@@ -39,14 +39,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.outbound.publish import publish
 from relaybox.outbound.registry import outbound
+from relaybox.sync.publish import publish_sync
 
 if TYPE_CHECKING:
     from relaybox.outbound.channels.base import Result
-    from relaybox.runtime import Announce, Runtime
+    from relaybox.runtime import Announce, AnnounceSync, Runtime
     from relaybox.store.outbox_rows import Delivery
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "endpoint_failing",
     "endpoint_recovered",
     "operational_events",
+    "sync_announcer",
 ]
 
 log = structlog.get_logger("relaybox.outbound")
@@ -112,6 +115,28 @@ def announcer(box: Runtime) -> Announce:
         inbox_id: int | None = None,
     ) -> None:
         await emit(box, conn, event_type, data, key=key, inbox_id=inbox_id)
+
+    return announce
+
+
+def sync_announcer(box: Runtime) -> AnnounceSync:
+    """:func:`announcer` in a synchronous transaction: what a plain-def handler's
+    outcome is told with (``relaybox.inbox.dead``), through ``publish_sync``."""
+
+    def announce(
+        conn: Connection,
+        event_type: str,
+        data: Any,
+        *,
+        key: str | None = None,
+        inbox_id: int | None = None,
+    ) -> None:
+        if event_type == "relaybox.inbox.dead" and _operational(data):
+            return
+        tenant = outbound(box).settings.operational_tenant
+        message = publish_sync(box, conn, event_type, data, tenant=tenant, idempotency_key=key)
+        if inbox_id is not None:
+            box.store.sync.erasure.subject_inherit(conn, message.id, inbox_id=inbox_id)
 
     return announce
 

@@ -219,14 +219,14 @@ class InboxStore:
         started: Sequence[tuple[int, int]],
         *,
         now: float,
-        claims: Sequence[tuple[str, str, int, str, str | None]] = (),
+        claims: Sequence[NewOperation] = (),
     ) -> bool:
         """The first statement of a group's transaction (``conn`` has begun and sent
         nothing yet): lock the rows still pending at the attempt given ((id, attempt)
         pairs), giving up on a lock after a short wait (the error's SQLSTATE is
-        ``55P03``), and insert the ``claims`` as business keys ((key, fingerprint,
-        inbox id, source, tenant)). False when a row did not match or a key was not
-        inserted: the caller rolls back. Only where the backend's ``groups`` is on."""
+        ``55P03``), and insert the ``claims`` as business keys. False when a row
+        did not match or a key was not inserted: the caller rolls back. Only where
+        the backend's ``groups`` is on."""
         raise NotImplementedError(f"{type(self).__name__} runs no groups")
 
     async def savepoint(self, conn: AsyncConnection, *, release: bool, again: bool = True) -> None:

@@ -43,7 +43,14 @@ from relaybox.store.base import Store
 from relaybox.store.dispatch import DispatchStore, leased_delivery
 from relaybox.store.dispatch_rows import Leased, LeaseRequest, attempt_columns
 from relaybox.store.inbox import InboxStore
-from relaybox.store.inbox_rows import AcceptOutcome, Claim, Listener, NewDelivery, OutboxRow
+from relaybox.store.inbox_rows import (
+    AcceptOutcome,
+    Claim,
+    Listener,
+    NewDelivery,
+    NewOperation,
+    OutboxRow,
+)
 from relaybox.store.keys_store import KeysStore
 from relaybox.store.operator import DatabaseHealth
 from relaybox.store.outbox import OutboxStore
@@ -659,20 +666,20 @@ class PostgresInbox(InboxStore):
         started: Sequence[tuple[int, int]],
         *,
         now: float,
-        claims: Sequence[tuple[str, str, int, str, str | None]] = (),
+        claims: Sequence[NewOperation] = (),
     ) -> bool:
         """The first statement of a group's transaction, sent with its BEGIN (one round
         trip): a short ``lock_timeout`` for the transaction, then the rows locked if
         each is still pending at the attempt given ((id, attempt) pairs), and the
-        ``claims`` inserted as business keys ((key, fingerprint, inbox id, source,
-        tenant)). False when a row did not match or a key was not inserted (the
-        caller rolls back)."""
+        ``claims`` inserted as business keys. False when a row did not match or a
+        key was not inserted (the caller rolls back)."""
         con = await self.db.prepare(conn)
         ids, attempts = [i for i, _ in started], [a for _, a in started]
-        columns = _literal_columns(claims, 5)
-        digests = [keys.operation_digest(c[0]) for c in claims]
-        codes = [keys.operation_fingerprint(c[1]) for c in claims]
-        scopes = [keys.scope_of(c[3] or "") for c in claims]
+        rows = [(c.business_key, c.fingerprint, c.inbox_id, c.source, c.tenant) for c in claims]
+        columns = _literal_columns(rows, 5)
+        digests = [keys.operation_digest(c.business_key) for c in claims]
+        codes = [keys.operation_fingerprint(c.fingerprint) for c in claims]
+        scopes = [keys.scope_of(c.source or "") for c in claims]
         days = [keys.day_of(now)] * len(claims)
         params = (ids, attempts, digests, codes, scopes, days, *columns, now)
         sql = self.db.literal_sql(con, "inbox_lock_group", params)

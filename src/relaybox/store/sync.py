@@ -246,6 +246,12 @@ class SyncErasure:
         in a synchronous transaction."""
         self.db.rows(conn, *st.subject_index(digest, kind, ref))
 
+    def subject_inherit(self, conn: Connection, message_id: str, *, inbox_id: int) -> None:
+        """:meth:`ErasureStore.subject_inherit
+        <relaybox.store.erasure.ErasureStore.subject_inherit>` of an inbox row, in a
+        synchronous transaction."""
+        self.db.rows(conn, "subject_inherit_inbox", (message_id, str(inbox_id)))
+
 
 class PostgresSyncStore(SyncStore):
     backend: ClassVar[str] = "postgres"

@@ -121,7 +121,14 @@ class Worker:
         self._ready = self.queue.jobs
         self.lookup = HandlerLookup(box.inbound)
         self.recorder = OutcomeRecorder(
-            store, clock, box.metrics, announce, self.backoff, self.rng, self.name
+            store,
+            clock,
+            box.metrics,
+            announce,
+            box.inbound.announce_sync,
+            self.backoff,
+            self.rng,
+            self.name,
         )
         handlers = HandlerRunner(box, self.lookup, timeout=self.handler_timeout)
         threaded = ThreadedRunner(box, self.recorder, self.hooks, worker=self.name)

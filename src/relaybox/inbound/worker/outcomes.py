@@ -22,7 +22,7 @@ from relaybox.store.inbox_rows import NewAttempt
 if TYPE_CHECKING:
     from relaybox.clock import Clock
     from relaybox.metrics import Metrics
-    from relaybox.runtime import Announce
+    from relaybox.runtime import Announce, AnnounceSync
     from relaybox.store import Store
 
 log = structlog.get_logger("relaybox.worker")
@@ -146,6 +146,7 @@ class OutcomeRecorder:
         clock: Clock,
         metrics: Metrics,
         announce: Announce,
+        announce_sync: AnnounceSync,
         backoff: Backoff,
         rng: random.Random,
         worker: str,
@@ -156,6 +157,8 @@ class OutcomeRecorder:
         self.announce = announce
         """Publishes ``relaybox.inbox.dead`` with the dead letter (the receiving
         side's announcer, ``box.inbound.announce``)."""
+        self.announce_sync = announce_sync
+        """The same in a synchronous transaction (plain-def handlers)."""
         self.backoff = backoff
         self.rng = rng
         self.worker = worker
@@ -200,11 +203,17 @@ class OutcomeRecorder:
         if plan.dead:
             await store.inbox.kill(conn, event.id, reason=plan.kind, error=plan.error, now=plan.now)
             # relaybox.inbox.dead, with the dead letter (relaybox.outbound.announce)
-            data = dead_event(event.id, event.key, event.event_type, event.tenant)
-            data.update(reason=plan.kind, attempts=event.attempts, error=plan.raw_error)
+            data = self._dead_letter(event, plan)
             await self.announce(conn, "relaybox.inbox.dead", data, inbox_id=event.id)
         if plan.history:
             await store.inbox.attempt_insert(conn, plan.attempt_row(event, self.worker))
+
+    @staticmethod
+    def _dead_letter(event: InboxEvent, plan: _Plan) -> dict[str, Any]:
+        """The ``data`` of ``relaybox.inbox.dead`` for ``event`` dead-lettered by ``plan``."""
+        data = dead_event(event.id, event.key, event.event_type, event.tenant)
+        data.update(reason=plan.kind, attempts=event.attempts, error=plan.raw_error)
+        return data
 
     def write_sync(self, conn: Connection, event: InboxEvent, plan: _Plan) -> None:
         """:meth:`record`'s writes on a synchronous connection (plain-def handlers)."""
@@ -215,6 +224,8 @@ class OutcomeRecorder:
             )
         if plan.dead:
             store.inbox.kill(conn, event.id, reason=plan.kind, error=plan.error, now=plan.now)
+            data = self._dead_letter(event, plan)
+            self.announce_sync(conn, "relaybox.inbox.dead", data, inbox_id=event.id)
         if plan.history:
             store.inbox.attempt_insert(conn, plan.attempt_row(event, self.worker))
 

@@ -30,6 +30,7 @@ from relaybox.inbound.worker.outcomes import (
 from relaybox.inbound.worker.queue import ReadyQueue, StartMarks, _Job
 from relaybox.inbound.worker.threaded import ThreadedRunner
 from relaybox.log import short_error
+from relaybox.store.inbox_rows import NewOperation
 
 if TYPE_CHECKING:
     from relaybox.clock import Clock
@@ -234,7 +235,14 @@ class ChainRunner:
                             else self.handlers.declared(conn, (job.event for job in jobs))
                         )
                         claims = [
-                            (c._key, c._fingerprint, c.event.id, c.event.source, c.event.tenant)
+                            NewOperation(
+                                c._key,
+                                c._fingerprint,
+                                c.event.id,
+                                c.event.source,
+                                c.event.tenant,
+                                started,
+                            )
                             for c in contexts.values()
                             if c._key is not None
                         ]
