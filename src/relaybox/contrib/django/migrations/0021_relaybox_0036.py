@@ -8,6 +8,6 @@ from relaybox.contrib.django.migrating import ApplyRelayboxMigrations
 
 
 class Migration(migrations.Migration):
-    dependencies = [("relaybox", "0018_relaybox_0033")]
+    dependencies = [("relaybox", "0020_relaybox_0035")]
 
     operations = [ApplyRelayboxMigrations(36)]
