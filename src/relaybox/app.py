@@ -316,20 +316,20 @@ class Relaybox:
         outbox rows commit with the caller's change or not at all. Returns the
         :class:`~relaybox.outbound.Message` (the existing one for an idempotency key
         the tenant used already). ``ordering_key`` and ``subject`` as in :meth:`publish`."""
+        from relaybox.outbound.publish import Publication
         from relaybox.sync.publish import publish_sync
 
-        return publish_sync(
-            self,
-            conn,
+        request = Publication(
             event_type,
             data,
-            tenant=tenant,
+            tenant,
             idempotency_key=idempotency_key,
             endpoint_ids=endpoint_ids,
             api_version=api_version,
             ordering_key=ordering_key,
             subject=subject,
         )
+        return publish_sync(self, conn, request)
 
     async def migrate(self) -> list[str]:
         """Create or upgrade relaybox's tables, then seal the endpoint secrets older

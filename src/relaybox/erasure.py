@@ -13,7 +13,10 @@ payload, header, attempt body, response excerpt and error text relaybox holds of
   receivers answered to those deliveries;
 * the error text of all those rows (``last_error``, each handler and delivery
   attempt's error become ``(erased)``: an exception may quote the payload), and the
-  operational events about them (``relaybox.inbox.dead`` and the like quote it).
+  operational events about them (``relaybox.inbox.dead`` and the like quote it);
+* the state of each versioned projection (``ctx.project``) an event of the subject
+  wrote (stored with that event's subject digest), or an event of the tenant: the
+  state becomes ``NULL``, the version stays (an older event is still refused).
 
 What stays: event keys, fingerprints, statuses, outcomes, dead-letter reasons (codes),
 attempt counts and business keys. A resend of an erased event is still answered as a
@@ -24,7 +27,10 @@ erased delivery is never sent again (both are purged rows to every reader, and s
 
 The index (``relaybox_subjects``) holds the SHA-256 of the subject, never the subject,
 written in the transaction of the accept or the publish, so an erasure reads the
-subject's rows without scanning history. The erasure itself is recorded
+subject's rows without scanning history. It lives as long as what it finds: the
+purge, an erasure and a dropped partition delete the index rows of the rows they
+emptied once nothing found through them holds anything to erase
+(:func:`relaybox.store.erasure.forget_subjects`). The erasure itself is recorded
 (``relaybox_erasures``: who, when, what, how many rows of each kind) with the digest,
 not the subject.
 

@@ -33,6 +33,7 @@ Any other exception raised by a handler is transient and retried within the budg
 from __future__ import annotations
 
 import re
+from typing import Any
 
 __all__ = [
     "TABLES_MISSING",
@@ -79,7 +80,25 @@ class RelayboxError(Exception):
     """Base class of every relaybox exception."""
 
 
-class RejectedDelivery(RelayboxError):
+class Answered:
+    """An error that carries its HTTP answer: ``status`` and ``code``. A subclass
+    names its own as class keywords (``class NotFound(OpsError, status=404,
+    code="not_found")``)."""
+
+    status: int
+    code: str
+
+    def __init_subclass__(
+        cls, *, status: int | None = None, code: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if code is not None:
+            cls.code = code
+
+
+class RejectedDelivery(Answered, RelayboxError):
     """An inbound delivery that relaybox refuses; carries the HTTP answer.
 
     ``message`` is shown to the sender: it must never contain a secret or an
@@ -96,29 +115,24 @@ class RejectedDelivery(RelayboxError):
             self.code = code
 
 
-class BadSignature(RejectedDelivery):
-    status = 401
-    code = "bad_signature"
+class BadSignature(RejectedDelivery, status=401, code="bad_signature"):
+    """No signature of the delivery verifies with the source's secrets (401)."""
 
 
-class StaleTimestamp(RejectedDelivery):
-    status = 401
-    code = "stale_timestamp"
+class StaleTimestamp(RejectedDelivery, status=401, code="stale_timestamp"):
+    """The delivery's signed timestamp is outside the source's tolerance (401)."""
 
 
-class MalformedHeaders(RejectedDelivery):
-    status = 400
-    code = "malformed_headers"
+class MalformedHeaders(RejectedDelivery, status=400, code="malformed_headers"):
+    """Headers the source needs are missing or unreadable (400)."""
 
 
-class MalformedPayload(RejectedDelivery):
-    status = 400
-    code = "malformed_payload"
+class MalformedPayload(RejectedDelivery, status=400, code="malformed_payload"):
+    """A body the source cannot read, or one without the fields it needs (400)."""
 
 
-class PayloadTooLarge(RejectedDelivery):
-    status = 413
-    code = "payload_too_large"
+class PayloadTooLarge(RejectedDelivery, status=413, code="payload_too_large"):
+    """A body over the receiver's size limit (413)."""
 
 
 class StoreUnavailable(RelayboxError):
@@ -155,7 +169,7 @@ class OperationConflict(RelayboxError):
         self.given = given
 
 
-class OpsError(RelayboxError):
+class OpsError(Answered, RelayboxError):
     """An operator request that cannot be carried out; ``code`` and ``status`` are
     what the admin API answers."""
 
@@ -181,18 +195,12 @@ class InvalidTimeSpec(InvalidRequest, ValueError):
         super().__init__(message, hint="bad_time")
 
 
-class NotFound(OpsError):
+class NotFound(OpsError, status=404, code="not_found"):
     """The event, entry or endpoint does not exist (404)."""
 
-    status = 404
-    code = "not_found"
 
-
-class Conflict(OpsError):
+class Conflict(OpsError, status=409, code="conflict"):
     """The row is not in the state the action needs (409); ``code`` says which."""
-
-    status = 409
-    code = "conflict"
 
     def __init__(self, message: str, *, code: str = "conflict") -> None:
         super().__init__(message)

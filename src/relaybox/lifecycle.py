@@ -199,6 +199,15 @@ class Lifecycle:
         """Migrate (``migrate = "auto"``) or check the schema; ``False`` while the
         database is unreachable or its schema is behind. The first failure is
         logged; the retries that follow are quiet until the state changes."""
+        blocked = await self._blocked()
+        if blocked is not None and first:
+            level, event, fields = blocked
+            getattr(log, level)(event, **fields)
+        return blocked is None
+
+    async def _blocked(self) -> tuple[str, str, dict[str, Any]] | None:
+        """What keeps the roles from starting, as its log line (level, event and
+        fields), or ``None`` once the schema is current and ``on_ready`` ran."""
         try:
             if self.box.settings.migrate == "auto":
                 applied = await self.box.migrate()
@@ -208,37 +217,39 @@ class Lifecycle:
         except ConfigurationError:
             raise
         except Exception as exc:
-            if first:
-                log.warning(
-                    "relaybox_database_unavailable",
-                    error=short_error(exc),
-                    detail="the receiver answers 503; roles start once the database answers",
-                )
-            return False
+            return (
+                "warning",
+                "relaybox_database_unavailable",
+                {
+                    "error": short_error(exc),
+                    "detail": "the receiver answers 503; roles start once the database answers",
+                },
+            )
         if current < latest:
-            if first:
-                hint = TABLES_MISSING if current == 0 else "run `relaybox migrate`"
-                log.error(
-                    "relaybox_schema_behind",
-                    applied=current,
-                    latest=latest,
-                    hint=hint,
-                    detail="the receiver answers 503; roles start once migrated",
-                )
-            return False
+            return (
+                "error",
+                "relaybox_schema_behind",
+                {
+                    "applied": current,
+                    "latest": latest,
+                    "hint": TABLES_MISSING if current == 0 else "run `relaybox migrate`",
+                    "detail": "the receiver answers 503; roles start once migrated",
+                },
+            )
         if not self._ready_ran:
             try:
                 await self.run_on_ready()
             except Exception as exc:
-                if first:
-                    log.error(
-                        "relaybox_on_ready_failed",
-                        error=short_error(exc),
-                        detail="the roles start once the on_ready functions succeed",
-                    )
-                return False
+                return (
+                    "error",
+                    "relaybox_on_ready_failed",
+                    {
+                        "error": short_error(exc),
+                        "detail": "the roles start once the on_ready functions succeed",
+                    },
+                )
             self._ready_ran = True
-        return True
+        return None
 
     async def _refresh_webhooks_quietly(self) -> None:
         try:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -73,12 +73,7 @@ class SilenceReport:
     recoveries: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "checked_at": self.checked_at,
-            "silent": self.silent,
-            "resumed": self.resumed,
-            "recoveries": self.recoveries,
-        }
+        return asdict(self)
 
 
 def learned_window(arrivals: list[float], settings: SilenceSettings) -> float | None:

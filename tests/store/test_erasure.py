@@ -48,6 +48,7 @@ async def test_an_erasure_empties_finished_rows_and_waits_for_pending_ones(store
         "attempts": 0,
         "messages": 0,
         "inbox_attempts": 0,
+        "projections": 0,
     }
     assert await store.erasure.erase_batch(erasure, now=T0 + 1, limit=10) == dict.fromkeys(
         counts, 0
@@ -147,3 +148,84 @@ async def test_an_operational_event_inherits_the_subjects_of_its_row(store: Stor
     assert sorted((bytes(r["digest"]), r["ref"]) for r in rows) == sorted(
         [(DIGEST, "msg_dead"), (other, "msg_dead")]
     )
+
+
+async def _indexed(store: Store) -> set[str]:
+    return {r["ref"] for r in await store.fetch_all("SELECT ref FROM relaybox_subjects")}
+
+
+async def test_the_purge_deletes_index_rows_once_they_find_nothing_more(store: Store) -> None:
+    """The purge's scoped passes (by tenant, by id after a scan) delete the subject
+    index's rows of the rows they purged, once nothing found through them holds what
+    an erasure empties: an event's error text keeps its row until the erasure, a
+    handler's row keeps its event's until that row is purged too."""
+    rows = [
+        dataclasses.replace(delivery(f"e{i}", b'{"email": "alice@example.com"}', ignored=True),
+                            subject=DIGEST)
+        for i in range(3)
+    ]  # fmt: skip
+    [plain, failed, handled] = [o.inbox_id for o in await store.inbox.accept(rows)]
+    async with store.transaction() as conn:
+        await conn.exec_driver_sql(
+            f"UPDATE relaybox_inbox SET last_error = 'no alice@example.com' WHERE id = {failed}"
+        )
+        await conn.exec_driver_sql(
+            "INSERT INTO relaybox_outbox (channel, key, payload, inbox_id, status,"
+            " next_attempt_at, created_at, updated_at)"
+            f" VALUES ('mail', 'k', '{{\"to\": \"alice@example.com\"}}', {handled}, 'sent',"
+            f" {T0}, {T0}, {T0})"
+        )
+    assert await _indexed(store) == {str(plain), str(failed), str(handled)}
+
+    later = T0 + 10
+    purged = await store.retention.purge_tenants(
+        "inbox", ["tenant-1"], cutoff=later, now=later, limit=10
+    )
+    assert purged == 3
+    assert await _indexed(store) == {str(failed), str(handled)}
+    [found] = await store.retention.scan("outbox", cutoff=later, after=None, limit=10)
+    assert await store.retention.purge_ids("outbox", [found.id], cutoff=later, now=later) == 1
+    assert await _indexed(store) == {str(failed)}
+
+    erasure_id, _ = await store.erasure.begin(
+        actor="dpo", reason="", scope="subject", digest=DIGEST, tenant=None, now=later
+    )
+    erasure = await store.erasure.get(erasure_id)
+    assert erasure is not None
+    counts = await store.erasure.erase_batch(erasure, now=later, limit=10)
+    assert counts["inbox"] == 1
+    assert await _indexed(store) == set()
+    [row] = await store.fetch_all(f"SELECT last_error FROM relaybox_inbox WHERE id = {failed}")
+    assert row["last_error"] == "(erased)"
+
+
+async def test_a_tenant_erasure_empties_the_projections_its_events_wrote(store: Store) -> None:
+    """A projection holds no tenant: a tenant's erasure finds the states its events
+    wrote by the inbox rows it empties (the projections' inbox_id index)."""
+    rows = [delivery(f"e{i}", b'{"email": "alice@example.com"}', ignored=True) for i in range(2)]
+    [mine, theirs] = [o.inbox_id for o in await store.inbox.accept(rows)]
+    async with store.transaction() as conn:
+        await conn.exec_driver_sql(
+            f"UPDATE relaybox_inbox SET tenant = 'other' WHERE id = {theirs}"
+        )
+        for key, inbox_id in (("r1", mine), ("r2", theirs)):
+            await conn.exec_driver_sql(
+                "INSERT INTO relaybox_projections (resource_key, origin, version, version_key,"
+                f" state, source, inbox_id, updated_at) VALUES ('{key}', 'event', '1', '1',"
+                f" '{{\"email\": \"alice@example.com\"}}', 'src', {inbox_id}, {T0})"
+            )
+    erasure_id, _ = await store.erasure.begin(
+        actor="dpo", reason="", scope="tenant", digest=None, tenant="tenant-1", now=T0
+    )
+    erasure = await store.erasure.get(erasure_id)
+    assert erasure is not None
+    counts = await store.erasure.erase_batch(erasure, now=T0 + 1, limit=10)
+    assert (counts["inbox"], counts["projections"]) == (1, 1)
+    states = await store.fetch_all(
+        "SELECT resource_key, state, version, erased_at FROM relaybox_projections"
+        " ORDER BY resource_key"
+    )
+    assert [(r["state"] is None, r["version"], r["erased_at"]) for r in states] == [
+        (True, "1", T0 + 1),
+        (False, "1", None),
+    ]

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import asyncpg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,12 +23,14 @@ from relaybox.store.inbox_rows import NewOperation
 from relaybox.store.keys import (
     day_of,
     event_digest,
+    fingerprint_digest,
     message_digest,
     operation_digest,
     operation_fingerprint,
     scope_of,
 )
 from relaybox.store.outbox_rows import NewMessage
+from tests.conftest import _dsn, _with_db, admin_url, drop_pg_database
 from tests.store.test_store import T0, accept_one, delivery, statuses
 
 DAY = 86400
@@ -44,6 +47,15 @@ async def sql(store: Store, *statements: str) -> None:
     async with store.transaction() as conn:
         for statement in statements:
             await conn.exec_driver_sql(statement)
+
+
+def raw(digest: Any) -> bytes:
+    """A stored 16-byte digest: a uuid on PostgreSQL (no length header, migrations
+    0031 and 0035), a blob on SQLite."""
+    if isinstance(digest, uuid.UUID):
+        return digest.bytes
+    assert isinstance(digest, bytes | memoryview), type(digest)
+    return bytes(digest)
 
 
 async def event_keys(store: Store) -> list[dict[str, Any]]:
@@ -93,8 +105,9 @@ async def test_accept_writes_one_narrow_key_per_event(store: Store) -> None:
         (outcomes[0].inbox_id, day_of(T0)),
         (outcomes[2].inbox_id, day_of(T0) + 3),
     ]
-    assert bytes(rows[0]["digest"]) == event_digest("src", "acct", "e1")
-    assert all(len(bytes(r["digest"])) == 16 == len(bytes(r["fingerprint"])) for r in rows)
+    assert raw(rows[0]["digest"]) == event_digest("src", "acct", "e1")
+    assert raw(rows[0]["fingerprint"]) == fingerprint_digest(hashlib.sha256(b'{"n": 1}').digest())
+    assert all(len(raw(r["digest"])) == 16 == len(raw(r["fingerprint"])) for r in rows)
     assert {r["scope"] for r in rows} == {scope_of("src")}
 
 
@@ -160,7 +173,7 @@ async def test_publish_keys_outlive_the_message(store: Store) -> None:
     [k] = await store.fetch_all(
         "SELECT * FROM relaybox_message_keys WHERE message_id = '" + m.id + "'"
     )
-    assert bytes(k["digest"]) == message_digest("t1", "order-1")
+    assert raw(k["digest"]) == message_digest("t1", "order-1")
     assert k["scope"] == scope_of("t1")
 
 
@@ -380,10 +393,7 @@ async def once(
 async def test_a_business_key_is_one_narrow_digest_row(store: Store) -> None:
     assert await once(store, "grant:1", "fp-a", at=T0 + 2 * DAY) == (True, "fp-a")
     [k] = await store.fetch_all("SELECT * FROM relaybox_business_keys")
-    digest = k["digest"]
-    # PostgreSQL stores the 16 bytes as a uuid (no length header), SQLite as a blob.
-    raw = digest.bytes if isinstance(digest, uuid.UUID) else bytes(digest)
-    assert raw == operation_digest("grant:1")
+    assert raw(k["digest"]) == operation_digest("grant:1")
     assert k["fingerprint"] == operation_fingerprint("fp-a")
     assert (k["scope"], k["first_seen"]) == (scope_of("src"), day_of(T0) + 2)
     [row] = await store.fetch_all("SELECT business_key, fingerprint FROM relaybox_operations")
@@ -634,3 +644,112 @@ async def test_no_duplicate_through_while_its_key_is_kept(store: Store, script: 
     model = Model(ns=uuid.uuid4().hex[:10])
     for step in script:
         await check_step(store, model, step)
+
+
+TYPE_OF = (
+    "SELECT data_type FROM information_schema.columns"
+    " WHERE table_name = '{}' AND column_name = '{}'"
+)
+
+
+async def test_keys_stored_as_bytea_before_0035_still_decide_as_uuid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A PostgreSQL database migrated up to 0034 holds event and idempotency keys as
+    bytea digests (their history rows dropped): 0035 converts them to uuid, the same
+    16 bytes, after which a resend is a duplicate, changed content is quarantined and
+    a repeated publish finds its message, each under what the old key remembers."""
+    from relaybox.store import base
+
+    name = f"relaybox_t_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(_dsn(admin_url()))
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    url = _with_db(admin_url(), name)
+    every = base.load_migrations
+    monkeypatch.setattr(base, "load_migrations", lambda b: [m for m in every(b) if m[0] < 35])
+    store = open_store(url)
+    try:
+        assert not any(m.startswith("0035") for m in await store.migrate())
+        [before] = await store.fetch_all(TYPE_OF.format("relaybox_event_keys", "digest"))
+        assert before["data_type"] == "bytea"
+        stored = hashlib.sha256(b'{"v": 1}').digest()
+        # What the accept and the publish of before 0035 wrote: the original inbox
+        # row and message are gone (their history dropped), the keys stay.
+        conn = await asyncpg.connect(_dsn(url))
+        try:
+            await conn.execute(
+                "INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)"
+                " VALUES (41, $1, $2, $3, $4), (42, $1, $2, $5, $4)",
+                scope_of("src"),
+                day_of(T0),
+                event_digest("src", "acct", "old"),
+                fingerprint_digest(stored),
+                event_digest("src", "acct", "older"),
+            )
+            await conn.execute(
+                "INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)"
+                " VALUES ($1, $2, $3, 'msg_old')",
+                scope_of("t1"),
+                day_of(T0),
+                message_digest("t1", "order-1"),
+            )
+        finally:
+            await conn.close()
+    finally:
+        await store.close()
+
+    monkeypatch.setattr(base, "load_migrations", every)
+    store = open_store(url)
+    try:
+        assert "0035_key_digests" in await store.migrate()
+        for table, column in (
+            ("relaybox_event_keys", "digest"),
+            ("relaybox_event_keys", "fingerprint"),
+            ("relaybox_message_keys", "digest"),
+        ):
+            [row] = await store.fetch_all(TYPE_OF.format(table, column))
+            assert row["data_type"] == "uuid", (table, column)
+        rows = await event_keys(store)
+        assert [(r["inbox_id"], raw(r["digest"]), raw(r["fingerprint"])) for r in rows] == [
+            (41, event_digest("src", "acct", "old"), fingerprint_digest(stored)),
+            (42, event_digest("src", "acct", "older"), fingerprint_digest(stored)),
+        ]
+        later = T0 + 365 * DAY
+        again = await accept_one(store, delivery("old", b'{"v": 1}', at=later))
+        assert (again.status, again.inbox_id) == ("duplicate", 41)
+        changed = await accept_one(store, delivery("old", b'{"v": 2}', at=later))
+        assert (changed.status, changed.inbox_id) == ("quarantined", 41)
+        # In one batch: a resend, a changed one, a new event and its own resend.
+        batch = [
+            delivery("older", b'{"v": 1}', at=later),
+            delivery("older", b'{"v": 3}', at=later),
+            delivery("new", at=later),
+            delivery("new", at=later),
+        ]
+        outcomes = await store.inbox.accept(batch)
+        assert statuses(outcomes) == ["duplicate", "quarantined", "accepted", "duplicate"]
+        assert [o.inbox_id for o in outcomes[:2]] == [42, 42]
+        assert outcomes[3].inbox_id == outcomes[2].inbox_id
+        [q1, q2] = await store.fetch_all(
+            "SELECT inbox_id, event_id FROM relaybox_quarantine ORDER BY id"
+        )
+        assert (q1["inbox_id"], q1["event_id"], q2["inbox_id"], q2["event_id"]) == (
+            41,
+            "old",
+            42,
+            "older",
+        )
+        # The repeated publish answers with the message its old key named.
+        assert not await publish(store, message("t1", "order-1", 2))
+        assert (await by_key(store, "t1", "order-1")).id == "msg_old"
+        assert await publish(store, message("t1", "order-2", 3))
+        # Expiry by age reaches the converted keys: the resend is then new.
+        assert await store.keys.expire("event", day_of(T0) + 1) == 2
+        fresh = await accept_one(store, delivery("old", b'{"v": 1}', at=later))
+        assert fresh.status == "accepted"
+    finally:
+        await store.close()
+        await drop_pg_database(url)

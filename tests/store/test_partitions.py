@@ -263,6 +263,61 @@ async def test_maintenance_drops_partitions_and_the_purge_leaves_them(pg_url: st
         await box.close()
 
 
+async def test_a_dropped_partition_takes_its_subject_index_rows_along(pg_url: str) -> None:
+    """The maintenance job, after dropping an inbox partition, deletes the subject
+    index's rows of the dropped events (``retention.batch`` of them a transaction),
+    but those of an event whose handler's row still holds data: an erasure then still
+    finds that row, and deletes the index row it used."""
+    import dataclasses
+
+    from relaybox import FrozenClock, Relaybox
+    from relaybox.config import Settings
+    from relaybox.erasure import erase
+    from relaybox.retention import Maintenance
+    from relaybox.sources.base import subject_digest
+
+    clock = FrozenClock(T0)
+    box = Relaybox(
+        settings=Settings(database_url=pg_url, retention={"partitions": "day", "batch": 1}),
+        clock=clock,
+    )
+    alice, bob = subject_digest("cus_alice"), subject_digest("cus_bob")
+    try:
+        await box.store.migrate()
+        await box.store.inbox.accept(
+            [
+                dataclasses.replace(delivery(f"e{i}", at=T0), subject=digest)
+                for i, digest in enumerate((alice, alice, alice, bob))
+            ]
+        )
+        await sql(box.store, f"UPDATE relaybox_inbox SET status = 'done', updated_at = {T0}")
+        [held] = await box.store.fetch_all("SELECT id FROM relaybox_inbox WHERE event_id = 'e1'")
+        # A row e1's handler added, finished recently: it keeps its payload for now.
+        now = T0 + 31 * DAY
+        await sql(
+            box.store,
+            "INSERT INTO relaybox_outbox (channel, key, payload, inbox_id, status,"
+            " next_attempt_at, created_at, updated_at, sent_at)"
+            f" VALUES ('mail', 'receipt', '{{\"to\": \"alice\"}}', {held['id']}, 'sent',"
+            f" {now}, {now}, {now}, {now})",
+        )
+        await box.store.partitions.convert("day")
+        assert len(await box.store.fetch_all("SELECT 1 FROM relaybox_subjects")) == 4
+        clock.set(now)
+        await Maintenance(box).run_once()
+        assert await box.store.fetch_all("SELECT 1 FROM relaybox_inbox") == []
+        left = await box.store.fetch_all("SELECT kind, ref FROM relaybox_subjects")
+        assert left == [{"kind": "inbox", "ref": str(held["id"])}]
+
+        done = await erase(box, subject="cus_alice", actor="dpo")
+        assert done.rows["outbox"] == 1 and done.finished_at is not None
+        assert await box.store.fetch_all("SELECT 1 FROM relaybox_subjects") == []
+        [row] = await box.store.fetch_all("SELECT payload FROM relaybox_outbox")
+        assert row["payload"] == "null"
+    finally:
+        await box.close()
+
+
 async def test_week_partitions_start_on_mondays(store: Store) -> None:
     import datetime as dt
     import itertools

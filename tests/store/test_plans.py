@@ -253,6 +253,10 @@ _SUBJECT_FILL = (
     " INSERT INTO relaybox_quarantine (inbox_id, source, account, event_id, event_type,"
     " fingerprint, payload, received_at, tenant)"
     " SELECT i, 's', 'a', 'e' || i, 't', '\\x01', '{}', 0, 't' || (i % 100)"
+    " FROM generate_series(1, 20000) AS i;"
+    " INSERT INTO relaybox_projections (resource_key, origin, version, version_key, state,"
+    " source, inbox_id, updated_at, subject)"
+    " SELECT 'r' || i, 'event', '1', '1', '{}', 's', i, 0, int4send(i % 2000)"
     " FROM generate_series(1, 20000) AS i"
 )
 
@@ -272,6 +276,8 @@ _SUBJECT_FILL = (
         ("erase_quarantine_tenant", "relaybox_quarantine"),
         ("erase_handler_outbox_ids", "relaybox_outbox"),
         ("erase_waiting_tenant", "relaybox_messages"),
+        ("erase_projections_subject", "relaybox_projections"),
+        ("erase_projections_ids", "relaybox_projections"),
     ],
 )
 async def test_an_erasure_probes_the_subjects_rows(pg_url: str, name: str, table: str) -> None:
@@ -281,11 +287,11 @@ async def test_an_erasure_probes_the_subjects_rows(pg_url: str, name: str, table
     key = "'\\x00000007'::bytea" if "subject" in name else "'t7'"
     n = {"erase_waiting_subject": 1, "erase_waiting_tenant": 1}.get(name, 3)
     args = ", ".join([key, "1.0", "500"][:n])
-    if name == "erase_handler_outbox_ids":  # the ids of the inbox rows just erased
+    if name in ("erase_handler_outbox_ids", "erase_projections_ids"):  # inbox rows erased
         args = "'{7, 107, 207}'::bigint[], 1.0"
     plans = await _plans_on_a_filled_table(pg_url, table, _SUBJECT_FILL, {name: args})
     plan = plans[name]
-    assert not set(re.findall(r"Seq Scan on (\w+)", plan)) & BIG, plan
+    assert not set(re.findall(r"Seq Scan on (\w+)", plan)) & (BIG | {"relaybox_projections"}), plan
 
 
 @pytest.mark.parametrize(
@@ -297,7 +303,31 @@ async def test_an_operational_event_finds_its_rows_subjects_by_index(
 ) -> None:
     """A dead letter's operational event is indexed under its row's subjects in the
     transaction that records the dead letter: the subjects are found through the
-    index of references (relaybox_subjects_ref), never a scan of the index table."""
+    index of each kind's references (relaybox_subjects_inbox, relaybox_subjects_message),
+    never a scan of the index table."""
+    plans = await _plans_on_a_filled_table(pg_url, "relaybox_subjects", _SUBJECT_FILL, {name: args})
+    scanned = set(re.findall(r"Seq Scan on (\w+)", plans[name]))
+    assert not scanned & (BIG | {"relaybox_subjects"}), plans[name]
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("subjects_forget_inbox", "'{7, 107, 207}'::bigint[]"),
+        ("subjects_forget_messages", "'{msg_7, msg_107}'::text[]"),
+        ("subjects_refs_quarantine", "'{7, 107}'::bigint[]"),
+        ("subjects_refs_outbox", "'{7, 107}'::bigint[]"),
+        ("subjects_inbox_refs_below", "0, 500, 100"),
+        ("projection_upsert", "'r', 'event', '1', '1', '{}', 's', 7, 1.0"),
+    ],
+)
+async def test_the_subject_index_is_asked_about_its_rows_by_index(
+    pg_url: str, name: str, args: str
+) -> None:
+    """What the purge, an erasure and a partition drop ask of the subject index (which
+    of its rows find nothing any more), and a projection's write (its event's subject),
+    reach the index and the rows it names by index, never a scan, in their generic
+    plans on tables never analyzed."""
     plans = await _plans_on_a_filled_table(pg_url, "relaybox_subjects", _SUBJECT_FILL, {name: args})
     scanned = set(re.findall(r"Seq Scan on (\w+)", plans[name]))
     assert not scanned & (BIG | {"relaybox_subjects"}), plans[name]

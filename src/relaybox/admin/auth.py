@@ -161,22 +161,16 @@ def _unauthorized_json(message: str) -> Response:
     )
 
 
+@dataclass(eq=False)
 class AdminAuth:
     """ASGI middleware: API requests need the bearer token, pages a valid session;
     the login form is the only public route. ``login_page`` renders the 401 a
     browser sees (the form, pointing back at the page it asked for)."""
 
-    def __init__(
-        self,
-        app: Callable[..., Awaitable[None]],
-        box: Runtime,
-        login_page: Callable[[Request, str], Awaitable[Response]],
-        tables: Any,
-    ) -> None:
-        self.app = app
-        self.box = box
-        self.login_page = login_page
-        self.tables = tables
+    app: Callable[..., Awaitable[None]]
+    box: Runtime
+    login_page: Callable[[Request, str], Awaitable[Response]]
+    tables: Any
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -237,7 +237,8 @@ def erase(
             f"erasure {done.id}: emptied {rows['inbox']} event(s), {rows['quarantine']} "
             f"quarantine entry(ies), {rows['outbox']} delivery(ies), {rows['attempts']} "
             f"delivery attempt(s), {rows['messages']} message(s), "
-            f"{rows['inbox_attempts']} handler attempt error(s)"
+            f"{rows['inbox_attempts']} handler attempt error(s), "
+            f"{rows['projections']} projection state(s)"
         )
         if done.finished_at is None:
             click.echo(

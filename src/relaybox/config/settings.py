@@ -376,7 +376,10 @@ class RetentionSettings(BaseModel):
     )
     interval: float = Field(3600.0, gt=0, description="seconds between maintenance runs")
     batch: int = Field(
-        1000, ge=1, le=100_000, description="rows purged, and keys backfilled, per transaction"
+        1000,
+        ge=1,
+        le=100_000,
+        description="rows purged, keys backfilled and subject index rows read, per transaction",
     )
     max_tenant_policies: int = Field(
         10_000,

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -271,19 +271,7 @@ class RecoveryReport:
     failed: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "since": self.since,
-            "mode": self.mode,
-            "dry_run": self.dry_run,
-            "listed": self.listed,
-            "present": self.present,
-            "missing": self.missing,
-            "ingested": self.ingested,
-            "redelivery_requested": self.redelivery_requested,
-            "duplicates": self.duplicates,
-            "failed": self.failed,
-        }
+        return asdict(self)
 
 
 async def recover(
@@ -306,16 +294,8 @@ async def recover(
     with tracing.span(
         "relaybox.recovery", attributes={"relaybox.source": source_name, "relaybox.mode": mode}
     ) as span:
-        report = await _recover(
-            box,
-            source_name,
-            deliveries,
-            since=since,
-            mode=mode,
-            dry_run=dry_run,
-            account=account,
-            tenant=tenant,
-        )
+        report = RecoveryReport(source_name, since, mode, dry_run)
+        await _recover(box, deliveries, report, account=account, tenant=tenant)
         if span.is_recording():
             span.set_attributes(
                 {
@@ -330,21 +310,20 @@ async def recover(
 
 async def _recover(
     box: InboundRuntime,
-    source_name: str,
     deliveries: DeliveryLog,
+    report: RecoveryReport,
     *,
-    since: float,
-    mode: Mode = "ingest",
-    dry_run: bool = False,
-    account: str | None = None,
-    tenant: str | None = None,
-) -> RecoveryReport:
+    account: str | None,
+    tenant: str | None,
+) -> None:
+    """Fill ``report`` (its source, time, mode and dry run as asked) with what the
+    recovery found and did."""
+    source_name, since, mode, dry_run = report.source, report.since, report.mode, report.dry_run
     source = box.sources.get(source_name)
     if source is None:
         raise ConfigurationError(f"no source named {source_name!r}")
     if mode not in ("ingest", "redeliver"):
         raise ConfigurationError(f"mode must be ingest or redeliver, not {mode!r}")
-    report = RecoveryReport(source_name, since, mode, dry_run)
     newest: dict[str, DeliverySummary] = {}
     async for item in deliveries.deliveries(since):
         kept = newest.get(item.event_id)
@@ -399,7 +378,6 @@ async def _recover(
         redelivery_requested=len(report.redelivery_requested),
         failed=len(report.failed),
     )
-    return report
 
 
 async def _present(box: Runtime, source: str, event_ids: list[str]) -> set[str]:

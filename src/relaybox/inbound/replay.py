@@ -14,7 +14,7 @@ unless it asks with ``include_discarded``; replaying it by its id is asking.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -75,12 +75,7 @@ class ReplayResult:
     discarded: list[int] = field(default_factory=list)  # discarded: left out, not asked
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "replayed": self.replayed,
-            "purged": self.purged,
-            "skipped": self.skipped,
-            "discarded": self.discarded,
-        }
+        return asdict(self)
 
 
 Candidate = ReplayCandidate

@@ -83,6 +83,9 @@ class ErasureRows(_Model):
     )
     messages: int = Field(description="message bodies emptied")
     inbox_attempts: int = Field(description="handler attempts whose error text went")
+    projections: int = Field(
+        description="versioned projections whose state an event of the subject wrote, emptied"
+    )
 
 
 class ErasureRecord(_Model):

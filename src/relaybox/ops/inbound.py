@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -135,24 +135,10 @@ def _headers(raw: str | None) -> dict[str, str] | None:
 
 
 def _summary(m: Any) -> EventSummary:
-    return EventSummary(
-        id=m["id"],
-        source=m["source"],
-        account=m["account"],
-        event_id=m["event_id"],
-        event_type=m["event_type"],
-        tenant=m["tenant"],
-        status=m["status"],
-        dead_reason=m["dead_reason"],
-        attempts=m["attempts"],
-        received_at=m["received_at"],
-        updated_at=m["updated_at"],
-        done_at=m["done_at"],
-        next_attempt_at=m["next_attempt_at"],
-        last_error=m["last_error"],
-        purged=bool(m["purged"]),
-        discarded_at=m["discarded_at"],
-    )
+    """An event's summary from its row: the columns of the same names, ``purged`` as
+    a truth value."""
+    fields = {k: m[k] for k in EventSummary.model_fields}
+    return EventSummary(**{**fields, "purged": bool(m["purged"])})
 
 
 async def table_exists(box: Runtime, table: str) -> bool:
@@ -163,17 +149,25 @@ async def table_exists(box: Runtime, table: str) -> bool:
 # -- inbox ----------------------------------------------------------------------
 
 
+def _event_filter(
+    f: InboxFilter | DeadFilter | DeadRetryRequest, before_id: int | None
+) -> dict[str, Any]:
+    """The store's arguments the lists of events share (the inbox's, the dead
+    letters'), from an operator's filter: below ``before_id``, the newest first."""
+    return {
+        "source": f.source,
+        "event_type": f.type,
+        "tenant": f.tenant,
+        "since": f.since,
+        "until": f.until,
+        "before_id": before_id,
+        "limit": f.limit,
+    }
+
+
 async def inbox_list(box: Runtime, f: InboxFilter) -> EventPage:
-    rows = await box.store.operator.inbox_list(
-        source=f.source,
-        event_type=f.type,
-        status=f.status,
-        tenant=f.tenant,
-        since=f.since,
-        until=f.until,
-        before_id=decode_cursor(f.cursor),
-        limit=f.limit,
-    )
+    query = _event_filter(f, decode_cursor(f.cursor))
+    rows = await box.store.operator.inbox_list(status=f.status, **query)
     return EventPage(items=[_summary(r) for r in rows], next_cursor=_page_ids(rows, f.limit))
 
 
@@ -239,16 +233,21 @@ async def _replay(box: Runtime, selection: Selection, actor: str, reason: str) -
     return ReplayResult(**result.as_dict(), message=_replay_message(result, purged, erased))
 
 
+async def _replay_one(box: Runtime, selection: Selection, actor: str, reason: str) -> ReplayResult:
+    """Replay one event: a purged one is a 409 naming the purge."""
+    result = await _replay(box, selection, actor, reason)
+    if result.purged:
+        raise Conflict(result.message, code="payload_purged")
+    return result
+
+
 async def replay_event(box: Runtime, inbox_id: int, *, actor: str, reason: str) -> ReplayResult:
     """Replay one finished event. A purged one is a 409 naming the purge: replaying
     without the payload would run the handler on nothing."""
     event = await event_get(box, inbox_id)
     if event.status == "pending":
         raise Conflict(f"event {inbox_id} is pending: it is already on its way", code="pending")
-    result = await _replay(box, Selection(ids=[inbox_id]), actor, reason)
-    if result.purged:
-        raise Conflict(result.message, code="payload_purged")
-    return result
+    return await _replay_one(box, Selection(ids=[inbox_id]), actor, reason)
 
 
 async def replay_selection(
@@ -281,16 +280,8 @@ async def replay_selection(
 
 
 async def dead_list(box: Runtime, f: DeadFilter) -> EventPage:
-    rows = await box.store.operator.dead_list(
-        source=f.source,
-        event_type=f.type,
-        reason=f.reason,
-        tenant=f.tenant,
-        since=f.since,
-        until=f.until,
-        before_id=decode_cursor(f.cursor),
-        limit=f.limit,
-    )
+    query = _event_filter(f, decode_cursor(f.cursor))
+    rows = await box.store.operator.dead_list(reason=f.reason, **query)
     return EventPage(items=[_summary(r) for r in rows], next_cursor=_page_ids(rows, f.limit))
 
 
@@ -299,24 +290,14 @@ async def dead_retry(box: Runtime, inbox_id: int, *, actor: str, reason: str) ->
     if event.status != "dead" or event.discarded_at is not None:
         state = "discarded" if event.discarded_at is not None else event.status
         raise Conflict(f"event {inbox_id} is not a dead letter (it is {state})", code="not_dead")
-    result = await _replay(box, Selection(ids=[inbox_id], statuses=["dead"]), actor, reason)
-    if result.purged:
-        raise Conflict(result.message, code="payload_purged")
-    return result
+    return await _replay_one(box, Selection(ids=[inbox_id], statuses=["dead"]), actor, reason)
 
 
 async def dead_retry_many(box: Runtime, req: DeadRetryRequest, *, actor: str) -> DeadRetryResult:
     """Select the matching dead letters first (the same filter as the list, so what an
     operator saw is what is retried), then replay exactly those ids."""
     rows = await box.store.operator.dead_list(
-        source=req.source,
-        event_type=req.type,
-        reason=req.dead_reason,
-        tenant=req.tenant,
-        since=req.since,
-        until=req.until,
-        before_id=None,
-        limit=req.limit,
+        reason=req.dead_reason, **_event_filter(req, before_id=None)
     )
     ids = sorted(r["id"] for r in rows)
     if not ids:
@@ -378,26 +359,25 @@ def json_differences(original: Any, quarantined: Any, path: str = "$") -> list[D
     return [Difference(path=path, original=original, quarantined=quarantined, change="changed")]
 
 
+def _side(m: Mapping[str, Any], prefix: str) -> QuarantineSide:
+    """One side of a quarantine entry from its row's columns (the original's are
+    named ``original_...``)."""
+    return QuarantineSide(
+        event_type=m[prefix + "event_type"],
+        received_at=m[prefix + "received_at"],
+        payload=decode_payload(m[prefix + "payload"]),
+        headers=_headers(m[prefix + "headers"]),
+        purged=m[prefix + "payload"] is None,
+    )
+
+
 async def quarantine_get(box: Runtime, quarantine_id: int) -> QuarantineDetail:
     m = await box.store.operator.quarantine_get(quarantine_id)
     if m is None:
         raise NotFound(f"no quarantine entry {quarantine_id}")
-    original = None
-    if m["original_status"] is not None:  # its row still exists
-        original = QuarantineSide(
-            event_type=m["original_event_type"],
-            received_at=m["original_received_at"],
-            payload=decode_payload(m["original_payload"]),
-            headers=_headers(m["original_headers"]),
-            purged=m["original_payload"] is None,
-        )
-    newcomer = QuarantineSide(
-        event_type=m["event_type"],
-        received_at=m["received_at"],
-        payload=decode_payload(m["payload"]),
-        headers=_headers(m["headers"]),
-        purged=m["payload"] is None,
-    )
+    # The original's side, when its row still exists.
+    original = None if m["original_status"] is None else _side(m, "original_")
+    newcomer = _side(m, "")
     summary = {k: m[k] for k in QuarantineSummary.model_fields}
     return QuarantineDetail(
         **summary,

@@ -338,18 +338,12 @@ async def endpoint_recover(
 # -- operational events, an endpoint's headers and credentials ---------------------
 
 
-class InvalidEndpointSettings(OpsError):
+class InvalidEndpointSettings(OpsError, status=422, code="invalid_endpoint"):
     """Headers or credentials relaybox refuses (422)."""
 
-    status = 422
-    code = "invalid_endpoint"
 
-
-class SecretsUnavailable(OpsError):
+class SecretsUnavailable(OpsError, status=503, code="secrets_unavailable"):
     """No key to seal credentials with (``outbound.secrets_key``; 503)."""
-
-    status = 503
-    code = "secrets_unavailable"
 
 
 async def operational_event_list(box: Runtime, *, limit: int = 50) -> OperationalEventList:

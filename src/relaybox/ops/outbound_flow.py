@@ -37,11 +37,8 @@ __all__ = [
 log = structlog.get_logger("relaybox.admin")
 
 
-class InvalidFilterRequest(OpsError):
+class InvalidFilterRequest(OpsError, status=422, code="invalid_filter"):
     """A payload filter outside the grammar (422 ``invalid_filter``)."""
-
-    status = 422
-    code = "invalid_filter"
 
 
 class PauseResult(_Model):

@@ -66,11 +66,8 @@ KEYS_WINDOW_TEXT = (
 )
 
 
-class InvalidPolicy(OpsError):
+class InvalidPolicy(OpsError, status=422, code="invalid_policy"):
     """A policy relaybox cannot store (422)."""
-
-    status = 422
-    code = "invalid_policy"
 
 
 class TenantPolicyRequest(RequestModel):
@@ -170,27 +167,30 @@ def _check_tenant(tenant: str) -> None:
         raise NotFound(f"no tenant {tenant[:40]!r}: ids have 1 to {MAX_RETENTION_NAME} characters")
 
 
+def _age(
+    name: str,
+    default: float | None,
+    row: RetentionPolicyRow | None,
+    conf: TenantRetention | None,
+) -> tuple[float | None, AgeOrigin]:
+    """The age ``name`` in force for a tenant and where it comes from: the admin
+    API's (``row``) over the file's (``conf``) over the default."""
+    if row is not None and getattr(row, name) is not None:
+        return getattr(row, name), "api"
+    if conf is not None and getattr(conf, name) is not None:
+        return getattr(conf, name), "config"
+    return default, "default"
+
+
 def _view(
     box: Runtime, tenant: str, row: RetentionPolicyRow | None, conf: TenantRetention | None
 ) -> TenantAgesView:
     settings = box.settings.retention
-    inbound: float | None = None
-    inbound_origin: AgeOrigin = "default"
-    outbound, outbound_origin = settings.outbox_payload_max_age, "default"
-    keys_age: float | None = settings.keys_max_age
-    keys_origin: AgeOrigin = "default"
-    if conf is not None and conf.keys_max_age is not None:
-        keys_age, keys_origin = conf.keys_max_age, "config"
-    if row is not None and row.keys_max_age is not None:
-        keys_age, keys_origin = row.keys_max_age, "api"
-    if conf is not None and conf.payload_max_age is not None:
-        inbound, inbound_origin = conf.payload_max_age, "config"
-    if conf is not None and conf.outbox_payload_max_age is not None:
-        outbound, outbound_origin = conf.outbox_payload_max_age, "config"
-    if row is not None and row.payload_max_age is not None:
-        inbound, inbound_origin = row.payload_max_age, "api"
-    if row is not None and row.outbox_payload_max_age is not None:
-        outbound, outbound_origin = row.outbox_payload_max_age, "api"
+    inbound, inbound_origin = _age("payload_max_age", None, row, conf)
+    outbound, outbound_origin = _age(
+        "outbox_payload_max_age", settings.outbox_payload_max_age, row, conf
+    )
+    keys_age, keys_origin = _age("keys_max_age", settings.keys_max_age, row, conf)
     return TenantAgesView(
         tenant=tenant,
         payload_max_age=inbound,
@@ -199,22 +199,9 @@ def _view(
         outbox_origin=outbound_origin,
         keys_max_age=keys_age,
         keys_origin=keys_origin,
-        api=None
-        if row is None
-        else StoredAges(
-            payload_max_age=row.payload_max_age,
-            outbox_payload_max_age=row.outbox_payload_max_age,
-            updated_at=row.updated_at,
-            updated_by=row.updated_by,
-            keys_max_age=row.keys_max_age,
-        ),
-        config=None
-        if conf is None
-        else ConfiguredAges(
-            payload_max_age=conf.payload_max_age,
-            outbox_payload_max_age=conf.outbox_payload_max_age,
-            keys_max_age=conf.keys_max_age,
-        ),
+        # What each layer says, as it says it (its fields read off the row, the file's).
+        api=None if row is None else StoredAges.model_validate(row, from_attributes=True),
+        config=None if conf is None else ConfiguredAges.model_validate(conf, from_attributes=True),
     )
 
 

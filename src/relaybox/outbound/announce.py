@@ -42,7 +42,7 @@ import structlog
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from relaybox.outbound.publish import publish
+from relaybox.outbound.publish import Publication, publish
 from relaybox.outbound.registry import outbound
 from relaybox.sync.publish import publish_sync
 
@@ -134,7 +134,8 @@ def sync_announcer(box: Runtime) -> AnnounceSync:
         if event_type == "relaybox.inbox.dead" and _operational(data):
             return
         tenant = outbound(box).settings.operational_tenant
-        message = publish_sync(box, conn, event_type, data, tenant=tenant, idempotency_key=key)
+        request = Publication(event_type, data, tenant, idempotency_key=key)
+        message = publish_sync(box, conn, request)
         if inbox_id is not None:
             box.store.sync.erasure.subject_inherit(conn, message.id, inbox_id=inbox_id)
 

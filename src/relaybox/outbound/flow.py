@@ -20,7 +20,7 @@ process. A job queues at most ``outbound.replay_max`` deliveries and reads at mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -60,14 +60,7 @@ class Replayed:
         return cls(job.endpoint_id, job.since, job.queued, job.scanned, complete, resume)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "endpoint_id": self.endpoint_id,
-            "since": self.since,
-            "queued": self.queued,
-            "scanned": self.scanned,
-            "complete": self.complete,
-            "resume_since": self.resume_since,
-        }
+        return asdict(self)
 
 
 async def pause_endpoint(box: Runtime, endpoint_id: str, *, tenant: str | None) -> bool:

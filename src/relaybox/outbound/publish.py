@@ -18,6 +18,7 @@ import functools
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from relaybox.runtime import Runtime
 
 __all__ = [
+    "Publication",
     "check_request",
     "envelope_time",
     "fan_out",
@@ -208,12 +210,10 @@ async def publish(
 
     Traced as ``relaybox.publish`` (a child of the current span: the handler's, the
     request's), whose context the message keeps for its delivery attempts."""
-    publishing = _publish(  # runs when awaited: inside the span when there is one
-        box,
-        conn,
+    request = Publication(
         event_type,
         data,
-        tenant=tenant,
+        tenant,
         idempotency_key=idempotency_key,
         endpoint_ids=endpoint_ids,
         api_version=api_version,
@@ -221,6 +221,8 @@ async def publish(
         json_data=json_data,
         subject=subject,
     )
+    # Runs when awaited: inside the span when there is one.
+    publishing = _publish(box, conn, request)
     if not tracing.enabled():
         return await publishing
     with tracing.span("relaybox.publish", kind="producer") as span:
@@ -243,63 +245,41 @@ def publish_attributes(message: Message) -> dict[str, str | int | bool]:
     }
 
 
-async def _publish(
-    box: Runtime,
-    conn: AsyncConnection,
-    event_type: str,
-    data: Any,
-    *,
-    tenant: str,
-    idempotency_key: str | None,
-    endpoint_ids: Sequence[str] | None,
-    api_version: str | None,
-    ordering_key: str | None,
-    json_data: bool,
-    subject: str | None,
-) -> Message:
+async def _publish(box: Runtime, conn: AsyncConnection, request: Publication) -> Message:
     store = box.store
-    check_request(event_type, tenant, idempotency_key, ordering_key)
-    digest = subject_of(subject)
-    if idempotency_key is not None:
-        existing = await store.outbox.message_get_by_key(conn, tenant, idempotency_key)
+    digest = request.check()
+    tenant, key, ordering_key = request.tenant, request.idempotency_key, request.ordering_key
+    if key is not None:
+        existing = await store.outbox.message_get_by_key(conn, tenant, key)
         if existing is not None:
             return existing
-    context = await store.outbox.publish_context(conn, tenant, event_type)
-    check_schema(context.schema, event_type, data)
+    context = await store.outbox.publish_context(conn, tenant, request.event_type)
+    check_schema(context.schema, request.event_type, request.data)
     sequence = None
     if ordering_key is not None:
         # Taken last before the insert: the counter's row lock is held from here to
         # the end of the caller's transaction.
         sequence = await store.outbox.message_sequence_next(conn, tenant, ordering_key)
-    new = new_message(
-        box,
-        event_type,
-        data,
-        tenant=tenant,
-        idempotency_key=idempotency_key,
-        api_version=api_version,
-        ordering_key=ordering_key,
-        sequence=sequence,
-    )
+    new = new_message(box, request, sequence)
     # Data parsed from JSON text is what parsing the envelope's text gives again: the
     # filters and the subject path read it in place.
     envelope = None
-    if json_data:
-        envelope = envelope_of(
-            box, new.id, new.created_at, event_type, data, api_version, ordering_key, sequence
-        )
+    if request.json_data:
+        envelope = envelope_of(box, new.id, new.created_at, request, sequence)
     if digest is None and context.subject is not None:
         if envelope is None:
             envelope = json.loads(new.body)  # once: the filters read it too
         digest = subject_at(context.subject, envelope)
-    if endpoint_ids is not None:
-        found = targets(new, context.subscribers, endpoint_ids)
+    if request.endpoint_ids is not None:
+        found = targets(new, context.subscribers, request.endpoint_ids)
     else:
-        found = await fan_out_sliced(context.subscribers, event_type, new.body, envelope=envelope)
+        found = await fan_out_sliced(
+            context.subscribers, request.event_type, new.body, envelope=envelope
+        )
     if not await store.outbox.message_publish(conn, new, found):
         # A concurrent publish with this key committed first.
-        assert idempotency_key is not None  # only a key conflicts
-        existing = await store.outbox.message_get_by_key(conn, tenant, idempotency_key)
+        assert key is not None  # only a key conflicts
+        existing = await store.outbox.message_get_by_key(conn, tenant, key)
         assert existing is not None  # the conflicting row is committed
         return existing
     if digest is not None:
@@ -308,6 +288,29 @@ async def _publish(
 
 
 # -- the pure parts of a publish, shared with the synchronous one (relaybox.sync) ------
+
+
+@dataclass(frozen=True)
+class Publication:
+    """One publish as asked: :func:`publish`'s arguments (``box.publish_sync`` makes
+    one for :func:`relaybox.sync.publish.publish_sync`)."""
+
+    event_type: str
+    data: Any
+    tenant: str
+    idempotency_key: str | None = None
+    endpoint_ids: Sequence[str] | None = None
+    api_version: str | None = None
+    ordering_key: str | None = None
+    json_data: bool = False
+    subject: str | None = None
+
+    def check(self) -> bytes | None:
+        """The checks that need no database (:func:`check_request`, the subject's),
+        made before anything is looked up; the digest the message is indexed under
+        (:func:`subject_of`), or ``None``."""
+        check_request(self.event_type, self.tenant, self.idempotency_key, self.ordering_key)
+        return subject_of(self.subject)
 
 
 def check_request(
@@ -370,29 +373,19 @@ def check_ordering_key(ordering_key: str | None) -> None:
             raise InvalidMessage(problem, code="ordering_key")
 
 
-def new_message(
-    box: Runtime,
-    event_type: str,
-    data: Any,
-    *,
-    tenant: str,
-    idempotency_key: str | None,
-    api_version: str | None,
-    ordering_key: str | None = None,
-    sequence: int | None = None,
-) -> NewMessage:
+def new_message(box: Runtime, request: Publication, sequence: int | None) -> NewMessage:
     """The message row: its id, and the envelope as JSON text within ``max_payload``
     (with ``orderingKey`` and ``sequence`` for a keyed message)."""
     ob = outbound(box)
     now = box.clock.now()
     msg_id = new_id("msg", now)
-    envelope = envelope_of(box, msg_id, now, event_type, data, api_version, ordering_key, sequence)
+    envelope = envelope_of(box, msg_id, now, request, sequence)
     try:
         text = write_json(envelope, separators=(",", ":"), ensure_ascii=False)
         size = len(text.encode())
     except UnicodeEncodeError:
         # A lone surrogate ("\ud800" in JSON) is not Unicode text: no backend stores it.
-        problem = text_problem(data, "data") or "data: not valid Unicode"
+        problem = text_problem(request.data, "data") or "data: not valid Unicode"
         raise InvalidMessage(problem, code="data") from None
     except NotJsonNumber as exc:  # a float NaN or infinity: receivers could not parse it
         raise InvalidMessage(f"data: {exc}", code="data") from None
@@ -404,37 +397,30 @@ def new_message(
         )
     return NewMessage(
         msg_id,
-        tenant,
-        event_type,
-        idempotency_key,
+        request.tenant,
+        request.event_type,
+        request.idempotency_key,
         text,
         now,
-        ordering_key,
+        request.ordering_key,
         sequence,
         tracing.traceparent(),  # the publish's span (None untraced)
     )
 
 
 def envelope_of(
-    box: Runtime,
-    msg_id: str,
-    now: float,
-    event_type: str,
-    data: Any,
-    api_version: str | None,
-    ordering_key: str | None,
-    sequence: int | None,
+    box: Runtime, msg_id: str, now: float, request: Publication, sequence: int | None
 ) -> dict[str, Any]:
     """The envelope a receiver gets (:func:`new_message` writes it as JSON text)."""
     envelope = {
         "id": msg_id,
-        "type": event_type,
+        "type": request.event_type,
         "timestamp": envelope_time(now),
-        "data": data,
-        "apiVersion": api_version or outbound(box).settings.api_version,
+        "data": request.data,
+        "apiVersion": request.api_version or outbound(box).settings.api_version,
     }
-    if ordering_key is not None:
-        envelope["orderingKey"] = ordering_key
+    if request.ordering_key is not None:
+        envelope["orderingKey"] = request.ordering_key
         envelope["sequence"] = sequence
     return envelope
 

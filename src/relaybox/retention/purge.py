@@ -14,6 +14,11 @@ drops the **payload and headers** and keeps the rest:
   row of a business key (``relaybox_operations``: the key, its fingerprint, the
   event) goes with its event's payload; the digest keeps deciding.
 
+The subject index (``relaybox_subjects``, :mod:`relaybox.erasure`) goes with what it
+finds: each purge batch deletes the index rows of the rows it purged once nothing
+found through them holds anything an erasure empties (an error text keeps them), and
+so does the maintenance job after it drops inbox partitions.
+
 A purged event cannot be replayed; :func:`relaybox.inbound.replay.replay` reports it apart and
 the admin API answers 409 ``payload_purged`` naming the purge date.
 
@@ -320,8 +325,10 @@ async def maintain_partitions(
     nothing in it must stay (pending events, undiscarded dead letters, originals of open
     quarantine entries; deliveries pending, held or leased, messages with a delivery
     still live) and every row in it is past the age of its tenant or source (a
-    delivery's and a message's: ``outbox_payload_max_age`` of its tenant).
-    Nothing happens while the tables are not partitioned (and on SQLite)."""
+    delivery's and a message's: ``outbox_payload_max_age`` of its tenant); after a
+    drop, the subject index's rows of the dropped events go too
+    (:meth:`~relaybox.store.erasure.ErasureStore.forget_dropped`). Nothing happens
+    while the tables are not partitioned (and on SQLite)."""
     settings = box.settings.retention
     policies = await load_policies(box.store, settings)
 
@@ -334,12 +341,19 @@ async def maintain_partitions(
         return min(policies.ages("outbox" if table in _SENDING else "inbox"))
 
     period = "day" if settings.partitions == "off" else settings.partitions
-    return await box.store.partitions.maintain(
+    result = await box.store.partitions.maintain(
         period,
         ahead=settings.partitions_ahead,
         drop=(box.clock.now(), ages, shortest),
         before_drop=before_drop,
     )
+    if any(name.startswith("relaybox_inbox_p") for name in result.dropped):
+        # The subject index's rows of the dropped events (and their quarantine
+        # entries), but those a handler's row still needs.
+        forgotten = await box.store.erasure.forget_dropped(limit=settings.batch)
+        if forgotten:
+            log.info("subjects_forgotten", rows=forgotten)
+    return result
 
 
 async def backfill_keys(

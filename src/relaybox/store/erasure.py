@@ -8,6 +8,7 @@ own: one batch locks at most ``limit`` rows of each kind, briefly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -16,17 +17,71 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from relaybox.store import statements as st
 from relaybox.store.backend import Backend
 
-__all__ = ["ERASED_KINDS", "Erasure", "ErasureScope", "ErasureStore"]
+__all__ = [
+    "ERASED_KINDS",
+    "Erasure",
+    "ErasureScope",
+    "ErasureStore",
+    "forget_purged",
+    "forget_subjects",
+]
+
+MIN_ID = -(2**63)
+MAX_ID = 2**63 - 1
 
 ErasureScope = Literal["subject", "tenant"]
 """What an erasure names: a subject (its digest, through ``relaybox_subjects``) or a
 tenant (the events received for it, their quarantine entries and what their handlers
 added to the outbox; every message published to it and their deliveries)."""
 
-ERASED_KINDS = ("inbox", "quarantine", "outbox", "attempts", "messages", "inbox_attempts")
+ERASED_KINDS = (
+    "inbox",
+    "quarantine",
+    "outbox",
+    "attempts",
+    "messages",
+    "inbox_attempts",
+    "projections",
+)
 """The kinds of rows an erasure empties, as its counts name them: inbox events,
 quarantine entries, outbox deliveries, delivery attempts (the receiver's answer and
-the attempt's error text), messages, handler attempts (their error text)."""
+the attempt's error text), messages, handler attempts (their error text), versioned
+projections (the state an event of the subject wrote: ``ctx.project``)."""
+
+
+async def forget_subjects(
+    db: Backend,
+    conn: AsyncConnection,
+    *,
+    inbox: Sequence[int] = (),
+    quarantine: Sequence[int] = (),
+    outbox: Sequence[int] = (),
+    messages: Sequence[str] = (),
+) -> int:
+    """Delete the subject index's rows (``relaybox_subjects``) that point at the rows
+    just purged, erased or dropped (inbox, quarantine, outbox ids; message ids), in
+    ``conn``'s transaction, once nothing found through them holds what an erasure
+    empties (``subjects_forget_*``: payloads, headers, error texts, answers; an
+    inbox row's quarantine entries and handler rows, a message's deliveries); how
+    many. An index row that still finds some stays until the purge or the erasure of
+    what holds it asks again: the index lives as long as the data it finds."""
+    inbox_ids = [int(i) for i in inbox]
+    message_ids = list(messages)
+    if quarantine:
+        rows = await db.rows(conn, "subjects_refs_quarantine", (db.array(list(quarantine)),))
+        inbox_ids += [int(r[0]) for r in rows]
+    if outbox:
+        rows = await db.rows(conn, "subjects_refs_outbox", (db.array(list(outbox)),))
+        inbox_ids += [int(r[0]) for r in rows if r[0] is not None]
+        message_ids += [str(r[1]) for r in rows if r[1] is not None]
+    forgotten = 0
+    if inbox_ids:
+        ids = db.array(sorted(set(inbox_ids)))
+        forgotten += len(await db.rows(conn, "subjects_forget_inbox", (ids,)))
+    if message_ids:
+        ids = db.array(sorted(set(message_ids)))
+        forgotten += len(await db.rows(conn, "subjects_forget_messages", (ids,)))
+    return forgotten
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +146,23 @@ class Erasure:
         }
 
 
+async def forget_purged(
+    db: Backend, conn: AsyncConnection, table: str, ids: Sequence[int | str]
+) -> int:
+    """:func:`forget_subjects` for the rows of ``table`` (a purge's: ``inbox``,
+    ``quarantine``, ``outbox``, ``messages``) that a purge batch just emptied."""
+    if table == "messages":
+        return await forget_subjects(db, conn, messages=[str(i) for i in ids])
+    numbers = [int(i) for i in ids]
+    if table == "inbox":
+        return await forget_subjects(db, conn, inbox=numbers)
+    if table == "quarantine":
+        return await forget_subjects(db, conn, quarantine=numbers)
+    if table == "outbox":
+        return await forget_subjects(db, conn, outbox=numbers)
+    raise ValueError(f"no subject index for {table} rows")
+
+
 class ErasureStore:
     """Erasure batches and records."""
 
@@ -118,7 +190,7 @@ class ErasureStore:
         row whose handler added it). Its text may quote the subject's data (an
         error): erasing the subject empties it too."""
         if inbox_id is not None:
-            await self.db.rows(conn, "subject_inherit_inbox", (message_id, str(inbox_id)))
+            await self.db.rows(conn, "subject_inherit_inbox", (message_id, inbox_id))
         if outbox_id is not None:
             await self.db.rows(conn, "subject_inherit_outbox", (message_id, outbox_id))
 
@@ -168,6 +240,15 @@ class ErasureStore:
                 ids = self.db.array([int(r[0]) for r in outbox])
                 attempts = await self.db.rows(conn, "erase_attempts", (ids,))
             messages = await self.db.rows(conn, f"erase_messages_{scope}", (key, now, limit))
+            if scope == "subject":  # the states its events wrote, by the subject itself
+                projections = await self.db.rows(
+                    conn, "erase_projections_subject", (key, now, limit)
+                )
+            elif inbox:  # what the tenant's erased events wrote (projections have no tenant)
+                ids = self.db.array([int(r[0]) for r in inbox])
+                projections = await self.db.rows(conn, "erase_projections_ids", (ids, now))
+            else:
+                projections = []
             counts = {
                 "inbox": len(inbox),
                 "quarantine": len(quarantine),
@@ -175,6 +256,7 @@ class ErasureStore:
                 "attempts": len(attempts),
                 "messages": len(messages),
                 "inbox_attempts": len(handled),
+                "projections": len(projections),
             }
             if any(counts.values()):
                 await self.db.rows(
@@ -182,7 +264,42 @@ class ErasureStore:
                     "erasure_add",
                     (erasure.id, *(counts[kind] for kind in ERASED_KINDS), now),
                 )
+                # The index rows of what this batch emptied, once they find nothing more.
+                await forget_subjects(
+                    self.db,
+                    conn,
+                    inbox=[int(r[0]) for r in inbox],
+                    quarantine=[int(r[0]) for r in quarantine],
+                    outbox=[int(r[0]) for r in outbox],
+                    messages=[str(r[0]) for r in messages],
+                )
         return counts
+
+    async def forget_dropped(self, *, limit: int) -> int:
+        """After time partitions of the inbox were dropped: :func:`forget_subjects` for
+        the index's inbox references below the lowest id the inbox still holds, in id
+        order, ``limit`` a transaction; how many index rows went. Those that still find
+        a handler's row holding data stay (its purge asks again); they are read again
+        at the next drop."""
+        async with self.db.transaction() as conn:
+            row = await self.db.first(conn, "subjects_inbox_low", ())
+        # An empty inbox: every reference is below (a row accepted meanwhile commits
+        # with its index row, and holds its payload: never forgotten).
+        low = MAX_ID if row is None or row[0] is None else int(row[0])
+        after, total = MIN_ID, 0
+        while True:
+            async with self.db.transaction() as conn:
+                refs = [
+                    int(r[0])
+                    for r in await self.db.rows(
+                        conn, "subjects_inbox_refs_below", (after, low, limit)
+                    )
+                ]
+                if refs:
+                    total += await forget_subjects(self.db, conn, inbox=refs)
+            if len(refs) < limit:
+                return total
+            after = refs[-1]
 
     async def flush(self) -> None:
         """After a run: move what the erasure changed out of the backend's logs where

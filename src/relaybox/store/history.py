@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from relaybox.store import statements as st
 from relaybox.store.backend import Backend
+from relaybox.store.erasure import forget_purged
 
 __all__ = [
     "HistoryStore",
@@ -331,7 +332,8 @@ class HistoryStore:
     ) -> int:
         """Purge up to ``limit`` rows of ``table`` finished before ``cutoff``, in a
         transaction of their own; returns how many. A delivery's attempts lose their
-        stored responses with it."""
+        stored responses with it, and the subject index the rows it finds no more
+        (:func:`~relaybox.store.erasure.forget_subjects`)."""
         params = (cutoff, now, limit)
         async with self.db.connect() as conn:
             if table == "inbox":
@@ -348,6 +350,8 @@ class HistoryStore:
                     await self.db.rows(conn, "ops_purge_outbox_responses", (ids,))
             else:
                 rows = await self.db.rows(conn, "ops_purge_messages", params)
+            if rows:
+                await forget_purged(self.db, conn, table, [r[0] for r in rows])
         return len(rows)
 
     # -- metrics ------------------------------------------------------------------------

@@ -12,6 +12,10 @@
   a collision of two names, at 2^-64 a pair, would make one's expiry take the other's
   keys, nothing worse).
 
+Every 16-byte digest travels as ``bytes`` on both backends; PostgreSQL stores it as a
+``uuid`` (no length header: migrations 0031 and 0035), its statements converting it
+(``encode($1::bytea, 'hex')::uuid`` in, ``uuid_send(digest)`` out), SQLite as a blob.
+
 Business keys (``ctx.once()``) have their own narrow table since migration 0031,
 ``relaybox_business_keys``: the key's digest (its PRIMARY KEY decides), an 8-byte
 digest of the operation's fingerprint as a signed integer (what tells a repeat from

@@ -587,16 +587,21 @@ class PostgresInbox(InboxStore):
                 found = await conn.fetch(self.db.q["event_keys_get"], list(digests))
                 stored.update({digests[bytes(r[0])]: (r[1], bytes(r[2])) for r in found})
             outcomes = self._classify(batch, inserted, stored)
-            quarantine = [
-                d.quarantine_row(o.inbox_id)
+            quarantined = [
+                (d, o.inbox_id)
                 for d, o in zip(batch, outcomes, strict=True)
                 if o.status == "quarantined"
             ]
-            if quarantine:
+            if quarantined:
                 async with conn.transaction():
-                    for row in quarantine:
+                    for d, inbox_id in quarantined:
+                        row = d.quarantine_row(inbox_id)
                         await conn.execute(self.db.q["quarantine_lock"], *row[1:4])
                         await conn.execute(self.db.q["quarantine_insert"], *row)
+                        if d.subject is not None:  # found by an erasure, whatever its age
+                            await conn.execute(
+                                self.db.q["subject_index"], d.subject, "inbox", str(inbox_id)
+                            )
             return outcomes
 
     async def _accept_rows(
@@ -804,6 +809,10 @@ class PostgresInbox(InboxStore):
                 row = d.quarantine_row(o.inbox_id)
                 await conn.exec_driver_sql(self.db.q["quarantine_lock"], row[1:4])
                 await conn.exec_driver_sql(self.db.q["quarantine_insert"], row)
+                if d.subject is not None:  # found by an erasure, whatever its age
+                    await conn.exec_driver_sql(
+                        self.db.q["subject_index"], (d.subject, "inbox", str(o.inbox_id))
+                    )
         if any(o.status == "accepted" for o in outcomes):
             await self.db.notify(conn, "inbox")
         return outcomes

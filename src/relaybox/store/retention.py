@@ -14,6 +14,10 @@ is one of two shapes, both in batches of their own transactions:
   caller filters (rows whose tenant or source keeps them longer) before purging the
   others by id. The cursor moves past rows left alone, so a pass reads each once.
 
+Each purge batch also deletes, in its transaction, the subject index's rows of the rows
+it purged that find nothing an erasure empties any more
+(:func:`~relaybox.store.erasure.forget_purged`).
+
 On PostgreSQL these statements are planned for their values (``retention_custom_plans``):
 which index reads fewer rows depends on the cutoff, the cursor, the tenants and the
 source, which a generic plan does not see.
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relaybox.store.backend import Backend
+from relaybox.store.erasure import forget_purged
 from relaybox.store.history import PurgeTable
 
 __all__ = ["PurgeCandidate", "RetentionPolicyRow", "RetentionStore"]
@@ -141,6 +146,8 @@ class RetentionStore:
             if rows and table == "outbox":
                 ids = self.db.array([r[0] for r in rows])
                 await self.db.rows(conn, "ops_purge_outbox_responses", (ids,))
+            if rows:
+                await forget_purged(self.db, conn, table, [r[0] for r in rows])
         return len(rows)
 
     async def scan(
@@ -191,6 +198,8 @@ class RetentionStore:
             if rows and table == "outbox":
                 done = self.db.array([r[0] for r in rows])
                 await self.db.rows(conn, "ops_purge_outbox_responses", (done,))
+            if rows:
+                await forget_purged(self.db, conn, table, [r[0] for r in rows])
         return len(rows)
 
     async def count_groups(

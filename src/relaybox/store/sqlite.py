@@ -375,6 +375,8 @@ class SQLiteInbox(InboxStore):
                 outcomes.append(AcceptOutcome("duplicate", inbox_id))
                 continue
             db.execute(q["quarantine_insert"], d.quarantine_row(inbox_id))
+            if d.subject is not None:  # found by an erasure, whatever its age
+                db.execute(q["subject_index"], (d.subject, "inbox", str(inbox_id)))
             outcomes.append(AcceptOutcome("quarantined", inbox_id))
         return outcomes
 

@@ -250,7 +250,7 @@ class SyncErasure:
         """:meth:`ErasureStore.subject_inherit
         <relaybox.store.erasure.ErasureStore.subject_inherit>` of an inbox row, in a
         synchronous transaction."""
-        self.db.rows(conn, "subject_inherit_inbox", (message_id, str(inbox_id)))
+        self.db.rows(conn, "subject_inherit_inbox", (message_id, inbox_id))
 
 
 class PostgresSyncStore(SyncStore):

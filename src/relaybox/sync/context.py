@@ -24,7 +24,6 @@ from sqlalchemy.orm import Session
 
 from relaybox.inbound import projections
 from relaybox.inbound.worker.context import Handling, _add_row
-from relaybox.store.inbox_rows import NewOperation
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
@@ -79,12 +78,7 @@ class SyncContext(Handling):
         commits with the handler's business keys and the event's completion, or rolls
         back with them. relaybox flushes it when the handler returns; the handler does
         not commit it."""
-        if self._session is None:
-            # SQLAlchemy's default joining: the session works inside the handler's
-            # transaction and never commits it.
-            self._session = Session(bind=self.conn)
-        session: Session = self._session
-        return session
+        return self._bound_session(Session)
 
     @property
     def driver(self) -> Any:
@@ -115,15 +109,7 @@ class SyncContext(Handling):
             return True
         business_key, fingerprint = asked
         created, stored = self.box.store.sync.inbox.operation_insert(
-            self.conn,
-            NewOperation(
-                business_key=business_key,
-                fingerprint=fingerprint,
-                inbox_id=self.event.id,
-                source=self.event.source,
-                tenant=self.event.tenant,
-                now=self.box.clock.now(),
-            ),
+            self.conn, self._operation(business_key, fingerprint)
         )
         return self._once_answer(business_key, fingerprint, created, stored)
 

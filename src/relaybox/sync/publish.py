@@ -12,8 +12,7 @@ transaction: the change and its webhooks commit together, or neither exists.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
@@ -22,12 +21,11 @@ from relaybox import tracing
 from relaybox.errors import ConfigurationError
 from relaybox.outbound.catalog import check_schema
 from relaybox.outbound.publish import (
-    check_request,
+    Publication,
     new_message,
     publish_attributes,
     published,
     subject_at,
-    subject_of,
     targets,
 )
 from relaybox.store.outbox_rows import Message
@@ -52,88 +50,45 @@ def connection_of(conn_or_session: Connection | Session) -> Connection:
 
 
 def publish_sync(
-    box: Runtime,
-    conn_or_session: Connection | Session,
-    event_type: str,
-    data: Any,
-    *,
-    tenant: str,
-    idempotency_key: str | None = None,
-    endpoint_ids: Sequence[str] | None = None,
-    api_version: str | None = None,
-    ordering_key: str | None = None,
-    subject: str | None = None,
+    box: Runtime, conn_or_session: Connection | Session, request: Publication
 ) -> Message:
-    """Publish ``data`` as ``event_type`` to ``tenant``'s subscribed, enabled endpoints
-    in the transaction of ``conn_or_session``; nothing is committed here. Raises
-    :class:`~relaybox.outbound.InvalidMessage` as ``publish`` does; with an
-    ``idempotency_key`` already used by the tenant, returns that message.
-    ``ordering_key`` as in ``publish``: the key's next sequence number, taken in this
-    transaction (a concurrent publish with the same key waits for it to end). Traced
-    as ``relaybox.publish``, like ``publish``."""
+    """Publish ``request`` (its data as its event type) to the tenant's subscribed,
+    enabled endpoints in the transaction of ``conn_or_session``; nothing is committed
+    here. Raises :class:`~relaybox.outbound.InvalidMessage` as ``publish`` does; with
+    an idempotency key already used by the tenant, returns that message. An ordering
+    key as in ``publish``: the key's next sequence number, taken in this transaction
+    (a concurrent publish with the same key waits for it to end). Traced as
+    ``relaybox.publish``, like ``publish``."""
     with tracing.span("relaybox.publish", kind="producer") as span:
-        message = _publish_sync(
-            box,
-            conn_or_session,
-            event_type,
-            data,
-            tenant=tenant,
-            idempotency_key=idempotency_key,
-            endpoint_ids=endpoint_ids,
-            api_version=api_version,
-            ordering_key=ordering_key,
-            subject=subject,
-        )
+        message = _publish_sync(box, connection_of(conn_or_session), request)
         if span.is_recording():
             span.set_attributes(publish_attributes(message))
         return message
 
 
-def _publish_sync(
-    box: Runtime,
-    conn_or_session: Connection | Session,
-    event_type: str,
-    data: Any,
-    *,
-    tenant: str,
-    idempotency_key: str | None,
-    endpoint_ids: Sequence[str] | None,
-    api_version: str | None,
-    ordering_key: str | None,
-    subject: str | None,
-) -> Message:
-    conn = connection_of(conn_or_session)
+def _publish_sync(box: Runtime, conn: Connection, request: Publication) -> Message:
     store = box.store.sync
-    check_request(event_type, tenant, idempotency_key, ordering_key)
-    digest = subject_of(subject)
-    if idempotency_key is not None:
-        existing = store.outbox.message_get_by_key(conn, tenant, idempotency_key)
+    digest = request.check()
+    tenant, key, ordering_key = request.tenant, request.idempotency_key, request.ordering_key
+    if key is not None:
+        existing = store.outbox.message_get_by_key(conn, tenant, key)
         if existing is not None:
             return existing
-    context = store.outbox.publish_context(conn, tenant, event_type)
-    check_schema(context.schema, event_type, data)
+    context = store.outbox.publish_context(conn, tenant, request.event_type)
+    check_schema(context.schema, request.event_type, request.data)
     sequence = None
     if ordering_key is not None:  # last before the insert, as publish() takes it
         sequence = store.outbox.message_sequence_next(conn, tenant, ordering_key)
-    new = new_message(
-        box,
-        event_type,
-        data,
-        tenant=tenant,
-        idempotency_key=idempotency_key,
-        api_version=api_version,
-        ordering_key=ordering_key,
-        sequence=sequence,
-    )
+    new = new_message(box, request, sequence)
     if not store.outbox.message_insert(conn, new):
         # A concurrent publish with this key committed first.
-        assert idempotency_key is not None  # only a key conflicts
-        existing = store.outbox.message_get_by_key(conn, tenant, idempotency_key)
+        assert key is not None  # only a key conflicts
+        existing = store.outbox.message_get_by_key(conn, tenant, key)
         assert existing is not None  # the conflicting row is committed
         return existing
     if digest is None and context.subject is not None:
         digest = subject_at(context.subject, json.loads(new.body))
-    found = targets(new, context.subscribers, endpoint_ids)
+    found = targets(new, context.subscribers, request.endpoint_ids)
     if found:
         store.outbox.delivery_insert(
             conn,

@@ -74,13 +74,27 @@ async def event(request: Request) -> Response:
     return await render(request, "event.html", active="inbox", e=detail)
 
 
-@action
-async def event_replay(request: Request, form: dict[str, str]) -> Notice:
-    r = m.ReplayRequest(reason=form.get("reason") or "replayed from the dashboard")
-    result = await ops.replay_event(
-        box_of(request), path_id(request), actor=actor_of(request), reason=r.reason
-    )
-    return "replayed", len(result.replayed)
+def _replay_one(
+    name: str, replay: Callable[..., Awaitable[m.ReplayResult]], unsaid: str, notice: str
+) -> Callable[[Request], Awaitable[Response]]:
+    """The form ``name`` that replays the event of the page through ``replay`` (the
+    use case), with the reason given or ``unsaid``; its notice is ``notice`` and the
+    count."""
+
+    async def replaying(request: Request, form: dict[str, str]) -> Notice:
+        r = m.ReplayRequest(reason=form.get("reason") or unsaid)
+        result = await replay(
+            box_of(request), path_id(request), actor=actor_of(request), reason=r.reason
+        )
+        return notice, len(result.replayed)
+
+    replaying.__name__ = name
+    return action(replaying)
+
+
+event_replay = _replay_one(
+    "event_replay", ops.replay_event, "replayed from the dashboard", "replayed"
+)
 
 
 # -- dead letters ---------------------------------------------------------------
@@ -89,13 +103,7 @@ async def event_replay(request: Request, form: dict[str, str]) -> Notice:
 dead = _event_list("dead", m.DeadFilter, ops.dead_list)
 
 
-@action
-async def dead_retry(request: Request, form: dict[str, str]) -> Notice:
-    r = m.ReplayRequest(reason=form.get("reason") or "retried from the dashboard")
-    result = await ops.dead_retry(
-        box_of(request), path_id(request), actor=actor_of(request), reason=r.reason
-    )
-    return "retried", len(result.replayed)
+dead_retry = _replay_one("dead_retry", ops.dead_retry, "retried from the dashboard", "retried")
 
 
 @action

@@ -5,6 +5,7 @@ runs a handler the same way, in the accept's transaction (:meth:`BatchRunner.pro
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING
 
 import structlog
@@ -26,31 +27,21 @@ log = structlog.get_logger("relaybox.worker")
 __all__ = ["BatchRunner"]
 
 
+@dataclass(eq=False)
 class BatchRunner:
     """Runs a claim's events in transactions of several (SQLite). It holds what it
     calls: the ``handlers``' runner, the ``threaded`` runner for plain defs, the
     outcome ``recorder``; ``worker`` is the worker's name, in log lines."""
 
-    def __init__(
-        self,
-        store: Store,
-        clock: Clock,
-        hooks: Hooks,
-        *,
-        lookup: HandlerLookup,
-        handlers: HandlerRunner,
-        threaded: ThreadedRunner,
-        recorder: OutcomeRecorder,
-        worker: str,
-    ) -> None:
-        self.store = store
-        self.clock = clock
-        self.hooks = hooks
-        self.lookup = lookup
-        self.handlers = handlers
-        self.threaded = threaded
-        self.recorder = recorder
-        self.worker = worker
+    store: Store
+    clock: Clock
+    hooks: Hooks
+    _: KW_ONLY
+    lookup: HandlerLookup
+    handlers: HandlerRunner
+    threaded: ThreadedRunner
+    recorder: OutcomeRecorder
+    worker: str
 
     async def start_and_process(self, ids: list[int], events: dict[int, InboxEvent]) -> None:
         """Count the attempts of ``ids`` (of the claimed ``events``) and run them."""

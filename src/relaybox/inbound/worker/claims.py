@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING
 
 import structlog
@@ -28,32 +29,22 @@ log = structlog.get_logger("relaybox.worker")
 __all__ = ["Claimer"]
 
 
+@dataclass(eq=False)
 class Claimer:
     """Claims rows for one worker (``worker``: its name): up to ``batch`` rows at a
     time, held ``hold`` seconds and renewed while they run; ``max_attempts`` is the
     budget past which a row whose worker died goes to dead letters. ``announce``
     publishes ``relaybox.inbox.dead`` (the receiving side's announcer)."""
 
-    def __init__(
-        self,
-        store: Store,
-        clock: Clock,
-        metrics: Metrics,
-        announce: Announce,
-        *,
-        worker: str,
-        batch: int,
-        hold: float,
-        max_attempts: int,
-    ) -> None:
-        self.store = store
-        self.clock = clock
-        self.metrics = metrics
-        self.announce = announce
-        self.worker = worker
-        self.batch = batch
-        self.hold = hold
-        self.max_attempts = max_attempts
+    store: Store
+    clock: Clock
+    metrics: Metrics
+    announce: Announce
+    _: KW_ONLY
+    worker: str
+    batch: int
+    hold: float
+    max_attempts: int
 
     async def claim(self, now: float, *, start: int) -> Claim:
         """Claim due rows, the first ``start`` of them started by the claim itself

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -49,6 +49,8 @@ def process_attributes(event: InboxEvent) -> dict[str, str | int]:
 
 
 log = structlog.get_logger("relaybox.worker")
+
+S = TypeVar("S")
 
 Handler = Callable[["Context"], Awaitable[None]]
 SyncHandler = Callable[["SyncContext"], None]
@@ -208,6 +210,26 @@ class Handling:
             fingerprint = ""
         return business_key, fingerprint
 
+    def _operation(self, business_key: str, fingerprint: str) -> NewOperation:
+        """The row ``once()`` inserts for ``business_key`` (both kinds)."""
+        return NewOperation(
+            business_key=business_key,
+            fingerprint=fingerprint,
+            inbox_id=self.event.id,
+            source=self.event.source,
+            tenant=self.event.tenant,
+            now=self.box.clock.now(),
+        )
+
+    def _bound_session(self, kind: Callable[..., S]) -> S:
+        """The ORM session of ``kind`` on :attr:`conn`, made on first use (both kinds)."""
+        if self._session is None:
+            # SQLAlchemy's default joining: the session works inside the handler's
+            # transaction (or its savepoint) and never commits it.
+            self._session = kind(bind=self.conn)
+        session: S = self._session
+        return session
+
     def _once_answer(self, business_key: str, fingerprint: str, created: bool, stored: str) -> bool:
         """``once()``'s answer once the key's insert said ``created`` (and the stored
         fingerprint): :class:`OperationConflict` for another fingerprint."""
@@ -233,12 +255,7 @@ class Context(Handling):
         writes commits with the handler's business keys and the event's completion,
         or rolls back with them. relaybox flushes it when the handler returns; the
         handler does not commit it."""
-        if self._session is None:
-            # SQLAlchemy's default joining: the session works inside the handler's
-            # transaction (or its savepoint) and never commits it.
-            self._session = AsyncSession(bind=self.conn)
-        session: AsyncSession = self._session
-        return session
+        return self._bound_session(AsyncSession)
 
     @property
     def driver(self) -> Any:
@@ -283,15 +300,7 @@ class Context(Handling):
         business_key, fingerprint = asked
         with tracing.span("relaybox.once") as span:
             created, stored = await self.box.store.inbox.operation_insert(
-                self.conn,
-                NewOperation(
-                    business_key=business_key,
-                    fingerprint=fingerprint,
-                    inbox_id=self.event.id,
-                    source=self.event.source,
-                    tenant=self.event.tenant,
-                    now=self.box.clock.now(),
-                ),
+                self.conn, self._operation(business_key, fingerprint)
             )
             first = self._once_answer(business_key, fingerprint, created, stored)
             span.set_attribute("relaybox.once.first", first)

@@ -6,7 +6,7 @@ commits (:meth:`OutcomeRecorder.report`)."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -133,6 +133,7 @@ def _contended(exc: BaseException) -> bool:
     return _sqlstate_in(exc, _CONTENDED)
 
 
+@dataclass(eq=False)
 class OutcomeRecorder:
     """Records what became of one worker's attempts (``worker``: its name, in the
     attempts history): the writes in the attempt's transaction (:meth:`record` on an
@@ -140,29 +141,18 @@ class OutcomeRecorder:
     :meth:`plan`), and the log line and metric once it commits (:meth:`report`). The
     worker's runners hold it and call it; it calls none of them."""
 
-    def __init__(
-        self,
-        store: Store,
-        clock: Clock,
-        metrics: Metrics,
-        announce: Announce,
-        announce_sync: AnnounceSync,
-        backoff: Backoff,
-        rng: random.Random,
-        worker: str,
-    ) -> None:
-        self.store = store
-        self.clock = clock
-        self.metrics = metrics
-        self.announce = announce
-        """Publishes ``relaybox.inbox.dead`` with the dead letter (the receiving
-        side's announcer, ``box.inbound.announce``)."""
-        self.announce_sync = announce_sync
-        """The same in a synchronous transaction (plain-def handlers)."""
-        self.backoff = backoff
-        self.rng = rng
-        self.worker = worker
-        self._counters: dict[tuple[str, str], Any] = {}
+    store: Store
+    clock: Clock
+    metrics: Metrics
+    announce: Announce
+    """Publishes ``relaybox.inbox.dead`` with the dead letter (the receiving side's
+    announcer, ``box.inbound.announce``)."""
+    announce_sync: AnnounceSync
+    """The same in a synchronous transaction (plain-def handlers)."""
+    backoff: Backoff
+    rng: random.Random
+    worker: str
+    _counters: dict[tuple[str, str], Any] = field(default_factory=dict, init=False, repr=False)
 
     def _count(self, source: str, label: str) -> None:
         counter = self._counters.get((source, label))

@@ -8,6 +8,7 @@ per event) (:meth:`ChainRunner.run_group`), and a chain's plain-def event
 from __future__ import annotations
 
 import asyncio
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -45,6 +46,7 @@ _CAREFUL_GROUPS = 16
 """Groups run with a savepoint per event after a handler failed in a group without."""
 
 
+@dataclass(eq=False)
 class ChainRunner:
     """Runs the events a chain takes from ``queue`` on the chain's connection. It
     holds what it calls: ``marks`` (counting attempts), the ``handlers``' runner, the
@@ -54,39 +56,23 @@ class ChainRunner:
     log lines. A chain's caller starts chains again once it returns: nothing here
     calls back."""
 
-    def __init__(
-        self,
-        store: Store,
-        clock: Clock,
-        hooks: Hooks,
-        *,
-        queue: ReadyQueue,
-        marks: StartMarks,
-        lookup: HandlerLookup,
-        handlers: HandlerRunner,
-        threaded: ThreadedRunner,
-        recorder: OutcomeRecorder,
-        group: int,
-        grouped: bool,
-        savepoints: bool,
-        worker: str,
-    ) -> None:
-        self.store = store
-        self.clock = clock
-        self.hooks = hooks
-        self.queue = queue
-        self.marks = marks
-        self.lookup = lookup
-        self.handlers = handlers
-        self.threaded = threaded
-        self.recorder = recorder
-        self.group = group
-        self.grouped = grouped
-        self.savepoints = savepoints
-        self.worker = worker
-        # A group runs its handlers without savepoints until one fails (run_group);
-        # then the next _CAREFUL_GROUPS groups take a savepoint per event.
-        self._careful = 0
+    store: Store
+    clock: Clock
+    hooks: Hooks
+    _: KW_ONLY
+    queue: ReadyQueue
+    marks: StartMarks
+    lookup: HandlerLookup
+    handlers: HandlerRunner
+    threaded: ThreadedRunner
+    recorder: OutcomeRecorder
+    group: int
+    grouped: bool
+    savepoints: bool
+    worker: str
+    # A group runs its handlers without savepoints until one fails (run_group);
+    # then the next _CAREFUL_GROUPS groups take a savepoint per event.
+    _careful: int = field(default=0, init=False, repr=False)
 
     def in_group(self, job: _Job) -> bool:
         """Whether ``job`` runs in a group (PostgreSQL), whose start counts the

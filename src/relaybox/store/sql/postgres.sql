@@ -12,15 +12,18 @@ WITH u AS MATERIALIZED (
                          $11::double precision[], $13::text[], $14::bytea[], $15::bytea[],
                          $16::bigint[]) WITH ORDINALITY
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-              version, status, received_at, traceparent, digest, kfp, scope, n)
+              version, status, received_at, traceparent, raw, kfp, scope, n)
 ), d AS MATERIALIZED (
-    SELECT DISTINCT ON (u.digest) u.* FROM u ORDER BY u.digest, u.n
+    SELECT DISTINCT ON (u.raw) u.*, encode(u.raw, 'hex')::uuid AS digest FROM u
+    ORDER BY u.raw, u.n
 ), f AS MATERIALIZED (
     -- ids in batch order (nextval runs after the sort): as the batch came, by key
     SELECT d.*, relaybox_inbox_id() AS id FROM d ORDER BY d.n
 ), k AS (
     INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
-    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest, f.kfp FROM f
+    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest,
+           encode(f.kfp, 'hex')::uuid
+    FROM f
     ON CONFLICT DO NOTHING
     RETURNING digest
 ), ins AS (
@@ -35,12 +38,13 @@ WITH u AS MATERIALIZED (
 SELECT f.id, f.source, f.account, f.event_id FROM f JOIN k USING (digest)
 
 -- name: event_keys_get
--- The stored keys among digests $1: one probe of the primary key per digest.
+-- The stored keys among digests $1 (bytea, as given): one probe of the primary key per
+-- digest; the fingerprint digests as bytea.
 SELECT d.digest, e.inbox_id, e.fingerprint
 FROM unnest($1::bytea[]) AS d(digest)
 CROSS JOIN LATERAL (
-    SELECT x.inbox_id, x.fingerprint FROM relaybox_event_keys x
-    WHERE x.digest = d.digest
+    SELECT x.inbox_id, uuid_send(x.fingerprint) AS fingerprint FROM relaybox_event_keys x
+    WHERE x.digest = encode(d.digest, 'hex')::uuid
     LIMIT 1
 ) e
 
@@ -64,7 +68,9 @@ CROSS JOIN LATERAL (
 -- is left alone. Returns how many were new.
 WITH k AS (
     INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
-    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::bytea[], $5::bytea[])
+    SELECT i, s, day, encode(d, 'hex')::uuid, encode(fp, 'hex')::uuid
+    FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::bytea[], $5::bytea[])
+         AS k(i, s, day, d, fp)
     ON CONFLICT DO NOTHING
     RETURNING 1
 )
@@ -278,22 +284,26 @@ SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL
 -- A row with a hold ($12, NewDelivery.held_until) goes to this process's worker from
 -- here: it goes in with its first attempt counted and started at $13, held back from
 -- every claimer until then, as a claim that started it would leave it.
--- $15: key digests, $16: fingerprint digests, $17: scopes (relaybox.store.keys).
+-- $15: key digests, $16: fingerprint digests, $17: scopes (relaybox.store.keys); the
+-- digests come as bytea and are stored as uuid (migration 0035): f.digest is the key's.
 WITH u AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
                          $11::double precision[], $12::double precision[], $14::text[],
                          $15::bytea[], $16::bytea[], $17::bigint[]) WITH ORDINALITY
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-              version, status, received_at, held_until, traceparent, digest, kfp, scope, n)
+              version, status, received_at, held_until, traceparent, raw, kfp, scope, n)
 ), d AS MATERIALIZED (
-    SELECT DISTINCT ON (u.digest) u.* FROM u ORDER BY u.digest, u.n
+    SELECT DISTINCT ON (u.raw) u.*, encode(u.raw, 'hex')::uuid AS digest FROM u
+    ORDER BY u.raw, u.n
 ), f AS MATERIALIZED (
     -- ids in batch order (nextval runs after the sort): as the batch came, by key
     SELECT d.*, relaybox_inbox_id() AS id FROM d ORDER BY d.n
 ), k AS (
     INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
-    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest, f.kfp FROM f
+    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest,
+           encode(f.kfp, 'hex')::uuid
+    FROM f
     ON CONFLICT DO NOTHING
     RETURNING digest
 ), ins AS (
@@ -317,7 +327,7 @@ UNION ALL
 SELECT e.inbox_id, f.source, f.account, f.event_id, e.fingerprint, false
 FROM f
 CROSS JOIN LATERAL (
-    SELECT x.inbox_id, x.fingerprint FROM relaybox_event_keys x
+    SELECT x.inbox_id, uuid_send(x.fingerprint) AS fingerprint FROM relaybox_event_keys x
     WHERE x.digest = f.digest
     LIMIT 1
 ) e
@@ -335,16 +345,19 @@ WITH u AS MATERIALIZED (
                          $15::bytea[], $16::bytea[], $17::bigint[], $18::bytea[])
                   WITH ORDINALITY
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-              version, status, received_at, held_until, traceparent, digest, kfp, scope,
+              version, status, received_at, held_until, traceparent, raw, kfp, scope,
               subject, n)
 ), d AS MATERIALIZED (
-    SELECT DISTINCT ON (u.digest) u.* FROM u ORDER BY u.digest, u.n
+    SELECT DISTINCT ON (u.raw) u.*, encode(u.raw, 'hex')::uuid AS digest FROM u
+    ORDER BY u.raw, u.n
 ), f AS MATERIALIZED (
     -- ids in batch order (nextval runs after the sort): as the batch came, by key
     SELECT d.*, relaybox_inbox_id() AS id FROM d ORDER BY d.n
 ), k AS (
     INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
-    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest, f.kfp FROM f
+    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest,
+           encode(f.kfp, 'hex')::uuid
+    FROM f
     ON CONFLICT DO NOTHING
     RETURNING digest
 ), ins AS (
@@ -371,7 +384,7 @@ UNION ALL
 SELECT e.inbox_id, f.source, f.account, f.event_id, e.fingerprint, false
 FROM f
 CROSS JOIN LATERAL (
-    SELECT x.inbox_id, x.fingerprint FROM relaybox_event_keys x
+    SELECT x.inbox_id, uuid_send(x.fingerprint) AS fingerprint FROM relaybox_event_keys x
     WHERE x.digest = f.digest
     LIMIT 1
 ) e

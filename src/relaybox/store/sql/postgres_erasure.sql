@@ -231,7 +231,8 @@ RETURNING id
 UPDATE relaybox_erasures
 SET inbox = inbox + $2, quarantine = quarantine + $3, outbox = outbox + $4,
     attempts = attempts + $5, messages = messages + $6,
-    inbox_attempts = inbox_attempts + $7, updated_at = $8
+    inbox_attempts = inbox_attempts + $7, projections = projections + $8,
+    updated_at = $9
 WHERE id = $1
 
 -- name: erasure_settle
@@ -243,12 +244,14 @@ WHERE id = $1
 
 -- name: erasure_get
 SELECT id, actor, reason, scope, digest, tenant, created_at, updated_at, finished_at,
-       waiting, inbox, quarantine, outbox, attempts, messages, inbox_attempts
+       waiting, inbox, quarantine, outbox, attempts, messages, inbox_attempts,
+       projections
 FROM relaybox_erasures WHERE id = $1
 
 -- name: erasure_list
 SELECT id, actor, reason, scope, digest, tenant, created_at, updated_at, finished_at,
-       waiting, inbox, quarantine, outbox, attempts, messages, inbox_attempts
+       waiting, inbox, quarantine, outbox, attempts, messages, inbox_attempts,
+       projections
 FROM relaybox_erasures ORDER BY id DESC LIMIT $1
 
 -- name: erasure_open_ids
@@ -259,13 +262,13 @@ SELECT id FROM relaybox_erasures WHERE finished_at IS NULL ORDER BY id LIMIT $1
 -- error may quote the payload): indexed under every digest of that row.
 INSERT INTO relaybox_subjects (digest, kind, ref)
 SELECT DISTINCT digest, 'message', $1 FROM relaybox_subjects
-WHERE ref = $2::text AND kind = 'inbox'
+WHERE ref::bigint = $2::bigint AND kind = 'inbox'
 ON CONFLICT DO NOTHING
 
 -- name: subject_inherit_outbox
 -- An operational event's message ($1) about outbox row $2 (its last error): indexed
 -- under every digest of the row's message, or of the inbox row whose handler added it
--- (two probes of the ref index, one each).
+-- (two probes of the index of each kind's references, one each).
 INSERT INTO relaybox_subjects (digest, kind, ref)
 SELECT DISTINCT d.digest, 'message', $1 FROM (
     SELECT s.digest FROM relaybox_outbox o
@@ -273,8 +276,119 @@ SELECT DISTINCT d.digest, 'message', $1 FROM (
     WHERE o.id = $2
     UNION ALL
     SELECT s.digest FROM relaybox_outbox o
-    JOIN relaybox_subjects s ON s.ref = o.inbox_id::text AND s.kind = 'inbox'
+    JOIN relaybox_subjects s ON s.ref::bigint = o.inbox_id AND s.kind = 'inbox'
     WHERE o.id = $2
 ) d
 WHERE true  -- (SQLite: an upsert's SELECT needs a WHERE)
 ON CONFLICT DO NOTHING
+
+-- name: erase_projections_subject
+-- The states of versioned projections (ctx.project) that an event of the subject wrote
+-- (relaybox_projections.subject, set with the state): state NULL, erased_at set. The
+-- resource key, origin and version stay: an older event is still refused.
+WITH batch AS MATERIALIZED (
+    SELECT p.resource_key FROM relaybox_projections p
+    WHERE p.subject = $1 AND p.erased_at IS NULL
+    LIMIT $3
+    FOR NO KEY UPDATE SKIP LOCKED)
+UPDATE relaybox_projections t
+SET state = NULL, erased_at = $2
+FROM batch
+WHERE t.resource_key = batch.resource_key AND t.subject = $1 AND t.erased_at IS NULL
+RETURNING t.resource_key
+
+-- name: erase_projections_ids
+-- The states of versioned projections written by the inbox rows just erased ($1: their
+-- ids), by the projections' inbox_id index (a tenant's erasure: projections hold no
+-- tenant).
+-- One probe of relaybox_projections_inbox an id (a LATERAL that locks is not
+-- flattened: see erase_handler_outbox_ids).
+UPDATE relaybox_projections t
+SET state = NULL, erased_at = $2
+FROM unnest($1::bigint[]) AS erased(id)
+CROSS JOIN LATERAL (
+    SELECT p.resource_key FROM relaybox_projections p
+    WHERE p.inbox_id = erased.id AND p.erased_at IS NULL
+    FOR NO KEY UPDATE SKIP LOCKED) b
+WHERE t.resource_key = b.resource_key AND t.erased_at IS NULL
+RETURNING t.resource_key
+
+-- name: subjects_forget_inbox
+-- The subject index's rows of the inbox rows $1 (ids) deleted once nothing found
+-- through them holds what an erasure empties: the row (gone, erased, or purged with no
+-- error text left on it or its handler attempts), the quarantine entries under its key
+-- (purged or erased), the rows its handler added to the outbox (purged with no error
+-- text, response or headers left, or erased). A row that still holds some keeps its
+-- index rows: the purge of what holds it (or an erasure, or its partition's drop)
+-- asks again. Each test is a subquery with LIMIT 1 run per reference (a probe of the
+-- table's index by the inbox id), never a join a generic plan could make a scan of.
+DELETE FROM relaybox_subjects s
+USING unnest($1::bigint[]) AS r(id)
+WHERE s.kind = 'inbox' AND s.ref::bigint = r.id
+  AND (SELECT 1 FROM relaybox_inbox i
+       WHERE i.id = r.id AND i.erased_at IS NULL
+         AND (i.purged_at IS NULL OR i.last_error IS NOT NULL
+              OR (SELECT 1 FROM relaybox_inbox_attempts a
+                  WHERE a.inbox_id = i.id AND a.error IS NOT NULL AND a.error <> '(erased)'
+                  LIMIT 1) IS NOT NULL)
+       LIMIT 1) IS NULL
+  AND (SELECT 1 FROM relaybox_quarantine q
+       WHERE q.inbox_id = r.id AND q.erased_at IS NULL AND q.purged_at IS NULL
+       LIMIT 1) IS NULL
+  AND (SELECT 1 FROM relaybox_outbox o
+       WHERE o.inbox_id = r.id AND o.erased_at IS NULL
+         AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
+              OR (SELECT 1 FROM relaybox_outbox_attempts a
+                  WHERE a.outbox_id = o.id
+                    AND (a.response IS NOT NULL OR a.headers IS NOT NULL
+                         OR (a.error IS NOT NULL AND a.error <> '(erased)'))
+                  LIMIT 1) IS NOT NULL)
+       LIMIT 1) IS NULL
+RETURNING s.ref
+
+-- name: subjects_forget_messages
+-- The subject index's rows of the messages $1 (ids) deleted once nothing found through
+-- them holds what an erasure empties: the message (gone, purged or erased) and its
+-- deliveries (as in subjects_forget_inbox).
+DELETE FROM relaybox_subjects s
+USING unnest($1::text[]) AS r(id)
+WHERE s.kind = 'message' AND s.ref = r.id
+  AND (SELECT 1 FROM relaybox_messages m
+       WHERE m.id = r.id AND m.erased_at IS NULL AND m.purged_at IS NULL
+       LIMIT 1) IS NULL
+  AND (SELECT 1 FROM relaybox_outbox o
+       WHERE o.message_id = r.id AND o.erased_at IS NULL
+         AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
+              OR (SELECT 1 FROM relaybox_outbox_attempts a
+                  WHERE a.outbox_id = o.id
+                    AND (a.response IS NOT NULL OR a.headers IS NOT NULL
+                         OR (a.error IS NOT NULL AND a.error <> '(erased)'))
+                  LIMIT 1) IS NOT NULL)
+       LIMIT 1) IS NULL
+RETURNING s.ref
+
+-- name: subjects_refs_quarantine
+-- The inbox rows the quarantine entries $1 (ids) are stored under: one probe of the
+-- primary key an id (a LATERAL with LIMIT is not flattened into a join).
+SELECT DISTINCT q.inbox_id FROM unnest($1::bigint[]) AS r(id)
+CROSS JOIN LATERAL (
+    SELECT inbox_id FROM relaybox_quarantine WHERE id = r.id LIMIT 1) q
+
+-- name: subjects_refs_outbox
+-- The inbox row (a handler's row) or the message (a delivery) of the outbox rows $1.
+SELECT o.inbox_id, o.message_id FROM unnest($1::bigint[]) AS r(id)
+CROSS JOIN LATERAL (
+    SELECT inbox_id, message_id FROM relaybox_outbox WHERE id = r.id LIMIT 1) o
+
+-- name: subjects_inbox_refs_below
+-- Up to $3 inbox references of the index after $1 and below $2 (the lowest id the
+-- inbox still holds, once time partitions were dropped), in id order: what
+-- subjects_forget_inbox is asked about after a drop. By relaybox_subjects_inbox.
+SELECT s.ref::bigint FROM relaybox_subjects s
+WHERE s.kind = 'inbox' AND s.ref::bigint > $1::bigint AND s.ref::bigint < $2::bigint
+ORDER BY s.ref::bigint
+LIMIT $3
+
+-- name: subjects_inbox_low
+-- The lowest id the inbox holds (NULL: none).
+SELECT min(id) FROM relaybox_inbox

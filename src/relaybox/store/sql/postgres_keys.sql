@@ -43,7 +43,8 @@ SELECT id FROM page ORDER BY id
 -- Idempotency keys of stored messages (digest, scope, first day, message id); a key
 -- that exists is left alone.
 INSERT INTO relaybox_message_keys (digest, scope, first_seen, message_id)
-SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::integer[], $4::text[])
+SELECT encode(d, 'hex')::uuid, s, day, id
+FROM unnest($1::bytea[], $2::bigint[], $3::integer[], $4::text[]) AS k(d, s, day, id)
 ON CONFLICT DO NOTHING
 
 -- name: keys_expire_event

@@ -6,12 +6,18 @@
 -- stored version_key is lower ("C" collation: byte order), and only within one
 -- origin. Two workers racing on one resource queue on the row, and the second one
 -- re-evaluates the condition against the first one's committed version.
+-- The state is stored with the subject of the event that wrote it (its digest in
+-- relaybox_subjects, one probe of the index of inbox references; NULL: none), which
+-- an erasure of that subject reads to empty it.
 INSERT INTO relaybox_projections AS p
-    (resource_key, origin, version, version_key, state, source, inbox_id, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    (resource_key, origin, version, version_key, state, source, inbox_id, updated_at, subject)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
+        (SELECT s.digest FROM relaybox_subjects s
+         WHERE s.kind = 'inbox' AND s.ref::bigint = $7::bigint LIMIT 1))
 ON CONFLICT (resource_key) DO UPDATE
 SET version = excluded.version, version_key = excluded.version_key, state = excluded.state,
-    source = excluded.source, inbox_id = excluded.inbox_id, updated_at = excluded.updated_at
+    source = excluded.source, inbox_id = excluded.inbox_id, updated_at = excluded.updated_at,
+    subject = excluded.subject, erased_at = NULL
 WHERE p.version_key < excluded.version_key AND p.origin = excluded.origin
 RETURNING p.resource_key
 

@@ -150,11 +150,12 @@ SET max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit
 DELETE FROM relaybox_lanes WHERE lane = $1
 
 -- name: message_key_insert
--- A message's idempotency key ($1: its digest, $2: the tenant's scope, $3: the
+-- A message's idempotency key ($1: its digest as bytea, stored as uuid; $2: the tenant's scope, $3: the
 -- publish time, $4: the message id), in the publisher's transaction: the primary
 -- key decides which publish is first, whether or not the first message still exists.
 INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)
-VALUES ($2::bigint, floor($3::double precision / 86400)::integer, $1::bytea, $4::text)
+VALUES ($2::bigint, floor($3::double precision / 86400)::integer, encode($1::bytea, 'hex')::uuid,
+        $4::text)
 ON CONFLICT DO NOTHING
 RETURNING 1
 
@@ -173,7 +174,7 @@ RETURNING id
 -- ($1: the digest, $2, $3: tenant and key). The key names that message.
 UPDATE relaybox_message_keys SET message_id = (
     SELECT m.id FROM relaybox_messages m WHERE m.tenant = $2 AND m.idempotency_key = $3)
-WHERE digest = $1
+WHERE digest = encode($1::bytea, 'hex')::uuid
   AND EXISTS (SELECT 1 FROM relaybox_messages m
               WHERE m.tenant = $2 AND m.idempotency_key = $3)
 
@@ -186,7 +187,7 @@ WHERE digest = $1
 SELECT k.message_id AS id, m.tenant, m.event_type, m.idempotency_key, m.body,
        m.created_at, m.ordering_key, m.sequence, k.first_seen
 FROM relaybox_message_keys k LEFT JOIN relaybox_messages m ON m.id = k.message_id
-WHERE k.digest = $1
+WHERE k.digest = encode($1::bytea, 'hex')::uuid
 UNION ALL
 SELECT m.id, m.tenant, m.event_type, m.idempotency_key, m.body, m.created_at,
        m.ordering_key, m.sequence, NULL
@@ -194,7 +195,8 @@ FROM relaybox_messages m
 WHERE m.tenant = $2 AND m.idempotency_key = $3
   AND NOT EXISTS (SELECT 1 FROM relaybox_keys_backfill b
                   WHERE b.kind = 'message' AND b.finished_at IS NOT NULL)
-  AND NOT EXISTS (SELECT 1 FROM relaybox_message_keys k WHERE k.digest = $1)
+  AND NOT EXISTS (SELECT 1 FROM relaybox_message_keys k
+                  WHERE k.digest = encode($1::bytea, 'hex')::uuid)
 
 -- name: message_get
 SELECT id, tenant, event_type, idempotency_key, body, created_at, ordering_key, sequence

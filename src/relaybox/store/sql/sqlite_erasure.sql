@@ -185,7 +185,8 @@ RETURNING id
 UPDATE relaybox_erasures
 SET inbox = inbox + ?2, quarantine = quarantine + ?3, outbox = outbox + ?4,
     attempts = attempts + ?5, messages = messages + ?6,
-    inbox_attempts = inbox_attempts + ?7, updated_at = ?8
+    inbox_attempts = inbox_attempts + ?7, projections = projections + ?8,
+    updated_at = ?9
 WHERE id = ?1
 
 -- name: erasure_settle
@@ -197,12 +198,14 @@ WHERE id = ?1
 
 -- name: erasure_get
 SELECT id, actor, reason, scope, digest, tenant, created_at, updated_at, finished_at,
-       waiting, inbox, quarantine, outbox, attempts, messages, inbox_attempts
+       waiting, inbox, quarantine, outbox, attempts, messages, inbox_attempts,
+       projections
 FROM relaybox_erasures WHERE id = ?1
 
 -- name: erasure_list
 SELECT id, actor, reason, scope, digest, tenant, created_at, updated_at, finished_at,
-       waiting, inbox, quarantine, outbox, attempts, messages, inbox_attempts
+       waiting, inbox, quarantine, outbox, attempts, messages, inbox_attempts,
+       projections
 FROM relaybox_erasures ORDER BY id DESC LIMIT ?1
 
 -- name: erasure_open_ids
@@ -213,13 +216,13 @@ SELECT id FROM relaybox_erasures WHERE finished_at IS NULL ORDER BY id LIMIT ?1
 -- error may quote the payload): indexed under every digest of that row.
 INSERT INTO relaybox_subjects (digest, kind, ref)
 SELECT DISTINCT digest, 'message', ?1 FROM relaybox_subjects
-WHERE ref = CAST(?2 AS TEXT) AND kind = 'inbox'
+WHERE CAST(ref AS INTEGER) = ?2 AND kind = 'inbox'
 ON CONFLICT DO NOTHING
 
 -- name: subject_inherit_outbox
 -- An operational event's message (?1) about outbox row ?2 (its last error): indexed
 -- under every digest of the row's message, or of the inbox row whose handler added it
--- (two probes of the ref index, one each).
+-- (two probes of the index of each kind's references, one each).
 INSERT INTO relaybox_subjects (digest, kind, ref)
 SELECT DISTINCT d.digest, 'message', ?1 FROM (
     SELECT s.digest FROM relaybox_outbox o
@@ -227,8 +230,86 @@ SELECT DISTINCT d.digest, 'message', ?1 FROM (
     WHERE o.id = ?2
     UNION ALL
     SELECT s.digest FROM relaybox_outbox o
-    JOIN relaybox_subjects s ON s.ref = CAST(o.inbox_id AS TEXT) AND s.kind = 'inbox'
+    JOIN relaybox_subjects s ON CAST(s.ref AS INTEGER) = o.inbox_id AND s.kind = 'inbox'
     WHERE o.id = ?2
 ) d
 WHERE true  -- (SQLite: an upsert's SELECT needs a WHERE)
 ON CONFLICT DO NOTHING
+
+-- name: erase_projections_subject
+-- The states of versioned projections an event of the subject wrote (see the
+-- PostgreSQL statement).
+UPDATE relaybox_projections
+SET state = NULL, erased_at = ?2
+WHERE resource_key IN (SELECT p.resource_key FROM relaybox_projections p
+                       WHERE p.subject = ?1 AND p.erased_at IS NULL
+                       LIMIT ?3)
+  AND erased_at IS NULL
+RETURNING resource_key
+
+-- name: erase_projections_ids
+-- ?1: the ids of the inbox rows just erased, as a JSON array.
+UPDATE relaybox_projections
+SET state = NULL, erased_at = ?2
+WHERE inbox_id IN (SELECT value FROM json_each(?1)) AND erased_at IS NULL
+RETURNING resource_key
+
+-- name: subjects_forget_inbox
+-- The subject index's rows of the inbox rows ?1 (ids, a JSON array) deleted once
+-- nothing found through them holds what an erasure empties (see the PostgreSQL
+-- statement).
+DELETE FROM relaybox_subjects
+WHERE kind = 'inbox' AND CAST(ref AS INTEGER) IN (SELECT value FROM json_each(?1))
+  AND NOT EXISTS (
+      SELECT 1 FROM relaybox_inbox i
+      WHERE i.id = CAST(relaybox_subjects.ref AS INTEGER) AND i.erased_at IS NULL
+        AND (i.purged_at IS NULL OR i.last_error IS NOT NULL
+             OR EXISTS (SELECT 1 FROM relaybox_inbox_attempts a
+                        WHERE a.inbox_id = i.id AND a.error IS NOT NULL
+                          AND a.error <> '(erased)')))
+  AND NOT EXISTS (
+      SELECT 1 FROM relaybox_quarantine q
+      WHERE q.inbox_id = CAST(relaybox_subjects.ref AS INTEGER)
+        AND q.erased_at IS NULL AND q.purged_at IS NULL)
+  AND NOT EXISTS (
+      SELECT 1 FROM relaybox_outbox o
+      WHERE o.inbox_id = CAST(relaybox_subjects.ref AS INTEGER) AND o.erased_at IS NULL
+        AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
+             OR EXISTS (SELECT 1 FROM relaybox_outbox_attempts a
+                        WHERE a.outbox_id = o.id
+                          AND (a.response IS NOT NULL OR a.headers IS NOT NULL
+                               OR (a.error IS NOT NULL AND a.error <> '(erased)')))))
+RETURNING ref
+
+-- name: subjects_forget_messages
+-- The subject index's rows of the messages ?1 (ids, a JSON array) deleted once nothing
+-- found through them holds what an erasure empties.
+DELETE FROM relaybox_subjects
+WHERE kind = 'message' AND ref IN (SELECT value FROM json_each(?1))
+  AND NOT EXISTS (
+      SELECT 1 FROM relaybox_messages m
+      WHERE m.id = relaybox_subjects.ref AND m.erased_at IS NULL AND m.purged_at IS NULL)
+  AND NOT EXISTS (
+      SELECT 1 FROM relaybox_outbox o
+      WHERE o.message_id = relaybox_subjects.ref AND o.erased_at IS NULL
+        AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
+             OR EXISTS (SELECT 1 FROM relaybox_outbox_attempts a
+                        WHERE a.outbox_id = o.id
+                          AND (a.response IS NOT NULL OR a.headers IS NOT NULL
+                               OR (a.error IS NOT NULL AND a.error <> '(erased)')))))
+RETURNING ref
+
+-- name: subjects_refs_quarantine
+SELECT DISTINCT inbox_id FROM relaybox_quarantine WHERE id IN (SELECT value FROM json_each(?1))
+
+-- name: subjects_refs_outbox
+SELECT inbox_id, message_id FROM relaybox_outbox WHERE id IN (SELECT value FROM json_each(?1))
+
+-- name: subjects_inbox_refs_below
+SELECT CAST(ref AS INTEGER) FROM relaybox_subjects
+WHERE kind = 'inbox' AND CAST(ref AS INTEGER) > ?1 AND CAST(ref AS INTEGER) < ?2
+ORDER BY CAST(ref AS INTEGER)
+LIMIT ?3
+
+-- name: subjects_inbox_low
+SELECT min(id) FROM relaybox_inbox

@@ -5,12 +5,16 @@
 -- name: projection_upsert
 -- Compare-and-set: written only when new or when the stored version_key is lower
 -- (BINARY collation: byte order), and only within one origin.
+-- With the subject of the event that wrote it (see the PostgreSQL statement).
 INSERT INTO relaybox_projections AS p
-    (resource_key, origin, version, version_key, state, source, inbox_id, updated_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+    (resource_key, origin, version, version_key, state, source, inbox_id, updated_at, subject)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8,
+        (SELECT s.digest FROM relaybox_subjects s
+         WHERE s.kind = 'inbox' AND CAST(s.ref AS INTEGER) = ?7 LIMIT 1))
 ON CONFLICT (resource_key) DO UPDATE
 SET version = excluded.version, version_key = excluded.version_key, state = excluded.state,
-    source = excluded.source, inbox_id = excluded.inbox_id, updated_at = excluded.updated_at
+    source = excluded.source, inbox_id = excluded.inbox_id, updated_at = excluded.updated_at,
+    subject = excluded.subject, erased_at = NULL
 WHERE p.version_key < excluded.version_key AND p.origin = excluded.origin
 RETURNING resource_key
 
