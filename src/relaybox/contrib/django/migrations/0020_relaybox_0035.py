@@ -7,6 +7,6 @@ from relaybox.contrib.django.migrating import ApplyRelayboxMigrations
 
 
 class Migration(migrations.Migration):
-    dependencies = [("relaybox", "0018_relaybox_0033")]
+    dependencies = [("relaybox", "0019_relaybox_0034")]
 
     operations = [ApplyRelayboxMigrations(35)]
