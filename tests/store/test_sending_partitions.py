@@ -263,3 +263,50 @@ async def test_each_live_table_is_attached_without_a_scan(store: Store, pg_url: 
     implied = {m.split('"')[1] for m in said if "is implied by existing constraints" in m}
     d = time.strftime("%Y%m%d", time.gmtime())
     assert {f"{t}_p{d}" for t in (*RECEIVING, *SENDING)} <= implied, said
+
+
+async def test_dropped_messages_take_their_subject_index_rows_along(pg_url: str) -> None:
+    """The maintenance job, after dropping a partition of messages, deletes the subject
+    index's rows of the dropped messages (``retention.batch`` of them a transaction), and
+    keeps those of a message still stored."""
+    from relaybox import FrozenClock, Relaybox
+    from relaybox.config import Settings
+    from relaybox.retention import Maintenance
+    from relaybox.sources.base import subject_digest
+
+    clock = FrozenClock(T0)
+    box = Relaybox(
+        settings=Settings(database_url=pg_url, retention={"partitions": "day", "batch": 1}),
+        clock=clock,
+    )
+    try:
+        store = box.store
+        await store.migrate()
+        await store.outbox.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
+        alice = subject_digest("cus_alice")
+        old = [new_id("msg", T0 + i) for i in range(3)]
+        for msg_id in old:
+            async with store.transaction() as conn:
+                new = NewMessage(msg_id, "t1", "pet.adopted", None, '{"to": "alice"}', T0)
+                assert await store.outbox.message_publish(conn, new, ["ep_1"])
+                await store.erasure.subject_index(conn, alice, "message", msg_id)
+        await sql(store, f"UPDATE relaybox_outbox SET status = 'sent', updated_at = {T0}")
+        await store.partitions.convert("day")
+        now = T0 + 100 * DAY
+        clock.set(now)
+        # A message published on the day of the maintenance stays, and its index row
+        # (to no endpoint: a delivery would share the first partition of the outbox,
+        # made on the database's day, with the old ones, and hold them there).
+        recent = new_id("msg", now)
+        async with store.transaction() as conn:
+            new = NewMessage(recent, "t1", "pet.adopted", None, '{"to": "alice"}', now)
+            assert await store.outbox.message_publish(conn, new, [])
+            await store.erasure.subject_index(conn, alice, "message", recent)
+        assert len(await store.fetch_all("SELECT 1 FROM relaybox_subjects")) == 4
+        await Maintenance(box).run_once()
+        [kept] = await store.fetch_all("SELECT id FROM relaybox_messages")
+        assert kept["id"] == recent
+        left = await store.fetch_all("SELECT kind, ref FROM relaybox_subjects")
+        assert left == [{"kind": "message", "ref": recent}]
+    finally:
+        await box.close()

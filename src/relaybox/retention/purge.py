@@ -326,8 +326,9 @@ async def maintain_partitions(
     quarantine entries; deliveries pending, held or leased, messages with a delivery
     still live) and every row in it is past the age of its tenant or source (a
     delivery's and a message's: ``outbox_payload_max_age`` of its tenant); after a
-    drop, the subject index's rows of the dropped events go too
-    (:meth:`~relaybox.store.erasure.ErasureStore.forget_dropped`). Nothing happens
+    drop, the subject index's rows of the dropped events and messages go too
+    (:meth:`~relaybox.store.erasure.ErasureStore.forget_dropped`,
+    :meth:`~relaybox.store.erasure.ErasureStore.forget_dropped_messages`). Nothing happens
     while the tables are not partitioned (and on SQLite)."""
     settings = box.settings.retention
     policies = await load_policies(box.store, settings)
@@ -351,6 +352,12 @@ async def maintain_partitions(
         # The subject index's rows of the dropped events (and their quarantine
         # entries), but those a handler's row still needs.
         forgotten = await box.store.erasure.forget_dropped(limit=settings.batch)
+        if forgotten:
+            log.info("subjects_forgotten", rows=forgotten)
+    if any(name.startswith("relaybox_messages_p") for name in result.dropped):
+        # The subject index's rows of the dropped messages, but those whose deliveries
+        # still hold data.
+        forgotten = await box.store.erasure.forget_dropped_messages(limit=settings.batch)
         if forgotten:
             log.info("subjects_forgotten", rows=forgotten)
     return result

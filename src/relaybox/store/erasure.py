@@ -275,6 +275,32 @@ class ErasureStore:
                 )
         return counts
 
+    async def forget_dropped_messages(self, *, limit: int) -> int:
+        """After time partitions of the sending side were dropped: :func:`forget_subjects`
+        for the index's message references below the lowest id the messages still hold
+        (message ids sort by time), in id order, ``limit`` a transaction; how many index
+        rows went. Those whose deliveries still hold data stay (read again at the next
+        drop)."""
+        async with self.db.transaction() as conn:
+            row = await self.db.first(conn, "subjects_messages_low", ())
+        # No message left: every reference is below (a message published meanwhile
+        # commits with its index row and holds its body: never forgotten).
+        low = "\uffff" if row is None or row[0] is None else str(row[0])
+        after, total = "", 0
+        while True:
+            async with self.db.transaction() as conn:
+                refs = [
+                    str(r[0])
+                    for r in await self.db.rows(
+                        conn, "subjects_message_refs_below", (after, low, limit)
+                    )
+                ]
+                if refs:
+                    total += await forget_subjects(self.db, conn, messages=refs)
+            if len(refs) < limit:
+                return total
+            after = refs[-1]
+
     async def forget_dropped(self, *, limit: int) -> int:
         """After time partitions of the inbox were dropped: :func:`forget_subjects` for
         the index's inbox references below the lowest id the inbox still holds, in id

@@ -392,3 +392,17 @@ LIMIT $3
 -- name: subjects_inbox_low
 -- The lowest id the inbox holds (NULL: none).
 SELECT min(id) FROM relaybox_inbox
+
+-- name: subjects_message_refs_below
+-- Up to $3 message references of the index after $1 and below $2 (the lowest id the
+-- messages still hold, once time partitions of the sending side were dropped; ids sort
+-- by time), in id order: what subjects_forget_messages is asked about after a drop.
+-- By relaybox_subjects_message.
+SELECT s.ref FROM relaybox_subjects s
+WHERE s.kind = 'message' AND s.ref > $1::text AND s.ref < $2::text
+ORDER BY s.ref
+LIMIT $3
+
+-- name: subjects_messages_low
+-- The lowest id the messages hold (NULL: none).
+SELECT min(id) FROM relaybox_messages

@@ -313,3 +313,12 @@ LIMIT ?3
 
 -- name: subjects_inbox_low
 SELECT min(id) FROM relaybox_inbox
+
+-- name: subjects_message_refs_below
+SELECT ref FROM relaybox_subjects
+WHERE kind = 'message' AND ref > ?1 AND ref < ?2
+ORDER BY ref
+LIMIT ?3
+
+-- name: subjects_messages_low
+SELECT min(id) FROM relaybox_messages
