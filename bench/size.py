@@ -213,10 +213,12 @@ KEPT_FOR_GOOD = (
     "relaybox_event_keys",
     "relaybox_message_keys",
     "relaybox_business_keys",
+    "relaybox_outbox_keys",
     "relaybox_operations",
 )
-"""The tables of keys kept apart from the history (migrations 0027 and 0031), and the
-readable business keys (what is left of them once retention purged their events)."""
+"""The tables of keys kept apart from the history (migrations 0027, 0031 and 0034: the
+outbox's keys, one a delivery and one a handler's row), and the readable business keys
+(what is left of them once retention purged their events)."""
 
 
 async def sizes(url: str) -> dict[str, int]:
