@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from relaybox.store import Store, open_store
-from relaybox.store.partitions import day_id
+from relaybox.store.partition_layout import day_id
 from tests.store.test_partitions import DAY, DROP, RECEIVING, SENDING, names, sql, today
 from tests.store.test_store import delivery, statuses
 

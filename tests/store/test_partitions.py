@@ -13,7 +13,7 @@ import pytest
 
 from relaybox.store import Store, open_store
 from relaybox.store.backend import load_queries
-from relaybox.store.partitions import day_id
+from relaybox.store.partition_layout import day_id
 from tests.conftest import _dsn
 from tests.store import test_erasure as erasure_tests
 from tests.store.test_plans import GENERIC_POOL

@@ -14,8 +14,8 @@ import pytest
 
 from relaybox.store import Store, open_store
 from relaybox.store.backend import load_queries
-from relaybox.store.partition_layout import INBOX, OUTBOX
-from relaybox.store.partitions import convert, day_id
+from relaybox.store.partition_layout import INBOX, OUTBOX, day_id
+from relaybox.store.partitions import convert
 from tests.conftest import _dsn
 from tests.store.test_partition_faults import run_killed
 from tests.store.test_partitions import DAY, DROP, RECEIVING, SENDING, names, sql, today

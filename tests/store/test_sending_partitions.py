@@ -308,5 +308,8 @@ async def test_dropped_messages_take_their_subject_index_rows_along(pg_url: str)
         assert kept["id"] == recent
         left = await store.fetch_all("SELECT kind, ref FROM relaybox_subjects")
         assert left == [{"kind": "message", "ref": recent}]
+        # Asked again (the next drop): nothing more to forget.
+        assert await store.erasure.forget_dropped_messages(limit=10) == 0
+        assert await store.erasure.forget_dropped(limit=10) == 0
     finally:
         await box.close()

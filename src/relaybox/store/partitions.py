@@ -70,25 +70,13 @@ from relaybox.store.partition_layout import (
     Partition,
     PartitionSpec,
     date_name,
-    day_id,
     key_day,
     list_partitions,
     period_start,
     retry_locked,
 )
 
-__all__ = [
-    "MESSAGES_SLACK",
-    "PERIODS",
-    "TABLES",
-    "MaintainResult",
-    "Partition",
-    "PartitionSpec",
-    "convert",
-    "day_id",
-    "maintain",
-    "partitioned",
-]
+__all__ = ["MESSAGES_SLACK", "MaintainResult", "convert", "maintain", "partitioned"]
 
 log = structlog.get_logger("relaybox.partitions")
 
