@@ -15,6 +15,7 @@ import pytest
 
 from relaybox.store import Store, open_store
 from relaybox.store.partition_layout import day_id
+from relaybox.store.partitions import MaintainResult
 from tests.store.test_partitions import DAY, DROP, RECEIVING, SENDING, names, sql, today
 from tests.store.test_store import delivery, statuses
 
@@ -74,9 +75,9 @@ async def test_sigkill_in_a_drop_then_the_next_run_finishes(
     assert statuses(await store.inbox.accept([delivery("new")])) == ["accepted"]
 
 
-async def test_two_maintainers_at_once_do_not_fight(store: Store) -> None:
-    await fill(store, 100)
-    await store.partitions.convert("day")
+async def maintain_twice(store: Store) -> tuple[MaintainResult, MaintainResult]:
+    """Two maintainers at once, the second starting while the first holds its drop:
+    (the first's result, the second's)."""
     other = open_store(store.url)
     started = asyncio.Event()
 
@@ -91,6 +92,13 @@ async def test_two_maintainers_at_once_do_not_fight(store: Store) -> None:
         done = await first
     finally:
         await other.close()
+    return done, second
+
+
+async def test_two_maintainers_at_once_do_not_fight(store: Store) -> None:
+    await fill(store, 100)
+    await store.partitions.convert("day")
+    done, second = await maintain_twice(store)
     assert second.skipped and not second.dropped
     assert done.dropped and not done.skipped
 

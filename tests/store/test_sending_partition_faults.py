@@ -17,8 +17,8 @@ from relaybox.store.backend import load_queries
 from relaybox.store.partition_layout import INBOX, OUTBOX, day_id
 from relaybox.store.partitions import convert
 from tests.conftest import _dsn
-from tests.store.test_partition_faults import run_killed
-from tests.store.test_partitions import DAY, DROP, RECEIVING, SENDING, names, sql, today
+from tests.store.test_partition_faults import maintain_twice, run_killed
+from tests.store.test_partitions import DAY, RECEIVING, SENDING, names, sql, today
 from tests.store.test_sending_partitions import handler_row, publish
 from tests.store.test_store import delivery, statuses
 from tests.support.store_rows import endpoint_write as endpoint
@@ -146,20 +146,7 @@ async def test_a_conversion_left_for_days_after_its_checks_refuses_no_insert(
 async def test_two_maintainers_drop_the_sending_side_once(store: Store) -> None:
     await fill(store, 100)
     await store.partitions.convert("day")
-    other = open_store(store.url)
-    started = asyncio.Event()
-
-    async def slow(part: str, step: str) -> None:
-        started.set()
-        await asyncio.sleep(0.5)
-
-    try:
-        first = asyncio.create_task(store.partitions.maintain("day", drop=DROP, before_drop=slow))
-        await asyncio.wait_for(started.wait(), 30)
-        second = await other.partitions.maintain("day", drop=DROP)
-        done = await first
-    finally:
-        await other.close()
+    done, second = await maintain_twice(store)
     assert second.skipped and not second.dropped
     for table in SENDING:
         part = next(n for n in done.dropped if n.startswith(f"{table}_p"))
