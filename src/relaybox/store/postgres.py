@@ -171,11 +171,22 @@ class PostgresBackend(Backend):
         return self._generic_pool
 
     async def start_pool(self) -> asyncpg.Pool:
-        """Connections with ``synchronous_commit`` off, for attempt-start marks and hold
-        renewals only."""
+        """Connections with ``synchronous_commit`` off, for the worker's claims,
+        attempt-start marks and hold renewals (and the wake-ups' NOTIFY) only.
+
+        Generic plans are forced here too: each of these statements is planned once per
+        connection. Left to choose, PostgreSQL planned the claim anew for every call (its
+        generic plan looked dearer), and with time partitions that planning, over every
+        partition and each of its indexes, cost more than the claim's work and grew with
+        the partitions kept: 2.6 times the claim of one table at 31 partitions, 1.4 times
+        planned once (bench/README.md, "The fixed cost of a partitioned statement").
+        Their generic plans probe ids and the due index even on a young database
+        (tests/store/test_plans.py)."""
         async with self._pool_lock:
             if self._start_pool is None:
-                self._start_pool = await self._create_pool({"synchronous_commit": "off"})
+                self._start_pool = await self._create_pool(
+                    {"synchronous_commit": "off", "plan_cache_mode": "force_generic_plan"}
+                )
         return self._start_pool
 
     @contextlib.asynccontextmanager

@@ -400,7 +400,21 @@ CROSS JOIN LATERAL (
 -- never recorded an outcome (started_at still set) was being processed when its
 -- worker died: with its budget ($4) used up it goes to dead letters; otherwise it
 -- comes back flagged as a suspect and runs alone (never counted here).
--- One statement over one range of the partial index on due pending rows.
+-- One statement over one range of the partial index on due pending rows, planned once
+-- per connection (PostgresBackend.start_pool forces the generic plan): with time
+-- partitions a plan made for each claim cost more than the claim's work, and grew with
+-- the partitions (bench/README.md, "The fixed cost of a partitioned statement"). The
+-- rows claimed are then found by their ids (= ANY of the CTE's ids: a probe of each
+-- partition's primary key, even in that generic plan; a join on id alone was planned
+-- as a scan of the whole inbox and a hash join).
+WITH due AS MATERIALIZED (
+    SELECT d.id, d.suspect,
+           NOT d.suspect AND row_number() OVER (PARTITION BY d.suspect ORDER BY d.next_attempt_at, d.id) <= $5 AS starts
+    FROM (SELECT id, next_attempt_at, started_at IS NOT NULL AS suspect FROM relaybox_inbox
+          WHERE status = 'pending' AND next_attempt_at <= $1
+          ORDER BY next_attempt_at LIMIT $2
+          FOR NO KEY UPDATE SKIP LOCKED) d
+)
 UPDATE relaybox_inbox i SET
     status = CASE WHEN due.suspect AND i.attempts >= $4 THEN 'dead' ELSE 'pending' END,
     dead_reason = CASE WHEN due.suspect AND i.attempts >= $4 THEN 'exhausted' END,
@@ -411,13 +425,8 @@ UPDATE relaybox_inbox i SET
     attempts = CASE WHEN due.starts THEN i.attempts + 1 ELSE i.attempts END,
     started_at = CASE WHEN due.starts THEN $1 ELSE i.started_at END,
     updated_at = $1
-FROM (SELECT d.id, d.suspect,
-             NOT d.suspect AND row_number() OVER (PARTITION BY d.suspect ORDER BY d.next_attempt_at, d.id) <= $5 AS starts
-      FROM (SELECT id, next_attempt_at, started_at IS NOT NULL AS suspect FROM relaybox_inbox
-            WHERE status = 'pending' AND next_attempt_at <= $1
-            ORDER BY next_attempt_at LIMIT $2
-            FOR NO KEY UPDATE SKIP LOCKED) d) due
-WHERE i.id = due.id
+FROM due
+WHERE i.id = ANY (ARRAY(SELECT id FROM due)) AND i.id = due.id
 RETURNING i.id, i.status, i.source, i.account, i.event_id, i.attempts,
           due.suspect, i.event_type, i.tenant, i.payload, i.headers,
           i.version, i.received_at, due.starts, i.traceparent
