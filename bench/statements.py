@@ -27,7 +27,6 @@ import asyncio
 import os
 import random
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -196,7 +195,7 @@ def lease_args(
         [None] * len(ids),
         [""] * len(ids),
     ]
-    fair = (100, 25, [], [])
+    fair: tuple[Any, ...] = (100, 25, [], [])  # lane cap, a tenant's rows, tenants, theirs
     heads = ["{}"] * len(ids)
     bounds = (min(ids, default=None), max(ids, default=None)) if with_bounds else ()
     return (
@@ -267,7 +266,7 @@ async def round_of(
         put("inbox_claim (128 rows)" + at, sample)
     ids = sorted(random.sample(layout.pending, 8))
     put("inbox_start (8 ids)", (await undone(layout.start, q["inbox_start"], (ids, now)))[0])
-    group = (ids, [0] * 8, [], [], [], [], [], [], [], [], [], now)
+    group: tuple[Any, ...] = (ids, [0] * 8, [], [], [], [], [], [], [], [], [], now)
     put(
         "inbox_lock_group (8 ids)",
         (await undone(layout.raw, execute("inbox_lock_group", group)))[0],
@@ -379,4 +378,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
