@@ -59,6 +59,7 @@ __all__ = [
     "checked_form",
     "filters_of",
     "form_of",
+    "form_page",
     "login_page",
     "next_url",
     "page",
@@ -246,17 +247,34 @@ async def checked_form(request: Request) -> dict[str, str] | Response:
     return form
 
 
-def action(
-    fn: Callable[[Request, dict[str, str]], Awaitable[Notice]],
+def form_page(
+    fn: Callable[[Request, dict[str, str]], Awaitable[Response]],
 ) -> Callable[[Request], Awaitable[Response]]:
-    """A POST form handler: checks the CSRF token, runs ``fn`` (which returns the
-    notice's code), and redirects to the form's ``back`` page with that code, or with
-    the error's code when it failed."""
+    """A POST form handler answering with a page of its own: runs ``fn(request,
+    form)`` once the form passed :func:`checked_form`, else answers with the page that
+    refuses it; an operator error ``fn`` raises is the error page, as :func:`page`'s."""
 
     async def wrapped(request: Request) -> Response:
         form = await checked_form(request)
         if isinstance(form, Response):
             return form
+        try:
+            return await fn(request, form)
+        except OpsError as exc:
+            return await render(request, "error.html", status=exc.status, message=exc.message)
+
+    wrapped.__name__ = fn.__name__
+    return wrapped
+
+
+def action(
+    fn: Callable[[Request, dict[str, str]], Awaitable[Notice]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A POST form handler (:func:`form_page`) that runs ``fn`` (which returns the
+    notice's code), and redirects to the form's ``back`` page with that code, or with
+    the error's code when it failed."""
+
+    async def act(request: Request, form: dict[str, str]) -> Response:
         back = form.get("back", "")
         base = _base(request)
         if not back.startswith(base + "/") or "//" in back or "\\" in back:
@@ -272,8 +290,8 @@ def action(
             return _redirect(back, notice=notice[0], n=str(notice[1]))
         return _redirect(back, notice=notice)
 
-    wrapped.__name__ = fn.__name__
-    return wrapped
+    act.__name__ = fn.__name__
+    return form_page(act)
 
 
 def filters_of(request: Request, model: type[BaseModel]) -> Any:
@@ -356,13 +374,11 @@ async def login(request: Request) -> Response:
     return response
 
 
-async def logout(request: Request) -> Response:
+@form_page
+async def logout(request: Request, form: dict[str, str]) -> Response:
     """End the session for every process (revoked in the database), then forget the
     cookie. On a database without the sessions table the cookie is forgotten here
     but stays valid until it expires: the page says so."""
-    form = await checked_form(request)
-    if isinstance(form, Response):
-        return form
     base = _base(request)
     response: Response
     if await request.app.state.tables.missing((SESSIONS_TABLE,)):
