@@ -66,6 +66,7 @@ __all__ = [
     "path_id",
     "pretty",
     "render",
+    "text_id",
 ]
 
 _env = page_environment(PackageLoader("relaybox.admin", "templates"))
@@ -313,6 +314,14 @@ def path_id(request: Request) -> int:
     if not raw.isdigit() or len(raw) > 18:
         raise NotFound(f"{raw!r} is not a known id")
     return int(raw)
+
+
+def text_id(request: Request) -> str:
+    """The text id in the address (``{id:str}``: an endpoint's, a message's)."""
+    raw = str(request.path_params["id"])
+    if "\x00" in raw or len(raw) > 200:
+        raise NotFound(f"{raw[:40]!r} is not a known id")
+    return raw
 
 
 def actor_of(request: Request) -> str:
