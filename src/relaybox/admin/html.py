@@ -39,7 +39,7 @@ from relaybox.admin.auth import (
     revoke_session,
     token_ok,
 )
-from relaybox.browser import page_environment
+from relaybox.browser import notice_text, page_environment
 from relaybox.errors import InvalidRequest, NotFound, OpsError
 from relaybox.limits import FailureThrottle
 from relaybox.ops import inbound as ops
@@ -138,10 +138,7 @@ actions fail with."""
 
 def _flash(query: Any) -> tuple[str, str]:
     """(notice, error) for a page's query string: table entries only."""
-    notice = NOTICES.get(query.get("notice", ""), "")
-    if "{n}" in notice:
-        n = query.get("n", "")
-        notice = notice.format(n=n) if n.isdigit() and len(n) <= 9 else ""
+    notice = notice_text(NOTICES, query.get("notice", ""), query.get("n", ""))
     return notice, ERRORS.get(query.get("error", ""), "")
 
 

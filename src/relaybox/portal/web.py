@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from relaybox.browser import framing, page_environment
+from relaybox.browser import framing, notice_text, page_environment
 from relaybox.errors import RelayboxError
 from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import InvalidEndpoint
@@ -144,10 +144,7 @@ class Page:
 
     def render(self, template: str, *, status: int = 200, **context: Any) -> HTMLResponse:
         settings = self.box.settings.portal
-        notice = NOTICES.get(self.query("notice"), "")
-        if "{n}" in notice:
-            n = self.query("n")
-            notice = notice.format(n=n) if n.isdigit() and len(n) <= 9 else ""
+        notice = notice_text(NOTICES, self.query("notice"), self.query("n"))
         html = ENV.get_template(template).render(
             base=self.base,
             tenant=self.tenant,
