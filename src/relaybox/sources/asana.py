@@ -23,7 +23,7 @@ from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Headers, Identity
 from relaybox.sources.hooks import Answer, Request
 from relaybox.sources.kit import derived_id, path, text
-from relaybox.sources.scheme import Example, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Example, Hmac, Sample, Scheme, SchemeSource, factory
 from relaybox.sources.specs import Digest
 
 __all__ = ["AsanaSource", "asana"]
@@ -56,8 +56,7 @@ class AsanaSource(SchemeSource):
         Hmac("X-Hook-Signature"),
         event_id=Digest(),
         event_type="events",
-        default_type="task.changed",
-        example=_example,
+        sample=Sample(type="task.changed", body=_example),
     )
 
     def handshake(self, request: Request) -> Answer | None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Headers, Identity, Signing
-from relaybox.sources.scheme import Example, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Example, Hmac, Sample, Scheme, SchemeSource, factory
 
 __all__ = ["GitHubSource", "github"]
 
@@ -67,10 +67,7 @@ class GitHubSource(SchemeSource):
         Hmac("X-Hub-Signature-256", prefix="sha256="),
         event_id="header:X-GitHub-Delivery",
         event_type="header:X-GitHub-Event",
-        default_type="ping",
-        default_account="octo-org",
-        example=_example,
-        content_type=None,
+        sample=Sample(type="ping", account="octo-org", body=_example, content_type=None),
     )
 
     def identify(self, headers: Headers, payload: Any) -> Identity:

@@ -44,7 +44,7 @@ from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Headers, Identity, Verified, canonical_json
 from relaybox.sources.bodies import decode_form
 from relaybox.sources.hooks import Answer
-from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Hmac, Sample, Scheme, SchemeSource, factory
 
 __all__ = ["SlackSource", "slack"]
 
@@ -67,8 +67,7 @@ class SlackSource(SchemeSource):
         event_id="event_id",
         event_type="type",
         account="team_id",
-        default_type="message",
-        content_type=None,
+        sample=Sample(type="message", content_type=None),
     )
 
     def decode(self, headers: Headers, body: bytes) -> Any:
