@@ -33,14 +33,13 @@ MAX_HOOK_SECRET_CHARS = 256
 
 
 def _example(event: Example) -> dict[str, Any]:
-    resource, _, action = event.type.partition(".")
     return {
         "events": [
             {
                 "user": {"gid": "1516", "resource_type": "user"},
                 "created_at": event.iso,
-                "action": action or "changed",
-                "resource": {"gid": event.id, "resource_type": resource},
+                "action": event.action or "changed",
+                "resource": {"gid": event.id, "resource_type": event.resource},
                 "parent": None,
                 "change": {"field": "assignee", "action": "changed"},
             }

@@ -42,12 +42,11 @@ def _login(node: Any) -> str | None:
 
 
 def _example(event: Example) -> dict[str, Any]:
-    name, _, action = event.type.partition(".")
     owner = {"login": event.account, "id": 1, "type": "Organization"}
     payload: dict[str, Any] = {}
-    if action:
-        payload["action"] = action
-    if name == "ping":
+    if event.action:
+        payload["action"] = event.action
+    if event.resource == "ping":
         payload.update(zen="Design for failure.", hook_id=1, hook={"type": "Repository"})
     payload["repository"] = {
         "id": 1296269,

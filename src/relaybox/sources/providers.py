@@ -285,8 +285,8 @@ PRESETS: tuple[Preset, ...] = (
                 type="Issue.create",
                 account="relaybox-test-org",
                 body=lambda event: {
-                    "action": event.type.partition(".")[2] or "create",
-                    "type": event.type.partition(".")[0],
+                    "action": event.action or "create",
+                    "type": event.resource,
                     "createdAt": "2023-11-14T22:13:20.000Z",
                     "data": {"id": event.id, "title": "relaybox test"},
                     "url": "https://linear.app/relaybox/issue/TEST-1",
@@ -296,7 +296,7 @@ PRESETS: tuple[Preset, ...] = (
                 },
                 headers=lambda event: {
                     "Linear-Delivery": event.id,
-                    "Linear-Event": event.type.partition(".")[0],
+                    "Linear-Event": event.resource,
                 },
             ),
         ),
@@ -403,9 +403,9 @@ PRESETS: tuple[Preset, ...] = (
                 account="relaybox-site",
                 body=lambda event: {
                     "id": event.id,
-                    "object_type": event.type.partition(".")[0],
+                    "object_type": event.resource,
                     "site_id": event.account,
-                    "event_type": event.type.partition(".")[2] or "created",
+                    "event_type": event.action or "created",
                     "event_time": event.iso,
                     "account_code": "relaybox-account",
                     "uuid": "5f6a8c2b3d4e4f5a9b0c1d2e3f4a5b6c",
@@ -429,13 +429,13 @@ PRESETS: tuple[Preset, ...] = (
                 type="issue.created",
                 account="7a485448-a9e2-4c85-8a3c-4f44175783c9",
                 body=lambda event: {
-                    "action": event.type.partition(".")[2] or "created",
+                    "action": event.action or "created",
                     "installation": {"uuid": event.account},
                     "data": {"issue": {"id": "1170820242", "title": "relaybox test"}},
                     "actor": {"type": "application", "id": "sentry", "name": "Sentry"},
                 },
                 headers=lambda event: {
-                    "Sentry-Hook-Resource": event.type.partition(".")[0],
+                    "Sentry-Hook-Resource": event.resource,
                     "Sentry-Hook-Timestamp": str(int(event.now)),
                 },
             ),

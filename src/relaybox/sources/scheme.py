@@ -166,6 +166,16 @@ class Example:
     def ms(self) -> int:
         return int(self.now * 1000)
 
+    @property
+    def resource(self) -> str:
+        """What ``type`` is about, before its first dot (``issue`` of ``issue.created``)."""
+        return self.type.partition(".")[0]
+
+    @property
+    def action(self) -> str:
+        """What happened, after the first dot of ``type`` (``created``); empty without one."""
+        return self.type.partition(".")[2]
+
 
 @dataclass(frozen=True)
 class Sample:

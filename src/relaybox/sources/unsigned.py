@@ -89,8 +89,8 @@ PRESETS: tuple[Preset, ...] = (
                 account="12882925",
                 body=lambda event: {
                     "meta": {
-                        "action": event.type.partition(".")[2] or "change",
-                        "entity": event.type.partition(".")[0],
+                        "action": event.action or "change",
+                        "entity": event.resource,
                         "entity_id": event.id,
                         "id": event.id,
                         "company_id": event.account,

@@ -49,8 +49,8 @@ class WooCommerceSource(SchemeSource):
                 "date_modified_gmt": "2023-11-14T22:13:20",
             },
             headers=lambda event: {
-                "X-WC-Webhook-Resource": event.type.partition(".")[0],
-                "X-WC-Webhook-Event": event.type.partition(".")[2],
+                "X-WC-Webhook-Resource": event.resource,
+                "X-WC-Webhook-Event": event.action,
                 "X-WC-Webhook-Delivery-ID": event.id,
             },
         ),
