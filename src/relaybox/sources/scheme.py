@@ -196,6 +196,13 @@ class Sample:
         else this sample's."""
         return Example(id=id, type=type or self.type, account=account or self.account, now=now)
 
+    def document(self, source: Source, type: str | None, id: str, now: float) -> bytes:
+        """``source``'s example body (:meth:`~relaybox.sources.base.Source.example`):
+        this sample's ``body`` of the event, as compact JSON."""
+        if self.body is None:
+            raise ConfigurationError(f"{source.provider} source: no example event; send your own")
+        return json_document(self.body(self.event(id, type, source.account, now)))
+
 
 @dataclass(frozen=True)
 class Scheme:
@@ -500,10 +507,7 @@ class SchemeSource(Source):
         return json_document(document)
 
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        sample = self.scheme.sample
-        if sample.body is None:
-            raise ConfigurationError(f"{self.provider} source: no example event; send your own")
-        return json_document(sample.body(sample.event(event_id, event_type, self.account, now)))
+        return self.scheme.sample.document(self, event_type, event_id, now)
 
 
 class UrlSchemeSource(PublicUrl, SchemeSource):
