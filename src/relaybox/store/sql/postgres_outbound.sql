@@ -37,19 +37,11 @@ RETURNING id
 
 -- name: endpoint_get
 -- One endpoint with its lane settings; $2 NULL reads any tenant (operators).
-SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
-       e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead,
-       e.trace_context
-FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
+-- include: endpoint_row
 WHERE e.id = $1 AND ($2::text IS NULL OR e.tenant = $2)
 
 -- name: endpoint_list
-SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
-       e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead,
-       e.trace_context
-FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
+-- include: endpoint_row
 WHERE ($1::text IS NULL OR e.tenant = $1)
 ORDER BY e.created_at, e.id
 LIMIT $2
@@ -678,15 +670,7 @@ WITH u AS (
           AND f.next_attempt_at <= $1 AND f.id <> ALL ($6::bigint[])
           AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_leases y
                           WHERE y.outbox_id = f.id AND y.until > $1)
-          -- Ordered delivery: not while an earlier row of its key to this endpoint is
-          -- pending, or dead and the endpoint holds the key for a dead one (on_dead).
-          AND (f.ordering_key IS NULL OR NOT EXISTS (
-              SELECT 1 FROM relaybox_outbox h
-              WHERE h.endpoint_id = f.endpoint_id AND h.ordering_key = f.ordering_key
-                AND h.sequence < f.sequence AND h.status IN ('pending', 'dead')
-                AND (h.status = 'pending'
-                     OR EXISTS (SELECT 1 FROM relaybox_endpoints d
-                                WHERE d.id = f.endpoint_id AND d.on_dead = 'hold'))))
+          -- include: ordered_turn
         ORDER BY f.next_attempt_at, f.id
         LIMIT p.n
         FOR NO KEY UPDATE SKIP LOCKED) r

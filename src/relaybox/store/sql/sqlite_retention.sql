@@ -17,13 +17,7 @@ INSERT INTO relaybox_retention_policies
 SELECT ?1, ?2, ?3, ?4, ?5, ?7
 WHERE EXISTS (SELECT 1 FROM relaybox_retention_policies WHERE tenant = ?1)
    OR (SELECT count(*) FROM relaybox_retention_policies) < ?6
-ON CONFLICT (tenant) DO UPDATE SET
-    payload_max_age = excluded.payload_max_age,
-    outbox_payload_max_age = excluded.outbox_payload_max_age,
-    keys_max_age = excluded.keys_max_age,
-    updated_at = excluded.updated_at,
-    updated_by = excluded.updated_by
-RETURNING tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by, keys_max_age
+-- include: retention_policy_upsert
 
 -- name: retention_policy_delete
 DELETE FROM relaybox_retention_policies WHERE tenant = ?1 RETURNING tenant

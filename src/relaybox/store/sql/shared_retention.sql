@@ -1,0 +1,13 @@
+-- Retention's SQL both backends run as written (sql/<backend>_retention.sql has the
+-- rest).
+
+-- part: retention_policy_upsert
+-- retention_policy_put's new values replace a tenant's policy, returned as
+-- retention_policy_get reads it.
+ON CONFLICT (tenant) DO UPDATE SET
+    payload_max_age = excluded.payload_max_age,
+    outbox_payload_max_age = excluded.outbox_payload_max_age,
+    keys_max_age = excluded.keys_max_age,
+    updated_at = excluded.updated_at,
+    updated_by = excluded.updated_by
+RETURNING tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by, keys_max_age
