@@ -52,6 +52,8 @@ def load_queries(backend: str) -> dict[str, str]:
         for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
             if name in blocks[kind]:
                 raise RuntimeError(f"{kind} {name!r} is defined twice ({entry.name})")
+            if re.search(r"^[ \t]*-- include:", _INCLUDE.sub("", body), re.MULTILINE):
+                raise RuntimeError(f"{name!r}: an include line names one part alone ({entry.name})")
             blocks[kind][name] = body
     unused = set(blocks["part"])
 

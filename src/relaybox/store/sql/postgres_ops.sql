@@ -146,9 +146,7 @@ GROUP BY 1, 2
 -- the original for comparison. Pending and undiscarded dead rows are never candidates.
 SELECT count(*) FROM relaybox_inbox i
 WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < $1
-  AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-  AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                  WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+  -- include: inbox_purgeable
 
 -- name: ops_purge_inbox
 -- One batch: drop payload and headers, keep key, fingerprint, status and outcome.
@@ -159,15 +157,10 @@ WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < $1
 WITH batch AS MATERIALIZED (
     SELECT i.id FROM relaybox_inbox i
     WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < $1
-      AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-      AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                      WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+      -- include: inbox_purgeable
     ORDER BY i.updated_at LIMIT $3
     FOR NO KEY UPDATE SKIP LOCKED)
-UPDATE relaybox_inbox t SET payload = NULL, headers = NULL, purged_at = $2
-FROM batch
-WHERE t.id = batch.id AND t.payload IS NOT NULL AND t.status <> 'pending'
-RETURNING t.id
+-- include: purge_inbox_batch
 
 -- name: ops_purge_quarantine_count
 SELECT count(*) FROM relaybox_quarantine
@@ -204,10 +197,7 @@ WITH batch AS MATERIALIZED (
     WHERE purged_at IS NULL AND status IN ('sent', 'dead') AND updated_at < $1
     ORDER BY updated_at LIMIT $3
     FOR NO KEY UPDATE SKIP LOCKED)
-UPDATE relaybox_outbox t SET payload = 'null', purged_at = $2
-FROM batch
-WHERE t.id = batch.id AND t.purged_at IS NULL AND t.status IN ('sent', 'dead')
-RETURNING t.id
+-- include: purge_outbox_batch
 
 -- name: ops_purge_outbox_responses
 -- The first bytes of the receivers' answers to the deliveries ops_purge_outbox just
@@ -239,14 +229,10 @@ WHERE m.purged_at IS NULL AND m.created_at < $1
 WITH batch AS MATERIALIZED (
     SELECT m.id FROM relaybox_messages m
     WHERE m.purged_at IS NULL AND m.created_at < $1
-      AND (SELECT 1 FROM relaybox_outbox o
-           WHERE o.message_id = m.id AND o.purged_at IS NULL LIMIT 1) IS NULL
+      -- include: message_deliveries_purged
     ORDER BY m.created_at LIMIT $3
     FOR UPDATE SKIP LOCKED)
-UPDATE relaybox_messages t SET body = 'null', purged_at = $2
-FROM batch
-WHERE t.id = batch.id AND t.purged_at IS NULL
-RETURNING t.id
+-- include: purge_messages_batch
 
 -- name: ops_message_purged_at
 -- When retention emptied a message's body (NULL: it is there).

@@ -11,3 +11,12 @@ ON CONFLICT (tenant) DO UPDATE SET
     updated_at = excluded.updated_at,
     updated_by = excluded.updated_by
 RETURNING tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by, keys_max_age
+
+-- part: inbox_purgeable
+-- The inbox row i, its payload there and not pending (the terms of the purgeable
+-- indexes, which each statement states with its cutoff), may lose its payload: it is
+-- finished (done, ignored, or dead and discarded; an undiscarded dead letter keeps it)
+-- and no open quarantine entry needs the original for comparison.
+AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
+AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
+                WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)

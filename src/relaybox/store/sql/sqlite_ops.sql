@@ -144,9 +144,7 @@ GROUP BY 1, 2
 -- the original for comparison. Pending and undiscarded dead rows are never candidates.
 SELECT count(*) FROM relaybox_inbox i
 WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
-  AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-  AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                  WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+  -- include: inbox_purgeable
 
 -- name: ops_purge_inbox
 -- One batch: drop payload and headers, keep key, fingerprint, status and outcome.
@@ -154,9 +152,7 @@ WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
 UPDATE relaybox_inbox SET payload = NULL, headers = NULL, purged_at = ?2
 WHERE id IN (SELECT i.id FROM relaybox_inbox i
              WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
-               AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-               AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                               WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+               -- include: inbox_purgeable
              ORDER BY i.updated_at LIMIT ?3)
   AND payload IS NOT NULL AND status <> 'pending'
 RETURNING id
