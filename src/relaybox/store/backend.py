@@ -39,10 +39,11 @@ def load_queries(backend: str) -> dict[str, str]:
     (one file per area: core, outbound, ordering, operations), comment lines dropped.
 
     A block ``-- part: x`` is no statement: it is SQL that several statements share,
-    written once, and a line ``-- include: x`` of a statement stands for its text
-    (indented as that line is). Parts both backends share, with no parameters (their
-    styles differ: ``$n``, ``?n``), are in ``sql/shared_<area>.sql``. A name defined
-    twice, a part no statement includes and an include of no part are errors."""
+    written once; a line ``-- include: x`` of a statement (or of another part) stands
+    for its text, indented as that line is. What both backends run as written, with no
+    parameters (their styles differ: ``$n``, ``?n``), is in ``sql/shared_<area>.sql``,
+    read for either. A name defined twice, a part nothing includes and an include line
+    that names no part are errors."""
     folder = resources.files("relaybox.store").joinpath("sql")
     blocks: dict[str, dict[str, str]] = {"name": {}, "part": {}}
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
@@ -57,12 +58,13 @@ def load_queries(backend: str) -> dict[str, str]:
             blocks[kind][name] = body
     unused = set(blocks["part"])
 
-    def include(m: re.Match[str]) -> str:
+    def include(m: re.Match[str], within: tuple[str, ...] = ()) -> str:
         indent, name = m.groups()
-        if name not in blocks["part"]:
-            raise RuntimeError(f"no part {name!r} to include ({backend})")
+        if name not in blocks["part"] or name in within:
+            raise RuntimeError(f"no part {name!r} to include here ({backend}: {within})")
         unused.discard(name)
-        return textwrap.indent(blocks["part"][name].strip("\n"), indent)
+        part = _INCLUDE.sub(lambda n: include(n, (*within, name)), blocks["part"][name])
+        return textwrap.indent(part.strip("\n"), indent)
 
     queries = {
         name: _uncommented(_INCLUDE.sub(include, body)) for name, body in blocks["name"].items()
