@@ -390,9 +390,9 @@ SELECT id FROM relaybox_outbox
 WHERE endpoint_id = $1 AND status = 'pending'
 FOR NO KEY UPDATE SKIP LOCKED
 
--- name: delivery_kill_endpoint
--- Second step: the rows locked ($4) go to dead letters (recoverable), except those
--- under a live lease, left to their dispatcher; an expired lease of a killed row goes.
+-- part: delivery_kill
+-- The locked rows $4 of endpoint $1 go to dead letters (recoverable, reason $2, at
+-- $3), except those under a live lease, left to their dispatcher: killed, their ids.
 WITH killed AS (
     UPDATE relaybox_outbox SET status = 'dead', dead_reason = $2, updated_at = $3
     WHERE id = ANY ($4::bigint[]) AND endpoint_id = $1 AND status = 'pending'
@@ -400,6 +400,11 @@ WITH killed AS (
                       WHERE l.outbox_id = relaybox_outbox.id AND l.until > $3)
     RETURNING id
 )
+
+-- name: delivery_kill_endpoint
+-- Second step: the rows locked ($4) go to dead letters (delivery_kill); an expired
+-- lease of a killed row goes.
+-- include: delivery_kill
 DELETE FROM relaybox_outbox_leases WHERE outbox_id IN (SELECT id FROM killed)
 
 -- name: delivery_strays
@@ -431,13 +436,8 @@ FOR NO KEY UPDATE SKIP LOCKED
 -- name: delivery_kill_strays
 -- delivery_kill_endpoint for the strays of endpoint $1 ($4: their locked ids), with
 -- the ids it killed.
-WITH killed AS (
-    UPDATE relaybox_outbox SET status = 'dead', dead_reason = $2, updated_at = $3
-    WHERE id = ANY ($4::bigint[]) AND endpoint_id = $1 AND status = 'pending'
-      AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_leases l
-                      WHERE l.outbox_id = relaybox_outbox.id AND l.until > $3)
-    RETURNING id
-), gone AS (
+-- include: delivery_kill
+, gone AS (
     DELETE FROM relaybox_outbox_leases WHERE outbox_id IN (SELECT id FROM killed)
 )
 SELECT id FROM killed
