@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import re
 import textwrap
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -45,23 +45,30 @@ def load_queries(backend: str) -> dict[str, str]:
     read for either. A name defined twice, a part nothing includes and an include line
     that names no part are errors."""
     folder = resources.files("relaybox.store").joinpath("sql")
+    return _named_blocks(
+        (entry.name, entry.read_text())
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+        if re.fullmatch(rf"({backend}|shared)(_\w+)?\.sql", entry.name)
+    )
+
+
+def _named_blocks(files: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The statements of ``files`` ((name, text) pairs), their parts included."""
     blocks: dict[str, dict[str, str]] = {"name": {}, "part": {}}
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if not re.fullmatch(rf"({backend}|shared)(_\w+)?\.sql", entry.name):
-            continue
-        parts = _BLOCK.split(entry.read_text())
+    for file, text in files:
+        parts = _BLOCK.split(text)
         for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
             if name in blocks[kind]:
-                raise RuntimeError(f"{kind} {name!r} is defined twice ({entry.name})")
+                raise RuntimeError(f"{kind} {name!r} is defined twice ({file})")
             if re.search(r"^[ \t]*-- include:", _INCLUDE.sub("", body), re.MULTILINE):
-                raise RuntimeError(f"{name!r}: an include line names one part alone ({entry.name})")
+                raise RuntimeError(f"{name!r}: an include line names one part alone ({file})")
             blocks[kind][name] = body
     unused = set(blocks["part"])
 
     def include(m: re.Match[str], within: tuple[str, ...] = ()) -> str:
         indent, name = m.groups()
         if name not in blocks["part"] or name in within:
-            raise RuntimeError(f"no part {name!r} to include here ({backend}: {within})")
+            raise RuntimeError(f"no part {name!r} to include here (within {within})")
         unused.discard(name)
         part = _INCLUDE.sub(lambda n: include(n, (*within, name)), blocks["part"][name])
         return textwrap.indent(part.strip("\n"), indent)
@@ -70,7 +77,7 @@ def load_queries(backend: str) -> dict[str, str]:
         name: _uncommented(_INCLUDE.sub(include, body)) for name, body in blocks["name"].items()
     }
     if unused:
-        raise RuntimeError(f"parts no statement includes ({backend}): {sorted(unused)}")
+        raise RuntimeError(f"parts nothing includes: {sorted(unused)}")
     return queries
 
 

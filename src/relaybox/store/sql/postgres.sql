@@ -1,5 +1,7 @@
 -- Named queries for PostgreSQL. Each block starts with "-- name: NAME" and a line on
--- what it guarantees. Parameters are asyncpg's $n. Loaded once by relaybox.store.sql.
+-- what it guarantees. Parameters are asyncpg's $n. A "-- part: NAME" block is SQL that
+-- several statements share: a line "-- include: NAME" stands for it. What SQLite runs
+-- as written too is in shared*.sql. Loaded once by relaybox.store.backend.load_queries.
 
 -- part: inbox_batch_keys
 -- A batch's event keys inserted, in a WITH after u (the batch, its deliveries numbered

@@ -1,6 +1,7 @@
 -- Named queries for SQLite. Parameters are qmark (?). One writer at a time: the
 -- claim needs no SKIP LOCKED, because BEGIN IMMEDIATE already excludes every other
--- writer until COMMIT. Loaded once by relaybox.store.sql.
+-- writer until COMMIT. Parts ("-- part: NAME", included by "-- include: NAME") and
+-- shared*.sql as postgres.sql says. Loaded once by relaybox.store.backend.load_queries.
 
 -- name: inbox_insert
 -- A batch's rows inside its single transaction, many rows a statement: the store
