@@ -464,9 +464,9 @@ async def test_warm_accept_opens_the_accepts_connections_beforehand(store: Store
 
 async def test_pg_pools_are_made_once_with_their_settings(pg_url: str) -> None:
     """``PostgresStore``'s own asyncpg pools: concurrent first callers share one pool;
-    ``start_pool`` commits without waiting for the flush (start marks, holds, wakes),
-    ``generic_pool`` forces generic plans without bitmap scans, ``raw_pool`` keeps the
-    server's defaults."""
+    ``start_pool`` commits without waiting for the flush and forces generic plans
+    (claims, start marks, holds, wakes), ``generic_pool`` forces generic plans without
+    bitmap scans, ``raw_pool`` keeps the server's defaults."""
     store = open_store(pg_url)
     names = ("synchronous_commit", "plan_cache_mode", "enable_bitmapscan")
     query = "SELECT " + ", ".join(f"current_setting('{n}') AS {n}" for n in names)
@@ -475,7 +475,10 @@ async def test_pg_pools_are_made_once_with_their_settings(pg_url: str) -> None:
         [defaults] = await store.fetch_all(query)  # the engine's connections: as configured
         for make, changed in [
             (store.db.raw_pool, {}),
-            (store.db.start_pool, {"synchronous_commit": "off"}),
+            (
+                store.db.start_pool,
+                {"synchronous_commit": "off", "plan_cache_mode": "force_generic_plan"},
+            ),
             (
                 store.db.generic_pool,
                 {"plan_cache_mode": "force_generic_plan", "enable_bitmapscan": "off"},
