@@ -280,7 +280,7 @@ async def explain(url: str) -> list[str]:
         empty: list[Any] = []
         lease = (now, 100, ["webhook"], "bench", now + 30, *[empty] * 9, ["webhook"], 4)
         rows = await conn.fetch(
-            "EXPLAIN " + q["outbox_lease"], *lease, 100, 25, empty, empty, empty, None, None
+            "EXPLAIN " + q["outbox_lease"], *lease, 100, 25, empty, empty, empty
         )
         plans.append("outbox_lease: " + " / ".join(r[0].strip() for r in rows))
         return plans

@@ -912,8 +912,6 @@ class PostgresDispatch(DispatchStore):
                 tenants,
                 [fair.held[t] for t in tenants],
                 sent.headers,
-                min(sent.id, default=None),  # the partitions done and logged may touch
-                max(sent.id, default=None),
             )
         written: set[tuple[int, int]] = set()
         if leased and leased[0]["recorded"] is not None:

@@ -486,13 +486,7 @@ UPDATE relaybox_api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NUL
 -- clamped); $18 rows one tenant's lanes may take in this lease, unless $19 (tenants)
 -- / $20 (rows each) say otherwise: what the dispatcher already holds of them counted
 -- (tenant fairness, Dispatcher.run). A tenant with no rows left is not locked at all.
--- $21: the successes' recorded headers (JSON text, element i of $6..$14); $22 / $23
--- the lowest and highest of their ids ($6; NULL when none): bounds of the partition
--- key that PostgreSQL can use as the statement starts, so that done and logged open
--- only the outbox partitions that can hold them. By the ids alone (= ANY, a CTE's
--- min and max) it prunes only later, every partition opened first, and with time
--- partitions that fixed cost grew with the partitions kept (bench/README.md, "The
--- fixed cost of a partitioned statement").
+-- $21: the successes' recorded headers (JSON text, element i of $6..$14).
 -- A lease is a row of relaybox_outbox_leases (migration 0011 says why), not a change
 -- of the outbox row; the outbox row is written once, by the record.
 -- freed: the successes' leases, fenced per row (only the holder of the lease token);
@@ -552,7 +546,6 @@ WITH u AS (
         updated_at = $1, sent_at = $1
     WHERE o.id = ANY (ARRAY(SELECT outbox_id FROM freed))
       AND o.id BETWEEN (SELECT min(outbox_id) FROM freed) AND (SELECT max(outbox_id) FROM freed)
-      AND o.id BETWEEN $22::bigint AND $23::bigint
       AND o.status NOT IN ('sent', 'dead', 'held')
     RETURNING o.id, o.lease_token
 ), logged AS (
@@ -564,16 +557,13 @@ WITH u AS (
     SELECT u.id, u.attempt, u.token, $4, u.started, u.duration,
            CASE WHEN d.id IS NULL THEN 'fenced' ELSE 'sent' END, u.code,
            CASE WHEN u.error IS NULL OR d.id IS NOT NULL
-                     OR (SELECT x.erased_at FROM relaybox_outbox x
-                      WHERE x.id = u.id AND x.id BETWEEN $22::bigint AND $23::bigint) IS NULL
+                     OR (SELECT x.erased_at FROM relaybox_outbox x WHERE x.id = u.id) IS NULL
                THEN u.error ELSE '(erased)' END,
            CASE WHEN d.id IS NOT NULL
-                     OR (SELECT x.erased_at FROM relaybox_outbox x
-                      WHERE x.id = u.id AND x.id BETWEEN $22::bigint AND $23::bigint) IS NULL
+                     OR (SELECT x.erased_at FROM relaybox_outbox x WHERE x.id = u.id) IS NULL
                THEN u.response END,
            CASE WHEN d.id IS NOT NULL
-                     OR (SELECT x.erased_at FROM relaybox_outbox x
-                      WHERE x.id = u.id AND x.id BETWEEN $22::bigint AND $23::bigint) IS NULL
+                     OR (SELECT x.erased_at FROM relaybox_outbox x WHERE x.id = u.id) IS NULL
                THEN u.headers END
     FROM u LEFT JOIN done d ON d.id = u.id AND d.lease_token = u.token
     ORDER BY u.ord
