@@ -16,9 +16,9 @@ keys each time).
 
 ``--rounds`` (default 200) rounds; the first tenth is warm-up, left out. ``--against
 REF`` also runs, interleaved in the same rounds, the claim and the lease as commit REF
-wrote them (git show), on connections with that commit's settings: before 2026-12-07
-the claim was left to PostgreSQL's choice of plan (custom plans, planned anew each
-call) and the lease had no bounds of the ids it records (``$22``, ``$23``)."""
+wrote them (git show), the claim on a connection with that commit's settings: before
+2026-12-07 it was left to PostgreSQL's choice of plan (custom plans, planned anew each
+call)."""
 
 from __future__ import annotations
 
@@ -178,9 +178,7 @@ async def undone(conn: asyncpg.Connection, sql: str, args: Sequence[Any] | None 
         await conn.execute("ROLLBACK")
 
 
-def lease_args(
-    now: float, slots: int, sent: Sequence[Any] = (), *, with_bounds: bool = True
-) -> tuple[Any, ...]:
+def lease_args(now: float, slots: int, sent: Sequence[Any] = ()) -> tuple[Any, ...]:
     """outbox_lease's parameters (PostgresDispatch.outbox_lease): ``slots`` free, the
     rows ``sent`` recorded as successes."""
     ids = [r["id"] for r in sent]
@@ -197,7 +195,6 @@ def lease_args(
     ]
     fair: tuple[Any, ...] = (100, 25, [], [])  # lane cap, a tenant's rows, tenants, theirs
     heads = ["{}"] * len(ids)
-    bounds = (min(ids, default=None), max(ids, default=None)) if with_bounds else ()
     return (
         now,
         slots,
@@ -209,7 +206,6 @@ def lease_args(
         2,
         *fair,
         heads,
-        *bounds,
     )
 
 
@@ -275,21 +271,20 @@ async def round_of(
         "inbox_complete (8 ids)",
         (await undone(layout.raw, execute("inbox_complete", (ids, now))))[0],
     )
-    leases = [(q["outbox_lease"], True, "")]
+    leases = [(q["outbox_lease"], "")]
     if then:
-        leases.append((then["outbox_lease"], False, " at REF"))
+        leases.append((then["outbox_lease"], " at REF"))
         random.shuffle(leases)
     for label, slots in (
         ("outbox_lease (5 + 5 recorded)", 5),
         ("outbox_lease (25 + 25 recorded)", 100),
     ):
-        for sql, bounds, at in leases:
+        for sql, at in leases:
             await layout.generic.execute("BEGIN")
             try:  # leased, then recorded as sent with the next lease, rolled back
-                args = lease_args(now, slots, with_bounds=bounds)
-                first = await layout.generic.fetch(sql, *args)
+                first = await layout.generic.fetch(sql, *lease_args(now, slots))
                 sent = [r for r in first if r["id"] is not None]
-                args = lease_args(now, slots, sent, with_bounds=bounds)
+                args = lease_args(now, slots, sent)
                 sample, rows = await timed(layout.generic, sql, args)
                 assert len(rows[0]["recorded"]) == len(sent)
                 put(label + at, sample)
