@@ -57,7 +57,7 @@ async def test_convert_keeps_messages_deliveries_and_their_keys(store: Store) ->
     assert await publish(store, "k1")
     assert await handler_row(store, "h1") is not None
     converted = await store.partitions.convert("day")
-    assert converted[-3:] == SENDING
+    assert converted[-4:] == SENDING
     d = await today(store)
     for table in SENDING:
         assert f"{table}_default" in await names(store, table)
