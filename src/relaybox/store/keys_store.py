@@ -122,19 +122,24 @@ class KeysStore:
         if kind == "outbox":
             if scope is not None or keep:
                 raise ValueError("the outbox's keys have no scope")
-            total = 0
-            for table in ("outbox", "delivery"):
-                name = f"keys_expire_{table}"
-                if name in self.db.q:  # PostgreSQL's tables
-                    total += await self._batches(name, (cutoff, limit), limit)
-            return total
+            name = f"keys_expire_{kind}"
+            if name not in self.db.q:  # SQLite: none apart from the rows
+                return 0
+            total = await self._batches(name, (cutoff, limit), limit)
+            table = "delivery"  # PostgreSQL's delivery keys, by their message's day
+            return total + await self._by_day(f"keys_expire_{table}", table, cutoff, (limit,))
         if scope is None and not keep:
             return await self._batches(f"keys_expire_{kind}", (cutoff, limit), limit)
-        which: Any
         if scope is None:
-            name, which = f"keys_expire_{kind}_keep", self.db.array([keys.scope_of(k) for k in keep])
-        else:
-            name, which = f"keys_expire_{kind}_scope", keys.scope_of(scope)
+            kept = self.db.array([keys.scope_of(k) for k in keep])
+            return await self._by_day(f"keys_expire_{kind}_keep", kind, cutoff, (limit, kept))
+        which = keys.scope_of(scope)
+        return await self._by_day(f"keys_expire_{kind}_scope", kind, cutoff, (limit, which))
+
+    async def _by_day(self, name: str, kind: str, cutoff: int, params: tuple[Any, ...]) -> int:
+        """Statement ``name`` (day, ``params``: the batch's limit first) for each day
+        before ``cutoff`` that has keys, oldest first (``keys_oldest_<kind>`` finds the
+        next one through the index by day)."""
         total = 0
         day = -(2**31)
         while True:
@@ -143,7 +148,7 @@ class KeysStore:
             if row is None or row[0] is None:
                 return total
             day = int(row[0])
-            total += await self._batches(name, (day, limit, which), limit)
+            total += await self._batches(name, (day, *params), params[0])
             day += 1
 
     async def _batches(self, name: str, params: tuple[Any, ...], limit: int) -> int:

@@ -55,40 +55,41 @@ FROM unnest($1::bytea[], $2::bigint[], $3::integer[], $4::text[]) AS k(d, s, day
 ON CONFLICT DO NOTHING
 
 -- name: keys_expire_event
--- One batch of expiry: up to $2 event keys first seen before day $1, oldest first.
-DELETE FROM relaybox_event_keys WHERE digest IN (
-    SELECT digest FROM relaybox_event_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2)
+-- One batch of expiry: up to $2 event keys first seen before day $1, oldest first
+-- (each found by its primary key: no join a plan could make a scan of the table).
+DELETE FROM relaybox_event_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_event_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2))
 
 -- name: keys_expire_event_scope
 -- One batch of the expiry of scope $3: up to $2 of its keys first seen on
 -- day $1 (relaybox.store.keys_store goes day by day from the oldest: a batch
 -- reads one day's keys through the index by day, not every older one).
-DELETE FROM relaybox_event_keys WHERE digest IN (
-    SELECT digest FROM relaybox_event_keys WHERE first_seen = $1 AND scope = $3 LIMIT $2)
+DELETE FROM relaybox_event_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_event_keys WHERE first_seen = $1 AND scope = $3 LIMIT $2))
 
 -- name: keys_expire_message
 -- One batch of expiry: up to $2 message keys first seen before day $1, oldest first.
-DELETE FROM relaybox_message_keys WHERE digest IN (
-    SELECT digest FROM relaybox_message_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2)
+DELETE FROM relaybox_message_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_message_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2))
 
 -- name: keys_expire_message_scope
 -- One batch of the expiry of scope $3: up to $2 of its keys first seen on
 -- day $1 (relaybox.store.keys_store goes day by day from the oldest: a batch
 -- reads one day's keys through the index by day, not every older one).
-DELETE FROM relaybox_message_keys WHERE digest IN (
-    SELECT digest FROM relaybox_message_keys WHERE first_seen = $1 AND scope = $3 LIMIT $2)
+DELETE FROM relaybox_message_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_message_keys WHERE first_seen = $1 AND scope = $3 LIMIT $2))
 
 -- name: keys_expire_operation
 -- One batch of expiry: up to $2 business keys first seen before day $1, oldest first.
-DELETE FROM relaybox_business_keys WHERE digest IN (
-    SELECT digest FROM relaybox_business_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2)
+DELETE FROM relaybox_business_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_business_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2))
 
 -- name: keys_expire_operation_scope
 -- One batch of the expiry of scope $3 (a source's): up to $2 of its keys first seen on
 -- day $1 (relaybox.store.keys_store goes day by day from the oldest: a batch
 -- reads one day's keys through the index by day, not every older one).
-DELETE FROM relaybox_business_keys WHERE digest IN (
-    SELECT digest FROM relaybox_business_keys WHERE first_seen = $1 AND scope = $3 LIMIT $2)
+DELETE FROM relaybox_business_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_business_keys WHERE first_seen = $1 AND scope = $3 LIMIT $2))
 
 -- name: keys_backfill_operations_page
 -- Up to $2 business keys after $1, in key order (the primary key).
@@ -115,23 +116,23 @@ ON CONFLICT DO NOTHING
 -- name: keys_expire_event_keep
 -- As keys_expire_event_scope, but the keys of every scope except $3 (they keep
 -- theirs longer).
-DELETE FROM relaybox_event_keys WHERE digest IN (
+DELETE FROM relaybox_event_keys WHERE digest = ANY(ARRAY(
     SELECT digest FROM relaybox_event_keys WHERE first_seen = $1 AND scope <> ALL($3::bigint[])
-    LIMIT $2)
+    LIMIT $2))
 
 -- name: keys_expire_message_keep
 -- As keys_expire_message_scope, but the keys of every scope except $3 (they keep
 -- theirs longer).
-DELETE FROM relaybox_message_keys WHERE digest IN (
+DELETE FROM relaybox_message_keys WHERE digest = ANY(ARRAY(
     SELECT digest FROM relaybox_message_keys WHERE first_seen = $1 AND scope <> ALL($3::bigint[])
-    LIMIT $2)
+    LIMIT $2))
 
 -- name: keys_expire_operation_keep
 -- As keys_expire_operation_scope, but the keys of every scope except $3 (they keep
 -- theirs longer).
-DELETE FROM relaybox_business_keys WHERE digest IN (
+DELETE FROM relaybox_business_keys WHERE digest = ANY(ARRAY(
     SELECT digest FROM relaybox_business_keys WHERE first_seen = $1 AND scope <> ALL($3::bigint[])
-    LIMIT $2)
+    LIMIT $2))
 
 
 -- name: keys_oldest_event
@@ -153,11 +154,16 @@ SELECT min(first_seen) AS day FROM relaybox_business_keys WHERE first_seen >= $2
 -- One batch of expiry: up to $2 keys of the outbox (relaybox_outbox_keys: the
 -- handler's and the application's rows, and deliveries of before migration 0037)
 -- first seen before day $1, oldest first.
-DELETE FROM relaybox_outbox_keys WHERE digest IN (
-    SELECT digest FROM relaybox_outbox_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2)
+DELETE FROM relaybox_outbox_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_outbox_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2))
 
 -- name: keys_expire_delivery
--- One batch of expiry: up to $2 delivery keys whose message's day is before day $1,
--- oldest first (the primary key, day first).
-DELETE FROM relaybox_delivery_keys WHERE (day, digest) IN (
-    SELECT day, digest FROM relaybox_delivery_keys WHERE day < $1 ORDER BY day LIMIT $2)
+-- One batch of expiry: up to $2 delivery keys of messages of day $1 (their primary
+-- key, day first; relaybox.store.keys_store goes day by day from the oldest).
+DELETE FROM relaybox_delivery_keys WHERE day = $1 AND digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_delivery_keys WHERE day = $1 LIMIT $2))
+
+-- name: keys_oldest_delivery
+-- The oldest day from day $2 on of a delivery key's message before day $1 (one probe
+-- of the primary key).
+SELECT min(day) AS day FROM relaybox_delivery_keys WHERE day >= $2 AND day < $1
