@@ -41,7 +41,9 @@ DROP INDEX relaybox_message_keys_scope_age;
 DROP INDEX relaybox_business_keys_scope_age;
 
 -- The outbox's keys get a keys window too (retention.keys_max_age): their index by
--- day. Built here under a lock that holds the outbox's inserts (handler and
--- application rows) while it reads the keys table: 0.28-0.36 s per million keys
--- measured (4 million in 1.1-1.5 s on a 2-core machine; docs/scaling.md).
+-- day. Built here under a lock that holds the outbox's inserts while it reads the
+-- keys table, and the DROP INDEX locks above are held until this transaction commits
+-- (accepts and publishes wait as long): 0.28-0.36 s per million outbox keys measured
+-- (4 million in 1.1-1.5 s on a 2-core machine; docs/operating.md). The migration runner
+-- applies a migration in one transaction, where CONCURRENTLY cannot run.
 CREATE INDEX relaybox_outbox_keys_age ON relaybox_outbox_keys (first_seen);
