@@ -408,3 +408,36 @@ async def test_delivery_keys_wait_for_a_late_message_in_the_default_partition(
     late = await store.fetch_all("SELECT tableoid::regclass::text AS t FROM relaybox_messages")
     assert [r["t"] for r in late] == ["relaybox_messages_default"]
     assert await missing_after(store) == ([], 0)  # its key decides still
+
+
+async def test_a_side_partitioned_before_0037_has_its_delivery_keys_converted(
+    store: Store,
+) -> None:
+    """Migration 0037 on a database whose sending side is partitioned already: the
+    delivery keys' table starts plain, and the next maintenance pass converts it (as a
+    conversion left halfway), its first partition past the newest key; publishes go on
+    meanwhile, and its keys decide."""
+    await store.partitions.convert("day")
+    await sql(
+        store,
+        "DROP TABLE relaybox_delivery_keys",
+        "CREATE TABLE relaybox_delivery_keys (day INTEGER NOT NULL, digest UUID NOT NULL,"
+        " CONSTRAINT relaybox_delivery_keys_pkey PRIMARY KEY (day, digest))",
+    )
+    assert "relaybox_delivery_keys" not in await store.partitions.tables()
+    now = time.time()
+    assert await publish(store, None, at=now)
+    result = await store.partitions.maintain("day")
+    assert result.converted == ["relaybox_delivery_keys"]
+    [bound] = await store.fetch_all(
+        "SELECT pg_get_expr(c.relpartbound, c.oid) AS b FROM pg_class c"
+        " WHERE c.relname = 'relaybox_delivery_keys_p' || to_char(now(), 'YYYYMMDD')"
+    )
+    upper = int(re.search(r"TO \((\d+)\)", bound["b"]).group(1))  # type: ignore[union-attr]
+    assert upper >= await today(store) + MESSAGES_SLACK  # the messages' slack, at least
+    assert await publish(store, None, at=now)
+    keys = await store.fetch_all(
+        "SELECT tableoid::regclass::text AS part FROM relaybox_delivery_keys"
+    )
+    assert len(keys) == 2 and all(k["part"] != "relaybox_delivery_keys_default" for k in keys)
+    assert await missing_after(store) == ([], 0)
