@@ -1,7 +1,8 @@
 """What the HTML apps (the admin app, the portal) share: the browser protections on
 every answer (one ASGI middleware that sets a fixed list of response headers, and the
-framing headers both apps derive from their ``frame_ancestors`` setting), and how
-their templates are loaded (:func:`page_environment`)."""
+framing headers both apps derive from their ``frame_ancestors`` setting), how
+their templates are loaded (:func:`page_environment`), and what a page says after an
+action (:func:`notice_text`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 from jinja2 import BaseLoader, Environment, select_autoescape
 from starlette.datastructures import MutableHeaders
 
-__all__ = ["ResponseHeaders", "framing", "page_environment", "timestamp_text"]
+__all__ = ["ResponseHeaders", "framing", "notice_text", "page_environment", "timestamp_text"]
 
 
 def timestamp_text(value: float | None) -> str:
@@ -33,6 +34,16 @@ def page_environment(loader: BaseLoader) -> Environment:
     )
     env.filters["ts"] = timestamp_text
     return env
+
+
+def notice_text(notices: dict[str, str], code: str, n: str) -> str:
+    """What a page shows for ``?notice=<code>&n=<n>``: the text ``notices`` holds for
+    the code (nothing for an unknown one, never text from the address), its ``{n}``
+    the count when that is digits only (nothing otherwise)."""
+    notice = notices.get(code, "")
+    if "{n}" in notice:
+        notice = notice.format(n=n) if n.isdigit() and len(n) <= 9 else ""
+    return notice
 
 
 def framing(ancestors: str) -> list[tuple[str, str]]:

@@ -21,31 +21,25 @@ from relaybox.config import BACKGROUND_ROLES
 from relaybox.errors import TABLES_MISSING, ConfigurationError
 from relaybox.inbound.worker import Worker
 from relaybox.log import short_error
+from relaybox.runtime import Runtime
 from relaybox.store import check_database_url
 
 if TYPE_CHECKING:
     from relaybox.clock import ClockGuard
-    from relaybox.config import Settings
     from relaybox.inbound.registry import Inbound
     from relaybox.outbound.dispatcher import Dispatcher
     from relaybox.retention import Maintenance
     from relaybox.silence import SilenceWatch
-    from relaybox.store import Store
 
 __all__ = ["Lifecycle", "LifecycleRuntime"]
 
 log = structlog.get_logger("relaybox")
 
 
-class LifecycleRuntime(Protocol):
-    """What the lifecycle runs: the box's settings, store, clock guard and receiving
-    side, the roles' factories, and what it does before they start."""
-
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def store(self) -> Store: ...
+class LifecycleRuntime(Runtime, Protocol):
+    """What the lifecycle runs: a :class:`~relaybox.runtime.Runtime` (the box's
+    settings, store, ...) with its clock guard and receiving side, the roles'
+    factories, and what it does before they start."""
 
     @property
     def clock_guard(self) -> ClockGuard: ...

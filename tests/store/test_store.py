@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from relaybox.errors import StoreUnavailable
 from relaybox.inbound.accept import Acceptor
 from relaybox.store import AcceptOutcome, NewDelivery, Store, open_store
-from relaybox.store.backend import load_migrations, load_queries
+from relaybox.store.backend import _named_blocks, load_migrations, load_queries
 from relaybox.store.inbox_rows import NewAttempt, NewOperation
 from tests.conftest import _dsn, _with_db, admin_url, drop_pg_database
 
@@ -1381,6 +1381,31 @@ def test_sql_files_are_well_formed() -> None:
         assert not qmark.search(sql), f"postgres query {name} uses a qmark parameter"
     for name, sql in queries["sqlite"].items():
         assert not re.search(r"\$\d", sql), f"sqlite query {name} uses a $n parameter"
+
+
+def test_a_part_stands_where_a_statement_includes_it() -> None:
+    shared = "-- part: done\n-- (a comment goes)\nstatus = 'done'\n"
+    own = (
+        "-- part: finished\nid > 0\nAND (\n  -- include: done\n)\n\n"
+        "-- name: finished_count\nSELECT count(*) FROM t\nWHERE\n    -- include: finished\n"
+    )
+    expanded = "SELECT count(*) FROM t\nWHERE\n    id > 0\n    AND (\n      status = 'done'\n    )"
+    assert _named_blocks([("a.sql", own), ("b.sql", shared)]) == {"finished_count": expanded}
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("-- name: q\nSELECT 1\n-- include: nothing\n", "no part 'nothing'"),
+        ("-- part: p\nx\n\n-- name: q\nSELECT 1\n", "parts nothing includes: ['p']"),
+        ("-- name: q\nSELECT 1\n-- include: p)\n\n-- part: p\nx\n", "names one part alone"),
+        ("-- part: p\n-- include: p\n\n-- name: q\n-- include: p\n", "no part 'p'"),
+        ("-- part: p\nx\n-- part: p\ny\n-- name: q\n-- include: p\n", "defined twice"),
+    ],
+)
+def test_a_part_is_included_or_an_error_says_why(text: str, error: str) -> None:
+    with pytest.raises(RuntimeError, match=re.escape(error)):
+        _named_blocks([("a.sql", text)])
 
 
 async def test_sqlite_connection_pragmas(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ from relaybox.admin.auth import (
     revoke_session,
     token_ok,
 )
-from relaybox.browser import page_environment
+from relaybox.browser import notice_text, page_environment
 from relaybox.errors import InvalidRequest, NotFound, OpsError
 from relaybox.limits import FailureThrottle
 from relaybox.ops import inbound as ops
@@ -59,12 +59,14 @@ __all__ = [
     "checked_form",
     "filters_of",
     "form_of",
+    "form_page",
     "login_page",
     "next_url",
     "page",
     "path_id",
     "pretty",
     "render",
+    "text_id",
 ]
 
 _env = page_environment(PackageLoader("relaybox.admin", "templates"))
@@ -136,10 +138,7 @@ actions fail with."""
 
 def _flash(query: Any) -> tuple[str, str]:
     """(notice, error) for a page's query string: table entries only."""
-    notice = NOTICES.get(query.get("notice", ""), "")
-    if "{n}" in notice:
-        n = query.get("n", "")
-        notice = notice.format(n=n) if n.isdigit() and len(n) <= 9 else ""
+    notice = notice_text(NOTICES, query.get("notice", ""), query.get("n", ""))
     return notice, ERRORS.get(query.get("error", ""), "")
 
 
@@ -246,17 +245,34 @@ async def checked_form(request: Request) -> dict[str, str] | Response:
     return form
 
 
-def action(
-    fn: Callable[[Request, dict[str, str]], Awaitable[Notice]],
+def form_page(
+    fn: Callable[[Request, dict[str, str]], Awaitable[Response]],
 ) -> Callable[[Request], Awaitable[Response]]:
-    """A POST form handler: checks the CSRF token, runs ``fn`` (which returns the
-    notice's code), and redirects to the form's ``back`` page with that code, or with
-    the error's code when it failed."""
+    """A POST form handler answering with a page of its own: runs ``fn(request,
+    form)`` once the form passed :func:`checked_form`, else answers with the page that
+    refuses it; an operator error ``fn`` raises is the error page, as :func:`page`'s."""
 
     async def wrapped(request: Request) -> Response:
         form = await checked_form(request)
         if isinstance(form, Response):
             return form
+        try:
+            return await fn(request, form)
+        except OpsError as exc:
+            return await render(request, "error.html", status=exc.status, message=exc.message)
+
+    wrapped.__name__ = fn.__name__
+    return wrapped
+
+
+def action(
+    fn: Callable[[Request, dict[str, str]], Awaitable[Notice]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A POST form handler (:func:`form_page`) that runs ``fn`` (which returns the
+    notice's code), and redirects to the form's ``back`` page with that code, or with
+    the error's code when it failed."""
+
+    async def act(request: Request, form: dict[str, str]) -> Response:
         back = form.get("back", "")
         base = _base(request)
         if not back.startswith(base + "/") or "//" in back or "\\" in back:
@@ -272,8 +288,8 @@ def action(
             return _redirect(back, notice=notice[0], n=str(notice[1]))
         return _redirect(back, notice=notice)
 
-    wrapped.__name__ = fn.__name__
-    return wrapped
+    act.__name__ = fn.__name__
+    return form_page(act)
 
 
 def filters_of(request: Request, model: type[BaseModel]) -> Any:
@@ -295,6 +311,14 @@ def path_id(request: Request) -> int:
     if not raw.isdigit() or len(raw) > 18:
         raise NotFound(f"{raw!r} is not a known id")
     return int(raw)
+
+
+def text_id(request: Request) -> str:
+    """The text id in the address (``{id:str}``: an endpoint's, a message's)."""
+    raw = str(request.path_params["id"])
+    if "\x00" in raw or len(raw) > 200:
+        raise NotFound(f"{raw[:40]!r} is not a known id")
+    return raw
 
 
 def actor_of(request: Request) -> str:
@@ -356,13 +380,11 @@ async def login(request: Request) -> Response:
     return response
 
 
-async def logout(request: Request) -> Response:
+@form_page
+async def logout(request: Request, form: dict[str, str]) -> Response:
     """End the session for every process (revoked in the database), then forget the
     cookie. On a database without the sessions table the cookie is forgotten here
     but stays valid until it expires: the page says so."""
-    form = await checked_form(request)
-    if isinstance(form, Response):
-        return form
     base = _base(request)
     response: Response
     if await request.app.state.tables.missing((SESSIONS_TABLE,)):

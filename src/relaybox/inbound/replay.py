@@ -13,7 +13,6 @@ unless it asks with ``include_discarded``; replaying it by its id is asking.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,15 +35,10 @@ log = structlog.get_logger("relaybox.replay")
 
 
 @dataclass(frozen=True)
-class Selection:
-    """Which rows to replay; unset fields do not filter. At least one must be set."""
+class Selection(ReplayFilter):
+    """Which rows to replay (the store's filter, and whether discarded dead letters
+    are in); unset fields do not filter. At least one must be set."""
 
-    ids: Sequence[int] | None = None
-    source: str | None = None
-    since: float | None = None
-    until: float | None = None
-    statuses: Sequence[str] | None = None
-    limit: int = 10_000
     include_discarded: bool | None = None  # default: only when named by id
 
     def __post_init__(self) -> None:
@@ -82,23 +76,12 @@ Candidate = ReplayCandidate
 """A row a selection matches, as it is now."""
 
 
-def _filter(selection: Selection) -> ReplayFilter:
-    return ReplayFilter(
-        ids=selection.ids,
-        source=selection.source,
-        since=selection.since,
-        until=selection.until,
-        statuses=selection.statuses,
-        limit=selection.limit,
-    )
-
-
 async def select(box: Runtime, selection: Selection) -> list[Candidate]:
     """The rows ``selection`` matches now, changing nothing (``relaybox replay
     --dry-run``, and the CLI's progress over long ranges)."""
     store = box.store
     async with store.transaction() as conn:
-        return await store.history.replay_select(conn, _filter(selection))
+        return await store.history.replay_select(conn, selection)
 
 
 async def replay(box: Runtime, selection: Selection, *, actor: str, reason: str) -> ReplayResult:
@@ -125,7 +108,7 @@ async def _replay(box: Runtime, selection: Selection, *, actor: str, reason: str
     result = ReplayResult()
     now = box.clock.now()
     async with store.transaction() as conn:
-        for candidate in await store.history.replay_select(conn, _filter(selection)):
+        for candidate in await store.history.replay_select(conn, selection):
             if candidate.purged:
                 result.purged.append(candidate.inbox_id)
                 continue

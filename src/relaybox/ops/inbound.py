@@ -44,6 +44,7 @@ from relaybox.wire import parse_json
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
+    from relaybox.store.operator import EventListing
 
 __all__ = [
     "age_text",
@@ -151,9 +152,10 @@ async def table_exists(box: Runtime, table: str) -> bool:
 
 def _event_filter(
     f: InboxFilter | DeadFilter | DeadRetryRequest, before_id: int | None
-) -> dict[str, Any]:
-    """The store's arguments the lists of events share (the inbox's, the dead
-    letters'), from an operator's filter: below ``before_id``, the newest first."""
+) -> EventListing:
+    """The listing (:class:`~relaybox.store.operator.EventListing`) the lists of events
+    share (the inbox's, the dead letters'), from an operator's filter: below
+    ``before_id``, the newest first."""
     return {
         "source": f.source,
         "event_type": f.type,

@@ -36,6 +36,7 @@ of a worker that died names no type, so it is announced.)
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -105,18 +106,7 @@ async def emit(
 
 def announcer(box: Runtime) -> Announce:
     """:func:`emit` for ``box``: what the receiving side is given to tell with."""
-
-    async def announce(
-        conn: AsyncConnection,
-        event_type: str,
-        data: Any,
-        *,
-        key: str | None = None,
-        inbox_id: int | None = None,
-    ) -> None:
-        await emit(box, conn, event_type, data, key=key, inbox_id=inbox_id)
-
-    return announce
+    return functools.partial(emit, box)
 
 
 def sync_announcer(box: Runtime) -> AnnounceSync:

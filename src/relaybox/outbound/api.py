@@ -158,6 +158,7 @@ class Redelivery(BaseModel):
 
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 def _strict(model: type[M], data: Any, *, now: float | None = None) -> M:
@@ -174,6 +175,13 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 
 def _not_found(what: str) -> ApiError:
     return ApiError(404, "not_found", f"no such {what}")
+
+
+def _found(value: T | None, what: str) -> T:
+    """``value``, or the 404 naming ``what`` when there is none."""
+    if value is None:
+        raise _not_found(what)
+    return value
 
 
 def _check_params(request: Request) -> None:
@@ -269,9 +277,7 @@ def build_api(box: Runtime) -> Starlette:
 
     async def endpoint_of(request: Request, tenant: str) -> Endpoint:
         found = await endpoints.get_endpoint(box, request.path_params["id"], tenant)
-        if found is None:
-            raise _not_found("endpoint")
-        return found
+        return _found(found, "endpoint")
 
     # -- endpoints -------------------------------------------------------------------
 
@@ -290,9 +296,7 @@ def build_api(box: Runtime) -> Starlette:
     async def patch_endpoint(request: Request, tenant: str) -> Response:
         patch = _strict(EndpointPatch, await body(request))
         updated = await endpoints.update_endpoint(box, request.path_params["id"], tenant, patch)
-        if updated is None:
-            raise _not_found("endpoint")
-        return JSONResponse(updated.to_json())
+        return JSONResponse(_found(updated, "endpoint").to_json())
 
     async def delete_endpoint(request: Request, tenant: str) -> Response:
         if not await endpoints.delete_endpoint(box, request.path_params["id"], tenant):
@@ -301,9 +305,7 @@ def build_api(box: Runtime) -> Starlette:
 
     async def get_secret(request: Request, tenant: str) -> Response:
         found = await endpoints.endpoint_secrets(box, request.path_params["id"], tenant)
-        if found is None:
-            raise _not_found("endpoint")
-        return JSONResponse({"data": found})
+        return JSONResponse({"data": _found(found, "endpoint")})
 
     async def rotate_secret(request: Request, tenant: str) -> Response:
         rotation = _strict(Rotation, await body(request))
@@ -314,9 +316,7 @@ def build_api(box: Runtime) -> Starlette:
             grace=rotation.grace_seconds,
             kind=rotation.secret_type,
         )
-        if secret is None:
-            raise _not_found("endpoint")
-        return JSONResponse({"secret": secret}, status_code=201)
+        return JSONResponse({"secret": _found(secret, "endpoint")}, status_code=201)
 
     async def send_test(request: Request, tenant: str) -> Response:
         found = await endpoint_of(request, tenant)
@@ -340,9 +340,7 @@ def build_api(box: Runtime) -> Starlette:
             until=recovery.until,
             tenant=tenant,
         )
-        if count is None:
-            raise _not_found("endpoint")
-        return JSONResponse({"recovered": count}, status_code=202)
+        return JSONResponse({"recovered": _found(count, "endpoint")}, status_code=202)
 
     async def pause(request: Request, tenant: str) -> Response:
         found = await endpoint_of(request, tenant)
@@ -388,9 +386,8 @@ def build_api(box: Runtime) -> Starlette:
         job = await replays.get_replay(
             box, request.path_params["job"], tenant=tenant, endpoint_id=found.id
         )
-        if job is None:
-            raise _not_found("replay job")
-        return JSONResponse({**replays.job_json(job), "url": str(request.url).split("?")[0]})
+        url = str(request.url).split("?")[0]
+        return JSONResponse({**replays.job_json(_found(job, "replay job")), "url": url})
 
     async def endpoint_deliveries(request: Request, tenant: str) -> Response:
         found = await endpoint_of(request, tenant)
@@ -440,9 +437,7 @@ def build_api(box: Runtime) -> Starlette:
     async def list_messages(request: Request, tenant: str) -> Response:
         before = None
         if cursor := request.query_params.get("before"):
-            last = await deliveries.get_message(box, cursor, tenant)
-            if last is None:
-                raise _not_found("message")
+            last = _found(await deliveries.get_message(box, cursor, tenant), "message")
             before = (last.created_at, last.id)
         found = await deliveries.list_messages(
             box,
@@ -457,9 +452,7 @@ def build_api(box: Runtime) -> Starlette:
 
     async def message_of(request: Request, tenant: str) -> Message:
         found = await deliveries.get_message(box, request.path_params["id"], tenant)
-        if found is None:
-            raise _not_found("message")
-        return found
+        return _found(found, "message")
 
     async def get_message(request: Request, tenant: str) -> Response:
         message = await message_of(request, tenant)

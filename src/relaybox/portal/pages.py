@@ -370,11 +370,10 @@ def routes(box: Runtime) -> list[BaseRoute]:
         try:
             session = await open_link(box, token)
         except TokenRefused as exc:
-            return error_page(
-                request, box, exc.status, str(exc), title=_LINK_TITLES.get(exc.reason)
-            )
+            refusal = PageError(exc.status, str(exc), title=_LINK_TITLES.get(exc.reason))
+            return error_page(request, box, refusal)
         except SecretsLocked as exc:  # no key to check links with: the server's problem
-            return error_page(request, box, 503, str(exc))
+            return error_page(request, box, PageError(503, str(exc)))
         root = str(request.scope.get("root_path", ""))
         return RedirectResponse(f"{root}/s/{session.token}/endpoints", status_code=303)
 

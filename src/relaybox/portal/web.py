@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from relaybox.browser import framing, page_environment
+from relaybox.browser import framing, notice_text, page_environment
 from relaybox.errors import RelayboxError
 from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import InvalidEndpoint
@@ -144,10 +144,7 @@ class Page:
 
     def render(self, template: str, *, status: int = 200, **context: Any) -> HTMLResponse:
         settings = self.box.settings.portal
-        notice = NOTICES.get(self.query("notice"), "")
-        if "{n}" in notice:
-            n = self.query("n")
-            notice = notice.format(n=n) if n.isdigit() and len(n) <= 9 else ""
+        notice = notice_text(NOTICES, self.query("notice"), self.query("n"))
         html = ENV.get_template(template).render(
             base=self.base,
             tenant=self.tenant,
@@ -169,31 +166,24 @@ Handler = Callable[[Page], Awaitable[Response]]
 
 
 def error_page(
-    request: Request,
-    box: Runtime,
-    status: int,
-    message: str,
-    *,
-    page: Page | None = None,
-    retry_after: int | None = None,
-    title: str | None = None,
+    request: Request, box: Runtime, refusal: PageError, *, page: Page | None = None
 ) -> HTMLResponse:
-    """The error page; within a valid session (``page``) with the portal's tabs and
-    its logout button, so the tenant goes on from there. ``title``: the heading (by
-    default one for the status)."""
+    """The page of a ``refusal``: its status, text, heading (by default one for the
+    status) and ``Retry-After``; within a valid session (``page``) with the portal's
+    tabs and its logout button, so the tenant goes on from there."""
     context: dict[str, Any] = {}
     if page is not None:
         context = {"base": page.base, "csrf": csrf_token(box, page.session)}
     html = ENV.get_template("error.html").render(
-        message=message,
-        status=status,
-        title=title,
+        message=refusal.message,
+        status=refusal.status,
+        title=refusal.title,
         theme=theme_css(box.settings.portal.theme),
         **context,
     )
-    response = HTMLResponse(html, status_code=status)
-    if retry_after is not None:
-        response.headers["Retry-After"] = str(retry_after)
+    response = HTMLResponse(html, status_code=refusal.status)
+    if refusal.retry_after is not None:
+        response.headers["Retry-After"] = str(refusal.retry_after)
     return response
 
 
@@ -250,24 +240,16 @@ def handler(box: Runtime, fn: Handler) -> Callable[[Request], Awaitable[Response
                     raise PageError(403, "The form expired: reload the page and try again.")
             return await fn(page)
         except PageError as exc:
-            return error_page(
-                request,
-                box,
-                exc.status,
-                exc.message,
-                page=page,
-                retry_after=exc.retry_after,
-                title=exc.title,
-            )
+            return error_page(request, box, exc, page=page)
         except (InvalidEndpoint, InvalidMessage, InvalidFilter) as exc:
-            return error_page(request, box, 422, str(exc), page=page)
+            return error_page(request, box, PageError(422, str(exc)), page=page)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'form'}: {e['msg']}" for e in exc.errors()
             )
-            return error_page(request, box, 422, problems, page=page)
+            return error_page(request, box, PageError(422, problems), page=page)
         except SecretsLocked as exc:
-            return error_page(request, box, 503, str(exc), page=page)
+            return error_page(request, box, PageError(503, str(exc)), page=page)
 
     endpoint.__name__ = fn.__name__
     return endpoint

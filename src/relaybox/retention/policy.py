@@ -36,9 +36,9 @@ kept for good unless a keys window is set: ``retention.keys_max_age``, a source'
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from relaybox.store.history import PurgeTable
 from relaybox.store.keys import KEY_KINDS, KeyKind, day_of
@@ -72,6 +72,15 @@ file, the event's source (inbound), the global setting."""
 
 INBOUND: tuple[PurgeTable, ...] = ("inbox", "quarantine")
 OUTBOUND: tuple[PurgeTable, ...] = ("outbox", "messages")
+
+_Scope = TypeVar("_Scope")
+
+
+def _set_ages(
+    scopes: Mapping[str, _Scope], age: Callable[[_Scope], float | None]
+) -> dict[str, float]:
+    """The ``age`` of each of ``scopes`` (sources or tenants, by name) that sets one."""
+    return {name: found for name, scope in scopes.items() if (found := age(scope)) is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,16 +128,9 @@ class RetentionPolicies:
         """The policies of the configuration, with ``stored`` (tenant: the admin API's
         (inbound, outbound[, keys]) ages, ``None`` where it sets none) over the
         file's."""
-        inbound: dict[str, float] = {}
-        outbound: dict[str, float] = {}
-        tenant_keys: dict[str, float] = {}
-        for tenant, ages in settings.tenants.items():
-            if ages.payload_max_age is not None:
-                inbound[tenant] = ages.payload_max_age
-            if ages.outbox_payload_max_age is not None:
-                outbound[tenant] = ages.outbox_payload_max_age
-            if ages.keys_max_age is not None:
-                tenant_keys[tenant] = ages.keys_max_age
+        inbound = _set_ages(settings.tenants, lambda ages: ages.payload_max_age)
+        outbound = _set_ages(settings.tenants, lambda ages: ages.outbox_payload_max_age)
+        tenant_keys = _set_ages(settings.tenants, lambda ages: ages.keys_max_age)
         for tenant, ages_set in (stored or {}).items():
             inbound_age, outbound_age = ages_set[0], ages_set[1]
             keys_age = ages_set[2] if len(ages_set) > 2 else None
@@ -141,19 +143,11 @@ class RetentionPolicies:
         return cls(
             payload_max_age=settings.payload_max_age,
             outbox_payload_max_age=settings.outbox_payload_max_age,
-            sources={
-                name: s.payload_max_age
-                for name, s in settings.sources.items()
-                if s.payload_max_age is not None
-            },
+            sources=_set_ages(settings.sources, lambda s: s.payload_max_age),
             tenants_inbound=inbound,
             tenants_outbound=outbound,
             keys_max_age=settings.keys_max_age,
-            sources_keys={
-                name: s.keys_max_age
-                for name, s in settings.sources.items()
-                if s.keys_max_age is not None
-            },
+            sources_keys=_set_ages(settings.sources, lambda s: s.keys_max_age),
             tenants_keys=tenant_keys,
         )
 

@@ -23,7 +23,7 @@ from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Headers, Identity
 from relaybox.sources.hooks import Answer, Request
 from relaybox.sources.kit import derived_id, path, text
-from relaybox.sources.scheme import Example, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Example, Hmac, Sample, Scheme, SchemeSource, factory
 from relaybox.sources.specs import Digest
 
 __all__ = ["AsanaSource", "asana"]
@@ -33,14 +33,13 @@ MAX_HOOK_SECRET_CHARS = 256
 
 
 def _example(event: Example) -> dict[str, Any]:
-    resource, _, action = event.type.partition(".")
     return {
         "events": [
             {
                 "user": {"gid": "1516", "resource_type": "user"},
                 "created_at": event.iso,
-                "action": action or "changed",
-                "resource": {"gid": event.id, "resource_type": resource},
+                "action": event.action or "changed",
+                "resource": {"gid": event.id, "resource_type": event.resource},
                 "parent": None,
                 "change": {"field": "assignee", "action": "changed"},
             }
@@ -56,8 +55,7 @@ class AsanaSource(SchemeSource):
         Hmac("X-Hook-Signature"),
         event_id=Digest(),
         event_type="events",
-        default_type="task.changed",
-        example=_example,
+        sample=Sample(type="task.changed", body=_example),
     )
 
     def handshake(self, request: Request) -> Answer | None:

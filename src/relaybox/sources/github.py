@@ -29,7 +29,7 @@ from typing import Any
 
 from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Headers, Identity, Signing
-from relaybox.sources.scheme import Example, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Example, Hmac, Sample, Scheme, SchemeSource, factory
 
 __all__ = ["GitHubSource", "github"]
 
@@ -42,12 +42,11 @@ def _login(node: Any) -> str | None:
 
 
 def _example(event: Example) -> dict[str, Any]:
-    name, _, action = event.type.partition(".")
     owner = {"login": event.account, "id": 1, "type": "Organization"}
     payload: dict[str, Any] = {}
-    if action:
-        payload["action"] = action
-    if name == "ping":
+    if event.action:
+        payload["action"] = event.action
+    if event.resource == "ping":
         payload.update(zen="Design for failure.", hook_id=1, hook={"type": "Repository"})
     payload["repository"] = {
         "id": 1296269,
@@ -67,10 +66,7 @@ class GitHubSource(SchemeSource):
         Hmac("X-Hub-Signature-256", prefix="sha256="),
         event_id="header:X-GitHub-Delivery",
         event_type="header:X-GitHub-Event",
-        default_type="ping",
-        default_account="octo-org",
-        example=_example,
-        content_type=None,
+        sample=Sample(type="ping", account="octo-org", body=_example, content_type=None),
     )
 
     def identify(self, headers: Headers, payload: Any) -> Identity:

@@ -45,7 +45,7 @@ from relaybox.sources.base import (
 )
 from relaybox.sources.hooks import Answer, Request
 from relaybox.sources.kit import b64, derived_id, digest, json_object, text
-from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Hmac, Sample, Scheme, SchemeSource, factory
 from relaybox.sources.specs import Digest
 
 __all__ = [
@@ -134,12 +134,14 @@ class TwitterSource(SchemeSource):
         event_id=Digest(),
         event_type="event",
         account="for_user_id",
-        default_type="tweet_create_events",
-        default_account="2244994945",
-        example=lambda event: {
-            "for_user_id": event.account,
-            event.type: [{"id_str": event.id, "text": "relaybox test"}],
-        },
+        sample=Sample(
+            type="tweet_create_events",
+            account="2244994945",
+            body=lambda event: {
+                "for_user_id": event.account,
+                event.type: [{"id_str": event.id, "text": "relaybox test"}],
+            },
+        ),
     )
 
     def handshake(self, request: Request) -> Answer | None:
@@ -171,11 +173,13 @@ class DropboxSource(SchemeSource):
         Hmac("X-Dropbox-Signature"),
         event_id=Digest(),
         event_type="list_folder",
-        default_type="list_folder",
-        example=lambda event: {
-            "list_folder": {"accounts": [f"dbid:{event.id}"]},
-            "delta": {"users": [12345678]},
-        },
+        sample=Sample(
+            type="list_folder",
+            body=lambda event: {
+                "list_folder": {"accounts": [f"dbid:{event.id}"]},
+                "delta": {"users": [12345678]},
+            },
+        ),
     )
 
     def handshake(self, request: Request) -> Answer | None:

@@ -41,7 +41,7 @@ from urllib.parse import urlencode
 from relaybox.errors import ConfigurationError
 from relaybox.sources.base import Headers, Secret
 from relaybox.sources.bodies import FORMATS, decode
-from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Hmac, Sample, Scheme, SchemeSource, factory
 from relaybox.sources.specs import compile_template, header_name, put
 
 __all__ = ["HmacSource", "hmac"]
@@ -134,8 +134,10 @@ class HmacSource(SchemeSource):
             event_id=self.id_path,
             event_type=self.type_path,
             account=self.account_path,
-            default_type=_DEFAULT_TYPE,
-            content_type="application/x-www-form-urlencoded" if format == "form" else None,
+            sample=Sample(
+                type=_DEFAULT_TYPE,
+                content_type="application/x-www-form-urlencoded" if format == "form" else None,
+            ),
         )
         super().__init__(secrets=secrets, **options)
 

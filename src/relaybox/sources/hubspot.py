@@ -30,7 +30,7 @@ from typing import Any
 from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Headers, Identity, canonical_json
 from relaybox.sources.kit import batch_identity, derived_id, event_keys, text
-from relaybox.sources.scheme import Example, Hmac, Scheme, UrlSchemeSource, factory
+from relaybox.sources.scheme import Example, Hmac, Sample, Scheme, UrlSchemeSource, factory
 
 __all__ = ["HubSpotSource", "hubspot"]
 
@@ -77,8 +77,7 @@ class HubSpotSource(UrlSchemeSource):
         ),
         event_id="eventId",
         event_type="subscriptionType",
-        default_type="contact.creation",
-        example=_example,
+        sample=Sample(type="contact.creation", body=_example),
     )
 
     def signed_urls(self, headers: Headers) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Mapping
 
 from relaybox.sources.hooks import Answer, Request
-from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Hmac, Sample, Scheme, SchemeSource, factory
 
 __all__ = ["NotionSource", "notion"]
 
@@ -38,20 +38,22 @@ class NotionSource(SchemeSource):
         event_id="id",
         event_type="type",
         account="workspace_id",
-        default_type="page.created",
-        default_account="13950b26-c203-4f3b-b97d-93ec06319565",
-        example=lambda event: {
-            "id": event.id,
-            "timestamp": event.iso,
-            "workspace_id": event.account,
-            "subscription_id": "29d75c0d-5546-4414-8459-7b7a92f1fc4b",
-            "integration_id": "0ef2e755-4912-8096-91c1-00376a88a5ca",
-            "type": event.type,
-            "authors": [{"id": "c7c11cca-1d73-471d-9b6e-bdef51470190", "type": "person"}],
-            "attempt_number": 1,
-            "entity": {"id": "153104cd-477e-809d-8dc4-ff2d96ae3090", "type": "page"},
-            "data": {"parent": {"id": "13950b26-c203-4f3b-b97d-93ec06319565", "type": "space"}},
-        },
+        sample=Sample(
+            type="page.created",
+            account="13950b26-c203-4f3b-b97d-93ec06319565",
+            body=lambda event: {
+                "id": event.id,
+                "timestamp": event.iso,
+                "workspace_id": event.account,
+                "subscription_id": "29d75c0d-5546-4414-8459-7b7a92f1fc4b",
+                "integration_id": "0ef2e755-4912-8096-91c1-00376a88a5ca",
+                "type": event.type,
+                "authors": [{"id": "c7c11cca-1d73-471d-9b6e-bdef51470190", "type": "person"}],
+                "attempt_number": 1,
+                "entity": {"id": "153104cd-477e-809d-8dc4-ff2d96ae3090", "type": "page"},
+                "data": {"parent": {"id": "13950b26-c203-4f3b-b97d-93ec06319565", "type": "space"}},
+            },
+        ),
     )
 
     def handshake(self, request: Request) -> Answer | None:

@@ -15,7 +15,7 @@ Identity: ``eventId``, the first event's ``eventType`` in ``data.events``
 from __future__ import annotations
 
 from relaybox.sources.hooks import Answer, Request
-from relaybox.sources.scheme import Scheme, SchemeSource, Token, factory
+from relaybox.sources.scheme import Sample, Scheme, SchemeSource, Token, factory
 
 __all__ = ["OktaSource", "okta"]
 
@@ -31,17 +31,19 @@ class OktaSource(SchemeSource):
         Token("Authorization"),
         event_id="eventId",
         event_type="data.events.0.eventType",
-        default_type="user.session.start",
-        example=lambda event: {
-            "eventType": "com.okta.event_hook",
-            "eventTypeVersion": "1.0",
-            "cloudEventsVersion": "0.1",
-            "source": "https://relaybox.okta.com/api/v1/eventHooks/whoql0HfiLGPWc8Jx0g3",
-            "eventId": event.id,
-            "data": {"events": [{"uuid": event.id, "eventType": event.type, "version": "0"}]},
-            "eventTime": event.iso,
-            "contentType": "application/json",
-        },
+        sample=Sample(
+            type="user.session.start",
+            body=lambda event: {
+                "eventType": "com.okta.event_hook",
+                "eventTypeVersion": "1.0",
+                "cloudEventsVersion": "0.1",
+                "source": "https://relaybox.okta.com/api/v1/eventHooks/whoql0HfiLGPWc8Jx0g3",
+                "eventId": event.id,
+                "data": {"events": [{"uuid": event.id, "eventType": event.type, "version": "0"}]},
+                "eventTime": event.iso,
+                "contentType": "application/json",
+            },
+        ),
     )
 
     def handshake(self, request: Request) -> Answer | None:

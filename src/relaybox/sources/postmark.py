@@ -21,7 +21,7 @@ from typing import Any
 from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Headers, Identity
 from relaybox.sources.kit import json_object, text
-from relaybox.sources.scheme import BasicAuth, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import BasicAuth, Sample, Scheme, SchemeSource, factory
 
 __all__ = ["PostmarkSource", "postmark"]
 
@@ -36,18 +36,20 @@ class PostmarkSource(SchemeSource):
         BasicAuth(),
         event_id="MessageID",
         event_type="RecordType",
-        default_type="Delivery",
-        example=lambda event: {
-            "RecordType": event.type,
-            "ServerID": 23,
-            "MessageStream": "outbound",
-            "MessageID": event.id,
-            "Recipient": "alice@example.com",
-            "Tag": "relaybox-test",
-            "DeliveredAt": "2023-11-14T22:13:20Z",
-            "Details": "Test delivery webhook details",
-            "Metadata": {},
-        },
+        sample=Sample(
+            type="Delivery",
+            body=lambda event: {
+                "RecordType": event.type,
+                "ServerID": 23,
+                "MessageStream": "outbound",
+                "MessageID": event.id,
+                "Recipient": "alice@example.com",
+                "Tag": "relaybox-test",
+                "DeliveredAt": "2023-11-14T22:13:20Z",
+                "Details": "Test delivery webhook details",
+                "Metadata": {},
+            },
+        ),
     )
 
     def identify(self, headers: Headers, payload: Any) -> Identity:

@@ -11,58 +11,49 @@ Any other Standard Webhooks or Svix sender works with ``provider = "standard"``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any
 
 from relaybox.sources.base import Secret, Signing
+from relaybox.sources.scheme import Sample
 from relaybox.sources.standard import StandardSource
 
 __all__ = ["ClerkSource", "ResendSource", "clerk", "resend"]
 
 
 class _SvixPreset(StandardSource):
-    default_type: ClassVar[str] = "test.event"
-
     def signed_headers(self, body: bytes, signing: Signing) -> dict[str, str]:
         headers = super().signed_headers(body, signing)
         return {"svix" + name[len("webhook") :]: value for name, value in headers.items()}
-
-    def envelope(self, event_type: str, event_id: str, now: float) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        document = self.envelope(event_type or self.default_type, event_id, now)
-        return json.dumps(document, separators=(",", ":")).encode()
 
 
 class ClerkSource(_SvixPreset):
     """Clerk (via Svix)."""
 
     provider = "clerk"
-    default_type = "user.created"
-
-    def envelope(self, event_type: str, event_id: str, now: float) -> dict[str, Any]:
-        return {
-            "data": {"id": f"user_{event_id}", "object": "user"},
+    sample = Sample(
+        type="user.created",
+        body=lambda event: {
+            "data": {"id": f"user_{event.id}", "object": "user"},
             "object": "event",
-            "type": event_type,
-            "timestamp": int(now * 1000),
-        }
+            "type": event.type,
+            "timestamp": event.ms,
+        },
+    )
 
 
 class ResendSource(_SvixPreset):
     """Resend (via Svix)."""
 
     provider = "resend"
-    default_type = "email.delivered"
-
-    def envelope(self, event_type: str, event_id: str, now: float) -> dict[str, Any]:
-        return {
-            "type": event_type,
+    sample = Sample(
+        type="email.delivered",
+        body=lambda event: {
+            "type": event.type,
             "created_at": "2023-11-14T22:13:20.000Z",
-            "data": {"email_id": event_id, "to": ["alice@example.com"]},
-        }
+            "data": {"email_id": event.id, "to": ["alice@example.com"]},
+        },
+    )
 
 
 def clerk(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> ClerkSource:

@@ -13,7 +13,7 @@ handshake does something a scheme cannot say keeps a module of its own
 
 from __future__ import annotations
 
-from relaybox.sources.scheme import Entries, Hmac, Preset, Scheme, publish_all
+from relaybox.sources.scheme import Entries, Hmac, Preset, Sample, Scheme, publish_all
 
 __all__ = [
     "PRESETS",
@@ -68,13 +68,15 @@ PRESETS: tuple[Preset, ...] = (
             event_id="header:X-Request-UUID",
             event_type="header:X-Event-Key",
             account="header:X-Hook-UUID",
-            default_type="repo:push",
-            default_account="{relaybox-test-hook}",
-            example=lambda event: {
-                "repository": {"full_name": "relaybox/test", "uuid": "{relaybox-test-repo}"},
-                "actor": {"display_name": "relaybox"},
-                "push": {"changes": []},
-            },
+            sample=Sample(
+                type="repo:push",
+                account="{relaybox-test-hook}",
+                body=lambda event: {
+                    "repository": {"full_name": "relaybox/test", "uuid": "{relaybox-test-repo}"},
+                    "actor": {"display_name": "relaybox"},
+                    "push": {"changes": []},
+                },
+            ),
         ),
         doc="""Bitbucket Cloud webhooks. Whether a retry keeps ``X-Request-UUID`` is not
         documented: a retry with a new one is stored as a second event of the same content.""",
@@ -95,21 +97,23 @@ PRESETS: tuple[Preset, ...] = (
             event_type="trigger",
             account="webhook.id",
             tolerance=600.0,
-            default_type="FILE.UPLOADED",
-            default_account="1234567890",
-            example=lambda event: {
-                "type": "webhook_event",
-                "id": event.id,
-                "created_at": event.iso,
-                "trigger": event.type,
-                "webhook": {"id": event.account, "type": "webhook"},
-                "source": {"id": "12345", "type": "file", "name": "relaybox.txt"},
-            },
-            headers=lambda event: {
-                "BOX-DELIVERY-ID": event.id,
-                "BOX-SIGNATURE-ALGORITHM": "HmacSHA256",
-                "BOX-SIGNATURE-VERSION": "1",
-            },
+            sample=Sample(
+                type="FILE.UPLOADED",
+                account="1234567890",
+                body=lambda event: {
+                    "type": "webhook_event",
+                    "id": event.id,
+                    "created_at": event.iso,
+                    "trigger": event.type,
+                    "webhook": {"id": event.account, "type": "webhook"},
+                    "source": {"id": "12345", "type": "file", "name": "relaybox.txt"},
+                },
+                headers=lambda event: {
+                    "BOX-DELIVERY-ID": event.id,
+                    "BOX-SIGNATURE-ALGORITHM": "HmacSHA256",
+                    "BOX-SIGNATURE-VERSION": "1",
+                },
+            ),
         ),
         doc="""Box webhooks (V2), as ``box-sdk-gen``'s ``WebhooksManager.validate_message``
         checks them: configure the primary and the secondary key, either may match (a key
@@ -124,17 +128,19 @@ PRESETS: tuple[Preset, ...] = (
             event_id="{event}:{payload.uri}",
             event_type="event",
             tolerance=180.0,
-            default_type="invitee.created",
-            example=lambda event: {
-                "created_at": "2023-11-14T22:13:20.000000Z",
-                "created_by": "https://api.calendly.com/users/RELAYBOX",
-                "event": event.type,
-                "payload": {
-                    "uri": f"https://api.calendly.com/scheduled_events/RELAYBOX/invitees/{event.id}",
-                    "email": "alice@example.com",
-                    "status": "active",
+            sample=Sample(
+                type="invitee.created",
+                body=lambda event: {
+                    "created_at": "2023-11-14T22:13:20.000000Z",
+                    "created_by": "https://api.calendly.com/users/RELAYBOX",
+                    "event": event.type,
+                    "payload": {
+                        "uri": f"https://api.calendly.com/scheduled_events/RELAYBOX/invitees/{event.id}",
+                        "email": "alice@example.com",
+                        "status": "active",
+                    },
                 },
-            },
+            ),
         ),
         doc="""Calendly webhook subscriptions (API v2). Calendly sends no event id: the
         invitee (or routing form submission) URI and what happened to it happen once, and
@@ -149,20 +155,22 @@ PRESETS: tuple[Preset, ...] = (
             event_id="event.id",
             event_type="event.type",
             fingerprint_path="event",
-            default_type="charge:confirmed",
-            example=lambda event: {
-                "id": 1,
-                "scheduled_for": event.iso,
-                "attempt_number": 1,
-                "event": {
-                    "id": event.id,
-                    "resource": "event",
-                    "type": event.type,
-                    "api_version": "2018-03-22",
-                    "created_at": event.iso,
-                    "data": {"code": "RELAYBOX", "pricing_type": "fixed_price"},
+            sample=Sample(
+                type="charge:confirmed",
+                body=lambda event: {
+                    "id": 1,
+                    "scheduled_for": event.iso,
+                    "attempt_number": 1,
+                    "event": {
+                        "id": event.id,
+                        "resource": "event",
+                        "type": event.type,
+                        "api_version": "2018-03-22",
+                        "created_at": event.iso,
+                        "data": {"code": "RELAYBOX", "pricing_type": "fixed_price"},
+                    },
                 },
-            },
+            ),
         ),
         doc="""Coinbase Commerce webhook subscriptions, as the ``coinbase-commerce``
         package's ``WebhookSignature`` signs them. The delivery's own ``id`` and
@@ -182,17 +190,23 @@ PRESETS: tuple[Preset, ...] = (
             event_type="event",
             account="data.accountId",
             unstable=("retryCount",),
-            default_type="envelope-completed",
-            default_account="a1b2c3d4-0000-4000-8000-relayboxtest",
-            example=lambda event: {
-                "event": event.type,
-                "apiVersion": "v2.1",
-                "uri": f"/restapi/v2.1/accounts/{event.account}/envelopes/{event.id}",
-                "retryCount": 0,
-                "configurationId": 10001,
-                "generatedDateTime": event.iso,
-                "data": {"accountId": event.account, "userId": "relaybox", "envelopeId": event.id},
-            },
+            sample=Sample(
+                type="envelope-completed",
+                account="a1b2c3d4-0000-4000-8000-relayboxtest",
+                body=lambda event: {
+                    "event": event.type,
+                    "apiVersion": "v2.1",
+                    "uri": f"/restapi/v2.1/accounts/{event.account}/envelopes/{event.id}",
+                    "retryCount": 0,
+                    "configurationId": 10001,
+                    "generatedDateTime": event.iso,
+                    "data": {
+                        "accountId": event.account,
+                        "userId": "relaybox",
+                        "envelopeId": event.id,
+                    },
+                },
+            ),
         ),
         doc="""DocuSign Connect notifications (JSON, HMAC): one signature header per
         active Connect HMAC key, numbered from 1; any may match any secret. DocuSign sends
@@ -208,18 +222,20 @@ PRESETS: tuple[Preset, ...] = (
             event_type="topic",
             account="app_id",
             fingerprint_path="data",
-            default_type="conversation.user.created",
-            default_account="relaybox-test-app",
-            example=lambda event: {
-                "type": "notification_event",
-                "app_id": event.account,
-                "id": event.id,
-                "topic": event.type,
-                "delivery_attempts": 1,
-                "first_sent_at": int(event.now),
-                "created_at": int(event.now),
-                "data": {"type": "notification_event_data", "item": {"type": "conversation"}},
-            },
+            sample=Sample(
+                type="conversation.user.created",
+                account="relaybox-test-app",
+                body=lambda event: {
+                    "type": "notification_event",
+                    "app_id": event.account,
+                    "id": event.id,
+                    "topic": event.type,
+                    "delivery_attempts": 1,
+                    "first_sent_at": int(event.now),
+                    "created_at": int(event.now),
+                    "data": {"type": "notification_event_data", "item": {"type": "conversation"}},
+                },
+            ),
         ),
         doc="""Intercom webhook notifications. A retry raises ``delivery_attempts``, so
         only ``data`` counts for the fingerprint.""",
@@ -233,16 +249,22 @@ PRESETS: tuple[Preset, ...] = (
             event_id="{meta.event_name}:{data.type}:{data.id}:{data.attributes.updated_at?}",
             event_type="meta.event_name",
             account="data.attributes.store_id",
-            default_type="order_created",
-            example=lambda event: {
-                "meta": {"event_name": event.type, "test_mode": True},
-                "data": {
-                    "type": "orders",
-                    "id": event.id,
-                    "attributes": {"store_id": 1, "status": "paid", "updated_at": int(event.now)},
+            sample=Sample(
+                type="order_created",
+                body=lambda event: {
+                    "meta": {"event_name": event.type, "test_mode": True},
+                    "data": {
+                        "type": "orders",
+                        "id": event.id,
+                        "attributes": {
+                            "store_id": 1,
+                            "status": "paid",
+                            "updated_at": int(event.now),
+                        },
+                    },
                 },
-            },
-            headers=lambda event: {"X-Event-Name": event.type},
+                headers=lambda event: {"X-Event-Name": event.type},
+            ),
         ),
         doc="""Lemon Squeezy webhooks. Lemon Squeezy sends no event id: a resend
         carries the same object at the same ``updated_at``; a later change of the object
@@ -259,22 +281,24 @@ PRESETS: tuple[Preset, ...] = (
             account="organizationId",
             tolerance=60.0,
             unstable=("webhookTimestamp",),
-            default_type="Issue.create",
-            default_account="relaybox-test-org",
-            example=lambda event: {
-                "action": event.type.partition(".")[2] or "create",
-                "type": event.type.partition(".")[0],
-                "createdAt": "2023-11-14T22:13:20.000Z",
-                "data": {"id": event.id, "title": "relaybox test"},
-                "url": "https://linear.app/relaybox/issue/TEST-1",
-                "organizationId": event.account,
-                "webhookId": "relaybox-test-webhook",
-                "webhookTimestamp": event.ms,
-            },
-            headers=lambda event: {
-                "Linear-Delivery": event.id,
-                "Linear-Event": event.type.partition(".")[0],
-            },
+            sample=Sample(
+                type="Issue.create",
+                account="relaybox-test-org",
+                body=lambda event: {
+                    "action": event.action or "create",
+                    "type": event.resource,
+                    "createdAt": "2023-11-14T22:13:20.000Z",
+                    "data": {"id": event.id, "title": "relaybox test"},
+                    "url": "https://linear.app/relaybox/issue/TEST-1",
+                    "organizationId": event.account,
+                    "webhookId": "relaybox-test-webhook",
+                    "webhookTimestamp": event.ms,
+                },
+                headers=lambda event: {
+                    "Linear-Delivery": event.id,
+                    "Linear-Event": event.resource,
+                },
+            ),
         ),
         doc="""Linear data-change webhooks. ``Linear-Delivery`` identifies a delivery, not
         the event, and whether a retry repeats it is not documented: the key is the
@@ -290,14 +314,16 @@ PRESETS: tuple[Preset, ...] = (
             event_id="event_id",
             event_type="event_type",
             tolerance=5.0,
-            default_type="transaction.completed",
-            example=lambda event: {
-                "event_id": event.id,
-                "event_type": event.type,
-                "occurred_at": event.iso,
-                "notification_id": "ntf_" + event.id,
-                "data": {"id": "txn_relaybox_test", "status": "completed"},
-            },
+            sample=Sample(
+                type="transaction.completed",
+                body=lambda event: {
+                    "event_id": event.id,
+                    "event_type": event.type,
+                    "occurred_at": event.iso,
+                    "notification_id": "ntf_" + event.id,
+                    "data": {"id": "txn_relaybox_test", "status": "completed"},
+                },
+            ),
         ),
         doc="""Paddle Billing notifications, as ``paddle-python-sdk``'s ``Verifier``
         computes them; 5 seconds of tolerance as its SDK (``tolerance`` widens it). Paddle
@@ -314,20 +340,22 @@ PRESETS: tuple[Preset, ...] = (
             event_id="event.id",
             event_type="event.event_type",
             account="event.account.id",
-            default_type="incident.triggered",
-            default_account="PRELAYB",
-            example=lambda event: {
-                "event": {
-                    "id": event.id,
-                    "event_type": event.type,
-                    "resource_type": "incident",
-                    "occurred_at": event.iso,
-                    "agent": None,
-                    "client": None,
-                    "account": {"id": event.account, "type": "account_reference"},
-                    "data": {"id": "PGR0VU2", "type": "incident", "title": "relaybox test"},
-                }
-            },
+            sample=Sample(
+                type="incident.triggered",
+                account="PRELAYB",
+                body=lambda event: {
+                    "event": {
+                        "id": event.id,
+                        "event_type": event.type,
+                        "resource_type": "incident",
+                        "occurred_at": event.iso,
+                        "agent": None,
+                        "client": None,
+                        "account": {"id": event.account, "type": "account_reference"},
+                        "data": {"id": "PGR0VU2", "type": "incident", "title": "relaybox test"},
+                    }
+                },
+            ),
         ),
         doc="""PagerDuty V3 webhook subscriptions: one ``v1`` entry per active secret.""",
         factory_doc="A PagerDuty source; ``secrets`` are subscription secrets.",
@@ -340,16 +368,18 @@ PRESETS: tuple[Preset, ...] = (
             event_id="header:X-Razorpay-Event-Id",
             event_type="event",
             account="account_id",
-            default_type="payment.captured",
-            default_account="acc_RelayboxTest01",
-            example=lambda event: {
-                "entity": "event",
-                "account_id": event.account,
-                "event": event.type,
-                "contains": ["payment"],
-                "payload": {"payment": {"entity": {"id": "pay_relaybox", "amount": 2000}}},
-                "created_at": int(event.now),
-            },
+            sample=Sample(
+                type="payment.captured",
+                account="acc_RelayboxTest01",
+                body=lambda event: {
+                    "entity": "event",
+                    "account_id": event.account,
+                    "event": event.type,
+                    "contains": ["payment"],
+                    "payload": {"payment": {"entity": {"id": "pay_relaybox", "amount": 2000}}},
+                    "created_at": int(event.now),
+                },
+            ),
         ),
         doc="""Razorpay webhooks, as the ``razorpay`` package's
         ``Utility.verify_webhook_signature`` checks them.""",
@@ -368,17 +398,19 @@ PRESETS: tuple[Preset, ...] = (
             event_id="id",
             event_type="{object_type}.{event_type}",
             account="site_id",
-            default_type="subscription.created",
-            default_account="relaybox-site",
-            example=lambda event: {
-                "id": event.id,
-                "object_type": event.type.partition(".")[0],
-                "site_id": event.account,
-                "event_type": event.type.partition(".")[2] or "created",
-                "event_time": event.iso,
-                "account_code": "relaybox-account",
-                "uuid": "5f6a8c2b3d4e4f5a9b0c1d2e3f4a5b6c",
-            },
+            sample=Sample(
+                type="subscription.created",
+                account="relaybox-site",
+                body=lambda event: {
+                    "id": event.id,
+                    "object_type": event.resource,
+                    "site_id": event.account,
+                    "event_type": event.action or "created",
+                    "event_time": event.iso,
+                    "account_code": "relaybox-account",
+                    "uuid": "5f6a8c2b3d4e4f5a9b0c1d2e3f4a5b6c",
+                },
+            ),
         ),
         doc="""Recurly JSON webhooks (XML ones are not signed, and not accepted): the
         timestamp, then one signature per active key. The timestamp is documented in
@@ -393,18 +425,20 @@ PRESETS: tuple[Preset, ...] = (
             event_id="header:Request-ID",
             event_type="{header:Sentry-Hook-Resource}.{action}",
             account="installation.uuid",
-            default_type="issue.created",
-            default_account="7a485448-a9e2-4c85-8a3c-4f44175783c9",
-            example=lambda event: {
-                "action": event.type.partition(".")[2] or "created",
-                "installation": {"uuid": event.account},
-                "data": {"issue": {"id": "1170820242", "title": "relaybox test"}},
-                "actor": {"type": "application", "id": "sentry", "name": "Sentry"},
-            },
-            headers=lambda event: {
-                "Sentry-Hook-Resource": event.type.partition(".")[0],
-                "Sentry-Hook-Timestamp": str(int(event.now)),
-            },
+            sample=Sample(
+                type="issue.created",
+                account="7a485448-a9e2-4c85-8a3c-4f44175783c9",
+                body=lambda event: {
+                    "action": event.action or "created",
+                    "installation": {"uuid": event.account},
+                    "data": {"issue": {"id": "1170820242", "title": "relaybox test"}},
+                    "actor": {"type": "application", "id": "sentry", "name": "Sentry"},
+                },
+                headers=lambda event: {
+                    "Sentry-Hook-Resource": event.resource,
+                    "Sentry-Hook-Timestamp": str(int(event.now)),
+                },
+            ),
         ),
         doc="""Sentry integration platform webhooks. ``Sentry-Hook-Timestamp`` is not signed,
         so it is not checked.""",
@@ -418,15 +452,17 @@ PRESETS: tuple[Preset, ...] = (
             event_id="event_id",
             event_type="type",
             account="merchant_id",
-            default_type="payment.updated",
-            default_account="MLRELAYBOXTEST",
-            example=lambda event: {
-                "merchant_id": event.account,
-                "type": event.type,
-                "event_id": event.id,
-                "created_at": event.iso,
-                "data": {"type": "payment", "id": "relaybox-test", "object": {"payment": {}}},
-            },
+            sample=Sample(
+                type="payment.updated",
+                account="MLRELAYBOXTEST",
+                body=lambda event: {
+                    "merchant_id": event.account,
+                    "type": event.type,
+                    "event_id": event.id,
+                    "created_at": event.iso,
+                    "data": {"type": "payment", "id": "relaybox-test", "object": {"payment": {}}},
+                },
+            ),
         ),
         doc="""Square webhook subscriptions, as the ``squareup`` package's
         ``verify_signature`` checks them: the notification URL exactly as configured
@@ -444,13 +480,15 @@ PRESETS: tuple[Preset, ...] = (
             event_id="event_id",
             event_type="event_type",
             account="form_response.form_id",
-            default_type="form_response",
-            default_account="relaybox",
-            example=lambda event: {
-                "event_id": event.id,
-                "event_type": event.type,
-                "form_response": {"form_id": event.account, "token": event.id, "answers": []},
-            },
+            sample=Sample(
+                type="form_response",
+                account="relaybox",
+                body=lambda event: {
+                    "event_id": event.id,
+                    "event_type": event.type,
+                    "form_response": {"form_id": event.account, "token": event.id, "answers": []},
+                },
+            ),
         ),
         doc="""Typeform webhooks.""",
         factory_doc="A Typeform source; ``secrets`` are webhook secrets.",
@@ -463,19 +501,21 @@ PRESETS: tuple[Preset, ...] = (
             event_id="id",
             event_type="type",
             account="payload.team.id",
-            default_type="deployment.succeeded",
-            default_account="team_relaybox",
-            example=lambda event: {
-                "id": event.id,
-                "type": event.type,
-                "createdAt": event.ms,
-                "region": "iad1",
-                "payload": {
-                    "team": {"id": event.account},
-                    "user": {"id": "relaybox-user"},
-                    "deployment": {"id": "dpl_relaybox", "url": "relaybox.vercel.app"},
+            sample=Sample(
+                type="deployment.succeeded",
+                account="team_relaybox",
+                body=lambda event: {
+                    "id": event.id,
+                    "type": event.type,
+                    "createdAt": event.ms,
+                    "region": "iad1",
+                    "payload": {
+                        "team": {"id": event.account},
+                        "user": {"id": "relaybox-user"},
+                        "deployment": {"id": "dpl_relaybox", "url": "relaybox.vercel.app"},
+                    },
                 },
-            },
+            ),
         ),
         doc="""Vercel webhooks (keyed with the webhook's secret, or the integration's client
         secret for an integration's webhooks).""",
@@ -489,13 +529,15 @@ PRESETS: tuple[Preset, ...] = (
             event_id="id",
             event_type="event",
             tolerance=180.0,
-            default_type="user.created",
-            example=lambda event: {
-                "id": event.id,
-                "event": event.type,
-                "data": {"object": "user", "id": "user_relaybox", "email": "alice@example.com"},
-                "created_at": event.iso,
-            },
+            sample=Sample(
+                type="user.created",
+                body=lambda event: {
+                    "id": event.id,
+                    "event": event.type,
+                    "data": {"object": "user", "id": "user_relaybox", "email": "alice@example.com"},
+                    "created_at": event.iso,
+                },
+            ),
         ),
         doc="""WorkOS webhooks, as the ``workos`` package's ``webhooks.verify_header``
         checks them (``t`` in milliseconds, 180 seconds of tolerance as its SDK).""",
@@ -515,19 +557,21 @@ PRESETS: tuple[Preset, ...] = (
             event_id=("id", "header:X-Zendesk-Webhook-Invocation-Id"),
             event_type="type",
             account="account_id",
-            default_type="zen:event-type:ticket.created",
-            default_account="10000001",
-            example=lambda event: {
-                "account_id": int(event.account) if event.account.isdigit() else event.account,
-                "detail": {"id": "35436", "subject": "relaybox test", "status": "NEW"},
-                "event": {},
-                "id": event.id,
-                "subject": "zen:ticket:35436",
-                "time": event.iso,
-                "type": event.type,
-                "zendesk_event_version": "2022-11-06",
-            },
-            headers=lambda event: {"X-Zendesk-Webhook-Invocation-Id": event.id},
+            sample=Sample(
+                type="zen:event-type:ticket.created",
+                account="10000001",
+                body=lambda event: {
+                    "account_id": int(event.account) if event.account.isdigit() else event.account,
+                    "detail": {"id": "35436", "subject": "relaybox test", "status": "NEW"},
+                    "event": {},
+                    "id": event.id,
+                    "subject": "zen:ticket:35436",
+                    "time": event.iso,
+                    "type": event.type,
+                    "zendesk_event_version": "2022-11-06",
+                },
+                headers=lambda event: {"X-Zendesk-Webhook-Invocation-Id": event.id},
+            ),
         ),
         doc="""Zendesk webhooks (Zendesk's documented ``base64(HMACSHA256(TIMESTAMP +
         BODY))``). A trigger or automation webhook sends the JSON you wrote: give it ``id``

@@ -5,11 +5,11 @@ built from the raw body (maybe with a timestamp, the event id or the URL), encod
 in hex or base64 and sent in a header (behind a prefix such as ``sha256=``, or as
 ``key=value`` entries such as ``t=…,v1=…``); HTTP Basic credentials; or a shared
 token in a header. A :class:`Scheme` says which, with where the event id, type,
-account and version live and what an example event looks like; :class:`SchemeSource`
-verifies, signs and builds examples for every scheme in one place. A provider module
-is then its class (so ``isinstance``, ``PROVIDERS`` and the public names keep
-working), a scheme, and a factory; one whose class would hold nothing but its scheme
-is a :class:`Preset` row (:mod:`relaybox.sources.providers`,
+account and version live and what its test event looks like (a :class:`Sample`);
+:class:`SchemeSource` verifies, signs and builds examples for every scheme in one
+place. A provider module is then its class (so ``isinstance``, ``PROVIDERS`` and
+the public names keep working), a scheme, and a factory; one whose class would hold
+nothing but its scheme is a :class:`Preset` row (:mod:`relaybox.sources.providers`,
 :mod:`relaybox.sources.unsigned`), and :func:`publish` makes its class and factory.
 Providers that truly differ (public keys, signatures inside the body, URL + form
 parameters) keep a class of their own; handshakes and challenges are a method on a
@@ -79,6 +79,7 @@ __all__ = [
     "Example",
     "Hmac",
     "Preset",
+    "Sample",
     "Scheme",
     "SchemeSource",
     "Token",
@@ -165,11 +166,48 @@ class Example:
     def ms(self) -> int:
         return int(self.now * 1000)
 
+    @property
+    def resource(self) -> str:
+        """What ``type`` is about, before its first dot (``issue`` of ``issue.created``)."""
+        return self.type.partition(".")[0]
+
+    @property
+    def action(self) -> str:
+        """What happened, after the first dot of ``type`` (``created``); empty without one."""
+        return self.type.partition(".")[2]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The test event a source sends as its provider would (``relaybox send-test``,
+    :mod:`relaybox.testing`): its ``type`` and ``account`` when none is asked or
+    configured, its ``body`` and the ``headers`` sent besides the signature and
+    identity (each built from an :class:`Example`), and its ``content_type`` (none:
+    no ``content-type`` header is sent)."""
+
+    type: str = "test.event"
+    account: str = ""
+    body: Callable[[Example], Any] | None = None
+    headers: Callable[[Example], Mapping[str, str]] | None = None
+    content_type: str | None = "application/json"
+
+    def event(self, id: str, type: str | None, account: str | None, now: float) -> Example:
+        """The :class:`Example` of one test event: ``type`` and ``account`` as given,
+        else this sample's."""
+        return Example(id=id, type=type or self.type, account=account or self.account, now=now)
+
+    def document(self, source: Source, type: str | None, id: str, now: float) -> bytes:
+        """``source``'s example body (:meth:`~relaybox.sources.base.Source.example`):
+        this sample's ``body`` of the event, as compact JSON."""
+        if self.body is None:
+            raise ConfigurationError(f"{source.provider} source: no example event; send your own")
+        return json_document(self.body(self.event(id, type, source.account, now)))
+
 
 @dataclass(frozen=True)
 class Scheme:
     """A provider as data: how a delivery is authenticated (``check``), where its
-    identity lives, the defaults of its source, and its example envelope."""
+    identity lives, the defaults of its source, and its test event (``sample``)."""
 
     check: Hmac | BasicAuth | Token
     event_id: Spec
@@ -181,12 +219,7 @@ class Scheme:
     unstable: tuple[str, ...] = ()
     """Top-level fields a resend changes (a send time, an attempt number): left out of
     the fingerprint, so a resend is a duplicate rather than a conflict."""
-    default_type: str = "test.event"
-    default_account: str = ""
-    example: Callable[[Example], Any] | None = None
-    headers: Callable[[Example], Mapping[str, str]] | None = None
-    """Headers besides the signature and identity that ``sign`` sends."""
-    content_type: str | None = "application/json"
+    sample: Sample = Sample()
 
 
 # -- the source ---------------------------------------------------------------------------
@@ -408,12 +441,9 @@ class SchemeSource(Source):
 
     def signed_headers(self, body: bytes, signing: Signing) -> dict[str, str]:
         scheme, check, secret = self.scheme, self.scheme.check, signing.secret
-        event = Example(
-            id=signing.event_id,
-            type=signing.event_type or scheme.default_type,
-            account=secret.account or self.account or scheme.default_account,
-            now=signing.now,
-        )
+        sample = scheme.sample
+        account = secret.account or self.account
+        event = sample.event(signing.event_id, signing.event_type, account, signing.now)
         headers: dict[str, str] = {}
         if isinstance(check, Hmac):
             headers.update(self._sign_hmac(check, body, event, secret, signing.url))
@@ -431,10 +461,10 @@ class SchemeSource(Source):
             name = header_name(first) if isinstance(first, str) else None
             if name is not None and value:
                 headers[name] = value
-        if scheme.headers is not None:
-            headers.update({k.lower(): v for k, v in scheme.headers(event).items()})
-        if scheme.content_type is not None:
-            headers["content-type"] = scheme.content_type
+        if sample.headers is not None:
+            headers.update({k.lower(): v for k, v in sample.headers(event).items()})
+        if sample.content_type is not None:
+            headers["content-type"] = sample.content_type
         return headers
 
     def _sign_hmac(
@@ -477,16 +507,7 @@ class SchemeSource(Source):
         return json_document(document)
 
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        scheme = self.scheme
-        if scheme.example is None:
-            raise ConfigurationError(f"{self.provider} source: no example event; send your own")
-        event = Example(
-            id=event_id,
-            type=event_type or scheme.default_type,
-            account=self.account or scheme.default_account,
-            now=now,
-        )
-        return json_document(scheme.example(event))
+        return self.scheme.sample.document(self, event_type, event_id, now)
 
 
 class UrlSchemeSource(PublicUrl, SchemeSource):

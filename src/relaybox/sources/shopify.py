@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relaybox.sources.base import Headers, Identity
-from relaybox.sources.scheme import Example, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Example, Hmac, Sample, Scheme, SchemeSource, factory
 
 __all__ = ["ShopifySource", "shopify"]
 
@@ -55,15 +55,17 @@ class ShopifySource(SchemeSource):
         event_type="header:X-Shopify-Topic",
         account="header:X-Shopify-Shop-Domain",
         version="header:X-Shopify-API-Version",
-        default_type="orders/create",
-        default_account="relaybox-test.myshopify.com",
-        example=_example,
-        headers=lambda event: {
-            "X-Shopify-Webhook-Id": event.id,
-            "X-Shopify-API-Version": "2024-10",
-            "X-Shopify-Triggered-At": event.iso,
-        },
-        content_type=None,
+        sample=Sample(
+            type="orders/create",
+            account="relaybox-test.myshopify.com",
+            body=_example,
+            headers=lambda event: {
+                "X-Shopify-Webhook-Id": event.id,
+                "X-Shopify-API-Version": "2024-10",
+                "X-Shopify-Triggered-At": event.iso,
+            },
+            content_type=None,
+        ),
     )
 
     def identify(self, headers: Headers, payload: Any) -> Identity:

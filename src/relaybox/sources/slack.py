@@ -36,7 +36,6 @@ follow up through ``response_url`` or the API).
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,13 +43,34 @@ from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Headers, Identity, Verified, canonical_json
 from relaybox.sources.bodies import decode_form
 from relaybox.sources.hooks import Answer
-from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Example, Hmac, Sample, Scheme, SchemeSource, factory
 
 __all__ = ["SlackSource", "slack"]
 
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def _example(event: Example) -> dict[str, Any]:
+    if event.type == "url_verification":
+        return {"token": "relaybox-test", "challenge": event.id, "type": event.type}
+    return {
+        "token": "relaybox-test",
+        "team_id": event.account,
+        "api_app_id": "A0000000000",
+        "event": {
+            "type": event.type,
+            "channel": "C0000000000",
+            "user": "U0000000000",
+            "text": "relaybox test event",
+            "ts": f"{event.now:.6f}",
+            "event_ts": f"{event.now:.6f}",
+        },
+        "type": "event_callback",
+        "event_id": event.id,
+        "event_time": int(event.now),
+    }
 
 
 class SlackSource(SchemeSource):
@@ -67,8 +87,7 @@ class SlackSource(SchemeSource):
         event_id="event_id",
         event_type="type",
         account="team_id",
-        default_type="message",
-        content_type=None,
+        sample=Sample(type="message", account="T0000000000", body=_example, content_type=None),
     )
 
     def decode(self, headers: Headers, body: bytes) -> Any:
@@ -122,29 +141,6 @@ class SlackSource(SchemeSource):
         if isinstance(verified.payload, Mapping) and not _events_api(verified.payload):
             return Answer(200, b"", "text/plain")
         return None
-
-    def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        payload: dict[str, Any]
-        if event_type == "url_verification":
-            payload = {"token": "relaybox-test", "challenge": event_id, "type": event_type}
-        else:
-            payload = {
-                "token": "relaybox-test",
-                "team_id": self.account or "T0000000000",
-                "api_app_id": "A0000000000",
-                "event": {
-                    "type": event_type or "message",
-                    "channel": "C0000000000",
-                    "user": "U0000000000",
-                    "text": "relaybox test event",
-                    "ts": f"{now:.6f}",
-                    "event_ts": f"{now:.6f}",
-                },
-                "type": "event_callback",
-                "event_id": event_id,
-                "event_time": int(now),
-            }
-        return json.dumps(payload, separators=(",", ":")).encode()
 
 
 _ENVELOPES = frozenset({"event_callback", "url_verification", "app_rate_limited"})

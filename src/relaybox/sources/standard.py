@@ -24,11 +24,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -43,6 +41,7 @@ from relaybox.sources.base import (
     check_timestamp,
     parse_int_timestamp,
 )
+from relaybox.sources.scheme import Sample
 
 __all__ = ["StandardSource", "standard"]
 
@@ -145,6 +144,14 @@ class StandardSource(Source):
     """Standard Webhooks / Svix: ``v1`` HMAC-SHA256 and ``v1a`` Ed25519."""
 
     provider = "standard"
+    sample: ClassVar[Sample] = Sample(
+        body=lambda event: {
+            "type": event.type,
+            "timestamp": event.iso,
+            "data": {"id": event.id, "message": "relaybox test event"},
+        }
+    )
+    """The test event :meth:`example` builds (a sender's own envelope in a preset)."""
 
     def __init__(
         self, *, secrets: Iterable[Secret | str] | Secret | str = (), **options: Any
@@ -253,13 +260,7 @@ class StandardSource(Source):
         }
 
     def example(self, event_type: str | None, event_id: str, now: float) -> bytes:
-        stamp = datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")
-        envelope = {
-            "type": event_type or "test.event",
-            "timestamp": stamp.replace("+00:00", "Z"),
-            "data": {"id": event_id, "message": "relaybox test event"},
-        }
-        return json.dumps(envelope, separators=(",", ":")).encode()
+        return self.sample.document(self, event_type, event_id, now)
 
 
 def standard(*, secrets: Iterable[Secret | str] | Secret | str, **options: Any) -> StandardSource:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from relaybox.sources.scheme import Entries, Example, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Entries, Example, Hmac, Sample, Scheme, SchemeSource, factory
 
 __all__ = ["StripeSource", "stripe"]
 
@@ -96,9 +96,7 @@ class StripeSource(SchemeSource):
         event_type="type",
         account="account",
         version="api_version",
-        default_type="payment_intent.succeeded",
-        example=_example,
-        content_type=None,
+        sample=Sample(type="payment_intent.succeeded", body=_example, content_type=None),
     )
 
 

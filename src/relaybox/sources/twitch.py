@@ -25,7 +25,7 @@ from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Headers, Identity, Verified
 from relaybox.sources.hooks import Answer
 from relaybox.sources.kit import text
-from relaybox.sources.scheme import Example, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Example, Hmac, Sample, Scheme, SchemeSource, factory
 
 __all__ = ["TwitchSource", "twitch"]
 
@@ -65,14 +65,16 @@ class TwitchSource(SchemeSource):
         event_type="subscription.type",
         account="subscription.condition.broadcaster_user_id",
         tolerance=600.0,
-        default_type="channel.follow",
-        default_account="12826",
-        example=_example,
-        headers=lambda event: {
-            "Twitch-Eventsub-Message-Type": "notification",
-            "Twitch-Eventsub-Subscription-Type": event.type,
-            "Twitch-Eventsub-Subscription-Version": "1",
-        },
+        sample=Sample(
+            type="channel.follow",
+            account="12826",
+            body=_example,
+            headers=lambda event: {
+                "Twitch-Eventsub-Message-Type": "notification",
+                "Twitch-Eventsub-Subscription-Type": event.type,
+                "Twitch-Eventsub-Subscription-Version": "1",
+            },
+        ),
     )
 
     def identify(self, headers: Headers, payload: Any) -> Identity:

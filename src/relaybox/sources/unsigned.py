@@ -6,7 +6,7 @@ each, published as in :mod:`relaybox.sources.providers`.
 
 from __future__ import annotations
 
-from relaybox.sources.scheme import BasicAuth, Preset, Scheme, Token, publish_all
+from relaybox.sources.scheme import BasicAuth, Preset, Sample, Scheme, Token, publish_all
 
 __all__ = [
     "PRESETS",
@@ -28,17 +28,19 @@ PRESETS: tuple[Preset, ...] = (
             event_id="id",
             event_type="event_type",
             version="api_version",
-            default_type="subscription_created",
-            example=lambda event: {
-                "id": event.id,
-                "occurred_at": int(event.now),
-                "source": "admin_console",
-                "object": "event",
-                "api_version": "v2",
-                "content": {"subscription": {"id": "relaybox-sub", "status": "active"}},
-                "event_type": event.type,
-                "webhook_status": "scheduled",
-            },
+            sample=Sample(
+                type="subscription_created",
+                body=lambda event: {
+                    "id": event.id,
+                    "occurred_at": int(event.now),
+                    "source": "admin_console",
+                    "object": "event",
+                    "api_version": "v2",
+                    "content": {"subscription": {"id": "relaybox-sub", "status": "active"}},
+                    "event_type": event.type,
+                    "webhook_status": "scheduled",
+                },
+            ),
         ),
         doc="""Chargebee webhooks: Chargebee signs nothing, the endpoint is protected by
         HTTP Basic credentials (a secret is ``"user:password"``).""",
@@ -52,18 +54,20 @@ PRESETS: tuple[Preset, ...] = (
             event_id=("header:Idempotency-Key", "header:X-Gitlab-Event-UUID"),
             event_type=("object_kind", "header:X-Gitlab-Event"),
             account="header:X-Gitlab-Instance",
-            default_type="push",
-            example=lambda event: {
-                "object_kind": event.type,
-                "event_name": event.type,
-                "ref": "refs/heads/main",
-                "checkout_sha": "da1560886d4f094c3e6c9ef40349f7d38b5d27d7",
-                "project": {"id": 15, "path_with_namespace": "relaybox/test"},
-            },
-            headers=lambda event: {
-                "X-Gitlab-Event": event.type.replace("_", " ").title() + " Hook",
-                "X-Gitlab-Event-UUID": event.id,
-            },
+            sample=Sample(
+                type="push",
+                body=lambda event: {
+                    "object_kind": event.type,
+                    "event_name": event.type,
+                    "ref": "refs/heads/main",
+                    "checkout_sha": "da1560886d4f094c3e6c9ef40349f7d38b5d27d7",
+                    "project": {"id": 15, "path_with_namespace": "relaybox/test"},
+                },
+                headers=lambda event: {
+                    "X-Gitlab-Event": event.type.replace("_", " ").title() + " Hook",
+                    "X-Gitlab-Event-UUID": event.id,
+                },
+            ),
         ),
         doc="""GitLab project, group and system webhooks: GitLab signs nothing, the
         webhook's secret token comes back as sent (use HTTPS). ``Idempotency-Key``
@@ -80,23 +84,25 @@ PRESETS: tuple[Preset, ...] = (
             account="meta.company_id",
             version="meta.version",
             fingerprint_path="data",
-            default_type="deal.change",
-            default_account="12882925",
-            example=lambda event: {
-                "meta": {
-                    "action": event.type.partition(".")[2] or "change",
-                    "entity": event.type.partition(".")[0],
-                    "entity_id": event.id,
-                    "id": event.id,
-                    "company_id": event.account,
-                    "version": "2.0",
-                    "attempt": 1,
-                    "host": "relaybox.pipedrive.com",
-                    "timestamp": event.iso,
+            sample=Sample(
+                type="deal.change",
+                account="12882925",
+                body=lambda event: {
+                    "meta": {
+                        "action": event.action or "change",
+                        "entity": event.resource,
+                        "entity_id": event.id,
+                        "id": event.id,
+                        "company_id": event.account,
+                        "version": "2.0",
+                        "attempt": 1,
+                        "host": "relaybox.pipedrive.com",
+                        "timestamp": event.iso,
+                    },
+                    "data": {"id": event.id, "title": "relaybox test deal", "status": "open"},
+                    "previous": None,
                 },
-                "data": {"id": event.id, "title": "relaybox test deal", "status": "open"},
-                "previous": None,
-            },
+            ),
         ),
         doc="""Pipedrive webhooks (v2): Pipedrive signs nothing, a webhook is created with
         HTTP Basic credentials (a secret is ``"user:password"``). A retry raises

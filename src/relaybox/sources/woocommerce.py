@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 
 from relaybox.sources.hooks import Answer, Request
-from relaybox.sources.scheme import Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Hmac, Sample, Scheme, SchemeSource, factory
 from relaybox.sources.specs import Digest
 
 __all__ = ["WooCommerceSource", "woocommerce"]
@@ -38,20 +38,22 @@ class WooCommerceSource(SchemeSource):
         event_id=("{header:X-WC-Webhook-Topic}:{id}:{date_modified_gmt?}", Digest()),
         event_type="header:X-WC-Webhook-Topic",
         account="header:X-WC-Webhook-Source",
-        default_type="order.created",
-        default_account="https://shop.example.com/",
-        example=lambda event: {
-            "id": event.id,
-            "status": "processing",
-            "currency": "EUR",
-            "total": "29.35",
-            "date_modified_gmt": "2023-11-14T22:13:20",
-        },
-        headers=lambda event: {
-            "X-WC-Webhook-Resource": event.type.partition(".")[0],
-            "X-WC-Webhook-Event": event.type.partition(".")[2],
-            "X-WC-Webhook-Delivery-ID": event.id,
-        },
+        sample=Sample(
+            type="order.created",
+            account="https://shop.example.com/",
+            body=lambda event: {
+                "id": event.id,
+                "status": "processing",
+                "currency": "EUR",
+                "total": "29.35",
+                "date_modified_gmt": "2023-11-14T22:13:20",
+            },
+            headers=lambda event: {
+                "X-WC-Webhook-Resource": event.resource,
+                "X-WC-Webhook-Event": event.action,
+                "X-WC-Webhook-Delivery-ID": event.id,
+            },
+        ),
     )
 
     def handshake(self, request: Request) -> Answer | None:

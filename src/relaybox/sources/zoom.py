@@ -26,7 +26,7 @@ from relaybox.errors import MalformedPayload
 from relaybox.sources.base import Verified
 from relaybox.sources.hooks import Answer
 from relaybox.sources.kit import digest, path, text
-from relaybox.sources.scheme import Example, Hmac, Scheme, SchemeSource, factory
+from relaybox.sources.scheme import Example, Hmac, Sample, Scheme, SchemeSource, factory
 from relaybox.sources.specs import Digest
 
 __all__ = ["ZoomSource", "zoom"]
@@ -62,9 +62,7 @@ class ZoomSource(SchemeSource):
         event_id=Digest(("event", "event_ts", "payload")),
         event_type="event",
         account="payload.account_id",
-        default_type="meeting.started",
-        default_account="relaybox-test-account",
-        example=_example,
+        sample=Sample(type="meeting.started", account="relaybox-test-account", body=_example),
     )
 
     def challenge(self, verified: Verified) -> Answer | None:

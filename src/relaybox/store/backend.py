@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+import textwrap
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -29,25 +30,60 @@ if TYPE_CHECKING:
 __all__ = ["Backend", "load_migrations", "load_queries"]
 
 
-_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_BLOCK = re.compile(r"^-- (name|part): (\w+)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"^([ \t]*)-- include: (\w+)[ \t]*$", re.MULTILINE)
 
 
 def load_queries(backend: str) -> dict[str, str]:
     """Named SQL blocks of ``sql/<backend>.sql`` and ``sql/<backend>_<area>.sql``
     (one file per area: core, outbound, ordering, operations), comment lines dropped.
-    A name defined twice is an error."""
+
+    A block ``-- part: x`` is no statement: it is SQL that several statements share,
+    written once; a line ``-- include: x`` of a statement (or of another part) stands
+    for its text, indented as that line is. What both backends run as written, with no
+    parameters (their styles differ: ``$n``, ``?n``), is in ``sql/shared_<area>.sql``,
+    read for either. A name defined twice, a part nothing includes and an include line
+    that names no part are errors."""
     folder = resources.files("relaybox.store").joinpath("sql")
-    queries: dict[str, str] = {}
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if not re.fullmatch(rf"{backend}(_\w+)?\.sql", entry.name):
-            continue
-        parts = _BLOCK.split(entry.read_text())
-        for name, body in zip(parts[1::2], parts[2::2], strict=True):
-            if name in queries:
-                raise RuntimeError(f"query {name!r} is defined twice ({entry.name})")
-            lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("--")]
-            queries[name] = "\n".join(lines).strip()
+    return _named_blocks(
+        (entry.name, entry.read_text())
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+        if re.fullmatch(rf"({backend}|shared)(_\w+)?\.sql", entry.name)
+    )
+
+
+def _named_blocks(files: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The statements of ``files`` ((name, text) pairs), their parts included."""
+    blocks: dict[str, dict[str, str]] = {"name": {}, "part": {}}
+    for file, text in files:
+        parts = _BLOCK.split(text)
+        for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+            if name in blocks[kind]:
+                raise RuntimeError(f"{kind} {name!r} is defined twice ({file})")
+            if re.search(r"^[ \t]*-- include:", _INCLUDE.sub("", body), re.MULTILINE):
+                raise RuntimeError(f"{name!r}: an include line names one part alone ({file})")
+            blocks[kind][name] = body
+    unused = set(blocks["part"])
+
+    def include(m: re.Match[str], within: tuple[str, ...] = ()) -> str:
+        indent, name = m.groups()
+        if name not in blocks["part"] or name in within:
+            raise RuntimeError(f"no part {name!r} to include here (within {within})")
+        unused.discard(name)
+        part = _INCLUDE.sub(lambda n: include(n, (*within, name)), blocks["part"][name])
+        return textwrap.indent(part.strip("\n"), indent)
+
+    queries = {
+        name: _uncommented(_INCLUDE.sub(include, body)) for name, body in blocks["name"].items()
+    }
+    if unused:
+        raise RuntimeError(f"parts nothing includes: {sorted(unused)}")
     return queries
+
+
+def _uncommented(sql: str) -> str:
+    lines = [ln for ln in sql.splitlines() if not ln.lstrip().startswith("--")]
+    return "\n".join(lines).strip()
 
 
 def load_migrations(backend: str) -> list[tuple[int, str, list[str]]]:

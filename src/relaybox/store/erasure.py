@@ -286,20 +286,7 @@ class ErasureStore:
         # No message left: every reference is below (a message published meanwhile
         # commits with its index row and holds its body: never forgotten).
         low = "\uffff" if row is None or row[0] is None else str(row[0])
-        after, total = "", 0
-        while True:
-            async with self.db.transaction() as conn:
-                refs = [
-                    str(r[0])
-                    for r in await self.db.rows(
-                        conn, "subjects_message_refs_below", (after, low, limit)
-                    )
-                ]
-                if refs:
-                    total += await forget_subjects(self.db, conn, messages=refs)
-            if len(refs) < limit:
-                return total
-            after = refs[-1]
+        return await self._forget_below("messages", "subjects_message_refs_below", "", low, limit)
 
     async def forget_dropped(self, *, limit: int) -> int:
         """After time partitions of the inbox were dropped: :func:`forget_subjects` for
@@ -312,17 +299,27 @@ class ErasureStore:
         # An empty inbox: every reference is below (a row accepted meanwhile commits
         # with its index row, and holds its payload: never forgotten).
         low = MAX_ID if row is None or row[0] is None else int(row[0])
-        after, total = MIN_ID, 0
+        return await self._forget_below("inbox", "subjects_inbox_refs_below", MIN_ID, low, limit)
+
+    async def _forget_below(
+        self,
+        kind: Literal["inbox", "messages"],
+        statement: str,
+        after: int | str,
+        low: int | str,
+        limit: int,
+    ) -> int:
+        """:func:`forget_subjects` for the index's references of ``kind`` that
+        ``statement`` reads after ``after`` and below ``low``, in order, ``limit`` a
+        transaction; how many index rows went."""
+        ref = type(low)  # inbox ids are integers, message ids text
+        total = 0
         while True:
             async with self.db.transaction() as conn:
-                refs = [
-                    int(r[0])
-                    for r in await self.db.rows(
-                        conn, "subjects_inbox_refs_below", (after, low, limit)
-                    )
-                ]
+                rows = await self.db.rows(conn, statement, (after, low, limit))
+                refs: list[Any] = [ref(r[0]) for r in rows]
                 if refs:
-                    total += await forget_subjects(self.db, conn, inbox=refs)
+                    total += await forget_subjects(self.db, conn, **{kind: refs})
             if len(refs) < limit:
                 return total
             after = refs[-1]

@@ -48,14 +48,15 @@ _FIND_CHUNK = 500
 
 @dataclass(frozen=True, slots=True)
 class ReplayFilter:
-    """Which finished rows a replay selects; ``None`` does not filter."""
+    """Which finished rows a replay selects (at most ``limit``); ``None`` does not
+    filter."""
 
-    ids: Sequence[int] | None
-    source: str | None
-    since: float | None
-    until: float | None
-    statuses: Sequence[str] | None
-    limit: int
+    ids: Sequence[int] | None = None
+    source: str | None = None
+    since: float | None = None
+    until: float | None = None
+    statuses: Sequence[str] | None = None
+    limit: int = 10_000
 
 
 @dataclass(frozen=True, slots=True)

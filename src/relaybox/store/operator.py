@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -26,6 +26,7 @@ __all__ = [
     "DatabaseHealth",
     "DoctorProbe",
     "EventHistory",
+    "EventListing",
     "OperatorStore",
     "Row",
     "ThroughputRow",
@@ -45,6 +46,35 @@ class EventHistory:
     outbox: list[Row]
     replays: list[Row]
     quarantine: list[Row]
+
+
+class EventListing(TypedDict):
+    """What the listings of events (the inbox's, the dead letters') filter on, each
+    ``None`` for any: the source, the event type, the tenant, the time received
+    (``since``, ``until``); a page of at most ``limit`` with ids below ``before_id``."""
+
+    source: str | None
+    event_type: str | None
+    tenant: str | None
+    since: float | None
+    until: float | None
+    before_id: int | None
+    limit: int
+
+
+def _listing_params(listing: EventListing, state: str | None) -> tuple[Any, ...]:
+    """The parameters of the listing statements: ``state`` (the inbox's status, the
+    dead letters' reason) third."""
+    return (
+        listing["source"],
+        listing["event_type"],
+        state,
+        listing["tenant"],
+        listing["since"],
+        listing["until"],
+        listing["before_id"],
+        listing["limit"],
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,21 +174,10 @@ class OperatorStore:
 
     # -- inbox ------------------------------------------------------------------------
 
-    async def inbox_list(
-        self,
-        *,
-        source: str | None,
-        event_type: str | None,
-        status: str | None,
-        tenant: str | None,
-        since: float | None,
-        until: float | None,
-        before_id: int | None,
-        limit: int,
-    ) -> list[Row]:
-        """Inbox events, newest first, keyset-paginated (ids below ``before_id``)."""
-        params = (source, event_type, status, tenant, since, until, before_id, limit)
-        return await self._read("ops_inbox_list", params)
+    async def inbox_list(self, *, status: str | None, **listing: Unpack[EventListing]) -> list[Row]:
+        """The inbox events of ``status`` (``None``: any) the ``listing`` matches,
+        newest first, keyset-paginated (ids below ``before_id``)."""
+        return await self._read("ops_inbox_list", _listing_params(listing, status))
 
     async def inbox_history(self, inbox_id: int) -> EventHistory | None:
         """The event with its attempts, business keys, outbox rows, replays and
@@ -195,21 +214,10 @@ class OperatorStore:
 
     # -- dead letters -----------------------------------------------------------------
 
-    async def dead_list(
-        self,
-        *,
-        source: str | None,
-        event_type: str | None,
-        reason: str | None,
-        tenant: str | None,
-        since: float | None,
-        until: float | None,
-        before_id: int | None,
-        limit: int,
-    ) -> list[Row]:
-        """Dead letters not discarded, newest first, keyset-paginated."""
-        params = (source, event_type, reason, tenant, since, until, before_id, limit)
-        return await self._read("ops_dead_list", params)
+    async def dead_list(self, *, reason: str | None, **listing: Unpack[EventListing]) -> list[Row]:
+        """The dead letters not discarded of ``reason`` (``None``: any) the ``listing``
+        matches, newest first, keyset-paginated."""
+        return await self._read("ops_dead_list", _listing_params(listing, reason))
 
     async def dead_discard(self, inbox_id: int, *, now: float, actor: str, reason: str) -> bool:
         """Discard an undiscarded dead letter; whether this call discarded it."""

@@ -17,7 +17,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict, Unpack
 
 import asyncpg
 import asyncpg.transaction
@@ -61,6 +61,7 @@ __all__ = [
     "PostgresBackend",
     "PostgresDispatch",
     "PostgresInbox",
+    "PostgresOptions",
     "PostgresPartitions",
     "PostgresStore",
 ]
@@ -72,6 +73,18 @@ def async_url(url: str) -> str:
     """``postgresql://…`` (any driver spelling) → the asyncpg dialect URL."""
     u = make_url(url)
     return u.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+
+
+class PostgresOptions(TypedDict, total=False):
+    """The options of :class:`PostgresBackend` (and of :class:`PostgresStore`, which
+    hands them over), each left out for its default there."""
+
+    pool_size: int
+    max_overflow: int
+    connect_timeout: float
+    raw_pool_size: int
+    pool_timeout: float
+    idle_in_transaction_timeout: float
 
 
 class PostgresBackend(Backend):
@@ -984,31 +997,13 @@ class PostgresPartitions(PartitionsStore):
 
 
 class PostgresStore(Store):
-    """The store on PostgreSQL (:class:`PostgresBackend`); the options are the
-    backend's."""
+    """The store on PostgreSQL (:class:`PostgresBackend`); the options
+    (:class:`PostgresOptions`) are the backend's."""
 
     db: PostgresBackend
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        pool_size: int = 10,
-        max_overflow: int = 10,
-        connect_timeout: float = 5,
-        raw_pool_size: int = 8,
-        pool_timeout: float = 10,
-        idle_in_transaction_timeout: float = 20,
-    ) -> None:
-        db = PostgresBackend(
-            url,
-            pool_size=pool_size,
-            max_overflow=max_overflow,
-            connect_timeout=connect_timeout,
-            raw_pool_size=raw_pool_size,
-            pool_timeout=pool_timeout,
-            idle_in_transaction_timeout=idle_in_transaction_timeout,
-        )
+    def __init__(self, url: str, **options: Unpack[PostgresOptions]) -> None:
+        db = PostgresBackend(url, **options)
         super().__init__(
             db, inbox=PostgresInbox(db), dispatch=PostgresDispatch, partitions=PostgresPartitions
         )

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from relaybox.store.backend import Backend
 from relaybox.store.erasure import forget_purged
 from relaybox.store.history import PurgeTable
@@ -141,13 +143,7 @@ class RetentionStore:
         async with self.db.connect() as conn:
             await self.db.rows(conn, "retention_custom_plans")
             rows = await self.db.rows(conn, f"ops_purge_{table}_tenants", params)
-            if rows and table == "inbox":
-                await self.db.rows(conn, "operations_purge", (self.db.array([r[0] for r in rows]),))
-            if rows and table == "outbox":
-                ids = self.db.array([r[0] for r in rows])
-                await self.db.rows(conn, "ops_purge_outbox_responses", (ids,))
-            if rows:
-                await forget_purged(self.db, conn, table, [r[0] for r in rows])
+            await self._after_purge(conn, table, [r[0] for r in rows])
         return len(rows)
 
     async def scan(
@@ -193,14 +189,22 @@ class RetentionStore:
             rows = await self.db.rows(
                 conn, f"ops_purge_{table}_ids", (self.db.array(list(ids)), now, cutoff)
             )
-            if rows and table == "inbox":
-                await self.db.rows(conn, "operations_purge", (self.db.array([r[0] for r in rows]),))
-            if rows and table == "outbox":
-                done = self.db.array([r[0] for r in rows])
-                await self.db.rows(conn, "ops_purge_outbox_responses", (done,))
-            if rows:
-                await forget_purged(self.db, conn, table, [r[0] for r in rows])
+            await self._after_purge(conn, table, [r[0] for r in rows])
         return len(rows)
+
+    async def _after_purge(
+        self, conn: AsyncConnection, table: PurgeTable, purged: list[Any]
+    ) -> None:
+        """What goes with the rows ``purged`` of ``table``, in their transaction: the
+        readable business keys of purged events, the recorded responses of purged
+        deliveries, and the subject index's rows that find nothing more."""
+        if not purged:
+            return
+        if table == "inbox":
+            await self.db.rows(conn, "operations_purge", (self.db.array(purged),))
+        if table == "outbox":
+            await self.db.rows(conn, "ops_purge_outbox_responses", (self.db.array(purged),))
+        await forget_purged(self.db, conn, table, purged)
 
     async def count_groups(
         self, table: PurgeTable, cutoff: float

@@ -10,7 +10,6 @@ from starlette.routing import Route
 
 from relaybox.admin import html
 from relaybox.admin.sections import Call, Operation
-from relaybox.errors import NotFound
 from relaybox.ops.outbound_flow import (
     FilterRequest,
     FilterResult,
@@ -124,13 +123,6 @@ FLOW_OPERATIONS = (
 # -- dashboard ----------------------------------------------------------------------------
 
 
-def _endpoint_id(request: Request) -> str:
-    raw = str(request.path_params["id"])
-    if "\x00" in raw or len(raw) > 200:
-        raise NotFound(f"{raw[:40]!r} is not a known id")
-    return raw
-
-
 async def _switch(request: Request, form: dict[str, str], paused: bool) -> html.Notice:
     done = "paused" if paused else "resumed"
     r = EndpointActionRequest.model_validate(
@@ -138,7 +130,7 @@ async def _switch(request: Request, form: dict[str, str], paused: bool) -> html.
     )
     result = await endpoint_pause(
         html.box_of(request),
-        _endpoint_id(request),
+        html.text_id(request),
         paused=paused,
         actor=html.actor_of(request),
         reason=r.reason,
@@ -167,7 +159,7 @@ async def endpoint_replay_missing_action(request: Request, form: dict[str, str])
         }
     )
     await endpoint_replay_missing(
-        html.box_of(request), _endpoint_id(request), body, actor=html.actor_of(request)
+        html.box_of(request), html.text_id(request), body, actor=html.actor_of(request)
     )
     return "replay_started"
 

@@ -11,7 +11,7 @@ from starlette.routing import Route
 
 from relaybox.admin import html
 from relaybox.admin.outbound import sending
-from relaybox.errors import InvalidRequest, InvalidTimeSpec, NotFound
+from relaybox.errors import InvalidRequest, InvalidTimeSpec
 from relaybox.ops.outbound import (
     endpoint_disable,
     endpoint_enable,
@@ -42,18 +42,9 @@ log = structlog.get_logger("relaybox.admin")
 # -- pages ------------------------------------------------------------------------
 
 
-def _text_id(request: Request) -> str:
-    raw = str(request.path_params["id"])
-    if "\x00" in raw or len(raw) > 200:
-        raise NotFound(f"{raw[:40]!r} is not a known id")
-    return raw
-
-
 @html.page
 async def endpoints_page(request: Request) -> Response:
-    f = EndpointFilter.model_validate(
-        {k: v for k, v in request.query_params.items() if v and k in EndpointFilter.model_fields}
-    )
+    f = html.filters_of(request, EndpointFilter)
     result = await endpoint_list(html.box_of(request), f)
     return await html.render(request, "endpoints.html", active="endpoints", f=f, page=result)
 
@@ -61,7 +52,7 @@ async def endpoints_page(request: Request) -> Response:
 @html.page
 async def endpoint_page(request: Request) -> Response:
     box = html.box_of(request)
-    detail = await endpoint_get(box, _text_id(request))
+    detail = await endpoint_get(box, html.text_id(request))
     latest = await box.store.flow.replay_job_latest(detail.id)
     replay = None if latest is None else replay_result(latest)
     return await html.render(request, "endpoint.html", active="endpoints", e=detail, replay=replay)
@@ -69,9 +60,7 @@ async def endpoint_page(request: Request) -> Response:
 
 @html.page
 async def messages_page(request: Request) -> Response:
-    f = MessageFilter.model_validate(
-        {k: v for k, v in request.query_params.items() if v and k in MessageFilter.model_fields}
-    )
+    f = html.filters_of(request, MessageFilter)
     result = await message_list(html.box_of(request), f)
     next_url = None
     if result.next_cursor:
@@ -83,7 +72,7 @@ async def messages_page(request: Request) -> Response:
 
 @html.page
 async def message_page(request: Request) -> Response:
-    detail = await message_get(html.box_of(request), _text_id(request))
+    detail = await message_get(html.box_of(request), html.text_id(request))
     attempts = await sending.attempts_html(request, detail.id)
     return await html.render(
         request, "message.html", active="messages", m=detail, attempts_html=attempts
@@ -97,7 +86,7 @@ async def message_redeliver_action(request: Request, form: dict[str, str]) -> ht
     )
     result = await message_redeliver(
         html.box_of(request),
-        _text_id(request),
+        html.text_id(request),
         endpoint_id=form.get("endpoint_id") or None,
     )
     return "redelivered", result.redelivered
@@ -112,7 +101,7 @@ async def _endpoint_switch(
     )
     await switch(
         html.box_of(request),
-        _text_id(request),
+        html.text_id(request),
         actor=html.actor_of(request),
         reason=r.reason,
     )
@@ -151,7 +140,7 @@ async def endpoint_recover_action(request: Request, form: dict[str, str]) -> htm
     )
     result = await endpoint_recover(
         box,
-        _text_id(request),
+        html.text_id(request),
         since=r.since,
         until=r.until,
         actor=html.actor_of(request),

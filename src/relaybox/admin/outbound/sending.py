@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from relaybox.admin import html
 from relaybox.browser import page_environment
-from relaybox.errors import InvalidRequest, InvalidTimeSpec, NotFound
+from relaybox.errors import Conflict, InvalidRequest, InvalidTimeSpec, NotFound
 from relaybox.ops.delivery_log import LogFilter, delivery_log, message_view
 from relaybox.outbound import endpoints
 from relaybox.outbound.catalog import InvalidMessage
@@ -33,6 +33,7 @@ from relaybox.timespec import TIME_FORMS, parse_time_or_none
 
 if TYPE_CHECKING:
     from relaybox.runtime import Runtime
+    from relaybox.store.outbox_rows import Endpoint
 
 __all__ = ["PAGES", "attempts_html", "chart_svg"]
 
@@ -181,14 +182,8 @@ async def _secret_page(request: Request, endpoint_id: str, secret: str, what: st
     )
 
 
-async def _form(request: Request) -> dict[str, str] | Response:
-    return await html.checked_form(request)
-
-
-async def endpoint_create(request: Request) -> Response:
-    form = await _form(request)
-    if isinstance(form, Response):
-        return form
+@html.form_page
+async def endpoint_create(request: Request, form: dict[str, str]) -> Response:
     box = html.box_of(request)
     tenant = form.get("tenant", "").strip()
     try:
@@ -206,23 +201,30 @@ async def endpoint_create(request: Request) -> Response:
     return await _secret_page(request, created.id, secret, "created")
 
 
-async def endpoint_rotate(request: Request) -> Response:
-    form = await _form(request)
-    if isinstance(form, Response):
-        return form
-    box = html.box_of(request)
-    secret = await endpoints.rotate_secret(box, str(request.path_params["id"]), None)
+async def _endpoint(request: Request) -> Endpoint:
+    """The endpoint the address names (:class:`NotFound` when there is none)."""
+    found = await endpoints.get_endpoint(html.box_of(request), _id(request), None)
+    if found is None:
+        raise NotFound("no such endpoint")
+    return found
+
+
+def _id(request: Request) -> str:
+    return str(request.path_params["id"])
+
+
+@html.form_page
+async def endpoint_rotate(request: Request, form: dict[str, str]) -> Response:
+    secret = await endpoints.rotate_secret(html.box_of(request), _id(request), None)
     if secret is None:
-        return await html.render(request, "error.html", status=404, message="no such endpoint")
-    return await _secret_page(request, str(request.path_params["id"]), secret, "rotated")
+        raise NotFound("no such endpoint")
+    return await _secret_page(request, _id(request), secret, "rotated")
 
 
 @html.action
 async def endpoint_edit(request: Request, form: dict[str, str]) -> html.Notice:
     box = html.box_of(request)
-    found = await endpoints.get_endpoint(box, str(request.path_params["id"]), None)
-    if found is None:
-        raise NotFound("no such endpoint")
+    found = await _endpoint(request)
     patch = EndpointPatch(
         url=form.get("url", "").strip() or None,
         description=form.get("description", "").strip(),
@@ -235,17 +237,12 @@ async def endpoint_edit(request: Request, form: dict[str, str]) -> html.Notice:
     return "endpoint_saved"
 
 
-async def endpoint_test(request: Request) -> Response:
-    form = await _form(request)
-    if isinstance(form, Response):
-        return form
+@html.form_page
+async def endpoint_test(request: Request, form: dict[str, str]) -> Response:
     box = html.box_of(request)
-    found = await endpoints.get_endpoint(box, str(request.path_params["id"]), None)
-    if found is None:
-        return await html.render(request, "error.html", status=404, message="no such endpoint")
+    found = await _endpoint(request)
     if found.status != "enabled":
-        message = "the endpoint is disabled: enable it first"
-        return await html.render(request, "error.html", status=409, message=message)
+        raise Conflict("the endpoint is disabled: enable it first")
     try:
         async with box.store.transaction() as conn:
             message_id = (

@@ -54,12 +54,15 @@ class ReadOnly(admin.ModelAdmin):
 
 
 def _with_reason(
+    description: str,
     title: str,
     act: Callable[[int, str, str], Coroutine[Any, Any, Any]],
     done: str,
 ) -> Callable[[Any, HttpRequest, QuerySet[Any]], TemplateResponse | None]:
-    """An admin action asking for a reason first, then running ``act(id, actor,
-    reason)`` (a use case of :mod:`relaybox.ops.inbound`) for each selected row."""
+    """An admin action (``description`` in the actions menu, for those with the
+    change permission) asking for a reason first on a page headed ``title``, then
+    running ``act(id, actor, reason)`` (a use case of :mod:`relaybox.ops.inbound`) for
+    each selected row; ``done`` says how many succeeded."""
 
     def action(
         modeladmin: Any, request: HttpRequest, queryset: QuerySet[Any]
@@ -92,7 +95,9 @@ def _with_reason(
             },
         )
 
-    return action
+    marked: Callable[[Any, HttpRequest, QuerySet[Any]], TemplateResponse | None]
+    marked = admin.action(description=description, permissions=("operate",))(action)
+    return marked
 
 
 def _retry(pk: int, actor: str, reason: str) -> Coroutine[Any, Any, Any]:
@@ -115,82 +120,57 @@ def _handled(pk: int, actor: str, reason: str) -> Coroutine[Any, Any, Any]:
     )
 
 
+_EVENT = ("source", "event_type", "event_id", "tenant")
+"""The columns that say which event a row is: where it came from, what and whose."""
+
+_EVENT_SEARCH = ("event_id", "event_type", "tenant")
+
+
 @admin.register(InboxEvent)
 class InboxEventAdmin(ReadOnly):
-    list_display = (
-        "id",
-        "source",
-        "event_type",
-        "event_id",
-        "tenant",
-        "status",
-        "attempts",
-        "received",
-    )
+    list_display = ("id", *_EVENT, "status", "attempts", "received")
     list_filter = ("status", "source", "dead_reason")
-    search_fields = ("event_id", "event_type", "tenant", "account")
+    search_fields = (*_EVENT_SEARCH, "account")
 
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnly):
-    list_display = (
-        "id",
-        "source",
-        "event_type",
-        "event_id",
-        "tenant",
-        "dead_reason",
-        "last_error",
-        "updated",
-    )
+    list_display = ("id", *_EVENT, "dead_reason", "last_error", "updated")
     list_filter = ("dead_reason", "source")
-    search_fields = ("event_id", "event_type", "tenant")
+    search_fields = _EVENT_SEARCH
     actions = ("retry", "discard")
-
-    @admin.action(description="Retry the selected dead letters", permissions=("operate",))
-    def retry(self, request: HttpRequest, queryset: QuerySet[Any]) -> TemplateResponse | None:
-        return _with_reason(
-            "Retry dead letters", _retry, "{n} dead letter(s) sent back to the worker"
-        )(self, request, queryset)
-
-    @admin.action(description="Discard the selected dead letters", permissions=("operate",))
-    def discard(self, request: HttpRequest, queryset: QuerySet[Any]) -> TemplateResponse | None:
-        return _with_reason("Discard dead letters", _discard, "{n} dead letter(s) discarded")(
-            self, request, queryset
-        )
+    retry = _with_reason(
+        "Retry the selected dead letters",
+        "Retry dead letters",
+        _retry,
+        "{n} dead letter(s) sent back to the worker",
+    )
+    discard = _with_reason(
+        "Discard the selected dead letters",
+        "Discard dead letters",
+        _discard,
+        "{n} dead letter(s) discarded",
+    )
 
 
 @admin.register(Quarantined)
 class QuarantinedAdmin(ReadOnly):
-    list_display = (
-        "id",
-        "inbox_id",
-        "source",
-        "event_type",
-        "event_id",
-        "tenant",
-        "received",
-        "resolution",
-    )
+    list_display = ("id", "inbox_id", *_EVENT, "received", "resolution")
     list_filter = ("resolution", "source")
-    search_fields = ("event_id", "event_type", "tenant")
+    search_fields = _EVENT_SEARCH
     actions = ("keep_original", "handled_manually")
-
-    @admin.action(description="Resolve: keep the original", permissions=("operate",))
-    def keep_original(
-        self, request: HttpRequest, queryset: QuerySet[Any]
-    ) -> TemplateResponse | None:
-        return _with_reason("Keep the original", _kept, "{n} quarantined delivery(ies) resolved")(
-            self, request, queryset
-        )
-
-    @admin.action(description="Resolve: handled manually", permissions=("operate",))
-    def handled_manually(
-        self, request: HttpRequest, queryset: QuerySet[Any]
-    ) -> TemplateResponse | None:
-        return _with_reason("Handled manually", _handled, "{n} quarantined delivery(ies) resolved")(
-            self, request, queryset
-        )
+    keep_original = _with_reason(
+        "Resolve: keep the original",
+        "Keep the original",
+        _kept,
+        "{n} quarantined delivery(ies) resolved",
+    )
+    handled_manually = _with_reason(
+        "Resolve: handled manually",
+        "Handled manually",
+        _handled,
+        "{n} quarantined delivery(ies) resolved",
+    )
 
 
 @admin.register(Message)

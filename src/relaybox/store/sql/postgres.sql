@@ -1,5 +1,27 @@
 -- Named queries for PostgreSQL. Each block starts with "-- name: NAME" and a line on
--- what it guarantees. Parameters are asyncpg's $n. Loaded once by relaybox.store.sql.
+-- what it guarantees. Parameters are asyncpg's $n. A "-- part: NAME" block is SQL that
+-- several statements share: a line "-- include: NAME" stands for it. What SQLite runs
+-- as written too is in shared*.sql. Loaded once by relaybox.store.backend.load_queries.
+
+-- part: inbox_batch_keys
+-- A batch's event keys inserted, in a WITH after u (the batch, its deliveries numbered
+-- n; raw the key digest, kfp the fingerprint digest): d one delivery per key (the
+-- first), f with its inbox id, k the keys inserted (the event keys table decides who
+-- is first: a key that exists inserts nothing).
+d AS MATERIALIZED (
+    SELECT DISTINCT ON (u.raw) u.*, encode(u.raw, 'hex')::uuid AS digest FROM u
+    ORDER BY u.raw, u.n
+), f AS MATERIALIZED (
+    -- ids in batch order (nextval runs after the sort): as the batch came, by key
+    SELECT d.*, relaybox_inbox_id() AS id FROM d ORDER BY d.n
+), k AS (
+    INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
+    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest,
+           encode(f.kfp, 'hex')::uuid
+    FROM f
+    ON CONFLICT DO NOTHING
+    RETURNING digest
+)
 
 -- name: inbox_insert_batch
 -- One statement for a batch inside the caller's transaction (inbox_insert): the event
@@ -13,20 +35,9 @@ WITH u AS MATERIALIZED (
                          $16::bigint[]) WITH ORDINALITY
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
               version, status, received_at, traceparent, raw, kfp, scope, n)
-), d AS MATERIALIZED (
-    SELECT DISTINCT ON (u.raw) u.*, encode(u.raw, 'hex')::uuid AS digest FROM u
-    ORDER BY u.raw, u.n
-), f AS MATERIALIZED (
-    -- ids in batch order (nextval runs after the sort): as the batch came, by key
-    SELECT d.*, relaybox_inbox_id() AS id FROM d ORDER BY d.n
-), k AS (
-    INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
-    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest,
-           encode(f.kfp, 'hex')::uuid
-    FROM f
-    ON CONFLICT DO NOTHING
-    RETURNING digest
-), ins AS (
+),
+-- include: inbox_batch_keys
+, ins AS (
     INSERT INTO relaybox_inbox
         (id, source, account, event_id, event_type, tenant, fingerprint, payload, headers,
          version, status, attempts, next_attempt_at, received_at, updated_at, traceparent)
@@ -175,12 +186,7 @@ WITH k AS (
 ), o AS (
   INSERT INTO relaybox_operations (business_key, fingerprint, inbox_id, source, tenant, created_at)
   SELECT $5, $6, $7, $8, $9, $10 FROM k
-  ON CONFLICT (business_key) DO UPDATE SET fingerprint = excluded.fingerprint,
-      inbox_id = excluded.inbox_id, source = excluded.source, tenant = excluded.tenant,
-      created_at = excluded.created_at
-  WHERE EXISTS (SELECT 1 FROM relaybox_keys_backfill
-                WHERE kind = 'operation' AND finished_at IS NOT NULL)
-  RETURNING 1
+  -- include: operation_upsert
 )
 SELECT (SELECT count(*) FROM k) AS keyed, (SELECT count(*) FROM o) AS created
 
@@ -189,12 +195,7 @@ SELECT (SELECT count(*) FROM k) AS keyed, (SELECT count(*) FROM o) AS created
 -- source, $5 tenant, $6 now), as SQLite runs it after its key insert.
 INSERT INTO relaybox_operations (business_key, fingerprint, inbox_id, source, tenant, created_at)
 VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (business_key) DO UPDATE SET fingerprint = excluded.fingerprint,
-    inbox_id = excluded.inbox_id, source = excluded.source, tenant = excluded.tenant,
-    created_at = excluded.created_at
-WHERE EXISTS (SELECT 1 FROM relaybox_keys_backfill
-              WHERE kind = 'operation' AND finished_at IS NOT NULL)
-RETURNING 1
+-- include: operation_upsert
 
 -- name: operation_get
 -- A business key's fingerprint digest ($1 its digest) and, while its readable row
@@ -264,6 +265,39 @@ FROM relaybox_inbox GROUP BY status, dead_reason
 -- name: stats_quarantine
 SELECT count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL
 
+-- part: inbox_accept_rows
+-- inbox_accept_fast's CTEs after u: the keys inserted, then ins, the inbox rows of
+-- those (a held one started at $13: see inbox_accept_fast).
+-- include: inbox_batch_keys
+, ins AS (
+    INSERT INTO relaybox_inbox
+        (id, source, account, event_id, event_type, tenant, fingerprint, payload, headers,
+         version, status, attempts, next_attempt_at, started_at, received_at, updated_at,
+         traceparent)
+    SELECT f.id, f.source, f.account, f.event_id, f.event_type, f.tenant, f.fingerprint,
+           f.payload, f.headers, f.version, f.status,
+           CASE WHEN f.held_until IS NULL THEN 0 ELSE 1 END, coalesce(f.held_until, $13),
+           CASE WHEN f.held_until IS NOT NULL THEN $13 END, f.received_at, $13, f.traceparent
+    FROM f JOIN k USING (digest)
+)
+
+-- part: inbox_accept_answer
+-- inbox_accept_fast's rows: the new keys' (inserted), then those found.
+SELECT f.id, f.source, f.account, f.event_id, f.kfp AS fingerprint, true AS inserted
+FROM f JOIN k USING (digest)
+UNION ALL
+-- One probe of the key's primary key per key, whatever the statistics say: LIMIT
+-- keeps the lookup a per-key subquery (a plain join was planned as a sequential scan
+-- + hash join while the table looked empty, and the cached generic plan kept scanning
+-- every row; tests/store/test_plans.py checks the plan on an empty table).
+SELECT e.inbox_id, f.source, f.account, f.event_id, e.fingerprint, false
+FROM f
+CROSS JOIN LATERAL (
+    SELECT x.inbox_id, uuid_send(x.fingerprint) AS fingerprint FROM relaybox_event_keys x
+    WHERE x.digest = f.digest
+    LIMIT 1
+) e
+
 -- name: inbox_accept_fast
 -- The group-commit fast path: one autocommit statement decides, inserts and commits
 -- the whole batch (one round trip, one fsync, synchronous_commit unchanged). The event
@@ -293,44 +327,9 @@ WITH u AS MATERIALIZED (
                          $15::bytea[], $16::bytea[], $17::bigint[]) WITH ORDINALITY
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
               version, status, received_at, held_until, traceparent, raw, kfp, scope, n)
-), d AS MATERIALIZED (
-    SELECT DISTINCT ON (u.raw) u.*, encode(u.raw, 'hex')::uuid AS digest FROM u
-    ORDER BY u.raw, u.n
-), f AS MATERIALIZED (
-    -- ids in batch order (nextval runs after the sort): as the batch came, by key
-    SELECT d.*, relaybox_inbox_id() AS id FROM d ORDER BY d.n
-), k AS (
-    INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
-    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest,
-           encode(f.kfp, 'hex')::uuid
-    FROM f
-    ON CONFLICT DO NOTHING
-    RETURNING digest
-), ins AS (
-    INSERT INTO relaybox_inbox
-        (id, source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-         version, status, attempts, next_attempt_at, started_at, received_at, updated_at,
-         traceparent)
-    SELECT f.id, f.source, f.account, f.event_id, f.event_type, f.tenant, f.fingerprint,
-           f.payload, f.headers, f.version, f.status,
-           CASE WHEN f.held_until IS NULL THEN 0 ELSE 1 END, coalesce(f.held_until, $13),
-           CASE WHEN f.held_until IS NOT NULL THEN $13 END, f.received_at, $13, f.traceparent
-    FROM f JOIN k USING (digest)
-)
-SELECT f.id, f.source, f.account, f.event_id, f.kfp AS fingerprint, true AS inserted
-FROM f JOIN k USING (digest)
-UNION ALL
--- One probe of the key's primary key per key, whatever the statistics say: LIMIT
--- keeps the lookup a per-key subquery (a plain join was planned as a sequential scan
--- + hash join while the table looked empty, and the cached generic plan kept scanning
--- every row; tests/store/test_plans.py checks the plan on an empty table).
-SELECT e.inbox_id, f.source, f.account, f.event_id, e.fingerprint, false
-FROM f
-CROSS JOIN LATERAL (
-    SELECT x.inbox_id, uuid_send(x.fingerprint) AS fingerprint FROM relaybox_event_keys x
-    WHERE x.digest = f.digest
-    LIMIT 1
-) e
+),
+-- include: inbox_accept_rows
+-- include: inbox_accept_answer
 
 -- name: inbox_accept_fast_subjects
 -- inbox_accept_fast for a batch with subjects ($18: each delivery's subject digest or
@@ -347,47 +346,16 @@ WITH u AS MATERIALIZED (
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
               version, status, received_at, held_until, traceparent, raw, kfp, scope,
               subject, n)
-), d AS MATERIALIZED (
-    SELECT DISTINCT ON (u.raw) u.*, encode(u.raw, 'hex')::uuid AS digest FROM u
-    ORDER BY u.raw, u.n
-), f AS MATERIALIZED (
-    -- ids in batch order (nextval runs after the sort): as the batch came, by key
-    SELECT d.*, relaybox_inbox_id() AS id FROM d ORDER BY d.n
-), k AS (
-    INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
-    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest,
-           encode(f.kfp, 'hex')::uuid
-    FROM f
-    ON CONFLICT DO NOTHING
-    RETURNING digest
-), ins AS (
-    INSERT INTO relaybox_inbox
-        (id, source, account, event_id, event_type, tenant, fingerprint, payload, headers,
-         version, status, attempts, next_attempt_at, started_at, received_at, updated_at,
-         traceparent)
-    SELECT f.id, f.source, f.account, f.event_id, f.event_type, f.tenant, f.fingerprint,
-           f.payload, f.headers, f.version, f.status,
-           CASE WHEN f.held_until IS NULL THEN 0 ELSE 1 END, coalesce(f.held_until, $13),
-           CASE WHEN f.held_until IS NOT NULL THEN $13 END, f.received_at, $13, f.traceparent
-    FROM f JOIN k USING (digest)
-), idx AS (
+),
+-- include: inbox_accept_rows
+, idx AS (
     INSERT INTO relaybox_subjects (digest, kind, ref)
     SELECT DISTINCT f.subject, 'inbox', f.id::text
     FROM f JOIN k USING (digest)
     WHERE f.subject IS NOT NULL
     ON CONFLICT DO NOTHING
 )
-SELECT f.id, f.source, f.account, f.event_id, f.kfp AS fingerprint, true AS inserted
-FROM f JOIN k USING (digest)
-UNION ALL
--- One probe of the key's primary key per key (see inbox_accept_fast).
-SELECT e.inbox_id, f.source, f.account, f.event_id, e.fingerprint, false
-FROM f
-CROSS JOIN LATERAL (
-    SELECT x.inbox_id, uuid_send(x.fingerprint) AS fingerprint FROM relaybox_event_keys x
-    WHERE x.digest = f.digest
-    LIMIT 1
-) e
+-- include: inbox_accept_answer
 
 -- name: inbox_claim
 -- Holds up to $2 due rows back for $3 seconds: nobody else claims them while this
@@ -495,12 +463,7 @@ WITH locked AS (
   FROM unnest($3::text[], $7::text[], $8::text[], $9::bigint[], $10::text[], $11::text[])
        AS k(digest, key, fp, inbox_id, source, tenant)
   JOIN keyed ON keyed.digest = k.digest::uuid
-  ON CONFLICT (business_key) DO UPDATE SET fingerprint = excluded.fingerprint,
-      inbox_id = excluded.inbox_id, source = excluded.source, tenant = excluded.tenant,
-      created_at = excluded.created_at
-  WHERE EXISTS (SELECT 1 FROM relaybox_keys_backfill
-                WHERE kind = 'operation' AND finished_at IS NOT NULL)
-  RETURNING 1
+  -- include: operation_upsert
 )
 SELECT 1 FROM locked UNION ALL SELECT 1 FROM claimed
 

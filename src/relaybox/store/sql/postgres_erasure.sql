@@ -10,6 +10,50 @@
 -- transaction holds right now (SKIP LOCKED) too. A batch is a MATERIALIZED CTE, run
 -- once (see ops_purge_inbox).
 
+-- The batch's rows emptied, each table as the header says: a statement choosing its
+-- batch (a MATERIALIZED CTE `batch` of ids, $1 the digest or tenant, $3 its size)
+-- includes its table's part ($2: now).
+
+-- part: erase_inbox_batch
+UPDATE relaybox_inbox t
+SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(t.purged_at, $2),
+    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
+FROM batch
+WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
+RETURNING t.id
+
+-- part: erase_quarantine_batch
+UPDATE relaybox_quarantine t
+SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+FROM batch
+WHERE t.id = batch.id AND t.erased_at IS NULL
+RETURNING t.id
+
+-- part: erase_outbox_batch
+UPDATE relaybox_outbox t
+SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2),
+    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
+FROM batch
+WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
+RETURNING t.id
+
+-- part: erase_messages_batch
+UPDATE relaybox_messages t
+SET body = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2)
+FROM batch
+WHERE t.id = batch.id AND t.erased_at IS NULL
+RETURNING t.id
+
+-- part: outbox_row_holds
+-- An outbox row o (not erased) still holds what an erasure empties: it is not purged,
+-- or it keeps error text, or one of its attempts keeps a response, headers or error text.
+AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
+     OR (SELECT 1 FROM relaybox_outbox_attempts a
+         WHERE a.outbox_id = o.id
+           AND (a.response IS NOT NULL OR a.headers IS NOT NULL
+                OR (a.error IS NOT NULL AND a.error <> '(erased)'))
+         LIMIT 1) IS NOT NULL)
+
 -- name: erase_inbox_subject
 WITH batch AS MATERIALIZED (
     SELECT i.id FROM relaybox_subjects s
@@ -18,12 +62,7 @@ WITH batch AS MATERIALIZED (
       AND i.status <> 'pending'
     LIMIT $3
     FOR NO KEY UPDATE OF i SKIP LOCKED)
-UPDATE relaybox_inbox t
-SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(t.purged_at, $2),
-    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
-FROM batch
-WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
-RETURNING t.id
+-- include: erase_inbox_batch
 
 -- name: erase_quarantine_subject
 -- The quarantine entries stored under the event keys of the subject's inbox rows (a
@@ -36,11 +75,7 @@ WITH batch AS MATERIALIZED (
     WHERE s.digest = $1 AND s.kind = 'inbox' AND q.erased_at IS NULL
     LIMIT $3
     FOR NO KEY UPDATE OF q SKIP LOCKED)
-UPDATE relaybox_quarantine t
-SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(t.purged_at, $2)
-FROM batch
-WHERE t.id = batch.id AND t.erased_at IS NULL
-RETURNING t.id
+-- include: erase_quarantine_batch
 
 -- name: erase_outbox_subject
 -- The deliveries of the subject's messages that are not pending (sent, dead, held).
@@ -51,12 +86,7 @@ WITH batch AS MATERIALIZED (
       AND o.status <> 'pending'
     LIMIT $3
     FOR NO KEY UPDATE OF o SKIP LOCKED)
-UPDATE relaybox_outbox t
-SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2),
-    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
-FROM batch
-WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
-RETURNING t.id
+-- include: erase_outbox_batch
 
 -- name: erase_handler_outbox_subject
 -- The rows handlers added to the outbox (ctx.outbox.add: an e-mail's address and text)
@@ -68,12 +98,7 @@ WITH batch AS MATERIALIZED (
       AND o.status <> 'pending'
     LIMIT $3
     FOR NO KEY UPDATE OF o SKIP LOCKED)
-UPDATE relaybox_outbox t
-SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2),
-    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
-FROM batch
-WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
-RETURNING t.id
+-- include: erase_outbox_batch
 
 -- name: erase_outbox_tenant
 -- The deliveries of each of the tenant's messages by the message index: as a join, a
@@ -86,12 +111,7 @@ WITH batch AS MATERIALIZED (
         FOR NO KEY UPDATE SKIP LOCKED) o
     WHERE m.tenant = $1 AND m.erased_at IS NULL
     LIMIT $3)
-UPDATE relaybox_outbox t
-SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2),
-    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
-FROM batch
-WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
-RETURNING t.id
+-- include: erase_outbox_batch
 
 -- name: erase_attempts
 -- What the receivers answered to the deliveries just erased ($1: their ids): response
@@ -124,11 +144,7 @@ WITH batch AS MATERIALIZED (
            WHERE o.message_id = m.id AND o.erased_at IS NULL LIMIT 1) IS NULL
     LIMIT $3
     FOR UPDATE OF m SKIP LOCKED)
-UPDATE relaybox_messages t
-SET body = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2)
-FROM batch
-WHERE t.id = batch.id AND t.erased_at IS NULL
-RETURNING t.id
+-- include: erase_messages_batch
 
 -- name: erase_messages_tenant
 WITH batch AS MATERIALIZED (
@@ -138,11 +154,7 @@ WITH batch AS MATERIALIZED (
            WHERE o.message_id = m.id AND o.erased_at IS NULL LIMIT 1) IS NULL
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
-UPDATE relaybox_messages t
-SET body = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2)
-FROM batch
-WHERE t.id = batch.id AND t.erased_at IS NULL
-RETURNING t.id
+-- include: erase_messages_batch
 
 -- name: erase_waiting_subject
 -- The subject's rows not erased yet: pending ones, and any a batch skipped.
@@ -168,12 +180,7 @@ WITH batch AS MATERIALIZED (
                       WHERE o.inbox_id = i.id AND o.status = 'pending')
     LIMIT $3
     FOR NO KEY UPDATE OF i SKIP LOCKED)
-UPDATE relaybox_inbox t
-SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(t.purged_at, $2),
-    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
-FROM batch
-WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
-RETURNING t.id
+-- include: erase_inbox_batch
 
 -- name: erase_quarantine_tenant
 -- The tenant's quarantine entries, whenever they came (by relaybox_quarantine_tenant).
@@ -182,11 +189,7 @@ WITH batch AS MATERIALIZED (
     WHERE q.tenant = $1 AND q.erased_at IS NULL
     LIMIT $3
     FOR NO KEY UPDATE OF q SKIP LOCKED)
-UPDATE relaybox_quarantine t
-SET payload = NULL, headers = NULL, erased_at = $2, purged_at = coalesce(t.purged_at, $2)
-FROM batch
-WHERE t.id = batch.id AND t.erased_at IS NULL
-RETURNING t.id
+-- include: erase_quarantine_batch
 
 -- name: erase_handler_outbox_ids
 -- The rows handlers added to the outbox while handling the inbox rows just erased
@@ -337,12 +340,7 @@ WHERE s.kind = 'inbox' AND s.ref::bigint = r.id
        LIMIT 1) IS NULL
   AND (SELECT 1 FROM relaybox_outbox o
        WHERE o.inbox_id = r.id AND o.erased_at IS NULL
-         AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
-              OR (SELECT 1 FROM relaybox_outbox_attempts a
-                  WHERE a.outbox_id = o.id
-                    AND (a.response IS NOT NULL OR a.headers IS NOT NULL
-                         OR (a.error IS NOT NULL AND a.error <> '(erased)'))
-                  LIMIT 1) IS NOT NULL)
+         -- include: outbox_row_holds
        LIMIT 1) IS NULL
 RETURNING s.ref
 
@@ -358,12 +356,7 @@ WHERE s.kind = 'message' AND s.ref = r.id
        LIMIT 1) IS NULL
   AND (SELECT 1 FROM relaybox_outbox o
        WHERE o.message_id = r.id AND o.erased_at IS NULL
-         AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
-              OR (SELECT 1 FROM relaybox_outbox_attempts a
-                  WHERE a.outbox_id = o.id
-                    AND (a.response IS NOT NULL OR a.headers IS NOT NULL
-                         OR (a.error IS NOT NULL AND a.error <> '(erased)'))
-                  LIMIT 1) IS NOT NULL)
+         -- include: outbox_row_holds
        LIMIT 1) IS NULL
 RETURNING s.ref
 

@@ -37,19 +37,11 @@ RETURNING id
 
 -- name: endpoint_get
 -- One endpoint with its lane settings; $2 NULL reads any tenant (operators).
-SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
-       e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead,
-       e.trace_context
-FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
+-- include: endpoint_row
 WHERE e.id = $1 AND ($2::text IS NULL OR e.tenant = $2)
 
 -- name: endpoint_list
-SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
-       e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead,
-       e.trace_context
-FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
+-- include: endpoint_row
 WHERE ($1::text IS NULL OR e.tenant = $1)
 ORDER BY e.created_at, e.id
 LIMIT $2
@@ -406,9 +398,9 @@ SELECT id FROM relaybox_outbox
 WHERE endpoint_id = $1 AND status = 'pending'
 FOR NO KEY UPDATE SKIP LOCKED
 
--- name: delivery_kill_endpoint
--- Second step: the rows locked ($4) go to dead letters (recoverable), except those
--- under a live lease, left to their dispatcher; an expired lease of a killed row goes.
+-- part: delivery_kill
+-- The locked rows $4 of endpoint $1 go to dead letters (recoverable, reason $2, at
+-- $3), except those under a live lease, left to their dispatcher: killed, their ids.
 WITH killed AS (
     UPDATE relaybox_outbox SET status = 'dead', dead_reason = $2, updated_at = $3
     WHERE id = ANY ($4::bigint[]) AND endpoint_id = $1 AND status = 'pending'
@@ -416,6 +408,11 @@ WITH killed AS (
                       WHERE l.outbox_id = relaybox_outbox.id AND l.until > $3)
     RETURNING id
 )
+
+-- name: delivery_kill_endpoint
+-- Second step: the rows locked ($4) go to dead letters (delivery_kill); an expired
+-- lease of a killed row goes.
+-- include: delivery_kill
 DELETE FROM relaybox_outbox_leases WHERE outbox_id IN (SELECT id FROM killed)
 
 -- name: delivery_strays
@@ -447,13 +444,8 @@ FOR NO KEY UPDATE SKIP LOCKED
 -- name: delivery_kill_strays
 -- delivery_kill_endpoint for the strays of endpoint $1 ($4: their locked ids), with
 -- the ids it killed.
-WITH killed AS (
-    UPDATE relaybox_outbox SET status = 'dead', dead_reason = $2, updated_at = $3
-    WHERE id = ANY ($4::bigint[]) AND endpoint_id = $1 AND status = 'pending'
-      AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_leases l
-                      WHERE l.outbox_id = relaybox_outbox.id AND l.until > $3)
-    RETURNING id
-), gone AS (
+-- include: delivery_kill
+, gone AS (
     DELETE FROM relaybox_outbox_leases WHERE outbox_id IN (SELECT id FROM killed)
 )
 SELECT id FROM killed
@@ -686,15 +678,7 @@ WITH u AS (
           AND f.next_attempt_at <= $1 AND f.id <> ALL ($6::bigint[])
           AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_leases y
                           WHERE y.outbox_id = f.id AND y.until > $1)
-          -- Ordered delivery: not while an earlier row of its key to this endpoint is
-          -- pending, or dead and the endpoint holds the key for a dead one (on_dead).
-          AND (f.ordering_key IS NULL OR NOT EXISTS (
-              SELECT 1 FROM relaybox_outbox h
-              WHERE h.endpoint_id = f.endpoint_id AND h.ordering_key = f.ordering_key
-                AND h.sequence < f.sequence AND h.status IN ('pending', 'dead')
-                AND (h.status = 'pending'
-                     OR EXISTS (SELECT 1 FROM relaybox_endpoints d
-                                WHERE d.id = f.endpoint_id AND d.on_dead = 'hold'))))
+          -- include: ordered_turn
         ORDER BY f.next_attempt_at, f.id
         LIMIT p.n
         FOR NO KEY UPDATE SKIP LOCKED) r

@@ -5,6 +5,34 @@
 -- whose rows the caller filters before purging them by id. Every batch is its own
 -- transaction and re-checks, once the rows are locked, what made them purgeable.
 
+-- A purge batch's rows emptied: a statement choosing its batch (a MATERIALIZED CTE
+-- `batch` of ids) includes its table's part ($2: now). Each re-checks, once the row is
+-- locked, the terms of the table's purgeable index.
+
+-- part: purge_inbox_batch
+UPDATE relaybox_inbox t SET payload = NULL, headers = NULL, purged_at = $2
+FROM batch
+WHERE t.id = batch.id AND t.payload IS NOT NULL AND t.status <> 'pending'
+RETURNING t.id
+
+-- part: purge_outbox_batch
+UPDATE relaybox_outbox t SET payload = 'null', purged_at = $2
+FROM batch
+WHERE t.id = batch.id AND t.purged_at IS NULL AND t.status IN ('sent', 'dead')
+RETURNING t.id
+
+-- part: purge_messages_batch
+UPDATE relaybox_messages t SET body = 'null', purged_at = $2
+FROM batch
+WHERE t.id = batch.id AND t.purged_at IS NULL
+RETURNING t.id
+
+-- part: message_deliveries_purged
+-- The message m has no delivery that keeps its payload: a subquery per message (an
+-- index probe of relaybox_outbox_message), not NOT EXISTS (see ops_purge_messages).
+AND (SELECT 1 FROM relaybox_outbox o
+     WHERE o.message_id = m.id AND o.purged_at IS NULL LIMIT 1) IS NULL
+
 -- name: retention_custom_plans
 -- For the rest of the transaction, plan each statement for its values (the cutoff, the
 -- cursor, the tenants, the source): a generic plan cannot tell a scan from the start
@@ -25,13 +53,7 @@ INSERT INTO relaybox_retention_policies AS p
 SELECT $1, $2, $3, $4, $5, $7
 WHERE EXISTS (SELECT 1 FROM relaybox_retention_policies WHERE tenant = $1)
    OR (SELECT count(*) FROM relaybox_retention_policies) < $6
-ON CONFLICT (tenant) DO UPDATE SET
-    payload_max_age = excluded.payload_max_age,
-    outbox_payload_max_age = excluded.outbox_payload_max_age,
-    keys_max_age = excluded.keys_max_age,
-    updated_at = excluded.updated_at,
-    updated_by = excluded.updated_by
-RETURNING tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by, keys_max_age
+-- include: retention_policy_upsert
 
 -- name: retention_policy_delete
 DELETE FROM relaybox_retention_policies WHERE tenant = $1 RETURNING tenant
@@ -51,15 +73,10 @@ WITH batch AS MATERIALIZED (
     SELECT i.id FROM relaybox_inbox i
     WHERE i.tenant = ANY($4::text[]) AND i.tenant IS NOT NULL
       AND i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < $1
-      AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-      AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                      WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+      -- include: inbox_purgeable
     LIMIT $3
     FOR NO KEY UPDATE SKIP LOCKED)
-UPDATE relaybox_inbox t SET payload = NULL, headers = NULL, purged_at = $2
-FROM batch
-WHERE t.id = batch.id AND t.payload IS NOT NULL AND t.status <> 'pending'
-RETURNING t.id
+-- include: purge_inbox_batch
 
 -- name: ops_purge_inbox_scan
 -- Candidates finished before $1 after the cursor ($2, $3), $4 at most, in (time, id)
@@ -67,9 +84,7 @@ RETURNING t.id
 SELECT i.id, i.updated_at, i.tenant, i.source FROM relaybox_inbox i
 WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < $1
   AND (i.updated_at, i.id) > ($2, $3)
-  AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-  AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                  WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+  -- include: inbox_purgeable
 ORDER BY i.updated_at, i.id LIMIT $4
 
 -- name: ops_purge_inbox_scan_source
@@ -78,9 +93,7 @@ SELECT i.id, i.updated_at, i.tenant, i.source FROM relaybox_inbox i
 WHERE i.source = $5
   AND i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < $1
   AND (i.updated_at, i.id) > ($2, $3)
-  AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-  AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                  WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+  -- include: inbox_purgeable
 ORDER BY i.updated_at, i.id LIMIT $4
 
 -- name: ops_purge_inbox_ids
@@ -90,22 +103,15 @@ WITH batch AS MATERIALIZED (
     SELECT i.id FROM relaybox_inbox i
     WHERE i.id = ANY($1::bigint[])
       AND i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < $3
-      AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-      AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                      WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+      -- include: inbox_purgeable
     FOR NO KEY UPDATE SKIP LOCKED)
-UPDATE relaybox_inbox t SET payload = NULL, headers = NULL, purged_at = $2
-FROM batch
-WHERE t.id = batch.id AND t.payload IS NOT NULL AND t.status <> 'pending'
-RETURNING t.id
+-- include: purge_inbox_batch
 
 -- name: ops_purge_inbox_groups
 -- What ops_purge_count counts at cutoff $1, by (tenant, source).
 SELECT i.tenant, i.source, count(*) FROM relaybox_inbox i
 WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < $1
-  AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-  AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                  WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+  -- include: inbox_purgeable
 GROUP BY i.tenant, i.source
 
 -- name: ops_purge_quarantine_tenants
@@ -154,10 +160,7 @@ WITH batch AS MATERIALIZED (
       AND purged_at IS NULL AND status IN ('sent', 'dead') AND updated_at < $1
     LIMIT $3
     FOR NO KEY UPDATE SKIP LOCKED)
-UPDATE relaybox_outbox t SET payload = 'null', purged_at = $2
-FROM batch
-WHERE t.id = batch.id AND t.purged_at IS NULL AND t.status IN ('sent', 'dead')
-RETURNING t.id
+-- include: purge_outbox_batch
 
 -- name: ops_purge_outbox_scan
 SELECT id, updated_at, tenant, NULL::text FROM relaybox_outbox
@@ -171,10 +174,7 @@ WITH batch AS MATERIALIZED (
     WHERE id = ANY($1::bigint[])
       AND purged_at IS NULL AND status IN ('sent', 'dead') AND updated_at < $3
     FOR NO KEY UPDATE SKIP LOCKED)
-UPDATE relaybox_outbox t SET payload = 'null', purged_at = $2
-FROM batch
-WHERE t.id = batch.id AND t.purged_at IS NULL AND t.status IN ('sent', 'dead')
-RETURNING t.id
+-- include: purge_outbox_batch
 
 -- name: ops_purge_outbox_groups
 SELECT tenant, NULL::text, count(*) FROM relaybox_outbox
@@ -188,21 +188,16 @@ WITH batch AS MATERIALIZED (
     SELECT m.id FROM relaybox_messages m
     WHERE m.tenant = ANY($4::text[])
       AND m.purged_at IS NULL AND m.created_at < $1
-      AND (SELECT 1 FROM relaybox_outbox o
-           WHERE o.message_id = m.id AND o.purged_at IS NULL LIMIT 1) IS NULL
+      -- include: message_deliveries_purged
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
-UPDATE relaybox_messages t SET body = 'null', purged_at = $2
-FROM batch
-WHERE t.id = batch.id AND t.purged_at IS NULL
-RETURNING t.id
+-- include: purge_messages_batch
 
 -- name: ops_purge_messages_scan
 SELECT m.id, m.created_at, m.tenant, NULL::text FROM relaybox_messages m
 WHERE m.purged_at IS NULL AND m.created_at < $1
   AND (m.created_at, m.id) > ($2, $3)
-  AND (SELECT 1 FROM relaybox_outbox o
-       WHERE o.message_id = m.id AND o.purged_at IS NULL LIMIT 1) IS NULL
+  -- include: message_deliveries_purged
 ORDER BY m.created_at, m.id LIMIT $4
 
 -- name: ops_purge_messages_ids
@@ -210,13 +205,9 @@ WITH batch AS MATERIALIZED (
     SELECT m.id FROM relaybox_messages m
     WHERE m.id = ANY($1::text[])
       AND m.purged_at IS NULL AND m.created_at < $3
-      AND (SELECT 1 FROM relaybox_outbox o
-           WHERE o.message_id = m.id AND o.purged_at IS NULL LIMIT 1) IS NULL
+      -- include: message_deliveries_purged
     FOR UPDATE SKIP LOCKED)
-UPDATE relaybox_messages t SET body = 'null', purged_at = $2
-FROM batch
-WHERE t.id = batch.id AND t.purged_at IS NULL
-RETURNING t.id
+-- include: purge_messages_batch
 
 -- name: ops_purge_messages_groups
 -- What ops_purge_messages_count counts at cutoff $1, by tenant.

@@ -1,6 +1,7 @@
 -- Named queries for SQLite. Parameters are qmark (?). One writer at a time: the
 -- claim needs no SKIP LOCKED, because BEGIN IMMEDIATE already excludes every other
--- writer until COMMIT. Loaded once by relaybox.store.sql.
+-- writer until COMMIT. Parts ("-- part: NAME", included by "-- include: NAME") and
+-- shared*.sql as postgres.sql says. Loaded once by relaybox.store.backend.load_queries.
 
 -- name: inbox_insert
 -- A batch's rows inside its single transaction, many rows a statement: the store
@@ -103,12 +104,7 @@ RETURNING 1
 -- one decides, a repeat).
 INSERT INTO relaybox_operations (business_key, fingerprint, inbox_id, source, tenant, created_at)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-ON CONFLICT (business_key) DO UPDATE SET fingerprint = excluded.fingerprint,
-    inbox_id = excluded.inbox_id, source = excluded.source, tenant = excluded.tenant,
-    created_at = excluded.created_at
-WHERE EXISTS (SELECT 1 FROM relaybox_keys_backfill
-              WHERE kind = 'operation' AND finished_at IS NOT NULL)
-RETURNING 1
+-- include: operation_upsert
 
 -- name: operation_get
 -- A business key's fingerprint digest (?1 its digest) and, while its readable row is

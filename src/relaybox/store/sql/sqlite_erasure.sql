@@ -9,69 +9,94 @@
 -- Pending rows are left to a later run (they are still needed). No SKIP LOCKED:
 -- BEGIN IMMEDIATE makes each batch the only writer until its COMMIT.
 
--- name: erase_inbox_subject
+-- The batch's rows emptied, each table as the header says: a statement choosing its
+-- batch (a CTE `batch` of ids, ?1 the digest or tenant, ?3 its size) includes its
+-- table's part (?2: now).
+
+-- part: erase_inbox_batch
 UPDATE relaybox_inbox
 SET payload = NULL, headers = NULL, erased_at = ?2, purged_at = coalesce(purged_at, ?2),
     last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
-WHERE id IN (SELECT i.id FROM relaybox_subjects s
-             JOIN relaybox_inbox i ON i.id = CAST(s.ref AS INTEGER)
-             WHERE s.digest = ?1 AND s.kind = 'inbox' AND i.erased_at IS NULL
-               AND i.status <> 'pending'
-             LIMIT ?3)
-  AND erased_at IS NULL AND status <> 'pending'
+WHERE id IN (SELECT id FROM batch) AND erased_at IS NULL AND status <> 'pending'
 RETURNING id
+
+-- part: erase_quarantine_batch
+UPDATE relaybox_quarantine
+SET payload = NULL, headers = NULL, erased_at = ?2, purged_at = coalesce(purged_at, ?2)
+WHERE id IN (SELECT id FROM batch) AND erased_at IS NULL
+RETURNING id
+
+-- part: erase_outbox_batch
+UPDATE relaybox_outbox
+SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2),
+    last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
+WHERE id IN (SELECT id FROM batch) AND erased_at IS NULL AND status <> 'pending'
+RETURNING id
+
+-- part: erase_messages_batch
+UPDATE relaybox_messages
+SET body = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2)
+WHERE id IN (SELECT id FROM batch) AND erased_at IS NULL
+RETURNING id
+
+-- part: outbox_row_holds
+-- An outbox row o (not erased) still holds what an erasure empties: it is not purged,
+-- or it keeps error text, or one of its attempts keeps a response, headers or error text.
+AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
+     OR EXISTS (SELECT 1 FROM relaybox_outbox_attempts a
+                WHERE a.outbox_id = o.id
+                  AND (a.response IS NOT NULL OR a.headers IS NOT NULL
+                       OR (a.error IS NOT NULL AND a.error <> '(erased)'))))
+
+-- name: erase_inbox_subject
+WITH batch AS (
+    SELECT i.id FROM relaybox_subjects s
+    JOIN relaybox_inbox i ON i.id = CAST(s.ref AS INTEGER)
+    WHERE s.digest = ?1 AND s.kind = 'inbox' AND i.erased_at IS NULL
+      AND i.status <> 'pending'
+    LIMIT ?3)
+-- include: erase_inbox_batch
 
 -- name: erase_quarantine_subject
 -- The quarantine entries stored under the event keys of the subject's inbox rows (a
 -- conflicting content), whenever they came: also those that came after an earlier
 -- erasure had emptied their inbox row, which a later erasure of the subject must
 -- reach.
-UPDATE relaybox_quarantine
-SET payload = NULL, headers = NULL, erased_at = ?2, purged_at = coalesce(purged_at, ?2)
-WHERE id IN (SELECT q.id FROM relaybox_subjects s
-             JOIN relaybox_quarantine q ON q.inbox_id = CAST(s.ref AS INTEGER)
-             WHERE s.digest = ?1 AND s.kind = 'inbox' AND q.erased_at IS NULL
-             LIMIT ?3)
-  AND erased_at IS NULL
-RETURNING id
+WITH batch AS (
+    SELECT q.id FROM relaybox_subjects s
+    JOIN relaybox_quarantine q ON q.inbox_id = CAST(s.ref AS INTEGER)
+    WHERE s.digest = ?1 AND s.kind = 'inbox' AND q.erased_at IS NULL
+    LIMIT ?3)
+-- include: erase_quarantine_batch
 
 -- name: erase_outbox_subject
 -- The deliveries of the subject's messages that are not pending (sent, dead, held).
-UPDATE relaybox_outbox
-SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2),
-    last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
-WHERE id IN (SELECT o.id FROM relaybox_subjects s
-             JOIN relaybox_outbox o ON o.message_id = s.ref
-             WHERE s.digest = ?1 AND s.kind = 'message' AND o.erased_at IS NULL
-               AND o.status <> 'pending'
-             LIMIT ?3)
-  AND erased_at IS NULL AND status <> 'pending'
-RETURNING id
+WITH batch AS (
+    SELECT o.id FROM relaybox_subjects s
+    JOIN relaybox_outbox o ON o.message_id = s.ref
+    WHERE s.digest = ?1 AND s.kind = 'message' AND o.erased_at IS NULL
+      AND o.status <> 'pending'
+    LIMIT ?3)
+-- include: erase_outbox_batch
 
 -- name: erase_handler_outbox_subject
 -- The rows handlers added to the outbox (ctx.outbox.add: an e-mail's address and text)
 -- while handling the subject's inbox events, once they are not pending.
-UPDATE relaybox_outbox
-SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2),
-    last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
-WHERE id IN (SELECT o.id FROM relaybox_subjects s
-             JOIN relaybox_outbox o ON o.inbox_id = CAST(s.ref AS INTEGER)
-             WHERE s.digest = ?1 AND s.kind = 'inbox' AND o.erased_at IS NULL
-               AND o.status <> 'pending'
-             LIMIT ?3)
-  AND erased_at IS NULL AND status <> 'pending'
-RETURNING id
+WITH batch AS (
+    SELECT o.id FROM relaybox_subjects s
+    JOIN relaybox_outbox o ON o.inbox_id = CAST(s.ref AS INTEGER)
+    WHERE s.digest = ?1 AND s.kind = 'inbox' AND o.erased_at IS NULL
+      AND o.status <> 'pending'
+    LIMIT ?3)
+-- include: erase_outbox_batch
 
 -- name: erase_outbox_tenant
-UPDATE relaybox_outbox
-SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2),
-    last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
-WHERE id IN (SELECT o.id FROM relaybox_messages m
-             JOIN relaybox_outbox o ON o.message_id = m.id
-             WHERE m.tenant = ?1 AND o.erased_at IS NULL AND o.status <> 'pending'
-             LIMIT ?3)
-  AND erased_at IS NULL AND status <> 'pending'
-RETURNING id
+WITH batch AS (
+    SELECT o.id FROM relaybox_messages m
+    JOIN relaybox_outbox o ON o.message_id = m.id
+    WHERE m.tenant = ?1 AND o.erased_at IS NULL AND o.status <> 'pending'
+    LIMIT ?3)
+-- include: erase_outbox_batch
 
 -- name: erase_attempts
 -- What the receivers answered to the deliveries just erased (?1: their ids): response
@@ -96,27 +121,23 @@ RETURNING id
 -- name: erase_messages_subject
 -- A message's body goes once none of its deliveries keeps its payload: the body is
 -- what a retry signs.
-UPDATE relaybox_messages
-SET body = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2)
-WHERE id IN (SELECT m.id FROM relaybox_subjects s
-             JOIN relaybox_messages m ON m.id = s.ref
-             WHERE s.digest = ?1 AND s.kind = 'message' AND m.erased_at IS NULL
-               AND (SELECT 1 FROM relaybox_outbox o
-                    WHERE o.message_id = m.id AND o.erased_at IS NULL LIMIT 1) IS NULL
-             LIMIT ?3)
-  AND erased_at IS NULL
-RETURNING id
+WITH batch AS (
+    SELECT m.id FROM relaybox_subjects s
+    JOIN relaybox_messages m ON m.id = s.ref
+    WHERE s.digest = ?1 AND s.kind = 'message' AND m.erased_at IS NULL
+      AND (SELECT 1 FROM relaybox_outbox o
+           WHERE o.message_id = m.id AND o.erased_at IS NULL LIMIT 1) IS NULL
+    LIMIT ?3)
+-- include: erase_messages_batch
 
 -- name: erase_messages_tenant
-UPDATE relaybox_messages
-SET body = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2)
-WHERE id IN (SELECT m.id FROM relaybox_messages m
-             WHERE m.tenant = ?1 AND m.erased_at IS NULL
-               AND (SELECT 1 FROM relaybox_outbox o
-                    WHERE o.message_id = m.id AND o.erased_at IS NULL LIMIT 1) IS NULL
-             LIMIT ?3)
-  AND erased_at IS NULL
-RETURNING id
+WITH batch AS (
+    SELECT m.id FROM relaybox_messages m
+    WHERE m.tenant = ?1 AND m.erased_at IS NULL
+      AND (SELECT 1 FROM relaybox_outbox o
+           WHERE o.message_id = m.id AND o.erased_at IS NULL LIMIT 1) IS NULL
+    LIMIT ?3)
+-- include: erase_messages_batch
 
 -- name: erase_waiting_subject
 -- The subject's rows not erased yet: pending ones, and any a batch skipped.
@@ -133,25 +154,20 @@ SELECT (SELECT count(*) FROM relaybox_subjects s
 -- name: erase_inbox_tenant
 -- The events received for the tenant that are not pending, once no row their handler
 -- added to the outbox is pending (see the PostgreSQL statement).
-UPDATE relaybox_inbox
-SET payload = NULL, headers = NULL, erased_at = ?2, purged_at = coalesce(purged_at, ?2),
-    last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
-WHERE id IN (SELECT i.id FROM relaybox_inbox i
-             WHERE i.tenant = ?1 AND i.erased_at IS NULL AND i.status <> 'pending'
-               AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
-                               WHERE o.inbox_id = i.id AND o.status = 'pending')
-             LIMIT ?3)
-  AND erased_at IS NULL AND status <> 'pending'
-RETURNING id
+WITH batch AS (
+    SELECT i.id FROM relaybox_inbox i
+    WHERE i.tenant = ?1 AND i.erased_at IS NULL AND i.status <> 'pending'
+      AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
+                      WHERE o.inbox_id = i.id AND o.status = 'pending')
+    LIMIT ?3)
+-- include: erase_inbox_batch
 
 -- name: erase_quarantine_tenant
-UPDATE relaybox_quarantine
-SET payload = NULL, headers = NULL, erased_at = ?2, purged_at = coalesce(purged_at, ?2)
-WHERE id IN (SELECT q.id FROM relaybox_quarantine q
-             WHERE q.tenant = ?1 AND q.erased_at IS NULL
-             LIMIT ?3)
-  AND erased_at IS NULL
-RETURNING id
+WITH batch AS (
+    SELECT q.id FROM relaybox_quarantine q
+    WHERE q.tenant = ?1 AND q.erased_at IS NULL
+    LIMIT ?3)
+-- include: erase_quarantine_batch
 
 -- name: erase_handler_outbox_ids
 -- ?1: the ids of the inbox rows just erased, as a JSON array.
@@ -274,11 +290,8 @@ WHERE kind = 'inbox' AND CAST(ref AS INTEGER) IN (SELECT value FROM json_each(?1
   AND NOT EXISTS (
       SELECT 1 FROM relaybox_outbox o
       WHERE o.inbox_id = CAST(relaybox_subjects.ref AS INTEGER) AND o.erased_at IS NULL
-        AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
-             OR EXISTS (SELECT 1 FROM relaybox_outbox_attempts a
-                        WHERE a.outbox_id = o.id
-                          AND (a.response IS NOT NULL OR a.headers IS NOT NULL
-                               OR (a.error IS NOT NULL AND a.error <> '(erased)')))))
+        -- include: outbox_row_holds
+      )
 RETURNING ref
 
 -- name: subjects_forget_messages
@@ -292,11 +305,8 @@ WHERE kind = 'message' AND ref IN (SELECT value FROM json_each(?1))
   AND NOT EXISTS (
       SELECT 1 FROM relaybox_outbox o
       WHERE o.message_id = relaybox_subjects.ref AND o.erased_at IS NULL
-        AND (o.purged_at IS NULL OR o.last_error IS NOT NULL
-             OR EXISTS (SELECT 1 FROM relaybox_outbox_attempts a
-                        WHERE a.outbox_id = o.id
-                          AND (a.response IS NOT NULL OR a.headers IS NOT NULL
-                               OR (a.error IS NOT NULL AND a.error <> '(erased)')))))
+        -- include: outbox_row_holds
+      )
 RETURNING ref
 
 -- name: subjects_refs_quarantine

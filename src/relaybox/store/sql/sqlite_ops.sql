@@ -3,39 +3,31 @@
 -- retention. Read-mostly; every write is guarded by the state it expects, so two
 -- operators acting at once cannot both discard, resolve or purge the same row.
 
--- name: ops_inbox_list
--- Newest first, keyset-paginated on id (?7: the last id of the previous page): a deep
--- page costs what the first one does, and new arrivals never shift a page.
-SELECT id, source, account, event_id, event_type, tenant, status, dead_reason, attempts,
-       received_at, updated_at, done_at, next_attempt_at, last_error,
-       payload IS NULL AS purged, discarded_at
-FROM relaybox_inbox
-WHERE (?1 IS NULL OR source = ?1)
-  AND (?2 IS NULL OR event_type = ?2)
-  AND (?3 IS NULL OR status = ?3)
-  AND (?4 IS NULL OR tenant = ?4)
-  AND (?5 IS NULL OR received_at >= ?5)
-  AND (?6 IS NULL OR received_at < ?6)
-  AND (?7 IS NULL OR id < ?7)
+-- part: inbox_list_page
+-- The filters ops_inbox_list and ops_dead_list share (each has its own ?3: status,
+-- or dead reason), newest first, keyset-paginated on id (?7: the last id of the
+-- previous page): a deep page costs what the first one does, and new arrivals never
+-- shift a page.
+AND (?1 IS NULL OR source = ?1)
+AND (?2 IS NULL OR event_type = ?2)
+AND (?4 IS NULL OR tenant = ?4)
+AND (?5 IS NULL OR received_at >= ?5)
+AND (?6 IS NULL OR received_at < ?6)
+AND (?7 IS NULL OR id < ?7)
 ORDER BY id DESC
 LIMIT ?8
 
+-- name: ops_inbox_list
+-- Inbox events of any status (?3: one only).
+-- include: inbox_list_columns
+WHERE (?3 IS NULL OR status = ?3)
+  -- include: inbox_list_page
+
 -- name: ops_dead_list
 -- Dead letters still waiting for an operator (discarded ones have left the queue).
-SELECT id, source, account, event_id, event_type, tenant, status, dead_reason, attempts,
-       received_at, updated_at, done_at, next_attempt_at, last_error,
-       payload IS NULL AS purged, discarded_at
-FROM relaybox_inbox
-WHERE status = 'dead' AND discarded_at IS NULL
-  AND (?1 IS NULL OR source = ?1)
-  AND (?2 IS NULL OR event_type = ?2)
-  AND (?3 IS NULL OR dead_reason = ?3)
-  AND (?4 IS NULL OR tenant = ?4)
-  AND (?5 IS NULL OR received_at >= ?5)
-  AND (?6 IS NULL OR received_at < ?6)
-  AND (?7 IS NULL OR id < ?7)
-ORDER BY id DESC
-LIMIT ?8
+-- include: inbox_list_columns
+WHERE status = 'dead' AND discarded_at IS NULL AND (?3 IS NULL OR dead_reason = ?3)
+  -- include: inbox_list_page
 
 -- name: ops_dead_discard
 -- Only an undiscarded dead letter is discarded; the row, its error and attempts stay.
@@ -81,13 +73,7 @@ LIMIT ?4
 
 -- name: ops_quarantine_get
 -- A quarantined delivery next to the original it collided with.
-SELECT q.id, q.inbox_id, q.source, q.account, q.event_id, q.event_type, q.tenant,
-       q.received_at, q.resolved_at, q.resolution, q.resolved_by, q.resolution_reason,
-       q.payload, q.headers, q.purged_at,
-       i.status AS original_status, i.event_type AS original_event_type,
-       i.received_at AS original_received_at, i.payload AS original_payload,
-       i.headers AS original_headers, i.purged_at AS original_purged_at
-FROM relaybox_quarantine q LEFT JOIN relaybox_inbox i ON i.id = q.inbox_id
+-- include: quarantine_entry_with_original
 WHERE q.id = ?1
 
 -- name: ops_quarantine_resolve
@@ -97,37 +83,9 @@ SET resolved_at = ?2, resolution = ?3, resolved_by = ?4, resolution_reason = ?5
 WHERE id = ?1 AND resolved_at IS NULL
 RETURNING id
 
--- name: ops_stats_inbox
--- One row per (source, status, reason, discarded), in three parts so each reads an
--- index: finished rows from the partial "finished" index (source, status; its WHERE
--- is this part's, word for word), pending rows from the partial "due"
--- index (they are few: oldest, retrying and attempts cost nothing), dead rows from
--- the partial "dead" index. Nothing here scans the payloads.
-SELECT source, status, '' AS reason, false AS discarded, count(*) AS n,
-       NULL AS oldest, 0 AS retrying, 0 AS attempts
-FROM relaybox_inbox WHERE status IN ('done', 'ignored')
-GROUP BY source, status
-UNION ALL
-SELECT source, 'pending', '', false, count(*), min(received_at),
-       sum(CASE WHEN attempts > 0 THEN 1 ELSE 0 END), sum(attempts)
-FROM relaybox_inbox WHERE status = 'pending'
-GROUP BY source
-UNION ALL
-SELECT source, 'dead', coalesce(dead_reason, ''), discarded_at IS NOT NULL, count(*),
-       NULL, 0, 0
-FROM relaybox_inbox WHERE status = 'dead'
-GROUP BY source, coalesce(dead_reason, ''), discarded_at IS NOT NULL
-
--- name: ops_stats_quarantine
-SELECT source, count(*) AS n FROM relaybox_quarantine WHERE resolved_at IS NULL GROUP BY 1
-
 -- name: ops_stats_outbox
 -- The outbox queue by channel (its "source"), same shape as the inbox rows.
-SELECT channel AS source, status, coalesce(dead_reason, '') AS reason, false AS discarded,
-       count(*) AS n,
-       min(CASE WHEN status = 'pending' THEN created_at END) AS oldest,
-       sum(CASE WHEN status = 'pending' AND attempts > 0 THEN 1 ELSE 0 END) AS retrying,
-       sum(CASE WHEN status = 'pending' THEN attempts ELSE 0 END) AS attempts
+-- include: stats_outbox_columns
 FROM relaybox_outbox
 GROUP BY 1, 2, 3
 
@@ -144,9 +102,7 @@ GROUP BY 1, 2
 -- the original for comparison. Pending and undiscarded dead rows are never candidates.
 SELECT count(*) FROM relaybox_inbox i
 WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
-  AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-  AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                  WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+  -- include: inbox_purgeable
 
 -- name: ops_purge_inbox
 -- One batch: drop payload and headers, keep key, fingerprint, status and outcome.
@@ -154,9 +110,7 @@ WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
 UPDATE relaybox_inbox SET payload = NULL, headers = NULL, purged_at = ?2
 WHERE id IN (SELECT i.id FROM relaybox_inbox i
              WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
-               AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-               AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                               WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+               -- include: inbox_purgeable
              ORDER BY i.updated_at LIMIT ?3)
   AND payload IS NOT NULL AND status <> 'pending'
 RETURNING id
@@ -235,9 +189,6 @@ SELECT (julianday('now') - 2440587.5) * 86400.0
 SELECT page_count AS pages, freelist_count AS free_pages
 FROM pragma_page_count(), pragma_freelist_count()
 
--- name: ops_migrations_applied
-SELECT version FROM relaybox_migrations ORDER BY version
-
 -- name: ops_table_exists
 SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1
 
@@ -250,17 +201,6 @@ SELECT o.endpoint_id, count(*) AS attempts,
 FROM relaybox_outbox_attempts a JOIN relaybox_outbox o ON o.id = a.outbox_id
 WHERE a.started_at >= ?1 AND o.endpoint_id IS NOT NULL
 GROUP BY o.endpoint_id
-
--- name: ops_endpoint_backlog
--- Undelivered rows per endpoint (the partial index on status <> 'sent' serves it).
-SELECT endpoint_id,
-       sum(CASE WHEN status = 'pending' THEN 1 ELSE 0 END) AS pending,
-       sum(CASE WHEN status = 'dead' THEN 1 ELSE 0 END) AS dead,
-       sum(CASE WHEN status = 'held' THEN 1 ELSE 0 END) AS held,
-       min(CASE WHEN status = 'pending' THEN created_at END) AS oldest
-FROM relaybox_outbox
-WHERE endpoint_id IS NOT NULL AND status <> 'sent'
-GROUP BY endpoint_id
 
 -- name: ops_endpoint_attempts
 -- An endpoint's most recent attempts, newest first.

@@ -31,19 +31,11 @@ WHERE id = ?1 AND tenant = ?2
 RETURNING id
 
 -- name: endpoint_get
-SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
-       e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead,
-       e.trace_context
-FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
+-- include: endpoint_row
 WHERE e.id = ?1 AND (?2 IS NULL OR e.tenant = ?2)
 
 -- name: endpoint_list
-SELECT e.id, e.tenant, e.url, e.description, e.event_types, e.status, e.disabled_reason,
-       e.signature, e.timeout, e.schedule, e.failing_since, e.created_at, e.updated_at,
-       l.max_in_flight, l.rate_limit, e.payload_filter, e.paused_at, e.headers, e.credentials_type, e.ordered, e.on_dead,
-       e.trace_context
-FROM relaybox_endpoints e JOIN relaybox_lanes l ON l.lane = e.id
+-- include: endpoint_row
 WHERE (?1 IS NULL OR e.tenant = ?1)
 ORDER BY e.created_at, e.id
 LIMIT ?2
@@ -402,21 +394,15 @@ SET lease_owner = ?2, lease_token = COALESCE(lease_token, 0) + 1, lease_until = 
     uncertain = (lease_until IS NOT NULL), attempts = attempts + 1, updated_at = ?1
 WHERE id IN (
     SELECT id FROM (
-        SELECT o.id, q.n,
-               row_number() OVER (PARTITION BY q.lane ORDER BY o.next_attempt_at, o.id) AS rn
+        SELECT f.id, q.n,
+               row_number() OVER (PARTITION BY q.lane ORDER BY f.next_attempt_at, f.id) AS rn
         FROM (SELECT l.value AS lane, n.value AS n
               FROM json_each(?4) AS l JOIN json_each(?5) AS n ON n.key = l.key) AS q
-        JOIN relaybox_outbox o ON COALESCE(o.lane, o.channel) = q.lane
-        WHERE o.status = 'pending' AND o.next_attempt_at <= ?1
-          AND (o.lease_until IS NULL OR o.lease_until <= ?1)
-          -- Ordered delivery (see postgres_outbound.sql).
-          AND (o.ordering_key IS NULL OR NOT EXISTS (
-              SELECT 1 FROM relaybox_outbox h
-              WHERE h.endpoint_id = o.endpoint_id AND h.ordering_key = o.ordering_key
-                AND h.sequence < o.sequence AND h.status IN ('pending', 'dead')
-                AND (h.status = 'pending'
-                     OR EXISTS (SELECT 1 FROM relaybox_endpoints d
-                                WHERE d.id = o.endpoint_id AND d.on_dead = 'hold')))))
+        JOIN relaybox_outbox f ON COALESCE(f.lane, f.channel) = q.lane
+        WHERE f.status = 'pending' AND f.next_attempt_at <= ?1
+          AND (f.lease_until IS NULL OR f.lease_until <= ?1)
+          -- include: ordered_turn
+        )
     WHERE rn <= n)
 RETURNING id, channel, key, payload, tenant, lane, endpoint_id, message_id, attempts,
           lease_token, uncertain

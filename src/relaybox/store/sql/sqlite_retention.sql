@@ -17,13 +17,7 @@ INSERT INTO relaybox_retention_policies
 SELECT ?1, ?2, ?3, ?4, ?5, ?7
 WHERE EXISTS (SELECT 1 FROM relaybox_retention_policies WHERE tenant = ?1)
    OR (SELECT count(*) FROM relaybox_retention_policies) < ?6
-ON CONFLICT (tenant) DO UPDATE SET
-    payload_max_age = excluded.payload_max_age,
-    outbox_payload_max_age = excluded.outbox_payload_max_age,
-    keys_max_age = excluded.keys_max_age,
-    updated_at = excluded.updated_at,
-    updated_by = excluded.updated_by
-RETURNING tenant, payload_max_age, outbox_payload_max_age, updated_at, updated_by, keys_max_age
+-- include: retention_policy_upsert
 
 -- name: retention_policy_delete
 DELETE FROM relaybox_retention_policies WHERE tenant = ?1 RETURNING tenant
@@ -37,9 +31,7 @@ UPDATE relaybox_inbox SET payload = NULL, headers = NULL, purged_at = ?2
 WHERE id IN (SELECT i.id FROM relaybox_inbox i
              WHERE i.tenant IN (SELECT value FROM json_each(?4))
                AND i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
-               AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-               AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                               WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+               -- include: inbox_purgeable
              LIMIT ?3)
   AND payload IS NOT NULL AND status <> 'pending'
 RETURNING id
@@ -48,9 +40,7 @@ RETURNING id
 SELECT i.id, i.updated_at, i.tenant, i.source FROM relaybox_inbox i
 WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
   AND (i.updated_at, i.id) > (?2, ?3)
-  AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-  AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                  WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+  -- include: inbox_purgeable
 ORDER BY i.updated_at, i.id LIMIT ?4
 
 -- name: ops_purge_inbox_scan_source
@@ -58,9 +48,7 @@ SELECT i.id, i.updated_at, i.tenant, i.source FROM relaybox_inbox i
 WHERE i.source = ?5
   AND i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
   AND (i.updated_at, i.id) > (?2, ?3)
-  AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-  AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                  WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+  -- include: inbox_purgeable
 ORDER BY i.updated_at, i.id LIMIT ?4
 
 -- name: ops_purge_inbox_ids
@@ -68,17 +56,14 @@ UPDATE relaybox_inbox SET payload = NULL, headers = NULL, purged_at = ?2
 WHERE id IN (SELECT i.id FROM relaybox_inbox i
              WHERE i.id IN (SELECT value FROM json_each(?1))
                AND i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?3
-               AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-               AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                               WHERE q.inbox_id = i.id AND q.resolved_at IS NULL))
+               -- include: inbox_purgeable
+             )
 RETURNING id
 
 -- name: ops_purge_inbox_groups
 SELECT i.tenant, i.source, count(*) FROM relaybox_inbox i
 WHERE i.payload IS NOT NULL AND i.status <> 'pending' AND i.updated_at < ?1
-  AND (i.status IN ('done', 'ignored') OR i.discarded_at IS NOT NULL)
-  AND NOT EXISTS (SELECT 1 FROM relaybox_quarantine q
-                  WHERE q.inbox_id = i.id AND q.resolved_at IS NULL)
+  -- include: inbox_purgeable
 GROUP BY i.tenant, i.source
 
 -- name: ops_purge_quarantine_tenants

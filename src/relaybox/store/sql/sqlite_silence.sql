@@ -25,11 +25,6 @@ FROM relaybox_endpoints e
 WHERE e.status = 'enabled' AND e.paused_at IS NULL AND e.tenant <> ?1
 ORDER BY e.id
 
--- name: silence_states
-SELECT kind, name, last_seen, expected, silent_since, learned, learned_at, checked_at
-FROM relaybox_silences WHERE kind = 'source'
-ORDER BY kind, name
-
 -- name: silence_silent_endpoints
 -- The silent endpoints, longest silence first (?1 at most: the silent index).
 SELECT kind, name, last_seen, expected, silent_since, learned, learned_at, checked_at
