@@ -217,8 +217,11 @@ KEPT_FOR_GOOD = (
     "relaybox_operations",
 )
 """The tables of keys kept apart from the history (migrations 0027, 0031 and 0034: the
-outbox's keys, one a delivery and one a handler's row), and the readable business keys
-(what is left of them once retention purged their events)."""
+outbox's keys, a handler's row's), and the readable business keys (what is left of them
+once retention purged their events). A delivery's key (``relaybox_delivery_keys``,
+migration 0037) lives as long as its message: shown on its own row."""
+
+DELIVERY_KEYS = "relaybox_delivery_keys"
 
 
 async def sizes(url: str) -> dict[str, int]:
@@ -295,6 +298,12 @@ def main(*, quick: bool = False) -> str:
         [
             "keys kept for good (" + " + ".join(KEPT_FOR_GOOD) + ")",
             *(sum(found[s].get(t, 0) for t in KEPT_FOR_GOOD) / n for s in stages),
+        ]
+    )
+    rows.append(
+        [
+            f"delivery keys, dropped with their messages' partitions ({DELIVERY_KEYS})",
+            *(found[s].get(DELIVERY_KEYS, 0) / n for s in stages),
         ]
     )
     return table(

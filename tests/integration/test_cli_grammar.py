@@ -244,7 +244,8 @@ def test_tables_fit_80_columns_with_one_time_format(runner: CliRunner, tmp_path:
         runner.invoke(main, ["messages", "publish", "--tenant", "tenant-with-a-long-name",
                              "--type", "invoice.payment_failed", *common])  # fmt: skip
     assert endpoint is not None
-    assert runner.invoke(main, ["endpoints", "disable", endpoint, *common]).exit_code == 0
+    disabled = runner.invoke(main, ["endpoints", "disable", endpoint, "--reason", "r", *common])
+    assert disabled.exit_code == 0
     for args in (["endpoints", "list"], ["messages", "list"], ["messages", "undelivered"],
                  ["api-keys", "list"], ["event-types", "list"]):  # fmt: skip
         result = runner.invoke(main, [*args, *common])

@@ -62,9 +62,12 @@ def test_json_output_of_actions(run: Any) -> None:
     )  # fmt: skip
     endpoint_id = created["id"]
     assert run("endpoints", "show", endpoint_id, "--json")["id"] == endpoint_id
-    assert run("endpoints", "disable", endpoint_id, "--json") == {
-        "endpoint": endpoint_id, "action": "disable", "changed": True,
-    }  # fmt: skip
-    assert run("endpoints", "recover", endpoint_id, "--since", "1h", "--json") == {"queued": 0}
+    disabled = run("endpoints", "disable", endpoint_id, "--reason", "r", "--actor", "a", "--json")
+    assert (disabled["endpoint_id"], disabled["status"], disabled["disabled_reason"]) == (
+        endpoint_id, "disabled", "manual by a: r",
+    )  # fmt: skip
+    run("endpoints", "enable", endpoint_id, "--reason", "r", "--json")
+    recovered = run("endpoints", "recover", endpoint_id, "--since", "1h", "--reason", "r", "--json")
+    assert recovered["recovered"] == 0
     key = run("api-keys", "create", "--tenant", "t1", "--name", "ci", "--json")
     assert run("api-keys", "revoke", key["id"], "--json") == {"id": key["id"], "revoked": True}

@@ -41,7 +41,7 @@ def test_every_form_is_accepted_everywhere(run: Any, when: str) -> None:
     run("inbox", "list", "--since", when, "--until", when, "--json")
     run("dead", "list", "--since", when, "--json")
     # Parsed, then refused for what it names (no such endpoint): exit 1, not 2.
-    missing = run("endpoints", "recover", "ep_nope", "--since", when, code=1)
+    missing = run("endpoints", "recover", "ep_nope", "--since", when, "--reason", "r", code=1)
     assert "no endpoint ep_nope" in missing.output
 
 
@@ -50,7 +50,7 @@ def test_anything_else_is_a_usage_error_naming_the_forms(run: Any, when: str) ->
     for args in (
         ("inbox", "list", "--since", when),
         ("dead", "retry", "--all", "--reason", "r", "--until", when),
-        ("endpoints", "recover", "ep_nope", "--since", when),
+        ("endpoints", "recover", "ep_nope", "--since", when, "--reason", "r"),
         ("replay", "--since", when, "--dry-run"),
     ):
         result = run(*args, code=2)

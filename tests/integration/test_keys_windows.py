@@ -108,6 +108,7 @@ def test_keys_plan_orders_scopes_then_the_global_window() -> None:
         KeysPass("operation", 98, scope="brief"),
         KeysPass("operation", 60, scope="long"),
         KeysPass("operation", 90, keep=("long",)),
+        KeysPass("outbox", 40),  # no scope: the longest window of all (t's)
     ]
     # A source's window alone: only its keys expire, the rest are kept for good.
     alone = RetentionPolicies(30 * DAY, 30 * DAY, sources_keys={"s": 5 * DAY})

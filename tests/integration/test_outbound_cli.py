@@ -29,7 +29,7 @@ def run(monkeypatch: pytest.MonkeyPatch, database_url: str) -> Any:
             main, [*args, "--app", APP, "--database-url", database_url], prog_name="relaybox"
         )
         assert result.exit_code == code, (result.output, result.exception)
-        return result.stdout
+        return result.stdout if code == 0 else result.output  # a refusal says why on stderr
 
     return invoke
 
@@ -64,12 +64,25 @@ def test_operator_commands(run: Any, tmp_path: Path) -> None:
     [pending] = json.loads(run("messages", "undelivered", "--json"))["items"]
     assert (pending["message_id"], pending["status"]) == (published["id"], "pending")
 
-    assert "disabled" in run("endpoints", "disable", endpoint_id)
+    # The operator's disable, enable and recover: --reason required, --actor recorded
+    # in the disabled reason (as the admin API's and the dashboard's).
+    run("endpoints", "disable", endpoint_id, code=2)  # no --reason
+    said = run("endpoints", "disable", endpoint_id, "--reason", "host moved", "--actor", "ana")
+    assert f"endpoint {endpoint_id} disabled" in said
+    shown = json.loads(run("endpoints", "show", endpoint_id))
+    assert shown["disabled_reason"] == "manual by ana: host moved"
+    assert "already disabled" in run("endpoints", "disable", endpoint_id, "--reason", "r", code=1)
     [dead] = json.loads(run("messages", "undelivered", "--json"))["items"]
     assert (dead["status"], dead["dead_reason"]) == ("dead", "endpoint_disabled")
-    assert "enabled" in run("endpoints", "enable", endpoint_id)
-    assert "1 deliveries queued again" in run(
-        "endpoints", "recover", endpoint_id, "--since", "2000-01-01T00:00:00Z"
+    assert "enable it first" in run(
+        "endpoints", "recover", endpoint_id, "--since", "2000-01-01T00:00:00Z",
+        "--reason", "r", code=1,
+    )  # fmt: skip
+    assert "enabled (was disabled: manual by ana: host moved)" in run(
+        "endpoints", "enable", endpoint_id, "--reason", "host back"
+    )
+    assert "1 dead deliver(ies)" in run(
+        "endpoints", "recover", endpoint_id, "--since", "2000-01-01T00:00:00Z", "--reason", "r"
     )
 
     rotated = json.loads(run("endpoints", "rotate-secret", endpoint_id, "--grace", "60"))
@@ -85,4 +98,4 @@ def test_operator_commands(run: Any, tmp_path: Path) -> None:
     assert "deleted" in run("endpoints", "delete", endpoint_id)
     run("endpoints", "show", endpoint_id, code=1)
     run("endpoints", "create", "--tenant", "t1", "--url", "https://10.0.0.1/x", code=2)
-    run("endpoints", "recover", "ep_nope", "--since", "yesterday", code=2)
+    run("endpoints", "recover", "ep_nope", "--since", "yesterday", "--reason", "r", code=2)

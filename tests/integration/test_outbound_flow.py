@@ -463,12 +463,12 @@ def test_the_cli_pauses_resumes_replays_and_takes_filters(
     answer = json.loads(run("endpoints", "resume", endpoint_id, "--json"))
     assert answer == {"endpoint": endpoint_id, "action": "resume", "changed": True, "waiting": 1}
 
-    run("endpoints", "disable", endpoint_id)
+    run("endpoints", "disable", endpoint_id, "--reason", "maintenance window")
     run("messages", "publish", "--tenant", "t1", "--type", "a.b", "--data", '{"country": "BR"}')
     assert "disabled: enable it first" in run(
         "endpoints", "replay-missing", endpoint_id, "--since", "1h", code=1
     )
-    run("endpoints", "enable", endpoint_id)
+    run("endpoints", "enable", endpoint_id, "--reason", "back")
     replayed = json.loads(
         run("endpoints", "replay-missing", endpoint_id, "--since", "1h", "--json")
     )

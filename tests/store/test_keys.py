@@ -29,9 +29,10 @@ from relaybox.store.keys import (
     operation_fingerprint,
     scope_of,
 )
-from relaybox.store.outbox_rows import NewMessage
+from relaybox.store.outbox_rows import NewMessage, new_id
 from tests.conftest import _dsn, _with_db, admin_url, drop_pg_database
 from tests.store.test_store import T0, accept_one, delivery, statuses
+from tests.support.store_rows import endpoint_write as endpoint
 
 DAY = 86400
 
@@ -753,3 +754,51 @@ async def test_keys_stored_as_bytea_before_0035_still_decide_as_uuid(
     finally:
         await store.close()
         await drop_pg_database(url)
+
+
+async def test_the_outbox_keys_expire_by_age(store: Store) -> None:
+    """retention.keys_max_age bounds the outbox's keys too (PostgreSQL's tables: a
+    handler row's by the day it was first seen, a delivery's by its message's day);
+    SQLite keeps each with its row (its UNIQUE), none to forget. A row still stored
+    keeps deciding through its own UNIQUE key where the table is not partitioned."""
+    d0 = day_of(T0)
+    await store.outbox.endpoint_create(endpoint("ep_1"), "s", quota=5, now=T0)
+    for i in range(3):
+        async with store.transaction() as conn:
+            await store.inbox.outbox_insert(
+                conn,
+                channel="mail",
+                key=f"h{i}",
+                payload="{}",
+                tenant="t1",
+                inbox_id=None,
+                now=T0 + i * DAY,
+            )
+            new = NewMessage(new_id("msg", T0 + i * DAY), "t1", "x", None, "{}", T0 + i * DAY)
+            assert await store.outbox.message_publish(conn, new, ["ep_1"])
+    postgres = store.backend == "postgres"
+    with pytest.raises(ValueError, match="no scope"):
+        await store.keys.expire("outbox", d0 + 2, scope="t1")
+    # two handler keys and two delivery keys (the messages of days d0 and d0 + 1)
+    assert await store.keys.expire("outbox", d0 + 2, limit=1) == (4 if postgres else 0)
+    assert await store.keys.expire("outbox", d0 + 2) == 0
+    if postgres:
+        kept = await store.fetch_all("SELECT first_seen FROM relaybox_outbox_keys")
+        assert [r["first_seen"] for r in kept] == [d0 + 2]
+        days = await store.fetch_all("SELECT day FROM relaybox_delivery_keys")
+        assert [r["day"] for r in days] == [d0 + 2]
+    async with store.transaction() as conn:
+        again = await store.inbox.outbox_insert(
+            conn, channel="mail", key="h0", payload="{}", tenant="t1", inbox_id=None, now=T0
+        )
+    assert again is None  # its row's own UNIQUE (channel, key) still decides
+    await sql(store, "DELETE FROM relaybox_outbox WHERE key IN ('h1', 'h2')")
+    async with store.transaction() as conn:
+        forgotten = await store.inbox.outbox_insert(
+            conn, channel="mail", key="h1", payload="{}", tenant="t1", inbox_id=None, now=T0
+        )
+        kept_key = await store.inbox.outbox_insert(
+            conn, channel="mail", key="h2", payload="{}", tenant="t1", inbox_id=None, now=T0
+        )
+    assert forgotten is not None  # its key expired with its row gone: new again
+    assert (kept_key is None) is postgres  # SQLite's key went with its row

@@ -21,7 +21,12 @@ from tests.store.test_store import T0, delivery, statuses
 
 DAY = 86400
 RECEIVING = ["relaybox_inbox", "relaybox_inbox_attempts", "relaybox_quarantine"]
-SENDING = ["relaybox_outbox", "relaybox_outbox_attempts", "relaybox_messages"]
+SENDING = [
+    "relaybox_outbox",
+    "relaybox_outbox_attempts",
+    "relaybox_messages",
+    "relaybox_delivery_keys",
+]
 NOW = T0 + 100 * DAY  # every row's age (30 days) long past
 
 

@@ -36,6 +36,8 @@ BIG = {
     "relaybox_event_keys",
     "relaybox_message_keys",
     "relaybox_business_keys",
+    "relaybox_outbox_keys",
+    "relaybox_delivery_keys",
 }
 
 # The settings of Backend.generic_pool, where the hot batch statements run.
@@ -359,3 +361,62 @@ async def test_the_subject_index_is_asked_about_its_rows_by_index(
     plans = await _plans_on_a_filled_table(pg_url, "relaybox_subjects", _SUBJECT_FILL, {name: args})
     scanned = set(re.findall(r"Seq Scan on (\w+)", plans[name]))
     assert not scanned & (BIG | {"relaybox_subjects"}), plans[name]
+
+
+_KEYS_FILL = {
+    "relaybox_event_keys": (
+        "INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)"
+        " SELECT i, i % 50, 20000 + i / 1000, md5(i::text)::uuid, md5(i::text)::uuid"
+        " FROM generate_series(1, 40000) AS i"
+    ),
+    "relaybox_message_keys": (
+        "INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)"
+        " SELECT i % 50, 20000 + i / 1000, md5(i::text)::uuid, 'msg_' || i"
+        " FROM generate_series(1, 40000) AS i"
+    ),
+    "relaybox_business_keys": (
+        "INSERT INTO relaybox_business_keys (scope, fingerprint, first_seen, digest)"
+        " SELECT i % 50, i, 20000 + i / 1000, md5(i::text)::uuid"
+        " FROM generate_series(1, 40000) AS i"
+    ),
+    "relaybox_outbox_keys": (
+        "INSERT INTO relaybox_outbox_keys (digest, first_seen)"
+        " SELECT md5(i::text)::uuid, 20000 + i / 1000 FROM generate_series(1, 40000) AS i"
+    ),
+    "relaybox_delivery_keys": (
+        "INSERT INTO relaybox_delivery_keys (day, digest)"
+        " SELECT 20000 + i / 1000, md5(i::text)::uuid FROM generate_series(1, 40000) AS i"
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "table", "index"),
+    [
+        ("event", "relaybox_event_keys", "relaybox_event_keys_age"),
+        ("message", "relaybox_message_keys", "relaybox_message_keys_age"),
+        ("operation", "relaybox_business_keys", "relaybox_business_keys_age"),
+        ("outbox", "relaybox_outbox_keys", "relaybox_outbox_keys_age"),
+        ("delivery", "relaybox_delivery_keys", "relaybox_delivery_keys_pkey"),
+    ],
+)
+async def test_the_keys_expiry_reads_the_index_by_day(
+    pg_url: str, kind: str, table: str, index: str
+) -> None:
+    """Each keys table has one index by day (migration 0037): a batch of expiry of every
+    scope walks it from the oldest key; the expiry of one scope, or of all but some,
+    goes day by day (one probe for the next day, then one day's keys a batch). On a
+    filled table never analyzed, none of them scans the table."""
+    statements = {f"keys_expire_{kind}": "20010, 100"}
+    if kind == "delivery":
+        statements[f"keys_oldest_{kind}"] = "20010, -2147483648"
+    if kind in ("event", "message", "operation"):
+        statements |= {
+            f"keys_expire_{kind}_scope": "20010, 100, 7",
+            f"keys_expire_{kind}_keep": "20010, 100, '{7, 8}'::bigint[]",
+            f"keys_oldest_{kind}": "20010, -2147483648",
+        }
+    plans = await _plans_on_a_filled_table(pg_url, table, _KEYS_FILL[table], statements)
+    for name, plan in plans.items():
+        assert f"Seq Scan on {table}" not in plan, (name, plan)
+        assert index in plan, (name, plan)

@@ -1,7 +1,8 @@
 """Time partitions of the sending side under faults (PostgreSQL): a conversion
 SIGKILLed halfway with publishes flowing, a conversion left after its bound CHECKs
-for days (no insert refused meanwhile), two maintainers at once, and a clock a minute
-off. Each time the next run finishes what was left, and no row is lost or refused."""
+for days (no insert refused meanwhile), a drop of messages and their delivery keys
+SIGKILLed, two maintainers at once, and a clock a minute off. Each time the next run
+finishes what was left, and no row is lost or refused."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from relaybox.store.partition_layout import INBOX, OUTBOX, day_id
 from relaybox.store.partitions import convert
 from tests.conftest import _dsn
 from tests.store.test_partition_faults import maintain_twice, run_killed
-from tests.store.test_partitions import DAY, RECEIVING, SENDING, names, sql, today
+from tests.store.test_partitions import DAY, DROP, RECEIVING, SENDING, names, sql, today
 from tests.store.test_sending_partitions import handler_row, publish
 from tests.store.test_store import delivery, statuses
 from tests.support.store_rows import endpoint_write as endpoint
@@ -49,6 +50,8 @@ async def fill(store: Store, n: int) -> None:
         " FROM relaybox_messages",
         "INSERT INTO relaybox_outbox_attempts (outbox_id, attempt, started_at, duration,"
         " outcome) SELECT id, 1, 0, 0, 'sent' FROM relaybox_outbox",
+        "INSERT INTO relaybox_delivery_keys (day, digest) SELECT relaybox_message_day(id),"
+        " relaybox_outbox_digest('webhook', id || ':ep_1') FROM relaybox_messages",
         "UPDATE relaybox_keys_backfill SET finished_at = 1 WHERE kind IN ('message', 'outbox')",
     )
 
@@ -180,3 +183,45 @@ async def test_a_clock_a_minute_off_keeps_a_delivery_to_its_own_age(store: Store
     result = await store.partitions.maintain("day", drop=(now + 31, age, lambda t: 30 * DAY))
     assert part in result.dropped
     assert not await store.fetch_all(f"SELECT 1 FROM relaybox_outbox WHERE id = {last}")
+
+
+_WITHOUT_KEY = (
+    "SELECT m.id FROM relaybox_messages m WHERE NOT EXISTS (SELECT 1 FROM"
+    " relaybox_delivery_keys k WHERE k.day = relaybox_message_day(m.id)"
+    " AND k.digest = relaybox_outbox_digest('webhook', m.id || ':ep_1'))"
+)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "relaybox_messages_p:detach",
+        "relaybox_messages_p:drop",
+        "relaybox_delivery_keys_p:detach",
+        "relaybox_delivery_keys_p:drop",
+    ],
+)
+async def test_sigkill_in_the_drop_of_messages_and_their_keys(
+    store: Store, pg_url: str, where: str
+) -> None:
+    """Killed anywhere in the drop of a messages' partition and of its delivery keys'
+    (which comes after): a message still stored always has its delivery keys, and the
+    next run drops what was left; the handler rows' keys stay."""
+    await fill(store, 1000)
+    assert await handler_row(store, "h1", at=0) is not None
+    await sql(store, "UPDATE relaybox_outbox SET status = 'sent', updated_at = 0")
+    await store.partitions.convert("day")
+    await asyncio.to_thread(run_killed, pg_url, "drop", where)
+    assert await store.fetch_all(_WITHOUT_KEY) == []
+    keys = await store.fetch_all("SELECT count(*) AS n FROM relaybox_delivery_keys")
+    if where.startswith("relaybox_messages"):  # killed before the keys' turn: all there
+        assert keys[0]["n"] == 1000
+    await store.partitions.maintain("day", drop=DROP)
+    for table in ("relaybox_messages", "relaybox_delivery_keys", "relaybox_outbox"):
+        assert await store.fetch_all(f"SELECT 1 FROM {table}") == [], table
+    leftover = await store.fetch_all(
+        "SELECT relname FROM pg_class WHERE relname LIKE 'relaybox\\_%\\_p2%' AND relkind = 'r'"
+        " AND obj_description(oid, 'pg_class') = 'relaybox: detached, to drop'"
+    )
+    assert leftover == []
+    assert await handler_row(store, "h1") is None  # its key stays and decides

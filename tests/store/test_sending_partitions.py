@@ -57,7 +57,7 @@ async def test_convert_keeps_messages_deliveries_and_their_keys(store: Store) ->
     assert await publish(store, "k1")
     assert await handler_row(store, "h1") is not None
     converted = await store.partitions.convert("day")
-    assert converted[-3:] == SENDING
+    assert converted[-4:] == SENDING
     d = await today(store)
     for table in SENDING:
         assert f"{table}_default" in await names(store, table)
@@ -313,3 +313,131 @@ async def test_dropped_messages_take_their_subject_index_rows_along(pg_url: str)
         assert await store.erasure.forget_dropped(limit=10) == 0
     finally:
         await box.close()
+
+
+async def missing_after(store: Store) -> tuple[list[str], int]:
+    """Replay missing to ep_1: the messages it finds, and the deliveries it inserts for
+    every message still stored."""
+    async with store.transaction() as conn:
+        page = await store.flow.message_missing_page(
+            conn, "t1", "ep_1", since=0, until=NOW * 2, after=None, limit=10
+        )
+        ids = [r["id"] for r in await store.fetch_all("SELECT id FROM relaybox_messages")]
+        inserted = await store.flow.delivery_insert_missing(conn, "ep_1", "t1", ids, now=NOW)
+    return [m.id for m in page], inserted
+
+
+async def test_a_delivery_key_outlives_its_row_while_its_message_lives(store: Store) -> None:
+    """The outbox's partition dropped, the message's kept (a longer age): replay
+    missing finds no message without its delivery and inserts none, the key (by the
+    message's day, migration 0037) still there; a delivery key written before 0037, in
+    relaybox_outbox_keys, decides as well."""
+    assert await publish(store, None)
+    assert await publish(store, None, at=T0 + 1)
+    await sql(store, "UPDATE relaybox_outbox SET status = 'sent', updated_at = 0")
+    await store.partitions.convert("day")
+
+    def ages(table: str, tenant: str | None, source: str | None) -> float:
+        return 120 * DAY if table == "relaybox_messages" else 30 * DAY
+
+    outbox = first(await names(store, "relaybox_outbox"), "relaybox_outbox")
+    messages = first(await names(store, "relaybox_messages"), "relaybox_messages")
+    result = await store.partitions.maintain("day", drop=(NOW, ages, lambda t: 30 * DAY))
+    assert outbox in result.dropped and result.held[messages] == "retention age"
+    assert await store.fetch_all("SELECT 1 FROM relaybox_outbox") == []
+    days = await store.fetch_all(
+        "SELECT k.day, relaybox_message_day(m.id) AS message_day FROM relaybox_delivery_keys k,"
+        " relaybox_messages m WHERE k.digest = relaybox_outbox_digest('webhook', m.id || ':ep_1')"
+    )
+    assert [r["day"] for r in days] == [r["message_day"] for r in days] == [T0 // DAY] * 2
+    assert await missing_after(store) == ([], 0)
+    # one message's key as written before migration 0037: in the outbox's keys
+    await sql(
+        store,
+        "WITH moved AS (DELETE FROM relaybox_delivery_keys WHERE digest IN (SELECT digest"
+        " FROM relaybox_delivery_keys LIMIT 1) RETURNING digest)"
+        " INSERT INTO relaybox_outbox_keys (digest, first_seen) SELECT digest, 1 FROM moved",
+    )
+    assert await missing_after(store) == ([], 0)
+    assert await store.fetch_all("SELECT 1 FROM relaybox_outbox") == []
+
+
+async def test_the_messages_drop_takes_their_delivery_keys_not_the_handlers(
+    store: Store,
+) -> None:
+    """A delivery's key goes with its message: once the messages' partition is dropped,
+    the delivery keys' partition of the same days follows (no row deleted one by one);
+    a handler row's key stays and still decides."""
+    assert await publish(store, "k1")
+    assert await handler_row(store, "h1") is not None
+    await sql(store, "UPDATE relaybox_outbox SET status = 'sent', updated_at = 0")
+    await store.partitions.convert("day")
+    keys_part = first(await names(store, "relaybox_delivery_keys"), "relaybox_delivery_keys")
+    messages = first(await names(store, "relaybox_messages"), "relaybox_messages")
+    assert keys_part.endswith(messages.rsplit("_p", 1)[1])  # the same days
+    assert len(await store.fetch_all("SELECT 1 FROM relaybox_delivery_keys")) == 1
+    result = await store.partitions.maintain("day", drop=DROP)
+    assert messages in result.dropped and keys_part in result.dropped
+    assert result.dropped.index(keys_part) > result.dropped.index(messages)
+    assert await store.fetch_all("SELECT 1 FROM relaybox_delivery_keys") == []
+    outbox_keys = await store.fetch_all("SELECT first_seen FROM relaybox_outbox_keys")
+    assert len(outbox_keys) == 1  # the handler row's
+    assert await handler_row(store, "h1", at=NOW) is None
+    # the idempotency key outlives both
+    assert not await publish(store, "k1", at=NOW)
+
+
+async def test_delivery_keys_wait_for_a_late_message_in_the_default_partition(
+    store: Store,
+) -> None:
+    """A publisher's clock far behind: a message whose id falls in the dropped days
+    lands in the messages' DEFAULT partition, its key in the delivery keys' partition of
+    its days, which is then kept (the check runs under the DETACH's lock)."""
+    assert await publish(store, None)
+    await sql(store, "UPDATE relaybox_outbox SET status = 'sent', updated_at = 0")
+    await store.partitions.convert("day")
+    keys_part = first(await names(store, "relaybox_delivery_keys"), "relaybox_delivery_keys")
+
+    async def publish_late(part: str, step: str) -> None:
+        if part.startswith("relaybox_messages_p") and step == "drop":
+            assert await publish(store, None, at=T0 - 5 * DAY)
+
+    result = await store.partitions.maintain("day", drop=DROP, before_drop=publish_late)
+    assert result.held[keys_part] == "messages in the DEFAULT partition"
+    assert keys_part in await names(store, "relaybox_delivery_keys")
+    late = await store.fetch_all("SELECT tableoid::regclass::text AS t FROM relaybox_messages")
+    assert [r["t"] for r in late] == ["relaybox_messages_default"]
+    assert await missing_after(store) == ([], 0)  # its key decides still
+
+
+async def test_a_side_partitioned_before_0037_has_its_delivery_keys_converted(
+    store: Store,
+) -> None:
+    """Migration 0037 on a database whose sending side is partitioned already: the
+    delivery keys' table starts plain, and the next maintenance pass converts it (as a
+    conversion left halfway), its first partition past the newest key; publishes go on
+    meanwhile, and its keys decide."""
+    await store.partitions.convert("day")
+    await sql(
+        store,
+        "DROP TABLE relaybox_delivery_keys",
+        "CREATE TABLE relaybox_delivery_keys (day INTEGER NOT NULL, digest UUID NOT NULL,"
+        " CONSTRAINT relaybox_delivery_keys_pkey PRIMARY KEY (day, digest))",
+    )
+    assert "relaybox_delivery_keys" not in await store.partitions.tables()
+    now = time.time()
+    assert await publish(store, None, at=now)
+    result = await store.partitions.maintain("day")
+    assert result.converted == ["relaybox_delivery_keys"]
+    [bound] = await store.fetch_all(
+        "SELECT pg_get_expr(c.relpartbound, c.oid) AS b FROM pg_class c"
+        " WHERE c.relname = 'relaybox_delivery_keys_p' || to_char(now(), 'YYYYMMDD')"
+    )
+    upper = int(re.search(r"TO \((\d+)\)", bound["b"]).group(1))  # type: ignore[union-attr]
+    assert upper >= await today(store) + MESSAGES_SLACK  # the messages' slack, at least
+    assert await publish(store, None, at=now)
+    keys = await store.fetch_all(
+        "SELECT tableoid::regclass::text AS part FROM relaybox_delivery_keys"
+    )
+    assert len(keys) == 2 and all(k["part"] != "relaybox_delivery_keys_default" for k in keys)
+    assert await missing_after(store) == ([], 0)

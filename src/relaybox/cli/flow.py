@@ -1,5 +1,7 @@
-"""``relaybox endpoints`` commands of an endpoint's flow: ``pause``, ``resume``,
-``replay-missing``, and the ``--filter`` option of ``create`` and ``update`` (a
+"""``relaybox endpoints`` commands of an endpoint's flow: ``disable``, ``enable`` and
+``recover`` (an operator's actions, with ``--reason`` and ``--actor``, through
+:mod:`relaybox.ops.outbound` as the admin API's and the dashboard's), ``pause``,
+``resume``, ``replay-missing``, and the ``--filter`` option of ``create`` and ``update`` (a
 payload filter as JSON text, :mod:`relaybox.outbound.filters`).
 
 They join the ``endpoints`` group of :mod:`relaybox.cli.outbound` (this module is one
@@ -16,15 +18,81 @@ from typing import Any
 import click
 
 from relaybox.app import Relaybox
-from relaybox.cli.common import Target, app_options, json_option
+from relaybox.cli.common import Target, action_options, app_options, json_option
 from relaybox.cli.grammar import CliError
+from relaybox.cli.ops import _act
 from relaybox.cli.outbound import _endpoint, _run, endpoint_action, endpoints_group
 from relaybox.errors import Conflict
+from relaybox.ops import outbound as ops
 from relaybox.outbound import flow, replays
 from relaybox.store.outbox_flow import ReplayJob
-from relaybox.timespec import TIME_FORMS, parse_time
+from relaybox.timespec import TIME_FORMS, parse_time, parse_time_or_none
 
 __all__ = ["COMMANDS"]
+
+
+def register_switches(group: click.Group) -> None:
+    """Add ``disable``, ``enable`` and ``recover`` to the ``endpoints`` group."""
+
+    @group.command("disable")
+    @app_options
+    @click.argument("endpoint_id")
+    @action_options("as the endpoint's disabled reason")
+    def disable(
+        target: Target, endpoint_id: str, reason: str, actor: str | None, as_json: bool
+    ) -> None:
+        """Disable an endpoint; its waiting deliveries become dead letters."""
+        _act(
+            target,
+            actor,
+            as_json,
+            lambda box, who: ops.endpoint_disable(box, endpoint_id, actor=who, reason=reason),
+            lambda done, _: done.message,
+        )
+
+    @group.command("enable")
+    @app_options
+    @click.argument("endpoint_id")
+    @action_options("in the log and the relaybox.endpoint.enabled event")
+    def enable(
+        target: Target, endpoint_id: str, reason: str, actor: str | None, as_json: bool
+    ) -> None:
+        """Enable an endpoint (dead letters stay dead: see recover)."""
+        _act(
+            target,
+            actor,
+            as_json,
+            lambda box, who: ops.endpoint_enable(box, endpoint_id, actor=who, reason=reason),
+            lambda done, _: done.message,
+        )
+
+    @group.command("recover")
+    @app_options
+    @click.argument("endpoint_id")
+    @click.option("--since", required=True, help=f"dead deliveries created since: {TIME_FORMS}")
+    @click.option("--until", default=None, help="created before (as --since)")
+    @action_options("in the log")
+    def recover(
+        target: Target,
+        endpoint_id: str,
+        since: str,
+        until: str | None,
+        reason: str,
+        actor: str | None,
+        as_json: bool,
+    ) -> None:
+        """Retry every dead delivery of an enabled endpoint created since a time."""
+        now = time.time()
+        start, end = parse_time(since, now), parse_time_or_none(until, now)
+        _act(
+            target,
+            actor,
+            as_json,
+            lambda box, who: ops.endpoint_recover(
+                box, endpoint_id, since=start, until=end, actor=who, reason=reason
+            ),
+            lambda done, _: done.message,
+        )
 
 
 def register(group: click.Group) -> None:
@@ -111,6 +179,7 @@ def register(group: click.Group) -> None:
             raise CliError(f"replay job {done.id} failed: {done.error}", code="replay_failed")
 
 
+register_switches(endpoints_group)
 register(endpoints_group)
 
 COMMANDS: list[click.Command] = []  # the commands join ``endpoints`` above

@@ -8,7 +8,6 @@ Options, times and ``--json`` follow the CLI's grammar (:mod:`relaybox.cli.gramm
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -27,7 +26,6 @@ from relaybox.outbound.catalog import InvalidMessage
 from relaybox.outbound.endpoints import EndpointPatch, EndpointSpec, InvalidEndpoint
 from relaybox.outbound.vault import SecretsLocked, new_key
 from relaybox.store.outbox_rows import Endpoint
-from relaybox.timespec import TIME_FORMS, parse_time, parse_time_or_none
 
 __all__ = ["COMMANDS"]
 
@@ -318,16 +316,6 @@ async def _delete(box: Relaybox, endpoint_id: str) -> bool:
     return await endpoints.delete_endpoint(box, endpoint_id, found.tenant)
 
 
-_switch(
-    "enable",
-    "Enable an endpoint (dead letters stay dead: see recover).",
-    lambda box, eid: endpoints.enable_endpoint(box, eid, tenant=None),
-)
-_switch(
-    "disable",
-    "Disable an endpoint; its waiting deliveries become dead letters.",
-    lambda box, eid: endpoints.disable_endpoint(box, eid, tenant=None),
-)
 _switch("delete", "Delete an endpoint and its secrets.", _delete)
 
 
@@ -362,31 +350,6 @@ def endpoints_seal_secrets(target: Target) -> None:
     rotate. `relaybox migrate` seals the ones older versions stored in plaintext."""
     box = target.load()
     _echo(_run(box, lambda: endpoints.seal_secrets(box)))
-
-
-@endpoints_group.command("recover")
-@app_options
-@click.argument("endpoint_id")
-@click.option("--since", required=True, help=f"a time: {TIME_FORMS}")
-@click.option("--until", default=None, help="a time, as --since")
-@json_option
-def endpoints_recover(
-    target: Target,
-    endpoint_id: str,
-    since: str,
-    until: str | None,
-    as_json: bool,
-) -> None:
-    """Retry every dead delivery of an endpoint created since a time."""
-    box = target.load()
-    now = time.time()
-    start, end = parse_time(since, now), parse_time_or_none(until, now)
-    count = _run(
-        box, lambda: deliveries.recover(box, endpoint_id, since=start, until=end, tenant=None)
-    )
-    if count is None:
-        raise CliError(f"no endpoint {endpoint_id}", code="not_found")
-    click.echo(json.dumps({"queued": count}) if as_json else f"{count} deliveries queued again")
 
 
 def accept_json(group: click.Group) -> None:

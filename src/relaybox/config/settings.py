@@ -372,7 +372,9 @@ class RetentionSettings(BaseModel):
         description="seconds after an event key, an idempotency key or a business key was "
         "first seen before it is forgotten, whole days (null: kept for good). A resend of "
         "an older event is then accepted as new, a publish with an older idempotency key "
-        "creates a new message, once() with an older business key returns True again",
+        "creates a new message, once() with an older business key returns True again. "
+        "PostgreSQL's outbox keys (a handler's or the application's outbox row, a "
+        "delivery) go at the longest of this and every source's and tenant's window",
     )
     interval: float = Field(3600.0, gt=0, description="seconds between maintenance runs")
     batch: int = Field(

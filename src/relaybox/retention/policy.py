@@ -215,6 +215,9 @@ def keys_plan(policies: RetentionPolicies, now: float) -> list[KeysPass]:
     tenant's window applies to its messages' keys, a source's to the other two."""
     passes: list[KeysPass] = []
     for kind in KEY_KINDS:
+        if kind == "outbox":
+            passes += _outbox_keys_plan(policies, now)
+            continue
         scoped = policies.tenants_keys if kind == "message" else policies.sources_keys
         for name, age in sorted(scoped.items()):
             passes.append(KeysPass(kind, day_of(now - age), scope=name))
@@ -222,6 +225,19 @@ def keys_plan(policies: RetentionPolicies, now: float) -> list[KeysPass]:
             longer = tuple(sorted(n for n, a in scoped.items() if a > policies.keys_max_age))
             passes.append(KeysPass(kind, day_of(now - policies.keys_max_age), keep=longer))
     return passes
+
+
+def _outbox_keys_plan(policies: RetentionPolicies, now: float) -> list[KeysPass]:
+    """The outbox's keys (a delivery's belongs to a tenant, a handler row's to a source)
+    carry no scope: with the global window set, they go at the longest window of all
+    (the global one, every tenant's and every source's), so that none is forgotten
+    before its own window says; without it, they are kept for good."""
+    if policies.keys_max_age is None:
+        return []
+    longest = max(
+        [policies.keys_max_age, *policies.tenants_keys.values(), *policies.sources_keys.values()]
+    )
+    return [KeysPass("outbox", day_of(now - longest))]
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,11 +48,13 @@ __all__ = [
     "scope_of",
 ]
 
-KeyKind = Literal["event", "message", "operation"]
-KEY_KINDS: tuple[KeyKind, ...] = ("event", "message", "operation")
+KeyKind = Literal["event", "message", "operation", "outbox"]
+KEY_KINDS: tuple[KeyKind, ...] = ("event", "message", "operation", "outbox")
 """``event``: inbox event keys (scope: the source); ``message``: idempotency keys of
 published messages (scope: the tenant); ``operation``: business keys of ``once()``
-(scope: the source of the event whose handler recorded it)."""
+(scope: the source of the event whose handler recorded it); ``outbox``: PostgreSQL's
+keys of the outbox's (channel, key), a delivery's and a handler's or the application's
+row's (no scope)."""
 
 DAY = 86400
 

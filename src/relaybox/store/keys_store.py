@@ -104,19 +104,56 @@ class KeysStore:
         own UNIQUE key, kept on SQLite, still recognises it), a publish with that
         idempotency key creates a new message, ``once()`` with that business key
         returns True again. Relaybox never calls it by itself: keys are kept forever
-        unless a retention setting says otherwise."""
+        unless a retention setting says otherwise.
+
+        ``outbox``: the keys of the outbox's (channel, key) on PostgreSQL (migrations
+        0034 and 0037; a delivery's by its message's day), which have no scope; an
+        outbox row still stored keeps its own UNIQUE key until the sending side is
+        partitioned. SQLite keeps no outbox keys apart (each lives with its row): none
+        to forget.
+
+        The expiry of every scope walks the index by day from the oldest key; that of
+        one scope, or of all but ``keep``, goes day by day from the oldest day, so a
+        batch reads the keys of one day, not every key older than the cutoff."""
         if kind not in keys.KEY_KINDS:
             raise ValueError(f"unknown kind of keys {kind!r}: one of {', '.join(keys.KEY_KINDS)}")
         limit = max(1, int(limit))
         cutoff = int(before_day)
-        params: tuple[Any, ...]
-        if scope is None and keep:
+        if kind == "outbox":
+            if scope is not None or keep:
+                raise ValueError("the outbox's keys have no scope")
+            name = f"keys_expire_{kind}"
+            if name not in self.db.q:  # SQLite: none apart from the rows
+                return 0
+            total = await self._batches(name, (cutoff, limit), limit)
+            table = "delivery"  # PostgreSQL's delivery keys, by their message's day
+            return total + await self._by_day(f"keys_expire_{table}", table, cutoff, (limit,))
+        if scope is None and not keep:
+            return await self._batches(f"keys_expire_{kind}", (cutoff, limit), limit)
+        if scope is None:
             kept = self.db.array([keys.scope_of(k) for k in keep])
-            name, params = f"keys_expire_{kind}_keep", (cutoff, limit, kept)
-        elif scope is None:
-            name, params = f"keys_expire_{kind}", (cutoff, limit)
-        else:
-            name, params = f"keys_expire_{kind}_scope", (cutoff, limit, keys.scope_of(scope))
+            return await self._by_day(f"keys_expire_{kind}_keep", kind, cutoff, (limit, kept))
+        which = keys.scope_of(scope)
+        return await self._by_day(f"keys_expire_{kind}_scope", kind, cutoff, (limit, which))
+
+    async def _by_day(self, name: str, kind: str, cutoff: int, params: tuple[Any, ...]) -> int:
+        """Statement ``name`` (day, ``params``: the batch's limit first) for each day
+        before ``cutoff`` that has keys, oldest first (``keys_oldest_<kind>`` finds the
+        next one through the index by day)."""
+        total = 0
+        day = -(2**31)
+        while True:
+            async with self.db.transaction() as conn:
+                row = await self.db.first(conn, f"keys_oldest_{kind}", (cutoff, day))
+            if row is None or row[0] is None:
+                return total
+            day = int(row[0])
+            total += await self._batches(name, (day, *params), params[0])
+            day += 1
+
+    async def _batches(self, name: str, params: tuple[Any, ...], limit: int) -> int:
+        """Statement ``name``, one transaction a batch, until a batch deletes fewer than
+        ``limit`` keys; how many it deleted."""
         total = 0
         while True:
             async with self.db.transaction() as conn:

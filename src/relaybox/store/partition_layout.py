@@ -3,10 +3,12 @@ on which key, in which groups; a partition's bounds as days; the DDL connection.
 
 Two groups, each converted together and sharing its first partition's bound: the
 receiving side (``relaybox_inbox``, its attempts, the quarantine) and the sending side
-(``relaybox_outbox``, its attempts, ``relaybox_messages``). Integer keys are
+(``relaybox_outbox``, its attempts, ``relaybox_messages``, and the keys of the
+deliveries, ``relaybox_delivery_keys``, by their message's day). Integer keys are
 day-encoded ids (:func:`day_id`); the messages' TEXT ids (``msg_`` + 11 hex digits of
 the publisher's clock in milliseconds + random) sort by time already, and their bounds
-are ``msg_`` + the hex of the day's first millisecond (:func:`msg_bound`)."""
+are ``msg_`` + the hex of the day's first millisecond (:func:`msg_bound`); the delivery
+keys' are day numbers, read here as the day-encoded id of their day."""
 
 from __future__ import annotations
 
@@ -20,8 +22,11 @@ from typing import Any, Literal
 import asyncpg
 
 __all__ = [
+    "BY_NAME",
+    "DELIVERY_KEYS",
     "INBOX",
     "MAXVALUE",
+    "MESSAGES",
     "MINVALUE",
     "OUTBOX",
     "PERIODS",
@@ -47,6 +52,8 @@ DAY_MS = 86_400_000
 
 INBOX = "relaybox_inbox"
 OUTBOX = "relaybox_outbox"
+MESSAGES = "relaybox_messages"
+DELIVERY_KEYS = "relaybox_delivery_keys"
 
 
 @dataclass(frozen=True)
@@ -74,9 +81,16 @@ class PartitionSpec:
     id_function: str | None = None
     """The function the inserts draw their ids from (``relaybox_inbox_id``), if any,
     rather than the column's default."""
+    day_keys: bool = False
+    """Whether the key is a day number (``relaybox_delivery_keys``: the day of the key's
+    message), its partitions those of the messages of the same days."""
+    pkey: str = "id"
+    """The parent's primary key columns (they hold the partition key)."""
 
     def bound(self, day: int) -> str:
         """The SQL literal of the first key of day ``day``."""
+        if self.day_keys:
+            return str(day)
         return f"'{msg_bound(day)}'" if self.text_ids else str(day_id(day))
 
     def lowest(self, p: Partition) -> str:
@@ -84,9 +98,13 @@ class PartitionSpec:
         below every key)."""
         if p.lo == MINVALUE:
             return "''" if self.text_ids else str(MINVALUE)
+        if self.day_keys:
+            return str(p.lo_day)
         return f"'{p.lo}'" if self.text_ids else str(p.lo)
 
     def highest(self, p: Partition) -> str:
+        if self.day_keys and p.hi != MAXVALUE:
+            return str(p.hi_day)
         return f"'{p.hi}'" if self.text_ids else str(p.hi)
 
 
@@ -140,6 +158,15 @@ TABLES: tuple[PartitionSpec, ...] = (
         ),
         day_ids=False,
         text_ids=True,
+    ),
+    PartitionSpec(
+        DELIVERY_KEYS,
+        "day",
+        "",
+        OUTBOX,
+        day_ids=False,
+        day_keys=True,
+        pkey="day, digest",
     ),
 )
 BY_NAME = {s.table: s for s in TABLES}
@@ -230,7 +257,16 @@ class Ddl:
 
 async def list_partitions(ddl: Ddl, table: str) -> list[Partition]:
     found = [parse(r["name"], r["bound"]) for r in await ddl.rows("part_list", table)]
+    spec = BY_NAME.get(table)
+    if spec is not None and spec.day_keys:  # day numbers, as the ids of their days
+        found = [Partition(p.name, _day_key(p.lo), _day_key(p.hi), p.default) for p in found]
     return sorted(found, key=lambda p: (p.default, p.lo_day))
+
+
+def _day_key(value: int | str) -> int | str:
+    if value in (MINVALUE, MAXVALUE) or isinstance(value, str):
+        return value
+    return day_id(value)
 
 
 async def retry_locked(step: Callable[[], Any], *, tries: int = 20) -> Any:

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -61,7 +61,10 @@ import asyncpg
 import structlog
 
 from relaybox.store.partition_layout import (
+    BY_NAME,
+    DELIVERY_KEYS,
     INBOX,
+    MESSAGES,
     MINVALUE,
     OUTBOX,
     PERIODS,
@@ -112,15 +115,18 @@ async def partitioned(conn: asyncpg.Connection, q: Mapping[str, str]) -> set[str
 
 async def _first_day(ddl: Ddl, s: PartitionSpec, hi_day: int) -> int:
     """The day table ``s``'s first partition ends, its group's being ``hi_day``. The
-    messages': :data:`MESSAGES_SLACK` days later, and after the newest message stored
-    (a publisher's clock may be ahead), or a bound an earlier try added that far."""
-    if not s.text_ids:
+    messages' (and their delivery keys', which have their days): :data:`MESSAGES_SLACK`
+    days later, and after the newest message (or key) stored (a publisher's clock may
+    be ahead), or a bound an earlier try added that far."""
+    if not (s.text_ids or s.day_keys):
         return hi_day
     day = hi_day + MESSAGES_SLACK
     for row in await ddl.rows("part_bound_check", s.table, f"{s.table}_bound_%"):
         return max(day, int(row["name"].rsplit("_", 1)[1]))
     newest = await ddl.val("part_max_key", table=s.table, key=s.key)
-    if newest is not None and re.fullmatch(r"msg_[0-9a-f]{11}.*", newest):
+    if s.day_keys and newest is not None:
+        day = max(day, int(newest) + 1)
+    elif newest is not None and re.fullmatch(r"msg_[0-9a-f]{11}.*", newest):
         day = max(day, key_day(newest) + 1)
     return day
 
@@ -135,6 +141,8 @@ async def _group_bound(ddl: Ddl, specs: list[PartitionSpec], today: int, period:
     if first:
         return first[0].hi_day
     for s in specs:
+        if s.day_keys:
+            continue  # its bound follows the newest key, not the group's
         for row in await ddl.rows("part_bound_check", s.table, f"{s.table}_bound_%"):
             kept = int(row["name"].rsplit("_", 1)[1])
             return kept - MESSAGES_SLACK if s.text_ids else kept
@@ -279,7 +287,7 @@ async def _switch(ddl: Ddl, s: PartitionSpec, part: str, hi: str) -> None:
         for c in checks:
             await ddl.run("part_add_check", table=s.table, name=c["name"], **{"def": c["def"]})
         if s.primary_key:
-            await ddl.run("part_add_pkey", table=s.table)
+            await ddl.run("part_add_pkey", table=s.table, columns=s.pkey)
         for ix in indexes:
             await ddl.conn.execute(ix["def"])  # on the parent: the name is free again
         await ddl.run("part_attach_first", table=s.table, part=part, hi=hi)
@@ -463,6 +471,45 @@ async def _drop_old(
                 await ddl.run("part_operations_drop", part=p.name)
             await _detach_drop(ddl, table, p.name, before_drop)
             result.dropped.append(p.name)
+    await _drop_delivery_keys(ddl, result, now - min_age(MESSAGES), before_drop)
+
+
+async def _drop_delivery_keys(
+    ddl: Ddl,
+    result: MaintainResult,
+    older: float,
+    before_drop: Callable[[str, str], Any] | None,
+) -> None:
+    """The delivery keys' partitions whose messages are gone: each after the messages'
+    partitions of its days (a run killed between the drops leaves it to the next run,
+    never a message without its keys). Kept while a messages' partition holds some of
+    its days (new ones are made ahead of today, never for days past), while it ended
+    less than the messages' shortest age ago, or while the messages' DEFAULT partition
+    holds a message of its days (a publisher's clock far behind: read under the lock of
+    the DETACH, so a publish of such a message either committed before and is seen, or
+    writes its key after, into the DEFAULT partition)."""
+    if not (
+        await ddl.val("part_is_partitioned", DELIVERY_KEYS)
+        and await ddl.val("part_is_partitioned", MESSAGES)
+    ):
+        return
+    messages = [p for p in await list_partitions(ddl, MESSAGES) if not p.default]
+    spec = BY_NAME[MESSAGES]
+    for k in await list_partitions(ddl, DELIVERY_KEYS):
+        if k.default or k.hi_day * 86400 > older:
+            continue
+        if any(m.lo_day < k.hi_day and k.lo_day < m.hi_day for m in messages):
+            continue
+        lo = "''" if k.lo == MINVALUE else spec.bound(k.lo_day)
+        hi = spec.bound(k.hi_day)
+
+        async def late(lo: str = lo, hi: str = hi) -> bool:
+            return bool(await ddl.val("part_default_has", table=MESSAGES, key="id", lo=lo, hi=hi))
+
+        if await _detach_drop(ddl, DELIVERY_KEYS, k.name, before_drop, keep_if=late):
+            result.dropped.append(k.name)
+        else:
+            result.held[k.name] = "messages in the DEFAULT partition"
 
 
 async def _held(
@@ -479,9 +526,22 @@ async def _held(
     return None
 
 
+class _Kept(Exception):
+    pass
+
+
 async def _detach_drop(
-    ddl: Ddl, table: str, part: str, before_drop: Callable[[str, str], Any] | None
-) -> None:
+    ddl: Ddl,
+    table: str,
+    part: str,
+    before_drop: Callable[[str, str], Any] | None,
+    *,
+    keep_if: Callable[[], Awaitable[bool]] | None = None,
+) -> bool:
+    """DETACH partition ``part`` (marked in the same transaction), then DROP it; with
+    ``keep_if``, asked once the DETACH holds its lock: true keeps the partition (the
+    DETACH rolled back). Whether it was dropped."""
+
     async def hook(step: str) -> None:
         if before_drop is not None:
             r = before_drop(part, step)
@@ -491,10 +551,16 @@ async def _detach_drop(
     async def detach() -> None:
         async with ddl.conn.transaction():
             await ddl.run("part_detach", table=table, part=part)
+            if keep_if is not None and await keep_if():
+                raise _Kept
             await ddl.run("part_mark_detached", part=part)
 
     await hook("detach")
-    await retry_locked(detach)
+    try:
+        await retry_locked(detach)
+    except _Kept:
+        return False
     await hook("drop")
     await ddl.run("part_drop", part=part)
     log.info("partition_dropped", table=table, partition=part)
+    return True

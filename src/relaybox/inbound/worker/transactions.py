@@ -46,6 +46,17 @@ _CAREFUL_GROUPS = 16
 """Groups run with a savepoint per event after a handler failed in a group without."""
 
 
+@dataclass(slots=True)
+class _Ran:
+    """What a group's handlers came to: the events ``done`` and those ``failed`` (both
+    recorded in the group's transaction), and those that must run ``alone`` (a handler
+    gave up waiting for a lock: it runs again after the COMMIT, in a group of its own)."""
+
+    done: list[tuple[_Job, Context, _Outcome]] = field(default_factory=list)
+    failed: list[tuple[_Job, Context, _Outcome]] = field(default_factory=list)
+    alone: list[_Job] = field(default_factory=list)
+
+
 @dataclass(eq=False)
 class ChainRunner:
     """Runs the events a chain takes from ``queue`` on the chain's connection. It
@@ -200,9 +211,7 @@ class ChainRunner:
         for job in jobs:
             object.__setattr__(job.event, "attempts", job.attempt)
         ids = [job.event.id for job in jobs]
-        done: list[tuple[_Job, Context, _Outcome]] = []
-        failed: list[tuple[_Job, Context, _Outcome]] = []
-        alone: list[_Job] = []
+        ran = _Ran()
         nxt: list[_Job] = []
         reports: list[_Plan] = []
         try:
@@ -247,14 +256,10 @@ class ChainRunner:
                         for c in contexts.values():
                             c._claimed = c._key is not None
                         if careful:
-                            await self._run_careful(conn, jobs, done, failed, alone)
+                            await self._run_careful(conn, jobs, ran)
                         else:
-                            await self._run_optimistic(conn, jobs, done, failed, contexts)
-                        for job, ctx, outcome in failed:
-                            await self.recorder.record(
-                                conn, job.event, ctx, outcome, started, reports
-                            )
-                        for job, ctx, outcome in done:
+                            await self._run_optimistic(conn, jobs, ran, contexts)
+                        for job, ctx, outcome in ran.failed + ran.done:
                             await self.recorder.record(
                                 conn, job.event, ctx, outcome, started, reports
                             )
@@ -262,9 +267,9 @@ class ChainRunner:
                         nxt = self.queue.take_group(self.group)
                         await store.inbox.finish_group_on_commit(
                             conn,
-                            [job.event.id for job, _, _ in done],
+                            [job.event.id for job, _, _ in ran.done],
                             [(j.event.id, j.event.attempts) for j in nxt if j.attempt is None],
-                            [row for _, ctx, _ in done for row in ctx.outbox_rows],
+                            [row for _, ctx, _ in ran.done for row in ctx.outbox_rows],
                             now=self.clock.now(),
                             released=[c._key for c in contexts.values() if c._claimed and c._key],
                         )
@@ -304,7 +309,7 @@ class ChainRunner:
                 self.queue.put_back(jobs)
                 return self.queue.take()
             self.recorder.report(reports)
-            if any(ctx.outbox_created for _, ctx, _ in done):
+            if any(ctx.outbox_created for _, ctx, _ in ran.done):
                 store.db.wake("outbox")
             await self.hooks.fire("after_commit", ids)
         except Exception as exc:
@@ -317,7 +322,7 @@ class ChainRunner:
             # inbox_start says which.
             self.queue.put_back(nxt)
             return None
-        again = {id(job) for job in alone}
+        again = {id(job) for job in ran.alone}
         for job in jobs:
             job.failed = None
             if id(job) not in again:
@@ -326,7 +331,7 @@ class ChainRunner:
                 job.alone = True
         # This chain runs next: the events that must run alone (started, locked until
         # this COMMIT), then the group started with it.
-        self.queue.put_back(alone + nxt)
+        self.queue.put_back(ran.alone + nxt)
         return self.queue.take()
 
     async def _start_group(self, first: _Job) -> list[_Job]:
@@ -353,8 +358,7 @@ class ChainRunner:
         self,
         conn: AsyncConnection,
         jobs: list[_Job],
-        done: list[tuple[_Job, Context, _Outcome]],
-        failed: list[tuple[_Job, Context, _Outcome]],
+        ran: _Ran,
         contexts: dict[int, Context],
     ) -> None:
         """The group's handlers one after another, no savepoint. The first failure
@@ -363,16 +367,16 @@ class ChainRunner:
         handler left aborted); a handler that gave up waiting for a lock runs alone.
         An event with no handler ran nothing: it is recorded in the group.
         ``contexts``: by id, the contexts of the events whose declared business keys
-        the BEGIN claimed."""
+        the BEGIN claimed; ``ran`` collects the outcomes."""
         for job in jobs:
             ctx, outcome = await self.handlers.run(
                 conn, job.event, savepoint=False, grouped=True, ctx=contexts.get(job.event.id)
             )
             if outcome.kind == "done":
-                done.append((job, ctx, outcome))
+                ran.done.append((job, ctx, outcome))
                 continue
             if outcome.kind == "unhandled":
-                failed.append((job, ctx, outcome))
+                ran.failed.append((job, ctx, outcome))
                 continue
             if outcome.kind == "contended":
                 job.alone = True  # it will wait for the lock again: no time limit there
@@ -380,22 +384,15 @@ class ChainRunner:
                 job.failed = (ctx, outcome)
             raise _Regroup(f"a handler failed ({outcome.kind})", again=True)
 
-    async def _run_careful(
-        self,
-        conn: AsyncConnection,
-        jobs: list[_Job],
-        done: list[tuple[_Job, Context, _Outcome]],
-        failed: list[tuple[_Job, Context, _Outcome]],
-        alone: list[_Job],
-    ) -> None:
+    async def _run_careful(self, conn: AsyncConnection, jobs: list[_Job], ran: _Ran) -> None:
         """Each handler in a savepoint (``RELEASE`` of the previous one and the next
         ``SAVEPOINT`` share a round trip). A failing handler is rolled back to its
         savepoint and its outcome recorded in the group, as in a transaction of its
         own; a handler that gave up waiting for a lock (or lost a deadlock) is rolled
         back and runs again alone, where nothing times out. An event that failed in an
-        earlier run of this group keeps that outcome."""
+        earlier run of this group keeps that outcome. ``ran`` collects the outcomes."""
         store = self.store
-        failed.extend((job, *job.failed) for job in jobs if job.failed is not None)
+        ran.failed.extend((job, *job.failed) for job in jobs if job.failed is not None)
         runs = [job for job in jobs if job.failed is None]
 
         async def savepoint(*, release: bool, again: bool = True) -> None:
@@ -405,17 +402,17 @@ class ChainRunner:
             try:
                 await store.inbox.savepoint(conn, release=release, again=again)
             except Exception as exc:
-                if getattr(exc, "sqlstate", None) != "25P02" or not done:
+                if getattr(exc, "sqlstate", None) != "25P02" or not ran.done:
                     raise
                 await store.inbox.rollback_to_savepoint(conn)
-                job, ctx, _ = done.pop()
-                failed.append((job, ctx, _Outcome("retry", _ABORTED)))
+                job, ctx, _ = ran.done.pop()
+                ran.failed.append((job, ctx, _Outcome("retry", _ABORTED)))
 
         for k, job in enumerate(runs):
             await savepoint(release=k > 0)
             ctx, outcome = await self.handlers.run(conn, job.event, savepoint=False, grouped=True)
             if outcome.kind == "done":
-                done.append((job, ctx, outcome))
+                ran.done.append((job, ctx, outcome))
                 continue
             await store.inbox.rollback_to_savepoint(conn)
             if outcome.kind == "contended":
@@ -425,10 +422,10 @@ class ChainRunner:
                     ids=[job.event.id],
                     reason=outcome.error,
                 )
-                alone.append(job)
+                ran.alone.append(job)
             else:
-                failed.append((job, ctx, outcome))
-        if done and done[-1][0] is runs[-1]:
+                ran.failed.append((job, ctx, outcome))
+        if ran.done and ran.done[-1][0] is runs[-1]:
             await savepoint(release=True, again=False)
 
     async def _start_next(self, conn: AsyncConnection) -> tuple[_Job | None, bool]:

@@ -27,14 +27,21 @@ WHERE id > $1 ORDER BY id LIMIT $2
 
 -- name: keys_backfill_outbox_page
 -- Up to $2 outbox rows after id $1, in id order (the primary key): their keys
--- (relaybox_outbox_keys, migration 0034) copied, a key that exists left alone; the
+-- (relaybox_outbox_keys, migration 0034) copied, a key that exists left alone; a
+-- delivery's into relaybox_delivery_keys with its message's day (migration 0037); the
 -- ids read returned.
 WITH page AS (
-    SELECT id, channel, key, created_at FROM relaybox_outbox
+    SELECT id, channel, key, message_id, created_at FROM relaybox_outbox
     WHERE id > $1 ORDER BY id LIMIT $2
 ), copied AS (
     INSERT INTO relaybox_outbox_keys (digest, first_seen)
     SELECT relaybox_outbox_digest(channel, key), floor(created_at / 86400)::integer FROM page
+    WHERE message_id IS NULL
+    ON CONFLICT DO NOTHING
+), deliveries AS (
+    INSERT INTO relaybox_delivery_keys (day, digest)
+    SELECT relaybox_message_day(message_id), relaybox_outbox_digest(channel, key) FROM page
+    WHERE message_id IS NOT NULL
     ON CONFLICT DO NOTHING
 )
 SELECT id FROM page ORDER BY id
@@ -48,37 +55,41 @@ FROM unnest($1::bytea[], $2::bigint[], $3::integer[], $4::text[]) AS k(d, s, day
 ON CONFLICT DO NOTHING
 
 -- name: keys_expire_event
--- One batch of expiry: up to $2 event keys first seen before day $1, oldest first.
-DELETE FROM relaybox_event_keys WHERE digest IN (
-    SELECT digest FROM relaybox_event_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2)
+-- One batch of expiry: up to $2 event keys first seen before day $1, oldest first
+-- (each found by its primary key: no join a plan could make a scan of the table).
+DELETE FROM relaybox_event_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_event_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2))
 
 -- name: keys_expire_event_scope
--- As keys_expire_event, only the keys of scope $3.
-DELETE FROM relaybox_event_keys WHERE digest IN (
-    SELECT digest FROM relaybox_event_keys WHERE scope = $3 AND first_seen < $1
-    ORDER BY first_seen LIMIT $2)
+-- One batch of the expiry of scope $3: up to $2 of its keys first seen on
+-- day $1 (relaybox.store.keys_store goes day by day from the oldest: a batch
+-- reads one day's keys through the index by day, not every older one).
+DELETE FROM relaybox_event_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_event_keys WHERE first_seen = $1 AND scope = $3 LIMIT $2))
 
 -- name: keys_expire_message
 -- One batch of expiry: up to $2 message keys first seen before day $1, oldest first.
-DELETE FROM relaybox_message_keys WHERE digest IN (
-    SELECT digest FROM relaybox_message_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2)
+DELETE FROM relaybox_message_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_message_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2))
 
 -- name: keys_expire_message_scope
--- As keys_expire_message, only the keys of scope $3.
-DELETE FROM relaybox_message_keys WHERE digest IN (
-    SELECT digest FROM relaybox_message_keys WHERE scope = $3 AND first_seen < $1
-    ORDER BY first_seen LIMIT $2)
+-- One batch of the expiry of scope $3: up to $2 of its keys first seen on
+-- day $1 (relaybox.store.keys_store goes day by day from the oldest: a batch
+-- reads one day's keys through the index by day, not every older one).
+DELETE FROM relaybox_message_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_message_keys WHERE first_seen = $1 AND scope = $3 LIMIT $2))
 
 -- name: keys_expire_operation
 -- One batch of expiry: up to $2 business keys first seen before day $1, oldest first.
-DELETE FROM relaybox_business_keys WHERE digest IN (
-    SELECT digest FROM relaybox_business_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2)
+DELETE FROM relaybox_business_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_business_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2))
 
 -- name: keys_expire_operation_scope
--- As keys_expire_operation, only the keys of scope $3 (a source's).
-DELETE FROM relaybox_business_keys WHERE digest IN (
-    SELECT digest FROM relaybox_business_keys WHERE scope = $3 AND first_seen < $1
-    ORDER BY first_seen LIMIT $2)
+-- One batch of the expiry of scope $3 (a source's): up to $2 of its keys first seen on
+-- day $1 (relaybox.store.keys_store goes day by day from the oldest: a batch
+-- reads one day's keys through the index by day, not every older one).
+DELETE FROM relaybox_business_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_business_keys WHERE first_seen = $1 AND scope = $3 LIMIT $2))
 
 -- name: keys_backfill_operations_page
 -- Up to $2 business keys after $1, in key order (the primary key).
@@ -103,19 +114,56 @@ FROM unnest($1::bytea[], $2::bigint[], $3::bigint[], $4::integer[]) AS k(d, f, s
 ON CONFLICT DO NOTHING
 
 -- name: keys_expire_event_keep
--- As keys_expire_event, but not the keys of the scopes $3 (they keep theirs longer).
-DELETE FROM relaybox_event_keys WHERE digest IN (
-    SELECT digest FROM relaybox_event_keys WHERE scope <> ALL($3::bigint[]) AND first_seen < $1
-    ORDER BY first_seen LIMIT $2)
+-- As keys_expire_event_scope, but the keys of every scope except $3 (they keep
+-- theirs longer).
+DELETE FROM relaybox_event_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_event_keys WHERE first_seen = $1 AND scope <> ALL($3::bigint[])
+    LIMIT $2))
 
 -- name: keys_expire_message_keep
--- As keys_expire_message, but not the keys of the scopes $3 (they keep theirs longer).
-DELETE FROM relaybox_message_keys WHERE digest IN (
-    SELECT digest FROM relaybox_message_keys WHERE scope <> ALL($3::bigint[]) AND first_seen < $1
-    ORDER BY first_seen LIMIT $2)
+-- As keys_expire_message_scope, but the keys of every scope except $3 (they keep
+-- theirs longer).
+DELETE FROM relaybox_message_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_message_keys WHERE first_seen = $1 AND scope <> ALL($3::bigint[])
+    LIMIT $2))
 
 -- name: keys_expire_operation_keep
--- As keys_expire_operation, but not the keys of the scopes $3 (they keep theirs longer).
-DELETE FROM relaybox_business_keys WHERE digest IN (
-    SELECT digest FROM relaybox_business_keys WHERE scope <> ALL($3::bigint[]) AND first_seen < $1
-    ORDER BY first_seen LIMIT $2)
+-- As keys_expire_operation_scope, but the keys of every scope except $3 (they keep
+-- theirs longer).
+DELETE FROM relaybox_business_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_business_keys WHERE first_seen = $1 AND scope <> ALL($3::bigint[])
+    LIMIT $2))
+
+
+-- name: keys_oldest_event
+-- The oldest day from day $2 on of an event key first seen before day $1 (one probe
+-- of the index by day): the next day of a day-by-day expiry.
+SELECT min(first_seen) AS day FROM relaybox_event_keys WHERE first_seen >= $2 AND first_seen < $1
+
+-- name: keys_oldest_message
+-- The oldest day from day $2 on of a message key first seen before day $1 (one probe
+-- of the index by day): the next day of a day-by-day expiry.
+SELECT min(first_seen) AS day FROM relaybox_message_keys WHERE first_seen >= $2 AND first_seen < $1
+
+-- name: keys_oldest_operation
+-- The oldest day from day $2 on of a business key first seen before day $1 (one probe
+-- of the index by day): the next day of a day-by-day expiry.
+SELECT min(first_seen) AS day FROM relaybox_business_keys WHERE first_seen >= $2 AND first_seen < $1
+
+-- name: keys_expire_outbox
+-- One batch of expiry: up to $2 keys of the outbox (relaybox_outbox_keys: the
+-- handler's and the application's rows, and deliveries of before migration 0037)
+-- first seen before day $1, oldest first.
+DELETE FROM relaybox_outbox_keys WHERE digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_outbox_keys WHERE first_seen < $1 ORDER BY first_seen LIMIT $2))
+
+-- name: keys_expire_delivery
+-- One batch of expiry: up to $2 delivery keys of messages of day $1 (their primary
+-- key, day first; relaybox.store.keys_store goes day by day from the oldest).
+DELETE FROM relaybox_delivery_keys WHERE day = $1 AND digest = ANY(ARRAY(
+    SELECT digest FROM relaybox_delivery_keys WHERE day = $1 LIMIT $2))
+
+-- name: keys_oldest_delivery
+-- The oldest day from day $2 on of a delivery key's message before day $1 (one probe
+-- of the primary key).
+SELECT min(day) AS day FROM relaybox_delivery_keys WHERE day >= $2 AND day < $1

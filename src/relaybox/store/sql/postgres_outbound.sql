@@ -221,15 +221,16 @@ RETURNING last_sequence
 -- is the endpoint, so each endpoint has its own in-flight cap and rate limit. A keyed
 -- message ($5, $6) gives its key and sequence to the rows of ordered endpoints only
 -- (the endpoint is read only when there is a key). Each row's key (channel, message
--- id ':' endpoint id) goes first into relaybox_outbox_keys (as outbox_insert).
+-- id ':' endpoint id) goes first into relaybox_delivery_keys (migration 0037), with
+-- its message's day: it lives as long as the message (as outbox_insert's otherwise).
 WITH r AS (
     SELECT DISTINCT ON (e.id) e.id, e.ord,
            relaybox_outbox_digest('webhook', $1::text || ':' || e.id) AS digest
     FROM unnest($4::text[]) WITH ORDINALITY AS e(id, ord)
     ORDER BY e.id, e.ord
 ), k AS (
-    INSERT INTO relaybox_outbox_keys (digest, first_seen)
-    SELECT digest, floor($3::double precision / 86400)::integer FROM r
+    INSERT INTO relaybox_delivery_keys (day, digest)
+    SELECT relaybox_message_day($1::text), digest FROM r
     ON CONFLICT DO NOTHING
     RETURNING digest
 )
@@ -333,12 +334,17 @@ RETURNING id, tenant
 -- Replay missing, one page: the tenant's messages published from $3 to $7, after the
 -- keyset ($4, $5) (created_at, id), oldest first, whose body is still there and that
 -- have no delivery to endpoint $2 (the delivery key is message id ':' endpoint id:
--- a probe of relaybox_outbox_keys per message, which remembers a delivery whose
--- partition was dropped; and of the message's deliveries, for a row stored before
--- migration 0034 whose key the backfill has not copied yet).
+-- a probe of relaybox_delivery_keys per message, by its day and digest, which
+-- remembers a delivery whose outbox partition was dropped; of relaybox_outbox_keys,
+-- which holds the delivery keys written before migration 0037; and of the message's
+-- deliveries, for a row stored before migration 0034 whose key the backfill has not
+-- copied yet).
 SELECT m.id, m.event_type, m.body, m.created_at FROM relaybox_messages m
 WHERE m.tenant = $1 AND m.created_at >= $3 AND m.created_at <= $7 AND m.purged_at IS NULL
   AND ($4::double precision IS NULL OR (m.created_at, m.id) > ($4, $5::text))
+  AND NOT EXISTS (SELECT 1 FROM relaybox_delivery_keys k
+                  WHERE k.day = relaybox_message_day(m.id)
+                    AND k.digest = relaybox_outbox_digest('webhook', m.id || ':' || $2::text))
   AND NOT EXISTS (SELECT 1 FROM relaybox_outbox_keys k
                   WHERE k.digest = relaybox_outbox_digest('webhook', m.id || ':' || $2::text))
   AND NOT EXISTS (SELECT 1 FROM relaybox_outbox o
@@ -349,10 +355,11 @@ LIMIT $6
 -- name: delivery_insert_missing
 -- Replay missing, the deliveries: one pending row to endpoint $1 per message of $4,
 -- in that order (publish order), unless the message has one already (its key in
--- relaybox_outbox_keys: two replays at once insert each row once, the later one waits
--- for the earlier one's COMMIT and skips it) or retention emptied its body meanwhile
--- (the messages are locked FOR KEY SHARE, which ops_purge_messages' FOR UPDATE SKIP
--- LOCKED passes by).
+-- relaybox_delivery_keys: two replays at once insert each row once, the later one
+-- waits for the earlier one's COMMIT and skips it; or, written before migration 0037,
+-- in relaybox_outbox_keys, which gets no new delivery key) or retention emptied its
+-- body meanwhile (the messages are locked FOR KEY SHARE, which ops_purge_messages'
+-- FOR UPDATE SKIP LOCKED passes by).
 WITH m AS (
     SELECT m.id, array_position($4::text[], m.id) AS ord,
            relaybox_outbox_digest('webhook', m.id || ':' || $1::text) AS digest
@@ -360,8 +367,9 @@ WITH m AS (
     WHERE m.id = ANY ($4::text[]) AND m.tenant = $2 AND m.purged_at IS NULL
     FOR KEY SHARE OF m
 ), k AS (
-    INSERT INTO relaybox_outbox_keys (digest, first_seen)
-    SELECT digest, floor($3::double precision / 86400)::integer FROM m
+    INSERT INTO relaybox_delivery_keys (day, digest)
+    SELECT relaybox_message_day(m.id), m.digest FROM m
+    WHERE NOT EXISTS (SELECT 1 FROM relaybox_outbox_keys o WHERE o.digest = m.digest)
     ON CONFLICT DO NOTHING
     RETURNING digest
 )

@@ -145,7 +145,7 @@ CREATE TABLE {table} (LIKE {part} INCLUDING DEFAULTS) PARTITION BY RANGE ({key})
 ALTER TABLE {table} ADD CONSTRAINT {name} {def}
 
 -- name: part_add_pkey
-ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY (id)
+ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY ({columns})
 
 -- name: part_attach_first
 -- The live table becomes the first partition: its validated bound CHECK spares the scan,

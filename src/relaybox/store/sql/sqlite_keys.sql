@@ -42,10 +42,11 @@ DELETE FROM relaybox_event_keys WHERE digest IN (
     SELECT digest FROM relaybox_event_keys WHERE first_seen < ?1 ORDER BY first_seen LIMIT ?2)
 
 -- name: keys_expire_event_scope
--- As keys_expire_event, only the keys of scope ?3.
+-- One batch of the expiry of scope ?3: up to ?2 of its keys first seen on
+-- day ?1 (relaybox.store.keys_store goes day by day from the oldest: a batch
+-- reads one day's keys through the index by day, not every older one).
 DELETE FROM relaybox_event_keys WHERE digest IN (
-    SELECT digest FROM relaybox_event_keys WHERE scope = ?3 AND first_seen < ?1
-    ORDER BY first_seen LIMIT ?2)
+    SELECT digest FROM relaybox_event_keys WHERE first_seen = ?1 AND scope = ?3 LIMIT ?2)
 
 -- name: keys_expire_message
 -- One batch of expiry: up to ?2 message keys first seen before day ?1, oldest first.
@@ -53,10 +54,11 @@ DELETE FROM relaybox_message_keys WHERE digest IN (
     SELECT digest FROM relaybox_message_keys WHERE first_seen < ?1 ORDER BY first_seen LIMIT ?2)
 
 -- name: keys_expire_message_scope
--- As keys_expire_message, only the keys of scope ?3.
+-- One batch of the expiry of scope ?3: up to ?2 of its keys first seen on
+-- day ?1 (relaybox.store.keys_store goes day by day from the oldest: a batch
+-- reads one day's keys through the index by day, not every older one).
 DELETE FROM relaybox_message_keys WHERE digest IN (
-    SELECT digest FROM relaybox_message_keys WHERE scope = ?3 AND first_seen < ?1
-    ORDER BY first_seen LIMIT ?2)
+    SELECT digest FROM relaybox_message_keys WHERE first_seen = ?1 AND scope = ?3 LIMIT ?2)
 
 -- name: keys_expire_operation
 -- One batch of expiry: up to ?2 business keys first seen before day ?1, oldest first.
@@ -64,10 +66,11 @@ DELETE FROM relaybox_business_keys WHERE digest IN (
     SELECT digest FROM relaybox_business_keys WHERE first_seen < ?1 ORDER BY first_seen LIMIT ?2)
 
 -- name: keys_expire_operation_scope
--- As keys_expire_operation, only the keys of scope ?3 (a source's).
+-- One batch of the expiry of scope ?3 (a source's): up to ?2 of its keys first seen on
+-- day ?1 (relaybox.store.keys_store goes day by day from the oldest: a batch
+-- reads one day's keys through the index by day, not every older one).
 DELETE FROM relaybox_business_keys WHERE digest IN (
-    SELECT digest FROM relaybox_business_keys WHERE scope = ?3 AND first_seen < ?1
-    ORDER BY first_seen LIMIT ?2)
+    SELECT digest FROM relaybox_business_keys WHERE first_seen = ?1 AND scope = ?3 LIMIT ?2)
 
 -- name: keys_backfill_operations_page
 -- Up to ?2 business keys after ?1, in key order (the primary key).
@@ -91,19 +94,38 @@ VALUES (?, ?, ?, ?)
 ON CONFLICT DO NOTHING
 
 -- name: keys_expire_event_keep
--- As keys_expire_event, but not the keys of the scopes ?3 (they keep theirs longer).
+-- As keys_expire_event_scope, but the keys of every scope except ?3 (they keep
+-- theirs longer).
 DELETE FROM relaybox_event_keys WHERE digest IN (
-    SELECT digest FROM relaybox_event_keys WHERE scope NOT IN (SELECT value FROM json_each(?3)) AND first_seen < ?1
-    ORDER BY first_seen LIMIT ?2)
+    SELECT digest FROM relaybox_event_keys WHERE first_seen = ?1 AND scope NOT IN (SELECT value FROM json_each(?3))
+    LIMIT ?2)
 
 -- name: keys_expire_message_keep
--- As keys_expire_message, but not the keys of the scopes ?3 (they keep theirs longer).
+-- As keys_expire_message_scope, but the keys of every scope except ?3 (they keep
+-- theirs longer).
 DELETE FROM relaybox_message_keys WHERE digest IN (
-    SELECT digest FROM relaybox_message_keys WHERE scope NOT IN (SELECT value FROM json_each(?3)) AND first_seen < ?1
-    ORDER BY first_seen LIMIT ?2)
+    SELECT digest FROM relaybox_message_keys WHERE first_seen = ?1 AND scope NOT IN (SELECT value FROM json_each(?3))
+    LIMIT ?2)
 
 -- name: keys_expire_operation_keep
--- As keys_expire_operation, but not the keys of the scopes ?3 (they keep theirs longer).
+-- As keys_expire_operation_scope, but the keys of every scope except ?3 (they keep
+-- theirs longer).
 DELETE FROM relaybox_business_keys WHERE digest IN (
-    SELECT digest FROM relaybox_business_keys WHERE scope NOT IN (SELECT value FROM json_each(?3)) AND first_seen < ?1
-    ORDER BY first_seen LIMIT ?2)
+    SELECT digest FROM relaybox_business_keys WHERE first_seen = ?1 AND scope NOT IN (SELECT value FROM json_each(?3))
+    LIMIT ?2)
+
+
+-- name: keys_oldest_event
+-- The oldest day from day ?2 on of an event key first seen before day ?1 (one probe
+-- of the index by day): the next day of a day-by-day expiry.
+SELECT min(first_seen) AS day FROM relaybox_event_keys WHERE first_seen >= ?2 AND first_seen < ?1
+
+-- name: keys_oldest_message
+-- The oldest day from day ?2 on of a message key first seen before day ?1 (one probe
+-- of the index by day): the next day of a day-by-day expiry.
+SELECT min(first_seen) AS day FROM relaybox_message_keys WHERE first_seen >= ?2 AND first_seen < ?1
+
+-- name: keys_oldest_operation
+-- The oldest day from day ?2 on of a business key first seen before day ?1 (one probe
+-- of the index by day): the next day of a day-by-day expiry.
+SELECT min(first_seen) AS day FROM relaybox_business_keys WHERE first_seen >= ?2 AND first_seen < ?1
