@@ -339,3 +339,26 @@ def test_a_failed_recovery_is_one_error_document(
     assert result.exit_code == 1, result.output
     doc = _document(result, "recover")
     assert doc["error"] == "recovery_failed" and "GitHub API unreachable" in doc["message"]
+
+
+def test_reason_and_actor_are_bounded_as_the_admin_api_bounds_them(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    from relaybox.cli.grammar import MAX_ACTOR_CHARS, MAX_REASON_CHARS
+
+    url = f"sqlite:///{tmp_path / 'relaybox.db'}"
+    assert runner.invoke(main, ["migrate", "--database-url", url]).exit_code == 0
+    common = ["--app", APP, "--database-url", url]
+    for args in (
+        ["dead", "discard", "1", "--reason", ""],
+        ["dead", "discard", "1", "--reason", "r" * (MAX_REASON_CHARS + 1)],
+        ["endpoints", "disable", "ep_x", "--reason", "r", "--actor", ""],
+        ["endpoints", "enable", "ep_x", "--reason", "r", "--actor", "a" * (MAX_ACTOR_CHARS + 1)],
+        ["erase", "--subject", "cus_1", "--reason", "", "--actor", "me"],
+    ):
+        result = runner.invoke(main, [*args, *common])
+        assert result.exit_code == 2, (args, result.output)
+        assert "characters" in result.output and "Traceback" not in result.output, args
+    # At the bound it is taken (and refused for what it names: no such row, exit 1).
+    at_bound = ["dead", "discard", "1", "--reason", "r" * MAX_REASON_CHARS]
+    assert runner.invoke(main, [*at_bound, *common]).exit_code == 1

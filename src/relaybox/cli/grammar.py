@@ -122,20 +122,43 @@ def type_option(
     )
 
 
+MAX_REASON_CHARS = 2000
+"""``--reason``'s bound, the admin API's (``reason`` in its requests)."""
+MAX_ACTOR_CHARS = 200
+"""``--actor``'s bound, the admin API's (``actor``)."""
+
+
+def _bounded(name: str, most: int) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A callback refusing (exit 2) an empty value or one over ``most`` characters."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None and not 1 <= len(value) <= most:
+            raise click.BadParameter(f"{name} takes 1 to {most:,} characters", ctx, param)
+        return value
+
+    return check
+
+
 def reason_option(what: str, *, required: bool = True, **kwargs: Any) -> Callable[[F], F]:
-    """``--reason``: why, recorded ``what`` (e.g. "with each retried event")."""
+    """``--reason``: why, recorded ``what`` (e.g. "with each retried event"): 1 to
+    :data:`MAX_REASON_CHARS` characters."""
     return click.option(
         "--reason",
         cls=GrammarOption,
         required=required,
         help=f"why: recorded {what}",
+        callback=_bounded("--reason", MAX_REASON_CHARS),
         **kwargs,
     )
 
 
 def actor_option(fn: F) -> F:
-    """``--actor``: who asks, recorded with the action."""
-    return click.option("--actor", help="who asks, recorded with it (default: cli:LOGIN@HOST)")(fn)
+    """``--actor``: who asks, recorded with the action (1 to :data:`MAX_ACTOR_CHARS`)."""
+    return click.option(
+        "--actor",
+        help="who asks, recorded with it (default: cli:LOGIN@HOST)",
+        callback=_bounded("--actor", MAX_ACTOR_CHARS),
+    )(fn)
 
 
 def since_options(what: str) -> Callable[[F], F]:
