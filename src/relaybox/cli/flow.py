@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
@@ -24,6 +25,7 @@ from relaybox.cli.ops import _act
 from relaybox.cli.outbound import _endpoint, _run, endpoint_action, endpoints_group
 from relaybox.errors import Conflict
 from relaybox.ops import outbound as ops
+from relaybox.ops.outbound_models import EndpointActionResult
 from relaybox.outbound import flow, replays
 from relaybox.store.outbox_flow import ReplayJob
 from relaybox.timespec import TIME_FORMS, parse_time, parse_time_or_none
@@ -34,37 +36,39 @@ __all__ = ["COMMANDS"]
 def register_switches(group: click.Group) -> None:
     """Add ``disable``, ``enable`` and ``recover`` to the ``endpoints`` group."""
 
-    @group.command("disable")
-    @app_options
-    @click.argument("endpoint_id")
-    @action_options("as the endpoint's disabled reason")
-    def disable(
-        target: Target, endpoint_id: str, reason: str, actor: str | None, as_json: bool
+    def switch(
+        name: str,
+        help_text: str,
+        recorded: str,
+        action: Callable[..., Awaitable[EndpointActionResult]],
     ) -> None:
-        """Disable an endpoint; its waiting deliveries become dead letters."""
-        _act(
-            target,
-            actor,
-            as_json,
-            lambda box, who: ops.endpoint_disable(box, endpoint_id, actor=who, reason=reason),
-            lambda done, _: done.message,
-        )
+        @group.command(name, help=help_text)
+        @app_options
+        @click.argument("endpoint_id")
+        @action_options(recorded)
+        def command(
+            target: Target, endpoint_id: str, reason: str, actor: str | None, as_json: bool
+        ) -> None:
+            _act(
+                target,
+                actor,
+                as_json,
+                lambda box, who: action(box, endpoint_id, actor=who, reason=reason),
+                lambda done, _: done.message,
+            )
 
-    @group.command("enable")
-    @app_options
-    @click.argument("endpoint_id")
-    @action_options("in the log and the relaybox.endpoint.enabled event")
-    def enable(
-        target: Target, endpoint_id: str, reason: str, actor: str | None, as_json: bool
-    ) -> None:
-        """Enable an endpoint (dead letters stay dead: see recover)."""
-        _act(
-            target,
-            actor,
-            as_json,
-            lambda box, who: ops.endpoint_enable(box, endpoint_id, actor=who, reason=reason),
-            lambda done, _: done.message,
-        )
+    switch(
+        "disable",
+        "Disable an endpoint; its waiting deliveries become dead letters.",
+        "as the endpoint's disabled reason",
+        ops.endpoint_disable,
+    )
+    switch(
+        "enable",
+        "Enable an endpoint (dead letters stay dead: see recover).",
+        "in the log and the relaybox.endpoint.enabled event",
+        ops.endpoint_enable,
+    )
 
     @group.command("recover")
     @app_options
