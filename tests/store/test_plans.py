@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 import pytest
 
+from relaybox.store import open_store
 from relaybox.store.backend import load_queries
+from relaybox.store.keys import KEY_KINDS
 from tests.conftest import _dsn
 
 # Tables that grow with traffic. Small configuration tables (endpoints, lanes, keys,
@@ -84,16 +87,23 @@ def test_operator_reads_are_recognised(name: str) -> None:
 
 
 async def _plans_on_a_filled_table(
-    pg_url: str, table: str, fill: str, statements: dict[str, str | None]
+    pg_url: str,
+    table: str,
+    fill: str,
+    statements: dict[str, str | None],
+    filled: Callable[[], Awaitable[Any]] | None = None,
 ) -> dict[str, str]:
     """Generic plans of ``statements`` (name: its arguments, ``None`` for NULLs) once
-    ``table`` is filled by ``fill`` and never analyzed (autovacuum off for it)."""
+    ``table`` is filled by ``fill`` (then ``filled`` called) and never analyzed
+    (autovacuum off for it)."""
     queries = load_queries("postgres")
     conn = await asyncpg.connect(_dsn(pg_url))
     plans = {}
     try:
         await conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
         await conn.execute(fill)
+        if filled is not None:
+            await filled()
         await conn.execute(GENERIC_POOL)
         for name, args in statements.items():
             stmt = await conn.prepare(queries[name])
@@ -403,10 +413,12 @@ _KEYS_FILL = {
 async def test_the_keys_expiry_reads_the_index_by_day(
     pg_url: str, kind: str, table: str, index: str
 ) -> None:
-    """Each keys table has one index by day (migration 0037): a batch of expiry of every
-    scope walks it from the oldest key; the expiry of one scope, or of all but some,
-    goes day by day (one probe for the next day, then one day's keys a batch). On a
-    filled table never analyzed, none of them scans the table."""
+    """Each keys table has one index by day (migration 0037) while a keys window
+    applies to it: a batch of expiry of every scope walks it from the oldest key; the
+    expiry of one scope, or of all but some, goes day by day (one probe for the next
+    day, then one day's keys a batch). Dropped with no window (the delivery keys keep
+    their primary key, day first), built again by the maintenance on a filled table
+    never analyzed: none of them scans the table."""
     statements = {f"keys_expire_{kind}": "20010, 100"}
     if kind == "delivery":
         statements[f"keys_oldest_{kind}"] = "20010, -2147483648"
@@ -416,7 +428,17 @@ async def test_the_keys_expiry_reads_the_index_by_day(
             f"keys_expire_{kind}_keep": "20010, 100, '{7, 8}'::bigint[]",
             f"keys_oldest_{kind}": "20010, -2147483648",
         }
-    plans = await _plans_on_a_filled_table(pg_url, table, _KEYS_FILL[table], statements)
+    store = open_store(pg_url)
+    try:
+        await store.keys.keep_day_indexes(())  # no window: none
+        assert not any((await store.keys.day_indexes()).values())
+
+        async def window() -> None:  # a keys window: the maintenance builds them
+            assert all((await store.keys.keep_day_indexes(KEY_KINDS)).values())
+
+        plans = await _plans_on_a_filled_table(pg_url, table, _KEYS_FILL[table], statements, window)
+    finally:
+        await store.close()
     for name, plan in plans.items():
         assert f"Seq Scan on {table}" not in plan, (name, plan)
         assert index in plan, (name, plan)

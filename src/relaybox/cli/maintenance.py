@@ -358,6 +358,14 @@ def retention_show(
                 f"source {s.source}: events {age_text(s.payload_max_age)}, "
                 f"keys {keys(s.keys_max_age)}"
             )
+        if found.day_indexes:
+            click.echo(
+                "keys tables' index by day: "
+                + ", ".join(
+                    f"{table} {'yes' if has else 'no'}"
+                    for table, has in sorted(found.day_indexes.items())
+                )
+            )
         for t in found.tenants.items:
             click.echo(_ages_line(t))
         if found.tenants.next is not None:

@@ -25,6 +25,7 @@ from relaybox.config import (
 from relaybox.errors import Conflict, NotFound, OpsError
 from relaybox.ops.inbound_models import RequestModel, _Model
 from relaybox.retention.policy import AgeOrigin
+from relaybox.store.keys_index import DAY_INDEXES
 from relaybox.store.retention import RetentionPolicyRow
 
 if TYPE_CHECKING:
@@ -160,6 +161,12 @@ class RetentionOverview(_Model):
     sources: list[SourceAges] = Field(description="[retention.sources.NAME], by name")
     tenants: TenantPage = Field(description="tenants with ages of their own, by id")
     max_tenant_policies: int = Field(description="retention.max_tenant_policies")
+    day_indexes: dict[str, bool] = Field(
+        default_factory=dict,
+        description="each keys table: whether it has its index by day, which only the "
+        "expiry by a keys window reads (the maintenance builds it while a window applies "
+        "to the table, and drops it when none does)",
+    )
 
 
 def _check_tenant(tenant: str) -> None:
@@ -298,4 +305,8 @@ async def overview(box: Runtime, *, after: str = "", limit: int = 100) -> Retent
         ],
         tenants=await tenant_page(box, after=after, limit=limit),
         max_tenant_policies=settings.max_tenant_policies,
+        day_indexes={
+            DAY_INDEXES[kind][0]: present
+            for kind, present in (await box.store.keys.day_indexes()).items()
+        },
     )

@@ -59,6 +59,7 @@ class Store:
         *,
         inbox: InboxStore,
         dispatch: type[DispatchStore],
+        keys: type[KeysStore] = KeysStore,
         partitions: type[PartitionsStore] = PartitionsStore,
     ) -> None:
         self.db = db
@@ -70,7 +71,7 @@ class Store:
         self.flow = FlowStore(db)
         self.erasure = ErasureStore(db)
         self.history = HistoryStore(db)
-        self.keys = KeysStore(db)
+        self.keys = keys(db)
         self.partitions = partitions(db, self.keys)
         self.retention = RetentionStore(db)
         self.silence = SilenceStore(db)

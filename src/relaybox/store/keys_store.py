@@ -4,10 +4,10 @@ the resumable backfill of the keys of rows stored before them, and their expiry.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from relaybox.store import keys
+from relaybox.store import keys, keys_index
 from relaybox.store.backend import Backend
 from relaybox.store.keys import BackfillProgress, KeyKind
 
@@ -135,6 +135,19 @@ class KeysStore:
             return await self._by_day(f"keys_expire_{kind}_keep", kind, cutoff, (limit, kept))
         which = keys.scope_of(scope)
         return await self._by_day(f"keys_expire_{kind}_scope", kind, cutoff, (limit, which))
+
+    async def day_indexes(self) -> dict[KeyKind, bool]:
+        """Each kind of keys whose table exists (SQLite keeps no outbox keys apart):
+        whether its table has its index by day, valid (:mod:`relaybox.store.keys_index`)."""
+        return {k: bool(v) for k, v in (await keys_index.sqlite_state(self.db)).items()}
+
+    async def keep_day_indexes(self, wanted: Collection[KeyKind]) -> dict[KeyKind, bool]:
+        """Build the index by day of the tables of the kinds ``wanted`` (those a keys
+        window applies to) where it is missing or invalid, drop the others'; then, as
+        :meth:`day_indexes`, which have theirs. The expiry of a kind whose table has
+        none must wait (a build failed, or another process is building it)."""
+        state = await keys_index.sqlite_keep(self.db, wanted)
+        return {k: bool(v) for k, v in state.items()}
 
     async def _by_day(self, name: str, kind: str, cutoff: int, params: tuple[Any, ...]) -> int:
         """Statement ``name`` (day, ``params``: the batch's limit first) for each day

@@ -16,7 +16,7 @@ import re
 import time
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from typing import Any, ClassVar, TypedDict, Unpack
 
 import asyncpg
@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from relaybox.log import short_error
-from relaybox.store import keys, partitions
+from relaybox.store import keys, keys_index, partitions
 from relaybox.store._drivers import FoldedTransaction as _FoldedTransaction
 from relaybox.store._drivers import adapted as _adapted
 from relaybox.store._drivers import (
@@ -968,6 +968,27 @@ class PostgresDispatch(DispatchStore):
         return Leased(deliveries, written, allowed)
 
 
+class PostgresKeys(KeysStore):
+    """The keys on PostgreSQL: the tables' indexes by day built and dropped
+    ``CONCURRENTLY`` on a DDL connection (:mod:`relaybox.store.keys_index`)."""
+
+    db: PostgresBackend
+
+    def __init__(self, db: PostgresBackend) -> None:
+        super().__init__(db)
+        self.db = db
+
+    async def day_indexes(self) -> dict[keys.KeyKind, bool]:
+        async with self.db.ddl_connection() as conn:
+            state = await keys_index.postgres_state(conn, self.db.q)
+        return {k: bool(v) for k, v in state.items()}
+
+    async def keep_day_indexes(self, wanted: Collection[keys.KeyKind]) -> dict[keys.KeyKind, bool]:
+        async with self.db.ddl_connection() as conn:
+            state = await keys_index.postgres_keep(conn, self.db.q, wanted)
+        return {k: bool(v) for k, v in state.items()}
+
+
 class PostgresPartitions(PartitionsStore):
     """Time partitions of the history tables (:mod:`relaybox.store.partitions`), run on
     a DDL connection of their own."""
@@ -1016,7 +1037,11 @@ class PostgresStore(Store):
     def __init__(self, url: str, **options: Unpack[PostgresOptions]) -> None:
         db = PostgresBackend(url, **options)
         super().__init__(
-            db, inbox=PostgresInbox(db), dispatch=PostgresDispatch, partitions=PostgresPartitions
+            db,
+            inbox=PostgresInbox(db),
+            dispatch=PostgresDispatch,
+            keys=PostgresKeys,
+            partitions=PostgresPartitions,
         )
         self.db = db
 
