@@ -6,6 +6,8 @@ it could not build."""
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -17,6 +19,7 @@ from relaybox.store import keys_index
 from relaybox.store.keys_index import DAY_INDEXES
 from tests.conftest import _dsn
 from tests.integration.test_keys_windows import DAY, delivery, make_box
+from tests.integration.test_ops_cli import Invoke, cli_runner
 from tests.support.outbound_app import local, publish_one
 
 ALL = {"event", "message", "operation", "outbox"}
@@ -123,8 +126,13 @@ async def test_a_tenants_window_builds_only_the_message_keys_index(
         await box.close()
 
 
-async def test_the_retention_overview_shows_which_tables_have_theirs(
-    database_url: str, clock: FrozenClock
+@pytest.fixture
+def cli() -> Iterator[Invoke]:
+    yield from cli_runner()
+
+
+async def test_retention_show_tells_which_tables_have_theirs(
+    database_url: str, clock: FrozenClock, cli: Invoke
 ) -> None:
     from relaybox.ops import retention
 
@@ -138,6 +146,11 @@ async def test_the_retention_overview_shows_which_tables_have_theirs(
         assert ("relaybox_outbox_keys" in found) is (box.store.backend == "postgres")
     finally:
         await box.close()
+    out = await cli("retention", "show", "--database-url", database_url)
+    assert "relaybox_message_keys yes" in out.stdout
+    assert "relaybox_event_keys no" in out.stdout
+    out = await cli("retention", "show", "--json", "--database-url", database_url)
+    assert json.loads(out.stdout)["day_indexes"] == found
 
 
 # -- PostgreSQL: CONCURRENTLY, invalid indexes, locks, two processes ------------------------

@@ -163,9 +163,8 @@ class RetentionOverview(_Model):
     max_tenant_policies: int = Field(description="retention.max_tenant_policies")
     day_indexes: dict[str, bool] = Field(
         default_factory=dict,
-        description="each keys table: whether it has its index by day, which only the "
-        "expiry by a keys window reads (the maintenance builds it while a window applies "
-        "to the table, and drops it when none does)",
+        description="each keys table: whether it has its index by day (the maintenance "
+        "builds it while a keys window applies to the table, drops it when none does)",
     )
 
 
