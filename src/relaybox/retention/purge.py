@@ -14,6 +14,9 @@ drops the **payload and headers** and keeps the rest:
   row of a business key (``relaybox_operations``: the key, its fingerprint, the
   event) goes with its event's payload; the digest keeps deciding.
 
+The keys windows also decide which keys tables have an index by day: only those whose
+keys expire (:func:`expire_keys`, :mod:`relaybox.store.keys_index`).
+
 The subject index (``relaybox_subjects``, :mod:`relaybox.erasure`) goes with what it
 finds: each purge batch deletes the index rows of the rows it purged once nothing
 found through them holds anything an erasure empties (an error text keeps them), and
