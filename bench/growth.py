@@ -208,10 +208,7 @@ async def seed_keys(conn: asyncpg.Connection) -> None:
         "SELECT count(*) FROM pg_attribute WHERE attrelid = 'relaybox_message_keys'::regclass"
         " AND attname = 'message_uuid'"
     ):
-        named = (
-            "relaybox_message_uuid(id),"
-            " CASE WHEN relaybox_message_uuid(id) IS NULL THEN id END"
-        )
+        named = "relaybox_message_uuid(id), CASE WHEN relaybox_message_uuid(id) IS NULL THEN id END"
         columns = "message_uuid, message_text"
     await conn.execute(
         f"INSERT INTO relaybox_message_keys (scope, first_seen, digest, {columns})"
