@@ -21,10 +21,12 @@ from hypothesis import strategies as st
 from relaybox.store import Store, open_store
 from relaybox.store.inbox_rows import NewOperation
 from relaybox.store.keys import (
+    check_scopes,
     day_of,
     event_digest,
     fingerprint_digest,
     message_digest,
+    message_ref,
     operation_digest,
     operation_fingerprint,
     scope_of,
@@ -106,6 +108,23 @@ async def drop_history(store: Store) -> None:
         "DELETE FROM relaybox_outbox",
         "DELETE FROM relaybox_messages",
     )
+
+
+def test_the_narrow_forms_are_the_old_ones_cut() -> None:
+    """Migration 0038 converts stored keys by the same arithmetic: a scope is the top
+    half of its old 64-bit number, a fingerprint digest the first 8 of its 16 bytes."""
+    for name in ("src", "acme", "", "ü" * 40):
+        assert scope_of(name) == old_scope(name) >> 32
+    for fp in (b"", b"x", hashlib.sha256(b"y").digest()):
+        assert fingerprint_digest(fp) == int.from_bytes(old_fingerprint(fp)[:8], "big", signed=True)
+    made = new_id("msg", T0)
+    assert message_ref(made) == (bytes.fromhex("00000" + made[4:]), None)
+    assert str(uuid.UUID(bytes=bytes.fromhex("00000" + made[4:]))).replace("-", "")[5:] == made[4:]
+    for other in ("order-1", "msg_" + "a" * 26, "msg_" + "a" * 28, "msg_" + "A" * 27, "msg_x\n"):
+        assert message_ref(other) == (None, other)
+    check_scopes(["a", "b", "a"])  # a name twice is one name
+    with pytest.raises(ValueError, match=r"src34860.*src82798"):
+        check_scopes(["src34860", "b", "src82798"])
 
 
 async def test_accept_writes_one_narrow_key_per_event(store: Store) -> None:
