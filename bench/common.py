@@ -84,6 +84,27 @@ def fresh_pg_database(name: str, template: str | None = None) -> str:
     return pg_url(full)
 
 
+def keep_database(name: str) -> str:
+    """Leave this run's database ``name`` in place at exit (its full name)."""
+    full = db_name(name)
+    if full in _created:
+        _created.remove(full)
+    return full
+
+
+def adopt_database(name: str) -> str:
+    """A database ``name`` that an earlier run with the same ``BENCH_RUN_ID`` left
+    (:func:`keep_database`): its URL, dropped by this run at its end. Raises
+    ``SystemExit`` when it is not there."""
+    full = db_name(name)
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (full,)).fetchone() is None:
+            raise SystemExit(f"bench: no database {full}: seed it first")
+    if full not in _created:
+        _created.append(full)
+    return pg_url(full)
+
+
 def drop_databases() -> list[str]:
     """Drop every database this run created (its own names only); return them."""
     if not _created and not (_OWNER and _children):

@@ -9,7 +9,12 @@ partial index, no sequential scan).
 ``BENCH_GROWTH_LAYOUTS=plain,day`` (or ``week``) measures each size in both layouts in
 the same run: today's tables, and the same seed converted to time partitions the way
 ``relaybox migrate --partitions day`` converts a live database (the seeded history
-becomes the first partition, no copy). Runs alternate over sizes and layouts."""
+becomes the first partition, no copy). Runs alternate over sizes and layouts.
+
+``BENCH_GROWTH_STEP=seed`` seeds (and converts) the databases and leaves them in place;
+``BENCH_GROWTH_STEP=measure`` with the same ``BENCH_RUN_ID`` measures on them and drops
+them: a seed of 10,000,000 rows takes tens of minutes of a machine that need not be
+quiet, the rounds about fifteen that must be. Unset: both, in one run."""
 
 from __future__ import annotations
 
@@ -30,9 +35,11 @@ from bench.accept import ensure_wrk, make_requests, run_wrk
 from bench.common import (
     PG_ADMIN,
     ROOT,
+    adopt_database,
     db_name,
     free_port,
     fresh_pg_database,
+    keep_database,
     median,
     pg_url,
     serve,
@@ -426,10 +433,20 @@ async def worker_rss(url: str, seconds: float) -> tuple[float, float]:
     return first, last
 
 
+def step_from_env() -> str:
+    raw = os.environ.get("BENCH_GROWTH_STEP", "")
+    if raw not in ("", "seed", "measure"):
+        raise SystemExit(f"BENCH_GROWTH_STEP: seed or measure (or unset for both), not {raw!r}")
+    if raw and "BENCH_RUN_ID" not in os.environ:
+        raise SystemExit("BENCH_GROWTH_STEP: set BENCH_RUN_ID too, the same for both steps")
+    return raw
+
+
 def main(*, quick: bool = False, rounds: int = 3) -> str:
     ensure_wrk()
     sizes = sizes_from_env(quick)
     layouts = layouts_from_env()
+    step = step_from_env()
     # 20,000 events: ~10 s at each size (5,000 took ~2.5 s, and one autovacuum or
     # checkpoint during it swung the rate by 20 %).
     pending = 1_000 if quick else 20_000
@@ -442,7 +459,10 @@ def main(*, quick: bool = False, rounds: int = 3) -> str:
     disk: dict[Run, int] = {}
     with tempfile.TemporaryDirectory(prefix="relaybox-growth-") as tmp:
         reqfile = Path(tmp) / "requests.tsv"
-        for i, size in enumerate(sizes):  # seeded once; every run gets a copy
+        for size, layout in runs if step == "measure" else ():  # seeded by an earlier run
+            url = adopt_database(seed_name((size, layout)))
+            disk[size, layout] = asyncio.run(database_size(url))
+        for i, size in enumerate(sizes if step != "measure" else ()):  # seeded once
             started = time.perf_counter()
             url = fresh_pg_database(seed_name((size, "plain")))
             disk[size, "plain"], inbox, outbox = asyncio.run(seed(url, size, pending))
@@ -464,6 +484,12 @@ def main(*, quick: bool = False, rounds: int = 3) -> str:
                     )
             if "plain" not in layouts:
                 fresh_pg_database(seed_name((size, "plain")))  # its disk back
+        if step == "seed":
+            kept = [keep_database(seed_name(run)) for run in runs]
+            return (
+                f"growth: seeded {', '.join(kept)} and left them in place; measure with"
+                f" BENCH_GROWTH_STEP=measure BENCH_RUN_ID={os.environ['BENCH_RUN_ID']}"
+            )
         # Accept alternates over the runs, round after round (medians): a single run
         # per size let the VM's drift between runs pass for growth (2026-12-01: the
         # first size, run first, read 1.00 against 1.22 and 1.29 for the larger ones).
@@ -559,6 +585,14 @@ def main(*, quick: bool = False, rounds: int = 3) -> str:
     )
     out += "\nEXPLAIN at the largest size:\n  " + "\n  ".join(plans)
     return out
+
+
+async def database_size(url: str) -> int:
+    conn = await asyncpg.connect(url)
+    try:
+        return int(await conn.fetchval("SELECT pg_database_size(current_database())"))
+    finally:
+        await conn.close()
 
 
 Run = tuple[int, str]

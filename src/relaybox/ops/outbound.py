@@ -40,7 +40,7 @@ from relaybox.ops.outbound_models import (
     RecoverResult,
     RedeliverResult,
 )
-from relaybox.store.outbox_rows import EndpointBacklog, EndpointHealth
+from relaybox.store.outbox_rows import EndpointBacklog, EndpointHealth, Message
 
 if TYPE_CHECKING:
     from relaybox.outbound.credentials import CredentialsSpec
@@ -150,16 +150,7 @@ async def message_list(box: Runtime, f: MessageFilter) -> MessagePage:
     found = await list_messages(
         box, f.tenant, event_type=f.type, before=_decode(f.cursor), limit=f.limit
     )
-    items = [
-        MessageSummary(
-            id=m.id,
-            tenant=m.tenant,
-            event_type=m.event_type,
-            idempotency_key=m.idempotency_key,
-            created_at=m.created_at,
-        )
-        for m in found
-    ]
+    items = [MessageSummary(**_message_summary(m)) for m in found]
     last = found[-1] if len(found) == f.limit else None
     return MessagePage(items=items, next_cursor=_encode(last.created_at, last.id) if last else None)
 
@@ -174,11 +165,7 @@ async def message_get(box: Runtime, message_id: str) -> MessageDetail:
     attempts = await list_attempts(box, message_id, None)
     purged_at = await _purged_at(box, message_id)
     return MessageDetail(
-        id=m.id,
-        tenant=m.tenant,
-        event_type=m.event_type,
-        idempotency_key=m.idempotency_key,
-        created_at=m.created_at,
+        **_message_summary(m),
         payload=None if purged_at is not None else ops.decode_payload(m.body),
         purged_at=purged_at,
         deliveries=[Delivery(**{k: d[k] for k in Delivery.model_fields}) for d in deliveries],
@@ -186,6 +173,12 @@ async def message_get(box: Runtime, message_id: str) -> MessageDetail:
             MessageAttempt(**{k: a[k] for k in MessageAttempt.model_fields}) for a in attempts
         ],
     )
+
+
+def _message_summary(m: Message) -> dict[str, Any]:
+    """The fields of a :class:`MessageSummary` (the start of a :class:`MessageDetail`)
+    from the stored message."""
+    return {name: getattr(m, name) for name in MessageSummary.model_fields}
 
 
 async def _purged_at(box: Runtime, message_id: str) -> float | None:

@@ -1,10 +1,7 @@
 """Points where tests wait or inject faults on the sending path: :class:`DispatchHooks`
-(a delivery's attempt and its recorded outcome). The receiving side's are
-:class:`relaybox.inbound.probes.AcceptHooks`.
-
-Each point is a list of ``async`` callables, run in order; the box holds one object
-(``box.dispatch_hooks``). Empty, and free, in production: the paths check that a list
-is empty and go on.
+(a delivery's attempt and its recorded outcome), held as ``box.dispatch_hooks``. They
+work as the receiving side's (:mod:`relaybox.inbound.probes`): lists of ``async``
+callables, empty and free in production.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ the same from a TOML table.
 ``relaybox.sources.stripe`` is the factory (it shares its module's name); import
 classes from this package. A provider described as data is a
 :class:`~relaybox.sources.scheme.Scheme` on its class (:mod:`relaybox.sources.scheme`):
-a row of the preset tables :mod:`relaybox.sources.providers` (HMAC signers) and
-:mod:`relaybox.sources.unsigned` (HTTP Basic, tokens) when that is all it is, else a
+a row of the preset tables :mod:`relaybox.sources.providers` and
+:mod:`relaybox.sources.timestamped` (HMAC signers) and :mod:`relaybox.sources.unsigned`
+(HTTP Basic, tokens) when that is all it is, else a
 module of its own; ``PROVIDERS`` and :func:`from_config` live in
 :mod:`relaybox.sources.registry`.
 """
@@ -42,41 +43,27 @@ from relaybox.sources.postmark import PostmarkSource, postmark
 from relaybox.sources.presets import ClerkSource, ResendSource, clerk, resend
 from relaybox.sources.providers import (
     BitbucketSource,
-    BoxSource,
-    CalendlySource,
     CoinbaseCommerceSource,
     DocuSignSource,
     IntercomSource,
     LemonSqueezySource,
-    LinearSource,
-    PaddleSource,
     PagerDutySource,
     RazorpaySource,
-    RecurlySource,
     SentrySource,
     SquareSource,
     TypeformSource,
     VercelSource,
-    WorkOSSource,
-    ZendeskSource,
     bitbucket,
-    box,
-    calendly,
     coinbase_commerce,
     docusign,
     intercom,
     lemonsqueezy,
-    linear,
-    paddle,
     pagerduty,
     razorpay,
-    recurly,
     sentry,
     square,
     typeform,
     vercel,
-    workos,
-    zendesk,
 )
 from relaybox.sources.registry import PROVIDERS as PROVIDERS
 from relaybox.sources.registry import from_config
@@ -85,6 +72,22 @@ from relaybox.sources.shopify import ShopifySource, shopify
 from relaybox.sources.slack import SlackSource, slack
 from relaybox.sources.standard import StandardSource, standard
 from relaybox.sources.stripe import StripeSource, stripe
+from relaybox.sources.timestamped import (
+    BoxSource,
+    CalendlySource,
+    LinearSource,
+    PaddleSource,
+    RecurlySource,
+    WorkOSSource,
+    ZendeskSource,
+    box,
+    calendly,
+    linear,
+    paddle,
+    recurly,
+    workos,
+    zendesk,
+)
 from relaybox.sources.twilio import TwilioSource, twilio
 from relaybox.sources.twitch import TwitchSource, twitch
 from relaybox.sources.unsigned import (

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from relaybox.errors import ConfigurationError
-from relaybox.sources import providers, unsigned
+from relaybox.sources import providers, timestamped, unsigned
 from relaybox.sources.adyen import AdyenSource
 from relaybox.sources.asana import AsanaSource
 from relaybox.sources.base import Secret, Source
@@ -39,6 +39,7 @@ __all__ = ["BASE_OPTIONS", "PROVIDERS", "from_config"]
 
 _BY_NAME: dict[str, type[Source]] = {
     **{name: cls for name, (cls, _) in providers.PUBLISHED.items()},
+    **{name: cls for name, (cls, _) in timestamped.PUBLISHED.items()},
     **{name: cls for name, (cls, _) in unsigned.PUBLISHED.items()},
     "adyen": AdyenSource,
     "asana": AsanaSource,

@@ -9,8 +9,8 @@ account and version live and what its test event looks like (a :class:`Sample`);
 :class:`SchemeSource` verifies, signs and builds examples for every scheme in one
 place. A provider module is then its class (so ``isinstance``, ``PROVIDERS`` and
 the public names keep working), a scheme, and a factory; one whose class would hold
-nothing but its scheme is a :class:`Preset` row (:mod:`relaybox.sources.providers`,
-:mod:`relaybox.sources.unsigned`), and :func:`publish` makes its class and factory.
+nothing but its scheme is a :class:`~relaybox.sources.preset_rows.Preset` row
+(:mod:`relaybox.sources.preset_rows`).
 Providers that truly differ (public keys, signatures inside the body, URL + form
 parameters) keep a class of their own; handshakes and challenges are a method on a
 scheme's class.
@@ -78,15 +78,12 @@ __all__ = [
     "Entries",
     "Example",
     "Hmac",
-    "Preset",
     "Sample",
     "Scheme",
     "SchemeSource",
     "Token",
     "UrlSchemeSource",
     "factory",
-    "publish",
-    "publish_all",
 ]
 
 DIGESTS: dict[str, Callable[..., Any]] = {
@@ -556,46 +553,3 @@ def factory(cls: type[S], doc: str) -> Callable[..., S]:
     make.__module__ = cls.__module__
     make.__doc__ = doc
     return make
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A provider that is data only: its :class:`Scheme`, published by :func:`publish`
-    as the class ``name`` (``doc`` its docstring) and the factory ``provider``
-    (``factory_doc`` its docstring). ``url``: the source takes a
-    ``url`` option, the public URL the provider signs (a :class:`UrlSchemeSource`),
-    with the request's query appended (``"with query"``) or exactly as configured
-    (``"exact"``)."""
-
-    provider: str
-    name: str
-    scheme: Scheme
-    doc: str
-    factory_doc: str
-    url: str | None = None
-
-
-def publish(preset: Preset, module: str) -> tuple[type[SchemeSource], Callable[..., SchemeSource]]:
-    """The class and the factory of ``preset``, defined in ``module``."""
-    base: type[SchemeSource] = SchemeSource
-    namespace: dict[str, Any] = {
-        "__doc__": preset.doc,
-        "__module__": module,
-        "__qualname__": preset.name,
-        "provider": preset.provider,
-        "scheme": preset.scheme,
-    }
-    if preset.url is not None:
-        if preset.url not in ("with query", "exact"):
-            raise ConfigurationError(f"{preset.provider}: unknown url {preset.url!r}")
-        base = UrlSchemeSource
-        namespace["append_query"] = preset.url == "with query"
-    cls = type(preset.name, (base,), namespace)
-    return cls, factory(cls, preset.factory_doc)
-
-
-def publish_all(
-    presets: Iterable[Preset], module: str
-) -> dict[str, tuple[type[SchemeSource], Callable[..., SchemeSource]]]:
-    """Each preset's class and factory (:func:`publish`), by provider name."""
-    return {preset.provider: publish(preset, module) for preset in presets}

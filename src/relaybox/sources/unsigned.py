@@ -1,12 +1,13 @@
 """Providers that sign nothing and are data only: the delivery carries a shared
 credential, HTTP Basic (a secret is ``"user:password"``) or a token sent as is,
-compared in constant time (use HTTPS). A :class:`~relaybox.sources.scheme.Preset` row
+compared in constant time (use HTTPS). A :class:`~relaybox.sources.preset_rows.Preset` row
 each, published as in :mod:`relaybox.sources.providers`.
 """
 
 from __future__ import annotations
 
-from relaybox.sources.scheme import BasicAuth, Preset, Sample, Scheme, Token, publish_all
+from relaybox.sources.preset_rows import Preset, publish_all
+from relaybox.sources.scheme import BasicAuth, Sample, Scheme, Token
 
 __all__ = [
     "PRESETS",

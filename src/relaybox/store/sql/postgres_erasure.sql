@@ -29,10 +29,15 @@ FROM batch
 WHERE t.id = batch.id AND t.erased_at IS NULL
 RETURNING t.id
 
--- part: erase_outbox_batch
+-- part: erase_outbox_set
+-- What an erasure empties of an outbox row (erase_outbox_batch, and
+-- erase_handler_outbox_ids): its payload and its error text.
 UPDATE relaybox_outbox t
 SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2),
     last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
+
+-- part: erase_outbox_batch
+-- include: erase_outbox_set
 FROM batch
 WHERE t.id = batch.id AND t.erased_at IS NULL AND t.status <> 'pending'
 RETURNING t.id
@@ -198,9 +203,7 @@ WITH batch AS MATERIALIZED (
 -- LOCKED, as every batch) is not flattened, so the id is a parameter that proves the
 -- partial index's predicate; with `inbox_id = ANY($1)` or a plain join, a table never
 -- analyzed was planned as a scan.
-UPDATE relaybox_outbox t
-SET payload = 'null', erased_at = $2, purged_at = coalesce(t.purged_at, $2),
-    last_error = CASE WHEN t.last_error IS NOT NULL THEN '(erased)' END
+-- include: erase_outbox_set
 FROM unnest($1::bigint[]) AS erased(id)
 CROSS JOIN LATERAL (
     SELECT o.id FROM relaybox_outbox o

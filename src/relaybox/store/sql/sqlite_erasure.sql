@@ -26,10 +26,15 @@ SET payload = NULL, headers = NULL, erased_at = ?2, purged_at = coalesce(purged_
 WHERE id IN (SELECT id FROM batch) AND erased_at IS NULL
 RETURNING id
 
--- part: erase_outbox_batch
+-- part: erase_outbox_set
+-- What an erasure empties of an outbox row (erase_outbox_batch, and
+-- erase_handler_outbox_ids): its payload and its error text.
 UPDATE relaybox_outbox
 SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2),
     last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
+
+-- part: erase_outbox_batch
+-- include: erase_outbox_set
 WHERE id IN (SELECT id FROM batch) AND erased_at IS NULL AND status <> 'pending'
 RETURNING id
 
@@ -171,9 +176,7 @@ WITH batch AS (
 
 -- name: erase_handler_outbox_ids
 -- ?1: the ids of the inbox rows just erased, as a JSON array.
-UPDATE relaybox_outbox
-SET payload = 'null', erased_at = ?2, purged_at = coalesce(purged_at, ?2),
-    last_error = CASE WHEN last_error IS NOT NULL THEN '(erased)' END
+-- include: erase_outbox_set
 WHERE inbox_id IN (SELECT value FROM json_each(?1)) AND erased_at IS NULL
   AND status <> 'pending'
 RETURNING id
