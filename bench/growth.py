@@ -209,10 +209,18 @@ async def seed_keys(conn: asyncpg.Connection) -> None:
         " FROM relaybox_inbox"
     )
     message = await digest("relaybox_message_keys", "digest", "'k' || id")
+    named = "id"  # the message id as text (before migration 0038), else 16 bytes or text
+    columns = "message_id"
+    if await conn.fetchval(
+        "SELECT count(*) FROM pg_attribute WHERE attrelid = 'relaybox_message_keys'::regclass"
+        " AND attname = 'message_uuid'"
+    ):
+        named = "relaybox_message_uuid(id), CASE WHEN relaybox_message_uuid(id) IS NULL THEN id END"
+        columns = "message_uuid, message_text"
     await conn.execute(
-        "INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)"
-        f" SELECT 1, floor(created_at / 86400)::integer, {message}, id FROM relaybox_messages"
-        " WHERE idempotency_key IS NOT NULL"
+        f"INSERT INTO relaybox_message_keys (scope, first_seen, digest, {columns})"
+        f" SELECT 1, floor(created_at / 86400)::integer, {message}, {named}"
+        " FROM relaybox_messages WHERE idempotency_key IS NOT NULL"
     )
     if await conn.fetchval("SELECT to_regclass('relaybox_outbox_keys') IS NOT NULL"):
         # the outbox's keys (migration 0034), as its insert statements write them

@@ -108,6 +108,7 @@ class Relaybox:
             sync_transaction or StoreTransactions(self)
         )
         self.receiver = Receiver(self, self.inbound)
+        self.inbound.check_source_scopes(chosen.retention.sources)
         self.inbound.declare_sources(chosen.sources)
 
     # -- configuration --------------------------------------------------------
@@ -120,6 +121,7 @@ class Relaybox:
     def settings(self, settings: Settings) -> None:
         """New settings (``configure``, the CLI's ``--database-url``, a test harness);
         the sending side takes what changed in its part (:meth:`Outbound.follow`)."""
+        self.inbound.check_source_scopes(settings.retention.sources)
         before, self._settings = self._settings, settings
         if settings.outbound != before.outbound:
             self.outbound.follow(before.outbound, settings.outbound)

@@ -260,3 +260,102 @@ async def test_cli_purge_forgets_keys_past_the_files_window(
         assert kept["first_seen"] == day_of(time.time())
     finally:
         await box.close()
+
+
+# Two names on one 32-bit scope number (found by search: scope_of(a) == scope_of(b)).
+COLLIDING = ("src34860", "src82798")
+
+
+def test_the_colliding_names_share_a_scope() -> None:
+    assert scope_of(COLLIDING[0]) == scope_of(COLLIDING[1])
+    assert -(2**31) <= scope_of(COLLIDING[0]) < 2**31
+
+
+def test_keys_plan_gives_names_on_one_scope_the_longest_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Names with a window of their own that share a scope number: one pass at the
+    longest of their windows, and the global pass keeps that number when any of them
+    keeps longer than it (a key is never forgotten before its own window says)."""
+    now = 100 * DAY
+    short, long = COLLIDING
+    policies = RetentionPolicies(
+        30 * DAY,
+        30 * DAY,
+        keys_max_age=10 * DAY,
+        tenants_keys={short: 2 * DAY, long: 60 * DAY, "t": 5 * DAY},
+    )
+    assert [p for p in keys_plan(policies, now) if p.kind == "message"] == [
+        KeysPass("message", 40, scope=short),  # long's 60 days, for both
+        KeysPass("message", 95, scope="t"),
+        KeysPass("message", 90, keep=(short,)),
+    ]
+    # Forced: every name on one number (the plan does not depend on which collide).
+    from relaybox.store import keys
+
+    monkeypatch.setattr(keys, "scope_of", lambda name: 7)
+    forced = RetentionPolicies(
+        30 * DAY,
+        30 * DAY,
+        keys_max_age=10 * DAY,
+        sources_keys={"a": 2 * DAY, "b": 5 * DAY},
+    )
+    assert [p for p in keys_plan(forced, now) if p.kind == "event"] == [
+        KeysPass("event", 95, scope="a"),
+        KeysPass("event", 90, keep=()),  # 5 days: the global 10 forgets later
+    ]
+    forced = RetentionPolicies(
+        30 * DAY, 30 * DAY, keys_max_age=10 * DAY, sources_keys={"a": 2 * DAY, "b": 50 * DAY}
+    )
+    assert [p for p in keys_plan(forced, now) if p.kind == "event"] == [
+        KeysPass("event", 50, scope="a"),
+        KeysPass("event", 90, keep=("a",)),
+    ]
+
+
+async def test_tenants_on_one_scope_keep_their_keys_for_the_longer_window(
+    database_url: str, clock: FrozenClock
+) -> None:
+    short, long = COLLIDING
+    box = make_box(
+        database_url,
+        clock,
+        keys_max_age=10 * DAY,
+        tenants={short: {"keys_max_age": 2 * DAY}, long: {"keys_max_age": 60 * DAY}},
+    )
+    try:
+        await box.store.migrate()
+        local(box)
+        for tenant in (short, long, "other"):
+            await publish_one(box, tenant=tenant, data={"t": tenant}, idempotency_key="k")
+        clock.advance(20 * DAY)  # short's 2 days and the global 10 passed
+        assert (await purge(box)).keys == 1  # other's only: short's follows long's 60
+        assert await scopes(box, "relaybox_message_keys") == [scope_of(long)] * 2
+        clock.advance(50 * DAY)  # day 70: long's 60 days passed
+        assert (await purge(box)).keys == 2
+        assert await scopes(box, "relaybox_message_keys") == []
+    finally:
+        await box.close()
+
+
+def test_two_sources_on_one_scope_are_refused() -> None:
+    from relaybox import ConfigurationError, sources
+
+    box = Relaybox(settings=Settings())
+    box.source(COLLIDING[0], sources.standard(secrets=["s" * 32]))
+    with pytest.raises(ConfigurationError) as info:
+        box.source(COLLIDING[1], sources.standard(secrets=["s" * 32]))
+    assert COLLIDING[0] in str(info.value) and COLLIDING[1] in str(info.value)
+    assert "scope" in str(info.value)
+    assert list(box.sources) == [COLLIDING[0]]
+    box.source(COLLIDING[0], sources.standard(secrets=["t" * 32]))  # itself again: fine
+    # Named by the file: its sources, or two sources' keys windows.
+    declared = {name: {"provider": "standard", "secrets": ["s" * 32]} for name in COLLIDING}
+    with pytest.raises(ConfigurationError, match=COLLIDING[1]):
+        Relaybox(settings=Settings(sources=declared))
+    windows = {name: {"keys_max_age": 5 * DAY} for name in COLLIDING}
+    with pytest.raises(ConfigurationError, match=COLLIDING[0]):
+        Relaybox(settings=Settings(retention={"sources": windows}))
+    # ... and a window for a name sharing the scope of a registered source.
+    with pytest.raises(ConfigurationError, match=COLLIDING[1]):
+        box.settings = Settings(retention={"sources": {COLLIDING[1]: windows[COLLIDING[1]]}})

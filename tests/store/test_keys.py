@@ -21,10 +21,12 @@ from hypothesis import strategies as st
 from relaybox.store import Store, open_store
 from relaybox.store.inbox_rows import NewOperation
 from relaybox.store.keys import (
+    check_scopes,
     day_of,
     event_digest,
     fingerprint_digest,
     message_digest,
+    message_ref,
     operation_digest,
     operation_fingerprint,
     scope_of,
@@ -59,13 +61,25 @@ def raw(digest: Any) -> bytes:
     return bytes(digest)
 
 
+def message_id(key: dict[str, Any]) -> str:
+    """The message id an idempotency key's row names: its 16 bytes, or its text."""
+    if key["message_uuid"] is None:
+        text = key["message_text"]
+        assert isinstance(text, str)
+        return text
+    assert key["message_text"] is None
+    return "msg_" + raw(key["message_uuid"]).hex()[5:]
+
+
 async def event_keys(store: Store) -> list[dict[str, Any]]:
     return await store.fetch_all("SELECT * FROM relaybox_event_keys ORDER BY inbox_id")
 
 
-def message(tenant: str, key: str | None, n: int, *, at: float = T0) -> NewMessage:
+def message(
+    tenant: str, key: str | None, n: int, *, at: float = T0, id: str | None = None
+) -> NewMessage:
     return NewMessage(
-        id=f"msg_{uuid.uuid4().hex}",
+        id=id or new_id("msg", at),
         tenant=tenant,
         event_type="thing.happened",
         idempotency_key=key,
@@ -96,6 +110,23 @@ async def drop_history(store: Store) -> None:
     )
 
 
+def test_the_narrow_forms_are_the_old_ones_cut() -> None:
+    """Migration 0038 converts stored keys by the same arithmetic: a scope is the top
+    half of its old 64-bit number, a fingerprint digest the first 8 of its 16 bytes."""
+    for name in ("src", "acme", "", "ü" * 40):
+        assert scope_of(name) == old_scope(name) >> 32
+    for fp in (b"", b"x", hashlib.sha256(b"y").digest()):
+        assert fingerprint_digest(fp) == int.from_bytes(old_fingerprint(fp)[:8], "big", signed=True)
+    made = new_id("msg", T0)
+    assert message_ref(made) == (bytes.fromhex("00000" + made[4:]), None)
+    assert str(uuid.UUID(bytes=bytes.fromhex("00000" + made[4:]))).replace("-", "")[5:] == made[4:]
+    for other in ("order-1", "msg_" + "a" * 26, "msg_" + "a" * 28, "msg_" + "A" * 27, "msg_x\n"):
+        assert message_ref(other) == (None, other)
+    check_scopes(["a", "b", "a"])  # a name twice is one name
+    with pytest.raises(ValueError, match=r"src34860.*src82798"):
+        check_scopes(["src34860", "b", "src82798"])
+
+
 async def test_accept_writes_one_narrow_key_per_event(store: Store) -> None:
     outcomes = await store.inbox.accept(
         [delivery("e1"), delivery("e1"), delivery("e2", at=T0 + 3 * DAY)]
@@ -107,9 +138,11 @@ async def test_accept_writes_one_narrow_key_per_event(store: Store) -> None:
         (outcomes[2].inbox_id, day_of(T0) + 3),
     ]
     assert raw(rows[0]["digest"]) == event_digest("src", "acct", "e1")
-    assert raw(rows[0]["fingerprint"]) == fingerprint_digest(hashlib.sha256(b'{"n": 1}').digest())
-    assert all(len(raw(r["digest"])) == 16 == len(raw(r["fingerprint"])) for r in rows)
+    assert rows[0]["fingerprint"] == fingerprint_digest(hashlib.sha256(b'{"n": 1}').digest())
+    assert all(len(raw(r["digest"])) == 16 for r in rows)
+    assert all(-(2**63) <= r["fingerprint"] < 2**63 for r in rows)
     assert {r["scope"] for r in rows} == {scope_of("src")}
+    assert -(2**31) <= scope_of("src") < 2**31
 
 
 async def test_duplicates_and_conflicts_outlive_the_history(database_url: str) -> None:
@@ -171,11 +204,23 @@ async def test_publish_keys_outlive_the_message(store: Store) -> None:
     gone = await by_key(store, "t1", "order-1")
     assert (gone.id, gone.body, gone.created) == (m.id, b"null", False)
     assert gone.created_at == day_of(T0) * DAY
-    [k] = await store.fetch_all(
-        "SELECT * FROM relaybox_message_keys WHERE message_id = '" + m.id + "'"
-    )
-    assert raw(k["digest"]) == message_digest("t1", "order-1")
+    keyed = [k for k in await store.fetch_all("SELECT * FROM relaybox_message_keys")]
+    [k] = [k for k in keyed if raw(k["digest"]) == message_digest("t1", "order-1")]
     assert k["scope"] == scope_of("t1")
+    # The id relaybox made, as 16 bytes (the uuid of '00000' and its 27 hex digits).
+    assert (raw(k["message_uuid"]).hex(), k["message_text"]) == ("00000" + m.id[4:], None)
+    assert message_id(k) == m.id
+    # An id relaybox did not make (written by hand) is kept as its text, and named back.
+    for i, by_hand in enumerate(["order-42", "msg_" + "0" * 28, "msg_" + "A" * 27]):
+        assert await publish(store, message("t3", f"hand-{i}", 7, id=by_hand))
+        assert not await publish(store, message("t3", f"hand-{i}", 8))
+        assert (await by_key(store, "t3", f"hand-{i}")).id == by_hand
+        [k] = [
+            k
+            for k in await store.fetch_all("SELECT * FROM relaybox_message_keys")
+            if raw(k["digest"]) == message_digest("t3", f"hand-{i}")
+        ]
+        assert (k["message_uuid"], k["message_text"]) == (None, by_hand)
 
 
 async def _forget_keys(store: Store) -> None:
@@ -233,8 +278,8 @@ async def test_keys_backfill_copies_old_rows_in_resumable_batches(database_url: 
             "operation": True,  # no operations: finished at its first batch
             "outbox": True,  # no outbox rows
         }
-        keyed = await store.fetch_all("SELECT message_id FROM relaybox_message_keys")
-        assert sorted(r["message_id"] for r in keyed) == sorted(m.id for m in messages[:3])
+        keyed = await store.fetch_all("SELECT * FROM relaybox_message_keys")
+        assert sorted(message_id(r) for r in keyed) == sorted(m.id for m in messages[:3])
         # The keys alone decide now, the rows gone.
         if store.backend == "postgres":
             await drop_history(store)
@@ -647,6 +692,28 @@ async def test_no_duplicate_through_while_its_key_is_kept(store: Store, script: 
         await check_step(store, model, step)
 
 
+async def empty_pg_database() -> str:
+    """A PostgreSQL database with no table: migrations applied by the test."""
+    name = f"relaybox_t_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(_dsn(admin_url()))
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return _with_db(admin_url(), name)
+
+
+def old_scope(name: str) -> int:
+    """A scope as relaybox wrote it before migration 0038: 64 bits."""
+    raw = hashlib.blake2b(name.encode(), digest_size=8, person=b"relaybox-scope").digest()
+    return int.from_bytes(raw, "big", signed=True)
+
+
+def old_fingerprint(fingerprint: bytes) -> bytes:
+    """An event key's fingerprint digest as relaybox wrote it before migration 0038."""
+    return hashlib.blake2b(fingerprint, digest_size=16, person=b"relaybox-fp").digest()
+
+
 TYPE_OF = (
     "SELECT data_type FROM information_schema.columns"
     " WHERE table_name = '{}' AND column_name = '{}'"
@@ -684,16 +751,16 @@ async def test_keys_stored_as_bytea_before_0035_still_decide_as_uuid(
             await conn.execute(
                 "INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)"
                 " VALUES (41, $1, $2, $3, $4), (42, $1, $2, $5, $4)",
-                scope_of("src"),
+                old_scope("src"),
                 day_of(T0),
                 event_digest("src", "acct", "old"),
-                fingerprint_digest(stored),
+                old_fingerprint(stored),
                 event_digest("src", "acct", "older"),
             )
             await conn.execute(
                 "INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)"
                 " VALUES ($1, $2, $3, 'msg_old')",
-                scope_of("t1"),
+                old_scope("t1"),
                 day_of(T0),
                 message_digest("t1", "order-1"),
             )
@@ -708,13 +775,12 @@ async def test_keys_stored_as_bytea_before_0035_still_decide_as_uuid(
         assert "0035_key_digests" in await store.migrate()
         for table, column in (
             ("relaybox_event_keys", "digest"),
-            ("relaybox_event_keys", "fingerprint"),
             ("relaybox_message_keys", "digest"),
         ):
             [row] = await store.fetch_all(TYPE_OF.format(table, column))
             assert row["data_type"] == "uuid", (table, column)
         rows = await event_keys(store)
-        assert [(r["inbox_id"], raw(r["digest"]), raw(r["fingerprint"])) for r in rows] == [
+        assert [(r["inbox_id"], raw(r["digest"]), r["fingerprint"]) for r in rows] == [
             (41, event_digest("src", "acct", "old"), fingerprint_digest(stored)),
             (42, event_digest("src", "acct", "older"), fingerprint_digest(stored)),
         ]
@@ -802,3 +868,147 @@ async def test_the_outbox_keys_expire_by_age(store: Store) -> None:
         )
     assert forgotten is not None  # its key expired with its row gone: new again
     assert (kept_key is None) is postgres  # SQLite's key went with its row
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_keys_written_under_0037_convert_and_still_decide(
+    backend: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 0038 narrows the keys kept for good: an event key's fingerprint digest
+    to its first 8 bytes, every scope to its top 32 bits, an idempotency key's message
+    id to 16 bytes when relaybox made it. Keys written under 0037 (their history rows
+    gone) then decide as before: a resend is a duplicate, changed content is
+    quarantined, a repeated publish finds its message (an id relaybox made, and one
+    written by hand), a business key's repeat and reuse are told apart, and the expiry
+    of a scope reaches them."""
+    from relaybox.store import base
+
+    if backend == "postgres":
+        url = await empty_pg_database()
+    else:
+        url = f"sqlite:///{tmp_path / 'relaybox.db'}"
+    every = base.load_migrations
+    monkeypatch.setattr(base, "load_migrations", lambda b: [m for m in every(b) if m[0] < 38])
+    stored = hashlib.sha256(b'{"v": 1}').digest()
+    other = hashlib.sha256(b"x").digest()
+    made = new_id("msg", T0)
+    day = day_of(T0)
+    event_rows = [
+        (41, old_scope("src"), day, event_digest("src", "acct", "old"), old_fingerprint(stored)),
+        (42, old_scope("src"), day, event_digest("src", "acct", "older"), old_fingerprint(other)),
+    ]
+    message_rows = [
+        (old_scope("t1"), day, message_digest("t1", "order-1"), made),
+        (old_scope("t1"), day, message_digest("t1", "order-2"), "order-2-by-hand"),
+    ]
+    business_row = (operation_digest("op:1"), operation_fingerprint("fp"), old_scope("src"), day)
+    store = open_store(url)
+    try:
+        assert not any(m.startswith("0038") for m in await store.migrate())
+        # What the accept, the publish and once() of 0037 wrote; the history is gone.
+        if backend == "postgres":
+            conn = await asyncpg.connect(_dsn(url))
+            try:
+                await conn.executemany(
+                    "INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest,"
+                    " fingerprint) VALUES ($1, $2, $3, encode($4::bytea, 'hex')::uuid,"
+                    " encode($5::bytea, 'hex')::uuid)",
+                    event_rows,
+                )
+                await conn.executemany(
+                    "INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)"
+                    " VALUES ($1, $2, encode($3::bytea, 'hex')::uuid, $4)",
+                    message_rows,
+                )
+                await conn.execute(
+                    "INSERT INTO relaybox_business_keys (digest, fingerprint, scope, first_seen)"
+                    " VALUES (encode($1::bytea, 'hex')::uuid, $2, $3, $4)",
+                    *business_row,
+                )
+            finally:
+                await conn.close()
+        else:
+            async with store.transaction() as c:
+                # SQLite keeps its inbox rows (a quarantined newcomer refers to one).
+                for inbox_id, event_id, fp in ((41, "old", stored), (42, "older", other)):
+                    await c.exec_driver_sql(
+                        "INSERT INTO relaybox_inbox (id, source, account, event_id, event_type,"
+                        " fingerprint, status, next_attempt_at, received_at, updated_at)"
+                        " VALUES (?, 'src', 'acct', ?, 'thing', ?, 'done', ?, ?, ?)",
+                        (inbox_id, event_id, fp, T0, T0, T0),
+                    )
+                for row in event_rows:
+                    await c.exec_driver_sql(
+                        "INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest,"
+                        " fingerprint) VALUES (?, ?, ?, ?, ?)",
+                        row,
+                    )
+                for m_row in message_rows:
+                    await c.exec_driver_sql(
+                        "INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)"
+                        " VALUES (?, ?, ?, ?)",
+                        m_row,
+                    )
+                await c.exec_driver_sql(
+                    "INSERT INTO relaybox_business_keys (digest, fingerprint, scope, first_seen)"
+                    " VALUES (?, ?, ?, ?)",
+                    business_row,
+                )
+    finally:
+        await store.close()
+
+    monkeypatch.setattr(base, "load_migrations", every)
+    store = open_store(url)
+    try:
+        assert "0038_narrow_keys" in await store.migrate()
+        rows = await event_keys(store)
+        assert [(r["inbox_id"], r["scope"], r["fingerprint"]) for r in rows] == [
+            (41, scope_of("src"), fingerprint_digest(stored)),
+            (42, scope_of("src"), fingerprint_digest(other)),
+        ]
+        assert scope_of("src") == old_scope("src") >> 32
+        found = await store.fetch_all("SELECT * FROM relaybox_message_keys")
+        keyed = {raw(k["digest"]): k for k in found}
+        assert {message_id(k) for k in keyed.values()} == {made, "order-2-by-hand"}
+        assert {k["scope"] for k in keyed.values()} == {scope_of("t1")}
+        by_hand = keyed[message_digest("t1", "order-2")]
+        assert (by_hand["message_uuid"], by_hand["message_text"]) == (None, "order-2-by-hand")
+        if backend == "postgres":  # SQLite before 3.41 cannot unhex: the old ids stay text
+            ours = keyed[message_digest("t1", "order-1")]
+            assert (raw(ours["message_uuid"]), ours["message_text"]) == (
+                bytes.fromhex("00000" + made[4:]),
+                None,
+            )
+        [b] = await store.fetch_all("SELECT * FROM relaybox_business_keys")
+        assert (b["scope"], b["fingerprint"]) == (scope_of("src"), operation_fingerprint("fp"))
+
+        later = T0 + 365 * DAY
+        again = await accept_one(store, delivery("old", b'{"v": 1}', at=later))
+        assert (again.status, again.inbox_id) == ("duplicate", 41)
+        changed = await accept_one(store, delivery("old", b'{"v": 2}', at=later))
+        assert (changed.status, changed.inbox_id) == ("quarantined", 41)
+        outcomes = await store.inbox.accept(
+            [delivery("older", b"x", at=later), delivery("older", b"y", at=later)]
+        )
+        assert [(o.status, o.inbox_id) for o in outcomes] == [
+            ("duplicate", 42),
+            ("quarantined", 42),
+        ]
+        assert not await publish(store, message("t1", "order-1", 2))
+        assert (await by_key(store, "t1", "order-1")).id == made
+        assert not await publish(store, message("t1", "order-2", 2))
+        assert (await by_key(store, "t1", "order-2")).id == "order-2-by-hand"
+        assert await once(store, "op:1", "fp") == (False, "fp")
+        created, answer = await once(store, "op:1", "another")
+        assert not created and answer.startswith("<fingerprint digest ")
+        # The expiry of a scope reaches the converted keys.
+        assert await store.keys.expire("event", day + 1, scope="src") == 2
+        assert await store.keys.expire("message", day + 1, scope="t1") == 2
+        assert await store.keys.expire("operation", day + 1, scope="src") == 1
+        fresh = await accept_one(store, delivery("old", b'{"v": 1}', at=later))
+        # Forgotten; SQLite's inbox row, kept, still knows the event by its own key.
+        assert fresh.status == ("accepted" if backend == "postgres" else "duplicate")
+    finally:
+        await store.close()
+        if backend == "postgres":
+            await drop_pg_database(url)

@@ -376,12 +376,12 @@ async def test_the_subject_index_is_asked_about_its_rows_by_index(
 _KEYS_FILL = {
     "relaybox_event_keys": (
         "INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)"
-        " SELECT i, i % 50, 20000 + i / 1000, md5(i::text)::uuid, md5(i::text)::uuid"
+        " SELECT i, i % 50, 20000 + i / 1000, md5(i::text)::uuid, i"
         " FROM generate_series(1, 40000) AS i"
     ),
     "relaybox_message_keys": (
-        "INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)"
-        " SELECT i % 50, 20000 + i / 1000, md5(i::text)::uuid, 'msg_' || i"
+        "INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_uuid)"
+        " SELECT i % 50, 20000 + i / 1000, md5(i::text)::uuid, md5(i::text)::uuid"
         " FROM generate_series(1, 40000) AS i"
     ),
     "relaybox_business_keys": (
@@ -425,7 +425,7 @@ async def test_the_keys_expiry_reads_the_index_by_day(
     if kind in ("event", "message", "operation"):
         statements |= {
             f"keys_expire_{kind}_scope": "20010, 100, 7",
-            f"keys_expire_{kind}_keep": "20010, 100, '{7, 8}'::bigint[]",
+            f"keys_expire_{kind}_keep": "20010, 100, '{7, 8}'::integer[]",
             f"keys_oldest_{kind}": "20010, -2147483648",
         }
     store = open_store(pg_url)

@@ -712,7 +712,7 @@ async def test_pg_accept_probes_the_event_key_even_without_statistics(pg_url: st
                 (
                     "inbox_accept_fast",
                     "'{a}','{b}','{c}','{d}',NULL,'{}','{}','{}','{}','{x}','{1}',NULL,1,NULL,"
-                    "'{\\\\x00}','{\\\\x00}','{1}'",
+                    "'{\\\\x00}','{1}','{1}'",
                 ),
                 ("event_keys_get", "'{\\\\x00}'"),
             ]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from relaybox.errors import ConfigurationError
@@ -26,6 +26,7 @@ from relaybox.inbound.worker import Context, Handler, Registration, Worker
 from relaybox.inbound.worker.context import SyncHandler
 from relaybox.sources.base import Source, check_subject_path
 from relaybox.sources.bodies import BodyLimits
+from relaybox.store import keys
 
 if TYPE_CHECKING:
     from relaybox.runtime import Announce, AnnounceSync, WorkerRuntime
@@ -80,8 +81,19 @@ class Inbound:
             max_xml_depth=bodies.max_xml_depth,
             max_xml_elements=bodies.max_xml_elements,
         )
+        self.check_source_scopes(settings.retention.sources, name)
         self.sources[name] = source
         return source
+
+    def check_source_scopes(self, windows: Iterable[str], *names: str) -> None:
+        """Refuse two known sources (those registered, ``names``, and ``windows``: the
+        names ``[retention.sources]`` gives a window) whose keys would share a scope
+        number (:func:`relaybox.store.keys.check_scopes`): their keys could not expire
+        apart."""
+        try:
+            keys.check_scopes(sorted({*self.sources, *windows, *names}))
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
 
     def declare_sources(self, declared: Mapping[str, Mapping[str, Any]]) -> None:
         """Register the sources a configuration declares (``[sources.<name>]`` tables,

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeVar
 
+from relaybox.store import keys
 from relaybox.store.history import PurgeTable
 from relaybox.store.keys import KEY_KINDS, KeyKind, day_of
 
@@ -212,19 +213,37 @@ def keys_plan(policies: RetentionPolicies, now: float) -> list[KeysPass]:
     """The expiries of keys at ``now``: each scope with a window of its own, then the
     global window (when one is set) for every scope without a longer one. An event key
     and a business key belong to their source, an idempotency key to its tenant: a
-    tenant's window applies to its messages' keys, a source's to the other two."""
+    tenant's window applies to its messages' keys, a source's to the other two.
+
+    Keys carry their scope as a 32-bit number (:func:`relaybox.store.keys.scope_of`),
+    which two names may share (2^-32 a pair): the names with a window of their own on
+    one number get one pass at the longest of their windows, and that number is kept
+    from the global pass when any of them keeps longer than it, so that no key is
+    forgotten before its own window says."""
     passes: list[KeysPass] = []
     for kind in KEY_KINDS:
         if kind == "outbox":
             passes += _outbox_keys_plan(policies, now)
             continue
         scoped = policies.tenants_keys if kind == "message" else policies.sources_keys
-        for name, age in sorted(scoped.items()):
+        windows = _scope_windows(scoped)
+        for name, age in sorted(windows.items()):
             passes.append(KeysPass(kind, day_of(now - age), scope=name))
         if policies.keys_max_age is not None:
-            longer = tuple(sorted(n for n, a in scoped.items() if a > policies.keys_max_age))
+            longer = tuple(sorted(n for n, a in windows.items() if a > policies.keys_max_age))
             passes.append(KeysPass(kind, day_of(now - policies.keys_max_age), keep=longer))
     return passes
+
+
+def _scope_windows(scoped: Mapping[str, float]) -> dict[str, float]:
+    """The window of each scope number that ``scoped`` (names and their windows) sets,
+    under the first name on it in sorted order: the longest of its names' windows."""
+    windows: dict[int, tuple[str, float]] = {}
+    for name, age in sorted(scoped.items()):
+        number = keys.scope_of(name)
+        first, longest = windows.get(number, (name, age))
+        windows[number] = (first, max(longest, age))
+    return dict(windows.values())
 
 
 def _outbox_keys_plan(policies: RetentionPolicies, now: float) -> list[KeysPass]:

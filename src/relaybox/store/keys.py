@@ -4,17 +4,29 @@
 
 * a key's **digest**: BLAKE2b-128 of its parts, each length-prefixed (so that no two
   different keys concatenate to the same bytes);
-* an event's **fingerprint digest**: BLAKE2b-128 of the delivery's content fingerprint
-  (whatever its source computes: a hash, or canonical bytes of any length);
+* an event's **fingerprint digest**: the first 8 bytes of the BLAKE2b-128 of the
+  delivery's content fingerprint (whatever its source computes: a hash, or canonical
+  bytes of any length), read as a signed 64-bit integer (migration 0038: the 16 bytes
+  kept before, cut to their first 8); a changed payload under an event id already
+  seen is told from a repeat unless the two collide (2^-64 a pair);
 * the **day** first seen: whole days since 1970-01-01 UTC, for expiry by age;
-* the **scope**: the source of an event, the tenant of a message, as the first 8 bytes
-  of BLAKE2b of its name read as a signed 64-bit integer (expiry per source or tenant:
-  a collision of two names, at 2^-64 a pair, would make one's expiry take the other's
-  keys, nothing worse).
+* the **scope**: the source of an event, the tenant of a message, as the first 4 bytes
+  of BLAKE2b of its name read as a signed 32-bit integer (migration 0038: the top half
+  of the 8 bytes kept before). The scope serves only the expiry by a source's or a
+  tenant's keys window: two names on one scope (2^-32 a pair) share their expiry.
+  :func:`relaybox.retention.policy.keys_plan` gives every named scope on a shared
+  number the longest of their windows, and two configured sources on one number are
+  refused (:func:`check_scopes`).
 
 Every 16-byte digest travels as ``bytes`` on both backends; PostgreSQL stores it as a
 ``uuid`` (no length header: migrations 0031 and 0035), its statements converting it
 (``encode($1::bytea, 'hex')::uuid`` in, ``uuid_send(digest)`` out), SQLite as a blob.
+
+An idempotency key names its message (:func:`message_ref`): an id relaybox made
+(``msg_`` + 27 hex digits) as 16 bytes, the uuid of ``00000`` and those digits (the
+statements give back the text: ``'msg_' || substr(replace(u::text, '-', ''), 6)``
+on PostgreSQL, ``'msg_' || substr(lower(hex(u)), 6)`` on SQLite); any other id as its
+text, in a column of its own that is NULL otherwise.
 
 Business keys (``ctx.once()``) have their own narrow table since migration 0031,
 ``relaybox_business_keys``: the key's digest (its PRIMARY KEY decides), an 8-byte
@@ -28,7 +40,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,12 +49,14 @@ __all__ = [
     "KEY_KINDS",
     "BackfillProgress",
     "KeyKind",
+    "check_scopes",
     "day_of",
     "event_digest",
     "event_key_columns",
     "fingerprint_digest",
     "message_digest",
     "message_key_columns",
+    "message_ref",
     "operation_digest",
     "operation_fingerprint",
     "operation_key_columns",
@@ -93,17 +108,49 @@ def operation_fingerprint(fingerprint: str) -> int:
     return int.from_bytes(raw, "big", signed=True)
 
 
-def fingerprint_digest(fingerprint: bytes) -> bytes:
-    """The 16 bytes an event key keeps of a delivery's content fingerprint."""
-    return hashlib.blake2b(fingerprint, digest_size=16, person=b"relaybox-fp").digest()
+def fingerprint_digest(fingerprint: bytes) -> int:
+    """The 8 bytes an event key keeps of a delivery's content fingerprint, as a signed
+    64-bit integer: the first 8 of its BLAKE2b-128 (the 16 bytes kept before migration
+    0038, which cut the stored ones alike)."""
+    raw = hashlib.blake2b(fingerprint, digest_size=16, person=b"relaybox-fp").digest()
+    return int.from_bytes(raw[:8], "big", signed=True)
 
 
 def scope_of(name: str) -> int:
-    """The scope number of a source or tenant name."""
+    """The scope number of a source or tenant name: a signed 32-bit integer, the top
+    half of the 64-bit number scopes had before migration 0038 (which shifted the
+    stored ones alike)."""
     raw = hashlib.blake2b(
         name.encode("utf-8", "surrogatepass"), digest_size=8, person=b"relaybox-scope"
     ).digest()
-    return int.from_bytes(raw, "big", signed=True)
+    return int.from_bytes(raw[:4], "big", signed=True)
+
+
+def check_scopes(names: Iterable[str], what: str = "sources") -> None:
+    """Refuse two of ``names`` on one scope number (:func:`scope_of`): their keys would
+    share the expiry of a keys window. Vanishingly rare (2^-32 a pair), but known
+    before anything is stored: a ``ValueError`` naming both."""
+    seen: dict[int, str] = {}
+    for name in names:
+        scope = scope_of(name)
+        other = seen.setdefault(scope, name)
+        if other != name:
+            raise ValueError(
+                f"{what} {other!r} and {name!r} share the keys scope {scope}: their keys "
+                "could not expire apart; rename one of them"
+            )
+
+
+_MESSAGE_ID = re.compile(r"msg_[0-9a-f]{27}")
+
+
+def message_ref(message_id: str) -> tuple[bytes | None, str | None]:
+    """How an idempotency key names its message: (16 bytes, ``None``) for an id
+    relaybox made (``msg_`` + 27 hex digits: the bytes of ``00000`` and those digits),
+    else (``None``, the id as it is)."""
+    if _MESSAGE_ID.fullmatch(message_id):
+        return bytes.fromhex("00000" + message_id[4:]), None
+    return None, message_id
 
 
 def day_of(timestamp: float) -> int:
@@ -139,12 +186,15 @@ def event_key_columns(rows: Sequence[Any]) -> list[list[Any]]:
 
 def message_key_columns(rows: Sequence[Any]) -> list[list[Any]]:
     """The idempotency keys of messages read as (id, tenant, idempotency key,
-    created_at), as arrays: digest, scope, first day, message id."""
+    created_at), as arrays: digest, scope, first day, the message's 16 bytes and its
+    id as text (:func:`message_ref`: one of the two is ``None``)."""
+    refs = [message_ref(r[0]) for r in rows]
     return [
         [message_digest(r[1], r[2]) for r in rows],
         [scope_of(r[1]) for r in rows],
         [day_of(r[3]) for r in rows],
-        [r[0] for r in rows],
+        [ref for ref, _ in refs],
+        [text for _, text in refs],
     ]
 
 

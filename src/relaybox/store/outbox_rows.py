@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from relaybox.store.keys import message_digest, scope_of
+from relaybox.store.keys import message_digest, message_ref, scope_of
 from relaybox.wire import stored_json
 
 __all__ = [
@@ -379,14 +379,16 @@ class NewMessage:
         )
 
     def key_params(self) -> tuple[Any, ...] | None:
-        """Parameters of ``message_key_insert`` (``None`` without an idempotency key)."""
+        """Parameters of ``message_key_insert`` (``None`` without an idempotency key): the
+        key's digest, its tenant's scope, the publish time and the message's id as
+        :func:`~relaybox.store.keys.message_ref` stores it."""
         if self.idempotency_key is None:
             return None
         return (
             message_digest(self.tenant, self.idempotency_key),
             scope_of(self.tenant),
             self.created_at,
-            self.id,
+            *message_ref(self.id),
         )
 
 

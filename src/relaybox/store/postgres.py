@@ -604,12 +604,12 @@ class PostgresInbox(InboxStore):
                 or any(d.held_until is None and d.key in inserted for d in batch)
             ):  # rows for any worker (those this process's worker took need no claim)
                 self.db.wake("inbox")
-            stored = {(r[1], r[2], r[3]): (r[0], bytes(r[4])) for r in rows}
+            stored = {(r[1], r[2], r[3]): (r[0], int(r[4])) for r in rows}
             missing = {d.key: d for d in batch if d.key not in stored}
             if missing:  # committed by a concurrent inserter after this statement began
                 digests = {keys.event_digest(*k): k for k in sorted(missing)}
                 found = await conn.fetch(self.db.q["event_keys_get"], list(digests))
-                stored.update({digests[bytes(r[0])]: (r[1], bytes(r[2])) for r in found})
+                stored.update({digests[bytes(r[0])]: (r[1], int(r[2])) for r in found})
             outcomes = self._classify(batch, inserted, stored)
             quarantined = [
                 (d, o.inbox_id)
@@ -816,13 +816,13 @@ class PostgresInbox(InboxStore):
         inserted = {(r[1], r[2], r[3]): r[0] for r in new_rows}
         counts = Counter(d.key for d in batch)
         wanted = sorted(k for k in counts if k not in inserted or counts[k] > 1)
-        existing: dict[tuple[str, str, str], tuple[int, bytes]] = {}
+        existing: dict[tuple[str, str, str], tuple[int, int]] = {}
         if wanted:
             digests = {keys.event_digest(*k): k for k in wanted}
             rows: Iterable[Sequence[Any]] = await conn.exec_driver_sql(
                 self.db.q["event_keys_get"], (list(digests),)
             )
-            existing = {digests[bytes(r[0])]: (r[1], bytes(r[2])) for r in rows}
+            existing = {digests[bytes(r[0])]: (r[1], int(r[2])) for r in rows}
         outcomes = self._classify(batch, inserted, existing)
         for d, o in zip(batch, outcomes, strict=True):
             if d.subject is not None and o.status in ("accepted", "ignored"):
@@ -845,7 +845,7 @@ class PostgresInbox(InboxStore):
     def _classify(
         batch: Sequence[NewDelivery],
         inserted: dict[tuple[str, str, str], int],
-        existing: dict[tuple[str, str, str], tuple[int, bytes]],
+        existing: dict[tuple[str, str, str], tuple[int, int]],
     ) -> list[AcceptOutcome]:
         """The first delivery of an inserted key with the stored content is the new row;
         every other one is compared with the stored key's fingerprint digest.

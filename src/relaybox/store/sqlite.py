@@ -309,12 +309,12 @@ class SQLiteInbox(InboxStore):
         q = self.db.q
         digests = [keys.event_digest(*d.key) for d in batch]
         fps = [keys.fingerprint_digest(d.fingerprint) for d in batch]
-        stored: dict[bytes, tuple[int, bytes]] = {}
+        stored: dict[bytes, tuple[int, int]] = {}
         distinct = list(dict.fromkeys(digests))
         for start in range(0, len(distinct), self.INSERT_ROWS):
             chunk = distinct[start : start + self.INSERT_ROWS]
             for digest, inbox_id, fp in db.execute(self._keys_get_sql(len(chunk)), chunk):
-                stored[bytes(digest)] = (inbox_id, bytes(fp))
+                stored[bytes(digest)] = (inbox_id, int(fp))
         new: dict[bytes, NewDelivery] = {}
         for d, digest in zip(batch, digests, strict=True):
             if digest not in stored and digest not in new:

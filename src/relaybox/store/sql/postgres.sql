@@ -5,7 +5,7 @@
 
 -- part: inbox_batch_keys
 -- A batch's event keys inserted, in a WITH after u (the batch, its deliveries numbered
--- n; raw the key digest, kfp the fingerprint digest): d one delivery per key (the
+-- n; raw the key digest, kfp the fingerprint digest as a bigint): d one delivery per key (the
 -- first), f with its inbox id, k the keys inserted (the event keys table decides who
 -- is first: a key that exists inserts nothing).
 d AS MATERIALIZED (
@@ -15,9 +15,8 @@ d AS MATERIALIZED (
     -- ids in batch order (nextval runs after the sort): as the batch came, by key
     SELECT d.*, relaybox_inbox_id() AS id FROM d ORDER BY d.n
 ), k AS (
-    INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
-    SELECT f.id, f.scope, floor(f.received_at / 86400)::integer, f.digest,
-           encode(f.kfp, 'hex')::uuid
+    INSERT INTO relaybox_event_keys (inbox_id, fingerprint, scope, first_seen, digest)
+    SELECT f.id, f.kfp, f.scope, floor(f.received_at / 86400)::integer, f.digest
     FROM f
     ON CONFLICT DO NOTHING
     RETURNING digest
@@ -31,8 +30,8 @@ d AS MATERIALIZED (
 WITH u AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
-                         $11::double precision[], $13::text[], $14::bytea[], $15::bytea[],
-                         $16::bigint[]) WITH ORDINALITY
+                         $11::double precision[], $13::text[], $14::bytea[], $15::bigint[],
+                         $16::integer[]) WITH ORDINALITY
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
               version, status, received_at, traceparent, raw, kfp, scope, n)
 ),
@@ -50,11 +49,11 @@ SELECT f.id, f.source, f.account, f.event_id FROM f JOIN k USING (digest)
 
 -- name: event_keys_get
 -- The stored keys among digests $1 (bytea, as given): one probe of the primary key per
--- digest; the fingerprint digests as bytea.
+-- digest; the fingerprint digests (bigint).
 SELECT d.digest, e.inbox_id, e.fingerprint
 FROM unnest($1::bytea[]) AS d(digest)
 CROSS JOIN LATERAL (
-    SELECT x.inbox_id, uuid_send(x.fingerprint) AS fingerprint FROM relaybox_event_keys x
+    SELECT x.inbox_id, x.fingerprint FROM relaybox_event_keys x
     WHERE x.digest = encode(d.digest, 'hex')::uuid
     LIMIT 1
 ) e
@@ -78,9 +77,9 @@ CROSS JOIN LATERAL (
 -- accept): (inbox id, scope, first day, digest, fingerprint digest); a key that exists
 -- is left alone. Returns how many were new.
 WITH k AS (
-    INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)
-    SELECT i, s, day, encode(d, 'hex')::uuid, encode(fp, 'hex')::uuid
-    FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::bytea[], $5::bytea[])
+    INSERT INTO relaybox_event_keys (inbox_id, fingerprint, scope, first_seen, digest)
+    SELECT i, fp, s, day, encode(d, 'hex')::uuid
+    FROM unnest($1::bigint[], $2::integer[], $3::integer[], $4::bytea[], $5::bigint[])
          AS k(i, s, day, d, fp)
     ON CONFLICT DO NOTHING
     RETURNING 1
@@ -293,7 +292,7 @@ UNION ALL
 SELECT e.inbox_id, f.source, f.account, f.event_id, e.fingerprint, false
 FROM f
 CROSS JOIN LATERAL (
-    SELECT x.inbox_id, uuid_send(x.fingerprint) AS fingerprint FROM relaybox_event_keys x
+    SELECT x.inbox_id, x.fingerprint FROM relaybox_event_keys x
     WHERE x.digest = f.digest
     LIMIT 1
 ) e
@@ -318,13 +317,13 @@ CROSS JOIN LATERAL (
 -- A row with a hold ($12, NewDelivery.held_until) goes to this process's worker from
 -- here: it goes in with its first attempt counted and started at $13, held back from
 -- every claimer until then, as a claim that started it would leave it.
--- $15: key digests, $16: fingerprint digests, $17: scopes (relaybox.store.keys); the
--- digests come as bytea and are stored as uuid (migration 0035): f.digest is the key's.
+-- $15: key digests, $16: fingerprint digests (bigint), $17: scopes (integer; relaybox.store.keys);
+-- the key digests come as bytea and are stored as uuid (migration 0035): f.digest is the key's.
 WITH u AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
                          $11::double precision[], $12::double precision[], $14::text[],
-                         $15::bytea[], $16::bytea[], $17::bigint[]) WITH ORDINALITY
+                         $15::bytea[], $16::bigint[], $17::integer[]) WITH ORDINALITY
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
               version, status, received_at, held_until, traceparent, raw, kfp, scope, n)
 ),
@@ -341,7 +340,7 @@ WITH u AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
                          $11::double precision[], $12::double precision[], $14::text[],
-                         $15::bytea[], $16::bytea[], $17::bigint[], $18::bytea[])
+                         $15::bytea[], $16::bigint[], $17::integer[], $18::bytea[])
                   WITH ORDINALITY
          AS u(source, account, event_id, event_type, tenant, fingerprint, payload, headers,
               version, status, received_at, held_until, traceparent, raw, kfp, scope,
@@ -458,7 +457,7 @@ WITH locked AS (
 ), keyed AS (
   INSERT INTO relaybox_business_keys (digest, fingerprint, scope, first_seen)
   SELECT k.digest::uuid, k.code, k.scope, k.day
-  FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::integer[])
+  FROM unnest($3::text[], $4::bigint[], $5::integer[], $6::integer[])
        AS k(digest, code, scope, day)
   ON CONFLICT (digest) DO NOTHING
   RETURNING digest

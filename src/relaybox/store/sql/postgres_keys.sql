@@ -47,11 +47,13 @@ WITH page AS (
 SELECT id FROM page ORDER BY id
 
 -- name: message_keys_insert
--- Idempotency keys of stored messages (digest, scope, first day, message id); a key
--- that exists is left alone.
-INSERT INTO relaybox_message_keys (digest, scope, first_seen, message_id)
-SELECT encode(d, 'hex')::uuid, s, day, id
-FROM unnest($1::bytea[], $2::bigint[], $3::integer[], $4::text[]) AS k(d, s, day, id)
+-- Idempotency keys of stored messages (digest, scope, first day, the message id as
+-- relaybox.store.keys.message_ref stores it: 16 bytes or its text); a key that exists
+-- is left alone.
+INSERT INTO relaybox_message_keys (digest, scope, first_seen, message_uuid, message_text)
+SELECT encode(d, 'hex')::uuid, s, day, encode(ref, 'hex')::uuid, id
+FROM unnest($1::bytea[], $2::integer[], $3::integer[], $4::bytea[], $5::text[])
+     AS k(d, s, day, ref, id)
 ON CONFLICT DO NOTHING
 
 -- name: keys_expire_event
@@ -110,28 +112,28 @@ WHERE inbox_id = ANY($1::bigint[])
 -- digest, scope, first day); a key that exists is left alone.
 INSERT INTO relaybox_business_keys (digest, fingerprint, scope, first_seen)
 SELECT encode(d, 'hex')::uuid, f, s, day
-FROM unnest($1::bytea[], $2::bigint[], $3::bigint[], $4::integer[]) AS k(d, f, s, day)
+FROM unnest($1::bytea[], $2::bigint[], $3::integer[], $4::integer[]) AS k(d, f, s, day)
 ON CONFLICT DO NOTHING
 
 -- name: keys_expire_event_keep
 -- As keys_expire_event_scope, but the keys of every scope except $3 (they keep
 -- theirs longer).
 DELETE FROM relaybox_event_keys WHERE digest = ANY(ARRAY(
-    SELECT digest FROM relaybox_event_keys WHERE first_seen = $1 AND scope <> ALL($3::bigint[])
+    SELECT digest FROM relaybox_event_keys WHERE first_seen = $1 AND scope <> ALL($3::integer[])
     LIMIT $2))
 
 -- name: keys_expire_message_keep
 -- As keys_expire_message_scope, but the keys of every scope except $3 (they keep
 -- theirs longer).
 DELETE FROM relaybox_message_keys WHERE digest = ANY(ARRAY(
-    SELECT digest FROM relaybox_message_keys WHERE first_seen = $1 AND scope <> ALL($3::bigint[])
+    SELECT digest FROM relaybox_message_keys WHERE first_seen = $1 AND scope <> ALL($3::integer[])
     LIMIT $2))
 
 -- name: keys_expire_operation_keep
 -- As keys_expire_operation_scope, but the keys of every scope except $3 (they keep
 -- theirs longer).
 DELETE FROM relaybox_business_keys WHERE digest = ANY(ARRAY(
-    SELECT digest FROM relaybox_business_keys WHERE first_seen = $1 AND scope <> ALL($3::bigint[])
+    SELECT digest FROM relaybox_business_keys WHERE first_seen = $1 AND scope <> ALL($3::integer[])
     LIMIT $2))
 
 

@@ -143,11 +143,12 @@ DELETE FROM relaybox_lanes WHERE lane = $1
 
 -- name: message_key_insert
 -- A message's idempotency key ($1: its digest as bytea, stored as uuid; $2: the tenant's scope, $3: the
--- publish time, $4: the message id), in the publisher's transaction: the primary
--- key decides which publish is first, whether or not the first message still exists.
-INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)
-VALUES ($2::bigint, floor($3::double precision / 86400)::integer, encode($1::bytea, 'hex')::uuid,
-        $4::text)
+-- publish time, $4, $5: the message id as relaybox.store.keys.message_ref stores it,
+-- its 16 bytes or its text), in the publisher's transaction: the primary key decides
+-- which publish is first, whether or not the first message still exists.
+INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_uuid, message_text)
+VALUES ($2::integer, floor($3::double precision / 86400)::integer, encode($1::bytea, 'hex')::uuid,
+        encode($4::bytea, 'hex')::uuid, $5::text)
 ON CONFLICT DO NOTHING
 RETURNING 1
 
@@ -163,10 +164,14 @@ RETURNING id
 -- name: message_key_adopt
 -- message_insert inserted nothing after message_key_insert: the messages' old UNIQUE
 -- (tenant, idempotency_key) found a message stored before the keys table had its key
--- ($1: the digest, $2, $3: tenant and key). The key names that message.
-UPDATE relaybox_message_keys SET message_id = (
-    SELECT m.id FROM relaybox_messages m WHERE m.tenant = $2 AND m.idempotency_key = $3)
-WHERE digest = encode($1::bytea, 'hex')::uuid
+-- ($1: the digest, $2, $3: tenant and key). The key names that message (its id
+-- stored as message_key_insert stores one).
+UPDATE relaybox_message_keys
+SET message_uuid = relaybox_message_uuid(m.id),
+    message_text = CASE WHEN relaybox_message_uuid(m.id) IS NULL THEN m.id END
+FROM relaybox_messages m
+WHERE m.tenant = $2 AND m.idempotency_key = $3
+  AND relaybox_message_keys.digest = encode($1::bytea, 'hex')::uuid
   AND EXISTS (SELECT 1 FROM relaybox_messages m
               WHERE m.tenant = $2 AND m.idempotency_key = $3)
 
@@ -176,10 +181,13 @@ WHERE digest = encode($1::bytea, 'hex')::uuid
 -- columns are NULL when the message row is gone (its history dropped). Until the
 -- backfill of message keys has finished, a message stored before the keys table
 -- existed is found by its old (tenant, idempotency_key) key.
-SELECT k.message_id AS id, m.tenant, m.event_type, m.idempotency_key, m.body,
+SELECT k.id, m.tenant, m.event_type, m.idempotency_key, m.body,
        m.created_at, m.ordering_key, m.sequence, k.first_seen
-FROM relaybox_message_keys k LEFT JOIN relaybox_messages m ON m.id = k.message_id
-WHERE k.digest = encode($1::bytea, 'hex')::uuid
+FROM (SELECT coalesce(message_text,
+                      'msg_' || substr(replace(message_uuid::text, '-', ''), 6)) AS id,
+             first_seen
+      FROM relaybox_message_keys WHERE digest = encode($1::bytea, 'hex')::uuid) k
+LEFT JOIN relaybox_messages m ON m.id = k.id
 UNION ALL
 SELECT m.id, m.tenant, m.event_type, m.idempotency_key, m.body, m.created_at,
        m.ordering_key, m.sequence, NULL

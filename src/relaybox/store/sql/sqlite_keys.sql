@@ -31,9 +31,10 @@ SELECT id, tenant, idempotency_key, created_at FROM relaybox_messages
 WHERE id > ?1 ORDER BY id LIMIT ?2
 
 -- name: message_keys_insert_one
--- One idempotency key of a stored message: digest, scope, first day, message id.
-INSERT INTO relaybox_message_keys (digest, scope, first_seen, message_id)
-VALUES (?, ?, ?, ?)
+-- One idempotency key of a stored message: digest, scope, first day, the message id
+-- as relaybox.store.keys.message_ref stores it (16 bytes or its text).
+INSERT INTO relaybox_message_keys (digest, scope, first_seen, message_uuid, message_text)
+VALUES (?, ?, ?, ?, ?)
 ON CONFLICT DO NOTHING
 
 -- name: keys_expire_event

@@ -131,10 +131,11 @@ DELETE FROM relaybox_lanes WHERE lane = ?1
 
 -- name: message_key_insert
 -- A message's idempotency key (?1: its digest, ?2: the tenant's scope, ?3: the
--- publish time, ?4: the message id), in the publisher's transaction: the primary
--- key decides which publish is first, whether or not the first message still exists.
-INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_id)
-VALUES (?2, CAST(?3 / 86400 AS INTEGER), ?1, ?4)
+-- publish time, ?4, ?5: the message id as relaybox.store.keys.message_ref stores it,
+-- its 16 bytes or its text), in the publisher's transaction: the primary key decides
+-- which publish is first, whether or not the first message still exists.
+INSERT INTO relaybox_message_keys (scope, first_seen, digest, message_uuid, message_text)
+VALUES (?2, CAST(?3 / 86400 AS INTEGER), ?1, ?4, ?5)
 ON CONFLICT DO NOTHING
 RETURNING 1
 
@@ -150,8 +151,9 @@ RETURNING id
 -- name: message_key_adopt
 -- message_insert inserted nothing after message_key_insert: the messages' old UNIQUE
 -- (tenant, idempotency_key) found a message stored before the keys table had its key
--- (?1: the digest, ?2, ?3: tenant and key). The key names that message.
-UPDATE relaybox_message_keys SET message_id = (
+-- (?1: the digest, ?2, ?3: tenant and key). The key names that message, by its id as
+-- text (SQLite has no unhex() before 3.41 to make its 16 bytes: either is read).
+UPDATE relaybox_message_keys SET message_uuid = NULL, message_text = (
     SELECT m.id FROM relaybox_messages m WHERE m.tenant = ?2 AND m.idempotency_key = ?3)
 WHERE digest = ?1
   AND EXISTS (SELECT 1 FROM relaybox_messages m
@@ -163,10 +165,12 @@ WHERE digest = ?1
 -- columns are NULL when the message row is gone (its history dropped). Until the
 -- backfill of message keys has finished, a message stored before the keys table
 -- existed is found by its old (tenant, idempotency_key) key.
-SELECT k.message_id AS id, m.tenant, m.event_type, m.idempotency_key, m.body,
+SELECT k.id, m.tenant, m.event_type, m.idempotency_key, m.body,
        m.created_at, m.ordering_key, m.sequence, k.first_seen
-FROM relaybox_message_keys k LEFT JOIN relaybox_messages m ON m.id = k.message_id
-WHERE k.digest = ?1
+FROM (SELECT coalesce(message_text, 'msg_' || substr(lower(hex(message_uuid)), 6)) AS id,
+             first_seen
+      FROM relaybox_message_keys WHERE digest = ?1) k
+LEFT JOIN relaybox_messages m ON m.id = k.id
 UNION ALL
 SELECT m.id, m.tenant, m.event_type, m.idempotency_key, m.body, m.created_at,
        m.ordering_key, m.sequence, NULL
