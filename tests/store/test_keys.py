@@ -1012,3 +1012,61 @@ async def test_keys_written_under_0037_convert_and_still_decide(
         await store.close()
         if backend == "postgres":
             await drop_pg_database(url)
+
+
+async def test_a_key_committed_while_0038_waits_is_not_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Migration 0038 copies each keys table into its new form and drops the old one: a
+    key that an accept of the previous version commits during the copy would be left in
+    the dropped table (a resend of that event then accepted as new). The migration
+    locks the three tables before it reads them, so such an accept either commits
+    before the copy reads the table or waits for the migration to end."""
+    from relaybox.store import base
+
+    url = await empty_pg_database()
+    every = base.load_migrations
+    monkeypatch.setattr(base, "load_migrations", lambda b: [m for m in every(b) if m[0] < 38])
+    store = open_store(url)
+    try:
+        await store.migrate()
+    finally:
+        await store.close()
+    monkeypatch.setattr(base, "load_migrations", every)
+    late = await asyncpg.connect(_dsn(url))
+    watch = await asyncpg.connect(_dsn(url))
+    store = open_store(url)
+    try:
+        # An accept of the previous version, its transaction open when the migration starts.
+        tx = late.transaction()
+        await tx.start()
+        await late.execute(
+            "INSERT INTO relaybox_event_keys (inbox_id, scope, first_seen, digest, fingerprint)"
+            " VALUES ($1, $2, $3, encode($4::bytea, 'hex')::uuid, encode($5::bytea, 'hex')::uuid)",
+            7,
+            old_scope("src"),
+            day_of(T0),
+            event_digest("src", "acct", "late"),
+            old_fingerprint(hashlib.sha256(b"late").digest()),
+        )
+        migrating = asyncio.create_task(store.migrate())
+        for _ in range(200):  # until the migration waits for the open transaction's lock
+            waiting = await watch.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'"
+            )
+            if waiting:
+                break
+            await asyncio.sleep(0.05)
+        assert waiting, "the migration never waited for the open transaction"
+        await tx.commit()
+        assert "0038_narrow_keys" in await asyncio.wait_for(migrating, 60)
+        rows = await event_keys(store)
+        assert [(r["inbox_id"], r["scope"]) for r in rows] == [(7, scope_of("src"))]
+        again = await accept_one(store, delivery("late", b"late", at=T0 + DAY))
+        assert (again.status, again.inbox_id) == ("duplicate", 7)
+    finally:
+        await store.close()
+        await late.close()
+        await watch.close()
+        await drop_pg_database(url)

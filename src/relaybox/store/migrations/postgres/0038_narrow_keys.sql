@@ -23,8 +23,8 @@
 --
 -- Each table is copied into its new form, the old one dropped and the new one renamed,
 -- with its PRIMARY KEY and its index by day under the same names. The migration runs
--- in one transaction holding each table under an exclusive lock from its copy until
--- COMMIT: accepts (event keys), publishes with an idempotency key (message keys) and
+-- in one transaction holding the three tables under an exclusive lock from its start
+-- until COMMIT: accepts (event keys), publishes with an idempotency key (message keys) and
 -- once() (business keys) wait for the whole migration: about 4 s per million keys of
 -- the three tables together (1,000,000 keys in each took 11.2 and 13.5 s on a 2-core
 -- machine shared with other work; docs/operating.md, "Keys apart from the history").
@@ -35,6 +35,13 @@ CREATE FUNCTION relaybox_message_uuid(id text) RETURNS uuid
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
     SELECT CASE WHEN id ~ '^msg_[0-9a-f]{27}$' THEN ('00000' || substr(id, 5))::uuid END
 $$;
+
+-- Locked first, all three, before any is read: a key that a process still running the
+-- previous version commits while a table is copied would otherwise stay in the table
+-- that is dropped (and its event be accepted again as new). Its accept waits for the
+-- migration instead (or committed before it, and is copied).
+LOCK TABLE relaybox_event_keys, relaybox_message_keys, relaybox_business_keys
+    IN ACCESS EXCLUSIVE MODE;
 
 CREATE TABLE relaybox_event_keys_0038 (
     inbox_id    BIGINT NOT NULL,
