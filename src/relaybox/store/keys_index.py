@@ -121,16 +121,23 @@ async def postgres_state(
 
 
 async def postgres_keep(
-    conn: asyncpg.Connection, q: Mapping[str, str], wanted: Collection[KeyKind]
+    conn: asyncpg.Connection,
+    q: Mapping[str, str],
+    wanted: Collection[KeyKind],
+    *,
+    lock: str,
+    unlock: str,
 ) -> dict[KeyKind, bool | None]:
     """On the DDL connection ``conn`` (no transaction open): build the missing or
-    invalid indexes of ``wanted``, drop the others', under the advisory lock; each
-    table's state after. Another process holding the lock: nothing changes."""
+    invalid indexes of ``wanted``, drop the others', under the advisory lock that the
+    statements ``lock`` (true when taken, at once or never) and ``unlock`` take and
+    release (PostgreSQL's own, named in :mod:`relaybox.store.postgres`); each table's
+    state after. Another process holding the lock: nothing changes."""
     state = await postgres_state(conn, q)
     build, drop = day_index_changes(state, wanted)
     if not build and not drop:
         return state
-    if not await conn.fetchval(q["keys_day_index_lock"]):
+    if not await conn.fetchval(lock):
         # Another process builds or drops them now: as they are, this pass.
         log.info("keys_day_index_busy", build=build, drop=drop)
         return state
@@ -145,7 +152,7 @@ async def postgres_keep(
         return await postgres_state(conn, q)
     finally:
         with contextlib.suppress(asyncpg.PostgresError, OSError):
-            await conn.fetchval(q["keys_day_index_unlock"])
+            await conn.fetchval(unlock)
 
 
 async def _postgres_change(

@@ -985,7 +985,13 @@ class PostgresKeys(KeysStore):
 
     async def keep_day_indexes(self, wanted: Collection[keys.KeyKind]) -> dict[keys.KeyKind, bool]:
         async with self.db.ddl_connection() as conn:
-            state = await keys_index.postgres_keep(conn, self.db.q, wanted)
+            state = await keys_index.postgres_keep(
+                conn,
+                self.db.q,
+                wanted,
+                lock=self.db.q["keys_day_index_lock"],
+                unlock=self.db.q["keys_day_index_unlock"],
+            )
         return {k: bool(v) for k, v in state.items()}
 
 
