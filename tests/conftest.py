@@ -125,11 +125,22 @@ async def _ensure_template() -> str:
 
 
 async def create_pg_database() -> str:
-    template = await _ensure_template()
+    """A new database cloned from the migrated template."""
+    return await _new_pg_database(await _ensure_template())
+
+
+async def empty_pg_database() -> str:
+    """A new PostgreSQL database with nothing in it (no relaybox tables either): the
+    test applies the migrations it wants."""
+    return await _new_pg_database(None)
+
+
+async def _new_pg_database(template: str | None) -> str:
     name = f"relaybox_t_{uuid.uuid4().hex[:12]}"
+    like = "" if template is None else f' TEMPLATE "{template}"'
     conn = await asyncpg.connect(_dsn(admin_url()))
     try:
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        await conn.execute(f'CREATE DATABASE "{name}"{like}')
     finally:
         await conn.close()
     return _with_db(admin_url(), name)

@@ -28,7 +28,7 @@ from sqlalchemy import text
 from relaybox import Context, Relaybox, Secret, sources
 from relaybox.config import load_settings
 from relaybox.outbound.vault import new_key
-from tests.conftest import Served, admin_url, drop_pg_database, free_port
+from tests.conftest import Served, admin_url, drop_pg_database, empty_pg_database, free_port
 from tests.support.procs import ROOT, relaybox_command
 
 README = ROOT / "README.md"
@@ -59,20 +59,6 @@ def readme_command(line: str, port: int) -> list[str]:
     line = line.split("  #", 1)[0].strip().replace("8000", str(port))
     words = line.split()
     return [str(BIN / words[0]), *words[1:]]
-
-
-async def empty_pg_database() -> str:
-    """A PostgreSQL database with nothing in it: no relaybox tables either."""
-    from sqlalchemy.engine import make_url
-
-    name = f"relaybox_e_{uuid.uuid4().hex[:12]}"
-    dsn = make_url(admin_url()).set(drivername="postgresql").render_as_string(False)
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    return make_url(admin_url()).set(database=name).render_as_string(hide_password=False)
 
 
 @contextlib.asynccontextmanager

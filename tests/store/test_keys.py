@@ -32,7 +32,7 @@ from relaybox.store.keys import (
     scope_of,
 )
 from relaybox.store.outbox_rows import NewMessage, new_id
-from tests.conftest import _dsn, _with_db, admin_url, drop_pg_database
+from tests.conftest import _dsn, drop_pg_database, empty_pg_database
 from tests.store.test_store import T0, accept_one, delivery, statuses
 from tests.support.store_rows import endpoint_write as endpoint
 
@@ -692,17 +692,6 @@ async def test_no_duplicate_through_while_its_key_is_kept(store: Store, script: 
         await check_step(store, model, step)
 
 
-async def empty_pg_database() -> str:
-    """A PostgreSQL database with no table: migrations applied by the test."""
-    name = f"relaybox_t_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(_dsn(admin_url()))
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return _with_db(admin_url(), name)
-
-
 def old_scope(name: str) -> int:
     """A scope as relaybox wrote it before migration 0038: 64 bits."""
     raw = hashlib.blake2b(name.encode(), digest_size=8, person=b"relaybox-scope").digest()
@@ -729,13 +718,7 @@ async def test_keys_stored_as_bytea_before_0035_still_decide_as_uuid(
     a repeated publish finds its message, each under what the old key remembers."""
     from relaybox.store import base
 
-    name = f"relaybox_t_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(_dsn(admin_url()))
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    url = _with_db(admin_url(), name)
+    url = await empty_pg_database()
     every = base.load_migrations
     monkeypatch.setattr(base, "load_migrations", lambda b: [m for m in every(b) if m[0] < 35])
     store = open_store(url)

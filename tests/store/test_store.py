@@ -9,7 +9,6 @@ import random
 import re
 import sqlite3
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from relaybox.inbound.accept import Acceptor
 from relaybox.store import AcceptOutcome, NewDelivery, Store, open_store
 from relaybox.store.backend import _named_blocks, load_migrations, load_queries
 from relaybox.store.inbox_rows import NewAttempt, NewOperation
-from tests.conftest import _dsn, _with_db, admin_url, drop_pg_database
+from tests.conftest import _dsn, drop_pg_database, empty_pg_database
 
 T0 = 1_800_000_000.0
 
@@ -114,13 +113,7 @@ async def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'fresh' / 'new.db'}"
         return
-    name = f"relaybox_fresh_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(_dsn(admin_url()))
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    url = _with_db(admin_url(), name)
+    url = await empty_pg_database()
     yield url
     await drop_pg_database(url)
 
